@@ -1,0 +1,97 @@
+//! The command line (SPEC §13: these names are a contract; extend, do not rename).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "echo-node", version, about = "echo-swarm node: decentralized RL post-training over libp2p")]
+pub struct Cli {
+    /// More log output (-v debug, -vv trace). `RUST_LOG` overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// Only warnings and errors.
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Write a new node key (ed25519) to DIR/node.key; prints the peer id and public key.
+    Keygen(KeygenArgs),
+    /// Start a node in the role its config names.
+    Run(RunArgs),
+    /// Show what a node's stores hold (the node must not be running on that data dir).
+    Inspect(InspectArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct KeygenArgs {
+    /// Directory to write `node.key` into (created if missing; an existing key is never overwritten).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The node's TOML config (see `configs/`).
+    #[arg(long, short)]
+    pub config: PathBuf,
+    /// Override `data_dir`.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Override `network.listen` (repeatable), e.g. /ip4/127.0.0.1/tcp/4001.
+    #[arg(long = "listen")]
+    pub listen: Vec<String>,
+    /// Override `network.admin` (HOST:PORT on loopback).
+    #[arg(long)]
+    pub admin: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    #[command(subcommand)]
+    pub what: InspectWhat,
+}
+
+#[derive(Debug, Args)]
+pub struct StoreArgs {
+    /// Data directory of the node.
+    #[arg(long, conflicts_with = "config", required_unless_present = "config")]
+    pub data_dir: Option<PathBuf>,
+    /// Take the data directory from this config.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum InspectWhat {
+    /// Trajectory store: counters, the accounting invariant, groups per version, leases.
+    Trajectories {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// Also list up to N stored groups (oldest first).
+        #[arg(long, default_value_t = 0)]
+        list: usize,
+    },
+    /// Snapshot store: manifests held, completeness, chunk counts and bytes.
+    Snapshots {
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// One snapshot manifest in full (default: the latest).
+    Manifest {
+        #[command(flatten)]
+        store: StoreArgs,
+        #[arg(long)]
+        version: Option<u64>,
+    },
+}

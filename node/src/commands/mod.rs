@@ -1,0 +1,23 @@
+//! One module per subcommand.
+
+mod inspect;
+mod keygen;
+mod run;
+
+use crate::cli::Command;
+
+pub fn dispatch(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Keygen(args) => keygen::keygen(&args),
+        Command::Run(args) => run::run(args),
+        Command::Inspect(args) => inspect::inspect(args),
+    }
+}
+
+/// The libp2p peer id of a node key (the same ed25519 key signs manifests and identifies the
+/// node on the network).
+pub fn peer_id(key: &storage::NodeKey) -> anyhow::Result<String> {
+    let mut seed = key.seed();
+    let kp = libp2p_identity::Keypair::ed25519_from_bytes(&mut seed)?;
+    Ok(kp.public().to_peer_id().to_string())
+}

@@ -1,0 +1,255 @@
+//! The node's TOML config: parsing (unknown keys rejected) and validation that reports every
+//! bad value with its key path and what is allowed.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Learner,
+    Rollout,
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::Learner => "learner",
+            Role::Rollout => "rollout",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// `learner` (one per swarm) or `rollout`.
+    pub role: Role,
+    /// Name of the swarm; gossip topics and manifests carry it.
+    pub swarm_id: String,
+    /// Where the node keeps its key and stores.
+    pub data_dir: PathBuf,
+    /// The node key; default `<data_dir>/node.key` (created at first start).
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+    /// Hex ed25519 public key of the swarm's learner: the swarm's authority (SPEC §3).
+    /// Required for rollout nodes; a learner checks it against its own key.
+    #[serde(default)]
+    pub learner_public_key: Option<String>,
+    #[serde(default)]
+    pub network: p2p::NetworkConfig,
+    #[serde(default)]
+    pub storage: StorageConfig,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    /// Snapshot chunk size in KiB (SPEC §5 default 1 MiB).
+    pub chunk_size_kib: u32,
+    /// Snapshots kept in the chunk store; older chunks are collected.
+    pub keep_snapshots: usize,
+    /// How long a pulled lease stays valid before its groups are pullable again.
+    pub lease_ttl_s: u64,
+    /// The rollout engine pauses while more groups than this are pending.
+    pub max_pending_groups: u64,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        StorageConfig {
+            chunk_size_kib: 1024,
+            keep_snapshots: 3,
+            lease_ttl_s: 30,
+            max_pending_groups: 10_000,
+        }
+    }
+}
+
+/// Every problem found in a config file.
+#[derive(Debug)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    pub problems: Vec<(String, String)>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid config {}:", self.file.display())?;
+        for (key, problem) in &self.problems {
+            write!(f, "\n  - {key}: {problem}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl NodeConfig {
+    /// Reads and parses `file`; values are validated by [`NodeConfig::validate`].
+    pub fn load(file: &Path) -> Result<Self, ConfigError> {
+        let err = |key: &str, problem: String| ConfigError {
+            file: file.to_path_buf(),
+            problems: vec![(key.to_string(), problem)],
+        };
+        let text = std::fs::read_to_string(file).map_err(|e| err("(file)", format!("cannot read: {e}")))?;
+        Self::parse(&text).map_err(|(key, problem)| err(&key, problem))
+    }
+
+    /// Parses TOML text; the error names the key path.
+    pub fn parse(text: &str) -> Result<Self, (String, String)> {
+        let de = toml::Deserializer::new(text);
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let key = if path == "." { "(top level)".to_string() } else { path };
+            (key, e.into_inner().message().trim().to_string())
+        })
+    }
+
+    /// Checks every value; all problems are reported at once.
+    pub fn validate(&self, file: &Path) -> Result<(), ConfigError> {
+        let mut problems: Vec<(String, String)> = Vec::new();
+        let mut bad = |k: &str, p: String| problems.push((k.to_string(), p));
+        let id_ok = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
+        if self.swarm_id.is_empty() || self.swarm_id.len() > 64 || !self.swarm_id.chars().all(id_ok) {
+            bad(
+                "swarm_id",
+                format!("`{}` must be 1–64 characters of a-z, A-Z, 0-9, '-', '_', '.'", self.swarm_id),
+            );
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            bad("data_dir", "must not be empty".into());
+        }
+        match (&self.learner_public_key, self.role) {
+            (Some(k), _) => {
+                if let Err(e) = storage::keys::parse_public_key(k) {
+                    bad("learner_public_key", format!("{e} (as printed by `echo-node keygen`)"));
+                }
+            }
+            (None, Role::Rollout) => bad(
+                "learner_public_key",
+                "required for role = \"rollout\": a worker trusts only snapshots signed by this key".into(),
+            ),
+            (None, Role::Learner) => {}
+        }
+        for (k, p) in self.network.validate() {
+            bad(&format!("network.{k}"), p);
+        }
+        let s = &self.storage;
+        let chunk_ok = (4..=65_536).contains(&s.chunk_size_kib);
+        if !chunk_ok {
+            bad(
+                "storage.chunk_size_kib",
+                format!("{} is outside 4..=65536 (KiB)", s.chunk_size_kib),
+            );
+        }
+        if !(1..=1000).contains(&s.keep_snapshots) {
+            bad("storage.keep_snapshots", format!("{} is outside 1..=1000", s.keep_snapshots));
+        }
+        if !(1..=86_400).contains(&s.lease_ttl_s) {
+            bad("storage.lease_ttl_s", format!("{} is outside 1..=86400 (seconds)", s.lease_ttl_s));
+        }
+        if s.max_pending_groups == 0 {
+            bad("storage.max_pending_groups", "must be at least 1".into());
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError {
+                file: file.to_path_buf(),
+                problems,
+            })
+        }
+    }
+
+    pub fn data(&self) -> storage::DataDir {
+        storage::DataDir::new(&self.data_dir)
+    }
+
+    pub fn key_path(&self) -> PathBuf {
+        self.key_file.clone().unwrap_or_else(|| self.data().key_file())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str = "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a";
+
+    fn ok(text: &str) -> NodeConfig {
+        let c = NodeConfig::parse(text).unwrap();
+        c.validate(Path::new("t.toml")).unwrap();
+        c
+    }
+
+    fn problems(text: &str) -> Vec<(String, String)> {
+        match NodeConfig::parse(text) {
+            Err(p) => vec![p],
+            Ok(c) => c.validate(Path::new("t.toml")).unwrap_err().problems,
+        }
+    }
+
+    #[test]
+    fn minimal_configs_get_defaults() {
+        let c = ok("role = \"learner\"\nswarm_id = \"demo\"\ndata_dir = \"d\"\n");
+        assert_eq!(c.storage, StorageConfig::default());
+        assert_eq!(c.network, p2p::NetworkConfig::default());
+        let c = ok(&format!(
+            "role = \"rollout\"\nswarm_id = \"demo\"\ndata_dir = \"d\"\nlearner_public_key = \"{KEY}\"\n"
+        ));
+        assert_eq!(c.role, Role::Rollout);
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_with_their_path() {
+        let p = problems("role = \"learner\"\nswarm_id = \"x\"\ndata_dir = \"d\"\n[storage]\nkeep_snapshot = 3\n");
+        assert_eq!(p[0].0, "storage");
+        assert!(p[0].1.contains("unknown field `keep_snapshot`"), "{p:?}");
+        let p = problems("role = \"learner\"\nswarm_id = \"x\"\ndata_dir = \"d\"\ncolour = 1\n");
+        assert!(p[0].1.contains("unknown field `colour`"), "{p:?}");
+    }
+
+    #[test]
+    fn bad_values_name_the_key_and_what_is_allowed() {
+        let p = problems("role = \"lerner\"\nswarm_id = \"x\"\ndata_dir = \"d\"\n");
+        assert_eq!(p[0].0, "role");
+        assert!(p[0].1.contains("learner") && p[0].1.contains("rollout"), "{p:?}");
+
+        let p = problems("role = \"learner\"\nswarm_id = \"x\"\ndata_dir = \"d\"\n[storage]\nkeep_snapshots = \"three\"\n");
+        assert_eq!(p[0].0, "storage.keep_snapshots");
+
+        let p = problems(
+            "role = \"rollout\"\nswarm_id = \"bad id!\"\ndata_dir = \"d\"\n\
+             [storage]\nkeep_snapshots = 0\nchunk_size_kib = 1\n[network]\nadmin = \"10.0.0.1:80\"\n",
+        );
+        let keys: Vec<&str> = p.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "swarm_id",
+                "learner_public_key",
+                "network.admin",
+                "storage.chunk_size_kib",
+                "storage.keep_snapshots"
+            ]
+        );
+    }
+
+    #[test]
+    fn shipped_example_configs_are_valid() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let c = NodeConfig::load(&path).unwrap_or_else(|e| panic!("{e}"));
+                c.validate(&path).unwrap_or_else(|e| panic!("{e}"));
+                n += 1;
+            }
+        }
+        assert!(n >= 2, "expected example configs in {}", dir.display());
+    }
+}

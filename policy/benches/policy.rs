@@ -1,0 +1,52 @@
+//! Throughput of the embedded default model on this machine's CPU.
+//!
+//! - `generate/batched_n8`: one prompt, 8 samples, 16 new tokens each (no stop token), batched
+//!   KV-cache path — the rollout worker's loop. Throughput = generated tokens.
+//! - `generate/sequential_n8`: the same with the batch-1 KV-cache path.
+//! - `train/forward_backward`: a batch of 16 sequences × 24 tokens, log-prob loss + backward —
+//!   the learner's step without the optimiser. Throughput = tokens.
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use policy::{
+    embedded_default, generate, token_logprobs, ByteTokenizer, GenerationPath, SamplingParams,
+    Tensor,
+};
+use rand::SeedableRng;
+
+fn bench(c: &mut Criterion) {
+    let (p, _tok) = embedded_default(0).expect("model");
+    let prompt = ByteTokenizer.encode_prompt("17+25=");
+    let params = SamplingParams::new(16, vec![]);
+    let mut g = c.benchmark_group("generate");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(8 * 16));
+    for (name, path) in [
+        ("batched_n8", GenerationPath::Batched),
+        ("sequential_n8", GenerationPath::Sequential),
+    ] {
+        g.bench_function(name, |b| {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+            b.iter(|| generate(&p, &prompt, 8, &params, path, &mut rng).expect("generate"))
+        });
+    }
+    g.finish();
+
+    let (bsz, t) = (16usize, 24usize);
+    let ids: Vec<u32> = (0..bsz * t).map(|i| (i * 7 % 250) as u32).collect();
+    let ids = Tensor::from_vec(ids, (bsz, t), p.device()).expect("ids");
+    let mut g = c.benchmark_group("train");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements((bsz * t) as u64));
+    g.bench_function("forward_backward", |b| {
+        b.iter(|| {
+            let logits = p.forward(&ids).expect("forward");
+            let lp = token_logprobs(&logits, &ids, 1.0).expect("lp");
+            let loss = lp.mean_all().expect("mean").neg().expect("neg");
+            loss.backward().expect("backward")
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,53 @@
+//! The policy crate's error type.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while building, loading, running or saving a policy.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// A tensor operation failed (shape mismatch, unsupported dtype, device error, ...).
+    #[error("tensor operation failed: {0}")]
+    Candle(#[from] candle_core::Error),
+    /// A model configuration value is missing, out of range or inconsistent.
+    #[error("invalid model config: {0}")]
+    InvalidConfig(String),
+    /// A snapshot or checkpoint was made for a different model configuration.
+    #[error("config hash mismatch: the weights were saved for config {found}, this model's config is {expected}")]
+    ConfigMismatch {
+        /// Hash (hex) of the config the caller expects.
+        expected: String,
+        /// Hash (hex) recorded in the weights (or `"<none>"`).
+        found: String,
+    },
+    /// A weight tensor is missing, unexpected, or has the wrong shape or dtype.
+    #[error("invalid weights: {0}")]
+    Weights(String),
+    /// The safetensors payload could not be parsed or written.
+    #[error("safetensors: {0}")]
+    SafeTensors(String),
+    /// A file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file that failed.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A file was read but its content is not what we expected (corrupt JSON, ...).
+    #[error("corrupt file {path}: {reason}")]
+    CorruptFile {
+        /// The file that failed.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Tokenizer construction or encoding failed.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// Bad sampling parameters or inputs (empty prompt, prompt longer than the context, ...).
+    #[error("sampling: {0}")]
+    Sampling(String),
+}
+
+/// Result alias for this crate.
+pub type Result<T, E = PolicyError> = std::result::Result<T, E>;

@@ -1,0 +1,122 @@
+//! Loading a Qwen2 / Qwen3 checkpoint from a local Hugging Face folder (`config.json`,
+//! `tokenizer.json`, `*.safetensors`) into the trainable module, and writing one back.
+//!
+//! Nothing is downloaded: the folder must already hold the files.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+
+use crate::config::ModelConfig;
+use crate::error::{PolicyError, Result};
+use crate::tokenizer::Tokenizer;
+use crate::weights::Policy;
+
+fn read(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|source| PolicyError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// `eos_token_id` of a config (an integer or a list of integers), if any.
+fn eos_ids(json: &serde_json::Value) -> Vec<u32> {
+    match json.get("eos_token_id") {
+        Some(serde_json::Value::Number(n)) => n.as_u64().map(|x| x as u32).into_iter().collect(),
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .filter_map(|v| v.as_u64().map(|x| x as u32))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The `*.safetensors` files of a folder, sorted by name.
+fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let entries = std::fs::read_dir(dir).map_err(|source| PolicyError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(PolicyError::Io {
+            path: dir.join("*.safetensors"),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no .safetensors file"),
+        });
+    }
+    Ok(files)
+}
+
+/// Loads `dir/config.json`, `dir/tokenizer.json` and every `dir/*.safetensors` (weights are
+/// converted to f32). Tensors the architecture does not use (e.g. `rotary_emb.inv_freq`, or
+/// `lm_head.weight` of a tied model) are ignored; a missing or mis-shaped one is an error.
+pub fn load_hf_dir(dir: &Path, device: &Device) -> Result<(Policy, Tokenizer)> {
+    let cfg_path = dir.join("config.json");
+    let cfg_text = String::from_utf8(read(&cfg_path)?).map_err(|_| PolicyError::CorruptFile {
+        path: cfg_path.clone(),
+        reason: "not UTF-8".into(),
+    })?;
+    let cfg_json: serde_json::Value =
+        serde_json::from_str(&cfg_text).map_err(|e| PolicyError::CorruptFile {
+            path: cfg_path.clone(),
+            reason: e.to_string(),
+        })?;
+    let cfg = ModelConfig::from_hf_json(&cfg_text).map_err(|e| PolicyError::CorruptFile {
+        path: cfg_path.clone(),
+        reason: e.to_string(),
+    })?;
+    let mut eos = eos_ids(&cfg_json);
+    let gen_path = dir.join("generation_config.json");
+    if let Ok(bytes) = std::fs::read(&gen_path) {
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+            for id in eos_ids(&v) {
+                if !eos.contains(&id) {
+                    eos.push(id);
+                }
+            }
+        }
+    }
+    let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"), &eos)?;
+
+    let wanted: HashMap<String, Vec<usize>> =
+        crate::model::param_shapes(&cfg).into_iter().collect();
+    let mut tensors: HashMap<String, Tensor> = HashMap::new();
+    for file in safetensors_files(dir)? {
+        let bytes = read(&file)?;
+        let loaded = candle_core::safetensors::load_buffer(&bytes, device).map_err(|e| {
+            PolicyError::CorruptFile {
+                path: file.clone(),
+                reason: format!("not a valid safetensors file: {e}"),
+            }
+        })?;
+        for (name, t) in loaded {
+            if wanted.contains_key(&name) {
+                tensors.insert(name, t);
+            } else {
+                tracing::debug!(tensor = %name, file = %file.display(), "ignoring unused tensor");
+            }
+        }
+    }
+    let policy = Policy::from_tensors(&cfg, tensors, device)?;
+    Ok((policy, tokenizer))
+}
+
+/// Writes `config.json` and `model.safetensors` for `policy` into `dir` (created if needed),
+/// loadable by Hugging Face tools and by [`load_hf_dir`] (with a tokenizer.json beside them).
+pub fn save_hf_dir(policy: &Policy, dir: &Path, eos_token_id: Option<u32>) -> Result<()> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| PolicyError::Io { path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let cfg = dir.join("config.json");
+    std::fs::write(&cfg, policy.config().to_hf_json(eos_token_id)).map_err(io(&cfg))?;
+    let st = dir.join("model.safetensors");
+    std::fs::write(&st, policy.to_safetensors_bytes()?).map_err(io(&st))?;
+    Ok(())
+}

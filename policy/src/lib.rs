@@ -1,0 +1,41 @@
+//! The policy model shared by the learner and rollout workers.
+//!
+//! Owns: one trainable implementation of the Qwen3 architecture (Qwen2 as a variant) on
+//! candle-nn variables with Hugging Face weight names ([`model`]), its configuration and config
+//! hash ([`config`]), weights ⇄ safetensors snapshot payload ([`Policy`]), tokenizers
+//! ([`tokenizer`]), KV-cache sampling with log-probs ([`sampling`]), loading a local Hugging
+//! Face folder ([`hf`]) and the supervised warm-start helper ([`sft`]).
+//!
+//! Must not touch: networking, storage, rewards, or the RL loss — those live in `p2p`,
+//! `storage`, `tasks` and `learner`. Nothing here downloads anything.
+//!
+//! The CPU build is the default; `--features cuda` only forwards to candle's CUDA backend.
+
+pub mod config;
+pub mod error;
+pub mod hf;
+pub mod model;
+pub mod sampling;
+pub mod sft;
+pub mod tokenizer;
+pub mod weights;
+
+pub use candle_core::{DType, Device, Tensor, Var};
+pub use config::{Arch, ModelConfig};
+pub use error::{PolicyError, Result};
+pub use model::{KvCache, Qwen3};
+pub use sampling::{
+    generate, response_logprobs, token_logprobs, Completion, GenerationPath, SamplingParams,
+};
+pub use tokenizer::{ByteTokenizer, Tokenizer};
+pub use weights::{snapshot_config_hash, Policy, META_CONFIG_HASH};
+
+/// The embedded default: [`ModelConfig::tiny`] with randomly initialised weights (`seed`) and
+/// the byte tokenizer, on the CPU.
+pub fn embedded_default(seed: u64) -> Result<(Policy, Tokenizer)> {
+    let policy = Policy::new_random(&ModelConfig::tiny(), seed, &Device::Cpu)?;
+    Ok((policy, Tokenizer::byte()))
+}
+
+#[cfg(test)]
+mod tests;

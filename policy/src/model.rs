@@ -1,0 +1,471 @@
+//! The Qwen3 / Qwen2 decoder, written with gradient-carrying candle ops only.
+//!
+//! SPEC §14: candle-nn's fused `rms_norm`, `softmax_last_dim` and `rope` kernels have no
+//! backward pass. This module therefore spells RMSNorm, RoPE (rotate-half form) and softmax out
+//! in elementary tensor ops, and attention is a plain `matmul`. The `every_variable_gets_a_gradient`
+//! test guards this.
+//!
+//! Weight names follow Hugging Face (`model.layers.{i}.self_attn.q_proj.weight`, ...).
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Device, Module, Tensor, Var, D};
+use candle_nn::{Embedding, Linear};
+
+use crate::config::ModelConfig;
+use crate::error::{PolicyError, Result};
+
+/// The name and shape of every trainable tensor of a config, in a fixed order.
+pub fn param_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let h = cfg.hidden_size;
+    let q = cfg.num_attention_heads * cfg.head_dim;
+    let kv = cfg.num_key_value_heads * cfg.head_dim;
+    let mut out = vec![(
+        "model.embed_tokens.weight".to_string(),
+        vec![cfg.vocab_size, h],
+    )];
+    for i in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{i}");
+        out.push((format!("{p}.input_layernorm.weight"), vec![h]));
+        out.push((format!("{p}.self_attn.q_proj.weight"), vec![q, h]));
+        out.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, h]));
+        out.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, h]));
+        if cfg.attention_bias {
+            out.push((format!("{p}.self_attn.q_proj.bias"), vec![q]));
+            out.push((format!("{p}.self_attn.k_proj.bias"), vec![kv]));
+            out.push((format!("{p}.self_attn.v_proj.bias"), vec![kv]));
+        }
+        out.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q]));
+        if cfg.qk_norm() {
+            out.push((format!("{p}.self_attn.q_norm.weight"), vec![cfg.head_dim]));
+            out.push((format!("{p}.self_attn.k_norm.weight"), vec![cfg.head_dim]));
+        }
+        out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+        out.push((
+            format!("{p}.mlp.gate_proj.weight"),
+            vec![cfg.intermediate_size, h],
+        ));
+        out.push((
+            format!("{p}.mlp.up_proj.weight"),
+            vec![cfg.intermediate_size, h],
+        ));
+        out.push((
+            format!("{p}.mlp.down_proj.weight"),
+            vec![h, cfg.intermediate_size],
+        ));
+    }
+    out.push(("model.norm.weight".to_string(), vec![h]));
+    if !cfg.tie_word_embeddings {
+        out.push(("lm_head.weight".to_string(), vec![cfg.vocab_size, h]));
+    }
+    out
+}
+
+/// Looks weights up by name in a map of variables; never creates one silently.
+struct Weights<'a> {
+    vars: &'a HashMap<String, Var>,
+}
+
+impl Weights<'_> {
+    fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let var = self
+            .vars
+            .get(name)
+            .ok_or_else(|| PolicyError::Weights(format!("missing tensor {name}")))?;
+        if var.dims() != shape {
+            return Err(PolicyError::Weights(format!(
+                "tensor {name} has shape {:?}, expected {shape:?}",
+                var.dims()
+            )));
+        }
+        Ok(var.as_tensor().clone())
+    }
+
+    fn linear(&self, prefix: &str, out_dim: usize, in_dim: usize, bias: bool) -> Result<Linear> {
+        let w = self.get(&format!("{prefix}.weight"), &[out_dim, in_dim])?;
+        let b = if bias {
+            Some(self.get(&format!("{prefix}.bias"), &[out_dim])?)
+        } else {
+            None
+        };
+        Ok(Linear::new(w, b))
+    }
+}
+
+/// RMSNorm, `x / sqrt(mean(x²) + eps) * w`, in differentiable elementary ops.
+#[derive(Debug, Clone)]
+struct RmsNorm {
+    weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+        let x = x.broadcast_div(&(ms + self.eps)?.sqrt()?)?;
+        Ok(x.broadcast_mul(&self.weight)?)
+    }
+}
+
+/// Numerically stable softmax over the last dimension; the max is detached (it cancels
+/// mathematically), everything else carries gradients.
+pub(crate) fn softmax_last(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let e = x.broadcast_sub(&max)?.exp()?;
+    let s = e.sum_keepdim(D::Minus1)?;
+    Ok(e.broadcast_div(&s)?)
+}
+
+/// Differentiable log-softmax over the last dimension.
+pub fn log_softmax_last(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let shifted = x.broadcast_sub(&max)?;
+    let lse = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
+    Ok(shifted.broadcast_sub(&lse)?)
+}
+
+/// cos/sin tables (each `[t, head_dim]`, rotate-half layout) for positions `offset..offset+t`.
+fn rope_tables(
+    cfg: &ModelConfig,
+    offset: usize,
+    t: usize,
+    device: &Device,
+) -> Result<(Tensor, Tensor)> {
+    let half = cfg.head_dim / 2;
+    let inv_freq: Vec<f32> = (0..half)
+        .map(|i| 1.0 / (cfg.rope_theta as f32).powf((2 * i) as f32 / cfg.head_dim as f32))
+        .collect();
+    let mut cos = Vec::with_capacity(t * cfg.head_dim);
+    let mut sin = Vec::with_capacity(t * cfg.head_dim);
+    for p in offset..offset + t {
+        for _rep in 0..2 {
+            for f in &inv_freq {
+                let a = p as f32 * f;
+                cos.push(a.cos());
+                sin.push(a.sin());
+            }
+        }
+    }
+    Ok((
+        Tensor::from_vec(cos, (t, cfg.head_dim), device)?,
+        Tensor::from_vec(sin, (t, cfg.head_dim), device)?,
+    ))
+}
+
+/// Rotary embedding on `[b, heads, t, head_dim]`: `x·cos + rotate_half(x)·sin`.
+fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let d = x.dim(D::Minus1)?;
+    let x1 = x.narrow(D::Minus1, 0, d / 2)?;
+    let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
+    let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
+    Ok((x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?)?)
+}
+
+/// `[b, kv, s, d]` → `[b, kv·rep, s, d]`, each kv head repeated `rep` times (HF order).
+fn repeat_kv(x: Tensor, rep: usize) -> Result<Tensor> {
+    if rep == 1 {
+        return Ok(x);
+    }
+    let (b, kv, s, d) = x.dims4()?;
+    Ok(Tensor::cat(&vec![&x; rep], 2)?.reshape((b, kv * rep, s, d))?)
+}
+
+/// Key/value cache for incremental decoding: per layer `[b, kv_heads, len, head_dim]`.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+    len: usize,
+}
+
+impl KvCache {
+    /// An empty cache for a model with `n_layers` layers.
+    pub fn new(n_layers: usize) -> Self {
+        KvCache {
+            layers: vec![None; n_layers],
+            len: 0,
+        }
+    }
+
+    /// Number of positions already cached.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Repeats a batch-1 cache `n` times along the batch dimension (prefill once, decode `n`).
+    pub fn repeat_batch(&mut self, n: usize) -> Result<()> {
+        for (k, v) in self.layers.iter_mut().flatten() {
+            if k.dim(0)? != 1 {
+                return Err(PolicyError::Sampling(
+                    "repeat_batch needs a batch-1 cache".into(),
+                ));
+            }
+            *k = k.repeat((n, 1, 1, 1))?;
+            *v = v.repeat((n, 1, 1, 1))?;
+        }
+        Ok(())
+    }
+
+    /// Keeps only the given batch rows (in that order).
+    pub fn select_rows(&mut self, rows: &[u32]) -> Result<()> {
+        if rows.is_empty() {
+            return Err(PolicyError::Sampling("select_rows with no rows".into()));
+        }
+        for (k, v) in self.layers.iter_mut().flatten() {
+            let idx = Tensor::new(rows, k.device())?;
+            *k = k.index_select(&idx, 0)?;
+            *v = v.index_select(&idx, 0)?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    n_heads: usize,
+    n_kv: usize,
+    head_dim: usize,
+}
+
+impl Attention {
+    fn forward(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: Option<&Tensor>,
+        cache: Option<&mut Option<(Tensor, Tensor)>>,
+    ) -> Result<Tensor> {
+        let (b, t, _) = x.dims3()?;
+        let q = self
+            .q_proj
+            .forward(x)?
+            .reshape((b, t, self.n_heads, self.head_dim))?;
+        let k = self
+            .k_proj
+            .forward(x)?
+            .reshape((b, t, self.n_kv, self.head_dim))?;
+        let v = self
+            .v_proj
+            .forward(x)?
+            .reshape((b, t, self.n_kv, self.head_dim))?;
+        // Qwen3: per-head RMSNorm of queries and keys, before RoPE.
+        let q = match &self.q_norm {
+            Some(n) => n.forward(&q)?,
+            None => q,
+        };
+        let k = match &self.k_norm {
+            Some(n) => n.forward(&k)?,
+            None => k,
+        };
+        let q = apply_rope(&q.transpose(1, 2)?.contiguous()?, cos, sin)?;
+        let k = apply_rope(&k.transpose(1, 2)?.contiguous()?, cos, sin)?;
+        let v = v.transpose(1, 2)?.contiguous()?;
+        let (k, v) = match cache {
+            Some(slot) => {
+                let (k, v) = match slot.take() {
+                    Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?),
+                    None => (k, v),
+                };
+                *slot = Some((k.clone(), v.clone()));
+                (k, v)
+            }
+            None => (k, v),
+        };
+        let rep = self.n_heads / self.n_kv;
+        let k = repeat_kv(k, rep)?;
+        let v = repeat_kv(v, rep)?;
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        let scores = (q.matmul(&k.t()?)? * scale)?;
+        let scores = match mask {
+            Some(m) => scores.broadcast_add(m)?,
+            None => scores,
+        };
+        let probs = softmax_last(&scores)?;
+        let y = probs.matmul(&v)?;
+        let y = y
+            .transpose(1, 2)?
+            .reshape((b, t, self.n_heads * self.head_dim))?;
+        Ok(self.o_proj.forward(&y)?)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+impl Mlp {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let g = self.gate_proj.forward(x)?;
+        let h = (g.silu()? * self.up_proj.forward(x)?)?;
+        Ok(self.down_proj.forward(&h)?)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct DecoderLayer {
+    input_layernorm: RmsNorm,
+    self_attn: Attention,
+    post_attention_layernorm: RmsNorm,
+    mlp: Mlp,
+}
+
+/// The decoder-only transformer (Qwen3, or Qwen2 when the config says so).
+#[derive(Debug, Clone)]
+pub struct Qwen3 {
+    cfg: ModelConfig,
+    embed_tokens: Embedding,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    lm_head: Linear,
+    device: Device,
+}
+
+impl Qwen3 {
+    /// Builds the module over existing variables (names as in [`param_shapes`]). The module
+    /// shares storage with the variables, so optimiser updates are seen immediately.
+    pub(crate) fn build(
+        cfg: &ModelConfig,
+        vars: &HashMap<String, Var>,
+        device: &Device,
+    ) -> Result<Self> {
+        cfg.validate()?;
+        let w = Weights { vars };
+        let h = cfg.hidden_size;
+        let norm = |name: &str, size: usize| -> Result<RmsNorm> {
+            Ok(RmsNorm {
+                weight: w.get(name, &[size])?,
+                eps: cfg.rms_norm_eps,
+            })
+        };
+        let embed = w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
+        let q = cfg.num_attention_heads * cfg.head_dim;
+        let kv = cfg.num_key_value_heads * cfg.head_dim;
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for i in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let a = format!("{p}.self_attn");
+            let (q_norm, k_norm) = if cfg.qk_norm() {
+                (
+                    Some(norm(&format!("{a}.q_norm.weight"), cfg.head_dim)?),
+                    Some(norm(&format!("{a}.k_norm.weight"), cfg.head_dim)?),
+                )
+            } else {
+                (None, None)
+            };
+            layers.push(DecoderLayer {
+                input_layernorm: norm(&format!("{p}.input_layernorm.weight"), h)?,
+                self_attn: Attention {
+                    q_proj: w.linear(&format!("{a}.q_proj"), q, h, cfg.attention_bias)?,
+                    k_proj: w.linear(&format!("{a}.k_proj"), kv, h, cfg.attention_bias)?,
+                    v_proj: w.linear(&format!("{a}.v_proj"), kv, h, cfg.attention_bias)?,
+                    o_proj: w.linear(&format!("{a}.o_proj"), h, q, false)?,
+                    q_norm,
+                    k_norm,
+                    n_heads: cfg.num_attention_heads,
+                    n_kv: cfg.num_key_value_heads,
+                    head_dim: cfg.head_dim,
+                },
+                post_attention_layernorm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                mlp: Mlp {
+                    gate_proj: w.linear(&format!("{p}.mlp.gate_proj"), cfg.intermediate_size, h, false)?,
+                    up_proj: w.linear(&format!("{p}.mlp.up_proj"), cfg.intermediate_size, h, false)?,
+                    down_proj: w.linear(&format!("{p}.mlp.down_proj"), h, cfg.intermediate_size, false)?,
+                },
+            });
+        }
+        let lm_head = if cfg.tie_word_embeddings {
+            Linear::new(embed.clone(), None)
+        } else {
+            Linear::new(w.get("lm_head.weight", &[cfg.vocab_size, h])?, None)
+        };
+        Ok(Qwen3 {
+            cfg: cfg.clone(),
+            embed_tokens: Embedding::new(embed, h),
+            layers,
+            norm: norm("model.norm.weight", h)?,
+            lm_head,
+            device: device.clone(),
+        })
+    }
+
+    /// Full-sequence forward: `ids` `[b, t]` (u32) → logits `[b, t, vocab]` at every position.
+    /// Causal; rows may be right-padded (padding never influences earlier positions).
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        self.forward_inner(ids, None)
+    }
+
+    /// Incremental forward: appends `ids` `[b, t]` after the `cache.len()` cached positions
+    /// and returns logits `[b, t, vocab]` for the new positions.
+    pub fn forward_cached(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+        if cache.layers.len() != self.layers.len() {
+            return Err(PolicyError::Sampling(format!(
+                "cache has {} layers, model has {}",
+                cache.layers.len(),
+                self.layers.len()
+            )));
+        }
+        self.forward_inner(ids, Some(cache))
+    }
+
+    fn forward_inner(&self, ids: &Tensor, mut cache: Option<&mut KvCache>) -> Result<Tensor> {
+        let (_b, t) = ids.dims2()?;
+        let offset = cache.as_ref().map_or(0, |c| c.len);
+        if t == 0 {
+            return Err(PolicyError::Sampling("empty input".into()));
+        }
+        if offset + t > self.cfg.max_position_embeddings {
+            return Err(PolicyError::Sampling(format!(
+                "sequence of {} tokens exceeds max_position_embeddings {}",
+                offset + t,
+                self.cfg.max_position_embeddings
+            )));
+        }
+        let max_id = ids.max_all()?.to_dtype(DType::U32)?.to_scalar::<u32>()?;
+        if max_id as usize >= self.cfg.vocab_size {
+            return Err(PolicyError::Sampling(format!(
+                "token id {max_id} is outside the vocabulary ({})",
+                self.cfg.vocab_size
+            )));
+        }
+        let (cos, sin) = rope_tables(&self.cfg, offset, t, &self.device)?;
+        let mask = if t > 1 {
+            let s = offset + t;
+            let m: Vec<f32> = (0..t)
+                .flat_map(|i| {
+                    (0..s).map(move |j| if j > i + offset { f32::NEG_INFINITY } else { 0.0 })
+                })
+                .collect();
+            Some(Tensor::from_vec(m, (t, s), &self.device)?)
+        } else {
+            None
+        };
+        let mut x = self.embed_tokens.forward(ids)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let slot = cache.as_mut().map(|c| &mut c.layers[i]);
+            let h = layer.input_layernorm.forward(&x)?;
+            let h = layer.self_attn.forward(&h, &cos, &sin, mask.as_ref(), slot)?;
+            x = (x + h)?;
+            let h = layer.post_attention_layernorm.forward(&x)?;
+            x = (&x + layer.mlp.forward(&h)?)?;
+        }
+        if let Some(c) = cache {
+            c.len += t;
+        }
+        let x = self.norm.forward(&x)?;
+        Ok(self.lm_head.forward(&x)?)
+    }
+}

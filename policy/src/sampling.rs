@@ -1,0 +1,296 @@
+//! Sampling with a KV cache: temperature, top-p, max new tokens, stop tokens, a caller-owned
+//! seeded RNG, `n` samples per prompt (batched), and per-token log-probs of the sampled tokens.
+//!
+//! **Log-prob convention.** The recorded log-prob of a token is `log softmax(logits / T)` over
+//! the *full* vocabulary (T = temperature, or 1 when T = 0, i.e. greedy), before top-p
+//! truncation — the same quantity [`response_logprobs`] / [`token_logprobs`] compute from a
+//! full-sequence forward, so the learner's on-policy importance ratio is 1.
+
+use candle_core::{DType, Tensor, D};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{PolicyError, Result};
+use crate::model::log_softmax_last;
+use crate::weights::Policy;
+
+/// Sampling parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SamplingParams {
+    /// Softmax temperature; 0 means greedy (argmax).
+    pub temperature: f32,
+    /// Nucleus sampling mass in (0, 1]; 1 disables truncation.
+    pub top_p: f32,
+    /// Upper bound on generated tokens (also bounded by the model's context).
+    pub max_new_tokens: usize,
+    /// Token ids that end a response (included in the response, with their log-prob).
+    pub stop_tokens: Vec<u32>,
+}
+
+impl SamplingParams {
+    /// Temperature 1, top-p 1, `max_new_tokens`, the given stop tokens.
+    pub fn new(max_new_tokens: usize, stop_tokens: Vec<u32>) -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            max_new_tokens,
+            stop_tokens,
+        }
+    }
+
+    /// Temperature used for log-probs: `temperature`, or 1 for greedy decoding.
+    pub fn logprob_temperature(&self) -> f32 {
+        if self.temperature > 0.0 {
+            self.temperature
+        } else {
+            1.0
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return Err(PolicyError::Sampling(format!(
+                "temperature must be finite and >= 0, got {}",
+                self.temperature
+            )));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(PolicyError::Sampling(format!(
+                "top_p must be in (0, 1], got {}",
+                self.top_p
+            )));
+        }
+        if self.max_new_tokens == 0 {
+            return Err(PolicyError::Sampling("max_new_tokens must be > 0".into()));
+        }
+        Ok(())
+    }
+}
+
+/// One generated response.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    /// Sampled token ids (a final stop token included).
+    pub tokens: Vec<u32>,
+    /// `log p(token)` of each sampled token (see the module docs for the convention).
+    pub logprobs: Vec<f32>,
+    /// True when the response ended with a stop token (false: length cut-off).
+    pub stopped: bool,
+}
+
+/// Which decoding loop to use. Both give log-probs equal to a full-sequence forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GenerationPath {
+    /// Prefill the prompt once, decode all `n` samples in one batch (rows that stop drop out).
+    #[default]
+    Batched,
+    /// Decode the `n` samples one after another with a batch-1 KV cache (shared prefill).
+    Sequential,
+}
+
+/// Generates `n` completions of `prompt` with the chosen path.
+pub fn generate(
+    policy: &Policy,
+    prompt: &[u32],
+    n: usize,
+    params: &SamplingParams,
+    path: GenerationPath,
+    rng: &mut impl Rng,
+) -> Result<Vec<Completion>> {
+    params.validate()?;
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    if prompt.is_empty() {
+        return Err(PolicyError::Sampling("empty prompt".into()));
+    }
+    let ctx = policy.config().max_position_embeddings;
+    if prompt.len() >= ctx {
+        return Err(PolicyError::Sampling(format!(
+            "prompt of {} tokens leaves no room in a context of {ctx}",
+            prompt.len()
+        )));
+    }
+    let max_new = params.max_new_tokens.min(ctx - prompt.len());
+    // Prefill once (batch 1).
+    let mut prefill = policy.new_cache();
+    let ids = Tensor::new(prompt, policy.device())?.unsqueeze(0)?;
+    let logits = policy.model().forward_cached(&ids, &mut prefill)?;
+    let last = last_row(&logits)?;
+    let first = last
+        .into_iter()
+        .next()
+        .ok_or_else(|| PolicyError::Sampling("no logits".into()))?;
+    match path {
+        GenerationPath::Batched => {
+            decode_batch(policy, prefill, vec![first; n], max_new, params, rng)
+        }
+        GenerationPath::Sequential => {
+            let mut out = Vec::with_capacity(n);
+            for _ in 0..n {
+                let mut one =
+                    decode_batch(policy, prefill.clone(), vec![first.clone()], max_new, params, rng)?;
+                out.append(&mut one);
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// Decodes `logits.len()` rows in lockstep from a batch-1 cache holding the prompt.
+fn decode_batch(
+    policy: &Policy,
+    mut cache: crate::model::KvCache,
+    mut logits: Vec<Vec<f32>>,
+    max_new: usize,
+    params: &SamplingParams,
+    rng: &mut impl Rng,
+) -> Result<Vec<Completion>> {
+    let n = logits.len();
+    cache.repeat_batch(n)?;
+    let mut rows: Vec<Completion> = (0..n)
+        .map(|_| Completion {
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            stopped: false,
+        })
+        .collect();
+    let mut active: Vec<usize> = (0..n).collect();
+    for step in 0..max_new {
+        for (j, &r) in active.iter().enumerate() {
+            let (tok, lp) = sample_token(&logits[j], params, rng)?;
+            rows[r].tokens.push(tok);
+            rows[r].logprobs.push(lp);
+            if params.stop_tokens.contains(&tok) {
+                rows[r].stopped = true;
+            }
+        }
+        if step + 1 == max_new {
+            break;
+        }
+        let keep: Vec<u32> = (0..active.len())
+            .filter(|&j| !rows[active[j]].stopped)
+            .map(|j| j as u32)
+            .collect();
+        if keep.is_empty() {
+            break;
+        }
+        if keep.len() < active.len() {
+            cache.select_rows(&keep)?;
+            active = keep.iter().map(|&j| active[j as usize]).collect();
+        }
+        let last: Vec<u32> = active
+            .iter()
+            .map(|&r| rows[r].tokens.last().copied().unwrap_or(0))
+            .collect();
+        let ids = Tensor::new(last.as_slice(), policy.device())?.unsqueeze(1)?;
+        let out = policy.model().forward_cached(&ids, &mut cache)?;
+        logits = last_row(&out)?;
+    }
+    Ok(rows)
+}
+
+/// Logits of the last position of each row, as host vectors.
+fn last_row(logits: &Tensor) -> Result<Vec<Vec<f32>>> {
+    let t = logits.dim(1)?;
+    Ok(logits
+        .narrow(1, t - 1, 1)?
+        .squeeze(1)?
+        .to_dtype(DType::F32)?
+        .to_vec2::<f32>()?)
+}
+
+/// Samples one token; returns it with its log-prob under `softmax(logits / T)`.
+fn sample_token(logits: &[f32], params: &SamplingParams, rng: &mut impl Rng) -> Result<(u32, f32)> {
+    if logits.iter().any(|x| x.is_nan()) {
+        return Err(PolicyError::Sampling("NaN in logits".into()));
+    }
+    let t = f64::from(params.logprob_temperature());
+    let scaled: Vec<f64> = logits.iter().map(|&x| f64::from(x) / t).collect();
+    let max = scaled.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let sum: f64 = scaled.iter().map(|x| (x - max).exp()).sum();
+    let lse = max + sum.ln();
+    let tok = if params.temperature == 0.0 {
+        scaled
+            .iter()
+            .enumerate()
+            .fold((0usize, f64::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
+            .0
+    } else {
+        let probs: Vec<f64> = scaled.iter().map(|x| (x - lse).exp()).collect();
+        if params.top_p < 1.0 {
+            let mut order: Vec<usize> = (0..probs.len()).collect();
+            order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+            let mut cum = 0.0;
+            let mut cut = order.len();
+            for (k, &i) in order.iter().enumerate() {
+                cum += probs[i];
+                if cum >= f64::from(params.top_p) {
+                    cut = k + 1;
+                    break;
+                }
+            }
+            let kept = &order[..cut];
+            let mass: f64 = kept.iter().map(|&i| probs[i]).sum();
+            let mut u = rng.gen::<f64>() * mass;
+            let mut pick = kept[kept.len() - 1];
+            for &i in kept {
+                u -= probs[i];
+                if u <= 0.0 {
+                    pick = i;
+                    break;
+                }
+            }
+            pick
+        } else {
+            let mut u = rng.gen::<f64>();
+            let mut pick = probs.len() - 1;
+            for (i, p) in probs.iter().enumerate() {
+                u -= p;
+                if u <= 0.0 {
+                    pick = i;
+                    break;
+                }
+            }
+            pick
+        }
+    };
+    Ok((tok as u32, (scaled[tok] - lse) as f32))
+}
+
+/// Differentiable per-token log-probs: `logits` `[b, t, V]`, `targets` `[b, t]` (u32) →
+/// `[b, t]` with `log softmax(logits / temperature)[target]`.
+pub fn token_logprobs(logits: &Tensor, targets: &Tensor, temperature: f32) -> Result<Tensor> {
+    let logits = if temperature != 1.0 {
+        (logits / f64::from(temperature))?
+    } else {
+        logits.clone()
+    };
+    let lsm = log_softmax_last(&logits)?;
+    Ok(lsm
+        .gather(&targets.unsqueeze(D::Minus1)?.contiguous()?, D::Minus1)?
+        .squeeze(D::Minus1)?)
+}
+
+/// Log-probs of `response` given `prompt` from one full-sequence forward (no cache): what the
+/// learner computes. Returns one value per response token.
+pub fn response_logprobs(
+    policy: &Policy,
+    prompt: &[u32],
+    response: &[u32],
+    temperature: f32,
+) -> Result<Vec<f32>> {
+    if prompt.is_empty() || response.is_empty() {
+        return Err(PolicyError::Sampling("empty prompt or response".into()));
+    }
+    let mut seq = prompt.to_vec();
+    seq.extend_from_slice(&response[..response.len() - 1]);
+    let ids = Tensor::new(seq.as_slice(), policy.device())?.unsqueeze(0)?;
+    let logits = policy.forward(&ids)?;
+    let logits = logits.narrow(1, prompt.len() - 1, response.len())?;
+    let targets = Tensor::new(response, policy.device())?.unsqueeze(0)?;
+    Ok(token_logprobs(&logits, &targets, temperature)?
+        .squeeze(0)?
+        .to_vec1::<f32>()?)
+}

@@ -1,0 +1,224 @@
+//! Tokenizers: the embedded byte-level tokenizer and Hugging Face `tokenizer.json` files.
+
+use std::path::Path;
+
+use crate::error::{PolicyError, Result};
+
+/// Byte-level tokenizer of the embedded default model: ids 0..=255 are raw bytes, followed by
+/// four special tokens. Text is never parsed for special tokens, so a prompt or completion that
+/// *contains* the string `<|eos|>` cannot inject the EOS id.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ByteTokenizer;
+
+impl ByteTokenizer {
+    /// Padding (never produced by the model in practice; used to fill finished rows).
+    pub const PAD: u32 = 256;
+    /// Beginning of sequence, first token of every prompt.
+    pub const BOS: u32 = 257;
+    /// End of response: the stop token.
+    pub const EOS: u32 = 258;
+    /// Separator between prompt and response.
+    pub const SEP: u32 = 259;
+    /// 256 bytes + 4 special tokens.
+    pub const VOCAB_SIZE: usize = 260;
+
+    /// Raw bytes of `text`, no special tokens.
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        text.bytes().map(u32::from).collect()
+    }
+
+    /// `BOS, bytes(prompt), SEP`: the prompt template of the embedded model.
+    pub fn encode_prompt(&self, prompt: &str) -> Vec<u32> {
+        let mut ids = Vec::with_capacity(prompt.len() + 2);
+        ids.push(Self::BOS);
+        ids.extend(prompt.bytes().map(u32::from));
+        ids.push(Self::SEP);
+        ids
+    }
+
+    /// The bytes of the non-special ids (specials and out-of-range ids are dropped).
+    pub fn decode_bytes(&self, ids: &[u32]) -> Vec<u8> {
+        ids.iter()
+            .filter_map(|&i| u8::try_from(i).ok())
+            .collect()
+    }
+
+    /// Lossy UTF-8 decoding of [`Self::decode_bytes`] (invalid sequences become U+FFFD).
+    pub fn decode(&self, ids: &[u32]) -> String {
+        String::from_utf8_lossy(&self.decode_bytes(ids)).into_owned()
+    }
+}
+
+/// A Hugging Face tokenizer plus the few facts generation needs (stop ids, pad id, template).
+#[derive(Clone)]
+pub struct HfTokenizer {
+    inner: tokenizers::Tokenizer,
+    eos: Vec<u32>,
+    pad: u32,
+    chatml: bool,
+}
+
+impl std::fmt::Debug for HfTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HfTokenizer")
+            .field("vocab_size", &self.inner.get_vocab_size(true))
+            .field("eos", &self.eos)
+            .field("pad", &self.pad)
+            .field("chatml", &self.chatml)
+            .finish()
+    }
+}
+
+/// The tokenizer of a policy: byte-level (embedded default) or Hugging Face.
+#[derive(Debug, Clone)]
+pub enum Tokenizer {
+    /// The embedded byte tokenizer.
+    Byte(ByteTokenizer),
+    /// A `tokenizer.json` loaded from a local folder.
+    Hf(Box<HfTokenizer>),
+}
+
+impl Tokenizer {
+    /// The embedded byte-level tokenizer.
+    pub fn byte() -> Self {
+        Tokenizer::Byte(ByteTokenizer)
+    }
+
+    /// Loads `tokenizer.json`. `extra_eos` are stop ids from `config.json` /
+    /// `generation_config.json`; `<|im_end|>` and `<|endoftext|>` are added when the vocabulary
+    /// has them.
+    pub fn from_file(path: &Path, extra_eos: &[u32]) -> Result<Self> {
+        let bytes = std::fs::read(path).map_err(|source| PolicyError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let inner =
+            tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| PolicyError::CorruptFile {
+                path: path.to_path_buf(),
+                reason: format!("not a valid tokenizer.json: {e}"),
+            })?;
+        Ok(Self::from_hf(inner, extra_eos))
+    }
+
+    /// Wraps an in-memory Hugging Face tokenizer.
+    pub fn from_hf(inner: tokenizers::Tokenizer, extra_eos: &[u32]) -> Self {
+        let mut eos: Vec<u32> = extra_eos.to_vec();
+        for name in ["<|im_end|>", "<|endoftext|>", "</s>", "<eos>"] {
+            if let Some(id) = inner.token_to_id(name) {
+                if !eos.contains(&id) {
+                    eos.push(id);
+                }
+            }
+        }
+        let pad = ["<|endoftext|>", "<pad>", "<|pad|>"]
+            .iter()
+            .find_map(|t| inner.token_to_id(t))
+            .or_else(|| eos.first().copied())
+            .unwrap_or(0);
+        let chatml =
+            inner.token_to_id("<|im_start|>").is_some() && inner.token_to_id("<|im_end|>").is_some();
+        Tokenizer::Hf(Box::new(HfTokenizer {
+            inner,
+            eos,
+            pad,
+            chatml,
+        }))
+    }
+
+    /// Number of ids the tokenizer can produce (including special tokens).
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            Tokenizer::Byte(_) => ByteTokenizer::VOCAB_SIZE,
+            Tokenizer::Hf(t) => t.inner.get_vocab_size(true),
+        }
+    }
+
+    /// Encodes raw text (no template, no BOS).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        match self {
+            Tokenizer::Byte(b) => Ok(b.encode(text)),
+            Tokenizer::Hf(t) => t
+                .inner
+                .encode(text, false)
+                .map(|e| e.get_ids().to_vec())
+                .map_err(|e| PolicyError::Tokenizer(e.to_string())),
+        }
+    }
+
+    /// Encodes a task prompt with the model's prompt template: `BOS prompt SEP` for the byte
+    /// tokenizer; a ChatML user turn followed by the assistant header for Qwen tokenizers
+    /// (`<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n`); the raw text otherwise.
+    pub fn encode_prompt(&self, prompt: &str) -> Result<Vec<u32>> {
+        match self {
+            Tokenizer::Byte(b) => Ok(b.encode_prompt(prompt)),
+            Tokenizer::Hf(t) if t.chatml => self.encode(&format!(
+                "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+            )),
+            Tokenizer::Hf(_) => self.encode(prompt),
+        }
+    }
+
+    /// Decodes ids to text, skipping special tokens; invalid UTF-8 becomes U+FFFD.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        match self {
+            Tokenizer::Byte(b) => Ok(b.decode(ids)),
+            Tokenizer::Hf(t) => t
+                .inner
+                .decode(ids, true)
+                .map_err(|e| PolicyError::Tokenizer(e.to_string())),
+        }
+    }
+
+    /// Ids that end a response.
+    pub fn eos_ids(&self) -> Vec<u32> {
+        match self {
+            Tokenizer::Byte(_) => vec![ByteTokenizer::EOS],
+            Tokenizer::Hf(t) => t.eos.clone(),
+        }
+    }
+
+    /// Id used to fill rows that have finished in batched generation.
+    pub fn pad_id(&self) -> u32 {
+        match self {
+            Tokenizer::Byte(_) => ByteTokenizer::PAD,
+            Tokenizer::Hf(t) => t.pad,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_round_trip_and_no_special_injection() {
+        let t = Tokenizer::byte();
+        let ids = t.encode("héllo <|eos|>").unwrap();
+        assert!(ids.iter().all(|&i| i < 256));
+        assert_eq!(t.decode(&ids).unwrap(), "héllo <|eos|>");
+        let p = t.encode_prompt("1+1=").unwrap();
+        assert_eq!(p.first(), Some(&ByteTokenizer::BOS));
+        assert_eq!(p.last(), Some(&ByteTokenizer::SEP));
+        assert_eq!(t.decode(&p).unwrap(), "1+1=");
+    }
+
+    #[test]
+    fn byte_decode_is_lossy_on_invalid_utf8_and_ignores_bad_ids() {
+        let t = Tokenizer::byte();
+        let s = t.decode(&[0xff, 0xfe, b'a' as u32, 999_999, 258]).unwrap();
+        assert!(s.ends_with('a'));
+        assert!(s.contains('\u{fffd}'));
+    }
+
+    #[test]
+    fn missing_or_corrupt_tokenizer_file_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("tokenizer.json");
+        let e = Tokenizer::from_file(&p, &[]).unwrap_err();
+        assert!(matches!(e, PolicyError::Io { .. }), "{e}");
+        std::fs::write(&p, b"{ not json").unwrap();
+        let e = Tokenizer::from_file(&p, &[]).unwrap_err();
+        assert!(matches!(e, PolicyError::CorruptFile { .. }), "{e}");
+        assert!(e.to_string().contains("tokenizer.json"));
+    }
+}

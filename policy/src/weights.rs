@@ -1,0 +1,249 @@
+//! [`Policy`]: the model's variables (a candle `VarMap`), its config, and the snapshot
+//! payload (safetensors bytes carrying the config hash).
+
+use std::collections::{BTreeMap, HashMap};
+
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::VarMap;
+use rand::{Rng, SeedableRng};
+
+use crate::config::ModelConfig;
+use crate::error::{PolicyError, Result};
+use crate::model::{param_shapes, KvCache, Qwen3};
+
+/// safetensors metadata key holding the hex BLAKE3 config hash.
+pub const META_CONFIG_HASH: &str = "echo_swarm.config_hash";
+
+/// A trainable policy: config + variables + the module built over them.
+///
+/// The learner optimises [`Policy::vars`] (e.g. with `candle_nn::AdamW`); the forward pass sees
+/// updates immediately because the module shares the variables' storage. Rollout workers build
+/// one per installed snapshot with [`Policy::from_safetensors_bytes`].
+#[derive(Debug)]
+pub struct Policy {
+    cfg: ModelConfig,
+    varmap: VarMap,
+    model: Qwen3,
+    device: Device,
+}
+
+impl Policy {
+    /// A freshly initialised model, deterministic in `seed`: linear and embedding weights
+    /// N(0, 0.02²) (output projections of each block scaled by 1/√(2·layers)), norms 1, biases 0.
+    pub fn new_random(cfg: &ModelConfig, seed: u64, device: &Device) -> Result<Self> {
+        cfg.validate()?;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let resid_scale = 1.0 / (2.0 * cfg.num_hidden_layers as f64).sqrt();
+        let mut tensors = HashMap::new();
+        for (name, shape) in param_shapes(cfg) {
+            let n: usize = shape.iter().product();
+            let data: Vec<f32> = if name.ends_with("norm.weight") {
+                vec![1.0; n]
+            } else if name.ends_with(".bias") {
+                vec![0.0; n]
+            } else {
+                let std = if name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight")
+                {
+                    0.02 * resid_scale
+                } else {
+                    0.02
+                };
+                (0..n).map(|_| (normal(&mut rng) * std) as f32).collect()
+            };
+            tensors.insert(name, Tensor::from_vec(data, shape, device)?);
+        }
+        Self::from_tensors(cfg, tensors, device)
+    }
+
+    /// Builds a policy from named tensors (converted to f32 on `device`). Every tensor of the
+    /// config must be present with the right shape; unknown names are an error.
+    pub fn from_tensors(
+        cfg: &ModelConfig,
+        mut tensors: HashMap<String, Tensor>,
+        device: &Device,
+    ) -> Result<Self> {
+        cfg.validate()?;
+        let varmap = VarMap::new();
+        {
+            let mut data = varmap
+                .data()
+                .lock()
+                .map_err(|_| PolicyError::Weights("variable map lock poisoned".into()))?;
+            for (name, shape) in param_shapes(cfg) {
+                let t = tensors
+                    .remove(&name)
+                    .ok_or_else(|| PolicyError::Weights(format!("missing tensor {name}")))?;
+                if t.dims() != shape.as_slice() {
+                    return Err(PolicyError::Weights(format!(
+                        "tensor {name} has shape {:?}, expected {shape:?}",
+                        t.dims()
+                    )));
+                }
+                let t = t.to_dtype(DType::F32)?.to_device(device)?;
+                data.insert(name, Var::from_tensor(&t)?);
+            }
+            if let Some(extra) = tensors.keys().min() {
+                return Err(PolicyError::Weights(format!(
+                    "unexpected tensor {extra} ({} unexpected in total)",
+                    tensors.len()
+                )));
+            }
+        }
+        let model = {
+            let data = varmap
+                .data()
+                .lock()
+                .map_err(|_| PolicyError::Weights("variable map lock poisoned".into()))?;
+            Qwen3::build(cfg, &data, device)?
+        };
+        Ok(Policy {
+            cfg: cfg.clone(),
+            varmap,
+            model,
+            device: device.clone(),
+        })
+    }
+
+    /// Decodes a snapshot payload made by [`Policy::to_safetensors_bytes`]. The payload's
+    /// recorded config hash must equal `cfg.hash()` ([`PolicyError::ConfigMismatch`] otherwise).
+    pub fn from_safetensors_bytes(cfg: &ModelConfig, bytes: &[u8], device: &Device) -> Result<Self> {
+        let found = snapshot_config_hash(bytes)?;
+        let expected = cfg.hash_hex();
+        if found.as_deref() != Some(expected.as_str()) {
+            return Err(PolicyError::ConfigMismatch {
+                expected,
+                found: found.unwrap_or_else(|| "<none>".into()),
+            });
+        }
+        let tensors = candle_core::safetensors::load_buffer(bytes, device)
+            .map_err(|e| PolicyError::SafeTensors(e.to_string()))?;
+        Self::from_tensors(cfg, tensors, device)
+    }
+
+    /// The snapshot payload: every variable as little-endian f32 in a safetensors file with
+    /// sorted names and metadata `{format: pt, [`META_CONFIG_HASH`]: hex}`. Deterministic: the same
+    /// weights always give the same bytes.
+    pub fn to_safetensors_bytes(&self) -> Result<Vec<u8>> {
+        let vars = self.named_vars()?;
+        let mut named = Vec::with_capacity(vars.len());
+        for (name, var) in vars {
+            let data = var.as_tensor().flatten_all()?.to_vec1::<f32>()?;
+            named.push((name, var.dims().to_vec(), data));
+        }
+        write_safetensors(&named, &self.cfg.hash_hex())
+    }
+
+    /// Overwrites this policy's variables in place from a snapshot payload (same config).
+    pub fn load_safetensors_bytes(&self, bytes: &[u8]) -> Result<()> {
+        let other = Self::from_safetensors_bytes(&self.cfg, bytes, &self.device)?;
+        let theirs: HashMap<String, Var> = other.named_vars()?.into_iter().collect();
+        for (name, var) in self.named_vars()? {
+            let src = theirs
+                .get(&name)
+                .ok_or_else(|| PolicyError::Weights(format!("missing tensor {name}")))?;
+            var.set(src.as_tensor())?;
+        }
+        Ok(())
+    }
+
+    /// The model configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The candle variable map (for optimisers that take a `VarMap`).
+    pub fn varmap(&self) -> &VarMap {
+        &self.varmap
+    }
+
+    /// All trainable variables with their Hugging Face names, sorted by name.
+    pub fn named_vars(&self) -> Result<Vec<(String, Var)>> {
+        let data = self
+            .varmap
+            .data()
+            .lock()
+            .map_err(|_| PolicyError::Weights("variable map lock poisoned".into()))?;
+        let mut v: Vec<(String, Var)> = data.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(v)
+    }
+
+    /// All trainable variables (for `candle_nn::AdamW::new`).
+    pub fn vars(&self) -> Result<Vec<Var>> {
+        Ok(self.named_vars()?.into_iter().map(|(_, v)| v).collect())
+    }
+
+    /// The module (full-sequence and cached forward).
+    pub fn model(&self) -> &Qwen3 {
+        &self.model
+    }
+
+    /// Full-sequence forward: `ids` `[b, t]` u32 → logits `[b, t, vocab]`.
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        self.model.forward(ids)
+    }
+
+    /// An empty KV cache for this model.
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(self.cfg.num_hidden_layers)
+    }
+}
+
+/// Reads the config hash recorded in a snapshot payload (`None` when absent).
+pub fn snapshot_config_hash(bytes: &[u8]) -> Result<Option<String>> {
+    let (_, meta) = safetensors::SafeTensors::read_metadata(bytes)
+        .map_err(|e| PolicyError::SafeTensors(e.to_string()))?;
+    Ok(meta
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get(META_CONFIG_HASH).cloned()))
+}
+
+/// Serialises f32 tensors as a safetensors file with a deterministic header (BTreeMap order).
+fn write_safetensors(tensors: &[(String, Vec<usize>, Vec<f32>)], config_hash: &str) -> Result<Vec<u8>> {
+    let mut header = BTreeMap::new();
+    let mut meta = BTreeMap::new();
+    meta.insert(META_CONFIG_HASH.to_string(), config_hash.to_string());
+    // Hugging Face `transformers` only accepts safetensors files tagged with a framework.
+    meta.insert("format".to_string(), "pt".to_string());
+    header.insert(
+        "__metadata__".to_string(),
+        serde_json::to_value(&meta).map_err(|e| PolicyError::SafeTensors(e.to_string()))?,
+    );
+    let mut offset = 0usize;
+    let mut sorted: Vec<&(String, Vec<usize>, Vec<f32>)> = tensors.iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, shape, data) in &sorted {
+        let len = data.len() * 4;
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + len]}),
+        );
+        offset += len;
+    }
+    let mut h = serde_json::to_vec(&header).map_err(|e| PolicyError::SafeTensors(e.to_string()))?;
+    while h.len() % 8 != 0 {
+        h.push(b' ');
+    }
+    let mut out = Vec::with_capacity(8 + h.len() + offset);
+    out.extend_from_slice(&(h.len() as u64).to_le_bytes());
+    out.extend_from_slice(&h);
+    for (_, _, data) in sorted {
+        for x in data {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+    Ok(out)
+}
+
+/// Standard normal sample (Box–Muller), so initialisation depends only on our seeded RNG.
+fn normal(rng: &mut impl Rng) -> f64 {
+    let u1: f64 = rng.gen_range(f64::MIN_POSITIVE..1.0);
+    let u2: f64 = rng.gen();
+    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+}

@@ -1,0 +1,464 @@
+//! The rollout engine: turns the installed policy snapshot into rewarded, version-tagged
+//! trajectory groups in the local [`storage::TrajectoryStore`].
+//!
+//! Owns: the installed-policy slot ([`PolicySlot`], updated by the node when a snapshot
+//! installs), the generate → reward → record → `put_group` loop ([`RolloutEngine`]), the
+//! producer's self-regulation (pause while pending groups exceed a cap) and the throughput
+//! estimate μ_i ([`RolloutStats`]) reported in heartbeats.
+//!
+//! Must not touch: networking, snapshot transfer/verification, the learner's pulls (those use
+//! the store directly), or the model/task internals (see `policy` and `tasks`).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use policy::{Device, GenerationPath, ModelConfig, Policy, PolicyError, SamplingParams, Tokenizer};
+use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
+use storage::{Sample, StorageError, TrajectoryGroup, TrajectoryStore};
+use tasks::{Task, TaskError};
+use tokio::sync::watch;
+
+/// Errors of the rollout engine.
+#[derive(Debug, thiserror::Error)]
+pub enum RolloutError {
+    /// Model loading or generation failed.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// The task failed to produce a prompt.
+    #[error(transparent)]
+    Task(#[from] TaskError),
+    /// The trajectory store failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// Bad engine configuration.
+    #[error("invalid rollout config: {0}")]
+    Config(String),
+    /// A snapshot older than (or equal to) the installed one was offered.
+    #[error("snapshot version {offered} is not newer than the installed version {installed}")]
+    StaleVersion {
+        /// The installed version.
+        installed: u64,
+        /// The offered version.
+        offered: u64,
+    },
+}
+
+/// A policy snapshot installed for sampling.
+#[derive(Debug)]
+pub struct InstalledPolicy {
+    /// Snapshot version.
+    pub version: u64,
+    /// The model built from the snapshot's weights.
+    pub policy: Arc<Policy>,
+}
+
+/// The node-facing handle to the installed policy. Cloning shares the slot; installing
+/// replaces the policy atomically, and the engine picks it up before its next group.
+#[derive(Debug, Clone)]
+pub struct PolicySlot {
+    tx: Arc<watch::Sender<Option<Arc<InstalledPolicy>>>>,
+    config: ModelConfig,
+    device: Device,
+}
+
+impl PolicySlot {
+    /// An empty slot for snapshots of `config` (their config hash must match).
+    pub fn new(config: ModelConfig, device: Device) -> Self {
+        PolicySlot {
+            tx: Arc::new(watch::channel(None).0),
+            config,
+            device,
+        }
+    }
+
+    /// The model config snapshots must have.
+    pub fn model_config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Decodes a snapshot payload (safetensors bytes, config hash checked) and installs it.
+    /// Versions must increase.
+    pub fn install_bytes(&self, version: u64, bytes: &[u8]) -> Result<(), RolloutError> {
+        if let Some(cur) = self.version() {
+            if version <= cur {
+                return Err(RolloutError::StaleVersion {
+                    installed: cur,
+                    offered: version,
+                });
+            }
+        }
+        let policy = Policy::from_safetensors_bytes(&self.config, bytes, &self.device)?;
+        self.install(version, Arc::new(policy))
+    }
+
+    /// Installs an already-built policy as `version` (must be newer than the installed one).
+    pub fn install(&self, version: u64, policy: Arc<Policy>) -> Result<(), RolloutError> {
+        if policy.config().hash() != self.config.hash() {
+            return Err(PolicyError::ConfigMismatch {
+                expected: self.config.hash_hex(),
+                found: policy.config().hash_hex(),
+            }
+            .into());
+        }
+        let mut result = Ok(());
+        self.tx.send_if_modified(|slot| match slot {
+            Some(cur) if cur.version >= version => {
+                result = Err(RolloutError::StaleVersion {
+                    installed: cur.version,
+                    offered: version,
+                });
+                false
+            }
+            _ => {
+                *slot = Some(Arc::new(InstalledPolicy { version, policy }));
+                true
+            }
+        });
+        result
+    }
+
+    /// The installed policy, if any.
+    pub fn current(&self) -> Option<Arc<InstalledPolicy>> {
+        self.tx.borrow().clone()
+    }
+
+    /// The installed version, if any.
+    pub fn version(&self) -> Option<u64> {
+        self.tx.borrow().as_ref().map(|p| p.version)
+    }
+
+    /// A receiver that is notified on every install (for async waiters).
+    pub fn subscribe(&self) -> watch::Receiver<Option<Arc<InstalledPolicy>>> {
+        self.tx.subscribe()
+    }
+}
+
+/// Engine configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RolloutConfig {
+    /// Samples per prompt (n).
+    pub group_size: usize,
+    /// Sampling parameters; empty `stop_tokens` means the tokenizer's EOS ids.
+    pub sampling: SamplingParams,
+    /// Decoding loop (both match the learner's log-probs).
+    pub path: GenerationPath,
+    /// Pause while the store holds at least this many pending groups.
+    pub max_pending_groups: u64,
+    /// Seed: group k's prompt and samples depend only on (seed, k) and the installed weights.
+    pub seed: u64,
+    /// Producing peer id recorded in every group.
+    pub producer: String,
+    /// Smoothing of the μ estimate (weight of the newest group, in (0, 1]).
+    pub mu_ema_alpha: f64,
+    /// Sleep while paused or while no policy is installed.
+    pub idle_poll: Duration,
+    /// Makes group/trajectory ids reproducible (tests); `None` draws a random one per engine.
+    pub id_nonce: Option<[u8; 16]>,
+}
+
+impl Default for RolloutConfig {
+    fn default() -> Self {
+        RolloutConfig {
+            group_size: 8,
+            sampling: SamplingParams::new(8, Vec::new()),
+            path: GenerationPath::Batched,
+            max_pending_groups: 256,
+            seed: 0,
+            producer: "local".into(),
+            mu_ema_alpha: 0.2,
+            idle_poll: Duration::from_millis(50),
+            id_nonce: None,
+        }
+    }
+}
+
+/// Shared, lock-light statistics of an engine (read by heartbeats and metrics).
+#[derive(Debug, Default)]
+pub struct RolloutStats {
+    groups: AtomicU64,
+    samples: AtomicU64,
+    tokens: AtomicU64,
+    version: AtomicU64,
+    paused: AtomicBool,
+    /// (EMA of seconds per group, EMA of mean reward)
+    ema: Mutex<Option<(f64, f64)>>,
+}
+
+/// A point-in-time copy of [`RolloutStats`].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct StatsSnapshot {
+    /// μ_i: groups per second of generation time (exponential moving average; 0 before the
+    /// first group). Paused time does not lower it: it measures capacity.
+    pub mu: f64,
+    /// Groups written so far.
+    pub groups: u64,
+    /// Samples written so far.
+    pub samples: u64,
+    /// Response tokens generated so far.
+    pub tokens: u64,
+    /// Version of the last group written.
+    pub version: u64,
+    /// True while paused by the pending-groups cap.
+    pub paused: bool,
+    /// Moving average of group mean rewards.
+    pub reward_ema: f64,
+}
+
+impl RolloutStats {
+    /// Current values.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let ema = self.ema.lock().map(|g| *g).unwrap_or(None);
+        StatsSnapshot {
+            mu: ema.map_or(0.0, |(s, _)| if s > 0.0 { 1.0 / s } else { 0.0 }),
+            groups: self.groups.load(Ordering::Relaxed),
+            samples: self.samples.load(Ordering::Relaxed),
+            tokens: self.tokens.load(Ordering::Relaxed),
+            version: self.version.load(Ordering::Relaxed),
+            paused: self.paused.load(Ordering::Relaxed),
+            reward_ema: ema.map_or(0.0, |(_, r)| r),
+        }
+    }
+
+    fn record(&self, group: &TrajectoryGroup, secs: f64, alpha: f64) {
+        self.groups.fetch_add(1, Ordering::Relaxed);
+        self.samples
+            .fetch_add(group.samples.len() as u64, Ordering::Relaxed);
+        let toks: usize = group.samples.iter().map(|s| s.response_tokens.len()).sum();
+        self.tokens.fetch_add(toks as u64, Ordering::Relaxed);
+        self.version.store(group.version, Ordering::Relaxed);
+        let r = f64::from(group.mean_reward());
+        if let Ok(mut g) = self.ema.lock() {
+            *g = Some(match *g {
+                None => (secs, r),
+                Some((s, m)) => (s + alpha * (secs - s), m + alpha * (r - m)),
+            });
+        }
+    }
+}
+
+/// What one [`RolloutEngine::step`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepOutcome {
+    /// A group was generated and stored.
+    Produced {
+        /// Its snapshot version.
+        version: u64,
+        /// Its mean reward.
+        mean_reward: f32,
+    },
+    /// Pending groups reached the cap; nothing generated.
+    Paused {
+        /// Pending groups in the store.
+        pending: u64,
+    },
+    /// No snapshot is installed yet.
+    NoPolicy,
+}
+
+/// Generates groups under the installed policy and writes them to the store.
+pub struct RolloutEngine {
+    cfg: RolloutConfig,
+    task: Arc<dyn Task>,
+    tokenizer: Tokenizer,
+    store: Arc<TrajectoryStore>,
+    slot: PolicySlot,
+    stats: Arc<RolloutStats>,
+    stop_tokens: Vec<u32>,
+    nonce: [u8; 16],
+    seq: u64,
+}
+
+impl std::fmt::Debug for RolloutEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RolloutEngine")
+            .field("cfg", &self.cfg)
+            .field("task", &self.task.name())
+            .field("seq", &self.seq)
+            .finish()
+    }
+}
+
+impl RolloutEngine {
+    /// A new engine; `seq` (the group counter the per-group seeds derive from) starts at 0.
+    pub fn new(
+        cfg: RolloutConfig,
+        task: Arc<dyn Task>,
+        tokenizer: Tokenizer,
+        store: Arc<TrajectoryStore>,
+        slot: PolicySlot,
+    ) -> Result<Self, RolloutError> {
+        if cfg.group_size == 0 || cfg.group_size > storage::record::limits::MAX_SAMPLES {
+            return Err(RolloutError::Config(format!(
+                "group_size must be in 1..={}",
+                storage::record::limits::MAX_SAMPLES
+            )));
+        }
+        if !(cfg.mu_ema_alpha > 0.0 && cfg.mu_ema_alpha <= 1.0) {
+            return Err(RolloutError::Config("mu_ema_alpha must be in (0, 1]".into()));
+        }
+        if cfg.producer.len() > storage::record::limits::MAX_ID {
+            return Err(RolloutError::Config("producer id too long".into()));
+        }
+        if tokenizer.vocab_size() > slot.model_config().vocab_size {
+            return Err(RolloutError::Config(format!(
+                "tokenizer has {} ids but the model only {}",
+                tokenizer.vocab_size(),
+                slot.model_config().vocab_size
+            )));
+        }
+        let stop_tokens = if cfg.sampling.stop_tokens.is_empty() {
+            tokenizer.eos_ids()
+        } else {
+            cfg.sampling.stop_tokens.clone()
+        };
+        let nonce = cfg.id_nonce.unwrap_or_else(rand::random);
+        Ok(RolloutEngine {
+            cfg,
+            task,
+            tokenizer,
+            store,
+            slot,
+            stats: Arc::new(RolloutStats::default()),
+            stop_tokens,
+            nonce,
+            seq: 0,
+        })
+    }
+
+    /// Shared statistics (μ_i, counters) for heartbeats.
+    pub fn stats(&self) -> Arc<RolloutStats> {
+        self.stats.clone()
+    }
+
+    /// The policy slot this engine samples from.
+    pub fn slot(&self) -> &PolicySlot {
+        &self.slot
+    }
+
+    fn id(&self, seq: u64, sample: u64) -> [u8; 16] {
+        let mut h = blake3::Hasher::new();
+        h.update(&self.nonce);
+        h.update(&seq.to_le_bytes());
+        h.update(&sample.to_le_bytes());
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&h.finalize().as_bytes()[..16]);
+        out
+    }
+
+    /// Generates the next group under the currently installed version, without storing it.
+    /// `None` when no snapshot is installed.
+    pub fn produce_group(&mut self) -> Result<Option<TrajectoryGroup>, RolloutError> {
+        let Some(installed) = self.slot.current() else {
+            return Ok(None);
+        };
+        let seq = self.seq;
+        self.seq += 1;
+        let mut seed = blake3::Hasher::new();
+        seed.update(b"echo-swarm/rollout/group");
+        seed.update(&self.cfg.seed.to_le_bytes());
+        seed.update(&seq.to_le_bytes());
+        let mut rng = rand::rngs::StdRng::from_seed(*seed.finalize().as_bytes());
+        let index = self.task.sample_index(&mut rng);
+        let prompt = self.task.prompt(index)?;
+        let prompt_tokens = self.tokenizer.encode_prompt(&prompt.text)?;
+        let mut params = self.cfg.sampling.clone();
+        params.stop_tokens = self.stop_tokens.clone();
+        let created = storage::now_unix_ms();
+        let completions = policy::generate(
+            &installed.policy,
+            &prompt_tokens,
+            self.cfg.group_size,
+            &params,
+            self.cfg.path,
+            &mut rng,
+        )?;
+        let finished = storage::now_unix_ms();
+        let mut samples = Vec::with_capacity(completions.len());
+        for (k, c) in completions.into_iter().enumerate() {
+            let text = self.tokenizer.decode(&c.tokens)?;
+            let reward = self.task.reward(&prompt, &text);
+            samples.push(Sample {
+                trajectory_id: self.id(seq, k as u64),
+                loss_mask: vec![1; c.tokens.len()],
+                response_tokens: c.tokens,
+                response_text: text,
+                reward: reward.value,
+                sampler_logprobs: c.logprobs,
+                finished_unix_ms: finished,
+            });
+        }
+        Ok(Some(TrajectoryGroup {
+            group_id: self.id(seq, u64::MAX),
+            task_id: self.task.name().to_string(),
+            prompt_id: prompt.id,
+            version: installed.version,
+            producer: self.cfg.producer.clone(),
+            prompt_text: prompt.text,
+            prompt_tokens,
+            created_unix_ms: created,
+            samples,
+        }))
+    }
+
+    /// One iteration: pause if the store is over its cap, otherwise generate a group under
+    /// the installed version and `put_group` it (durable before this returns).
+    pub fn step(&mut self) -> Result<StepOutcome, RolloutError> {
+        let pending = self.store.pending();
+        if pending >= self.cfg.max_pending_groups {
+            self.stats.paused.store(true, Ordering::Relaxed);
+            return Ok(StepOutcome::Paused { pending });
+        }
+        self.stats.paused.store(false, Ordering::Relaxed);
+        let t0 = Instant::now();
+        let Some(group) = self.produce_group()? else {
+            return Ok(StepOutcome::NoPolicy);
+        };
+        self.store.put_group(&group)?;
+        self.stats
+            .record(&group, t0.elapsed().as_secs_f64(), self.cfg.mu_ema_alpha);
+        tracing::debug!(version = group.version, prompt = %group.prompt_id,
+            reward = group.mean_reward(), "rollout group stored");
+        Ok(StepOutcome::Produced {
+            version: group.version,
+            mean_reward: group.mean_reward(),
+        })
+    }
+
+    /// Runs [`Self::step`] until `stop` is set, sleeping `idle_poll` while paused or without a
+    /// policy. Blocking: run it on its own thread (see [`Self::spawn`]).
+    pub fn run_blocking(&mut self, stop: &AtomicBool) -> Result<(), RolloutError> {
+        while !stop.load(Ordering::Relaxed) {
+            match self.step()? {
+                StepOutcome::Produced { .. } => {}
+                StepOutcome::Paused { .. } | StepOutcome::NoPolicy => {
+                    std::thread::sleep(self.cfg.idle_poll)
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the engine on a dedicated OS thread; set the returned flag to stop it.
+    pub fn spawn(
+        mut self,
+    ) -> Result<
+        (
+            Arc<AtomicBool>,
+            std::thread::JoinHandle<Result<(), RolloutError>>,
+        ),
+        RolloutError,
+    > {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name("rollout".into())
+            .spawn(move || self.run_blocking(&flag))
+            .map_err(|e| RolloutError::Config(format!("cannot spawn rollout thread: {e}")))?;
+        Ok((stop, handle))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,378 @@
+//! `ChunkStore`: content-addressed snapshot chunks and the manifests that list them (SPEC §5).
+//!
+//! Layout under the store's root (see `docs/storage.md`):
+//! - `chunks/<hh>/<hash hex>`: one file per chunk, named by its BLAKE3 hash (`hh` = first two
+//!   hex digits). Large blobs stay out of sled (SPEC §14).
+//! - `chunks/tmp/`: partially written chunks; emptied at open.
+//! - `index/` (sled): tree `chunks` (hash → length, u64 BE), tree `manifests`
+//!   (version u64 BE → signed manifest encoding).
+//!
+//! A chunk is published by writing a temp file and renaming it into place only after its bytes
+//! hashed to the expected value, so a chunk file is always complete and correct unless the disk
+//! itself corrupts it — and every read verifies the hash again. Chunk files are not fsynced:
+//! they are a verified cache that can always be fetched again; at open the index is reconciled
+//! with the files. Manifests are flushed before `put_manifest` returns.
+
+use std::collections::{BTreeSet, HashSet};
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Result, StorageError};
+use crate::manifest::{hash_bytes, hash_hex, Hash, SignedManifest};
+
+/// Chunks at least this large are hashed on a second thread while they are written.
+const PARALLEL_VERIFY_MIN: usize = 64 << 10;
+
+pub struct ChunkStore {
+    root: PathBuf,
+    db: sled::Db,
+    chunks: sled::Tree,
+    manifests: sled::Tree,
+    keep: usize,
+}
+
+/// What publishing a snapshot stored.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PublishStats {
+    pub new_chunks: usize,
+    pub reused_chunks: usize,
+    pub new_bytes: u64,
+}
+
+/// What garbage collection removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GcStats {
+    pub manifests_removed: usize,
+    pub chunks_removed: usize,
+    pub bytes_removed: u64,
+}
+
+/// Summary counts for `inspect` and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ChunkStoreStats {
+    pub chunks: usize,
+    pub bytes: u64,
+    pub manifests: usize,
+}
+
+impl ChunkStore {
+    /// Opens (or creates) the store under `root`, keeping the last `keep` snapshots (≥ 1).
+    pub fn open(root: &Path, keep: usize) -> Result<Self> {
+        if keep == 0 {
+            return Err(StorageError::invalid("chunk store", "must keep at least 1 snapshot"));
+        }
+        let chunk_dir = root.join("chunks");
+        let tmp = chunk_dir.join("tmp");
+        if tmp.exists() {
+            fs::remove_dir_all(&tmp).map_err(|e| StorageError::io(&tmp, e))?;
+        }
+        fs::create_dir_all(&tmp).map_err(|e| StorageError::io(&tmp, e))?;
+        let db = sled::Config::new().path(root.join("index")).open()?;
+        let store = ChunkStore {
+            root: root.to_path_buf(),
+            chunks: db.open_tree("chunks")?,
+            manifests: db.open_tree("manifests")?,
+            db,
+            keep,
+        };
+        store.reconcile()?;
+        Ok(store)
+    }
+
+    fn chunk_path(&self, hash: &Hash) -> PathBuf {
+        let h = hash_hex(hash);
+        self.root.join("chunks").join(&h[..2]).join(h)
+    }
+
+    /// The files are the truth for which chunks exist: index entries without a file are
+    /// dropped, and files the index does not know (written just before a crash) are added.
+    fn reconcile(&self) -> Result<()> {
+        let mut on_disk = HashSet::new();
+        let chunk_dir = self.root.join("chunks");
+        for sub in fs::read_dir(&chunk_dir).map_err(|e| StorageError::io(&chunk_dir, e))? {
+            let sub = sub.map_err(|e| StorageError::io(&chunk_dir, e))?;
+            if sub.file_name() == "tmp" || !sub.path().is_dir() {
+                continue;
+            }
+            for f in fs::read_dir(sub.path()).map_err(|e| StorageError::io(sub.path(), e))? {
+                let f = f.map_err(|e| StorageError::io(sub.path(), e))?;
+                let name = f.file_name();
+                let parsed: Option<Hash> = name
+                    .to_str()
+                    .and_then(|n| hex::decode(n).ok())
+                    .and_then(|v| v.try_into().ok());
+                match parsed {
+                    Some(h) => {
+                        let len = f.metadata().map_err(|e| StorageError::io(f.path(), e))?.len();
+                        if self.chunks.get(h)?.is_none() {
+                            self.chunks.insert(h, &len.to_be_bytes())?;
+                        }
+                        on_disk.insert(h);
+                    }
+                    None => tracing::warn!(file = %f.path().display(), "ignoring stray file in chunk store"),
+                }
+            }
+        }
+        for k in self.chunks.iter().keys() {
+            let k = k?;
+            if k.len() != 32 || !on_disk.contains(&<Hash>::try_from(k.as_ref()).unwrap_or_default()) {
+                self.chunks.remove(k)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn has_chunk(&self, hash: &Hash) -> Result<bool> {
+        Ok(self.chunks.contains_key(hash)?)
+    }
+
+    /// Stores a chunk under its hash after checking that `bytes` hash to it. Returns `true` if
+    /// the chunk was new, `false` if it was already held. Wrong bytes are refused with
+    /// [`StorageError::HashMismatch`] and leave nothing behind.
+    pub fn put_chunk(&self, hash: &Hash, bytes: &[u8]) -> Result<bool> {
+        if self.has_chunk(hash)? {
+            // Already held: the bytes are not even looked at, but must still be right if the
+            // caller relies on them being stored; refuse a mismatch anyway.
+            let actual = hash_bytes(bytes);
+            if &actual != hash {
+                return Err(mismatch(hash, &actual));
+            }
+            return Ok(false);
+        }
+        let tmp = self.root.join("chunks").join("tmp").join(format!(
+            "{}.{:016x}",
+            hash_hex(hash),
+            rand::random::<u64>()
+        ));
+        // Hash on a second thread while the bytes go to the temp file; publish (rename) only
+        // when both succeeded and the hash matches.
+        let (actual, written) = if bytes.len() >= PARALLEL_VERIFY_MIN {
+            std::thread::scope(|s| {
+                let hasher = s.spawn(|| hash_bytes(bytes));
+                let written = write_file(&tmp, bytes);
+                (hasher.join().unwrap_or([0; 32]), written)
+            })
+        } else {
+            let actual = hash_bytes(bytes);
+            if &actual != hash {
+                return Err(mismatch(hash, &actual));
+            }
+            (actual, write_file(&tmp, bytes))
+        };
+        if &actual != hash {
+            let _ = fs::remove_file(&tmp);
+            return Err(mismatch(hash, &actual));
+        }
+        if let Err(e) = written {
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
+        }
+        let dest = self.chunk_path(hash);
+        let parent = dest.parent().expect("chunk path has a parent");
+        fs::create_dir_all(parent).map_err(|e| StorageError::io(parent, e))?;
+        fs::rename(&tmp, &dest).map_err(|e| StorageError::io(&dest, e))?;
+        self.chunks.insert(hash, &(bytes.len() as u64).to_be_bytes())?;
+        Ok(true)
+    }
+
+    /// Reads a chunk and verifies it. A chunk whose file no longer matches its hash (disk
+    /// corruption) is removed and reported as [`StorageError::Corrupt`], so it is fetched again.
+    pub fn get_chunk(&self, hash: &Hash) -> Result<Vec<u8>> {
+        let path = self.chunk_path(hash);
+        let bytes = match fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.chunks.remove(hash)?;
+                return Err(StorageError::NotFound {
+                    what: "chunk",
+                    key: hash_hex(hash),
+                });
+            }
+            Err(e) => return Err(StorageError::io(&path, e)),
+        };
+        if &hash_bytes(&bytes) != hash {
+            tracing::error!(chunk = %hash_hex(hash), "stored chunk is corrupt; removing it");
+            let _ = fs::remove_file(&path);
+            self.chunks.remove(hash)?;
+            return Err(StorageError::Corrupt(format!("chunk {} failed verification", hash_hex(hash))));
+        }
+        Ok(bytes)
+    }
+
+    /// Stores a manifest (durably). Store the manifest before its chunks: garbage collection
+    /// keeps only chunks that some stored manifest references.
+    pub fn put_manifest(&self, signed: &SignedManifest) -> Result<()> {
+        signed.manifest.check()?;
+        self.manifests
+            .insert(signed.manifest.version.to_be_bytes(), signed.encode())?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    pub fn manifest(&self, version: u64) -> Result<Option<SignedManifest>> {
+        self.manifests
+            .get(version.to_be_bytes())?
+            .map(|v| SignedManifest::decode(&v).map_err(|e| StorageError::Corrupt(format!("stored manifest: {e}"))))
+            .transpose()
+    }
+
+    pub fn latest_manifest(&self) -> Result<Option<SignedManifest>> {
+        match self.manifests.last()? {
+            Some((_, v)) => Ok(Some(
+                SignedManifest::decode(&v).map_err(|e| StorageError::Corrupt(format!("stored manifest: {e}")))?,
+            )),
+            None => Ok(None),
+        }
+    }
+
+    /// Versions of the stored manifests, ascending.
+    pub fn versions(&self) -> Result<Vec<u64>> {
+        self.manifests
+            .iter()
+            .keys()
+            .map(|k| {
+                let k = k?;
+                let a: [u8; 8] = k.as_ref().try_into().map_err(|_| StorageError::Corrupt("manifest key".into()))?;
+                Ok(u64::from_be_bytes(a))
+            })
+            .collect()
+    }
+
+    fn require_manifest(&self, version: u64) -> Result<SignedManifest> {
+        self.manifest(version)?.ok_or_else(|| StorageError::NotFound {
+            what: "manifest",
+            key: format!("version {version}"),
+        })
+    }
+
+    /// `(index, hash)` of every chunk of `version` not yet held.
+    pub fn missing_chunks(&self, version: u64) -> Result<Vec<(usize, Hash)>> {
+        let m = self.require_manifest(version)?;
+        let mut out = Vec::new();
+        for (i, h) in m.manifest.chunk_hashes.iter().enumerate() {
+            if !self.has_chunk(h)? {
+                out.push((i, *h));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reassembles a complete snapshot and checks its total length and root hash.
+    pub fn assemble(&self, version: u64) -> Result<Vec<u8>> {
+        let m = self.require_manifest(version)?.manifest;
+        let missing = self.missing_chunks(version)?.len();
+        if missing > 0 {
+            return Err(StorageError::Incomplete {
+                version,
+                missing,
+                total: m.chunk_hashes.len(),
+            });
+        }
+        let mut out = Vec::with_capacity(m.total_len as usize);
+        for (i, h) in m.chunk_hashes.iter().enumerate() {
+            let bytes = self.get_chunk(h)?;
+            if bytes.len() as u64 != m.chunk_len(i) {
+                return Err(StorageError::Corrupt(format!(
+                    "chunk {i} of v{version} has {} bytes, manifest says {}",
+                    bytes.len(),
+                    m.chunk_len(i)
+                )));
+            }
+            out.extend_from_slice(&bytes);
+        }
+        if hash_bytes(&out) != m.root_hash {
+            return Err(StorageError::Corrupt(format!("v{version}: root hash mismatch after assembly")));
+        }
+        Ok(out)
+    }
+
+    /// Learner side: stores the manifest and every chunk of `payload`; chunks already held are
+    /// not written again (delta publication).
+    pub fn publish(&self, signed: &SignedManifest, payload: &[u8]) -> Result<PublishStats> {
+        let m = &signed.manifest;
+        if payload.len() as u64 != m.total_len || hash_bytes(payload) != m.root_hash {
+            return Err(StorageError::invalid("snapshot", "payload does not match its manifest"));
+        }
+        self.put_manifest(signed)?;
+        let mut stats = PublishStats::default();
+        for (h, bytes) in m.chunk_hashes.iter().zip(payload.chunks(m.chunk_size as usize)) {
+            if self.put_chunk(h, bytes)? {
+                stats.new_chunks += 1;
+                stats.new_bytes += bytes.len() as u64;
+            } else {
+                stats.reused_chunks += 1;
+            }
+        }
+        Ok(stats)
+    }
+
+    /// Keeps the newest `keep` manifests, deletes older ones, then collects chunks no kept
+    /// manifest references.
+    pub fn retain(&self) -> Result<GcStats> {
+        let versions = self.versions()?;
+        let drop_n = versions.len().saturating_sub(self.keep);
+        for v in &versions[..drop_n] {
+            self.manifests.remove(v.to_be_bytes())?;
+        }
+        self.db.flush()?;
+        let mut stats = self.collect_garbage()?;
+        stats.manifests_removed = drop_n;
+        Ok(stats)
+    }
+
+    /// Deletes every chunk that no stored manifest references.
+    pub fn collect_garbage(&self) -> Result<GcStats> {
+        let mut referenced = BTreeSet::new();
+        for v in self.manifests.iter().values() {
+            let m = SignedManifest::decode(&v?)?;
+            referenced.extend(m.manifest.chunk_hashes);
+        }
+        let mut stats = GcStats::default();
+        for kv in self.chunks.iter() {
+            let (k, v) = kv?;
+            let Ok(h) = <Hash>::try_from(k.as_ref()) else {
+                self.chunks.remove(&k)?;
+                continue;
+            };
+            if referenced.contains(&h) {
+                continue;
+            }
+            let path = self.chunk_path(&h);
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StorageError::io(&path, e)),
+            }
+            self.chunks.remove(&k)?;
+            stats.chunks_removed += 1;
+            stats.bytes_removed += v.as_ref().try_into().map(u64::from_be_bytes).unwrap_or(0);
+        }
+        self.db.flush()?;
+        Ok(stats)
+    }
+
+    pub fn stats(&self) -> Result<ChunkStoreStats> {
+        let mut s = ChunkStoreStats {
+            manifests: self.manifests.len(),
+            ..Default::default()
+        };
+        for v in self.chunks.iter().values() {
+            s.chunks += 1;
+            s.bytes += v?.as_ref().try_into().map(u64::from_be_bytes).unwrap_or(0);
+        }
+        Ok(s)
+    }
+}
+
+fn mismatch(expected: &Hash, actual: &Hash) -> StorageError {
+    StorageError::HashMismatch {
+        expected: hash_hex(expected),
+        actual: hash_hex(actual),
+    }
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = fs::File::create(path).map_err(|e| StorageError::io(path, e))?;
+    f.write_all(bytes).map_err(|e| StorageError::io(path, e))
+}

@@ -1,0 +1,58 @@
+//! Durable local state of an echo-swarm node.
+//!
+//! Owns every on-disk format of a node's data directory: the trajectory store (groups of
+//! rollouts with lease/ack pulls and staleness pruning), the content-addressed chunk store
+//! with snapshot manifests, the signed-manifest format, and the node key file. Formats are
+//! versioned and specified in `docs/storage.md`.
+//!
+//! Must not touch: the network, the model, or policy decisions (which version is admissible,
+//! whom to pull from). Callers pass those in (`v_min`, `ttl`, `keep`).
+
+pub mod chunks;
+pub mod codec;
+pub mod error;
+pub mod keys;
+pub mod manifest;
+pub mod record;
+pub mod trajectory;
+
+pub use chunks::{ChunkStore, ChunkStoreStats, GcStats, PublishStats};
+pub use error::{Result, StorageError};
+pub use keys::NodeKey;
+pub use manifest::{hash_bytes, Hash, SignedManifest, SnapshotManifest};
+pub use record::{Sample, TrajectoryGroup};
+pub use trajectory::{Counters, GroupKey, InvariantReport, Lease, TrajectoryStore};
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+pub fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The layout of a node's data directory (see `docs/storage.md`).
+#[derive(Debug, Clone)]
+pub struct DataDir {
+    root: std::path::PathBuf,
+}
+
+impl DataDir {
+    pub fn new(root: impl Into<std::path::PathBuf>) -> Self {
+        DataDir { root: root.into() }
+    }
+    pub fn root(&self) -> &std::path::Path {
+        &self.root
+    }
+    /// `node.key`: the node's ed25519 identity.
+    pub fn key_file(&self) -> std::path::PathBuf {
+        self.root.join(keys::KEY_FILE_NAME)
+    }
+    /// `trajectories/`: the [`TrajectoryStore`] (sled).
+    pub fn trajectories(&self) -> std::path::PathBuf {
+        self.root.join("trajectories")
+    }
+    /// `snapshots/`: the [`ChunkStore`] (chunk files + sled index).
+    pub fn snapshots(&self) -> std::path::PathBuf {
+        self.root.join("snapshots")
+    }
+}

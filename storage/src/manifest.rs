@@ -1,0 +1,337 @@
+//! Snapshot manifests (SPEC §5): what a snapshot is made of, signed by the swarm's learner.
+//!
+//! A snapshot's payload (the policy weights as safetensors bytes) is split into fixed-size
+//! chunks; the manifest lists every chunk's BLAKE3 hash in order. `root_hash` is the BLAKE3 of
+//! the whole payload, so an installed snapshot can be checked end to end after reassembly, and
+//! the signature covers the canonical encoding of every field below, chunk list included.
+//!
+//! Encoding v1: magic `b"ESM"`, format `1`, swarm id (string), version (varint), model config
+//! hash (32 B), total length (varint), chunk size (varint), chunk count (varint) + hashes
+//! (32 B each), root hash (32 B), created (varint ms), learner public key (32 B). A signed
+//! manifest is that encoding followed by the 64-byte ed25519 signature over it.
+
+use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
+
+use crate::codec::{Reader, Writer};
+use crate::error::{Result, StorageError};
+
+pub const MANIFEST_MAGIC: &[u8; 3] = b"ESM";
+pub const MANIFEST_FORMAT: u8 = 1;
+/// Smallest and largest allowed chunk sizes.
+pub const MIN_CHUNK_SIZE: u32 = 4 << 10;
+pub const MAX_CHUNK_SIZE: u32 = 64 << 20;
+/// Largest snapshot a manifest may describe (64 GiB).
+pub const MAX_TOTAL_LEN: u64 = 64 << 30;
+/// Most chunks a manifest may list.
+pub const MAX_CHUNKS: usize = 1 << 20;
+
+/// A BLAKE3 hash.
+pub type Hash = [u8; 32];
+
+pub fn hash_bytes(bytes: &[u8]) -> Hash {
+    *blake3::hash(bytes).as_bytes()
+}
+
+pub fn hash_hex(h: &Hash) -> String {
+    hex::encode(h)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotManifest {
+    pub swarm_id: String,
+    pub version: u64,
+    pub model_config_hash: Hash,
+    pub total_len: u64,
+    pub chunk_size: u32,
+    pub chunk_hashes: Vec<Hash>,
+    pub root_hash: Hash,
+    pub created_unix_ms: u64,
+    /// The signer's public key; must equal the swarm's learner key to be accepted.
+    pub learner_key: [u8; 32],
+}
+
+impl SnapshotManifest {
+    /// Describes `payload` split into `chunk_size`-byte chunks (the last may be shorter).
+    pub fn build(
+        swarm_id: &str,
+        version: u64,
+        model_config_hash: Hash,
+        payload: &[u8],
+        chunk_size: u32,
+        learner_key: &VerifyingKey,
+    ) -> Result<Self> {
+        check_chunk_size(chunk_size)?;
+        let chunk_hashes = payload.chunks(chunk_size as usize).map(hash_bytes).collect();
+        let m = SnapshotManifest {
+            swarm_id: swarm_id.to_string(),
+            version,
+            model_config_hash,
+            total_len: payload.len() as u64,
+            chunk_size,
+            chunk_hashes,
+            root_hash: hash_bytes(payload),
+            created_unix_ms: crate::now_unix_ms(),
+            learner_key: learner_key.to_bytes(),
+        };
+        m.check()?;
+        Ok(m)
+    }
+
+    /// Internal consistency: chunk count matches total length and chunk size.
+    pub fn check(&self) -> Result<()> {
+        check_chunk_size(self.chunk_size)?;
+        if self.total_len > MAX_TOTAL_LEN {
+            return Err(StorageError::invalid("manifest", "snapshot larger than 64 GiB"));
+        }
+        let expected = self.total_len.div_ceil(u64::from(self.chunk_size));
+        if self.chunk_hashes.len() as u64 != expected {
+            return Err(StorageError::invalid(
+                "manifest",
+                format!(
+                    "{} chunk hashes for {} bytes in {}-byte chunks (expected {expected})",
+                    self.chunk_hashes.len(),
+                    self.total_len,
+                    self.chunk_size
+                ),
+            ));
+        }
+        if self.swarm_id.is_empty() || self.swarm_id.len() > 128 {
+            return Err(StorageError::invalid("manifest", "swarm id must be 1–128 bytes"));
+        }
+        Ok(())
+    }
+
+    /// Length of chunk `index`.
+    pub fn chunk_len(&self, index: usize) -> u64 {
+        let start = index as u64 * u64::from(self.chunk_size);
+        (self.total_len - start.min(self.total_len)).min(u64::from(self.chunk_size))
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::with_capacity(200 + 32 * self.chunk_hashes.len());
+        w.raw(MANIFEST_MAGIC);
+        w.u8(MANIFEST_FORMAT);
+        w.str(&self.swarm_id);
+        w.varint(self.version);
+        w.raw(&self.model_config_hash);
+        w.varint(self.total_len);
+        w.varint(u64::from(self.chunk_size));
+        w.varint(self.chunk_hashes.len() as u64);
+        for h in &self.chunk_hashes {
+            w.raw(h);
+        }
+        w.raw(&self.root_hash);
+        w.varint(self.created_unix_ms);
+        w.raw(&self.learner_key);
+        w.into_bytes()
+    }
+
+    fn decode_from(r: &mut Reader<'_>) -> Result<Self> {
+        if r.raw(3)? != MANIFEST_MAGIC {
+            return Err(r.err("bad magic"));
+        }
+        let format = r.u8()?;
+        if format != MANIFEST_FORMAT {
+            return Err(r.err(format!("unsupported format {format}")));
+        }
+        let swarm_id = r.string(128, "swarm_id")?;
+        let version = r.varint()?;
+        let model_config_hash = r.array::<32>()?;
+        let total_len = r.varint()?;
+        let chunk_size = r.u32()?;
+        let n = r.len(MAX_CHUNKS, 32, "chunk_hashes")?;
+        let mut chunk_hashes = Vec::with_capacity(n);
+        for _ in 0..n {
+            chunk_hashes.push(r.array::<32>()?);
+        }
+        let m = SnapshotManifest {
+            swarm_id,
+            version,
+            model_config_hash,
+            total_len,
+            chunk_size,
+            chunk_hashes,
+            root_hash: r.array::<32>()?,
+            created_unix_ms: r.varint()?,
+            learner_key: r.array::<32>()?,
+        };
+        m.check()
+            .map_err(|e| StorageError::decode("manifest", e.to_string()))?;
+        Ok(m)
+    }
+
+    pub fn sign(self, key: &SigningKey) -> Result<SignedManifest> {
+        if key.verifying_key().to_bytes() != self.learner_key {
+            return Err(StorageError::BadSignature(
+                "signing key does not match the manifest's learner key".into(),
+            ));
+        }
+        let signature = key.sign(&self.encode()).to_bytes();
+        Ok(SignedManifest {
+            manifest: self,
+            signature,
+        })
+    }
+}
+
+fn check_chunk_size(chunk_size: u32) -> Result<()> {
+    if !(MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&chunk_size) {
+        return Err(StorageError::invalid(
+            "manifest",
+            format!("chunk size {chunk_size} outside {MIN_CHUNK_SIZE}..={MAX_CHUNK_SIZE} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+/// A manifest with the learner's signature over its canonical encoding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignedManifest {
+    pub manifest: SnapshotManifest,
+    pub signature: [u8; 64],
+}
+
+impl SignedManifest {
+    /// Accepts the manifest only if it names `authority` as its signer and the signature over
+    /// its encoding verifies under `authority`.
+    pub fn verify(&self, authority: &VerifyingKey) -> Result<&SnapshotManifest> {
+        if self.manifest.learner_key != authority.to_bytes() {
+            return Err(StorageError::BadSignature(format!(
+                "manifest v{} is signed by {}, not by the swarm's learner {}",
+                self.manifest.version,
+                hex::encode(self.manifest.learner_key),
+                hex::encode(authority.to_bytes())
+            )));
+        }
+        authority
+            .verify(&self.manifest.encode(), &Signature::from_bytes(&self.signature))
+            .map_err(|_| {
+                StorageError::BadSignature(format!(
+                    "manifest v{}: signature does not verify",
+                    self.manifest.version
+                ))
+            })?;
+        Ok(&self.manifest)
+    }
+
+    /// Verifies against the key the manifest itself names (for `inspect`; trust decisions
+    /// must use [`SignedManifest::verify`] with the configured learner key).
+    pub fn verify_self_consistent(&self) -> Result<&SnapshotManifest> {
+        let key = VerifyingKey::from_bytes(&self.manifest.learner_key)
+            .map_err(|e| StorageError::BadSignature(format!("learner key: {e}")))?;
+        self.verify(&key)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = self.manifest.encode();
+        b.extend_from_slice(&self.signature);
+        b
+    }
+
+    /// Decodes (with limits) without verifying the signature.
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let max = 256 + 32 * MAX_CHUNKS + 64;
+        if bytes.len() > max {
+            return Err(StorageError::decode("manifest", format!("{} bytes > limit {max}", bytes.len())));
+        }
+        let mut r = Reader::new(bytes, "manifest");
+        let manifest = SnapshotManifest::decode_from(&mut r)?;
+        let signature = r.array::<64>()?;
+        r.finish()?;
+        Ok(SignedManifest {
+            manifest,
+            signature,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn key(seed: u8) -> SigningKey {
+        SigningKey::from_bytes(&[seed; 32])
+    }
+
+    fn signed(payload: &[u8], k: &SigningKey) -> SignedManifest {
+        SnapshotManifest::build("swarm", 3, [1; 32], payload, 4096, &k.verifying_key())
+            .unwrap()
+            .sign(k)
+            .unwrap()
+    }
+
+    #[test]
+    fn build_sign_verify_round_trip() {
+        let k = key(1);
+        let payload: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+        let s = signed(&payload, &k);
+        assert_eq!(s.manifest.chunk_hashes.len(), 3);
+        assert_eq!(s.manifest.chunk_len(2), 10_000 - 8192);
+        assert_eq!(s.manifest.root_hash, hash_bytes(&payload));
+        let back = SignedManifest::decode(&s.encode()).unwrap();
+        assert_eq!(back, s);
+        back.verify(&k.verifying_key()).unwrap();
+    }
+
+    #[test]
+    fn bad_signature_and_foreign_signer_are_refused() {
+        let learner = key(1);
+        let stranger = key(2);
+        let mut s = signed(b"weights", &learner);
+        s.signature[5] ^= 1;
+        assert!(matches!(s.verify(&learner.verifying_key()), Err(StorageError::BadSignature(_))));
+
+        // Signed correctly, but by a key that is not the swarm's learner.
+        let foreign = signed(b"weights", &stranger);
+        foreign.verify_self_consistent().unwrap();
+        assert!(matches!(
+            foreign.verify(&learner.verifying_key()),
+            Err(StorageError::BadSignature(_))
+        ));
+
+        // A field changed after signing (version bumped to replay as new).
+        let mut tampered = signed(b"weights", &learner);
+        tampered.manifest.version += 1;
+        assert!(tampered.verify(&learner.verifying_key()).is_err());
+
+        // A stranger claiming to be the learner cannot produce a valid signature.
+        let mut forged = SnapshotManifest::build("swarm", 9, [0; 32], b"x", 4096, &learner.verifying_key()).unwrap();
+        forged.version = 10;
+        assert!(forged.clone().sign(&stranger).is_err());
+        let sig = stranger.sign(&forged.encode()).to_bytes();
+        let forged = SignedManifest { manifest: forged, signature: sig };
+        assert!(forged.verify(&learner.verifying_key()).is_err());
+    }
+
+    #[test]
+    fn inconsistent_manifests_are_refused() {
+        let k = key(1);
+        assert!(SnapshotManifest::build("s", 1, [0; 32], b"abc", 100, &k.verifying_key()).is_err());
+        let mut s = signed(&[7u8; 9000], &k);
+        s.manifest.chunk_hashes.pop();
+        assert!(SignedManifest::decode(&s.encode()).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let _ = SignedManifest::decode(&bytes);
+            let mut prefixed = b"ESM\x01".to_vec();
+            prefixed.extend_from_slice(&bytes);
+            let _ = SignedManifest::decode(&prefixed);
+        }
+
+        #[test]
+        fn corrupted_manifests_never_verify(idx in 0usize..10_000, bit in 0u8..8) {
+            let k = key(4);
+            let s = signed(&[3u8; 12_000], &k);
+            let mut bytes = s.encode();
+            let i = idx % bytes.len();
+            bytes[i] ^= 1 << bit;
+            if let Ok(m) = SignedManifest::decode(&bytes) {
+                prop_assert!(m.verify(&k.verifying_key()).is_err());
+            }
+        }
+    }
+}

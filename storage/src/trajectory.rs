@@ -1,0 +1,494 @@
+//! `TrajectoryStore`: the durable, lease/ack trajectory buffer of a node (SPEC §7).
+//!
+//! Layout (one sled database, see `docs/storage.md`):
+//! - `groups`: key `version (u64 BE) ‖ seq (u64 BE)` → encoded [`TrajectoryGroup`]. Big-endian
+//!   keys make "every group with v ≥ v_min, oldest first" a single range scan.
+//! - `leased`: group key → `lease id (u64 BE) ‖ expiry ms (u64 BE)` for groups out on a lease.
+//! - `leases`: `lease id (u64 BE)` → `expiry ms (u64 BE) ‖ group keys (16 B each)`.
+//! - `meta`: layout version and the persisted counters.
+//!
+//! Every mutation is one sled transaction over the trees it touches, so counters and records
+//! never disagree, and mutating calls return only after `flush` — a record whose `put_group`
+//! returned `Ok` survives a `kill -9`. The accounting invariant
+//! `produced = consumed + discarded_stale + pending` therefore holds across any crash.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use sled::transaction::{ConflictableTransactionError, TransactionError, TransactionalTree};
+use sled::Transactional;
+
+use crate::error::{Result, StorageError};
+use crate::record::TrajectoryGroup;
+
+/// On-disk layout version of the trajectory store.
+pub const LAYOUT_VERSION: u64 = 1;
+
+const K_LAYOUT: &[u8] = b"layout";
+const K_PRODUCED: &[u8] = b"produced";
+const K_LEASED: &[u8] = b"leased";
+const K_CONSUMED: &[u8] = b"consumed";
+const K_DISCARDED: &[u8] = b"discarded_stale";
+const K_REJECTED: &[u8] = b"rejected_invalid";
+const K_NEXT_SEQ: &[u8] = b"next_seq";
+const K_NEXT_LEASE: &[u8] = b"next_lease";
+
+/// Key of a stored group: where it sits in the version-ordered scan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GroupKey {
+    pub version: u64,
+    pub seq: u64,
+}
+
+impl GroupKey {
+    pub fn to_bytes(self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&self.version.to_be_bytes());
+        b[8..].copy_from_slice(&self.seq.to_be_bytes());
+        b
+    }
+    fn from_slice(b: &[u8]) -> Result<Self> {
+        if b.len() != 16 {
+            return Err(StorageError::Corrupt(format!("group key of {} bytes", b.len())));
+        }
+        Ok(GroupKey {
+            version: be_u64(&b[..8]),
+            seq: be_u64(&b[8..]),
+        })
+    }
+}
+
+/// Persisted counters. `pending()` is derived; [`TrajectoryStore::check_invariant`] compares it
+/// with the records actually stored.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Groups ever stored.
+    pub produced: u64,
+    /// Groups handed out on leases (a group leased twice counts twice).
+    pub leased: u64,
+    /// Groups deleted by an ack.
+    pub consumed: u64,
+    /// Groups deleted because they fell out of the staleness window.
+    pub discarded_stale: u64,
+    /// Groups refused because they failed validation (never stored).
+    pub rejected_invalid: u64,
+}
+
+impl Counters {
+    pub fn pending(&self) -> u64 {
+        self.produced
+            .saturating_sub(self.consumed)
+            .saturating_sub(self.discarded_stale)
+    }
+}
+
+/// Groups handed out under one lease. Ack the lease id to delete them; if the lease expires
+/// first, they become pullable again.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    pub id: u64,
+    pub expires_unix_ms: u64,
+    pub groups: Vec<(GroupKey, TrajectoryGroup)>,
+}
+
+/// Result of [`TrajectoryStore::check_invariant`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvariantReport {
+    pub counters: Counters,
+    /// Groups actually present in the `groups` tree.
+    pub stored: u64,
+}
+
+impl InvariantReport {
+    pub fn holds(&self) -> bool {
+        self.counters.produced == self.counters.consumed + self.counters.discarded_stale + self.stored
+    }
+}
+
+/// Summary of a live lease, for `inspect`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseInfo {
+    pub id: u64,
+    pub expires_unix_ms: u64,
+    pub groups: usize,
+}
+
+pub struct TrajectoryStore {
+    db: sled::Db,
+    groups: sled::Tree,
+    leased: sled::Tree,
+    leases: sled::Tree,
+    meta: sled::Tree,
+    /// Serialises mutations: scans that precede a transaction stay valid until it commits.
+    write: Mutex<()>,
+}
+
+type TxError = ConflictableTransactionError<StorageError>;
+
+impl TrajectoryStore {
+    /// Opens (or creates) the store in directory `path`.
+    pub fn open(path: &Path) -> Result<Self> {
+        let db = sled::Config::new()
+            .path(path)
+            .mode(sled::Mode::HighThroughput)
+            .open()?;
+        let store = TrajectoryStore {
+            groups: db.open_tree("groups")?,
+            leased: db.open_tree("leased")?,
+            leases: db.open_tree("leases")?,
+            meta: db.open_tree("meta")?,
+            db,
+            write: Mutex::new(()),
+        };
+        match store.meta.get(K_LAYOUT)? {
+            None => {
+                store.meta.insert(K_LAYOUT, &LAYOUT_VERSION.to_be_bytes())?;
+                store.db.flush()?;
+            }
+            Some(v) if v.len() == 8 && be_u64(&v) == LAYOUT_VERSION => {}
+            Some(v) => {
+                return Err(StorageError::Corrupt(format!(
+                    "trajectory store layout {:?} is not {LAYOUT_VERSION}",
+                    v.as_ref()
+                )))
+            }
+        }
+        Ok(store)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        // A panic while holding the lock cannot leave sled half-written (transactions), so a
+        // poisoned lock is safe to reuse.
+        self.write.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stores one group durably: returns only after the write is flushed to disk.
+    pub fn put_group(&self, group: &TrajectoryGroup) -> Result<GroupKey> {
+        Ok(self.put_groups(std::slice::from_ref(group))?[0])
+    }
+
+    /// Stores a batch in one transaction and one flush. If any group fails validation, nothing
+    /// is stored, `rejected_invalid` grows by the number of invalid groups, and the first
+    /// problem is returned.
+    pub fn put_groups(&self, groups: &[TrajectoryGroup]) -> Result<Vec<GroupKey>> {
+        let _g = self.lock();
+        let mut first_err = None;
+        let mut invalid = 0u64;
+        for g in groups {
+            if let Err(e) = g.validate() {
+                invalid += 1;
+                first_err.get_or_insert(e);
+            }
+        }
+        if let Some(e) = first_err {
+            tracing::warn!(invalid, error = %e, "refusing invalid trajectory groups");
+            self.record_rejected_locked(invalid)?;
+            return Err(e);
+        }
+        let encoded: Vec<Vec<u8>> = groups.iter().map(TrajectoryGroup::encode).collect();
+        let keys = (&self.groups, &self.meta)
+            .transaction(|(gt, mt)| {
+                let mut seq = tx_get(mt, K_NEXT_SEQ)?;
+                let mut keys = Vec::with_capacity(groups.len());
+                for (g, bytes) in groups.iter().zip(&encoded) {
+                    let key = GroupKey {
+                        version: g.version,
+                        seq,
+                    };
+                    seq += 1;
+                    gt.insert(&key.to_bytes(), bytes.as_slice())?;
+                    keys.push(key);
+                }
+                tx_set(mt, K_NEXT_SEQ, seq)?;
+                tx_add(mt, K_PRODUCED, groups.len() as u64)?;
+                Ok(keys)
+            })
+            .map_err(tx_err)?;
+        self.db.flush()?;
+        Ok(keys)
+    }
+
+    /// Counts groups that were refused before reaching the store (e.g. a pulled group that
+    /// failed validation on the learner).
+    pub fn record_rejected(&self, n: u64) -> Result<()> {
+        let _g = self.lock();
+        self.record_rejected_locked(n)
+    }
+
+    fn record_rejected_locked(&self, n: u64) -> Result<()> {
+        self.meta
+            .transaction(|mt| tx_add(mt, K_REJECTED, n))
+            .map_err(tx_err)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// Up to `limit` groups with `version ≥ v_min`, oldest version first (then in arrival
+    /// order), whether leased or not.
+    pub fn scan(&self, v_min: u64, limit: usize) -> Result<Vec<(GroupKey, TrajectoryGroup)>> {
+        let start = GroupKey { version: v_min, seq: 0 }.to_bytes();
+        self.groups
+            .range(start..)
+            .take(limit)
+            .map(|kv| {
+                let (k, v) = kv?;
+                Ok((GroupKey::from_slice(&k)?, decode_stored(&v)?))
+            })
+            .collect()
+    }
+
+    /// Leases up to `max` unleased groups with `version ≥ v_min`, oldest first, for `ttl`.
+    /// Expired leases are reclaimed first. Returns `None` when nothing is available.
+    pub fn lease(&self, v_min: u64, max: usize, ttl: Duration) -> Result<Option<Lease>> {
+        self.lease_at(v_min, max, ttl, crate::now_unix_ms())
+    }
+
+    /// [`Self::lease`] with an explicit clock (tests).
+    pub fn lease_at(&self, v_min: u64, max: usize, ttl: Duration, now_ms: u64) -> Result<Option<Lease>> {
+        let _g = self.lock();
+        self.reclaim_expired(now_ms)?;
+        let start = GroupKey { version: v_min, seq: 0 }.to_bytes();
+        let mut picked = Vec::new();
+        for kv in self.groups.range(start..) {
+            if picked.len() >= max {
+                break;
+            }
+            let (k, v) = kv?;
+            if self.leased.contains_key(&k)? {
+                continue;
+            }
+            picked.push((GroupKey::from_slice(&k)?, decode_stored(&v)?));
+        }
+        if picked.is_empty() {
+            return Ok(None);
+        }
+        let expires = now_ms.saturating_add(ttl.as_millis() as u64);
+        let mut record = Vec::with_capacity(8 + 16 * picked.len());
+        record.extend_from_slice(&expires.to_be_bytes());
+        for (k, _) in &picked {
+            record.extend_from_slice(&k.to_bytes());
+        }
+        let id = (&self.leased, &self.leases, &self.meta)
+            .transaction(|(lt, lst, mt)| {
+                let id = tx_get(mt, K_NEXT_LEASE)? + 1;
+                tx_set(mt, K_NEXT_LEASE, id)?;
+                let mut entry = [0u8; 16];
+                entry[..8].copy_from_slice(&id.to_be_bytes());
+                entry[8..].copy_from_slice(&expires.to_be_bytes());
+                for (k, _) in &picked {
+                    lt.insert(&k.to_bytes(), &entry)?;
+                }
+                lst.insert(&id.to_be_bytes(), record.as_slice())?;
+                tx_add(mt, K_LEASED, picked.len() as u64)?;
+                Ok(id)
+            })
+            .map_err(tx_err)?;
+        self.db.flush()?;
+        Ok(Some(Lease {
+            id,
+            expires_unix_ms: expires,
+            groups: picked,
+        }))
+    }
+
+    /// Deletes the groups of a lease (they reached the learner). Returns how many were deleted;
+    /// groups already pruned as stale are not counted twice. An unknown or reclaimed lease is
+    /// [`StorageError::NotFound`].
+    pub fn ack(&self, lease_id: u64) -> Result<u64> {
+        let _g = self.lock();
+        let n = (&self.groups, &self.leased, &self.leases, &self.meta)
+            .transaction(|(gt, lt, lst, mt)| {
+                let Some(record) = lst.remove(&lease_id.to_be_bytes())? else {
+                    return Err(ConflictableTransactionError::Abort(StorageError::NotFound {
+                        what: "lease",
+                        key: lease_id.to_string(),
+                    }));
+                };
+                let mut n = 0;
+                for key in lease_keys(&record).map_err(ConflictableTransactionError::Abort)? {
+                    if gt.remove(key)?.is_some() {
+                        n += 1;
+                    }
+                    if lt.get(key)?.is_some_and(|e| be_u64(&e[..8]) == lease_id) {
+                        lt.remove(key)?;
+                    }
+                }
+                tx_add(mt, K_CONSUMED, n)?;
+                Ok(n)
+            })
+            .map_err(tx_err)?;
+        self.db.flush()?;
+        Ok(n)
+    }
+
+    /// Gives a lease back unused: its groups become pullable at once.
+    pub fn release(&self, lease_id: u64) -> Result<()> {
+        let _g = self.lock();
+        self.drop_lease(lease_id)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    fn drop_lease(&self, lease_id: u64) -> Result<()> {
+        (&self.leased, &self.leases)
+            .transaction(|(lt, lst)| {
+                if let Some(record) = lst.remove(&lease_id.to_be_bytes())? {
+                    for key in lease_keys(&record).map_err(ConflictableTransactionError::Abort)? {
+                        if lt.get(key)?.is_some_and(|e| be_u64(&e[..8]) == lease_id) {
+                            lt.remove(key)?;
+                        }
+                    }
+                }
+                Ok(())
+            })
+            .map_err(tx_err)
+    }
+
+    fn reclaim_expired(&self, now_ms: u64) -> Result<()> {
+        let mut expired = Vec::new();
+        for kv in self.leases.iter() {
+            let (k, v) = kv?;
+            if v.len() < 8 || k.len() != 8 {
+                return Err(StorageError::Corrupt("lease record".into()));
+            }
+            if be_u64(&v[..8]) <= now_ms {
+                expired.push(be_u64(&k));
+            }
+        }
+        for id in expired {
+            tracing::debug!(lease = id, "lease expired; its groups are pullable again");
+            self.drop_lease(id)?;
+        }
+        Ok(())
+    }
+
+    /// Deletes every group with `version < v` (it fell out of the staleness window), counting
+    /// them in `discarded_stale`. Returns how many were deleted.
+    pub fn prune_below(&self, v: u64) -> Result<u64> {
+        let _g = self.lock();
+        let end = GroupKey { version: v, seq: 0 }.to_bytes();
+        let keys: Vec<sled::IVec> = self
+            .groups
+            .range(..end)
+            .keys()
+            .collect::<std::result::Result<_, _>>()?;
+        let mut total = 0;
+        for batch in keys.chunks(1024) {
+            total += (&self.groups, &self.leased, &self.meta)
+                .transaction(|(gt, lt, mt)| {
+                    let mut n = 0;
+                    for k in batch {
+                        if gt.remove(k)?.is_some() {
+                            n += 1;
+                        }
+                        lt.remove(k)?;
+                    }
+                    tx_add(mt, K_DISCARDED, n)?;
+                    Ok(n)
+                })
+                .map_err(tx_err)?;
+        }
+        self.db.flush()?;
+        if total > 0 {
+            tracing::info!(below = v, discarded = total, "pruned stale trajectory groups");
+        }
+        Ok(total)
+    }
+
+    pub fn counters(&self) -> Result<Counters> {
+        let get = |k: &[u8]| -> Result<u64> { Ok(self.meta.get(k)?.map_or(0, |v| be_u64(&v))) };
+        Ok(Counters {
+            produced: get(K_PRODUCED)?,
+            leased: get(K_LEASED)?,
+            consumed: get(K_CONSUMED)?,
+            discarded_stale: get(K_DISCARDED)?,
+            rejected_invalid: get(K_REJECTED)?,
+        })
+    }
+
+    /// Groups currently stored (leased or not).
+    pub fn pending(&self) -> u64 {
+        self.groups.len() as u64
+    }
+
+    /// Compares the counters with the records actually stored.
+    pub fn check_invariant(&self) -> Result<InvariantReport> {
+        let _g = self.lock();
+        Ok(InvariantReport {
+            counters: self.counters()?,
+            stored: self.groups.len() as u64,
+        })
+    }
+
+    /// Stored groups per version.
+    pub fn versions(&self) -> Result<BTreeMap<u64, u64>> {
+        let mut out = BTreeMap::new();
+        for k in self.groups.iter().keys() {
+            *out.entry(GroupKey::from_slice(&k?)?.version).or_default() += 1;
+        }
+        Ok(out)
+    }
+
+    /// Live (not yet reclaimed) leases.
+    pub fn leases(&self) -> Result<Vec<LeaseInfo>> {
+        self.leases
+            .iter()
+            .map(|kv| {
+                let (k, v) = kv?;
+                if v.len() < 8 || k.len() != 8 {
+                    return Err(StorageError::Corrupt("lease record".into()));
+                }
+                Ok(LeaseInfo {
+                    id: be_u64(&k),
+                    expires_unix_ms: be_u64(&v[..8]),
+                    groups: (v.len() - 8) / 16,
+                })
+            })
+            .collect()
+    }
+
+    /// Bytes the database occupies on disk.
+    pub fn size_on_disk(&self) -> Result<u64> {
+        Ok(self.db.size_on_disk()?)
+    }
+}
+
+fn be_u64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[..8]);
+    u64::from_be_bytes(a)
+}
+
+fn decode_stored(v: &[u8]) -> Result<TrajectoryGroup> {
+    TrajectoryGroup::decode(v).map_err(|e| StorageError::Corrupt(format!("stored group: {e}")))
+}
+
+fn lease_keys(record: &[u8]) -> Result<impl Iterator<Item = &[u8]>> {
+    if record.len() < 8 || (record.len() - 8) % 16 != 0 {
+        return Err(StorageError::Corrupt("lease record length".into()));
+    }
+    Ok(record[8..].chunks_exact(16))
+}
+
+fn tx_get(t: &TransactionalTree, k: &[u8]) -> std::result::Result<u64, TxError> {
+    Ok(t.get(k)?.map_or(0, |v| be_u64(&v)))
+}
+
+fn tx_set(t: &TransactionalTree, k: &[u8], v: u64) -> std::result::Result<(), TxError> {
+    t.insert(k, &v.to_be_bytes())?;
+    Ok(())
+}
+
+fn tx_add(t: &TransactionalTree, k: &[u8], n: u64) -> std::result::Result<(), TxError> {
+    let v = tx_get(t, k)? + n;
+    tx_set(t, k, v)
+}
+
+fn tx_err(e: TransactionError<StorageError>) -> StorageError {
+    match e {
+        TransactionError::Abort(e) => e,
+        TransactionError::Storage(e) => StorageError::Db(e),
+    }
+}
