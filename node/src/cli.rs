@@ -25,6 +25,21 @@ pub enum Command {
     Run(RunArgs),
     /// Show what a node's stores hold (the node must not be running on that data dir).
     Inspect(InspectArgs),
+    /// Ask a running node's admin endpoint for its view of the swarm (peers, scores).
+    Status(StatusArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The node's admin endpoint HOST:PORT (default: `network.admin` of --config, else 127.0.0.1:9100).
+    #[arg(long, alias = "addr")]
+    pub admin: Option<String>,
+    /// Take the admin endpoint from this config.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Print the status object as one line of JSON (SPEC §13).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -206,7 +206,7 @@ mod tests {
     #[test]
     fn unknown_keys_are_rejected_with_their_path() {
         let p = problems("role = \"learner\"\nswarm_id = \"x\"\ndata_dir = \"d\"\n[storage]\nkeep_snapshot = 3\n");
-        assert_eq!(p[0].0, "storage");
+        assert_eq!(p[0].0, "storage.keep_snapshot");
         assert!(p[0].1.contains("unknown field `keep_snapshot`"), "{p:?}");
         let p = problems("role = \"learner\"\nswarm_id = \"x\"\ndata_dir = \"d\"\ncolour = 1\n");
         assert!(p[0].1.contains("unknown field `colour`"), "{p:?}");

@@ -3,6 +3,7 @@
 //! This file only parses the command line, sets up logging and dispatches; each subcommand
 //! lives in `commands/`.
 
+mod admin;
 mod cli;
 mod commands;
 mod config;

@@ -1,19 +1,43 @@
 //! The `[network]` section of a node's config.
 
+use std::path::PathBuf;
+
 use serde::Deserialize;
 
 /// Network settings. Unknown keys are rejected when parsing.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct NetworkConfig {
-    /// libp2p multiaddrs to listen on, e.g. `/ip4/127.0.0.1/tcp/0`.
+    /// libp2p multiaddrs to listen on, e.g. `/ip4/127.0.0.1/tcp/0` or
+    /// `/ip4/0.0.0.0/udp/4001/quic-v1`.
     pub listen: Vec<String>,
-    /// Multiaddrs (ending in `/p2p/<peer id>`) of peers to dial at start.
+    /// Multiaddrs (ending in `/p2p/<peer id>`) of peers to dial at start and re-dial while
+    /// disconnected.
     pub bootstrap: Vec<String>,
     /// Local-network discovery with mDNS.
     pub mdns: bool,
     /// Admin HTTP endpoint (`/status`, `/metrics`); must be a loopback address.
     pub admin: String,
+    /// Private swarm: file holding the libp2p pre-shared key (`/key/swarm/psk/1.0.0/`, `/base16/`,
+    /// 64 hex digits). When set, only TCP is used (pnet does not apply to QUIC) and a node
+    /// without the same key cannot complete a handshake.
+    pub psk_file: Option<PathBuf>,
+    /// Private swarm: when non-empty, only these peer ids may hold a connection to this node.
+    pub allow_list: Vec<String>,
+    /// Enable the QUIC transport next to TCP (ignored — forced off — when `psk_file` is set).
+    pub quic: bool,
+    /// How often this node gossips its heartbeat, in milliseconds.
+    pub heartbeat_interval_ms: u64,
+    /// Declared cost of this node in $/h, gossiped in heartbeats (the scheduler's c_i).
+    pub cost_per_hour: f64,
+    /// Relay servers (multiaddrs ending in `/p2p/<peer id>`) to reserve a slot on, so that
+    /// peers behind NAT can reach this node via `/p2p-circuit` (public testnets).
+    pub relays: Vec<String>,
+    /// Ask peers to probe our reachability (AutoNAT).
+    pub autonat: bool,
+    /// The node keeps at most this many connections open to discovered peers (bootstrap and
+    /// allow-listed peers excepted); discovery stops dialing beyond it.
+    pub max_peers: u32,
 }
 
 impl Default for NetworkConfig {
@@ -23,6 +47,14 @@ impl Default for NetworkConfig {
             bootstrap: Vec::new(),
             mdns: false,
             admin: "127.0.0.1:9100".to_string(),
+            psk_file: None,
+            allow_list: Vec::new(),
+            quic: true,
+            heartbeat_interval_ms: 2000,
+            cost_per_hour: 0.0,
+            relays: Vec::new(),
+            autonat: true,
+            max_peers: 64,
         }
     }
 }
@@ -35,19 +67,40 @@ impl NetworkConfig {
             out.push(("listen".into(), "at least one listen multiaddr is required".into()));
         }
         for (i, a) in self.listen.iter().enumerate() {
-            if !a.starts_with('/') {
-                out.push((
+            match a.parse::<libp2p::Multiaddr>() {
+                Err(e) => out.push((
                     format!("listen[{i}]"),
-                    format!("`{a}` is not a multiaddr (e.g. /ip4/127.0.0.1/tcp/0)"),
-                ));
+                    format!("`{a}` is not a multiaddr ({e}; e.g. /ip4/127.0.0.1/tcp/0)"),
+                )),
+                Ok(m) => {
+                    let quic = a.contains("/quic");
+                    if quic && (self.psk_file.is_some() || !self.quic) {
+                        out.push((
+                            format!("listen[{i}]"),
+                            format!(
+                                "`{m}` is a QUIC address but QUIC is off ({}); use a /tcp/ address",
+                                if self.psk_file.is_some() {
+                                    "a private swarm (psk_file) runs on TCP only"
+                                } else {
+                                    "quic = false"
+                                }
+                            ),
+                        ));
+                    } else if !quic && !a.contains("/tcp/") {
+                        out.push((format!("listen[{i}]"), format!("`{a}` must name a /tcp/ or /udp/…/quic-v1 port")));
+                    }
+                }
             }
         }
-        for (i, a) in self.bootstrap.iter().enumerate() {
-            if !a.starts_with('/') || !a.contains("/p2p/") {
-                out.push((
-                    format!("bootstrap[{i}]"),
-                    format!("`{a}` must be a multiaddr ending in /p2p/<peer id>"),
-                ));
+        for (key, list) in [("bootstrap", &self.bootstrap), ("relays", &self.relays)] {
+            for (i, a) in list.iter().enumerate() {
+                let ok = a.parse::<libp2p::Multiaddr>().ok().is_some_and(|m| crate::peer_id_of(&m).is_some());
+                if !ok {
+                    out.push((
+                        format!("{key}[{i}]"),
+                        format!("`{a}` must be a multiaddr ending in /p2p/<peer id>"),
+                    ));
+                }
             }
         }
         match self.admin.parse::<std::net::SocketAddr>() {
@@ -61,6 +114,84 @@ impl NetworkConfig {
                 format!("`{}` is not HOST:PORT (e.g. 127.0.0.1:9100)", self.admin),
             )),
         }
+        if let Some(p) = &self.psk_file {
+            if p.as_os_str().is_empty() {
+                out.push(("psk_file".into(), "must not be empty (omit the key for a public swarm)".into()));
+            }
+        }
+        for (i, p) in self.allow_list.iter().enumerate() {
+            if p.parse::<libp2p::PeerId>().is_err() {
+                out.push((
+                    format!("allow_list[{i}]"),
+                    format!("`{p}` is not a peer id (as printed by `echo-node keygen`, e.g. 12D3KooW…)"),
+                ));
+            }
+        }
+        if !(100..=600_000).contains(&self.heartbeat_interval_ms) {
+            out.push((
+                "heartbeat_interval_ms".into(),
+                format!("{} is outside 100..=600000 (milliseconds)", self.heartbeat_interval_ms),
+            ));
+        }
+        if !self.cost_per_hour.is_finite() || !(0.0..=1.0e6).contains(&self.cost_per_hour) {
+            out.push((
+                "cost_per_hour".into(),
+                format!("{} must be a number in 0..=1000000 ($ per hour)", self.cost_per_hour),
+            ));
+        }
+        if !(1..=10_000).contains(&self.max_peers) {
+            out.push(("max_peers".into(), format!("{} is outside 1..=10000", self.max_peers)));
+        }
         out
+    }
+
+    /// QUIC is used only when enabled and no pre-shared key is configured.
+    pub fn quic_enabled(&self) -> bool {
+        self.quic && self.psk_file.is_none()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(c: &NetworkConfig) -> Vec<String> {
+        c.validate().into_iter().map(|(k, _)| k).collect::<Vec<_>>()
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        assert!(NetworkConfig::default().validate().is_empty());
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let c = NetworkConfig {
+            listen: vec!["/ip4/127.0.0.1/udp/1/quic-v1".into(), "nonsense".into()],
+            bootstrap: vec!["/ip4/127.0.0.1/tcp/1".into()],
+            psk_file: Some(PathBuf::from("psk")),
+            allow_list: vec!["not-a-peer".into()],
+            heartbeat_interval_ms: 5,
+            cost_per_hour: -1.0,
+            max_peers: 0,
+            relays: vec!["x".into()],
+            ..NetworkConfig::default()
+        };
+        assert_eq!(
+            keys(&c),
+            [
+                "listen[0]",
+                "listen[1]",
+                "bootstrap[0]",
+                "relays[0]",
+                "allow_list[0]",
+                "heartbeat_interval_ms",
+                "cost_per_hour",
+                "max_peers"
+            ]
+        );
+        assert!(!c.quic_enabled());
+        let nan = NetworkConfig { cost_per_hour: f64::NAN, ..NetworkConfig::default() };
+        assert_eq!(keys(&nan), ["cost_per_hour"]);
     }
 }

@@ -190,6 +190,16 @@ impl ModelConfig {
                 )))
             }
         };
+        if raw.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
+            return Err(PolicyError::InvalidConfig(
+                "config.json: rope_scaling is not supported (plain RoPE only)".into(),
+            ));
+        }
+        if raw.use_sliding_window == Some(true) {
+            return Err(PolicyError::InvalidConfig(
+                "config.json: use_sliding_window = true is not supported".into(),
+            ));
+        }
         if raw.num_attention_heads == 0 {
             return Err(PolicyError::InvalidConfig(
                 "config.json: num_attention_heads must be > 0".into(),
@@ -264,6 +274,8 @@ struct HfConfig {
     rms_norm_eps: Option<f64>,
     tie_word_embeddings: Option<bool>,
     attention_bias: Option<bool>,
+    rope_scaling: Option<serde_json::Value>,
+    use_sliding_window: Option<bool>,
 }
 
 #[cfg(test)]
@@ -304,5 +316,10 @@ mod tests {
             serde_json::from_str(&ModelConfig::tiny().to_hf_json(None)).unwrap();
         v["num_key_value_heads"] = 3.into();
         assert!(ModelConfig::from_hf_json(&v.to_string()).is_err());
+        v["num_key_value_heads"] = 2.into();
+        v["rope_scaling"] = serde_json::json!({"type": "yarn", "factor": 4.0});
+        assert!(ModelConfig::from_hf_json(&v.to_string()).is_err());
+        v["rope_scaling"] = serde_json::Value::Null;
+        assert!(ModelConfig::from_hf_json(&v.to_string()).is_ok());
     }
 }

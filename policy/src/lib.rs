@@ -20,12 +20,17 @@ pub mod sft;
 pub mod tokenizer;
 pub mod weights;
 
+/// The candle crates this policy is built on, re-exported so that dependents (the learner's
+/// optimiser, benches) use exactly the same versions.
+pub use candle_core;
 pub use candle_core::{DType, Device, Tensor, Var};
+pub use candle_nn;
 pub use config::{Arch, ModelConfig};
 pub use error::{PolicyError, Result};
 pub use model::{KvCache, Qwen3};
 pub use sampling::{
-    generate, response_logprobs, token_logprobs, Completion, GenerationPath, SamplingParams,
+    batch_response_logprobs, generate, response_logprobs, token_logprobs, Completion,
+    GenerationPath, SamplingParams,
 };
 pub use tokenizer::{ByteTokenizer, Tokenizer};
 pub use weights::{snapshot_config_hash, Policy, META_CONFIG_HASH};

@@ -381,9 +381,24 @@ impl Qwen3 {
                 },
                 post_attention_layernorm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
                 mlp: Mlp {
-                    gate_proj: w.linear(&format!("{p}.mlp.gate_proj"), cfg.intermediate_size, h, false)?,
-                    up_proj: w.linear(&format!("{p}.mlp.up_proj"), cfg.intermediate_size, h, false)?,
-                    down_proj: w.linear(&format!("{p}.mlp.down_proj"), h, cfg.intermediate_size, false)?,
+                    gate_proj: w.linear(
+                        &format!("{p}.mlp.gate_proj"),
+                        cfg.intermediate_size,
+                        h,
+                        false,
+                    )?,
+                    up_proj: w.linear(
+                        &format!("{p}.mlp.up_proj"),
+                        cfg.intermediate_size,
+                        h,
+                        false,
+                    )?,
+                    down_proj: w.linear(
+                        &format!("{p}.mlp.down_proj"),
+                        h,
+                        cfg.intermediate_size,
+                        false,
+                    )?,
                 },
             });
         }
@@ -405,7 +420,7 @@ impl Qwen3 {
     /// Full-sequence forward: `ids` `[b, t]` (u32) → logits `[b, t, vocab]` at every position.
     /// Causal; rows may be right-padded (padding never influences earlier positions).
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        self.forward_inner(ids, None)
+        self.forward_inner(ids, None, false)
     }
 
     /// Incremental forward: appends `ids` `[b, t]` after the `cache.len()` cached positions
@@ -418,10 +433,28 @@ impl Qwen3 {
                 self.layers.len()
             )));
         }
-        self.forward_inner(ids, Some(cache))
+        self.forward_inner(ids, Some(cache), false)
     }
 
-    fn forward_inner(&self, ids: &Tensor, mut cache: Option<&mut KvCache>) -> Result<Tensor> {
+    /// Like [`Self::forward_cached`] but returns logits `[b, 1, vocab]` of the last new
+    /// position only (generation: avoids a `[t, vocab]` projection of the whole prompt).
+    pub fn forward_cached_last(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+        if cache.layers.len() != self.layers.len() {
+            return Err(PolicyError::Sampling(format!(
+                "cache has {} layers, model has {}",
+                cache.layers.len(),
+                self.layers.len()
+            )));
+        }
+        self.forward_inner(ids, Some(cache), true)
+    }
+
+    fn forward_inner(
+        &self,
+        ids: &Tensor,
+        mut cache: Option<&mut KvCache>,
+        last_only: bool,
+    ) -> Result<Tensor> {
         let (_b, t) = ids.dims2()?;
         let offset = cache.as_ref().map_or(0, |c| c.len);
         if t == 0 {
@@ -446,7 +479,13 @@ impl Qwen3 {
             let s = offset + t;
             let m: Vec<f32> = (0..t)
                 .flat_map(|i| {
-                    (0..s).map(move |j| if j > i + offset { f32::NEG_INFINITY } else { 0.0 })
+                    (0..s).map(move |j| {
+                        if j > i + offset {
+                            f32::NEG_INFINITY
+                        } else {
+                            0.0
+                        }
+                    })
                 })
                 .collect();
             Some(Tensor::from_vec(m, (t, s), &self.device)?)
@@ -457,7 +496,9 @@ impl Qwen3 {
         for (i, layer) in self.layers.iter().enumerate() {
             let slot = cache.as_mut().map(|c| &mut c.layers[i]);
             let h = layer.input_layernorm.forward(&x)?;
-            let h = layer.self_attn.forward(&h, &cos, &sin, mask.as_ref(), slot)?;
+            let h = layer
+                .self_attn
+                .forward(&h, &cos, &sin, mask.as_ref(), slot)?;
             x = (x + h)?;
             let h = layer.post_attention_layernorm.forward(&x)?;
             x = (&x + layer.mlp.forward(&h)?)?;
@@ -465,6 +506,11 @@ impl Qwen3 {
         if let Some(c) = cache {
             c.len += t;
         }
+        let x = if last_only && t > 1 {
+            x.narrow(1, t - 1, 1)?
+        } else {
+            x
+        };
         let x = self.norm.forward(&x)?;
         Ok(self.lm_head.forward(&x)?)
     }

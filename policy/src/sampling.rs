@@ -116,7 +116,7 @@ pub fn generate(
     // Prefill once (batch 1).
     let mut prefill = policy.new_cache();
     let ids = Tensor::new(prompt, policy.device())?.unsqueeze(0)?;
-    let logits = policy.model().forward_cached(&ids, &mut prefill)?;
+    let logits = policy.model().forward_cached_last(&ids, &mut prefill)?;
     let last = last_row(&logits)?;
     let first = last
         .into_iter()
@@ -129,8 +129,14 @@ pub fn generate(
         GenerationPath::Sequential => {
             let mut out = Vec::with_capacity(n);
             for _ in 0..n {
-                let mut one =
-                    decode_batch(policy, prefill.clone(), vec![first.clone()], max_new, params, rng)?;
+                let mut one = decode_batch(
+                    policy,
+                    prefill.clone(),
+                    vec![first.clone()],
+                    max_new,
+                    params,
+                    rng,
+                )?;
                 out.append(&mut one);
             }
             Ok(out)
@@ -185,7 +191,7 @@ fn decode_batch(
             .map(|&r| rows[r].tokens.last().copied().unwrap_or(0))
             .collect();
         let ids = Tensor::new(last.as_slice(), policy.device())?.unsqueeze(1)?;
-        let out = policy.model().forward_cached(&ids, &mut cache)?;
+        let out = policy.model().forward_cached_last(&ids, &mut cache)?;
         logits = last_row(&out)?;
     }
     Ok(rows)
@@ -215,7 +221,13 @@ fn sample_token(logits: &[f32], params: &SamplingParams, rng: &mut impl Rng) -> 
         scaled
             .iter()
             .enumerate()
-            .fold((0usize, f64::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
+            .fold((0usize, f64::NEG_INFINITY), |b, (i, &x)| {
+                if x > b.1 {
+                    (i, x)
+                } else {
+                    b
+                }
+            })
             .0
     } else {
         let probs: Vec<f64> = scaled.iter().map(|x| (x - lse).exp()).collect();
@@ -293,4 +305,59 @@ pub fn response_logprobs(
     Ok(token_logprobs(&logits, &targets, temperature)?
         .squeeze(0)?
         .to_vec1::<f32>()?)
+}
+
+/// Differentiable log-probs of a batch of (prompt, response) pairs from one right-padded
+/// full-sequence forward — the learner's view of rollout samples.
+///
+/// Returns `(logprobs [b, L], mask [b, L])` with `L` the longest response: entry `[i, j]` is
+/// the log-prob of response token `j` of pair `i` (aligned with `Sample::sampler_logprobs`),
+/// and the f32 mask is 1 for real tokens, 0 for padding (whose log-prob is 0).
+pub fn batch_response_logprobs(
+    policy: &Policy,
+    pairs: &[(&[u32], &[u32])],
+    temperature: f32,
+) -> Result<(Tensor, Tensor)> {
+    if pairs.is_empty() {
+        return Err(PolicyError::Sampling("empty batch".into()));
+    }
+    if pairs.iter().any(|(p, r)| p.is_empty() || r.is_empty()) {
+        return Err(PolicyError::Sampling(
+            "empty prompt or response in batch".into(),
+        ));
+    }
+    let t = pairs
+        .iter()
+        .map(|(p, r)| p.len() + r.len() - 1)
+        .max()
+        .unwrap_or(1);
+    let l = pairs.iter().map(|(_, r)| r.len()).max().unwrap_or(1);
+    let (mut inp, mut tgt, mut mask) = (Vec::new(), Vec::new(), Vec::new());
+    for (p, r) in pairs {
+        let seq: Vec<u32> = p.iter().chain(r.iter()).copied().collect();
+        for i in 0..t {
+            inp.push(
+                seq.get(i)
+                    .copied()
+                    .filter(|_| i + 1 < seq.len())
+                    .unwrap_or(0),
+            );
+            tgt.push(seq.get(i + 1).copied().unwrap_or(0));
+        }
+        mask.extend((0..l).map(|j| if j < r.len() { 1f32 } else { 0.0 }));
+    }
+    let b = pairs.len();
+    let dev = policy.device();
+    let inp = Tensor::from_vec(inp, (b, t), dev)?;
+    let tgt = Tensor::from_vec(tgt, (b, t), dev)?;
+    let lp = token_logprobs(&policy.forward(&inp)?, &tgt, temperature)?; // [b, t]
+    let mut rows = Vec::with_capacity(b);
+    for (i, (p, r)) in pairs.iter().enumerate() {
+        let row = lp.get(i)?.narrow(0, p.len() - 1, r.len())?;
+        rows.push(row.pad_with_zeros(0, 0, l - r.len())?);
+    }
+    Ok((
+        Tensor::stack(&rows, 0)?,
+        Tensor::from_vec(mask, (b, l), dev)?,
+    ))
 }

@@ -12,6 +12,7 @@ use rand::{seq::SliceRandom, SeedableRng};
 
 use crate::error::{PolicyError, Result};
 use crate::sampling::token_logprobs;
+use crate::tokenizer::Tokenizer;
 use crate::weights::Policy;
 
 /// One supervised example: prompt ids (template applied) and the target response ids (with
@@ -22,6 +23,29 @@ pub struct SftExample {
     pub prompt: Vec<u32>,
     /// Target response token ids.
     pub target: Vec<u32>,
+}
+
+/// Builds examples from `(prompt text, reference completion)` pairs: the prompt template of
+/// `tokenizer` is applied and its first EOS id is appended to each target. For a task:
+/// `(0..n).map(|i| task.prompt(i)).map(|p| (p.text.clone(), task.reference_completion(&p)))`.
+pub fn examples_from_text<I, P, C>(tokenizer: &Tokenizer, pairs: I) -> Result<Vec<SftExample>>
+where
+    I: IntoIterator<Item = (P, C)>,
+    P: AsRef<str>,
+    C: AsRef<str>,
+{
+    let eos = tokenizer.eos_ids().first().copied();
+    pairs
+        .into_iter()
+        .map(|(p, c)| {
+            let mut target = tokenizer.encode(c.as_ref())?;
+            target.extend(eos);
+            Ok(SftExample {
+                prompt: tokenizer.encode_prompt(p.as_ref())?,
+                target,
+            })
+        })
+        .collect()
 }
 
 /// Right-padded batch tensors: `(inputs [b, t], targets [b, t], mask [b, t] f32)`; the mask is
@@ -38,7 +62,9 @@ pub fn sft_batch(policy: &Policy, examples: &[SftExample]) -> Result<(Tensor, Te
     let (mut inp, mut tgt, mut mask) = (Vec::new(), Vec::new(), Vec::new());
     for e in examples {
         if e.prompt.is_empty() || e.target.is_empty() {
-            return Err(PolicyError::Sampling("SFT example with empty prompt or target".into()));
+            return Err(PolicyError::Sampling(
+                "SFT example with empty prompt or target".into(),
+            ));
         }
         let seq: Vec<u32> = e.prompt.iter().chain(e.target.iter()).copied().collect();
         for i in 0..t {
@@ -100,7 +126,9 @@ impl Default for WarmStart {
 /// place. Returns the loss of every step.
 pub fn warm_start(policy: &Policy, examples: &[SftExample], cfg: &WarmStart) -> Result<Vec<f32>> {
     if examples.is_empty() || cfg.batch_size == 0 {
-        return Err(PolicyError::Sampling("warm start needs examples and batch_size > 0".into()));
+        return Err(PolicyError::Sampling(
+            "warm start needs examples and batch_size > 0".into(),
+        ));
     }
     let mut opt = AdamW::new(
         policy.vars()?,

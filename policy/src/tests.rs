@@ -49,9 +49,16 @@ fn perturbed(cfg: &ModelConfig, seed: u64) -> Policy {
 
 fn assert_every_var_has_gradient(cfg: &ModelConfig) {
     let p = perturbed(cfg, 1);
-    let ids = Tensor::new(&[[257u32, 5, 9, 200, 3, 77], [257, 1, 2, 3, 4, 5]], &Device::Cpu).unwrap();
-    let targets = Tensor::new(&[[5u32, 9, 200, 3, 77, 258], [1, 2, 3, 4, 5, 258]], &Device::Cpu)
-        .unwrap();
+    let ids = Tensor::new(
+        &[[257u32, 5, 9, 200, 3, 77], [257, 1, 2, 3, 4, 5]],
+        &Device::Cpu,
+    )
+    .unwrap();
+    let targets = Tensor::new(
+        &[[5u32, 9, 200, 3, 77, 258], [1, 2, 3, 4, 5, 258]],
+        &Device::Cpu,
+    )
+    .unwrap();
     let logits = p.forward(&ids).unwrap();
     let lp = crate::sampling::token_logprobs(&logits, &targets, 1.0).unwrap();
     let loss = lp.sum_all().unwrap().neg().unwrap();
@@ -62,8 +69,17 @@ fn assert_every_var_has_gradient(cfg: &ModelConfig) {
         let g = grads
             .get(var.as_tensor())
             .unwrap_or_else(|| panic!("{name}: no gradient (detached op?)"));
-        let norm = g.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
-        assert!(norm > 0.0 && norm.is_finite(), "{name}: gradient norm {norm}");
+        let norm = g
+            .sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(
+            norm > 0.0 && norm.is_finite(),
+            "{name}: gradient norm {norm}"
+        );
     }
 }
 
@@ -92,8 +108,17 @@ fn cached_forward_matches_full_forward() {
     let cfg = small(Arch::Qwen3, true);
     let p = perturbed(&cfg, 2);
     let seq: Vec<u32> = vec![257, 10, 20, 30, 40, 50, 60, 70];
-    let ids = Tensor::new(seq.as_slice(), &Device::Cpu).unwrap().unsqueeze(0).unwrap();
-    let full = p.forward(&ids).unwrap().squeeze(0).unwrap().to_vec2::<f32>().unwrap();
+    let ids = Tensor::new(seq.as_slice(), &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let full = p
+        .forward(&ids)
+        .unwrap()
+        .squeeze(0)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
     let mut cache = p.new_cache();
     let mut rows = Vec::new();
     // Prefill 3, then one token at a time.
@@ -130,7 +155,10 @@ fn check_logprobs(cfg: &ModelConfig, path: GenerationPath, params: &SamplingPara
             max_err = max_err.max((a - b).abs());
         }
     }
-    assert!(max_err < 1e-4, "{path:?}: max |sampler - full forward| = {max_err}");
+    assert!(
+        max_err < 1e-4,
+        "{path:?}: max |sampler - full forward| = {max_err}"
+    );
 }
 
 #[test]
@@ -145,9 +173,17 @@ fn sampler_logprobs_equal_full_forward_batched() {
 #[test]
 fn sampler_logprobs_equal_full_forward_sequential() {
     let mut params = SamplingParams::new(20, vec![ByteTokenizer::EOS]);
-    check_logprobs(&small(Arch::Qwen3, true), GenerationPath::Sequential, &params);
+    check_logprobs(
+        &small(Arch::Qwen3, true),
+        GenerationPath::Sequential,
+        &params,
+    );
     params.temperature = 1.3;
-    check_logprobs(&small(Arch::Qwen3, false), GenerationPath::Sequential, &params);
+    check_logprobs(
+        &small(Arch::Qwen3, false),
+        GenerationPath::Sequential,
+        &params,
+    );
 }
 
 #[test]
@@ -164,7 +200,15 @@ fn batched_path_with_early_stops_matches_full_forward() {
     head.set(&Tensor::new(w, &Device::Cpu).unwrap()).unwrap();
     let params = SamplingParams::new(16, vec![ByteTokenizer::EOS]);
     let prompt = ByteTokenizer.encode_prompt("7*8=");
-    let outs = generate(&p, &prompt, 8, &params, GenerationPath::Batched, &mut rng(3)).unwrap();
+    let outs = generate(
+        &p,
+        &prompt,
+        8,
+        &params,
+        GenerationPath::Batched,
+        &mut rng(3),
+    )
+    .unwrap();
     let lens: Vec<usize> = outs.iter().map(|c| c.tokens.len()).collect();
     assert!(outs.iter().any(|c| c.stopped), "{lens:?}");
     for c in &outs {
@@ -183,8 +227,24 @@ fn generation_is_reproducible_with_a_seed_and_respects_limits() {
     let p = perturbed(&small(Arch::Qwen3, true), 5);
     let prompt = ByteTokenizer.encode_prompt("hi");
     let params = SamplingParams::new(9, vec![ByteTokenizer::EOS]);
-    let a = generate(&p, &prompt, 3, &params, GenerationPath::Batched, &mut rng(1)).unwrap();
-    let b = generate(&p, &prompt, 3, &params, GenerationPath::Batched, &mut rng(1)).unwrap();
+    let a = generate(
+        &p,
+        &prompt,
+        3,
+        &params,
+        GenerationPath::Batched,
+        &mut rng(1),
+    )
+    .unwrap();
+    let b = generate(
+        &p,
+        &prompt,
+        3,
+        &params,
+        GenerationPath::Batched,
+        &mut rng(1),
+    )
+    .unwrap();
     assert_eq!(a, b);
     assert!(a.iter().all(|c| c.tokens.len() <= 9));
     // Greedy: all samples identical.
@@ -212,7 +272,9 @@ fn bad_generation_inputs_are_errors() {
     bad = params.clone();
     bad.temperature = f32::NAN;
     assert!(generate(&p, &[1], 1, &bad, GenerationPath::Batched, r).is_err());
-    assert!(generate(&p, &[1], 0, &params, GenerationPath::Batched, r).unwrap().is_empty());
+    assert!(generate(&p, &[1], 0, &params, GenerationPath::Batched, r)
+        .unwrap()
+        .is_empty());
 }
 
 #[test]
@@ -220,14 +282,32 @@ fn safetensors_round_trip_is_bit_exact() {
     for cfg in [small(Arch::Qwen3, true), small(Arch::Qwen2, false)] {
         let p = perturbed(&cfg, 8);
         let bytes = p.to_safetensors_bytes().unwrap();
-        assert_eq!(bytes, p.to_safetensors_bytes().unwrap(), "deterministic bytes");
+        assert_eq!(
+            bytes,
+            p.to_safetensors_bytes().unwrap(),
+            "deterministic bytes"
+        );
         let q = Policy::from_safetensors_bytes(&cfg, &bytes, &Device::Cpu).unwrap();
         let (a, b) = (p.named_vars().unwrap(), q.named_vars().unwrap());
         assert_eq!(a.len(), b.len());
         for ((na, va), (nb, vb)) in a.iter().zip(&b) {
             assert_eq!(na, nb);
-            let x: Vec<u32> = va.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|f| f.to_bits()).collect();
-            let y: Vec<u32> = vb.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|f| f.to_bits()).collect();
+            let x: Vec<u32> = va
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+                .iter()
+                .map(|f| f.to_bits())
+                .collect();
+            let y: Vec<u32> = vb
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+                .iter()
+                .map(|f| f.to_bits())
+                .collect();
             assert_eq!(x, y, "{na}");
         }
         assert_eq!(bytes, q.to_safetensors_bytes().unwrap());
@@ -246,8 +326,8 @@ fn snapshot_config_mismatch_and_corruption_are_errors() {
     other.rope_theta = 1e6; // same shapes, different model
     let e = Policy::from_safetensors_bytes(&other, &bytes, &Device::Cpu).unwrap_err();
     assert!(matches!(e, PolicyError::ConfigMismatch { .. }), "{e}");
-    let e = Policy::from_safetensors_bytes(&cfg, &bytes[..bytes.len() / 2], &Device::Cpu)
-        .unwrap_err();
+    let e =
+        Policy::from_safetensors_bytes(&cfg, &bytes[..bytes.len() / 2], &Device::Cpu).unwrap_err();
     assert!(matches!(e, PolicyError::SafeTensors(_)), "{e}");
     let e = Policy::from_safetensors_bytes(&cfg, b"garbage", &Device::Cpu).unwrap_err();
     assert!(matches!(e, PolicyError::SafeTensors(_)), "{e}");
@@ -271,10 +351,16 @@ fn from_tensors_rejects_missing_extra_and_misshaped() {
     missing.remove("model.norm.weight");
     assert!(Policy::from_tensors(&cfg, missing, &Device::Cpu).is_err());
     let mut extra = full.clone();
-    extra.insert("lm_head.weight".into(), Tensor::zeros((260, 32), candle_core::DType::F32, &Device::Cpu).unwrap());
+    extra.insert(
+        "lm_head.weight".into(),
+        Tensor::zeros((260, 32), candle_core::DType::F32, &Device::Cpu).unwrap(),
+    );
     assert!(Policy::from_tensors(&cfg, extra, &Device::Cpu).is_err());
     let mut shaped = full;
-    shaped.insert("model.norm.weight".into(), Tensor::zeros(31, candle_core::DType::F32, &Device::Cpu).unwrap());
+    shaped.insert(
+        "model.norm.weight".into(),
+        Tensor::zeros(31, candle_core::DType::F32, &Device::Cpu).unwrap(),
+    );
     let e = Policy::from_tensors(&cfg, shaped, &Device::Cpu).unwrap_err();
     assert!(e.to_string().contains("model.norm.weight"), "{e}");
 }
@@ -287,8 +373,10 @@ fn tiny_tokenizer_json(words: &[&str]) -> String {
     for (i, s) in specials.iter().enumerate() {
         vocab.insert(s.to_string(), i.into());
         if *s != "<unk>" {
-            added.push(serde_json::json!({"id": i, "content": s, "single_word": false,
-                "lstrip": false, "rstrip": false, "normalized": false, "special": true}));
+            added.push(
+                serde_json::json!({"id": i, "content": s, "single_word": false,
+                "lstrip": false, "rstrip": false, "normalized": false, "special": true}),
+            );
         }
     }
     for (i, w) in words.iter().enumerate() {
@@ -304,7 +392,18 @@ fn tiny_tokenizer_json(words: &[&str]) -> String {
 }
 
 fn write_tiny_hf_dir(dir: &std::path::Path) -> ModelConfig {
-    let words = ["user", "assistant", "what", "is", "two", "plus", "three", "five", "?", "\n"];
+    let words = [
+        "user",
+        "assistant",
+        "what",
+        "is",
+        "two",
+        "plus",
+        "three",
+        "five",
+        "?",
+        "\n",
+    ];
     let mut cfg = small(Arch::Qwen3, false);
     cfg.vocab_size = 4 + words.len();
     let p = Policy::new_random(&cfg, 11, &Device::Cpu).unwrap();
@@ -324,7 +423,15 @@ fn tiny_random_qwen3_folder_loads_and_generates() {
     let prompt = tok.encode_prompt("what is two plus three ?").unwrap();
     assert_eq!(prompt[0], 1, "ChatML template starts with <|im_start|>");
     let params = SamplingParams::new(8, tok.eos_ids());
-    let outs = generate(&p, &prompt, 2, &params, GenerationPath::Batched, &mut rng(0)).unwrap();
+    let outs = generate(
+        &p,
+        &prompt,
+        2,
+        &params,
+        GenerationPath::Batched,
+        &mut rng(0),
+    )
+    .unwrap();
     for c in &outs {
         assert!(c.tokens.iter().all(|&t| (t as usize) < cfg.vocab_size));
         let _text = tok.decode(&c.tokens).unwrap();
@@ -337,7 +444,11 @@ fn tiny_random_qwen3_folder_loads_and_generates() {
 
 #[test]
 fn hf_folder_missing_or_corrupt_files_are_clear_errors() {
-    let load = |d: &std::path::Path| crate::hf::load_hf_dir(d, &Device::Cpu).unwrap_err().to_string();
+    let load = |d: &std::path::Path| {
+        crate::hf::load_hf_dir(d, &Device::Cpu)
+            .unwrap_err()
+            .to_string()
+    };
     let dir = tempfile::tempdir().unwrap();
     let e = load(dir.path());
     assert!(e.contains("config.json"), "{e}");
@@ -361,7 +472,11 @@ fn hf_folder_missing_or_corrupt_files_are_clear_errors() {
 
     let dir = tempfile::tempdir().unwrap();
     write_tiny_hf_dir(dir.path());
-    std::fs::write(dir.path().join("config.json"), b"{\"model_type\": \"qwen3\"").unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        b"{\"model_type\": \"qwen3\"",
+    )
+    .unwrap();
     let e = load(dir.path());
     assert!(e.contains("config.json"), "{e}");
 }
@@ -384,10 +499,51 @@ fn warm_start_lowers_the_loss() {
     let losses = warm_start(
         &p,
         &examples,
-        &WarmStart { steps: 15, batch_size: 8, lr: 1e-2, seed: 0 },
+        &WarmStart {
+            steps: 15,
+            batch_size: 8,
+            lr: 1e-2,
+            seed: 0,
+        },
     )
     .unwrap();
     let after = sft_loss(&p, &examples).unwrap().to_scalar::<f32>().unwrap();
     assert_eq!(losses.len(), 15);
     assert!(after < before * 0.7, "{before} -> {after}");
+}
+
+#[test]
+fn batch_logprobs_match_single_and_carry_gradients() {
+    let cfg = small(Arch::Qwen3, true);
+    let p = perturbed(&cfg, 13);
+    let prompts: Vec<Vec<u32>> = vec![
+        ByteTokenizer.encode_prompt("1+2="),
+        ByteTokenizer.encode_prompt("10+20="),
+    ];
+    let responses: Vec<Vec<u32>> = vec![vec![51, 258], vec![51, 48, 52, 53, 258]];
+    let pairs: Vec<(&[u32], &[u32])> = prompts
+        .iter()
+        .zip(&responses)
+        .map(|(a, b)| (a.as_slice(), b.as_slice()))
+        .collect();
+    let (lp, mask) = crate::sampling::batch_response_logprobs(&p, &pairs, 0.8).unwrap();
+    assert_eq!(lp.dims(), &[2, 5]);
+    let lpv = lp.to_vec2::<f32>().unwrap();
+    let mv = mask.to_vec2::<f32>().unwrap();
+    for (i, (pr, r)) in pairs.iter().enumerate() {
+        let single = response_logprobs(&p, pr, r, 0.8).unwrap();
+        for j in 0..5 {
+            if j < r.len() {
+                assert_eq!(mv[i][j], 1.0);
+                assert!((lpv[i][j] - single[j]).abs() < 1e-4);
+            } else {
+                assert_eq!((mv[i][j], lpv[i][j]), (0.0, 0.0));
+            }
+        }
+    }
+    let loss = (lp * &mask).unwrap().sum_all().unwrap();
+    let grads = loss.backward().unwrap();
+    for (name, v) in p.named_vars().unwrap() {
+        assert!(grads.get(v.as_tensor()).is_some(), "{name}");
+    }
 }

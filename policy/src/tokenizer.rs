@@ -38,9 +38,7 @@ impl ByteTokenizer {
 
     /// The bytes of the non-special ids (specials and out-of-range ids are dropped).
     pub fn decode_bytes(&self, ids: &[u32]) -> Vec<u8> {
-        ids.iter()
-            .filter_map(|&i| u8::try_from(i).ok())
-            .collect()
+        ids.iter().filter_map(|&i| u8::try_from(i).ok()).collect()
     }
 
     /// Lossy UTF-8 decoding of [`Self::decode_bytes`] (invalid sequences become U+FFFD).
@@ -115,8 +113,8 @@ impl Tokenizer {
             .find_map(|t| inner.token_to_id(t))
             .or_else(|| eos.first().copied())
             .unwrap_or(0);
-        let chatml =
-            inner.token_to_id("<|im_start|>").is_some() && inner.token_to_id("<|im_end|>").is_some();
+        let chatml = inner.token_to_id("<|im_start|>").is_some()
+            && inner.token_to_id("<|im_end|>").is_some();
         Tokenizer::Hf(Box::new(HfTokenizer {
             inner,
             eos,

@@ -19,12 +19,20 @@ pub const META_CONFIG_HASH: &str = "echo_swarm.config_hash";
 /// The learner optimises [`Policy::vars`] (e.g. with `candle_nn::AdamW`); the forward pass sees
 /// updates immediately because the module shares the variables' storage. Rollout workers build
 /// one per installed snapshot with [`Policy::from_safetensors_bytes`].
-#[derive(Debug)]
 pub struct Policy {
     cfg: ModelConfig,
     varmap: VarMap,
     model: Qwen3,
     device: Device,
+}
+
+impl std::fmt::Debug for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Policy")
+            .field("config", &self.cfg)
+            .field("device", &self.device)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Policy {
@@ -42,8 +50,7 @@ impl Policy {
             } else if name.ends_with(".bias") {
                 vec![0.0; n]
             } else {
-                let std = if name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight")
-                {
+                let std = if name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight") {
                     0.02 * resid_scale
                 } else {
                     0.02
@@ -106,7 +113,11 @@ impl Policy {
 
     /// Decodes a snapshot payload made by [`Policy::to_safetensors_bytes`]. The payload's
     /// recorded config hash must equal `cfg.hash()` ([`PolicyError::ConfigMismatch`] otherwise).
-    pub fn from_safetensors_bytes(cfg: &ModelConfig, bytes: &[u8], device: &Device) -> Result<Self> {
+    pub fn from_safetensors_bytes(
+        cfg: &ModelConfig,
+        bytes: &[u8],
+        device: &Device,
+    ) -> Result<Self> {
         let found = snapshot_config_hash(bytes)?;
         let expected = cfg.hash_hex();
         if found.as_deref() != Some(expected.as_str()) {
@@ -205,7 +216,10 @@ pub fn snapshot_config_hash(bytes: &[u8]) -> Result<Option<String>> {
 }
 
 /// Serialises f32 tensors as a safetensors file with a deterministic header (BTreeMap order).
-fn write_safetensors(tensors: &[(String, Vec<usize>, Vec<f32>)], config_hash: &str) -> Result<Vec<u8>> {
+fn write_safetensors(
+    tensors: &[(String, Vec<usize>, Vec<f32>)],
+    config_hash: &str,
+) -> Result<Vec<u8>> {
     let mut header = BTreeMap::new();
     let mut meta = BTreeMap::new();
     meta.insert(META_CONFIG_HASH.to_string(), config_hash.to_string());

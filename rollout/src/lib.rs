@@ -181,6 +181,7 @@ pub struct RolloutStats {
     samples: AtomicU64,
     tokens: AtomicU64,
     version: AtomicU64,
+    errors: AtomicU64,
     paused: AtomicBool,
     /// (EMA of seconds per group, EMA of mean reward)
     ema: Mutex<Option<(f64, f64)>>,
@@ -189,8 +190,9 @@ pub struct RolloutStats {
 /// A point-in-time copy of [`RolloutStats`].
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct StatsSnapshot {
-    /// μ_i: groups per second of generation time (exponential moving average; 0 before the
-    /// first group). Paused time does not lower it: it measures capacity.
+    /// μ_i: groups per second while producing — 1 / EMA of the wall time of a producing step
+    /// (generation + reward + durable `put_group`); 0 before the first group. Paused time
+    /// does not lower it: it measures capacity.
     pub mu: f64,
     /// Groups written so far.
     pub groups: u64,
@@ -202,6 +204,8 @@ pub struct StatsSnapshot {
     pub version: u64,
     /// True while paused by the pending-groups cap.
     pub paused: bool,
+    /// Groups that failed and were skipped (bad prompt, generation error).
+    pub errors: u64,
     /// Moving average of group mean rewards.
     pub reward_ema: f64,
 }
@@ -217,6 +221,7 @@ impl RolloutStats {
             tokens: self.tokens.load(Ordering::Relaxed),
             version: self.version.load(Ordering::Relaxed),
             paused: self.paused.load(Ordering::Relaxed),
+            errors: self.errors.load(Ordering::Relaxed),
             reward_ema: ema.map_or(0.0, |(_, r)| r),
         }
     }
@@ -296,7 +301,9 @@ impl RolloutEngine {
             )));
         }
         if !(cfg.mu_ema_alpha > 0.0 && cfg.mu_ema_alpha <= 1.0) {
-            return Err(RolloutError::Config("mu_ema_alpha must be in (0, 1]".into()));
+            return Err(RolloutError::Config(
+                "mu_ema_alpha must be in (0, 1]".into(),
+            ));
         }
         if cfg.producer.len() > storage::record::limits::MAX_ID {
             return Err(RolloutError::Config("producer id too long".into()));
@@ -405,13 +412,14 @@ impl RolloutEngine {
     /// One iteration: pause if the store is over its cap, otherwise generate a group under
     /// the installed version and `put_group` it (durable before this returns).
     pub fn step(&mut self) -> Result<StepOutcome, RolloutError> {
-        let pending = self.store.pending();
+        let t0 = Instant::now();
+        // O(1) from the persisted counters (`TrajectoryStore::pending` scans the tree).
+        let pending = self.store.counters()?.pending();
         if pending >= self.cfg.max_pending_groups {
             self.stats.paused.store(true, Ordering::Relaxed);
             return Ok(StepOutcome::Paused { pending });
         }
         self.stats.paused.store(false, Ordering::Relaxed);
-        let t0 = Instant::now();
         let Some(group) = self.produce_group()? else {
             return Ok(StepOutcome::NoPolicy);
         };
@@ -427,36 +435,59 @@ impl RolloutEngine {
     }
 
     /// Runs [`Self::step`] until `stop` is set, sleeping `idle_poll` while paused or without a
-    /// policy. Blocking: run it on its own thread (see [`Self::spawn`]).
+    /// policy. A group that fails for a model or task reason is skipped and counted
+    /// ([`StatsSnapshot::errors`]); a storage error ends the loop. Blocking: run it on its own thread (see [`Self::spawn`]).
     pub fn run_blocking(&mut self, stop: &AtomicBool) -> Result<(), RolloutError> {
         while !stop.load(Ordering::Relaxed) {
-            match self.step()? {
-                StepOutcome::Produced { .. } => {}
-                StepOutcome::Paused { .. } | StepOutcome::NoPolicy => {
+            match self.step() {
+                Ok(StepOutcome::Produced { .. }) => {}
+                Ok(StepOutcome::Paused { .. } | StepOutcome::NoPolicy) => {
                     std::thread::sleep(self.cfg.idle_poll)
+                }
+                // The store failing is fatal: nothing produced could be kept.
+                Err(e @ RolloutError::Storage(_)) => return Err(e),
+                // A bad prompt (e.g. longer than the context) skips that group.
+                Err(e) => {
+                    self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e, "rollout group failed; skipping it");
+                    std::thread::sleep(self.cfg.idle_poll);
                 }
             }
         }
         Ok(())
     }
 
-    /// Runs the engine on a dedicated OS thread; set the returned flag to stop it.
-    pub fn spawn(
-        mut self,
-    ) -> Result<
-        (
-            Arc<AtomicBool>,
-            std::thread::JoinHandle<Result<(), RolloutError>>,
-        ),
-        RolloutError,
-    > {
+    /// Runs the engine on a dedicated OS thread; [`RunningEngine::stop`] ends it.
+    pub fn spawn(mut self) -> Result<RunningEngine, RolloutError> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let handle = std::thread::Builder::new()
             .name("rollout".into())
             .spawn(move || self.run_blocking(&flag))
             .map_err(|e| RolloutError::Config(format!("cannot spawn rollout thread: {e}")))?;
-        Ok((stop, handle))
+        Ok(RunningEngine { stop, handle })
+    }
+}
+
+/// An engine running on its own thread (from [`RolloutEngine::spawn`]).
+#[derive(Debug)]
+pub struct RunningEngine {
+    stop: Arc<AtomicBool>,
+    handle: std::thread::JoinHandle<Result<(), RolloutError>>,
+}
+
+impl RunningEngine {
+    /// Asks the engine to stop after its current group and waits for it; returns its result.
+    pub fn stop(self) -> Result<(), RolloutError> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle
+            .join()
+            .map_err(|_| RolloutError::Config("rollout thread panicked".into()))?
+    }
+
+    /// True once the thread has exited (e.g. after an error).
+    pub fn is_finished(&self) -> bool {
+        self.handle.is_finished()
     }
 }
 

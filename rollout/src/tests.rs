@@ -12,7 +12,11 @@ fn policy(seed: u64) -> Arc<Policy> {
     Arc::new(Policy::new_random(&ModelConfig::tiny(), seed, &Device::Cpu).unwrap())
 }
 
-fn engine(dir: &std::path::Path, path: GenerationPath, cap: u64) -> (RolloutEngine, Arc<TrajectoryStore>) {
+fn engine(
+    dir: &std::path::Path,
+    path: GenerationPath,
+    cap: u64,
+) -> (RolloutEngine, Arc<TrajectoryStore>) {
     let store = Arc::new(TrajectoryStore::open(dir).unwrap());
     let cfg = RolloutConfig {
         group_size: 4,
@@ -36,12 +40,18 @@ fn run(dir: &std::path::Path, path: GenerationPath) -> Vec<TrajectoryGroup> {
     assert_eq!(e.step().unwrap(), StepOutcome::NoPolicy);
     e.slot().install(1, policy(1)).unwrap();
     for _ in 0..3 {
-        assert!(matches!(e.step().unwrap(), StepOutcome::Produced { version: 1, .. }));
+        assert!(matches!(
+            e.step().unwrap(),
+            StepOutcome::Produced { version: 1, .. }
+        ));
     }
     let bytes = policy(2).to_safetensors_bytes().unwrap();
     e.slot().install_bytes(2, &bytes).unwrap();
     for _ in 0..2 {
-        assert!(matches!(e.step().unwrap(), StepOutcome::Produced { version: 2, .. }));
+        assert!(matches!(
+            e.step().unwrap(),
+            StepOutcome::Produced { version: 2, .. }
+        ));
     }
     let groups: Vec<TrajectoryGroup> = store
         .scan(0, 100)
@@ -97,8 +107,10 @@ fn check_path(path: GenerationPath) {
             }
         }
     }
-    let ids: std::collections::HashSet<[u8; 16]> =
-        a.iter().flat_map(|g| g.samples.iter().map(|s| s.trajectory_id)).collect();
+    let ids: std::collections::HashSet<[u8; 16]> = a
+        .iter()
+        .flat_map(|g| g.samples.iter().map(|s| s.trajectory_id))
+        .collect();
     assert_eq!(ids.len(), 20, "trajectory ids are unique");
 }
 
@@ -121,7 +133,10 @@ fn pauses_at_the_pending_cap_and_resumes_after_ack() {
     assert!(matches!(e.step().unwrap(), StepOutcome::Produced { .. }));
     assert_eq!(e.step().unwrap(), StepOutcome::Paused { pending: 2 });
     assert!(e.stats().snapshot().paused);
-    let lease = store.lease(0, 10, Duration::from_secs(60)).unwrap().unwrap();
+    let lease = store
+        .lease(0, 10, Duration::from_secs(60))
+        .unwrap()
+        .unwrap();
     store.ack(lease.id).unwrap();
     assert!(matches!(e.step().unwrap(), StepOutcome::Produced { .. }));
     assert!(!e.stats().snapshot().paused);
@@ -132,14 +147,25 @@ fn stale_or_mismatched_snapshots_are_refused() {
     let slot = PolicySlot::new(ModelConfig::tiny(), Device::Cpu);
     slot.install(3, policy(1)).unwrap();
     let bytes = policy(2).to_safetensors_bytes().unwrap();
-    assert!(matches!(slot.install_bytes(3, &bytes), Err(RolloutError::StaleVersion { .. })));
-    assert!(matches!(slot.install(2, policy(2)), Err(RolloutError::StaleVersion { .. })));
+    assert!(matches!(
+        slot.install_bytes(3, &bytes),
+        Err(RolloutError::StaleVersion { .. })
+    ));
+    assert!(matches!(
+        slot.install(2, policy(2)),
+        Err(RolloutError::StaleVersion { .. })
+    ));
     assert!(slot.install_bytes(4, b"not safetensors").is_err());
     let mut other = ModelConfig::tiny();
     other.num_hidden_layers = 1;
     let small = Policy::new_random(&other, 0, &Device::Cpu).unwrap();
-    let e = slot.install_bytes(5, &small.to_safetensors_bytes().unwrap()).unwrap_err();
-    assert!(matches!(e, RolloutError::Policy(PolicyError::ConfigMismatch { .. })), "{e}");
+    let e = slot
+        .install_bytes(5, &small.to_safetensors_bytes().unwrap())
+        .unwrap_err();
+    assert!(
+        matches!(e, RolloutError::Policy(PolicyError::ConfigMismatch { .. })),
+        "{e}"
+    );
     assert!(slot.install(5, Arc::new(small)).is_err());
     assert_eq!(slot.version(), Some(3));
     slot.install_bytes(4, &bytes).unwrap();
@@ -152,7 +178,10 @@ fn bad_config_is_rejected() {
     let store = Arc::new(TrajectoryStore::open(dir.path()).unwrap());
     let task = tasks::build_task("arith", &serde_json::Value::Null).unwrap();
     let slot = PolicySlot::new(ModelConfig::tiny(), Device::Cpu);
-    let cfg = RolloutConfig { group_size: 0, ..RolloutConfig::default() };
+    let cfg = RolloutConfig {
+        group_size: 0,
+        ..RolloutConfig::default()
+    };
     assert!(RolloutEngine::new(cfg, task, Tokenizer::byte(), store, slot).is_err());
 }
 
@@ -162,14 +191,13 @@ fn spawned_engine_produces_until_stopped() {
     let (e, store) = engine(dir.path(), GenerationPath::Batched, 3);
     let slot = e.slot().clone();
     let stats = e.stats();
-    let (stop, handle) = e.spawn().unwrap();
+    let running = e.spawn().unwrap();
     slot.install(1, policy(1)).unwrap();
     // The cap stops it at 3 pending groups; wait for that state (no timing assertion).
     while !stats.snapshot().paused {
         std::thread::sleep(Duration::from_millis(5));
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    handle.join().unwrap().unwrap();
+    running.stop().unwrap();
     assert_eq!(store.pending(), 3);
     assert_eq!(stats.snapshot().groups, 3);
 }

@@ -68,7 +68,7 @@ impl ChunkStore {
             fs::remove_dir_all(&tmp).map_err(|e| StorageError::io(&tmp, e))?;
         }
         fs::create_dir_all(&tmp).map_err(|e| StorageError::io(&tmp, e))?;
-        let db = sled::Config::new().path(root.join("index")).open()?;
+        let db = crate::open_db(sled::Config::new().path(root.join("index")))?;
         let store = ChunkStore {
             root: root.to_path_buf(),
             chunks: db.open_tree("chunks")?,
@@ -375,4 +375,173 @@ fn mismatch(expected: &Hash, actual: &Hash) -> StorageError {
 fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut f = fs::File::create(path).map_err(|e| StorageError::io(path, e))?;
     f.write_all(bytes).map_err(|e| StorageError::io(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use ed25519_dalek::SigningKey;
+
+    use super::*;
+    use crate::manifest::SnapshotManifest;
+
+    const CHUNK: u32 = 4096;
+
+    fn key() -> SigningKey {
+        SigningKey::from_bytes(&[9; 32])
+    }
+
+    fn payload(len: usize, salt: u8) -> Vec<u8> {
+        (0..len).map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1] ^ salt).collect()
+    }
+
+    fn manifest(version: u64, payload: &[u8]) -> SignedManifest {
+        let k = key();
+        SnapshotManifest::build("s", version, [0; 32], payload, CHUNK, &k.verifying_key())
+            .unwrap()
+            .sign(&k)
+            .unwrap()
+    }
+
+    fn tmp_is_empty(root: &Path) -> bool {
+        fs::read_dir(root.join("chunks").join("tmp")).unwrap().next().is_none()
+    }
+
+    #[test]
+    fn wrong_bytes_are_refused_and_leave_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = ChunkStore::open(dir.path(), 2).unwrap();
+        for len in [100usize, 200 << 10] {
+            let good = payload(len, 1);
+            let h = hash_bytes(&good);
+            let mut bad = good.clone();
+            bad[len / 2] ^= 0xff;
+            assert!(matches!(s.put_chunk(&h, &bad), Err(StorageError::HashMismatch { .. })));
+            assert!(!s.has_chunk(&h).unwrap());
+            assert!(tmp_is_empty(dir.path()));
+            assert!(s.put_chunk(&h, &good).unwrap());
+            assert!(!s.put_chunk(&h, &good).unwrap(), "second put is a no-op");
+            assert!(matches!(s.put_chunk(&h, &bad), Err(StorageError::HashMismatch { .. })));
+            assert_eq!(s.get_chunk(&h).unwrap(), good);
+        }
+    }
+
+    #[test]
+    fn assemble_needs_every_chunk_and_returns_the_payload() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = ChunkStore::open(dir.path(), 2).unwrap();
+        let p = payload(3 * CHUNK as usize + 17, 2);
+        let m = manifest(1, &p);
+        s.put_manifest(&m).unwrap();
+        assert_eq!(s.missing_chunks(1).unwrap().len(), 4);
+        for (i, c) in p.chunks(CHUNK as usize).enumerate().skip(1) {
+            s.put_chunk(&m.manifest.chunk_hashes[i], c).unwrap();
+        }
+        assert!(matches!(
+            s.assemble(1),
+            Err(StorageError::Incomplete { missing: 1, total: 4, .. })
+        ));
+        assert_eq!(s.missing_chunks(1).unwrap(), vec![(0, m.manifest.chunk_hashes[0])]);
+        s.put_chunk(&m.manifest.chunk_hashes[0], &p[..CHUNK as usize]).unwrap();
+        assert_eq!(s.assemble(1).unwrap(), p);
+        assert!(matches!(s.assemble(7), Err(StorageError::NotFound { .. })));
+    }
+
+    #[test]
+    fn republishing_stores_only_changed_chunks() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = ChunkStore::open(dir.path(), 3).unwrap();
+        let p1 = payload(10 * CHUNK as usize, 3);
+        let first = s.publish(&manifest(1, &p1), &p1).unwrap();
+        assert_eq!((first.new_chunks, first.reused_chunks), (10, 0));
+        let mut p2 = p1.clone();
+        p2[5 * CHUNK as usize + 3] ^= 1; // one chunk of ten changes
+        let second = s.publish(&manifest(2, &p2), &p2).unwrap();
+        assert_eq!((second.new_chunks, second.reused_chunks), (1, 9));
+        assert_eq!(second.new_bytes, u64::from(CHUNK));
+        assert_eq!(s.assemble(2).unwrap(), p2);
+        assert_eq!(s.assemble(1).unwrap(), p1);
+        assert!(s.publish(&manifest(3, &p1), &p2).is_err(), "payload must match manifest");
+    }
+
+    #[test]
+    fn keeps_the_last_k_snapshots_and_collects_their_unshared_chunks() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = ChunkStore::open(dir.path(), 2).unwrap();
+        let shared = payload(CHUNK as usize, 7);
+        let mut versions = Vec::new();
+        for v in 1..=4u8 {
+            let mut p = shared.clone();
+            p.extend(payload(CHUNK as usize, 10 + v));
+            s.publish(&manifest(u64::from(v), &p), &p).unwrap();
+            versions.push(p);
+        }
+        assert_eq!(s.stats().unwrap().chunks, 5);
+        let gc = s.retain().unwrap();
+        assert_eq!((gc.manifests_removed, gc.chunks_removed), (2, 2));
+        assert_eq!(gc.bytes_removed, 2 * u64::from(CHUNK));
+        assert_eq!(s.versions().unwrap(), [3, 4]);
+        assert_eq!(s.assemble(3).unwrap(), versions[2]);
+        assert_eq!(s.assemble(4).unwrap(), versions[3]);
+        assert_eq!(s.stats().unwrap().chunks, 3);
+        let files = walk_files(&dir.path().join("chunks"));
+        assert_eq!(files, 3, "chunk files of dropped snapshots are deleted");
+    }
+
+    fn walk_files(p: &Path) -> usize {
+        fs::read_dir(p)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                if e.path().is_dir() {
+                    walk_files(&e.path())
+                } else {
+                    1
+                }
+            })
+            .sum()
+    }
+
+    #[test]
+    fn corrupt_chunk_files_are_detected_removed_and_refetchable() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = payload(2 * CHUNK as usize, 4);
+        let m = manifest(1, &p);
+        let h0 = m.manifest.chunk_hashes[0];
+        {
+            let s = ChunkStore::open(dir.path(), 2).unwrap();
+            s.publish(&m, &p).unwrap();
+            let path = s.chunk_path(&h0);
+            let mut bytes = fs::read(&path).unwrap();
+            bytes[0] ^= 1;
+            fs::write(&path, bytes).unwrap();
+            assert!(matches!(s.get_chunk(&h0), Err(StorageError::Corrupt(_))));
+            assert!(!s.has_chunk(&h0).unwrap());
+            assert_eq!(s.missing_chunks(1).unwrap(), vec![(0, h0)]);
+            s.put_chunk(&h0, &p[..CHUNK as usize]).unwrap();
+            assert_eq!(s.assemble(1).unwrap(), p);
+            // A chunk file deleted behind the store's back is noticed at reopen.
+            fs::remove_file(s.chunk_path(&m.manifest.chunk_hashes[1])).unwrap();
+        }
+        let s = ChunkStore::open(dir.path(), 2).unwrap();
+        assert_eq!(s.missing_chunks(1).unwrap(), vec![(1, m.manifest.chunk_hashes[1])]);
+        assert_eq!(s.latest_manifest().unwrap().unwrap(), m, "manifests persist");
+    }
+
+    #[test]
+    fn index_is_rebuilt_from_files_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = payload(CHUNK as usize, 5);
+        let h = hash_bytes(&p);
+        {
+            let s = ChunkStore::open(dir.path(), 1).unwrap();
+            s.put_chunk(&h, &p).unwrap();
+            // Simulate a crash that lost the (unflushed) index entry but kept the file.
+            s.chunks.remove(h).unwrap();
+            s.db.flush().unwrap();
+            fs::write(dir.path().join("chunks").join("tmp").join("partial"), b"torn").unwrap();
+        }
+        let s = ChunkStore::open(dir.path(), 1).unwrap();
+        assert!(s.has_chunk(&h).unwrap());
+        assert!(tmp_is_empty(dir.path()), "partial writes are discarded at open");
+    }
 }

@@ -155,4 +155,16 @@ mod tests {
         }
         assert!(parse_public_key("abc").is_err());
     }
+
+    proptest::proptest! {
+        #[test]
+        fn random_key_files_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200)) {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("k");
+            std::fs::write(&path, &bytes).unwrap();
+            proptest::prop_assert!(NodeKey::read(&path).is_err());
+            let text = String::from_utf8_lossy(&bytes);
+            let _ = parse_public_key(&text);
+        }
+    }
 }

@@ -56,3 +56,20 @@ impl DataDir {
         self.root.join("snapshots")
     }
 }
+
+/// Opens a sled database, waiting briefly for its file lock: sled's background flusher can
+/// hold the lock for a moment after the previous handle in this process was dropped. A lock
+/// held by another live process is still an error after the wait.
+pub(crate) fn open_db(config: sled::Config) -> Result<sled::Db> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        match config.open() {
+            Err(sled::Error::Io(e))
+                if e.to_string().contains("could not acquire lock") && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other.map_err(StorageError::from),
+        }
+    }
+}

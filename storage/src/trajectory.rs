@@ -130,10 +130,7 @@ type TxError = ConflictableTransactionError<StorageError>;
 impl TrajectoryStore {
     /// Opens (or creates) the store in directory `path`.
     pub fn open(path: &Path) -> Result<Self> {
-        let db = sled::Config::new()
-            .path(path)
-            .mode(sled::Mode::HighThroughput)
-            .open()?;
+        let db = crate::open_db(sled::Config::new().path(path).mode(sled::Mode::HighThroughput))?;
         let store = TrajectoryStore {
             groups: db.open_tree("groups")?,
             leased: db.open_tree("leased")?,
@@ -492,3 +489,7 @@ fn tx_err(e: TransactionError<StorageError>) -> StorageError {
         TransactionError::Storage(e) => StorageError::Db(e),
     }
 }
+
+#[cfg(test)]
+#[path = "trajectory_tests.rs"]
+mod tests;

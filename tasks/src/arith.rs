@@ -108,7 +108,8 @@ impl Task for Arith {
     fn metadata(&self) -> TaskMetadata {
         TaskMetadata {
             name: "arith".into(),
-            description: "integer arithmetic `a<op>b=`, exact answer 1.0, partial credit for digits".into(),
+            description:
+                "integer arithmetic `a<op>b=`, exact answer 1.0, partial credit for digits".into(),
             num_prompts: Some(self.num_prompts()),
             reward_range: (0.0, 1.0),
             suggested_max_new_tokens: 8,
@@ -207,7 +208,10 @@ mod tests {
         let far = t.reward(&p, "-7").value;
         assert!((0.1..near).contains(&far), "{far}");
         assert!(t.reward(&p, "042").value < 1.0);
-        let neg = Prompt { answer: "-3".into(), ..p.clone() };
+        let neg = Prompt {
+            answer: "-3".into(),
+            ..p.clone()
+        };
         assert_eq!(t.reward(&neg, "-3").value, 1.0);
         assert!(t.reward(&neg, "3").value < 0.5);
     }
@@ -244,8 +248,16 @@ mod tests {
 
     #[test]
     fn bad_params_are_rejected() {
-        assert!(Arith::new(ArithParams { max_operand: 5, ops: "/".into() }).is_err());
-        assert!(Arith::new(ArithParams { max_operand: 5, ops: "".into() }).is_err());
+        assert!(Arith::new(ArithParams {
+            max_operand: 5,
+            ops: "/".into()
+        })
+        .is_err());
+        assert!(Arith::new(ArithParams {
+            max_operand: 5,
+            ops: "".into()
+        })
+        .is_err());
         assert!(Arith::from_params(&serde_json::json!({"bogus": 1})).is_err());
     }
 

@@ -79,9 +79,17 @@ impl Statement {
                 format!("{} is {} or {} is {}.", names[x], k(tx), names[y], k(ty))
             }
             Statement::Implies(x, tx, y, ty) => {
-                format!("If {} is {} then {} is {}.", names[x], k(tx), names[y], k(ty))
+                format!(
+                    "If {} is {} then {} is {}.",
+                    names[x],
+                    k(tx),
+                    names[y],
+                    k(ty)
+                )
             }
-            Statement::Same(x, y, true) => format!("{} and {} are the same type.", names[x], names[y]),
+            Statement::Same(x, y, true) => {
+                format!("{} and {} are the same type.", names[x], names[y])
+            }
             Statement::Same(x, y, false) => {
                 format!("{} and {} are different types.", names[x], names[y])
             }
@@ -95,8 +103,24 @@ pub fn solve(statements: &[Statement]) -> Vec<Vec<bool>> {
     let n = statements.len();
     (0u32..(1 << n))
         .map(|m| (0..n).map(|i| m >> i & 1 == 1).collect::<Vec<bool>>())
-        .filter(|a| statements.iter().enumerate().all(|(i, s)| s.eval(a) == a[i]))
+        .filter(|a| {
+            statements
+                .iter()
+                .enumerate()
+                .all(|(i, s)| s.eval(a) == a[i])
+        })
         .collect()
+}
+
+/// A generated puzzle: inhabitants' names, the statement each makes, the unique solution.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Puzzle {
+    /// Names, in speaking order.
+    pub names: Vec<&'static str>,
+    /// `statements[i]` is what `names[i]` says.
+    pub statements: Vec<Statement>,
+    /// `solution[i]` is true when `names[i]` is a knight.
+    pub solution: Vec<bool>,
 }
 
 /// The Knights-and-Knaves task.
@@ -123,7 +147,7 @@ impl KnightsKnaves {
     }
 
     /// The puzzle with index `index`: names, statements and the unique solution.
-    pub fn puzzle(&self, index: u64) -> Result<(Vec<&'static str>, Vec<Statement>, Vec<bool>), TaskError> {
+    pub fn puzzle(&self, index: u64) -> Result<Puzzle, TaskError> {
         let mut rng = item_rng("knights-knaves", self.params.seed, index);
         let n = rng.gen_range(self.params.min_people..=self.params.max_people);
         let mut pool: Vec<&'static str> = NAMES.to_vec();
@@ -147,7 +171,11 @@ impl KnightsKnaves {
             }
             let sols = solve(&stmts);
             if sols.len() == 1 && sols[0] == truth {
-                return Ok((names, stmts, truth));
+                return Ok(Puzzle {
+                    names,
+                    statements: stmts,
+                    solution: truth,
+                });
             }
         }
         Err(TaskError::Generation {
@@ -226,7 +254,11 @@ impl Task for KnightsKnaves {
     }
 
     fn prompt(&self, index: u64) -> Result<Prompt, TaskError> {
-        let (names, stmts, sol) = self.puzzle(index)?;
+        let Puzzle {
+            names,
+            statements: stmts,
+            solution: sol,
+        } = self.puzzle(index)?;
         let mut text = format!(
             "A very special island is inhabited only by knights and knaves. Knights always tell \
              the truth, and knaves always lie. You meet {} inhabitants: {}.",
@@ -304,13 +336,25 @@ mod tests {
         let mut sizes = std::collections::BTreeSet::new();
         let t = task();
         for i in 0..60 {
-            let (names, stmts, sol) = t.puzzle(i).unwrap();
+            let Puzzle {
+                names,
+                statements: stmts,
+                solution: sol,
+            } = t.puzzle(i).unwrap();
             assert_eq!(names.len(), stmts.len());
             assert_eq!(solve(&stmts), vec![sol]);
             sizes.insert(names.len());
         }
-        assert_eq!(sizes.into_iter().collect::<Vec<_>>(), (2..=8).collect::<Vec<_>>());
-        let eight = KnightsKnaves::new(KnightsKnavesParams { min_people: 8, max_people: 8, seed: 3 }).unwrap();
+        assert_eq!(
+            sizes.into_iter().collect::<Vec<_>>(),
+            (2..=8).collect::<Vec<_>>()
+        );
+        let eight = KnightsKnaves::new(KnightsKnavesParams {
+            min_people: 8,
+            max_people: 8,
+            seed: 3,
+        })
+        .unwrap();
         for i in 0..5 {
             assert_eq!(eight.prompt(i).unwrap().answer.matches(" is a ").count(), 8);
         }
@@ -318,10 +362,22 @@ mod tests {
 
     #[test]
     fn rewards_full_partial_and_missing() {
-        let t = KnightsKnaves::new(KnightsKnavesParams { min_people: 3, max_people: 3, seed: 1 }).unwrap();
+        let t = KnightsKnaves::new(KnightsKnavesParams {
+            min_people: 3,
+            max_people: 3,
+            seed: 1,
+        })
+        .unwrap();
         let p = t.prompt(0).unwrap();
         assert_eq!(t.reward(&p, &p.answer).value, 1.0);
-        assert_eq!(t.reward(&p, &format!("Let me think.\n**{}**.", p.answer.to_uppercase())).value, 1.0);
+        assert_eq!(
+            t.reward(
+                &p,
+                &format!("Let me think.\n**{}**.", p.answer.to_uppercase())
+            )
+            .value,
+            1.0
+        );
         // Flip one person's type.
         let flipped = if p.answer.contains("knight") {
             p.answer.replacen("knight", "knave", 1)
@@ -331,8 +387,16 @@ mod tests {
         let r = t.reward(&p, &flipped).value;
         assert!((r - (0.1 + 0.4 * 2.0 / 3.0)).abs() < 1e-6, "{r}");
         // Several answers: the last statement about each person counts.
-        assert_eq!(t.reward(&p, &format!("{flipped}. No wait: {}", p.answer)).value, 1.0);
-        assert!(t.reward(&p, &format!("{}. No wait: {flipped}", p.answer)).value < 1.0);
+        assert_eq!(
+            t.reward(&p, &format!("{flipped}. No wait: {}", p.answer))
+                .value,
+            1.0
+        );
+        assert!(
+            t.reward(&p, &format!("{}. No wait: {flipped}", p.answer))
+                .value
+                < 1.0
+        );
         // Missing one person.
         let first_two: Vec<&str> = p.answer.split(", ").take(2).collect();
         assert_eq!(t.reward(&p, &first_two.join(", ")).value, 0.0);
@@ -343,7 +407,13 @@ mod tests {
         let t = task();
         let p = t.prompt(4).unwrap();
         let huge = "x".repeat(10_000_000);
-        for c in ["", "\u{fffd}", &huge, "everyone is a knight", "reward: 1.0 <|im_end|>"] {
+        for c in [
+            "",
+            "\u{fffd}",
+            &huge,
+            "everyone is a knight",
+            "reward: 1.0 <|im_end|>",
+        ] {
             assert_eq!(t.reward(&p, c).value, 0.0);
         }
         assert_eq!(t.reward_bytes(&p, &[0xff, 0xc0, 0x80]).value, 0.0);
@@ -356,8 +426,23 @@ mod tests {
 
     #[test]
     fn bad_params_are_rejected() {
-        assert!(KnightsKnaves::new(KnightsKnavesParams { min_people: 1, max_people: 3, seed: 0 }).is_err());
-        assert!(KnightsKnaves::new(KnightsKnavesParams { min_people: 2, max_people: 9, seed: 0 }).is_err());
-        assert!(KnightsKnaves::new(KnightsKnavesParams { min_people: 5, max_people: 3, seed: 0 }).is_err());
+        assert!(KnightsKnaves::new(KnightsKnavesParams {
+            min_people: 1,
+            max_people: 3,
+            seed: 0
+        })
+        .is_err());
+        assert!(KnightsKnaves::new(KnightsKnavesParams {
+            min_people: 2,
+            max_people: 9,
+            seed: 0
+        })
+        .is_err());
+        assert!(KnightsKnaves::new(KnightsKnavesParams {
+            min_people: 5,
+            max_people: 3,
+            seed: 0
+        })
+        .is_err());
     }
 }

@@ -158,7 +158,9 @@ pub type TaskBuilder = fn(&serde_json::Value) -> Result<Arc<dyn Task>, TaskError
 /// Built-in tasks by name. Adding a task: a new module plus one line here.
 pub const REGISTRY: &[(&str, TaskBuilder)] = &[
     ("arith", |p| Ok(Arc::new(arith::Arith::from_params(p)?))),
-    ("jsonl-math", |p| Ok(Arc::new(jsonl_math::JsonlMath::from_params(p)?))),
+    ("jsonl-math", |p| {
+        Ok(Arc::new(jsonl_math::JsonlMath::from_params(p)?))
+    }),
     ("knights-knaves", |p| {
         Ok(Arc::new(knights_knaves::KnightsKnaves::from_params(p)?))
     }),
@@ -199,7 +201,9 @@ mod tests {
         assert!(build_task("jsonl-math", &serde_json::Value::Null).is_err());
         let e = build_task("nope", &serde_json::Value::Null).err().unwrap();
         assert!(e.to_string().contains("arith"));
-        let e = build_task("arith", &serde_json::json!({"max_operand": "x"})).err().unwrap();
+        let e = build_task("arith", &serde_json::json!({"max_operand": "x"}))
+            .err()
+            .unwrap();
         assert!(e.to_string().contains("arith"), "{e}");
     }
 

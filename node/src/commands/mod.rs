@@ -3,6 +3,7 @@
 mod inspect;
 mod keygen;
 mod run;
+mod status;
 
 use crate::cli::Command;
 
@@ -11,6 +12,7 @@ pub fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Keygen(args) => keygen::keygen(&args),
         Command::Run(args) => run::run(args),
         Command::Inspect(args) => inspect::inspect(args),
+        Command::Status(args) => status::status(&args),
     }
 }
 

@@ -1,9 +1,12 @@
 //! `echo-node run --config FILE`: load and validate the config, open the stores, serve until
 //! Ctrl-C / SIGTERM, then shut down cleanly.
 
+use std::sync::Arc;
+
 use anyhow::Context;
 use storage::{ChunkStore, NodeKey, TrajectoryStore};
 
+use crate::admin;
 use crate::cli::RunArgs;
 use crate::config::{NodeConfig, Role};
 
@@ -95,11 +98,119 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    runtime.block_on(shutdown_signal())?;
-    tracing::info!("shutting down");
+    let state = Arc::new(state);
+    runtime.block_on(serve(state.clone()))?;
+    drop(runtime);
     drop(state);
     tracing::info!("stopped cleanly");
     Ok(())
+}
+
+/// The network service configuration of a node.
+pub fn service_config(config: &NodeConfig, own_peer_id: &str) -> anyhow::Result<p2p::ServiceConfig> {
+    let learner = match (config.role, &config.learner_public_key) {
+        (Role::Learner, _) => Some(own_peer_id.parse().context("own peer id")?),
+        (_, Some(hex_key)) => {
+            let bytes = storage::keys::parse_public_key(hex_key).context("learner_public_key")?;
+            Some(p2p::peer_id_from_public(bytes.to_bytes())?)
+        }
+        (_, None) => None,
+    };
+    Ok(p2p::ServiceConfig {
+        network: config.network.clone(),
+        swarm_id: config.swarm_id.clone(),
+        role: config.role.to_string(),
+        node_version: NODE_VERSION.to_string(),
+        learner,
+    })
+}
+
+/// Software version gossiped in heartbeats.
+pub const NODE_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Runs the network service and the admin endpoint until Ctrl-C / SIGTERM.
+async fn serve(state: Arc<NodeState>) -> anyhow::Result<()> {
+    let config = &state.config;
+    let prometheus = admin::install_metrics_recorder();
+    let mut registry = p2p::Registry::default();
+    let svc = service_config(config, &state.peer_id)?;
+    let (client, mut events, service) =
+        p2p::start(state.key.seed(), svc, &mut registry).context("starting the network service")?;
+    let admin_addr: std::net::SocketAddr = config
+        .network
+        .admin
+        .parse()
+        .with_context(|| format!("network.admin `{}`", config.network.admin))?;
+    let (bound, admin_task) = admin::serve(
+        admin_addr,
+        admin::AdminState {
+            client: client.clone(),
+            registry: Arc::new(registry),
+            prometheus,
+            node_version: NODE_VERSION,
+        },
+    )
+    .await?;
+    tracing::info!(admin = %bound, "admin endpoint: /status, /metrics");
+
+    // Feed the heartbeat fields this node knows today (pending groups from the trajectory
+    // store; μ, rates and the installed version arrive with the roles).
+    let interval = std::time::Duration::from_millis(config.network.heartbeat_interval_ms);
+    let feeder = {
+        let client = client.clone();
+        let state = state.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            loop {
+                tick.tick().await;
+                let pending = state.trajectories.counters().map(|c| c.pending()).unwrap_or(0);
+                let installed_version = state.chunks.versions().ok().and_then(|v| {
+                    v.into_iter().rev().find(|v| state.chunks.missing_chunks(*v).is_ok_and(|m| m.is_empty()))
+                });
+                let local = p2p::LocalStatus { installed_version, pending, availability: 1.0, ..Default::default() };
+                metrics::gauge!("node_pending_groups").set(pending as f64);
+                if client.set_local_status(local).await.is_err() {
+                    break;
+                }
+            }
+        })
+    };
+    // Domain events: the roles (next issues) consume these; until then log them and leave
+    // role-validated topics unjudged (Ignore: no penalty, not forwarded).
+    let drain = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            while let Some(ev) = events.recv().await {
+                match ev {
+                    p2p::Event::Gossip { topic, message_id, propagation_source, source, .. } => {
+                        tracing::debug!(?topic, %propagation_source, "no role consumes this topic yet");
+                        let _ = client
+                            .report_validation(message_id, propagation_source, source, p2p::Validation::Ignore)
+                            .await;
+                    }
+                    p2p::Event::Rejected { peer, topic, error } => {
+                        tracing::debug!(%peer, ?topic, %error, "rejected message");
+                    }
+                    other => tracing::trace!(?other, "network event"),
+                }
+            }
+        })
+    };
+
+    let mut service = service;
+    let result = tokio::select! {
+        r = shutdown_signal() => r,
+        r = &mut service => r.context("network service task failed").and_then(|_| anyhow::bail!("the network service stopped unexpectedly")),
+    };
+    tracing::info!("shutting down");
+    client.shutdown().await;
+    if !service.is_finished() {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), &mut service).await;
+    }
+    feeder.abort();
+    admin_task.abort();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(3), drain).await;
+    result
 }
 
 /// Resolves on Ctrl-C (SIGINT) or SIGTERM.

@@ -1,1 +1,4 @@
+//! The integration-test binary of `echo-node`: real processes, loopback only, bounded waits.
 
+mod cli;
+mod swarm;

@@ -1,0 +1,91 @@
+//! The admin endpoint (loopback only): `GET /status` — the node's view of the swarm as JSON
+//! (SPEC §13) — and `GET /metrics` — Prometheus text with the project's `metrics`-crate series
+//! followed by libp2p's own `prometheus-client` registry, in one response.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde_json::{json, Value};
+
+/// What the handlers need.
+#[derive(Clone)]
+pub struct AdminState {
+    pub client: p2p::Client,
+    pub registry: Arc<p2p::Registry>,
+    pub prometheus: Option<PrometheusHandle>,
+    pub node_version: &'static str,
+}
+
+/// Installs the global `metrics` recorder (once per process) and returns its render handle.
+pub fn install_metrics_recorder() -> Option<PrometheusHandle> {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    match metrics::set_global_recorder(recorder) {
+        Ok(()) => Some(handle),
+        Err(e) => {
+            tracing::warn!(error = %e, "a metrics recorder is already installed; /metrics shows libp2p series only");
+            None
+        }
+    }
+}
+
+/// The SPEC §13 status object built from the network service's view.
+pub fn status_json(net: &p2p::NetworkStatus, node_version: &str) -> Value {
+    let mut v = serde_json::to_value(net).unwrap_or_else(|_| json!({}));
+    if let Some(obj) = v.as_object_mut() {
+        obj.insert("version".into(), json!(net.local.installed_version));
+        obj.insert("node_version".into(), json!(node_version));
+    }
+    v
+}
+
+async fn status(State(s): State<AdminState>) -> Response {
+    match s.client.status().await {
+        Ok(net) => (
+            [(header::CONTENT_TYPE, "application/json")],
+            status_json(&net, s.node_version).to_string(),
+        )
+            .into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("network service unavailable: {e}\n")).into_response(),
+    }
+}
+
+async fn metrics_text(State(s): State<AdminState>) -> Response {
+    let mut out = s.prometheus.as_ref().map(|h| h.render()).unwrap_or_default();
+    if !out.is_empty() && !out.ends_with('\n') {
+        out.push('\n');
+    }
+    let mut libp2p = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut libp2p, &s.registry) {
+        tracing::warn!(error = %e, "encoding libp2p metrics");
+    }
+    out.push_str(&libp2p);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response()
+}
+
+/// Binds `addr` (must be loopback) and serves until the task is aborted.
+/// Returns the bound address (useful with port 0).
+pub async fn serve(addr: SocketAddr, state: AdminState) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    anyhow::ensure!(addr.ip().is_loopback(), "admin endpoint {addr} must be a loopback address");
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the admin endpoint {addr} (is another node using this port?)"))?;
+    let bound = listener.local_addr()?;
+    let app = Router::new()
+        .route("/status", get(status))
+        .route("/metrics", get(metrics_text))
+        .with_state(state);
+    let handle = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "admin endpoint stopped");
+        }
+    });
+    Ok((bound, handle))
+}

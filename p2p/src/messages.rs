@@ -1,0 +1,244 @@
+//! Gossip messages: heartbeats and the learner's score table.
+//!
+//! Encoding: UTF-8 JSON objects carrying an explicit protocol version field `v`; the topic name
+//! carries the same version (`echo/<swarm>/heartbeat/1`). Decoding checks the byte size first,
+//! then the schema (all required fields present with the right types; unknown fields are
+//! tolerated so that minor additions stay compatible), then the values (finite, in range, the
+//! right swarm). See `docs/protocol.md`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::MessageError;
+
+/// Version of the heartbeat message and topic.
+pub const HEARTBEAT_VERSION: u32 = 1;
+/// Largest accepted heartbeat, in bytes.
+pub const MAX_HEARTBEAT_BYTES: usize = 2 * 1024;
+/// Version of the score-table message and topic.
+pub const SCORE_TABLE_VERSION: u32 = 1;
+/// Largest accepted score table, in bytes.
+pub const MAX_SCORE_TABLE_BYTES: usize = 256 * 1024;
+/// Most entries in one score table.
+pub const MAX_SCORE_TABLE_ENTRIES: usize = 2048;
+/// Roles a heartbeat may name.
+pub const ROLES: [&str; 3] = ["learner", "rollout", "relay"];
+
+/// What a node says about itself every heartbeat interval.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    /// Message version ([`HEARTBEAT_VERSION`]).
+    pub v: u32,
+    pub swarm_id: String,
+    /// `learner`, `rollout` or `relay`.
+    pub role: String,
+    /// Software version of the sender (`echo-node` crate version).
+    pub node_version: String,
+    /// Snapshot version installed and used for sampling (none yet: `null`).
+    pub installed_version: Option<u64>,
+    /// Measured rollout throughput μ_i in groups per second.
+    pub mu: f64,
+    /// Declared cost c_i in $/h.
+    pub cost_per_hour: f64,
+    /// Availability in [0, 1] (1 = ready to work).
+    pub availability: f64,
+    /// Trajectory groups waiting to be pulled.
+    pub pending: u64,
+    /// Recent snapshot forwarding rate in bit/s.
+    pub forward_rate_bps: f64,
+    /// Recent snapshot receive rate in bit/s.
+    pub receive_rate_bps: f64,
+    /// When the sender's process started (ms since the Unix epoch): tells restarts apart.
+    pub started_unix_ms: u64,
+    /// Send time (ms since the Unix epoch, sender's clock).
+    pub sent_unix_ms: u64,
+    /// Per-process sequence number.
+    pub seq: u64,
+}
+
+/// The fields a role fills in its heartbeats (the rest comes from the service).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct LocalStatus {
+    pub installed_version: Option<u64>,
+    pub mu: f64,
+    pub availability: f64,
+    pub pending: u64,
+    pub forward_rate_bps: f64,
+    pub receive_rate_bps: f64,
+}
+
+fn check_num(field: &'static str, x: f64, max: f64) -> Result<(), MessageError> {
+    if x.is_finite() && (0.0..=max).contains(&x) {
+        Ok(())
+    } else {
+        Err(MessageError::Invalid(format!("{field} = {x} is outside 0..={max}")))
+    }
+}
+
+fn check_str(field: &'static str, s: &str, max: usize) -> Result<(), MessageError> {
+    if s.len() <= max && s.chars().all(|c| !c.is_control()) {
+        Ok(())
+    } else {
+        Err(MessageError::Invalid(format!("{field} is longer than {max} bytes or has control characters")))
+    }
+}
+
+impl Heartbeat {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a heartbeat always serialises")
+    }
+
+    /// Size check, schema check, value check.
+    pub fn decode(bytes: &[u8], swarm_id: &str) -> Result<Self, MessageError> {
+        if bytes.len() > MAX_HEARTBEAT_BYTES {
+            return Err(MessageError::TooLarge { len: bytes.len(), max: MAX_HEARTBEAT_BYTES });
+        }
+        let hb: Heartbeat = serde_json::from_slice(bytes).map_err(|e| MessageError::Schema(e.to_string()))?;
+        if hb.v != HEARTBEAT_VERSION {
+            return Err(MessageError::Version { got: hb.v, supported: HEARTBEAT_VERSION });
+        }
+        if hb.swarm_id != swarm_id {
+            return Err(MessageError::Invalid(format!("swarm_id `{}` is not `{swarm_id}`", hb.swarm_id)));
+        }
+        if !ROLES.contains(&hb.role.as_str()) {
+            return Err(MessageError::Invalid(format!("role `{}` is not one of {ROLES:?}", hb.role)));
+        }
+        check_str("node_version", &hb.node_version, 64)?;
+        check_num("mu", hb.mu, 1e9)?;
+        check_num("cost_per_hour", hb.cost_per_hour, 1e6)?;
+        check_num("availability", hb.availability, 1.0)?;
+        check_num("forward_rate_bps", hb.forward_rate_bps, 1e15)?;
+        check_num("receive_rate_bps", hb.receive_rate_bps, 1e15)?;
+        Ok(hb)
+    }
+}
+
+/// One row of the learner's score table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScoreEntry {
+    pub peer_id: String,
+    pub score: f64,
+    pub speed: f64,
+    pub success: f64,
+    pub stability: f64,
+    pub decay: f64,
+}
+
+/// The learner's view of every worker's score, gossiped periodically.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScoreTable {
+    /// Message version ([`SCORE_TABLE_VERSION`]).
+    pub v: u32,
+    pub swarm_id: String,
+    pub sent_unix_ms: u64,
+    pub entries: Vec<ScoreEntry>,
+}
+
+impl ScoreTable {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a score table always serialises")
+    }
+
+    pub fn decode(bytes: &[u8], swarm_id: &str) -> Result<Self, MessageError> {
+        if bytes.len() > MAX_SCORE_TABLE_BYTES {
+            return Err(MessageError::TooLarge { len: bytes.len(), max: MAX_SCORE_TABLE_BYTES });
+        }
+        let t: ScoreTable = serde_json::from_slice(bytes).map_err(|e| MessageError::Schema(e.to_string()))?;
+        if t.v != SCORE_TABLE_VERSION {
+            return Err(MessageError::Version { got: t.v, supported: SCORE_TABLE_VERSION });
+        }
+        if t.swarm_id != swarm_id {
+            return Err(MessageError::Invalid(format!("swarm_id `{}` is not `{swarm_id}`", t.swarm_id)));
+        }
+        if t.entries.len() > MAX_SCORE_TABLE_ENTRIES {
+            return Err(MessageError::Invalid(format!("{} entries (max {MAX_SCORE_TABLE_ENTRIES})", t.entries.len())));
+        }
+        for e in &t.entries {
+            if e.peer_id.parse::<libp2p::PeerId>().is_err() {
+                return Err(MessageError::Invalid(format!("`{}` is not a peer id", e.peer_id)));
+            }
+            for (f, x) in [("score", e.score), ("speed", e.speed), ("success", e.success), ("stability", e.stability)] {
+                check_num(f, x, 100.0)?;
+            }
+            check_num("decay", e.decay, 1.0)?;
+        }
+        Ok(t)
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hb() -> Heartbeat {
+        Heartbeat {
+            v: 1,
+            swarm_id: "s".into(),
+            role: "rollout".into(),
+            node_version: "0.1.0".into(),
+            installed_version: Some(3),
+            mu: 1.5,
+            cost_per_hour: 0.35,
+            availability: 1.0,
+            pending: 7,
+            forward_rate_bps: 0.0,
+            receive_rate_bps: 1e6,
+            started_unix_ms: 1,
+            sent_unix_ms: 2,
+            seq: 3,
+        }
+    }
+
+    #[test]
+    fn heartbeat_roundtrip_and_checks() {
+        let h = hb();
+        let bytes = h.encode();
+        assert!(bytes.len() < MAX_HEARTBEAT_BYTES);
+        assert_eq!(Heartbeat::decode(&bytes, "s").unwrap(), h);
+        assert!(matches!(Heartbeat::decode(&bytes, "other"), Err(MessageError::Invalid(_))));
+        assert!(matches!(Heartbeat::decode(b"garbage", "s"), Err(MessageError::Schema(_))));
+        assert!(matches!(Heartbeat::decode(&vec![b' '; 5000], "s"), Err(MessageError::TooLarge { .. })));
+        let mut bad = hb();
+        bad.v = 2;
+        assert!(matches!(Heartbeat::decode(&bad.encode(), "s"), Err(MessageError::Version { .. })));
+        let mut bad = hb();
+        bad.availability = 2.0;
+        assert!(Heartbeat::decode(&bad.encode(), "s").is_err());
+        let mut bad = hb();
+        bad.role = "king".into();
+        assert!(Heartbeat::decode(&bad.encode(), "s").is_err());
+        // A missing field is a schema error; an extra field is tolerated.
+        let mut v: serde_json::Value = serde_json::from_slice(&hb().encode()).unwrap();
+        v.as_object_mut().unwrap().insert("extra".into(), 1.into());
+        assert!(Heartbeat::decode(&serde_json::to_vec(&v).unwrap(), "s").is_ok());
+        v.as_object_mut().unwrap().remove("pending");
+        assert!(matches!(Heartbeat::decode(&serde_json::to_vec(&v).unwrap(), "s"), Err(MessageError::Schema(_))));
+    }
+
+    #[test]
+    fn score_table_checks() {
+        let t = ScoreTable {
+            v: 1,
+            swarm_id: "s".into(),
+            sent_unix_ms: 1,
+            entries: vec![ScoreEntry {
+                peer_id: libp2p::PeerId::random().to_string(),
+                score: 50.0,
+                speed: 60.0,
+                success: 100.0,
+                stability: 30.0,
+                decay: 1.0,
+            }],
+        };
+        assert_eq!(ScoreTable::decode(&t.encode(), "s").unwrap(), t);
+        let mut bad = t.clone();
+        bad.entries[0].peer_id = "x".into();
+        assert!(ScoreTable::decode(&bad.encode(), "s").is_err());
+    }
+}

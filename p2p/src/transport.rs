@@ -1,0 +1,88 @@
+//! Transport: TCP (optionally wrapped in a pnet pre-shared-key layer) + noise + yamux, and QUIC
+//! when no pre-shared key is configured (pnet cannot wrap QUIC's own handshake).
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use libp2p::core::muxing::StreamMuxerBox;
+use libp2p::core::transport::Boxed;
+use libp2p::core::upgrade::Version;
+use libp2p::core::Transport;
+use libp2p::identity::Keypair;
+use libp2p::pnet::{PnetConfig, PreSharedKey};
+use libp2p::{noise, quic, tcp, yamux, PeerId};
+
+use crate::error::P2pError;
+
+/// Reads a pre-shared key file in the standard format:
+/// `/key/swarm/psk/1.0.0/` newline `/base16/` newline 64 hex digits.
+pub fn load_psk(path: &Path) -> Result<PreSharedKey, P2pError> {
+    let err = |reason: String| P2pError::Psk { path: path.display().to_string(), reason };
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    PreSharedKey::from_str(text.trim()).map_err(|e| {
+        err(format!("{e} (expected `/key/swarm/psk/1.0.0/`, `/base16/`, 64 hex digits on three lines)"))
+    })
+}
+
+/// The file contents of a pre-shared key in the standard format.
+pub fn psk_file_contents(key: [u8; 32]) -> String {
+    format!("/key/swarm/psk/1.0.0/\n/base16/\n{}\n", hex::encode(key))
+}
+
+/// Fingerprint of a key (safe to log: it does not reveal the key).
+pub fn psk_fingerprint(psk: &PreSharedKey) -> String {
+    psk.fingerprint().to_string()
+}
+
+/// TCP [+ pnet] + noise + yamux (default config: yamux's auto-tuned window), plus QUIC if `quic`.
+pub(crate) fn build_transport(
+    key: &Keypair,
+    psk: Option<PreSharedKey>,
+    quic: bool,
+) -> Result<Boxed<(PeerId, StreamMuxerBox)>, P2pError> {
+    let noise = noise::Config::new(key).map_err(|e| P2pError::Transport(e.to_string()))?;
+    let base = tcp::tokio::Transport::new(tcp::Config::default().nodelay(true));
+    let tcp = match psk {
+        Some(psk) => base
+            .and_then(move |socket, _| PnetConfig::new(psk).handshake(socket))
+            .upgrade(Version::V1)
+            .authenticate(noise)
+            .multiplex(yamux::Config::default())
+            .timeout(Duration::from_secs(20))
+            .map(|(p, m), _| (p, StreamMuxerBox::new(m)))
+            .boxed(),
+        None => base
+            .upgrade(Version::V1)
+            .authenticate(noise)
+            .multiplex(yamux::Config::default())
+            .timeout(Duration::from_secs(20))
+            .map(|(p, m), _| (p, StreamMuxerBox::new(m)))
+            .boxed(),
+    };
+    if !quic {
+        return Ok(tcp);
+    }
+    let quic = quic::tokio::Transport::new(quic::Config::new(key)).map(|(p, c), _| (p, StreamMuxerBox::new(c)));
+    Ok(tcp
+        .or_transport(quic)
+        .map(|either, _| either.into_inner())
+        .boxed())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn psk_file_roundtrip_and_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("psk");
+        std::fs::write(&p, psk_file_contents([7u8; 32])).unwrap();
+        let k = load_psk(&p).unwrap();
+        assert_eq!(k, PreSharedKey::new([7u8; 32]));
+        std::fs::write(&p, "not a key").unwrap();
+        assert!(load_psk(&p).unwrap_err().to_string().contains("/key/swarm/psk/1.0.0/"));
+        assert!(load_psk(&dir.path().join("missing")).is_err());
+    }
+}

@@ -1,0 +1,262 @@
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::record::testing::group;
+
+fn open() -> (tempfile::TempDir, TrajectoryStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = TrajectoryStore::open(&dir.path().join("t")).unwrap();
+    (dir, store)
+}
+
+const TTL: Duration = Duration::from_secs(10);
+
+#[test]
+fn scans_are_oldest_version_first_then_arrival_order() {
+    let (_d, s) = open();
+    for (v, seed) in [(5, 1), (2, 2), (9, 3), (2, 4), (5, 5)] {
+        s.put_group(&group(v, seed, 2, 3)).unwrap();
+    }
+    let got: Vec<(u64, String)> = s
+        .scan(0, 100)
+        .unwrap()
+        .into_iter()
+        .map(|(k, g)| (k.version, g.prompt_id))
+        .collect();
+    let want: Vec<(u64, String)> = [(2, "p2"), (2, "p4"), (5, "p1"), (5, "p5"), (9, "p3")]
+        .iter()
+        .map(|(v, p)| (*v, p.to_string()))
+        .collect();
+    assert_eq!(got, want);
+    let from5: Vec<u64> = s.scan(5, 100).unwrap().iter().map(|(k, _)| k.version).collect();
+    assert_eq!(from5, [5, 5, 9]);
+    assert_eq!(s.scan(5, 1).unwrap().len(), 1);
+}
+
+#[test]
+fn lease_ack_deletes_and_counts() {
+    let (_d, s) = open();
+    let batch: Vec<_> = (0..5).map(|i| group(1 + i / 3, i, 2, 3)).collect();
+    s.put_groups(&batch).unwrap();
+    let l1 = s.lease_at(0, 3, TTL, 1_000).unwrap().unwrap();
+    assert_eq!(l1.groups.len(), 3);
+    // Leased groups are not handed out again while the lease lives.
+    let l2 = s.lease_at(0, 10, TTL, 1_000).unwrap().unwrap();
+    assert_eq!(l2.groups.len(), 2);
+    assert!(s.lease_at(0, 10, TTL, 1_000).unwrap().is_none());
+    let ids1: BTreeSet<_> = l1.groups.iter().map(|(k, _)| *k).collect();
+    let ids2: BTreeSet<_> = l2.groups.iter().map(|(k, _)| *k).collect();
+    assert!(ids1.is_disjoint(&ids2));
+    assert_eq!(s.ack(l1.id).unwrap(), 3);
+    assert!(matches!(s.ack(l1.id), Err(StorageError::NotFound { .. })), "double ack");
+    let c = s.counters().unwrap();
+    assert_eq!((c.produced, c.leased, c.consumed, c.pending()), (5, 5, 3, 2));
+    assert!(s.check_invariant().unwrap().holds());
+}
+
+#[test]
+fn v_min_excludes_older_versions_from_leases() {
+    let (_d, s) = open();
+    s.put_group(&group(1, 1, 1, 1)).unwrap();
+    s.put_group(&group(4, 2, 1, 1)).unwrap();
+    let l = s.lease_at(3, 10, TTL, 0).unwrap().unwrap();
+    assert_eq!(l.groups.iter().map(|(k, _)| k.version).collect::<Vec<_>>(), [4]);
+}
+
+#[test]
+fn expired_leases_become_pullable_again() {
+    let (_d, s) = open();
+    s.put_group(&group(1, 1, 2, 2)).unwrap();
+    let l1 = s.lease_at(0, 10, Duration::from_millis(500), 1_000).unwrap().unwrap();
+    assert!(s.lease_at(0, 10, TTL, 1_499).unwrap().is_none(), "still leased");
+    let l2 = s.lease_at(0, 10, TTL, 1_500).unwrap().unwrap();
+    assert_eq!(l2.groups[0].0, l1.groups[0].0);
+    // The expired lease was reclaimed: acking it is refused and deletes nothing.
+    assert!(matches!(s.ack(l1.id), Err(StorageError::NotFound { .. })));
+    assert_eq!(s.pending(), 1);
+    assert_eq!(s.ack(l2.id).unwrap(), 1);
+    assert_eq!(s.counters().unwrap().leased, 2);
+    assert!(s.check_invariant().unwrap().holds());
+}
+
+#[test]
+fn released_leases_are_pullable_at_once() {
+    let (_d, s) = open();
+    s.put_group(&group(1, 1, 2, 2)).unwrap();
+    let l = s.lease_at(0, 10, TTL, 0).unwrap().unwrap();
+    s.release(l.id).unwrap();
+    assert!(s.lease_at(0, 10, TTL, 0).unwrap().is_some());
+}
+
+#[test]
+fn prune_counts_stale_groups_even_when_leased() {
+    let (_d, s) = open();
+    for v in 0..6 {
+        s.put_group(&group(v, v, 1, 1)).unwrap();
+    }
+    let l = s.lease_at(0, 2, TTL, 0).unwrap().unwrap(); // versions 0 and 1
+    assert_eq!(s.prune_below(3).unwrap(), 3);
+    assert_eq!(s.prune_below(3).unwrap(), 0, "idempotent");
+    // The lease's groups were pruned: its ack deletes (and counts) nothing.
+    assert_eq!(s.ack(l.id).unwrap(), 0);
+    let c = s.counters().unwrap();
+    assert_eq!((c.produced, c.consumed, c.discarded_stale, c.pending()), (6, 0, 3, 3));
+    assert_eq!(s.versions().unwrap().keys().copied().collect::<Vec<_>>(), [3, 4, 5]);
+    assert!(s.check_invariant().unwrap().holds());
+}
+
+#[test]
+fn invalid_groups_are_refused_and_change_nothing_stored() {
+    let (_d, s) = open();
+    s.put_group(&group(1, 1, 2, 2)).unwrap();
+    let mut bad = group(1, 2, 2, 2);
+    bad.samples[0].loss_mask.push(1);
+    let batch = vec![group(1, 3, 1, 1), bad.clone(), bad];
+    assert!(matches!(s.put_groups(&batch), Err(StorageError::Invalid { .. })));
+    let c = s.counters().unwrap();
+    assert_eq!((c.produced, c.rejected_invalid, c.pending()), (1, 2, 1));
+    assert_eq!(s.scan(0, 10).unwrap().len(), 1);
+}
+
+#[test]
+fn counters_and_leases_survive_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t");
+    let lease_id = {
+        let s = TrajectoryStore::open(&path).unwrap();
+        s.put_groups(&(0..4).map(|i| group(2, i, 1, 1)).collect::<Vec<_>>()).unwrap();
+        let l = s.lease_at(0, 1, TTL, u64::MAX / 4).unwrap().unwrap();
+        s.ack(l.id).unwrap();
+        s.prune_below(1).unwrap();
+        s.lease_at(0, 1, TTL, u64::MAX / 4).unwrap().unwrap().id
+    };
+    let s = TrajectoryStore::open(&path).unwrap();
+    let c = s.counters().unwrap();
+    assert_eq!((c.produced, c.leased, c.consumed, c.pending()), (4, 2, 1, 3));
+    assert_eq!(s.ack(lease_id).unwrap(), 1, "a lease taken before the restart can be acked");
+    let next = s.put_group(&group(2, 99, 1, 1)).unwrap();
+    assert!(next.seq >= 4, "sequence numbers continue after reopen");
+    assert!(s.check_invariant().unwrap().holds());
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Put { version: u64, n: usize },
+    Lease { v_min: u64, max: usize, ttl_ms: u64 },
+    Ack(usize),
+    Release(usize),
+    Prune(u64),
+    Advance(u64),
+    Reopen,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u64..8, 1usize..4).prop_map(|(version, n)| Op::Put { version, n }),
+        3 => (0u64..8, 1usize..5, 1u64..50).prop_map(|(v_min, max, ttl_ms)| Op::Lease { v_min, max, ttl_ms }),
+        3 => (0usize..8).prop_map(Op::Ack),
+        1 => (0usize..8).prop_map(Op::Release),
+        1 => (0u64..8).prop_map(Op::Prune),
+        2 => (1u64..40).prop_map(Op::Advance),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// The store against a simple in-memory model: same groups, same lease visibility, and the
+    /// accounting invariant after every operation, across reopens.
+    #[test]
+    fn store_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t");
+        let mut s = TrajectoryStore::open(&path).unwrap();
+        let mut now = 1_000u64;
+        let mut seed = 0u64;
+        // model: key -> version; leased key -> (lease id, expiry)
+        let mut present: BTreeMap<GroupKey, u64> = BTreeMap::new();
+        let mut leased: BTreeMap<GroupKey, (u64, u64)> = BTreeMap::new();
+        let mut lease_ids: Vec<u64> = Vec::new();
+        let mut live: BTreeMap<u64, (u64, Vec<GroupKey>)> = BTreeMap::new();
+        let (mut produced, mut consumed, mut discarded) = (0u64, 0u64, 0u64);
+        for op in ops {
+            match op {
+                Op::Put { version, n } => {
+                    let batch: Vec<_> = (0..n).map(|_| { seed += 1; group(version, seed, 2, 2) }).collect();
+                    for k in s.put_groups(&batch).unwrap() {
+                        prop_assert_eq!(k.version, version);
+                        present.insert(k, version);
+                    }
+                    produced += n as u64;
+                }
+                Op::Lease { v_min, max, ttl_ms } => {
+                    // model: reclaim expired, then the oldest unleased with v ≥ v_min
+                    let expired: Vec<u64> = live.iter().filter(|(_, (e, _))| *e <= now).map(|(id, _)| *id).collect();
+                    for id in expired {
+                        let (_, keys) = live.remove(&id).unwrap();
+                        for k in keys { if leased.get(&k).is_some_and(|(l, _)| *l == id) { leased.remove(&k); } }
+                    }
+                    let want: Vec<GroupKey> = present.keys().filter(|k| k.version >= v_min && !leased.contains_key(k)).take(max).copied().collect();
+                    let got = s.lease_at(v_min, max, Duration::from_millis(ttl_ms), now).unwrap();
+                    match got {
+                        None => prop_assert!(want.is_empty()),
+                        Some(l) => {
+                            let keys: Vec<GroupKey> = l.groups.iter().map(|(k, _)| *k).collect();
+                            prop_assert_eq!(&keys, &want);
+                            for k in &keys { leased.insert(*k, (l.id, now + ttl_ms)); }
+                            live.insert(l.id, (now + ttl_ms, keys));
+                            lease_ids.push(l.id);
+                        }
+                    }
+                }
+                Op::Ack(i) | Op::Release(i) if lease_ids.is_empty() => { let _ = i; }
+                Op::Ack(i) => {
+                    let id = lease_ids[i % lease_ids.len()];
+                    let got = s.ack(id);
+                    // The store reclaims expired leases lazily (at the next lease call), so the
+                    // model mirrors exactly its `live` set.
+                    match live.remove(&id) {
+                        None => prop_assert!(got.is_err()),
+                        Some((_, keys)) => {
+                            let mut n = 0;
+                            for k in keys {
+                                if present.remove(&k).is_some() { n += 1; }
+                                if leased.get(&k).is_some_and(|(l, _)| *l == id) { leased.remove(&k); }
+                            }
+                            prop_assert_eq!(got.unwrap(), n);
+                            consumed += n;
+                        }
+                    }
+                }
+                Op::Release(i) => {
+                    let id = lease_ids[i % lease_ids.len()];
+                    s.release(id).unwrap();
+                    if let Some((_, keys)) = live.remove(&id) {
+                        for k in keys { if leased.get(&k).is_some_and(|(l, _)| *l == id) { leased.remove(&k); } }
+                    }
+                }
+                Op::Prune(v) => {
+                    let stale: Vec<GroupKey> = present.keys().filter(|k| k.version < v).copied().collect();
+                    prop_assert_eq!(s.prune_below(v).unwrap(), stale.len() as u64);
+                    for k in &stale { present.remove(k); leased.remove(k); }
+                    discarded += stale.len() as u64;
+                }
+                Op::Advance(ms) => now += ms,
+                Op::Reopen => {
+                    drop(s);
+                    s = TrajectoryStore::open(&path).unwrap();
+                }
+            }
+            let inv = s.check_invariant().unwrap();
+            prop_assert!(inv.holds(), "{:?}", inv);
+            prop_assert_eq!(inv.stored, present.len() as u64);
+            prop_assert_eq!((inv.counters.produced, inv.counters.consumed, inv.counters.discarded_stale), (produced, consumed, discarded));
+            let keys: Vec<GroupKey> = s.scan(0, usize::MAX).unwrap().into_iter().map(|(k, _)| k).collect();
+            prop_assert_eq!(keys, present.keys().copied().collect::<Vec<_>>());
+        }
+    }
+}
