@@ -138,10 +138,9 @@ fn gradients_match_finite_differences() {
     let mask = t2(&[&[1.0, 1.0, 1.0], &[1.0, 1.0, 0.0], &[1.0, 1.0, 1.0]]);
     let adv = t1(&[0.9, -1.1, 0.2]);
     for objective in [Objective::Grpo, Objective::DrGrpo, Objective::Gspo, Objective::Gepo] {
-        for defensive in [None, Some(0.3)] {
-            if defensive.is_some() && objective != Objective::Gepo {
-                continue;
-            }
+        // Defensive GEPO stops the gradient through part of its denominator, so finite
+        // differences do not apply to it; see `defensive_gepo_at_eps_one_is_the_policy_gradient`.
+        for defensive in [None] {
             let c = LossConfig { objective, clip_eps: 0.2, gepo_defensive_eps: defensive, kl_beta: 0.05 };
             let loss_at = |vals: &[[f64; 3]; 3]| -> f64 {
                 let lp = t2(&[&vals[0], &vals[1], &vals[2]]);
@@ -193,4 +192,25 @@ fn bad_shapes_are_errors() {
     assert!(group_loss(&k, &g).is_err(), "KL without reference log-probs");
     assert!("ppo".parse::<Objective>().is_err());
     assert_eq!("dr_grpo".parse::<Objective>().unwrap(), Objective::DrGrpo);
+}
+
+/// GEPO App. F: with ε = 1 the defensive weight is p / sg(p) = 1 and its gradient is the plain
+/// policy gradient: ∂ℓ/∂log p_{i,t} = −A_i / (G·|y_i|) for the sequence-mean aggregation.
+#[test]
+fn defensive_gepo_at_eps_one_is_the_policy_gradient() {
+    let lp = Var::from_tensor(&t2(&[&[-0.7, -1.2, -0.4], &[-0.9, -0.3, -1.1]])).unwrap();
+    let sp = t2(&[&[-0.2, -2.2, -0.1], &[-1.9, -0.1, -3.1]]);
+    let mask = t2(&[&[1.0, 1.0, 1.0], &[1.0, 1.0, 0.0]]);
+    let adv = t1(&[0.8, -1.3]);
+    let c = LossConfig { objective: Objective::Gepo, clip_eps: 0.2, gepo_defensive_eps: Some(1.0), kl_beta: 0.0 };
+    let g = GroupInput { learner_logp: lp.as_tensor(), sampler_logp: &sp, mask: &mask, advantages: &adv, ref_logp: None };
+    let out = group_loss(&c, &g).unwrap();
+    assert!(out.coefficients.iter().all(|c| close(*c, 1.0, 1e-12)), "{:?}", out.coefficients);
+    let grad: Vec<Vec<f64>> = out.loss.backward().unwrap().get(lp.as_tensor()).unwrap().to_vec2().unwrap();
+    let want = [[-0.8 / (2.0 * 3.0); 3], [1.3 / (2.0 * 2.0), 1.3 / (2.0 * 2.0), 0.0]];
+    for i in 0..2 {
+        for t in 0..3 {
+            assert!(close(grad[i][t], want[i][t], 1e-9), "[{i}][{t}] {} vs {}", grad[i][t], want[i][t]);
+        }
+    }
 }

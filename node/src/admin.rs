@@ -53,12 +53,20 @@ async fn status(State(s): State<AdminState>) -> Response {
             status_json(&net, s.node_version).to_string(),
         )
             .into_response(),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("network service unavailable: {e}\n")).into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("network service unavailable: {e}\n"),
+        )
+            .into_response(),
     }
 }
 
 async fn metrics_text(State(s): State<AdminState>) -> Response {
-    let mut out = s.prometheus.as_ref().map(|h| h.render()).unwrap_or_default();
+    let mut out = s
+        .prometheus
+        .as_ref()
+        .map(|h| h.render())
+        .unwrap_or_default();
     if !out.is_empty() && !out.ends_with('\n') {
         out.push('\n');
     }
@@ -67,16 +75,29 @@ async fn metrics_text(State(s): State<AdminState>) -> Response {
         tracing::warn!(error = %e, "encoding libp2p metrics");
     }
     out.push_str(&libp2p);
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response()
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        out,
+    )
+        .into_response()
 }
 
 /// Binds `addr` (must be loopback) and serves until the task is aborted.
 /// Returns the bound address (useful with port 0).
-pub async fn serve(addr: SocketAddr, state: AdminState) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    anyhow::ensure!(addr.ip().is_loopback(), "admin endpoint {addr} must be a loopback address");
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding the admin endpoint {addr} (is another node using this port?)"))?;
+pub async fn serve(
+    addr: SocketAddr,
+    state: AdminState,
+) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    anyhow::ensure!(
+        addr.ip().is_loopback(),
+        "admin endpoint {addr} must be a loopback address"
+    );
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
+        format!("binding the admin endpoint {addr} (is another node using this port?)")
+    })?;
     let bound = listener.local_addr()?;
     let app = Router::new()
         .route("/status", get(status))

@@ -64,7 +64,10 @@ impl NetworkConfig {
     pub fn validate(&self) -> Vec<(String, String)> {
         let mut out = Vec::new();
         if self.listen.is_empty() {
-            out.push(("listen".into(), "at least one listen multiaddr is required".into()));
+            out.push((
+                "listen".into(),
+                "at least one listen multiaddr is required".into(),
+            ));
         }
         for (i, a) in self.listen.iter().enumerate() {
             match a.parse::<libp2p::Multiaddr>() {
@@ -87,14 +90,20 @@ impl NetworkConfig {
                             ),
                         ));
                     } else if !quic && !a.contains("/tcp/") {
-                        out.push((format!("listen[{i}]"), format!("`{a}` must name a /tcp/ or /udp/…/quic-v1 port")));
+                        out.push((
+                            format!("listen[{i}]"),
+                            format!("`{a}` must name a /tcp/ or /udp/…/quic-v1 port"),
+                        ));
                     }
                 }
             }
         }
         for (key, list) in [("bootstrap", &self.bootstrap), ("relays", &self.relays)] {
             for (i, a) in list.iter().enumerate() {
-                let ok = a.parse::<libp2p::Multiaddr>().ok().is_some_and(|m| crate::peer_id_of(&m).is_some());
+                let ok = a
+                    .parse::<libp2p::Multiaddr>()
+                    .ok()
+                    .is_some_and(|m| crate::peer_id_of(&m).is_some());
                 if !ok {
                     out.push((
                         format!("{key}[{i}]"),
@@ -116,31 +125,45 @@ impl NetworkConfig {
         }
         if let Some(p) = &self.psk_file {
             if p.as_os_str().is_empty() {
-                out.push(("psk_file".into(), "must not be empty (omit the key for a public swarm)".into()));
+                out.push((
+                    "psk_file".into(),
+                    "must not be empty (omit the key for a public swarm)".into(),
+                ));
             }
         }
         for (i, p) in self.allow_list.iter().enumerate() {
             if p.parse::<libp2p::PeerId>().is_err() {
                 out.push((
                     format!("allow_list[{i}]"),
-                    format!("`{p}` is not a peer id (as printed by `echo-node keygen`, e.g. 12D3KooW…)"),
+                    format!(
+                        "`{p}` is not a peer id (as printed by `echo-node keygen`, e.g. 12D3KooW…)"
+                    ),
                 ));
             }
         }
         if !(100..=600_000).contains(&self.heartbeat_interval_ms) {
             out.push((
                 "heartbeat_interval_ms".into(),
-                format!("{} is outside 100..=600000 (milliseconds)", self.heartbeat_interval_ms),
+                format!(
+                    "{} is outside 100..=600000 (milliseconds)",
+                    self.heartbeat_interval_ms
+                ),
             ));
         }
         if !self.cost_per_hour.is_finite() || !(0.0..=1.0e6).contains(&self.cost_per_hour) {
             out.push((
                 "cost_per_hour".into(),
-                format!("{} must be a number in 0..=1000000 ($ per hour)", self.cost_per_hour),
+                format!(
+                    "{} must be a number in 0..=1000000 ($ per hour)",
+                    self.cost_per_hour
+                ),
             ));
         }
         if !(1..=10_000).contains(&self.max_peers) {
-            out.push(("max_peers".into(), format!("{} is outside 1..=10000", self.max_peers)));
+            out.push((
+                "max_peers".into(),
+                format!("{} is outside 1..=10000", self.max_peers),
+            ));
         }
         out
     }
@@ -191,7 +214,10 @@ mod tests {
             ]
         );
         assert!(!c.quic_enabled());
-        let nan = NetworkConfig { cost_per_hour: f64::NAN, ..NetworkConfig::default() };
+        let nan = NetworkConfig {
+            cost_per_hour: f64::NAN,
+            ..NetworkConfig::default()
+        };
         assert_eq!(keys(&nan), ["cost_per_hour"]);
     }
 }

@@ -22,7 +22,8 @@ pub use libp2p::{Multiaddr, PeerId};
 pub use messages::{Heartbeat, LocalStatus, ScoreEntry, ScoreTable};
 pub use score::{PeerStats, ScoreComponents, TransferEvent};
 pub use service::{
-    protocols, start, Client, Counters, Event, NetworkStatus, PeerStatus, ServiceConfig, TopicKind, Validation,
+    protocols, start, Client, Counters, Event, NetworkStatus, PeerStatus, ServiceConfig, TopicKind,
+    Validation,
 };
 pub use transport::{load_psk, psk_file_contents};
 
@@ -45,7 +46,11 @@ pub fn peer_id_from_seed(seed: [u8; 32]) -> PeerId {
 
 /// The libp2p peer id of an ed25519 public key (32 bytes, e.g. the swarm's learner key).
 pub fn peer_id_from_public(public: [u8; 32]) -> Result<PeerId, P2pError> {
-    let pk = libp2p::identity::ed25519::PublicKey::try_from_bytes(&public)
-        .map_err(|e| P2pError::Config { key: "learner_public_key".into(), reason: e.to_string() })?;
+    let pk = libp2p::identity::ed25519::PublicKey::try_from_bytes(&public).map_err(|e| {
+        P2pError::Config {
+            key: "learner_public_key".into(),
+            reason: e.to_string(),
+        }
+    })?;
     Ok(libp2p::identity::PublicKey::from(pk).to_peer_id())
 }

@@ -70,7 +70,9 @@ fn check_num(field: &'static str, x: f64, max: f64) -> Result<(), MessageError> 
     if x.is_finite() && (0.0..=max).contains(&x) {
         Ok(())
     } else {
-        Err(MessageError::Invalid(format!("{field} = {x} is outside 0..={max}")))
+        Err(MessageError::Invalid(format!(
+            "{field} = {x} is outside 0..={max}"
+        )))
     }
 }
 
@@ -78,7 +80,9 @@ fn check_str(field: &'static str, s: &str, max: usize) -> Result<(), MessageErro
     if s.len() <= max && s.chars().all(|c| !c.is_control()) {
         Ok(())
     } else {
-        Err(MessageError::Invalid(format!("{field} is longer than {max} bytes or has control characters")))
+        Err(MessageError::Invalid(format!(
+            "{field} is longer than {max} bytes or has control characters"
+        )))
     }
 }
 
@@ -90,17 +94,30 @@ impl Heartbeat {
     /// Size check, schema check, value check.
     pub fn decode(bytes: &[u8], swarm_id: &str) -> Result<Self, MessageError> {
         if bytes.len() > MAX_HEARTBEAT_BYTES {
-            return Err(MessageError::TooLarge { len: bytes.len(), max: MAX_HEARTBEAT_BYTES });
+            return Err(MessageError::TooLarge {
+                len: bytes.len(),
+                max: MAX_HEARTBEAT_BYTES,
+            });
         }
-        let hb: Heartbeat = serde_json::from_slice(bytes).map_err(|e| MessageError::Schema(e.to_string()))?;
+        let hb: Heartbeat =
+            serde_json::from_slice(bytes).map_err(|e| MessageError::Schema(e.to_string()))?;
         if hb.v != HEARTBEAT_VERSION {
-            return Err(MessageError::Version { got: hb.v, supported: HEARTBEAT_VERSION });
+            return Err(MessageError::Version {
+                got: hb.v,
+                supported: HEARTBEAT_VERSION,
+            });
         }
         if hb.swarm_id != swarm_id {
-            return Err(MessageError::Invalid(format!("swarm_id `{}` is not `{swarm_id}`", hb.swarm_id)));
+            return Err(MessageError::Invalid(format!(
+                "swarm_id `{}` is not `{swarm_id}`",
+                hb.swarm_id
+            )));
         }
         if !ROLES.contains(&hb.role.as_str()) {
-            return Err(MessageError::Invalid(format!("role `{}` is not one of {ROLES:?}", hb.role)));
+            return Err(MessageError::Invalid(format!(
+                "role `{}` is not one of {ROLES:?}",
+                hb.role
+            )));
         }
         check_str("node_version", &hb.node_version, 64)?;
         check_num("mu", hb.mu, 1e9)?;
@@ -140,23 +157,44 @@ impl ScoreTable {
 
     pub fn decode(bytes: &[u8], swarm_id: &str) -> Result<Self, MessageError> {
         if bytes.len() > MAX_SCORE_TABLE_BYTES {
-            return Err(MessageError::TooLarge { len: bytes.len(), max: MAX_SCORE_TABLE_BYTES });
+            return Err(MessageError::TooLarge {
+                len: bytes.len(),
+                max: MAX_SCORE_TABLE_BYTES,
+            });
         }
-        let t: ScoreTable = serde_json::from_slice(bytes).map_err(|e| MessageError::Schema(e.to_string()))?;
+        let t: ScoreTable =
+            serde_json::from_slice(bytes).map_err(|e| MessageError::Schema(e.to_string()))?;
         if t.v != SCORE_TABLE_VERSION {
-            return Err(MessageError::Version { got: t.v, supported: SCORE_TABLE_VERSION });
+            return Err(MessageError::Version {
+                got: t.v,
+                supported: SCORE_TABLE_VERSION,
+            });
         }
         if t.swarm_id != swarm_id {
-            return Err(MessageError::Invalid(format!("swarm_id `{}` is not `{swarm_id}`", t.swarm_id)));
+            return Err(MessageError::Invalid(format!(
+                "swarm_id `{}` is not `{swarm_id}`",
+                t.swarm_id
+            )));
         }
         if t.entries.len() > MAX_SCORE_TABLE_ENTRIES {
-            return Err(MessageError::Invalid(format!("{} entries (max {MAX_SCORE_TABLE_ENTRIES})", t.entries.len())));
+            return Err(MessageError::Invalid(format!(
+                "{} entries (max {MAX_SCORE_TABLE_ENTRIES})",
+                t.entries.len()
+            )));
         }
         for e in &t.entries {
             if e.peer_id.parse::<libp2p::PeerId>().is_err() {
-                return Err(MessageError::Invalid(format!("`{}` is not a peer id", e.peer_id)));
+                return Err(MessageError::Invalid(format!(
+                    "`{}` is not a peer id",
+                    e.peer_id
+                )));
             }
-            for (f, x) in [("score", e.score), ("speed", e.speed), ("success", e.success), ("stability", e.stability)] {
+            for (f, x) in [
+                ("score", e.score),
+                ("speed", e.speed),
+                ("success", e.success),
+                ("stability", e.stability),
+            ] {
                 check_num(f, x, 100.0)?;
             }
             check_num("decay", e.decay, 1.0)?;
@@ -201,12 +239,24 @@ mod tests {
         let bytes = h.encode();
         assert!(bytes.len() < MAX_HEARTBEAT_BYTES);
         assert_eq!(Heartbeat::decode(&bytes, "s").unwrap(), h);
-        assert!(matches!(Heartbeat::decode(&bytes, "other"), Err(MessageError::Invalid(_))));
-        assert!(matches!(Heartbeat::decode(b"garbage", "s"), Err(MessageError::Schema(_))));
-        assert!(matches!(Heartbeat::decode(&vec![b' '; 5000], "s"), Err(MessageError::TooLarge { .. })));
+        assert!(matches!(
+            Heartbeat::decode(&bytes, "other"),
+            Err(MessageError::Invalid(_))
+        ));
+        assert!(matches!(
+            Heartbeat::decode(b"garbage", "s"),
+            Err(MessageError::Schema(_))
+        ));
+        assert!(matches!(
+            Heartbeat::decode(&vec![b' '; 5000], "s"),
+            Err(MessageError::TooLarge { .. })
+        ));
         let mut bad = hb();
         bad.v = 2;
-        assert!(matches!(Heartbeat::decode(&bad.encode(), "s"), Err(MessageError::Version { .. })));
+        assert!(matches!(
+            Heartbeat::decode(&bad.encode(), "s"),
+            Err(MessageError::Version { .. })
+        ));
         let mut bad = hb();
         bad.availability = 2.0;
         assert!(Heartbeat::decode(&bad.encode(), "s").is_err());
@@ -218,7 +268,10 @@ mod tests {
         v.as_object_mut().unwrap().insert("extra".into(), 1.into());
         assert!(Heartbeat::decode(&serde_json::to_vec(&v).unwrap(), "s").is_ok());
         v.as_object_mut().unwrap().remove("pending");
-        assert!(matches!(Heartbeat::decode(&serde_json::to_vec(&v).unwrap(), "s"), Err(MessageError::Schema(_))));
+        assert!(matches!(
+            Heartbeat::decode(&serde_json::to_vec(&v).unwrap(), "s"),
+            Err(MessageError::Schema(_))
+        ));
     }
 
     #[test]

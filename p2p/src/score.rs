@@ -138,7 +138,9 @@ impl PeerStats {
         let speed = speed_component(avg);
         let success = success_component(self.success_rate());
         let stability = stability_component(self.successes, self.consecutive_failures);
-        let elapsed = self.last_event.map_or(0.0, |t| now.saturating_duration_since(t).as_secs_f64());
+        let elapsed = self
+            .last_event
+            .map_or(0.0, |t| now.saturating_duration_since(t).as_secs_f64());
         let decay = decay_component(elapsed);
         ScoreComponents {
             score: combined_score(speed, success, stability, decay),
@@ -200,10 +202,22 @@ mod tests {
         assert_eq!(s.components(t0).score, 0.0);
         // 10 transfers of 1.25 MB in 1 s each = 10 Mbit/s → Speed 80.
         for _ in 0..10 {
-            s.record_transfer(&TransferEvent { bytes: 1_250_000, duration: Duration::from_secs(1), success: true }, t0);
+            s.record_transfer(
+                &TransferEvent {
+                    bytes: 1_250_000,
+                    duration: Duration::from_secs(1),
+                    success: true,
+                },
+                t0,
+            );
         }
         let c = s.components(t0);
-        assert!(close(c.speed, 80.0) && close(c.success, 100.0) && close(c.stability, 100.0) && close(c.decay, 1.0));
+        assert!(
+            close(c.speed, 80.0)
+                && close(c.success, 100.0)
+                && close(c.stability, 100.0)
+                && close(c.decay, 1.0)
+        );
         assert!(close(c.score, 0.5 * 80.0 + 35.0 + 15.0));
         // Four failures in a row: Stability 0, Success 10/14.
         for _ in 0..4 {
@@ -213,7 +227,10 @@ mod tests {
         assert!(close(c.stability, 0.0));
         assert!(close(c.success, 100.0 * 10.0 / 14.0));
         assert!(close(c.decay, 0.7));
-        assert!(close(c.speed, 80.0), "failed transfers do not change the average rate");
+        assert!(
+            close(c.speed, 80.0),
+            "failed transfers do not change the average rate"
+        );
         assert!(close(c.score, 0.7 * (40.0 + 0.35 * 100.0 * 10.0 / 14.0)));
         // A success resets the run of failures.
         s.record_success(t0);

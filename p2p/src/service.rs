@@ -13,8 +13,8 @@ use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::dial_opts::DialOpts;
 use libp2p::swarm::{DialError, ListenError, NetworkBehaviour, SwarmEvent};
 use libp2p::{
-    allow_block_list, autonat, dcutr, identify, identity::Keypair, kad, mdns, noise, ping, relay, yamux, Multiaddr,
-    PeerId, StreamProtocol, Swarm, SwarmBuilder,
+    allow_block_list, autonat, dcutr, identify, identity::Keypair, kad, mdns, noise, ping, relay,
+    yamux, Multiaddr, PeerId, StreamProtocol, Swarm, SwarmBuilder,
 };
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
@@ -22,7 +22,9 @@ use tracing::{debug, info, warn};
 
 use crate::config::NetworkConfig;
 use crate::error::{MessageError, P2pError};
-use crate::messages::{unix_ms, Heartbeat, LocalStatus, ScoreEntry, ScoreTable, HEARTBEAT_VERSION, SCORE_TABLE_VERSION};
+use crate::messages::{
+    unix_ms, Heartbeat, LocalStatus, ScoreEntry, ScoreTable, HEARTBEAT_VERSION, SCORE_TABLE_VERSION,
+};
 use crate::score::{PeerStats, ScoreComponents, TransferEvent};
 use crate::transport::{build_transport, load_psk, psk_fingerprint};
 
@@ -43,9 +45,11 @@ pub mod protocols {
     /// Fetch chunks by BLAKE3 hash from any holder.
     pub const CHUNK_FETCH: StreamProtocol = StreamProtocol::new("/echo-swarm/chunk-fetch/1.0.0");
     /// Learner → rollout two-phase trajectory pull (pull, then ack).
-    pub const TRAJECTORY_PULL: StreamProtocol = StreamProtocol::new("/echo-swarm/trajectory-pull/1.0.0");
+    pub const TRAJECTORY_PULL: StreamProtocol =
+        StreamProtocol::new("/echo-swarm/trajectory-pull/1.0.0");
     /// Learner asks a worker for groups under a given version (sequential mode).
-    pub const ROLLOUT_REQUEST: StreamProtocol = StreamProtocol::new("/echo-swarm/rollout-request/1.0.0");
+    pub const ROLLOUT_REQUEST: StreamProtocol =
+        StreamProtocol::new("/echo-swarm/rollout-request/1.0.0");
 }
 
 /// The gossip topics of a swarm. Names: `echo/<swarm_id>/<kind>/<version>`.
@@ -63,7 +67,12 @@ pub enum TopicKind {
 }
 
 impl TopicKind {
-    pub const ALL: [TopicKind; 4] = [TopicKind::Heartbeat, TopicKind::Scores, TopicKind::Snapshots, TopicKind::Plans];
+    pub const ALL: [TopicKind; 4] = [
+        TopicKind::Heartbeat,
+        TopicKind::Scores,
+        TopicKind::Snapshots,
+        TopicKind::Plans,
+    ];
 
     /// The gossipsub topic name within `swarm_id`.
     pub fn topic_name(self, swarm_id: &str) -> String {
@@ -107,9 +116,15 @@ pub enum Event {
     PeerConnected(PeerId),
     PeerDisconnected(PeerId),
     /// A valid heartbeat (already recorded in the peer table).
-    Heartbeat { peer: PeerId, heartbeat: Heartbeat },
+    Heartbeat {
+        peer: PeerId,
+        heartbeat: Heartbeat,
+    },
     /// A valid score table from the learner.
-    ScoreTable { from: PeerId, table: ScoreTable },
+    ScoreTable {
+        from: PeerId,
+        table: ScoreTable,
+    },
     /// A message on a role-validated topic; the receiver must call [`Client::report_validation`].
     Gossip {
         topic: TopicKind,
@@ -119,7 +134,11 @@ pub enum Event {
         data: Vec<u8>,
     },
     /// A message that failed validation (dropped; its sender was penalised).
-    Rejected { peer: PeerId, topic: TopicKind, error: MessageError },
+    Rejected {
+        peer: PeerId,
+        topic: TopicKind,
+        error: MessageError,
+    },
 }
 
 /// One row of the peer table as the status endpoint shows it (SPEC §13 field names).
@@ -188,9 +207,21 @@ enum Command {
     ListenAddrs(oneshot::Sender<Vec<Multiaddr>>),
     Dial(Multiaddr, oneshot::Sender<Result<(), P2pError>>),
     SetLocal(LocalStatus),
-    Publish { topic: String, data: Vec<u8>, reply: oneshot::Sender<Result<(), P2pError>> },
-    Validate { id: MessageId, propagation_source: PeerId, source: Option<PeerId>, verdict: Validation },
-    Transfer { peer: PeerId, event: TransferEvent },
+    Publish {
+        topic: String,
+        data: Vec<u8>,
+        reply: oneshot::Sender<Result<(), P2pError>>,
+    },
+    Validate {
+        id: MessageId,
+        propagation_source: PeerId,
+        source: Option<PeerId>,
+        verdict: Validation,
+    },
+    Transfer {
+        peer: PeerId,
+        event: TransferEvent,
+    },
     Shutdown,
     // Slots for the bulk-transfer plane (issue 4): chunk streams and fetches are opened with
     // `Client::stream_control()`; their outcomes come back as `Transfer`.
@@ -207,7 +238,9 @@ pub struct Client {
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Client").field("local_peer_id", &self.local_peer_id).finish()
+        f.debug_struct("Client")
+            .field("local_peer_id", &self.local_peer_id)
+            .finish()
     }
 }
 
@@ -225,7 +258,10 @@ impl Client {
         self.tx.send(c).await.map_err(|_| P2pError::ServiceStopped)
     }
 
-    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, P2pError> {
+    async fn ask<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<T>) -> Command,
+    ) -> Result<T, P2pError> {
         let (tx, rx) = oneshot::channel();
         self.send(make(tx)).await?;
         rx.await.map_err(|_| P2pError::ServiceStopped)
@@ -254,13 +290,15 @@ impl Client {
     /// Publish bytes on one of the swarm's topics.
     pub async fn publish(&self, topic: TopicKind, data: Vec<u8>) -> Result<(), P2pError> {
         let topic = topic.topic_name(&self.swarm_id);
-        self.ask(|reply| Command::Publish { topic, data, reply }).await?
+        self.ask(|reply| Command::Publish { topic, data, reply })
+            .await?
     }
 
     /// Publish arbitrary bytes on a topic by name (diagnostics and tests: e.g. a malformed
     /// heartbeat). The node must be subscribed to the topic for peers to route it.
     pub async fn publish_raw(&self, topic: String, data: Vec<u8>) -> Result<(), P2pError> {
-        self.ask(|reply| Command::Publish { topic, data, reply }).await?
+        self.ask(|reply| Command::Publish { topic, data, reply })
+            .await?
     }
 
     /// Verdict on an [`Event::Gossip`] message.
@@ -271,11 +309,21 @@ impl Client {
         source: Option<PeerId>,
         verdict: Validation,
     ) -> Result<(), P2pError> {
-        self.send(Command::Validate { id, propagation_source, source, verdict }).await
+        self.send(Command::Validate {
+            id,
+            propagation_source,
+            source,
+            verdict,
+        })
+        .await
     }
 
     /// Feed a finished bulk transfer into the peer's ECHO score.
-    pub async fn record_transfer(&self, peer: PeerId, event: TransferEvent) -> Result<(), P2pError> {
+    pub async fn record_transfer(
+        &self,
+        peer: PeerId,
+        event: TransferEvent,
+    ) -> Result<(), P2pError> {
         self.send(Command::Transfer { peer, event }).await
     }
 
@@ -301,11 +349,15 @@ struct Behaviour {
 
 /// gossipsub v1.1 scoring, chosen for a swarm of a few to a few thousand nodes exchanging
 /// sparse, small control messages (see `docs/protocol.md`, "Peer scoring in gossipsub").
-fn gossip_score_params(topics: &[TopicHash]) -> (gossipsub::PeerScoreParams, gossipsub::PeerScoreThresholds) {
+fn gossip_score_params(
+    topics: &[TopicHash],
+) -> (gossipsub::PeerScoreParams, gossipsub::PeerScoreThresholds) {
     let mut p = gossipsub::PeerScoreParams::default();
     // Loopback testnets and NATed pools put many nodes behind one IP: do not penalise them.
-    p.ip_colocation_factor_whitelist.insert("127.0.0.1".parse().expect("ip"));
-    p.ip_colocation_factor_whitelist.insert("::1".parse().expect("ip"));
+    p.ip_colocation_factor_whitelist
+        .insert("127.0.0.1".parse().expect("ip"));
+    p.ip_colocation_factor_whitelist
+        .insert("::1".parse().expect("ip"));
     p.ip_colocation_factor_threshold = 32.0;
     for t in topics {
         let tp = gossipsub::TopicScoreParams {
@@ -395,7 +447,8 @@ pub fn start(
     registry: &mut Registry,
 ) -> Result<(Client, mpsc::Receiver<Event>, tokio::task::JoinHandle<()>), P2pError> {
     let mut seed = seed;
-    let key = Keypair::ed25519_from_bytes(&mut seed).map_err(|e| P2pError::Transport(e.to_string()))?;
+    let key =
+        Keypair::ed25519_from_bytes(&mut seed).map_err(|e| P2pError::Transport(e.to_string()))?;
     let local_peer_id = key.public().to_peer_id();
     let net = &cfg.network;
     let psk = match &net.psk_file {
@@ -409,13 +462,19 @@ pub fn start(
     let transport = build_transport(&key, psk, quic)?;
     let mut allow = HashSet::new();
     for p in &net.allow_list {
-        let peer: PeerId = p
-            .parse()
-            .map_err(|_| P2pError::Config { key: "network.allow_list".into(), reason: format!("`{p}` is not a peer id") })?;
+        let peer: PeerId = p.parse().map_err(|_| P2pError::Config {
+            key: "network.allow_list".into(),
+            reason: format!("`{p}` is not a peer id"),
+        })?;
         allow.insert(peer);
     }
-    let kad_protocol = StreamProtocol::try_from_owned(format!("/echo-swarm/{}/kad/1.0.0", cfg.swarm_id))
-        .map_err(|e| P2pError::Config { key: "swarm_id".into(), reason: e.to_string() })?;
+    let kad_protocol =
+        StreamProtocol::try_from_owned(format!("/echo-swarm/{}/kad/1.0.0", cfg.swarm_id)).map_err(
+            |e| P2pError::Config {
+                key: "swarm_id".into(),
+                reason: e.to_string(),
+            },
+        )?;
     let topic_hashes: Vec<(TopicHash, TopicKind)> = TopicKind::ALL
         .iter()
         .map(|k| (IdentTopic::new(k.topic_name(&cfg.swarm_id)).hash(), *k))
@@ -436,55 +495,72 @@ pub fn start(
         .map_err(|e| P2pError::Transport(e.to_string()))?
         .with_bandwidth_metrics(registry);
     let mut swarm = builder
-        .with_behaviour(|key, relay| -> Result<Behaviour, Box<dyn std::error::Error + Send + Sync>> {
-            let peer_id = key.public().to_peer_id();
-            let gcfg = gossipsub::ConfigBuilder::default()
-                .validation_mode(gossipsub::ValidationMode::Strict)
-                .validate_messages()
-                .max_transmit_size(MAX_GOSSIP_BYTES)
-                .build()?;
-            let mut gossipsub = gossipsub::Behaviour::new(gossipsub::MessageAuthenticity::Signed(key.clone()), gcfg)?
-                .with_metrics(registry.sub_registry_with_prefix("gossipsub"), Default::default());
-            let hashes: Vec<TopicHash> = topic_hashes.iter().map(|(h, _)| h.clone()).collect();
-            let (params, thresholds) = gossip_score_params(&hashes);
-            gossipsub.with_peer_score(params, thresholds)?;
-            let mut kcfg = kad::Config::new(kad_proto);
-            kcfg.set_query_timeout(Duration::from_secs(30));
-            let mut kad = kad::Behaviour::with_config(peer_id, kad::store::MemoryStore::new(peer_id), kcfg);
-            // Answer DHT queries even before an external address is confirmed (loopback and
-            // private swarms never confirm one).
-            kad.set_mode(Some(kad::Mode::Server));
-            let allow = if allow_for_behaviour.is_empty() {
-                None
-            } else {
-                let mut b = allow_block_list::Behaviour::<allow_block_list::AllowedPeers>::default();
-                for p in &allow_for_behaviour {
-                    b.allow_peer(*p);
-                }
-                Some(b)
-            };
-            let mdns = if mdns_on {
-                Some(mdns::tokio::Behaviour::new(mdns::Config::default(), peer_id)?)
-            } else {
-                None
-            };
-            let autonat = autonat_on.then(|| autonat::Behaviour::new(peer_id, autonat::Config::default()));
-            Ok(Behaviour {
-                allow: Toggle::from(allow),
-                identify: identify::Behaviour::new(
-                    identify::Config::new(IDENTIFY_PROTOCOL.to_string(), key.public())
-                        .with_agent_version(format!("echo-node/{node_version}")),
-                ),
-                ping: ping::Behaviour::new(ping::Config::new()),
-                kad,
-                mdns: Toggle::from(mdns),
-                gossipsub,
-                relay,
-                dcutr: dcutr::Behaviour::new(peer_id),
-                autonat: Toggle::from(autonat),
-                stream: libp2p_stream::Behaviour::new(),
-            })
-        })
+        .with_behaviour(
+            |key, relay| -> Result<Behaviour, Box<dyn std::error::Error + Send + Sync>> {
+                let peer_id = key.public().to_peer_id();
+                let gcfg = gossipsub::ConfigBuilder::default()
+                    .validation_mode(gossipsub::ValidationMode::Strict)
+                    .validate_messages()
+                    .max_transmit_size(MAX_GOSSIP_BYTES)
+                    .build()?;
+                let mut gossipsub = gossipsub::Behaviour::new(
+                    gossipsub::MessageAuthenticity::Signed(key.clone()),
+                    gcfg,
+                )?
+                .with_metrics(
+                    registry.sub_registry_with_prefix("gossipsub"),
+                    Default::default(),
+                );
+                let hashes: Vec<TopicHash> = topic_hashes.iter().map(|(h, _)| h.clone()).collect();
+                let (params, thresholds) = gossip_score_params(&hashes);
+                gossipsub.with_peer_score(params, thresholds)?;
+                let mut kcfg = kad::Config::new(kad_proto);
+                kcfg.set_query_timeout(Duration::from_secs(30));
+                let mut kad = kad::Behaviour::with_config(
+                    peer_id,
+                    kad::store::MemoryStore::new(peer_id),
+                    kcfg,
+                );
+                // Answer DHT queries even before an external address is confirmed (loopback and
+                // private swarms never confirm one).
+                kad.set_mode(Some(kad::Mode::Server));
+                let allow = if allow_for_behaviour.is_empty() {
+                    None
+                } else {
+                    let mut b =
+                        allow_block_list::Behaviour::<allow_block_list::AllowedPeers>::default();
+                    for p in &allow_for_behaviour {
+                        b.allow_peer(*p);
+                    }
+                    Some(b)
+                };
+                let mdns = if mdns_on {
+                    Some(mdns::tokio::Behaviour::new(
+                        mdns::Config::default(),
+                        peer_id,
+                    )?)
+                } else {
+                    None
+                };
+                let autonat = autonat_on
+                    .then(|| autonat::Behaviour::new(peer_id, autonat::Config::default()));
+                Ok(Behaviour {
+                    allow: Toggle::from(allow),
+                    identify: identify::Behaviour::new(
+                        identify::Config::new(IDENTIFY_PROTOCOL.to_string(), key.public())
+                            .with_agent_version(format!("echo-node/{node_version}")),
+                    ),
+                    ping: ping::Behaviour::new(ping::Config::new()),
+                    kad,
+                    mdns: Toggle::from(mdns),
+                    gossipsub,
+                    relay,
+                    dcutr: dcutr::Behaviour::new(peer_id),
+                    autonat: Toggle::from(autonat),
+                    stream: libp2p_stream::Behaviour::new(),
+                })
+            },
+        )
         .map_err(|e| P2pError::Behaviour(e.to_string()))?
         .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(120)))
         .build();
@@ -500,24 +576,36 @@ pub fn start(
             .map_err(|e| P2pError::Behaviour(e.to_string()))?;
     }
     for a in &net.listen {
-        let addr: Multiaddr =
-            a.parse().map_err(|e| P2pError::Listen { addr: a.clone(), reason: format!("{e}") })?;
-        swarm
-            .listen_on(addr)
-            .map_err(|e| P2pError::Listen { addr: a.clone(), reason: e.to_string() })?;
+        let addr: Multiaddr = a.parse().map_err(|e| P2pError::Listen {
+            addr: a.clone(),
+            reason: format!("{e}"),
+        })?;
+        swarm.listen_on(addr).map_err(|e| P2pError::Listen {
+            addr: a.clone(),
+            reason: e.to_string(),
+        })?;
     }
     let mut bootstrap = Vec::new();
     for a in &net.bootstrap {
-        let addr: Multiaddr = a.parse().map_err(|e| P2pError::Dial { addr: a.clone(), reason: format!("{e}") })?;
+        let addr: Multiaddr = a.parse().map_err(|e| P2pError::Dial {
+            addr: a.clone(),
+            reason: format!("{e}"),
+        })?;
         let peer = crate::peer_id_of(&addr).ok_or_else(|| P2pError::Dial {
             addr: a.clone(),
             reason: "no /p2p/<peer id>".into(),
         })?;
-        swarm.behaviour_mut().kad.add_address(&peer, strip_p2p(&addr));
+        swarm
+            .behaviour_mut()
+            .kad
+            .add_address(&peer, strip_p2p(&addr));
         bootstrap.push((peer, addr));
     }
     for a in &net.relays {
-        let addr: Multiaddr = a.parse().map_err(|e| P2pError::Dial { addr: a.clone(), reason: format!("{e}") })?;
+        let addr: Multiaddr = a.parse().map_err(|e| P2pError::Dial {
+            addr: a.clone(),
+            reason: format!("{e}"),
+        })?;
         if let Err(e) = swarm.listen_on(addr.clone().with(Protocol::P2pCircuit)) {
             warn!(relay = %addr, error = %e, "cannot listen via relay");
         }
@@ -526,7 +614,12 @@ pub fn start(
     let (cmd_tx, cmd_rx) = mpsc::channel(CHANNEL_CAPACITY);
     let (ev_tx, ev_rx) = mpsc::channel(CHANNEL_CAPACITY);
     let heartbeat_interval = Duration::from_millis(net.heartbeat_interval_ms);
-    let client = Client { tx: cmd_tx, local_peer_id, swarm_id: cfg.swarm_id.clone(), stream };
+    let client = Client {
+        tx: cmd_tx,
+        local_peer_id,
+        swarm_id: cfg.swarm_id.clone(),
+        stream,
+    };
     let mut service = Service {
         swarm,
         cfg,
@@ -537,7 +630,10 @@ pub fn start(
         peers: HashMap::new(),
         bootstrap,
         allow,
-        local: LocalStatus { availability: 1.0, ..LocalStatus::default() },
+        local: LocalStatus {
+            availability: 1.0,
+            ..LocalStatus::default()
+        },
         counters: Counters::default(),
         started_unix_ms: unix_ms(),
         seq: 0,
@@ -552,7 +648,9 @@ pub fn start(
 }
 
 fn strip_p2p(addr: &Multiaddr) -> Multiaddr {
-    addr.iter().filter(|p| !matches!(p, Protocol::P2p(_))).collect()
+    addr.iter()
+        .filter(|p| !matches!(p, Protocol::P2p(_)))
+        .collect()
 }
 
 impl Service {
@@ -590,7 +688,9 @@ impl Service {
             if peer == *self.swarm.local_peer_id() || self.swarm.is_connected(&peer) {
                 continue;
             }
-            let opts = DialOpts::peer_id(peer).addresses(vec![strip_p2p(&addr)]).build();
+            let opts = DialOpts::peer_id(peer)
+                .addresses(vec![strip_p2p(&addr)])
+                .build();
             if let Err(e) = self.swarm.dial(opts) {
                 debug!(%peer, error = %e, "bootstrap dial not started");
             }
@@ -620,7 +720,10 @@ impl Service {
     fn prune(&mut self) {
         let now = Instant::now();
         self.peers.retain(|_, e| {
-            e.connected || e.heartbeat.as_ref().is_some_and(|(_, t)| now.duration_since(*t) < Duration::from_secs(600))
+            e.connected
+                || e.heartbeat
+                    .as_ref()
+                    .is_some_and(|(_, t)| now.duration_since(*t) < Duration::from_secs(600))
         });
         metrics::gauge!("p2p_known_peers").set(self.peers.len() as f64);
         metrics::gauge!("p2p_connected_peers").set(self.swarm.connected_peers().count() as f64);
@@ -649,10 +752,18 @@ impl Service {
                     .gossipsub
                     .publish(IdentTopic::new(topic.clone()), data)
                     .map(|_| ())
-                    .map_err(|e| P2pError::Publish { topic, reason: e.to_string() });
+                    .map_err(|e| P2pError::Publish {
+                        topic,
+                        reason: e.to_string(),
+                    });
                 let _ = reply.send(r);
             }
-            Command::Validate { id, propagation_source, source, verdict } => {
+            Command::Validate {
+                id,
+                propagation_source,
+                source,
+                verdict,
+            } => {
                 let acceptance = match verdict {
                     Validation::Accept => MessageAcceptance::Accept,
                     Validation::Reject => MessageAcceptance::Reject,
@@ -667,7 +778,11 @@ impl Service {
                 }
             }
             Command::Transfer { peer, event } => {
-                self.peers.entry(peer).or_insert_with(PeerEntry::new).stats.record_transfer(&event, Instant::now());
+                self.peers
+                    .entry(peer)
+                    .or_insert_with(PeerEntry::new)
+                    .stats
+                    .record_transfer(&event, Instant::now());
             }
             Command::Shutdown => {}
         }
@@ -700,7 +815,12 @@ impl Service {
             seq: self.seq,
         };
         let topic = IdentTopic::new(TopicKind::Heartbeat.topic_name(&self.cfg.swarm_id));
-        match self.swarm.behaviour_mut().gossipsub.publish(topic, hb.encode()) {
+        match self
+            .swarm
+            .behaviour_mut()
+            .gossipsub
+            .publish(topic, hb.encode())
+        {
             Ok(_) => {
                 self.counters.heartbeats_sent += 1;
                 metrics::counter!("p2p_heartbeats_sent_total").increment(1);
@@ -714,7 +834,11 @@ impl Service {
         let entries = self
             .peers
             .iter()
-            .filter(|(_, e)| e.heartbeat.as_ref().is_some_and(|(h, _)| h.role != "learner"))
+            .filter(|(_, e)| {
+                e.heartbeat
+                    .as_ref()
+                    .is_some_and(|(h, _)| h.role != "learner")
+            })
             .map(|(p, e)| {
                 let c = e.stats.components(now);
                 ScoreEntry {
@@ -730,9 +854,19 @@ impl Service {
         if entries.is_empty() {
             return;
         }
-        let table = ScoreTable { v: SCORE_TABLE_VERSION, swarm_id: self.cfg.swarm_id.clone(), sent_unix_ms: unix_ms(), entries };
+        let table = ScoreTable {
+            v: SCORE_TABLE_VERSION,
+            swarm_id: self.cfg.swarm_id.clone(),
+            sent_unix_ms: unix_ms(),
+            entries,
+        };
         let topic = IdentTopic::new(TopicKind::Scores.topic_name(&self.cfg.swarm_id));
-        if let Err(e) = self.swarm.behaviour_mut().gossipsub.publish(topic, table.encode()) {
+        if let Err(e) = self
+            .swarm
+            .behaviour_mut()
+            .gossipsub
+            .publish(topic, table.encode())
+        {
             debug!(error = %e, "score table not published");
         }
     }
@@ -773,13 +907,22 @@ impl Service {
                 }
             })
             .collect();
-        peers.sort_by(|a, b| b.score.score.total_cmp(&a.score.score).then_with(|| a.peer_id.cmp(&b.peer_id)));
+        peers.sort_by(|a, b| {
+            b.score
+                .score
+                .total_cmp(&a.score.score)
+                .then_with(|| a.peer_id.cmp(&b.peer_id))
+        });
         NetworkStatus {
             peer_id: self.swarm.local_peer_id().to_string(),
             role: self.cfg.role.clone(),
             swarm_id: self.cfg.swarm_id.clone(),
             listen_addrs: self.swarm.listeners().map(|a| a.to_string()).collect(),
-            external_addrs: self.swarm.external_addresses().map(|a| a.to_string()).collect(),
+            external_addrs: self
+                .swarm
+                .external_addresses()
+                .map(|a| a.to_string())
+                .collect(),
             connected_peers: self.swarm.connected_peers().count(),
             private_swarm: self.cfg.network.psk_file.is_some(),
             quic: self.cfg.network.quic_enabled(),
@@ -797,7 +940,12 @@ impl Service {
             SwarmEvent::NewListenAddr { address, .. } => {
                 info!(%address, "listening");
             }
-            SwarmEvent::ConnectionEstablished { peer_id, endpoint, num_established, .. } => {
+            SwarmEvent::ConnectionEstablished {
+                peer_id,
+                endpoint,
+                num_established,
+                ..
+            } => {
                 let e = self.peers.entry(peer_id).or_insert_with(PeerEntry::new);
                 e.connected = true;
                 if endpoint.is_dialer() {
@@ -811,7 +959,11 @@ impl Service {
                     self.emit(Event::PeerConnected(peer_id));
                 }
             }
-            SwarmEvent::ConnectionClosed { peer_id, num_established, .. } => {
+            SwarmEvent::ConnectionClosed {
+                peer_id,
+                num_established,
+                ..
+            } => {
                 if num_established == 0 {
                     if let Some(e) = self.peers.get_mut(&peer_id) {
                         e.connected = false;
@@ -820,7 +972,11 @@ impl Service {
                     self.emit(Event::PeerDisconnected(peer_id));
                 }
             }
-            SwarmEvent::IncomingConnectionError { send_back_addr, error, .. } => {
+            SwarmEvent::IncomingConnectionError {
+                send_back_addr,
+                error,
+                ..
+            } => {
                 if let ListenError::Denied { cause } = &error {
                     self.counters.connections_denied += 1;
                     metrics::counter!("p2p_connections_denied_total").increment(1);
@@ -850,7 +1006,12 @@ impl Service {
         match ev {
             BehaviourEvent::Gossipsub(ev) => {
                 self.libp2p_metrics.record(&ev);
-                if let gossipsub::Event::Message { propagation_source, message_id, message } = ev {
+                if let gossipsub::Event::Message {
+                    propagation_source,
+                    message_id,
+                    message,
+                } = ev
+                {
                     self.on_gossip(propagation_source, message_id, message);
                 }
             }
@@ -860,17 +1021,28 @@ impl Service {
                     let speaks_kad = info.protocols.iter().any(|p| *p == self.kad_protocol);
                     let e = self.peers.entry(peer_id).or_insert_with(PeerEntry::new);
                     e.agent = Some(info.agent_version.clone());
-                    e.addrs = info.listen_addrs.iter().filter(|a| !is_circuit(a)).cloned().collect();
+                    e.addrs = info
+                        .listen_addrs
+                        .iter()
+                        .filter(|a| !is_circuit(a))
+                        .cloned()
+                        .collect();
                     if speaks_kad {
                         for a in &info.listen_addrs {
-                            self.swarm.behaviour_mut().kad.add_address(&peer_id, a.clone());
+                            self.swarm
+                                .behaviour_mut()
+                                .kad
+                                .add_address(&peer_id, a.clone());
                         }
                     }
                 }
             }
             BehaviourEvent::Kad(ev) => {
                 self.libp2p_metrics.record(&ev);
-                if let kad::Event::RoutingUpdated { peer, addresses, .. } = ev {
+                if let kad::Event::RoutingUpdated {
+                    peer, addresses, ..
+                } = ev
+                {
                     self.maybe_dial(peer, addresses.into_vec());
                 }
             }
@@ -898,7 +1070,13 @@ impl Service {
 
     fn on_gossip(&mut self, propagation_source: PeerId, id: MessageId, msg: gossipsub::Message) {
         let Some(kind) = self.topics.get(&msg.topic).copied() else {
-            self.reject(propagation_source, &id, msg.source, TopicKind::Heartbeat, MessageError::Invalid("unknown topic".into()));
+            self.reject(
+                propagation_source,
+                &id,
+                msg.source,
+                TopicKind::Heartbeat,
+                MessageError::Invalid("unknown topic".into()),
+            );
             return;
         };
         let source = msg.source.unwrap_or(propagation_source);
@@ -910,40 +1088,60 @@ impl Service {
                     metrics::counter!("p2p_heartbeats_received_total").increment(1);
                     let now = Instant::now();
                     let e = self.peers.entry(source).or_insert_with(PeerEntry::new);
-                    let restarted = e.heartbeat.as_ref().is_some_and(|(h, _)| h.started_unix_ms != hb.started_unix_ms);
+                    let restarted = e
+                        .heartbeat
+                        .as_ref()
+                        .is_some_and(|(h, _)| h.started_unix_ms != hb.started_unix_ms);
                     if e.heartbeat.is_none() || restarted {
                         info!(peer = %source, role = %hb.role, restarted, "peer joined");
                     }
                     e.heartbeat = Some((hb.clone(), now));
                     e.heartbeats += 1;
                     e.stats.record_success(now);
-                    self.emit(Event::Heartbeat { peer: source, heartbeat: hb });
+                    self.emit(Event::Heartbeat {
+                        peer: source,
+                        heartbeat: hb,
+                    });
                 }
                 Err(err) => self.reject(propagation_source, &id, Some(source), kind, err),
             },
             TopicKind::Scores => {
-                let decoded = ScoreTable::decode(&msg.data, &self.cfg.swarm_id).and_then(|t| match self.cfg.learner {
-                    Some(l) if l != source => Err(MessageError::Unauthorised(source)),
-                    _ => Ok(t),
+                let decoded = ScoreTable::decode(&msg.data, &self.cfg.swarm_id).and_then(|t| {
+                    match self.cfg.learner {
+                        Some(l) if l != source => Err(MessageError::Unauthorised(source)),
+                        _ => Ok(t),
+                    }
                 });
                 match decoded {
                     Ok(table) => {
                         self.accept(&id, &propagation_source);
                         self.learner_scores = Some(table.clone());
-                        self.emit(Event::ScoreTable { from: source, table });
+                        self.emit(Event::ScoreTable {
+                            from: source,
+                            table,
+                        });
                     }
                     Err(err) => self.reject(propagation_source, &id, Some(source), kind, err),
                 }
             }
             TopicKind::Snapshots | TopicKind::Plans => {
-                let ev = Event::Gossip { topic: kind, message_id: id.clone(), propagation_source, source: msg.source, data: msg.data };
+                let ev = Event::Gossip {
+                    topic: kind,
+                    message_id: id.clone(),
+                    propagation_source,
+                    source: msg.source,
+                    data: msg.data,
+                };
                 if self.events.try_send(ev).is_err() {
                     self.counters.events_dropped += 1;
-                    self.swarm.behaviour_mut().gossipsub.report_message_validation_result(
-                        &id,
-                        &propagation_source,
-                        MessageAcceptance::Ignore,
-                    );
+                    self.swarm
+                        .behaviour_mut()
+                        .gossipsub
+                        .report_message_validation_result(
+                            &id,
+                            &propagation_source,
+                            MessageAcceptance::Ignore,
+                        );
                 }
             }
         }
@@ -956,7 +1154,14 @@ impl Service {
             .report_message_validation_result(id, propagation_source, MessageAcceptance::Accept);
     }
 
-    fn reject(&mut self, propagation_source: PeerId, id: &MessageId, source: Option<PeerId>, topic: TopicKind, error: MessageError) {
+    fn reject(
+        &mut self,
+        propagation_source: PeerId,
+        id: &MessageId,
+        source: Option<PeerId>,
+        topic: TopicKind,
+        error: MessageError,
+    ) {
         let peer = source.unwrap_or(propagation_source);
         warn!(%peer, via = %propagation_source, ?topic, %error, "dropping invalid gossip message");
         self.swarm

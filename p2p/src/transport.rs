@@ -18,10 +18,15 @@ use crate::error::P2pError;
 /// Reads a pre-shared key file in the standard format:
 /// `/key/swarm/psk/1.0.0/` newline `/base16/` newline 64 hex digits.
 pub fn load_psk(path: &Path) -> Result<PreSharedKey, P2pError> {
-    let err = |reason: String| P2pError::Psk { path: path.display().to_string(), reason };
+    let err = |reason: String| P2pError::Psk {
+        path: path.display().to_string(),
+        reason,
+    };
     let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
     PreSharedKey::from_str(text.trim()).map_err(|e| {
-        err(format!("{e} (expected `/key/swarm/psk/1.0.0/`, `/base16/`, 64 hex digits on three lines)"))
+        err(format!(
+            "{e} (expected `/key/swarm/psk/1.0.0/`, `/base16/`, 64 hex digits on three lines)"
+        ))
     })
 }
 
@@ -63,7 +68,8 @@ pub(crate) fn build_transport(
     if !quic {
         return Ok(tcp);
     }
-    let quic = quic::tokio::Transport::new(quic::Config::new(key)).map(|(p, c), _| (p, StreamMuxerBox::new(c)));
+    let quic = quic::tokio::Transport::new(quic::Config::new(key))
+        .map(|(p, c), _| (p, StreamMuxerBox::new(c)));
     Ok(tcp
         .or_transport(quic)
         .map(|either, _| either.into_inner())
@@ -82,7 +88,10 @@ mod tests {
         let k = load_psk(&p).unwrap();
         assert_eq!(k, PreSharedKey::new([7u8; 32]));
         std::fs::write(&p, "not a key").unwrap();
-        assert!(load_psk(&p).unwrap_err().to_string().contains("/key/swarm/psk/1.0.0/"));
+        assert!(load_psk(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("/key/swarm/psk/1.0.0/"));
         assert!(load_psk(&dir.path().join("missing")).is_err());
     }
 }

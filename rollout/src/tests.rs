@@ -198,6 +198,6 @@ fn spawned_engine_produces_until_stopped() {
         std::thread::sleep(Duration::from_millis(5));
     }
     running.stop().unwrap();
-    assert_eq!(store.pending(), 3);
+    assert_eq!(store.pending().unwrap(), 3);
     assert_eq!(stats.snapshot().groups, 3);
 }

@@ -405,9 +405,10 @@ impl TrajectoryStore {
         })
     }
 
-    /// Groups currently stored (leased or not).
-    pub fn pending(&self) -> u64 {
-        self.groups.len() as u64
+    /// Groups currently stored (leased or not), from the persisted counters (O(1); sled's
+    /// `Tree::len` walks the whole tree). [`Self::check_invariant`] counts the records.
+    pub fn pending(&self) -> Result<u64> {
+        Ok(self.counters()?.pending())
     }
 
     /// Compares the counters with the records actually stored.

@@ -107,7 +107,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
 }
 
 /// The network service configuration of a node.
-pub fn service_config(config: &NodeConfig, own_peer_id: &str) -> anyhow::Result<p2p::ServiceConfig> {
+pub fn service_config(
+    config: &NodeConfig,
+    own_peer_id: &str,
+) -> anyhow::Result<p2p::ServiceConfig> {
     let learner = match (config.role, &config.learner_public_key) {
         (Role::Learner, _) => Some(own_peer_id.parse().context("own peer id")?),
         (_, Some(hex_key)) => {
@@ -163,11 +166,22 @@ async fn serve(state: Arc<NodeState>) -> anyhow::Result<()> {
             let mut tick = tokio::time::interval(interval);
             loop {
                 tick.tick().await;
-                let pending = state.trajectories.counters().map(|c| c.pending()).unwrap_or(0);
+                let pending = state
+                    .trajectories
+                    .counters()
+                    .map(|c| c.pending())
+                    .unwrap_or(0);
                 let installed_version = state.chunks.versions().ok().and_then(|v| {
-                    v.into_iter().rev().find(|v| state.chunks.missing_chunks(*v).is_ok_and(|m| m.is_empty()))
+                    v.into_iter()
+                        .rev()
+                        .find(|v| state.chunks.missing_chunks(*v).is_ok_and(|m| m.is_empty()))
                 });
-                let local = p2p::LocalStatus { installed_version, pending, availability: 1.0, ..Default::default() };
+                let local = p2p::LocalStatus {
+                    installed_version,
+                    pending,
+                    availability: 1.0,
+                    ..Default::default()
+                };
                 metrics::gauge!("node_pending_groups").set(pending as f64);
                 if client.set_local_status(local).await.is_err() {
                     break;
@@ -182,10 +196,21 @@ async fn serve(state: Arc<NodeState>) -> anyhow::Result<()> {
         tokio::spawn(async move {
             while let Some(ev) = events.recv().await {
                 match ev {
-                    p2p::Event::Gossip { topic, message_id, propagation_source, source, .. } => {
+                    p2p::Event::Gossip {
+                        topic,
+                        message_id,
+                        propagation_source,
+                        source,
+                        ..
+                    } => {
                         tracing::debug!(?topic, %propagation_source, "no role consumes this topic yet");
                         let _ = client
-                            .report_validation(message_id, propagation_source, source, p2p::Validation::Ignore)
+                            .report_validation(
+                                message_id,
+                                propagation_source,
+                                source,
+                                p2p::Validation::Ignore,
+                            )
                             .await;
                     }
                     p2p::Event::Rejected { peer, topic, error } => {
@@ -225,6 +250,8 @@ pub async fn shutdown_signal() -> anyhow::Result<()> {
         }
     }
     #[cfg(not(unix))]
-    tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for Ctrl-C")?;
     Ok(())
 }

@@ -19,7 +19,8 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<()> {
         (None, None) => p2p::NetworkConfig::default().admin,
     };
     let body = http_get(&admin, "/status")?;
-    let v: Value = serde_json::from_str(&body).with_context(|| format!("the reply of {admin}/status is not JSON"))?;
+    let v: Value = serde_json::from_str(&body)
+        .with_context(|| format!("the reply of {admin}/status is not JSON"))?;
     if args.json {
         println!("{v}");
     } else {
@@ -35,22 +36,42 @@ pub fn http_get(host_port: &str, path: &str) -> anyhow::Result<String> {
         .with_context(|| format!("`{host_port}` is not HOST:PORT"))?
         .next()
         .with_context(|| format!("`{host_port}` resolves to no address"))?;
-    let unreachable = || format!("cannot reach the admin endpoint {addr} (is the node running? see network.admin in its config)");
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).with_context(unreachable)?;
+    let unreachable = || {
+        format!("cannot reach the admin endpoint {addr} (is the node running? see network.admin in its config)")
+    };
+    let mut s =
+        TcpStream::connect_timeout(&addr, Duration::from_secs(3)).with_context(unreachable)?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     s.set_write_timeout(Some(Duration::from_secs(10)))?;
     write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: application/json\r\nConnection: close\r\n\r\n")?;
     let mut raw = Vec::new();
-    s.take(64 * 1024 * 1024).read_to_end(&mut raw).with_context(unreachable)?;
+    s.take(64 * 1024 * 1024)
+        .read_to_end(&mut raw)
+        .with_context(unreachable)?;
     let text = String::from_utf8(raw).context("the admin endpoint replied with non-UTF-8 bytes")?;
-    let (head, body) = text.split_once("\r\n\r\n").context("malformed HTTP reply")?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .context("malformed HTTP reply")?;
     let status_line = head.lines().next().unwrap_or("");
-    let code: u16 = status_line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let chunked = head
-        .lines()
-        .any(|l| l.to_ascii_lowercase().starts_with("transfer-encoding:") && l.to_ascii_lowercase().contains("chunked"));
-    let body = if chunked { dechunk(body)? } else { body.to_string() };
-    anyhow::ensure!(code == 200, "{addr}{path} answered `{status_line}`: {}", body.trim());
+    let code: u16 = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let chunked = head.lines().any(|l| {
+        l.to_ascii_lowercase().starts_with("transfer-encoding:")
+            && l.to_ascii_lowercase().contains("chunked")
+    });
+    let body = if chunked {
+        dechunk(body)?
+    } else {
+        body.to_string()
+    };
+    anyhow::ensure!(
+        code == 200,
+        "{addr}{path} answered `{status_line}`: {}",
+        body.trim()
+    );
     Ok(body)
 }
 
@@ -70,7 +91,9 @@ fn dechunk(mut s: &str) -> anyhow::Result<String> {
 
 fn num(v: &Value, k: &str, prec: usize) -> String {
     match v.get(k) {
-        Some(Value::Number(n)) => n.as_f64().map_or_else(|| n.to_string(), |x| format!("{x:.prec$}")),
+        Some(Value::Number(n)) => n
+            .as_f64()
+            .map_or_else(|| n.to_string(), |x| format!("{x:.prec$}")),
         Some(Value::Null) | None => "-".into(),
         Some(x) => x.to_string(),
     }
@@ -87,7 +110,11 @@ fn text(v: &Value, k: &str) -> String {
 /// The human view of a status object.
 pub fn render(v: &Value) -> String {
     let mut out = String::new();
-    let peers = v.get("peers").and_then(Value::as_array).cloned().unwrap_or_default();
+    let peers = v
+        .get("peers")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     out.push_str(&format!(
         "node {}  role {}  swarm {}  installed version {}  software {}\n",
         text(v, "peer_id"),
@@ -100,11 +127,22 @@ pub fn render(v: &Value) -> String {
         "listening on {}  connected peers {}  known peers {}{}\n",
         v.get("listen_addrs")
             .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(", "))
+            .map(|a| a
+                .iter()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join(", "))
             .unwrap_or_default(),
         text(v, "connected_peers"),
         peers.len(),
-        if v.get("private_swarm").and_then(Value::as_bool).unwrap_or(false) { "  (private swarm)" } else { "" }
+        if v.get("private_swarm")
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+        {
+            "  (private swarm)"
+        } else {
+            ""
+        }
     ));
     if let Some(l) = v.get("learner").filter(|l| !l.is_null()) {
         out.push_str(&format!(
@@ -122,17 +160,25 @@ pub fn render(v: &Value) -> String {
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);
     t.set_header(vec![
-        "peer id", "role", "version", "addrs", "score", "speed", "success", "stab.", "decay", "hb age s", "pending",
-        "μ", "$/h", "active",
+        "peer id", "role", "version", "addrs", "score", "speed", "success", "stab.", "decay",
+        "hb age s", "pending", "μ", "$/h", "active",
     ]);
     for p in &peers {
-        let addrs = p.get("addrs").and_then(Value::as_array).cloned().unwrap_or_default();
+        let addrs = p
+            .get("addrs")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
         let addr = match addrs.len() {
             0 => "-".to_string(),
             1 => addrs[0].as_str().unwrap_or("").to_string(),
             n => format!("{} (+{})", addrs[0].as_str().unwrap_or(""), n - 1),
         };
-        let version = format!("{} / v{}", text(p, "node_version"), text(p, "installed_version"));
+        let version = format!(
+            "{} / v{}",
+            text(p, "node_version"),
+            text(p, "installed_version")
+        );
         t.add_row(vec![
             text(p, "peer_id"),
             text(p, "role"),
@@ -147,7 +193,11 @@ pub fn render(v: &Value) -> String {
             text(p, "pending"),
             num(p, "mu", 2),
             num(p, "cost_per_hour", 2),
-            if p.get("active").and_then(Value::as_bool).unwrap_or(false) { "yes".into() } else { "no".into() },
+            if p.get("active").and_then(Value::as_bool).unwrap_or(false) {
+                "yes".into()
+            } else {
+                "no".into()
+            },
         ]);
     }
     out.push_str(&t.to_string());
@@ -161,7 +211,10 @@ mod tests {
 
     #[test]
     fn dechunk_and_render() {
-        assert_eq!(dechunk("3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n").unwrap(), "abcde");
+        assert_eq!(
+            dechunk("3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n").unwrap(),
+            "abcde"
+        );
         let v: Value = serde_json::json!({
             "peer_id": "12D3", "role": "learner", "version": null,
             "peers": [{"peer_id": "12D3KooWx", "role": "rollout", "addrs": ["/ip4/127.0.0.1/tcp/1"],
@@ -169,6 +222,9 @@ mod tests {
                        "heartbeat_age_s": 0.5, "pending": 3, "active": true}]
         });
         let s = render(&v);
-        assert!(s.contains("12D3KooWx") && s.contains("12.5") && s.contains("rollout"), "{s}");
+        assert!(
+            s.contains("12D3KooWx") && s.contains("12.5") && s.contains("rollout"),
+            "{s}"
+        );
     }
 }

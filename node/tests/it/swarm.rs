@@ -17,7 +17,11 @@ const HEARTBEAT_MS: u64 = 300;
 const WAIT: Duration = Duration::from_secs(45);
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Polls `f` every 200 ms until it returns `Some`, or panics with `what` after `limit`.
@@ -27,7 +31,10 @@ fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) ->
         if let Some(v) = f() {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -38,8 +45,16 @@ struct Key {
 }
 
 fn keygen(dir: &Path) -> Key {
-    let out = Command::new(BIN).args(["keygen", "--json", "--out"]).arg(dir).output().unwrap();
-    assert!(out.status.success(), "keygen: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(BIN)
+        .args(["keygen", "--json", "--out"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "keygen: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     Key {
         peer_id: v["peer_id"].as_str().unwrap().to_string(),
@@ -60,7 +75,14 @@ struct Node {
 
 impl Node {
     /// Writes a config for `role` under `root/name` and starts the node.
-    fn start(root: &Path, name: &str, role: &str, swarm: &str, learner_pk: Option<&str>, network_extra: &str) -> Node {
+    fn start(
+        root: &Path,
+        name: &str,
+        role: &str,
+        swarm: &str,
+        learner_pk: Option<&str>,
+        network_extra: &str,
+    ) -> Node {
         let data = root.join(name);
         std::fs::create_dir_all(&data).unwrap();
         let key = keygen(&data);
@@ -78,7 +100,9 @@ impl Node {
         key: Key,
     ) -> Node {
         let data = root.join(name);
-        let learner_line = learner_pk.map(|k| format!("learner_public_key = \"{k}\"\n")).unwrap_or_default();
+        let learner_line = learner_pk
+            .map(|k| format!("learner_public_key = \"{k}\"\n"))
+            .unwrap_or_default();
         let heartbeat = if network_extra.contains("heartbeat_interval_ms") {
             String::new()
         } else {
@@ -108,11 +132,20 @@ impl Node {
     }
 
     fn spawn(&mut self) {
-        let log = File::options().create(true).append(true).open(&self.log).unwrap();
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
         let child = Command::new(BIN)
             .args(["run", "--config"])
             .arg(&self.config)
-            .args(["--listen", &format!("/ip4/127.0.0.1/tcp/{}", self.listen_port), "--admin", &self.admin])
+            .args([
+                "--listen",
+                &format!("/ip4/127.0.0.1/tcp/{}", self.listen_port),
+                "--admin",
+                &self.admin,
+            ])
             .env("RUST_LOG", "info,p2p=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -123,7 +156,10 @@ impl Node {
     }
 
     fn addr(&self) -> String {
-        format!("/ip4/127.0.0.1/tcp/{}/p2p/{}", self.listen_port, self.key.peer_id)
+        format!(
+            "/ip4/127.0.0.1/tcp/{}/p2p/{}",
+            self.listen_port, self.key.peer_id
+        )
     }
 
     fn kill(&mut self) {
@@ -137,10 +173,17 @@ impl Node {
     fn status(&mut self) -> Option<Value> {
         if let Some(c) = self.child.as_mut() {
             if let Ok(Some(code)) = c.try_wait() {
-                panic!("node {} exited with {code}:\n{}", self.name, self.log_tail());
+                panic!(
+                    "node {} exited with {code}:\n{}",
+                    self.name,
+                    self.log_tail()
+                );
             }
         }
-        let out = Command::new(BIN).args(["status", "--json", "--admin", &self.admin]).output().ok()?;
+        let out = Command::new(BIN)
+            .args(["status", "--json", "--admin", &self.admin])
+            .output()
+            .ok()?;
         if !out.status.success() {
             return None;
         }
@@ -169,18 +212,27 @@ impl Drop for Node {
 }
 
 fn peer<'a>(status: &'a Value, peer_id: &str) -> Option<&'a Value> {
-    status["peers"].as_array()?.iter().find(|p| p["peer_id"] == peer_id)
+    status["peers"]
+        .as_array()?
+        .iter()
+        .find(|p| p["peer_id"] == peer_id)
 }
 
 /// The peer as `status` shows it once a heartbeat of it has arrived and it is active.
 fn active_peer(status: &Value, peer_id: &str) -> Option<Value> {
-    peer(status, peer_id).filter(|p| p["active"] == true && p["role"].is_string()).cloned()
+    peer(status, peer_id)
+        .filter(|p| p["active"] == true && p["role"].is_string())
+        .cloned()
 }
 
 fn http_get(addr: &str, path: &str) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     out
@@ -213,7 +265,16 @@ fn learner_and_three_workers_discover_each_other_and_a_restart_keeps_the_peer_id
     let boot = format!("bootstrap = [\"{}\"]\ncost_per_hour = 0.35", learner.addr());
     let lpk = learner.key.public_key.clone();
     let mut workers: Vec<Node> = (0..3)
-        .map(|i| Node::start(tmp.path(), &format!("w{i}"), "rollout", swarm, Some(&lpk), &boot))
+        .map(|i| {
+            Node::start(
+                tmp.path(),
+                &format!("w{i}"),
+                "rollout",
+                swarm,
+                Some(&lpk),
+                &boot,
+            )
+        })
         .collect();
     let ids: Vec<String> = workers.iter().map(|w| w.key.peer_id.clone()).collect();
 
@@ -221,7 +282,9 @@ fn learner_and_three_workers_discover_each_other_and_a_restart_keeps_the_peer_id
     let started = Instant::now();
     let st = wait_for("the learner to list three active workers", WAIT, || {
         let st = learner.status()?;
-        ids.iter().all(|id| active_peer(&st, id).is_some()).then_some(st)
+        ids.iter()
+            .all(|id| active_peer(&st, id).is_some())
+            .then_some(st)
     });
     eprintln!("learner saw 3 workers after {:?}", started.elapsed());
     assert_eq!(st["peer_id"], learner.key.peer_id.as_str());
@@ -239,35 +302,60 @@ fn learner_and_three_workers_discover_each_other_and_a_restart_keeps_the_peer_id
         assert_eq!(p["pending"], 0);
     }
     // Every worker sees the learner and the two other workers.
-    let all: Vec<String> = std::iter::once(learner.key.peer_id.clone()).chain(ids.iter().cloned()).collect();
+    let all: Vec<String> = std::iter::once(learner.key.peer_id.clone())
+        .chain(ids.iter().cloned())
+        .collect();
     for w in workers.iter_mut() {
         let me = w.key.peer_id.clone();
         wait_for(&format!("{} to see the whole swarm", w.name), WAIT, || {
             let st = w.status()?;
-            all.iter().filter(|id| **id != me).all(|id| active_peer(&st, id).is_some()).then_some(())
+            all.iter()
+                .filter(|id| **id != me)
+                .all(|id| active_peer(&st, id).is_some())
+                .then_some(())
         });
     }
 
     // The human table and /metrics (both metric families in one response).
-    let out = Command::new(BIN).args(["status", "--admin", &learner.admin]).output().unwrap();
+    let out = Command::new(BIN)
+        .args(["status", "--admin", &learner.admin])
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && ids.iter().all(|id| text.contains(id.as_str())), "{text}");
+    assert!(
+        out.status.success() && ids.iter().all(|id| text.contains(id.as_str())),
+        "{text}"
+    );
     let metrics = http_get(&learner.admin, "/metrics");
     assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
-    assert!(metrics.contains("p2p_heartbeats_received_total"), "metrics-crate series missing");
-    assert!(metrics.contains("libp2p_"), "libp2p prometheus-client series missing");
+    assert!(
+        metrics.contains("p2p_heartbeats_received_total"),
+        "metrics-crate series missing"
+    );
+    assert!(
+        metrics.contains("libp2p_"),
+        "libp2p prometheus-client series missing"
+    );
 
     // Restart: worker 0 is killed and started again on its data dir: same peer id, new process.
-    let before = peer(&st, &ids[0]).unwrap()["started_unix_ms"].as_u64().unwrap();
+    let before = peer(&st, &ids[0]).unwrap()["started_unix_ms"]
+        .as_u64()
+        .unwrap();
     workers[0].kill();
     workers[0].spawn();
-    let p = wait_for("the restarted worker to rejoin under its peer id", WAIT, || {
-        let st = learner.status()?;
-        active_peer(&st, &ids[0]).filter(|p| p["started_unix_ms"].as_u64() != Some(before))
-    });
+    let p = wait_for(
+        "the restarted worker to rejoin under its peer id",
+        WAIT,
+        || {
+            let st = learner.status()?;
+            active_peer(&st, &ids[0]).filter(|p| p["started_unix_ms"].as_u64() != Some(before))
+        },
+    );
     assert_eq!(p["peer_id"], ids[0].as_str());
     assert_eq!(p["connected"], true);
-    let own = wait_for("the restarted worker's status", WAIT, || workers[0].status());
+    let own = wait_for("the restarted worker's status", WAIT, || {
+        workers[0].status()
+    });
     assert_eq!(own["peer_id"], ids[0].as_str());
 }
 
@@ -289,20 +377,50 @@ fn a_node_with_the_wrong_pre_shared_key_cannot_connect() {
     assert_eq!(st["quic"], false);
     let lpk = learner.key.public_key.clone();
     let boot = format!("bootstrap = [\"{}\"]\n", learner.addr());
-    let ok = Node::start(tmp.path(), "ok", "rollout", swarm, Some(&lpk), &(boot.clone() + &psk(&good)));
-    let mut wrong = Node::start(tmp.path(), "wrong", "rollout", swarm, Some(&lpk), &(boot + &psk(&bad)));
+    let ok = Node::start(
+        tmp.path(),
+        "ok",
+        "rollout",
+        swarm,
+        Some(&lpk),
+        &(boot.clone() + &psk(&good)),
+    );
+    let mut wrong = Node::start(
+        tmp.path(),
+        "wrong",
+        "rollout",
+        swarm,
+        Some(&lpk),
+        &(boot + &psk(&bad)),
+    );
     // Positive control: the worker with the right key joins; the wrong key's handshakes fail.
-    wait_for("the right-key worker to join and the wrong-key handshake to fail", WAIT, || {
-        let st = learner.status()?;
-        (active_peer(&st, &ok.key.peer_id).is_some() && st["counters"]["connection_errors"].as_u64()? >= 1).then_some(())
-    });
+    wait_for(
+        "the right-key worker to join and the wrong-key handshake to fail",
+        WAIT,
+        || {
+            let st = learner.status()?;
+            (active_peer(&st, &ok.key.peer_id).is_some()
+                && st["counters"]["connection_errors"].as_u64()? >= 1)
+                .then_some(())
+        },
+    );
     // Give the wrong-key node a few more heartbeat intervals and redials: still nothing.
     std::thread::sleep(Duration::from_millis(HEARTBEAT_MS * 5));
     let st = learner.status().unwrap();
-    assert!(peer(&st, &wrong.key.peer_id).is_none(), "wrong-key node got in: {st}");
+    assert!(
+        peer(&st, &wrong.key.peer_id).is_none(),
+        "wrong-key node got in: {st}"
+    );
     let ws = wrong.status().unwrap();
     assert_eq!(ws["connected_peers"], 0, "{ws}");
-    assert!(ws["peers"].as_array().unwrap().iter().all(|p| p["role"].is_null()), "{ws}");
+    assert!(
+        ws["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["role"].is_null()),
+        "{ws}"
+    );
 }
 
 #[test]
@@ -315,23 +433,52 @@ fn a_node_outside_the_allow_list_is_refused() {
     let insider_key = keygen(&ins);
     let insider_id = insider_key.peer_id.clone();
     let allow = |ids: &[&str]| {
-        format!("allow_list = [{}]\n", ids.iter().map(|i| format!("\"{i}\"")).collect::<Vec<_>>().join(", "))
+        format!(
+            "allow_list = [{}]\n",
+            ids.iter()
+                .map(|i| format!("\"{i}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
     };
-    let mut learner = Node::start(tmp.path(), "learner", "learner", swarm, None, &allow(&[&insider_id]));
+    let mut learner = Node::start(
+        tmp.path(),
+        "learner",
+        "learner",
+        swarm,
+        None,
+        &allow(&[&insider_id]),
+    );
     learner.wait_ready();
     let lpk = learner.key.public_key.clone();
     let boot = format!("bootstrap = [\"{}\"]\n", learner.addr());
     let insider_net = boot.clone() + &allow(&[&learner.key.peer_id]);
-    let insider = Node::start_with_key(tmp.path(), "insider", "rollout", swarm, Some(&lpk), &insider_net, insider_key);
+    let insider = Node::start_with_key(
+        tmp.path(),
+        "insider",
+        "rollout",
+        swarm,
+        Some(&lpk),
+        &insider_net,
+        insider_key,
+    );
     let mut outsider = Node::start(tmp.path(), "outsider", "rollout", swarm, Some(&lpk), &boot);
-    wait_for("the insider to join and the outsider to be refused", WAIT, || {
-        let st = learner.status()?;
-        (active_peer(&st, &insider.key.peer_id).is_some() && st["counters"]["connections_denied"].as_u64()? >= 1)
-            .then_some(())
-    });
+    wait_for(
+        "the insider to join and the outsider to be refused",
+        WAIT,
+        || {
+            let st = learner.status()?;
+            (active_peer(&st, &insider.key.peer_id).is_some()
+                && st["counters"]["connections_denied"].as_u64()? >= 1)
+                .then_some(())
+        },
+    );
     std::thread::sleep(Duration::from_millis(HEARTBEAT_MS * 5));
     let st = learner.status().unwrap();
-    assert!(peer(&st, &outsider.key.peer_id).is_none(), "outsider got in: {st}");
+    assert!(
+        peer(&st, &outsider.key.peer_id).is_none(),
+        "outsider got in: {st}"
+    );
     let os = outsider.status().unwrap();
     assert_eq!(os["connected_peers"], 0, "{os}");
 }
@@ -342,7 +489,11 @@ fn malformed_heartbeats_are_dropped_and_the_sender_score_falls() {
     let swarm = "it-garbage";
     let mut learner = Node::start(tmp.path(), "learner", "learner", swarm, None, "");
     learner.wait_ready();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
     // A test peer built on the p2p crate: valid heartbeats from its service, garbage on demand.
     let seed = [0x5a; 32];
     let cfg = p2p::ServiceConfig {
@@ -360,7 +511,9 @@ fn malformed_heartbeats_are_dropped_and_the_sender_score_falls() {
         learner: Some(learner.key.peer_id.parse().unwrap()),
     };
     let mut registry = p2p::Registry::default();
-    let (client, _events, _task) = rt.block_on(async { p2p::start(seed, cfg, &mut registry) }).unwrap();
+    let (client, _events, _task) = rt
+        .block_on(async { p2p::start(seed, cfg, &mut registry) })
+        .unwrap();
     let me = client.local_peer_id().to_string();
     assert_eq!(me, p2p::peer_id_from_seed(seed).to_string());
 
@@ -386,11 +539,16 @@ fn malformed_heartbeats_are_dropped_and_the_sender_score_falls() {
             client.publish_raw(topic.clone(), g).await.unwrap();
         }
     });
-    let after = wait_for("the learner to reject the garbage and lower the score", WAIT, || {
-        let st = learner.status()?;
-        let p = peer(&st, &me)?.clone();
-        (p["rejected_messages"].as_u64()? >= 1 && p["score"].as_f64()? < score_before).then_some((st, p))
-    });
+    let after = wait_for(
+        "the learner to reject the garbage and lower the score",
+        WAIT,
+        || {
+            let st = learner.status()?;
+            let p = peer(&st, &me)?.clone();
+            (p["rejected_messages"].as_u64()? >= 1 && p["score"].as_f64()? < score_before)
+                .then_some((st, p))
+        },
+    );
     let (st, p) = after;
     assert!(p["success"].as_f64().unwrap() < 100.0, "{p}");
     assert!(p["failures"].as_u64().unwrap() >= 1, "{p}");
@@ -420,25 +578,44 @@ fn discovery_16_nodes_measurement() {
     let lpk = learner.key.public_key.clone();
     let boot = format!("bootstrap = [\"{}\"]\n{hb}", learner.addr());
     let mut nodes: Vec<Node> = (0..15)
-        .map(|i| Node::start(tmp.path(), &format!("w{i}"), "rollout", swarm, Some(&lpk), &boot))
+        .map(|i| {
+            Node::start(
+                tmp.path(),
+                &format!("w{i}"),
+                "rollout",
+                swarm,
+                Some(&lpk),
+                &boot,
+            )
+        })
         .collect();
-    let ids: Vec<String> = std::iter::once(learner.key.peer_id.clone()).chain(nodes.iter().map(|n| n.key.peer_id.clone())).collect();
+    let ids: Vec<String> = std::iter::once(learner.key.peer_id.clone())
+        .chain(nodes.iter().map(|n| n.key.peer_id.clone()))
+        .collect();
     let spawned = t0.elapsed();
     nodes.insert(0, learner);
     let mut done = vec![None; nodes.len()];
-    wait_for("full discovery of 16 nodes", Duration::from_secs(120), || {
-        for (i, n) in nodes.iter_mut().enumerate() {
-            if done[i].is_some() {
-                continue;
+    wait_for(
+        "full discovery of 16 nodes",
+        Duration::from_secs(120),
+        || {
+            for (i, n) in nodes.iter_mut().enumerate() {
+                if done[i].is_some() {
+                    continue;
+                }
+                let me = n.key.peer_id.clone();
+                let st = n.status()?;
+                if ids
+                    .iter()
+                    .filter(|id| **id != me)
+                    .all(|id| active_peer(&st, id).is_some())
+                {
+                    done[i] = Some(t0.elapsed());
+                }
             }
-            let me = n.key.peer_id.clone();
-            let st = n.status()?;
-            if ids.iter().filter(|id| **id != me).all(|id| active_peer(&st, id).is_some()) {
-                done[i] = Some(t0.elapsed());
-            }
-        }
-        done.iter().all(Option::is_some).then_some(())
-    });
+            done.iter().all(Option::is_some).then_some(())
+        },
+    );
     let full = done.iter().flatten().max().unwrap();
     println!("16 nodes: all spawned after {spawned:?}; full discovery (every node lists 15 active peers) after {full:?}");
     // Idle CPU and RSS of the learner over 10 s.
@@ -452,13 +629,21 @@ fn discovery_16_nodes_measurement() {
     std::thread::sleep(Duration::from_secs(10));
     let cpu = (ticks(pid) - c0) as f64 / 100.0 / t.elapsed().as_secs_f64() * 100.0;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let rss = status.lines().find(|l| l.starts_with("VmRSS")).unwrap().to_string();
+    let rss = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS"))
+        .unwrap()
+        .to_string();
     println!("learner with 15 peers, heartbeat 1 s: idle CPU {cpu:.2} % of one core; {rss}");
     let wpid = nodes[1].child.as_ref().unwrap().id();
     let (c0, t) = (ticks(wpid), Instant::now());
     std::thread::sleep(Duration::from_secs(10));
     let cpu = (ticks(wpid) - c0) as f64 / 100.0 / t.elapsed().as_secs_f64() * 100.0;
     let status = std::fs::read_to_string(format!("/proc/{wpid}/status")).unwrap();
-    let rss = status.lines().find(|l| l.starts_with("VmRSS")).unwrap().to_string();
+    let rss = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS"))
+        .unwrap()
+        .to_string();
     println!("worker with 15 peers: idle CPU {cpu:.2} % of one core; {rss}");
 }
