@@ -1,23 +1,33 @@
 //! The learner role: bounded-staleness training (ECHO-2 Algorithm 1), lease–ack pulls of
 //! admissible trajectory groups, checkpoints and publication of snapshots.
 //!
-//! Owns: the RL objectives ([`loss`]), the training loop, the learner's trajectory buffer
-//! policy.
+//! Owns: the RL objectives ([`loss`]), the optimiser ([`optim`]), the training core with its
+//! admission rules and checkpoints ([`trainer`]).
 //! Must not touch: the libp2p swarm (it talks to `p2p` through its client handle) or on-disk
-//! formats (those belong to `storage`).
+//! formats of the trajectory store (those belong to `storage`).
 //!
-//! Today this crate holds the objectives; the training loop, pulls and checkpoints arrive with
-//! the rest of issue 6.
+//! The network pull protocol and the node's learner loop build on [`Trainer`]; a one-process
+//! demonstration of Algorithm 1 is `examples/local_learning.rs` (see `docs/learner.md`).
 
 pub mod loss;
+pub mod optim;
+pub mod trainer;
 
 pub use loss::{group_advantages, group_loss, GroupInput, LossConfig, LossOutput, Objective};
+pub use optim::{AdamW, AdamWConfig, OptimStep};
+pub use trainer::{admissible, kappa_default, lease_floor, StepStats, Trainer, TrainerConfig, Verdict};
 
 /// Errors of the learner layer.
 #[derive(Debug, thiserror::Error)]
 pub enum LearnerError {
     #[error("tensor error: {0}")]
     Tensor(#[from] candle_core::Error),
+    #[error("policy error: {0}")]
+    Policy(#[from] policy::PolicyError),
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("checkpoint error: {0}")]
+    Checkpoint(String),
     #[error("invalid input: {0}")]
     Invalid(String),
 }

@@ -27,7 +27,8 @@ use candle_core::{DType, Tensor};
 use crate::{LearnerError, Result};
 
 /// Which objective to optimise.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Objective {
     Grpo,
     DrGrpo,
@@ -57,7 +58,7 @@ impl std::str::FromStr for Objective {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LossConfig {
     pub objective: Objective,
     /// Clip range ε of the surrogate: the coefficient is clipped to `[1−ε, 1+ε]`.

@@ -21,7 +21,7 @@ use serde::Serialize;
 
 /// Speed component from the average transfer rate in bit/s.
 pub fn speed_component(avg_bits_per_s: f64) -> f64 {
-    if !(avg_bits_per_s > 0.0) || !avg_bits_per_s.is_finite() {
+    if avg_bits_per_s.is_nan() || avg_bits_per_s <= 0.0 || !avg_bits_per_s.is_finite() {
         return 0.0;
     }
     (100.0 * (avg_bits_per_s.log10() - 3.0) / 5.0).clamp(0.0, 100.0)

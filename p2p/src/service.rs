@@ -961,16 +961,14 @@ impl Service {
             }
             SwarmEvent::ConnectionClosed {
                 peer_id,
-                num_established,
+                num_established: 0,
                 ..
             } => {
-                if num_established == 0 {
-                    if let Some(e) = self.peers.get_mut(&peer_id) {
-                        e.connected = false;
-                    }
-                    debug!(%peer_id, "disconnected");
-                    self.emit(Event::PeerDisconnected(peer_id));
+                if let Some(e) = self.peers.get_mut(&peer_id) {
+                    e.connected = false;
                 }
+                debug!(%peer_id, "disconnected");
+                self.emit(Event::PeerDisconnected(peer_id));
             }
             SwarmEvent::IncomingConnectionError {
                 send_back_addr,
@@ -1018,7 +1016,7 @@ impl Service {
             BehaviourEvent::Identify(ev) => {
                 self.libp2p_metrics.record(&ev);
                 if let identify::Event::Received { peer_id, info, .. } = ev {
-                    let speaks_kad = info.protocols.iter().any(|p| *p == self.kad_protocol);
+                    let speaks_kad = info.protocols.contains(&self.kad_protocol);
                     let e = self.peers.entry(peer_id).or_insert_with(PeerEntry::new);
                     e.agent = Some(info.agent_version.clone());
                     e.addrs = info

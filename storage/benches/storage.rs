@@ -3,7 +3,8 @@
 //! - `group_put/single`: one durable `put_group` (one flush) per group.
 //! - `group_put/batched_128`: `put_groups` of 128 groups (one transaction, one flush).
 //! - `lease_ack/64`: lease 64 groups + ack the lease.
-//! - `chunk/put_verified_1MiB` next to `chunk/blake3_raw_1MiB`, in the same run.
+//! - `chunk/put_verified_1MiB` next to `chunk/blake3_raw_1MiB` and `chunk/file_write_raw_1MiB`
+//!   (the I/O floor: write + rename, no hashing), in the same run.
 
 use std::time::{Duration, Instant};
 
@@ -84,6 +85,28 @@ fn chunks(c: &mut Criterion) {
     let mut g = c.benchmark_group("chunk");
     g.throughput(Throughput::Bytes(MIB as u64));
     g.bench_function("blake3_raw_1MiB", |b| b.iter(|| hash_bytes(&pool[0].0)));
+    // The I/O floor: create + write + rename of a 1 MiB file, no hashing.
+    let raw_dir = dir.path().join("raw");
+    std::fs::create_dir_all(&raw_dir).unwrap();
+    g.bench_function("file_write_raw_1MiB", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for i in 0..iters {
+                let tmp = raw_dir.join(format!("{i}.tmp"));
+                let t = Instant::now();
+                std::fs::write(&tmp, &pool[(i % 32) as usize].0).unwrap();
+                std::fs::rename(&tmp, raw_dir.join(format!("{i}"))).unwrap();
+                total += t.elapsed();
+                if i % 32 == 31 {
+                    // Not timed: delete, as garbage collection does for put_verified.
+                    for j in i - 31..=i {
+                        std::fs::remove_file(raw_dir.join(format!("{j}"))).unwrap();
+                    }
+                }
+            }
+            total
+        })
+    });
     g.bench_function("put_verified_1MiB", |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;

@@ -282,8 +282,10 @@ fn learner_and_three_workers_discover_each_other_and_a_restart_keeps_the_peer_id
     let started = Instant::now();
     let st = wait_for("the learner to list three active workers", WAIT, || {
         let st = learner.status()?;
+        // Addresses come from identify, which may land just after the first heartbeat.
+        let has_addrs = |p: Value| p["addrs"].as_array().is_some_and(|a| !a.is_empty());
         ids.iter()
-            .all(|id| active_peer(&st, id).is_some())
+            .all(|id| active_peer(&st, id).is_some_and(has_addrs))
             .then_some(st)
     });
     eprintln!("learner saw 3 workers after {:?}", started.elapsed());
@@ -479,8 +481,18 @@ fn a_node_outside_the_allow_list_is_refused() {
         peer(&st, &outsider.key.peer_id).is_none(),
         "outsider got in: {st}"
     );
+    // The outsider's dials reach the TCP/noise layer and are then closed by the learner: no
+    // heartbeat ever gets through to it.
     let os = outsider.status().unwrap();
-    assert_eq!(os["connected_peers"], 0, "{os}");
+    assert!(
+        os["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["role"].is_null()),
+        "{os}"
+    );
+    assert_eq!(os["counters"]["heartbeats_received"], 0, "{os}");
 }
 
 #[test]
@@ -545,13 +557,13 @@ fn malformed_heartbeats_are_dropped_and_the_sender_score_falls() {
         || {
             let st = learner.status()?;
             let p = peer(&st, &me)?.clone();
-            (p["rejected_messages"].as_u64()? >= 1 && p["score"].as_f64()? < score_before)
+            (p["rejected_messages"].as_u64()? >= 3 && p["score"].as_f64()? < score_before)
                 .then_some((st, p))
         },
     );
     let (st, p) = after;
     assert!(p["success"].as_f64().unwrap() < 100.0, "{p}");
-    assert!(p["failures"].as_u64().unwrap() >= 1, "{p}");
+    assert!(p["failures"].as_u64().unwrap() >= 3, "{p}");
     assert!(st["counters"]["messages_rejected"].as_u64().unwrap() >= 1);
     // Dropped: nothing of the garbage replaced the last valid heartbeat.
     assert_eq!(p["role"], "rollout");

@@ -1,0 +1,261 @@
+//! Forwarding-chain planning (ECHO-2 §4.2, App. C.3; SPEC §6) as pure functions.
+//!
+//! The learner's uplink `B0` can feed `N_ch = max(1, ⌊B0 / B̂w⌋)` workers at full per-worker
+//! bandwidth `B̂w` at once; every further worker would only split that uplink. So the learner
+//! sends to `N_ch` *first hops* and every worker forwards to at most one child (fan-out 1),
+//! store-and-forward per chunk: a chain of length `L` finishes after about
+//! `M/B̂w + (L − 1)·c/B̂w` (snapshot size `M`, chunk size `c`), which grows with `L` only by one
+//! chunk time per hop.
+//!
+//! Placement rules, in order:
+//! 1. Workers whose score is at or below `exclude_below` do not forward at all: they are
+//!    *fetch-only* (they fetch chunks by hash from any holder, SPEC §6 "out of forwarding").
+//! 2. The others are ranked by score, best first (ties broken by peer id, so every node
+//!    computes the same plan); *degraded* workers (score below `degraded_below`) are ranked
+//!    after all healthy ones, so they land toward the tails where a slow link delays nobody.
+//! 3. The first `N_ch` in that order are first hops; the rest are appended to the chain tails
+//!    round-robin in rank order (worker `k` joins chain `k mod N_ch`), which keeps the chains
+//!    within one of each other in length and puts the best forwarders nearest the learner.
+//!
+//! Repair: removing a failed worker reattaches its child (and so its whole tail) to the failed
+//! worker's parent — its nearest surviving ancestor, or the learner for a first hop.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+
+/// Inputs of a plan.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PlanParams {
+    /// Learner uplink budget `B0` (Mbit/s).
+    pub learner_mbps: f64,
+    /// Per-worker forwarding bandwidth `B̂w` (Mbit/s).
+    pub worker_mbps: f64,
+    /// Workers scoring below this are placed after all healthy ones.
+    pub degraded_below: f64,
+    /// Workers scoring at or below this do not forward (fetch-only).
+    pub exclude_below: f64,
+}
+
+impl Default for PlanParams {
+    fn default() -> Self {
+        PlanParams {
+            learner_mbps: 300.0,
+            worker_mbps: 100.0,
+            degraded_below: 40.0,
+            exclude_below: 10.0,
+        }
+    }
+}
+
+/// `N_ch = max(1, ⌊B0 / B̂w⌋)`.
+pub fn n_chains(learner_mbps: f64, worker_mbps: f64) -> usize {
+    if !(learner_mbps.is_finite() && worker_mbps.is_finite()) || worker_mbps <= 0.0 || learner_mbps <= 0.0 {
+        return 1;
+    }
+    ((learner_mbps / worker_mbps).floor() as usize).max(1)
+}
+
+/// A forwarding plan: `chains[j][0]` receives from the learner, `chains[j][k+1]` from
+/// `chains[j][k]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainPlan<P> {
+    pub chains: Vec<Vec<P>>,
+    /// Workers that do not forward and fetch chunks from any holder.
+    pub fetch_only: Vec<P>,
+}
+
+/// Where a worker sits in a plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement<P> {
+    /// In chain `chain` at `position` (0 = first hop); `parent` `None` means the learner.
+    Chain {
+        chain: usize,
+        position: usize,
+        parent: Option<P>,
+        child: Option<P>,
+    },
+    FetchOnly,
+}
+
+/// Builds the plan for `workers` given as `(peer, score)`.
+pub fn plan_chains<P: Clone + Ord>(workers: &[(P, f64)], params: &PlanParams) -> ChainPlan<P> {
+    let mut forwarders: Vec<&(P, f64)> = Vec::new();
+    let mut fetch_only = Vec::new();
+    for w in workers {
+        if !(w.1 > params.exclude_below) {
+            fetch_only.push(w.0.clone());
+        } else {
+            forwarders.push(w);
+        }
+    }
+    fetch_only.sort();
+    // Healthy before degraded, then by score descending, then by peer id.
+    forwarders.sort_by(|a, b| {
+        let da = a.1 < params.degraded_below;
+        let db = b.1 < params.degraded_below;
+        da.cmp(&db)
+            .then(b.1.partial_cmp(&a.1).unwrap_or(std::cmp::Ordering::Equal))
+            .then(a.0.cmp(&b.0))
+    });
+    let n = n_chains(params.learner_mbps, params.worker_mbps).min(forwarders.len());
+    let mut chains: Vec<Vec<P>> = vec![Vec::new(); n];
+    for (k, w) in forwarders.iter().enumerate() {
+        chains[k % n.max(1)].push(w.0.clone());
+    }
+    ChainPlan { chains, fetch_only }
+}
+
+impl<P: Clone + Eq + Hash> ChainPlan<P> {
+    /// Longest chain length `L`.
+    pub fn max_len(&self) -> usize {
+        self.chains.iter().map(Vec::len).max().unwrap_or(0)
+    }
+
+    pub fn placement(&self, peer: &P) -> Option<Placement<P>> {
+        for (j, chain) in self.chains.iter().enumerate() {
+            if let Some(k) = chain.iter().position(|p| p == peer) {
+                return Some(Placement::Chain {
+                    chain: j,
+                    position: k,
+                    parent: k.checked_sub(1).map(|i| chain[i].clone()),
+                    child: chain.get(k + 1).cloned(),
+                });
+            }
+        }
+        self.fetch_only.contains(peer).then_some(Placement::FetchOnly)
+    }
+
+    /// Parent of every forwarding worker (`None` = the learner).
+    pub fn parents(&self) -> HashMap<P, Option<P>> {
+        let mut out = HashMap::new();
+        for chain in &self.chains {
+            for (k, p) in chain.iter().enumerate() {
+                out.insert(p.clone(), k.checked_sub(1).map(|i| chain[i].clone()));
+            }
+        }
+        out
+    }
+
+    /// Repair: removes `failed`; its tail moves up to its parent (its nearest surviving
+    /// ancestor). Returns whether the plan changed. An emptied chain is dropped.
+    pub fn excise(&mut self, failed: &P) -> bool {
+        let before = self.fetch_only.len();
+        self.fetch_only.retain(|p| p != failed);
+        let mut changed = before != self.fetch_only.len();
+        for chain in &mut self.chains {
+            if let Some(k) = chain.iter().position(|p| p == failed) {
+                chain.remove(k);
+                changed = true;
+            }
+        }
+        self.chains.retain(|c| !c.is_empty());
+        changed
+    }
+}
+
+/// Time for every worker of a chain plan to hold the snapshot: `M/B̂w + (L − 1)·c/B̂w` (seconds;
+/// sizes in bytes, bandwidth in Mbit/s).
+pub fn chain_bound_s(size_bytes: f64, chunk_bytes: f64, worker_mbps: f64, max_len: usize) -> f64 {
+    let bw = worker_mbps * 1e6 / 8.0;
+    size_bytes / bw + (max_len.saturating_sub(1) as f64) * chunk_bytes / bw
+}
+
+/// Star (learner sends to all `n` workers over its uplink): `max(M/B̂w, n·M/B0)`.
+pub fn star_bound_s(size_bytes: f64, worker_mbps: f64, learner_mbps: f64, n: usize) -> f64 {
+    let bw = worker_mbps * 1e6 / 8.0;
+    let b0 = learner_mbps * 1e6 / 8.0;
+    (size_bytes / bw).max(n as f64 * size_bytes / b0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workers(scores: &[f64]) -> Vec<(String, f64)> {
+        scores.iter().enumerate().map(|(i, s)| (format!("w{i:02}"), *s)).collect()
+    }
+
+    #[test]
+    fn chain_count_follows_the_uplink_ratio() {
+        assert_eq!(n_chains(300.0, 100.0), 3);
+        assert_eq!(n_chains(299.0, 100.0), 2);
+        assert_eq!(n_chains(50.0, 100.0), 1, "at least one chain");
+        assert_eq!(n_chains(300.0, 0.0), 1);
+        assert_eq!(n_chains(f64::NAN, 100.0), 1);
+    }
+
+    #[test]
+    fn best_workers_are_first_hops_and_the_rest_round_robin() {
+        // Scores: w00..w07 = 90, 80, …, 20 (w07 = 20 is degraded with the default 40).
+        let ws = workers(&[90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 42.0, 20.0]);
+        let plan = plan_chains(&ws, &PlanParams::default());
+        let names = |c: &Vec<String>| c.iter().map(String::as_str).collect::<Vec<_>>().join(",");
+        let got: Vec<String> = plan.chains.iter().map(names).collect();
+        assert_eq!(got, ["w00,w03,w06", "w01,w04,w07", "w02,w05"]);
+        assert!(plan.fetch_only.is_empty());
+        assert_eq!(plan.max_len(), 3);
+        assert_eq!(
+            plan.placement(&"w04".to_string()),
+            Some(Placement::Chain { chain: 1, position: 1, parent: Some("w01".into()), child: Some("w07".into()) })
+        );
+        assert_eq!(
+            plan.placement(&"w00".to_string()),
+            Some(Placement::Chain { chain: 0, position: 0, parent: None, child: Some("w03".into()) })
+        );
+    }
+
+    #[test]
+    fn degraded_workers_go_to_the_tails_and_failed_ones_out_of_forwarding() {
+        // w00 has the best raw rank but is degraded (30 < 40); w01 is excluded (5 ≤ 10).
+        let ws = workers(&[30.0, 5.0, 90.0, 80.0, 70.0, 60.0]);
+        let plan = plan_chains(&ws, &PlanParams::default());
+        assert_eq!(plan.fetch_only, ["w01"]);
+        assert_eq!(plan.chains[0], ["w02", "w05"]);
+        assert_eq!(plan.chains[1], ["w03", "w00"], "the degraded worker lands at a tail");
+        assert_eq!(plan.chains[2], ["w04"]);
+        assert_eq!(plan.placement(&"w01".to_string()), Some(Placement::FetchOnly));
+    }
+
+    #[test]
+    fn fewer_workers_than_chains() {
+        let plan = plan_chains(&workers(&[50.0, 60.0]), &PlanParams::default());
+        assert_eq!(plan.chains, [vec!["w01".to_string()], vec!["w00".to_string()]]);
+        let empty: ChainPlan<String> = plan_chains(&[], &PlanParams::default());
+        assert!(empty.chains.is_empty() && empty.max_len() == 0);
+    }
+
+    #[test]
+    fn ties_are_broken_by_peer_id_so_every_node_agrees() {
+        let a = plan_chains(&workers(&[50.0; 5]), &PlanParams::default());
+        let mut shuffled = workers(&[50.0; 5]);
+        shuffled.reverse();
+        assert_eq!(plan_chains(&shuffled, &PlanParams::default()), a);
+    }
+
+    #[test]
+    fn excising_a_forwarder_reattaches_its_tail_to_its_parent() {
+        let ws = workers(&[90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 42.0]);
+        let mut plan = plan_chains(&ws, &PlanParams { learner_mbps: 100.0, ..Default::default() });
+        assert_eq!(plan.chains[0], ["w00", "w01", "w02", "w03", "w04", "w05", "w06"]);
+        assert!(plan.excise(&"w02".to_string()));
+        assert_eq!(plan.parents()[&"w03".to_string()], Some("w01".to_string()));
+        assert!(plan.excise(&"w00".to_string()));
+        assert_eq!(plan.parents()[&"w01".to_string()], None, "a first hop's child now hears from the learner");
+        assert!(!plan.excise(&"nobody".to_string()));
+        for p in ["w01", "w03", "w04", "w05"] {
+            plan.excise(&p.to_string());
+        }
+        assert!(plan.excise(&"w06".to_string()));
+        assert!(plan.chains.is_empty());
+    }
+
+    #[test]
+    fn bounds_match_the_paper_formulas() {
+        // M = 64 MB, c = 1 MB, B̂w = 100 Mbit/s (12.5 MB/s): M/B̂w = 5.12 s; L = 3 adds 2·0.08 s.
+        let m = 64e6;
+        assert!((chain_bound_s(m, 1e6, 100.0, 3) - (5.12 + 0.16)).abs() < 1e-9);
+        // Star with 8 workers over 300 Mbit/s: 8·64e6/37.5e6 = 13.653 s.
+        assert!((star_bound_s(m, 100.0, 300.0, 8) - 8.0 * m / 37.5e6).abs() < 1e-9);
+        assert!((star_bound_s(m, 100.0, 300.0, 1) - 5.12).abs() < 1e-9);
+    }
+}

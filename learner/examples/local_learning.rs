@@ -1,0 +1,360 @@
+//! ECHO-2 Algorithm 1 in one process: the embedded default model learns the `arith` task.
+//!
+//! Rollout engine(s) on their own threads generate groups into a real `TrajectoryStore` (temp
+//! dir) under the snapshot installed in a `PolicySlot`; the learner leases admissible groups
+//! (`v_τ ≥ v − S`), trains when B groups (R = B·n trajectories) are in hand, acks them, prunes
+//! stale groups, and installs its snapshot every κ steps. `--sequential` is ECHO's sequential
+//! mode: install the current version, generate B groups under it, then train (no overlap).
+//!
+//! ```text
+//! cargo run --release -p learner --example local_learning -- \
+//!     [--steps 200] [--minutes 10] [--staleness 3] [--objective grpo|dr_grpo|gspo|gepo] \
+//!     [--sequential] [--json] [--warm-steps 60] [--lr 2e-3] [--groups 8] [--group-size 8] \
+//!     [--max-operand 30] [--temperature 1.0] [--engines 1] [--kappa K] [--seed 0]
+//! ```
+//!
+//! The optional warm-start (`--warm-steps`, 0 = off) is supervised next-token training on
+//! reference answers (`policy::sft`): it teaches the answer *format* so that RL sees non-zero,
+//! varied rewards (see docs/model.md and docs/learner.md).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use learner::{AdamWConfig, LossConfig, Objective, Trainer, TrainerConfig};
+use policy::sft::{examples_from_text, warm_start, WarmStart};
+use policy::{embedded_default, GenerationPath, Policy, SamplingParams, Tokenizer};
+use rand::SeedableRng;
+use rollout::{PolicySlot, RolloutConfig, RolloutEngine, StepOutcome};
+use storage::TrajectoryStore;
+use tasks::Task;
+
+#[derive(Debug, Clone)]
+struct Args {
+    steps: u64,
+    minutes: f64,
+    staleness: u64,
+    kappa: Option<u64>,
+    objective: Objective,
+    sequential: bool,
+    json: bool,
+    warm_steps: usize,
+    lr: f64,
+    groups: usize,
+    group_size: usize,
+    max_operand: u64,
+    temperature: f32,
+    max_new_tokens: usize,
+    engines: usize,
+    seed: u64,
+    eval_every: u64,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut a = Args {
+        steps: 200,
+        minutes: 10.0,
+        staleness: 3,
+        kappa: None,
+        objective: Objective::Grpo,
+        sequential: false,
+        json: false,
+        warm_steps: 60,
+        lr: 2e-3,
+        groups: 8,
+        group_size: 8,
+        max_operand: 30,
+        temperature: 1.0,
+        max_new_tokens: 6,
+        engines: 1,
+        seed: 0,
+        eval_every: 0,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--steps" => a.steps = val()?.parse()?,
+            "--minutes" => a.minutes = val()?.parse()?,
+            "--staleness" => a.staleness = val()?.parse()?,
+            "--kappa" => a.kappa = Some(val()?.parse()?),
+            "--objective" => a.objective = val()?.parse()?,
+            "--sequential" => a.sequential = true,
+            "--json" => a.json = true,
+            "--warm-steps" => a.warm_steps = val()?.parse()?,
+            "--lr" => a.lr = val()?.parse()?,
+            "--groups" => a.groups = val()?.parse()?,
+            "--group-size" => a.group_size = val()?.parse()?,
+            "--max-operand" => a.max_operand = val()?.parse()?,
+            "--temperature" => a.temperature = val()?.parse()?,
+            "--max-new-tokens" => a.max_new_tokens = val()?.parse()?,
+            "--engines" => a.engines = val()?.parse()?,
+            "--seed" => a.seed = val()?.parse()?,
+            "--eval-every" => a.eval_every = val()?.parse()?,
+            "-h" | "--help" => {
+                println!("see the module docs of learner/examples/local_learning.rs");
+                std::process::exit(0);
+            }
+            other => bail!("unknown flag {other}"),
+        }
+    }
+    if a.engines == 0 {
+        bail!("--engines must be >= 1");
+    }
+    Ok(a)
+}
+
+/// Greedy exact-match rate and mean sampled reward (4 samples) over a fixed prompt set.
+fn evaluate(policy: &Policy, task: &dyn Task, tok: &Tokenizer, a: &Args) -> Result<(f64, f64)> {
+    let n = task.metadata().num_prompts.unwrap_or(1000);
+    let k = n.min(100);
+    let mut greedy = SamplingParams::new(a.max_new_tokens, tok.eos_ids());
+    greedy.temperature = 0.0;
+    let mut sampled = SamplingParams::new(a.max_new_tokens, tok.eos_ids());
+    sampled.temperature = a.temperature;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(12345);
+    let (mut exact, mut mean) = (0.0, 0.0);
+    for i in 0..k {
+        let p = task.prompt(i * 7919 % n)?;
+        let ids = tok.encode_prompt(&p.text)?;
+        let g = policy::generate(policy, &ids, 1, &greedy, GenerationPath::Batched, &mut rng)?;
+        exact += f64::from(task.reward(&p, &tok.decode(&g[0].tokens)?).value == 1.0);
+        for c in policy::generate(policy, &ids, 4, &sampled, GenerationPath::Batched, &mut rng)? {
+            mean += f64::from(task.reward(&p, &tok.decode(&c.tokens)?).value) / 4.0;
+        }
+    }
+    Ok((exact / k as f64, mean / k as f64))
+}
+
+fn main() -> Result<()> {
+    let a = parse_args()?;
+    let say = |s: String| {
+        if !a.json {
+            println!("{s}");
+        }
+    };
+    let t_start = Instant::now();
+    let (policy, tok) = embedded_default(a.seed)?;
+    let task = tasks::build_task("arith", &serde_json::json!({"max_operand": a.max_operand, "ops": "+"}))?;
+
+    // 1. Optional supervised warm-start (format only; documented deviation from pure RL).
+    let mut warm = serde_json::Value::Null;
+    if a.warm_steps > 0 {
+        let n = task.metadata().num_prompts.unwrap_or(1000);
+        let prompts = (0..n).map(|i| task.prompt(i)).collect::<Result<Vec<_>, _>>()?;
+        let examples = examples_from_text(
+            &tok,
+            prompts.iter().map(|p| (p.text.clone(), task.reference_completion(p).unwrap_or_default())),
+        )?;
+        let t0 = Instant::now();
+        let ws = WarmStart {
+            steps: a.warm_steps,
+            seed: a.seed,
+            ..WarmStart::default()
+        };
+        let losses = warm_start(&policy, &examples, &ws)?;
+        let (first, last) = (losses.first().copied().unwrap_or(f32::NAN), losses.last().copied().unwrap_or(f32::NAN));
+        say(format!(
+            "warm-start: {} steps x {} examples, lr {}, {:.1}s, loss {first:.3} -> {last:.3}",
+            ws.steps,
+            ws.batch_size,
+            ws.lr,
+            t0.elapsed().as_secs_f64()
+        ));
+        warm = serde_json::json!({"steps": ws.steps, "batch_size": ws.batch_size, "lr": ws.lr,
+            "seconds": t0.elapsed().as_secs_f64(), "loss_first": first, "loss_last": last});
+    }
+    let (exact0, reward0) = evaluate(&policy, task.as_ref(), &tok, &a)?;
+    say(format!("eval before RL: greedy exact {exact0:.3}, sampled mean reward {reward0:.3}"));
+
+    // 2. Learner, store, rollout engine(s).
+    let cfg = TrainerConfig {
+        loss: LossConfig {
+            objective: a.objective,
+            ..LossConfig::default()
+        },
+        optim: AdamWConfig {
+            lr: a.lr,
+            weight_decay: 0.0,
+            max_grad_norm: Some(1.0),
+            ..AdamWConfig::default()
+        },
+        temperature: a.temperature,
+        staleness: a.staleness,
+        kappa: a.kappa,
+        groups_per_step: a.groups,
+        group_size: a.group_size,
+    };
+    let kappa = cfg.kappa();
+    let mut trainer = Trainer::new(policy, cfg)?;
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(TrajectoryStore::open(dir.path())?);
+    let slot = PolicySlot::new(trainer.policy().config().clone(), trainer.policy().device().clone());
+    slot.install_bytes(trainer.version(), &trainer.snapshot_bytes()?)?;
+    let mut sampling = SamplingParams::new(a.max_new_tokens, tok.eos_ids());
+    sampling.temperature = a.temperature;
+    let engine_cfg = |i: usize| RolloutConfig {
+        group_size: a.group_size,
+        sampling: sampling.clone(),
+        // Producers run at most a few batches ahead of the learner.
+        max_pending_groups: (2 * a.groups) as u64,
+        seed: a.seed * 1000 + i as u64,
+        producer: format!("local-{i}"),
+        idle_poll: Duration::from_millis(2),
+        ..RolloutConfig::default()
+    };
+    let mut running = Vec::new();
+    let mut inline_engine = None;
+    if a.sequential {
+        inline_engine = Some(RolloutEngine::new(engine_cfg(0), task.clone(), tok.clone(), store.clone(), slot.clone())?);
+    } else {
+        for i in 0..a.engines {
+            let e = RolloutEngine::new(engine_cfg(i), task.clone(), tok.clone(), store.clone(), slot.clone())?;
+            running.push(e.spawn()?);
+        }
+    }
+    say(format!(
+        "mode {}, objective {:?}, S = {}, kappa = {kappa}, B = {} groups x n = {} (R = {}), lr {}, T {}",
+        if a.sequential { "sequential" } else { "async" },
+        a.objective,
+        a.staleness,
+        a.groups,
+        a.group_size,
+        a.groups * a.group_size,
+        a.lr,
+        a.temperature
+    ));
+
+    // 3. Algorithm 1.
+    let budget = Duration::from_secs_f64(a.minutes * 60.0);
+    let t_rl = Instant::now();
+    let (mut idle_total, mut train_total) = (0.0f64, 0.0f64);
+    let mut delta_hist: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut delta_max = 0;
+    let (mut dropped_stale, mut dropped_zero, mut pruned) = (0usize, 0usize, 0u64);
+    let mut rewards: Vec<f64> = Vec::new();
+    let mut ivars: Vec<f64> = Vec::new();
+    let mut steps = 0u64;
+    while steps < a.steps && t_rl.elapsed() < budget {
+        // Gather B admissible groups (the idle time / bubble of the learner).
+        let t_wait = Instant::now();
+        if let Some(engine) = inline_engine.as_mut() {
+            // Sequential: the current version is installed (below); generate B groups under it.
+            let mut made = 0;
+            while made < a.groups {
+                if let StepOutcome::Produced { .. } = engine.step()? {
+                    made += 1;
+                }
+            }
+        }
+        let (mut hand, mut leases) = (Vec::new(), Vec::new());
+        while hand.len() < a.groups {
+            match store.lease(trainer.lease_floor(), a.groups - hand.len(), Duration::from_secs(60))? {
+                Some(l) => {
+                    leases.push(l.id);
+                    hand.extend(l.groups.into_iter().map(|(_, g)| g));
+                }
+                None => {
+                    if running.iter().any(|r: &rollout::RunningEngine| r.is_finished()) {
+                        bail!("a rollout engine stopped");
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+        }
+        let idle = t_wait.elapsed().as_secs_f64();
+        let st = trainer.train_step(&hand)?;
+        for id in leases {
+            store.ack(id)?;
+        }
+        if st.stepped && (a.sequential || trainer.should_publish()) {
+            slot.install_bytes(trainer.version(), &trainer.snapshot_bytes()?)?;
+        }
+        pruned += store.prune_below(trainer.lease_floor())?;
+        steps += 1;
+        idle_total += idle;
+        train_total += st.t_train_s;
+        for (d, c) in &st.staleness_histogram {
+            *delta_hist.entry(*d).or_default() += c;
+        }
+        delta_max = delta_max.max(st.staleness_max);
+        dropped_stale += st.groups_stale;
+        dropped_zero += st.groups_zero_advantage;
+        rewards.push(st.reward_mean);
+        ivars.push(st.importance_weight_variance);
+        let mut eval = None;
+        if a.eval_every > 0 && steps % a.eval_every == 0 {
+            eval = Some(evaluate(trainer.policy(), task.as_ref(), &tok, &a)?);
+        }
+        if a.json {
+            println!(
+                "{}",
+                serde_json::json!({"step": steps, "t": t_rl.elapsed().as_secs_f64(), "idle_s": idle,
+                    "bubble": idle / (idle + st.t_train_s), "stats": st, "eval": eval})
+            );
+        } else {
+            println!(
+                "step {steps:4} v {:4} t {:6.1}s reward {:.3} (sd {:.3}) loss {:+.4} idle {:.2}s train {:.2}s Δmax {} used {} zero-adv {} stale {} kl {:+.4} ivar {:.2e} |g| {:.3}{}",
+                st.version,
+                t_rl.elapsed().as_secs_f64(),
+                st.reward_mean,
+                st.reward_std,
+                st.loss,
+                idle,
+                st.t_train_s,
+                st.staleness_max,
+                st.groups_used,
+                st.groups_zero_advantage,
+                st.groups_stale,
+                st.kl_sampler_learner,
+                st.importance_weight_variance,
+                st.grad_norm,
+                eval.map(|(e, r)| format!(" | eval exact {e:.3} reward {r:.3}")).unwrap_or_default()
+            );
+        }
+    }
+    for r in running {
+        r.stop()?;
+    }
+    let rl_secs = t_rl.elapsed().as_secs_f64();
+    let (exact1, reward1) = evaluate(trainer.policy(), task.as_ref(), &tok, &a)?;
+    let inv = store.check_invariant()?;
+    let w = (rewards.len() / 5).max(1);
+    let avg = |xs: &[f64]| if xs.is_empty() { f64::NAN } else { xs.iter().sum::<f64>() / xs.len() as f64 };
+    let first = avg(&rewards[..w.min(rewards.len())]);
+    let last = avg(&rewards[rewards.len().saturating_sub(w)..]);
+    let summary = serde_json::json!({
+        "mode": if a.sequential { "sequential" } else { "async" },
+        "objective": format!("{:?}", a.objective), "staleness": a.staleness, "kappa": kappa,
+        "groups": a.groups, "group_size": a.group_size, "lr": a.lr, "temperature": a.temperature,
+        "max_operand": a.max_operand, "warm_start": warm,
+        "steps": steps, "version": trainer.version(), "rl_seconds": rl_secs,
+        "total_seconds": t_start.elapsed().as_secs_f64(),
+        "steps_per_hour": steps as f64 * 3600.0 / rl_secs,
+        "train_seconds": train_total, "idle_seconds": idle_total,
+        "bubble_ratio": idle_total / (idle_total + train_total),
+        "batch_reward_first_fifth": first, "batch_reward_last_fifth": last,
+        "eval_before": {"greedy_exact": exact0, "sampled_reward": reward0},
+        "eval_after": {"greedy_exact": exact1, "sampled_reward": reward1},
+        "staleness_histogram": delta_hist, "staleness_max": delta_max,
+        "importance_weight_variance_mean": avg(&ivars),
+        "groups_dropped_stale": dropped_stale, "groups_dropped_zero_advantage": dropped_zero,
+        "groups_pruned_in_store": pruned, "store_invariant_holds": inv.holds(),
+    });
+    if a.json {
+        println!("{summary}");
+    } else {
+        println!(
+            "summary: {steps} steps in {rl_secs:.0}s ({:.0} steps/h), batch reward {first:.3} -> {last:.3} (first/last fifth), \
+             eval sampled reward {reward0:.3} -> {reward1:.3}, greedy exact {exact0:.3} -> {exact1:.3}, bubble {:.2}, Δmax {delta_max}, \
+             Δ histogram {delta_hist:?}, mean ivar {:.2e}, dropped stale {dropped_stale} / zero-adv {dropped_zero}, pruned {pruned}, invariant {}",
+            steps as f64 * 3600.0 / rl_secs,
+            idle_total / (idle_total + train_total),
+            avg(&ivars),
+            inv.holds()
+        );
+        println!("{summary}");
+    }
+    Ok(())
+}
