@@ -272,6 +272,13 @@ fn main() -> Result<()> {
             slot.install_bytes(trainer.version(), &trainer.snapshot_bytes()?)?;
         }
         pruned += store.prune_below(trainer.lease_floor())?;
+        if !st.stepped {
+            // Every group in hand was dropped (e.g. all zero-advantage): gather again.
+            dropped_zero += st.groups_zero_advantage;
+            dropped_stale += st.groups_stale;
+            idle_total += idle;
+            continue;
+        }
         steps += 1;
         idle_total += idle;
         train_total += st.t_train_s;

@@ -68,7 +68,8 @@ struct Node {
     child: Option<Child>,
     config: PathBuf,
     log: PathBuf,
-    listen_port: u16,
+    /// The node's TCP listen address, learned from its status (it listens on port 0).
+    listen: Option<String>,
     admin: String,
     key: Key,
 }
@@ -123,7 +124,7 @@ impl Node {
             child: None,
             config,
             log: data.join("node.log"),
-            listen_port: free_port(),
+            listen: None,
             admin: format!("127.0.0.1:{}", free_port()),
             key,
         };
@@ -140,12 +141,7 @@ impl Node {
         let child = Command::new(BIN)
             .args(["run", "--config"])
             .arg(&self.config)
-            .args([
-                "--listen",
-                &format!("/ip4/127.0.0.1/tcp/{}", self.listen_port),
-                "--admin",
-                &self.admin,
-            ])
+            .args(["--listen", "/ip4/127.0.0.1/tcp/0", "--admin", &self.admin])
             .env("RUST_LOG", "info,p2p=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -155,11 +151,10 @@ impl Node {
         self.child = Some(child);
     }
 
+    /// Dialable address with peer id (call after `wait_ready`).
     fn addr(&self) -> String {
-        format!(
-            "/ip4/127.0.0.1/tcp/{}/p2p/{}",
-            self.listen_port, self.key.peer_id
-        )
+        let listen = self.listen.as_ref().expect("wait_ready() first");
+        format!("{listen}/p2p/{}", self.key.peer_id)
     }
 
     fn kill(&mut self) {
@@ -173,6 +168,12 @@ impl Node {
     fn status(&mut self) -> Option<Value> {
         if let Some(c) = self.child.as_mut() {
             if let Ok(Some(code)) = c.try_wait() {
+                // Another process took the admin port between free_port() and bind: retry.
+                if self.log_tail().contains("binding the admin endpoint") {
+                    self.admin = format!("127.0.0.1:{}", free_port());
+                    self.spawn();
+                    return None;
+                }
                 panic!(
                     "node {} exited with {code}:\n{}",
                     self.name,
@@ -187,7 +188,15 @@ impl Node {
         if !out.status.success() {
             return None;
         }
-        serde_json::from_slice(&out.stdout).ok()
+        let st: Value = serde_json::from_slice(&out.stdout).ok()?;
+        // Only our own node counts (not whoever else answers on a reused port).
+        if st["peer_id"] != self.key.peer_id.as_str() {
+            return None;
+        }
+        if let Some(a) = st["listen_addrs"].as_array().and_then(|a| a.first()) {
+            self.listen = a.as_str().map(str::to_string);
+        }
+        Some(st)
     }
 
     fn wait_ready(&mut self) -> Value {

@@ -1,0 +1,106 @@
+//! Two in-process network services on 127.0.0.1: heartbeats, transfer events feeding the ECHO
+//! score, and a bulk stream over a reserved protocol (the slot issue 4 builds on).
+
+use std::time::{Duration, Instant};
+
+use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
+use p2p::{protocols, Client, NetworkConfig, PeerId, ServiceConfig, TransferEvent};
+
+fn config(bootstrap: Vec<String>) -> ServiceConfig {
+    ServiceConfig {
+        network: NetworkConfig {
+            listen: vec!["/ip4/127.0.0.1/tcp/0".into()],
+            bootstrap,
+            heartbeat_interval_ms: 200,
+            autonat: false,
+            quic: false,
+            ..NetworkConfig::default()
+        },
+        swarm_id: "p2p-test".into(),
+        role: "rollout".into(),
+        node_version: "test".into(),
+        learner: None,
+    }
+}
+
+async fn wait_for<T, F: std::future::Future<Output = Option<T>>>(
+    what: &str,
+    mut f: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn sees(client: &Client, peer: PeerId) -> Option<p2p::PeerStatus> {
+    let st = client.status().await.ok()?;
+    st.peers
+        .into_iter()
+        .find(|p| p.peer_id == peer.to_string() && p.active)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_transfers_and_streams() {
+    let mut reg = p2p::Registry::default();
+    let (a, _ea, ta) = p2p::start([1; 32], config(vec![]), &mut reg).unwrap();
+    let a_addr = wait_for("a to listen", || async {
+        a.listen_addrs().await.ok()?.into_iter().next()
+    })
+    .await;
+    let boot = format!("{a_addr}/p2p/{}", a.local_peer_id());
+    let (b, _eb, tb) =
+        p2p::start([2; 32], config(vec![boot]), &mut p2p::Registry::default()).unwrap();
+    assert_eq!(b.local_peer_id(), p2p::peer_id_from_seed([2; 32]));
+
+    // Heartbeats both ways.
+    let pb = wait_for("a to hear b", || sees(&a, b.local_peer_id())).await;
+    assert_eq!(pb.role.as_deref(), Some("rollout"));
+    wait_for("b to hear a", || sees(&b, a.local_peer_id())).await;
+
+    // A transfer event of 12.5 MB in 1 s = 100 Mbit/s → Speed 100.
+    let ev = TransferEvent {
+        bytes: 12_500_000,
+        duration: Duration::from_secs(1),
+        success: true,
+    };
+    a.record_transfer(b.local_peer_id(), ev).await.unwrap();
+    let pb = wait_for("the transfer to count", || async {
+        sees(&a, b.local_peer_id())
+            .await
+            .filter(|p| p.score.speed > 99.999)
+    })
+    .await;
+    assert!((pb.score.avg_speed_bps - 100e6).abs() < 1.0);
+
+    // A bulk stream on a reserved protocol: b pushes bytes to a, a echoes their length.
+    let mut incoming = a.stream_control().accept(protocols::CHUNK_STREAM).unwrap();
+    let server = tokio::spawn(async move {
+        let (peer, mut s) = incoming.next().await.unwrap();
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.unwrap();
+        (peer, buf.len())
+    });
+    let payload = vec![7u8; 1 << 20];
+    let mut s = b
+        .stream_control()
+        .open_stream(a.local_peer_id(), protocols::CHUNK_STREAM)
+        .await
+        .unwrap();
+    s.write_all(&payload).await.unwrap();
+    s.close().await.unwrap();
+    let (peer, n) = tokio::time::timeout(Duration::from_secs(30), server)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((peer, n), (b.local_peer_id(), payload.len()));
+
+    a.shutdown().await;
+    b.shutdown().await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), ta).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), tb).await;
+}
