@@ -34,7 +34,9 @@ pub enum Requirement {
 /// `μ_min(κ) = κR / (κ·T_train − T_bcast)` (ECHO-2 eq. 2). `r` = trajectories per step.
 pub fn mu_min(kappa: u32, r: f64, t_train: f64, t_bcast: f64) -> Requirement {
     let kt = f64::from(kappa) * t_train;
-    if kappa == 0 || !(kt > t_bcast) || !(r > 0.0) {
+    // Written so that NaN inputs land in the infeasible branch.
+    let feasible = kappa > 0 && kt > t_bcast && r > 0.0;
+    if !feasible {
         return Requirement::Infeasible {
             kappa_t_train: kt,
             t_bcast,
@@ -47,8 +49,15 @@ pub fn mu_min(kappa: u32, r: f64, t_train: f64, t_bcast: f64) -> Requirement {
 
 /// Conservative staleness bound, eq. 7: `κ + ⌈(T_bcast + R/μ_pool) / T_train⌉ − 1`.
 /// `None` when the pool produces nothing (unbounded).
-pub fn delta_max_conservative(kappa: u32, t_bcast: f64, r: f64, mu_pool: f64, t_train: f64) -> Option<u64> {
-    if !(mu_pool > 0.0) || !(t_train > 0.0) {
+pub fn delta_max_conservative(
+    kappa: u32,
+    t_bcast: f64,
+    r: f64,
+    mu_pool: f64,
+    t_train: f64,
+) -> Option<u64> {
+    let defined = mu_pool > 0.0 && t_train > 0.0; // false for NaN too
+    if !defined {
         return None;
     }
     let n = ((t_bcast + r / mu_pool) / t_train).ceil().max(0.0) as u64;
@@ -57,7 +66,8 @@ pub fn delta_max_conservative(kappa: u32, t_bcast: f64, r: f64, mu_pool: f64, t_
 
 /// The bound once the overlap condition holds, eq. 12: `κ + ⌈(1 − 1/κ)·T_bcast / T_train⌉`.
 pub fn delta_max_under_overlap(kappa: u32, t_bcast: f64, t_train: f64) -> Option<u64> {
-    if kappa == 0 || !(t_train > 0.0) {
+    let defined = kappa > 0 && t_train > 0.0;
+    if !defined {
         return None;
     }
     let k = f64::from(kappa);
@@ -108,7 +118,10 @@ pub struct Selection<P> {
 
 /// The cheapest-ρ prefix of the available workers whose Σμ reaches `target` (ECHO-2 §3.4).
 pub fn select_cheapest<P: Clone + Ord>(workers: &[WorkerInfo<P>], target: f64) -> Selection<P> {
-    let mut pool: Vec<&WorkerInfo<P>> = workers.iter().filter(|w| w.available && w.mu > 0.0).collect();
+    let mut pool: Vec<&WorkerInfo<P>> = workers
+        .iter()
+        .filter(|w| w.available && w.mu > 0.0)
+        .collect();
     pool.sort_by(|a, b| by_rho(a, b));
     let mut sel = Selection {
         active: Vec::new(),
@@ -200,7 +213,12 @@ impl<P: Clone + Ord> Scheduler<P> {
             }
         }
         let known: BTreeSet<&P> = workers.iter().map(|w| &w.id).collect();
-        let gone: Vec<P> = self.active.iter().filter(|p| !known.contains(p)).cloned().collect();
+        let gone: Vec<P> = self
+            .active
+            .iter()
+            .filter(|p| !known.contains(p))
+            .cloned()
+            .collect();
         for p in gone {
             self.active.remove(&p);
             actions.push(Action::Release(p));
@@ -232,8 +250,10 @@ impl<P: Clone + Ord> Scheduler<P> {
             self.below_since = None;
             let since = *self.above_since.get_or_insert(now_s);
             if now_s - since >= self.cfg.sustain_s {
-                let mut active: Vec<&WorkerInfo<P>> =
-                    workers.iter().filter(|w| self.active.contains(&w.id)).collect();
+                let mut active: Vec<&WorkerInfo<P>> = workers
+                    .iter()
+                    .filter(|w| self.active.contains(&w.id))
+                    .collect();
                 active.sort_by(|a, b| by_rho(b, a)); // most expensive first
                 let mut mu = pool;
                 for w in active {
@@ -270,14 +290,26 @@ mod tests {
     #[test]
     fn mu_min_and_the_infeasible_case() {
         // κ = 2, R = 64, T_train = 10 s, T_bcast = 4 s: 128 / 16 = 8 trajectories/s.
-        assert_eq!(mu_min(2, 64.0, 10.0, 4.0), Requirement::Feasible { mu_min: 8.0 });
+        assert_eq!(
+            mu_min(2, 64.0, 10.0, 4.0),
+            Requirement::Feasible { mu_min: 8.0 }
+        );
         // κ = 1, T_train = 3 s ≤ T_bcast = 4 s: no pool keeps the learner busy.
         assert_eq!(
             mu_min(1, 64.0, 3.0, 4.0),
-            Requirement::Infeasible { kappa_t_train: 3.0, t_bcast: 4.0 }
+            Requirement::Infeasible {
+                kappa_t_train: 3.0,
+                t_bcast: 4.0
+            }
         );
-        assert!(matches!(mu_min(2, 64.0, 2.0, 4.0), Requirement::Infeasible { .. }), "equality is infeasible");
-        assert!(matches!(mu_min(0, 64.0, 10.0, 4.0), Requirement::Infeasible { .. }));
+        assert!(
+            matches!(mu_min(2, 64.0, 2.0, 4.0), Requirement::Infeasible { .. }),
+            "equality is infeasible"
+        );
+        assert!(matches!(
+            mu_min(0, 64.0, 10.0, 4.0),
+            Requirement::Infeasible { .. }
+        ));
     }
 
     #[test]
@@ -292,32 +324,49 @@ mod tests {
 
     #[test]
     fn greedy_takes_the_cheapest_rho_prefix() {
-        let ws = vec![w("a", 3.0, 1.0), w("b", 2.0, 2.0), w("c", 1.0, 0.5), w("d", 4.0, 8.0)];
+        let ws = vec![
+            w("a", 3.0, 1.0),
+            w("b", 2.0, 2.0),
+            w("c", 1.0, 0.5),
+            w("d", 4.0, 8.0),
+        ];
         // ρ: a 3, b 1, c 2, d 0.5 → order d, b, c, a
         let s = select_cheapest(&ws, 9.0);
         assert_eq!(s.active, ["d", "b"]);
         assert_eq!((s.mu, s.cost_per_hour, s.shortfall), (10.0, 6.0, None));
         let s = select_cheapest(&ws, 100.0);
         assert_eq!(s.active.len(), 4);
-        assert_eq!(s.shortfall, Some(100.0 - 11.5), "not enough workers is reported");
+        assert_eq!(
+            s.shortfall,
+            Some(100.0 - 11.5),
+            "not enough workers is reported"
+        );
         // Ties in ρ: the faster worker first, then by id.
         let ties = vec![w("x", 1.0, 1.0), w("y", 2.0, 2.0), w("w", 2.0, 2.0)];
         assert_eq!(select_cheapest(&ties, 4.0).active, ["w", "y"]);
         // Unavailable or unmeasured workers are never chosen.
         let mut off = w("z", 0.1, 10.0);
         off.available = false;
-        assert!(select_cheapest(&[off, w("q", 1.0, 0.0)], 1.0).active.is_empty());
+        assert!(select_cheapest(&[off, w("q", 1.0, 0.0)], 1.0)
+            .active
+            .is_empty());
     }
 
     #[test]
     fn no_flapping_under_noise_inside_the_band() {
-        let mut s = Scheduler::new(SchedulerConfig { release_margin: 0.25, sustain_s: 30.0 });
+        let mut s = Scheduler::new(SchedulerConfig {
+            release_margin: 0.25,
+            sustain_s: 30.0,
+        });
         let mut ws = vec![w("a", 1.0, 5.0), w("b", 1.0, 5.0), w("c", 5.0, 5.0)];
         let acts = s.tick(0.0, &ws, 9.0);
         // Below target from the start: nothing before the sustain interval…
         assert!(acts.is_empty());
         let acts = s.tick(30.0, &ws, 9.0);
-        assert_eq!(acts, [Action::Activate("a".into()), Action::Activate("b".into())]);
+        assert_eq!(
+            acts,
+            [Action::Activate("a".into()), Action::Activate("b".into())]
+        );
         // …then noisy μ within ±10 % (pool 9.2–10.8 vs band [9, 11.25]) for a long time.
         for k in 0..200 {
             let jitter = if k % 2 == 0 { 0.92 } else { 1.08 };
@@ -338,28 +387,50 @@ mod tests {
     #[test]
     fn a_failed_worker_is_replaced_at_once_by_the_cheapest_standby() {
         let mut s = Scheduler::new(SchedulerConfig::default());
-        let mut ws = vec![w("a", 1.0, 5.0), w("b", 1.0, 5.0), w("c", 5.0, 5.0), w("d", 2.0, 5.0)];
+        let mut ws = vec![
+            w("a", 1.0, 5.0),
+            w("b", 1.0, 5.0),
+            w("c", 5.0, 5.0),
+            w("d", 2.0, 5.0),
+        ];
         s.tick(0.0, &ws, 9.0);
         s.tick(100.0, &ws, 9.0);
         assert_eq!(s.active().iter().cloned().collect::<Vec<_>>(), ["a", "b"]);
         ws[1].available = false;
         let acts = s.tick(101.0, &ws, 9.0);
-        assert_eq!(acts, [Action::Release("b".into()), Action::Activate("d".into())]);
+        assert_eq!(
+            acts,
+            [Action::Release("b".into()), Action::Activate("d".into())]
+        );
         // A worker that disappears from the list entirely is a fault too.
         let acts = s.tick(102.0, &ws[..3], 9.0);
-        assert_eq!(acts, [Action::Release("d".into()), Action::Activate("c".into())]);
+        assert_eq!(
+            acts,
+            [Action::Release("d".into()), Action::Activate("c".into())]
+        );
     }
 
     #[test]
     fn sustained_surplus_releases_the_most_expensive_first() {
-        let mut s = Scheduler::new(SchedulerConfig { release_margin: 0.25, sustain_s: 10.0 });
-        let ws = vec![w("a", 1.0, 5.0), w("b", 9.0, 5.0), w("c", 2.0, 5.0), w("d", 3.0, 5.0)];
+        let mut s = Scheduler::new(SchedulerConfig {
+            release_margin: 0.25,
+            sustain_s: 10.0,
+        });
+        let ws = vec![
+            w("a", 1.0, 5.0),
+            w("b", 9.0, 5.0),
+            w("c", 2.0, 5.0),
+            w("d", 3.0, 5.0),
+        ];
         s.tick(0.0, &ws, 20.0);
         assert_eq!(s.tick(10.0, &ws, 20.0).len(), 4);
         // The target drops (e.g. T_train grew): pool 20 > 8·1.25 = 10 for 10 s → release.
         assert!(s.tick(20.0, &ws, 8.0).is_empty());
         let acts = s.tick(30.0, &ws, 8.0);
-        assert_eq!(acts, [Action::Release("b".into()), Action::Release("d".into())]);
+        assert_eq!(
+            acts,
+            [Action::Release("b".into()), Action::Release("d".into())]
+        );
         assert_eq!(s.mu_pool(&ws), 10.0);
         assert!(s.mu_pool(&ws) >= 8.0, "never releases below the target");
     }

@@ -49,7 +49,10 @@ impl Default for PlanParams {
 
 /// `N_ch = max(1, ⌊B0 / B̂w⌋)`.
 pub fn n_chains(learner_mbps: f64, worker_mbps: f64) -> usize {
-    if !(learner_mbps.is_finite() && worker_mbps.is_finite()) || worker_mbps <= 0.0 || learner_mbps <= 0.0 {
+    if !(learner_mbps.is_finite() && worker_mbps.is_finite())
+        || worker_mbps <= 0.0
+        || learner_mbps <= 0.0
+    {
         return 1;
     }
     ((learner_mbps / worker_mbps).floor() as usize).max(1)
@@ -82,7 +85,8 @@ pub fn plan_chains<P: Clone + Ord>(workers: &[(P, f64)], params: &PlanParams) ->
     let mut forwarders: Vec<&(P, f64)> = Vec::new();
     let mut fetch_only = Vec::new();
     for w in workers {
-        if !(w.1 > params.exclude_below) {
+        let forwards = w.1 > params.exclude_below; // a NaN score does not forward
+        if !forwards {
             fetch_only.push(w.0.clone());
         } else {
             forwarders.push(w);
@@ -122,7 +126,9 @@ impl<P: Clone + Eq + Hash> ChainPlan<P> {
                 });
             }
         }
-        self.fetch_only.contains(peer).then_some(Placement::FetchOnly)
+        self.fetch_only
+            .contains(peer)
+            .then_some(Placement::FetchOnly)
     }
 
     /// Parent of every forwarding worker (`None` = the learner).
@@ -172,7 +178,11 @@ mod tests {
     use super::*;
 
     fn workers(scores: &[f64]) -> Vec<(String, f64)> {
-        scores.iter().enumerate().map(|(i, s)| (format!("w{i:02}"), *s)).collect()
+        scores
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (format!("w{i:02}"), *s))
+            .collect()
     }
 
     #[test]
@@ -196,11 +206,21 @@ mod tests {
         assert_eq!(plan.max_len(), 3);
         assert_eq!(
             plan.placement(&"w04".to_string()),
-            Some(Placement::Chain { chain: 1, position: 1, parent: Some("w01".into()), child: Some("w07".into()) })
+            Some(Placement::Chain {
+                chain: 1,
+                position: 1,
+                parent: Some("w01".into()),
+                child: Some("w07".into())
+            })
         );
         assert_eq!(
             plan.placement(&"w00".to_string()),
-            Some(Placement::Chain { chain: 0, position: 0, parent: None, child: Some("w03".into()) })
+            Some(Placement::Chain {
+                chain: 0,
+                position: 0,
+                parent: None,
+                child: Some("w03".into())
+            })
         );
     }
 
@@ -211,15 +231,25 @@ mod tests {
         let plan = plan_chains(&ws, &PlanParams::default());
         assert_eq!(plan.fetch_only, ["w01"]);
         assert_eq!(plan.chains[0], ["w02", "w05"]);
-        assert_eq!(plan.chains[1], ["w03", "w00"], "the degraded worker lands at a tail");
+        assert_eq!(
+            plan.chains[1],
+            ["w03", "w00"],
+            "the degraded worker lands at a tail"
+        );
         assert_eq!(plan.chains[2], ["w04"]);
-        assert_eq!(plan.placement(&"w01".to_string()), Some(Placement::FetchOnly));
+        assert_eq!(
+            plan.placement(&"w01".to_string()),
+            Some(Placement::FetchOnly)
+        );
     }
 
     #[test]
     fn fewer_workers_than_chains() {
         let plan = plan_chains(&workers(&[50.0, 60.0]), &PlanParams::default());
-        assert_eq!(plan.chains, [vec!["w01".to_string()], vec!["w00".to_string()]]);
+        assert_eq!(
+            plan.chains,
+            [vec!["w01".to_string()], vec!["w00".to_string()]]
+        );
         let empty: ChainPlan<String> = plan_chains(&[], &PlanParams::default());
         assert!(empty.chains.is_empty() && empty.max_len() == 0);
     }
@@ -235,12 +265,25 @@ mod tests {
     #[test]
     fn excising_a_forwarder_reattaches_its_tail_to_its_parent() {
         let ws = workers(&[90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 42.0]);
-        let mut plan = plan_chains(&ws, &PlanParams { learner_mbps: 100.0, ..Default::default() });
-        assert_eq!(plan.chains[0], ["w00", "w01", "w02", "w03", "w04", "w05", "w06"]);
+        let mut plan = plan_chains(
+            &ws,
+            &PlanParams {
+                learner_mbps: 100.0,
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            plan.chains[0],
+            ["w00", "w01", "w02", "w03", "w04", "w05", "w06"]
+        );
         assert!(plan.excise(&"w02".to_string()));
         assert_eq!(plan.parents()[&"w03".to_string()], Some("w01".to_string()));
         assert!(plan.excise(&"w00".to_string()));
-        assert_eq!(plan.parents()[&"w01".to_string()], None, "a first hop's child now hears from the learner");
+        assert_eq!(
+            plan.parents()[&"w01".to_string()],
+            None,
+            "a first hop's child now hears from the learner"
+        );
         assert!(!plan.excise(&"nobody".to_string()));
         for p in ["w01", "w03", "w04", "w05"] {
             plan.excise(&p.to_string());

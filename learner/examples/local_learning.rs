@@ -136,16 +136,26 @@ fn main() -> Result<()> {
     };
     let t_start = Instant::now();
     let (policy, tok) = embedded_default(a.seed)?;
-    let task = tasks::build_task("arith", &serde_json::json!({"max_operand": a.max_operand, "ops": "+"}))?;
+    let task = tasks::build_task(
+        "arith",
+        &serde_json::json!({"max_operand": a.max_operand, "ops": "+"}),
+    )?;
 
     // 1. Optional supervised warm-start (format only; documented deviation from pure RL).
     let mut warm = serde_json::Value::Null;
     if a.warm_steps > 0 {
         let n = task.metadata().num_prompts.unwrap_or(1000);
-        let prompts = (0..n).map(|i| task.prompt(i)).collect::<Result<Vec<_>, _>>()?;
+        let prompts = (0..n)
+            .map(|i| task.prompt(i))
+            .collect::<Result<Vec<_>, _>>()?;
         let examples = examples_from_text(
             &tok,
-            prompts.iter().map(|p| (p.text.clone(), task.reference_completion(p).unwrap_or_default())),
+            prompts.iter().map(|p| {
+                (
+                    p.text.clone(),
+                    task.reference_completion(p).unwrap_or_default(),
+                )
+            }),
         )?;
         let t0 = Instant::now();
         let ws = WarmStart {
@@ -154,7 +164,10 @@ fn main() -> Result<()> {
             ..WarmStart::default()
         };
         let losses = warm_start(&policy, &examples, &ws)?;
-        let (first, last) = (losses.first().copied().unwrap_or(f32::NAN), losses.last().copied().unwrap_or(f32::NAN));
+        let (first, last) = (
+            losses.first().copied().unwrap_or(f32::NAN),
+            losses.last().copied().unwrap_or(f32::NAN),
+        );
         say(format!(
             "warm-start: {} steps x {} examples, lr {}, {:.1}s, loss {first:.3} -> {last:.3}",
             ws.steps,
@@ -166,7 +179,9 @@ fn main() -> Result<()> {
             "seconds": t0.elapsed().as_secs_f64(), "loss_first": first, "loss_last": last});
     }
     let (exact0, reward0) = evaluate(&policy, task.as_ref(), &tok, &a)?;
-    say(format!("eval before RL: greedy exact {exact0:.3}, sampled mean reward {reward0:.3}"));
+    say(format!(
+        "eval before RL: greedy exact {exact0:.3}, sampled mean reward {reward0:.3}"
+    ));
 
     // 2. Learner, store, rollout engine(s).
     let cfg = TrainerConfig {
@@ -190,7 +205,10 @@ fn main() -> Result<()> {
     let mut trainer = Trainer::new(policy, cfg)?;
     let dir = tempfile::tempdir()?;
     let store = Arc::new(TrajectoryStore::open(dir.path())?);
-    let slot = PolicySlot::new(trainer.policy().config().clone(), trainer.policy().device().clone());
+    let slot = PolicySlot::new(
+        trainer.policy().config().clone(),
+        trainer.policy().device().clone(),
+    );
     slot.install_bytes(trainer.version(), &trainer.snapshot_bytes()?)?;
     let mut sampling = SamplingParams::new(a.max_new_tokens, tok.eos_ids());
     sampling.temperature = a.temperature;
@@ -207,10 +225,22 @@ fn main() -> Result<()> {
     let mut running = Vec::new();
     let mut inline_engine = None;
     if a.sequential {
-        inline_engine = Some(RolloutEngine::new(engine_cfg(0), task.clone(), tok.clone(), store.clone(), slot.clone())?);
+        inline_engine = Some(RolloutEngine::new(
+            engine_cfg(0),
+            task.clone(),
+            tok.clone(),
+            store.clone(),
+            slot.clone(),
+        )?);
     } else {
         for i in 0..a.engines {
-            let e = RolloutEngine::new(engine_cfg(i), task.clone(), tok.clone(), store.clone(), slot.clone())?;
+            let e = RolloutEngine::new(
+                engine_cfg(i),
+                task.clone(),
+                tok.clone(),
+                store.clone(),
+                slot.clone(),
+            )?;
             running.push(e.spawn()?);
         }
     }
@@ -250,13 +280,20 @@ fn main() -> Result<()> {
         }
         let (mut hand, mut leases) = (Vec::new(), Vec::new());
         while hand.len() < a.groups {
-            match store.lease(trainer.lease_floor(), a.groups - hand.len(), Duration::from_secs(60))? {
+            match store.lease(
+                trainer.lease_floor(),
+                a.groups - hand.len(),
+                Duration::from_secs(60),
+            )? {
                 Some(l) => {
                     leases.push(l.id);
                     hand.extend(l.groups.into_iter().map(|(_, g)| g));
                 }
                 None => {
-                    if running.iter().any(|r: &rollout::RunningEngine| r.is_finished()) {
+                    if running
+                        .iter()
+                        .any(|r: &rollout::RunningEngine| r.is_finished())
+                    {
                         bail!("a rollout engine stopped");
                     }
                     std::thread::sleep(Duration::from_millis(2));
@@ -291,7 +328,7 @@ fn main() -> Result<()> {
         rewards.push(st.reward_mean);
         ivars.push(st.importance_weight_variance);
         let mut eval = None;
-        if a.eval_every > 0 && steps % a.eval_every == 0 {
+        if a.eval_every > 0 && steps / a.eval_every * a.eval_every == steps {
             eval = Some(evaluate(trainer.policy(), task.as_ref(), &tok, &a)?);
         }
         if a.json {
@@ -328,7 +365,13 @@ fn main() -> Result<()> {
     let (exact1, reward1) = evaluate(trainer.policy(), task.as_ref(), &tok, &a)?;
     let inv = store.check_invariant()?;
     let w = (rewards.len() / 5).max(1);
-    let avg = |xs: &[f64]| if xs.is_empty() { f64::NAN } else { xs.iter().sum::<f64>() / xs.len() as f64 };
+    let avg = |xs: &[f64]| {
+        if xs.is_empty() {
+            f64::NAN
+        } else {
+            xs.iter().sum::<f64>() / xs.len() as f64
+        }
+    };
     let first = avg(&rewards[..w.min(rewards.len())]);
     let last = avg(&rewards[rewards.len().saturating_sub(w)..]);
     let summary = serde_json::json!({

@@ -15,7 +15,9 @@ pub mod trainer;
 
 pub use loss::{group_advantages, group_loss, GroupInput, LossConfig, LossOutput, Objective};
 pub use optim::{AdamW, AdamWConfig, OptimStep};
-pub use trainer::{admissible, kappa_default, lease_floor, StepStats, Trainer, TrainerConfig, Verdict};
+pub use trainer::{
+    admissible, kappa_default, lease_floor, StepStats, Trainer, TrainerConfig, Verdict,
+};
 
 /// Errors of the learner layer.
 #[derive(Debug, thiserror::Error)]

@@ -92,7 +92,9 @@ pub fn group_advantages(rewards: &[f32], scale_by_std: bool) -> Vec<f32> {
     }
     let (lo, hi) = rewards
         .iter()
-        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), r| {
+            (lo.min(*r), hi.max(*r))
+        });
     if hi - lo <= 1e-6 {
         return vec![0.0; n];
     }
@@ -101,7 +103,11 @@ pub fn group_advantages(rewards: &[f32], scale_by_std: bool) -> Vec<f32> {
     if !scale_by_std {
         return centred.map(|a| a as f32).collect();
     }
-    let var = rewards.iter().map(|r| (f64::from(*r) - mean).powi(2)).sum::<f64>() / (n as f64 - 1.0).max(1.0);
+    let var = rewards
+        .iter()
+        .map(|r| (f64::from(*r) - mean).powi(2))
+        .sum::<f64>()
+        / (n as f64 - 1.0).max(1.0);
     let std = var.sqrt();
     centred.map(|a| (a / (std + 1e-4)) as f32).collect()
 }
@@ -159,7 +165,10 @@ pub fn importance_coefficients(cfg: &LossConfig, g: &GroupInput<'_>) -> Result<T
             let e_q = (q.sqr()?.sum_all()? / q.sum_all()?)?;
             let denom = match cfg.gepo_defensive_eps {
                 None => e_q.broadcast_as(p.shape())?.contiguous()?,
-                Some(eps) => (p.detach().affine(eps, 0.0)? + e_q.affine(1.0 - eps, 0.0)?.broadcast_as(p.shape())?)?,
+                Some(eps) => {
+                    (p.detach().affine(eps, 0.0)?
+                        + e_q.affine(1.0 - eps, 0.0)?.broadcast_as(p.shape())?)?
+                }
             };
             (p / denom)?
         }
@@ -170,15 +179,26 @@ pub fn importance_coefficients(cfg: &LossConfig, g: &GroupInput<'_>) -> Result<T
 pub fn group_loss(cfg: &LossConfig, g: &GroupInput<'_>) -> Result<LossOutput> {
     let (n_seq, n_tok) = g.learner_logp.dims2()?;
     if g.sampler_logp.dims2()? != (n_seq, n_tok) || g.mask.dims2()? != (n_seq, n_tok) {
-        return Err(LearnerError::Invalid("learner/sampler log-probs and mask must share one [G, T] shape".into()));
+        return Err(LearnerError::Invalid(
+            "learner/sampler log-probs and mask must share one [G, T] shape".into(),
+        ));
     }
     if g.advantages.dims1()? != n_seq {
-        return Err(LearnerError::Invalid(format!("{} advantages for {n_seq} sequences", g.advantages.dims1()?)));
+        return Err(LearnerError::Invalid(format!(
+            "{} advantages for {n_seq} sequences",
+            g.advantages.dims1()?
+        )));
     }
     let mask = g.mask;
     let lens = mask.sum_keepdim(1)?.maximum(1.0)?;
-    let coef = importance_coefficients(cfg, g)?.broadcast_as((n_seq, n_tok))?.contiguous()?;
-    let adv = g.advantages.reshape((n_seq, 1))?.broadcast_as((n_seq, n_tok))?.contiguous()?;
+    let coef = importance_coefficients(cfg, g)?
+        .broadcast_as((n_seq, n_tok))?
+        .contiguous()?;
+    let adv = g
+        .advantages
+        .reshape((n_seq, 1))?
+        .broadcast_as((n_seq, n_tok))?
+        .contiguous()?;
     let eps = cfg.clip_eps;
     let surr1 = (&coef * &adv)?;
     let surr2 = (coef.clamp(1.0 - eps, 1.0 + eps)? * &adv)?;
@@ -201,7 +221,11 @@ pub fn group_loss(cfg: &LossConfig, g: &GroupInput<'_>) -> Result<LossOutput> {
     // Reported statistics (no gradient).
     let m = mask.to_dtype(DType::F64)?.to_vec2::<f64>()?;
     let c = coef.detach().to_dtype(DType::F64)?.to_vec2::<f64>()?;
-    let lp = g.learner_logp.detach().to_dtype(DType::F64)?.to_vec2::<f64>()?;
+    let lp = g
+        .learner_logp
+        .detach()
+        .to_dtype(DType::F64)?
+        .to_vec2::<f64>()?;
     let sp = g.sampler_logp.to_dtype(DType::F64)?.to_vec2::<f64>()?;
     let (mut clipped, mut tokens, mut kl) = (0.0, 0.0, 0.0);
     let mut coefficients = Vec::with_capacity(n_seq);

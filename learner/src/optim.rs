@@ -71,7 +71,9 @@ impl AdamWConfig {
         if ok {
             Ok(())
         } else {
-            Err(LearnerError::Invalid(format!("invalid AdamW config {self:?}")))
+            Err(LearnerError::Invalid(format!(
+                "invalid AdamW config {self:?}"
+            )))
         }
     }
 }
@@ -125,7 +127,11 @@ impl AdamW {
             let v = m.clone();
             slots.push(Slot { name, var, m, v });
         }
-        Ok(AdamW { cfg, slots, step: 0 })
+        Ok(AdamW {
+            cfg,
+            slots,
+            step: 0,
+        })
     }
 
     /// Hyperparameters.
@@ -148,7 +154,11 @@ impl AdamW {
         let mut sq = 0.0f64;
         for s in &self.slots {
             if let Some(g) = grads.get(s.var.as_tensor()) {
-                sq += g.to_dtype(DType::F64)?.sqr()?.sum_all()?.to_scalar::<f64>()?;
+                sq += g
+                    .to_dtype(DType::F64)?
+                    .sqr()?
+                    .sum_all()?
+                    .to_scalar::<f64>()?;
             }
         }
         Ok(sq.sqrt())
@@ -165,7 +175,9 @@ impl AdamW {
     pub fn step(&mut self, grads: &GradStore) -> Result<OptimStep> {
         let grad_norm = self.grad_norm(grads)?;
         if !grad_norm.is_finite() {
-            return Err(LearnerError::Invalid(format!("non-finite gradient norm {grad_norm}")));
+            return Err(LearnerError::Invalid(format!(
+                "non-finite gradient norm {grad_norm}"
+            )));
         }
         let clip_scale = match self.cfg.max_grad_norm {
             Some(max) if grad_norm > max => max / grad_norm,
@@ -225,12 +237,14 @@ impl AdamW {
         data.sort_by(|a, b| a.0.cmp(&b.0));
         let mut views = Vec::with_capacity(data.len());
         for (name, shape, bytes) in &data {
-            let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes)
-                .map_err(|e| LearnerError::Checkpoint(format!("optimiser state: {e}")))?;
+            let view =
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes)
+                    .map_err(|e| LearnerError::Checkpoint(format!("optimiser state: {e}")))?;
             views.push((name.clone(), view));
         }
         let meta = HashMap::from([(META_STEP.to_string(), self.step.to_string())]);
-        safetensors::serialize(views, &Some(meta)).map_err(|e| LearnerError::Checkpoint(format!("optimiser state: {e}")))
+        safetensors::serialize(views, &Some(meta))
+            .map_err(|e| LearnerError::Checkpoint(format!("optimiser state: {e}")))
     }
 
     /// Restores a state made by [`Self::state_to_bytes`] for the same variables (names and
@@ -243,8 +257,14 @@ impl AdamW {
             .as_ref()
             .and_then(|m| m.get(META_STEP))
             .and_then(|s| s.parse().ok())
-            .ok_or_else(|| LearnerError::Checkpoint("optimiser state without a step count".into()))?;
-        let device = self.slots.first().map(|s| s.var.device().clone()).unwrap_or(Device::Cpu);
+            .ok_or_else(|| {
+                LearnerError::Checkpoint("optimiser state without a step count".into())
+            })?;
+        let device = self
+            .slots
+            .first()
+            .map(|s| s.var.device().clone())
+            .unwrap_or(Device::Cpu);
         let mut tensors = candle_core::safetensors::load_buffer(bytes, &device)?;
         if tensors.len() != 2 * self.slots.len() {
             return Err(LearnerError::Checkpoint(format!(
@@ -257,11 +277,14 @@ impl AdamW {
         for s in &self.slots {
             let mut take = |prefix: &str| -> Result<Tensor> {
                 let key = format!("{prefix}.{}", s.name);
-                let t = tensors
-                    .remove(&key)
-                    .ok_or_else(|| LearnerError::Checkpoint(format!("optimiser state lacks {key}")))?;
+                let t = tensors.remove(&key).ok_or_else(|| {
+                    LearnerError::Checkpoint(format!("optimiser state lacks {key}"))
+                })?;
                 if t.dims() != s.var.dims() {
-                    return Err(LearnerError::Checkpoint(format!("optimiser state {key} has shape {:?}", t.dims())));
+                    return Err(LearnerError::Checkpoint(format!(
+                        "optimiser state {key} has shape {:?}",
+                        t.dims()
+                    )));
                 }
                 Ok(t.to_dtype(s.var.dtype())?)
             };
@@ -306,7 +329,10 @@ mod tests {
         assert!((out.grad_norm - (0.25f64 + 4.0).sqrt()).abs() < 1e-6);
         assert_eq!(out.clip_scale, 1.0);
         let got = vals(&w);
-        let want = [1.0 * 0.999 - 0.01 * 0.5 / (0.5 + 1e-8), -3.0 * 0.999 + 0.01 * 2.0 / (2.0 + 1e-8)];
+        let want = [
+            1.0 * 0.999 - 0.01 * 0.5 / (0.5 + 1e-8),
+            -3.0 * 0.999 + 0.01 * 2.0 / (2.0 + 1e-8),
+        ];
         for (g, w) in got.iter().zip(want) {
             assert!((f64::from(*g) - w).abs() < 1e-6, "{got:?} vs {want:?}");
         }
@@ -356,7 +382,12 @@ mod tests {
     fn state_round_trips_and_continues_identically() {
         let mk = || var(&[0.3, -0.7, 1.1]);
         let c = Tensor::new(&[1.0f32, -0.5, 0.25], &Device::Cpu).unwrap();
-        let quad = |w: &Var| (w.as_tensor().sqr().unwrap() * &c).unwrap().sum_all().unwrap();
+        let quad = |w: &Var| {
+            (w.as_tensor().sqr().unwrap() * &c)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+        };
         let (w1, w2) = (mk(), mk());
         let cfg = AdamWConfig::default();
         let mut o1 = AdamW::new(vec![("w".into(), w1.clone())], cfg).unwrap();

@@ -34,7 +34,9 @@ use policy::{ModelConfig, Policy};
 use serde::{Deserialize, Serialize};
 use storage::TrajectoryGroup;
 
-use crate::loss::{group_advantages, group_loss, is_zero_advantage, variance, GroupInput, LossConfig};
+use crate::loss::{
+    group_advantages, group_loss, is_zero_advantage, variance, GroupInput, LossConfig,
+};
 use crate::optim::{AdamW, AdamWConfig};
 use crate::{LearnerError, Result};
 
@@ -94,7 +96,9 @@ impl Default for TrainerConfig {
 impl TrainerConfig {
     /// κ in effect.
     pub fn kappa(&self) -> u64 {
-        self.kappa.unwrap_or_else(|| kappa_default(self.staleness)).max(1)
+        self.kappa
+            .unwrap_or_else(|| kappa_default(self.staleness))
+            .max(1)
     }
 
     /// R = B × n: trajectories per step.
@@ -111,13 +115,19 @@ impl TrainerConfig {
             )));
         }
         if self.groups_per_step == 0 || self.group_size == 0 {
-            return Err(LearnerError::Invalid("groups_per_step and group_size must be > 0".into()));
+            return Err(LearnerError::Invalid(
+                "groups_per_step and group_size must be > 0".into(),
+            ));
         }
         if self.kappa == Some(0) {
             return Err(LearnerError::Invalid("kappa must be >= 1".into()));
         }
-        if !(self.loss.clip_eps.is_finite() && self.loss.clip_eps >= 0.0) || self.loss.kl_beta < 0.0 {
-            return Err(LearnerError::Invalid(format!("invalid loss config {:?}", self.loss)));
+        if !(self.loss.clip_eps.is_finite() && self.loss.clip_eps >= 0.0) || self.loss.kl_beta < 0.0
+        {
+            return Err(LearnerError::Invalid(format!(
+                "invalid loss config {:?}",
+                self.loss
+            )));
         }
         Ok(())
     }
@@ -186,7 +196,11 @@ pub struct StepStats {
 impl StepStats {
     /// Groups refused or dropped for any reason.
     pub fn groups_dropped(&self) -> usize {
-        self.groups_zero_advantage + self.groups_stale + self.groups_future + self.groups_duplicate + self.groups_invalid
+        self.groups_zero_advantage
+            + self.groups_stale
+            + self.groups_future
+            + self.groups_duplicate
+            + self.groups_invalid
     }
 }
 
@@ -221,7 +235,11 @@ impl Trainer {
     pub fn new(policy: Policy, cfg: TrainerConfig) -> Result<Self> {
         cfg.validate()?;
         let reference = if cfg.loss.kl_beta > 0.0 {
-            Some(Policy::from_safetensors_bytes(policy.config(), &policy.to_safetensors_bytes()?, policy.device())?)
+            Some(Policy::from_safetensors_bytes(
+                policy.config(),
+                &policy.to_safetensors_bytes()?,
+                policy.device(),
+            )?)
         } else {
             None
         };
@@ -263,7 +281,10 @@ impl Trainer {
 
     /// True when the current version should be published (every κ steps, and version 0).
     pub fn should_publish(&self) -> bool {
-        self.version % self.cfg.kappa() == 0
+        {
+            let k = self.cfg.kappa();
+            self.version / k * k == self.version
+        }
     }
 
     /// The snapshot payload of the current weights (`Policy::to_safetensors_bytes`).
@@ -286,7 +307,10 @@ impl Trainer {
         if let Some(why) = malformed(g) {
             return why;
         }
-        if g.samples.iter().any(|s| self.consumed.contains(&s.trajectory_id)) {
+        if g.samples
+            .iter()
+            .any(|s| self.consumed.contains(&s.trajectory_id))
+        {
             return Verdict::Duplicate;
         }
         if g.version > self.version {
@@ -317,7 +341,11 @@ impl Trainer {
         let mut batch_ids: HashSet<[u8; 16]> = HashSet::new();
         for g in groups {
             let mut verdict = self.classify(g);
-            if verdict == Verdict::Admitted && g.samples.iter().any(|s| batch_ids.contains(&s.trajectory_id)) {
+            if verdict == Verdict::Admitted
+                && g.samples
+                    .iter()
+                    .any(|s| batch_ids.contains(&s.trajectory_id))
+            {
                 verdict = Verdict::Duplicate; // the same group twice in one batch
             }
             match verdict {
@@ -331,7 +359,10 @@ impl Trainer {
                 Verdict::Invalid(_) => st.groups_invalid += 1,
             }
         }
-        let rewards: Vec<f64> = admitted.iter().flat_map(|g| g.samples.iter().map(|s| f64::from(s.reward))).collect();
+        let rewards: Vec<f64> = admitted
+            .iter()
+            .flat_map(|g| g.samples.iter().map(|s| f64::from(s.reward)))
+            .collect();
         if !rewards.is_empty() {
             st.reward_mean = rewards.iter().sum::<f64>() / rewards.len() as f64;
             st.reward_std = variance(&rewards).sqrt();
@@ -366,11 +397,19 @@ impl Trainer {
         Ok(st)
     }
 
-    fn optimise(&mut self, used: &[(&TrajectoryGroup, Vec<f32>)], st: &mut StepStats) -> Result<()> {
+    fn optimise(
+        &mut self,
+        used: &[(&TrajectoryGroup, Vec<f32>)],
+        st: &mut StepStats,
+    ) -> Result<()> {
         let dev = self.policy.device().clone();
         let pairs: Vec<(&[u32], &[u32])> = used
             .iter()
-            .flat_map(|(g, _)| g.samples.iter().map(|s| (g.prompt_tokens.as_slice(), s.response_tokens.as_slice())))
+            .flat_map(|(g, _)| {
+                g.samples
+                    .iter()
+                    .map(|s| (g.prompt_tokens.as_slice(), s.response_tokens.as_slice()))
+            })
             .collect();
         let t = self.cfg.temperature;
         let (lp, _) = policy::batch_response_logprobs(&self.policy, &pairs, t)?;
@@ -383,12 +422,21 @@ impl Trainer {
         let mut row = 0;
         for (g, adv) in used {
             let n = g.samples.len();
-            let len = g.samples.iter().map(|s| s.response_tokens.len()).max().unwrap_or(1);
+            let len = g
+                .samples
+                .iter()
+                .map(|s| s.response_tokens.len())
+                .max()
+                .unwrap_or(1);
             let (mut q, mut m) = (Vec::with_capacity(n * len), Vec::with_capacity(n * len));
             for s in &g.samples {
                 for j in 0..len {
                     q.push(s.sampler_logprobs.get(j).copied().unwrap_or(0.0));
-                    m.push(s.loss_mask.get(j).map_or(0.0, |&b| f32::from(u8::from(b != 0))));
+                    m.push(
+                        s.loss_mask
+                            .get(j)
+                            .map_or(0.0, |&b| f32::from(u8::from(b != 0))),
+                    );
                 }
             }
             let q = Tensor::from_vec(q, (n, len), &dev)?;
@@ -421,7 +469,10 @@ impl Trainer {
         let loss = Tensor::stack(&losses, 0)?.mean_all()?;
         st.loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         if !st.loss.is_finite() {
-            return Err(LearnerError::Invalid(format!("non-finite loss {}", st.loss)));
+            return Err(LearnerError::Invalid(format!(
+                "non-finite loss {}",
+                st.loss
+            )));
         }
         let step = self.opt.backward_step(&loss)?;
         st.grad_norm = step.grad_norm;
@@ -452,10 +503,19 @@ impl Trainer {
             std::fs::remove_dir_all(&tmp)?;
         }
         std::fs::create_dir(&tmp)?;
-        write_synced(&tmp.join("weights.safetensors"), &self.policy.to_safetensors_bytes()?)?;
-        write_synced(&tmp.join("optimizer.safetensors"), &self.opt.state_to_bytes()?)?;
+        write_synced(
+            &tmp.join("weights.safetensors"),
+            &self.policy.to_safetensors_bytes()?,
+        )?;
+        write_synced(
+            &tmp.join("optimizer.safetensors"),
+            &self.opt.state_to_bytes()?,
+        )?;
         if let Some(r) = &self.reference {
-            write_synced(&tmp.join("reference.safetensors"), &r.to_safetensors_bytes()?)?;
+            write_synced(
+                &tmp.join("reference.safetensors"),
+                &r.to_safetensors_bytes()?,
+            )?;
         }
         let mut ids: Vec<[u8; 16]> = self.consumed.iter().copied().collect();
         ids.sort_unstable();
@@ -467,7 +527,8 @@ impl Trainer {
             model: self.policy.config().clone(),
             has_reference: self.reference.is_some(),
         };
-        let json = serde_json::to_vec_pretty(&meta).map_err(|e| LearnerError::Checkpoint(e.to_string()))?;
+        let json = serde_json::to_vec_pretty(&meta)
+            .map_err(|e| LearnerError::Checkpoint(e.to_string()))?;
         write_synced(&tmp.join("trainer.json"), &json)?;
         sync_dir(&tmp)?;
         let final_dir = dir.join(&name);
@@ -494,29 +555,44 @@ impl Trainer {
         let name = std::fs::read_to_string(dir.join("LATEST"))?;
         let name = name.trim();
         if !name.starts_with("ckpt-") || name.contains(['/', '\\']) {
-            return Err(LearnerError::Checkpoint(format!("bad LATEST pointer {name:?}")));
+            return Err(LearnerError::Checkpoint(format!(
+                "bad LATEST pointer {name:?}"
+            )));
         }
         let ck = dir.join(name);
         let meta: CheckpointMeta = serde_json::from_slice(&std::fs::read(ck.join("trainer.json"))?)
             .map_err(|e| LearnerError::Checkpoint(format!("trainer.json: {e}")))?;
         if meta.format != CHECKPOINT_FORMAT {
-            return Err(LearnerError::Checkpoint(format!("unknown checkpoint format {}", meta.format)));
+            return Err(LearnerError::Checkpoint(format!(
+                "unknown checkpoint format {}",
+                meta.format
+            )));
         }
         meta.trainer.validate()?;
-        let policy = Policy::from_safetensors_bytes(&meta.model, &std::fs::read(ck.join("weights.safetensors"))?, device)?;
+        let policy = Policy::from_safetensors_bytes(
+            &meta.model,
+            &std::fs::read(ck.join("weights.safetensors"))?,
+            device,
+        )?;
         let reference = if meta.has_reference {
-            Some(Policy::from_safetensors_bytes(&meta.model, &std::fs::read(ck.join("reference.safetensors"))?, device)?)
+            Some(Policy::from_safetensors_bytes(
+                &meta.model,
+                &std::fs::read(ck.join("reference.safetensors"))?,
+                device,
+            )?)
         } else {
             None
         };
         let mut opt = AdamW::new(policy.named_vars()?, meta.trainer.optim)?;
         opt.load_state_bytes(&std::fs::read(ck.join("optimizer.safetensors"))?)?;
         let raw = std::fs::read(ck.join("consumed_ids.bin"))?;
-        if raw.len() % 16 != 0 {
-            return Err(LearnerError::Checkpoint("consumed_ids.bin is not a multiple of 16 bytes".into()));
+        let chunks = raw.chunks_exact(16);
+        if !chunks.remainder().is_empty() {
+            return Err(LearnerError::Checkpoint(
+                "consumed_ids.bin is not a multiple of 16 bytes".into(),
+            ));
         }
-        let consumed = raw
-            .chunks_exact(16)
+        let consumed = chunks
             .map(|c| {
                 let mut id = [0u8; 16];
                 id.copy_from_slice(c);
@@ -558,7 +634,9 @@ fn malformed(g: &TrajectoryGroup) -> Option<Verdict> {
             return Some(bad("empty response"));
         }
         if s.sampler_logprobs.len() != n || s.loss_mask.len() != n {
-            return Some(bad("sampler log-probs / loss mask do not match the response length"));
+            return Some(bad(
+                "sampler log-probs / loss mask do not match the response length",
+            ));
         }
         if !s.reward.is_finite() || s.sampler_logprobs.iter().any(|x| !x.is_finite()) {
             return Some(bad("non-finite reward or log-prob"));

@@ -47,7 +47,15 @@ fn group(policy: &Policy, version: u64, seed: u64, flat: bool) -> TrajectoryGrou
     let mut params = SamplingParams::new(5, vec![258]);
     params.temperature = T;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let outs = policy::generate(policy, &prompt, 4, &params, GenerationPath::Batched, &mut rng).unwrap();
+    let outs = policy::generate(
+        policy,
+        &prompt,
+        4,
+        &params,
+        GenerationPath::Batched,
+        &mut rng,
+    )
+    .unwrap();
     let samples = outs
         .into_iter()
         .enumerate()
@@ -90,7 +98,10 @@ fn admission_and_publication_rules() {
     assert!(!admissible(4, 5, 0));
     assert!(admissible(2, 5, 3));
     assert!(!admissible(1, 5, 3));
-    assert!(admissible(0, 2, 3), "saturating: early versions are all admissible");
+    assert!(
+        admissible(0, 2, 3),
+        "saturating: early versions are all admissible"
+    );
     assert!(admissible(0, u64::MAX, u64::MAX));
     assert!(!admissible(0, u64::MAX, u64::MAX - 1));
     assert_eq!(lease_floor(2, 3), 0);
@@ -119,13 +130,23 @@ fn a_stale_group_never_enters_a_batch_across_a_version_change() {
     assert_eq!(tr.classify(&old), Verdict::Stale);
     let before = tr.snapshot_bytes().unwrap();
     let st = tr.train_step(std::slice::from_ref(&old)).unwrap();
-    assert_eq!((st.stepped, st.groups_stale, st.groups_used, st.version), (false, 1, 0, 2));
-    assert_eq!(tr.snapshot_bytes().unwrap(), before, "a refused group must not move the weights");
+    assert_eq!(
+        (st.stepped, st.groups_stale, st.groups_used, st.version),
+        (false, 1, 0, 2)
+    );
+    assert_eq!(
+        tr.snapshot_bytes().unwrap(),
+        before,
+        "a refused group must not move the weights"
+    );
     assert!(!tr.has_consumed(&old.samples[0].trajectory_id));
     // Mixed batch: the stale group is refused, the fresh one trains; Δ is recorded.
     let fresh = group(tr.policy(), 1, 300, false);
     let st = tr.train_step(&[old.clone(), fresh]).unwrap();
-    assert_eq!((st.groups_stale, st.groups_used, st.staleness_max), (1, 1, 1));
+    assert_eq!(
+        (st.groups_stale, st.groups_used, st.staleness_max),
+        (1, 1, 1)
+    );
     assert_eq!(st.staleness_histogram.get(&1), Some(&1));
     // A group from a version the learner has not reached is refused too.
     let future = group(tr.policy(), 99, 301, false);
@@ -148,14 +169,31 @@ fn every_objective_trains_on_a_tiny_config() {
         let mut tr = Trainer::new(p, c).unwrap();
         let before = tr.snapshot_bytes().unwrap();
         let st = tr.train_step(&gs).unwrap();
-        assert!(st.stepped && st.loss.is_finite() && st.grad_norm > 0.0, "{objective:?}: {st:?}");
-        assert_eq!((st.version, st.groups_used, st.trajectories_used), (1, 2, 8));
-        assert_ne!(tr.snapshot_bytes().unwrap(), before, "{objective:?}: weights did not change");
+        assert!(
+            st.stepped && st.loss.is_finite() && st.grad_norm > 0.0,
+            "{objective:?}: {st:?}"
+        );
+        assert_eq!(
+            (st.version, st.groups_used, st.trajectories_used),
+            (1, 2, 8)
+        );
+        assert_ne!(
+            tr.snapshot_bytes().unwrap(),
+            before,
+            "{objective:?}: weights did not change"
+        );
         // On-policy data: sampler and learner log-probs agree (same temperature), so the KL
         // estimate is ~0 and token/sequence ratios are ~1 (GEPO's group weight is not 1).
-        assert!(st.kl_sampler_learner.abs() < 1e-4, "{objective:?}: {}", st.kl_sampler_learner);
+        assert!(
+            st.kl_sampler_learner.abs() < 1e-4,
+            "{objective:?}: {}",
+            st.kl_sampler_learner
+        );
         if objective != Objective::Gepo {
-            assert!(st.importance_weight_variance < 1e-8, "{objective:?}: {st:?}");
+            assert!(
+                st.importance_weight_variance < 1e-8,
+                "{objective:?}: {st:?}"
+            );
         }
         // A second step on newer data keeps training.
         let g = group(tr.policy(), 1, 3, false);
@@ -171,9 +209,16 @@ fn zero_advantage_duplicate_and_malformed_groups_are_dropped_and_counted() {
     let mut broken = group(&p, 0, 12, false);
     broken.samples[0].sampler_logprobs.pop();
     let mut tr = Trainer::new(p, cfg(Objective::Gepo, 2)).unwrap();
-    let st = tr.train_step(&[flat.clone(), good.clone(), good.clone(), broken]).unwrap();
+    let st = tr
+        .train_step(&[flat.clone(), good.clone(), good.clone(), broken])
+        .unwrap();
     assert_eq!(
-        (st.groups_used, st.groups_zero_advantage, st.groups_duplicate, st.groups_invalid),
+        (
+            st.groups_used,
+            st.groups_zero_advantage,
+            st.groups_duplicate,
+            st.groups_invalid
+        ),
         (1, 1, 1, 1)
     );
     assert_eq!(st.groups_dropped(), 3);
@@ -196,7 +241,10 @@ fn a_restored_trainer_continues_bit_identically_and_remembers_consumed_ids() {
     a.train_step(&[group(a.policy(), 1, 22, false)]).unwrap();
     let first = a.save(dir.path()).unwrap();
     // Saving again at a later version replaces the old folder; LATEST follows.
-    let b2 = [group(a.policy(), 2, 23, false), group(a.policy(), 1, 24, false)];
+    let b2 = [
+        group(a.policy(), 2, 23, false),
+        group(a.policy(), 1, 24, false),
+    ];
     let mut b = Trainer::load(dir.path(), &Device::Cpu).unwrap();
     assert_eq!(b.version(), a.version());
     assert_eq!(b.config(), a.config());
@@ -204,7 +252,13 @@ fn a_restored_trainer_continues_bit_identically_and_remembers_consumed_ids() {
     assert_eq!(b.snapshot_bytes().unwrap(), a.snapshot_bytes().unwrap());
     let sa = a.train_step(&b2).unwrap();
     let sb = b.train_step(&b2).unwrap();
-    assert_eq!(sa.loss.to_bits(), sb.loss.to_bits(), "{} vs {}", sa.loss, sb.loss);
+    assert_eq!(
+        sa.loss.to_bits(),
+        sb.loss.to_bits(),
+        "{} vs {}",
+        sa.loss,
+        sb.loss
+    );
     assert_eq!(sa.grad_norm.to_bits(), sb.grad_norm.to_bits());
     assert_eq!(a.snapshot_bytes().unwrap(), b.snapshot_bytes().unwrap());
     // The restored trainer refuses what it trained before the checkpoint.

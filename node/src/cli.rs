@@ -5,7 +5,11 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "echo-node", version, about = "echo-swarm node: decentralized RL post-training over libp2p")]
+#[command(
+    name = "echo-node",
+    version,
+    about = "echo-swarm node: decentralized RL post-training over libp2p"
+)]
 pub struct Cli {
     /// More log output (-v debug, -vv trace). `RUST_LOG` overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]

@@ -94,7 +94,8 @@ impl NodeConfig {
             file: file.to_path_buf(),
             problems: vec![(key.to_string(), problem)],
         };
-        let text = std::fs::read_to_string(file).map_err(|e| err("(file)", format!("cannot read: {e}")))?;
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| err("(file)", format!("cannot read: {e}")))?;
         Self::parse(&text).map_err(|(key, problem)| err(&key, problem))
     }
 
@@ -103,7 +104,11 @@ impl NodeConfig {
         let de = toml::Deserializer::new(text);
         serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
-            let key = if path == "." { "(top level)".to_string() } else { path };
+            let key = if path == "." {
+                "(top level)".to_string()
+            } else {
+                path
+            };
             (key, e.into_inner().message().trim().to_string())
         })
     }
@@ -113,10 +118,14 @@ impl NodeConfig {
         let mut problems: Vec<(String, String)> = Vec::new();
         let mut bad = |k: &str, p: String| problems.push((k.to_string(), p));
         let id_ok = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
-        if self.swarm_id.is_empty() || self.swarm_id.len() > 64 || !self.swarm_id.chars().all(id_ok) {
+        if self.swarm_id.is_empty() || self.swarm_id.len() > 64 || !self.swarm_id.chars().all(id_ok)
+        {
             bad(
                 "swarm_id",
-                format!("`{}` must be 1–64 characters of a-z, A-Z, 0-9, '-', '_', '.'", self.swarm_id),
+                format!(
+                    "`{}` must be 1–64 characters of a-z, A-Z, 0-9, '-', '_', '.'",
+                    self.swarm_id
+                ),
             );
         }
         if self.data_dir.as_os_str().is_empty() {
@@ -146,10 +155,16 @@ impl NodeConfig {
             );
         }
         if !(1..=1000).contains(&s.keep_snapshots) {
-            bad("storage.keep_snapshots", format!("{} is outside 1..=1000", s.keep_snapshots));
+            bad(
+                "storage.keep_snapshots",
+                format!("{} is outside 1..=1000", s.keep_snapshots),
+            );
         }
         if !(1..=86_400).contains(&s.lease_ttl_s) {
-            bad("storage.lease_ttl_s", format!("{} is outside 1..=86400 (seconds)", s.lease_ttl_s));
+            bad(
+                "storage.lease_ttl_s",
+                format!("{} is outside 1..=86400 (seconds)", s.lease_ttl_s),
+            );
         }
         if s.max_pending_groups == 0 {
             bad("storage.max_pending_groups", "must be at least 1".into());
@@ -169,7 +184,9 @@ impl NodeConfig {
     }
 
     pub fn key_path(&self) -> PathBuf {
-        self.key_file.clone().unwrap_or_else(|| self.data().key_file())
+        self.key_file
+            .clone()
+            .unwrap_or_else(|| self.data().key_file())
     }
 }
 
@@ -216,7 +233,10 @@ mod tests {
     fn bad_values_name_the_key_and_what_is_allowed() {
         let p = problems("role = \"lerner\"\nswarm_id = \"x\"\ndata_dir = \"d\"\n");
         assert_eq!(p[0].0, "role");
-        assert!(p[0].1.contains("learner") && p[0].1.contains("rollout"), "{p:?}");
+        assert!(
+            p[0].1.contains("learner") && p[0].1.contains("rollout"),
+            "{p:?}"
+        );
 
         let p = problems("role = \"learner\"\nswarm_id = \"x\"\ndata_dir = \"d\"\n[storage]\nkeep_snapshots = \"three\"\n");
         assert_eq!(p[0].0, "storage.keep_snapshots");

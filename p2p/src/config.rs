@@ -38,6 +38,17 @@ pub struct NetworkConfig {
     /// The node keeps at most this many connections open to discovered peers (bootstrap and
     /// allow-listed peers excepted); discovery stops dialing beyond it.
     pub max_peers: u32,
+    /// Cap on this node's bulk-stream uploads (chunk pushes and fetch responses), Mbit/s;
+    /// `0` = unlimited. Enforced in the node with a token bucket (`ratelimit`). On a worker it
+    /// is also the forwarding bandwidth it can offer.
+    pub uplink_mbps: f64,
+    /// Cap on this node's bulk-stream downloads, Mbit/s; `0` = unlimited.
+    pub downlink_mbps: f64,
+    /// The learner's uplink budget `B0` for snapshot dissemination, Mbit/s: it caps the
+    /// learner's bulk uploads and sets the number of chains `N_ch = max(1, ⌊B0/B̂w⌋)`;
+    /// `0` = unlimited uploads (and one chain per 100 Mbit/s of `uplink_mbps`, see
+    /// `dissemination`). Ignored on workers.
+    pub learner_mbps: f64,
 }
 
 impl Default for NetworkConfig {
@@ -55,6 +66,9 @@ impl Default for NetworkConfig {
             relays: Vec::new(),
             autonat: true,
             max_peers: 64,
+            uplink_mbps: 0.0,
+            downlink_mbps: 0.0,
+            learner_mbps: 0.0,
         }
     }
 }
@@ -165,6 +179,18 @@ impl NetworkConfig {
                 format!("{} is outside 1..=10000", self.max_peers),
             ));
         }
+        for (key, v) in [
+            ("uplink_mbps", self.uplink_mbps),
+            ("downlink_mbps", self.downlink_mbps),
+            ("learner_mbps", self.learner_mbps),
+        ] {
+            if !v.is_finite() || !(0.0..=1.0e6).contains(&v) {
+                out.push((
+                    key.into(),
+                    format!("{v} must be a number in 0..=1000000 (Mbit/s; 0 = unlimited)"),
+                ));
+            }
+        }
         out
     }
 
@@ -198,6 +224,9 @@ mod tests {
             cost_per_hour: -1.0,
             max_peers: 0,
             relays: vec!["x".into()],
+            uplink_mbps: -1.0,
+            downlink_mbps: f64::INFINITY,
+            learner_mbps: 2e6,
             ..NetworkConfig::default()
         };
         assert_eq!(
@@ -210,7 +239,10 @@ mod tests {
                 "allow_list[0]",
                 "heartbeat_interval_ms",
                 "cost_per_hour",
-                "max_peers"
+                "max_peers",
+                "uplink_mbps",
+                "downlink_mbps",
+                "learner_mbps"
             ]
         );
         assert!(!c.quic_enabled());

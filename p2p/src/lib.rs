@@ -10,6 +10,7 @@
 pub mod config;
 pub mod error;
 pub mod messages;
+pub mod ratelimit;
 pub mod score;
 pub mod service;
 pub mod transport;
@@ -20,6 +21,7 @@ pub use libp2p::gossipsub::MessageId;
 pub use libp2p::metrics::Registry;
 pub use libp2p::{Multiaddr, PeerId};
 pub use messages::{Heartbeat, LocalStatus, ScoreEntry, ScoreTable};
+pub use ratelimit::TokenBucket;
 pub use score::{PeerStats, ScoreComponents, TransferEvent};
 pub use service::{
     protocols, start, Client, Counters, Event, NetworkStatus, PeerStatus, ServiceConfig, TopicKind,

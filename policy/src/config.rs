@@ -96,10 +96,13 @@ impl ModelConfig {
         if self.num_attention_heads == 0 || self.num_key_value_heads == 0 {
             return bad("num_attention_heads and num_key_value_heads must be > 0");
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return bad("num_attention_heads must be a multiple of num_key_value_heads");
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return bad("head_dim must be even (RoPE rotates pairs)");
         }
         if self.max_position_embeddings == 0 {

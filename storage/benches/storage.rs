@@ -60,7 +60,10 @@ fn lease_ack(c: &mut Criterion) {
                     .collect();
                 store.put_groups(&batch).unwrap();
                 let t = Instant::now();
-                let lease = store.lease(0, 64, Duration::from_secs(30)).unwrap().unwrap();
+                let lease = store
+                    .lease(0, 64, Duration::from_secs(30))
+                    .unwrap()
+                    .unwrap();
                 store.ack(lease.id).unwrap();
                 total += t.elapsed();
             }

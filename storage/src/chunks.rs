@@ -60,7 +60,10 @@ impl ChunkStore {
     /// Opens (or creates) the store under `root`, keeping the last `keep` snapshots (≥ 1).
     pub fn open(root: &Path, keep: usize) -> Result<Self> {
         if keep == 0 {
-            return Err(StorageError::invalid("chunk store", "must keep at least 1 snapshot"));
+            return Err(StorageError::invalid(
+                "chunk store",
+                "must keep at least 1 snapshot",
+            ));
         }
         let chunk_dir = root.join("chunks");
         let tmp = chunk_dir.join("tmp");
@@ -104,19 +107,25 @@ impl ChunkStore {
                     .and_then(|v| v.try_into().ok());
                 match parsed {
                     Some(h) => {
-                        let len = f.metadata().map_err(|e| StorageError::io(f.path(), e))?.len();
+                        let len = f
+                            .metadata()
+                            .map_err(|e| StorageError::io(f.path(), e))?
+                            .len();
                         if self.chunks.get(h)?.is_none() {
                             self.chunks.insert(h, &len.to_be_bytes())?;
                         }
                         on_disk.insert(h);
                     }
-                    None => tracing::warn!(file = %f.path().display(), "ignoring stray file in chunk store"),
+                    None => {
+                        tracing::warn!(file = %f.path().display(), "ignoring stray file in chunk store")
+                    }
                 }
             }
         }
         for k in self.chunks.iter().keys() {
             let k = k?;
-            if k.len() != 32 || !on_disk.contains(&<Hash>::try_from(k.as_ref()).unwrap_or_default()) {
+            if k.len() != 32 || !on_disk.contains(&<Hash>::try_from(k.as_ref()).unwrap_or_default())
+            {
                 self.chunks.remove(k)?;
             }
         }
@@ -172,7 +181,8 @@ impl ChunkStore {
         let parent = dest.parent().expect("chunk path has a parent");
         fs::create_dir_all(parent).map_err(|e| StorageError::io(parent, e))?;
         fs::rename(&tmp, &dest).map_err(|e| StorageError::io(&dest, e))?;
-        self.chunks.insert(hash, &(bytes.len() as u64).to_be_bytes())?;
+        self.chunks
+            .insert(hash, &(bytes.len() as u64).to_be_bytes())?;
         Ok(true)
     }
 
@@ -195,7 +205,10 @@ impl ChunkStore {
             tracing::error!(chunk = %hash_hex(hash), "stored chunk is corrupt; removing it");
             let _ = fs::remove_file(&path);
             self.chunks.remove(hash)?;
-            return Err(StorageError::Corrupt(format!("chunk {} failed verification", hash_hex(hash))));
+            return Err(StorageError::Corrupt(format!(
+                "chunk {} failed verification",
+                hash_hex(hash)
+            )));
         }
         Ok(bytes)
     }
@@ -213,15 +226,20 @@ impl ChunkStore {
     pub fn manifest(&self, version: u64) -> Result<Option<SignedManifest>> {
         self.manifests
             .get(version.to_be_bytes())?
-            .map(|v| SignedManifest::decode(&v).map_err(|e| StorageError::Corrupt(format!("stored manifest: {e}"))))
+            .map(|v| {
+                SignedManifest::decode(&v)
+                    .map_err(|e| StorageError::Corrupt(format!("stored manifest: {e}")))
+            })
             .transpose()
     }
 
     pub fn latest_manifest(&self) -> Result<Option<SignedManifest>> {
         match self.manifests.last()? {
-            Some((_, v)) => Ok(Some(
-                SignedManifest::decode(&v).map_err(|e| StorageError::Corrupt(format!("stored manifest: {e}")))?,
-            )),
+            Some((_, v)) => {
+                Ok(Some(SignedManifest::decode(&v).map_err(|e| {
+                    StorageError::Corrupt(format!("stored manifest: {e}"))
+                })?))
+            }
             None => Ok(None),
         }
     }
@@ -233,17 +251,21 @@ impl ChunkStore {
             .keys()
             .map(|k| {
                 let k = k?;
-                let a: [u8; 8] = k.as_ref().try_into().map_err(|_| StorageError::Corrupt("manifest key".into()))?;
+                let a: [u8; 8] = k
+                    .as_ref()
+                    .try_into()
+                    .map_err(|_| StorageError::Corrupt("manifest key".into()))?;
                 Ok(u64::from_be_bytes(a))
             })
             .collect()
     }
 
     fn require_manifest(&self, version: u64) -> Result<SignedManifest> {
-        self.manifest(version)?.ok_or_else(|| StorageError::NotFound {
-            what: "manifest",
-            key: format!("version {version}"),
-        })
+        self.manifest(version)?
+            .ok_or_else(|| StorageError::NotFound {
+                what: "manifest",
+                key: format!("version {version}"),
+            })
     }
 
     /// `(index, hash)` of every chunk of `version` not yet held.
@@ -282,7 +304,9 @@ impl ChunkStore {
             out.extend_from_slice(&bytes);
         }
         if hash_bytes(&out) != m.root_hash {
-            return Err(StorageError::Corrupt(format!("v{version}: root hash mismatch after assembly")));
+            return Err(StorageError::Corrupt(format!(
+                "v{version}: root hash mismatch after assembly"
+            )));
         }
         Ok(out)
     }
@@ -292,11 +316,18 @@ impl ChunkStore {
     pub fn publish(&self, signed: &SignedManifest, payload: &[u8]) -> Result<PublishStats> {
         let m = &signed.manifest;
         if payload.len() as u64 != m.total_len || hash_bytes(payload) != m.root_hash {
-            return Err(StorageError::invalid("snapshot", "payload does not match its manifest"));
+            return Err(StorageError::invalid(
+                "snapshot",
+                "payload does not match its manifest",
+            ));
         }
         self.put_manifest(signed)?;
         let mut stats = PublishStats::default();
-        for (h, bytes) in m.chunk_hashes.iter().zip(payload.chunks(m.chunk_size as usize)) {
+        for (h, bytes) in m
+            .chunk_hashes
+            .iter()
+            .zip(payload.chunks(m.chunk_size as usize))
+        {
             if self.put_chunk(h, bytes)? {
                 stats.new_chunks += 1;
                 stats.new_bytes += bytes.len() as u64;
@@ -391,7 +422,9 @@ mod tests {
     }
 
     fn payload(len: usize, salt: u8) -> Vec<u8> {
-        (0..len).map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1] ^ salt).collect()
+        (0..len)
+            .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1] ^ salt)
+            .collect()
     }
 
     fn manifest(version: u64, payload: &[u8]) -> SignedManifest {
@@ -403,7 +436,10 @@ mod tests {
     }
 
     fn tmp_is_empty(root: &Path) -> bool {
-        fs::read_dir(root.join("chunks").join("tmp")).unwrap().next().is_none()
+        fs::read_dir(root.join("chunks").join("tmp"))
+            .unwrap()
+            .next()
+            .is_none()
     }
 
     #[test]
@@ -415,12 +451,18 @@ mod tests {
             let h = hash_bytes(&good);
             let mut bad = good.clone();
             bad[len / 2] ^= 0xff;
-            assert!(matches!(s.put_chunk(&h, &bad), Err(StorageError::HashMismatch { .. })));
+            assert!(matches!(
+                s.put_chunk(&h, &bad),
+                Err(StorageError::HashMismatch { .. })
+            ));
             assert!(!s.has_chunk(&h).unwrap());
             assert!(tmp_is_empty(dir.path()));
             assert!(s.put_chunk(&h, &good).unwrap());
             assert!(!s.put_chunk(&h, &good).unwrap(), "second put is a no-op");
-            assert!(matches!(s.put_chunk(&h, &bad), Err(StorageError::HashMismatch { .. })));
+            assert!(matches!(
+                s.put_chunk(&h, &bad),
+                Err(StorageError::HashMismatch { .. })
+            ));
             assert_eq!(s.get_chunk(&h).unwrap(), good);
         }
     }
@@ -438,10 +480,18 @@ mod tests {
         }
         assert!(matches!(
             s.assemble(1),
-            Err(StorageError::Incomplete { missing: 1, total: 4, .. })
+            Err(StorageError::Incomplete {
+                missing: 1,
+                total: 4,
+                ..
+            })
         ));
-        assert_eq!(s.missing_chunks(1).unwrap(), vec![(0, m.manifest.chunk_hashes[0])]);
-        s.put_chunk(&m.manifest.chunk_hashes[0], &p[..CHUNK as usize]).unwrap();
+        assert_eq!(
+            s.missing_chunks(1).unwrap(),
+            vec![(0, m.manifest.chunk_hashes[0])]
+        );
+        s.put_chunk(&m.manifest.chunk_hashes[0], &p[..CHUNK as usize])
+            .unwrap();
         assert_eq!(s.assemble(1).unwrap(), p);
         assert!(matches!(s.assemble(7), Err(StorageError::NotFound { .. })));
     }
@@ -460,7 +510,10 @@ mod tests {
         assert_eq!(second.new_bytes, u64::from(CHUNK));
         assert_eq!(s.assemble(2).unwrap(), p2);
         assert_eq!(s.assemble(1).unwrap(), p1);
-        assert!(s.publish(&manifest(3, &p1), &p2).is_err(), "payload must match manifest");
+        assert!(
+            s.publish(&manifest(3, &p1), &p2).is_err(),
+            "payload must match manifest"
+        );
     }
 
     #[test]
@@ -523,8 +576,15 @@ mod tests {
             fs::remove_file(s.chunk_path(&m.manifest.chunk_hashes[1])).unwrap();
         }
         let s = ChunkStore::open(dir.path(), 2).unwrap();
-        assert_eq!(s.missing_chunks(1).unwrap(), vec![(1, m.manifest.chunk_hashes[1])]);
-        assert_eq!(s.latest_manifest().unwrap().unwrap(), m, "manifests persist");
+        assert_eq!(
+            s.missing_chunks(1).unwrap(),
+            vec![(1, m.manifest.chunk_hashes[1])]
+        );
+        assert_eq!(
+            s.latest_manifest().unwrap().unwrap(),
+            m,
+            "manifests persist"
+        );
     }
 
     #[test]
@@ -538,10 +598,17 @@ mod tests {
             // Simulate a crash that lost the (unflushed) index entry but kept the file.
             s.chunks.remove(h).unwrap();
             s.db.flush().unwrap();
-            fs::write(dir.path().join("chunks").join("tmp").join("partial"), b"torn").unwrap();
+            fs::write(
+                dir.path().join("chunks").join("tmp").join("partial"),
+                b"torn",
+            )
+            .unwrap();
         }
         let s = ChunkStore::open(dir.path(), 1).unwrap();
         assert!(s.has_chunk(&h).unwrap());
-        assert!(tmp_is_empty(dir.path()), "partial writes are discarded at open");
+        assert!(
+            tmp_is_empty(dir.path()),
+            "partial writes are discarded at open"
+        );
     }
 }

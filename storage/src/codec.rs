@@ -192,7 +192,9 @@ mod tests {
         let mut w = Writer::default();
         w.varint(u64::MAX / 2);
         let bytes = w.into_bytes();
-        let err = Reader::new(&bytes, "t").bytes(usize::MAX, "blob").unwrap_err();
+        let err = Reader::new(&bytes, "t")
+            .bytes(usize::MAX, "blob")
+            .unwrap_err();
         assert!(err.to_string().contains("exceeds"), "{err}");
     }
 }

@@ -149,9 +149,17 @@ mod tests {
     fn garbage_key_files_are_errors() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("k");
-        for text in ["", "echo-node-key v1 ed25519\nzz", "hello\n00", "echo-node-key v1 ed25519\n"] {
+        for text in [
+            "",
+            "echo-node-key v1 ed25519\nzz",
+            "hello\n00",
+            "echo-node-key v1 ed25519\n",
+        ] {
             std::fs::write(&path, text).unwrap();
-            assert!(matches!(NodeKey::read(&path), Err(StorageError::KeyFile { .. })));
+            assert!(matches!(
+                NodeKey::read(&path),
+                Err(StorageError::KeyFile { .. })
+            ));
         }
         assert!(parse_public_key("abc").is_err());
     }

@@ -65,7 +65,8 @@ pub(crate) fn open_db(config: sled::Config) -> Result<sled::Db> {
     loop {
         match config.open() {
             Err(sled::Error::Io(e))
-                if e.to_string().contains("could not acquire lock") && std::time::Instant::now() < deadline =>
+                if e.to_string().contains("could not acquire lock")
+                    && std::time::Instant::now() < deadline =>
             {
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }

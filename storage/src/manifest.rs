@@ -61,7 +61,10 @@ impl SnapshotManifest {
         learner_key: &VerifyingKey,
     ) -> Result<Self> {
         check_chunk_size(chunk_size)?;
-        let chunk_hashes = payload.chunks(chunk_size as usize).map(hash_bytes).collect();
+        let chunk_hashes = payload
+            .chunks(chunk_size as usize)
+            .map(hash_bytes)
+            .collect();
         let m = SnapshotManifest {
             swarm_id: swarm_id.to_string(),
             version,
@@ -81,7 +84,10 @@ impl SnapshotManifest {
     pub fn check(&self) -> Result<()> {
         check_chunk_size(self.chunk_size)?;
         if self.total_len > MAX_TOTAL_LEN {
-            return Err(StorageError::invalid("manifest", "snapshot larger than 64 GiB"));
+            return Err(StorageError::invalid(
+                "manifest",
+                "snapshot larger than 64 GiB",
+            ));
         }
         let expected = self.total_len.div_ceil(u64::from(self.chunk_size));
         if self.chunk_hashes.len() as u64 != expected {
@@ -96,7 +102,10 @@ impl SnapshotManifest {
             ));
         }
         if self.swarm_id.is_empty() || self.swarm_id.len() > 128 {
-            return Err(StorageError::invalid("manifest", "swarm id must be 1–128 bytes"));
+            return Err(StorageError::invalid(
+                "manifest",
+                "swarm id must be 1–128 bytes",
+            ));
         }
         Ok(())
     }
@@ -204,7 +213,10 @@ impl SignedManifest {
             )));
         }
         authority
-            .verify(&self.manifest.encode(), &Signature::from_bytes(&self.signature))
+            .verify(
+                &self.manifest.encode(),
+                &Signature::from_bytes(&self.signature),
+            )
             .map_err(|_| {
                 StorageError::BadSignature(format!(
                     "manifest v{}: signature does not verify",
@@ -232,7 +244,10 @@ impl SignedManifest {
     pub fn decode(bytes: &[u8]) -> Result<Self> {
         let max = 256 + 32 * MAX_CHUNKS + 64;
         if bytes.len() > max {
-            return Err(StorageError::decode("manifest", format!("{} bytes > limit {max}", bytes.len())));
+            return Err(StorageError::decode(
+                "manifest",
+                format!("{} bytes > limit {max}", bytes.len()),
+            ));
         }
         let mut r = Reader::new(bytes, "manifest");
         let manifest = SnapshotManifest::decode_from(&mut r)?;
@@ -280,7 +295,10 @@ mod tests {
         let stranger = key(2);
         let mut s = signed(b"weights", &learner);
         s.signature[5] ^= 1;
-        assert!(matches!(s.verify(&learner.verifying_key()), Err(StorageError::BadSignature(_))));
+        assert!(matches!(
+            s.verify(&learner.verifying_key()),
+            Err(StorageError::BadSignature(_))
+        ));
 
         // Signed correctly, but by a key that is not the swarm's learner.
         let foreign = signed(b"weights", &stranger);
@@ -296,11 +314,16 @@ mod tests {
         assert!(tampered.verify(&learner.verifying_key()).is_err());
 
         // A stranger claiming to be the learner cannot produce a valid signature.
-        let mut forged = SnapshotManifest::build("swarm", 9, [0; 32], b"x", 4096, &learner.verifying_key()).unwrap();
+        let mut forged =
+            SnapshotManifest::build("swarm", 9, [0; 32], b"x", 4096, &learner.verifying_key())
+                .unwrap();
         forged.version = 10;
         assert!(forged.clone().sign(&stranger).is_err());
         let sig = stranger.sign(&forged.encode()).to_bytes();
-        let forged = SignedManifest { manifest: forged, signature: sig };
+        let forged = SignedManifest {
+            manifest: forged,
+            signature: sig,
+        };
         assert!(forged.verify(&learner.verifying_key()).is_err());
     }
 

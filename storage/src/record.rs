@@ -68,7 +68,11 @@ impl TrajectoryGroup {
             return bad("a group needs at least one sample".into());
         }
         if self.samples.len() > limits::MAX_SAMPLES {
-            return bad(format!("{} samples > {}", self.samples.len(), limits::MAX_SAMPLES));
+            return bad(format!(
+                "{} samples > {}",
+                self.samples.len(),
+                limits::MAX_SAMPLES
+            ));
         }
         for (name, s) in [
             ("task_id", &self.task_id),
@@ -79,7 +83,9 @@ impl TrajectoryGroup {
                 return bad(format!("{name} longer than {} bytes", limits::MAX_ID));
             }
         }
-        if self.prompt_tokens.len() > limits::MAX_TOKENS || self.prompt_text.len() > limits::MAX_TEXT {
+        if self.prompt_tokens.len() > limits::MAX_TOKENS
+            || self.prompt_text.len() > limits::MAX_TEXT
+        {
             return bad("prompt exceeds limits".into());
         }
         for (i, s) in self.samples.iter().enumerate() {
@@ -97,8 +103,14 @@ impl TrajectoryGroup {
             if !s.reward.is_finite() {
                 return bad(format!("sample {i}: reward is not finite"));
             }
-            if let Some(lp) = s.sampler_logprobs.iter().find(|lp| !(lp.is_finite() && **lp <= 1e-4)) {
-                return bad(format!("sample {i}: log-prob {lp} is not a finite value ≤ 0"));
+            if let Some(lp) = s
+                .sampler_logprobs
+                .iter()
+                .find(|lp| !(lp.is_finite() && **lp <= 1e-4))
+            {
+                return bad(format!(
+                    "sample {i}: log-prob {lp} is not a finite value ≤ 0"
+                ));
             }
             if s.loss_mask.iter().any(|m| *m > 1) {
                 return bad(format!("sample {i}: loss mask entries must be 0 or 1"));
@@ -151,7 +163,9 @@ impl TrajectoryGroup {
         }
         let format = r.u8()?;
         if format != GROUP_FORMAT {
-            return Err(r.err(format!("unsupported format {format} (this build reads {GROUP_FORMAT})")));
+            return Err(r.err(format!(
+                "unsupported format {format} (this build reads {GROUP_FORMAT})"
+            )));
         }
         let group_id = r.array::<16>()?;
         let task_id = r.string(limits::MAX_ID, "task_id")?;
@@ -250,7 +264,9 @@ pub mod testing {
             samples: (0..n as u64)
                 .map(|k| Sample {
                     trajectory_id: id(k),
-                    response_tokens: (0..tokens).map(|t| (t as u32 * 7 + k as u32) % 300).collect(),
+                    response_tokens: (0..tokens)
+                        .map(|t| (t as u32 * 7 + k as u32) % 300)
+                        .collect(),
                     response_text: format!("{}", seed + 1),
                     reward: (k % 3) as f32 / 2.0,
                     sampler_logprobs: (0..tokens).map(|t| -0.01 * (t as f32 + 1.0)).collect(),
@@ -278,7 +294,10 @@ mod tests {
         let mut g = testing::group(1, 1, 2, 4);
         g.samples[1].sampler_logprobs.pop();
         assert!(g.validate().is_err());
-        assert!(TrajectoryGroup::decode(&g.encode()).is_err(), "decode validates");
+        assert!(
+            TrajectoryGroup::decode(&g.encode()).is_err(),
+            "decode validates"
+        );
         let mut g = testing::group(1, 1, 2, 4);
         g.samples[0].reward = f32::NAN;
         assert!(g.validate().is_err());
@@ -291,7 +310,10 @@ mod tests {
     fn every_truncation_is_an_error() {
         let bytes = testing::group(3, 9, 2, 5).encode();
         for cut in 0..bytes.len() {
-            assert!(TrajectoryGroup::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+            assert!(
+                TrajectoryGroup::decode(&bytes[..cut]).is_err(),
+                "cut at {cut}"
+            );
         }
         let mut longer = bytes.clone();
         longer.push(0);

@@ -51,7 +51,10 @@ impl GroupKey {
     }
     fn from_slice(b: &[u8]) -> Result<Self> {
         if b.len() != 16 {
-            return Err(StorageError::Corrupt(format!("group key of {} bytes", b.len())));
+            return Err(StorageError::Corrupt(format!(
+                "group key of {} bytes",
+                b.len()
+            )));
         }
         Ok(GroupKey {
             version: be_u64(&b[..8]),
@@ -103,7 +106,8 @@ pub struct InvariantReport {
 
 impl InvariantReport {
     pub fn holds(&self) -> bool {
-        self.counters.produced == self.counters.consumed + self.counters.discarded_stale + self.stored
+        self.counters.produced
+            == self.counters.consumed + self.counters.discarded_stale + self.stored
     }
 }
 
@@ -130,7 +134,11 @@ type TxError = ConflictableTransactionError<StorageError>;
 impl TrajectoryStore {
     /// Opens (or creates) the store in directory `path`.
     pub fn open(path: &Path) -> Result<Self> {
-        let db = crate::open_db(sled::Config::new().path(path).mode(sled::Mode::HighThroughput))?;
+        let db = crate::open_db(
+            sled::Config::new()
+                .path(path)
+                .mode(sled::Mode::HighThroughput),
+        )?;
         let store = TrajectoryStore {
             groups: db.open_tree("groups")?,
             leased: db.open_tree("leased")?,
@@ -225,7 +233,11 @@ impl TrajectoryStore {
     /// Up to `limit` groups with `version ≥ v_min`, oldest version first (then in arrival
     /// order), whether leased or not.
     pub fn scan(&self, v_min: u64, limit: usize) -> Result<Vec<(GroupKey, TrajectoryGroup)>> {
-        let start = GroupKey { version: v_min, seq: 0 }.to_bytes();
+        let start = GroupKey {
+            version: v_min,
+            seq: 0,
+        }
+        .to_bytes();
         self.groups
             .range(start..)
             .take(limit)
@@ -243,10 +255,20 @@ impl TrajectoryStore {
     }
 
     /// [`Self::lease`] with an explicit clock (tests).
-    pub fn lease_at(&self, v_min: u64, max: usize, ttl: Duration, now_ms: u64) -> Result<Option<Lease>> {
+    pub fn lease_at(
+        &self,
+        v_min: u64,
+        max: usize,
+        ttl: Duration,
+        now_ms: u64,
+    ) -> Result<Option<Lease>> {
         let _g = self.lock();
         self.reclaim_expired(now_ms)?;
-        let start = GroupKey { version: v_min, seq: 0 }.to_bytes();
+        let start = GroupKey {
+            version: v_min,
+            seq: 0,
+        }
+        .to_bytes();
         let mut picked = Vec::new();
         for kv in self.groups.range(start..) {
             if picked.len() >= max {
@@ -298,10 +320,12 @@ impl TrajectoryStore {
         let n = (&self.groups, &self.leased, &self.leases, &self.meta)
             .transaction(|(gt, lt, lst, mt)| {
                 let Some(record) = lst.remove(&lease_id.to_be_bytes())? else {
-                    return Err(ConflictableTransactionError::Abort(StorageError::NotFound {
-                        what: "lease",
-                        key: lease_id.to_string(),
-                    }));
+                    return Err(ConflictableTransactionError::Abort(
+                        StorageError::NotFound {
+                            what: "lease",
+                            key: lease_id.to_string(),
+                        },
+                    ));
                 };
                 let mut n = 0;
                 for key in lease_keys(&record).map_err(ConflictableTransactionError::Abort)? {
@@ -389,7 +413,11 @@ impl TrajectoryStore {
         }
         self.db.flush()?;
         if total > 0 {
-            tracing::info!(below = v, discarded = total, "pruned stale trajectory groups");
+            tracing::info!(
+                below = v,
+                discarded = total,
+                "pruned stale trajectory groups"
+            );
         }
         Ok(total)
     }
@@ -464,7 +492,7 @@ fn decode_stored(v: &[u8]) -> Result<TrajectoryGroup> {
 }
 
 fn lease_keys(record: &[u8]) -> Result<impl Iterator<Item = &[u8]>> {
-    if record.len() < 8 || (record.len() - 8) % 16 != 0 {
+    if record.len() < 8 || !(record.len() - 8).is_multiple_of(16) {
         return Err(StorageError::Corrupt("lease record length".into()));
     }
     Ok(record[8..].chunks_exact(16))

@@ -31,7 +31,12 @@ fn scans_are_oldest_version_first_then_arrival_order() {
         .map(|(v, p)| (*v, p.to_string()))
         .collect();
     assert_eq!(got, want);
-    let from5: Vec<u64> = s.scan(5, 100).unwrap().iter().map(|(k, _)| k.version).collect();
+    let from5: Vec<u64> = s
+        .scan(5, 100)
+        .unwrap()
+        .iter()
+        .map(|(k, _)| k.version)
+        .collect();
     assert_eq!(from5, [5, 5, 9]);
     assert_eq!(s.scan(5, 1).unwrap().len(), 1);
 }
@@ -51,9 +56,15 @@ fn lease_ack_deletes_and_counts() {
     let ids2: BTreeSet<_> = l2.groups.iter().map(|(k, _)| *k).collect();
     assert!(ids1.is_disjoint(&ids2));
     assert_eq!(s.ack(l1.id).unwrap(), 3);
-    assert!(matches!(s.ack(l1.id), Err(StorageError::NotFound { .. })), "double ack");
+    assert!(
+        matches!(s.ack(l1.id), Err(StorageError::NotFound { .. })),
+        "double ack"
+    );
     let c = s.counters().unwrap();
-    assert_eq!((c.produced, c.leased, c.consumed, c.pending()), (5, 5, 3, 2));
+    assert_eq!(
+        (c.produced, c.leased, c.consumed, c.pending()),
+        (5, 5, 3, 2)
+    );
     assert!(s.check_invariant().unwrap().holds());
 }
 
@@ -63,15 +74,24 @@ fn v_min_excludes_older_versions_from_leases() {
     s.put_group(&group(1, 1, 1, 1)).unwrap();
     s.put_group(&group(4, 2, 1, 1)).unwrap();
     let l = s.lease_at(3, 10, TTL, 0).unwrap().unwrap();
-    assert_eq!(l.groups.iter().map(|(k, _)| k.version).collect::<Vec<_>>(), [4]);
+    assert_eq!(
+        l.groups.iter().map(|(k, _)| k.version).collect::<Vec<_>>(),
+        [4]
+    );
 }
 
 #[test]
 fn expired_leases_become_pullable_again() {
     let (_d, s) = open();
     s.put_group(&group(1, 1, 2, 2)).unwrap();
-    let l1 = s.lease_at(0, 10, Duration::from_millis(500), 1_000).unwrap().unwrap();
-    assert!(s.lease_at(0, 10, TTL, 1_499).unwrap().is_none(), "still leased");
+    let l1 = s
+        .lease_at(0, 10, Duration::from_millis(500), 1_000)
+        .unwrap()
+        .unwrap();
+    assert!(
+        s.lease_at(0, 10, TTL, 1_499).unwrap().is_none(),
+        "still leased"
+    );
     let l2 = s.lease_at(0, 10, TTL, 1_500).unwrap().unwrap();
     assert_eq!(l2.groups[0].0, l1.groups[0].0);
     // The expired lease was reclaimed: acking it is refused and deletes nothing.
@@ -103,8 +123,14 @@ fn prune_counts_stale_groups_even_when_leased() {
     // The lease's groups were pruned: its ack deletes (and counts) nothing.
     assert_eq!(s.ack(l.id).unwrap(), 0);
     let c = s.counters().unwrap();
-    assert_eq!((c.produced, c.consumed, c.discarded_stale, c.pending()), (6, 0, 3, 3));
-    assert_eq!(s.versions().unwrap().keys().copied().collect::<Vec<_>>(), [3, 4, 5]);
+    assert_eq!(
+        (c.produced, c.consumed, c.discarded_stale, c.pending()),
+        (6, 0, 3, 3)
+    );
+    assert_eq!(
+        s.versions().unwrap().keys().copied().collect::<Vec<_>>(),
+        [3, 4, 5]
+    );
     assert!(s.check_invariant().unwrap().holds());
 }
 
@@ -115,7 +141,10 @@ fn invalid_groups_are_refused_and_change_nothing_stored() {
     let mut bad = group(1, 2, 2, 2);
     bad.samples[0].loss_mask.push(1);
     let batch = vec![group(1, 3, 1, 1), bad.clone(), bad];
-    assert!(matches!(s.put_groups(&batch), Err(StorageError::Invalid { .. })));
+    assert!(matches!(
+        s.put_groups(&batch),
+        Err(StorageError::Invalid { .. })
+    ));
     let c = s.counters().unwrap();
     assert_eq!((c.produced, c.rejected_invalid, c.pending()), (1, 2, 1));
     assert_eq!(s.scan(0, 10).unwrap().len(), 1);
@@ -127,7 +156,8 @@ fn counters_and_leases_survive_reopen() {
     let path = dir.path().join("t");
     let lease_id = {
         let s = TrajectoryStore::open(&path).unwrap();
-        s.put_groups(&(0..4).map(|i| group(2, i, 1, 1)).collect::<Vec<_>>()).unwrap();
+        s.put_groups(&(0..4).map(|i| group(2, i, 1, 1)).collect::<Vec<_>>())
+            .unwrap();
         let l = s.lease_at(0, 1, TTL, u64::MAX / 4).unwrap().unwrap();
         s.ack(l.id).unwrap();
         s.prune_below(1).unwrap();
@@ -135,8 +165,15 @@ fn counters_and_leases_survive_reopen() {
     };
     let s = TrajectoryStore::open(&path).unwrap();
     let c = s.counters().unwrap();
-    assert_eq!((c.produced, c.leased, c.consumed, c.pending()), (4, 2, 1, 3));
-    assert_eq!(s.ack(lease_id).unwrap(), 1, "a lease taken before the restart can be acked");
+    assert_eq!(
+        (c.produced, c.leased, c.consumed, c.pending()),
+        (4, 2, 1, 3)
+    );
+    assert_eq!(
+        s.ack(lease_id).unwrap(),
+        1,
+        "a lease taken before the restart can be acked"
+    );
     let next = s.put_group(&group(2, 99, 1, 1)).unwrap();
     assert!(next.seq >= 4, "sequence numbers continue after reopen");
     assert!(s.check_invariant().unwrap().holds());

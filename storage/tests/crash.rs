@@ -44,7 +44,11 @@ fn crash_child() {
         writeln!(out.lock(), "put {version} {}", ids.join(" ")).unwrap();
         if i % 5 == 4 {
             if let Some(l) = store.lease(0, 3, Duration::from_secs(60)).unwrap() {
-                let ids: Vec<String> = l.groups.iter().map(|(_, g)| hex::encode(g.group_id)).collect();
+                let ids: Vec<String> = l
+                    .groups
+                    .iter()
+                    .map(|(_, g)| hex::encode(g.group_id))
+                    .collect();
                 writeln!(out.lock(), "lease {}", ids.join(" ")).unwrap();
                 store.ack(l.id).unwrap();
             }
@@ -71,7 +75,13 @@ fn kill_minus_nine_loses_no_acknowledged_group() {
         let mut pruned_below = 0u64;
         for life in 0..lives {
             let mut child = Command::new(&exe)
-                .args(["crash_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+                .args([
+                    "crash_child",
+                    "--exact",
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
                 .env("CRASH_CHILD_DIR", &path)
                 .env("CRASH_CHILD_TRIAL", (trial * 10 + life).to_string())
                 .stdout(Stdio::piped())
@@ -93,7 +103,9 @@ fn kill_minus_nine_loses_no_acknowledged_group() {
                         }
                     }
                     Some("lease") => maybe_gone.extend(parts.map(str::to_string)),
-                    Some("prune") => pruned_below = pruned_below.max(parts.next().unwrap().parse().unwrap()),
+                    Some("prune") => {
+                        pruned_below = pruned_below.max(parts.next().unwrap().parse().unwrap())
+                    }
                     _ => {}
                 }
             };
@@ -118,7 +130,10 @@ fn kill_minus_nine_loses_no_acknowledged_group() {
         }
         let store = TrajectoryStore::open(&path).expect("store reopens cleanly after kill -9");
         let inv = store.check_invariant().unwrap();
-        assert!(inv.holds(), "trial {trial}: invariant broken after crash: {inv:?}");
+        assert!(
+            inv.holds(),
+            "trial {trial}: invariant broken after crash: {inv:?}"
+        );
         let present: BTreeSet<String> = store
             .scan(0, usize::MAX)
             .unwrap()
@@ -127,10 +142,16 @@ fn kill_minus_nine_loses_no_acknowledged_group() {
             .collect();
         for (id, v) in &put {
             if *v >= pruned_below && !maybe_gone.contains(id) {
-                assert!(present.contains(id), "trial {trial}: acknowledged group {id} (v{v}) lost");
+                assert!(
+                    present.contains(id),
+                    "trial {trial}: acknowledged group {id} (v{v}) lost"
+                );
             }
         }
-        assert!(inv.counters.produced >= put.len() as u64, "every acknowledged put was counted");
+        assert!(
+            inv.counters.produced >= put.len() as u64,
+            "every acknowledged put was counted"
+        );
         total_acked += put.len();
         // The store is still usable.
         store.put_group(&group(1_000, 1, 1, 1)).unwrap();

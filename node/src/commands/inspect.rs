@@ -30,7 +30,8 @@ fn data_dir(args: &StoreArgs) -> anyhow::Result<(DataDir, usize)> {
     Ok((DataDir::new(dir), keep))
 }
 
-const IN_USE: &str = "is a node running on this data dir? stop it, or use `echo-node status` for a live node";
+const IN_USE: &str =
+    "is a node running on this data dir? stop it, or use `echo-node status` for a live node";
 
 fn open_chunks(data: &DataDir, keep: usize) -> anyhow::Result<ChunkStore> {
     let path = data.snapshots();
@@ -42,7 +43,8 @@ fn trajectories(args: &StoreArgs, list: usize) -> anyhow::Result<()> {
     let (data, _) = data_dir(args)?;
     let path = data.trajectories();
     anyhow::ensure!(path.is_dir(), "no trajectory store at {}", path.display());
-    let store = TrajectoryStore::open(&path).with_context(|| format!("opening {} ({IN_USE})", path.display()))?;
+    let store = TrajectoryStore::open(&path)
+        .with_context(|| format!("opening {} ({IN_USE})", path.display()))?;
     let inv = store.check_invariant()?;
     let c = inv.counters;
     let versions = store.versions()?;
@@ -86,7 +88,10 @@ fn trajectories(args: &StoreArgs, list: usize) -> anyhow::Result<()> {
         println!("  version {v:>6}: {n} groups");
     }
     for l in &leases {
-        println!("  lease {} : {} groups, expires at {} ms", l.id, l.groups, l.expires_unix_ms);
+        println!(
+            "  lease {} : {} groups, expires at {} ms",
+            l.id, l.groups, l.expires_unix_ms
+        );
     }
     for (k, g) in &groups {
         println!(
@@ -110,7 +115,9 @@ fn snapshots(args: &StoreArgs) -> anyhow::Result<()> {
     let stats = store.stats()?;
     let mut rows = Vec::new();
     for v in store.versions()? {
-        let Some(m) = store.manifest(v)? else { continue };
+        let Some(m) = store.manifest(v)? else {
+            continue;
+        };
         let missing = store.missing_chunks(v)?.len();
         rows.push((m, missing));
     }
@@ -140,7 +147,11 @@ fn snapshots(args: &StoreArgs) -> anyhow::Result<()> {
             m.version,
             m.total_len,
             m.chunk_hashes.len(),
-            if missing == 0 { "complete".to_string() } else { format!("{missing} missing") },
+            if missing == 0 {
+                "complete".to_string()
+            } else {
+                format!("{missing} missing")
+            },
             hash_hex(&m.root_hash)
         );
     }
@@ -151,8 +162,12 @@ fn manifest(args: &StoreArgs, version: Option<u64>) -> anyhow::Result<()> {
     let (data, keep) = data_dir(args)?;
     let store = open_chunks(&data, keep)?;
     let signed: SignedManifest = match version {
-        Some(v) => store.manifest(v)?.with_context(|| format!("no manifest for version {v}"))?,
-        None => store.latest_manifest()?.context("the store holds no manifest")?,
+        Some(v) => store
+            .manifest(v)?
+            .with_context(|| format!("no manifest for version {v}"))?,
+        None => store
+            .latest_manifest()?
+            .context("the store holds no manifest")?,
     };
     let sig_ok = signed.verify_self_consistent().is_ok();
     let m = &signed.manifest;
@@ -171,11 +186,23 @@ fn manifest(args: &StoreArgs, version: Option<u64>) -> anyhow::Result<()> {
         return Ok(());
     }
     println!("manifest v{} of swarm `{}`", m.version, m.swarm_id);
-    println!("  total length   {} bytes in {} chunks of {} bytes", m.total_len, m.chunk_hashes.len(), m.chunk_size);
+    println!(
+        "  total length   {} bytes in {} chunks of {} bytes",
+        m.total_len,
+        m.chunk_hashes.len(),
+        m.chunk_size
+    );
     println!("  root hash      {}", hash_hex(&m.root_hash));
     println!("  config hash    {}", hash_hex(&m.model_config_hash));
     println!("  learner key    {}", hex::encode(m.learner_key));
-    println!("  signature      {}", if sig_ok { "valid for the learner key above" } else { "INVALID" });
+    println!(
+        "  signature      {}",
+        if sig_ok {
+            "valid for the learner key above"
+        } else {
+            "INVALID"
+        }
+    );
     println!("  created        {} ms since epoch", m.created_unix_ms);
     for (i, h) in m.chunk_hashes.iter().enumerate() {
         println!("  chunk {i:>5}    {}", hash_hex(h));

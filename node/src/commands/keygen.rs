@@ -6,7 +6,8 @@ use storage::NodeKey;
 use crate::cli::KeygenArgs;
 
 pub fn keygen(args: &KeygenArgs) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
     let path = storage::DataDir::new(&args.out).key_file();
     if path.exists() {
         anyhow::bail!(
@@ -15,7 +16,8 @@ pub fn keygen(args: &KeygenArgs) -> anyhow::Result<()> {
         );
     }
     let key = NodeKey::generate();
-    key.write_new(&path).with_context(|| format!("writing {}", path.display()))?;
+    key.write_new(&path)
+        .with_context(|| format!("writing {}", path.display()))?;
     let peer_id = super::peer_id(&key)?;
     if args.json {
         println!(

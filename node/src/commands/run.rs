@@ -16,7 +16,8 @@ pub struct NodeState {
     pub key: NodeKey,
     pub peer_id: String,
     pub trajectories: TrajectoryStore,
-    pub chunks: ChunkStore,
+    /// Shared with the snapshot-dissemination engine.
+    pub chunks: Arc<ChunkStore>,
 }
 
 /// Loads the config, applies command-line overrides, validates everything.
@@ -70,7 +71,7 @@ pub fn open_state(config: NodeConfig) -> anyhow::Result<NodeState> {
         key,
         peer_id,
         trajectories,
-        chunks,
+        chunks: Arc::new(chunks),
     })
 }
 
@@ -126,6 +127,39 @@ pub fn service_config(
         node_version: NODE_VERSION.to_string(),
         learner,
     })
+}
+
+/// Forwarding bandwidth `B̂w` assumed per worker when planning chains (SPEC §6, the paper's
+/// 100 Mbit/s) — a worker's own `uplink_mbps` caps what it really sends.
+pub const PLAN_WORKER_MBPS: f64 = 100.0;
+
+/// The dissemination engine's settings, or `None` when the learner key is unknown.
+pub fn dissemination_config(
+    config: &NodeConfig,
+    key: &NodeKey,
+) -> anyhow::Result<Option<dissemination::DisseminationConfig>> {
+    let learner_key = match (config.role, &config.learner_public_key) {
+        (Role::Learner, _) => key.verifying_key(),
+        (_, Some(hex_key)) => {
+            storage::keys::parse_public_key(hex_key).context("learner_public_key")?
+        }
+        (_, None) => return Ok(None),
+    };
+    let net = &config.network;
+    let mut d = dissemination::DisseminationConfig::new(&config.swarm_id, learner_key);
+    d.chunk_size = config.storage.chunk_size_kib * 1024;
+    d.downlink_mbps = net.downlink_mbps;
+    d.uplink_mbps = net.uplink_mbps;
+    d.plan.worker_mbps = PLAN_WORKER_MBPS;
+    if config.role == Role::Learner {
+        d.signing_key = Some(key.signing_key().clone());
+        if net.learner_mbps > 0.0 {
+            // B0 caps the learner's bulk uploads and sets N_ch.
+            d.uplink_mbps = net.learner_mbps;
+            d.plan.learner_mbps = net.learner_mbps;
+        }
+    }
+    Ok(Some(d))
 }
 
 /// Software version gossiped in heartbeats.
@@ -189,10 +223,52 @@ async fn serve(state: Arc<NodeState>) -> anyhow::Result<()> {
             }
         })
     };
-    // Domain events: the roles (next issues) consume these; until then log them and leave
-    // role-validated topics unjudged (Ignore: no penalty, not forwarded).
+    // Snapshot dissemination (issue 4): runs whenever the swarm's learner key is known (the
+    // learner itself, or a worker configured with `learner_public_key`).
+    let (dissem, mut installs) = match dissemination_config(config, &state.key)? {
+        Some(dcfg) => {
+            let (d, rx) =
+                dissemination::Disseminator::start(dcfg, client.clone(), state.chunks.clone())
+                    .context("starting snapshot dissemination")?;
+            (Some(d), Some(rx))
+        }
+        None => {
+            tracing::warn!("no learner_public_key: snapshots and plans are not accepted");
+            (None, None)
+        }
+    };
+    // The install callback: the roles (next issues) load the bytes; until then log installs.
+    let install_log = tokio::spawn(async move {
+        let Some(rx) = installs.as_mut() else { return };
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                dissemination::DisseminationEvent::Installed {
+                    version,
+                    payload,
+                    latency,
+                } => {
+                    metrics::gauge!("node_installed_snapshot_version").set(version as f64);
+                    tracing::info!(
+                        version,
+                        bytes = payload.len(),
+                        ?latency,
+                        "snapshot installed"
+                    );
+                }
+                dissemination::DisseminationEvent::ChunkRejected {
+                    peer,
+                    version,
+                    index,
+                } => tracing::warn!(%peer, version, index, "corrupt chunk rejected"),
+                dissemination::DisseminationEvent::Progress { .. } => {}
+            }
+        }
+    });
+    // Domain events: Snapshots / Plans gossip gets the dissemination engine's verdict (Reject:
+    // bad signature or garbage; Ignore: an old version or no learner key configured).
     let drain = {
         let client = client.clone();
+        let dissem = dissem.clone();
         tokio::spawn(async move {
             while let Some(ev) = events.recv().await {
                 match ev {
@@ -201,17 +277,32 @@ async fn serve(state: Arc<NodeState>) -> anyhow::Result<()> {
                         message_id,
                         propagation_source,
                         source,
-                        ..
+                        data,
                     } => {
-                        tracing::debug!(?topic, %propagation_source, "no role consumes this topic yet");
+                        let verdict = dissem
+                            .as_ref()
+                            .map_or(p2p::Validation::Ignore, |d| d.on_gossip(topic, &data));
+                        tracing::debug!(?topic, %propagation_source, ?verdict, "gossip validated");
                         let _ = client
-                            .report_validation(
-                                message_id,
-                                propagation_source,
-                                source,
-                                p2p::Validation::Ignore,
-                            )
+                            .report_validation(message_id, propagation_source, source, verdict)
                             .await;
+                    }
+                    p2p::Event::PeerDisconnected(peer) => {
+                        if let Some(d) = &dissem {
+                            d.on_peer_disconnected(peer).await;
+                        }
+                    }
+                    // Late joiners and restarted workers catch up with the learner's newest
+                    // snapshot (verified like gossip).
+                    p2p::Event::PeerConnected(peer) => {
+                        if let Some(d) = &dissem {
+                            d.catch_up(peer, None);
+                        }
+                    }
+                    p2p::Event::Heartbeat { peer, heartbeat } => {
+                        if let (Some(d), Some(v)) = (&dissem, heartbeat.installed_version) {
+                            d.catch_up(peer, Some(v));
+                        }
                     }
                     p2p::Event::Rejected { peer, topic, error } => {
                         tracing::debug!(%peer, ?topic, %error, "rejected message");
@@ -234,6 +325,10 @@ async fn serve(state: Arc<NodeState>) -> anyhow::Result<()> {
     }
     feeder.abort();
     admin_task.abort();
+    if let Some(d) = &dissem {
+        d.shutdown();
+    }
+    install_log.abort();
     let _ = tokio::time::timeout(std::time::Duration::from_secs(3), drain).await;
     result
 }

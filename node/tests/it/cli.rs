@@ -16,12 +16,17 @@ fn echo_node() -> Command {
 
 fn run_ok(args: &[&str]) -> Output {
     let out = echo_node().args(args).output().unwrap();
-    assert!(out.status.success(), "echo-node {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "echo-node {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     out
 }
 
 fn json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("bad JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("bad JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 /// A child process that is killed and reaped when dropped, even if the test fails.
@@ -62,7 +67,10 @@ impl Node {
                 Err(_) => break,
             }
         }
-        panic!("no log line containing {needle:?} within {timeout:?}; saw:\n{}", seen.join("\n"));
+        panic!(
+            "no log line containing {needle:?} within {timeout:?}; saw:\n{}",
+            seen.join("\n")
+        );
     }
 
     fn terminate(&mut self) -> std::process::ExitStatus {
@@ -112,30 +120,64 @@ fn keygen_writes_a_key_and_refuses_to_overwrite_it() {
 
     let text = run_ok(&["keygen", "--out", dir.path().join("k2").to_str().unwrap()]);
     let text = String::from_utf8(text.stdout).unwrap();
-    assert!(text.contains("peer id:") && text.contains("public key:"), "{text}");
+    assert!(
+        text.contains("peer id:") && text.contains("public key:"),
+        "{text}"
+    );
 
-    let again = echo_node().args(["keygen", "--out", out_dir.to_str().unwrap()]).output().unwrap();
+    let again = echo_node()
+        .args(["keygen", "--out", out_dir.to_str().unwrap()])
+        .output()
+        .unwrap();
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("refusing to overwrite"));
-    assert_eq!(storage::NodeKey::read(&out_dir.join("node.key")).unwrap().public_hex(), public);
+    assert_eq!(
+        storage::NodeKey::read(&out_dir.join("node.key"))
+            .unwrap()
+            .public_hex(),
+        public
+    );
 }
 
 #[test]
 fn run_with_a_bad_config_names_every_bad_key_and_creates_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = learner_config(dir.path(), "[storage]\nkeep_snapshots = 0\nlease_ttl_s = 0\n");
-    let out = echo_node().args(["run", "--config", cfg.to_str().unwrap()]).output().unwrap();
+    let cfg = learner_config(
+        dir.path(),
+        "[storage]\nkeep_snapshots = 0\nlease_ttl_s = 0\n",
+    );
+    let out = echo_node()
+        .args(["run", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("storage.keep_snapshots") && err.contains("storage.lease_ttl_s"), "{err}");
-    assert!(!dir.path().join("data").exists(), "a bad config must not create the data dir");
+    assert!(
+        err.contains("storage.keep_snapshots") && err.contains("storage.lease_ttl_s"),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("data").exists(),
+        "a bad config must not create the data dir"
+    );
 
     let cfg = learner_config(dir.path(), "[storage]\nkeep_snapshotz = 2\n");
-    let out = echo_node().args(["run", "--config", cfg.to_str().unwrap()]).output().unwrap();
+    let out = echo_node()
+        .args(["run", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("unknown field `keep_snapshotz`") && err.contains("storage"), "{err}");
+    assert!(
+        !out.status.success()
+            && err.contains("unknown field `keep_snapshotz`")
+            && err.contains("storage"),
+        "{err}"
+    );
 
-    let out = echo_node().args(["run", "--config", "/nonexistent/echo.toml"]).output().unwrap();
+    let out = echo_node()
+        .args(["run", "--config", "/nonexistent/echo.toml"])
+        .output()
+        .unwrap();
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("cannot read"));
 }
 
@@ -144,7 +186,13 @@ fn run_overrides_are_validated_too() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = learner_config(dir.path(), "");
     let out = echo_node()
-        .args(["run", "--config", cfg.to_str().unwrap(), "--admin", "192.0.2.1:80"])
+        .args([
+            "run",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--admin",
+            "192.0.2.1:80",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -170,10 +218,22 @@ fn run_opens_the_stores_and_stops_cleanly_on_sigterm_then_inspect_reads_them() {
 
     let data = dir.path().join("data");
     assert!(data.join("node.key").exists());
-    let v = json(&run_ok(&["inspect", "trajectories", "--data-dir", data.to_str().unwrap(), "--json"]));
+    let v = json(&run_ok(&[
+        "inspect",
+        "trajectories",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--json",
+    ]));
     assert_eq!(v["counters"]["produced"], 0);
     assert_eq!(v["invariant_holds"], true);
-    let v = json(&run_ok(&["inspect", "snapshots", "--config", cfg.to_str().unwrap(), "--json"]));
+    let v = json(&run_ok(&[
+        "inspect",
+        "snapshots",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--json",
+    ]));
     assert_eq!(v["manifests"], 0);
 }
 
@@ -184,19 +244,36 @@ fn inspect_shows_groups_counters_and_manifests() {
     let key = storage::NodeKey::generate();
     {
         let t = storage::TrajectoryStore::open(&data.trajectories()).unwrap();
-        let groups: Vec<_> = (0..5).map(|i| storage::record::testing::group(i / 2, i, 4, 8)).collect();
+        let groups: Vec<_> = (0..5)
+            .map(|i| storage::record::testing::group(i / 2, i, 4, 8))
+            .collect();
         t.put_groups(&groups).unwrap();
         t.prune_below(1).unwrap();
         let c = storage::ChunkStore::open(&data.snapshots(), 3).unwrap();
         let payload = vec![42u8; 10_000];
-        let m = storage::SnapshotManifest::build("demo", 7, [3; 32], &payload, 4096, &key.verifying_key())
-            .unwrap()
-            .sign(key.signing_key())
-            .unwrap();
+        let m = storage::SnapshotManifest::build(
+            "demo",
+            7,
+            [3; 32],
+            &payload,
+            4096,
+            &key.verifying_key(),
+        )
+        .unwrap()
+        .sign(key.signing_key())
+        .unwrap();
         c.publish(&m, &payload).unwrap();
     }
     let d = dir.path().to_str().unwrap();
-    let v = json(&run_ok(&["inspect", "trajectories", "--data-dir", d, "--json", "--list", "10"]));
+    let v = json(&run_ok(&[
+        "inspect",
+        "trajectories",
+        "--data-dir",
+        d,
+        "--json",
+        "--list",
+        "10",
+    ]));
     assert_eq!(v["counters"]["produced"], 5);
     assert_eq!(v["counters"]["discarded_stale"], 2);
     assert_eq!(v["counters"]["pending"], 3);
@@ -211,10 +288,14 @@ fn inspect_shows_groups_counters_and_manifests() {
     assert_eq!(v["signature_valid"], true);
     assert_eq!(v["learner_key"], key.public_hex());
 
-    let text = String::from_utf8(run_ok(&["inspect", "snapshots", "--data-dir", d]).stdout).unwrap();
+    let text =
+        String::from_utf8(run_ok(&["inspect", "snapshots", "--data-dir", d]).stdout).unwrap();
     assert!(text.contains("v7") && text.contains("complete"), "{text}");
 
-    let missing = echo_node().args(["inspect", "manifest", "--data-dir", d, "--version", "3"]).output().unwrap();
+    let missing = echo_node()
+        .args(["inspect", "manifest", "--data-dir", d, "--version", "3"])
+        .output()
+        .unwrap();
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no manifest for version 3"));
 }

@@ -1,0 +1,61 @@
+//! Snapshot dissemination (ECHO-2 §4.2, App. C.3; SPEC §5, §6): the learner publishes any
+//! bytes as a signed, chunked snapshot; workers relay it chunk by chunk along scored
+//! forwarding chains, verifying every chunk's BLAKE3 against the signed manifest before
+//! storing or forwarding it; stalled or late workers fetch missing chunks by hash from any
+//! holder; bulk streams obey in-node token-bucket caps.
+//!
+//! Owns: the signed chain-plan message ([`plan_msg`]), the chunk-stream and chunk-fetch wire
+//! formats ([`wire`]) and the per-node engine ([`engine`]). Must not touch: the swarm (only
+//! through `p2p::Client`), on-disk formats (`storage`), the planning rules (`control::plan`),
+//! the model (payloads are opaque bytes; installation hands them to the role).
+//!
+//! Wire formats: `docs/protocol.md`, "Snapshot dissemination".
+
+pub mod engine;
+pub mod error;
+pub mod plan_msg;
+pub mod wire;
+
+pub use engine::{
+    CounterSnapshot, DisseminationConfig, DisseminationEvent, Disseminator, Fault, Mode,
+    PublishReport,
+};
+pub use error::{DisseminationError, Result};
+pub use plan_msg::{PlanMessage, SignedPlan};
+
+/// Feeds a node's p2p events into its engine: Snapshots / Plans gossip gets a real verdict
+/// (reported to gossipsub), a departed peer is excised from the learner's plan, a worker
+/// catches up with the learner's newest snapshot on connecting to it or on hearing it
+/// announce a newer installed version. Runs until the
+/// event channel closes. Roles with their own event loop call
+/// [`Disseminator::on_gossip`] / [`Disseminator::on_peer_disconnected`] instead.
+pub async fn drive(
+    d: Disseminator,
+    client: p2p::Client,
+    mut events: tokio::sync::mpsc::Receiver<p2p::Event>,
+) {
+    while let Some(ev) = events.recv().await {
+        match ev {
+            p2p::Event::Gossip {
+                topic,
+                message_id,
+                propagation_source,
+                source,
+                data,
+            } => {
+                let verdict = d.on_gossip(topic, &data);
+                let _ = client
+                    .report_validation(message_id, propagation_source, source, verdict)
+                    .await;
+            }
+            p2p::Event::PeerDisconnected(peer) => d.on_peer_disconnected(peer).await,
+            p2p::Event::PeerConnected(peer) => d.catch_up(peer, None),
+            p2p::Event::Heartbeat { peer, heartbeat } => {
+                if let Some(v) = heartbeat.installed_version {
+                    d.catch_up(peer, Some(v));
+                }
+            }
+            _ => {}
+        }
+    }
+}
