@@ -357,7 +357,7 @@ impl Disseminator {
             }
             st.manifest_version = Some(v);
             st.manifests.insert(v, signed.clone());
-            st.manifests.retain(|k, _| *k + 8 > v);
+            st.manifests.retain(|k, _| k.saturating_add(8) > v);
             st.accepted_at.insert(v, Instant::now());
         }
         if let Err(e) = self.inner.store.put_manifest(signed) {
@@ -500,6 +500,9 @@ impl Disseminator {
         )?
         .sign(&key)?;
         let stats = self.inner.store.publish(&manifest, payload)?;
+        if let Err(e) = self.inner.store.retain() {
+            warn!(error = %e, "chunk-store garbage collection failed");
+        }
         let workers = match workers {
             Some(w) => w,
             None => self
@@ -1186,6 +1189,10 @@ impl Disseminator {
                 .get(&version)
                 .map_or(Duration::ZERO, |t| t.elapsed())
         };
+        // Keep the newest `keep` snapshots, collect chunks nothing kept references (SPEC §5).
+        if let Err(e) = self.inner.store.retain() {
+            warn!(error = %e, "chunk-store garbage collection failed");
+        }
         self.inner.counters.installs.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("dissemination_installs_total").increment(1);
         info!(

@@ -120,6 +120,7 @@ async fn run_broadcast(n: u8, mode: Mode, size: usize, bw: f64, b0: f64) -> f64 
         .publish(1, [0; 32], &payload, Some(ids))
         .await
         .unwrap();
+    let publish_s = t0.elapsed().as_secs_f64();
     for w in &mut workers {
         wait_installed(w, 1).await;
     }
@@ -135,7 +136,7 @@ async fn run_broadcast(n: u8, mode: Mode, size: usize, bw: f64, b0: f64) -> f64 
     let chain_bound = control::plan::chain_bound_s(size as f64, chunk as f64, bw, max_len);
     let star_bound = control::plan::star_bound_s(size as f64, bw, b0, n as usize);
     println!(
-        "{{\"scenario\":\"broadcast\",\"mode\":\"{}\",\"n\":{n},\"size_bytes\":{size},\"chunk_bytes\":{chunk},\"bw_mbps\":{bw},\"b0_mbps\":{b0},\"chains\":{},\"max_len\":{max_len},\"t_bcast_s\":{t:.3},\"chain_bound_s\":{chain_bound:.3},\"star_bound_s\":{star_bound:.3}}}",
+        "{{\"scenario\":\"broadcast\",\"mode\":\"{}\",\"n\":{n},\"size_bytes\":{size},\"chunk_bytes\":{chunk},\"bw_mbps\":{bw},\"b0_mbps\":{b0},\"chains\":{},\"max_len\":{max_len},\"t_bcast_s\":{t:.3},\"publish_s\":{publish_s:.3},\"chain_bound_s\":{chain_bound:.3},\"star_bound_s\":{star_bound:.3}}}",
         if mode == Mode::Chain { "chain" } else { "star" },
         report.plan.plan.chains.len()
     );

@@ -1,5 +1,7 @@
 //! Structured logs with `tracing`, to stderr. `RUST_LOG` overrides the level flags.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 pub fn init(verbose: u8, quiet: bool) {
@@ -14,5 +16,7 @@ pub fn init(verbose: u8, quiet: bool) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: log files and CI output stay plain text.
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }
