@@ -41,6 +41,7 @@ struct Args {
     json: bool,
     warm_steps: usize,
     lr: f64,
+    kl_beta: f64,
     groups: usize,
     group_size: usize,
     max_operand: u64,
@@ -62,6 +63,7 @@ fn parse_args() -> Result<Args> {
         json: false,
         warm_steps: 60,
         lr: 2e-3,
+        kl_beta: 0.0,
         groups: 8,
         group_size: 8,
         max_operand: 30,
@@ -84,6 +86,7 @@ fn parse_args() -> Result<Args> {
             "--json" => a.json = true,
             "--warm-steps" => a.warm_steps = val()?.parse()?,
             "--lr" => a.lr = val()?.parse()?,
+            "--kl-beta" => a.kl_beta = val()?.parse()?,
             "--groups" => a.groups = val()?.parse()?,
             "--group-size" => a.group_size = val()?.parse()?,
             "--max-operand" => a.max_operand = val()?.parse()?,
@@ -187,6 +190,7 @@ fn main() -> Result<()> {
     let cfg = TrainerConfig {
         loss: LossConfig {
             objective: a.objective,
+            kl_beta: a.kl_beta,
             ..LossConfig::default()
         },
         optim: AdamWConfig {
@@ -377,7 +381,7 @@ fn main() -> Result<()> {
     let summary = serde_json::json!({
         "mode": if a.sequential { "sequential" } else { "async" },
         "objective": format!("{:?}", a.objective), "staleness": a.staleness, "kappa": kappa,
-        "groups": a.groups, "group_size": a.group_size, "lr": a.lr, "temperature": a.temperature,
+        "groups": a.groups, "group_size": a.group_size, "lr": a.lr, "kl_beta": a.kl_beta, "temperature": a.temperature,
         "max_operand": a.max_operand, "warm_start": warm,
         "steps": steps, "version": trainer.version(), "rl_seconds": rl_secs,
         "total_seconds": t_start.elapsed().as_secs_f64(),

@@ -5,6 +5,9 @@
 //!   keys make "every group with v ≥ v_min, oldest first" a single range scan.
 //! - `leased`: group key → `lease id (u64 BE) ‖ expiry ms (u64 BE)` for groups out on a lease.
 //! - `leases`: `lease id (u64 BE)` → `expiry ms (u64 BE) ‖ group keys (16 B each)`.
+//! - `seen`: trajectory id (16 B) → version (u64 BE) of every sample stored through
+//!   [`TrajectoryStore::put_groups_dedup`] (the learner's buffer), so a group pulled twice is
+//!   stored once.
 //! - `meta`: layout version and the persisted counters.
 //!
 //! Every mutation is one sled transaction over the trees it touches, so counters and records
@@ -34,6 +37,7 @@ const K_DISCARDED: &[u8] = b"discarded_stale";
 const K_REJECTED: &[u8] = b"rejected_invalid";
 const K_NEXT_SEQ: &[u8] = b"next_seq";
 const K_NEXT_LEASE: &[u8] = b"next_lease";
+const K_DUPLICATES: &[u8] = b"duplicates";
 
 /// Key of a stored group: where it sits in the version-ordered scan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -77,6 +81,8 @@ pub struct Counters {
     pub discarded_stale: u64,
     /// Groups refused because they failed validation (never stored).
     pub rejected_invalid: u64,
+    /// Groups refused by [`TrajectoryStore::put_groups_dedup`] as already seen (never stored).
+    pub duplicates: u64,
 }
 
 impl Counters {
@@ -124,6 +130,7 @@ pub struct TrajectoryStore {
     groups: sled::Tree,
     leased: sled::Tree,
     leases: sled::Tree,
+    seen: sled::Tree,
     meta: sled::Tree,
     /// Serialises mutations: scans that precede a transaction stay valid until it commits.
     write: Mutex<()>,
@@ -143,6 +150,7 @@ impl TrajectoryStore {
             groups: db.open_tree("groups")?,
             leased: db.open_tree("leased")?,
             leases: db.open_tree("leases")?,
+            seen: db.open_tree("seen")?,
             meta: db.open_tree("meta")?,
             db,
             write: Mutex::new(()),
@@ -178,6 +186,23 @@ impl TrajectoryStore {
     /// is stored, `rejected_invalid` grows by the number of invalid groups, and the first
     /// problem is returned.
     pub fn put_groups(&self, groups: &[TrajectoryGroup]) -> Result<Vec<GroupKey>> {
+        let keys = self.put_checked(groups, false)?;
+        Ok(keys.into_iter().flatten().collect())
+    }
+
+    /// The learner's ingestion of pulled groups: like [`Self::put_groups`], but a group any of
+    /// whose trajectory ids was stored before (or earlier in the same batch) is skipped and
+    /// counted in `duplicates`, so a repeated pull never enters the buffer twice. Returns the
+    /// key of each stored group and `None` for each duplicate, in input order.
+    pub fn put_groups_dedup(&self, groups: &[TrajectoryGroup]) -> Result<Vec<Option<GroupKey>>> {
+        self.put_checked(groups, true)
+    }
+
+    fn put_checked(
+        &self,
+        groups: &[TrajectoryGroup],
+        dedupe: bool,
+    ) -> Result<Vec<Option<GroupKey>>> {
         let _g = self.lock();
         let mut first_err = None;
         let mut invalid = 0u64;
@@ -193,21 +218,38 @@ impl TrajectoryStore {
             return Err(e);
         }
         let encoded: Vec<Vec<u8>> = groups.iter().map(TrajectoryGroup::encode).collect();
-        let keys = (&self.groups, &self.meta)
-            .transaction(|(gt, mt)| {
+        let keys = (&self.groups, &self.seen, &self.meta)
+            .transaction(|(gt, st, mt)| {
                 let mut seq = tx_get(mt, K_NEXT_SEQ)?;
                 let mut keys = Vec::with_capacity(groups.len());
+                let (mut stored, mut duplicates) = (0u64, 0u64);
                 for (g, bytes) in groups.iter().zip(&encoded) {
+                    if dedupe {
+                        let mut dup = false;
+                        for s in &g.samples {
+                            dup |= st.get(s.trajectory_id)?.is_some();
+                        }
+                        if dup {
+                            duplicates += 1;
+                            keys.push(None);
+                            continue;
+                        }
+                        for s in &g.samples {
+                            st.insert(&s.trajectory_id, &g.version.to_be_bytes())?;
+                        }
+                    }
                     let key = GroupKey {
                         version: g.version,
                         seq,
                     };
                     seq += 1;
                     gt.insert(&key.to_bytes(), bytes.as_slice())?;
-                    keys.push(key);
+                    keys.push(Some(key));
+                    stored += 1;
                 }
                 tx_set(mt, K_NEXT_SEQ, seq)?;
-                tx_add(mt, K_PRODUCED, groups.len() as u64)?;
+                tx_add(mt, K_PRODUCED, stored)?;
+                tx_add(mt, K_DUPLICATES, duplicates)?;
                 Ok(keys)
             })
             .map_err(tx_err)?;
@@ -411,6 +453,24 @@ impl TrajectoryStore {
                 })
                 .map_err(tx_err)?;
         }
+        // Forget the ids of versions below the window: a replay of such a group is stale anyway
+        // and the learner's admission rule refuses it.
+        let old_ids: Vec<sled::IVec> = self
+            .seen
+            .iter()
+            .filter_map(|kv| match kv {
+                Ok((k, ver)) if ver.len() == 8 && be_u64(&ver) < v => Some(Ok(k)),
+                Ok(_) => None,
+                Err(e) => Some(Err(e)),
+            })
+            .collect::<std::result::Result<_, _>>()?;
+        for batch in old_ids.chunks(1024) {
+            let mut b = sled::Batch::default();
+            for k in batch {
+                b.remove(k);
+            }
+            self.seen.apply_batch(b)?;
+        }
         self.db.flush()?;
         if total > 0 {
             tracing::info!(
@@ -430,6 +490,7 @@ impl TrajectoryStore {
             consumed: get(K_CONSUMED)?,
             discarded_stale: get(K_DISCARDED)?,
             rejected_invalid: get(K_REJECTED)?,
+            duplicates: get(K_DUPLICATES)?,
         })
     }
 

@@ -179,6 +179,44 @@ fn counters_and_leases_survive_reopen() {
     assert!(s.check_invariant().unwrap().holds());
 }
 
+#[test]
+fn pulled_groups_are_stored_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t");
+    {
+        let s = TrajectoryStore::open(&path).unwrap();
+        let (a, b) = (group(3, 1, 2, 2), group(3, 2, 2, 2));
+        let got = s
+            .put_groups_dedup(&[a.clone(), b.clone(), a.clone()])
+            .unwrap();
+        assert!(
+            got[0].is_some() && got[1].is_some() && got[2].is_none(),
+            "{got:?}"
+        );
+        // A group that shares even one trajectory id with a stored one is a duplicate.
+        let mut mixed = group(3, 9, 2, 2);
+        mixed.samples[1].trajectory_id = b.samples[0].trajectory_id;
+        assert_eq!(s.put_groups_dedup(&[mixed]).unwrap(), [None]);
+        // Consuming a group does not make it new again.
+        let l = s.lease_at(0, 10, TTL, 0).unwrap().unwrap();
+        s.ack(l.id).unwrap();
+        assert_eq!(s.put_groups_dedup(&[a.clone()]).unwrap(), [None]);
+        let c = s.counters().unwrap();
+        assert_eq!(
+            (c.produced, c.duplicates, c.consumed, c.pending()),
+            (2, 3, 2, 0)
+        );
+        assert!(s.check_invariant().unwrap().holds());
+    }
+    // The ids survive a restart …
+    let s = TrajectoryStore::open(&path).unwrap();
+    assert_eq!(s.put_groups_dedup(&[group(3, 1, 2, 2)]).unwrap(), [None]);
+    // … until their version falls out of the window.
+    s.prune_below(4).unwrap();
+    assert!(s.put_groups_dedup(&[group(3, 1, 2, 2)]).unwrap()[0].is_some());
+    assert!(s.check_invariant().unwrap().holds());
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Put { version: u64, n: usize },

@@ -56,6 +56,7 @@ fn trajectories(args: &StoreArgs, list: usize) -> anyhow::Result<()> {
             "counters": {
                 "produced": c.produced, "leased": c.leased, "consumed": c.consumed,
                 "discarded_stale": c.discarded_stale, "rejected_invalid": c.rejected_invalid,
+                "duplicates": c.duplicates,
                 "pending": inv.stored,
             },
             "invariant_holds": inv.holds(),
@@ -73,8 +74,8 @@ fn trajectories(args: &StoreArgs, list: usize) -> anyhow::Result<()> {
     }
     println!("trajectory store {}", path.display());
     println!(
-        "  produced {}  leased {}  consumed {}  discarded_stale {}  rejected_invalid {}  pending {}",
-        c.produced, c.leased, c.consumed, c.discarded_stale, c.rejected_invalid, inv.stored
+        "  produced {}  leased {}  consumed {}  discarded_stale {}  rejected_invalid {}  duplicates {}  pending {}",
+        c.produced, c.leased, c.consumed, c.discarded_stale, c.rejected_invalid, c.duplicates, inv.stored
     );
     println!(
         "  invariant produced = consumed + discarded_stale + pending: {}",
