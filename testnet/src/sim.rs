@@ -1,0 +1,166 @@
+//! Simulation of snapshot broadcast for fleets one machine cannot host (SPEC §12, issue 7).
+//!
+//! It reuses the real chain planner (`control::plan`) and models chunked store-and-forward
+//! exactly at chunk granularity: a chunk crosses a link in `c / rate` seconds, where a link's
+//! rate is the minimum of the sender's uplink share and the receiver's downlink; a worker
+//! forwards chunk `k` to its child once it holds chunk `k` and has finished sending chunk
+//! `k − 1`. For a chain that gives the recurrence
+//! `t[p][k] = max(t[p−1][k], t[p][k−1]) + c / rate_p`, evaluated for every worker and chunk
+//! (the event order of a discrete-event simulation of this pipeline, without a queue because
+//! every link carries one flow). The learner's uplink `B0` is shared equally by its concurrent
+//! flows (the `N_ch` first hops in chain mode, all `N` workers in star mode).
+//! `T_bcast` is the time until a fraction `q` of the workers hold every chunk.
+
+use control::plan::{plan_chains, PlanParams};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Chain,
+    Star,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct BroadcastSim {
+    pub nodes: usize,
+    pub size_bytes: f64,
+    pub chunk_bytes: f64,
+    pub worker_mbps: f64,
+    pub learner_mbps: f64,
+    pub mode: Mode,
+    /// Fraction of workers that must have installed (q = 1/γ).
+    pub quantile: f64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimResult {
+    /// Install time of every worker (seconds from publication), ascending.
+    pub install_s: Vec<f64>,
+    pub t_bcast_s: f64,
+    pub n_chains: usize,
+    pub max_chain_len: usize,
+}
+
+fn bytes_per_s(mbps: f64) -> f64 {
+    mbps * 1e6 / 8.0
+}
+
+impl BroadcastSim {
+    pub fn run(&self) -> SimResult {
+        let n_chunks = (self.size_bytes / self.chunk_bytes).ceil().max(1.0) as usize;
+        let chunk_len =
+            |k: usize| (self.size_bytes - k as f64 * self.chunk_bytes).min(self.chunk_bytes);
+        let bw = bytes_per_s(self.worker_mbps);
+        let b0 = bytes_per_s(self.learner_mbps);
+        let (mut install, n_chains, max_len) = match self.mode {
+            Mode::Star => {
+                // All N flows share the learner uplink; each is also capped by the worker link.
+                let rate = bw.min(b0 / self.nodes.max(1) as f64);
+                let t = (0..n_chunks).map(|k| chunk_len(k) / rate).sum::<f64>();
+                (vec![t; self.nodes], 0, 1)
+            }
+            Mode::Chain => {
+                let workers: Vec<(usize, f64)> = (0..self.nodes).map(|i| (i, 100.0)).collect();
+                let plan = plan_chains(
+                    &workers,
+                    &PlanParams {
+                        learner_mbps: self.learner_mbps,
+                        worker_mbps: self.worker_mbps,
+                        ..PlanParams::default()
+                    },
+                );
+                let first_hop_rate = bw.min(b0 / plan.chains.len().max(1) as f64);
+                let mut install = Vec::with_capacity(self.nodes);
+                for chain in &plan.chains {
+                    // prev[k]: when the upstream node (learner = 0) holds chunk k.
+                    let mut prev = vec![0.0f64; n_chunks];
+                    for p in 0..chain.len() {
+                        let rate = if p == 0 { first_hop_rate } else { bw };
+                        let mut done = 0.0f64; // when this link finished the previous chunk
+                        let mut cur = vec![0.0f64; n_chunks];
+                        for k in 0..n_chunks {
+                            done = prev[k].max(done) + chunk_len(k) / rate;
+                            cur[k] = done;
+                        }
+                        install.push(cur[n_chunks - 1]);
+                        prev = cur;
+                    }
+                }
+                (install, plan.chains.len(), plan.max_len())
+            }
+        };
+        install.sort_by(f64::total_cmp);
+        let need =
+            ((self.quantile * self.nodes as f64).ceil() as usize).clamp(1, self.nodes.max(1));
+        let t_bcast_s = install.get(need - 1).copied().unwrap_or(0.0);
+        SimResult {
+            install_s: install,
+            t_bcast_s,
+            n_chains,
+            max_chain_len: max_len,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sim(nodes: usize, mode: Mode) -> SimResult {
+        BroadcastSim {
+            nodes,
+            size_bytes: 64e6,
+            chunk_bytes: 1e6,
+            worker_mbps: 100.0,
+            learner_mbps: 300.0,
+            mode,
+            quantile: 1.0,
+        }
+        .run()
+    }
+
+    #[test]
+    fn chain_meets_the_store_and_forward_bound_exactly() {
+        for n in [4, 8, 32, 1000] {
+            let r = sim(n, Mode::Chain);
+            let bound = control::plan::chain_bound_s(64e6, 1e6, 100.0, r.max_chain_len);
+            assert!(
+                (r.t_bcast_s - bound).abs() < 1e-9,
+                "N={n}: {} vs {bound}",
+                r.t_bcast_s
+            );
+            assert_eq!(r.n_chains, 3.min(n));
+        }
+    }
+
+    #[test]
+    fn star_grows_linearly_once_the_uplink_is_shared() {
+        let r = sim(3, Mode::Star);
+        assert!(
+            (r.t_bcast_s - 5.12).abs() < 1e-9,
+            "3 flows fit in 300 Mbit/s"
+        );
+        let r = sim(30, Mode::Star);
+        let bound = control::plan::star_bound_s(64e6, 100.0, 300.0, 30);
+        assert!((r.t_bcast_s - bound).abs() < 1e-9);
+        assert!(r.t_bcast_s > 10.0 * sim(3, Mode::Star).t_bcast_s * 0.99);
+        assert!(sim(1000, Mode::Chain).t_bcast_s < sim(1000, Mode::Star).t_bcast_s / 40.0);
+    }
+
+    #[test]
+    fn the_quantile_picks_the_q_th_install() {
+        let mut s = BroadcastSim {
+            nodes: 10,
+            size_bytes: 10e6,
+            chunk_bytes: 1e6,
+            worker_mbps: 100.0,
+            learner_mbps: 100.0,
+            mode: Mode::Chain,
+            quantile: 1.0,
+        };
+        let all = s.run();
+        s.quantile = 0.5;
+        let half = s.run();
+        assert_eq!(half.t_bcast_s, all.install_s[4]);
+        assert!(half.t_bcast_s < all.t_bcast_s);
+    }
+}
