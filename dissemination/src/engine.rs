@@ -105,10 +105,12 @@ pub enum DisseminationEvent {
         /// Since the manifest was accepted by this node.
         latency: Duration,
     },
-    /// One more chunk of `version` verified and stored.
+    /// One more chunk of `version` verified and stored: `stored` chunks of it were newly
+    /// stored by this node so far (chunks already held, e.g. unchanged since an earlier
+    /// version, are not counted).
     Progress {
         version: u64,
-        held: usize,
+        stored: usize,
         total: usize,
     },
     /// A chunk from `peer` failed verification (nothing was stored or forwarded).
@@ -167,6 +169,7 @@ struct State {
     pushing: HashSet<(u64, PeerId)>,
     /// Peers that served a corrupt chunk, per version: never asked again for it.
     bad: HashMap<u64, HashSet<PeerId>>,
+    stored_per_version: HashMap<u64, usize>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -248,8 +251,15 @@ impl Disseminator {
             while let Some((peer, stream)) = pushes.next().await {
                 let me2 = me.clone();
                 let h = tokio::spawn(async move {
-                    if let Err(e) = me2.receive_push(peer, stream).await {
-                        debug!(%peer, error = %e, "chunk stream ended with an error");
+                    match me2.receive_push(peer, stream).await {
+                        Ok(()) => {}
+                        // Out-of-range index, wrong length, oversized or malformed hello: the
+                        // sender broke the protocol — a failed transfer against its score.
+                        Err(e @ DisseminationError::Protocol { .. }) => {
+                            warn!(%peer, error = %e, "chunk stream protocol violation");
+                            me2.charge(peer).await;
+                        }
+                        Err(e) => debug!(%peer, error = %e, "chunk stream ended with an error"),
                     }
                     me2.inner.kick.send_modify(|k| *k += 1);
                 });
@@ -292,6 +302,24 @@ impl Disseminator {
     fn count(&self, which: impl Fn(&Counters) -> &AtomicU64, n: u64, metric: &'static str) {
         which(&self.inner.counters).fetch_add(n, Ordering::Relaxed);
         metrics::counter!(metric).increment(n);
+    }
+
+    /// Reads (and re-verifies) a stored chunk on the blocking pool.
+    async fn read_chunk(&self, hash: Hash) -> Result<Vec<u8>> {
+        let store = self.inner.store.clone();
+        Ok(tokio::task::spawn_blocking(move || store.get_chunk(&hash))
+            .await
+            .map_err(|e| DisseminationError::Task(e.to_string()))??)
+    }
+
+    /// One failed transfer against `peer`'s ECHO score.
+    async fn charge(&self, peer: PeerId) {
+        let failed = TransferEvent {
+            bytes: 0,
+            duration: Duration::ZERO,
+            success: false,
+        };
+        let _ = self.inner.client.record_transfer(peer, failed).await;
     }
 
     fn is_learner(&self) -> bool {
@@ -357,7 +385,14 @@ impl Disseminator {
             }
             st.manifest_version = Some(v);
             st.manifests.insert(v, signed.clone());
-            st.manifests.retain(|k, _| k.saturating_add(8) > v);
+            // Per-version bookkeeping is kept for the last 8 versions only.
+            let recent = |k: &u64| k.saturating_add(8) > v;
+            st.manifests.retain(|k, _| recent(k));
+            st.accepted_at.retain(|k, _| recent(k));
+            st.bad.retain(|k, _| recent(k));
+            st.stored_per_version.retain(|k, _| recent(k));
+            st.acquiring.retain(recent);
+            st.pushing.retain(|(k, _)| recent(k));
             st.accepted_at.insert(v, Instant::now());
         }
         if let Err(e) = self.inner.store.put_manifest(signed) {
@@ -658,7 +693,7 @@ impl Disseminator {
                 if !self.inner.store.has_chunk(h)? {
                     continue;
                 }
-                let mut bytes = self.inner.store.get_chunk(h)?;
+                let mut bytes = self.read_chunk(*h).await?;
                 if self.inner.cfg.fault == Some(Fault::CorruptOutgoing) {
                     bytes[0] ^= 0xff;
                 }
@@ -697,15 +732,27 @@ impl Disseminator {
     // ---------------------------------------------------------------- receiving
 
     /// Checks one received chunk against the manifest and stores it. `Ok(false)`: corrupt —
-    /// not stored, the sender is charged.
+    /// not stored, the sender is charged. Hashing and file I/O run on the blocking pool, so
+    /// many streams (or many in-process nodes) do not stall the async workers.
     async fn take_chunk(
         &self,
         from: PeerId,
         m: &SnapshotManifest,
         index: usize,
-        bytes: &[u8],
+        bytes: Vec<u8>,
     ) -> Result<bool> {
-        if hash_bytes(bytes) != m.chunk_hashes[index] || bytes.len() as u64 != m.chunk_len(index) {
+        let expected = m.chunk_hashes[index];
+        let ok_len = bytes.len() as u64 == m.chunk_len(index);
+        let store = self.inner.store.clone();
+        let verdict = tokio::task::spawn_blocking(move || -> Result<Option<bool>> {
+            if !ok_len || hash_bytes(&bytes) != expected {
+                return Ok(None);
+            }
+            Ok(Some(store.put_chunk(&expected, &bytes)?))
+        })
+        .await
+        .map_err(|e| DisseminationError::Task(e.to_string()))??;
+        let Some(new) = verdict else {
             self.inner
                 .counters
                 .chunks_rejected
@@ -731,17 +778,23 @@ impl Disseminator {
                 index,
             });
             return Ok(false);
-        }
-        if self.inner.store.put_chunk(&m.chunk_hashes[index], bytes)? {
+        };
+        if new {
             self.inner
                 .counters
                 .chunks_stored
                 .fetch_add(1, Ordering::Relaxed);
             self.inner.stored.send_modify(|c| *c += 1);
-            let held = m.chunk_hashes.len() - self.inner.store.missing_chunks(m.version)?.len();
+            // Counted, not recomputed: `missing_chunks` per chunk would be O(n²) per snapshot.
+            let stored = {
+                let mut st = self.lock();
+                let c = st.stored_per_version.entry(m.version).or_insert(0);
+                *c += 1;
+                *c
+            };
             self.emit(DisseminationEvent::Progress {
                 version: m.version,
-                held,
+                stored,
                 total: m.chunk_hashes.len(),
             });
         }
@@ -831,7 +884,7 @@ impl Disseminator {
             let mut buf = vec![0u8; len as usize];
             s.read_exact(&mut buf).await.map_err(io)?;
             self.inner.downlink.acquire(u64::from(len)).await;
-            if !self.take_chunk(peer, m, index, &buf).await? {
+            if !self.take_chunk(peer, m, index, buf).await? {
                 // Drop the stream: the rest comes from elsewhere (repair).
                 return Ok(());
             }
@@ -890,7 +943,7 @@ impl Disseminator {
                 s.write_all(&[0]).await.map_err(io)?;
                 continue;
             }
-            let mut bytes = self.inner.store.get_chunk(&h)?;
+            let mut bytes = self.read_chunk(h).await?;
             if self.inner.cfg.fault == Some(Fault::CorruptOutgoing) {
                 bytes[0] ^= 0xff;
             }
@@ -1034,15 +1087,16 @@ impl Disseminator {
             let bytes = wire::read_blob(&mut s, "chunk", m.chunk_len(index) as u32)
                 .await
                 .map_err(io)?;
-            self.inner.downlink.acquire(bytes.len() as u64).await;
-            if !self.take_chunk(peer, m, index, &bytes).await? {
+            let len = bytes.len() as u64;
+            self.inner.downlink.acquire(len).await;
+            if !self.take_chunk(peer, m, index, bytes).await? {
                 return Ok(got);
             }
             got += 1;
-            bytes_in += bytes.len() as u64;
+            bytes_in += len;
             self.count(
                 |c| &c.fetched_bytes,
-                bytes.len() as u64,
+                len,
                 "dissemination_fetched_bytes_total",
             );
         }
@@ -1152,7 +1206,7 @@ impl Disseminator {
             rx.borrow_and_update();
             kick.borrow_and_update();
             if self.inner.store.missing_chunks(version)?.is_empty() {
-                return self.install(version);
+                return self.install(version).await;
             }
             // Fetch-only: named so by the plan, or not in the plan at all (a late joiner).
             let fetch_only = self.lock().plan.as_ref().is_some_and(|p| {
@@ -1177,8 +1231,11 @@ impl Disseminator {
         }
     }
 
-    fn install(&self, version: u64) -> Result<()> {
-        let payload = self.inner.store.assemble(version)?;
+    async fn install(&self, version: u64) -> Result<()> {
+        let store = self.inner.store.clone();
+        let payload = tokio::task::spawn_blocking(move || store.assemble(version))
+            .await
+            .map_err(|e| DisseminationError::Task(e.to_string()))??;
         let latency = {
             let mut st = self.lock();
             if st.installed.is_some_and(|i| i >= version) {
@@ -1190,8 +1247,11 @@ impl Disseminator {
                 .map_or(Duration::ZERO, |t| t.elapsed())
         };
         // Keep the newest `keep` snapshots, collect chunks nothing kept references (SPEC §5).
-        if let Err(e) = self.inner.store.retain() {
-            warn!(error = %e, "chunk-store garbage collection failed");
+        let store = self.inner.store.clone();
+        match tokio::task::spawn_blocking(move || store.retain()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => warn!(error = %e, "chunk-store garbage collection failed"),
+            Err(e) => warn!(error = %e, "chunk-store garbage collection task failed"),
         }
         self.inner.counters.installs.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("dissemination_installs_total").increment(1);

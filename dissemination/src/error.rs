@@ -28,6 +28,8 @@ pub enum DisseminationError {
     },
     #[error("only the learner (with its signing key) can publish")]
     NotLearner,
+    #[error("blocking task failed: {0}")]
+    Task(String),
     #[error("timed out: {0}")]
     Timeout(String),
 }

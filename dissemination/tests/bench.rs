@@ -160,9 +160,19 @@ async fn broadcast_chain_vs_star() {
         .split(',')
         .filter_map(|s| s.trim().parse().ok())
         .collect();
+    if let Ok(filter) = std::env::var("RUST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .try_init();
+    }
+    let modes = std::env::var("BENCH_MODES").unwrap_or_else(|_| "chain,star".into());
     for n in ns {
-        run_broadcast(n, Mode::Chain, size, 100.0, 300.0).await;
-        run_broadcast(n, Mode::Star, size, 100.0, 300.0).await;
+        if modes.contains("chain") {
+            run_broadcast(n, Mode::Chain, size, 100.0, 300.0).await;
+        }
+        if modes.contains("star") {
+            run_broadcast(n, Mode::Star, size, 100.0, 300.0).await;
+        }
     }
 }
 

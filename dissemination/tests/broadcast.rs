@@ -463,9 +463,9 @@ async fn a_forwarder_killed_mid_snapshot_does_not_stop_the_chain() {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         match tokio::time::timeout_at(deadline, victim.events.recv()).await {
-            Ok(Some(DisseminationEvent::Progress { held, .. })) if held >= 3 => {
+            Ok(Some(DisseminationEvent::Progress { stored, .. })) if stored >= 3 => {
                 assert!(
-                    held < total,
+                    stored < total,
                     "the victim finished before it could be killed"
                 );
                 break;

@@ -27,7 +27,7 @@ pub struct ArithParams {
 impl Default for ArithParams {
     fn default() -> Self {
         ArithParams {
-            max_operand: 30,
+            max_operand: 9,
             ops: "+".into(),
         }
     }
@@ -244,6 +244,17 @@ mod tests {
         // A right answer wrapped in invalid bytes is not accepted either.
         let right = p.answer.as_bytes().to_vec();
         assert_eq!(t.reward_bytes(&p, &right).value, 1.0);
+    }
+
+    #[test]
+    fn default_is_single_digit_addition() {
+        // The embedded default: `a+b=` with a, b in 0..=9 (100 prompts), the setting in which
+        // the embedded default model learns by RL in minutes (docs/learner.md).
+        let t = Arith::from_params(&serde_json::Value::Null).unwrap();
+        assert_eq!(t.metadata().num_prompts, Some(100));
+        assert_eq!(t.prompt(0).unwrap().text, "0+0=");
+        let last = t.prompt(99).unwrap();
+        assert_eq!((last.text.as_str(), last.answer.as_str()), ("9+9=", "18"));
     }
 
     #[test]

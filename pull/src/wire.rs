@@ -1,0 +1,230 @@
+//! Wire format of `/echo-swarm/trajectory-pull/1.0.0` (see `docs/pull.md`).
+//!
+//! Every message is one frame: a 4-byte big-endian body length, then the body: a tag byte and
+//! the fields in the compact encoding of `storage::codec` (varints, length-prefixed bytes).
+//! Frames above [`MAX_FRAME`] are refused before anything is allocated; trailing bytes in a
+//! body are an error.
+
+use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use storage::codec::{Reader, Writer};
+
+use crate::PullError;
+
+/// Largest frame: one encoded trajectory group (64 MiB) plus headroom.
+pub const MAX_FRAME: usize = (64 << 20) + 1024;
+/// Most groups one lease may carry.
+pub const MAX_GROUPS_PER_LEASE: u64 = 1024;
+/// Bounds on the lease time a learner may ask for.
+pub const MIN_TTL_MS: u64 = 100;
+pub const MAX_TTL_MS: u64 = 3_600_000;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    /// Learner → worker: lease up to `max_groups` groups with `version ≥ v_min` for `ttl_ms`.
+    Pull {
+        v_min: u64,
+        max_groups: u64,
+        ttl_ms: u64,
+    },
+    /// Worker → learner: a lease of `count` groups follows, one [`Message::Group`] each.
+    Lease { lease_id: u64, count: u64 },
+    /// Worker → learner: one encoded `TrajectoryGroup`.
+    Group { bytes: Vec<u8> },
+    /// Worker → learner: nothing admissible is pending.
+    Empty,
+    /// Learner → worker: the lease's groups are stored durably; delete them.
+    Ack { lease_id: u64 },
+    /// Learner → worker: give the lease back unused.
+    Release { lease_id: u64 },
+    /// Worker → learner: the ack or release was applied; `consumed` groups were deleted.
+    Done { consumed: u64 },
+    /// Either side: the request was refused.
+    Error { message: String },
+}
+
+const T_PULL: u8 = 1;
+const T_LEASE: u8 = 2;
+const T_GROUP: u8 = 3;
+const T_EMPTY: u8 = 4;
+const T_ACK: u8 = 5;
+const T_RELEASE: u8 = 6;
+const T_DONE: u8 = 7;
+const T_ERROR: u8 = 8;
+
+impl Message {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        match self {
+            Message::Pull {
+                v_min,
+                max_groups,
+                ttl_ms,
+            } => {
+                w.u8(T_PULL);
+                w.varint(*v_min);
+                w.varint(*max_groups);
+                w.varint(*ttl_ms);
+            }
+            Message::Lease { lease_id, count } => {
+                w.u8(T_LEASE);
+                w.varint(*lease_id);
+                w.varint(*count);
+            }
+            Message::Group { bytes } => {
+                w.u8(T_GROUP);
+                w.bytes(bytes);
+            }
+            Message::Empty => w.u8(T_EMPTY),
+            Message::Ack { lease_id } => {
+                w.u8(T_ACK);
+                w.varint(*lease_id);
+            }
+            Message::Release { lease_id } => {
+                w.u8(T_RELEASE);
+                w.varint(*lease_id);
+            }
+            Message::Done { consumed } => {
+                w.u8(T_DONE);
+                w.varint(*consumed);
+            }
+            Message::Error { message } => {
+                w.u8(T_ERROR);
+                w.str(message);
+            }
+        }
+        w.into_bytes()
+    }
+
+    pub fn decode(body: &[u8]) -> Result<Self, PullError> {
+        let bad = |e: storage::StorageError| PullError::Protocol(e.to_string());
+        let mut r = Reader::new(body, "pull message");
+        let msg = match r.u8().map_err(bad)? {
+            T_PULL => Message::Pull {
+                v_min: r.varint().map_err(bad)?,
+                max_groups: r.varint().map_err(bad)?,
+                ttl_ms: r.varint().map_err(bad)?,
+            },
+            T_LEASE => Message::Lease {
+                lease_id: r.varint().map_err(bad)?,
+                count: r.varint().map_err(bad)?,
+            },
+            T_GROUP => Message::Group {
+                bytes: r.bytes(MAX_FRAME, "group").map_err(bad)?.to_vec(),
+            },
+            T_EMPTY => Message::Empty,
+            T_ACK => Message::Ack {
+                lease_id: r.varint().map_err(bad)?,
+            },
+            T_RELEASE => Message::Release {
+                lease_id: r.varint().map_err(bad)?,
+            },
+            T_DONE => Message::Done {
+                consumed: r.varint().map_err(bad)?,
+            },
+            T_ERROR => Message::Error {
+                message: r.string(4096, "message").map_err(bad)?,
+            },
+            t => return Err(PullError::Protocol(format!("unknown message tag {t}"))),
+        };
+        r.finish().map_err(bad)?;
+        Ok(msg)
+    }
+}
+
+pub async fn write_message<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    msg: &Message,
+) -> Result<(), PullError> {
+    let body = msg.encode();
+    w.write_all(&(body.len() as u32).to_be_bytes()).await?;
+    w.write_all(&body).await?;
+    w.flush().await?;
+    Ok(())
+}
+
+/// Reads one message; `Ok(None)` at a clean end of stream before a frame starts.
+pub async fn read_message<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Message>, PullError> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len).await {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(PullError::Protocol(format!(
+            "frame of {len} bytes exceeds {MAX_FRAME}"
+        )));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).await?;
+    Message::decode(&body).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip_and_garbage_is_an_error() {
+        let all = [
+            Message::Pull {
+                v_min: 3,
+                max_groups: 64,
+                ttl_ms: 30_000,
+            },
+            Message::Lease {
+                lease_id: 7,
+                count: 2,
+            },
+            Message::Group {
+                bytes: vec![1, 2, 3],
+            },
+            Message::Empty,
+            Message::Ack { lease_id: 7 },
+            Message::Release { lease_id: 8 },
+            Message::Done { consumed: 2 },
+            Message::Error {
+                message: "no".into(),
+            },
+        ];
+        for m in all {
+            let bytes = m.encode();
+            assert_eq!(Message::decode(&bytes).unwrap(), m);
+            for cut in 0..bytes.len() {
+                assert!(Message::decode(&bytes[..cut]).is_err() || cut == bytes.len());
+            }
+            let mut longer = bytes.clone();
+            longer.push(0);
+            assert!(Message::decode(&longer).is_err());
+        }
+        assert!(Message::decode(&[99]).is_err());
+        // Random bytes never panic.
+        let mut x = 0x9e3779b97f4a7c15u64;
+        for _ in 0..2000 {
+            let n = (x % 40) as usize;
+            let bytes: Vec<u8> = (0..n)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            let _ = Message::decode(&bytes);
+        }
+    }
+
+    #[test]
+    fn oversized_frames_are_refused_before_allocation() {
+        let mut frame = ((MAX_FRAME + 1) as u32).to_be_bytes().to_vec();
+        frame.extend_from_slice(&[0; 16]);
+        let mut r = futures::io::Cursor::new(frame);
+        let err = futures::executor::block_on(read_message(&mut r)).unwrap_err();
+        assert!(err.to_string().contains("exceeds"), "{err}");
+        let mut empty = futures::io::Cursor::new(Vec::new());
+        assert!(futures::executor::block_on(read_message(&mut empty))
+            .unwrap()
+            .is_none());
+    }
+}
