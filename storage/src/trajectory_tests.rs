@@ -200,7 +200,10 @@ fn pulled_groups_are_stored_once() {
         // Consuming a group does not make it new again.
         let l = s.lease_at(0, 10, TTL, 0).unwrap().unwrap();
         s.ack(l.id).unwrap();
-        assert_eq!(s.put_groups_dedup(std::slice::from_ref(&a)).unwrap(), [None]);
+        assert_eq!(
+            s.put_groups_dedup(std::slice::from_ref(&a)).unwrap(),
+            [None]
+        );
         let c = s.counters().unwrap();
         assert_eq!(
             (c.produced, c.duplicates, c.consumed, c.pending()),
