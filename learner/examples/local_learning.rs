@@ -8,14 +8,14 @@
 //!
 //! ```text
 //! cargo run --release -p learner --example local_learning -- \
-//!     [--steps 1000000] [--minutes 3] [--staleness 3] [--objective gepo|grpo|dr_grpo|gspo] \
+//!     [--steps 1000000] [--minutes 8] [--staleness 3] [--objective gepo|grpo|dr_grpo|gspo] \
 //!     [--sequential] [--json] [--warm-steps 60] [--lr 1e-3] [--kl-beta 0.05] [--groups 4] \
 //!     [--group-size 16] [--max-operand 9] [--temperature 1.2] [--max-new-tokens 6] \
 //!     [--engines 1] [--kappa K] [--seed 0] [--eval-every 0]
 //! ```
 //!
 //! The defaults (GEPO, S = 3, B = 4 groups × n = 16, T = 1.2 for sampling *and* the learner's
-//! log-probs, lr 1e-3, KL β = 0.05 to the warm-started policy, `a+b=` with a, b ≤ 9, 3 minutes)
+//! log-probs, lr 1e-3, KL β = 0.05 to the warm-started policy, `a+b=` with a, b ≤ 9, 8 minutes)
 //! are the ones measured in docs/learner.md to make the reward rise clearly on two CPU cores.
 //!
 //! The optional warm-start (`--warm-steps`, 0 = off) is supervised next-token training on
@@ -60,7 +60,7 @@ struct Args {
 fn parse_args() -> Result<Args> {
     let mut a = Args {
         steps: 1_000_000,
-        minutes: 3.0,
+        minutes: 8.0,
         staleness: 3,
         kappa: None,
         objective: Objective::Gepo,
