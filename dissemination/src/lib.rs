@@ -44,6 +44,7 @@ pub async fn drive(
                 data,
             } => {
                 let verdict = d.on_gossip(topic, &data);
+                tracing::debug!(?topic, %propagation_source, ?verdict, "gossip validated");
                 let _ = client
                     .report_validation(message_id, propagation_source, source, verdict)
                     .await;
@@ -55,7 +56,10 @@ pub async fn drive(
                     d.catch_up(peer, Some(v));
                 }
             }
-            _ => {}
+            p2p::Event::Rejected { peer, topic, error } => {
+                tracing::debug!(%peer, ?topic, %error, "rejected message");
+            }
+            other => tracing::trace!(?other, "network event"),
         }
     }
 }

@@ -265,52 +265,34 @@ async fn serve(state: Arc<NodeState>) -> anyhow::Result<()> {
         }
     });
     // Domain events: Snapshots / Plans gossip gets the dissemination engine's verdict (Reject:
-    // bad signature or garbage; Ignore: an old version or no learner key configured).
-    let drain = {
-        let client = client.clone();
-        let dissem = dissem.clone();
-        tokio::spawn(async move {
-            while let Some(ev) = events.recv().await {
-                match ev {
-                    p2p::Event::Gossip {
-                        topic,
+    // bad signature or garbage; Ignore: an old version), departed forwarders are excised, late
+    // joiners catch up (`dissemination::drive`). Without an engine (no learner key) such
+    // gossip is left unjudged: Ignore, not forwarded, no penalty.
+    let drain = match dissem.clone() {
+        Some(d) => tokio::spawn(dissemination::drive(d, client.clone(), events)),
+        None => {
+            let client = client.clone();
+            tokio::spawn(async move {
+                while let Some(ev) = events.recv().await {
+                    if let p2p::Event::Gossip {
                         message_id,
                         propagation_source,
                         source,
-                        data,
-                    } => {
-                        let verdict = dissem
-                            .as_ref()
-                            .map_or(p2p::Validation::Ignore, |d| d.on_gossip(topic, &data));
-                        tracing::debug!(?topic, %propagation_source, ?verdict, "gossip validated");
+                        ..
+                    } = ev
+                    {
                         let _ = client
-                            .report_validation(message_id, propagation_source, source, verdict)
+                            .report_validation(
+                                message_id,
+                                propagation_source,
+                                source,
+                                p2p::Validation::Ignore,
+                            )
                             .await;
                     }
-                    p2p::Event::PeerDisconnected(peer) => {
-                        if let Some(d) = &dissem {
-                            d.on_peer_disconnected(peer).await;
-                        }
-                    }
-                    // Late joiners and restarted workers catch up with the learner's newest
-                    // snapshot (verified like gossip).
-                    p2p::Event::PeerConnected(peer) => {
-                        if let Some(d) = &dissem {
-                            d.catch_up(peer, None);
-                        }
-                    }
-                    p2p::Event::Heartbeat { peer, heartbeat } => {
-                        if let (Some(d), Some(v)) = (&dissem, heartbeat.installed_version) {
-                            d.catch_up(peer, Some(v));
-                        }
-                    }
-                    p2p::Event::Rejected { peer, topic, error } => {
-                        tracing::debug!(%peer, ?topic, %error, "rejected message");
-                    }
-                    other => tracing::trace!(?other, "network event"),
                 }
-            }
-        })
+            })
+        }
     };
 
     let mut service = service;
