@@ -322,6 +322,19 @@ impl Disseminator {
         let _ = self.inner.client.record_transfer(peer, failed).await;
     }
 
+    /// One successful transfer of `bytes` in `duration` for `peer`'s ECHO score (nothing when
+    /// no bytes moved).
+    async fn credit(&self, peer: PeerId, bytes: u64, duration: Duration) {
+        if bytes > 0 {
+            let ev = TransferEvent {
+                bytes,
+                duration,
+                success: true,
+            };
+            let _ = self.inner.client.record_transfer(peer, ev).await;
+        }
+    }
+
     fn is_learner(&self) -> bool {
         self.inner.cfg.signing_key.is_some()
     }
@@ -760,18 +773,7 @@ impl Disseminator {
             metrics::counter!("dissemination_chunk_verification_failures_total").increment(1);
             warn!(peer = %from, version = m.version, index, "chunk failed BLAKE3 verification; dropped");
             self.lock().bad.entry(m.version).or_default().insert(from);
-            let _ = self
-                .inner
-                .client
-                .record_transfer(
-                    from,
-                    TransferEvent {
-                        bytes: 0,
-                        duration: Duration::ZERO,
-                        success: false,
-                    },
-                )
-                .await;
+            self.charge(from).await;
             self.emit(DisseminationEvent::ChunkRejected {
                 peer: from,
                 version: m.version,
@@ -822,18 +824,7 @@ impl Disseminator {
             (Validation::Accept, Some(m)) => m,
             (v, _) => {
                 if v == Validation::Reject {
-                    let _ = self
-                        .inner
-                        .client
-                        .record_transfer(
-                            peer,
-                            TransferEvent {
-                                bytes: 0,
-                                duration: Duration::ZERO,
-                                success: false,
-                            },
-                        )
-                        .await;
+                    self.charge(peer).await;
                 }
                 s.write_all(&[1]).await.map_err(io)?;
                 let _ = s.close().await;
@@ -895,20 +886,7 @@ impl Disseminator {
                 "dissemination_push_received_bytes_total",
             );
         }
-        if bytes_in > 0 {
-            let _ = self
-                .inner
-                .client
-                .record_transfer(
-                    peer,
-                    TransferEvent {
-                        bytes: bytes_in,
-                        duration: started.elapsed(),
-                        success: true,
-                    },
-                )
-                .await;
-        }
+        self.credit(peer, bytes_in, started.elapsed()).await;
         Ok(())
     }
 
@@ -1100,20 +1078,7 @@ impl Disseminator {
                 "dissemination_fetched_bytes_total",
             );
         }
-        if bytes_in > 0 {
-            let _ = self
-                .inner
-                .client
-                .record_transfer(
-                    peer,
-                    TransferEvent {
-                        bytes: bytes_in,
-                        duration: started.elapsed(),
-                        success: true,
-                    },
-                )
-                .await;
-        }
+        self.credit(peer, bytes_in, started.elapsed()).await;
         Ok(got)
     }
 

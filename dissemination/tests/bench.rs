@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use dissemination::{DisseminationConfig, DisseminationEvent, Disseminator, Mode};
 use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
-use p2p::{Client, NetworkConfig, ServiceConfig};
+use p2p::{Client, ServiceConfig};
 use rand::RngCore;
 use storage::{ChunkStore, NodeKey};
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -29,25 +29,18 @@ async fn start_node(
     bootstrap: Vec<String>,
     tweak: impl FnOnce(&mut DisseminationConfig),
 ) -> Node {
-    let cfg = ServiceConfig {
-        network: NetworkConfig {
-            listen: vec!["/ip4/127.0.0.1/tcp/0".into()],
-            bootstrap,
-            heartbeat_interval_ms: 500,
-            autonat: false,
-            quic: false,
-            ..NetworkConfig::default()
-        },
-        swarm_id: SWARM.into(),
-        role: if seed == LEARNER_SEED {
-            "learner"
-        } else {
-            "rollout"
-        }
-        .into(),
-        node_version: "bench".into(),
-        learner: Some(p2p::peer_id_from_seed(LEARNER_SEED)),
+    let role = if seed == LEARNER_SEED {
+        "learner"
+    } else {
+        "rollout"
     };
+    let mut cfg = ServiceConfig::loopback(
+        SWARM,
+        role,
+        bootstrap,
+        Some(p2p::peer_id_from_seed(LEARNER_SEED)),
+    );
+    cfg.network.heartbeat_interval_ms = 500;
     let (client, p2p_events, _task) = p2p::start(seed, cfg, &mut p2p::Registry::default()).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(ChunkStore::open(dir.path(), 2).unwrap());

@@ -9,7 +9,7 @@ use dissemination::{
     DisseminationConfig, DisseminationEvent, Disseminator, Fault, PlanMessage, SignedPlan,
 };
 use ed25519_dalek::SigningKey;
-use p2p::{Client, NetworkConfig, PeerId, ScoreComponents, ServiceConfig, TopicKind, Validation};
+use p2p::{Client, PeerId, ScoreComponents, ServiceConfig, TopicKind, Validation};
 use rand::RngCore;
 use storage::{hash_bytes, ChunkStore, NodeKey, SnapshotManifest};
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -36,25 +36,17 @@ async fn start_node(
     bootstrap: Vec<String>,
     tweak: impl FnOnce(&mut DisseminationConfig),
 ) -> Node {
-    let cfg = ServiceConfig {
-        network: NetworkConfig {
-            listen: vec!["/ip4/127.0.0.1/tcp/0".into()],
-            bootstrap,
-            heartbeat_interval_ms: 200,
-            autonat: false,
-            quic: false,
-            ..NetworkConfig::default()
-        },
-        swarm_id: SWARM.into(),
-        role: if seed == LEARNER_SEED {
-            "learner"
-        } else {
-            "rollout"
-        }
-        .into(),
-        node_version: "test".into(),
-        learner: Some(p2p::peer_id_from_seed(LEARNER_SEED)),
+    let role = if seed == LEARNER_SEED {
+        "learner"
+    } else {
+        "rollout"
     };
+    let cfg = ServiceConfig::loopback(
+        SWARM,
+        role,
+        bootstrap,
+        Some(p2p::peer_id_from_seed(LEARNER_SEED)),
+    );
     let (client, p2p_events, _task) = p2p::start(seed, cfg, &mut p2p::Registry::default()).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(ChunkStore::open(dir.path(), 4).unwrap());

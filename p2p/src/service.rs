@@ -110,6 +110,32 @@ pub struct ServiceConfig {
     pub learner: Option<PeerId>,
 }
 
+impl ServiceConfig {
+    /// A node for a swarm on this machine: TCP on 127.0.0.1 (any free port), no QUIC, no
+    /// AutoNAT, 200 ms heartbeats — what in-process tests and loopback testnets use.
+    pub fn loopback(
+        swarm_id: &str,
+        role: &str,
+        bootstrap: Vec<String>,
+        learner: Option<PeerId>,
+    ) -> Self {
+        ServiceConfig {
+            network: NetworkConfig {
+                listen: vec!["/ip4/127.0.0.1/tcp/0".into()],
+                bootstrap,
+                heartbeat_interval_ms: 200,
+                autonat: false,
+                quic: false,
+                ..NetworkConfig::default()
+            },
+            swarm_id: swarm_id.into(),
+            role: role.into(),
+            node_version: env!("CARGO_PKG_VERSION").into(),
+            learner,
+        }
+    }
+}
+
 /// Domain events for the roles.
 #[derive(Debug, Clone)]
 pub enum Event {

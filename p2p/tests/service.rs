@@ -4,23 +4,10 @@
 use std::time::{Duration, Instant};
 
 use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
-use p2p::{protocols, Client, NetworkConfig, PeerId, ServiceConfig, TransferEvent};
+use p2p::{protocols, Client, PeerId, ServiceConfig, TransferEvent};
 
 fn config(bootstrap: Vec<String>) -> ServiceConfig {
-    ServiceConfig {
-        network: NetworkConfig {
-            listen: vec!["/ip4/127.0.0.1/tcp/0".into()],
-            bootstrap,
-            heartbeat_interval_ms: 200,
-            autonat: false,
-            quic: false,
-            ..NetworkConfig::default()
-        },
-        swarm_id: "p2p-test".into(),
-        role: "rollout".into(),
-        node_version: "test".into(),
-        learner: None,
-    }
+    ServiceConfig::loopback("p2p-test", "rollout", bootstrap, None)
 }
 
 async fn wait_for<T, F: std::future::Future<Output = Option<T>>>(

@@ -6,27 +6,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::AsyncWriteExt;
-use p2p::{protocols, Client, NetworkConfig, ServiceConfig};
+use p2p::{protocols, Client, ServiceConfig};
 use pull::wire::{read_message, write_message, Message};
 use pull::{pull, serve, PullError, PullRequest};
 use storage::record::testing::group;
 use storage::TrajectoryStore;
 
 fn config(bootstrap: Vec<String>) -> ServiceConfig {
-    ServiceConfig {
-        network: NetworkConfig {
-            listen: vec!["/ip4/127.0.0.1/tcp/0".into()],
-            bootstrap,
-            heartbeat_interval_ms: 200,
-            autonat: false,
-            quic: false,
-            ..NetworkConfig::default()
-        },
-        swarm_id: "pull-test".into(),
-        role: "rollout".into(),
-        node_version: "test".into(),
-        learner: None,
-    }
+    ServiceConfig::loopback("pull-test", "rollout", bootstrap, None)
 }
 
 async fn wait_for<T, F: std::future::Future<Output = Option<T>>>(
