@@ -220,6 +220,16 @@ impl Drop for Node {
     }
 }
 
+/// Waits until `node` has published `n` more heartbeats: the negative checks that follow
+/// ("still not connected") are given time measured in the node's own progress, not a sleep.
+fn wait_heartbeats(node: &mut Node, n: u64) {
+    let sent = |node: &mut Node| node.status()?["counters"]["heartbeats_sent"].as_u64();
+    let start = wait_for("the heartbeat counter", WAIT, || sent(node));
+    wait_for(&format!("{n} more heartbeats"), WAIT, || {
+        (sent(node)? >= start + n).then_some(())
+    });
+}
+
 fn peer<'a>(status: &'a Value, peer_id: &str) -> Option<&'a Value> {
     status["peers"]
         .as_array()?
@@ -416,7 +426,7 @@ fn a_node_with_the_wrong_pre_shared_key_cannot_connect() {
         },
     );
     // Give the wrong-key node a few more heartbeat intervals and redials: still nothing.
-    std::thread::sleep(Duration::from_millis(HEARTBEAT_MS * 5));
+    wait_heartbeats(&mut learner, 5);
     let st = learner.status().unwrap();
     assert!(
         peer(&st, &wrong.key.peer_id).is_none(),
@@ -484,7 +494,7 @@ fn a_node_outside_the_allow_list_is_refused() {
                 .then_some(())
         },
     );
-    std::thread::sleep(Duration::from_millis(HEARTBEAT_MS * 5));
+    wait_heartbeats(&mut learner, 5);
     let st = learner.status().unwrap();
     assert!(
         peer(&st, &outsider.key.peer_id).is_none(),
