@@ -26,7 +26,7 @@ use control::plan::{plan_chains, ChainPlan, Placement, PlanParams};
 use ed25519_dalek::{SigningKey, VerifyingKey};
 use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, StreamExt};
 use p2p::{protocols, Client, PeerId, TokenBucket, TopicKind, TransferEvent, Validation};
-use storage::{hash_bytes, ChunkStore, Hash, PublishStats, SignedManifest, SnapshotManifest};
+use storage::{ChunkStore, Hash, PublishStats, SignedManifest, SnapshotManifest};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
@@ -757,11 +757,17 @@ impl Disseminator {
         let expected = m.chunk_hashes[index];
         let ok_len = bytes.len() as u64 == m.chunk_len(index);
         let store = self.inner.store.clone();
+        // `put_chunk` hashes the bytes and refuses a mismatch before anything is written: that
+        // is the BLAKE3 check (done once, not here and again in the store).
         let verdict = tokio::task::spawn_blocking(move || -> Result<Option<bool>> {
-            if !ok_len || hash_bytes(&bytes) != expected {
+            if !ok_len {
                 return Ok(None);
             }
-            Ok(Some(store.put_chunk(&expected, &bytes)?))
+            match store.put_chunk(&expected, &bytes) {
+                Ok(new) => Ok(Some(new)),
+                Err(storage::StorageError::HashMismatch { .. }) => Ok(None),
+                Err(e) => Err(e.into()),
+            }
         })
         .await
         .map_err(|e| DisseminationError::Task(e.to_string()))??;
