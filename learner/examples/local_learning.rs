@@ -28,7 +28,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use learner::{AdamWConfig, LossConfig, Objective, Trainer, TrainerConfig};
-use policy::sft::{examples_from_text, warm_start, WarmStart};
 use policy::{embedded_default, GenerationPath, Policy, SamplingParams, Tokenizer};
 use rand::SeedableRng;
 use rollout::{PolicySlot, RolloutConfig, RolloutEngine, StepOutcome};
@@ -152,39 +151,19 @@ fn main() -> Result<()> {
     // 1. Optional supervised warm-start (format only; documented deviation from pure RL).
     let mut warm = serde_json::Value::Null;
     if a.warm_steps > 0 {
-        let n = task.metadata().num_prompts.unwrap_or(1000);
-        let prompts = (0..n)
-            .map(|i| task.prompt(i))
-            .collect::<Result<Vec<_>, _>>()?;
-        let examples = examples_from_text(
-            &tok,
-            prompts.iter().map(|p| {
-                (
-                    p.text.clone(),
-                    task.reference_completion(p).unwrap_or_default(),
-                )
-            }),
-        )?;
         let t0 = Instant::now();
-        let ws = WarmStart {
-            steps: a.warm_steps,
-            seed: a.seed,
-            ..WarmStart::default()
-        };
-        let losses = warm_start(&policy, &examples, &ws)?;
-        let (first, last) = (
-            losses.first().copied().unwrap_or(f32::NAN),
-            losses.last().copied().unwrap_or(f32::NAN),
-        );
+        let w = learner::warm_start_on_task(&policy, &tok, task.as_ref(), a.warm_steps, a.seed)?;
         say(format!(
-            "warm-start: {} steps x {} examples, lr {}, {:.1}s, loss {first:.3} -> {last:.3}",
-            ws.steps,
-            ws.batch_size,
-            ws.lr,
-            t0.elapsed().as_secs_f64()
+            "warm-start: {} steps x {} examples, lr {}, {:.1}s, loss {:.3} -> {:.3}",
+            w.steps,
+            w.batch_size,
+            w.lr,
+            t0.elapsed().as_secs_f64(),
+            w.loss_first,
+            w.loss_last
         ));
-        warm = serde_json::json!({"steps": ws.steps, "batch_size": ws.batch_size, "lr": ws.lr,
-            "seconds": t0.elapsed().as_secs_f64(), "loss_first": first, "loss_last": last});
+        warm = serde_json::json!({"steps": w.steps, "batch_size": w.batch_size, "lr": w.lr,
+            "seconds": t0.elapsed().as_secs_f64(), "loss_first": w.loss_first, "loss_last": w.loss_last});
     }
     let (exact0, reward0) = evaluate(&policy, task.as_ref(), &tok, &a)?;
     say(format!(

@@ -12,12 +12,14 @@
 pub mod loss;
 pub mod optim;
 pub mod trainer;
+pub mod warm;
 
 pub use loss::{group_advantages, group_loss, GroupInput, LossConfig, LossOutput, Objective};
 pub use optim::{AdamW, AdamWConfig, OptimStep};
 pub use trainer::{
     admissible, kappa_default, lease_floor, StepStats, Trainer, TrainerConfig, Verdict,
 };
+pub use warm::{warm_start_on_task, WarmReport};
 
 /// Errors of the learner layer.
 #[derive(Debug, thiserror::Error)]

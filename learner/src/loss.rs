@@ -21,6 +21,24 @@
 //! by the constant `G·T` (T = padded length), and its advantages are not divided by the
 //! group's standard deviation. An optional KL penalty `β·KL(π_θ‖π_ref)` uses the k3 estimator
 //! `exp(r − p) − (r − p) − 1` per token (log-space, `r` = reference log-prob).
+//!
+//! Optional truncated importance ratio (ECHO-2 `000_…` App. F.5.3 eq. 24, cap `C` =
+//! [`LossConfig::is_cap`]): `𝒥(θ) = 𝔼_{a∼π_sampler}[min(π_learner(a, θ_old) / π_sampler(a,
+//! θ_old), C) · 𝒥̄(θ)]`. The truncated ratio is evaluated at θ_old, so it is a constant (no
+//! gradient flows through the `min`), while `𝒥̄` keeps the θ-dependence through
+//! `ρ = π_θ / π_θold`. The learner makes one optimiser update per batch, so π_learner(θ_old) is
+//! the learner's probability under the weights the step starts from, i.e. `sg(p)`, and each
+//! coefficient factors as `c = sg(c) · ρ` with `ρ = c / sg(c)` (value 1, gradient `∇ log c`).
+//! The cap truncates the constant factor:
+//!
+//! `c̃ = min(sg(c), C) · ρ`, computed as `min(sg(c), C) · exp(log c − sg(log c))`,
+//!
+//! so `c̃ = c` (value and gradient) wherever `c ≤ C`, and `c̃ = C` with gradient
+//! `C · ∇ log c` (bounded, but not zero) wherever `c > C`. `c̃` then replaces `c` in the clipped
+//! surrogate above (the clip still applies to it). The truncated quantity is the objective's own
+//! coefficient: the token ratio `p_{i,t}/q_{i,t}` (GRPO, Dr.GRPO, per token), the geometric-mean
+//! sequence ratio `p_i/q_i` (GSPO, per sequence) and the group-expectation weight
+//! `p_i/Ê_q[q]` or its defensive form (GEPO, per sequence).
 
 use candle_core::{DType, Tensor};
 
@@ -67,6 +85,16 @@ pub struct LossConfig {
     pub gepo_defensive_eps: Option<f64>,
     /// Weight β of the KL penalty to the reference policy (0 = off).
     pub kl_beta: f64,
+    /// Cap C of the truncated importance ratio, ECHO-2 eq. 24:
+    /// `𝒥(θ) = 𝔼[min(π_learner(θ_old)/π_sampler(θ_old), C) · 𝒥̄(θ)]`, with the truncated ratio
+    /// a constant (evaluated at θ_old, no gradient through the `min`). Applied to each
+    /// objective's importance coefficient `c` as `c̃ = min(sg(c), C) · c/sg(c)`: the token ratio
+    /// `p_{i,t}/q_{i,t}` for GRPO and Dr.GRPO, the sequence ratio `p_i/q_i` for GSPO, the
+    /// group-expectation weight `p_i/Ê_q[q]` (or its defensive form) for GEPO; see the module
+    /// docs. `None` (the default, also for checkpoints written before this field existed) =
+    /// no truncation. Must be finite and > 0.
+    #[serde(default)]
+    pub is_cap: Option<f64>,
 }
 
 impl Default for LossConfig {
@@ -76,6 +104,7 @@ impl Default for LossConfig {
             clip_eps: 0.2,
             gepo_defensive_eps: None,
             kl_beta: 0.0,
+            is_cap: None,
         }
     }
 }
@@ -135,9 +164,11 @@ pub struct GroupInput<'a> {
 pub struct LossOutput {
     /// Scalar loss to minimise.
     pub loss: Tensor,
-    /// Importance coefficient per sequence (token-level objectives: mean over its tokens).
+    /// Importance coefficient per sequence (token-level objectives: mean over its tokens),
+    /// before any truncation by [`LossConfig::is_cap`], so that it still measures the drift
+    /// between sampler and learner.
     pub coefficients: Vec<f64>,
-    /// Fraction of (masked) tokens whose coefficient was clipped.
+    /// Fraction of (masked) tokens whose coefficient (after truncation) was clipped.
     pub clip_fraction: f64,
     /// Estimate of KL(sampler ‖ learner) over the group's tokens: mean of `q − p` in log space.
     pub kl_sampler_learner: f64,
@@ -148,18 +179,24 @@ fn seq_mean_logp(logp: &Tensor, mask: &Tensor, lens: &Tensor) -> Result<Tensor> 
     Ok((logp * mask)?.sum_keepdim(1)?.broadcast_div(lens)?)
 }
 
-/// The importance coefficient `c` of [`Objective`]: `[G, T]` (token level) or `[G, 1]`.
-pub fn importance_coefficients(cfg: &LossConfig, g: &GroupInput<'_>) -> Result<Tensor> {
+/// The untruncated importance coefficient `c` of [`Objective`] and `log c`, both with gradient:
+/// `[G, T]` (token level) or `[G, 1]`.
+fn raw_coefficients(cfg: &LossConfig, g: &GroupInput<'_>) -> Result<(Tensor, Tensor)> {
     let lens = g.mask.sum_keepdim(1)?.maximum(1.0)?;
     let q_logp = g.sampler_logp.detach();
     Ok(match cfg.objective {
-        Objective::Grpo | Objective::DrGrpo => (g.learner_logp - &q_logp)?.exp()?,
+        Objective::Grpo | Objective::DrGrpo => {
+            let log_c = (g.learner_logp - &q_logp)?;
+            (log_c.exp()?, log_c)
+        }
         Objective::Gspo => {
             let delta = (g.learner_logp - &q_logp)?;
-            seq_mean_logp(&delta, g.mask, &lens)?.exp()?
+            let log_c = seq_mean_logp(&delta, g.mask, &lens)?;
+            (log_c.exp()?, log_c)
         }
         Objective::Gepo => {
-            let p = seq_mean_logp(g.learner_logp, g.mask, &lens)?.exp()?;
+            let log_p = seq_mean_logp(g.learner_logp, g.mask, &lens)?;
+            let p = log_p.exp()?;
             let q = seq_mean_logp(&q_logp, g.mask, &lens)?.exp()?;
             // Listing 1: normalized_q = q / Σq; denominator = Σ normalized_q · q = Σq² / Σq.
             let e_q = (q.sqr()?.sum_all()? / q.sum_all()?)?;
@@ -170,9 +207,29 @@ pub fn importance_coefficients(cfg: &LossConfig, g: &GroupInput<'_>) -> Result<T
                         + e_q.affine(1.0 - eps, 0.0)?.broadcast_as(p.shape())?)?
                 }
             };
-            (p / denom)?
+            let log_c = (log_p - denom.log()?)?;
+            ((p / denom)?, log_c)
         }
     })
+}
+
+/// ECHO-2 eq. 24 applied to a coefficient: `c̃ = min(sg(c), C) · exp(log c − sg(log c))`.
+/// The first factor is the truncated ratio (a constant), the second is `ρ = π_θ/π_θold`
+/// (exactly 1 in value, gradient `∇ log c`).
+fn truncate(c: &Tensor, log_c: &Tensor, cap: f64) -> Result<Tensor> {
+    let ratio = c.detach().minimum(cap)?;
+    let rho = (log_c - log_c.detach())?.exp()?;
+    Ok((ratio * rho)?)
+}
+
+/// The importance coefficient `c` of [`Objective`] — truncated to `c̃` when
+/// [`LossConfig::is_cap`] is set — `[G, T]` (token level) or `[G, 1]`.
+pub fn importance_coefficients(cfg: &LossConfig, g: &GroupInput<'_>) -> Result<Tensor> {
+    let (c, log_c) = raw_coefficients(cfg, g)?;
+    match cfg.is_cap {
+        None => Ok(c),
+        Some(cap) => truncate(&c, &log_c, cap),
+    }
 }
 
 /// The loss of one group (see the module docs for the formulas).
@@ -191,9 +248,13 @@ pub fn group_loss(cfg: &LossConfig, g: &GroupInput<'_>) -> Result<LossOutput> {
     }
     let mask = g.mask;
     let lens = mask.sum_keepdim(1)?.maximum(1.0)?;
-    let coef = importance_coefficients(cfg, g)?
-        .broadcast_as((n_seq, n_tok))?
-        .contiguous()?;
+    let (raw, log_raw) = raw_coefficients(cfg, g)?;
+    let coef = match cfg.is_cap {
+        None => raw.clone(),
+        Some(cap) => truncate(&raw, &log_raw, cap)?,
+    };
+    let coef = coef.broadcast_as((n_seq, n_tok))?.contiguous()?;
+    let raw = raw.broadcast_as((n_seq, n_tok))?.contiguous()?;
     let adv = g
         .advantages
         .reshape((n_seq, 1))?
@@ -221,6 +282,7 @@ pub fn group_loss(cfg: &LossConfig, g: &GroupInput<'_>) -> Result<LossOutput> {
     // Reported statistics (no gradient).
     let m = mask.to_dtype(DType::F64)?.to_vec2::<f64>()?;
     let c = coef.detach().to_dtype(DType::F64)?.to_vec2::<f64>()?;
+    let c_raw = raw.detach().to_dtype(DType::F64)?.to_vec2::<f64>()?;
     let lp = g
         .learner_logp
         .detach()
@@ -233,7 +295,7 @@ pub fn group_loss(cfg: &LossConfig, g: &GroupInput<'_>) -> Result<LossOutput> {
         let (mut sum, mut n) = (0.0, 0.0);
         for t in 0..n_tok {
             if m[i][t] > 0.0 {
-                sum += c[i][t];
+                sum += c_raw[i][t];
                 n += 1.0;
                 if (c[i][t] - 1.0).abs() > eps {
                     clipped += 1.0;

@@ -129,6 +129,13 @@ impl TrainerConfig {
                 self.loss
             )));
         }
+        if let Some(cap) = self.loss.is_cap {
+            if !(cap.is_finite() && cap > 0.0) {
+                return Err(LearnerError::Invalid(format!(
+                    "is_cap (truncated importance ratio cap C) must be finite and > 0, got {cap}"
+                )));
+            }
+        }
         Ok(())
     }
 }
@@ -272,6 +279,13 @@ impl Trainer {
     /// Current version v (number of optimiser steps taken since version 0).
     pub fn version(&self) -> u64 {
         self.version
+    }
+
+    /// Moves the version label forward to `v` (no-op when `v` is not ahead). Used by a learner
+    /// restored from a checkpoint older than snapshots it had already published: versions
+    /// must only grow, so the lost steps' numbers are skipped, not reused for other weights.
+    pub fn advance_version_to(&mut self, v: u64) {
+        self.version = self.version.max(v);
     }
 
     /// `v − S` (saturating): the `v_min` for leases and the prune bound.

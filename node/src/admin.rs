@@ -21,6 +21,8 @@ pub struct AdminState {
     pub registry: Arc<p2p::Registry>,
     pub prometheus: Option<PrometheusHandle>,
     pub node_version: &'static str,
+    /// The role's section (`learner` / `rollout`) of the status object.
+    pub role_view: crate::roles::RoleView,
 }
 
 /// Installs the global `metrics` recorder (once per process) and returns its render handle.
@@ -37,11 +39,18 @@ pub fn install_metrics_recorder() -> Option<PrometheusHandle> {
 }
 
 /// The SPEC §13 status object built from the network service's view.
-pub fn status_json(net: &p2p::NetworkStatus, node_version: &str) -> Value {
+pub fn status_json(
+    net: &p2p::NetworkStatus,
+    node_version: &str,
+    role: Option<(&'static str, Value)>,
+) -> Value {
     let mut v = serde_json::to_value(net).unwrap_or_else(|_| json!({}));
     if let Some(obj) = v.as_object_mut() {
         obj.insert("version".into(), json!(net.local.installed_version));
         obj.insert("node_version".into(), json!(node_version));
+        if let Some((key, section)) = role {
+            obj.insert(key.into(), section);
+        }
     }
     v
 }
@@ -50,7 +59,7 @@ async fn status(State(s): State<AdminState>) -> Response {
     match s.client.status().await {
         Ok(net) => (
             [(header::CONTENT_TYPE, "application/json")],
-            status_json(&net, s.node_version).to_string(),
+            status_json(&net, s.node_version, s.role_view.get()).to_string(),
         )
             .into_response(),
         Err(e) => (

@@ -31,6 +31,47 @@ pub enum Command {
     Inspect(InspectArgs),
     /// Ask a running node's admin endpoint for its view of the swarm (peers, scores).
     Status(StatusArgs),
+    /// The one-command local swarm: a learner and N rollout nodes on 127.0.0.1 train the
+    /// embedded model on the embedded task; prints progress and a summary.
+    Demo(DemoArgs),
+    /// Write a learner checkpoint as a Hugging Face folder (config.json, model.safetensors,
+    /// tokenizer.json when the model is the embedded one).
+    Export(ExportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Rollout worker processes (1..=16).
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Learner steps before the demo stops.
+    #[arg(long, default_value_t = 400)]
+    pub steps: u64,
+    /// Print the final summary as one JSON line (SPEC §13) instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Keep configs, stores and logs in DIR (default: a temporary directory, removed at exit).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Supervised warm-start steps before RL (0 = pure RL from random weights).
+    #[arg(long, default_value_t = 60)]
+    pub warm_start_steps: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// The learner's checkpoint directory (`<data_dir>/checkpoints`), or a learner config.
+    #[arg(long, conflicts_with = "config", required_unless_present = "config")]
+    pub checkpoint: Option<PathBuf>,
+    /// Take the checkpoint directory from this learner config.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Output folder (created; existing files in it are not overwritten).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

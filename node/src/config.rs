@@ -42,6 +42,156 @@ pub struct NodeConfig {
     pub network: p2p::NetworkConfig,
     #[serde(default)]
     pub storage: StorageConfig,
+    /// The policy model (both roles; a worker must use the learner's model).
+    #[serde(default)]
+    pub model: ModelConfig,
+    /// The task the swarm trains on (both roles).
+    #[serde(default)]
+    pub task: TaskConfig,
+    /// Learner settings (read by `role = "learner"` only).
+    #[serde(default)]
+    pub learner: LearnerConfig,
+    /// Rollout settings (read by `role = "rollout"` only).
+    #[serde(default)]
+    pub rollout: RolloutConfig,
+}
+
+/// `[model]`: which policy the swarm trains. Workers must name the same model as the learner:
+/// a snapshot whose model-config hash differs from the worker's is refused at install.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// `"embedded"` (the tiny built-in Qwen3 with a byte tokenizer) or the path of a local
+    /// Hugging Face folder (config.json, tokenizer.json, *.safetensors). Nothing is downloaded.
+    pub source: String,
+    /// Seed of the embedded model's random initialisation (the learner's; workers receive
+    /// the weights as snapshots).
+    pub seed: u64,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            source: "embedded".into(),
+            seed: 0,
+        }
+    }
+}
+
+/// `[task]`: a built-in task (`arith`, `jsonl-math`, `knights-knaves`) and its parameters.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TaskConfig {
+    pub name: String,
+    /// Task parameters, e.g. `{ max_operand = 9, ops = "+" }` (see docs/tasks.md).
+    pub params: serde_json::Value,
+}
+
+impl Default for TaskConfig {
+    fn default() -> Self {
+        TaskConfig {
+            name: "arith".into(),
+            params: serde_json::json!({}),
+        }
+    }
+}
+
+/// Learner mode (SPEC §8).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Bounded staleness: train on groups with `v_τ ≥ v − S`, publish every κ steps.
+    Async,
+    /// ECHO's sequential mode: every batch comes from the learner's current version
+    /// (S = 0, κ = 1: publish after every step and wait for groups generated under it).
+    Sequential,
+}
+
+/// `[learner]`: Algorithm 1's knobs. Defaults are the ones measured in docs/learner.md to make
+/// the embedded model learn `arith` on two CPU cores.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LearnerConfig {
+    pub mode: Mode,
+    /// `grpo`, `dr_grpo`, `gspo` or `gepo`.
+    pub objective: String,
+    /// Staleness budget S (groups with `v_τ < v − S` never enter a batch).
+    pub staleness: u64,
+    /// Publication period κ; default max(S − 1, 1).
+    pub kappa: Option<u64>,
+    /// B: groups per step (R = B × group_size trajectories).
+    pub groups_per_step: usize,
+    /// n: samples per group the learner expects (the workers' `rollout.group_size`).
+    pub group_size: usize,
+    pub lr: f64,
+    /// Weight β of the KL penalty to the initial (warm-started) policy; 0 = off.
+    pub kl_beta: f64,
+    /// Clip range ε.
+    pub clip_eps: f64,
+    /// Truncated importance-ratio cap C (ECHO-2 eq. 24); unset = off.
+    pub is_cap: Option<f64>,
+    /// Temperature T of the learner's log-probs; must equal `rollout.temperature`.
+    pub temperature: f32,
+    /// Supervised warm-start steps on the task's reference answers before version 0 is
+    /// published (0 = off; a restarted learner resumes from its checkpoint instead).
+    pub warm_start_steps: usize,
+    /// Checkpoint every N steps (and at shutdown).
+    pub checkpoint_every: u64,
+    /// Stop training after this many steps in total (0 = never); the node keeps serving.
+    pub max_steps: u64,
+    /// How often the learner pulls from workers when its buffer is short (milliseconds).
+    pub pull_interval_ms: u64,
+    /// Groups the learner keeps buffered ahead of training (0 = 2 × groups_per_step).
+    pub buffer_groups: u64,
+}
+
+impl Default for LearnerConfig {
+    fn default() -> Self {
+        LearnerConfig {
+            mode: Mode::Async,
+            objective: "gepo".into(),
+            staleness: 3,
+            kappa: None,
+            groups_per_step: 4,
+            group_size: 16,
+            lr: 1e-3,
+            kl_beta: 0.05,
+            clip_eps: 0.2,
+            is_cap: None,
+            temperature: 1.2,
+            warm_start_steps: 60,
+            checkpoint_every: 50,
+            max_steps: 0,
+            pull_interval_ms: 100,
+            buffer_groups: 0,
+        }
+    }
+}
+
+/// `[rollout]`: how a worker samples.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolloutConfig {
+    /// n: samples per prompt (one group).
+    pub group_size: usize,
+    pub max_new_tokens: usize,
+    /// Sampling temperature; must equal `learner.temperature`.
+    pub temperature: f32,
+    pub top_p: f32,
+    /// Seed of prompt choice and sampling; default derived from the node's key.
+    pub seed: Option<u64>,
+}
+
+impl Default for RolloutConfig {
+    fn default() -> Self {
+        RolloutConfig {
+            group_size: 16,
+            max_new_tokens: 6,
+            temperature: 1.2,
+            top_p: 1.0,
+            seed: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -169,6 +319,65 @@ impl NodeConfig {
         if s.max_pending_groups == 0 {
             bad("storage.max_pending_groups", "must be at least 1".into());
         }
+        if self.model.source != "embedded" && !Path::new(&self.model.source).is_dir() {
+            bad(
+                "model.source",
+                format!(
+                    "`{}` is neither \"embedded\" nor an existing Hugging Face folder",
+                    self.model.source
+                ),
+            );
+        }
+        if let Err(e) = tasks::build_task(&self.task.name, &self.task.params) {
+            bad("task", e.to_string());
+        }
+        let l = &self.learner;
+        if let Err(e) = l.objective.parse::<learner::Objective>() {
+            bad("learner.objective", e.to_string());
+        }
+        if self.role == Role::Learner {
+            if let Err(e) = l.trainer_config().and_then(|c| c.validate()) {
+                bad("learner", e.to_string());
+            }
+        }
+        if l.kappa == Some(0) {
+            bad("learner.kappa", "must be at least 1".into());
+        }
+        if l.checkpoint_every == 0 {
+            bad("learner.checkpoint_every", "must be at least 1".into());
+        }
+        if !(10..=60_000).contains(&l.pull_interval_ms) {
+            bad(
+                "learner.pull_interval_ms",
+                format!("{} is outside 10..=60000", l.pull_interval_ms),
+            );
+        }
+        let r = &self.rollout;
+        if !(1..=storage::record::limits::MAX_SAMPLES).contains(&r.group_size) {
+            bad(
+                "rollout.group_size",
+                format!(
+                    "{} is outside 1..={}",
+                    r.group_size,
+                    storage::record::limits::MAX_SAMPLES
+                ),
+            );
+        }
+        if !(1..=4096).contains(&r.max_new_tokens) {
+            bad(
+                "rollout.max_new_tokens",
+                format!("{} is outside 1..=4096", r.max_new_tokens),
+            );
+        }
+        if !(r.temperature.is_finite() && r.temperature >= 0.0) {
+            bad(
+                "rollout.temperature",
+                format!("{} must be >= 0 (0 = greedy)", r.temperature),
+            );
+        }
+        if !(r.top_p > 0.0 && r.top_p <= 1.0) {
+            bad("rollout.top_p", format!("{} is outside (0, 1]", r.top_p));
+        }
         if problems.is_empty() {
             Ok(())
         } else {
@@ -179,6 +388,11 @@ impl NodeConfig {
         }
     }
 
+    /// Where the learner keeps its checkpoints.
+    pub fn checkpoint_dir(&self) -> PathBuf {
+        self.data_dir.join("checkpoints")
+    }
+
     pub fn data(&self) -> storage::DataDir {
         storage::DataDir::new(&self.data_dir)
     }
@@ -187,6 +401,45 @@ impl NodeConfig {
         self.key_file
             .clone()
             .unwrap_or_else(|| self.data().key_file())
+    }
+}
+
+impl LearnerConfig {
+    /// The trainer's configuration (sequential mode forces S = 0 and κ = 1).
+    pub fn trainer_config(&self) -> learner::Result<learner::TrainerConfig> {
+        let (staleness, kappa) = match self.mode {
+            Mode::Async => (self.staleness, self.kappa),
+            Mode::Sequential => (0, Some(1)),
+        };
+        Ok(learner::TrainerConfig {
+            loss: learner::LossConfig {
+                objective: self.objective.parse()?,
+                clip_eps: self.clip_eps,
+                kl_beta: self.kl_beta,
+                is_cap: self.is_cap,
+                ..learner::LossConfig::default()
+            },
+            optim: learner::AdamWConfig {
+                lr: self.lr,
+                weight_decay: 0.0,
+                max_grad_norm: Some(1.0),
+                ..learner::AdamWConfig::default()
+            },
+            temperature: self.temperature,
+            staleness,
+            kappa,
+            groups_per_step: self.groups_per_step,
+            group_size: self.group_size,
+        })
+    }
+
+    /// Groups kept buffered ahead of training.
+    pub fn buffer_target(&self) -> u64 {
+        if self.buffer_groups > 0 {
+            self.buffer_groups
+        } else {
+            2 * self.groups_per_step as u64
+        }
     }
 }
 

@@ -8,6 +8,7 @@ mod cli;
 mod commands;
 mod config;
 mod logging;
+mod roles;
 
 use std::process::ExitCode;
 

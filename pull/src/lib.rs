@@ -101,6 +101,12 @@ async fn handle(stream: &mut libp2p::Stream, store: Arc<TrajectoryStore>) -> Res
             } => {
                 let max = max_groups.clamp(1, MAX_GROUPS_PER_LEASE) as usize;
                 let ttl = Duration::from_millis(ttl_ms.clamp(MIN_TTL_MS, MAX_TTL_MS));
+                // The learner's window moved: what fell out of it is discarded (counted).
+                let s = store.clone();
+                let pruned = blocking(move || s.prune_below(v_min)).await?;
+                if pruned > 0 {
+                    tracing::debug!(pruned, v_min, "pruned groups outside the learner's window");
+                }
                 let s = store.clone();
                 match blocking(move || s.lease(v_min, max, ttl)).await? {
                     None => write_message(stream, &Message::Empty).await?,

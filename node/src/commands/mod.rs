@@ -1,8 +1,10 @@
 //! One module per subcommand.
 
+mod demo;
+mod export;
 mod inspect;
 mod keygen;
-mod run;
+pub mod run;
 mod status;
 
 use crate::cli::Command;
@@ -13,6 +15,8 @@ pub fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Run(args) => run::run(args),
         Command::Inspect(args) => inspect::inspect(args),
         Command::Status(args) => status::status(&args),
+        Command::Demo(args) => demo::demo(&args),
+        Command::Export(args) => export::export(&args),
     }
 }
 

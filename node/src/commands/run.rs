@@ -9,13 +9,15 @@ use storage::{ChunkStore, NodeKey, TrajectoryStore};
 use crate::admin;
 use crate::cli::RunArgs;
 use crate::config::{NodeConfig, Role};
+use crate::roles::{self, Probe, RoleView};
 
 /// A node's opened local state.
 pub struct NodeState {
     pub config: NodeConfig,
     pub key: NodeKey,
     pub peer_id: String,
-    pub trajectories: TrajectoryStore,
+    /// Shared with the roles (the learner's buffer or the worker's outbox) and the pull server.
+    pub trajectories: Arc<TrajectoryStore>,
     /// Shared with the snapshot-dissemination engine.
     pub chunks: Arc<ChunkStore>,
 }
@@ -70,7 +72,7 @@ pub fn open_state(config: NodeConfig) -> anyhow::Result<NodeState> {
         config,
         key,
         peer_id,
-        trajectories,
+        trajectories: Arc::new(trajectories),
         chunks: Arc::new(chunks),
     })
 }
@@ -100,8 +102,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the tokio runtime")?;
     let state = Arc::new(state);
-    runtime.block_on(serve(state.clone()))?;
-    drop(runtime);
+    let result = runtime.block_on(serve(state.clone()));
+    // A warm start still running on a blocking thread must not hold the exit forever.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(10));
+    result?;
     drop(state);
     tracing::info!("stopped cleanly");
     Ok(())
@@ -171,8 +175,10 @@ async fn serve(state: Arc<NodeState>) -> anyhow::Result<()> {
     let prometheus = admin::install_metrics_recorder();
     let mut registry = p2p::Registry::default();
     let svc = service_config(config, &state.peer_id)?;
+    let svc_learner = svc.learner;
     let (client, mut events, service) =
         p2p::start(state.key.seed(), svc, &mut registry).context("starting the network service")?;
+    let view = RoleView::default();
     let admin_addr: std::net::SocketAddr = config
         .network
         .admin
@@ -185,44 +191,12 @@ async fn serve(state: Arc<NodeState>) -> anyhow::Result<()> {
             registry: Arc::new(registry),
             prometheus,
             node_version: NODE_VERSION,
+            role_view: view.clone(),
         },
     )
     .await?;
     tracing::info!(admin = %bound, "admin endpoint: /status, /metrics");
 
-    // Feed the heartbeat fields this node knows today (pending groups from the trajectory
-    // store; μ, rates and the installed version arrive with the roles).
-    let interval = std::time::Duration::from_millis(config.network.heartbeat_interval_ms);
-    let feeder = {
-        let client = client.clone();
-        let state = state.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(interval);
-            loop {
-                tick.tick().await;
-                let pending = state
-                    .trajectories
-                    .counters()
-                    .map(|c| c.pending())
-                    .unwrap_or(0);
-                let installed_version = state.chunks.versions().ok().and_then(|v| {
-                    v.into_iter()
-                        .rev()
-                        .find(|v| state.chunks.missing_chunks(*v).is_ok_and(|m| m.is_empty()))
-                });
-                let local = p2p::LocalStatus {
-                    installed_version,
-                    pending,
-                    availability: 1.0,
-                    ..Default::default()
-                };
-                metrics::gauge!("node_pending_groups").set(pending as f64);
-                if client.set_local_status(local).await.is_err() {
-                    break;
-                }
-            }
-        })
-    };
     // Snapshot dissemination (issue 4): runs whenever the swarm's learner key is known (the
     // learner itself, or a worker configured with `learner_public_key`).
     let (dissem, mut installs) = match dissemination_config(config, &state.key)? {
@@ -237,33 +211,70 @@ async fn serve(state: Arc<NodeState>) -> anyhow::Result<()> {
             (None, None)
         }
     };
-    // The install callback: the roles (next issues) load the bytes; until then log installs.
-    let install_log = tokio::spawn(async move {
-        let Some(rx) = installs.as_mut() else { return };
-        while let Some(ev) = rx.recv().await {
-            match ev {
-                dissemination::DisseminationEvent::Installed {
-                    version,
-                    payload,
-                    latency,
-                } => {
-                    metrics::gauge!("node_installed_snapshot_version").set(version as f64);
-                    tracing::info!(
-                        version,
-                        bytes = payload.len(),
-                        ?latency,
-                        "snapshot installed"
-                    );
-                }
-                dissemination::DisseminationEvent::ChunkRejected {
-                    peer,
-                    version,
-                    index,
-                } => tracing::warn!(%peer, version, index, "corrupt chunk rejected"),
-                dissemination::DisseminationEvent::Progress { .. } => {}
+    // The role: the learner trains and publishes; a worker installs snapshots, generates and
+    // serves pulls. Both need the swarm's learner key (the dissemination engine).
+    // A signal during the role's start-up (model build, warm start) still stops cleanly.
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    let starting = async {
+        anyhow::Ok(match (config.role, dissem.clone()) {
+            (Role::Learner, Some(d)) => {
+                drop(installs.take()); // a learner installs nothing
+                RunningRole::Learner(
+                    roles::learner::start(state.clone(), client.clone(), d, view.clone()).await?,
+                )
             }
-        }
-    });
+            (Role::Rollout, _) => {
+                let learner = svc_learner.context("a rollout node needs learner_public_key")?;
+                let installs = installs.take();
+                RunningRole::Rollout(
+                    roles::rollout::start(
+                        state.clone(),
+                        client.clone(),
+                        learner,
+                        installs,
+                        view.clone(),
+                    )
+                    .await?,
+                )
+            }
+            (Role::Learner, None) => {
+                anyhow::bail!("the learner's dissemination engine did not start")
+            }
+        })
+    };
+    let (role, early) = tokio::select! {
+        r = starting => (Some(r.context("starting the role")?), None),
+        r = &mut shutdown => (None, Some(r)),
+    };
+    // Heartbeat fields: the role's version and μ (its probe), pending groups from the store.
+    let interval = std::time::Duration::from_millis(config.network.heartbeat_interval_ms);
+    let feeder = {
+        let client = client.clone();
+        let state = state.clone();
+        let probe = role
+            .as_ref()
+            .map_or_else(|| -> Probe { Arc::new(|| (None, 0.0)) }, RunningRole::probe);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            loop {
+                tick.tick().await;
+                let pending = state.trajectories.pending().unwrap_or(0);
+                let (installed_version, mu) = probe();
+                let local = p2p::LocalStatus {
+                    installed_version,
+                    mu,
+                    pending,
+                    availability: 1.0,
+                    ..Default::default()
+                };
+                metrics::gauge!("node_pending_groups").set(pending as f64);
+                if client.set_local_status(local).await.is_err() {
+                    break;
+                }
+            }
+        })
+    };
     // Domain events: Snapshots / Plans gossip gets the dissemination engine's verdict (Reject:
     // bad signature or garbage; Ignore: an old version), departed forwarders are excised, late
     // joiners catch up (`dissemination::drive`). Without an engine (no learner key) such
@@ -296,11 +307,22 @@ async fn serve(state: Arc<NodeState>) -> anyhow::Result<()> {
     };
 
     let mut service = service;
-    let result = tokio::select! {
-        r = shutdown_signal() => r,
-        r = &mut service => r.context("network service task failed").and_then(|_| anyhow::bail!("the network service stopped unexpectedly")),
+    let mut role = role;
+    let result = match early {
+        Some(r) => r,
+        None => tokio::select! {
+            r = &mut shutdown => r,
+            r = &mut service => r.context("network service task failed").and_then(|_| anyhow::bail!("the network service stopped unexpectedly")),
+            _ = async { match role.as_mut() { Some(r) => r.failed().await, None => std::future::pending().await } } => {
+                Err(anyhow::anyhow!("the {} role stopped (see the log above)", config.role))
+            }
+        },
     };
     tracing::info!("shutting down");
+    let role_result = match role {
+        Some(r) => r.shutdown().await,
+        None => Ok(()),
+    };
     client.shutdown().await;
     if !service.is_finished() {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(5), &mut service).await;
@@ -310,9 +332,39 @@ async fn serve(state: Arc<NodeState>) -> anyhow::Result<()> {
     if let Some(d) = &dissem {
         d.shutdown();
     }
-    install_log.abort();
     let _ = tokio::time::timeout(std::time::Duration::from_secs(3), drain).await;
-    result
+    result.and(role_result)
+}
+
+/// The role a running node plays.
+enum RunningRole {
+    Learner(roles::learner::LearnerRole),
+    Rollout(roles::rollout::RolloutRole),
+}
+
+impl RunningRole {
+    fn probe(&self) -> Probe {
+        match self {
+            RunningRole::Learner(l) => l.probe(),
+            RunningRole::Rollout(r) => r.probe(),
+        }
+    }
+
+    /// Resolves if the role stops on its own (an error); a worker's engine is watched by its
+    /// heartbeats and errors are logged, so only the learner ends the node.
+    async fn failed(&mut self) {
+        match self {
+            RunningRole::Learner(l) => l.failed().await,
+            RunningRole::Rollout(_) => std::future::pending().await,
+        }
+    }
+
+    async fn shutdown(self) -> anyhow::Result<()> {
+        match self {
+            RunningRole::Learner(l) => l.shutdown().await,
+            RunningRole::Rollout(r) => r.shutdown().await,
+        }
+    }
 }
 
 /// Resolves on Ctrl-C (SIGINT) or SIGTERM.

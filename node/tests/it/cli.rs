@@ -98,6 +98,7 @@ fn learner_config(dir: &Path, extra: &str) -> std::path::PathBuf {
     let path = dir.join("node.toml");
     let text = format!(
         "role = \"learner\"\nswarm_id = \"cli-test\"\ndata_dir = \"{}\"\n\
+         [learner]\nwarm_start_steps = 0\nmax_steps = 1\n\
          [network]\nlisten = [\"/ip4/127.0.0.1/tcp/0\"]\nadmin = \"127.0.0.1:0\"\n{extra}",
         dir.join("data").display()
     );
@@ -234,7 +235,8 @@ fn run_opens_the_stores_and_stops_cleanly_on_sigterm_then_inspect_reads_them() {
         cfg.to_str().unwrap(),
         "--json",
     ]));
-    assert_eq!(v["manifests"], 0);
+    // A lone learner publishes its version 0 into its own chunk store (unless stopped first).
+    assert!(v["manifests"].as_u64().is_some_and(|n| n <= 1), "{v}");
 }
 
 #[test]

@@ -1,4 +1,5 @@
 //! The integration-test binary of `echo-node`: real processes, loopback only, bounded waits.
 
 mod cli;
+mod learning;
 mod swarm;

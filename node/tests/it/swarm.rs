@@ -12,11 +12,16 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_echo-node");
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_echo-node");
 const HEARTBEAT_MS: u64 = 300;
-const WAIT: Duration = Duration::from_secs(45);
+pub(crate) const WAIT: Duration = Duration::from_secs(45);
+/// These tests are about membership: the roles run but stay nearly idle (no warm start, one
+/// training step, at most one pending group per worker), so that the machine's two cores
+/// serve the network.
+const QUIET_ROLES: &str =
+    "[storage]\nmax_pending_groups = 1\n[learner]\nwarm_start_steps = 0\nmax_steps = 1\n";
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -25,7 +30,7 @@ fn free_port() -> u16 {
 }
 
 /// Polls `f` every 200 ms until it returns `Some`, or panics with `what` after `limit`.
-fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+pub(crate) fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + limit;
     loop {
         if let Some(v) = f() {
@@ -39,12 +44,12 @@ fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) ->
     }
 }
 
-struct Key {
-    peer_id: String,
-    public_key: String,
+pub(crate) struct Key {
+    pub(crate) peer_id: String,
+    pub(crate) public_key: String,
 }
 
-fn keygen(dir: &Path) -> Key {
+pub(crate) fn keygen(dir: &Path) -> Key {
     let out = Command::new(BIN)
         .args(["keygen", "--json", "--out"])
         .arg(dir)
@@ -63,15 +68,17 @@ fn keygen(dir: &Path) -> Key {
 }
 
 /// A running node; killed and reaped on drop.
-struct Node {
-    name: String,
-    child: Option<Child>,
+pub(crate) struct Node {
+    pub(crate) name: String,
+    pub(crate) child: Option<Child>,
     config: PathBuf,
-    log: PathBuf,
+    pub(crate) log: PathBuf,
     /// The node's TCP listen address, learned from its status (it listens on port 0).
-    listen: Option<String>,
-    admin: String,
-    key: Key,
+    pub(crate) listen: Option<String>,
+    pub(crate) admin: String,
+    pub(crate) key: Key,
+    /// `--listen` of the next spawn (port 0 by default; a restart may pin the old address).
+    pub(crate) listen_arg: String,
 }
 
 impl Node {
@@ -100,6 +107,30 @@ impl Node {
         network_extra: &str,
         key: Key,
     ) -> Node {
+        Node::start_full(
+            root,
+            name,
+            role,
+            swarm,
+            learner_pk,
+            network_extra,
+            QUIET_ROLES,
+            key,
+        )
+    }
+
+    /// The most general start: `sections` are TOML tables appended after `[network]`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn start_full(
+        root: &Path,
+        name: &str,
+        role: &str,
+        swarm: &str,
+        learner_pk: Option<&str>,
+        network_extra: &str,
+        sections: &str,
+        key: Key,
+    ) -> Node {
         let data = root.join(name);
         let learner_line = learner_pk
             .map(|k| format!("learner_public_key = \"{k}\"\n"))
@@ -114,7 +145,7 @@ impl Node {
             &config,
             format!(
                 "role = \"{role}\"\nswarm_id = \"{swarm}\"\ndata_dir = \"{}\"\n{learner_line}\n[network]\n\
-                 mdns = false\nautonat = false\n{heartbeat}{network_extra}\n",
+                 mdns = false\nautonat = false\n{heartbeat}{network_extra}\n{sections}",
                 data.display()
             ),
         )
@@ -125,6 +156,7 @@ impl Node {
             config,
             log: data.join("node.log"),
             listen: None,
+            listen_arg: "/ip4/127.0.0.1/tcp/0".into(),
             admin: format!("127.0.0.1:{}", free_port()),
             key,
         };
@@ -132,7 +164,7 @@ impl Node {
         node
     }
 
-    fn spawn(&mut self) {
+    pub(crate) fn spawn(&mut self) {
         let log = File::options()
             .create(true)
             .append(true)
@@ -141,7 +173,7 @@ impl Node {
         let child = Command::new(BIN)
             .args(["run", "--config"])
             .arg(&self.config)
-            .args(["--listen", "/ip4/127.0.0.1/tcp/0", "--admin", &self.admin])
+            .args(["--listen", &self.listen_arg, "--admin", &self.admin])
             .env("RUST_LOG", "info,p2p=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -152,12 +184,12 @@ impl Node {
     }
 
     /// Dialable address with peer id (call after `wait_ready`).
-    fn addr(&self) -> String {
+    pub(crate) fn addr(&self) -> String {
         let listen = self.listen.as_ref().expect("wait_ready() first");
         format!("{listen}/p2p/{}", self.key.peer_id)
     }
 
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -165,7 +197,7 @@ impl Node {
     }
 
     /// `echo-node status --admin … --json`, or None while the endpoint does not answer.
-    fn status(&mut self) -> Option<Value> {
+    pub(crate) fn status(&mut self) -> Option<Value> {
         if let Some(c) = self.child.as_mut() {
             if let Ok(Some(code)) = c.try_wait() {
                 // Another process took the admin port between free_port() and bind: retry.
@@ -199,7 +231,7 @@ impl Node {
         Some(st)
     }
 
-    fn wait_ready(&mut self) -> Value {
+    pub(crate) fn wait_ready(&mut self) -> Value {
         let name = self.name.clone();
         wait_for(&format!("{name}'s admin endpoint"), WAIT, || self.status())
     }
@@ -320,7 +352,7 @@ fn learner_and_three_workers_discover_each_other_and_a_restart_keeps_the_peer_id
         assert_eq!(p["cost_per_hour"], 0.35);
         assert!(p["score"].as_f64().unwrap() > 0.0, "{p}");
         assert!(!p["addrs"].as_array().unwrap().is_empty(), "{p}");
-        assert_eq!(p["pending"], 0);
+        assert!(p["pending"].as_u64().is_some_and(|n| n <= 1), "{p}");
     }
     // Every worker sees the learner and the two other workers.
     let all: Vec<String> = std::iter::once(learner.key.peer_id.clone())

@@ -1,0 +1,372 @@
+//! `echo-node demo [--workers N] [--steps K] [--json]`: the one-command local swarm (SPEC §13).
+//!
+//! Writes a learner config and N worker configs (embedded model, `arith` task) under a
+//! temporary directory, starts each as its own `echo-node run` process on 127.0.0.1, follows
+//! the learner through its admin endpoint, and once the learner has taken K steps stops every
+//! node with SIGTERM and prints a summary computed from the learner's `metrics/steps.jsonl`.
+//! Every child is killed if the demo itself fails.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde_json::{json, Value};
+
+use super::status::http_get;
+use crate::cli::DemoArgs;
+
+/// Heartbeat interval of the demo's nodes (fast, so that progress shows quickly).
+const HEARTBEAT_MS: u64 = 500;
+/// The demo fails if the learner makes no step for this long.
+const STALL: Duration = Duration::from_secs(180);
+
+struct Proc {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+/// The demo's child processes; killed and reaped on drop.
+#[derive(Default)]
+struct Fleet(Vec<Proc>);
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for p in &mut self.0 {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
+    }
+}
+
+impl Fleet {
+    /// SIGTERM to every node, then waits up to `limit` for all to exit. Returns the names of
+    /// nodes that did not exit cleanly.
+    fn stop(&mut self, limit: Duration) -> Vec<String> {
+        for p in &self.0 {
+            let _ = Command::new("kill")
+                .args(["-TERM", &p.child.id().to_string()])
+                .status();
+        }
+        let deadline = Instant::now() + limit;
+        let mut bad = Vec::new();
+        for p in &mut self.0 {
+            let status = loop {
+                match p.child.try_wait() {
+                    Ok(Some(s)) => break Some(s),
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(100))
+                    }
+                    _ => break None,
+                }
+            };
+            if !status.is_some_and(|s| s.success()) {
+                bad.push(format!("{} ({status:?}, log {})", p.name, p.log.display()));
+            }
+        }
+        self.0.clear();
+        bad
+    }
+
+    fn check_alive(&mut self) -> anyhow::Result<()> {
+        for p in &mut self.0 {
+            if let Some(s) = p.child.try_wait()? {
+                bail!(
+                    "{} exited early ({s}); last log lines:\n{}",
+                    p.name,
+                    tail(&p.log, 15)
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
+    if args.workers == 0 || args.workers > 16 {
+        bail!("--workers must be in 1..=16 (got {})", args.workers);
+    }
+    if args.steps == 0 {
+        bail!("--steps must be at least 1");
+    }
+    let tmp;
+    let root = match &args.dir {
+        Some(d) => {
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+            d.clone()
+        }
+        None => {
+            tmp = tempfile::Builder::new()
+                .prefix("echo-demo-")
+                .tempdir()
+                .context("creating a temporary directory")?;
+            tmp.path().to_path_buf()
+        }
+    };
+    let say = |s: String| {
+        if !args.json {
+            println!("{s}");
+        }
+    };
+    let exe = std::env::current_exe().context("locating the echo-node binary")?;
+
+    // The learner's key is the swarm's authority; workers are told its public key.
+    let learner_dir = root.join("learner");
+    std::fs::create_dir_all(&learner_dir)?;
+    let (key, _) = storage::NodeKey::load_or_create(&learner_dir.join("node.key"))?;
+    let learner_peer = super::peer_id(&key)?;
+    let learner_port = free_port()?;
+    let learner_admin = format!("127.0.0.1:{}", free_port()?);
+    let common = |admin: &str, listen: &str, extra: &str| {
+        format!(
+            "swarm_id = \"echo-demo\"\n{extra}\n[network]\nlisten = [\"{listen}\"]\nadmin = \"{admin}\"\n\
+             mdns = false\nautonat = false\nquic = false\nheartbeat_interval_ms = {HEARTBEAT_MS}\n"
+        )
+    };
+    let mut configs = vec![(
+        "learner".to_string(),
+        learner_dir.clone(),
+        format!(
+            "role = \"learner\"\ndata_dir = \"{}\"\n{}\n[learner]\nmax_steps = {}\nwarm_start_steps = {}\n",
+            toml_path(&learner_dir),
+            common(
+                &learner_admin,
+                &format!("/ip4/127.0.0.1/tcp/{learner_port}"),
+                ""
+            ),
+            args.steps,
+            args.warm_start_steps,
+        ),
+    )];
+    let bootstrap = format!("/ip4/127.0.0.1/tcp/{learner_port}/p2p/{learner_peer}");
+    for i in 1..=args.workers {
+        let dir = root.join(format!("worker-{i}"));
+        std::fs::create_dir_all(&dir)?;
+        configs.push((
+            format!("worker-{i}"),
+            dir.clone(),
+            format!(
+                "role = \"rollout\"\ndata_dir = \"{}\"\n{}bootstrap = [\"{bootstrap}\"]\n\n[storage]\nmax_pending_groups = 16\n",
+                toml_path(&dir),
+                common(
+                    &format!("127.0.0.1:{}", free_port()?),
+                    "/ip4/127.0.0.1/tcp/0",
+                    &format!("learner_public_key = \"{}\"", key.public_hex())
+                ),
+            ),
+        ));
+    }
+    let mut fleet = Fleet::default();
+    for (name, dir, text) in &configs {
+        let path = dir.join("node.toml");
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        let log = dir.join("node.log");
+        let out = File::create(&log)?;
+        let child = Command::new(&exe)
+            .args(["run", "--config"])
+            .arg(&path)
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        fleet.0.push(Proc {
+            name: name.clone(),
+            child,
+            log,
+        });
+    }
+    say(format!(
+        "echo-node demo: 1 learner + {} rollout workers on 127.0.0.1 (embedded model, task arith), {} steps; data and logs in {}",
+        args.workers,
+        args.steps,
+        root.display()
+    ));
+
+    // Follow the learner.
+    let t0 = Instant::now();
+    let (mut last_step, mut last_change) = (None::<u64>, Instant::now());
+    let mut last_print = Instant::now() - Duration::from_secs(60);
+    let final_status = loop {
+        std::thread::sleep(Duration::from_millis(300));
+        fleet.check_alive()?;
+        let Some(v) = http_get(&learner_admin, "/status")
+            .ok()
+            .and_then(|b| serde_json::from_str::<Value>(&b).ok())
+        else {
+            anyhow::ensure!(
+                t0.elapsed() < STALL,
+                "the learner's admin endpoint did not answer"
+            );
+            continue;
+        };
+        let l = &v["learner"];
+        let version = l["version"].as_u64();
+        if version != last_step {
+            last_step = version;
+            last_change = Instant::now();
+        }
+        anyhow::ensure!(
+            last_change.elapsed() < STALL,
+            "the learner made no step for {STALL:?}; learner log:\n{}",
+            tail(&learner_dir.join("node.log"), 20)
+        );
+        let done = l["finished"].as_bool() == Some(true);
+        if last_print.elapsed() >= Duration::from_secs(2) || done {
+            last_print = Instant::now();
+            say(progress_line(&v, t0.elapsed()));
+        }
+        if done {
+            break v;
+        }
+    };
+    let elapsed = t0.elapsed().as_secs_f64();
+    let not_clean = fleet.stop(Duration::from_secs(30));
+
+    // Summary from the learner's step log and the stores (the nodes have exited).
+    let steps = read_steps(&learner_dir.join("metrics").join("steps.jsonl"))?;
+    let mut invariant_ok = true;
+    for (_, dir, _) in &configs {
+        let store = storage::TrajectoryStore::open(&storage::DataDir::new(dir).trajectories())?;
+        invariant_ok &= store.check_invariant()?.holds();
+    }
+    let summary = summarize(&steps, &final_status, elapsed, invariant_ok, &not_clean);
+    if args.json {
+        println!("{summary}");
+    } else {
+        println!(
+            "summary: {} steps in {:.0}s, reward {:.3} -> {:.3} (first/last tenth of steps), bubble ratio {:.3}, \
+             {} snapshots published, worker versions {}, Δmax {}, accounting invariant {}",
+            summary["steps"],
+            elapsed,
+            summary["reward_first"].as_f64().unwrap_or(f64::NAN),
+            summary["reward_last"].as_f64().unwrap_or(f64::NAN),
+            summary["bubble_ratio"].as_f64().unwrap_or(f64::NAN),
+            summary["snapshots"],
+            summary["worker_versions"],
+            summary["staleness_max"],
+            if invariant_ok { "holds" } else { "VIOLATED" },
+        );
+    }
+    if !not_clean.is_empty() {
+        bail!("nodes did not exit cleanly: {}", not_clean.join(", "));
+    }
+    anyhow::ensure!(
+        invariant_ok,
+        "the trajectory accounting invariant does not hold"
+    );
+    Ok(())
+}
+
+/// TOML basic strings need backslashes escaped (Windows paths).
+fn toml_path(p: &Path) -> String {
+    p.display().to_string().replace('\\', "\\\\")
+}
+
+fn worker_versions(status: &Value) -> Vec<Value> {
+    status["peers"]
+        .as_array()
+        .map(|ps| {
+            ps.iter()
+                .filter(|p| p["role"] == "rollout")
+                .map(|p| p["installed_version"].clone())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn progress_line(v: &Value, t: Duration) -> String {
+    let l = &v["learner"];
+    if l.is_null() {
+        return format!(
+            "[{:5.1}s] starting: the learner builds and warm-starts its model; {} peers connected",
+            t.as_secs_f64(),
+            v["connected_peers"]
+        );
+    }
+    let last = &l["last_step"];
+    let versions: Vec<String> = worker_versions(v)
+        .iter()
+        .map(|x| x.as_u64().map_or("-".into(), |n| format!("v{n}")))
+        .collect();
+    format!(
+        "[{:5.1}s] step {:>4}  reward {:.3}  bubble {:.2}  Δmax {}  snapshots {}  buffer {}  workers [{}]",
+        t.as_secs_f64(),
+        l["version"].as_u64().unwrap_or(0),
+        last["reward_mean"].as_f64().unwrap_or(f64::NAN),
+        l["bubble_ratio"].as_f64().unwrap_or(0.0),
+        l["staleness_max"],
+        l["snapshots_published"],
+        l["buffer_pending"],
+        versions.join(" ")
+    )
+}
+
+/// The learner's per-step JSON lines.
+pub fn read_steps(path: &Path) -> anyhow::Result<Vec<Value>> {
+    let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    BufReader::new(f)
+        .lines()
+        .filter(|l| l.as_ref().map_or(true, |l| !l.trim().is_empty()))
+        .map(|l| Ok(serde_json::from_str(&l?)?))
+        .collect()
+}
+
+fn mean(xs: impl Iterator<Item = f64>) -> Option<f64> {
+    let (s, n) = xs.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
+    (n > 0).then(|| s / n as f64)
+}
+
+/// The SPEC §13 summary: `reward_first` / `reward_last` are means over the first and last
+/// tenth of the steps (at least one step each).
+fn summarize(
+    steps: &[Value],
+    status: &Value,
+    elapsed_s: f64,
+    invariant_ok: bool,
+    not_clean: &[String],
+) -> Value {
+    let rewards: Vec<f64> = steps
+        .iter()
+        .filter_map(|s| s["stats"]["reward_mean"].as_f64())
+        .collect();
+    let tenth = (rewards.len() / 10).max(1).min(rewards.len());
+    let idle: f64 = steps.iter().filter_map(|s| s["idle_s"].as_f64()).sum();
+    let train: f64 = steps
+        .iter()
+        .filter_map(|s| s["stats"]["t_train_s"].as_f64())
+        .sum();
+    let l = &status["learner"];
+    json!({
+        "steps": steps.len(),
+        "version": l["version"],
+        "reward_first": mean(rewards[..tenth].iter().copied()),
+        "reward_last": mean(rewards[rewards.len() - tenth..].iter().copied()),
+        "bubble_ratio": if idle + train > 0.0 { idle / (idle + train) } else { 0.0 },
+        "snapshots": l["snapshots_published"],
+        "worker_versions": worker_versions(status),
+        "staleness_max": l["staleness_max"],
+        "staleness_histogram": l["staleness_histogram"],
+        "groups_dropped_zero_advantage": l["groups_dropped_zero_advantage"],
+        "groups_dropped_stale": l["groups_dropped_stale"],
+        "elapsed_s": elapsed_s,
+        "steps_per_s": steps.len() as f64 / elapsed_s.max(1e-9),
+        "invariant_holds": invariant_ok,
+        "clean_exit": not_clean.is_empty(),
+    })
+}

@@ -1,0 +1,546 @@
+//! The learner role (ECHO-2 Algorithm 1 over the network, SPEC §8).
+//!
+//! Three activities share one [`Shared`] state:
+//! - the **training thread** owns the [`Trainer`]: it leases B admissible groups
+//!   (`v_τ ≥ v − S`) from the node's own trajectory buffer, acks them, trains one step,
+//!   hands every κ-th snapshot to the publisher, checkpoints every N steps and at shutdown,
+//!   and appends one JSON line per step to `<data_dir>/metrics/steps.jsonl`;
+//! - the **publisher** task hands the newest snapshot to the dissemination engine; it never
+//!   blocks training (a snapshot superseded before it was published is skipped);
+//! - the **puller** task keeps the buffer topped up: it leases groups from the rollout workers
+//!   with the pull protocol, in proportion to what their heartbeats say they hold.
+//!
+//! ## Exactly once across crashes
+//! The buffer lease is **acked before** the step trains (the ack deletes the groups durably),
+//! and the trainer refuses any trajectory id it has consumed (checkpointed). A learner killed
+//! mid-step therefore loses at most that step's groups and never trains a group twice. On
+//! restart the trainer resumes from its last checkpoint; its version is moved past every
+//! snapshot it ever published (the manifests in its chunk store), so versions keep growing
+//! and workers accept the next snapshot.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use dissemination::Disseminator;
+use learner::{StepStats, Trainer, Verdict};
+use serde_json::json;
+use storage::TrajectoryStore;
+use tokio::sync::watch;
+
+use super::{build_model, build_task, Probe, RoleView};
+use crate::commands::run::NodeState;
+use crate::config::{LearnerConfig, Mode};
+
+const NONE: u64 = u64::MAX;
+/// A buffer lease the training thread does not ack within this time returns to the buffer.
+const BUFFER_LEASE_TTL: Duration = Duration::from_secs(120);
+
+/// Counters shared by the training thread, the publisher, the puller and `/status`.
+struct Shared {
+    stop: AtomicBool,
+    version: AtomicU64,
+    published: AtomicU64,
+    snapshots: AtomicU64,
+    groups_pulled: AtomicU64,
+    pull_errors: AtomicU64,
+    /// Sum of the μ the workers reported in their last heartbeats (μ_pool).
+    mu_pool_milli: AtomicU64,
+}
+
+/// A snapshot waiting to be published.
+type Snapshot = Option<(u64, Arc<Vec<u8>>)>;
+
+/// The running learner role.
+pub struct LearnerRole {
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    finished: tokio::sync::oneshot::Receiver<()>,
+}
+
+impl LearnerRole {
+    /// Heartbeat probe: the newest published version; a learner generates nothing (μ = 0).
+    pub fn probe(&self) -> Probe {
+        let s = self.shared.clone();
+        Arc::new(move || {
+            let p = s.published.load(Ordering::Relaxed);
+            ((p != NONE).then_some(p), 0.0)
+        })
+    }
+
+    /// Resolves when the training thread ends on its own (an error).
+    pub async fn failed(&mut self) {
+        let _ = (&mut self.finished).await;
+    }
+
+    /// Stops training (checkpointing first), the puller and the publisher.
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let thread = self.thread.take();
+        let r = tokio::task::spawn_blocking(move || match thread {
+            Some(t) => t
+                .join()
+                .map_err(|_| anyhow::anyhow!("the training thread panicked"))?,
+            None => Ok(()),
+        })
+        .await
+        .context("joining the training thread")?;
+        for t in &self.tasks {
+            t.abort();
+        }
+        r
+    }
+}
+
+/// Builds (or restores) the trainer and starts the learner's activities.
+pub async fn start(
+    state: Arc<NodeState>,
+    client: p2p::Client,
+    dissem: Disseminator,
+    view: RoleView,
+) -> anyhow::Result<LearnerRole> {
+    let cfg = state.config.learner.clone();
+    let st = state.clone();
+    let trainer = tokio::task::spawn_blocking(move || restore_or_init(&st))
+        .await
+        .context("joining trainer initialisation")??;
+    let shared = Arc::new(Shared {
+        stop: AtomicBool::new(false),
+        version: AtomicU64::new(trainer.version()),
+        published: AtomicU64::new(NONE),
+        snapshots: AtomicU64::new(0),
+        groups_pulled: AtomicU64::new(0),
+        pull_errors: AtomicU64::new(0),
+        mu_pool_milli: AtomicU64::new(0),
+    });
+    let (snap_tx, snap_rx) = watch::channel::<Snapshot>(None);
+    let config_hash = trainer.policy().config().hash();
+    let tasks = vec![
+        tokio::spawn(publisher(dissem, config_hash, snap_rx, shared.clone())),
+        tokio::spawn(puller(
+            client,
+            state.trajectories.clone(),
+            shared.clone(),
+            cfg.clone(),
+            state.config.storage.lease_ttl_s,
+        )),
+    ];
+    let (done_tx, finished) = tokio::sync::oneshot::channel();
+    let ctx = TrainCtx {
+        trainer,
+        buffer: state.trajectories.clone(),
+        shared: shared.clone(),
+        snap_tx,
+        view: view.clone(),
+        cfg,
+        ckpt_dir: state.config.checkpoint_dir(),
+        steps_log: state.config.data_dir.join("metrics").join("steps.jsonl"),
+    };
+    let thread = std::thread::Builder::new()
+        .name("learner".into())
+        .spawn(move || {
+            let r = train_loop(ctx);
+            if let Err(e) = &r {
+                tracing::error!(error = %format!("{e:#}"), "the learner stopped");
+            }
+            let _ = done_tx.send(());
+            r
+        })
+        .context("spawning the training thread")?;
+    Ok(LearnerRole {
+        shared,
+        thread: Some(thread),
+        tasks,
+        finished,
+    })
+}
+
+/// The last checkpoint, or a fresh model (warm-started on the task when configured).
+fn restore_or_init(state: &NodeState) -> anyhow::Result<Trainer> {
+    let config = &state.config;
+    let ckpt = config.checkpoint_dir();
+    let mut trainer = if ckpt.join("LATEST").exists() {
+        let t = Trainer::load(&ckpt, &policy::Device::Cpu)
+            .with_context(|| format!("restoring the checkpoint in {}", ckpt.display()))?;
+        tracing::info!(version = t.version(), dir = %ckpt.display(), "resumed from checkpoint");
+        t
+    } else {
+        let (policy, tokenizer) = build_model(config)?;
+        if config.learner.warm_start_steps > 0 {
+            let task = build_task(config)?;
+            let t0 = Instant::now();
+            let w = learner::warm_start_on_task(
+                &policy,
+                &tokenizer,
+                task.as_ref(),
+                config.learner.warm_start_steps,
+                config.model.seed,
+            )
+            .context("supervised warm start")?;
+            tracing::info!(
+                steps = w.steps,
+                examples = w.examples,
+                loss_first = w.loss_first,
+                loss_last = w.loss_last,
+                secs = t0.elapsed().as_secs_f64(),
+                "warm start done"
+            );
+        }
+        Trainer::new(policy, config.learner.trainer_config()?).context("creating the trainer")?
+    };
+    // Versions only move forward: skip past every snapshot this learner already published
+    // (a crash after a publish but before the next checkpoint).
+    let published = state.chunks.versions()?.into_iter().max();
+    if let Some(p) = published {
+        if p > trainer.version() {
+            tracing::warn!(
+                checkpoint = trainer.version(),
+                published = p,
+                "the checkpoint is older than the last published snapshot: continuing at its version"
+            );
+            trainer.advance_version_to(p);
+        }
+    }
+    // Buffer leases of a previous run are void (only this thread leases the buffer).
+    for l in state.trajectories.leases()? {
+        state.trajectories.release(l.id)?;
+    }
+    Ok(trainer)
+}
+
+struct TrainCtx {
+    trainer: Trainer,
+    buffer: Arc<TrajectoryStore>,
+    shared: Arc<Shared>,
+    snap_tx: watch::Sender<Snapshot>,
+    view: RoleView,
+    cfg: LearnerConfig,
+    ckpt_dir: PathBuf,
+    steps_log: PathBuf,
+}
+
+/// Running totals behind the `/status` learner section.
+#[derive(Default)]
+struct Totals {
+    steps: u64,
+    idle_s: f64,
+    train_s: f64,
+    recent_train_s: Vec<f64>,
+    staleness: BTreeMap<u64, u64>,
+    staleness_max: u64,
+    dropped_stale: u64,
+    dropped_zero: u64,
+    dropped_other: u64,
+    pruned: u64,
+    reward_first: Option<f64>,
+}
+
+fn train_loop(mut c: TrainCtx) -> anyhow::Result<()> {
+    let t_start = Instant::now();
+    let b = c.cfg.groups_per_step;
+    let kappa = c.trainer.config().kappa();
+    let mut log = open_log(&c.steps_log)?;
+    let mut totals = Totals::default();
+    let mut last: Option<(StepStats, f64)> = None;
+    publish(&c.trainer, &c.snap_tx)?;
+    let stop = || c.shared.stop.load(Ordering::Relaxed);
+    'outer: while !stop() {
+        if c.cfg.max_steps > 0 && c.trainer.version() >= c.cfg.max_steps {
+            update_view(&c, &totals, last.as_ref(), true);
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        }
+        // Gather B admissible groups; the wait is the learner's idle time (the bubble).
+        let t_wait = Instant::now();
+        let floor = c.trainer.lease_floor();
+        totals.pruned += c.buffer.prune_below(floor)?;
+        let (mut hand, mut leases) = (Vec::with_capacity(b), Vec::new());
+        let mut held_since = Instant::now();
+        while hand.len() < b {
+            // Never let a partial batch's leases expire while waiting for the rest: give them
+            // back and start over (the groups stay in the buffer).
+            if stop() || held_since.elapsed() > BUFFER_LEASE_TTL / 2 {
+                for id in leases.drain(..) {
+                    c.buffer.release(id)?;
+                }
+                hand.clear();
+                held_since = Instant::now();
+                if stop() {
+                    break 'outer;
+                }
+            }
+            match c.buffer.lease(floor, b - hand.len(), BUFFER_LEASE_TTL)? {
+                Some(l) => {
+                    leases.push(l.id);
+                    hand.extend(l.groups.into_iter().map(|(_, g)| g));
+                }
+                None => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+        let idle = t_wait.elapsed().as_secs_f64();
+        // Ack first: the groups leave the buffer durably before they are trained, so a crash
+        // during the step can lose them but never train them twice.
+        for id in leases {
+            c.buffer.ack(id).context("acking a buffer lease")?;
+        }
+        let trained: Vec<String> = hand
+            .iter()
+            .filter(|g| c.trainer.classify(g) == Verdict::Admitted)
+            .map(|g| hex::encode(g.group_id))
+            .collect();
+        let st = c.trainer.train_step(&hand)?;
+        totals.idle_s += idle;
+        totals.dropped_stale += st.groups_stale as u64;
+        totals.dropped_zero += st.groups_zero_advantage as u64;
+        totals.dropped_other += (st.groups_future + st.groups_duplicate + st.groups_invalid) as u64;
+        if !st.stepped {
+            continue;
+        }
+        c.shared.version.store(st.version, Ordering::Relaxed);
+        totals.steps += 1;
+        totals.train_s += st.t_train_s;
+        totals.recent_train_s.push(st.t_train_s);
+        if totals.recent_train_s.len() > 32 {
+            totals.recent_train_s.remove(0);
+        }
+        for (d, n) in &st.staleness_histogram {
+            *totals.staleness.entry(*d).or_default() += n;
+        }
+        totals.staleness_max = totals.staleness_max.max(st.staleness_max);
+        totals.reward_first.get_or_insert(st.reward_mean);
+        let published = if c.trainer.should_publish() {
+            publish(&c.trainer, &c.snap_tx)?;
+            true
+        } else {
+            false
+        };
+        if st.version % c.cfg.checkpoint_every == 0 {
+            c.trainer.save(&c.ckpt_dir).context("checkpoint")?;
+        }
+        let line = json!({
+            "step": st.version, "t": t_start.elapsed().as_secs_f64(), "idle_s": idle,
+            "bubble": idle / (idle + st.t_train_s), "kappa": kappa, "published": published,
+            "trained_groups": trained, "stats": st,
+        });
+        writeln!(log, "{line}").context("writing steps.jsonl")?;
+        log.flush()?;
+        last = Some((st, idle));
+        update_view(&c, &totals, last.as_ref(), false);
+    }
+    let dir = c.trainer.save(&c.ckpt_dir).context("final checkpoint")?;
+    tracing::info!(version = c.trainer.version(), dir = %dir.display(), "checkpoint written");
+    Ok(())
+}
+
+fn open_log(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::File::options()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))
+}
+
+fn publish(trainer: &Trainer, tx: &watch::Sender<Snapshot>) -> anyhow::Result<()> {
+    let bytes = trainer
+        .snapshot_bytes()
+        .context("serialising the snapshot")?;
+    tx.send_replace(Some((trainer.version(), Arc::new(bytes))));
+    Ok(())
+}
+
+fn median(xs: &[f64]) -> Option<f64> {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
+}
+
+fn update_view(c: &TrainCtx, t: &Totals, last: Option<&(StepStats, f64)>, finished: bool) {
+    let cfg = c.trainer.config();
+    let busy = t.idle_s + t.train_s;
+    let s = &c.shared;
+    let published = s.published.load(Ordering::Relaxed);
+    c.view.set(
+        "learner",
+        json!({
+            "version": c.trainer.version(),
+            "mode": match c.cfg.mode { Mode::Async => "async", Mode::Sequential => "sequential" },
+            "objective": c.cfg.objective,
+            "staleness": cfg.staleness,
+            "kappa": cfg.kappa(),
+            "groups_per_step": cfg.groups_per_step,
+            "steps": t.steps,
+            "finished": finished,
+            "bubble_ratio": if busy > 0.0 { t.idle_s / busy } else { 0.0 },
+            "idle_s": t.idle_s,
+            "train_s": t.train_s,
+            "t_train_s": median(&t.recent_train_s),
+            "t_bcast_s": null,
+            "mu_pool": s.mu_pool_milli.load(Ordering::Relaxed) as f64 / 1000.0,
+            "mu_target": null,
+            "published_version": (published != NONE).then_some(published),
+            "snapshots_published": s.snapshots.load(Ordering::Relaxed),
+            "groups_pulled": s.groups_pulled.load(Ordering::Relaxed),
+            "pull_errors": s.pull_errors.load(Ordering::Relaxed),
+            "buffer_pending": c.buffer.pending().ok(),
+            "groups_dropped_stale": t.dropped_stale,
+            "groups_dropped_zero_advantage": t.dropped_zero,
+            "groups_dropped_other": t.dropped_other,
+            "groups_pruned": t.pruned,
+            "staleness_histogram": t.staleness,
+            "staleness_max": t.staleness_max,
+            "reward_first": t.reward_first,
+            "last_step": last.map(|(st, idle)| json!({
+                "reward_mean": st.reward_mean, "reward_std": st.reward_std, "loss": st.loss,
+                "kl_sampler_learner": st.kl_sampler_learner,
+                "importance_weight_variance": st.importance_weight_variance,
+                "grad_norm": st.grad_norm, "zero_advantage_fraction": st.zero_advantage_fraction,
+                "t_train_s": st.t_train_s, "idle_s": idle, "staleness_max": st.staleness_max,
+            })),
+        }),
+    );
+}
+
+/// Publishes the newest snapshot handed over by the training thread.
+async fn publisher(
+    dissem: Disseminator,
+    config_hash: [u8; 32],
+    mut rx: watch::Receiver<Snapshot>,
+    shared: Arc<Shared>,
+) {
+    let mut published = None::<u64>;
+    while rx.changed().await.is_ok() {
+        let Some((version, bytes)) = rx.borrow_and_update().clone() else {
+            continue;
+        };
+        if published.is_some_and(|p| p >= version) {
+            continue;
+        }
+        let t0 = Instant::now();
+        match dissem.publish(version, config_hash, &bytes, None).await {
+            Ok(report) => {
+                published = Some(version);
+                shared.published.store(version, Ordering::Relaxed);
+                shared.snapshots.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("learner_snapshots_published_total").increment(1);
+                metrics::gauge!("learner_published_version").set(version as f64);
+                tracing::info!(
+                    version,
+                    bytes = bytes.len(),
+                    chains = report.plan.plan.chains.len(),
+                    secs = t0.elapsed().as_secs_f64(),
+                    "snapshot published"
+                );
+            }
+            Err(e) => tracing::warn!(version, error = %e, "publishing the snapshot failed"),
+        }
+    }
+}
+
+/// How many groups to ask each worker for: `need` split in proportion to what each holds
+/// (its heartbeat's `pending`, plus one so that a worker whose heartbeat lags is still
+/// asked), at least one each and never more than `need` in total per round.
+pub fn allocate_pulls(need: u64, holdings: &[u64]) -> Vec<u64> {
+    if need == 0 || holdings.is_empty() {
+        return vec![0; holdings.len()];
+    }
+    let weights: Vec<u64> = holdings.iter().map(|h| h + 1).collect();
+    let total: u64 = weights.iter().sum();
+    weights
+        .iter()
+        .map(|w| (need * w).div_ceil(total).clamp(1, need))
+        .collect()
+}
+
+/// Keeps the buffer topped up from the rollout workers.
+async fn puller(
+    client: p2p::Client,
+    buffer: Arc<TrajectoryStore>,
+    shared: Arc<Shared>,
+    cfg: LearnerConfig,
+    lease_ttl_s: u64,
+) {
+    let target = cfg.buffer_target();
+    let staleness = cfg.trainer_config().map(|c| c.staleness).unwrap_or(0);
+    let mut tick = tokio::time::interval(Duration::from_millis(cfg.pull_interval_ms));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Ok(net) = client.status().await else {
+            return;
+        };
+        let workers: Vec<(p2p::PeerId, u64, f64)> = net
+            .peers
+            .iter()
+            .filter(|p| p.connected && p.role.as_deref() == Some("rollout"))
+            .filter_map(|p| {
+                Some((
+                    p.peer_id.parse().ok()?,
+                    p.pending.unwrap_or(0),
+                    p.mu.unwrap_or(0.0),
+                ))
+            })
+            .collect();
+        let mu_pool: f64 = workers.iter().map(|w| w.2).sum();
+        shared
+            .mu_pool_milli
+            .store((mu_pool * 1000.0) as u64, Ordering::Relaxed);
+        let pending = buffer.pending().unwrap_or(target);
+        let need = target.saturating_sub(pending);
+        if need == 0 || workers.is_empty() {
+            continue;
+        }
+        let holdings: Vec<u64> = workers.iter().map(|w| w.1).collect();
+        let v_min = learner::lease_floor(shared.version.load(Ordering::Relaxed), staleness);
+        let pulls = workers.iter().zip(allocate_pulls(need, &holdings)).map(
+            |((peer, _, _), max_groups)| {
+                let mut control = client.stream_control();
+                let buffer = buffer.clone();
+                let req = pull::PullRequest {
+                    v_min,
+                    max_groups,
+                    ttl: Duration::from_secs(lease_ttl_s),
+                };
+                async move { (peer, pull::pull(&mut control, *peer, buffer, req).await) }
+            },
+        );
+        for (peer, r) in futures::future::join_all(pulls).await {
+            match r {
+                Ok(out) => {
+                    shared
+                        .groups_pulled
+                        .fetch_add(out.stored as u64, Ordering::Relaxed);
+                    if out.invalid > 0 {
+                        tracing::warn!(%peer, invalid = out.invalid, "worker sent invalid groups");
+                    }
+                }
+                Err(e) => {
+                    shared.pull_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(%peer, error = %e, "pull failed");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::allocate_pulls;
+
+    #[test]
+    fn pulls_follow_holdings_and_ask_everyone() {
+        // Twice the holdings, about twice the share; nobody is skipped.
+        assert_eq!(allocate_pulls(8, &[10, 4, 0]), vec![6, 3, 1]);
+        assert_eq!(allocate_pulls(0, &[10, 4]), vec![0, 0]);
+        assert!(allocate_pulls(5, &[]).is_empty());
+        // Never more than `need` from one worker.
+        assert_eq!(allocate_pulls(2, &[1000]), vec![2]);
+    }
+}

@@ -1,0 +1,56 @@
+//! The two roles a node plays once its network service runs (SPEC §2): the learner loop
+//! ([`learner`]: pull, train, publish, checkpoint — ECHO-2 Algorithm 1) and the rollout worker
+//! ([`rollout`]: install snapshots, generate groups, serve pulls).
+//!
+//! A role reports what `echo-node status` shows through [`RoleView`] and what its heartbeat
+//! carries through [`Probe`]; it never touches the swarm directly (only through the
+//! `p2p::Client` handle and the dissemination engine).
+
+pub mod learner;
+pub mod rollout;
+
+use std::sync::{Arc, RwLock};
+
+use anyhow::Context;
+use policy::{Policy, Tokenizer};
+use serde_json::Value;
+
+use crate::config::NodeConfig;
+
+/// The role's section of the `/status` object (`"learner"` or `"rollout"`), replaced as the
+/// role makes progress.
+#[derive(Clone, Default)]
+pub struct RoleView(Arc<RwLock<Option<(&'static str, Value)>>>);
+
+impl RoleView {
+    pub fn set(&self, key: &'static str, v: Value) {
+        if let Ok(mut g) = self.0.write() {
+            *g = Some((key, v));
+        }
+    }
+
+    pub fn get(&self) -> Option<(&'static str, Value)> {
+        self.0.read().ok().and_then(|g| g.clone())
+    }
+}
+
+/// What a role contributes to its node's heartbeat: the version it works with and μ.
+pub type Probe = Arc<dyn Fn() -> (Option<u64>, f64) + Send + Sync>;
+
+/// Builds the configured policy and tokenizer (the learner's initial weights; a worker only
+/// needs the model config and tokenizer from it).
+pub fn build_model(config: &NodeConfig) -> anyhow::Result<(Policy, Tokenizer)> {
+    if config.model.source == "embedded" {
+        policy::embedded_default(config.model.seed).context("building the embedded model")
+    } else {
+        let dir = std::path::Path::new(&config.model.source);
+        policy::hf::load_hf_dir(dir, &policy::Device::Cpu)
+            .with_context(|| format!("loading model.source {}", dir.display()))
+    }
+}
+
+/// The configured task.
+pub fn build_task(config: &NodeConfig) -> anyhow::Result<Arc<dyn tasks::Task>> {
+    tasks::build_task(&config.task.name, &config.task.params)
+        .with_context(|| format!("building task `{}`", config.task.name))
+}
