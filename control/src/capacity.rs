@@ -191,6 +191,14 @@ impl<P: Clone + Ord> Scheduler<P> {
         &self.active
     }
 
+    /// Adopts an existing active set (e.g. the workers already generating when the target
+    /// first becomes known), so that the next ticks start from the real state.
+    pub fn set_active(&mut self, active: impl IntoIterator<Item = P>) {
+        self.active = active.into_iter().collect();
+        self.below_since = None;
+        self.above_since = None;
+    }
+
     /// `μ_pool = Σ_{i ∈ A} a_i μ_i` (eq. 4).
     pub fn mu_pool(&self, workers: &[WorkerInfo<P>]) -> f64 {
         workers

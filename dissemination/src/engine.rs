@@ -32,6 +32,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::error::{DisseminationError, Result};
+use crate::order_msg::{ActivationOrder, SignedOrder};
 use crate::plan_msg::{PlanMessage, SignedPlan, MAX_PLAN_BYTES};
 use crate::wire::{self, END_OF_STREAM, FETCH_MAGIC, MAX_FETCH_BATCH, STREAM_MAGIC};
 
@@ -113,6 +114,9 @@ pub enum DisseminationEvent {
         stored: usize,
         total: usize,
     },
+    /// The learner's scheduler (re)stated this node's state in an accepted activation order:
+    /// `active` = generate, otherwise stand by (stay connected, keep installing snapshots).
+    Activation { seq: u64, active: bool },
     /// A chunk from `peer` failed verification (nothing was stored or forwarded).
     ChunkRejected {
         peer: PeerId,
@@ -164,6 +168,8 @@ struct State {
     manifests: HashMap<u64, SignedManifest>,
     accepted_at: HashMap<u64, Instant>,
     plan: Option<SignedPlan>,
+    /// Sequence of the newest accepted activation order.
+    order_seq: Option<u64>,
     installed: Option<u64>,
     acquiring: HashSet<u64>,
     pushing: HashSet<(u64, PeerId)>,
@@ -456,6 +462,66 @@ impl Disseminator {
         Validation::Accept
     }
 
+    /// Verdict on an activation order: the learner's key and signature, this swarm, a
+    /// sequence that moves forward. An accepted order that names this node is passed to the
+    /// role as [`DisseminationEvent::Activation`].
+    pub fn accept_order(&self, signed: &SignedOrder) -> Validation {
+        let o = match signed.verify(&self.inner.cfg.learner_key) {
+            Ok(o) => o,
+            Err(e) => {
+                warn!(error = %e, "rejecting activation order");
+                return Validation::Reject;
+            }
+        };
+        if o.swarm_id != self.inner.cfg.swarm_id {
+            return Validation::Reject;
+        }
+        {
+            let mut st = self.lock();
+            if st.order_seq.is_some_and(|s| o.seq <= s) {
+                return Validation::Ignore;
+            }
+            st.order_seq = Some(o.seq);
+        }
+        if let Some(active) = o.state_of(&self.inner.local) {
+            debug!(seq = o.seq, active, "activation order accepted");
+            let _ = self
+                .inner
+                .events
+                .send(DisseminationEvent::Activation { seq: o.seq, active });
+        }
+        Validation::Accept
+    }
+
+    /// Learner: sign and gossip an activation order (`seq` must grow; use the clock in ms).
+    pub async fn publish_order(
+        &self,
+        seq: u64,
+        active: Vec<PeerId>,
+        standby: Vec<PeerId>,
+    ) -> Result<SignedOrder> {
+        let key = self
+            .inner
+            .cfg
+            .signing_key
+            .clone()
+            .ok_or(DisseminationError::NotLearner)?;
+        let signed = ActivationOrder {
+            swarm_id: self.inner.cfg.swarm_id.clone(),
+            seq,
+            created_unix_ms: storage::now_unix_ms(),
+            learner_key: self.inner.cfg.learner_key.to_bytes(),
+            active,
+            standby,
+        }
+        .sign(&key)?;
+        self.inner
+            .client
+            .publish(TopicKind::Plans, signed.encode())
+            .await?;
+        Ok(signed)
+    }
+
     /// Validates a Snapshots / Plans gossip message (the role reports the verdict).
     pub fn on_gossip(&self, topic: TopicKind, data: &[u8]) -> Validation {
         match topic {
@@ -463,6 +529,13 @@ impl Disseminator {
                 Ok(m) => self.accept_manifest(&m),
                 Err(e) => {
                     warn!(error = %e, "undecodable manifest");
+                    Validation::Reject
+                }
+            },
+            TopicKind::Plans if SignedOrder::is_order(data) => match SignedOrder::decode(data) {
+                Ok(o) => self.accept_order(&o),
+                Err(e) => {
+                    warn!(error = %e, "undecodable activation order");
                     Validation::Reject
                 }
             },

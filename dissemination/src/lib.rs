@@ -4,7 +4,8 @@
 //! storing or forwarding it; stalled or late workers fetch missing chunks by hash from any
 //! holder; bulk streams obey in-node token-bucket caps.
 //!
-//! Owns: the signed chain-plan message ([`plan_msg`]), the chunk-stream and chunk-fetch wire
+//! Owns: the signed chain-plan message ([`plan_msg`]), the signed activation order
+//! ([`order_msg`], the scheduler's decisions travel on the same authenticated path), the chunk-stream and chunk-fetch wire
 //! formats ([`wire`]) and the per-node engine ([`engine`]). Must not touch: the swarm (only
 //! through `p2p::Client`), on-disk formats (`storage`), the planning rules (`control::plan`),
 //! the model (payloads are opaque bytes; installation hands them to the role).
@@ -13,6 +14,7 @@
 
 pub mod engine;
 pub mod error;
+pub mod order_msg;
 pub mod plan_msg;
 pub mod wire;
 
@@ -21,6 +23,7 @@ pub use engine::{
     PublishReport,
 };
 pub use error::{DisseminationError, Result};
+pub use order_msg::{ActivationOrder, SignedOrder};
 pub use plan_msg::{PlanMessage, SignedPlan};
 
 /// Feeds a node's p2p events into its engine: Snapshots / Plans gossip gets a real verdict

@@ -50,7 +50,7 @@ pub struct SignedPlan {
     pub signature: [u8; 64],
 }
 
-fn put_peer(out: &mut Vec<u8>, p: &PeerId) {
+pub(crate) fn put_peer(out: &mut Vec<u8>, p: &PeerId) {
     let b = p.to_bytes();
     out.push(b.len() as u8);
     out.extend_from_slice(&b);
@@ -122,35 +122,45 @@ impl PlanMessage {
     }
 }
 
-struct Reader<'a> {
-    b: &'a [u8],
+/// Bounds-checked big-endian reader; errors name the message kind `what`.
+pub(crate) struct Reader<'a> {
+    pub(crate) b: &'a [u8],
+    pub(crate) what: &'static str,
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         if self.b.len() < n {
-            return Err(DisseminationError::decode("plan", "truncated"));
+            return Err(DisseminationError::decode(self.what, "truncated"));
         }
         let (h, t) = self.b.split_at(n);
         self.b = t;
         Ok(h)
     }
-    fn u32(&mut self) -> Result<u32> {
+    pub(crate) fn u32(&mut self) -> Result<u32> {
         Ok(u32::from_be_bytes(self.take(4)?.try_into().expect("4")))
     }
-    fn u64(&mut self) -> Result<u64> {
+    pub(crate) fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_be_bytes(self.take(8)?.try_into().expect("8")))
     }
-    fn peer(&mut self) -> Result<PeerId> {
+    pub(crate) fn peer(&mut self) -> Result<PeerId> {
         let n = self.take(1)?[0] as usize;
         if n == 0 || n > 64 {
             return Err(DisseminationError::decode(
-                "plan",
+                self.what,
                 format!("peer id of {n} bytes"),
             ));
         }
         PeerId::from_bytes(self.take(n)?)
-            .map_err(|e| DisseminationError::decode("plan", format!("peer id: {e}")))
+            .map_err(|e| DisseminationError::decode(self.what, format!("peer id: {e}")))
+    }
+
+    /// Swarm id: u16 length + UTF-8.
+    pub(crate) fn swarm_id(&mut self) -> Result<String> {
+        let n = u16::from_be_bytes(self.take(2)?.try_into().expect("2")) as usize;
+        Ok(std::str::from_utf8(self.take(n)?)
+            .map_err(|_| DisseminationError::decode(self.what, "swarm id is not UTF-8"))?
+            .to_string())
     }
 }
 
@@ -169,7 +179,10 @@ impl SignedPlan {
                 format!("{} bytes > limit {MAX_PLAN_BYTES}", bytes.len()),
             ));
         }
-        let mut r = Reader { b: bytes };
+        let mut r = Reader {
+            b: bytes,
+            what: "plan",
+        };
         if r.take(3)? != PLAN_MAGIC {
             return Err(DisseminationError::decode("plan", "bad magic"));
         }
@@ -180,10 +193,7 @@ impl SignedPlan {
                 format!("format {format} (this node speaks {PLAN_FORMAT})"),
             ));
         }
-        let n = u16::from_be_bytes(r.take(2)?.try_into().expect("2")) as usize;
-        let swarm_id = std::str::from_utf8(r.take(n)?)
-            .map_err(|_| DisseminationError::decode("plan", "swarm id is not UTF-8"))?
-            .to_string();
+        let swarm_id = r.swarm_id()?;
         let version = r.u64()?;
         let seq = r.u64()?;
         let created_unix_ms = r.u64()?;

@@ -56,6 +56,18 @@ pub struct DemoArgs {
     /// Supervised warm-start steps before RL (0 = pure RL from random weights).
     #[arg(long, default_value_t = 60)]
     pub warm_start_steps: usize,
+    /// Stop after this many minutes of training even if --steps is not reached (0 = no limit).
+    #[arg(long, default_value_t = 0.0)]
+    pub minutes: f64,
+    /// Learner mode: `async` (bounded staleness) or `sequential` (S = 0, κ = 1).
+    #[arg(long, default_value = "async", value_parser = ["async", "sequential"])]
+    pub mode: String,
+    /// Learner objective: grpo, dr_grpo, gspo or gepo.
+    #[arg(long, default_value = "gepo", value_parser = ["grpo", "dr_grpo", "gspo", "gepo"])]
+    pub objective: String,
+    /// Staleness budget S (async mode).
+    #[arg(long, default_value_t = 3)]
+    pub staleness: u64,
 }
 
 #[derive(Debug, Args)]
@@ -111,6 +123,19 @@ pub struct RunArgs {
     /// Override `network.admin` (HOST:PORT on loopback).
     #[arg(long)]
     pub admin: Option<String>,
+    /// Benchmark (testnet `broadcast`): a learner publishes random snapshots of this many MB
+    /// instead of training.
+    #[arg(long, hide = true)]
+    pub bench_broadcast_mb: Option<f64>,
+    /// Benchmark: workers to wait for before the first round.
+    #[arg(long, hide = true, default_value_t = 1)]
+    pub bench_workers: usize,
+    /// Benchmark: snapshots to publish.
+    #[arg(long, hide = true, default_value_t = 1)]
+    pub bench_rounds: u32,
+    /// Benchmark: a worker that only receives snapshots (no model, no generation).
+    #[arg(long, hide = true)]
+    pub bench_sink: bool,
 }
 
 #[derive(Debug, Args)]

@@ -54,6 +54,64 @@ pub struct NodeConfig {
     /// Rollout settings (read by `role = "rollout"` only).
     #[serde(default)]
     pub rollout: RolloutConfig,
+    /// Snapshot dissemination (read by the learner).
+    #[serde(default)]
+    pub broadcast: BroadcastConfig,
+    /// The provisioning scheduler (read by the learner).
+    #[serde(default)]
+    pub scheduler: SchedulerConfig,
+}
+
+/// `[scheduler]`: cost-aware activation of rollout workers (SPEC §10, ECHO-2 §3.4).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedulerConfig {
+    /// Off: every connected worker generates. On: the learner keeps the cheapest workers (by
+    /// ρ = cost / μ) that reach μ_target = γ·μ_min active and the rest on standby.
+    pub enabled: bool,
+    /// Operator override: keep exactly this many workers active (the cheapest by ρ; workers
+    /// not yet measured rank by cost), instead of following μ_target.
+    pub active_workers: Option<usize>,
+    /// Seconds μ_pool must stay below the target (or above it by the margin) before workers
+    /// are activated (released); a failed worker is replaced at once.
+    pub sustain_s: f64,
+    /// Release only above μ_target·(1 + margin).
+    pub release_margin: f64,
+    /// The activation order is re-gossiped at least this often (late joiners learn it).
+    pub announce_interval_ms: u64,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            enabled: false,
+            active_workers: None,
+            sustain_s: 30.0,
+            release_margin: 0.25,
+            announce_interval_ms: 2000,
+        }
+    }
+}
+
+/// `[broadcast]`: how the learner disseminates snapshots (SPEC §6).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BroadcastConfig {
+    /// `chain` (scored forwarding chains, the default) or `star` (the learner sends to every
+    /// worker; the baseline).
+    pub mode: String,
+    /// B̂w: the forwarding bandwidth assumed per worker when planning chains (Mbit/s);
+    /// N_ch = max(1, ⌊B0 / B̂w⌋) with B0 = `network.learner_mbps`.
+    pub worker_mbps: f64,
+}
+
+impl Default for BroadcastConfig {
+    fn default() -> Self {
+        BroadcastConfig {
+            mode: "chain".into(),
+            worker_mbps: 100.0,
+        }
+    }
 }
 
 /// `[model]`: which policy the swarm trains. Workers must name the same model as the learner:
@@ -141,7 +199,8 @@ pub struct LearnerConfig {
     pub max_steps: u64,
     /// How often the learner pulls from workers when its buffer is short (milliseconds).
     pub pull_interval_ms: u64,
-    /// Groups the learner keeps buffered ahead of training (0 = 2 × groups_per_step).
+    /// Groups the learner keeps buffered ahead of training (0 = groups_per_step: one batch
+    /// waiting; more only ages the groups — the buffer is consumed oldest first).
     pub buffer_groups: u64,
 }
 
@@ -352,6 +411,40 @@ impl NodeConfig {
                 format!("{} is outside 10..=60000", l.pull_interval_ms),
             );
         }
+        if !matches!(self.broadcast.mode.as_str(), "chain" | "star") {
+            bad(
+                "broadcast.mode",
+                format!("`{}` must be \"chain\" or \"star\"", self.broadcast.mode),
+            );
+        }
+        if !(self.broadcast.worker_mbps.is_finite() && self.broadcast.worker_mbps > 0.0) {
+            bad(
+                "broadcast.worker_mbps",
+                format!("{} must be > 0 (Mbit/s)", self.broadcast.worker_mbps),
+            );
+        }
+        let sc = &self.scheduler;
+        if sc.active_workers == Some(0) {
+            bad("scheduler.active_workers", "must be at least 1".into());
+        }
+        if !(sc.sustain_s.is_finite() && sc.sustain_s >= 0.0) {
+            bad(
+                "scheduler.sustain_s",
+                format!("{} must be >= 0", sc.sustain_s),
+            );
+        }
+        if !(sc.release_margin.is_finite() && sc.release_margin >= 0.0) {
+            bad(
+                "scheduler.release_margin",
+                format!("{} must be >= 0", sc.release_margin),
+            );
+        }
+        if !(100..=600_000).contains(&sc.announce_interval_ms) {
+            bad(
+                "scheduler.announce_interval_ms",
+                format!("{} is outside 100..=600000", sc.announce_interval_ms),
+            );
+        }
         let r = &self.rollout;
         if !(1..=storage::record::limits::MAX_SAMPLES).contains(&r.group_size) {
             bad(
@@ -438,7 +531,7 @@ impl LearnerConfig {
         if self.buffer_groups > 0 {
             self.buffer_groups
         } else {
-            2 * self.groups_per_step as u64
+            self.groups_per_step as u64
         }
     }
 }

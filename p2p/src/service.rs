@@ -770,7 +770,15 @@ impl Service {
                 });
                 let _ = reply.send(r);
             }
-            Command::SetLocal(s) => self.local = s,
+            Command::SetLocal(s) => {
+                // A newly installed snapshot is reported at once (the learner measures
+                // T_bcast from these install reports), not at the next heartbeat tick.
+                let installed = s.installed_version != self.local.installed_version;
+                self.local = s;
+                if installed {
+                    self.publish_heartbeat();
+                }
+            }
             Command::Publish { topic, data, reply } => {
                 let r = self
                     .swarm

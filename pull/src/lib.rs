@@ -1,7 +1,8 @@
 //! The trajectory pull protocol (SPEC §4, §7): the learner pulls admissible groups from a
 //! rollout worker in two phases so that nothing is lost if either side dies mid-transfer.
 //!
-//! 1. `Pull{v_min, max, ttl}` → the worker *leases* up to `max` groups with `v ≥ v_min`
+//! 1. `Pull{v_min, max, ttl}` → the worker prunes what fell below `v_min` (the learner's
+//!    window; counted as discarded-stale), *leases* up to `max` groups with `v ≥ v_min`
 //!    (`TrajectoryStore::lease`) and streams them.
 //! 2. The learner decodes and validates every group, writes the valid ones to its own sled
 //!    buffer with `put_groups_dedup` (durable, deduplicated by trajectory id), and only then

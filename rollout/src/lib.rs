@@ -260,6 +260,8 @@ pub enum StepOutcome {
     },
     /// No snapshot is installed yet.
     NoPolicy,
+    /// The scheduler put this worker on standby (see [`RolloutEngine::standby_flag`]).
+    Standby,
 }
 
 /// Generates groups under the installed policy and writes them to the store.
@@ -273,6 +275,8 @@ pub struct RolloutEngine {
     stop_tokens: Vec<u32>,
     nonce: [u8; 16],
     seq: u64,
+    /// Set while the learner's scheduler keeps this worker on standby.
+    standby: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for RolloutEngine {
@@ -331,7 +335,14 @@ impl RolloutEngine {
             stop_tokens,
             nonce,
             seq: 0,
+            standby: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// The standby gate: while it is set the engine generates nothing (it keeps its μ
+    /// estimate and the installed snapshot, so it can resume at once when activated).
+    pub fn standby_flag(&self) -> Arc<AtomicBool> {
+        self.standby.clone()
     }
 
     /// Shared statistics (μ_i, counters) for heartbeats.
@@ -409,10 +420,13 @@ impl RolloutEngine {
         }))
     }
 
-    /// One iteration: pause if the store is over its cap, otherwise generate a group under
+    /// One iteration: nothing on standby; pause if the store is over its cap, otherwise generate a group under
     /// the installed version and `put_group` it (durable before this returns).
     pub fn step(&mut self) -> Result<StepOutcome, RolloutError> {
         let t0 = Instant::now();
+        if self.standby.load(Ordering::Relaxed) {
+            return Ok(StepOutcome::Standby);
+        }
         // O(1) from the persisted counters (`TrajectoryStore::pending` scans the tree).
         let pending = self.store.counters()?.pending();
         if pending >= self.cfg.max_pending_groups {
@@ -441,7 +455,7 @@ impl RolloutEngine {
         while !stop.load(Ordering::Relaxed) {
             match self.step() {
                 Ok(StepOutcome::Produced { .. }) => {}
-                Ok(StepOutcome::Paused { .. } | StepOutcome::NoPolicy) => {
+                Ok(StepOutcome::Paused { .. } | StepOutcome::NoPolicy | StepOutcome::Standby) => {
                     std::thread::sleep(self.cfg.idle_poll)
                 }
                 // The store failing is fatal: nothing produced could be kept.

@@ -132,12 +132,20 @@ fn pauses_at_the_pending_cap_and_resumes_after_ack() {
     assert!(matches!(e.step().unwrap(), StepOutcome::Produced { .. }));
     assert!(matches!(e.step().unwrap(), StepOutcome::Produced { .. }));
     assert_eq!(e.step().unwrap(), StepOutcome::Paused { pending: 2 });
+    // Standby wins over everything and produces nothing; clearing it resumes.
+    let gate = e.standby_flag();
+    gate.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(e.step().unwrap(), StepOutcome::Standby);
     assert!(e.stats().snapshot().paused);
     let lease = store
         .lease(0, 10, Duration::from_secs(60))
         .unwrap()
         .unwrap();
     store.ack(lease.id).unwrap();
+    // Room again, but still on standby: nothing is generated until the gate is cleared.
+    assert_eq!(e.step().unwrap(), StepOutcome::Standby);
+    assert_eq!(store.counters().unwrap().pending(), 0);
+    gate.store(false, std::sync::atomic::Ordering::Relaxed);
     assert!(matches!(e.step().unwrap(), StepOutcome::Produced { .. }));
     assert!(!e.stats().snapshot().paused);
 }

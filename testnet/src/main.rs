@@ -1,11 +1,20 @@
-//! Testnet harness. Today it runs the broadcast simulation (`sim-broadcast`), which reuses the
-//! real chain planner for fleets one machine cannot host; the multi-process scenarios of SPEC
-//! §13 (`broadcast`, `overlap`, `staleness`, `ablation`, `faults`) arrive with snapshot
-//! dissemination and the scheduler in the node.
+//! Testnet harness: `broadcast` (real `echo-node` processes on loopback with in-node caps,
+//! [`broadcast`]), `sim-broadcast` (the broadcast simulation that reuses the real chain
+//! planner for fleets one machine cannot host) and `learning-plot` (charts of learner step
+//! logs). The scenarios `overlap`, `staleness`, `ablation` and `faults` of SPEC §13 are not
+//! implemented yet.
 
+mod broadcast;
+mod plot;
 mod sim;
 
+use std::path::PathBuf;
+
+use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
+
+/// Where scenarios write their files unless told otherwise (`testnet/results/`, git-ignored).
+const DEFAULT_OUT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/results");
 
 #[derive(Parser)]
 #[command(name = "testnet", about = "echo-swarm scenarios and simulations")]
@@ -22,6 +31,48 @@ enum ModeArg {
 
 #[derive(Subcommand)]
 enum Scenario {
+    /// T_bcast of real `echo-node` processes on 127.0.0.1 (SPEC §13), chain and/or star,
+    /// against the bound; writes `broadcast.json` and `broadcast.png` under --out.
+    Broadcast {
+        /// Rollout workers; several values give a sweep.
+        #[arg(long, value_delimiter = ',', default_value = "4,8,16,32")]
+        nodes: Vec<usize>,
+        #[arg(long, default_value_t = 64.0)]
+        size_mb: f64,
+        #[arg(long, default_value_t = 1024)]
+        chunk_kb: u32,
+        #[arg(long, default_value_t = 100.0)]
+        worker_mbps: f64,
+        #[arg(long, default_value_t = 300.0)]
+        learner_mbps: f64,
+        /// `chain`, `star`, or both (`chain,star`).
+        #[arg(long, value_delimiter = ',', default_value = "chain,star")]
+        mode: Vec<ModeArg>,
+        /// Snapshots published per setting (T_bcast is their median).
+        #[arg(long, default_value_t = 2)]
+        rounds: u32,
+        /// The `echo-node` binary (default: next to this one, i.e. the same cargo profile).
+        #[arg(long)]
+        bin: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value = DEFAULT_OUT)]
+        out: PathBuf,
+    },
+    /// Charts of learner step logs (`<data_dir>/metrics/steps.jsonl`): reward and
+    /// importance-weight variance vs step, moving averages; one `NAME=PATH` per run.
+    LearningPlot {
+        #[arg(long = "run", required = true)]
+        runs: Vec<String>,
+        /// Moving-average window in steps.
+        #[arg(long, default_value_t = 50)]
+        window: usize,
+        /// File name prefix under --out (`PREFIX-reward.png`, `PREFIX-ivar.png`).
+        #[arg(long, default_value = "learning")]
+        prefix: String,
+        #[arg(long, default_value = DEFAULT_OUT)]
+        out: PathBuf,
+    },
     /// Simulated T_bcast of one snapshot for N workers (chain or star), against the bound.
     SimBroadcast {
         /// Rollout workers; several values give a sweep, e.g. `--nodes 4,8,1000`.
@@ -47,11 +98,90 @@ enum Scenario {
         /// One JSON line instead of a table.
         #[arg(long)]
         json: bool,
+        /// Directory for the chart `t_bcast_vs_n.png` (T_bcast vs N for chain and star and
+        /// their bounds, log-log); created if missing.
+        #[arg(long, default_value = DEFAULT_OUT)]
+        out: PathBuf,
+        /// Do not write the chart.
+        #[arg(long)]
+        no_plot: bool,
     },
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().scenario {
+        Scenario::Broadcast {
+            nodes,
+            size_mb,
+            chunk_kb,
+            worker_mbps,
+            learner_mbps,
+            mode,
+            rounds,
+            bin,
+            json,
+            out,
+        } => {
+            anyhow::ensure!(
+                size_mb > 0.0 && chunk_kb >= 4,
+                "--size-mb > 0, --chunk-kb >= 4"
+            );
+            anyhow::ensure!(
+                worker_mbps > 0.0 && learner_mbps > 0.0,
+                "bandwidths must be > 0"
+            );
+            anyhow::ensure!(
+                nodes.iter().all(|n| (1..=64).contains(n)),
+                "--nodes must be in 1..=64"
+            );
+            anyhow::ensure!(rounds >= 1, "--rounds must be >= 1");
+            let bin = match bin {
+                Some(b) => b,
+                None => std::env::current_exe()?
+                    .parent()
+                    .context("locating the testnet binary")?
+                    .join("echo-node"),
+            };
+            anyhow::ensure!(
+                bin.exists(),
+                "{} not found: build it first (`cargo build --release -p echo-node`, or pass --bin)",
+                bin.display()
+            );
+            let settings = broadcast::Settings {
+                nodes,
+                size_mb,
+                chunk_kb,
+                worker_mbps,
+                learner_mbps,
+                modes: mode
+                    .iter()
+                    .map(|m| match m {
+                        ModeArg::Chain => "chain".to_string(),
+                        ModeArg::Star => "star".to_string(),
+                    })
+                    .collect(),
+                rounds,
+                bin,
+                heartbeat_ms: 500,
+            };
+            let summary = broadcast::sweep(&settings, &out, !json)?;
+            if json {
+                println!("{summary}");
+            }
+            Ok(())
+        }
+        Scenario::LearningPlot {
+            runs,
+            window,
+            prefix,
+            out,
+        } => {
+            let written = learning_plot(&runs, window, &prefix, &out)?;
+            for w in written {
+                eprintln!("wrote {}", w.display());
+            }
+            Ok(())
+        }
         Scenario::SimBroadcast {
             nodes,
             size_mb,
@@ -61,6 +191,8 @@ fn main() -> anyhow::Result<()> {
             mode,
             quantile,
             json,
+            out,
+            no_plot,
         } => {
             anyhow::ensure!(
                 size_mb > 0.0 && chunk_kb > 0.0,
@@ -75,36 +207,28 @@ fn main() -> anyhow::Result<()> {
                 "--quantile must be in (0, 1]"
             );
             anyhow::ensure!(nodes.iter().all(|n| *n > 0), "--nodes must be ≥ 1");
-            let (size, chunk) = (size_mb * 1e6, chunk_kb * 1e3);
-            let mut rows = Vec::new();
-            for n in nodes {
-                let mode = match mode {
-                    ModeArg::Chain => sim::Mode::Chain,
-                    ModeArg::Star => sim::Mode::Star,
-                };
-                let r = sim::BroadcastSim {
-                    nodes: n,
-                    size_bytes: size,
-                    chunk_bytes: chunk,
-                    worker_mbps,
-                    learner_mbps,
-                    mode,
-                    quantile,
-                }
-                .run();
-                let bound = match mode {
-                    sim::Mode::Chain => {
-                        control::plan::chain_bound_s(size, chunk, worker_mbps, r.max_chain_len)
-                    }
-                    sim::Mode::Star => {
-                        control::plan::star_bound_s(size, worker_mbps, learner_mbps, n)
-                    }
-                };
-                rows.push(serde_json::json!({
-                    "nodes": n, "t_bcast_s": r.t_bcast_s, "bound_s": bound,
-                    "n_chains": r.n_chains, "max_chain_len": r.max_chain_len,
-                }));
-            }
+            let params = BroadcastParams {
+                size_bytes: size_mb * 1e6,
+                chunk_bytes: chunk_kb * 1e3,
+                worker_mbps,
+                learner_mbps,
+                quantile,
+            };
+            let mode = match mode {
+                ModeArg::Chain => sim::Mode::Chain,
+                ModeArg::Star => sim::Mode::Star,
+            };
+            let points: Vec<BroadcastPoint> =
+                nodes.iter().map(|&n| params.point(n, mode)).collect();
+            let rows: Vec<serde_json::Value> = points
+                .iter()
+                .map(|p| {
+                    serde_json::json!({
+                        "nodes": p.nodes, "t_bcast_s": p.t_bcast_s, "bound_s": p.bound_s,
+                        "n_chains": p.n_chains, "max_chain_len": p.max_chain_len,
+                    })
+                })
+                .collect();
             if json {
                 println!(
                     "{}",
@@ -115,18 +239,191 @@ fn main() -> anyhow::Result<()> {
                     "{:>6} {:>10} {:>10} {:>8} {:>8}",
                     "N", "T_bcast s", "bound s", "chains", "max L"
                 );
-                for r in &rows {
+                for p in &points {
                     println!(
                         "{:>6} {:>10.3} {:>10.3} {:>8} {:>8}",
-                        r["nodes"].as_u64().unwrap_or(0),
-                        r["t_bcast_s"].as_f64().unwrap_or(0.0),
-                        r["bound_s"].as_f64().unwrap_or(0.0),
-                        r["n_chains"].as_u64().unwrap_or(0),
-                        r["max_chain_len"].as_u64().unwrap_or(0)
+                        p.nodes, p.t_bcast_s, p.bound_s, p.n_chains, p.max_chain_len
                     );
                 }
+            }
+            if !no_plot {
+                std::fs::create_dir_all(&out)
+                    .with_context(|| format!("creating {}", out.display()))?;
+                let path = out.join("t_bcast_vs_n.png");
+                plot::write_png(&broadcast_chart(&params, &nodes), &path, 960, 600)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                // stderr, so that `--json` keeps stdout to one JSON line.
+                eprintln!("wrote {}", path.display());
             }
             Ok(())
         }
     }
+}
+
+/// The `sim-broadcast` inputs shared by every N.
+struct BroadcastParams {
+    size_bytes: f64,
+    chunk_bytes: f64,
+    worker_mbps: f64,
+    learner_mbps: f64,
+    quantile: f64,
+}
+
+/// One simulated broadcast and its bound.
+struct BroadcastPoint {
+    nodes: usize,
+    t_bcast_s: f64,
+    bound_s: f64,
+    n_chains: usize,
+    max_chain_len: usize,
+}
+
+impl BroadcastParams {
+    fn point(&self, nodes: usize, mode: sim::Mode) -> BroadcastPoint {
+        let r = sim::BroadcastSim {
+            nodes,
+            size_bytes: self.size_bytes,
+            chunk_bytes: self.chunk_bytes,
+            worker_mbps: self.worker_mbps,
+            learner_mbps: self.learner_mbps,
+            mode,
+            quantile: self.quantile,
+        }
+        .run();
+        let bound_s = match mode {
+            sim::Mode::Chain => control::plan::chain_bound_s(
+                self.size_bytes,
+                self.chunk_bytes,
+                self.worker_mbps,
+                r.max_chain_len,
+            ),
+            sim::Mode::Star => control::plan::star_bound_s(
+                self.size_bytes,
+                self.worker_mbps,
+                self.learner_mbps,
+                nodes,
+            ),
+        };
+        BroadcastPoint {
+            nodes,
+            t_bcast_s: r.t_bcast_s,
+            bound_s,
+            n_chains: r.n_chains,
+            max_chain_len: r.max_chain_len,
+        }
+    }
+}
+
+/// T_bcast vs N for both modes (whichever `--mode` printed) and their bounds, log-log.
+fn broadcast_chart(params: &BroadcastParams, nodes: &[usize]) -> plot::Chart {
+    let mut sorted = nodes.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let points = |mode: sim::Mode| -> Vec<BroadcastPoint> {
+        sorted.iter().map(|&n| params.point(n, mode)).collect()
+    };
+    let (chain, star) = (points(sim::Mode::Chain), points(sim::Mode::Star));
+    let series = |name: &str, pts: &[BroadcastPoint], bound: bool| plot::Series {
+        name: name.into(),
+        points: pts
+            .iter()
+            .map(|p| (p.nodes as f64, if bound { p.bound_s } else { p.t_bcast_s }))
+            .collect(),
+        dashed: bound,
+    };
+    plot::Chart {
+        title: format!(
+            "T_bcast vs N: M = {} MB, c = {} kB, Bw = {} Mbit/s, B0 = {} Mbit/s, q = {}",
+            params.size_bytes / 1e6,
+            params.chunk_bytes / 1e3,
+            params.worker_mbps,
+            params.learner_mbps,
+            params.quantile
+        ),
+        x_label: "N (workers)".into(),
+        y_label: "T_bcast (s)".into(),
+        series: vec![
+            series("chain (simulated)", &chain, false),
+            series("star (simulated)", &star, false),
+            series("chain bound", &chain, true),
+            series("star bound", &star, true),
+        ],
+        log_x: true,
+        log_y: true,
+    }
+}
+
+/// Reward and importance-weight-variance charts of learner step logs.
+fn learning_plot(
+    runs: &[String],
+    window: usize,
+    prefix: &str,
+    out: &std::path::Path,
+) -> anyhow::Result<Vec<PathBuf>> {
+    anyhow::ensure!(window >= 1, "--window must be >= 1");
+    std::fs::create_dir_all(out)?;
+    let mut reward = Vec::new();
+    let mut ivar = Vec::new();
+    for r in runs {
+        // The path is after the last '=' (names may contain '=', e.g. "S=3").
+        let (name, path) = r
+            .rsplit_once('=')
+            .with_context(|| format!("--run {r}: expected NAME=PATH"))?;
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+        let mut rows: Vec<(f64, f64, f64)> = Vec::new();
+        for (i, line) in text.lines().filter(|l| !l.trim().is_empty()).enumerate() {
+            let v: serde_json::Value =
+                serde_json::from_str(line).with_context(|| format!("{path}:{}", i + 1))?;
+            let st = &v["stats"];
+            rows.push((
+                (i + 1) as f64,
+                st["reward_mean"].as_f64().unwrap_or(f64::NAN),
+                st["importance_weight_variance"]
+                    .as_f64()
+                    .unwrap_or(f64::NAN),
+            ));
+        }
+        let smooth = |f: fn(&(f64, f64, f64)) -> f64| -> Vec<(f64, f64)> {
+            rows.windows(window.min(rows.len()).max(1))
+                .map(|w| {
+                    (
+                        w[w.len() - 1].0,
+                        w.iter().map(f).sum::<f64>() / w.len() as f64,
+                    )
+                })
+                .collect()
+        };
+        reward.push(plot::Series {
+            name: name.to_string(),
+            points: smooth(|r| r.1),
+            dashed: false,
+        });
+        ivar.push(plot::Series {
+            name: name.to_string(),
+            points: smooth(|r| r.2),
+            dashed: false,
+        });
+    }
+    let mut written = Vec::new();
+    for (what, label, series) in [
+        ("reward", "mean reward", reward),
+        ("ivar", "importance-weight variance", ivar),
+    ] {
+        let path = out.join(format!("{prefix}-{what}.png"));
+        plot::write_png(
+            &plot::Chart {
+                title: format!("{label} per step ({window}-step moving average)"),
+                x_label: "learner step".into(),
+                y_label: label.into(),
+                series,
+                log_x: false,
+                log_y: false,
+            },
+            &path,
+            960,
+            600,
+        )?;
+        written.push(path);
+    }
+    Ok(written)
 }

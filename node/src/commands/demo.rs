@@ -141,7 +141,8 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
         "learner".to_string(),
         learner_dir.clone(),
         format!(
-            "role = \"learner\"\ndata_dir = \"{}\"\n{}\n[learner]\nmax_steps = {}\nwarm_start_steps = {}\n",
+            "role = \"learner\"\ndata_dir = \"{}\"\n{}\n[learner]\nmax_steps = {}\nwarm_start_steps = {}\n\
+             mode = \"{}\"\nobjective = \"{}\"\nstaleness = {}\n",
             toml_path(&learner_dir),
             common(
                 &learner_admin,
@@ -150,6 +151,9 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
             ),
             args.steps,
             args.warm_start_steps,
+            args.mode,
+            args.objective,
+            args.staleness,
         ),
     )];
     let bootstrap = format!("/ip4/127.0.0.1/tcp/{learner_port}/p2p/{learner_peer}");
@@ -160,7 +164,7 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
             format!("worker-{i}"),
             dir.clone(),
             format!(
-                "role = \"rollout\"\ndata_dir = \"{}\"\n{}bootstrap = [\"{bootstrap}\"]\n\n[storage]\nmax_pending_groups = 16\n",
+                "role = \"rollout\"\ndata_dir = \"{}\"\n{}bootstrap = [\"{bootstrap}\"]\n\n[storage]\nmax_pending_groups = 4\n",
                 toml_path(&dir),
                 common(
                     &format!("127.0.0.1:{}", free_port()?),
@@ -192,9 +196,13 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
         });
     }
     say(format!(
-        "echo-node demo: 1 learner + {} rollout workers on 127.0.0.1 (embedded model, task arith), {} steps; data and logs in {}",
+        "echo-node demo: 1 learner + {} rollout workers on 127.0.0.1 (embedded model, task arith), \
+         {} steps, {} mode, {}, S = {}; data and logs in {}",
         args.workers,
         args.steps,
+        args.mode,
+        args.objective,
+        args.staleness,
         root.display()
     ));
 
@@ -202,6 +210,8 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     let t0 = Instant::now();
     let (mut last_step, mut last_change) = (None::<u64>, Instant::now());
     let mut last_print = Instant::now() - Duration::from_secs(60);
+    // When the learner reported its first version (the --minutes budget starts there).
+    let mut rl_start: Option<Instant> = None;
     let final_status = loop {
         std::thread::sleep(Duration::from_millis(300));
         fleet.check_alive()?;
@@ -226,7 +236,12 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
             "the learner made no step for {STALL:?}; learner log:\n{}",
             tail(&learner_dir.join("node.log"), 20)
         );
-        let done = l["finished"].as_bool() == Some(true);
+        if rl_start.is_none() && version.is_some() {
+            rl_start = Some(Instant::now());
+        }
+        let out_of_time = args.minutes > 0.0
+            && rl_start.is_some_and(|t| t.elapsed().as_secs_f64() > args.minutes * 60.0);
+        let done = l["finished"].as_bool() == Some(true) || out_of_time;
         if last_print.elapsed() >= Duration::from_secs(2) || done {
             last_print = Instant::now();
             say(progress_line(&v, t0.elapsed()));
@@ -245,7 +260,11 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
         let store = storage::TrajectoryStore::open(&storage::DataDir::new(dir).trajectories())?;
         invariant_ok &= store.check_invariant()?.holds();
     }
-    let summary = summarize(&steps, &final_status, elapsed, invariant_ok, &not_clean);
+    let mut summary = summarize(&steps, &final_status, elapsed, invariant_ok, &not_clean);
+    summary["mode"] = json!(args.mode);
+    summary["objective"] = json!(args.objective);
+    summary["staleness"] = json!(args.staleness);
+    summary["workers"] = json!(args.workers);
     if args.json {
         println!("{summary}");
     } else {
@@ -299,16 +318,15 @@ fn progress_line(v: &Value, t: Duration) -> String {
             v["connected_peers"]
         );
     }
-    let last = &l["last_step"];
     let versions: Vec<String> = worker_versions(v)
         .iter()
         .map(|x| x.as_u64().map_or("-".into(), |n| format!("v{n}")))
         .collect();
     format!(
-        "[{:5.1}s] step {:>4}  reward {:.3}  bubble {:.2}  Δmax {}  snapshots {}  buffer {}  workers [{}]",
+        "[{:5.1}s] step {:>4}  reward {:.3} (last 20 steps)  bubble {:.2}  Δmax {}  snapshots {}  buffer {}  workers [{}]",
         t.as_secs_f64(),
         l["version"].as_u64().unwrap_or(0),
-        last["reward_mean"].as_f64().unwrap_or(f64::NAN),
+        l["reward_recent"].as_f64().unwrap_or(f64::NAN),
         l["bubble_ratio"].as_f64().unwrap_or(0.0),
         l["staleness_max"],
         l["snapshots_published"],
@@ -352,6 +370,10 @@ fn summarize(
         .filter_map(|s| s["stats"]["t_train_s"].as_f64())
         .sum();
     let l = &status["learner"];
+    let span = match (steps.first(), steps.last()) {
+        (Some(a), Some(b)) => b["t"].as_f64().unwrap_or(0.0) - a["t"].as_f64().unwrap_or(0.0),
+        _ => 0.0,
+    };
     json!({
         "steps": steps.len(),
         "version": l["version"],
@@ -365,7 +387,9 @@ fn summarize(
         "groups_dropped_zero_advantage": l["groups_dropped_zero_advantage"],
         "groups_dropped_stale": l["groups_dropped_stale"],
         "elapsed_s": elapsed_s,
-        "steps_per_s": steps.len() as f64 / elapsed_s.max(1e-9),
+        "steps_per_hour": if span > 0.0 { (steps.len() - 1) as f64 * 3600.0 / span } else { 0.0 },
+        "importance_weight_variance_mean": mean(steps.iter().filter_map(|s| s["stats"]["importance_weight_variance"].as_f64())),
+        "kl_sampler_learner_mean": mean(steps.iter().filter_map(|s| s["stats"]["kl_sampler_learner"].as_f64())),
         "invariant_holds": invariant_ok,
         "clean_exit": not_clean.is_empty(),
     })

@@ -102,7 +102,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the tokio runtime")?;
     let state = Arc::new(state);
-    let result = runtime.block_on(serve(state.clone()));
+    let bench = Bench::from_args(&args);
+    let result = runtime.block_on(serve(state.clone(), bench));
     // A warm start still running on a blocking thread must not hold the exit forever.
     runtime.shutdown_timeout(std::time::Duration::from_secs(10));
     result?;
@@ -133,10 +134,6 @@ pub fn service_config(
     })
 }
 
-/// Forwarding bandwidth `B̂w` assumed per worker when planning chains (SPEC §6, the paper's
-/// 100 Mbit/s) — a worker's own `uplink_mbps` caps what it really sends.
-pub const PLAN_WORKER_MBPS: f64 = 100.0;
-
 /// The dissemination engine's settings, or `None` when the learner key is unknown.
 pub fn dissemination_config(
     config: &NodeConfig,
@@ -154,7 +151,12 @@ pub fn dissemination_config(
     d.chunk_size = config.storage.chunk_size_kib * 1024;
     d.downlink_mbps = net.downlink_mbps;
     d.uplink_mbps = net.uplink_mbps;
-    d.plan.worker_mbps = PLAN_WORKER_MBPS;
+    // B̂w assumed per worker (a worker's own `uplink_mbps` caps what it really sends).
+    d.plan.worker_mbps = config.broadcast.worker_mbps;
+    d.mode = match config.broadcast.mode.as_str() {
+        "star" => dissemination::Mode::Star,
+        _ => dissemination::Mode::Chain,
+    };
     if config.role == Role::Learner {
         d.signing_key = Some(key.signing_key().clone());
         if net.learner_mbps > 0.0 {
@@ -166,11 +168,14 @@ pub fn dissemination_config(
     Ok(Some(d))
 }
 
+/// How often the heartbeat feeder looks for a newly installed snapshot.
+const INSTALL_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Software version gossiped in heartbeats.
 pub const NODE_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// Runs the network service and the admin endpoint until Ctrl-C / SIGTERM.
-async fn serve(state: Arc<NodeState>) -> anyhow::Result<()> {
+async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     let config = &state.config;
     let prometheus = admin::install_metrics_recorder();
     let mut registry = p2p::Registry::default();
@@ -217,7 +222,22 @@ async fn serve(state: Arc<NodeState>) -> anyhow::Result<()> {
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     let starting = async {
+        if let (Role::Learner, Some(d), Some(plan)) = (config.role, dissem.clone(), bench.publish) {
+            drop(installs.take());
+            let task = tokio::spawn(roles::bench::run_publisher(
+                state.clone(),
+                client.clone(),
+                d,
+                plan,
+                view.clone(),
+            ));
+            return Ok(RunningRole::BenchPublisher(Some(task)));
+        }
         anyhow::Ok(match (config.role, dissem.clone()) {
+            (Role::Rollout, Some(d)) if bench.sink => {
+                drop(installs.take());
+                RunningRole::BenchSink(roles::bench::sink_probe(&d))
+            }
             (Role::Learner, Some(d)) => {
                 drop(installs.take()); // a learner installs nothing
                 RunningRole::Learner(
@@ -248,6 +268,8 @@ async fn serve(state: Arc<NodeState>) -> anyhow::Result<()> {
         r = &mut shutdown => (None, Some(r)),
     };
     // Heartbeat fields: the role's version and μ (its probe), pending groups from the store.
+    // Refreshed every heartbeat interval, and at once when the installed version changes:
+    // the service then gossips the heartbeat immediately (the install report, SPEC §6).
     let interval = std::time::Duration::from_millis(config.network.heartbeat_interval_ms);
     let feeder = {
         let client = client.clone();
@@ -256,11 +278,17 @@ async fn serve(state: Arc<NodeState>) -> anyhow::Result<()> {
             .as_ref()
             .map_or_else(|| -> Probe { Arc::new(|| (None, 0.0)) }, RunningRole::probe);
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(interval);
+            let mut poll = tokio::time::interval(INSTALL_POLL.min(interval));
+            let mut sent: Option<(std::time::Instant, Option<u64>)> = None;
             loop {
-                tick.tick().await;
-                let pending = state.trajectories.pending().unwrap_or(0);
+                poll.tick().await;
                 let (installed_version, mu) = probe();
+                let due =
+                    sent.is_none_or(|(at, v)| at.elapsed() >= interval || v != installed_version);
+                if !due {
+                    continue;
+                }
+                let pending = state.trajectories.pending().unwrap_or(0);
                 let local = p2p::LocalStatus {
                     installed_version,
                     mu,
@@ -272,6 +300,7 @@ async fn serve(state: Arc<NodeState>) -> anyhow::Result<()> {
                 if client.set_local_status(local).await.is_err() {
                     break;
                 }
+                sent = Some((std::time::Instant::now(), installed_version));
             }
         })
     };
@@ -336,10 +365,33 @@ async fn serve(state: Arc<NodeState>) -> anyhow::Result<()> {
     result.and(role_result)
 }
 
+/// The hidden benchmark flags of `run` (testnet `broadcast`).
+struct Bench {
+    publish: Option<roles::bench::BenchPlan>,
+    sink: bool,
+}
+
+impl Bench {
+    fn from_args(args: &RunArgs) -> Bench {
+        Bench {
+            publish: args
+                .bench_broadcast_mb
+                .map(|size_mb| roles::bench::BenchPlan {
+                    size_mb,
+                    workers: args.bench_workers,
+                    rounds: args.bench_rounds,
+                }),
+            sink: args.bench_sink,
+        }
+    }
+}
+
 /// The role a running node plays.
 enum RunningRole {
     Learner(roles::learner::LearnerRole),
     Rollout(roles::rollout::RolloutRole),
+    BenchPublisher(Option<tokio::task::JoinHandle<anyhow::Result<()>>>),
+    BenchSink(Probe),
 }
 
 impl RunningRole {
@@ -347,6 +399,8 @@ impl RunningRole {
         match self {
             RunningRole::Learner(l) => l.probe(),
             RunningRole::Rollout(r) => r.probe(),
+            RunningRole::BenchPublisher(_) => Arc::new(|| (None, 0.0)),
+            RunningRole::BenchSink(p) => p.clone(),
         }
     }
 
@@ -355,7 +409,22 @@ impl RunningRole {
     async fn failed(&mut self) {
         match self {
             RunningRole::Learner(l) => l.failed().await,
-            RunningRole::Rollout(_) => std::future::pending().await,
+            RunningRole::BenchPublisher(task) => {
+                let Some(t) = task.as_mut() else {
+                    return std::future::pending().await;
+                };
+                let r = t.await;
+                *task = None;
+                match r {
+                    Ok(Ok(())) => {
+                        tracing::info!("bench: all rounds done");
+                        std::future::pending().await
+                    }
+                    Ok(Err(e)) => tracing::error!(error = %format!("{e:#}"), "bench failed"),
+                    Err(e) => tracing::error!(error = %e, "bench task failed"),
+                }
+            }
+            RunningRole::Rollout(_) | RunningRole::BenchSink(_) => std::future::pending().await,
         }
     }
 
@@ -363,6 +432,13 @@ impl RunningRole {
         match self {
             RunningRole::Learner(l) => l.shutdown().await,
             RunningRole::Rollout(r) => r.shutdown().await,
+            RunningRole::BenchPublisher(t) => {
+                if let Some(t) = t {
+                    t.abort();
+                }
+                Ok(())
+            }
+            RunningRole::BenchSink(_) => Ok(()),
         }
     }
 }

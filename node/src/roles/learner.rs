@@ -18,11 +18,11 @@
 //! snapshot it ever published (the manifests in its chunk store), so versions keep growing
 //! and workers accept the next snapshot.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -50,6 +50,42 @@ struct Shared {
     pull_errors: AtomicU64,
     /// Sum of the μ the workers reported in their last heartbeats (μ_pool).
     mu_pool_milli: AtomicU64,
+    /// Published versions whose T_bcast is still being measured, with their publish time.
+    in_flight: Mutex<Vec<(u64, Instant)>>,
+    /// The last [`RECENT_BCAST`] T_bcast measurements (seconds).
+    t_bcast: Mutex<VecDeque<f64>>,
+    /// μ_target = γ·μ_min in milli-groups/s ([`NONE`] while unknown), for the scheduler.
+    mu_target_milli: AtomicU64,
+    /// The scheduler's state (when `scheduler.enabled`).
+    scheduler: Option<Arc<Mutex<super::scheduler::State>>>,
+}
+
+/// T_bcast samples kept for the median.
+const RECENT_BCAST: usize = 16;
+/// γ of SPEC §10: μ_target = γ·μ_min, and T_bcast ends when a fraction q = 1/γ of the active
+/// workers has installed the snapshot (SPEC §6).
+const GAMMA: f64 = 1.1;
+
+impl Shared {
+    fn t_bcast_median(&self) -> Option<f64> {
+        let v: Vec<f64> = self.t_bcast.lock().ok()?.iter().copied().collect();
+        median(&v)
+    }
+}
+
+/// T_bcast of a snapshot is over once `⌈q·n⌉` of the `n` active workers report (heartbeat
+/// install reports) a version at least as new, q = 1/γ. With no worker it is not defined.
+pub fn broadcast_done(installed: &[Option<u64>], version: u64) -> bool {
+    let n = installed.len();
+    if n == 0 {
+        return false;
+    }
+    let need = ((n as f64) / GAMMA).ceil() as usize;
+    installed
+        .iter()
+        .filter(|v| v.is_some_and(|v| v >= version))
+        .count()
+        >= need.max(1)
 }
 
 /// A snapshot waiting to be published.
@@ -117,10 +153,31 @@ pub async fn start(
         groups_pulled: AtomicU64::new(0),
         pull_errors: AtomicU64::new(0),
         mu_pool_milli: AtomicU64::new(0),
+        in_flight: Mutex::new(Vec::new()),
+        t_bcast: Mutex::new(VecDeque::new()),
+        mu_target_milli: AtomicU64::new(NONE),
+        scheduler: state.config.scheduler.enabled.then(|| {
+            Arc::new(Mutex::new(super::scheduler::State::new(
+                state.config.scheduler.clone(),
+            )))
+        }),
     });
     let (snap_tx, snap_rx) = watch::channel::<Snapshot>(None);
     let config_hash = trainer.policy().config().hash();
-    let tasks = vec![
+    let mut tasks = Vec::new();
+    if let Some(sched) = shared.scheduler.clone() {
+        let s = shared.clone();
+        tasks.push(tokio::spawn(super::scheduler::run(
+            client.clone(),
+            dissem.clone(),
+            sched,
+            move || {
+                let m = s.mu_target_milli.load(Ordering::Relaxed);
+                (m != NONE).then(|| m as f64 / 1000.0)
+            },
+        )));
+    }
+    tasks.extend([
         tokio::spawn(publisher(dissem, config_hash, snap_rx, shared.clone())),
         tokio::spawn(puller(
             client,
@@ -129,7 +186,7 @@ pub async fn start(
             cfg.clone(),
             state.config.storage.lease_ttl_s,
         )),
-    ];
+    ]);
     let (done_tx, finished) = tokio::sync::oneshot::channel();
     let ctx = TrainCtx {
         trainer,
@@ -238,7 +295,12 @@ struct Totals {
     dropped_other: u64,
     pruned: u64,
     reward_first: Option<f64>,
+    /// Rewards of the last [`RECENT`] steps.
+    recent_rewards: std::collections::VecDeque<f64>,
 }
+
+/// Steps averaged in the status' `reward_recent`.
+const RECENT: usize = 20;
 
 fn train_loop(mut c: TrainCtx) -> anyhow::Result<()> {
     let t_start = Instant::now();
@@ -261,6 +323,7 @@ fn train_loop(mut c: TrainCtx) -> anyhow::Result<()> {
         totals.pruned += c.buffer.prune_below(floor)?;
         let (mut hand, mut leases) = (Vec::with_capacity(b), Vec::new());
         let mut held_since = Instant::now();
+        let mut viewed = Instant::now();
         while hand.len() < b {
             // Never let a partial batch's leases expire while waiting for the rest: give them
             // back and start over (the groups stay in the buffer).
@@ -279,7 +342,14 @@ fn train_loop(mut c: TrainCtx) -> anyhow::Result<()> {
                     leases.push(l.id);
                     hand.extend(l.groups.into_iter().map(|(_, g)| g));
                 }
-                None => std::thread::sleep(Duration::from_millis(5)),
+                None => {
+                    // Starved: keep `/status` live while waiting.
+                    if viewed.elapsed() > Duration::from_secs(1) {
+                        update_view(&c, &totals, last.as_ref(), false);
+                        viewed = Instant::now();
+                    }
+                    std::thread::sleep(Duration::from_millis(5))
+                }
             }
         }
         let idle = t_wait.elapsed().as_secs_f64();
@@ -313,6 +383,10 @@ fn train_loop(mut c: TrainCtx) -> anyhow::Result<()> {
         }
         totals.staleness_max = totals.staleness_max.max(st.staleness_max);
         totals.reward_first.get_or_insert(st.reward_mean);
+        totals.recent_rewards.push_back(st.reward_mean);
+        if totals.recent_rewards.len() > RECENT {
+            totals.recent_rewards.pop_front();
+        }
         let published = if c.trainer.should_publish() {
             publish(&c.trainer, &c.snap_tx)?;
             true
@@ -367,6 +441,50 @@ fn update_view(c: &TrainCtx, t: &Totals, last: Option<&(StepStats, f64)>, finish
     let busy = t.idle_s + t.train_s;
     let s = &c.shared;
     let published = s.published.load(Ordering::Relaxed);
+    // SPEC §10 / ECHO-2 eq. 2, 7, 12 with the online medians (groups as the unit: R = B).
+    let t_bcast = s.t_bcast_median();
+    let t_train = median(&t.recent_train_s);
+    let mu_pool = s.mu_pool_milli.load(Ordering::Relaxed) as f64 / 1000.0;
+    let kappa = cfg.kappa() as u32;
+    let b = cfg.groups_per_step as f64;
+    let capacity = match (t_train, t_bcast) {
+        (Some(tt), Some(tb)) => match control::capacity::mu_min(kappa, b, tt, tb) {
+            control::capacity::Requirement::Feasible { mu_min } => (Some(mu_min), false),
+            control::capacity::Requirement::Infeasible { .. } => (None, true),
+        },
+        _ => (None, false),
+    };
+    let mu_target = capacity.0.map(|m| GAMMA * m);
+    s.mu_target_milli.store(
+        mu_target.map_or(NONE, |m| (m * 1000.0) as u64),
+        Ordering::Relaxed,
+    );
+    let scheduler = s
+        .scheduler
+        .as_ref()
+        .and_then(|st| {
+            st.lock()
+                .ok()
+                .and_then(|st| st.view.lock().ok().map(|v| v.clone()))
+        })
+        .unwrap_or_else(|| json!({"enabled": false}));
+    let delta_bound = match (t_train, t_bcast) {
+        (Some(tt), Some(tb)) => {
+            control::capacity::delta_max_conservative(kappa, tb, b, mu_pool, tt)
+        }
+        _ => None,
+    };
+    let delta_bound_overlap = match (t_train, t_bcast) {
+        (Some(tt), Some(tb)) => control::capacity::delta_max_under_overlap(kappa, tb, tt),
+        _ => None,
+    };
+    let last_step = last.map(|(st, idle)| json!({
+                "reward_mean": st.reward_mean, "reward_std": st.reward_std, "loss": st.loss,
+                "kl_sampler_learner": st.kl_sampler_learner,
+                "importance_weight_variance": st.importance_weight_variance,
+                "grad_norm": st.grad_norm, "zero_advantage_fraction": st.zero_advantage_fraction,
+                "t_train_s": st.t_train_s, "idle_s": idle, "staleness_max": st.staleness_max,
+    }));
     c.view.set(
         "learner",
         json!({
@@ -381,10 +499,17 @@ fn update_view(c: &TrainCtx, t: &Totals, last: Option<&(StepStats, f64)>, finish
             "bubble_ratio": if busy > 0.0 { t.idle_s / busy } else { 0.0 },
             "idle_s": t.idle_s,
             "train_s": t.train_s,
-            "t_train_s": median(&t.recent_train_s),
-            "t_bcast_s": null,
-            "mu_pool": s.mu_pool_milli.load(Ordering::Relaxed) as f64 / 1000.0,
-            "mu_target": null,
+            "t_train_s": t_train,
+            "t_bcast_s": t_bcast,
+            "t_bcast_samples": s.t_bcast.lock().map(|t| t.len()).unwrap_or(0),
+            "mu_pool": mu_pool,
+            "mu_min": capacity.0,
+            "mu_target": mu_target,
+            "scheduler": scheduler,
+            "mu_units": "groups/s",
+            "capacity_infeasible": capacity.1,
+            "delta_max_bound": delta_bound,
+            "delta_max_bound_under_overlap": delta_bound_overlap,
             "published_version": (published != NONE).then_some(published),
             "snapshots_published": s.snapshots.load(Ordering::Relaxed),
             "groups_pulled": s.groups_pulled.load(Ordering::Relaxed),
@@ -397,13 +522,9 @@ fn update_view(c: &TrainCtx, t: &Totals, last: Option<&(StepStats, f64)>, finish
             "staleness_histogram": t.staleness,
             "staleness_max": t.staleness_max,
             "reward_first": t.reward_first,
-            "last_step": last.map(|(st, idle)| json!({
-                "reward_mean": st.reward_mean, "reward_std": st.reward_std, "loss": st.loss,
-                "kl_sampler_learner": st.kl_sampler_learner,
-                "importance_weight_variance": st.importance_weight_variance,
-                "grad_norm": st.grad_norm, "zero_advantage_fraction": st.zero_advantage_fraction,
-                "t_train_s": st.t_train_s, "idle_s": idle, "staleness_max": st.staleness_max,
-            })),
+            "reward_recent": (!t.recent_rewards.is_empty())
+                .then(|| t.recent_rewards.iter().sum::<f64>() / t.recent_rewards.len() as f64),
+            "last_step": last_step,
         }),
     );
 }
@@ -427,6 +548,12 @@ async fn publisher(
         match dissem.publish(version, config_hash, &bytes, None).await {
             Ok(report) => {
                 published = Some(version);
+                if let Ok(mut f) = shared.in_flight.lock() {
+                    f.push((version, t0));
+                    // Versions nobody installs (no workers yet) are not measured forever.
+                    let excess = f.len().saturating_sub(RECENT_BCAST);
+                    f.drain(..excess);
+                }
                 shared.published.store(version, Ordering::Relaxed);
                 shared.snapshots.fetch_add(1, Ordering::Relaxed);
                 metrics::counter!("learner_snapshots_published_total").increment(1);
@@ -459,6 +586,28 @@ pub fn allocate_pulls(need: u64, holdings: &[u64]) -> Vec<u64> {
         .collect()
 }
 
+/// Ends the T_bcast measurement of every in-flight version the workers have installed.
+fn measure_broadcasts(shared: &Shared, installed: &[Option<u64>]) {
+    let Ok(mut in_flight) = shared.in_flight.lock() else {
+        return;
+    };
+    in_flight.retain(|(v, at)| {
+        if !broadcast_done(installed, *v) {
+            return true;
+        }
+        let secs = at.elapsed().as_secs_f64();
+        metrics::histogram!("learner_t_bcast_seconds").record(secs);
+        tracing::debug!(version = v, secs, "snapshot broadcast complete");
+        if let Ok(mut t) = shared.t_bcast.lock() {
+            t.push_back(secs);
+            if t.len() > RECENT_BCAST {
+                t.pop_front();
+            }
+        }
+        false
+    });
+}
+
 /// Keeps the buffer topped up from the rollout workers.
 async fn puller(
     client: p2p::Client,
@@ -489,6 +638,13 @@ async fn puller(
             })
             .collect();
         let mu_pool: f64 = workers.iter().map(|w| w.2).sum();
+        let installed: Vec<Option<u64>> = net
+            .peers
+            .iter()
+            .filter(|p| p.connected && p.active && p.role.as_deref() == Some("rollout"))
+            .map(|p| p.installed_version)
+            .collect();
+        measure_broadcasts(&shared, &installed);
         shared
             .mu_pool_milli
             .store((mu_pool * 1000.0) as u64, Ordering::Relaxed);
@@ -532,7 +688,21 @@ async fn puller(
 
 #[cfg(test)]
 mod tests {
-    use super::allocate_pulls;
+    use super::{allocate_pulls, broadcast_done};
+
+    #[test]
+    fn broadcast_ends_when_a_fraction_one_over_gamma_installed() {
+        // q = 1/1.1: 10 workers need ⌈9.09⌉ = 10, 11 need 10, 2 need 2, 1 needs 1.
+        let mut v = vec![Some(5); 10];
+        assert!(broadcast_done(&v, 5));
+        v[0] = Some(4);
+        assert!(!broadcast_done(&v, 5));
+        v.push(Some(6));
+        assert!(broadcast_done(&v, 5), "10 of 11 suffice");
+        assert!(!broadcast_done(&[Some(5), None], 5));
+        assert!(broadcast_done(&[Some(7)], 5), "a newer install counts");
+        assert!(!broadcast_done(&[], 0), "undefined without workers");
+    }
 
     #[test]
     fn pulls_follow_holdings_and_ask_everyone() {

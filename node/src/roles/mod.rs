@@ -6,8 +6,10 @@
 //! carries through [`Probe`]; it never touches the swarm directly (only through the
 //! `p2p::Client` handle and the dissemination engine).
 
+pub mod bench;
 pub mod learner;
 pub mod rollout;
+pub mod scheduler;
 
 use std::sync::{Arc, RwLock};
 

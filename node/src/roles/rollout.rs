@@ -7,10 +7,12 @@
 //!   start the newest complete snapshot in the chunk store is installed, so a restarted worker
 //!   resumes at once.
 //! - **Generate.** One [`RolloutEngine`] on its own thread; it idles until a policy is
-//!   installed and pauses while `storage.max_pending_groups` groups wait to be pulled.
+//!   installed, pauses while `storage.max_pending_groups` groups wait to be pulled, and stands
+//!   by while the learner's signed activation order says so (it keeps installing snapshots).
 //! - **Serve.** `pull::serve` answers only the swarm's learner. A pull names the oldest
 //!   admissible version; groups older than that are pruned (counted as discarded-stale) first.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -111,11 +113,13 @@ pub async fn start(
     )
     .context("creating the rollout engine")?;
     let stats = engine.stats();
+    let standby = engine.standby_flag();
     let engine = engine.spawn().context("starting the rollout engine")?;
 
     let mut tasks = Vec::new();
     if let Some(mut rx) = installs {
         let slot = slot.clone();
+        let standby = standby.clone();
         tasks.push(tokio::spawn(async move {
             while let Some(ev) = rx.recv().await {
                 match ev {
@@ -146,6 +150,16 @@ pub async fn start(
                         version,
                         index,
                     } => tracing::warn!(%peer, version, index, "corrupt chunk rejected"),
+                    DisseminationEvent::Activation { seq, active } => {
+                        let was = !standby.swap(!active, Ordering::Relaxed);
+                        if was != active {
+                            tracing::info!(
+                                seq,
+                                active,
+                                "the learner's scheduler changed this worker's state"
+                            );
+                        }
+                    }
                     DisseminationEvent::Progress { .. } => {}
                 }
             }
@@ -160,6 +174,7 @@ pub async fn start(
     }));
     {
         let (slot, stats, store) = (slot.clone(), stats.clone(), state.trajectories.clone());
+        let standby = standby.clone();
         tasks.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
@@ -171,6 +186,7 @@ pub async fn start(
                         "installed_version": slot.version(), "mu": s.mu, "groups": s.groups,
                         "samples": s.samples, "tokens": s.tokens, "paused": s.paused,
                         "errors": s.errors, "reward_ema": s.reward_ema,
+                        "standby": standby.load(Ordering::Relaxed),
                         "last_group_version": s.version,
                         "pending": store.pending().ok(),
                     }),

@@ -1,0 +1,287 @@
+//! The learner's provisioning scheduler in the node (SPEC §10, ECHO-2 §3.4, App. D).
+//!
+//! Every [`TICK`] it reads the workers' heartbeats (declared cost c_i, measured μ_i,
+//! availability), decides which rollout workers generate (active) and which stay connected but
+//! idle (standby), and gossips the decision as a learner-signed activation order
+//! (`dissemination::order_msg`) whenever it changes and every `announce_interval_ms`.
+//!
+//! Two policies:
+//! - **Target** (default): μ_target = γ·μ_min from the online medians of T_train and T_bcast
+//!   (computed by the learner). `control::capacity::Scheduler` keeps the cheapest-ρ prefix
+//!   that reaches it, with hysteresis, and replaces a failed worker at once. Until the target
+//!   is known every worker is active; a worker that has not yet produced (μ unknown) is active
+//!   on probation so that its μ gets measured.
+//! - **Fixed** (`scheduler.active_workers = K`): exactly the K cheapest available workers by
+//!   ρ (workers not yet measured rank after measured ones, by cost) — an operator override,
+//!   also what makes the standby/failover behaviour testable on a noisy machine.
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use control::capacity::{Scheduler, SchedulerConfig as Hysteresis, WorkerInfo};
+use dissemination::Disseminator;
+use serde_json::{json, Value};
+
+use crate::config::SchedulerConfig;
+
+pub const TICK: Duration = Duration::from_millis(500);
+
+/// One worker as the scheduler sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    pub id: String,
+    pub cost_per_hour: f64,
+    /// Groups per second (0 = not measured yet).
+    pub mu: f64,
+    pub available: bool,
+}
+
+/// Fixed policy: the `k` cheapest available workers — measured ones by ρ = c/μ first, then
+/// unmeasured ones by cost, ties by id — are active; every other worker is on standby.
+pub fn fixed_selection(cands: &[Candidate], k: usize) -> (Vec<String>, Vec<String>) {
+    let mut avail: Vec<&Candidate> = cands.iter().filter(|c| c.available).collect();
+    avail.sort_by(|a, b| {
+        let key = |c: &Candidate| {
+            if c.mu > 0.0 {
+                (0, c.cost_per_hour / c.mu)
+            } else {
+                (1, c.cost_per_hour)
+            }
+        };
+        let (ka, kb) = (key(a), key(b));
+        ka.0.cmp(&kb.0)
+            .then(ka.1.total_cmp(&kb.1))
+            .then(a.id.cmp(&b.id))
+    });
+    let active: Vec<String> = avail.iter().take(k).map(|c| c.id.clone()).collect();
+    let standby = cands
+        .iter()
+        .filter(|c| !active.contains(&c.id))
+        .map(|c| c.id.clone())
+        .collect();
+    (active, standby)
+}
+
+/// The scheduler's state between ticks.
+pub struct State {
+    cfg: SchedulerConfig,
+    hysteresis: Scheduler<String>,
+    seeded: bool,
+    started: Instant,
+    last: Option<(Vec<String>, Vec<String>)>,
+    last_sent: Option<Instant>,
+    last_seq: u64,
+    orders: u64,
+    /// What `/status` shows.
+    pub view: Mutex<Value>,
+}
+
+impl State {
+    pub fn new(cfg: SchedulerConfig) -> Self {
+        let hysteresis = Scheduler::new(Hysteresis {
+            release_margin: cfg.release_margin,
+            sustain_s: cfg.sustain_s,
+        });
+        State {
+            cfg,
+            hysteresis,
+            seeded: false,
+            started: Instant::now(),
+            last: None,
+            last_sent: None,
+            last_seq: 0,
+            orders: 0,
+            view: Mutex::new(json!({"enabled": false})),
+        }
+    }
+
+    /// Decides active / standby for this tick (`mu_target` in groups/s when known).
+    pub fn decide(
+        &mut self,
+        cands: &[Candidate],
+        mu_target: Option<f64>,
+    ) -> (Vec<String>, Vec<String>) {
+        if let Some(k) = self.cfg.active_workers {
+            return fixed_selection(cands, k);
+        }
+        let Some(target) = mu_target else {
+            let active = cands
+                .iter()
+                .filter(|c| c.available)
+                .map(|c| c.id.clone())
+                .collect();
+            let standby = cands
+                .iter()
+                .filter(|c| !c.available)
+                .map(|c| c.id.clone())
+                .collect();
+            return (active, standby);
+        };
+        let measured: Vec<WorkerInfo<String>> = cands
+            .iter()
+            .filter(|c| c.mu > 0.0)
+            .map(|c| WorkerInfo {
+                id: c.id.clone(),
+                cost_per_hour: c.cost_per_hour,
+                mu: c.mu,
+                available: c.available,
+            })
+            .collect();
+        if !self.seeded {
+            // Everyone generated until now: start from that.
+            self.hysteresis.set_active(
+                measured
+                    .iter()
+                    .filter(|w| w.available)
+                    .map(|w| w.id.clone()),
+            );
+            self.seeded = true;
+        }
+        self.hysteresis
+            .tick(self.started.elapsed().as_secs_f64(), &measured, target);
+        let chosen: BTreeSet<&String> = self.hysteresis.active().iter().collect();
+        let (active, standby): (Vec<&Candidate>, Vec<&Candidate>) = cands
+            .iter()
+            .partition(|c| c.available && (chosen.contains(&c.id) || c.mu <= 0.0));
+        (
+            active.into_iter().map(|c| c.id.clone()).collect(),
+            standby.into_iter().map(|c| c.id.clone()).collect(),
+        )
+    }
+}
+
+/// Runs the scheduler until the network service stops.
+pub async fn run(
+    client: p2p::Client,
+    dissem: Disseminator,
+    state: std::sync::Arc<Mutex<State>>,
+    mu_target: impl Fn() -> Option<f64> + Send + 'static,
+) {
+    let mut tick = tokio::time::interval(TICK);
+    loop {
+        tick.tick().await;
+        let Ok(net) = client.status().await else {
+            return;
+        };
+        let cands: Vec<Candidate> = net
+            .peers
+            .iter()
+            .filter(|p| p.connected && p.role.as_deref() == Some("rollout"))
+            .map(|p| Candidate {
+                id: p.peer_id.clone(),
+                cost_per_hour: p.cost_per_hour.unwrap_or(0.0),
+                mu: p.mu.unwrap_or(0.0),
+                available: p.active,
+            })
+            .collect();
+        let target = mu_target();
+        let (send, seq, active, standby) = {
+            let Ok(mut st) = state.lock() else { return };
+            let (active, standby) = st.decide(&cands, target);
+            let changed = st.last.as_ref() != Some(&(active.clone(), standby.clone()));
+            let due = st
+                .last_sent
+                .is_none_or(|t| t.elapsed() >= Duration::from_millis(st.cfg.announce_interval_ms));
+            let send = !cands.is_empty() && (changed || due);
+            if changed {
+                tracing::info!(?active, ?standby, "scheduler: new activation order");
+            }
+            let seq = (storage::now_unix_ms()).max(st.last_seq + 1);
+            if send {
+                st.last_seq = seq;
+                st.last_sent = Some(Instant::now());
+                st.orders += 1;
+            }
+            st.last = Some((active.clone(), standby.clone()));
+            let sum = |ids: &[String], f: fn(&Candidate) -> f64| -> f64 {
+                cands.iter().filter(|c| ids.contains(&c.id)).map(f).sum()
+            };
+            let view = json!({
+                "enabled": true,
+                "policy": if st.cfg.active_workers.is_some() { "fixed" } else { "target" },
+                "active_workers": st.cfg.active_workers,
+                "active": active, "standby": standby,
+                "active_cost_per_hour": sum(&active, |c| c.cost_per_hour),
+                "active_mu": sum(&active, |c| c.mu),
+                "mu_target": target,
+                "orders_published": st.orders,
+            });
+            if let Ok(mut v) = st.view.lock() {
+                *v = view;
+            }
+            (send, seq, active, standby)
+        };
+        if send {
+            let parse = |ids: Vec<String>| ids.iter().filter_map(|i| i.parse().ok()).collect();
+            if let Err(e) = dissem
+                .publish_order(seq, parse(active), parse(standby))
+                .await
+            {
+                tracing::debug!(error = %e, "activation order not gossiped");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(id: &str, cost: f64, mu: f64, available: bool) -> Candidate {
+        Candidate {
+            id: id.into(),
+            cost_per_hour: cost,
+            mu,
+            available,
+        }
+    }
+
+    #[test]
+    fn fixed_keeps_the_cheapest_by_rho_and_replaces_a_failed_one() {
+        let cands = [
+            c("a", 0.1, 2.0, true),
+            c("b", 0.1, 1.0, true),
+            c("c", 1.0, 2.0, true),
+            c("d", 0.2, 0.0, true), // not measured yet: after the measured ones
+        ];
+        let (act, sb) = fixed_selection(&cands, 2);
+        assert_eq!(act, ["a", "b"]);
+        assert_eq!(sb, ["c", "d"]);
+        // "a" fails: the next by ρ is "c" (ρ 0.5); "d" is unmeasured.
+        let mut failed = cands.clone();
+        failed[0].available = false;
+        let (act, sb) = fixed_selection(&failed, 2);
+        assert_eq!(act, ["b", "c"]);
+        assert_eq!(sb, ["a", "d"]);
+        // Before anyone is measured, cost decides.
+        let fresh = [
+            c("x", 1.0, 0.0, true),
+            c("y", 0.1, 0.0, true),
+            c("z", 0.5, 0.0, true),
+        ];
+        assert_eq!(fixed_selection(&fresh, 2).0, ["y", "z"]);
+    }
+
+    #[test]
+    fn without_a_target_everyone_available_is_active_and_probation_is_active() {
+        let mut st = State::new(SchedulerConfig {
+            enabled: true,
+            sustain_s: 0.0,
+            ..SchedulerConfig::default()
+        });
+        let cands = [
+            c("a", 0.1, 1.0, true),
+            c("b", 5.0, 1.0, true),
+            c("n", 9.0, 0.0, true),
+        ];
+        let (act, _) = st.decide(&cands, None);
+        assert_eq!(act.len(), 3);
+        // Target 1.0 groups/s: "a" alone reaches it; "b" (expensive) goes to standby once the
+        // surplus is sustained (sustain 0 here); "n" is unmeasured and stays on probation.
+        st.decide(&cands, Some(1.0));
+        let (act, sb) = st.decide(&cands, Some(1.0));
+        assert_eq!(act, ["a", "n"]);
+        assert_eq!(sb, ["b"]);
+    }
+}
