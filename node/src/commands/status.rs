@@ -156,7 +156,32 @@ pub fn render(v: &Value) -> String {
             num(l, "t_train_s", 2),
             num(l, "t_bcast_s", 2),
         ));
+        out.push_str(&format!(
+            "         steps {}  reward (last 20) {}  Δmax observed {} / bound {} (eq. 7), {} (eq. 12)  snapshots {}\n",
+            text(l, "steps"),
+            num(l, "reward_recent", 3),
+            text(l, "staleness_max"),
+            text(l, "delta_max_bound"),
+            text(l, "delta_max_bound_under_overlap"),
+            text(l, "snapshots_published"),
+        ));
+        let sch = &l["scheduler"];
+        if sch["enabled"] == true {
+            let count = |k: &str| sch[k].as_array().map_or(0, Vec::len);
+            out.push_str(&format!(
+                "scheduler ({}): {} active, {} standby, {} $/h, μ active {} (groups/s)\n",
+                text(sch, "policy"),
+                count("active"),
+                count("standby"),
+                num(sch, "active_cost_per_hour", 2),
+                num(sch, "active_mu", 2),
+            ));
+        }
     }
+    let standby: Vec<&str> = v["learner"]["scheduler"]["standby"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);
     t.set_header(vec![
@@ -193,7 +218,9 @@ pub fn render(v: &Value) -> String {
             text(p, "pending"),
             num(p, "mu", 2),
             num(p, "cost_per_hour", 2),
-            if p.get("active").and_then(Value::as_bool).unwrap_or(false) {
+            if standby.contains(&text(p, "peer_id").as_str()) {
+                "standby".into()
+            } else if p.get("active").and_then(Value::as_bool).unwrap_or(false) {
                 "yes".into()
             } else {
                 "no".into()
@@ -217,6 +244,9 @@ mod tests {
         );
         let v: Value = serde_json::json!({
             "peer_id": "12D3", "role": "learner", "version": null,
+            "learner": {"version": 7, "staleness": 3, "kappa": 2, "mu_target": 1.5,
+                        "scheduler": {"enabled": true, "policy": "fixed", "active": [],
+                                      "standby": ["12D3KooWx"], "active_cost_per_hour": 0.4}},
             "peers": [{"peer_id": "12D3KooWx", "role": "rollout", "addrs": ["/ip4/127.0.0.1/tcp/1"],
                        "score": 12.5, "speed": 0.0, "success": 100.0, "stability": 30.0, "decay": 1.0,
                        "heartbeat_age_s": 0.5, "pending": 3, "active": true}]
@@ -226,5 +256,10 @@ mod tests {
             s.contains("12D3KooWx") && s.contains("12.5") && s.contains("rollout"),
             "{s}"
         );
+        assert!(
+            s.contains("μ_target 1.50") && s.contains("1 standby"),
+            "{s}"
+        );
+        assert!(s.contains("standby │") || s.contains("standby "), "{s}");
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::swarm::{keygen, wait_for, Node, BIN};
+use crate::swarm::{wait_for, Node, BIN};
 
 /// Every learner step logged in `metrics/steps.jsonl`.
 fn steps(learner_data: &Path) -> Vec<Value> {
@@ -140,11 +140,6 @@ fn a_learner_killed_mid_run_resumes_without_training_a_group_twice() {
     let tmp = tempfile::tempdir().unwrap();
     let swarm = "it-crash";
     let learner_sections = "[learner]\nwarm_start_steps = 5\ncheckpoint_every = 4\n";
-    let key = {
-        let d = tmp.path().join("learner");
-        std::fs::create_dir_all(&d).unwrap();
-        keygen(&d)
-    };
     let mut learner = Node::start_full(
         tmp.path(),
         "learner",
@@ -153,16 +148,12 @@ fn a_learner_killed_mid_run_resumes_without_training_a_group_twice() {
         None,
         "",
         learner_sections,
-        key,
     );
     learner.wait_ready();
     let boot = format!("bootstrap = [\"{}\"]", learner.addr());
     let lpk = learner.key.public_key.clone();
     let mut workers: Vec<Node> = (0..2)
         .map(|i| {
-            let d = tmp.path().join(format!("w{i}"));
-            std::fs::create_dir_all(&d).unwrap();
-            let key = keygen(&d);
             Node::start_full(
                 tmp.path(),
                 &format!("w{i}"),
@@ -171,7 +162,6 @@ fn a_learner_killed_mid_run_resumes_without_training_a_group_twice() {
                 Some(&lpk),
                 &boot,
                 "[storage]\nmax_pending_groups = 8\n",
-                key,
             )
         })
         .collect();

@@ -2,4 +2,5 @@
 
 mod cli;
 mod learning;
+mod scheduler;
 mod swarm;

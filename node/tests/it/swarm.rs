@@ -82,7 +82,7 @@ pub(crate) struct Node {
 }
 
 impl Node {
-    /// Writes a config for `role` under `root/name` and starts the node.
+    /// Writes a config for `role` under `root/name` and starts the node (roles kept quiet).
     fn start(
         root: &Path,
         name: &str,
@@ -91,10 +91,41 @@ impl Node {
         learner_pk: Option<&str>,
         network_extra: &str,
     ) -> Node {
+        Node::start_full(
+            root,
+            name,
+            role,
+            swarm,
+            learner_pk,
+            network_extra,
+            QUIET_ROLES,
+        )
+    }
+
+    /// A new node with a fresh key in `root/name`; `sections` are TOML tables appended after
+    /// `[network]` (the role's settings).
+    pub(crate) fn start_full(
+        root: &Path,
+        name: &str,
+        role: &str,
+        swarm: &str,
+        learner_pk: Option<&str>,
+        network_extra: &str,
+        sections: &str,
+    ) -> Node {
         let data = root.join(name);
         std::fs::create_dir_all(&data).unwrap();
         let key = keygen(&data);
-        Node::start_with_key(root, name, role, swarm, learner_pk, network_extra, key)
+        Node::launch(
+            root,
+            name,
+            role,
+            swarm,
+            learner_pk,
+            network_extra,
+            sections,
+            key,
+        )
     }
 
     /// Like [`Node::start`] for a node whose key exists already in `root/name`.
@@ -107,7 +138,7 @@ impl Node {
         network_extra: &str,
         key: Key,
     ) -> Node {
-        Node::start_full(
+        Node::launch(
             root,
             name,
             role,
@@ -119,9 +150,8 @@ impl Node {
         )
     }
 
-    /// The most general start: `sections` are TOML tables appended after `[network]`.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn start_full(
+    fn launch(
         root: &Path,
         name: &str,
         role: &str,

@@ -1,0 +1,106 @@
+//! The provisioning scheduler across real processes (issue 7): a learner keeping 4 of 6
+//! workers active (`scheduler.active_workers = 4`, the cheapest by ρ = cost/μ), the other two
+//! on standby through learner-signed activation orders; an active worker is killed and a
+//! standby one is activated and generates while training continues. Bounded waits.
+
+use std::collections::BTreeSet;
+
+use serde_json::Value;
+
+use crate::swarm::{wait_for, Node};
+
+fn ids(v: &Value) -> BTreeSet<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_standby_worker_replaces_a_killed_active_one_and_training_continues() {
+    let tmp = tempfile::tempdir().unwrap();
+    let swarm = "it-scheduler";
+    let limit = std::time::Duration::from_secs(150);
+    let mut learner = Node::start_full(
+        tmp.path(),
+        "learner",
+        "learner",
+        swarm,
+        None,
+        "",
+        "[learner]\nwarm_start_steps = 2\n[scheduler]\nenabled = true\nactive_workers = 4\nannounce_interval_ms = 500\n",
+    );
+    learner.wait_ready();
+    let lpk = learner.key.public_key.clone();
+    let boot = format!("bootstrap = [\"{}\"]", learner.addr());
+    // w0..w3 cost 0.1 $/h, w4 and w5 cost 1.0 $/h: the last two end up on standby.
+    let mut workers: Vec<Node> = (0..6)
+        .map(|i| {
+            let cost = if i < 4 { 0.1 } else { 1.0 };
+            let name = format!("w{i}");
+            Node::start_full(
+                tmp.path(),
+                &name,
+                "rollout",
+                swarm,
+                Some(&lpk),
+                &format!("{boot}\ncost_per_hour = {cost}"),
+                "[storage]\nmax_pending_groups = 2\n",
+            )
+        })
+        .collect();
+    let id = |w: &Node| w.key.peer_id.clone();
+    let cheap: BTreeSet<String> = workers[..4].iter().map(id).collect();
+    let dear: BTreeSet<String> = workers[4..].iter().map(id).collect();
+
+    // 4 active (the cheap ones), 2 on standby, and the standby workers know it.
+    wait_for(
+        "4 cheap workers active and 2 dear ones on standby",
+        limit,
+        || {
+            let s = learner.status()?;
+            let sch = &s["learner"]["scheduler"];
+            (ids(&sch["active"]) == cheap && ids(&sch["standby"]) == dear).then_some(())
+        },
+    );
+    for w in workers[4..].iter_mut() {
+        let name = w.name.clone();
+        wait_for(&format!("{name} to report standby"), limit, || {
+            (w.status()?["rollout"]["standby"] == true).then_some(())
+        });
+    }
+    let v0 = wait_for("training", limit, || {
+        learner.status()?["learner"]["version"]
+            .as_u64()
+            .filter(|&v| v >= 2)
+    });
+
+    // Kill an active worker: a standby one replaces it at once.
+    let killed = id(&workers[0]);
+    workers[0].kill();
+    let promoted = wait_for("a standby worker to be activated", limit, || {
+        let s = learner.status()?;
+        let active = ids(&s["learner"]["scheduler"]["active"]);
+        let p: Vec<String> = active.intersection(&dear).cloned().collect();
+        (!active.contains(&killed) && active.len() == 4 && p.len() == 1).then(|| p[0].clone())
+    });
+    let w = workers
+        .iter_mut()
+        .find(|w| w.key.peer_id == promoted)
+        .unwrap();
+    let groups_before = w.status().unwrap()["rollout"]["groups"]
+        .as_u64()
+        .unwrap_or(0);
+    wait_for("the promoted worker to generate", limit, || {
+        let r = &w.status()?["rollout"];
+        (r["standby"] == false && r["groups"].as_u64()? > groups_before).then_some(())
+    });
+    wait_for("training to continue", limit, || {
+        learner.status()?["learner"]["version"]
+            .as_u64()
+            .filter(|&v| v >= v0 + 5)
+    });
+}
