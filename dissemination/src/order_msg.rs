@@ -4,8 +4,8 @@
 //!
 //! Encoding v1 (integers big-endian): magic `b"ECA"`, format `1`, swarm id (u16 length +
 //! UTF-8), sequence (u64), created (u64 unix ms), learner public key (32 B), active count (u32)
-//! + peer ids (u8 length + multihash bytes), standby count (u32) + peer ids, then the 64-byte
-//! ed25519 signature over everything before it. Limits: ≤ [`MAX_ORDER_PEERS`] peers, no peer
+//! and peer ids (u8 length + multihash bytes), standby count (u32) and peer ids, then the
+//! 64-byte ed25519 signature over everything before it. Limits: ≤ [`MAX_ORDER_PEERS`] peers, no peer
 //! twice.
 //!
 //! Acceptance: the named key is the configured learner key, the signature verifies, the swarm

@@ -1,10 +1,11 @@
 //! Testnet harness: `broadcast` (real `echo-node` processes on loopback with in-node caps,
 //! [`broadcast`]), `sim-broadcast` (the broadcast simulation that reuses the real chain
-//! planner for fleets one machine cannot host) and `learning-plot` (charts of learner step
-//! logs). The scenarios `overlap`, `staleness`, `ablation` and `faults` of SPEC §13 are not
-//! implemented yet.
+//! planner for fleets one machine cannot host), `staleness` and `overlap` (learning runs
+//! through `echo-node demo`, [`learning`]) and `learning-plot` (charts of learner step logs).
+//! The scenarios `ablation` and `faults` of SPEC §13 are not implemented yet.
 
 mod broadcast;
+mod learning;
 mod plot;
 mod sim;
 
@@ -52,6 +53,36 @@ enum Scenario {
         #[arg(long, default_value_t = 2)]
         rounds: u32,
         /// The `echo-node` binary (default: next to this one, i.e. the same cargo profile).
+        #[arg(long)]
+        bin: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value = DEFAULT_OUT)]
+        out: PathBuf,
+    },
+    /// Final reward and importance-weight variance per staleness budget S, GRPO and GEPO
+    /// (one `echo-node demo` run of --minutes each; S = 0 runs in sequential mode).
+    Staleness {
+        #[arg(long, value_delimiter = ',', default_value = "0,1,3,6,11")]
+        values: Vec<u64>,
+        #[arg(long, value_delimiter = ',', default_value = "grpo,gepo")]
+        objectives: Vec<String>,
+        #[arg(long, default_value_t = 2.0)]
+        minutes: f64,
+        #[arg(long)]
+        bin: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value = DEFAULT_OUT)]
+        out: PathBuf,
+    },
+    /// Bubble ratio vs number of rollout workers, with the threshold the capacity model
+    /// predicts (one `echo-node demo` run of --minutes per worker count).
+    Overlap {
+        #[arg(long, value_delimiter = ',', default_value = "1,2,3,4")]
+        workers: Vec<usize>,
+        #[arg(long, default_value_t = 2.0)]
+        minutes: f64,
         #[arg(long)]
         bin: Option<PathBuf>,
         #[arg(long)]
@@ -135,18 +166,7 @@ fn main() -> anyhow::Result<()> {
                 "--nodes must be in 1..=64"
             );
             anyhow::ensure!(rounds >= 1, "--rounds must be >= 1");
-            let bin = match bin {
-                Some(b) => b,
-                None => std::env::current_exe()?
-                    .parent()
-                    .context("locating the testnet binary")?
-                    .join("echo-node"),
-            };
-            anyhow::ensure!(
-                bin.exists(),
-                "{} not found: build it first (`cargo build --release -p echo-node`, or pass --bin)",
-                bin.display()
-            );
+            let bin = learning::node_bin(bin)?;
             let settings = broadcast::Settings {
                 nodes,
                 size_mb,
@@ -168,6 +188,47 @@ fn main() -> anyhow::Result<()> {
             if json {
                 println!("{summary}");
             }
+            Ok(())
+        }
+        Scenario::Staleness {
+            values,
+            objectives,
+            minutes,
+            bin,
+            json,
+            out,
+        } => {
+            anyhow::ensure!(minutes > 0.0, "--minutes must be > 0");
+            for o in &objectives {
+                anyhow::ensure!(
+                    ["grpo", "dr_grpo", "gspo", "gepo"].contains(&o.as_str()),
+                    "unknown objective {o}"
+                );
+            }
+            let summary = learning::staleness(
+                &learning::node_bin(bin)?,
+                &values,
+                &objectives,
+                minutes,
+                &out,
+            )?;
+            print_summary(&summary, json);
+            Ok(())
+        }
+        Scenario::Overlap {
+            workers,
+            minutes,
+            bin,
+            json,
+            out,
+        } => {
+            anyhow::ensure!(minutes > 0.0, "--minutes must be > 0");
+            anyhow::ensure!(
+                workers.iter().all(|w| (1..=16).contains(w)),
+                "--workers in 1..=16"
+            );
+            let summary = learning::overlap(&learning::node_bin(bin)?, &workers, minutes, &out)?;
+            print_summary(&summary, json);
             Ok(())
         }
         Scenario::LearningPlot {
@@ -350,6 +411,15 @@ fn broadcast_chart(params: &BroadcastParams, nodes: &[usize]) -> plot::Chart {
         ],
         log_x: true,
         log_y: true,
+    }
+}
+
+/// The one-line JSON summary (`--json`) or a pretty one.
+fn print_summary(v: &serde_json::Value, json: bool) {
+    if json {
+        println!("{v}");
+    } else {
+        println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
     }
 }
 
