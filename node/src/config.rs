@@ -79,6 +79,9 @@ pub struct SchedulerConfig {
     pub release_margin: f64,
     /// The activation order is re-gossiped at least this often (late joiners learn it).
     pub announce_interval_ms: u64,
+    /// `rho` (cheapest per unit of throughput first, the paper's rule) or `random` (a fixed
+    /// random order: the ablation baseline; needs `active_workers`).
+    pub ranking: String,
 }
 
 impl Default for SchedulerConfig {
@@ -89,6 +92,7 @@ impl Default for SchedulerConfig {
             sustain_s: 30.0,
             release_margin: 0.25,
             announce_interval_ms: 2000,
+            ranking: "rho".into(),
         }
     }
 }
@@ -426,6 +430,17 @@ impl NodeConfig {
         let sc = &self.scheduler;
         if sc.active_workers == Some(0) {
             bad("scheduler.active_workers", "must be at least 1".into());
+        }
+        match (sc.ranking.as_str(), sc.active_workers) {
+            ("rho", _) | ("random", Some(_)) => {}
+            ("random", None) => bad(
+                "scheduler.ranking",
+                "\"random\" needs scheduler.active_workers (a fixed number to pick)".into(),
+            ),
+            (other, _) => bad(
+                "scheduler.ranking",
+                format!("`{other}` must be \"rho\" or \"random\""),
+            ),
         }
         if !(sc.sustain_s.is_finite() && sc.sustain_s >= 0.0) {
             bad(

@@ -45,10 +45,10 @@ pub fn bound_s(s: &Settings, mode: &str, n: usize, chain_len: usize) -> f64 {
 }
 
 /// Child processes, stopped with SIGTERM (then killed) on drop.
-struct Procs(Vec<(String, Child)>);
+pub(crate) struct Procs(pub(crate) Vec<(String, Child)>);
 
 impl Procs {
-    fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         for (_, c) in &self.0 {
             let _ = Command::new("kill")
                 .args(["-TERM", &c.id().to_string()])
@@ -72,13 +72,13 @@ impl Drop for Procs {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
 }
 
-fn keygen(bin: &Path, dir: &Path) -> anyhow::Result<Value> {
+pub(crate) fn keygen(bin: &Path, dir: &Path) -> anyhow::Result<Value> {
     let out = Command::new(bin)
         .args(["keygen", "--json", "--out"])
         .arg(dir)
@@ -90,7 +90,7 @@ fn keygen(bin: &Path, dir: &Path) -> anyhow::Result<Value> {
     Ok(serde_json::from_slice(&out.stdout)?)
 }
 
-fn status(bin: &Path, admin: &str) -> Option<Value> {
+pub(crate) fn status(bin: &Path, admin: &str) -> Option<Value> {
     let out = Command::new(bin)
         .args(["status", "--json", "--admin", admin])
         .output()
@@ -101,7 +101,12 @@ fn status(bin: &Path, admin: &str) -> Option<Value> {
         .flatten()
 }
 
-fn spawn(bin: &Path, config: &Path, extra: &[String], log: &Path) -> anyhow::Result<Child> {
+pub(crate) fn spawn(
+    bin: &Path,
+    config: &Path,
+    extra: &[String],
+    log: &Path,
+) -> anyhow::Result<Child> {
     let f = File::create(log)?;
     Command::new(bin)
         .args(["-q", "run", "--config"])

@@ -2,12 +2,16 @@
 //! [`broadcast`]), `sim-broadcast` (the broadcast simulation that reuses the real chain
 //! planner for fleets one machine cannot host), `staleness` and `overlap` (learning runs
 //! through `echo-node demo`, [`learning`]) and `learning-plot` (charts of learner step logs).
-//! The scenarios `ablation` and `faults` of SPEC §13 are not implemented yet.
+//! `faults` injects a slowed and a dropped worker into a scheduled swarm ([`faults`]);
+//! `ablation` compares chains with star and cost-aware with random activation ([`ablation`]).
 
+mod ablation;
 mod broadcast;
+mod faults;
 mod learning;
 mod plot;
 mod sim;
+mod swarm;
 
 use std::path::PathBuf;
 
@@ -83,6 +87,45 @@ enum Scenario {
         workers: Vec<usize>,
         #[arg(long, default_value_t = 2.0)]
         minutes: f64,
+        #[arg(long)]
+        bin: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value = DEFAULT_OUT)]
+        out: PathBuf,
+    },
+    /// A slowed (0.5×) and then a dropped active worker in a swarm whose scheduler keeps
+    /// --active workers active and one on standby: throughput drop, recovery, bubble increase.
+    Faults {
+        #[arg(long, default_value_t = 3)]
+        active: usize,
+        /// Seconds of each phase (baseline, slowed, dropped).
+        #[arg(long, default_value_t = 40.0)]
+        phase_s: f64,
+        #[arg(long)]
+        bin: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value = DEFAULT_OUT)]
+        out: PathBuf,
+    },
+    /// Chains vs star (T_bcast) and cost-aware vs random activation (cost per step) on a
+    /// mixed-price pool.
+    Ablation {
+        /// Workers of the broadcast comparison.
+        #[arg(long, default_value_t = 8)]
+        nodes: usize,
+        #[arg(long, default_value_t = 64.0)]
+        size_mb: f64,
+        /// Workers in the mixed-price pool (costs 0.1, 0.2, 0.4, … $/h).
+        #[arg(long, default_value_t = 6)]
+        pool: usize,
+        /// Workers kept active.
+        #[arg(long, default_value_t = 3)]
+        active: usize,
+        /// Seconds of training per activation policy.
+        #[arg(long, default_value_t = 60.0)]
+        seconds: f64,
         #[arg(long)]
         bin: Option<PathBuf>,
         #[arg(long)]
@@ -228,6 +271,50 @@ fn main() -> anyhow::Result<()> {
                 "--workers in 1..=16"
             );
             let summary = learning::overlap(&learning::node_bin(bin)?, &workers, minutes, &out)?;
+            print_summary(&summary, json);
+            Ok(())
+        }
+        Scenario::Faults {
+            active,
+            phase_s,
+            bin,
+            json,
+            out,
+        } => {
+            anyhow::ensure!((2..=8).contains(&active), "--active must be in 2..=8");
+            anyhow::ensure!(phase_s >= 10.0, "--phase-s must be >= 10");
+            let summary = faults::run(&learning::node_bin(bin)?, active, phase_s, &out)?;
+            print_summary(&summary, json);
+            Ok(())
+        }
+        Scenario::Ablation {
+            nodes,
+            size_mb,
+            pool,
+            active,
+            seconds,
+            bin,
+            json,
+            out,
+        } => {
+            anyhow::ensure!((1..=32).contains(&nodes), "--nodes in 1..=32");
+            anyhow::ensure!(
+                active >= 1 && active < pool && pool <= 12,
+                "need 1 <= --active < --pool <= 12"
+            );
+            anyhow::ensure!(
+                seconds >= 10.0 && size_mb > 0.0,
+                "--seconds >= 10, --size-mb > 0"
+            );
+            let summary = ablation::run(
+                &learning::node_bin(bin)?,
+                nodes,
+                size_mb,
+                pool,
+                active,
+                seconds,
+                &out,
+            )?;
             print_summary(&summary, json);
             Ok(())
         }

@@ -63,6 +63,20 @@ pub fn fixed_selection(cands: &[Candidate], k: usize) -> (Vec<String>, Vec<Strin
     (active, standby)
 }
 
+/// Ablation baseline: `k` available workers in a fixed pseudo-random order (BLAKE3 of the
+/// peer id; stable across ticks, so the choice does not flap), ignoring cost and μ.
+pub fn random_selection(cands: &[Candidate], k: usize) -> (Vec<String>, Vec<String>) {
+    let mut avail: Vec<&Candidate> = cands.iter().filter(|c| c.available).collect();
+    avail.sort_by_key(|c| *blake3::hash(c.id.as_bytes()).as_bytes());
+    let active: Vec<String> = avail.iter().take(k).map(|c| c.id.clone()).collect();
+    let standby = cands
+        .iter()
+        .filter(|c| !active.contains(&c.id))
+        .map(|c| c.id.clone())
+        .collect();
+    (active, standby)
+}
+
 /// The scheduler's state between ticks.
 pub struct State {
     cfg: SchedulerConfig,
@@ -103,7 +117,11 @@ impl State {
         mu_target: Option<f64>,
     ) -> (Vec<String>, Vec<String>) {
         if let Some(k) = self.cfg.active_workers {
-            return fixed_selection(cands, k);
+            return if self.cfg.ranking == "random" {
+                random_selection(cands, k)
+            } else {
+                fixed_selection(cands, k)
+            };
         }
         let Some(target) = mu_target else {
             let active = cands
@@ -200,6 +218,7 @@ pub async fn run(
             let view = json!({
                 "enabled": true,
                 "policy": if st.cfg.active_workers.is_some() { "fixed" } else { "target" },
+                "ranking": st.cfg.ranking,
                 "active_workers": st.cfg.active_workers,
                 "active": active, "standby": standby,
                 "active_cost_per_hour": sum(&active, |c| c.cost_per_hour),
@@ -261,6 +280,23 @@ mod tests {
             c("z", 0.5, 0.0, true),
         ];
         assert_eq!(fixed_selection(&fresh, 2).0, ["y", "z"]);
+    }
+
+    #[test]
+    fn random_ranking_ignores_cost_but_is_stable() {
+        let cands: Vec<Candidate> = (0..6)
+            .map(|i| c(&format!("w{i}"), f64::from(i), 1.0, true))
+            .collect();
+        let (a, _) = random_selection(&cands, 3);
+        assert_eq!(a, random_selection(&cands, 3).0, "same choice every tick");
+        assert_eq!(a.len(), 3);
+        let mut rev = cands.clone();
+        rev.reverse();
+        let mut b = random_selection(&rev, 3).0;
+        let mut a2 = a.clone();
+        a2.sort();
+        b.sort();
+        assert_eq!(a2, b, "independent of the order heartbeats arrive in");
     }
 
     #[test]

@@ -1,0 +1,131 @@
+//! The `ablation` scenario (SPEC §12–13, ECHO-2 §5.5): what each part of the system buys.
+//!
+//! - **No P2P**: T_bcast of one snapshot with forwarding chains (`full`) against the learner
+//!   sending to every worker itself (`nop2p`, star), same N, caps and payload (the `broadcast`
+//!   harness).
+//! - **Random activation**: a mixed-price pool (costs 0.1 … 3.2 $/h, doubling) of which the
+//!   scheduler keeps K active for the same time budget, choosing by ρ = cost/μ (`full`) or in
+//!   a fixed random order (`random`). Cost per step = mean cost rate of the active workers ×
+//!   elapsed hours / learner steps.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use serde_json::{json, Value};
+
+use crate::broadcast::{self, status};
+
+/// One learning run; returns (steps, mean active $/h, seconds, active ids at the end).
+fn cost_run(
+    bin: &Path,
+    ranking: &str,
+    costs: &[f64],
+    k: usize,
+    secs: f64,
+) -> anyhow::Result<Value> {
+    let tmp = tempfile::Builder::new().prefix("tn-ablation-").tempdir()?;
+    let mut sw = crate::swarm::launch(
+        bin,
+        tmp.path(),
+        "tn-ablation",
+        &format!(
+            "[learner]\nwarm_start_steps = 60\n[scheduler]\nenabled = true\nactive_workers = {k}\n\
+             ranking = \"{ranking}\"\nannounce_interval_ms = 500\n"
+        ),
+        costs,
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let start_version = loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let v = status(bin, &sw.learner_admin);
+        let l = v.as_ref().map(|v| &v["learner"]);
+        if let Some(version) = l.and_then(|l| l["version"].as_u64()) {
+            let ready = l.is_some_and(|l| {
+                l["scheduler"]["standby"].as_array().map(Vec::len) == Some(costs.len() - k)
+            });
+            if version >= 5 && ready {
+                break version;
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("{ranking}: the swarm did not start training within 300 s");
+        }
+    };
+    let t0 = Instant::now();
+    let (mut cost_sum, mut n) = (0.0, 0u32);
+    let mut last = Value::Null;
+    while t0.elapsed().as_secs_f64() < secs {
+        std::thread::sleep(Duration::from_secs(1));
+        if let Some(v) = status(bin, &sw.learner_admin) {
+            if let Some(c) = v["learner"]["scheduler"]["active_cost_per_hour"].as_f64() {
+                cost_sum += c;
+                n += 1;
+            }
+            last = v;
+        }
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    sw.procs.stop();
+    let steps = last["learner"]["version"].as_u64().unwrap_or(start_version) - start_version;
+    let rate = if n > 0 {
+        cost_sum / f64::from(n)
+    } else {
+        f64::NAN
+    };
+    Ok(
+        json!({"ranking": ranking, "steps": steps, "seconds": elapsed,
+        "active_cost_per_hour": rate,
+        "cost_per_step": if steps > 0 { rate * elapsed / 3600.0 / steps as f64 } else { f64::NAN },
+        "active": last["learner"]["scheduler"]["active"]}),
+    )
+}
+
+/// Runs the scenario; writes `ablation.json` under `out`.
+pub fn run(
+    bin: &Path,
+    nodes: usize,
+    size_mb: f64,
+    pool: usize,
+    active: usize,
+    secs: f64,
+    out: &Path,
+) -> anyhow::Result<Value> {
+    std::fs::create_dir_all(out)?;
+    let settings = broadcast::Settings {
+        nodes: vec![nodes],
+        size_mb,
+        chunk_kb: 1024,
+        worker_mbps: 100.0,
+        learner_mbps: 300.0,
+        modes: vec!["chain".into(), "star".into()],
+        rounds: 1,
+        bin: bin.to_path_buf(),
+        heartbeat_ms: 500,
+    };
+    let mut t = Vec::new();
+    for mode in ["chain", "star"] {
+        let tmp = tempfile::Builder::new()
+            .prefix("tn-ablation-bc-")
+            .tempdir()?;
+        t.push(broadcast::run_one(&settings, mode, nodes, tmp.path())?);
+    }
+    let costs: Vec<f64> = (0..pool).map(|i| 0.1 * 2f64.powi(i as i32)).collect();
+    let full = cost_run(bin, "rho", &costs, active, secs)?;
+    let random = cost_run(bin, "random", &costs, active, secs)?;
+    let summary = json!({
+        "scenario": "ablation",
+        "t_bcast_full_s": t[0]["t_bcast_s"], "t_bcast_nop2p_s": t[1]["t_bcast_s"],
+        "cost_per_step_full": full["cost_per_step"], "cost_per_step_random": random["cost_per_step"],
+        "steps_full": full["steps"], "steps_random": random["steps"],
+        "active_cost_per_hour_full": full["active_cost_per_hour"],
+        "active_cost_per_hour_random": random["active_cost_per_hour"],
+    });
+    let detail = json!({"summary": summary, "broadcast": t, "pool_costs": costs,
+        "active_workers": active, "seconds": secs, "full": full, "random": random});
+    std::fs::write(
+        out.join("ablation.json"),
+        serde_json::to_vec_pretty(&detail)?,
+    )?;
+    Ok(summary)
+}
