@@ -109,10 +109,14 @@ pub(crate) fn spawn(
 ) -> anyhow::Result<Child> {
     let f = File::create(log)?;
     Command::new(bin)
-        .args(["-q", "run", "--config"])
+        .args(["run", "--config"])
         .arg(config)
         .args(extra)
         .env("NO_COLOR", "1")
+        .env(
+            "RUST_LOG",
+            "warn,echo_node=info,dissemination=info,libp2p_gossipsub=error",
+        )
         .stdin(Stdio::null())
         .stdout(f.try_clone()?)
         .stderr(f)

@@ -96,8 +96,11 @@ fn signal(pid: u32, sig: &str) {
 /// Runs the scenario; writes `faults.json` and `faults.png` under `out`.
 pub fn run(bin: &Path, active: usize, phase_s: f64, out: &Path) -> anyhow::Result<Value> {
     std::fs::create_dir_all(out)?;
-    let tmp = tempfile::Builder::new().prefix("tn-faults-").tempdir()?;
-    let root = tmp.path();
+    // Configs, stores and node logs stay under OUT/faults-run for inspection.
+    let root = &out.join("faults-run");
+    if root.exists() {
+        std::fs::remove_dir_all(root)?;
+    }
     let mut costs = vec![0.1; active];
     costs.push(0.5); // the dearest worker starts on standby
     let crate::swarm::Swarm {

@@ -37,6 +37,8 @@ use crate::commands::run::NodeState;
 use crate::config::{LearnerConfig, Mode};
 
 const NONE: u64 = u64::MAX;
+/// One pull from one worker gives up after this long (its lease on the worker expires).
+const PULL_TIMEOUT: Duration = Duration::from_secs(10);
 /// A buffer lease the training thread does not ack within this time returns to the buffer.
 const BUFFER_LEASE_TTL: Duration = Duration::from_secs(120);
 
@@ -48,6 +50,8 @@ struct Shared {
     snapshots: AtomicU64,
     groups_pulled: AtomicU64,
     pull_errors: AtomicU64,
+    /// Buffered groups deleted because they fell out of the window.
+    pruned: AtomicU64,
     /// Sum of the μ the workers reported in their last heartbeats (μ_pool).
     mu_pool_milli: AtomicU64,
     /// Published versions whose T_bcast is still being measured, with their publish time.
@@ -152,6 +156,7 @@ pub async fn start(
         snapshots: AtomicU64::new(0),
         groups_pulled: AtomicU64::new(0),
         pull_errors: AtomicU64::new(0),
+        pruned: AtomicU64::new(0),
         mu_pool_milli: AtomicU64::new(0),
         in_flight: Mutex::new(Vec::new()),
         t_bcast: Mutex::new(VecDeque::new()),
@@ -293,7 +298,6 @@ struct Totals {
     dropped_stale: u64,
     dropped_zero: u64,
     dropped_other: u64,
-    pruned: u64,
     reward_first: Option<f64>,
     /// Rewards of the last [`RECENT`] steps.
     recent_rewards: std::collections::VecDeque<f64>,
@@ -320,7 +324,8 @@ fn train_loop(mut c: TrainCtx) -> anyhow::Result<()> {
         // Gather B admissible groups; the wait is the learner's idle time (the bubble).
         let t_wait = Instant::now();
         let floor = c.trainer.lease_floor();
-        totals.pruned += c.buffer.prune_below(floor)?;
+        let pruned = c.buffer.prune_below(floor)?;
+        c.shared.pruned.fetch_add(pruned, Ordering::Relaxed);
         let (mut hand, mut leases) = (Vec::with_capacity(b), Vec::new());
         let mut held_since = Instant::now();
         let mut viewed = Instant::now();
@@ -518,7 +523,7 @@ fn update_view(c: &TrainCtx, t: &Totals, last: Option<&(StepStats, f64)>, finish
             "groups_dropped_stale": t.dropped_stale,
             "groups_dropped_zero_advantage": t.dropped_zero,
             "groups_dropped_other": t.dropped_other,
-            "groups_pruned": t.pruned,
+            "groups_pruned": s.pruned.load(Ordering::Relaxed),
             "staleness_histogram": t.staleness,
             "staleness_max": t.staleness_max,
             "reward_first": t.reward_first,
@@ -648,13 +653,18 @@ async fn puller(
         shared
             .mu_pool_milli
             .store((mu_pool * 1000.0) as u64, Ordering::Relaxed);
+        // Groups that fell out of the window must not count as buffered: they would hold the
+        // pulls back while the training thread waits for admissible ones.
+        let v_min = learner::lease_floor(shared.version.load(Ordering::Relaxed), staleness);
+        if let Ok(n) = buffer.prune_below(v_min) {
+            shared.pruned.fetch_add(n, Ordering::Relaxed);
+        }
         let pending = buffer.pending().unwrap_or(target);
         let need = target.saturating_sub(pending);
         if need == 0 || workers.is_empty() {
             continue;
         }
         let holdings: Vec<u64> = workers.iter().map(|w| w.1).collect();
-        let v_min = learner::lease_floor(shared.version.load(Ordering::Relaxed), staleness);
         let pulls = workers.iter().zip(allocate_pulls(need, &holdings)).map(
             |((peer, _, _), max_groups)| {
                 let mut control = client.stream_control();
@@ -664,7 +674,19 @@ async fn puller(
                     max_groups,
                     ttl: Duration::from_secs(lease_ttl_s),
                 };
-                async move { (peer, pull::pull(&mut control, *peer, buffer, req).await) }
+                async move {
+                    // A worker that stops answering (stopped, overloaded) must not hold up the
+                    // pulls from every other worker.
+                    let r = tokio::time::timeout(
+                        PULL_TIMEOUT,
+                        pull::pull(&mut control, *peer, buffer, req),
+                    )
+                    .await;
+                    (
+                        peer,
+                        r.unwrap_or_else(|_| Err(pull::PullError::Refused("timed out".into()))),
+                    )
+                }
             },
         );
         for (peer, r) in futures::future::join_all(pulls).await {
