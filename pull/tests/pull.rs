@@ -124,11 +124,15 @@ async fn lease_store_ack_moves_admissible_groups_exactly_once() {
         "bytes arrive intact"
     );
 
-    // Nothing admissible is left: the next pull is empty; the stale ones stay for pruning.
+    // Nothing admissible is left: the next pull is empty. The pull told the worker the
+    // learner's window, so the four stale groups were pruned (counted as discarded-stale).
     let again = pull_retrying(&n, REQ).await;
     assert_eq!(again.lease_id, None);
     let c = n.worker_store.counters().unwrap();
-    assert_eq!((c.produced, c.consumed, c.pending()), (6, 2, 4));
+    assert_eq!(
+        (c.produced, c.consumed, c.discarded_stale, c.pending()),
+        (6, 2, 4, 0)
+    );
     assert!(n.worker_store.check_invariant().unwrap().holds());
     assert!(n.buffer.check_invariant().unwrap().holds());
 }
