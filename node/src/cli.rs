@@ -68,6 +68,10 @@ pub struct DemoArgs {
     /// Staleness budget S (async mode).
     #[arg(long, default_value_t = 3)]
     pub staleness: u64,
+    /// Cap each worker's production at this many groups/s (0 = none; emulates slower
+    /// machines so that capacity grows with the number of workers on one host).
+    #[arg(long, default_value_t = 0.0)]
+    pub worker_groups_per_s: f64,
 }
 
 #[derive(Debug, Args)]

@@ -243,6 +243,9 @@ pub struct RolloutConfig {
     pub top_p: f32,
     /// Seed of prompt choice and sampling; default derived from the node's key.
     pub seed: Option<u64>,
+    /// Cap on this worker's production in groups/s (0 = none): emulates a slower machine in
+    /// a testnet.
+    pub max_groups_per_s: f64,
 }
 
 impl Default for RolloutConfig {
@@ -253,6 +256,7 @@ impl Default for RolloutConfig {
             temperature: 1.2,
             top_p: 1.0,
             seed: None,
+            max_groups_per_s: 0.0,
         }
     }
 }
@@ -481,6 +485,12 @@ impl NodeConfig {
             bad(
                 "rollout.temperature",
                 format!("{} must be >= 0 (0 = greedy)", r.temperature),
+            );
+        }
+        if !(r.max_groups_per_s.is_finite() && r.max_groups_per_s >= 0.0) {
+            bad(
+                "rollout.max_groups_per_s",
+                format!("{} must be >= 0 (0 = no cap)", r.max_groups_per_s),
             );
         }
         if !(r.top_p > 0.0 && r.top_p <= 1.0) {

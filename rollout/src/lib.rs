@@ -156,6 +156,11 @@ pub struct RolloutConfig {
     pub idle_poll: Duration,
     /// Makes group/trajectory ids reproducible (tests); `None` draws a random one per engine.
     pub id_nonce: Option<[u8; 16]>,
+    /// Cap on the production rate in groups/s (0 = none): emulates a slower machine (the
+    /// testnet's heterogeneous capacity, like bandwidth caps emulate slow links). μ then
+    /// reports the capped rate.
+    #[serde(default)]
+    pub max_groups_per_s: f64,
 }
 
 impl Default for RolloutConfig {
@@ -170,6 +175,7 @@ impl Default for RolloutConfig {
             mu_ema_alpha: 0.2,
             idle_poll: Duration::from_millis(50),
             id_nonce: None,
+            max_groups_per_s: 0.0,
         }
     }
 }
@@ -438,6 +444,12 @@ impl RolloutEngine {
             return Ok(StepOutcome::NoPolicy);
         };
         self.store.put_group(&group)?;
+        if self.cfg.max_groups_per_s > 0.0 {
+            let slot = Duration::from_secs_f64(1.0 / self.cfg.max_groups_per_s);
+            if let Some(rest) = slot.checked_sub(t0.elapsed()) {
+                std::thread::sleep(rest);
+            }
+        }
         self.stats
             .record(&group, t0.elapsed().as_secs_f64(), self.cfg.mu_ema_alpha);
         tracing::debug!(version = group.version, prompt = %group.prompt_id,

@@ -209,3 +209,18 @@ fn spawned_engine_produces_until_stopped() {
     assert_eq!(store.pending().unwrap(), 3);
     assert_eq!(stats.snapshot().groups, 3);
 }
+
+#[test]
+fn a_rate_cap_bounds_the_reported_mu() {
+    // Every producing step lasts at least 1/cap (the engine sleeps out the rest of its slot),
+    // so μ = 1/EMA(step time) can never exceed the cap.
+    let dir = tempfile::tempdir().unwrap();
+    let (mut e, _store) = engine(dir.path(), GenerationPath::Batched, 100);
+    e.cfg.max_groups_per_s = 25.0;
+    e.slot().install(1, policy(1)).unwrap();
+    for _ in 0..3 {
+        assert!(matches!(e.step().unwrap(), StepOutcome::Produced { .. }));
+    }
+    let mu = e.stats().snapshot().mu;
+    assert!(mu > 0.0 && mu <= 25.0, "μ {mu}");
+}

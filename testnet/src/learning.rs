@@ -137,7 +137,13 @@ pub fn staleness(
 }
 
 /// The `overlap` scenario.
-pub fn overlap(bin: &Path, workers: &[usize], minutes: f64, out: &Path) -> anyhow::Result<Value> {
+pub fn overlap(
+    bin: &Path,
+    workers: &[usize],
+    minutes: f64,
+    worker_gps: f64,
+    out: &Path,
+) -> anyhow::Result<Value> {
     std::fs::create_dir_all(out)?;
     let mut rows = Vec::new();
     for &n in workers {
@@ -150,6 +156,8 @@ pub fn overlap(bin: &Path, workers: &[usize], minutes: f64, out: &Path) -> anyho
                 "1000000".into(),
                 "--minutes".into(),
                 minutes.to_string(),
+                "--worker-groups-per-s".into(),
+                worker_gps.to_string(),
             ],
         )?;
         // Capacity needed vs capacity per worker, from this run's online measurements.
@@ -201,7 +209,8 @@ pub fn overlap(bin: &Path, workers: &[usize], minutes: f64, out: &Path) -> anyho
         .iter()
         .map(|r| json!({"workers": r["workers"], "bubble_ratio": r["bubble_ratio"]}))
         .collect();
-    let full = json!({"scenario": "overlap", "minutes": minutes, "predicted_workers": predicted,
+    let full = json!({"scenario": "overlap", "minutes": minutes, "worker_groups_per_s": worker_gps,
+        "predicted_workers": predicted,
         "observed_workers": observed, "results": rows});
     std::fs::write(out.join("overlap.json"), serde_json::to_vec_pretty(&full)?)?;
     Ok(

@@ -87,6 +87,10 @@ enum Scenario {
         workers: Vec<usize>,
         #[arg(long, default_value_t = 2.0)]
         minutes: f64,
+        /// Cap each worker at this many groups/s (0 = none): on one host, capped workers make
+        /// capacity grow with their number instead of competing for the same cores.
+        #[arg(long, default_value_t = 0.0)]
+        worker_groups_per_s: f64,
         #[arg(long)]
         bin: Option<PathBuf>,
         #[arg(long)]
@@ -261,6 +265,7 @@ fn main() -> anyhow::Result<()> {
         Scenario::Overlap {
             workers,
             minutes,
+            worker_groups_per_s,
             bin,
             json,
             out,
@@ -270,7 +275,13 @@ fn main() -> anyhow::Result<()> {
                 workers.iter().all(|w| (1..=16).contains(w)),
                 "--workers in 1..=16"
             );
-            let summary = learning::overlap(&learning::node_bin(bin)?, &workers, minutes, &out)?;
+            let summary = learning::overlap(
+                &learning::node_bin(bin)?,
+                &workers,
+                minutes,
+                worker_groups_per_s,
+                &out,
+            )?;
             print_summary(&summary, json);
             Ok(())
         }

@@ -103,6 +103,9 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     if args.steps == 0 {
         bail!("--steps must be at least 1");
     }
+    if !(args.worker_groups_per_s.is_finite() && args.worker_groups_per_s >= 0.0) {
+        bail!("--worker-groups-per-s must be >= 0");
+    }
     let tmp;
     let root = match &args.dir {
         Some(d) => {
@@ -164,13 +167,14 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
             format!("worker-{i}"),
             dir.clone(),
             format!(
-                "role = \"rollout\"\ndata_dir = \"{}\"\n{}bootstrap = [\"{bootstrap}\"]\n\n[storage]\nmax_pending_groups = 4\n",
+                "role = \"rollout\"\ndata_dir = \"{}\"\n{}bootstrap = [\"{bootstrap}\"]\n\n[storage]\nmax_pending_groups = 4\n[rollout]\nmax_groups_per_s = {}\n",
                 toml_path(&dir),
                 common(
                     &format!("127.0.0.1:{}", free_port()?),
                     "/ip4/127.0.0.1/tcp/0",
                     &format!("learner_public_key = \"{}\"", key.public_hex())
                 ),
+                args.worker_groups_per_s,
             ),
         ));
     }
@@ -265,6 +269,7 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     summary["objective"] = json!(args.objective);
     summary["staleness"] = json!(args.staleness);
     summary["workers"] = json!(args.workers);
+    summary["worker_groups_per_s"] = json!(args.worker_groups_per_s);
     if args.json {
         println!("{summary}");
     } else {

@@ -104,6 +104,7 @@ pub async fn start(
             seed,
             producer: state.peer_id.clone(),
             idle_poll: Duration::from_millis(20),
+            max_groups_per_s: r.max_groups_per_s,
             ..RolloutConfig::default()
         },
         task,
