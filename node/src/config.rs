@@ -203,8 +203,9 @@ pub struct LearnerConfig {
     pub max_steps: u64,
     /// How often the learner pulls from workers when its buffer is short (milliseconds).
     pub pull_interval_ms: u64,
-    /// Groups the learner keeps buffered ahead of training (0 = groups_per_step: one batch
-    /// waiting; more only ages the groups — the buffer is consumed oldest first).
+    /// Groups the learner keeps buffered (0 = 2 × groups_per_step: the next batch is pulled
+    /// while the current one trains; more only ages the groups — the buffer is consumed
+    /// oldest first).
     pub buffer_groups: u64,
 }
 
@@ -556,7 +557,7 @@ impl LearnerConfig {
         if self.buffer_groups > 0 {
             self.buffer_groups
         } else {
-            self.groups_per_step as u64
+            2 * self.groups_per_step as u64
         }
     }
 }
