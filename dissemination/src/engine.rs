@@ -1071,10 +1071,10 @@ impl Disseminator {
         self.track(h);
     }
 
-    async fn request_manifest(&self, peer: PeerId) -> Result<()> {
-        let io = |e| DisseminationError::Io { peer, source: e };
-        let mut s = tokio::time::timeout(
-            Duration::from_secs(10),
+    /// Opens a chunk-fetch stream to `peer`, giving up after `limit`.
+    async fn open_fetch(&self, peer: PeerId, limit: Duration) -> Result<p2p::Stream> {
+        tokio::time::timeout(
+            limit,
             self.inner
                 .client
                 .stream_control()
@@ -1082,7 +1082,12 @@ impl Disseminator {
         )
         .await
         .map_err(|_| DisseminationError::Timeout(format!("opening a fetch stream to {peer}")))?
-        .map_err(|e| open_err(peer, "chunk-fetch", e))?;
+        .map_err(|e| open_err(peer, "chunk-fetch", e))
+    }
+
+    async fn request_manifest(&self, peer: PeerId) -> Result<()> {
+        let io = |e| DisseminationError::Io { peer, source: e };
+        let mut s = self.open_fetch(peer, Duration::from_secs(10)).await?;
         let mut req = Vec::with_capacity(16);
         req.extend_from_slice(FETCH_MAGIC);
         req.extend_from_slice(&u64::MAX.to_be_bytes());
@@ -1114,16 +1119,7 @@ impl Disseminator {
         wanted: &[(usize, Hash)],
     ) -> Result<usize> {
         let io = |e| DisseminationError::Io { peer, source: e };
-        let mut s = tokio::time::timeout(
-            Duration::from_secs(5),
-            self.inner
-                .client
-                .stream_control()
-                .open_stream(peer, protocols::CHUNK_FETCH),
-        )
-        .await
-        .map_err(|_| DisseminationError::Timeout(format!("opening a fetch stream to {peer}")))?
-        .map_err(|e| open_err(peer, "chunk-fetch", e))?;
+        let mut s = self.open_fetch(peer, Duration::from_secs(5)).await?;
         let batch = &wanted[..wanted.len().min(MAX_FETCH_BATCH as usize)];
         let mut req = Vec::with_capacity(16 + 32 * batch.len());
         req.extend_from_slice(FETCH_MAGIC);

@@ -19,7 +19,7 @@ pub use config::NetworkConfig;
 pub use error::{MessageError, P2pError};
 pub use libp2p::gossipsub::MessageId;
 pub use libp2p::metrics::Registry;
-pub use libp2p::{Multiaddr, PeerId};
+pub use libp2p::{Multiaddr, PeerId, Stream};
 pub use messages::{Heartbeat, LocalStatus, ScoreEntry, ScoreTable};
 pub use ratelimit::TokenBucket;
 pub use score::{PeerStats, ScoreComponents, TransferEvent};

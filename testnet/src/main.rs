@@ -16,7 +16,7 @@ mod swarm;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// Where scenarios write their files unless told otherwise (`testnet/results/`, git-ignored).
 const DEFAULT_OUT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/results");
@@ -32,6 +32,20 @@ struct Cli {
 enum ModeArg {
     Chain,
     Star,
+}
+
+/// Options every multi-process scenario takes.
+#[derive(Args)]
+struct RunOpts {
+    /// The `echo-node` binary (default: next to this one, i.e. the same cargo profile).
+    #[arg(long)]
+    bin: Option<PathBuf>,
+    /// Print the summary as one JSON line.
+    #[arg(long)]
+    json: bool,
+    /// Directory for the JSON results and PNG charts (created if missing).
+    #[arg(long, default_value = DEFAULT_OUT)]
+    out: PathBuf,
 }
 
 #[derive(Subcommand)]
@@ -56,13 +70,8 @@ enum Scenario {
         /// Snapshots published per setting (T_bcast is their median).
         #[arg(long, default_value_t = 2)]
         rounds: u32,
-        /// The `echo-node` binary (default: next to this one, i.e. the same cargo profile).
-        #[arg(long)]
-        bin: Option<PathBuf>,
-        #[arg(long)]
-        json: bool,
-        #[arg(long, default_value = DEFAULT_OUT)]
-        out: PathBuf,
+        #[command(flatten)]
+        run: RunOpts,
     },
     /// Final reward and importance-weight variance per staleness budget S, GRPO and GEPO
     /// (one `echo-node demo` run of --minutes each; S = 0 runs in sequential mode).
@@ -73,12 +82,8 @@ enum Scenario {
         objectives: Vec<String>,
         #[arg(long, default_value_t = 2.0)]
         minutes: f64,
-        #[arg(long)]
-        bin: Option<PathBuf>,
-        #[arg(long)]
-        json: bool,
-        #[arg(long, default_value = DEFAULT_OUT)]
-        out: PathBuf,
+        #[command(flatten)]
+        run: RunOpts,
     },
     /// Bubble ratio vs number of rollout workers, with the threshold the capacity model
     /// predicts (one `echo-node demo` run of --minutes per worker count).
@@ -91,12 +96,8 @@ enum Scenario {
         /// capacity grow with their number instead of competing for the same cores.
         #[arg(long, default_value_t = 0.0)]
         worker_groups_per_s: f64,
-        #[arg(long)]
-        bin: Option<PathBuf>,
-        #[arg(long)]
-        json: bool,
-        #[arg(long, default_value = DEFAULT_OUT)]
-        out: PathBuf,
+        #[command(flatten)]
+        run: RunOpts,
     },
     /// A slowed (0.5×) and then a dropped active worker in a swarm whose scheduler keeps
     /// --active workers active and one on standby: throughput drop, recovery, bubble increase.
@@ -106,12 +107,8 @@ enum Scenario {
         /// Seconds of each phase (baseline, slowed, dropped).
         #[arg(long, default_value_t = 40.0)]
         phase_s: f64,
-        #[arg(long)]
-        bin: Option<PathBuf>,
-        #[arg(long)]
-        json: bool,
-        #[arg(long, default_value = DEFAULT_OUT)]
-        out: PathBuf,
+        #[command(flatten)]
+        run: RunOpts,
     },
     /// Chains vs star (T_bcast) and cost-aware vs random activation (cost per step) on a
     /// mixed-price pool.
@@ -130,12 +127,8 @@ enum Scenario {
         /// Seconds of training per activation policy.
         #[arg(long, default_value_t = 60.0)]
         seconds: f64,
-        #[arg(long)]
-        bin: Option<PathBuf>,
-        #[arg(long)]
-        json: bool,
-        #[arg(long, default_value = DEFAULT_OUT)]
-        out: PathBuf,
+        #[command(flatten)]
+        run: RunOpts,
     },
     /// Charts of learner step logs (`<data_dir>/metrics/steps.jsonl`): reward and
     /// importance-weight variance vs step, moving averages; one `NAME=PATH` per run.
@@ -196,9 +189,7 @@ fn main() -> anyhow::Result<()> {
             learner_mbps,
             mode,
             rounds,
-            bin,
-            json,
-            out,
+            run: RunOpts { bin, json, out },
         } => {
             anyhow::ensure!(
                 size_mb > 0.0 && chunk_kb >= 4,
@@ -241,9 +232,7 @@ fn main() -> anyhow::Result<()> {
             values,
             objectives,
             minutes,
-            bin,
-            json,
-            out,
+            run: RunOpts { bin, json, out },
         } => {
             anyhow::ensure!(minutes > 0.0, "--minutes must be > 0");
             for o in &objectives {
@@ -266,9 +255,7 @@ fn main() -> anyhow::Result<()> {
             workers,
             minutes,
             worker_groups_per_s,
-            bin,
-            json,
-            out,
+            run: RunOpts { bin, json, out },
         } => {
             anyhow::ensure!(minutes > 0.0, "--minutes must be > 0");
             anyhow::ensure!(
@@ -288,9 +275,7 @@ fn main() -> anyhow::Result<()> {
         Scenario::Faults {
             active,
             phase_s,
-            bin,
-            json,
-            out,
+            run: RunOpts { bin, json, out },
         } => {
             anyhow::ensure!((2..=8).contains(&active), "--active must be in 2..=8");
             anyhow::ensure!(phase_s >= 10.0, "--phase-s must be >= 10");
@@ -304,9 +289,7 @@ fn main() -> anyhow::Result<()> {
             pool,
             active,
             seconds,
-            bin,
-            json,
-            out,
+            run: RunOpts { bin, json, out },
         } => {
             anyhow::ensure!((1..=32).contains(&nodes), "--nodes in 1..=32");
             anyhow::ensure!(

@@ -452,14 +452,17 @@ fn update_view(c: &TrainCtx, t: &Totals, last: Option<&(StepStats, f64)>, finish
     let mu_pool = s.mu_pool_milli.load(Ordering::Relaxed) as f64 / 1000.0;
     let kappa = cfg.kappa() as u32;
     let b = cfg.groups_per_step as f64;
-    let capacity = match (t_train, t_bcast) {
-        (Some(tt), Some(tb)) => match control::capacity::mu_min(kappa, b, tt, tb) {
-            control::capacity::Requirement::Feasible { mu_min } => (Some(mu_min), false),
-            control::capacity::Requirement::Infeasible { .. } => (None, true),
-        },
-        _ => (None, false),
-    };
-    let mu_target = capacity.0.map(|m| GAMMA * m);
+    let (mut mu_min, mut infeasible, mut delta_bound, mut delta_bound_overlap) =
+        (None, false, None, None);
+    if let (Some(tt), Some(tb)) = (t_train, t_bcast) {
+        match control::capacity::mu_min(kappa, b, tt, tb) {
+            control::capacity::Requirement::Feasible { mu_min: m } => mu_min = Some(m),
+            control::capacity::Requirement::Infeasible { .. } => infeasible = true,
+        }
+        delta_bound = control::capacity::delta_max_conservative(kappa, tb, b, mu_pool, tt);
+        delta_bound_overlap = control::capacity::delta_max_under_overlap(kappa, tb, tt);
+    }
+    let mu_target = mu_min.map(|m| GAMMA * m);
     s.mu_target_milli.store(
         mu_target.map_or(NONE, |m| (m * 1000.0) as u64),
         Ordering::Relaxed,
@@ -473,16 +476,6 @@ fn update_view(c: &TrainCtx, t: &Totals, last: Option<&(StepStats, f64)>, finish
                 .and_then(|st| st.view.lock().ok().map(|v| v.clone()))
         })
         .unwrap_or_else(|| json!({"enabled": false}));
-    let delta_bound = match (t_train, t_bcast) {
-        (Some(tt), Some(tb)) => {
-            control::capacity::delta_max_conservative(kappa, tb, b, mu_pool, tt)
-        }
-        _ => None,
-    };
-    let delta_bound_overlap = match (t_train, t_bcast) {
-        (Some(tt), Some(tb)) => control::capacity::delta_max_under_overlap(kappa, tb, tt),
-        _ => None,
-    };
     let last_step = last.map(|(st, idle)| json!({
                 "reward_mean": st.reward_mean, "reward_std": st.reward_std, "loss": st.loss,
                 "kl_sampler_learner": st.kl_sampler_learner,
@@ -508,11 +501,11 @@ fn update_view(c: &TrainCtx, t: &Totals, last: Option<&(StepStats, f64)>, finish
             "t_bcast_s": t_bcast,
             "t_bcast_samples": s.t_bcast.lock().map(|t| t.len()).unwrap_or(0),
             "mu_pool": mu_pool,
-            "mu_min": capacity.0,
+            "mu_min": mu_min,
             "mu_target": mu_target,
             "scheduler": scheduler,
             "mu_units": "groups/s",
-            "capacity_infeasible": capacity.1,
+            "capacity_infeasible": infeasible,
             "delta_max_bound": delta_bound,
             "delta_max_bound_under_overlap": delta_bound_overlap,
             "published_version": (published != NONE).then_some(published),
