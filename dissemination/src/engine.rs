@@ -31,6 +31,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+use crate::assembly::Assembly;
 use crate::error::{DisseminationError, Result};
 use crate::order_msg::{ActivationOrder, SignedOrder};
 use crate::plan_msg::{PlanMessage, SignedPlan, MAX_PLAN_BYTES};
@@ -176,8 +177,12 @@ struct State {
     /// Peers that served a corrupt chunk, per version: never asked again for it.
     bad: HashMap<u64, HashSet<PeerId>>,
     stored_per_version: HashMap<u64, usize>,
+    /// Payloads being put together, per version being acquired (taken by the install).
+    assemblies: HashMap<u64, SharedAssembly>,
     tasks: Vec<JoinHandle<()>>,
 }
+
+type SharedAssembly = Arc<Mutex<Option<Assembly>>>;
 
 struct Inner {
     cfg: DisseminationConfig,
@@ -217,6 +222,10 @@ fn open_err(peer: PeerId, protocol: &'static str, e: impl std::fmt::Display) -> 
         protocol,
         reason: e.to_string(),
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Disseminator {
@@ -291,7 +300,7 @@ impl Disseminator {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.inner.state)
     }
 
     fn track(&self, h: JoinHandle<()>) {
@@ -310,12 +319,25 @@ impl Disseminator {
         metrics::counter!(metric).increment(n);
     }
 
-    /// Reads (and re-verifies) a stored chunk on the blocking pool.
-    async fn read_chunk(&self, hash: Hash) -> Result<Vec<u8>> {
-        let store = self.inner.store.clone();
-        Ok(tokio::task::spawn_blocking(move || store.get_chunk(&hash))
-            .await
-            .map_err(|e| DisseminationError::Task(e.to_string()))??)
+    /// A held chunk, to push or serve: from the store's memory tier when there (verified on
+    /// arrival), else read from disk and re-verified on the blocking pool. With the
+    /// `CorruptOutgoing` test fault, one byte is flipped.
+    async fn read_chunk(&self, hash: Hash) -> Result<bytes::Bytes> {
+        let bytes = match self.inner.store.cached_chunk(&hash) {
+            Some(b) => b,
+            None => {
+                let store = self.inner.store.clone();
+                tokio::task::spawn_blocking(move || store.get_chunk(&hash))
+                    .await
+                    .map_err(|e| DisseminationError::Task(e.to_string()))??
+            }
+        };
+        if self.inner.cfg.fault == Some(Fault::CorruptOutgoing) {
+            let mut v = bytes.to_vec();
+            v[0] ^= 0xff;
+            return Ok(v.into());
+        }
+        Ok(bytes)
     }
 
     /// One failed transfer against `peer`'s ECHO score.
@@ -596,12 +618,13 @@ impl Disseminator {
 
     /// Learner: publish `payload` as snapshot `version` to `workers` (`(peer, score)`; the
     /// peer table's active rollout workers when `None`). Returns once the pushes to the first
-    /// hops are started.
+    /// hops are started. The chunks are pushed from slices of `payload` (no copy); their files
+    /// are written behind.
     pub async fn publish(
         &self,
         version: u64,
         model_config_hash: Hash,
-        payload: &[u8],
+        payload: bytes::Bytes,
         workers: Option<Vec<(PeerId, f64)>>,
     ) -> Result<PublishReport> {
         let key = self
@@ -615,12 +638,12 @@ impl Disseminator {
             &cfg.swarm_id,
             version,
             model_config_hash,
-            payload,
+            &payload,
             cfg.chunk_size,
             &cfg.learner_key,
         )?
         .sign(&key)?;
-        let stats = self.inner.store.publish(&manifest, payload)?;
+        let stats = self.inner.store.publish(&manifest, &payload)?;
         if let Err(e) = self.inner.store.retain() {
             warn!(error = %e, "chunk-store garbage collection failed");
         }
@@ -779,10 +802,7 @@ impl Disseminator {
                 if !self.inner.store.has_chunk(h)? {
                     continue;
                 }
-                let mut bytes = self.read_chunk(*h).await?;
-                if self.inner.cfg.fault == Some(Fault::CorruptOutgoing) {
-                    bytes[0] ^= 0xff;
-                }
+                let bytes = self.read_chunk(*h).await?;
                 self.inner.uplink.acquire(bytes.len() as u64).await;
                 s.write_all(&(i as u32).to_be_bytes()).await.map_err(io)?;
                 wire::write_blob(&mut s, &bytes).await.map_err(io)?;
@@ -830,14 +850,26 @@ impl Disseminator {
         let expected = m.chunk_hashes[index];
         let ok_len = bytes.len() as u64 == m.chunk_len(index);
         let store = self.inner.store.clone();
-        // `put_chunk` hashes the bytes and refuses a mismatch before anything is written: that
-        // is the BLAKE3 check (done once, not here and again in the store).
+        let assembly = self.lock().assemblies.get(&m.version).cloned();
+        // `put_chunk_deferred` hashes the bytes and refuses a mismatch before anything is held:
+        // that is the BLAKE3 check (done once, not here and again in the store). A verified
+        // chunk is held in the store's memory tier — forwarded and assembled from there — and
+        // written to disk behind.
         let verdict = tokio::task::spawn_blocking(move || -> Result<Option<bool>> {
             if !ok_len {
                 return Ok(None);
             }
-            match store.put_chunk(&expected, &bytes) {
-                Ok(new) => Ok(Some(new)),
+            let bytes = bytes::Bytes::from(bytes);
+            match store.put_chunk_deferred(&expected, bytes.clone()) {
+                Ok(new) => {
+                    // Verified: into its place in the payload being assembled.
+                    if let Some(a) = assembly {
+                        if let Some(a) = lock(&a).as_mut() {
+                            a.add(index, &bytes);
+                        }
+                    }
+                    Ok(Some(new))
+                }
                 Err(storage::StorageError::HashMismatch { .. }) => Ok(None),
                 Err(e) => Err(e.into()),
             }
@@ -929,6 +961,19 @@ impl Disseminator {
         s.flush().await.map_err(io)?;
         let started = Instant::now();
         let mut bytes_in = 0u64;
+        // One chunk is verified (and stored, and copied into the assembly) while the next one
+        // is read off the stream.
+        let manifest = Arc::new(manifest.clone());
+        let mut verifying: Option<(u32, JoinHandle<Result<bool>>)> = None;
+        let settle = |v: Option<(u32, JoinHandle<Result<bool>>)>| async move {
+            match v {
+                None => Ok(None),
+                Some((len, h)) => h
+                    .await
+                    .map_err(|e| DisseminationError::Task(e.to_string()))?
+                    .map(|ok| Some((len, ok))),
+            }
+        };
         loop {
             let index = wire::read_u32(&mut s).await.map_err(io)?;
             if index == END_OF_STREAM {
@@ -954,19 +999,33 @@ impl Disseminator {
             let mut buf = vec![0u8; len as usize];
             s.read_exact(&mut buf).await.map_err(io)?;
             self.inner.downlink.acquire(u64::from(len)).await;
-            if !self.take_chunk(peer, m, index, buf).await? {
-                // Drop the stream: the rest comes from elsewhere (repair).
-                return Ok(());
+            let (me, m) = (self.clone(), manifest.clone());
+            let next =
+                tokio::spawn(async move { me.take_chunk(peer, &m.manifest, index, buf).await });
+            match settle(verifying.replace((len, next))).await? {
+                // Corrupt: drop the stream; the rest comes from elsewhere (repair).
+                Some((_, false)) => return Ok(()),
+                Some((l, true)) => bytes_in += self.received(l),
+                None => {}
             }
-            bytes_in += u64::from(len);
-            self.count(
-                |c| &c.push_received_bytes,
-                u64::from(len),
-                "dissemination_push_received_bytes_total",
-            );
+        }
+        match settle(verifying).await? {
+            Some((_, false)) => return Ok(()),
+            Some((l, true)) => bytes_in += self.received(l),
+            None => {}
         }
         self.credit(peer, bytes_in, started.elapsed()).await;
         Ok(())
+    }
+
+    /// Counts `len` pushed bytes received and verified; returns them.
+    fn received(&self, len: u32) -> u64 {
+        self.count(
+            |c| &c.push_received_bytes,
+            u64::from(len),
+            "dissemination_push_received_bytes_total",
+        );
+        u64::from(len)
     }
 
     // ---------------------------------------------------------------- fetch
@@ -1000,10 +1059,7 @@ impl Disseminator {
                 s.write_all(&[0]).await.map_err(io)?;
                 continue;
             }
-            let mut bytes = self.read_chunk(h).await?;
-            if self.inner.cfg.fault == Some(Fault::CorruptOutgoing) {
-                bytes[0] ^= 0xff;
-            }
+            let bytes = self.read_chunk(h).await?;
             self.inner.uplink.acquire(bytes.len() as u64).await;
             s.write_all(&[1]).await.map_err(io)?;
             wire::write_blob(&mut s, &bytes).await.map_err(io)?;
@@ -1230,7 +1286,40 @@ impl Disseminator {
         let Some(signed) = self.lock().manifests.get(&version).cloned() else {
             return Ok(());
         };
-        let m = &signed.manifest;
+        let r = self.acquire_manifest(&signed.manifest).await;
+        self.lock().assemblies.remove(&version);
+        r
+    }
+
+    /// Starts assembling `m`'s payload: chunks verified from now on are copied in as they
+    /// arrive, and the chunks already held (a delta's unchanged ones, a resumed transfer) are
+    /// copied in here.
+    async fn start_assembly(&self, m: &SnapshotManifest) -> Result<()> {
+        let a: SharedAssembly = Arc::new(Mutex::new(Some(Assembly::new(m))));
+        self.lock().assemblies.insert(m.version, a.clone());
+        let store = self.inner.store.clone();
+        let hashes = m.chunk_hashes.clone();
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            for (i, h) in hashes.iter().enumerate() {
+                let wanted = lock(&a).as_ref().is_some_and(|a| !a.has(i));
+                if wanted && store.has_chunk(h)? {
+                    // A chunk file found corrupt here is dropped by the store and fetched again.
+                    if let Ok(bytes) = store.get_chunk(h) {
+                        if let Some(a) = lock(&a).as_mut() {
+                            a.add(i, &bytes);
+                        }
+                    }
+                }
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| DisseminationError::Task(e.to_string()))?
+    }
+
+    async fn acquire_manifest(&self, m: &SnapshotManifest) -> Result<()> {
+        let version = m.version;
+        self.start_assembly(m).await?;
         let mut rx = self.inner.stored.subscribe();
         let mut kick = self.inner.kick.subscribe();
         let stall = self.inner.cfg.stall_timeout;
@@ -1272,10 +1361,29 @@ impl Disseminator {
     }
 
     async fn install(&self, version: u64) -> Result<()> {
-        let store = self.inner.store.clone();
-        let payload = tokio::task::spawn_blocking(move || store.assemble(version))
-            .await
-            .map_err(|e| DisseminationError::Task(e.to_string()))??;
+        let (assembly, manifest) = {
+            let mut st = self.lock();
+            let a = st.assemblies.remove(&version);
+            (
+                a.and_then(|a| lock(&a).take()),
+                st.manifests.get(&version).cloned(),
+            )
+        };
+        let assembled = match (assembly, manifest) {
+            (Some(a), Some(m)) => a.finish(&m.manifest),
+            _ => None,
+        };
+        let payload = match assembled {
+            Some(p) => p,
+            None => {
+                // Not assembled on the way in (or inconsistent): from the store, which checks
+                // everything again and names what is wrong.
+                let store = self.inner.store.clone();
+                tokio::task::spawn_blocking(move || store.assemble(version))
+                    .await
+                    .map_err(|e| DisseminationError::Task(e.to_string()))??
+            }
+        };
         let latency = {
             let mut st = self.lock();
             if st.installed.is_some_and(|i| i >= version) {
@@ -1286,13 +1394,6 @@ impl Disseminator {
                 .get(&version)
                 .map_or(Duration::ZERO, |t| t.elapsed())
         };
-        // Keep the newest `keep` snapshots, collect chunks nothing kept references (SPEC §5).
-        let store = self.inner.store.clone();
-        match tokio::task::spawn_blocking(move || store.retain()).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => warn!(error = %e, "chunk-store garbage collection failed"),
-            Err(e) => warn!(error = %e, "chunk-store garbage collection task failed"),
-        }
         self.inner.counters.installs.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("dissemination_installs_total").increment(1);
         info!(
@@ -1306,6 +1407,14 @@ impl Disseminator {
             payload: Arc::new(payload),
             latency,
         });
+        // Then keep the newest `keep` snapshots and collect chunks nothing kept references
+        // (SPEC §5) — after the role has the payload, not before.
+        let store = self.inner.store.clone();
+        match tokio::task::spawn_blocking(move || store.retain()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => warn!(error = %e, "chunk-store garbage collection failed"),
+            Err(e) => warn!(error = %e, "chunk-store garbage collection task failed"),
+        }
         Ok(())
     }
 }

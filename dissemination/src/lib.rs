@@ -12,6 +12,7 @@
 //!
 //! Wire formats: `docs/protocol.md`, "Snapshot dissemination".
 
+mod assembly;
 pub mod engine;
 pub mod error;
 pub mod order_msg;

@@ -152,7 +152,11 @@ async fn shutdown(nodes: impl IntoIterator<Item = Node>) {
 async fn chain_mode_16mb_to_7_workers_then_delta_republish() {
     let (learner, mut workers) = swarm(7, |_| {}, |_, _| {}).await;
     let payload = random(16_000_000);
-    let report = learner.d.publish(1, [0; 32], &payload, None).await.unwrap();
+    let report = learner
+        .d
+        .publish(1, [0; 32], payload.clone().into(), None)
+        .await
+        .unwrap();
     // B0 = 300, B̂w = 100 → 3 chains holding all 7 workers (lengths 3, 2, 2).
     let chains = &report.plan.plan.chains;
     assert_eq!(chains.len(), 3);
@@ -179,7 +183,11 @@ async fn chain_mode_16mb_to_7_workers_then_delta_republish() {
         v2[i * c] ^= 0x55;
     }
     let changed: u64 = 3 * c as u64;
-    let report2 = learner.d.publish(2, [0; 32], &v2, None).await.unwrap();
+    let report2 = learner
+        .d
+        .publish(2, [0; 32], v2.clone().into(), None)
+        .await
+        .unwrap();
     assert_eq!(report2.stats.new_chunks, 3);
     assert_eq!(report2.stats.reused_chunks, 28);
     for w in &mut workers {
@@ -238,7 +246,7 @@ async fn a_corrupting_forwarder_is_bypassed_and_penalised() {
     let payload = random(4_000_000);
     let report = learner
         .d
-        .publish(1, [0; 32], &payload, Some(order))
+        .publish(1, [0; 32], payload.clone().into(), Some(order))
         .await
         .unwrap();
     assert_eq!(
@@ -401,7 +409,12 @@ async fn forged_and_replayed_manifests_and_plans() {
     }
     rogue_node
         .d
-        .publish(50, [0; 32], &payload, Some(vec![(w.peer, 90.0)]))
+        .publish(
+            50,
+            [0; 32],
+            payload.clone().into(),
+            Some(vec![(w.peer, 90.0)]),
+        )
         .await
         .unwrap();
     let deadline = Instant::now() + WAIT;
@@ -415,7 +428,12 @@ async fn forged_and_replayed_manifests_and_plans() {
     }
     learner
         .d
-        .publish(4, [0; 32], &payload, Some(vec![(w.peer, 90.0)]))
+        .publish(
+            4,
+            [0; 32],
+            payload.clone().into(),
+            Some(vec![(w.peer, 90.0)]),
+        )
         .await
         .unwrap();
     assert_eq!(hash_bytes(&installed(w, 4).await), hash_bytes(&payload));
@@ -445,7 +463,7 @@ async fn a_forwarder_killed_mid_snapshot_does_not_stop_the_chain() {
     let payload = random(8_000_000);
     let report = learner
         .d
-        .publish(1, [0; 32], &payload, Some(order))
+        .publish(1, [0; 32], payload.clone().into(), Some(order))
         .await
         .unwrap();
     assert_eq!(report.plan.plan.chains[0].len(), 5);
@@ -483,7 +501,11 @@ async fn star_mode_and_a_fetch_only_worker() {
     // Star: the learner pushes to every worker itself (the baseline).
     let (learner, mut workers) = swarm(3, |c| c.mode = dissemination::Mode::Star, |_, _| {}).await;
     let payload = random(2_000_000);
-    let report = learner.d.publish(1, [0; 32], &payload, None).await.unwrap();
+    let report = learner
+        .d
+        .publish(1, [0; 32], payload.clone().into(), None)
+        .await
+        .unwrap();
     assert_eq!(report.plan.plan.chains.len(), 3);
     assert!(report.plan.plan.chains.iter().all(|c| c.len() == 1));
     for w in &mut workers {
@@ -502,7 +524,7 @@ async fn star_mode_and_a_fetch_only_worker() {
     ];
     let report = learner
         .d
-        .publish(1, [0; 32], &payload, Some(order))
+        .publish(1, [0; 32], payload.clone().into(), Some(order))
         .await
         .unwrap();
     assert_eq!(report.plan.plan.fetch_only, vec![workers[2].peer]);
@@ -522,7 +544,11 @@ async fn star_mode_and_a_fetch_only_worker() {
 async fn a_late_joiner_catches_up_by_fetching() {
     let (learner, mut workers) = swarm(2, |_| {}, |_, _| {}).await;
     let payload = random(3_000_000);
-    learner.d.publish(1, [0; 32], &payload, None).await.unwrap();
+    learner
+        .d
+        .publish(1, [0; 32], payload.clone().into(), None)
+        .await
+        .unwrap();
     for w in &mut workers {
         assert_eq!(hash_bytes(&installed(w, 1).await), hash_bytes(&payload));
     }

@@ -273,6 +273,9 @@ pub struct StorageConfig {
     pub lease_ttl_s: u64,
     /// The rollout engine pauses while more groups than this are pending.
     pub max_pending_groups: u64,
+    /// Memory tier of the chunk store (MiB): verified chunks are forwarded and assembled from
+    /// memory and written to disk behind (0: write every chunk through).
+    pub chunk_memory_mb: u64,
 }
 
 impl Default for StorageConfig {
@@ -282,6 +285,7 @@ impl Default for StorageConfig {
             keep_snapshots: 3,
             lease_ttl_s: 30,
             max_pending_groups: 10_000,
+            chunk_memory_mb: storage::DEFAULT_MEMORY_BYTES >> 20,
         }
     }
 }
@@ -386,6 +390,12 @@ impl NodeConfig {
         }
         if s.max_pending_groups == 0 {
             bad("storage.max_pending_groups", "must be at least 1".into());
+        }
+        if s.chunk_memory_mb > 1 << 20 {
+            bad(
+                "storage.chunk_memory_mb",
+                format!("{} is above 1048576 (MiB)", s.chunk_memory_mb),
+            );
         }
         if self.model.source != "embedded" && !Path::new(&self.model.source).is_dir() {
             bad(

@@ -109,7 +109,8 @@ async fn handle(stream: &mut libp2p::Stream, store: Arc<TrajectoryStore>) -> Res
                     tracing::debug!(pruned, v_min, "pruned groups outside the learner's window");
                 }
                 let s = store.clone();
-                match blocking(move || s.lease(v_min, max, ttl)).await? {
+                // Freshest first (see `TrajectoryStore::lease_newest`).
+                match blocking(move || s.lease_newest(v_min, max, ttl)).await? {
                     None => write_message(stream, &Message::Empty).await?,
                     Some(lease) => {
                         let count = lease.groups.len() as u64;

@@ -118,11 +118,15 @@ async fn lease_store_ack_moves_admissible_groups_exactly_once() {
         .map(|(k, _)| k.version)
         .collect();
     assert_eq!(got, [2, 2], "only versions ≥ v_min reach the learner");
-    assert_eq!(
-        n.buffer.scan(0, 10).unwrap()[0].1,
-        groups[4],
-        "bytes arrive intact"
-    );
+    let mut arrived: Vec<_> = n
+        .buffer
+        .scan(0, 10)
+        .unwrap()
+        .into_iter()
+        .map(|(_, g)| g)
+        .collect();
+    arrived.sort_by_key(|g| g.group_id);
+    assert_eq!(arrived, groups[4..], "bytes arrive intact");
 
     // Nothing admissible is left: the next pull is empty. The pull told the worker the
     // learner's window, so the four stale groups were pruned (counted as discarded-stale).
@@ -135,6 +139,29 @@ async fn lease_store_ack_moves_admissible_groups_exactly_once() {
     );
     assert!(n.worker_store.check_invariant().unwrap().holds());
     assert!(n.buffer.check_invariant().unwrap().holds());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_pull_gets_the_freshest_admissible_groups() {
+    let n = net().await;
+    let groups: Vec<_> = [3, 5, 2, 4].iter().map(|&v| group(v, v, 2, 4)).collect();
+    n.worker_store.put_groups(&groups).unwrap();
+    let req = PullRequest {
+        max_groups: 2,
+        ..REQ
+    };
+    let out = pull_retrying(&n, req).await;
+    assert_eq!(out.stored, 2);
+    let got: Vec<u64> = n
+        .buffer
+        .scan(0, 10)
+        .unwrap()
+        .iter()
+        .map(|(k, _)| k.version)
+        .collect();
+    assert_eq!(got, [4, 5], "newest first");
+    // v3 and v2 (= v_min, still admissible) stay on the worker for a later pull.
+    assert_eq!(n.worker_store.counters().unwrap().pending(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

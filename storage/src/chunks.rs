@@ -9,17 +9,30 @@
 //!
 //! A chunk is published only after its bytes hashed to the expected value, by writing a temp
 //! file and renaming it into place, so a chunk file is always complete and correct unless the disk
-//! itself corrupts it — and every read verifies the hash again. Chunk files are not fsynced:
-//! they are a verified cache that can always be fetched again; at open the index is reconciled
-//! with the files. Manifests are flushed before `put_manifest` returns.
+//! itself corrupts it — and every read from disk verifies the hash again. Chunk files are not
+//! fsynced: they are a verified cache that can always be fetched again; at open the index is
+//! reconciled with the files. Manifests are flushed before `put_manifest` returns.
+//!
+//! Chunks received over the network and published by the learner go through a bounded memory
+//! tier first (`put_chunk_deferred`, see [`crate::hot`]): held in memory, served and assembled
+//! from there, and written to disk by a background thread.
 
 use std::collections::{BTreeSet, HashSet};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use bytes::Bytes;
 
 use crate::error::{Result, StorageError};
+use crate::hot::Hot;
 use crate::manifest::{hash_bytes, hash_hex, Hash, SignedManifest};
+
+/// Default bound of the memory tier (bytes): a few snapshots of the models this node is tested
+/// with, a few hundred chunks of a large one.
+pub const DEFAULT_MEMORY_BYTES: u64 = 512 << 20;
 
 pub struct ChunkStore {
     root: PathBuf,
@@ -27,6 +40,8 @@ pub struct ChunkStore {
     chunks: sled::Tree,
     manifests: sled::Tree,
     keep: usize,
+    hot: Arc<Hot>,
+    writer: Option<JoinHandle<()>>,
 }
 
 /// What publishing a snapshot stored.
@@ -54,8 +69,15 @@ pub struct ChunkStoreStats {
 }
 
 impl ChunkStore {
-    /// Opens (or creates) the store under `root`, keeping the last `keep` snapshots (≥ 1).
+    /// Opens (or creates) the store under `root`, keeping the last `keep` snapshots (≥ 1), with
+    /// a memory tier of [`DEFAULT_MEMORY_BYTES`].
     pub fn open(root: &Path, keep: usize) -> Result<Self> {
+        Self::open_with_memory(root, keep, DEFAULT_MEMORY_BYTES)
+    }
+
+    /// [`ChunkStore::open`] with a memory tier of `memory_bytes` (0: every chunk is written
+    /// through, as `put_chunk` does).
+    pub fn open_with_memory(root: &Path, keep: usize, memory_bytes: u64) -> Result<Self> {
         if keep == 0 {
             return Err(StorageError::invalid(
                 "chunk store",
@@ -69,20 +91,31 @@ impl ChunkStore {
         }
         fs::create_dir_all(&tmp).map_err(|e| StorageError::io(&tmp, e))?;
         let db = crate::open_db(sled::Config::new().path(root.join("index")))?;
-        let store = ChunkStore {
+        let mut store = ChunkStore {
             root: root.to_path_buf(),
             chunks: db.open_tree("chunks")?,
             manifests: db.open_tree("manifests")?,
             db,
             keep,
+            hot: Hot::new(memory_bytes),
+            writer: None,
         };
         store.reconcile()?;
+        if store.hot.enabled() {
+            let (root, tree) = (store.root.clone(), store.chunks.clone());
+            let persist = move |h: &Hash, b: &[u8]| persist_chunk(&root, &tree, h, b);
+            store.writer = Some(
+                store
+                    .hot
+                    .spawn_writer(store.root.clone(), Box::new(persist))
+                    .map_err(|e| StorageError::io(&store.root, e))?,
+            );
+        }
         Ok(store)
     }
 
     fn chunk_path(&self, hash: &Hash) -> PathBuf {
-        let h = hash_hex(hash);
-        self.root.join("chunks").join(&h[..2]).join(h)
+        chunk_path(&self.root, hash)
     }
 
     /// The files are the truth for which chunks exist: index entries without a file are
@@ -129,45 +162,70 @@ impl ChunkStore {
         Ok(())
     }
 
+    /// Whether the chunk is held (in memory or on disk).
     pub fn has_chunk(&self, hash: &Hash) -> Result<bool> {
-        Ok(self.chunks.contains_key(hash)?)
+        Ok(self.hot.contains(hash) || self.chunks.contains_key(hash)?)
     }
 
-    /// Stores a chunk under its hash after checking that `bytes` hash to it. Returns `true` if
-    /// the chunk was new, `false` if it was already held. Wrong bytes are refused with
-    /// [`StorageError::HashMismatch`] and leave nothing behind.
+    /// Stores a chunk under its hash after checking that `bytes` hash to it, writing its file
+    /// before returning. Returns `true` if the chunk was new, `false` if it was already held.
+    /// Wrong bytes are refused with [`StorageError::HashMismatch`] and leave nothing behind.
     pub fn put_chunk(&self, hash: &Hash, bytes: &[u8]) -> Result<bool> {
         // Verify first, also for a chunk already held: wrong bytes are refused and never touch
-        // the disk. (Hashing on a second thread while writing was measured and was not faster
-        // on our 2-core VM, where the write dominates.)
-        let actual = hash_bytes(bytes);
-        if &actual != hash {
-            return Err(mismatch(hash, &actual));
-        }
+        // the disk.
+        verify(hash, bytes)?;
         if self.has_chunk(hash)? {
             return Ok(false);
         }
-        let tmp = self.root.join("chunks").join("tmp").join(format!(
-            "{}.{:016x}",
-            hash_hex(hash),
-            rand::random::<u64>()
-        ));
-        if let Err(e) = write_file(&tmp, bytes) {
-            let _ = fs::remove_file(&tmp);
-            return Err(e);
-        }
-        let dest = self.chunk_path(hash);
-        let parent = dest.parent().expect("chunk path has a parent");
-        fs::create_dir_all(parent).map_err(|e| StorageError::io(parent, e))?;
-        fs::rename(&tmp, &dest).map_err(|e| StorageError::io(&dest, e))?;
-        self.chunks
-            .insert(hash, &(bytes.len() as u64).to_be_bytes())?;
+        persist_chunk(&self.root, &self.chunks, hash, bytes)?;
         Ok(true)
     }
 
-    /// Reads a chunk and verifies it. A chunk whose file no longer matches its hash (disk
-    /// corruption) is removed and reported as [`StorageError::Corrupt`], so it is fetched again.
-    pub fn get_chunk(&self, hash: &Hash) -> Result<Vec<u8>> {
+    /// Like [`ChunkStore::put_chunk`], but the verified chunk goes to the memory tier and its
+    /// file is written behind (at once when the tier is off or the chunk larger than it). May
+    /// wait while the tier is full of chunks not yet written.
+    pub fn put_chunk_deferred(&self, hash: &Hash, bytes: Bytes) -> Result<bool> {
+        verify(hash, &bytes)?;
+        self.store_verified(hash, bytes)
+    }
+
+    /// Stores bytes already verified against `hash` (memory tier or write-through).
+    fn store_verified(&self, hash: &Hash, bytes: Bytes) -> Result<bool> {
+        if self.chunks.contains_key(hash)? {
+            return Ok(false);
+        }
+        if !self.hot.enabled() || !self.hot.fits(bytes.len()) {
+            if self.hot.contains(hash) {
+                return Ok(false);
+            }
+            persist_chunk(&self.root, &self.chunks, hash, &bytes)?;
+            return Ok(true);
+        }
+        Ok(self.hot.insert(*hash, bytes))
+    }
+
+    /// Blocks until every chunk of the memory tier has been written to disk.
+    pub fn flush(&self) {
+        self.hot.flush();
+    }
+
+    /// `(chunks, bytes)` held in memory and not yet written to disk.
+    pub fn unpersisted(&self) -> (usize, u64) {
+        self.hot.unpersisted()
+    }
+
+    /// A chunk's bytes if the memory tier holds it (no I/O, no re-hash).
+    pub fn cached_chunk(&self, hash: &Hash) -> Option<Bytes> {
+        self.hot.get(hash)
+    }
+
+    /// A chunk's bytes: from memory when held there (verified on arrival), else read from disk
+    /// and verified again. A chunk file that no longer matches its hash (disk corruption) is
+    /// removed and reported as [`StorageError::Corrupt`], so it is fetched again.
+    pub fn get_chunk(&self, hash: &Hash) -> Result<Bytes> {
+        if let Some(b) = self.hot.get(hash) {
+            return Ok(b);
+        }
         let path = self.chunk_path(hash);
         let bytes = match fs::read(&path) {
             Ok(b) => b,
@@ -189,7 +247,7 @@ impl ChunkStore {
                 hash_hex(hash)
             )));
         }
-        Ok(bytes)
+        Ok(Bytes::from(bytes))
     }
 
     /// Stores a manifest (durably). Store the manifest before its chunks: garbage collection
@@ -271,6 +329,9 @@ impl ChunkStore {
             });
         }
         let mut out = Vec::with_capacity(m.total_len as usize);
+        // The root hash is computed while copying (one pass over the bytes, each chunk still
+        // in cache).
+        let mut root = blake3::Hasher::new();
         for (i, h) in m.chunk_hashes.iter().enumerate() {
             let bytes = self.get_chunk(h)?;
             if bytes.len() as u64 != m.chunk_len(i) {
@@ -281,8 +342,9 @@ impl ChunkStore {
                 )));
             }
             out.extend_from_slice(&bytes);
+            root.update(&bytes);
         }
-        if hash_bytes(&out) != m.root_hash {
+        if *root.finalize().as_bytes() != m.root_hash {
             return Err(StorageError::Corrupt(format!(
                 "v{version}: root hash mismatch after assembly"
             )));
@@ -290,29 +352,36 @@ impl ChunkStore {
         Ok(out)
     }
 
-    /// Learner side: stores the manifest and every chunk of `payload`; chunks already held are
-    /// not written again (delta publication).
-    pub fn publish(&self, signed: &SignedManifest, payload: &[u8]) -> Result<PublishStats> {
+    /// Learner side: stores the manifest and every chunk of `payload` (through the memory
+    /// tier); chunks already held are not stored again (delta publication). Each chunk is checked
+    /// against the manifest's hash for it — with the length check that proves the payload is the
+    /// one the manifest describes, so the root hash is not recomputed here.
+    /// The chunks held in memory are slices of `payload` (no copy).
+    pub fn publish(&self, signed: &SignedManifest, payload: &Bytes) -> Result<PublishStats> {
         let m = &signed.manifest;
-        if payload.len() as u64 != m.total_len || hash_bytes(payload) != m.root_hash {
-            return Err(StorageError::invalid(
-                "snapshot",
-                "payload does not match its manifest",
-            ));
+        let mismatch = || StorageError::invalid("snapshot", "payload does not match its manifest");
+        if payload.len() as u64 != m.total_len {
+            return Err(mismatch());
+        }
+        let step = m.chunk_size as usize;
+        let pieces = m
+            .chunk_hashes
+            .iter()
+            .zip((0..payload.len()).step_by(step.max(1)))
+            .map(|(h, at)| (h, payload.slice(at..(at + step).min(payload.len()))));
+        if pieces.clone().any(|(h, bytes)| hash_bytes(&bytes) != *h) {
+            return Err(mismatch());
         }
         self.put_manifest(signed)?;
         let mut stats = PublishStats::default();
-        for (h, bytes) in m
-            .chunk_hashes
-            .iter()
-            .zip(payload.chunks(m.chunk_size as usize))
-        {
-            if self.put_chunk(h, bytes)? {
-                stats.new_chunks += 1;
-                stats.new_bytes += bytes.len() as u64;
-            } else {
+        for (h, bytes) in pieces {
+            if self.has_chunk(h)? {
                 stats.reused_chunks += 1;
+                continue;
             }
+            stats.new_chunks += 1;
+            stats.new_bytes += bytes.len() as u64;
+            self.store_verified(h, bytes)?;
         }
         Ok(stats)
     }
@@ -338,6 +407,7 @@ impl ChunkStore {
             let m = SignedManifest::decode(&v?)?;
             referenced.extend(m.manifest.chunk_hashes);
         }
+        self.hot.retain(|h| referenced.contains(h));
         let mut stats = GcStats::default();
         for kv in self.chunks.iter() {
             let (k, v) = kv?;
@@ -372,6 +442,50 @@ impl ChunkStore {
             s.bytes += v?.as_ref().try_into().map(u64::from_be_bytes).unwrap_or(0);
         }
         Ok(s)
+    }
+}
+
+fn chunk_path(root: &Path, hash: &Hash) -> PathBuf {
+    let h = hash_hex(hash);
+    root.join("chunks").join(&h[..2]).join(h)
+}
+
+/// Refuses bytes that do not hash to `hash`.
+fn verify(hash: &Hash, bytes: &[u8]) -> Result<()> {
+    let actual = hash_bytes(bytes);
+    if &actual != hash {
+        return Err(mismatch(hash, &actual));
+    }
+    Ok(())
+}
+
+/// Writes a verified chunk: a temp file renamed into place, then the index entry — so the index
+/// never names a file that is not complete.
+fn persist_chunk(root: &Path, index: &sled::Tree, hash: &Hash, bytes: &[u8]) -> Result<()> {
+    let tmp = root.join("chunks").join("tmp").join(format!(
+        "{}.{:016x}",
+        hash_hex(hash),
+        rand::random::<u64>()
+    ));
+    if let Err(e) = write_file(&tmp, bytes) {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    let dest = chunk_path(root, hash);
+    let parent = dest.parent().expect("chunk path has a parent");
+    fs::create_dir_all(parent).map_err(|e| StorageError::io(parent, e))?;
+    fs::rename(&tmp, &dest).map_err(|e| StorageError::io(&dest, e))?;
+    index.insert(hash, &(bytes.len() as u64).to_be_bytes())?;
+    Ok(())
+}
+
+impl Drop for ChunkStore {
+    /// Lets the writer persist what the memory tier still holds, then stops it.
+    fn drop(&mut self) {
+        self.hot.close();
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
     }
 }
 
@@ -476,21 +590,59 @@ mod tests {
     }
 
     #[test]
+    fn deferred_chunks_are_held_in_memory_and_on_disk_after_a_clean_close() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = payload(3 * CHUNK as usize, 6);
+        let m = manifest(1, &p);
+        {
+            let s = ChunkStore::open(dir.path(), 2).unwrap();
+            s.put_manifest(&m).unwrap();
+            let (h0, c0) = (m.manifest.chunk_hashes[0], &p[..CHUNK as usize]);
+            let mut bad = c0.to_vec();
+            bad[7] ^= 1;
+            assert!(matches!(
+                s.put_chunk_deferred(&h0, bad.into()),
+                Err(StorageError::HashMismatch { .. })
+            ));
+            assert!(!s.has_chunk(&h0).unwrap(), "wrong bytes are not held");
+            for (i, c) in p.chunks(CHUNK as usize).enumerate() {
+                let h = &m.manifest.chunk_hashes[i];
+                assert!(s.put_chunk_deferred(h, Bytes::copy_from_slice(c)).unwrap());
+                assert!(!s.put_chunk_deferred(h, Bytes::copy_from_slice(c)).unwrap());
+            }
+            // Held (in memory or already written) and served without waiting for the disk.
+            assert!(s.missing_chunks(1).unwrap().is_empty());
+            assert_eq!(s.get_chunk(&h0).unwrap(), c0);
+            assert_eq!(s.assemble(1).unwrap(), p);
+        }
+        // Dropping the store drained the writer: the files are there at reopen.
+        let s = ChunkStore::open_with_memory(dir.path(), 2, 0).unwrap();
+        assert_eq!(s.stats().unwrap().chunks, 3);
+        assert_eq!(s.assemble(1).unwrap(), p);
+        assert!(tmp_is_empty(dir.path()));
+    }
+
+    #[test]
     fn republishing_stores_only_changed_chunks() {
         let dir = tempfile::tempdir().unwrap();
         let s = ChunkStore::open(dir.path(), 3).unwrap();
         let p1 = payload(10 * CHUNK as usize, 3);
-        let first = s.publish(&manifest(1, &p1), &p1).unwrap();
+        let first = s
+            .publish(&manifest(1, &p1), &Bytes::from(p1.clone()))
+            .unwrap();
         assert_eq!((first.new_chunks, first.reused_chunks), (10, 0));
         let mut p2 = p1.clone();
         p2[5 * CHUNK as usize + 3] ^= 1; // one chunk of ten changes
-        let second = s.publish(&manifest(2, &p2), &p2).unwrap();
+        let second = s
+            .publish(&manifest(2, &p2), &Bytes::from(p2.clone()))
+            .unwrap();
         assert_eq!((second.new_chunks, second.reused_chunks), (1, 9));
         assert_eq!(second.new_bytes, u64::from(CHUNK));
         assert_eq!(s.assemble(2).unwrap(), p2);
         assert_eq!(s.assemble(1).unwrap(), p1);
         assert!(
-            s.publish(&manifest(3, &p1), &p2).is_err(),
+            s.publish(&manifest(3, &p1), &Bytes::from(p2.clone()))
+                .is_err(),
             "payload must match manifest"
         );
     }
@@ -504,9 +656,13 @@ mod tests {
         for v in 1..=4u8 {
             let mut p = shared.clone();
             p.extend(payload(CHUNK as usize, 10 + v));
-            s.publish(&manifest(u64::from(v), &p), &p).unwrap();
+            s.publish(&manifest(u64::from(v), &p), &Bytes::from(p.clone()))
+                .unwrap();
             versions.push(p);
         }
+        // Published chunks are written behind; `stats` counts files.
+        s.flush();
+        assert_eq!(s.unpersisted(), (0, 0));
         assert_eq!(s.stats().unwrap().chunks, 5);
         let gc = s.retain().unwrap();
         assert_eq!((gc.manifests_removed, gc.chunks_removed), (2, 2));
@@ -540,8 +696,9 @@ mod tests {
         let m = manifest(1, &p);
         let h0 = m.manifest.chunk_hashes[0];
         {
-            let s = ChunkStore::open(dir.path(), 2).unwrap();
-            s.publish(&m, &p).unwrap();
+            // Memory tier off: chunks are read back from their files.
+            let s = ChunkStore::open_with_memory(dir.path(), 2, 0).unwrap();
+            s.publish(&m, &Bytes::from(p.clone())).unwrap();
             let path = s.chunk_path(&h0);
             let mut bytes = fs::read(&path).unwrap();
             bytes[0] ^= 1;

@@ -11,12 +11,13 @@
 pub mod chunks;
 pub mod codec;
 pub mod error;
+mod hot;
 pub mod keys;
 pub mod manifest;
 pub mod record;
 pub mod trajectory;
 
-pub use chunks::{ChunkStore, ChunkStoreStats, GcStats, PublishStats};
+pub use chunks::{ChunkStore, ChunkStoreStats, GcStats, PublishStats, DEFAULT_MEMORY_BYTES};
 pub use error::{Result, StorageError};
 pub use keys::NodeKey;
 pub use manifest::{hash_bytes, Hash, SignedManifest, SnapshotManifest};

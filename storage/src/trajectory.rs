@@ -296,6 +296,13 @@ impl TrajectoryStore {
         self.lease_at(v_min, max, ttl, crate::now_unix_ms())
     }
 
+    /// [`Self::lease`], newest version first: what a consumer with more admissible groups than
+    /// it can use takes, so that it trains on the freshest ones and the oldest age out (rather
+    /// than training on groups about to expire while fresher ones wait and expire in turn).
+    pub fn lease_newest(&self, v_min: u64, max: usize, ttl: Duration) -> Result<Option<Lease>> {
+        self.lease_ordered_at(v_min, max, ttl, crate::now_unix_ms(), true)
+    }
+
     /// [`Self::lease`] with an explicit clock (tests).
     pub fn lease_at(
         &self,
@@ -303,6 +310,17 @@ impl TrajectoryStore {
         max: usize,
         ttl: Duration,
         now_ms: u64,
+    ) -> Result<Option<Lease>> {
+        self.lease_ordered_at(v_min, max, ttl, now_ms, false)
+    }
+
+    fn lease_ordered_at(
+        &self,
+        v_min: u64,
+        max: usize,
+        ttl: Duration,
+        now_ms: u64,
+        newest_first: bool,
     ) -> Result<Option<Lease>> {
         let _g = self.lock();
         self.reclaim_expired(now_ms)?;
@@ -312,7 +330,13 @@ impl TrajectoryStore {
         }
         .to_bytes();
         let mut picked = Vec::new();
-        for kv in self.groups.range(start..) {
+        let candidates: Box<dyn Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>> =
+            if newest_first {
+                Box::new(self.groups.range(start..).rev())
+            } else {
+                Box::new(self.groups.range(start..))
+            };
+        for kv in candidates {
             if picked.len() >= max {
                 break;
             }

@@ -42,6 +42,34 @@ fn scans_are_oldest_version_first_then_arrival_order() {
 }
 
 #[test]
+fn newest_first_leases_take_the_freshest_admissible_groups() {
+    let (_d, s) = open();
+    for (v, seed) in [(5, 1), (2, 2), (9, 3), (7, 4), (5, 5)] {
+        s.put_group(&group(v, seed, 2, 3)).unwrap();
+    }
+    let l = s.lease_newest(3, 2, TTL).unwrap().unwrap();
+    let got: Vec<u64> = l.groups.iter().map(|(k, _)| k.version).collect();
+    assert_eq!(got, [9, 7]);
+    // The next one skips what is leased and never goes below v_min.
+    let l2 = s.lease_newest(3, 10, TTL).unwrap().unwrap();
+    let got: Vec<u64> = l2.groups.iter().map(|(k, _)| k.version).collect();
+    assert_eq!(got, [5, 5]);
+    assert!(
+        s.lease_newest(3, 10, TTL).unwrap().is_none(),
+        "v2 is below v_min"
+    );
+    assert_eq!(
+        s.lease_at(0, 10, TTL, crate::now_unix_ms())
+            .unwrap()
+            .unwrap()
+            .groups
+            .len(),
+        1
+    );
+    s.check_invariant().unwrap();
+}
+
+#[test]
 fn lease_ack_deletes_and_counts() {
     let (_d, s) = open();
     let batch: Vec<_> = (0..5).map(|i| group(1 + i / 3, i, 2, 3)).collect();

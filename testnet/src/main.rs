@@ -70,6 +70,11 @@ enum Scenario {
         /// Snapshots published per setting (T_bcast is their median).
         #[arg(long, default_value_t = 2)]
         rounds: u32,
+        /// Nodes' gossip heartbeat interval (ms). The node default; installs are reported at
+        /// once regardless. Every heartbeat costs every node a signature check per copy it
+        /// receives, which on one host adds up as N².
+        #[arg(long, default_value_t = 2000)]
+        heartbeat_ms: u64,
         #[command(flatten)]
         run: RunOpts,
     },
@@ -189,8 +194,13 @@ fn main() -> anyhow::Result<()> {
             learner_mbps,
             mode,
             rounds,
+            heartbeat_ms,
             run: RunOpts { bin, json, out },
         } => {
+            anyhow::ensure!(
+                (100..=600_000).contains(&heartbeat_ms),
+                "--heartbeat-ms must be within 100..=600000"
+            );
             anyhow::ensure!(
                 size_mb > 0.0 && chunk_kb >= 4,
                 "--size-mb > 0, --chunk-kb >= 4"
@@ -220,7 +230,7 @@ fn main() -> anyhow::Result<()> {
                     .collect(),
                 rounds,
                 bin,
-                heartbeat_ms: 500,
+                heartbeat_ms,
             };
             let summary = broadcast::sweep(&settings, &out, !json)?;
             if json {

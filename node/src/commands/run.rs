@@ -66,8 +66,12 @@ pub fn open_state(config: NodeConfig) -> anyhow::Result<NodeState> {
             data.trajectories().display()
         )
     })?;
-    let chunks = ChunkStore::open(&data.snapshots(), config.storage.keep_snapshots)
-        .with_context(|| format!("opening chunk store {}", data.snapshots().display()))?;
+    let chunks = ChunkStore::open_with_memory(
+        &data.snapshots(),
+        config.storage.keep_snapshots,
+        config.storage.chunk_memory_mb << 20,
+    )
+    .with_context(|| format!("opening chunk store {}", data.snapshots().display()))?;
     Ok(NodeState {
         config,
         key,

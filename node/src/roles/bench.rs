@@ -107,7 +107,7 @@ pub async fn run_publisher(
         let before = dissem.counters();
         let t0 = Instant::now();
         let report = dissem
-            .publish(version, [0u8; 32], &payload, None)
+            .publish(version, [0u8; 32], payload.into(), None)
             .await
             .context("bench publish")?;
         let (mut t_q, mut t_all) = (None, None);

@@ -93,7 +93,7 @@ pub fn broadcast_done(installed: &[Option<u64>], version: u64) -> bool {
 }
 
 /// A snapshot waiting to be published.
-type Snapshot = Option<(u64, Arc<Vec<u8>>)>;
+type Snapshot = Option<(u64, bytes::Bytes)>;
 
 /// The running learner role.
 pub struct LearnerRole {
@@ -342,7 +342,12 @@ fn train_loop(mut c: TrainCtx) -> anyhow::Result<()> {
                     break 'outer;
                 }
             }
-            match c.buffer.lease(floor, b - hand.len(), BUFFER_LEASE_TTL)? {
+            // Freshest first: with more admissible groups than a step uses, the oldest age out
+            // instead of every group aging towards the staleness limit (docs/learner.md).
+            match c
+                .buffer
+                .lease_newest(floor, b - hand.len(), BUFFER_LEASE_TTL)?
+            {
                 Some(l) => {
                     leases.push(l.id);
                     hand.extend(l.groups.into_iter().map(|(_, g)| g));
@@ -431,7 +436,7 @@ fn publish(trainer: &Trainer, tx: &watch::Sender<Snapshot>) -> anyhow::Result<()
     let bytes = trainer
         .snapshot_bytes()
         .context("serialising the snapshot")?;
-    tx.send_replace(Some((trainer.version(), Arc::new(bytes))));
+    tx.send_replace(Some((trainer.version(), bytes::Bytes::from(bytes))));
     Ok(())
 }
 
@@ -543,7 +548,10 @@ async fn publisher(
             continue;
         }
         let t0 = Instant::now();
-        match dissem.publish(version, config_hash, &bytes, None).await {
+        match dissem
+            .publish(version, config_hash, bytes.clone(), None)
+            .await
+        {
             Ok(report) => {
                 published = Some(version);
                 if let Ok(mut f) = shared.in_flight.lock() {
@@ -606,7 +614,11 @@ fn measure_broadcasts(shared: &Shared, installed: &[Option<u64>]) {
     });
 }
 
-/// Keeps the buffer topped up from the rollout workers.
+/// Keeps the buffer topped up from the rollout workers. Every `pull_interval_ms` it tops the
+/// buffer up to its target: the shortfall, less what pulls still in flight asked for, split
+/// over the workers with no pull in flight. Pulls run concurrently and independently — a worker
+/// that is slow to answer (installing a snapshot, overloaded) holds back only its own share,
+/// not the next round of pulls from the others.
 async fn puller(
     client: p2p::Client,
     buffer: Arc<TrajectoryStore>,
@@ -614,12 +626,40 @@ async fn puller(
     cfg: LearnerConfig,
     lease_ttl_s: u64,
 ) {
+    use futures::stream::{FuturesUnordered, StreamExt};
     let target = cfg.buffer_target();
     let staleness = cfg.trainer_config().map(|c| c.staleness).unwrap_or(0);
     let mut tick = tokio::time::interval(Duration::from_millis(cfg.pull_interval_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut in_flight = FuturesUnordered::new();
+    // Peers with a pull in flight, and how many groups those pulls asked for in total.
+    let mut busy = std::collections::HashSet::new();
+    let mut asked = 0u64;
     loop {
-        tick.tick().await;
+        type Done = (p2p::PeerId, u64, Result<pull::PullOutcome, pull::PullError>);
+        let done: Option<Done> = tokio::select! {
+            _ = tick.tick() => None,
+            Some(d) = in_flight.next(), if !in_flight.is_empty() => Some(d),
+        };
+        if let Some((peer, max_groups, r)) = done {
+            busy.remove(&peer);
+            asked -= max_groups;
+            match r {
+                Ok(out) => {
+                    shared
+                        .groups_pulled
+                        .fetch_add(out.stored as u64, Ordering::Relaxed);
+                    if out.invalid > 0 {
+                        tracing::warn!(%peer, invalid = out.invalid, "worker sent invalid groups");
+                    }
+                }
+                Err(e) => {
+                    shared.pull_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(%peer, error = %e, "pull failed");
+                }
+            }
+            continue;
+        }
         let Ok(net) = client.status().await else {
             return;
         };
@@ -653,50 +693,38 @@ async fn puller(
             shared.pruned.fetch_add(n, Ordering::Relaxed);
         }
         let pending = buffer.pending().unwrap_or(target);
-        let need = target.saturating_sub(pending);
-        if need == 0 || workers.is_empty() {
+        let need = target.saturating_sub(pending).saturating_sub(asked);
+        let idle: Vec<&(p2p::PeerId, u64, f64)> =
+            workers.iter().filter(|w| !busy.contains(&w.0)).collect();
+        if need == 0 || idle.is_empty() {
             continue;
         }
-        let holdings: Vec<u64> = workers.iter().map(|w| w.1).collect();
-        let pulls = workers.iter().zip(allocate_pulls(need, &holdings)).map(
-            |((peer, _, _), max_groups)| {
-                let mut control = client.stream_control();
-                let buffer = buffer.clone();
-                let req = pull::PullRequest {
-                    v_min,
-                    max_groups,
-                    ttl: Duration::from_secs(lease_ttl_s),
-                };
-                async move {
-                    // A worker that stops answering (stopped, overloaded) must not hold up the
-                    // pulls from every other worker.
-                    let r = tokio::time::timeout(
-                        PULL_TIMEOUT,
-                        pull::pull(&mut control, *peer, buffer, req),
-                    )
-                    .await;
-                    (
-                        peer,
-                        r.unwrap_or_else(|_| Err(pull::PullError::Refused("timed out".into()))),
-                    )
-                }
-            },
-        );
-        for (peer, r) in futures::future::join_all(pulls).await {
-            match r {
-                Ok(out) => {
-                    shared
-                        .groups_pulled
-                        .fetch_add(out.stored as u64, Ordering::Relaxed);
-                    if out.invalid > 0 {
-                        tracing::warn!(%peer, invalid = out.invalid, "worker sent invalid groups");
-                    }
-                }
-                Err(e) => {
-                    shared.pull_errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(%peer, error = %e, "pull failed");
-                }
+        let holdings: Vec<u64> = idle.iter().map(|w| w.1).collect();
+        for (&&(peer, _, _), max_groups) in idle.iter().zip(allocate_pulls(need, &holdings)) {
+            if max_groups == 0 {
+                continue;
             }
+            let mut control = client.stream_control();
+            let buffer = buffer.clone();
+            let req = pull::PullRequest {
+                v_min,
+                max_groups,
+                ttl: Duration::from_secs(lease_ttl_s),
+            };
+            busy.insert(peer);
+            asked += max_groups;
+            in_flight.push(async move {
+                // A worker that stops answering (stopped, overloaded) is given up on after
+                // PULL_TIMEOUT; its share is asked of others meanwhile.
+                let r =
+                    tokio::time::timeout(PULL_TIMEOUT, pull::pull(&mut control, peer, buffer, req))
+                        .await;
+                (
+                    peer,
+                    max_groups,
+                    r.unwrap_or_else(|_| Err(pull::PullError::Refused("timed out".into()))),
+                )
+            });
         }
     }
 }

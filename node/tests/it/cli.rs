@@ -264,7 +264,7 @@ fn inspect_shows_groups_counters_and_manifests() {
         .unwrap()
         .sign(key.signing_key())
         .unwrap();
-        c.publish(&m, &payload).unwrap();
+        c.publish(&m, &payload.clone().into()).unwrap();
     }
     let d = dir.path().to_str().unwrap();
     let v = json(&run_ok(&[
