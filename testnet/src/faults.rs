@@ -90,7 +90,11 @@ fn between(samples: &[Sample], a: f64, b: f64) -> (f64, f64) {
 }
 
 fn signal(pid: u32, sig: &str) {
-    let _ = Command::new("kill").args([sig, &pid.to_string()]).status();
+    // The process may be gone already (the dropped worker): nothing to report then.
+    let _ = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .stderr(std::process::Stdio::null())
+        .status();
 }
 
 /// Runs the scenario; writes `faults.json` and `faults.png` under `out`.
