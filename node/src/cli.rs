@@ -68,6 +68,9 @@ pub struct DemoArgs {
     /// Staleness budget S (async mode).
     #[arg(long, default_value_t = 3)]
     pub staleness: u64,
+    /// Publish every κ steps (async mode; default: max(S − 1, 1)).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub kappa: Option<u64>,
     /// Cap each worker's production at this many groups/s (0 = none; emulates slower
     /// machines so that capacity grows with the number of workers on one host).
     #[arg(long, default_value_t = 0.0)]

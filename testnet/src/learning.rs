@@ -142,24 +142,24 @@ pub fn overlap(
     workers: &[usize],
     minutes: f64,
     worker_gps: f64,
+    demo_args: &[String],
     out: &Path,
 ) -> anyhow::Result<Value> {
     std::fs::create_dir_all(out)?;
     let mut rows = Vec::new();
     for &n in workers {
-        let v = demo(
-            bin,
-            &[
-                "--workers".into(),
-                n.to_string(),
-                "--steps".into(),
-                "1000000".into(),
-                "--minutes".into(),
-                minutes.to_string(),
-                "--worker-groups-per-s".into(),
-                worker_gps.to_string(),
-            ],
-        )?;
+        let mut args = vec![
+            "--workers".into(),
+            n.to_string(),
+            "--steps".into(),
+            "1000000".into(),
+            "--minutes".into(),
+            minutes.to_string(),
+            "--worker-groups-per-s".into(),
+            worker_gps.to_string(),
+        ];
+        args.extend(demo_args.iter().cloned());
+        let v = demo(bin, &args)?;
         // Capacity needed vs capacity per worker, from this run's online measurements.
         let per_worker = f(&v, "mu_pool") / n as f64;
         let predicted = (f(&v, "mu_target") / per_worker).ceil();
@@ -209,7 +209,7 @@ pub fn overlap(
         .iter()
         .map(|r| json!({"workers": r["workers"], "bubble_ratio": r["bubble_ratio"]}))
         .collect();
-    let full = json!({"scenario": "overlap", "minutes": minutes, "worker_groups_per_s": worker_gps,
+    let full = json!({"scenario": "overlap", "minutes": minutes, "worker_groups_per_s": worker_gps, "demo_args": demo_args,
         "predicted_workers": predicted,
         "observed_workers": observed, "results": rows});
     std::fs::write(out.join("overlap.json"), serde_json::to_vec_pretty(&full)?)?;

@@ -101,6 +101,9 @@ enum Scenario {
         /// capacity grow with their number instead of competing for the same cores.
         #[arg(long, default_value_t = 0.0)]
         worker_groups_per_s: f64,
+        /// Extra `echo-node demo` options for every run, e.g. `--staleness 4 --kappa 2`.
+        #[arg(long, allow_hyphen_values = true, value_delimiter = ' ')]
+        demo_args: Vec<String>,
         #[command(flatten)]
         run: RunOpts,
     },
@@ -265,6 +268,7 @@ fn main() -> anyhow::Result<()> {
             workers,
             minutes,
             worker_groups_per_s,
+            demo_args,
             run: RunOpts { bin, json, out },
         } => {
             anyhow::ensure!(minutes > 0.0, "--minutes must be > 0");
@@ -277,6 +281,7 @@ fn main() -> anyhow::Result<()> {
                 &workers,
                 minutes,
                 worker_groups_per_s,
+                &demo_args,
                 &out,
             )?;
             print_summary(&summary, json);

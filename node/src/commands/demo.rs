@@ -145,7 +145,7 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
         learner_dir.clone(),
         format!(
             "role = \"learner\"\ndata_dir = \"{}\"\n{}\n[learner]\nmax_steps = {}\nwarm_start_steps = {}\n\
-             mode = \"{}\"\nobjective = \"{}\"\nstaleness = {}\n",
+             mode = \"{}\"\nobjective = \"{}\"\nstaleness = {}\n{}",
             toml_path(&learner_dir),
             common(
                 &learner_admin,
@@ -157,6 +157,7 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
             args.mode,
             args.objective,
             args.staleness,
+            args.kappa.map_or(String::new(), |k| format!("kappa = {k}\n")),
         ),
     )];
     let bootstrap = format!("/ip4/127.0.0.1/tcp/{learner_port}/p2p/{learner_peer}");
