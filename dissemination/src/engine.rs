@@ -363,6 +363,15 @@ impl Disseminator {
         }
     }
 
+    /// The learner's signing key (`NotLearner` on a worker).
+    fn signing_key(&self) -> Result<SigningKey> {
+        self.inner
+            .cfg
+            .signing_key
+            .clone()
+            .ok_or(DisseminationError::NotLearner)
+    }
+
     fn is_learner(&self) -> bool {
         self.inner.cfg.signing_key.is_some()
     }
@@ -522,12 +531,7 @@ impl Disseminator {
         active: Vec<PeerId>,
         standby: Vec<PeerId>,
     ) -> Result<SignedOrder> {
-        let key = self
-            .inner
-            .cfg
-            .signing_key
-            .clone()
-            .ok_or(DisseminationError::NotLearner)?;
+        let key = self.signing_key()?;
         let signed = ActivationOrder {
             swarm_id: self.inner.cfg.swarm_id.clone(),
             seq,
@@ -576,7 +580,7 @@ impl Disseminator {
     /// moves up to its nearest surviving ancestor, `ChainPlan::excise`), re-sign with the next
     /// sequence number, gossip, and push to any new first hop.
     pub async fn on_peer_disconnected(&self, peer: PeerId) {
-        let Some(key) = self.inner.cfg.signing_key.clone() else {
+        let Ok(key) = self.signing_key() else {
             return;
         };
         let new = {
@@ -627,12 +631,7 @@ impl Disseminator {
         payload: bytes::Bytes,
         workers: Option<Vec<(PeerId, f64)>>,
     ) -> Result<PublishReport> {
-        let key = self
-            .inner
-            .cfg
-            .signing_key
-            .clone()
-            .ok_or(DisseminationError::NotLearner)?;
+        let key = self.signing_key()?;
         let cfg = &self.inner.cfg;
         let manifest = SnapshotManifest::build(
             &cfg.swarm_id,

@@ -74,6 +74,12 @@ async fn net() -> Net {
     }
 }
 
+/// Versions of the groups in the learner's buffer, in key order.
+fn buffered_versions(n: &Net) -> Vec<u64> {
+    let groups = n.buffer.scan(0, 10).unwrap();
+    groups.iter().map(|(k, _)| k.version).collect()
+}
+
 const REQ: PullRequest = PullRequest {
     v_min: 2,
     max_groups: 16,
@@ -110,13 +116,7 @@ async fn lease_store_ack_moves_admissible_groups_exactly_once() {
         (2, 2, 0, 0)
     );
     assert_eq!(out.consumed_on_worker, 2);
-    let got: Vec<u64> = n
-        .buffer
-        .scan(0, 10)
-        .unwrap()
-        .iter()
-        .map(|(k, _)| k.version)
-        .collect();
+    let got = buffered_versions(&n);
     assert_eq!(got, [2, 2], "only versions ≥ v_min reach the learner");
     let mut arrived: Vec<_> = n
         .buffer
@@ -152,13 +152,7 @@ async fn a_short_pull_gets_the_freshest_admissible_groups() {
     };
     let out = pull_retrying(&n, req).await;
     assert_eq!(out.stored, 2);
-    let got: Vec<u64> = n
-        .buffer
-        .scan(0, 10)
-        .unwrap()
-        .iter()
-        .map(|(k, _)| k.version)
-        .collect();
+    let got = buffered_versions(&n);
     assert_eq!(got, [4, 5], "newest first");
     // v3 and v2 (= v_min, still admissible) stay on the worker for a later pull.
     assert_eq!(n.worker_store.counters().unwrap().pending(), 2);

@@ -195,9 +195,6 @@ impl ChunkStore {
             return Ok(false);
         }
         if !self.hot.enabled() || !self.hot.fits(bytes.len()) {
-            if self.hot.contains(hash) {
-                return Ok(false);
-            }
             persist_chunk(&self.root, &self.chunks, hash, &bytes)?;
             return Ok(true);
         }

@@ -11,7 +11,8 @@
 //! Rules:
 //! - Only verified bytes enter (the caller hashed them against the manifest).
 //! - A chunk stays in memory at least until its file and index entry exist, so `has_chunk`
-//!   never flickers: it is answered by the memory tier until the index knows the chunk.
+//!   never flickers: it is answered by the memory tier until the index knows the chunk. A
+//!   chunk whose write fails is dropped (logged): kept, it could never be evicted.
 //! - Memory is bounded by `capacity` bytes: persisted chunks are evicted oldest first; when
 //!   every held chunk is still unpersisted, an insert waits for the writer (back-pressure
 //!   reaches the network stream, never unbounded memory).
@@ -52,9 +53,6 @@ struct State {
     queue: VecDeque<Hash>,
     /// Chunks the writer is writing now (0 or 1).
     writing: usize,
-    /// Failed writes (each logged). Such a chunk stays in memory, is still served from there,
-    /// and is simply missing after a restart (fetched again then).
-    failures: u64,
     /// The last insert or read.
     last_active: Instant,
     /// Callers waiting in `flush` (the writer does not wait for idleness then).
@@ -70,7 +68,6 @@ impl State {
             bytes: 0,
             queue: VecDeque::new(),
             writing: 0,
-            failures: 0,
             last_active: Instant::now(),
             flushing: 0,
             closing: false,
@@ -255,12 +252,17 @@ impl Hot {
                     }
                 }
                 Err(e) => {
-                    st.failures += 1;
+                    // Dropped, not kept: a chunk that can never be written could never be
+                    // evicted either, and would fill the tier. The store no longer holds it;
+                    // whoever needs it fetches it again.
+                    if let Some(e) = st.map.remove(&hash) {
+                        st.bytes -= e.bytes.len() as u64;
+                    }
                     tracing::error!(
                         store = %root.display(),
                         chunk = %hash_hex(&hash),
                         error = %e,
-                        "writing a verified chunk to disk failed; it stays in memory only"
+                        "writing a verified chunk to disk failed; dropped"
                     );
                 }
             }
@@ -343,6 +345,25 @@ mod tests {
         // The oldest persisted chunk made room for the fourth.
         assert!(!hot.contains(&h(0)));
         assert_eq!(hot.get(&h(3)).unwrap().as_ref(), &[3]);
+        hot.close();
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn a_chunk_that_cannot_be_written_is_dropped_and_frees_its_space() {
+        let hot = Hot::new(2);
+        let t = hot
+            .spawn_writer(
+                PathBuf::from("mem"),
+                Box::new(|_, _| Err(crate::StorageError::Corrupt("disk full".into()))),
+            )
+            .unwrap();
+        assert!(hot.insert(h(1), Bytes::from(vec![1, 1])));
+        hot.flush();
+        assert!(!hot.contains(&h(1)));
+        assert_eq!(hot.unpersisted(), (0, 0));
+        // The tier is not left full: a new chunk goes in without waiting for space.
+        assert!(hot.insert(h(2), Bytes::from(vec![2, 2])));
         hot.close();
         t.join().unwrap();
     }
