@@ -533,6 +533,19 @@ impl TrajectoryStore {
         })
     }
 
+    /// Groups stored (leased or not) at version `v` or newer: what survives a
+    /// [`Self::prune_below`]`(v)`. Walks only that part of the tree, so it is cheap on a
+    /// learner's buffer (a few batches), not on a worker's backlog.
+    pub fn pending_from(&self, v: u64) -> Result<u64> {
+        let start = GroupKey { version: v, seq: 0 }.to_bytes();
+        let mut n = 0;
+        for k in self.groups.range(start..).keys() {
+            k?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
     /// Stored groups per version.
     pub fn versions(&self) -> Result<BTreeMap<u64, u64>> {
         let mut out = BTreeMap::new();

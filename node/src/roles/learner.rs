@@ -62,6 +62,10 @@ struct Shared {
     mu_target_milli: AtomicU64,
     /// The scheduler's state (when `scheduler.enabled`).
     scheduler: Option<Arc<Mutex<super::scheduler::State>>>,
+    /// Wakes the puller between its ticks: the training thread took a batch out of the buffer,
+    /// or found none to take. Waiting for the next tick instead left the learner idle for up
+    /// to `pull_interval_ms` after each version bump had expired part of the buffer.
+    pull_wake: tokio::sync::Notify,
 }
 
 /// T_bcast samples kept for the median.
@@ -161,6 +165,7 @@ pub async fn start(
         in_flight: Mutex::new(Vec::new()),
         t_bcast: Mutex::new(VecDeque::new()),
         mu_target_milli: AtomicU64::new(NONE),
+        pull_wake: tokio::sync::Notify::new(),
         scheduler: state.config.scheduler.enabled.then(|| {
             Arc::new(Mutex::new(super::scheduler::State::new(
                 state.config.scheduler.clone(),
@@ -329,6 +334,7 @@ fn train_loop(mut c: TrainCtx) -> anyhow::Result<()> {
         let (mut hand, mut leases) = (Vec::with_capacity(b), Vec::new());
         let mut held_since = Instant::now();
         let mut viewed = Instant::now();
+        let mut starved = false;
         while hand.len() < b {
             // Never let a partial batch's leases expire while waiting for the rest: give them
             // back and start over (the groups stay in the buffer).
@@ -353,7 +359,12 @@ fn train_loop(mut c: TrainCtx) -> anyhow::Result<()> {
                     hand.extend(l.groups.into_iter().map(|(_, g)| g));
                 }
                 None => {
-                    // Starved: keep `/status` live while waiting.
+                    // Starved: ask the puller for more now, and keep `/status` live while
+                    // waiting.
+                    if !starved {
+                        c.shared.pull_wake.notify_one();
+                        starved = true;
+                    }
                     if viewed.elapsed() > Duration::from_secs(1) {
                         update_view(&c, &totals, last.as_ref(), false);
                         viewed = Instant::now();
@@ -368,6 +379,7 @@ fn train_loop(mut c: TrainCtx) -> anyhow::Result<()> {
         for id in leases {
             c.buffer.ack(id).context("acking a buffer lease")?;
         }
+        c.shared.pull_wake.notify_one();
         let trained: Vec<String> = hand
             .iter()
             .filter(|g| c.trainer.classify(g) == Verdict::Admitted)
@@ -577,19 +589,50 @@ async fn publisher(
     }
 }
 
-/// How many groups to ask each worker for: `need` split in proportion to what each holds
-/// (its heartbeat's `pending`, plus one so that a worker whose heartbeat lags is still
-/// asked), at least one each and never more than `need` in total per round.
-pub fn allocate_pulls(need: u64, holdings: &[u64]) -> Vec<u64> {
-    if need == 0 || holdings.is_empty() {
-        return vec![0; holdings.len()];
+/// How many groups to ask each worker for: exactly `need` in total, split in proportion to
+/// what each holds (its heartbeat's `pending`, plus one so that a worker whose heartbeat lags
+/// still gets a share), by largest remainder. When `need` is smaller than the number of
+/// workers, the ones holding most are asked and ties go round-robin from `round`, so that
+/// over successive rounds every worker is asked.
+///
+/// Asking for more than `need` (an earlier version asked every worker for at least one group)
+/// over-fills the buffer as the pool grows: with 8 workers and a shortfall of 1, 8 groups came
+/// in, the surplus aged past `S` in the buffer (46 % of all pulled groups expired), and the
+/// workers never reached `storage.max_pending_groups`, so they kept generating groups nobody
+/// would train on — on a shared host, CPU taken from the learner.
+pub fn allocate_pulls(need: u64, holdings: &[u64], round: usize) -> Vec<u64> {
+    let n = holdings.len();
+    if need == 0 || n == 0 {
+        return vec![0; n];
     }
-    let weights: Vec<u64> = holdings.iter().map(|h| h + 1).collect();
-    let total: u64 = weights.iter().sum();
-    weights
-        .iter()
-        .map(|w| (need * w).div_ceil(total).clamp(1, need))
-        .collect()
+    let weights: Vec<u128> = holdings.iter().map(|&h| u128::from(h) + 1).collect();
+    let total: u128 = weights.iter().sum();
+    let need128 = u128::from(need);
+    // Whole shares first; each is at most `need` because w ≤ total.
+    let mut out: Vec<u64> = weights.iter().map(|w| (need128 * w / total) as u64).collect();
+    let left = need - out.iter().sum::<u64>();
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&i| {
+        let remainder = need128 * weights[i] % total;
+        (std::cmp::Reverse(remainder), (i + n - round % n) % n)
+    });
+    // `left` < n: the whole shares' remainders sum to less than n · total.
+    for &i in order.iter().take(left as usize) {
+        out[i] += 1;
+    }
+    out
+}
+
+/// The oldest version the puller counts as buffered at learner version `v`: what is still
+/// admissible after the next step. Groups at the current floor are trainable in this step at
+/// most, and a buffer full of them empties at once when it ends — the learner then idled
+/// until the next pull round. With S = 0 nothing survives a step, so the floor itself.
+pub fn buffered_from(v: u64, staleness: u64) -> u64 {
+    if staleness == 0 {
+        v
+    } else {
+        learner::lease_floor(v + 1, staleness)
+    }
 }
 
 /// Ends the T_bcast measurement of every in-flight version the workers have installed.
@@ -614,9 +657,10 @@ fn measure_broadcasts(shared: &Shared, installed: &[Option<u64>]) {
     });
 }
 
-/// Keeps the buffer topped up from the rollout workers. Every `pull_interval_ms` it tops the
-/// buffer up to its target: the shortfall, less what pulls still in flight asked for, split
-/// over the workers with no pull in flight. Pulls run concurrently and independently — a worker
+/// Keeps the buffer topped up from the rollout workers. Every `pull_interval_ms`, and whenever
+/// the training thread takes a batch or finds none, it tops the buffer up to its target: the
+/// shortfall (counting only groups still admissible after the next step), less what pulls
+/// still in flight asked for, split over the workers with no pull in flight. Pulls run concurrently and independently — a worker
 /// that is slow to answer (installing a snapshot, overloaded) holds back only its own share,
 /// not the next round of pulls from the others.
 async fn puller(
@@ -635,10 +679,12 @@ async fn puller(
     // Peers with a pull in flight, and how many groups those pulls asked for in total.
     let mut busy = std::collections::HashSet::new();
     let mut asked = 0u64;
+    let mut round = 0usize;
     loop {
         type Done = (p2p::PeerId, u64, Result<pull::PullOutcome, pull::PullError>);
         let done: Option<Done> = tokio::select! {
             _ = tick.tick() => None,
+            _ = shared.pull_wake.notified() => None,
             Some(d) = in_flight.next(), if !in_flight.is_empty() => Some(d),
         };
         if let Some((peer, max_groups, r)) = done {
@@ -688,11 +734,14 @@ async fn puller(
             .store((mu_pool * 1000.0) as u64, Ordering::Relaxed);
         // Groups that fell out of the window must not count as buffered: they would hold the
         // pulls back while the training thread waits for admissible ones.
-        let v_min = learner::lease_floor(shared.version.load(Ordering::Relaxed), staleness);
+        let version = shared.version.load(Ordering::Relaxed);
+        let v_min = learner::lease_floor(version, staleness);
         if let Ok(n) = buffer.prune_below(v_min) {
             shared.pruned.fetch_add(n, Ordering::Relaxed);
         }
-        let pending = buffer.pending().unwrap_or(target);
+        let pending = buffer
+            .pending_from(buffered_from(version, staleness))
+            .unwrap_or(target);
         let need = target.saturating_sub(pending).saturating_sub(asked);
         let idle: Vec<&(p2p::PeerId, u64, f64)> =
             workers.iter().filter(|w| !busy.contains(&w.0)).collect();
@@ -700,7 +749,9 @@ async fn puller(
             continue;
         }
         let holdings: Vec<u64> = idle.iter().map(|w| w.1).collect();
-        for (&&(peer, _, _), max_groups) in idle.iter().zip(allocate_pulls(need, &holdings)) {
+        round = round.wrapping_add(1);
+        let shares = allocate_pulls(need, &holdings, round);
+        for (&&(peer, _, _), max_groups) in idle.iter().zip(shares) {
             if max_groups == 0 {
                 continue;
             }
@@ -731,7 +782,19 @@ async fn puller(
 
 #[cfg(test)]
 mod tests {
-    use super::{allocate_pulls, broadcast_done};
+    use super::{allocate_pulls, broadcast_done, buffered_from};
+
+    #[test]
+    fn the_buffer_counts_only_groups_that_outlive_the_step() {
+        // S = 3 at version 10: the floor is 7, the next step's 8.
+        assert_eq!(buffered_from(10, 3), 8);
+        // Early on the floor does not move yet.
+        assert_eq!(buffered_from(1, 3), 0);
+        assert_eq!(buffered_from(2, 3), 0);
+        assert_eq!(buffered_from(3, 3), 1);
+        // Sequential (S = 0): only the current version is ever admissible.
+        assert_eq!(buffered_from(10, 0), 10);
+    }
 
     #[test]
     fn broadcast_ends_when_a_fraction_one_over_gamma_installed() {
@@ -748,12 +811,36 @@ mod tests {
     }
 
     #[test]
-    fn pulls_follow_holdings_and_ask_everyone() {
-        // Twice the holdings, about twice the share; nobody is skipped.
-        assert_eq!(allocate_pulls(8, &[10, 4, 0]), vec![6, 3, 1]);
-        assert_eq!(allocate_pulls(0, &[10, 4]), vec![0, 0]);
-        assert!(allocate_pulls(5, &[]).is_empty());
-        // Never more than `need` from one worker.
-        assert_eq!(allocate_pulls(2, &[1000]), vec![2]);
+    fn pulls_follow_holdings_and_never_exceed_the_need() {
+        // Weights 11, 5, 1 of 17: whole shares 5, 2, 0; the largest remainder (8/17) gets the
+        // last one.
+        assert_eq!(allocate_pulls(8, &[10, 4, 0], 0), vec![5, 2, 1]);
+        assert_eq!(allocate_pulls(0, &[10, 4], 0), vec![0, 0]);
+        assert!(allocate_pulls(5, &[], 0).is_empty());
+        assert_eq!(allocate_pulls(2, &[1000], 0), vec![2]);
+        // Exactly `need` in total, however many workers and whatever they hold.
+        for need in 0..20u64 {
+            for holdings in [vec![0; 8], vec![3, 0, 9, 1, 1, 0, 7, 2], vec![u64::MAX, 0]] {
+                for round in 0..10 {
+                    let shares = allocate_pulls(need, &holdings, round);
+                    assert_eq!(shares.iter().sum::<u64>(), need, "{need} {holdings:?}");
+                }
+            }
+        }
+        // A shortfall smaller than the pool goes to the workers holding most.
+        assert_eq!(allocate_pulls(2, &[0, 9, 0, 5], 0), vec![0, 1, 0, 1]);
+    }
+
+    #[test]
+    fn equal_workers_take_turns_when_the_need_is_small() {
+        // One group a round from 8 idle workers holding the same: 8 rounds ask 8 different
+        // workers.
+        let mut asked = std::collections::HashSet::new();
+        for round in 0..8 {
+            let shares = allocate_pulls(1, &[2; 8], round);
+            assert_eq!(shares.iter().sum::<u64>(), 1);
+            asked.insert(shares.iter().position(|&s| s == 1).unwrap());
+        }
+        assert_eq!(asked.len(), 8);
     }
 }
