@@ -146,7 +146,7 @@ fn prune_counts_stale_groups_even_when_leased() {
         s.put_group(&group(v, v, 1, 1)).unwrap();
     }
     let l = s.lease_at(0, 2, TTL, 0).unwrap().unwrap(); // versions 0 and 1
-    // Leased or not, what survives a prune at 3 is counted ahead of it.
+                                                        // Leased or not, what survives a prune at 3 is counted ahead of it.
     assert_eq!(s.pending_from(3).unwrap(), 3);
     assert_eq!(s.pending_from(0).unwrap(), 6);
     assert_eq!(s.pending_from(6).unwrap(), 0);

@@ -172,32 +172,102 @@ pub fn overlap(
         rows.push(json!({"workers": n, "bubble_ratio": v["bubble_ratio"],
             "predicted_workers": predicted.is_finite().then_some(predicted), "summary": v}));
     }
+    let full = json!({"scenario": "overlap", "minutes": minutes, "worker_groups_per_s": worker_gps,
+        "demo_args": demo_args, "results": rows});
+    report_overlap(full, out)
+}
+
+/// What an overlap sweep shows against the capacity model (issue 7's check), from its rows
+/// (`workers`, `bubble_ratio`, `predicted_workers` each). Pure, so it is tested without runs.
+///
+/// - `observed_workers`: the fewest workers with a bubble ≤ 2 %.
+/// - `predicted_workers`: the median of the per-run predictions ⌈μ_target / (μ_pool / n)⌉ —
+///   each run predicts from its own online T_train and T_bcast, which grow with the number of
+///   processes on one host, so a single run's prediction is noisy.
+/// - `threshold_error`: |observed − predicted| / predicted; the check allows 0.2.
+/// - `flat_from_threshold`: every count from the observed threshold on stays at ≤ 2 %.
+pub fn overlap_verdict(rows: &[Value]) -> Value {
+    let mut rows: Vec<&Value> = rows.iter().collect();
+    rows.sort_by_key(|r| r["workers"].as_u64());
     let observed = rows
         .iter()
-        .find(|r| r["bubble_ratio"].as_f64().is_some_and(|b| b <= 0.02))
+        .find(|r| {
+            r["bubble_ratio"]
+                .as_f64()
+                .is_some_and(|b| b <= OVERLAP_BUBBLE)
+        })
         .and_then(|r| r["workers"].as_u64());
-    let predicted: Vec<f64> = rows
+    let mut predicted: Vec<f64> = rows
         .iter()
         .filter_map(|r| r["predicted_workers"].as_f64())
         .collect();
-    let predicted = (!predicted.is_empty()).then(|| {
-        let mut p = predicted.clone();
-        p.sort_by(f64::total_cmp);
-        p[p.len() / 2]
+    predicted.sort_by(f64::total_cmp);
+    let predicted = predicted.get(predicted.len() / 2).copied();
+    let error = match (observed, predicted) {
+        (Some(o), Some(p)) if p > 0.0 => Some((o as f64 - p).abs() / p),
+        _ => None,
+    };
+    let flat = observed.map(|o| {
+        rows.iter()
+            .filter(|r| r["workers"].as_u64().is_some_and(|n| n >= o))
+            .all(|r| {
+                r["bubble_ratio"]
+                    .as_f64()
+                    .is_some_and(|b| b <= OVERLAP_BUBBLE)
+            })
     });
+    json!({"predicted_workers": predicted, "observed_workers": observed,
+        "threshold_error": error, "flat_from_threshold": flat,
+        "check_holds": error.is_some_and(|e| e <= 0.2) && flat == Some(true)})
+}
+
+/// The bubble ratio the overlap check asks for once capacity suffices.
+const OVERLAP_BUBBLE: f64 = 0.02;
+
+/// Writes `overlap.json` (the runs plus [`overlap_verdict`]) and `overlap.png` (measured
+/// bubble, the 2 % line, the predicted threshold) under `out`; returns the summary.
+/// `full` is a saved or fresh `overlap.json` (`testnet overlap --from` re-reports one).
+pub fn report_overlap(mut full: Value, out: &Path) -> anyhow::Result<Value> {
+    std::fs::create_dir_all(out)?;
+    let rows = full["results"]
+        .as_array()
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("not an overlap result: no `results` array"))?;
+    anyhow::ensure!(!rows.is_empty(), "an overlap result without runs");
+    let verdict = overlap_verdict(&rows);
+    let mut points: Vec<(f64, f64)> = rows
+        .iter()
+        .map(|r| (r["workers"].as_f64().unwrap_or(0.0), f(r, "bubble_ratio")))
+        .collect();
+    points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (x0, x1) = (points[0].0, points[points.len() - 1].0);
+    let top = points.iter().map(|p| p.1).fold(OVERLAP_BUBBLE, f64::max);
+    let mut series = vec![
+        Series {
+            name: "measured".into(),
+            points,
+            dashed: false,
+        },
+        Series {
+            name: "2 % target".into(),
+            points: vec![(x0, OVERLAP_BUBBLE), (x1, OVERLAP_BUBBLE)],
+            dashed: true,
+        },
+    ];
+    if let Some(p) = verdict["predicted_workers"].as_f64() {
+        series.push(Series {
+            name: format!("predicted threshold ({p})"),
+            points: vec![(p, 0.0), (p, top)],
+            dashed: true,
+        });
+    }
+    let minutes = full["minutes"].as_f64().unwrap_or(0.0);
     write_png(
         &Chart {
             title: format!("bubble ratio vs rollout workers ({minutes} min per run)"),
             x_label: "rollout workers".into(),
             y_label: "bubble ratio".into(),
-            series: vec![Series {
-                name: "measured".into(),
-                points: rows
-                    .iter()
-                    .map(|r| (r["workers"].as_f64().unwrap_or(0.0), f(r, "bubble_ratio")))
-                    .collect(),
-                dashed: false,
-            }],
+            series,
             log_x: false,
             log_y: false,
         },
@@ -205,18 +275,24 @@ pub fn overlap(
         960,
         600,
     )?;
+    merge(&mut full, &verdict);
+    std::fs::write(out.join("overlap.json"), serde_json::to_vec_pretty(&full)?)?;
     let bubbles: Vec<Value> = rows
         .iter()
         .map(|r| json!({"workers": r["workers"], "bubble_ratio": r["bubble_ratio"]}))
         .collect();
-    let full = json!({"scenario": "overlap", "minutes": minutes, "worker_groups_per_s": worker_gps, "demo_args": demo_args,
-        "predicted_workers": predicted,
-        "observed_workers": observed, "results": rows});
-    std::fs::write(out.join("overlap.json"), serde_json::to_vec_pretty(&full)?)?;
-    Ok(
-        json!({"scenario": "overlap", "predicted_workers": predicted,
-        "observed_workers": observed, "bubble_ratio": bubbles}),
-    )
+    let mut summary = json!({"scenario": "overlap", "bubble_ratio": bubbles});
+    merge(&mut summary, &verdict);
+    Ok(summary)
+}
+
+/// Copies the fields of the object `src` into the object `dst`.
+fn merge(dst: &mut Value, src: &Value) {
+    if let (Some(dst), Some(src)) = (dst.as_object_mut(), src.as_object()) {
+        for (k, v) in src {
+            dst.insert(k.clone(), v.clone());
+        }
+    }
 }
 
 /// The `echo-node` binary next to this one (the same cargo profile), or `explicit`.
@@ -234,4 +310,79 @@ pub fn node_bin(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
         bin.display()
     );
     Ok(bin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(points: &[(u64, f64, f64)]) -> Vec<Value> {
+        points
+            .iter()
+            .map(|&(n, b, p)| json!({"workers": n, "bubble_ratio": b, "predicted_workers": p}))
+            .collect()
+    }
+
+    #[test]
+    fn a_threshold_within_twenty_percent_with_a_flat_tail_holds() {
+        // The capped sweep of docs/experiments.md: predictions 7,6,8,6,6,8,6 (median 6),
+        // first ≤ 2 % at 5.
+        let r = rows(&[
+            (2, 0.567, 7.0),
+            (3, 0.259, 6.0),
+            (4, 0.076, 8.0),
+            (5, 0.012, 6.0),
+            (6, 0.011, 6.0),
+            (7, 0.012, 8.0),
+            (8, 0.013, 6.0),
+        ]);
+        let v = overlap_verdict(&r);
+        assert_eq!(v["observed_workers"], 5);
+        assert_eq!(v["predicted_workers"], 6.0);
+        assert!((v["threshold_error"].as_f64().unwrap() - 1.0 / 6.0).abs() < 1e-12);
+        assert_eq!(v["flat_from_threshold"], true);
+        assert_eq!(v["check_holds"], true);
+        // Row order does not matter.
+        let mut rev = r.clone();
+        rev.reverse();
+        assert_eq!(overlap_verdict(&rev), v);
+    }
+
+    #[test]
+    fn a_bubble_rising_again_or_a_distant_threshold_fails() {
+        // The earlier sweep: 8 workers back at 8 %.
+        let v = overlap_verdict(&rows(&[(5, 0.024, 7.0), (6, 0.018, 6.0), (8, 0.080, 7.0)]));
+        assert_eq!(v["observed_workers"], 6);
+        assert_eq!(v["flat_from_threshold"], false);
+        assert_eq!(v["check_holds"], false);
+        // Threshold 4 against a prediction of 6: 33 % off.
+        let v = overlap_verdict(&rows(&[(4, 0.014, 6.0), (5, 0.017, 6.0), (6, 0.010, 6.0)]));
+        assert_eq!(v["check_holds"], false);
+        // Nothing at ≤ 2 %.
+        let v = overlap_verdict(&rows(&[(1, 0.3, 2.0), (2, 0.05, 2.0)]));
+        assert_eq!(v["observed_workers"], Value::Null);
+        assert_eq!(v["check_holds"], false);
+    }
+
+    #[test]
+    fn report_writes_the_verdict_and_refuses_a_result_without_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let full = json!({"scenario": "overlap", "minutes": 1.5,
+            "results": rows(&[(5, 0.012, 6.0), (6, 0.011, 6.0)])});
+        let summary = report_overlap(full, dir.path()).unwrap();
+        assert_eq!(summary["check_holds"], true);
+        let saved: Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join("overlap.json")).unwrap())
+                .unwrap();
+        assert_eq!(saved["observed_workers"], 5);
+        assert_eq!(saved["results"].as_array().unwrap().len(), 2);
+        assert!(
+            std::fs::metadata(dir.path().join("overlap.png"))
+                .unwrap()
+                .len()
+                > 0
+        );
+        assert!(report_overlap(json!({"minutes": 1}), dir.path()).is_err());
+        assert!(report_overlap(json!({"results": []}), dir.path()).is_err());
+    }
 }

@@ -104,6 +104,9 @@ enum Scenario {
         /// Extra `echo-node demo` options for every run, e.g. `--staleness 4 --kappa 2`.
         #[arg(long, allow_hyphen_values = true, value_delimiter = ' ')]
         demo_args: Vec<String>,
+        /// Run nothing: re-analyse and re-plot a saved `overlap.json` into --out.
+        #[arg(long)]
+        from: Option<PathBuf>,
         #[command(flatten)]
         run: RunOpts,
     },
@@ -269,8 +272,17 @@ fn main() -> anyhow::Result<()> {
             minutes,
             worker_groups_per_s,
             demo_args,
+            from,
             run: RunOpts { bin, json, out },
         } => {
+            if let Some(from) = from {
+                let saved: serde_json::Value = serde_json::from_slice(
+                    &std::fs::read(&from).with_context(|| format!("reading {}", from.display()))?,
+                )
+                .with_context(|| format!("parsing {}", from.display()))?;
+                print_summary(&learning::report_overlap(saved, &out)?, json);
+                return Ok(());
+            }
             anyhow::ensure!(minutes > 0.0, "--minutes must be > 0");
             anyhow::ensure!(
                 workers.iter().all(|w| (1..=16).contains(w)),

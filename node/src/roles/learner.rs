@@ -609,7 +609,10 @@ pub fn allocate_pulls(need: u64, holdings: &[u64], round: usize) -> Vec<u64> {
     let total: u128 = weights.iter().sum();
     let need128 = u128::from(need);
     // Whole shares first; each is at most `need` because w ≤ total.
-    let mut out: Vec<u64> = weights.iter().map(|w| (need128 * w / total) as u64).collect();
+    let mut out: Vec<u64> = weights
+        .iter()
+        .map(|w| (need128 * w / total) as u64)
+        .collect();
     let left = need - out.iter().sum::<u64>();
     let mut order: Vec<usize> = (0..n).collect();
     order.sort_by_key(|&i| {
@@ -660,9 +663,9 @@ fn measure_broadcasts(shared: &Shared, installed: &[Option<u64>]) {
 /// Keeps the buffer topped up from the rollout workers. Every `pull_interval_ms`, and whenever
 /// the training thread takes a batch or finds none, it tops the buffer up to its target: the
 /// shortfall (counting only groups still admissible after the next step), less what pulls
-/// still in flight asked for, split over the workers with no pull in flight. Pulls run concurrently and independently — a worker
-/// that is slow to answer (installing a snapshot, overloaded) holds back only its own share,
-/// not the next round of pulls from the others.
+/// still in flight asked for, split over the workers with no pull in flight. Pulls run
+/// concurrently and independently — a worker that is slow to answer (installing a snapshot,
+/// overloaded) holds back only its own share, not the next round of pulls from the others.
 async fn puller(
     client: p2p::Client,
     buffer: Arc<TrajectoryStore>,
