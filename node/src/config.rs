@@ -201,11 +201,12 @@ pub struct LearnerConfig {
     pub checkpoint_every: u64,
     /// Stop training after this many steps in total (0 = never); the node keeps serving.
     pub max_steps: u64,
-    /// How often the learner pulls from workers when its buffer is short (milliseconds).
+    /// How often the learner pulls from workers when its buffer is short (milliseconds); it
+    /// also pulls at once whenever a training step takes a batch or finds none.
     pub pull_interval_ms: u64,
     /// Groups the learner keeps buffered (0 = 2 × groups_per_step: the next batch is pulled
-    /// while the current one trains; more only ages the groups — the buffer is consumed
-    /// oldest first).
+    /// while the current one trains; more only ages the groups — the freshest are trained
+    /// first and the rest expire).
     pub buffer_groups: u64,
 }
 
