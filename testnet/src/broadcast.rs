@@ -50,8 +50,10 @@ pub(crate) struct Procs(pub(crate) Vec<(String, Child)>);
 impl Procs {
     pub(crate) fn stop(&mut self) {
         for (_, c) in &self.0 {
+            // A process a scenario killed on purpose is gone already: nothing to report.
             let _ = Command::new("kill")
                 .args(["-TERM", &c.id().to_string()])
+                .stderr(std::process::Stdio::null())
                 .status();
         }
         let deadline = Instant::now() + Duration::from_secs(20);
