@@ -228,6 +228,19 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Runs `f` (hashing, file I/O) on the blocking pool, off the async workers that drive the
+/// swarm and the streams; a task that panicked is a [`DisseminationError::Task`].
+async fn blocking<T, E>(f: impl FnOnce() -> std::result::Result<T, E> + Send + 'static) -> Result<T>
+where
+    T: Send + 'static,
+    E: Into<DisseminationError> + Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| DisseminationError::Task(e.to_string()))?
+        .map_err(Into::into)
+}
+
 impl Disseminator {
     /// Starts the engine: registers the chunk-stream and chunk-fetch handlers on `client`'s
     /// stream control. Returns the handle and the role's event stream.
@@ -327,9 +340,7 @@ impl Disseminator {
             Some(b) => b,
             None => {
                 let store = self.inner.store.clone();
-                tokio::task::spawn_blocking(move || store.get_chunk(&hash))
-                    .await
-                    .map_err(|e| DisseminationError::Task(e.to_string()))??
+                blocking(move || store.get_chunk(&hash)).await?
             }
         };
         if self.inner.cfg.fault == Some(Fault::CorruptOutgoing) {
@@ -640,7 +651,7 @@ impl Disseminator {
             let (swarm_id, chunk_size, learner_key) =
                 (cfg.swarm_id.clone(), cfg.chunk_size, cfg.learner_key);
             let (store, key) = (self.inner.store.clone(), key.clone());
-            tokio::task::spawn_blocking(move || -> Result<_> {
+            blocking(move || -> Result<_> {
                 let manifest = SnapshotManifest::build(
                     &swarm_id,
                     version,
@@ -656,8 +667,7 @@ impl Disseminator {
                 }
                 Ok((manifest, stats))
             })
-            .await
-            .map_err(|e| DisseminationError::Task(e.to_string()))??
+            .await?
         };
         let workers = match workers {
             Some(w) => w,
@@ -867,7 +877,7 @@ impl Disseminator {
         // that is the BLAKE3 check (done once, not here and again in the store). A verified
         // chunk is held in the store's memory tier — forwarded and assembled from there — and
         // written to disk behind.
-        let verdict = tokio::task::spawn_blocking(move || -> Result<Option<bool>> {
+        let verdict = blocking(move || -> Result<Option<bool>> {
             if !ok_len {
                 return Ok(None);
             }
@@ -886,8 +896,7 @@ impl Disseminator {
                 Err(e) => Err(e.into()),
             }
         })
-        .await
-        .map_err(|e| DisseminationError::Task(e.to_string()))??;
+        .await?;
         let Some(new) = verdict else {
             self.inner
                 .counters
@@ -1311,7 +1320,7 @@ impl Disseminator {
         self.lock().assemblies.insert(m.version, a.clone());
         let store = self.inner.store.clone();
         let hashes = m.chunk_hashes.clone();
-        tokio::task::spawn_blocking(move || -> Result<()> {
+        blocking(move || -> Result<()> {
             for (i, h) in hashes.iter().enumerate() {
                 let wanted = lock(&a).as_ref().is_some_and(|a| !a.has(i));
                 if wanted && store.has_chunk(h)? {
@@ -1326,7 +1335,6 @@ impl Disseminator {
             Ok(())
         })
         .await
-        .map_err(|e| DisseminationError::Task(e.to_string()))?
     }
 
     async fn acquire_manifest(&self, m: &SnapshotManifest) -> Result<()> {
@@ -1391,9 +1399,7 @@ impl Disseminator {
                 // Not assembled on the way in (or inconsistent): from the store, which checks
                 // everything again and names what is wrong.
                 let store = self.inner.store.clone();
-                tokio::task::spawn_blocking(move || store.assemble(version))
-                    .await
-                    .map_err(|e| DisseminationError::Task(e.to_string()))??
+                blocking(move || store.assemble(version)).await?
             }
         };
         let latency = {
@@ -1422,10 +1428,8 @@ impl Disseminator {
         // Then keep the newest `keep` snapshots and collect chunks nothing kept references
         // (SPEC §5) — after the role has the payload, not before.
         let store = self.inner.store.clone();
-        match tokio::task::spawn_blocking(move || store.retain()).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => warn!(error = %e, "chunk-store garbage collection failed"),
-            Err(e) => warn!(error = %e, "chunk-store garbage collection task failed"),
+        if let Err(e) = blocking(move || store.retain()).await {
+            warn!(error = %e, "chunk-store garbage collection failed");
         }
         Ok(())
     }
