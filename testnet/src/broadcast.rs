@@ -50,11 +50,7 @@ pub(crate) struct Procs(pub(crate) Vec<(String, Child)>);
 impl Procs {
     pub(crate) fn stop(&mut self) {
         for (_, c) in &self.0 {
-            // A process a scenario killed on purpose is gone already: nothing to report.
-            let _ = Command::new("kill")
-                .args(["-TERM", &c.id().to_string()])
-                .stderr(std::process::Stdio::null())
-                .status();
+            signal(c.id(), "-TERM");
         }
         let deadline = Instant::now() + Duration::from_secs(20);
         for (_, c) in &mut self.0 {
@@ -66,6 +62,15 @@ impl Procs {
         }
         self.0.clear();
     }
+}
+
+/// Sends `sig` (`-TERM`, `-STOP`, …) to `pid`. A process a scenario killed on purpose is gone
+/// already: nothing to report then.
+pub(crate) fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .stderr(Stdio::null())
+        .status();
 }
 
 impl Drop for Procs {

@@ -13,13 +13,12 @@
 //! within the phase), `bubble_increase` = bubble ratio during the phase − baseline bubble.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use serde_json::{json, Value};
 
-use crate::broadcast::status;
+use crate::broadcast::{signal, status};
 use crate::plot::{write_png, Chart, Series};
 
 /// One sample of the learner: (seconds since start, version, idle_s, train_s).
@@ -87,14 +86,6 @@ fn between(samples: &[Sample], a: f64, b: f64) -> (f64, f64) {
         }
         _ => (f64::NAN, f64::NAN),
     }
-}
-
-fn signal(pid: u32, sig: &str) {
-    // The process may be gone already (the dropped worker): nothing to report then.
-    let _ = Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .stderr(std::process::Stdio::null())
-        .status();
 }
 
 /// Runs the scenario; writes `faults.json` and `faults.png` under `out`.
