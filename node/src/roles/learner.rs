@@ -735,13 +735,10 @@ async fn puller(
         shared
             .mu_pool_milli
             .store((mu_pool * 1000.0) as u64, Ordering::Relaxed);
-        // Groups that fell out of the window must not count as buffered: they would hold the
-        // pulls back while the training thread waits for admissible ones.
+        // Only groups still admissible after the next step count as buffered; those that fell
+        // out of the window are deleted by the training thread before each batch.
         let version = shared.version.load(Ordering::Relaxed);
         let v_min = learner::lease_floor(version, staleness);
-        if let Ok(n) = buffer.prune_below(v_min) {
-            shared.pruned.fetch_add(n, Ordering::Relaxed);
-        }
         let pending = buffer
             .pending_from(buffered_from(version, staleness))
             .unwrap_or(target);
