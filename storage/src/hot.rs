@@ -57,6 +57,8 @@ struct State {
     last_active: Instant,
     /// Callers waiting in `flush` (the writer does not wait for idleness then).
     flushing: usize,
+    /// Inserts waiting for the writer to make room (back-pressure).
+    waiting: usize,
     closing: bool,
 }
 
@@ -70,6 +72,7 @@ impl State {
             writing: 0,
             last_active: Instant::now(),
             flushing: 0,
+            waiting: 0,
             closing: false,
         }
     }
@@ -142,7 +145,9 @@ impl Hot {
             if st.bytes + len <= self.capacity || evict(&mut st, self.capacity - len) {
                 break;
             }
+            st.waiting += 1;
             st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+            st.waiting -= 1;
         }
         st.bytes += len;
         st.map.insert(
@@ -334,7 +339,12 @@ mod tests {
         // Full of unpersisted chunks: a fourth insert must wait for the writer.
         let hot2 = hot.clone();
         let inserter = std::thread::spawn(move || hot2.insert(h(3), Bytes::from(vec![3])));
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while hot.lock().waiting == 0 {
+            assert!(!inserter.is_finished(), "insert did not wait for space");
+            assert!(Instant::now() < deadline, "the insert never blocked");
+            std::thread::yield_now();
+        }
         assert!(!inserter.is_finished(), "insert did not wait for space");
         assert_eq!(written.load(Ordering::SeqCst), 0);
         drop(held);
