@@ -7,3 +7,7 @@
 
 pub mod capacity;
 pub mod plan;
+pub mod units;
+pub mod window;
+
+pub use window::Window;

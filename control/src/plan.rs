@@ -23,6 +23,8 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 
+use crate::units::mbps_to_bytes_per_s;
+
 /// Inputs of a plan.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PlanParams {
@@ -162,14 +164,14 @@ impl<P: Clone + Eq + Hash> ChainPlan<P> {
 /// Time for every worker of a chain plan to hold the snapshot: `M/B̂w + (L − 1)·c/B̂w` (seconds;
 /// sizes in bytes, bandwidth in Mbit/s).
 pub fn chain_bound_s(size_bytes: f64, chunk_bytes: f64, worker_mbps: f64, max_len: usize) -> f64 {
-    let bw = worker_mbps * 1e6 / 8.0;
+    let bw = mbps_to_bytes_per_s(worker_mbps);
     size_bytes / bw + (max_len.saturating_sub(1) as f64) * chunk_bytes / bw
 }
 
 /// Star (learner sends to all `n` workers over its uplink): `max(M/B̂w, n·M/B0)`.
 pub fn star_bound_s(size_bytes: f64, worker_mbps: f64, learner_mbps: f64, n: usize) -> f64 {
-    let bw = worker_mbps * 1e6 / 8.0;
-    let b0 = learner_mbps * 1e6 / 8.0;
+    let bw = mbps_to_bytes_per_s(worker_mbps);
+    let b0 = mbps_to_bytes_per_s(learner_mbps);
     (size_bytes / bw).max(n as f64 * size_bytes / b0)
 }
 
