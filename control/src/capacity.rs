@@ -1,4 +1,4 @@
-//! Capacity provisioning (ECHO-2 §3.3–3.4, App. B, App. C.2.1; SPEC §10).
+//! Capacity provisioning (ECHO-2 §3.3–3.4, App. B, App. C.2.1; `docs/learner.md`).
 //!
 //! **Overlap condition.** The learner never idles if, within the κ steps between two
 //! publications, the next snapshot is disseminated *and* the pool produces the κ·R
@@ -20,6 +20,28 @@
 //! noise: it is dropped and replaced at once (App. D).
 
 use std::collections::BTreeSet;
+
+/// γ: the capacity margin of `μ_target = γ·μ_min` (1.1 in ECHO-2). The same γ defines when a
+/// broadcast is over: T_bcast ends once a fraction `q = 1/γ` of the active workers installed
+/// the snapshot ([`broadcast_done`]) — the slack γ leaves in capacity is the share of workers
+/// that may still be installing.
+pub const GAMMA: f64 = 1.1;
+
+/// T_bcast of a snapshot `version` is over once `⌈n/γ⌉` of the `n` active workers report (in
+/// their heartbeats' install reports) a version at least as new. With no worker it is not
+/// defined (false).
+pub fn broadcast_done(installed: &[Option<u64>], version: u64) -> bool {
+    let n = installed.len();
+    if n == 0 {
+        return false;
+    }
+    let need = ((n as f64) / GAMMA).ceil() as usize;
+    installed
+        .iter()
+        .filter(|v| v.is_some_and(|v| v >= version))
+        .count()
+        >= need.max(1)
+}
 
 /// Result of the capacity requirement (eq. 2).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -285,6 +307,20 @@ impl<P: Clone + Ord> Scheduler<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn broadcast_ends_when_a_fraction_one_over_gamma_installed() {
+        // q = 1/1.1: 10 workers need ⌈9.09⌉ = 10, 11 need 10, 2 need 2, 1 needs 1.
+        let mut v = vec![Some(5); 10];
+        assert!(broadcast_done(&v, 5));
+        v[0] = Some(4);
+        assert!(!broadcast_done(&v, 5));
+        v.push(Some(6));
+        assert!(broadcast_done(&v, 5), "10 of 11 suffice");
+        assert!(!broadcast_done(&[Some(5), None], 5));
+        assert!(broadcast_done(&[Some(7)], 5), "a newer install counts");
+        assert!(!broadcast_done(&[], 0), "undefined without workers");
+    }
 
     fn w(id: &str, cost: f64, mu: f64) -> WorkerInfo<String> {
         WorkerInfo {

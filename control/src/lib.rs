@@ -1,12 +1,15 @@
 //! The swarm's decision rules as pure functions, with their rationale next to them and tests
-//! without any I/O: forwarding-chain planning ([`plan`], ECHO-2 §4.2 / App. C.3) and
-//! capacity provisioning ([`capacity`], ECHO-2 §3.3–3.4, App. B, C.2).
+//! without any I/O: forwarding-chain planning ([`plan`], ECHO-2 §4.2 / App. C.3), capacity
+//! provisioning and broadcast completion ([`capacity`], ECHO-2 §3.3–3.4, App. B, C.2), the
+//! staleness window ([`window`], ECHO-2 Algorithm 1), how a pull shortfall is split over
+//! workers ([`pulls`]) and the units of rates and chunk sizes ([`units`]).
 //!
 //! Owns: the arithmetic and the rules. Must not touch: the network, clocks, stores — callers
 //! pass measured values and the current time in, and carry decisions out.
 
 pub mod capacity;
 pub mod plan;
+pub mod pulls;
 pub mod units;
 pub mod window;
 

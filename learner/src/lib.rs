@@ -1,24 +1,24 @@
-//! The learner role: bounded-staleness training (ECHO-2 Algorithm 1), lease–ack pulls of
+//! The learner's training core: bounded-staleness training (ECHO-2 Algorithm 1), lease–ack pulls of
 //! admissible trajectory groups, checkpoints and publication of snapshots.
 //!
 //! Owns: the RL objectives ([`loss`]), the optimiser ([`optim`]), the training core with its
 //! admission rules and checkpoints ([`trainer`]).
-//! Must not touch: the libp2p swarm (it talks to `p2p` through its client handle) or on-disk
-//! formats of the trajectory store (those belong to `storage`).
+//! Must not touch: the network (it has no `p2p` dependency: the node's learner role pulls,
+//! publishes and feeds this crate groups), or on-disk formats of the trajectory store (those
+//! belong to `storage`). The staleness window is [`control::Window`], re-exported here.
 //!
-//! The network pull protocol and the node's learner loop build on [`Trainer`]; a one-process
-//! demonstration of Algorithm 1 is `examples/local_learning.rs` (see `docs/learner.md`).
+//! The node's learner role builds on [`Trainer`]; a one-process demonstration of Algorithm 1
+//! is `examples/local_learning.rs` (see `docs/learner.md`).
 
 pub mod loss;
 pub mod optim;
 pub mod trainer;
 pub mod warm;
 
+pub use control::Window;
 pub use loss::{group_advantages, group_loss, GroupInput, LossConfig, LossOutput, Objective};
 pub use optim::{AdamW, AdamWConfig, OptimStep};
-pub use trainer::{
-    admissible, kappa_default, lease_floor, StepStats, Trainer, TrainerConfig, Verdict,
-};
+pub use trainer::{StepStats, Trainer, TrainerConfig, Verdict};
 pub use warm::{warm_start_on_task, WarmReport};
 
 /// Errors of the learner layer.

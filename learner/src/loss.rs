@@ -49,15 +49,32 @@ use crate::{LearnerError, Result};
 #[serde(rename_all = "snake_case")]
 pub enum Objective {
     Grpo,
+    #[serde(alias = "dr-grpo")]
     DrGrpo,
     Gspo,
     Gepo,
 }
 
 impl Objective {
+    /// The config / command-line name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Objective::Grpo => "grpo",
+            Objective::DrGrpo => "dr_grpo",
+            Objective::Gspo => "gspo",
+            Objective::Gepo => "gepo",
+        }
+    }
+
     /// Dr.GRPO does not scale advantages by the group's standard deviation.
     pub fn scales_advantages_by_std(self) -> bool {
         self != Objective::DrGrpo
+    }
+}
+
+impl std::fmt::Display for Objective {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

@@ -1,4 +1,4 @@
-//! The learner's training core (ECHO-2 Algorithm 1, SPEC §8): bounded-staleness admission,
+//! The learner's training core (ECHO-2 Algorithm 1; `docs/learner.md`): bounded-staleness admission,
 //! batch assembly, one optimisation step on a batch of trajectory groups, and checkpoints.
 //!
 //! Everything here is I/O-free except [`Trainer::save`] / [`Trainer::load`]: leasing, acking
@@ -8,13 +8,13 @@
 //! ## Rules
 //! - **Versions.** The learner's version `v` starts at 0 (the initial snapshot) and grows by 1
 //!   per optimiser step. A group carries the version `v_τ` of the snapshot that generated it.
-//! - **Admissibility** ([`admissible`]): a group may enter a batch only if
+//! - **Admissibility** ([`Window::admissible`], the one home of the rule): a group may enter a batch only if
 //!   `v_τ ≥ v − S` (saturating at 0), i.e. its observed staleness `Δ = v − v_τ` is at most S.
 //!   S = 0 is on-policy. The check is made again inside [`Trainer::train_step`] at the moment
 //!   of the step, so a group that aged while waiting in hand is refused, never trained.
 //!   A group from a *future* version (`v_τ > v`, e.g. after restoring an older checkpoint) is
 //!   refused as well.
-//! - **Publication period** ([`kappa_default`]): a snapshot is published every κ steps,
+//! - **Publication period** ([`Window::default_kappa`]): a snapshot is published every κ steps,
 //!   κ = max(S − 1, 1) by default. Publishing the snapshot of version v every κ ≤ S steps keeps
 //!   the newest published version within the window for all of the next κ steps.
 //! - **Batch** ([`TrainerConfig::batch_trajectories`]): a step runs on R = B × n trajectories
@@ -30,6 +30,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
+use control::Window;
 use policy::{ModelConfig, Policy};
 use serde::{Deserialize, Serialize};
 use storage::TrajectoryGroup;
@@ -39,25 +40,6 @@ use crate::loss::{
 };
 use crate::optim::{AdamW, AdamWConfig};
 use crate::{LearnerError, Result};
-
-/// True when a group generated under `v_tau` may be trained on by a learner at `v_learner`
-/// with staleness budget `s`: `v_tau ≥ v_learner − s` (saturating). Groups from a version
-/// newer than the learner's are admissible by this rule alone; [`Trainer::train_step`]
-/// refuses them separately.
-pub fn admissible(v_tau: u64, v_learner: u64, s: u64) -> bool {
-    v_tau >= v_learner.saturating_sub(s)
-}
-
-/// Default publication period κ = max(S − 1, 1) (SPEC §8).
-pub fn kappa_default(s: u64) -> u64 {
-    s.saturating_sub(1).max(1)
-}
-
-/// Oldest admissible version for a learner at `v` with budget `s`: the `v_min` of a lease and
-/// the bound below which the store may prune.
-pub fn lease_floor(v: u64, s: u64) -> u64 {
-    v.saturating_sub(s)
-}
 
 /// The learner's configuration (persisted in checkpoints).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -71,7 +53,7 @@ pub struct TrainerConfig {
     pub temperature: f32,
     /// Staleness budget S.
     pub staleness: u64,
-    /// Publication period κ (`None` = [`kappa_default`]).
+    /// Publication period κ (`None` = [`Window::default_kappa`]).
     pub kappa: Option<u64>,
     /// Groups per step (B).
     pub groups_per_step: usize,
@@ -97,8 +79,14 @@ impl TrainerConfig {
     /// κ in effect.
     pub fn kappa(&self) -> u64 {
         self.kappa
-            .unwrap_or_else(|| kappa_default(self.staleness))
+            .unwrap_or_else(|| self.window().default_kappa())
             .max(1)
+    }
+
+    /// The staleness window of this configuration: the one rule the trainer, the node's
+    /// puller and the pull leases all read.
+    pub fn window(&self) -> Window {
+        Window::new(self.staleness)
     }
 
     /// R = B × n: trajectories per step.
@@ -290,7 +278,7 @@ impl Trainer {
 
     /// `v − S` (saturating): the `v_min` for leases and the prune bound.
     pub fn lease_floor(&self) -> u64 {
-        lease_floor(self.version, self.cfg.staleness)
+        self.cfg.window().floor(self.version)
     }
 
     /// True when the current version should be published (every κ steps, and version 0).
@@ -330,7 +318,7 @@ impl Trainer {
         if g.version > self.version {
             return Verdict::Future;
         }
-        if !admissible(g.version, self.version, self.cfg.staleness) {
+        if !self.cfg.window().admissible(g.version, self.version) {
             return Verdict::Stale;
         }
         Verdict::Admitted

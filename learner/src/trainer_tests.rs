@@ -93,21 +93,25 @@ fn group(policy: &Policy, version: u64, seed: u64, flat: bool) -> TrajectoryGrou
 #[test]
 fn admission_and_publication_rules() {
     // v_τ ≥ v − S, saturating at 0.
-    assert!(admissible(0, 0, 0));
-    assert!(admissible(5, 5, 0));
-    assert!(!admissible(4, 5, 0));
-    assert!(admissible(2, 5, 3));
-    assert!(!admissible(1, 5, 3));
+    let w = |s| Window::new(s);
+    assert!(w(0).admissible(0, 0));
+    assert!(w(0).admissible(5, 5));
+    assert!(!w(0).admissible(4, 5));
+    assert!(w(3).admissible(2, 5));
+    assert!(!w(3).admissible(1, 5));
     assert!(
-        admissible(0, 2, 3),
+        w(3).admissible(0, 2),
         "saturating: early versions are all admissible"
     );
-    assert!(admissible(0, u64::MAX, u64::MAX));
-    assert!(!admissible(0, u64::MAX, u64::MAX - 1));
-    assert_eq!(lease_floor(2, 3), 0);
-    assert_eq!(lease_floor(10, 3), 7);
+    assert!(w(u64::MAX).admissible(0, u64::MAX));
+    assert!(!w(u64::MAX - 1).admissible(0, u64::MAX));
+    assert_eq!(w(3).floor(2), 0);
+    assert_eq!(w(3).floor(10), 7);
     // κ = max(S − 1, 1)
-    assert_eq!([0, 1, 2, 3, 11].map(kappa_default), [1, 1, 1, 2, 10]);
+    assert_eq!(
+        [0, 1, 2, 3, 11].map(|s| w(s).default_kappa()),
+        [1, 1, 1, 2, 10]
+    );
     let c = cfg(Objective::Grpo, 3);
     assert_eq!(c.batch_trajectories(), 8);
     assert_eq!(c.kappa(), 2);

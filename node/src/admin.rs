@@ -1,6 +1,7 @@
 //! The admin endpoint (loopback only): `GET /status` — the node's view of the swarm as JSON
-//! (SPEC §13) — and `GET /metrics` — Prometheus text with the project's `metrics`-crate series
-//! followed by libp2p's own `prometheus-client` registry, in one response.
+//! ([`crate::api::NodeStatus`]) — and `GET /metrics` — Prometheus text with the project's
+//! `metrics`-crate series followed by libp2p's own `prometheus-client` registry, in one
+//! response.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,7 +13,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
-use serde_json::{json, Value};
+
+use crate::api::{NodeStatus, RoleSection};
 
 /// What the handlers need.
 #[derive(Clone)]
@@ -38,30 +40,32 @@ pub fn install_metrics_recorder() -> Option<PrometheusHandle> {
     }
 }
 
-/// The SPEC §13 status object built from the network service's view.
-pub fn status_json(
-    net: &p2p::NetworkStatus,
+/// The status object: the network service's view plus the role's section.
+pub fn node_status(
+    network: p2p::NetworkStatus,
     node_version: &str,
-    role: Option<(&'static str, Value)>,
-) -> Value {
-    let mut v = serde_json::to_value(net).unwrap_or_else(|_| json!({}));
-    if let Some(obj) = v.as_object_mut() {
-        obj.insert("version".into(), json!(net.local.installed_version));
-        obj.insert("node_version".into(), json!(node_version));
-        if let Some((key, section)) = role {
-            obj.insert(key.into(), section);
-        }
+    role: Option<RoleSection>,
+) -> NodeStatus {
+    let mut st = NodeStatus {
+        version: network.local.installed_version,
+        node_version: node_version.to_string(),
+        network,
+        learner: None,
+        rollout: None,
+        bench: None,
+    };
+    match role {
+        Some(RoleSection::Learner(l)) => st.learner = Some(*l),
+        Some(RoleSection::Rollout(r)) => st.rollout = Some(r),
+        Some(RoleSection::Bench(b)) => st.bench = Some(b),
+        None => {}
     }
-    v
+    st
 }
 
 async fn status(State(s): State<AdminState>) -> Response {
     match s.client.status().await {
-        Ok(net) => (
-            [(header::CONTENT_TYPE, "application/json")],
-            status_json(&net, s.node_version, s.role_view.get()).to_string(),
-        )
-            .into_response(),
+        Ok(net) => axum::Json(node_status(net, s.node_version, s.role_view.get())).into_response(),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("network service unavailable: {e}\n"),

@@ -1,8 +1,11 @@
-//! The command line (SPEC §13: these names are a contract; extend, do not rename).
+//! The command line. Subcommand and flag names are a contract scripts rely on
+//! (`docs/operator-guide.md`): extend, do not rename.
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+
+use crate::config::{LearnerMode, Objective};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -47,7 +50,7 @@ pub struct DemoArgs {
     /// Learner steps before the demo stops.
     #[arg(long, default_value_t = 400)]
     pub steps: u64,
-    /// Print the final summary as one JSON line (SPEC §13) instead of text.
+    /// Print the final summary as one JSON line instead of text.
     #[arg(long)]
     pub json: bool,
     /// Keep configs, stores and logs in DIR (default: a temporary directory, removed at exit).
@@ -60,11 +63,11 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 0.0)]
     pub minutes: f64,
     /// Learner mode: `async` (bounded staleness) or `sequential` (S = 0, κ = 1).
-    #[arg(long, default_value = "async", value_parser = ["async", "sequential"])]
-    pub mode: String,
+    #[arg(long, value_enum, default_value_t = LearnerMode::Async)]
+    pub mode: LearnerMode,
     /// Learner objective: grpo, dr_grpo, gspo or gepo.
-    #[arg(long, default_value = "gepo", value_parser = ["grpo", "dr_grpo", "gspo", "gepo"])]
-    pub objective: String,
+    #[arg(long, default_value = "gepo")]
+    pub objective: Objective,
     /// Staleness budget S (async mode).
     #[arg(long, default_value_t = 3)]
     pub staleness: u64,
@@ -101,7 +104,7 @@ pub struct StatusArgs {
     /// Take the admin endpoint from this config.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Print the status object as one line of JSON (SPEC §13).
+    /// Print the status object as one line of JSON.
     #[arg(long)]
     pub json: bool,
 }

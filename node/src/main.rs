@@ -3,16 +3,10 @@
 //! This file only parses the command line, sets up logging and dispatches; each subcommand
 //! lives in `commands/`.
 
-mod admin;
-mod cli;
-mod commands;
-mod config;
-mod logging;
-mod roles;
-
 use std::process::ExitCode;
 
 use clap::Parser;
+use echo_node::{cli, commands, logging};
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();

@@ -2,10 +2,10 @@
 
 use std::path::PathBuf;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Network settings. Unknown keys are rejected when parsing.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct NetworkConfig {
     /// libp2p multiaddrs to listen on, e.g. `/ip4/127.0.0.1/tcp/0` or

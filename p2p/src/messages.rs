@@ -56,7 +56,7 @@ pub struct Heartbeat {
 }
 
 /// The fields a role fills in its heartbeats (the rest comes from the service).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LocalStatus {
     pub installed_version: Option<u64>,
     pub mu: f64,

@@ -17,7 +17,7 @@
 
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Speed component from the average transfer rate in bit/s.
 pub fn speed_component(avg_bits_per_s: f64) -> f64 {
@@ -63,7 +63,7 @@ pub struct TransferEvent {
 }
 
 /// A peer's score and its components at one instant.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct ScoreComponents {
     pub score: f64,
     pub speed: f64,

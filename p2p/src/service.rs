@@ -16,7 +16,7 @@ use libp2p::{
     allow_block_list, autonat, dcutr, identify, identity::Keypair, kad, mdns, noise, ping, relay,
     yamux, Multiaddr, PeerId, StreamProtocol, Swarm, SwarmBuilder,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
@@ -168,7 +168,7 @@ pub enum Event {
 }
 
 /// One row of the peer table as the status endpoint shows it (SPEC §13 field names).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PeerStatus {
     pub peer_id: String,
     pub role: Option<String>,
@@ -200,7 +200,7 @@ pub struct PeerStatus {
 }
 
 /// Counters since start.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Counters {
     pub heartbeats_sent: u64,
     pub heartbeats_received: u64,
@@ -211,7 +211,7 @@ pub struct Counters {
 }
 
 /// The node's view of the swarm.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NetworkStatus {
     pub peer_id: String,
     pub role: String,

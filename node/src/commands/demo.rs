@@ -1,4 +1,4 @@
-//! `echo-node demo [--workers N] [--steps K] [--json]`: the one-command local swarm (SPEC §13).
+//! `echo-node demo [--workers N] [--steps K] [--json]`: the one-command local swarm.
 //!
 //! Writes a learner config and N worker configs (embedded model, `arith` task) under a
 //! temporary directory, starts each as its own `echo-node run` process on 127.0.0.1, follows
@@ -7,93 +7,93 @@
 //! Every child is killed if the demo itself fails.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, IsTerminal};
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 
 use super::status::http_get;
+use crate::api::NodeStatus;
 use crate::cli::DemoArgs;
+use crate::config::{NodeConfig, Role};
+use crate::fleet::{tail, Fleet};
 
 /// Heartbeat interval of the demo's nodes (fast, so that progress shows quickly).
 const HEARTBEAT_MS: u64 = 500;
 /// The demo fails if the learner makes no step for this long.
 const STALL: Duration = Duration::from_secs(180);
-
-struct Proc {
-    name: String,
-    child: Child,
-    log: PathBuf,
-}
-
-/// The demo's child processes; killed and reaped on drop.
-#[derive(Default)]
-struct Fleet(Vec<Proc>);
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        for p in &mut self.0 {
-            let _ = p.child.kill();
-            let _ = p.child.wait();
-        }
-    }
-}
-
-impl Fleet {
-    /// SIGTERM to every node, then waits up to `limit` for all to exit. Returns the names of
-    /// nodes that did not exit cleanly.
-    fn stop(&mut self, limit: Duration) -> Vec<String> {
-        for p in &self.0 {
-            let _ = Command::new("kill")
-                .args(["-TERM", &p.child.id().to_string()])
-                .status();
-        }
-        let deadline = Instant::now() + limit;
-        let mut bad = Vec::new();
-        for p in &mut self.0 {
-            let status = loop {
-                match p.child.try_wait() {
-                    Ok(Some(s)) => break Some(s),
-                    Ok(None) if Instant::now() < deadline => {
-                        std::thread::sleep(Duration::from_millis(100))
-                    }
-                    _ => break None,
-                }
-            };
-            if !status.is_some_and(|s| s.success()) {
-                bad.push(format!("{} ({status:?}, log {})", p.name, p.log.display()));
-            }
-        }
-        self.0.clear();
-        bad
-    }
-
-    fn check_alive(&mut self) -> anyhow::Result<()> {
-        for p in &mut self.0 {
-            if let Some(s) = p.child.try_wait()? {
-                bail!(
-                    "{} exited early ({s}); last log lines:\n{}",
-                    p.name,
-                    tail(&p.log, 15)
-                );
-            }
-        }
-        Ok(())
-    }
-}
-
-fn tail(path: &Path, n: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
+/// The demo's swarm name.
+const SWARM: &str = "echo-demo";
 
 fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// The network settings every demo node shares: loopback only, no discovery beyond the
+/// bootstrap address, fast heartbeats.
+fn demo_network(listen: String, admin: String) -> p2p::NetworkConfig {
+    p2p::NetworkConfig {
+        listen: vec![listen],
+        admin,
+        mdns: false,
+        autonat: false,
+        quic: false,
+        heartbeat_interval_ms: HEARTBEAT_MS,
+        ..p2p::NetworkConfig::default()
+    }
+}
+
+/// Shows the learner's progress: a progress bar on a terminal, plain lines otherwise.
+enum Progress {
+    Bar(ProgressBar),
+    Lines,
+    Quiet,
+}
+
+impl Progress {
+    fn new(args: &DemoArgs) -> Self {
+        if args.json {
+            Progress::Quiet
+        } else if std::io::stdout().is_terminal() {
+            let bar = ProgressBar::new(args.steps);
+            bar.set_style(
+                ProgressStyle::with_template("{bar:30} {pos}/{len} steps {wide_msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            Progress::Bar(bar)
+        } else {
+            Progress::Lines
+        }
+    }
+
+    fn say(&self, line: String) {
+        match self {
+            Progress::Bar(b) => b.println(line),
+            Progress::Lines => println!("{line}"),
+            Progress::Quiet => {}
+        }
+    }
+
+    fn update(&self, step: u64, line: String) {
+        match self {
+            Progress::Bar(b) => {
+                b.set_position(step);
+                b.set_message(line);
+            }
+            Progress::Lines => println!("{line}"),
+            Progress::Quiet => {}
+        }
+    }
+
+    fn finish(&self) {
+        if let Progress::Bar(b) = self {
+            b.finish_and_clear();
+        }
+    }
 }
 
 pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
@@ -120,92 +120,52 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
             tmp.path().to_path_buf()
         }
     };
-    let say = |s: String| {
-        if !args.json {
-            println!("{s}");
-        }
-    };
     let exe = std::env::current_exe().context("locating the echo-node binary")?;
 
     // The learner's key is the swarm's authority; workers are told its public key.
     let learner_dir = root.join("learner");
     std::fs::create_dir_all(&learner_dir)?;
     let (key, _) = storage::NodeKey::load_or_create(&learner_dir.join("node.key"))?;
-    let learner_peer = super::peer_id(&key)?;
+    let learner_peer = crate::state::peer_id(&key)?;
     let learner_port = free_port()?;
     let learner_admin = format!("127.0.0.1:{}", free_port()?);
-    let common = |admin: &str, listen: &str, extra: &str| {
-        format!(
-            "swarm_id = \"echo-demo\"\n{extra}\n[network]\nlisten = [\"{listen}\"]\nadmin = \"{admin}\"\n\
-             mdns = false\nautonat = false\nquic = false\nheartbeat_interval_ms = {HEARTBEAT_MS}\n"
-        )
-    };
-    let mut configs = vec![(
-        "learner".to_string(),
-        learner_dir.clone(),
-        format!(
-            "role = \"learner\"\ndata_dir = \"{}\"\n{}\n[learner]\nmax_steps = {}\nwarm_start_steps = {}\n\
-             mode = \"{}\"\nobjective = \"{}\"\nstaleness = {}\n{}",
-            toml_path(&learner_dir),
-            common(
-                &learner_admin,
-                &format!("/ip4/127.0.0.1/tcp/{learner_port}"),
-                ""
-            ),
-            args.steps,
-            args.warm_start_steps,
-            args.mode,
-            args.objective,
-            args.staleness,
-            args.kappa.map_or(String::new(), |k| format!("kappa = {k}\n")),
-        ),
-    )];
+    let mut learner = NodeConfig::new(Role::Learner, SWARM, learner_dir.clone());
+    learner.network = demo_network(
+        format!("/ip4/127.0.0.1/tcp/{learner_port}"),
+        learner_admin.clone(),
+    );
+    let l = &mut learner.learner;
+    l.max_steps = args.steps;
+    l.warm_start_steps = args.warm_start_steps;
+    l.mode = args.mode;
+    l.objective = args.objective;
+    l.staleness = args.staleness;
+    l.kappa = args.kappa;
+    let mut nodes = vec![("learner".to_string(), learner)];
     let bootstrap = format!("/ip4/127.0.0.1/tcp/{learner_port}/p2p/{learner_peer}");
     for i in 1..=args.workers {
-        let dir = root.join(format!("worker-{i}"));
-        std::fs::create_dir_all(&dir)?;
-        configs.push((
-            format!("worker-{i}"),
-            dir.clone(),
-            format!(
-                "role = \"rollout\"\ndata_dir = \"{}\"\n{}bootstrap = [\"{bootstrap}\"]\n\n[storage]\nmax_pending_groups = 4\n[rollout]\nmax_groups_per_s = {}\n",
-                toml_path(&dir),
-                common(
-                    &format!("127.0.0.1:{}", free_port()?),
-                    "/ip4/127.0.0.1/tcp/0",
-                    &format!("learner_public_key = \"{}\"", key.public_hex())
-                ),
-                args.worker_groups_per_s,
-            ),
-        ));
+        let mut w = NodeConfig::new(Role::Rollout, SWARM, root.join(format!("worker-{i}")));
+        w.learner_public_key = Some(key.public_hex());
+        w.network = demo_network(
+            "/ip4/127.0.0.1/tcp/0".into(),
+            format!("127.0.0.1:{}", free_port()?),
+        );
+        w.network.bootstrap = vec![bootstrap.clone()];
+        w.storage.max_pending_groups = 4;
+        w.rollout.max_groups_per_s = args.worker_groups_per_s;
+        nodes.push((format!("worker-{i}"), w));
     }
     let mut fleet = Fleet::default();
-    for (name, dir, text) in &configs {
-        let path = dir.join("node.toml");
-        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
-        let log = dir.join("node.log");
-        let out = File::create(&log)?;
-        let child = Command::new(&exe)
-            .args(["run", "--config"])
-            .arg(&path)
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out)
-            .spawn()
-            .with_context(|| format!("starting {name}"))?;
-        fleet.0.push(Proc {
-            name: name.clone(),
-            child,
-            log,
-        });
+    for (name, config) in &nodes {
+        fleet.spawn(&exe, name, &config.data_dir, config, &[])?;
     }
-    say(format!(
+    let progress = Progress::new(args);
+    progress.say(format!(
         "echo-node demo: 1 learner + {} rollout workers on 127.0.0.1 (embedded model, task arith), \
          {} steps, {} mode, {}, S = {}; data and logs in {}",
         args.workers,
         args.steps,
-        args.mode,
+        mode_name(args.mode),
         args.objective,
         args.staleness,
         root.display()
@@ -222,7 +182,7 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
         fleet.check_alive()?;
         let Some(v) = http_get(&learner_admin, "/status")
             .ok()
-            .and_then(|b| serde_json::from_str::<Value>(&b).ok())
+            .and_then(|b| serde_json::from_str::<NodeStatus>(&b).ok())
         else {
             anyhow::ensure!(
                 t0.elapsed() < STALL,
@@ -230,8 +190,7 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
             );
             continue;
         };
-        let l = &v["learner"];
-        let version = l["version"].as_u64();
+        let version = v.learner.as_ref().map(|l| l.version);
         if version != last_step {
             last_step = version;
             last_change = Instant::now();
@@ -246,23 +205,24 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
         }
         let out_of_time = args.minutes > 0.0
             && rl_start.is_some_and(|t| t.elapsed().as_secs_f64() > args.minutes * 60.0);
-        let done = l["finished"].as_bool() == Some(true) || out_of_time;
+        let done = v.learner.as_ref().is_some_and(|l| l.finished) || out_of_time;
         if last_print.elapsed() >= Duration::from_secs(2) || done {
             last_print = Instant::now();
-            say(progress_line(&v, t0.elapsed()));
+            progress.update(version.unwrap_or(0), progress_line(&v, t0.elapsed()));
         }
         if done {
             break v;
         }
     };
+    progress.finish();
     let elapsed = t0.elapsed().as_secs_f64();
     let not_clean = fleet.stop(Duration::from_secs(30));
 
     // Summary from the learner's step log and the stores (the nodes have exited).
     let steps = read_steps(&learner_dir.join("metrics").join("steps.jsonl"))?;
     let mut invariant_ok = true;
-    for (_, dir, _) in &configs {
-        let store = storage::TrajectoryStore::open(&storage::DataDir::new(dir).trajectories())?;
+    for (_, config) in &nodes {
+        let store = storage::TrajectoryStore::open(&config.data().trajectories())?;
         invariant_ok &= store.check_invariant()?.holds();
     }
     let mut summary = summarize(&steps, &final_status, elapsed, invariant_ok, &not_clean);
@@ -298,45 +258,45 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// TOML basic strings need backslashes escaped (Windows paths).
-fn toml_path(p: &Path) -> String {
-    p.display().to_string().replace('\\', "\\\\")
+fn mode_name(m: crate::config::LearnerMode) -> &'static str {
+    match m {
+        crate::config::LearnerMode::Async => "async",
+        crate::config::LearnerMode::Sequential => "sequential",
+    }
 }
 
-fn worker_versions(status: &Value) -> Vec<Value> {
-    status["peers"]
-        .as_array()
-        .map(|ps| {
-            ps.iter()
-                .filter(|p| p["role"] == "rollout")
-                .map(|p| p["installed_version"].clone())
-                .collect()
-        })
-        .unwrap_or_default()
+/// Installed versions of the rollout workers the learner sees.
+fn worker_versions(status: &NodeStatus) -> Vec<Option<u64>> {
+    status
+        .network
+        .peers
+        .iter()
+        .filter(|p| p.role.as_deref() == Some("rollout"))
+        .map(|p| p.installed_version)
+        .collect()
 }
 
-fn progress_line(v: &Value, t: Duration) -> String {
-    let l = &v["learner"];
-    if l.is_null() {
+fn progress_line(v: &NodeStatus, t: Duration) -> String {
+    let Some(l) = &v.learner else {
         return format!(
             "[{:5.1}s] starting: the learner builds and warm-starts its model; {} peers connected",
             t.as_secs_f64(),
-            v["connected_peers"]
+            v.network.connected_peers
         );
-    }
+    };
     let versions: Vec<String> = worker_versions(v)
         .iter()
-        .map(|x| x.as_u64().map_or("-".into(), |n| format!("v{n}")))
+        .map(|x| x.map_or("-".into(), |n| format!("v{n}")))
         .collect();
     format!(
         "[{:5.1}s] step {:>4}  reward {:.3} (last 20 steps)  bubble {:.2}  Δmax {}  snapshots {}  buffer {}  workers [{}]",
         t.as_secs_f64(),
-        l["version"].as_u64().unwrap_or(0),
-        l["reward_recent"].as_f64().unwrap_or(f64::NAN),
-        l["bubble_ratio"].as_f64().unwrap_or(0.0),
-        l["staleness_max"],
-        l["snapshots_published"],
-        l["buffer_pending"],
+        l.version,
+        l.reward_recent.unwrap_or(f64::NAN),
+        l.bubble_ratio,
+        l.staleness_max,
+        l.snapshots_published,
+        l.buffer_pending.map_or("-".into(), |b| b.to_string()),
         versions.join(" ")
     )
 }
@@ -356,11 +316,11 @@ fn mean(xs: impl Iterator<Item = f64>) -> Option<f64> {
     (n > 0).then(|| s / n as f64)
 }
 
-/// The SPEC §13 summary: `reward_first` / `reward_last` are means over the first and last
+/// The summary (`docs/operator-guide.md`, "Demo"): `reward_first` / `reward_last` are means over the first and last
 /// tenth of the steps (at least one step each).
 fn summarize(
     steps: &[Value],
-    status: &Value,
+    status: &NodeStatus,
     elapsed_s: f64,
     invariant_ok: bool,
     not_clean: &[String],
@@ -375,29 +335,29 @@ fn summarize(
         .iter()
         .filter_map(|s| s["stats"]["t_train_s"].as_f64())
         .sum();
-    let l = &status["learner"];
+    let l = status.learner.clone().unwrap_or_default();
     let span = match (steps.first(), steps.last()) {
         (Some(a), Some(b)) => b["t"].as_f64().unwrap_or(0.0) - a["t"].as_f64().unwrap_or(0.0),
         _ => 0.0,
     };
     json!({
         "steps": steps.len(),
-        "version": l["version"],
+        "version": l.version,
         "reward_first": mean(rewards[..tenth].iter().copied()),
         "reward_last": mean(rewards[rewards.len() - tenth..].iter().copied()),
         "bubble_ratio": if idle + train > 0.0 { idle / (idle + train) } else { 0.0 },
-        "snapshots": l["snapshots_published"],
+        "snapshots": l.snapshots_published,
         "worker_versions": worker_versions(status),
-        "staleness_max": l["staleness_max"],
-        "staleness_histogram": l["staleness_histogram"],
-        "delta_max_bound": l["delta_max_bound"],
-        "t_train_s": l["t_train_s"],
-        "t_bcast_s": l["t_bcast_s"],
-        "mu_pool": l["mu_pool"],
-        "mu_min": l["mu_min"],
-        "mu_target": l["mu_target"],
-        "groups_dropped_zero_advantage": l["groups_dropped_zero_advantage"],
-        "groups_dropped_stale": l["groups_dropped_stale"],
+        "staleness_max": l.staleness_max,
+        "staleness_histogram": l.staleness_histogram,
+        "delta_max_bound": l.delta_max_bound,
+        "t_train_s": l.t_train_s,
+        "t_bcast_s": l.t_bcast_s,
+        "mu_pool": l.mu_pool,
+        "mu_min": l.mu_min,
+        "mu_target": l.mu_target,
+        "groups_dropped_zero_advantage": l.groups_dropped_zero_advantage,
+        "groups_dropped_stale": l.groups_dropped_stale,
         "elapsed_s": elapsed_s,
         "steps_per_hour": if span > 0.0 { (steps.len() - 1) as f64 * 3600.0 / span } else { 0.0 },
         "importance_weight_variance_mean": mean(steps.iter().filter_map(|s| s["stats"]["importance_weight_variance"].as_f64())),

@@ -28,11 +28,22 @@ pub fn export(args: &ExportArgs) -> anyhow::Result<()> {
             bail!("{} exists; export into an empty folder", p.display());
         }
     }
+    // A spinner while a large checkpoint is read and written (hidden when stderr is not a
+    // terminal, and with --json).
+    let spinner = if args.json {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new_spinner()
+    };
+    spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+    spinner.set_message(format!("reading the checkpoint in {}", ckpt.display()));
     let trainer = learner::Trainer::load(&ckpt, &policy::Device::Cpu)
         .with_context(|| format!("reading the checkpoint in {}", ckpt.display()))?;
+    spinner.set_message(format!("writing {}", args.out.display()));
     let eos = policy::Tokenizer::byte().eos_ids().first().copied();
     policy::hf::save_hf_dir(trainer.policy(), &args.out, eos)
         .with_context(|| format!("writing {}", args.out.display()))?;
+    spinner.finish_and_clear();
     let meta = json!({
         "format": 1,
         "version": trainer.version(),

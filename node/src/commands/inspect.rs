@@ -141,21 +141,24 @@ fn snapshots(args: &StoreArgs) -> anyhow::Result<()> {
         stats.bytes,
         stats.manifests
     );
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::UTF8_FULL_CONDENSED);
+    t.set_header(vec!["version", "bytes", "chunks", "state", "root hash"]);
     for (m, missing) in rows {
         let m = m.manifest;
-        println!(
-            "  v{:<6} {:>12} bytes  {:>5} chunks  {}  root {}",
-            m.version,
-            m.total_len,
-            m.chunk_hashes.len(),
+        t.add_row(vec![
+            format!("v{}", m.version),
+            m.total_len.to_string(),
+            m.chunk_hashes.len().to_string(),
             if missing == 0 {
                 "complete".to_string()
             } else {
                 format!("{missing} missing")
             },
-            hash_hex(&m.root_hash)
-        );
+            hash_hex(&m.root_hash),
+        ]);
     }
+    println!("{t}");
     Ok(())
 }
 

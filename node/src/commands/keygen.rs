@@ -18,7 +18,7 @@ pub fn keygen(args: &KeygenArgs) -> anyhow::Result<()> {
     let key = NodeKey::generate();
     key.write_new(&path)
         .with_context(|| format!("writing {}", path.display()))?;
-    let peer_id = super::peer_id(&key)?;
+    let peer_id = crate::state::peer_id(&key)?;
     if args.json {
         println!(
             "{}",

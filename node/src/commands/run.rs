@@ -4,82 +4,14 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use storage::{ChunkStore, NodeKey, TrajectoryStore};
 
 use crate::admin;
 use crate::cli::RunArgs;
-use crate::config::{NodeConfig, Role};
+use crate::config::Role;
 use crate::roles::{self, Probe, RoleView};
-
-/// A node's opened local state.
-pub struct NodeState {
-    pub config: NodeConfig,
-    pub key: NodeKey,
-    pub peer_id: String,
-    /// Shared with the roles (the learner's buffer or the worker's outbox) and the pull server.
-    pub trajectories: Arc<TrajectoryStore>,
-    /// Shared with the snapshot-dissemination engine.
-    pub chunks: Arc<ChunkStore>,
-}
-
-/// Loads the config, applies command-line overrides, validates everything.
-pub fn load_config(args: &RunArgs) -> anyhow::Result<NodeConfig> {
-    let mut config = NodeConfig::load(&args.config)?;
-    if let Some(dir) = &args.data_dir {
-        config.data_dir = dir.clone();
-    }
-    if !args.listen.is_empty() {
-        config.network.listen = args.listen.clone();
-    }
-    if let Some(admin) = &args.admin {
-        config.network.admin = admin.clone();
-    }
-    config.validate(&args.config)?;
-    Ok(config)
-}
-
-/// Opens the key and both stores of a validated config.
-pub fn open_state(config: NodeConfig) -> anyhow::Result<NodeState> {
-    let data = config.data();
-    std::fs::create_dir_all(data.root())
-        .with_context(|| format!("creating data dir {}", data.root().display()))?;
-    let key_path = config.key_path();
-    let (key, created) = NodeKey::load_or_create(&key_path)
-        .with_context(|| format!("loading node key {}", key_path.display()))?;
-    if created {
-        tracing::info!(path = %key_path.display(), "created a new node key");
-    }
-    if config.role == Role::Learner {
-        if let Some(expected) = &config.learner_public_key {
-            anyhow::ensure!(
-                expected.trim() == key.public_hex(),
-                "learner_public_key {expected} in the config is not this node's key {} ({})",
-                key.public_hex(),
-                key_path.display()
-            );
-        }
-    }
-    let peer_id = super::peer_id(&key)?;
-    let trajectories = TrajectoryStore::open(&data.trajectories()).with_context(|| {
-        format!(
-            "opening trajectory store {} (is another node running on this data dir?)",
-            data.trajectories().display()
-        )
-    })?;
-    let chunks = ChunkStore::open_with_memory(
-        &data.snapshots(),
-        config.storage.keep_snapshots,
-        config.storage.chunk_memory_mb << 20,
-    )
-    .with_context(|| format!("opening chunk store {}", data.snapshots().display()))?;
-    Ok(NodeState {
-        config,
-        key,
-        peer_id,
-        trajectories: Arc::new(trajectories),
-        chunks: Arc::new(chunks),
-    })
-}
+use crate::state::{
+    dissemination_config, load_config, open_state, service_config, NodeState, NODE_VERSION,
+};
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let config = load_config(&args)?;
@@ -116,67 +48,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The network service configuration of a node.
-pub fn service_config(
-    config: &NodeConfig,
-    own_peer_id: &str,
-) -> anyhow::Result<p2p::ServiceConfig> {
-    let learner = match (config.role, &config.learner_public_key) {
-        (Role::Learner, _) => Some(own_peer_id.parse().context("own peer id")?),
-        (_, Some(hex_key)) => {
-            let bytes = storage::keys::parse_public_key(hex_key).context("learner_public_key")?;
-            Some(p2p::peer_id_from_public(bytes.to_bytes())?)
-        }
-        (_, None) => None,
-    };
-    Ok(p2p::ServiceConfig {
-        network: config.network.clone(),
-        swarm_id: config.swarm_id.clone(),
-        role: config.role.to_string(),
-        node_version: NODE_VERSION.to_string(),
-        learner,
-    })
-}
-
-/// The dissemination engine's settings, or `None` when the learner key is unknown.
-pub fn dissemination_config(
-    config: &NodeConfig,
-    key: &NodeKey,
-) -> anyhow::Result<Option<dissemination::DisseminationConfig>> {
-    let learner_key = match (config.role, &config.learner_public_key) {
-        (Role::Learner, _) => key.verifying_key(),
-        (_, Some(hex_key)) => {
-            storage::keys::parse_public_key(hex_key).context("learner_public_key")?
-        }
-        (_, None) => return Ok(None),
-    };
-    let net = &config.network;
-    let mut d = dissemination::DisseminationConfig::new(&config.swarm_id, learner_key);
-    d.chunk_size = config.storage.chunk_size_kib * 1024;
-    d.downlink_mbps = net.downlink_mbps;
-    d.uplink_mbps = net.uplink_mbps;
-    // B̂w assumed per worker (a worker's own `uplink_mbps` caps what it really sends).
-    d.plan.worker_mbps = config.broadcast.worker_mbps;
-    d.mode = match config.broadcast.mode.as_str() {
-        "star" => dissemination::Mode::Star,
-        _ => dissemination::Mode::Chain,
-    };
-    if config.role == Role::Learner {
-        d.signing_key = Some(key.signing_key().clone());
-        if net.learner_mbps > 0.0 {
-            // B0 caps the learner's bulk uploads and sets N_ch.
-            d.uplink_mbps = net.learner_mbps;
-            d.plan.learner_mbps = net.learner_mbps;
-        }
-    }
-    Ok(Some(d))
-}
-
 /// How often the heartbeat feeder looks for a newly installed snapshot.
 const INSTALL_POLL: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// Software version gossiped in heartbeats.
-pub const NODE_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// Runs the network service and the admin endpoint until Ctrl-C / SIGTERM.
 async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
@@ -273,7 +146,7 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     };
     // Heartbeat fields: the role's version and μ (its probe), pending groups from the store.
     // Refreshed every heartbeat interval, and at once when the installed version changes:
-    // the service then gossips the heartbeat immediately (the install report, SPEC §6).
+    // the service then gossips the heartbeat immediately (the install report that ends T_bcast, `docs/broadcast.md`).
     let interval = std::time::Duration::from_millis(config.network.heartbeat_interval_ms);
     let feeder = {
         let client = client.clone();

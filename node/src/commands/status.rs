@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
-use serde_json::Value;
 
+use crate::api::NodeStatus;
 use crate::cli::StatusArgs;
 use crate::config::NodeConfig;
 
@@ -19,12 +19,16 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<()> {
         (None, None) => p2p::NetworkConfig::default().admin,
     };
     let body = http_get(&admin, "/status")?;
-    let v: Value = serde_json::from_str(&body)
-        .with_context(|| format!("the reply of {admin}/status is not JSON"))?;
     if args.json {
+        // As served: a newer node's extra fields pass through.
+        let v: serde_json::Value = serde_json::from_str(&body)
+            .with_context(|| format!("the reply of {admin}/status is not JSON"))?;
         println!("{v}");
     } else {
-        print!("{}", render(&v));
+        let st: NodeStatus = serde_json::from_str(&body).with_context(|| {
+            format!("the reply of {admin}/status is not an echo-node status object")
+        })?;
+        print!("{}", render(&st));
     }
     Ok(())
 }
@@ -89,138 +93,109 @@ fn dechunk(mut s: &str) -> anyhow::Result<String> {
     }
 }
 
-fn num(v: &Value, k: &str, prec: usize) -> String {
-    match v.get(k) {
-        Some(Value::Number(n)) => n
-            .as_f64()
-            .map_or_else(|| n.to_string(), |x| format!("{x:.prec$}")),
-        Some(Value::Null) | None => "-".into(),
-        Some(x) => x.to_string(),
-    }
+/// `x` with `prec` decimals, `-` when unknown.
+fn num(x: Option<f64>, prec: usize) -> String {
+    x.map_or_else(|| "-".into(), |x| format!("{x:.prec$}"))
 }
 
-fn text(v: &Value, k: &str) -> String {
-    match v.get(k) {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Null) | None => "-".into(),
-        Some(x) => x.to_string(),
-    }
+/// `x`, `-` when unknown.
+fn opt<T: ToString>(x: Option<T>) -> String {
+    x.map_or_else(|| "-".into(), |x| x.to_string())
 }
 
 /// The human view of a status object.
-pub fn render(v: &Value) -> String {
+pub fn render(st: &NodeStatus) -> String {
+    let net = &st.network;
     let mut out = String::new();
-    let peers = v
-        .get("peers")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
     out.push_str(&format!(
         "node {}  role {}  swarm {}  installed version {}  software {}\n",
-        text(v, "peer_id"),
-        text(v, "role"),
-        text(v, "swarm_id"),
-        text(v, "version"),
-        text(v, "node_version"),
+        net.peer_id,
+        net.role,
+        net.swarm_id,
+        opt(st.version),
+        st.node_version,
     ));
     out.push_str(&format!(
         "listening on {}  connected peers {}  known peers {}{}\n",
-        v.get("listen_addrs")
-            .and_then(Value::as_array)
-            .map(|a| a
-                .iter()
-                .filter_map(Value::as_str)
-                .collect::<Vec<_>>()
-                .join(", "))
-            .unwrap_or_default(),
-        text(v, "connected_peers"),
-        peers.len(),
-        if v.get("private_swarm")
-            .and_then(Value::as_bool)
-            .unwrap_or(false)
-        {
+        net.listen_addrs.join(", "),
+        net.connected_peers,
+        net.peers.len(),
+        if net.private_swarm {
             "  (private swarm)"
         } else {
             ""
         }
     ));
-    if let Some(l) = v.get("learner").filter(|l| !l.is_null()) {
+    let mut standby: &[String] = &[];
+    if let Some(l) = &st.learner {
         out.push_str(&format!(
-            "learner: version {}  S {}  κ {}  bubble {}  μ_pool {} / μ_target {}  T_train {} s  T_bcast {} s\n",
-            text(l, "version"),
-            text(l, "staleness"),
-            text(l, "kappa"),
-            num(l, "bubble_ratio", 3),
-            num(l, "mu_pool", 2),
-            num(l, "mu_target", 2),
-            num(l, "t_train_s", 2),
-            num(l, "t_bcast_s", 2),
+            "learner: version {}  S {}  κ {}  bubble {:.3}  μ_pool {:.2} / μ_target {}  T_train {} s  T_bcast {} s\n",
+            l.version,
+            l.staleness,
+            l.kappa,
+            l.bubble_ratio,
+            l.mu_pool,
+            num(l.mu_target, 2),
+            num(l.t_train_s, 2),
+            num(l.t_bcast_s, 2),
         ));
         out.push_str(&format!(
             "         steps {}  reward (last 20) {}  Δmax observed {} / bound {} (eq. 7), {} (eq. 12)  snapshots {}\n",
-            text(l, "steps"),
-            num(l, "reward_recent", 3),
-            text(l, "staleness_max"),
-            text(l, "delta_max_bound"),
-            text(l, "delta_max_bound_under_overlap"),
-            text(l, "snapshots_published"),
+            l.steps,
+            num(l.reward_recent, 3),
+            l.staleness_max,
+            opt(l.delta_max_bound),
+            opt(l.delta_max_bound_under_overlap),
+            l.snapshots_published,
         ));
-        let sch = &l["scheduler"];
-        if sch["enabled"] == true {
-            let count = |k: &str| sch[k].as_array().map_or(0, Vec::len);
+        let sch = &l.scheduler;
+        if sch.enabled {
             out.push_str(&format!(
-                "scheduler ({}): {} active, {} standby, {} $/h, μ active {} (groups/s)\n",
-                text(sch, "policy"),
-                count("active"),
-                count("standby"),
-                num(sch, "active_cost_per_hour", 2),
-                num(sch, "active_mu", 2),
+                "scheduler ({}): {} active, {} standby, {:.2} $/h, μ active {:.2} (groups/s)\n",
+                sch.policy.as_deref().unwrap_or("-"),
+                sch.active.len(),
+                sch.standby.len(),
+                sch.active_cost_per_hour,
+                sch.active_mu,
             ));
         }
+        standby = &sch.standby;
     }
-    let standby: Vec<&str> = v["learner"]["scheduler"]["standby"]
-        .as_array()
-        .map(|a| a.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);
     t.set_header(vec![
         "peer id", "role", "version", "addrs", "score", "speed", "success", "stab.", "decay",
         "hb age s", "pending", "μ", "$/h", "active",
     ]);
-    for p in &peers {
-        let addrs = p
-            .get("addrs")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        let addr = match addrs.len() {
-            0 => "-".to_string(),
-            1 => addrs[0].as_str().unwrap_or("").to_string(),
-            n => format!("{} (+{})", addrs[0].as_str().unwrap_or(""), n - 1),
+    for p in &net.peers {
+        let addr = match p.addrs.as_slice() {
+            [] => "-".to_string(),
+            [a] => a.clone(),
+            [a, rest @ ..] => format!("{a} (+{})", rest.len()),
         };
         let version = format!(
             "{} / v{}",
-            text(p, "node_version"),
-            text(p, "installed_version")
+            p.node_version.as_deref().unwrap_or("-"),
+            opt(p.installed_version)
         );
+        let s = &p.score;
         t.add_row(vec![
-            text(p, "peer_id"),
-            text(p, "role"),
+            p.peer_id.clone(),
+            p.role.clone().unwrap_or_else(|| "-".into()),
             version,
             addr,
-            num(p, "score", 1),
-            num(p, "speed", 1),
-            num(p, "success", 1),
-            num(p, "stability", 1),
-            num(p, "decay", 2),
-            num(p, "heartbeat_age_s", 1),
-            text(p, "pending"),
-            num(p, "mu", 2),
-            num(p, "cost_per_hour", 2),
-            if standby.contains(&text(p, "peer_id").as_str()) {
+            format!("{:.1}", s.score),
+            format!("{:.1}", s.speed),
+            format!("{:.1}", s.success),
+            format!("{:.1}", s.stability),
+            format!("{:.2}", s.decay),
+            num(p.heartbeat_age_s, 1),
+            opt(p.pending),
+            num(p.mu, 2),
+            num(p.cost_per_hour, 2),
+            if standby.contains(&p.peer_id) {
                 "standby".into()
-            } else if p.get("active").and_then(Value::as_bool).unwrap_or(false) {
+            } else if p.active {
                 "yes".into()
             } else {
                 "no".into()
@@ -237,21 +212,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn dechunk_and_render() {
+    fn dechunk_works() {
         assert_eq!(
             dechunk("3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n").unwrap(),
             "abcde"
         );
-        let v: Value = serde_json::json!({
-            "peer_id": "12D3", "role": "learner", "version": null,
-            "learner": {"version": 7, "staleness": 3, "kappa": 2, "mu_target": 1.5,
-                        "scheduler": {"enabled": true, "policy": "fixed", "active": [],
-                                      "standby": ["12D3KooWx"], "active_cost_per_hour": 0.4}},
-            "peers": [{"peer_id": "12D3KooWx", "role": "rollout", "addrs": ["/ip4/127.0.0.1/tcp/1"],
-                       "score": 12.5, "speed": 0.0, "success": 100.0, "stability": 30.0, "decay": 1.0,
-                       "heartbeat_age_s": 0.5, "pending": 3, "active": true}]
-        });
-        let s = render(&v);
+    }
+
+    #[test]
+    fn render_shows_learner_scheduler_and_peers() {
+        let st: NodeStatus = serde_json::from_str(
+            r#"{
+              "peer_id": "12D3", "role": "learner", "swarm_id": "s", "listen_addrs": [],
+              "external_addrs": [], "connected_peers": 1, "private_swarm": false, "quic": false,
+              "local": {"installed_version": null, "mu": 0.0, "availability": 1.0, "pending": 0,
+                        "forward_rate_bps": 0.0, "receive_rate_bps": 0.0},
+              "counters": {}, "learner_scores": null, "version": null, "node_version": "0.1.0",
+              "learner": {"version": 7, "staleness": 3, "kappa": 2, "mu_target": 1.5,
+                          "scheduler": {"enabled": true, "policy": "fixed", "active": [],
+                                        "standby": ["12D3KooWx"], "active_cost_per_hour": 0.4}},
+              "peers": [{"peer_id": "12D3KooWx", "role": "rollout", "addrs": ["/ip4/127.0.0.1/tcp/1"],
+                         "installed_version": null, "chain": null, "position": null, "mu": null,
+                         "cost_per_hour": null, "pending": 3, "connected": true,
+                         "node_version": null, "agent_version": null, "availability": null,
+                         "forward_rate_bps": null, "receive_rate_bps": null,
+                         "heartbeat_age_s": 0.5, "heartbeats": 3, "started_unix_ms": null,
+                         "rejected_messages": 0, "gossip_score": null,
+                         "score": 12.5, "speed": 0.0, "success": 100.0, "stability": 30.0, "decay": 1.0,
+                         "avg_speed_bps": 0.0, "successes": 3, "failures": 0,
+                         "consecutive_failures": 0, "active": true}]
+        }"#,
+        )
+        .unwrap();
+        let s = render(&st);
         assert!(
             s.contains("12D3KooWx") && s.contains("12.5") && s.contains("rollout"),
             "{s}"

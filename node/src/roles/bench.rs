@@ -1,4 +1,4 @@
-//! Broadcast benchmark roles (issue 4, SPEC §12–13 `broadcast` scenario), started by the
+//! Broadcast benchmark roles (the testnet `broadcast` scenario, `docs/broadcast.md`), started by the
 //! hidden `echo-node run` flags the testnet harness passes:
 //!
 //! - `--bench-broadcast-mb M --bench-workers N --bench-rounds R` on the learner: once N
@@ -18,13 +18,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use control::capacity::broadcast_done;
 use dissemination::Disseminator;
 use rand::RngCore;
-use serde_json::{json, Value};
 
-use super::learner::broadcast_done;
-use super::{Probe, RoleView};
-use crate::commands::run::NodeState;
+use super::{active_installs, Probe, RoleView};
+use crate::api::{BenchRound, BenchStatus, RoleSection};
+use crate::state::NodeState;
 
 /// What the learner-side benchmark is asked to do.
 #[derive(Debug, Clone, Copy)]
@@ -44,14 +44,6 @@ pub fn sink_probe(d: &Disseminator) -> Probe {
     Arc::new(move || (d.installed_version(), 0.0))
 }
 
-fn rollout_installs(net: &p2p::NetworkStatus) -> Vec<Option<u64>> {
-    net.peers
-        .iter()
-        .filter(|p| p.connected && p.active && p.role.as_deref() == Some("rollout"))
-        .map(|p| p.installed_version)
-        .collect()
-}
-
 /// Runs the benchmark as a task; returns when all rounds are done (the node keeps serving).
 pub async fn run_publisher(
     state: Arc<NodeState>,
@@ -60,25 +52,27 @@ pub async fn run_publisher(
     plan: BenchPlan,
     view: RoleView,
 ) -> anyhow::Result<()> {
-    let mut rounds: Vec<Value> = Vec::new();
-    let show = |rounds: &[Value], phase: &str| {
-        view.set(
-            "bench",
-            json!({"phase": phase, "done": phase == "done", "size_mb": plan.size_mb,
-                   "workers": plan.workers, "rounds": rounds}),
-        )
+    let mut rounds: Vec<BenchRound> = Vec::new();
+    let show = |rounds: &[BenchRound], phase: &str| {
+        view.set(RoleSection::Bench(BenchStatus {
+            phase: phase.into(),
+            done: phase == "done",
+            size_mb: plan.size_mb,
+            workers: plan.workers,
+            rounds: rounds.to_vec(),
+        }))
     };
     show(&rounds, "joining");
     let t_join = Instant::now();
     loop {
         let net = client.status().await?;
-        if rollout_installs(&net).len() >= plan.workers {
+        if active_installs(&net).len() >= plan.workers {
             break;
         }
         anyhow::ensure!(
             t_join.elapsed() < JOIN_LIMIT,
             "only {} of {} workers joined within {JOIN_LIMIT:?}",
-            rollout_installs(&net).len(),
+            active_installs(&net).len(),
             plan.workers
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -116,7 +110,7 @@ pub async fn run_publisher(
                 t0.elapsed() < ROUND_LIMIT,
                 "round {r}: not every worker installed within {ROUND_LIMIT:?}"
             );
-            let installs = rollout_installs(&client.status().await?);
+            let installs = active_installs(&client.status().await?);
             if t_q.is_none() && broadcast_done(&installs, version) {
                 t_q = Some(t0.elapsed().as_secs_f64());
             }
@@ -129,22 +123,29 @@ pub async fn run_publisher(
         }
         let after = dissem.counters();
         let chains: Vec<usize> = report.plan.plan.chains.iter().map(Vec::len).collect();
-        let row = json!({
-            "round": r, "version": version, "bytes": bytes,
-            "t_bcast_all_s": t_all, "t_bcast_q_s": t_q,
-            "n_chains": chains.len(), "chain_lengths": chains,
-            "fetch_only": report.plan.plan.fetch_only.len(),
-            "learner_pushed_bytes": after.pushed_bytes - before.pushed_bytes,
-            "learner_served_bytes": after.served_bytes - before.served_bytes,
-        });
-        tracing::info!(%row, "bench: broadcast complete");
+        let row = BenchRound {
+            round: r,
+            version,
+            bytes,
+            t_bcast_all_s: t_all,
+            t_bcast_q_s: t_q,
+            n_chains: chains.len(),
+            chain_lengths: chains,
+            fetch_only: report.plan.plan.fetch_only.len(),
+            learner_pushed_bytes: after.pushed_bytes - before.pushed_bytes,
+            learner_served_bytes: after.served_bytes - before.served_bytes,
+        };
+        tracing::info!(row = ?row, "bench: broadcast complete");
         rounds.push(row);
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let out = state.config.data_dir.join("metrics").join("broadcast.json");
     std::fs::create_dir_all(out.parent().unwrap_or(&state.config.data_dir))?;
-    std::fs::write(&out, serde_json::to_vec_pretty(&json!({"rounds": rounds}))?)
-        .with_context(|| format!("writing {}", out.display()))?;
+    std::fs::write(
+        &out,
+        serde_json::to_vec_pretty(&serde_json::json!({"rounds": rounds}))?,
+    )
+    .with_context(|| format!("writing {}", out.display()))?;
     show(&rounds, "done");
     Ok(())
 }

@@ -1,6 +1,7 @@
-//! The two roles a node plays once its network service runs (SPEC §2): the learner loop
-//! ([`learner`]: pull, train, publish, checkpoint — ECHO-2 Algorithm 1) and the rollout worker
-//! ([`rollout`]: install snapshots, generate groups, serve pulls).
+//! What a node does once its network service runs: the learner loop ([`learner`]: pull,
+//! train, publish, checkpoint — ECHO-2 Algorithm 1), the rollout worker ([`rollout`]: install
+//! snapshots, generate groups, serve pulls), the learner's provisioning [`scheduler`], and the
+//! broadcast benchmark roles ([`bench`]) the testnet harness starts.
 //!
 //! A role reports what `echo-node status` shows through [`RoleView`] and what its heartbeat
 //! carries through [`Probe`]; it never touches the swarm directly (only through the
@@ -15,29 +16,45 @@ use std::sync::{Arc, RwLock};
 
 use anyhow::Context;
 use policy::{Policy, Tokenizer};
-use serde_json::Value;
 
+use crate::api::RoleSection;
 use crate::config::NodeConfig;
 
-/// The role's section of the `/status` object (`"learner"` or `"rollout"`), replaced as the
-/// role makes progress.
+/// The role's section of the `/status` object, replaced as the role makes progress.
 #[derive(Clone, Default)]
-pub struct RoleView(Arc<RwLock<Option<(&'static str, Value)>>>);
+pub struct RoleView(Arc<RwLock<Option<RoleSection>>>);
 
 impl RoleView {
-    pub fn set(&self, key: &'static str, v: Value) {
+    pub fn set(&self, section: RoleSection) {
         if let Ok(mut g) = self.0.write() {
-            *g = Some((key, v));
+            *g = Some(section);
         }
     }
 
-    pub fn get(&self) -> Option<(&'static str, Value)> {
+    pub fn get(&self) -> Option<RoleSection> {
         self.0.read().ok().and_then(|g| g.clone())
     }
 }
 
 /// What a role contributes to its node's heartbeat: the version it works with and μ.
 pub type Probe = Arc<dyn Fn() -> (Option<u64>, f64) + Send + Sync>;
+
+/// The connected rollout workers of a network status: whom the learner pulls from, schedules
+/// and plans chains over.
+pub fn rollout_workers(net: &p2p::NetworkStatus) -> impl Iterator<Item = &p2p::PeerStatus> {
+    net.peers
+        .iter()
+        .filter(|p| p.connected && p.role.as_deref() == Some("rollout"))
+}
+
+/// The installed versions of the connected, active rollout workers: the population whose
+/// install reports end a broadcast's T_bcast.
+pub fn active_installs(net: &p2p::NetworkStatus) -> Vec<Option<u64>> {
+    rollout_workers(net)
+        .filter(|p| p.active)
+        .map(|p| p.installed_version)
+        .collect()
+}
 
 /// Builds the configured policy and tokenizer (the learner's initial weights; a worker only
 /// needs the model config and tokenizer from it).

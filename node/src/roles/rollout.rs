@@ -1,4 +1,4 @@
-//! The rollout role (SPEC §9): install the learner's snapshots as they arrive, generate
+//! The rollout role (`docs/architecture.md`, "Life of a trajectory group"): install the learner's snapshots as they arrive, generate
 //! rewarded, version-tagged groups into the node's trajectory store, and serve the learner's
 //! pulls.
 //!
@@ -19,11 +19,11 @@ use std::time::Duration;
 use anyhow::Context;
 use dissemination::DisseminationEvent;
 use rollout::{PolicySlot, RolloutConfig, RolloutEngine, RunningEngine};
-use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::{build_model, build_task, Probe, RoleView};
-use crate::commands::run::NodeState;
+use crate::api::{RoleSection, RolloutStatus};
+use crate::state::NodeState;
 
 /// The running rollout role.
 pub struct RolloutRole {
@@ -181,17 +181,19 @@ pub async fn start(
             loop {
                 tick.tick().await;
                 let s = stats.snapshot();
-                view.set(
-                    "rollout",
-                    json!({
-                        "installed_version": slot.version(), "mu": s.mu, "groups": s.groups,
-                        "samples": s.samples, "tokens": s.tokens, "paused": s.paused,
-                        "errors": s.errors, "reward_ema": s.reward_ema,
-                        "standby": standby.load(Ordering::Relaxed),
-                        "last_group_version": s.version,
-                        "pending": store.pending().ok(),
-                    }),
-                );
+                view.set(RoleSection::Rollout(RolloutStatus {
+                    installed_version: slot.version(),
+                    mu: s.mu,
+                    groups: s.groups,
+                    samples: s.samples,
+                    tokens: s.tokens,
+                    paused: s.paused,
+                    errors: s.errors,
+                    reward_ema: s.reward_ema,
+                    standby: standby.load(Ordering::Relaxed),
+                    last_group_version: s.version,
+                    pending: store.pending().ok(),
+                }));
                 metrics::gauge!("rollout_mu_groups_per_s").set(s.mu);
                 metrics::gauge!("rollout_groups_total").set(s.groups as f64);
             }

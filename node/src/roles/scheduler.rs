@@ -1,4 +1,4 @@
-//! The learner's provisioning scheduler in the node (SPEC §10, ECHO-2 §3.4, App. D).
+//! The learner's provisioning scheduler in the node (ECHO-2 §3.4, App. D; `docs/learner.md`).
 //!
 //! Every [`TICK`] it reads the workers' heartbeats (declared cost c_i, measured μ_i,
 //! availability), decides which rollout workers generate (active) and which stay connected but
@@ -19,11 +19,11 @@ use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::api::SchedulerStatus;
+use crate::config::{Ranking, SchedulerConfig};
+use crate::roles::rollout_workers;
 use control::capacity::{Scheduler, SchedulerConfig as Hysteresis, WorkerInfo};
 use dissemination::Disseminator;
-use serde_json::{json, Value};
-
-use crate::config::SchedulerConfig;
 
 pub const TICK: Duration = Duration::from_millis(500);
 
@@ -88,7 +88,7 @@ pub struct State {
     last_seq: u64,
     orders: u64,
     /// What `/status` shows.
-    pub view: Mutex<Value>,
+    view: SchedulerStatus,
 }
 
 impl State {
@@ -106,8 +106,13 @@ impl State {
             last_sent: None,
             last_seq: 0,
             orders: 0,
-            view: Mutex::new(json!({"enabled": false})),
+            view: SchedulerStatus::default(),
         }
+    }
+
+    /// What `/status` shows.
+    pub fn view(&self) -> SchedulerStatus {
+        self.view.clone()
     }
 
     /// Decides active / standby for this tick (`mu_target` in groups/s when known).
@@ -117,7 +122,7 @@ impl State {
         mu_target: Option<f64>,
     ) -> (Vec<String>, Vec<String>) {
         if let Some(k) = self.cfg.active_workers {
-            return if self.cfg.ranking == "random" {
+            return if self.cfg.ranking == Ranking::Random {
                 random_selection(cands, k)
             } else {
                 fixed_selection(cands, k)
@@ -182,10 +187,7 @@ pub async fn run(
         let Ok(net) = client.status().await else {
             return;
         };
-        let cands: Vec<Candidate> = net
-            .peers
-            .iter()
-            .filter(|p| p.connected && p.role.as_deref() == Some("rollout"))
+        let cands: Vec<Candidate> = rollout_workers(&net)
             .map(|p| Candidate {
                 id: p.peer_id.clone(),
                 cost_per_hour: p.cost_per_hour.unwrap_or(0.0),
@@ -215,20 +217,25 @@ pub async fn run(
             let sum = |ids: &[String], f: fn(&Candidate) -> f64| -> f64 {
                 cands.iter().filter(|c| ids.contains(&c.id)).map(f).sum()
             };
-            let view = json!({
-                "enabled": true,
-                "policy": if st.cfg.active_workers.is_some() { "fixed" } else { "target" },
-                "ranking": st.cfg.ranking,
-                "active_workers": st.cfg.active_workers,
-                "active": active, "standby": standby,
-                "active_cost_per_hour": sum(&active, |c| c.cost_per_hour),
-                "active_mu": sum(&active, |c| c.mu),
-                "mu_target": target,
-                "orders_published": st.orders,
-            });
-            if let Ok(mut v) = st.view.lock() {
-                *v = view;
-            }
+            st.view = SchedulerStatus {
+                enabled: true,
+                policy: Some(
+                    if st.cfg.active_workers.is_some() {
+                        "fixed"
+                    } else {
+                        "target"
+                    }
+                    .into(),
+                ),
+                ranking: Some(st.cfg.ranking),
+                active_workers: st.cfg.active_workers,
+                active: active.clone(),
+                standby: standby.clone(),
+                active_cost_per_hour: sum(&active, |c| c.cost_per_hour),
+                active_mu: sum(&active, |c| c.mu),
+                mu_target: target,
+                orders_published: st.orders,
+            };
             (send, seq, active, standby)
         };
         if send {

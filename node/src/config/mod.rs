@@ -1,28 +1,45 @@
-//! The node's TOML config: parsing (unknown keys rejected) and validation that reports every
-//! bad value with its key path and what is allowed.
+//! The node's TOML config, resolved once (the shape of ripgrep's `hiargs.rs`): the file is
+//! parsed into typed settings (serde enums for every closed set of values, unknown keys
+//! rejected), command-line overrides are applied, and [`validate`] reports every bad value with
+//! its key path and what is allowed — all at once, before anything is created. What the node
+//! runs with is the resulting [`NodeConfig`]; nobody re-reads the file.
+//!
+//! The types are `Serialize` too: `echo-node demo` and the testnet harness write node configs
+//! with `toml` from these structs, so a key renamed here is renamed for them.
+
+mod validate;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+pub use learner::Objective;
+
+/// What a node does in the swarm.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     Learner,
     Rollout,
 }
 
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
             Role::Learner => "learner",
             Role::Rollout => "rollout",
-        })
+        }
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeConfig {
     /// `learner` (one per swarm) or `rollout`.
@@ -34,7 +51,7 @@ pub struct NodeConfig {
     /// The node key; default `<data_dir>/node.key` (created at first start).
     #[serde(default)]
     pub key_file: Option<PathBuf>,
-    /// Hex ed25519 public key of the swarm's learner: the swarm's authority (SPEC §3).
+    /// Hex ed25519 public key of the swarm's learner: the swarm's authority (`docs/protocol.md`).
     /// Required for rollout nodes; a learner checks it against its own key.
     #[serde(default)]
     pub learner_public_key: Option<String>,
@@ -62,8 +79,18 @@ pub struct NodeConfig {
     pub scheduler: SchedulerConfig,
 }
 
-/// `[scheduler]`: cost-aware activation of rollout workers (SPEC §10, ECHO-2 §3.4).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+/// How the scheduler ranks workers for activation.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Ranking {
+    /// Cheapest per unit of throughput first, ρ = c/μ (ECHO-2's rule).
+    Rho,
+    /// A fixed pseudo-random order: the ablation baseline; needs `active_workers`.
+    Random,
+}
+
+/// `[scheduler]`: cost-aware activation of rollout workers (ECHO-2 §3.4; `docs/learner.md`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct SchedulerConfig {
     /// Off: every connected worker generates. On: the learner keeps the cheapest workers (by
@@ -81,7 +108,7 @@ pub struct SchedulerConfig {
     pub announce_interval_ms: u64,
     /// `rho` (cheapest per unit of throughput first, the paper's rule) or `random` (a fixed
     /// random order: the ablation baseline; needs `active_workers`).
-    pub ranking: String,
+    pub ranking: Ranking,
 }
 
 impl Default for SchedulerConfig {
@@ -92,18 +119,37 @@ impl Default for SchedulerConfig {
             sustain_s: 30.0,
             release_margin: 0.25,
             announce_interval_ms: 2000,
-            ranking: "rho".into(),
+            ranking: Ranking::Rho,
         }
     }
 }
 
-/// `[broadcast]`: how the learner disseminates snapshots (SPEC §6).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+/// How the learner disseminates snapshots.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum BroadcastMode {
+    /// Scored forwarding chains (ECHO-2 §4.2).
+    Chain,
+    /// The learner sends to every worker (the baseline).
+    Star,
+}
+
+impl From<BroadcastMode> for dissemination::Mode {
+    fn from(m: BroadcastMode) -> Self {
+        match m {
+            BroadcastMode::Chain => dissemination::Mode::Chain,
+            BroadcastMode::Star => dissemination::Mode::Star,
+        }
+    }
+}
+
+/// `[broadcast]`: how the learner disseminates snapshots (`docs/broadcast.md`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct BroadcastConfig {
     /// `chain` (scored forwarding chains, the default) or `star` (the learner sends to every
     /// worker; the baseline).
-    pub mode: String,
+    pub mode: BroadcastMode,
     /// B̂w: the forwarding bandwidth assumed per worker when planning chains (Mbit/s);
     /// N_ch = max(1, ⌊B0 / B̂w⌋) with B0 = `network.learner_mbps`.
     pub worker_mbps: f64,
@@ -112,7 +158,7 @@ pub struct BroadcastConfig {
 impl Default for BroadcastConfig {
     fn default() -> Self {
         BroadcastConfig {
-            mode: "chain".into(),
+            mode: BroadcastMode::Chain,
             worker_mbps: 100.0,
         }
     }
@@ -120,7 +166,7 @@ impl Default for BroadcastConfig {
 
 /// `[model]`: which policy the swarm trains. Workers must name the same model as the learner:
 /// a snapshot whose model-config hash differs from the worker's is refused at install.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
     /// `"embedded"` (the tiny built-in Qwen3 with a byte tokenizer) or the path of a local
@@ -141,7 +187,7 @@ impl Default for ModelConfig {
 }
 
 /// `[task]`: a built-in task (`arith`, `jsonl-math`, `knights-knaves`) and its parameters.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TaskConfig {
     pub name: String,
@@ -158,10 +204,10 @@ impl Default for TaskConfig {
     }
 }
 
-/// Learner mode (SPEC §8).
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+/// Learner mode (`docs/learner.md`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
-pub enum Mode {
+pub enum LearnerMode {
     /// Bounded staleness: train on groups with `v_τ ≥ v − S`, publish every κ steps.
     Async,
     /// ECHO's sequential mode: every batch comes from the learner's current version
@@ -171,12 +217,12 @@ pub enum Mode {
 
 /// `[learner]`: Algorithm 1's knobs. Defaults are the ones measured in docs/learner.md to make
 /// the embedded model learn `arith` on two CPU cores.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct LearnerConfig {
-    pub mode: Mode,
+    pub mode: LearnerMode,
     /// `grpo`, `dr_grpo`, `gspo` or `gepo`.
-    pub objective: String,
+    pub objective: Objective,
     /// Staleness budget S (groups with `v_τ < v − S` never enter a batch).
     pub staleness: u64,
     /// Publication period κ; default max(S − 1, 1).
@@ -213,8 +259,8 @@ pub struct LearnerConfig {
 impl Default for LearnerConfig {
     fn default() -> Self {
         LearnerConfig {
-            mode: Mode::Async,
-            objective: "gepo".into(),
+            mode: LearnerMode::Async,
+            objective: Objective::Gepo,
             staleness: 3,
             kappa: None,
             groups_per_step: 4,
@@ -234,7 +280,7 @@ impl Default for LearnerConfig {
 }
 
 /// `[rollout]`: how a worker samples.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RolloutConfig {
     /// n: samples per prompt (one group).
@@ -263,10 +309,10 @@ impl Default for RolloutConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct StorageConfig {
-    /// Snapshot chunk size in KiB (SPEC §5 default 1 MiB).
+    /// Snapshot chunk size in KiB (default 1 MiB; `storage::manifest` bounds it).
     pub chunk_size_kib: u32,
     /// Snapshots kept in the chunk store; older chunks are collected.
     pub keep_snapshots: usize,
@@ -311,6 +357,39 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 impl NodeConfig {
+    /// A config with every section at its default: what a file naming only `role`,
+    /// `swarm_id` and `data_dir` means.
+    pub fn new(role: Role, swarm_id: &str, data_dir: PathBuf) -> Self {
+        NodeConfig {
+            role,
+            swarm_id: swarm_id.to_string(),
+            data_dir,
+            key_file: None,
+            learner_public_key: None,
+            network: p2p::NetworkConfig::default(),
+            storage: StorageConfig::default(),
+            model: ModelConfig::default(),
+            task: TaskConfig::default(),
+            learner: LearnerConfig::default(),
+            rollout: RolloutConfig::default(),
+            broadcast: BroadcastConfig::default(),
+            scheduler: SchedulerConfig::default(),
+        }
+    }
+
+    /// The config as a TOML file `echo-node run --config` reads back to the same value.
+    pub fn to_toml(&self) -> Result<String, toml::ser::Error> {
+        toml::to_string(self)
+    }
+
+    /// Writes [`Self::to_toml`] to `path`.
+    pub fn write(&self, path: &Path) -> std::io::Result<()> {
+        let text = self
+            .to_toml()
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        std::fs::write(path, text)
+    }
+
     /// Reads and parses `file`; values are validated by [`NodeConfig::validate`].
     pub fn load(file: &Path) -> Result<Self, ConfigError> {
         let err = |key: &str, problem: String| ConfigError {
@@ -336,188 +415,6 @@ impl NodeConfig {
         })
     }
 
-    /// Checks every value; all problems are reported at once.
-    pub fn validate(&self, file: &Path) -> Result<(), ConfigError> {
-        let mut problems: Vec<(String, String)> = Vec::new();
-        let mut bad = |k: &str, p: String| problems.push((k.to_string(), p));
-        let id_ok = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
-        if self.swarm_id.is_empty() || self.swarm_id.len() > 64 || !self.swarm_id.chars().all(id_ok)
-        {
-            bad(
-                "swarm_id",
-                format!(
-                    "`{}` must be 1–64 characters of a-z, A-Z, 0-9, '-', '_', '.'",
-                    self.swarm_id
-                ),
-            );
-        }
-        if self.data_dir.as_os_str().is_empty() {
-            bad("data_dir", "must not be empty".into());
-        }
-        match (&self.learner_public_key, self.role) {
-            (Some(k), _) => {
-                if let Err(e) = storage::keys::parse_public_key(k) {
-                    bad("learner_public_key", format!("{e} (as printed by `echo-node keygen`)"));
-                }
-            }
-            (None, Role::Rollout) => bad(
-                "learner_public_key",
-                "required for role = \"rollout\": a worker trusts only snapshots signed by this key".into(),
-            ),
-            (None, Role::Learner) => {}
-        }
-        for (k, p) in self.network.validate() {
-            bad(&format!("network.{k}"), p);
-        }
-        let s = &self.storage;
-        let chunk_ok = (4..=65_536).contains(&s.chunk_size_kib);
-        if !chunk_ok {
-            bad(
-                "storage.chunk_size_kib",
-                format!("{} is outside 4..=65536 (KiB)", s.chunk_size_kib),
-            );
-        }
-        if !(1..=1000).contains(&s.keep_snapshots) {
-            bad(
-                "storage.keep_snapshots",
-                format!("{} is outside 1..=1000", s.keep_snapshots),
-            );
-        }
-        if !(1..=86_400).contains(&s.lease_ttl_s) {
-            bad(
-                "storage.lease_ttl_s",
-                format!("{} is outside 1..=86400 (seconds)", s.lease_ttl_s),
-            );
-        }
-        if s.max_pending_groups == 0 {
-            bad("storage.max_pending_groups", "must be at least 1".into());
-        }
-        if s.chunk_memory_mb > 1 << 20 {
-            bad(
-                "storage.chunk_memory_mb",
-                format!("{} is above 1048576 (MiB)", s.chunk_memory_mb),
-            );
-        }
-        if self.model.source != "embedded" && !Path::new(&self.model.source).is_dir() {
-            bad(
-                "model.source",
-                format!(
-                    "`{}` is neither \"embedded\" nor an existing Hugging Face folder",
-                    self.model.source
-                ),
-            );
-        }
-        if let Err(e) = tasks::build_task(&self.task.name, &self.task.params) {
-            bad("task", e.to_string());
-        }
-        let l = &self.learner;
-        if let Err(e) = l.objective.parse::<learner::Objective>() {
-            bad("learner.objective", e.to_string());
-        }
-        if self.role == Role::Learner {
-            if let Err(e) = l.trainer_config().and_then(|c| c.validate()) {
-                bad("learner", e.to_string());
-            }
-        }
-        if l.kappa == Some(0) {
-            bad("learner.kappa", "must be at least 1".into());
-        }
-        if l.checkpoint_every == 0 {
-            bad("learner.checkpoint_every", "must be at least 1".into());
-        }
-        if !(10..=60_000).contains(&l.pull_interval_ms) {
-            bad(
-                "learner.pull_interval_ms",
-                format!("{} is outside 10..=60000", l.pull_interval_ms),
-            );
-        }
-        if !matches!(self.broadcast.mode.as_str(), "chain" | "star") {
-            bad(
-                "broadcast.mode",
-                format!("`{}` must be \"chain\" or \"star\"", self.broadcast.mode),
-            );
-        }
-        if !(self.broadcast.worker_mbps.is_finite() && self.broadcast.worker_mbps > 0.0) {
-            bad(
-                "broadcast.worker_mbps",
-                format!("{} must be > 0 (Mbit/s)", self.broadcast.worker_mbps),
-            );
-        }
-        let sc = &self.scheduler;
-        if sc.active_workers == Some(0) {
-            bad("scheduler.active_workers", "must be at least 1".into());
-        }
-        match (sc.ranking.as_str(), sc.active_workers) {
-            ("rho", _) | ("random", Some(_)) => {}
-            ("random", None) => bad(
-                "scheduler.ranking",
-                "\"random\" needs scheduler.active_workers (a fixed number to pick)".into(),
-            ),
-            (other, _) => bad(
-                "scheduler.ranking",
-                format!("`{other}` must be \"rho\" or \"random\""),
-            ),
-        }
-        if !(sc.sustain_s.is_finite() && sc.sustain_s >= 0.0) {
-            bad(
-                "scheduler.sustain_s",
-                format!("{} must be >= 0", sc.sustain_s),
-            );
-        }
-        if !(sc.release_margin.is_finite() && sc.release_margin >= 0.0) {
-            bad(
-                "scheduler.release_margin",
-                format!("{} must be >= 0", sc.release_margin),
-            );
-        }
-        if !(100..=600_000).contains(&sc.announce_interval_ms) {
-            bad(
-                "scheduler.announce_interval_ms",
-                format!("{} is outside 100..=600000", sc.announce_interval_ms),
-            );
-        }
-        let r = &self.rollout;
-        if !(1..=storage::record::limits::MAX_SAMPLES).contains(&r.group_size) {
-            bad(
-                "rollout.group_size",
-                format!(
-                    "{} is outside 1..={}",
-                    r.group_size,
-                    storage::record::limits::MAX_SAMPLES
-                ),
-            );
-        }
-        if !(1..=4096).contains(&r.max_new_tokens) {
-            bad(
-                "rollout.max_new_tokens",
-                format!("{} is outside 1..=4096", r.max_new_tokens),
-            );
-        }
-        if !(r.temperature.is_finite() && r.temperature >= 0.0) {
-            bad(
-                "rollout.temperature",
-                format!("{} must be >= 0 (0 = greedy)", r.temperature),
-            );
-        }
-        if !(r.max_groups_per_s.is_finite() && r.max_groups_per_s >= 0.0) {
-            bad(
-                "rollout.max_groups_per_s",
-                format!("{} must be >= 0 (0 = no cap)", r.max_groups_per_s),
-            );
-        }
-        if !(r.top_p > 0.0 && r.top_p <= 1.0) {
-            bad("rollout.top_p", format!("{} is outside (0, 1]", r.top_p));
-        }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(ConfigError {
-                file: file.to_path_buf(),
-                problems,
-            })
-        }
-    }
-
     /// Where the learner keeps its checkpoints.
     pub fn checkpoint_dir(&self) -> PathBuf {
         self.data_dir.join("checkpoints")
@@ -538,12 +435,12 @@ impl LearnerConfig {
     /// The trainer's configuration (sequential mode forces S = 0 and κ = 1).
     pub fn trainer_config(&self) -> learner::Result<learner::TrainerConfig> {
         let (staleness, kappa) = match self.mode {
-            Mode::Async => (self.staleness, self.kappa),
-            Mode::Sequential => (0, Some(1)),
+            LearnerMode::Async => (self.staleness, self.kappa),
+            LearnerMode::Sequential => (0, Some(1)),
         };
         Ok(learner::TrainerConfig {
             loss: learner::LossConfig {
-                objective: self.objective.parse()?,
+                objective: self.objective,
                 clip_eps: self.clip_eps,
                 kl_beta: self.kl_beta,
                 is_cap: self.is_cap,
@@ -639,6 +536,42 @@ mod tests {
                 "storage.keep_snapshots"
             ]
         );
+    }
+
+    #[test]
+    fn written_configs_read_back_to_the_same_value() {
+        let mut c = NodeConfig::new(Role::Rollout, "demo", PathBuf::from("/tmp/x y"));
+        c.learner_public_key = Some(KEY.into());
+        c.network.listen = vec!["/ip4/127.0.0.1/tcp/0".into()];
+        c.learner.objective = Objective::DrGrpo;
+        c.learner.kappa = Some(2);
+        c.scheduler.ranking = Ranking::Random;
+        c.scheduler.active_workers = Some(1);
+        c.broadcast.mode = BroadcastMode::Star;
+        let text = c.to_toml().unwrap();
+        let back = NodeConfig::parse(&text).unwrap();
+        back.validate(Path::new("t.toml")).unwrap();
+        assert_eq!(back.to_toml().unwrap(), text);
+        assert_eq!(back.learner, c.learner);
+        assert_eq!(back.broadcast, c.broadcast);
+        assert!(
+            text.contains("objective = \"dr_grpo\"") && text.contains("mode = \"star\""),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn closed_sets_name_their_values() {
+        let p = problems("role = \"learner\"\nswarm_id = \"x\"\ndata_dir = \"d\"\n[broadcast]\nmode = \"ring\"\n");
+        assert_eq!(p[0].0, "broadcast.mode");
+        assert!(p[0].1.contains("chain") && p[0].1.contains("star"), "{p:?}");
+        let p = problems("role = \"learner\"\nswarm_id = \"x\"\ndata_dir = \"d\"\n[learner]\nobjective = \"ppo\"\n");
+        assert_eq!(p[0].0, "learner.objective");
+        assert!(p[0].1.contains("gepo"), "{p:?}");
+        let p = problems("role = \"learner\"\nswarm_id = \"x\"\ndata_dir = \"d\"\n[scheduler]\nranking = \"cost\"\n");
+        assert_eq!(p[0].0, "scheduler.ranking");
+        let p = problems("role = \"learner\"\nswarm_id = \"x\"\ndata_dir = \"d\"\n[storage]\nchunk_size_kib = 65537\n");
+        assert!(p[0].1.contains("4..=65536"), "{p:?}");
     }
 
     #[test]

@@ -1,0 +1,182 @@
+//! Validation of a parsed [`NodeConfig`]: every value checked against what is allowed, every
+//! problem reported with its key path, all at once.
+
+use std::path::Path;
+
+use storage::manifest::{MAX_CHUNK_SIZE, MIN_CHUNK_SIZE};
+
+use super::{ConfigError, NodeConfig, Ranking, Role};
+
+impl NodeConfig {
+    /// Checks every value; all problems are reported at once.
+    pub fn validate(&self, file: &Path) -> Result<(), ConfigError> {
+        let mut problems: Vec<(String, String)> = Vec::new();
+        let mut bad = |k: &str, p: String| problems.push((k.to_string(), p));
+        let id_ok = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
+        if self.swarm_id.is_empty() || self.swarm_id.len() > 64 || !self.swarm_id.chars().all(id_ok)
+        {
+            bad(
+                "swarm_id",
+                format!(
+                    "`{}` must be 1–64 characters of a-z, A-Z, 0-9, '-', '_', '.'",
+                    self.swarm_id
+                ),
+            );
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            bad("data_dir", "must not be empty".into());
+        }
+        match (&self.learner_public_key, self.role) {
+            (Some(k), _) => {
+                if let Err(e) = storage::keys::parse_public_key(k) {
+                    bad("learner_public_key", format!("{e} (as printed by `echo-node keygen`)"));
+                }
+            }
+            (None, Role::Rollout) => bad(
+                "learner_public_key",
+                "required for role = \"rollout\": a worker trusts only snapshots signed by this key".into(),
+            ),
+            (None, Role::Learner) => {}
+        }
+        for (k, p) in self.network.validate() {
+            bad(&format!("network.{k}"), p);
+        }
+        let s = &self.storage;
+        // The manifest format's bounds, in the config's unit.
+        let (min_kib, max_kib) = (MIN_CHUNK_SIZE / 1024, MAX_CHUNK_SIZE / 1024);
+        if !(min_kib..=max_kib).contains(&s.chunk_size_kib) {
+            bad(
+                "storage.chunk_size_kib",
+                format!(
+                    "{} is outside {min_kib}..={max_kib} (KiB)",
+                    s.chunk_size_kib
+                ),
+            );
+        }
+        if !(1..=1000).contains(&s.keep_snapshots) {
+            bad(
+                "storage.keep_snapshots",
+                format!("{} is outside 1..=1000", s.keep_snapshots),
+            );
+        }
+        if !(1..=86_400).contains(&s.lease_ttl_s) {
+            bad(
+                "storage.lease_ttl_s",
+                format!("{} is outside 1..=86400 (seconds)", s.lease_ttl_s),
+            );
+        }
+        if s.max_pending_groups == 0 {
+            bad("storage.max_pending_groups", "must be at least 1".into());
+        }
+        if s.chunk_memory_mb > 1 << 20 {
+            bad(
+                "storage.chunk_memory_mb",
+                format!("{} is above 1048576 (MiB)", s.chunk_memory_mb),
+            );
+        }
+        if self.model.source != "embedded" && !Path::new(&self.model.source).is_dir() {
+            bad(
+                "model.source",
+                format!(
+                    "`{}` is neither \"embedded\" nor an existing Hugging Face folder",
+                    self.model.source
+                ),
+            );
+        }
+        if let Err(e) = tasks::build_task(&self.task.name, &self.task.params) {
+            bad("task", e.to_string());
+        }
+        let l = &self.learner;
+        if self.role == Role::Learner {
+            if let Err(e) = l.trainer_config().and_then(|c| c.validate()) {
+                bad("learner", e.to_string());
+            }
+        }
+        if l.kappa == Some(0) {
+            bad("learner.kappa", "must be at least 1".into());
+        }
+        if l.checkpoint_every == 0 {
+            bad("learner.checkpoint_every", "must be at least 1".into());
+        }
+        if !(10..=60_000).contains(&l.pull_interval_ms) {
+            bad(
+                "learner.pull_interval_ms",
+                format!("{} is outside 10..=60000", l.pull_interval_ms),
+            );
+        }
+        if !(self.broadcast.worker_mbps.is_finite() && self.broadcast.worker_mbps > 0.0) {
+            bad(
+                "broadcast.worker_mbps",
+                format!("{} must be > 0 (Mbit/s)", self.broadcast.worker_mbps),
+            );
+        }
+        let sc = &self.scheduler;
+        if sc.active_workers == Some(0) {
+            bad("scheduler.active_workers", "must be at least 1".into());
+        }
+        if sc.ranking == Ranking::Random && sc.active_workers.is_none() {
+            bad(
+                "scheduler.ranking",
+                "\"random\" needs scheduler.active_workers (a fixed number to pick)".into(),
+            );
+        }
+        if !(sc.sustain_s.is_finite() && sc.sustain_s >= 0.0) {
+            bad(
+                "scheduler.sustain_s",
+                format!("{} must be >= 0", sc.sustain_s),
+            );
+        }
+        if !(sc.release_margin.is_finite() && sc.release_margin >= 0.0) {
+            bad(
+                "scheduler.release_margin",
+                format!("{} must be >= 0", sc.release_margin),
+            );
+        }
+        if !(100..=600_000).contains(&sc.announce_interval_ms) {
+            bad(
+                "scheduler.announce_interval_ms",
+                format!("{} is outside 100..=600000", sc.announce_interval_ms),
+            );
+        }
+        let r = &self.rollout;
+        if !(1..=storage::record::limits::MAX_SAMPLES).contains(&r.group_size) {
+            bad(
+                "rollout.group_size",
+                format!(
+                    "{} is outside 1..={}",
+                    r.group_size,
+                    storage::record::limits::MAX_SAMPLES
+                ),
+            );
+        }
+        if !(1..=4096).contains(&r.max_new_tokens) {
+            bad(
+                "rollout.max_new_tokens",
+                format!("{} is outside 1..=4096", r.max_new_tokens),
+            );
+        }
+        if !(r.temperature.is_finite() && r.temperature >= 0.0) {
+            bad(
+                "rollout.temperature",
+                format!("{} must be >= 0 (0 = greedy)", r.temperature),
+            );
+        }
+        if !(r.max_groups_per_s.is_finite() && r.max_groups_per_s >= 0.0) {
+            bad(
+                "rollout.max_groups_per_s",
+                format!("{} must be >= 0 (0 = no cap)", r.max_groups_per_s),
+            );
+        }
+        if !(r.top_p > 0.0 && r.top_p <= 1.0) {
+            bad("rollout.top_p", format!("{} is outside (0, 1]", r.top_p));
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError {
+                file: file.to_path_buf(),
+                problems,
+            })
+        }
+    }
+}

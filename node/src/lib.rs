@@ -1,0 +1,21 @@
+//! `echo-node` as a library: everything the binary runs, so that the testnet harness and the
+//! integration tests share its typed config ([`config::NodeConfig`]) and status contract
+//! ([`api::NodeStatus`]) instead of re-spelling them.
+//!
+//! Layout (dependencies point down; nothing below imports from above):
+//! - [`commands`]: one module per subcommand (`run`, `status`, `demo`, …);
+//! - [`roles`]: what a running node does — the learner (training thread, publisher, puller)
+//!   and the rollout worker;
+//! - [`admin`]: the loopback admin endpoint (`/`, `/status`, `/metrics`);
+//! - [`state`]: the resolved config and opened stores a running node shares;
+//! - [`config`], [`api`], [`cli`], [`logging`]: the contracts and plumbing.
+
+pub mod admin;
+pub mod api;
+pub mod cli;
+pub mod commands;
+pub mod config;
+pub mod fleet;
+pub mod logging;
+pub mod roles;
+pub mod state;

@@ -1,0 +1,313 @@
+//! The learner role: ECHO-2 Algorithm 1 over the network (`docs/learner.md`).
+//!
+//! Three activities share one [`Shared`] state, each in its own module:
+//! - the **training thread** ([`train`]) owns the [`Trainer`]: it leases B admissible groups
+//!   from the node's own trajectory buffer, acks them, trains one step, hands every κ-th
+//!   snapshot to the publisher, checkpoints every N steps and at shutdown, and appends one
+//!   JSON line per step to `<data_dir>/metrics/steps.jsonl`;
+//! - the **publisher** task ([`publisher`]) hands the newest snapshot to the dissemination
+//!   engine and measures T_bcast; it never blocks training (a snapshot superseded before it
+//!   was published is skipped);
+//! - the **puller** task ([`puller`]) keeps the buffer topped up: it leases groups from the
+//!   rollout workers with the pull protocol, in proportion to what their heartbeats say they
+//!   hold.
+//!
+//! [`status`] turns their figures into the `learner` section of `/status`.
+//!
+//! ## One staleness window
+//! The trainer, the puller's buffer accounting, the `v_min` of every pull lease and `/status`
+//! all read the one [`Window`] built from the `S` the trainer runs with. On a restart that is
+//! the checkpoint's `S` (checkpointed settings win over the config file; a differing config
+//! value is logged as a warning at start — see `docs/learner.md`, "Restarts").
+//!
+//! ## Exactly once across crashes
+//! The buffer lease is **acked before** the step trains (the ack deletes the groups durably),
+//! and the trainer refuses any trajectory id it has consumed (checkpointed). A learner killed
+//! mid-step therefore loses at most that step's groups and never trains a group twice. On
+//! restart the trainer resumes from its last checkpoint; its version is moved past every
+//! snapshot it ever published (the manifests in its chunk store), so versions keep growing
+//! and workers accept the next snapshot.
+
+mod publisher;
+mod puller;
+mod status;
+mod train;
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::Context;
+use dissemination::Disseminator;
+use learner::{Trainer, Window};
+use tokio::sync::watch;
+
+use super::{build_model, build_task, Probe, RoleView};
+use crate::state::NodeState;
+
+/// "None" in the atomics below.
+const NONE: u64 = u64::MAX;
+
+/// What the training thread, the publisher, the puller and `/status` share.
+struct Shared {
+    stop: AtomicBool,
+    /// The staleness window of the running trainer (see the module doc).
+    window: Window,
+    /// The trainer's current version v.
+    version: AtomicU64,
+    /// Buffered groups deleted because they fell out of the window.
+    pruned: AtomicU64,
+    publish: publisher::PublishStats,
+    pulls: puller::PullStats,
+    /// μ_target = γ·μ_min in milli-groups/s ([`NONE`] while unknown), for the scheduler.
+    mu_target_milli: AtomicU64,
+    /// The scheduler's state (when `scheduler.enabled`).
+    scheduler: Option<Arc<Mutex<super::scheduler::State>>>,
+    /// Wakes the puller between its ticks: the training thread took a batch out of the buffer,
+    /// or found none to take. Waiting for the next tick instead left the learner idle for up
+    /// to `pull_interval_ms` after each version bump had expired part of the buffer.
+    pull_wake: tokio::sync::Notify,
+}
+
+/// A snapshot waiting to be published.
+type Snapshot = Option<(u64, bytes::Bytes)>;
+
+/// The running learner role.
+pub struct LearnerRole {
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    finished: tokio::sync::oneshot::Receiver<()>,
+}
+
+impl LearnerRole {
+    /// Heartbeat probe: the newest published version; a learner generates nothing (μ = 0).
+    pub fn probe(&self) -> Probe {
+        let s = self.shared.clone();
+        Arc::new(move || (s.publish.published(), 0.0))
+    }
+
+    /// Resolves when the training thread ends on its own (an error).
+    pub async fn failed(&mut self) {
+        let _ = (&mut self.finished).await;
+    }
+
+    /// Stops training (checkpointing first), the puller and the publisher.
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let thread = self.thread.take();
+        let r = tokio::task::spawn_blocking(move || match thread {
+            Some(t) => t
+                .join()
+                .map_err(|_| anyhow::anyhow!("the training thread panicked"))?,
+            None => Ok(()),
+        })
+        .await
+        .context("joining the training thread")?;
+        for t in &self.tasks {
+            t.abort();
+        }
+        r
+    }
+}
+
+/// Builds (or restores) the trainer and starts the learner's activities.
+pub async fn start(
+    state: Arc<NodeState>,
+    client: p2p::Client,
+    dissem: Disseminator,
+    view: RoleView,
+) -> anyhow::Result<LearnerRole> {
+    let st = state.clone();
+    let trainer = tokio::task::spawn_blocking(move || restore_or_init(&st))
+        .await
+        .context("joining trainer initialisation")??;
+    let window = trainer.config().window();
+    tracing::info!(
+        staleness = window.staleness,
+        kappa = trainer.config().kappa(),
+        version = trainer.version(),
+        "learner window"
+    );
+    let shared = Arc::new(Shared {
+        stop: AtomicBool::new(false),
+        window,
+        version: AtomicU64::new(trainer.version()),
+        pruned: AtomicU64::new(0),
+        publish: publisher::PublishStats::default(),
+        pulls: puller::PullStats::default(),
+        mu_target_milli: AtomicU64::new(NONE),
+        pull_wake: tokio::sync::Notify::new(),
+        scheduler: state.config.scheduler.enabled.then(|| {
+            Arc::new(Mutex::new(super::scheduler::State::new(
+                state.config.scheduler.clone(),
+            )))
+        }),
+    });
+    let (snap_tx, snap_rx) = watch::channel::<Snapshot>(None);
+    let config_hash = trainer.policy().config().hash();
+    let mut tasks = Vec::new();
+    if let Some(sched) = shared.scheduler.clone() {
+        let s = shared.clone();
+        tasks.push(tokio::spawn(super::scheduler::run(
+            client.clone(),
+            dissem.clone(),
+            sched,
+            move || {
+                let m = s.mu_target_milli.load(Ordering::Relaxed);
+                (m != NONE).then(|| m as f64 / 1000.0)
+            },
+        )));
+    }
+    tasks.extend([
+        tokio::spawn(publisher::run(dissem, config_hash, snap_rx, shared.clone())),
+        tokio::spawn(puller::run(
+            client,
+            state.trajectories.clone(),
+            shared.clone(),
+            puller::PullSettings::of(&state.config),
+        )),
+    ]);
+    let (done_tx, finished) = tokio::sync::oneshot::channel();
+    let ctx = train::TrainCtx {
+        trainer,
+        buffer: state.trajectories.clone(),
+        shared: shared.clone(),
+        snap_tx,
+        view,
+        cfg: state.config.learner.clone(),
+        ckpt_dir: state.config.checkpoint_dir(),
+        steps_log: state.config.data_dir.join("metrics").join("steps.jsonl"),
+    };
+    let thread = std::thread::Builder::new()
+        .name("learner".into())
+        .spawn(move || {
+            let r = train::run(ctx);
+            if let Err(e) = &r {
+                tracing::error!(error = %format!("{e:#}"), "the learner stopped");
+            }
+            let _ = done_tx.send(());
+            r
+        })
+        .context("spawning the training thread")?;
+    Ok(LearnerRole {
+        shared,
+        thread: Some(thread),
+        tasks,
+        finished,
+    })
+}
+
+/// The last checkpoint, or a fresh model (warm-started on the task when configured).
+fn restore_or_init(state: &NodeState) -> anyhow::Result<Trainer> {
+    let config = &state.config;
+    let ckpt = config.checkpoint_dir();
+    let wanted = config.learner.trainer_config()?;
+    let mut trainer = if ckpt.join("LATEST").exists() {
+        let t = Trainer::load(&ckpt, &policy::Device::Cpu)
+            .with_context(|| format!("restoring the checkpoint in {}", ckpt.display()))?;
+        tracing::info!(version = t.version(), dir = %ckpt.display(), "resumed from checkpoint");
+        warn_ignored_settings(&wanted, t.config());
+        t
+    } else {
+        let (policy, tokenizer) = build_model(config)?;
+        if config.learner.warm_start_steps > 0 {
+            let task = build_task(config)?;
+            let t0 = Instant::now();
+            let w = learner::warm_start_on_task(
+                &policy,
+                &tokenizer,
+                task.as_ref(),
+                config.learner.warm_start_steps,
+                config.model.seed,
+            )
+            .context("supervised warm start")?;
+            tracing::info!(
+                steps = w.steps,
+                examples = w.examples,
+                loss_first = w.loss_first,
+                loss_last = w.loss_last,
+                secs = t0.elapsed().as_secs_f64(),
+                "warm start done"
+            );
+        }
+        Trainer::new(policy, wanted).context("creating the trainer")?
+    };
+    // Versions only move forward: skip past every snapshot this learner already published
+    // (a crash after a publish but before the next checkpoint).
+    let published = state.chunks.versions()?.into_iter().max();
+    if let Some(p) = published {
+        if p > trainer.version() {
+            tracing::warn!(
+                checkpoint = trainer.version(),
+                published = p,
+                "the checkpoint is older than the last published snapshot: continuing at its version"
+            );
+            trainer.advance_version_to(p);
+        }
+    }
+    // Buffer leases of a previous run are void (only this thread leases the buffer).
+    for l in state.trajectories.leases()? {
+        state.trajectories.release(l.id)?;
+    }
+    Ok(trainer)
+}
+
+/// A resumed run keeps its checkpointed training settings; say so for every `[learner]` value
+/// of the config file that differs and is therefore not applied.
+fn warn_ignored_settings(config: &learner::TrainerConfig, running: &learner::TrainerConfig) {
+    let pairs = [
+        (
+            "learner.staleness",
+            config.staleness.to_string(),
+            running.staleness.to_string(),
+        ),
+        (
+            "learner.kappa",
+            config.kappa().to_string(),
+            running.kappa().to_string(),
+        ),
+        (
+            "learner.objective",
+            config.loss.objective.to_string(),
+            running.loss.objective.to_string(),
+        ),
+        (
+            "learner.groups_per_step",
+            config.groups_per_step.to_string(),
+            running.groups_per_step.to_string(),
+        ),
+        (
+            "learner.lr",
+            config.optim.lr.to_string(),
+            running.optim.lr.to_string(),
+        ),
+    ];
+    for (key, in_config, in_checkpoint) in pairs {
+        if in_config != in_checkpoint {
+            tracing::warn!(
+                key,
+                config = %in_config,
+                checkpoint = %in_checkpoint,
+                "the config differs from the checkpoint: the resumed run keeps the checkpoint's value \
+                 (start from a fresh data_dir to change it)"
+            );
+        }
+    }
+}
+
+/// Keeps the last `cap` values.
+fn push_recent<T>(q: &mut VecDeque<T>, v: T, cap: usize) {
+    q.push_back(v);
+    while q.len() > cap {
+        q.pop_front();
+    }
+}
+
+/// The median of `xs` (upper median for even lengths), `None` when empty.
+fn median(xs: impl IntoIterator<Item = f64>) -> Option<f64> {
+    let mut v: Vec<f64> = xs.into_iter().collect();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
+}

@@ -1,0 +1,190 @@
+//! The learner's puller: keeps the trajectory buffer topped up from the rollout workers.
+//!
+//! Every `pull_interval_ms`, and whenever the training thread takes a batch or finds none, it
+//! tops the buffer up to its target: the shortfall (counting only groups still admissible
+//! after the next step, [`learner::Window::buffered_from`]), less what pulls still in flight
+//! asked for, split over the workers with no pull in flight by
+//! [`control::pulls::allocate_pulls`]. Pulls run concurrently and independently — a worker that
+//! is slow to answer (installing a snapshot, overloaded) holds back only its own share, not the
+//! next round of pulls from the others.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use control::pulls::allocate_pulls;
+use futures::stream::{FuturesUnordered, StreamExt};
+use storage::TrajectoryStore;
+
+use super::Shared;
+use crate::config::NodeConfig;
+use crate::roles::{active_installs, rollout_workers};
+
+/// One pull from one worker gives up after this long (its lease on the worker expires).
+const PULL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The puller's settings, taken from the resolved config.
+pub(super) struct PullSettings {
+    /// Groups to keep buffered.
+    target: u64,
+    interval: Duration,
+    /// Lease time asked of the workers.
+    lease_ttl: Duration,
+}
+
+impl PullSettings {
+    pub fn of(config: &NodeConfig) -> Self {
+        PullSettings {
+            target: config.learner.buffer_target(),
+            interval: Duration::from_millis(config.learner.pull_interval_ms),
+            lease_ttl: Duration::from_secs(config.storage.lease_ttl_s),
+        }
+    }
+}
+
+/// What the puller reports.
+#[derive(Default)]
+pub(super) struct PullStats {
+    groups_pulled: AtomicU64,
+    pull_errors: AtomicU64,
+    /// Σ μ_i the connected workers reported in their last heartbeats (μ_pool), milli-groups/s.
+    mu_pool_milli: AtomicU64,
+    /// The learner version and the `v_min` of the last pull asked.
+    last: Mutex<Option<(u64, u64)>>,
+}
+
+impl PullStats {
+    pub fn groups_pulled(&self) -> u64 {
+        self.groups_pulled.load(Ordering::Relaxed)
+    }
+    pub fn errors(&self) -> u64 {
+        self.pull_errors.load(Ordering::Relaxed)
+    }
+    pub fn mu_pool(&self) -> f64 {
+        self.mu_pool_milli.load(Ordering::Relaxed) as f64 / 1000.0
+    }
+    /// `(learner version, v_min)` of the last pull asked.
+    pub fn last(&self) -> Option<(u64, u64)> {
+        self.last.lock().ok().and_then(|l| *l)
+    }
+}
+
+type Done = (p2p::PeerId, u64, Result<pull::PullOutcome, pull::PullError>);
+
+pub(super) async fn run(
+    client: p2p::Client,
+    buffer: Arc<TrajectoryStore>,
+    shared: Arc<Shared>,
+    settings: PullSettings,
+) {
+    let window = shared.window;
+    let mut tick = tokio::time::interval(settings.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut in_flight = FuturesUnordered::new();
+    // Peers with a pull in flight, and how many groups those pulls asked for in total.
+    let mut busy = HashSet::new();
+    let mut asked = 0u64;
+    let mut round = 0usize;
+    loop {
+        let done: Option<Done> = tokio::select! {
+            _ = tick.tick() => None,
+            _ = shared.pull_wake.notified() => None,
+            Some(d) = in_flight.next(), if !in_flight.is_empty() => Some(d),
+        };
+        if let Some((peer, max_groups, r)) = done {
+            busy.remove(&peer);
+            asked -= max_groups;
+            record_outcome(&shared, peer, r);
+            continue;
+        }
+        let Ok(net) = client.status().await else {
+            return;
+        };
+        let workers: Vec<(p2p::PeerId, u64, f64)> = rollout_workers(&net)
+            .filter_map(|p| {
+                Some((
+                    p.peer_id.parse().ok()?,
+                    p.pending.unwrap_or(0),
+                    p.mu.unwrap_or(0.0),
+                ))
+            })
+            .collect();
+        let mu_pool: f64 = workers.iter().map(|w| w.2).sum();
+        shared.publish.measure(&active_installs(&net));
+        shared
+            .pulls
+            .mu_pool_milli
+            .store((mu_pool * 1000.0) as u64, Ordering::Relaxed);
+        // Only groups still admissible after the next step count as buffered; those that fell
+        // out of the window are deleted by the training thread before each batch.
+        let version = shared.version.load(Ordering::Relaxed);
+        let v_min = window.floor(version);
+        let pending = buffer
+            .pending_from(window.buffered_from(version))
+            .unwrap_or(settings.target);
+        let need = settings
+            .target
+            .saturating_sub(pending)
+            .saturating_sub(asked);
+        let idle: Vec<&(p2p::PeerId, u64, f64)> =
+            workers.iter().filter(|w| !busy.contains(&w.0)).collect();
+        if need == 0 || idle.is_empty() {
+            continue;
+        }
+        let holdings: Vec<u64> = idle.iter().map(|w| w.1).collect();
+        round = round.wrapping_add(1);
+        let shares = allocate_pulls(need, &holdings, round);
+        if let Ok(mut last) = shared.pulls.last.lock() {
+            *last = Some((version, v_min));
+        }
+        for (&&(peer, _, _), max_groups) in idle.iter().zip(shares) {
+            if max_groups == 0 {
+                continue;
+            }
+            let mut control = client.stream_control();
+            let buffer = buffer.clone();
+            let req = pull::PullRequest {
+                v_min,
+                max_groups,
+                ttl: settings.lease_ttl,
+            };
+            busy.insert(peer);
+            asked += max_groups;
+            in_flight.push(async move {
+                // A worker that stops answering (stopped, overloaded) is given up on after
+                // PULL_TIMEOUT; its share is asked of others meanwhile.
+                let r =
+                    tokio::time::timeout(PULL_TIMEOUT, pull::pull(&mut control, peer, buffer, req))
+                        .await;
+                (
+                    peer,
+                    max_groups,
+                    r.unwrap_or_else(|_| Err(pull::PullError::Refused("timed out".into()))),
+                )
+            });
+        }
+    }
+}
+
+fn record_outcome(
+    shared: &Shared,
+    peer: p2p::PeerId,
+    r: Result<pull::PullOutcome, pull::PullError>,
+) {
+    match r {
+        Ok(out) => {
+            shared
+                .pulls
+                .groups_pulled
+                .fetch_add(out.stored as u64, Ordering::Relaxed);
+            if out.invalid > 0 {
+                tracing::warn!(%peer, invalid = out.invalid, "worker sent invalid groups");
+            }
+        }
+        Err(e) => {
+            shared.pulls.pull_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(%peer, error = %e, "pull failed");
+        }
+    }
+}

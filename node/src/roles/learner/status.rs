@@ -1,0 +1,105 @@
+//! The learner's section of `/status` ([`LearnerStatus`]), and the capacity figures behind it:
+//! μ_min, μ_target = γ·μ_min and the Δ_max bounds of ECHO-2 (eq. 2, 7, 12), from the online
+//! medians of T_train and T_bcast with groups as the unit (R = B).
+
+use std::sync::atomic::Ordering;
+
+use control::capacity::{self, Requirement, GAMMA};
+use learner::StepStats;
+
+use super::train::{Totals, TrainCtx};
+use super::NONE;
+use crate::api::{LastStep, LearnerStatus, RoleSection};
+use crate::config::LearnerMode;
+
+/// Recomputes the learner's status and publishes it to the role view (and μ_target to the
+/// scheduler).
+pub(super) fn update(c: &TrainCtx, t: &Totals, last: Option<&(StepStats, f64)>, finished: bool) {
+    let cfg = c.trainer.config();
+    let s = &c.shared;
+    let busy = t.idle_s + t.train_s;
+    let (t_bcast, t_bcast_samples) = s.publish.t_bcast();
+    let t_train = super::median(t.recent_train_s.iter().copied());
+    let mu_pool = s.pulls.mu_pool();
+    let kappa = cfg.kappa() as u32;
+    let b = cfg.groups_per_step as f64;
+    let (mut mu_min, mut infeasible, mut delta_bound, mut delta_bound_overlap) =
+        (None, false, None, None);
+    if let (Some(tt), Some(tb)) = (t_train, t_bcast) {
+        match capacity::mu_min(kappa, b, tt, tb) {
+            Requirement::Feasible { mu_min: m } => mu_min = Some(m),
+            Requirement::Infeasible { .. } => infeasible = true,
+        }
+        delta_bound = capacity::delta_max_conservative(kappa, tb, b, mu_pool, tt);
+        delta_bound_overlap = capacity::delta_max_under_overlap(kappa, tb, tt);
+    }
+    let mu_target = mu_min.map(|m| GAMMA * m);
+    s.mu_target_milli.store(
+        mu_target.map_or(NONE, |m| (m * 1000.0) as u64),
+        Ordering::Relaxed,
+    );
+    let scheduler = s
+        .scheduler
+        .as_ref()
+        .and_then(|st| st.lock().ok().map(|st| st.view()))
+        .unwrap_or_default();
+    let last_step = last.map(|(st, idle)| LastStep {
+        reward_mean: st.reward_mean,
+        reward_std: st.reward_std,
+        loss: st.loss,
+        kl_sampler_learner: st.kl_sampler_learner,
+        importance_weight_variance: st.importance_weight_variance,
+        grad_norm: st.grad_norm,
+        zero_advantage_fraction: st.zero_advantage_fraction,
+        t_train_s: st.t_train_s,
+        idle_s: *idle,
+        staleness_max: st.staleness_max,
+    });
+    let last_pull = s.pulls.last();
+    let status = LearnerStatus {
+        version: c.trainer.version(),
+        mode: match c.cfg.mode {
+            LearnerMode::Async => "async",
+            LearnerMode::Sequential => "sequential",
+        }
+        .into(),
+        objective: cfg.loss.objective.to_string(),
+        staleness: s.window.staleness,
+        kappa: cfg.kappa(),
+        groups_per_step: cfg.groups_per_step,
+        steps: t.steps,
+        finished,
+        bubble_ratio: if busy > 0.0 { t.idle_s / busy } else { 0.0 },
+        idle_s: t.idle_s,
+        train_s: t.train_s,
+        t_train_s: t_train,
+        t_bcast_s: t_bcast,
+        t_bcast_samples,
+        mu_pool,
+        mu_min,
+        mu_target,
+        scheduler,
+        mu_units: "groups/s".into(),
+        capacity_infeasible: infeasible,
+        delta_max_bound: delta_bound,
+        delta_max_bound_under_overlap: delta_bound_overlap,
+        published_version: s.publish.published(),
+        snapshots_published: s.publish.snapshots(),
+        groups_pulled: s.pulls.groups_pulled(),
+        pull_errors: s.pulls.errors(),
+        last_pull_version: last_pull.map(|l| l.0),
+        last_pull_v_min: last_pull.map(|l| l.1),
+        buffer_pending: c.buffer.pending().ok(),
+        groups_dropped_stale: t.dropped_stale,
+        groups_dropped_zero_advantage: t.dropped_zero,
+        groups_dropped_other: t.dropped_other,
+        groups_pruned: s.pruned.load(Ordering::Relaxed),
+        staleness_histogram: t.staleness.clone(),
+        staleness_max: t.staleness_max,
+        reward_first: t.reward_first,
+        reward_recent: (!t.recent_rewards.is_empty())
+            .then(|| t.recent_rewards.iter().sum::<f64>() / t.recent_rewards.len() as f64),
+        last_step,
+    };
+    c.view.set(RoleSection::Learner(Box::new(status)));
+}

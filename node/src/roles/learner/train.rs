@@ -1,0 +1,209 @@
+//! The training thread: Algorithm 1's loop — gather B admissible groups from the buffer (the
+//! wait is the learner's idle time), ack them, train one step, publish every κ steps,
+//! checkpoint every N steps and at shutdown, log one JSON line per step.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use learner::{StepStats, Trainer, Verdict};
+use serde_json::json;
+use storage::TrajectoryStore;
+use tokio::sync::watch;
+
+use super::{push_recent, Shared, Snapshot};
+use crate::config::LearnerConfig;
+use crate::roles::RoleView;
+
+/// A buffer lease the training thread does not ack within this time returns to the buffer.
+const BUFFER_LEASE_TTL: Duration = Duration::from_secs(120);
+/// Steps averaged in the status' `reward_recent`.
+const RECENT_REWARDS: usize = 20;
+/// Steps whose T_train the median is taken over.
+const RECENT_STEPS: usize = 32;
+
+pub(super) struct TrainCtx {
+    pub trainer: Trainer,
+    pub buffer: Arc<TrajectoryStore>,
+    pub shared: Arc<Shared>,
+    pub snap_tx: watch::Sender<Snapshot>,
+    pub view: RoleView,
+    pub cfg: LearnerConfig,
+    pub ckpt_dir: PathBuf,
+    pub steps_log: PathBuf,
+}
+
+/// Running totals behind the `/status` learner section.
+#[derive(Default)]
+pub(super) struct Totals {
+    pub steps: u64,
+    pub idle_s: f64,
+    pub train_s: f64,
+    pub recent_train_s: VecDeque<f64>,
+    pub staleness: BTreeMap<u64, u64>,
+    pub staleness_max: u64,
+    pub dropped_stale: u64,
+    pub dropped_zero: u64,
+    pub dropped_other: u64,
+    pub reward_first: Option<f64>,
+    /// Rewards of the last [`RECENT_REWARDS`] steps.
+    pub recent_rewards: VecDeque<f64>,
+}
+
+impl Totals {
+    fn add(&mut self, st: &StepStats, idle: f64) {
+        self.idle_s += idle;
+        self.dropped_stale += st.groups_stale as u64;
+        self.dropped_zero += st.groups_zero_advantage as u64;
+        self.dropped_other += (st.groups_future + st.groups_duplicate + st.groups_invalid) as u64;
+        if !st.stepped {
+            return;
+        }
+        self.steps += 1;
+        self.train_s += st.t_train_s;
+        push_recent(&mut self.recent_train_s, st.t_train_s, RECENT_STEPS);
+        for (d, n) in &st.staleness_histogram {
+            *self.staleness.entry(*d).or_default() += n;
+        }
+        self.staleness_max = self.staleness_max.max(st.staleness_max);
+        self.reward_first.get_or_insert(st.reward_mean);
+        push_recent(&mut self.recent_rewards, st.reward_mean, RECENT_REWARDS);
+    }
+}
+
+pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
+    let t_start = Instant::now();
+    let kappa = c.trainer.config().kappa();
+    let mut log = open_log(&c.steps_log)?;
+    let mut totals = Totals::default();
+    let mut last: Option<(StepStats, f64)> = None;
+    publish(&c.trainer, &c.snap_tx)?;
+    while !c.shared.stop.load(Ordering::Relaxed) {
+        if c.cfg.max_steps > 0 && c.trainer.version() >= c.cfg.max_steps {
+            super::status::update(&c, &totals, last.as_ref(), true);
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        }
+        // Gather B admissible groups; the wait is the learner's idle time (the bubble).
+        let t_wait = Instant::now();
+        let Some(hand) = gather(&c, &totals, last.as_ref())? else {
+            break;
+        };
+        let idle = t_wait.elapsed().as_secs_f64();
+        c.shared.pull_wake.notify_one();
+        let trained: Vec<String> = hand
+            .iter()
+            .filter(|g| c.trainer.classify(g) == Verdict::Admitted)
+            .map(|g| hex::encode(g.group_id))
+            .collect();
+        let st = c.trainer.train_step(&hand)?;
+        totals.add(&st, idle);
+        if !st.stepped {
+            continue;
+        }
+        c.shared.version.store(st.version, Ordering::Relaxed);
+        let published = c.trainer.should_publish();
+        if published {
+            publish(&c.trainer, &c.snap_tx)?;
+        }
+        if st.version % c.cfg.checkpoint_every == 0 {
+            c.trainer.save(&c.ckpt_dir).context("checkpoint")?;
+        }
+        let line = json!({
+            "step": st.version, "t": t_start.elapsed().as_secs_f64(), "idle_s": idle,
+            "bubble": idle / (idle + st.t_train_s), "kappa": kappa, "published": published,
+            "trained_groups": trained, "stats": st,
+        });
+        writeln!(log, "{line}").context("writing steps.jsonl")?;
+        log.flush()?;
+        last = Some((st, idle));
+        super::status::update(&c, &totals, last.as_ref(), false);
+    }
+    let dir = c.trainer.save(&c.ckpt_dir).context("final checkpoint")?;
+    tracing::info!(version = c.trainer.version(), dir = %dir.display(), "checkpoint written");
+    Ok(())
+}
+
+/// Leases B admissible groups from the buffer, freshest first, and acks them; `None` when
+/// asked to stop first. Ack first: the groups leave the buffer durably before they are
+/// trained, so a crash during the step can lose them but never train them twice.
+fn gather(
+    c: &TrainCtx,
+    totals: &Totals,
+    last: Option<&(StepStats, f64)>,
+) -> anyhow::Result<Option<Vec<storage::TrajectoryGroup>>> {
+    let b = c.cfg.groups_per_step;
+    let stop = || c.shared.stop.load(Ordering::Relaxed);
+    let floor = c.shared.window.floor(c.trainer.version());
+    let pruned = c.buffer.prune_below(floor)?;
+    c.shared.pruned.fetch_add(pruned, Ordering::Relaxed);
+    let (mut hand, mut leases) = (Vec::with_capacity(b), Vec::new());
+    let mut held_since = Instant::now();
+    let mut viewed = Instant::now();
+    let mut starved = false;
+    while hand.len() < b {
+        // Never let a partial batch's leases expire while waiting for the rest: give them
+        // back and start over (the groups stay in the buffer).
+        if stop() || held_since.elapsed() > BUFFER_LEASE_TTL / 2 {
+            for id in leases.drain(..) {
+                c.buffer.release(id)?;
+            }
+            hand.clear();
+            held_since = Instant::now();
+            if stop() {
+                return Ok(None);
+            }
+        }
+        // Freshest first: with more admissible groups than a step uses, the oldest age out
+        // instead of every group aging towards the staleness limit (docs/learner.md).
+        match c
+            .buffer
+            .lease_newest(floor, b - hand.len(), BUFFER_LEASE_TTL)?
+        {
+            Some(l) => {
+                leases.push(l.id);
+                hand.extend(l.groups.into_iter().map(|(_, g)| g));
+            }
+            None => {
+                // Starved: ask the puller for more now, and keep `/status` live while waiting.
+                if !starved {
+                    c.shared.pull_wake.notify_one();
+                    starved = true;
+                }
+                if viewed.elapsed() > Duration::from_secs(1) {
+                    super::status::update(c, totals, last, false);
+                    viewed = Instant::now();
+                }
+                std::thread::sleep(Duration::from_millis(5))
+            }
+        }
+    }
+    for id in leases {
+        c.buffer.ack(id).context("acking a buffer lease")?;
+    }
+    Ok(Some(hand))
+}
+
+fn open_log(path: &Path) -> anyhow::Result<std::fs::File> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::File::options()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))
+}
+
+/// Hands the trainer's current weights to the publisher (replacing any not yet published).
+fn publish(trainer: &Trainer, tx: &watch::Sender<Snapshot>) -> anyhow::Result<()> {
+    let bytes = trainer
+        .snapshot_bytes()
+        .context("serialising the snapshot")?;
+    tx.send_replace(Some((trainer.version(), bytes::Bytes::from(bytes))));
+    Ok(())
+}
