@@ -1,9 +1,9 @@
 //! The libp2p network service (membership, discovery, gossip, heartbeats, peer scores).
 //!
 //! Owns: the one task that drives the libp2p `Swarm` ([`service`]) and the behaviours it runs
-//! ([`behaviour`]: transport, discovery, gossipsub and its scoring parameters); the typed
+//! (`behaviour`: transport, discovery, gossipsub and its scoring parameters); the typed
 //! [`Client`] handle, its commands and the [`Event`]s roles receive ([`client`]); the gossip
-//! topics ([`topics`]) and message formats ([`messages`]); the peer table ([`peers`]); the
+//! topics ([`topics`]) and message formats ([`messages`]); the peer table (`peers`); the
 //! ECHO-2 peer score ([`score`]); stream rate limits ([`ratelimit`]); the `[network]` config.
 //!
 //! Roles: p2p knows a node's [`Role`] only as a fact to gossip — each heartbeat carries the
@@ -15,7 +15,7 @@
 //!
 //! Wire formats, topics, limits and protocol names: `docs/protocol.md`.
 
-pub mod behaviour;
+mod behaviour;
 pub mod client;
 pub mod config;
 pub mod error;

@@ -6,8 +6,8 @@
 //! Owns: [`start`] (build the swarm, listen, dial, spawn the task) and the event loop — swarm
 //! events, client commands, the heartbeat, score-table, re-dial and Kademlia timers; its
 //! gossip half (publishing and validating messages) is in `service/gossip.rs`. Must not
-//! touch: behaviour configuration ([`crate::behaviour`]), topic names ([`crate::topics`]),
-//! the peer-table rules ([`crate::peers`]) or what roles do with events.
+//! touch: behaviour configuration (`behaviour.rs`), topic names ([`crate::topics`]),
+//! the peer-table rules (`peers.rs`) or what roles do with events.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
