@@ -95,7 +95,7 @@ pub fn service_config(
     Ok(p2p::ServiceConfig {
         network: config.network.clone(),
         swarm_id: config.swarm_id.clone(),
-        role: config.role.to_string(),
+        role: config.role,
         node_version: NODE_VERSION.to_string(),
         learner,
     })

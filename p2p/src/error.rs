@@ -1,4 +1,5 @@
-//! Typed errors of the network layer.
+//! Typed errors of the network layer: one enum per kind of failure (a rejected message, a
+//! service or client failure, a bad topic name, a bad role name).
 
 use libp2p::PeerId;
 
@@ -36,4 +37,26 @@ pub enum P2pError {
     Publish { topic: String, reason: String },
     #[error("the network service has stopped")]
     ServiceStopped,
+}
+
+/// A gossip topic name that is not one of this protocol's (`echo/<swarm_id>/<kind>/<version>`).
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum TopicError {
+    #[error("topic `{0}` is not of the form echo/<swarm_id>/<kind>/<version>")]
+    Malformed(String),
+    #[error("topic kind `{0}` is unknown (expected heartbeat, scores, snapshots or plans)")]
+    UnknownKind(String),
+    #[error("topic {kind} version `{got}` is not supported (this node speaks {supported})")]
+    Version {
+        kind: String,
+        got: String,
+        supported: u32,
+    },
+}
+
+/// A role name that is not one of [`crate::Role`]'s.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum RoleError {
+    #[error("unknown role `{0}` (expected learner, rollout or relay)")]
+    Unknown(String),
 }

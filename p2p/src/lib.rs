@@ -1,32 +1,48 @@
 //! The libp2p network service (membership, discovery, gossip, heartbeats, peer scores).
 //!
-//! Owns: the one task that drives the libp2p `Swarm` ([`service`]), and the typed [`Client`]
-//! handle plus bounded command/event channels through which roles talk to it; the gossip
-//! message formats ([`messages`]); the ECHO-2 peer score ([`score`]); the `[network]` config.
-//! Must not touch: on-disk stores (`storage`), the model or training.
+//! Owns: the one task that drives the libp2p `Swarm` ([`service`]) and the behaviours it runs
+//! (`behaviour`: transport, discovery, gossipsub and its scoring parameters); the typed
+//! [`Client`] handle, its commands and the [`Event`]s roles receive ([`client`]); the gossip
+//! topics ([`topics`]) and message formats ([`messages`]); the peer table (`peers`); the
+//! ECHO-2 peer score ([`score`]); stream rate limits ([`ratelimit`]); the `[network]` config.
+//!
+//! Roles: p2p knows a node's [`Role`] only as a fact to gossip — each heartbeat carries the
+//! sender's role, the status view shows every peer's, and the learner's score table lists the
+//! non-learners. p2p does not run roles, and apart from the learner publishing score tables
+//! it behaves the same whatever the role. Must not touch: what roles do (`node`), on-disk
+//! stores (`storage`), the model or training, and the bulk-stream protocols (their names and
+//! formats live in `dissemination` and `pull`; p2p only carries their streams).
 //!
 //! Wire formats, topics, limits and protocol names: `docs/protocol.md`.
 
+mod behaviour;
+pub mod client;
 pub mod config;
 pub mod error;
 pub mod messages;
+mod peers;
 pub mod ratelimit;
+pub mod role;
 pub mod score;
 pub mod service;
+pub mod topics;
 pub mod transport;
 
+pub use behaviour::{IDENTIFY_PROTOCOL, MAX_GOSSIP_BYTES};
+pub use client::{
+    Client, Event, NetworkCounters, NetworkStatus, PeerStatus, ServiceConfig, Validation,
+};
 pub use config::NetworkConfig;
-pub use error::{MessageError, P2pError};
+pub use error::{MessageError, P2pError, RoleError, TopicError};
 pub use libp2p::gossipsub::MessageId;
 pub use libp2p::metrics::Registry;
-pub use libp2p::{Multiaddr, PeerId, Stream};
+pub use libp2p::{Multiaddr, PeerId, Stream, StreamProtocol};
 pub use messages::{Heartbeat, LocalStatus, ScoreEntry, ScoreTable};
 pub use ratelimit::TokenBucket;
+pub use role::Role;
 pub use score::{PeerStats, ScoreComponents, TransferEvent};
-pub use service::{
-    protocols, start, Client, Counters, Event, NetworkStatus, PeerStatus, ServiceConfig, TopicKind,
-    Validation,
-};
+pub use service::{start, Started};
+pub use topics::{parse_topic, TopicKind};
 pub use transport::{load_psk, psk_file_contents};
 
 /// The peer id in a multiaddr's trailing `/p2p/<id>`, if any.

@@ -9,6 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::MessageError;
+use crate::role::Role;
 
 /// Version of the heartbeat message and topic.
 pub const HEARTBEAT_VERSION: u32 = 1;
@@ -20,8 +21,6 @@ pub const SCORE_TABLE_VERSION: u32 = 1;
 pub const MAX_SCORE_TABLE_BYTES: usize = 256 * 1024;
 /// Most entries in one score table.
 pub const MAX_SCORE_TABLE_ENTRIES: usize = 2048;
-/// Roles a heartbeat may name.
-pub const ROLES: [&str; 3] = ["learner", "rollout", "relay"];
 
 /// What a node says about itself every heartbeat interval.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -29,8 +28,9 @@ pub struct Heartbeat {
     /// Message version ([`HEARTBEAT_VERSION`]).
     pub v: u32,
     pub swarm_id: String,
-    /// `learner`, `rollout` or `relay`.
-    pub role: String,
+    /// The sender's role; serialised lowercase (`"role":"rollout"`). A name that is not a
+    /// [`Role`] fails the schema check, so such a heartbeat is rejected at decode.
+    pub role: Role,
     /// Software version of the sender (`echo-node` crate version).
     pub node_version: String,
     /// Snapshot version installed and used for sampling (none yet: `null`).
@@ -111,12 +111,6 @@ impl Heartbeat {
             return Err(MessageError::Invalid(format!(
                 "swarm_id `{}` is not `{swarm_id}`",
                 hb.swarm_id
-            )));
-        }
-        if !ROLES.contains(&hb.role.as_str()) {
-            return Err(MessageError::Invalid(format!(
-                "role `{}` is not one of {ROLES:?}",
-                hb.role
             )));
         }
         check_str("node_version", &hb.node_version, 64)?;
@@ -218,7 +212,7 @@ mod tests {
         Heartbeat {
             v: 1,
             swarm_id: "s".into(),
-            role: "rollout".into(),
+            role: Role::Rollout,
             node_version: "0.1.0".into(),
             installed_version: Some(3),
             mu: 1.5,
@@ -260,9 +254,6 @@ mod tests {
         let mut bad = hb();
         bad.availability = 2.0;
         assert!(Heartbeat::decode(&bad.encode(), "s").is_err());
-        let mut bad = hb();
-        bad.role = "king".into();
-        assert!(Heartbeat::decode(&bad.encode(), "s").is_err());
         // A missing field is a schema error; an extra field is tolerated.
         let mut v: serde_json::Value = serde_json::from_slice(&hb().encode()).unwrap();
         v.as_object_mut().unwrap().insert("extra".into(), 1.into());
@@ -270,6 +261,42 @@ mod tests {
         v.as_object_mut().unwrap().remove("pending");
         assert!(matches!(
             Heartbeat::decode(&serde_json::to_vec(&v).unwrap(), "s"),
+            Err(MessageError::Schema(_))
+        ));
+    }
+
+    #[test]
+    fn heartbeat_wire_format_names_the_role_in_lowercase() {
+        for role in Role::ALL {
+            let h = Heartbeat { role, ..hb() };
+            let json = String::from_utf8(h.encode()).unwrap();
+            assert!(json.contains(&format!("\"role\":\"{role}\"")), "{json}");
+            assert_eq!(Heartbeat::decode(json.as_bytes(), "s").unwrap().role, role);
+        }
+        // Byte for byte what the format was with a string role.
+        let json = String::from_utf8(hb().encode()).unwrap();
+        assert!(
+            json.starts_with(r#"{"v":1,"swarm_id":"s","role":"rollout","node_version":"0.1.0","#),
+            "{json}"
+        );
+    }
+
+    #[test]
+    fn heartbeat_with_an_unknown_role_is_rejected_at_decode() {
+        for bad in ["king", "Rollout", "", "validator"] {
+            let mut v: serde_json::Value = serde_json::from_slice(&hb().encode()).unwrap();
+            v["role"] = bad.into();
+            let bytes = serde_json::to_vec(&v).unwrap();
+            assert!(
+                matches!(Heartbeat::decode(&bytes, "s"), Err(MessageError::Schema(_))),
+                "role {bad:?} was accepted"
+            );
+        }
+        let mut v: serde_json::Value = serde_json::from_slice(&hb().encode()).unwrap();
+        v["role"] = 7.into();
+        let bytes = serde_json::to_vec(&v).unwrap();
+        assert!(matches!(
+            Heartbeat::decode(&bytes, "s"),
             Err(MessageError::Schema(_))
         ));
     }

@@ -1,11 +1,13 @@
-//! Application-level bandwidth caps for the bulk streams (SPEC §6: `uplink_mbps`,
-//! `downlink_mbps`, the learner's `B0`).
+//! Application-level bandwidth caps for the bulk streams (`network.uplink_mbps`,
+//! `network.downlink_mbps`, the learner's budget `B0`; see `docs/protocol.md` and the ECHO-2
+//! paper).
 //!
 //! Owns: the token-bucket arithmetic ([`Bucket`], pure, clock injected) and its async wrapper
 //! ([`TokenBucket`]) that the chunk-stream and chunk-fetch copy loops await before writing (or
-//! after reading) each frame. Must not touch: yamux or any transport option — yamux keeps its
-//! auto-tuned window (SPEC §14); throttling lives here, in the application, so a slow reader
-//! simply stops draining the stream and yamux back-pressure does the rest.
+//! after reading) each frame; Mbit/s are converted with `control::units`, the one home of that
+//! rule. Must not touch: yamux or any transport option — yamux keeps its auto-tuned window
+//! (see `docs/protocol.md`, "Transports"); throttling lives here, in the application, so a
+//! slow reader simply stops draining the stream and yamux back-pressure does the rest.
 //!
 //! Rule (a "debt" bucket): tokens refill at `rate` bytes/s up to `burst`; taking `n` bytes
 //! always succeeds and may drive the balance negative, and the caller then waits until the
@@ -17,10 +19,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Bytes per second of a rate in Mbit/s (10⁶ bit/s, as `iperf` and the paper count).
-pub fn mbps_to_bytes_per_s(mbps: f64) -> f64 {
-    mbps * 1e6 / 8.0
-}
+use control::units::mbps_to_bytes_per_s;
 
 /// The pure token-bucket state; every method takes the current instant.
 #[derive(Debug, Clone)]
@@ -173,8 +172,7 @@ mod tests {
     }
 
     #[test]
-    fn mbps_conversion_and_unlimited() {
-        assert!((mbps_to_bytes_per_s(100.0) - 12.5e6).abs() < 1e-6);
+    fn from_mbps_limits_only_positive_finite_rates() {
         assert!(!TokenBucket::from_mbps(0.0).is_limited());
         assert!(!TokenBucket::from_mbps(f64::NAN).is_limited());
         assert!(TokenBucket::from_mbps(300.0).is_limited());

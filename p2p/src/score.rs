@@ -1,4 +1,4 @@
-//! ECHO-2 peer scores (paper App. C.3, SPEC §6), as pure functions plus the per-peer
+//! ECHO-2 peer scores (ECHO-2 paper, App. C.3; `docs/protocol.md`), as pure functions plus the per-peer
 //! statistics that feed them.
 //!
 //! ```text

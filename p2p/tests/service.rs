@@ -1,13 +1,16 @@
 //! Two in-process network services on 127.0.0.1: heartbeats, transfer events feeding the ECHO
-//! score, and a bulk stream over a reserved protocol (the slot issue 4 builds on).
+//! score, and a bulk stream over a test protocol (the slot the bulk-transfer crates build on).
 
 use std::time::{Duration, Instant};
 
 use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
-use p2p::{protocols, Client, PeerId, ServiceConfig, TransferEvent};
+use p2p::{Client, PeerId, Role, ServiceConfig, StreamProtocol, TransferEvent};
+
+/// A protocol of this test only: p2p carries streams of any protocol its callers name.
+const TEST_STREAM: StreamProtocol = StreamProtocol::new("/echo-swarm/p2p-test-stream/1.0.0");
 
 fn config(bootstrap: Vec<String>) -> ServiceConfig {
-    ServiceConfig::loopback("p2p-test", "rollout", bootstrap, None)
+    ServiceConfig::loopback("p2p-test", Role::Rollout, bootstrap, None)
 }
 
 async fn wait_for<T, F: std::future::Future<Output = Option<T>>>(
@@ -46,7 +49,7 @@ async fn heartbeats_transfers_and_streams() {
 
     // Heartbeats both ways.
     let pb = wait_for("a to hear b", || sees(&a, b.local_peer_id())).await;
-    assert_eq!(pb.role.as_deref(), Some("rollout"));
+    assert_eq!(pb.role, Some(Role::Rollout));
     wait_for("b to hear a", || sees(&b, a.local_peer_id())).await;
 
     // A transfer event of 12.5 MB in 1 s = 100 Mbit/s → Speed 100.
@@ -64,8 +67,8 @@ async fn heartbeats_transfers_and_streams() {
     .await;
     assert!((pb.score.avg_speed_bps - 100e6).abs() < 1.0);
 
-    // A bulk stream on a reserved protocol: b pushes bytes to a, a echoes their length.
-    let mut incoming = a.stream_control().accept(protocols::CHUNK_STREAM).unwrap();
+    // A bulk stream on a test protocol: b pushes bytes to a, a echoes their length.
+    let mut incoming = a.stream_control().accept(TEST_STREAM).unwrap();
     let server = tokio::spawn(async move {
         let (peer, mut s) = incoming.next().await.unwrap();
         let mut buf = Vec::new();
@@ -75,7 +78,7 @@ async fn heartbeats_transfers_and_streams() {
     let payload = vec![7u8; 1 << 20];
     let mut s = b
         .stream_control()
-        .open_stream(a.local_peer_id(), protocols::CHUNK_STREAM)
+        .open_stream(a.local_peer_id(), TEST_STREAM)
         .await
         .unwrap();
     s.write_all(&payload).await.unwrap();

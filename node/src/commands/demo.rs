@@ -271,7 +271,7 @@ fn worker_versions(status: &NodeStatus) -> Vec<Option<u64>> {
         .network
         .peers
         .iter()
-        .filter(|p| p.role.as_deref() == Some("rollout"))
+        .filter(|p| p.role == Some(p2p::Role::Rollout))
         .map(|p| p.installed_version)
         .collect()
 }

@@ -181,7 +181,7 @@ pub fn render(st: &NodeStatus) -> String {
         let s = &p.score;
         t.add_row(vec![
             p.peer_id.clone(),
-            p.role.clone().unwrap_or_else(|| "-".into()),
+            p.role.map_or_else(|| "-".into(), |r| r.to_string()),
             version,
             addr,
             format!("{:.1}", s.score),

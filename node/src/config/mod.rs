@@ -16,28 +16,9 @@ use serde::{Deserialize, Serialize};
 
 pub use learner::Objective;
 
-/// What a node does in the swarm.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    Learner,
-    Rollout,
-}
-
-impl Role {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Learner => "learner",
-            Role::Rollout => "rollout",
-        }
-    }
-}
-
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// What a node does in the swarm (`learner` or `rollout`; `relay` is reserved and refused
+/// by validation until the relay role exists). The same type travels in heartbeats.
+pub use p2p::Role;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

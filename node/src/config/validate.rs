@@ -36,7 +36,13 @@ impl NodeConfig {
                 "learner_public_key",
                 "required for role = \"rollout\": a worker trusts only snapshots signed by this key".into(),
             ),
-            (None, Role::Learner) => {}
+            (None, Role::Learner | Role::Relay) => {}
+        }
+        if self.role == Role::Relay {
+            bad(
+                "role",
+                "\"relay\" is not a node role yet: use \"learner\" or \"rollout\"".into(),
+            );
         }
         for (k, p) in self.network.validate() {
             bad(&format!("network.{k}"), p);

@@ -599,7 +599,7 @@ fn malformed_heartbeats_are_dropped_and_the_sender_score_falls() {
             ..p2p::NetworkConfig::default()
         },
         swarm_id: swarm.into(),
-        role: "rollout".into(),
+        role: p2p::Role::Rollout,
         node_version: "test".into(),
         learner: Some(learner.key.peer_id.parse().unwrap()),
     };

@@ -1,0 +1,278 @@
+//! The libp2p side of the service, built once at start (after Lighthouse's
+//! `service/behaviour.rs` and `service/gossipsub_scoring_parameters.rs`): the combined
+//! [`Behaviour`], the swarm (transport, DNS, relay client, bandwidth metrics), and the
+//! gossipsub v1.1 scoring parameters as named, documented functions.
+//!
+//! Owns: which behaviours a node runs and how each is configured; the identify protocol name
+//! ([`IDENTIFY_PROTOCOL`]) and the per-swarm Kademlia protocol name ([`kad_protocol`]). Must not
+//! touch: what happens on their events (the event loop in [`crate::service`]), topic names
+//! ([`crate::topics`]), or the bulk-stream protocol names (owned by `dissemination` and `pull`).
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use libp2p::gossipsub::{self, IdentTopic, TopicHash};
+use libp2p::metrics::Registry;
+use libp2p::swarm::behaviour::toggle::Toggle;
+use libp2p::swarm::NetworkBehaviour;
+use libp2p::{
+    allow_block_list, autonat, dcutr, identify, identity::Keypair, kad, mdns, noise, ping, relay,
+    yamux, PeerId, StreamProtocol, Swarm, SwarmBuilder,
+};
+use tracing::info;
+
+use crate::client::ServiceConfig;
+use crate::error::P2pError;
+use crate::topics::TopicKind;
+use crate::transport::{build_transport, load_psk, psk_fingerprint};
+
+/// Identify protocol version: nodes of other projects are told apart by it.
+pub const IDENTIFY_PROTOCOL: &str = "/echo-swarm/id/1.0.0";
+/// Largest gossip message (any topic). Snapshot manifests larger than this travel over streams.
+pub const MAX_GOSSIP_BYTES: usize = 1024 * 1024;
+/// How long a connection with no open stream is kept before it is closed.
+const IDLE_CONNECTION_TIMEOUT: Duration = Duration::from_secs(120);
+/// Timeout of one Kademlia query.
+const KAD_QUERY_TIMEOUT: Duration = Duration::from_secs(30);
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Every behaviour a node runs. Optional ones are [`Toggle`]d off by config: the allow list
+/// (private swarms), mDNS, AutoNAT.
+#[derive(NetworkBehaviour)]
+pub(crate) struct Behaviour {
+    pub(crate) allow: Toggle<allow_block_list::Behaviour<allow_block_list::AllowedPeers>>,
+    pub(crate) identify: identify::Behaviour,
+    pub(crate) ping: ping::Behaviour,
+    pub(crate) kad: kad::Behaviour<kad::store::MemoryStore>,
+    pub(crate) mdns: Toggle<mdns::tokio::Behaviour>,
+    pub(crate) gossipsub: gossipsub::Behaviour,
+    pub(crate) relay: relay::client::Behaviour,
+    pub(crate) dcutr: dcutr::Behaviour,
+    pub(crate) autonat: Toggle<autonat::Behaviour>,
+    pub(crate) stream: libp2p_stream::Behaviour,
+}
+
+/// The Kademlia protocol of a swarm (`/echo-swarm/<swarm_id>/kad/1.0.0`): one DHT per swarm, so
+/// nodes of different swarms never fill each other's routing tables.
+pub(crate) fn kad_protocol(swarm_id: &str) -> Result<StreamProtocol, P2pError> {
+    StreamProtocol::try_from_owned(format!("/echo-swarm/{swarm_id}/kad/1.0.0")).map_err(|e| {
+        P2pError::Config {
+            key: "swarm_id".into(),
+            reason: e.to_string(),
+        }
+    })
+}
+
+/// The hashes of every topic of `swarm_id` (the topics the scoring parameters cover).
+pub(crate) fn topic_hashes(swarm_id: &str) -> Vec<TopicHash> {
+    TopicKind::ALL
+        .iter()
+        .map(|k| IdentTopic::new(k.topic_name(swarm_id)).hash())
+        .collect()
+}
+
+/// Builds the swarm: the transport (TCP+noise+yamux, pnet when `psk_file` is set, QUIC when
+/// enabled), DNS, the relay client, bandwidth metrics in `registry`, and [`Behaviour`].
+pub(crate) fn build_swarm(
+    key: Keypair,
+    cfg: &ServiceConfig,
+    allow: &HashSet<PeerId>,
+    kad_protocol: StreamProtocol,
+    registry: &mut Registry,
+) -> Result<Swarm<Behaviour>, P2pError> {
+    let net = &cfg.network;
+    let psk = net.psk_file.as_deref().map(load_psk).transpose()?;
+    if let Some(psk) = &psk {
+        info!(fingerprint = %psk_fingerprint(psk), "private swarm: pre-shared key loaded; TCP only (no QUIC)");
+    }
+    let transport = build_transport(&key, psk, net.quic_enabled())?;
+    let topics = topic_hashes(&cfg.swarm_id);
+    let swarm = SwarmBuilder::with_existing_identity(key)
+        .with_tokio()
+        .with_other_transport(|_| transport)
+        .map_err(|e| P2pError::Transport(e.to_string()))?
+        .with_dns()
+        .map_err(|e| P2pError::Transport(e.to_string()))?
+        .with_relay_client(noise::Config::new, yamux::Config::default)
+        .map_err(|e| P2pError::Transport(e.to_string()))?
+        .with_bandwidth_metrics(registry)
+        .with_behaviour(|key, relay| -> Result<Behaviour, BoxError> {
+            let peer_id = key.public().to_peer_id();
+            Ok(Behaviour {
+                allow: Toggle::from(allow_behaviour(allow)),
+                identify: identify_behaviour(key, &cfg.node_version),
+                ping: ping::Behaviour::new(ping::Config::new()),
+                kad: kad_behaviour(peer_id, kad_protocol),
+                mdns: Toggle::from(
+                    net.mdns
+                        .then(|| mdns::tokio::Behaviour::new(mdns::Config::default(), peer_id))
+                        .transpose()?,
+                ),
+                gossipsub: gossipsub_behaviour(key, &topics, registry)?,
+                relay,
+                dcutr: dcutr::Behaviour::new(peer_id),
+                autonat: Toggle::from(
+                    net.autonat
+                        .then(|| autonat::Behaviour::new(peer_id, autonat::Config::default())),
+                ),
+                stream: libp2p_stream::Behaviour::new(),
+            })
+        })
+        .map_err(|e| P2pError::Behaviour(e.to_string()))?
+        .with_swarm_config(|c| c.with_idle_connection_timeout(IDLE_CONNECTION_TIMEOUT))
+        .build();
+    Ok(swarm)
+}
+
+/// Private swarms: only allow-listed peers may hold a connection (none when the list is empty).
+fn allow_behaviour(
+    allow: &HashSet<PeerId>,
+) -> Option<allow_block_list::Behaviour<allow_block_list::AllowedPeers>> {
+    if allow.is_empty() {
+        return None;
+    }
+    let mut b = allow_block_list::Behaviour::<allow_block_list::AllowedPeers>::default();
+    for p in allow {
+        b.allow_peer(*p);
+    }
+    Some(b)
+}
+
+/// Identify under [`IDENTIFY_PROTOCOL`], announcing `echo-node/<version>` as the agent.
+fn identify_behaviour(key: &Keypair, node_version: &str) -> identify::Behaviour {
+    identify::Behaviour::new(
+        identify::Config::new(IDENTIFY_PROTOCOL.to_string(), key.public())
+            .with_agent_version(format!("echo-node/{node_version}")),
+    )
+}
+
+/// Kademlia on the swarm's own protocol, in server mode from the start.
+fn kad_behaviour(
+    peer_id: PeerId,
+    protocol: StreamProtocol,
+) -> kad::Behaviour<kad::store::MemoryStore> {
+    let mut kcfg = kad::Config::new(protocol);
+    kcfg.set_query_timeout(KAD_QUERY_TIMEOUT);
+    let mut kad = kad::Behaviour::with_config(peer_id, kad::store::MemoryStore::new(peer_id), kcfg);
+    // Answer DHT queries even before an external address is confirmed (loopback and private
+    // swarms never confirm one).
+    kad.set_mode(Some(kad::Mode::Server));
+    kad
+}
+
+/// gossipsub with signed messages, strict validation, messages held until validated (the
+/// service or the role reports a verdict on each), [`MAX_GOSSIP_BYTES`], metrics under
+/// `gossipsub_` in `registry`, and peer scoring on `topics`.
+fn gossipsub_behaviour(
+    key: &Keypair,
+    topics: &[TopicHash],
+    registry: &mut Registry,
+) -> Result<gossipsub::Behaviour, BoxError> {
+    let gcfg = gossipsub::ConfigBuilder::default()
+        .validation_mode(gossipsub::ValidationMode::Strict)
+        .validate_messages()
+        .max_transmit_size(MAX_GOSSIP_BYTES)
+        .build()?;
+    let mut gossipsub =
+        gossipsub::Behaviour::new(gossipsub::MessageAuthenticity::Signed(key.clone()), gcfg)?
+            .with_metrics(
+                registry.sub_registry_with_prefix("gossipsub"),
+                Default::default(),
+            );
+    gossipsub.with_peer_score(peer_score_params(topics), peer_score_thresholds())?;
+    Ok(gossipsub)
+}
+
+// gossipsub v1.1 scoring, chosen for a swarm of a few to a few thousand nodes exchanging
+// sparse, small control messages (see `docs/protocol.md`, "Peer scoring in gossipsub").
+
+/// Peer-level scoring: [`topic_score_params`] on every topic of the swarm, and no IP
+/// colocation penalty for loopback testnets or NATed pools.
+pub(crate) fn peer_score_params(topics: &[TopicHash]) -> gossipsub::PeerScoreParams {
+    let mut p = gossipsub::PeerScoreParams::default();
+    // Loopback testnets and NATed pools put many nodes behind one IP: do not penalise them.
+    p.ip_colocation_factor_whitelist
+        .insert("127.0.0.1".parse().expect("ip"));
+    p.ip_colocation_factor_whitelist
+        .insert("::1".parse().expect("ip"));
+    p.ip_colocation_factor_threshold = 32.0;
+    for t in topics {
+        p.topics.insert(t.clone(), topic_score_params());
+    }
+    p
+}
+
+/// Per-topic scoring (the same for every topic): rewards time in the mesh (P₁) and first
+/// deliveries (P₂), punishes invalid messages hard (P₄); no delivery quotas (P₃, P₃b).
+pub(crate) fn topic_score_params() -> gossipsub::TopicScoreParams {
+    gossipsub::TopicScoreParams {
+        topic_weight: 1.0,
+        // P1: up to +1 for long-lived mesh members.
+        time_in_mesh_weight: 0.01,
+        time_in_mesh_quantum: Duration::from_secs(1),
+        time_in_mesh_cap: 100.0,
+        // P2: up to +10 for first deliveries.
+        first_message_deliveries_weight: 0.5,
+        first_message_deliveries_decay: 0.9,
+        first_message_deliveries_cap: 20.0,
+        // P3/P3b off: heartbeats are sparse (one per node every few seconds), so delivery
+        // quotas would punish honest peers in small swarms.
+        mesh_message_deliveries_weight: 0.0,
+        mesh_failure_penalty_weight: 0.0,
+        // P4: each invalid message costs 10·n² (3 invalid → −90, below graylist);
+        // decays by 5 % per second.
+        invalid_message_deliveries_weight: -10.0,
+        invalid_message_deliveries_decay: 0.95,
+        ..gossipsub::TopicScoreParams::default()
+    }
+}
+
+/// Score thresholds: a peer stops receiving gossip below −10, its publishes are ignored below
+/// −50, and it is graylisted (all its messages ignored) below −80 — three invalid messages
+/// in a row (see [`topic_score_params`]). Peer exchange is accepted only from peers above +5.
+pub(crate) fn peer_score_thresholds() -> gossipsub::PeerScoreThresholds {
+    gossipsub::PeerScoreThresholds {
+        gossip_threshold: -10.0,
+        publish_threshold: -50.0,
+        graylist_threshold: -80.0,
+        accept_px_threshold: 5.0,
+        opportunistic_graft_threshold: 3.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scoring_parameters_are_valid_and_cover_every_topic() {
+        let topics = topic_hashes("s");
+        assert_eq!(topics.len(), TopicKind::ALL.len());
+        let p = peer_score_params(&topics);
+        p.validate().unwrap();
+        peer_score_thresholds().validate().unwrap();
+        for t in &topics {
+            assert!(p.topics.contains_key(t), "{t}");
+        }
+    }
+
+    #[test]
+    fn three_invalid_messages_reach_the_graylist() {
+        // P4 is weight · n²: the third invalid message crosses the graylist threshold.
+        let tp = topic_score_params();
+        let th = peer_score_thresholds();
+        let p4 = |n: f64| tp.topic_weight * tp.invalid_message_deliveries_weight * n * n;
+        assert!(p4(2.0) > th.graylist_threshold);
+        assert!(p4(3.0) < th.graylist_threshold);
+    }
+
+    #[test]
+    fn kad_protocol_is_per_swarm() {
+        assert_eq!(
+            kad_protocol("demo").unwrap().as_ref(),
+            "/echo-swarm/demo/kad/1.0.0"
+        );
+        assert!(kad_protocol("a").unwrap() != kad_protocol("b").unwrap());
+    }
+}

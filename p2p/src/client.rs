@@ -1,0 +1,308 @@
+//! The public face of the network service: the cloneable [`Client`] handle and the commands
+//! it sends, the domain [`Event`]s the service emits, the role's [`Validation`] verdict, and the
+//! status view ([`NetworkStatus`], [`PeerStatus`], [`NetworkCounters`]).
+//!
+//! Owns: the types roles see and the bounded command channel protocol. Must not touch: the
+//! swarm (only the service task in [`crate::service`] does) or any libp2p behaviour.
+
+use libp2p::gossipsub::MessageId;
+use libp2p::{Multiaddr, PeerId};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::NetworkConfig;
+use crate::error::{MessageError, P2pError};
+use crate::messages::{Heartbeat, LocalStatus, ScoreTable};
+use crate::role::Role;
+use crate::score::{ScoreComponents, TransferEvent};
+use crate::topics::TopicKind;
+
+/// The role's verdict on a message delivered as [`Event::Gossip`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Validation {
+    /// Valid: forward it.
+    Accept,
+    /// Invalid: drop, penalise the sender (gossipsub P₄ and the ECHO score).
+    Reject,
+    /// Not useful but not malicious (e.g. an old version): drop without penalty.
+    Ignore,
+}
+
+/// What the service needs besides `[network]`.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    pub network: NetworkConfig,
+    pub swarm_id: String,
+    /// The role this node gossips in its heartbeats (the learner also publishes score tables).
+    pub role: Role,
+    /// Software version gossiped in heartbeats.
+    pub node_version: String,
+    /// The swarm's learner (from `learner_public_key`): only it may publish score tables.
+    pub learner: Option<PeerId>,
+}
+
+impl ServiceConfig {
+    /// A node for a swarm on this machine: TCP on 127.0.0.1 (any free port), no QUIC, no
+    /// AutoNAT, 200 ms heartbeats — what in-process tests and loopback testnets use.
+    pub fn loopback(
+        swarm_id: &str,
+        role: Role,
+        bootstrap: Vec<String>,
+        learner: Option<PeerId>,
+    ) -> Self {
+        ServiceConfig {
+            network: NetworkConfig {
+                listen: vec!["/ip4/127.0.0.1/tcp/0".into()],
+                bootstrap,
+                heartbeat_interval_ms: 200,
+                autonat: false,
+                quic: false,
+                ..NetworkConfig::default()
+            },
+            swarm_id: swarm_id.into(),
+            role,
+            node_version: env!("CARGO_PKG_VERSION").into(),
+            learner,
+        }
+    }
+}
+
+/// Domain events for the roles.
+#[derive(Debug, Clone)]
+pub enum Event {
+    PeerConnected(PeerId),
+    PeerDisconnected(PeerId),
+    /// A valid heartbeat (already recorded in the peer table).
+    Heartbeat {
+        peer: PeerId,
+        heartbeat: Heartbeat,
+    },
+    /// A valid score table from the learner.
+    ScoreTable {
+        from: PeerId,
+        table: ScoreTable,
+    },
+    /// A message on a role-validated topic; the receiver must call [`Client::report_validation`].
+    Gossip {
+        topic: TopicKind,
+        message_id: MessageId,
+        propagation_source: PeerId,
+        source: Option<PeerId>,
+        data: Vec<u8>,
+    },
+    /// A message that failed validation (dropped; its sender was penalised).
+    Rejected {
+        peer: PeerId,
+        topic: TopicKind,
+        error: MessageError,
+    },
+}
+
+/// One row of the peer table as the status endpoint shows it (field names: `docs/protocol.md`,
+/// "Admin endpoint").
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PeerStatus {
+    pub peer_id: String,
+    pub role: Option<Role>,
+    pub addrs: Vec<String>,
+    pub installed_version: Option<u64>,
+    #[serde(flatten)]
+    pub score: ScoreComponents,
+    /// Forwarding chain and position in it.
+    pub chain: Option<u32>,
+    pub position: Option<u32>,
+    pub mu: Option<f64>,
+    pub cost_per_hour: Option<f64>,
+    pub pending: Option<u64>,
+    /// Alive: a heartbeat within the last 3 heartbeat intervals (the scheduler's active set
+    /// refines this later).
+    pub active: bool,
+    pub connected: bool,
+    pub node_version: Option<String>,
+    pub agent_version: Option<String>,
+    pub availability: Option<f64>,
+    pub forward_rate_bps: Option<f64>,
+    pub receive_rate_bps: Option<f64>,
+    pub heartbeat_age_s: Option<f64>,
+    pub heartbeats: u64,
+    pub started_unix_ms: Option<u64>,
+    pub rejected_messages: u64,
+    /// gossipsub v1.1 score of the peer (None while unknown).
+    pub gossip_score: Option<f64>,
+}
+
+/// Counters of the network service since start.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NetworkCounters {
+    pub heartbeats_sent: u64,
+    pub heartbeats_received: u64,
+    pub messages_rejected: u64,
+    pub connections_denied: u64,
+    pub connection_errors: u64,
+    pub events_dropped: u64,
+}
+
+/// The node's view of the swarm.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NetworkStatus {
+    pub peer_id: String,
+    pub role: Role,
+    pub swarm_id: String,
+    pub listen_addrs: Vec<String>,
+    pub external_addrs: Vec<String>,
+    pub connected_peers: usize,
+    pub private_swarm: bool,
+    pub quic: bool,
+    pub local: LocalStatus,
+    pub counters: NetworkCounters,
+    pub peers: Vec<PeerStatus>,
+    /// The last score table received from the learner (workers).
+    pub learner_scores: Option<ScoreTable>,
+}
+
+/// What a [`Client`] asks of the service task.
+pub(crate) enum Command {
+    Status(oneshot::Sender<NetworkStatus>),
+    ListenAddrs(oneshot::Sender<Vec<Multiaddr>>),
+    Dial(Multiaddr, oneshot::Sender<Result<(), P2pError>>),
+    SetLocal(LocalStatus),
+    Publish {
+        topic: String,
+        data: Vec<u8>,
+        reply: oneshot::Sender<Result<(), P2pError>>,
+    },
+    Validate {
+        id: MessageId,
+        propagation_source: PeerId,
+        source: Option<PeerId>,
+        verdict: Validation,
+    },
+    /// The outcome of a bulk transfer (streams are opened with [`Client::stream_control`]).
+    Transfer {
+        peer: PeerId,
+        event: TransferEvent,
+    },
+    Shutdown,
+}
+
+/// Cheap-to-clone handle to the network service.
+#[derive(Clone)]
+pub struct Client {
+    tx: mpsc::Sender<Command>,
+    local_peer_id: PeerId,
+    swarm_id: String,
+    stream: libp2p_stream::Control,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("local_peer_id", &self.local_peer_id)
+            .finish()
+    }
+}
+
+impl Client {
+    pub(crate) fn new(
+        tx: mpsc::Sender<Command>,
+        local_peer_id: PeerId,
+        swarm_id: String,
+        stream: libp2p_stream::Control,
+    ) -> Self {
+        Client {
+            tx,
+            local_peer_id,
+            swarm_id,
+            stream,
+        }
+    }
+
+    pub fn local_peer_id(&self) -> PeerId {
+        self.local_peer_id
+    }
+
+    /// Open / accept bulk-transfer streams. The protocol names live with the crates that own
+    /// the protocols (`dissemination`, `pull`); p2p only carries the streams.
+    pub fn stream_control(&self) -> libp2p_stream::Control {
+        self.stream.clone()
+    }
+
+    async fn send(&self, c: Command) -> Result<(), P2pError> {
+        self.tx.send(c).await.map_err(|_| P2pError::ServiceStopped)
+    }
+
+    async fn ask<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<T>) -> Command,
+    ) -> Result<T, P2pError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(make(tx)).await?;
+        rx.await.map_err(|_| P2pError::ServiceStopped)
+    }
+
+    /// The node's view of the swarm (peer table with scores, counters).
+    pub async fn status(&self) -> Result<NetworkStatus, P2pError> {
+        self.ask(Command::Status).await
+    }
+
+    /// Addresses the node listens on (resolved ports).
+    pub async fn listen_addrs(&self) -> Result<Vec<Multiaddr>, P2pError> {
+        self.ask(Command::ListenAddrs).await
+    }
+
+    /// Dial an address (with or without `/p2p/<id>`).
+    pub async fn dial(&self, addr: Multiaddr) -> Result<(), P2pError> {
+        self.ask(|r| Command::Dial(addr, r)).await?
+    }
+
+    /// The role's fields for the next heartbeats.
+    pub async fn set_local_status(&self, status: LocalStatus) -> Result<(), P2pError> {
+        self.send(Command::SetLocal(status)).await
+    }
+
+    /// Publish bytes on one of the swarm's topics.
+    pub async fn publish(&self, topic: TopicKind, data: Vec<u8>) -> Result<(), P2pError> {
+        let topic = topic.topic_name(&self.swarm_id);
+        self.ask(|reply| Command::Publish { topic, data, reply })
+            .await?
+    }
+
+    /// Publish arbitrary bytes on a topic by name (diagnostics and tests: e.g. a malformed
+    /// heartbeat). The node must be subscribed to the topic for peers to route it.
+    pub async fn publish_raw(&self, topic: String, data: Vec<u8>) -> Result<(), P2pError> {
+        self.ask(|reply| Command::Publish { topic, data, reply })
+            .await?
+    }
+
+    /// Verdict on an [`Event::Gossip`] message.
+    pub async fn report_validation(
+        &self,
+        id: MessageId,
+        propagation_source: PeerId,
+        source: Option<PeerId>,
+        verdict: Validation,
+    ) -> Result<(), P2pError> {
+        self.send(Command::Validate {
+            id,
+            propagation_source,
+            source,
+            verdict,
+        })
+        .await
+    }
+
+    /// Feed a finished bulk transfer into the peer's ECHO score.
+    pub async fn record_transfer(
+        &self,
+        peer: PeerId,
+        event: TransferEvent,
+    ) -> Result<(), P2pError> {
+        self.send(Command::Transfer { peer, event }).await
+    }
+
+    /// Stop the service (the swarm is dropped, connections close).
+    pub async fn shutdown(&self) {
+        let _ = self.send(Command::Shutdown).await;
+    }
+}

@@ -1,0 +1,252 @@
+//! The gossip side of the service task: publishing this node's heartbeats (and, on the
+//! learner, score tables), validating the topics the service checks itself (heartbeats, score
+//! tables), handing the other topics to the role, and turning verdicts into gossipsub
+//! acceptances and ECHO-2 score failures.
+//!
+//! Owns: which topic is validated where, and what a valid or invalid message does to the
+//! peer table and counters. Must not touch: message formats and their checks
+//! ([`crate::messages`]), topic names ([`crate::topics`]), connection handling (the rest of
+//! [`crate::service`]).
+
+use std::time::Instant;
+
+use libp2p::gossipsub::{self, IdentTopic, MessageAcceptance, MessageId};
+use libp2p::PeerId;
+use tracing::{debug, info, warn};
+
+use super::Service;
+use crate::client::{Event, Validation};
+use crate::error::MessageError;
+use crate::messages::{unix_ms, Heartbeat, ScoreTable, HEARTBEAT_VERSION, SCORE_TABLE_VERSION};
+use crate::peers::Arrival;
+use crate::topics::{parse_topic, TopicKind};
+
+impl Service {
+    /// A role's verdict on an [`Event::Gossip`] message: passed on to gossipsub, and a
+    /// rejection also counts against the author's ECHO score.
+    pub(super) fn on_verdict(
+        &mut self,
+        id: &MessageId,
+        propagation_source: PeerId,
+        source: Option<PeerId>,
+        verdict: Validation,
+    ) {
+        let acceptance = match verdict {
+            Validation::Accept => MessageAcceptance::Accept,
+            Validation::Reject => MessageAcceptance::Reject,
+            Validation::Ignore => MessageAcceptance::Ignore,
+        };
+        self.swarm
+            .behaviour_mut()
+            .gossipsub
+            .report_message_validation_result(id, &propagation_source, acceptance);
+        if verdict == Validation::Reject {
+            self.penalise(source.unwrap_or(propagation_source));
+        }
+    }
+
+    fn penalise(&mut self, peer: PeerId) {
+        self.peer(peer).record_rejection(Instant::now());
+        self.counters.messages_rejected += 1;
+        metrics::counter!("p2p_messages_rejected_total").increment(1);
+    }
+
+    pub(super) fn publish_heartbeat(&mut self) {
+        self.seq += 1;
+        let hb = Heartbeat {
+            v: HEARTBEAT_VERSION,
+            swarm_id: self.cfg.swarm_id.clone(),
+            role: self.cfg.role,
+            node_version: self.cfg.node_version.clone(),
+            installed_version: self.local.installed_version,
+            mu: self.local.mu,
+            cost_per_hour: self.cfg.network.cost_per_hour,
+            availability: self.local.availability,
+            pending: self.local.pending,
+            forward_rate_bps: self.local.forward_rate_bps,
+            receive_rate_bps: self.local.receive_rate_bps,
+            started_unix_ms: self.started_unix_ms,
+            sent_unix_ms: unix_ms(),
+            seq: self.seq,
+        };
+        let topic = IdentTopic::new(TopicKind::Heartbeat.topic_name(&self.cfg.swarm_id));
+        match self
+            .swarm
+            .behaviour_mut()
+            .gossipsub
+            .publish(topic, hb.encode())
+        {
+            Ok(_) => {
+                self.counters.heartbeats_sent += 1;
+                metrics::counter!("p2p_heartbeats_sent_total").increment(1);
+            }
+            Err(e) => debug!(error = %e, "heartbeat not published"),
+        }
+    }
+
+    /// The learner's score table: one row per worker it hears ([`PeerEntry::score_entry`]).
+    pub(super) fn publish_score_table(&mut self) {
+        let now = Instant::now();
+        let entries: Vec<_> = self
+            .peers
+            .iter()
+            .filter_map(|(p, e)| e.score_entry(p, now))
+            .collect();
+        if entries.is_empty() {
+            return;
+        }
+        let table = ScoreTable {
+            v: SCORE_TABLE_VERSION,
+            swarm_id: self.cfg.swarm_id.clone(),
+            sent_unix_ms: unix_ms(),
+            entries,
+        };
+        let topic = IdentTopic::new(TopicKind::Scores.topic_name(&self.cfg.swarm_id));
+        if let Err(e) = self
+            .swarm
+            .behaviour_mut()
+            .gossipsub
+            .publish(topic, table.encode())
+        {
+            debug!(error = %e, "score table not published");
+        }
+    }
+
+    /// Routes a gossip message by its topic: heartbeats and score tables are validated here,
+    /// snapshots and plans go to the role as [`Event::Gossip`] (it reports the verdict).
+    pub(super) fn on_gossip(
+        &mut self,
+        propagation_source: PeerId,
+        id: MessageId,
+        msg: gossipsub::Message,
+    ) {
+        let kind = match parse_topic(msg.topic.as_str()) {
+            Ok((swarm, kind)) if swarm == self.cfg.swarm_id => kind,
+            _ => {
+                let error = MessageError::Invalid("unknown topic".into());
+                self.reject(
+                    propagation_source,
+                    &id,
+                    msg.source,
+                    TopicKind::Heartbeat,
+                    error,
+                );
+                return;
+            }
+        };
+        let source = msg.source.unwrap_or(propagation_source);
+        match kind {
+            TopicKind::Heartbeat => match Heartbeat::decode(&msg.data, &self.cfg.swarm_id) {
+                Ok(hb) => {
+                    self.accept(&id, &propagation_source);
+                    self.on_heartbeat(source, hb);
+                }
+                Err(err) => self.reject(propagation_source, &id, Some(source), kind, err),
+            },
+            TopicKind::Scores => match ScoreTable::decode(&msg.data, &self.cfg.swarm_id)
+                .and_then(|t| self.authorise_score_table(source, t))
+            {
+                Ok(table) => {
+                    self.accept(&id, &propagation_source);
+                    self.on_score_table(source, table);
+                }
+                Err(err) => self.reject(propagation_source, &id, Some(source), kind, err),
+            },
+            TopicKind::Snapshots | TopicKind::Plans => {
+                self.hand_to_role(kind, propagation_source, id, msg)
+            }
+        }
+    }
+
+    /// Records a valid heartbeat in the peer table and passes it on to the role.
+    fn on_heartbeat(&mut self, source: PeerId, hb: Heartbeat) {
+        self.counters.heartbeats_received += 1;
+        metrics::counter!("p2p_heartbeats_received_total").increment(1);
+        let role = hb.role;
+        let arrival = self
+            .peer(source)
+            .record_heartbeat(hb.clone(), Instant::now());
+        if arrival != Arrival::Regular {
+            let restarted = arrival == Arrival::Restart;
+            info!(peer = %source, %role, restarted, "peer joined");
+        }
+        self.emit(Event::Heartbeat {
+            peer: source,
+            heartbeat: hb,
+        });
+    }
+
+    /// Only the swarm's learner (when configured) may publish score tables.
+    fn authorise_score_table(
+        &self,
+        source: PeerId,
+        table: ScoreTable,
+    ) -> Result<ScoreTable, MessageError> {
+        match self.cfg.learner {
+            Some(l) if l != source => Err(MessageError::Unauthorised(source)),
+            _ => Ok(table),
+        }
+    }
+
+    fn on_score_table(&mut self, source: PeerId, table: ScoreTable) {
+        self.learner_scores = Some(table.clone());
+        self.emit(Event::ScoreTable {
+            from: source,
+            table,
+        });
+    }
+
+    /// Hands a role-validated message to the role; if the event channel is full the message
+    /// is ignored (dropped without penalty) so that gossipsub does not wait for a verdict.
+    fn hand_to_role(
+        &mut self,
+        topic: TopicKind,
+        propagation_source: PeerId,
+        id: MessageId,
+        msg: gossipsub::Message,
+    ) {
+        let ev = Event::Gossip {
+            topic,
+            message_id: id.clone(),
+            propagation_source,
+            source: msg.source,
+            data: msg.data,
+        };
+        if self.events.try_send(ev).is_err() {
+            self.counters.events_dropped += 1;
+            self.swarm
+                .behaviour_mut()
+                .gossipsub
+                .report_message_validation_result(
+                    &id,
+                    &propagation_source,
+                    MessageAcceptance::Ignore,
+                );
+        }
+    }
+
+    fn accept(&mut self, id: &MessageId, propagation_source: &PeerId) {
+        self.swarm
+            .behaviour_mut()
+            .gossipsub
+            .report_message_validation_result(id, propagation_source, MessageAcceptance::Accept);
+    }
+
+    fn reject(
+        &mut self,
+        propagation_source: PeerId,
+        id: &MessageId,
+        source: Option<PeerId>,
+        topic: TopicKind,
+        error: MessageError,
+    ) {
+        let peer = source.unwrap_or(propagation_source);
+        warn!(%peer, via = %propagation_source, ?topic, %error, "dropping invalid gossip message");
+        self.swarm
+            .behaviour_mut()
+            .gossipsub
+            .report_message_validation_result(id, &propagation_source, MessageAcceptance::Reject);
+        self.penalise(peer);
+        self.emit(Event::Rejected { peer, topic, error });
+    }
+}
