@@ -1,4 +1,4 @@
-//! Forwarding-chain planning (ECHO-2 §4.2, App. C.3; SPEC §6) as pure functions.
+//! Forwarding-chain planning (ECHO-2 §4.2, App. C.3; `docs/broadcast.md`) as pure functions.
 //!
 //! The learner's uplink `B0` can feed `N_ch = max(1, ⌊B0 / B̂w⌋)` workers at full per-worker
 //! bandwidth `B̂w` at once; every further worker would only split that uplink. So the learner
@@ -9,7 +9,7 @@
 //!
 //! Placement rules, in order:
 //! 1. Workers whose score is at or below `exclude_below` do not forward at all: they are
-//!    *fetch-only* (they fetch chunks by hash from any holder, SPEC §6 "out of forwarding").
+//!    *fetch-only* (they fetch chunks by hash from any holder: "out of forwarding" in `docs/broadcast.md`).
 //! 2. The others are ranked by score, best first (ties broken by peer id, so every node
 //!    computes the same plan); *degraded* workers (score below `degraded_below`) are ranked
 //!    after all healthy ones, so they land toward the tails where a slow link delays nobody.

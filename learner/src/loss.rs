@@ -7,7 +7,7 @@
 //! `|y_i| = Σ_t m_{i,t}`.
 //!
 //! All four share the clipped surrogate `ℓ_{i,t} = −min(c·A_i, clip(c, 1−ε, 1+ε)·A_i)` and
-//! differ only in the importance coefficient `c` (GEPO, `002_…` Listing 1):
+//! differ only in the importance coefficient `c` (GEPO paper, Listing 1):
 //! - GRPO / Dr.GRPO, token level: `c_{i,t} = p_{i,t} / q_{i,t}`;
 //! - GSPO, sequence level: `c_i = p_i / q_i` with the length-normalised sequence probability
 //!   `p_i = (Π_t p_{i,t})^{1/|y_i|}` (GEPO eq. 35), i.e. the geometric-mean token ratio;
@@ -22,7 +22,7 @@
 //! group's standard deviation. An optional KL penalty `β·KL(π_θ‖π_ref)` uses the k3 estimator
 //! `exp(r − p) − (r − p) − 1` per token (log-space, `r` = reference log-prob).
 //!
-//! Optional truncated importance ratio (ECHO-2 `000_…` App. F.5.3 eq. 24, cap `C` =
+//! Optional truncated importance ratio (ECHO-2 App. F.5.3 eq. 24, cap `C` =
 //! [`LossConfig::is_cap`]): `𝒥(θ) = 𝔼_{a∼π_sampler}[min(π_learner(a, θ_old) / π_sampler(a,
 //! θ_old), C) · 𝒥̄(θ)]`. The truncated ratio is evaluated at θ_old, so it is a constant (no
 //! gradient flows through the `min`), while `𝒥̄` keeps the θ-dependence through
@@ -130,7 +130,7 @@ impl Default for LossConfig {
 /// standard deviation (as TRL's GRPO), or `A_i = r_i − mean` when `scale_by_std` is false
 /// (Dr.GRPO). A group whose rewards are all equal carries no learning signal: its advantages
 /// are exactly zero (see [`is_zero_advantage`]) and the learner drops and counts it
-/// (`003_…` §2).
+/// (zero-advantage groups carry no signal; `docs/learner.md`).
 pub fn group_advantages(rewards: &[f32], scale_by_std: bool) -> Vec<f32> {
     let n = rewards.len();
     if n == 0 {

@@ -118,7 +118,7 @@ fn gspo_uses_the_geometric_mean_ratio() {
     assert!(close(out.coefficients[0], 0.3f64.exp(), 1e-9));
 }
 
-/// GEPO's coefficient computed exactly as Listing 1 of `002_…` (in plain f64).
+/// GEPO's coefficient computed exactly as Listing 1 of the GEPO paper (in plain f64).
 fn listing_1(learner_seq_p: &[f64], sampler_seq_p: &[f64]) -> Vec<f64> {
     let sum: f64 = sampler_seq_p.iter().sum();
     let normalized_q: Vec<f64> = sampler_seq_p.iter().map(|q| q / sum).collect();

@@ -20,7 +20,7 @@
 //! - **Batch** ([`TrainerConfig::batch_trajectories`]): a step runs on R = B × n trajectories
 //!   (B groups of n samples each).
 //! - **Zero-advantage groups** (all rewards equal) carry no signal: they are dropped and
-//!   counted (`003_…` §2); their trajectory ids still count as consumed.
+//!   counted (as in the throughput-matching analysis of asynchronous RL, `docs/learner.md`); their trajectory ids still count as consumed.
 //! - **Exactly once.** The ids of every trajectory the learner consumed are remembered (and
 //!   checkpointed); a group containing one of them is refused as a duplicate.
 

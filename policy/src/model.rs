@@ -1,6 +1,6 @@
 //! The Qwen3 / Qwen2 decoder, written with gradient-carrying candle ops only.
 //!
-//! SPEC §14: candle-nn's fused `rms_norm`, `softmax_last_dim` and `rope` kernels have no
+//! A pitfall checked against candle 0.9 (`docs/model.md`): candle-nn's fused `rms_norm`, `softmax_last_dim` and `rope` kernels have no
 //! backward pass. This module therefore spells RMSNorm, RoPE (rotate-half form) and softmax out
 //! in elementary tensor ops, and attention is a plain `matmul`. The `every_variable_gets_a_gradient`
 //! test guards this.

@@ -1,8 +1,8 @@
-//! `ChunkStore`: content-addressed snapshot chunks and the manifests that list them (SPEC §5).
+//! `ChunkStore`: content-addressed snapshot chunks and the manifests that list them (`docs/storage.md`).
 //!
 //! Layout under the store's root (see `docs/storage.md`):
 //! - `chunks/<hh>/<hash hex>`: one file per chunk, named by its BLAKE3 hash (`hh` = first two
-//!   hex digits). Large blobs stay out of sled (SPEC §14).
+//!   hex digits). Large blobs stay out of sled (sled's own advice; `docs/storage.md`).
 //! - `chunks/tmp/`: partially written chunks; emptied at open.
 //! - `index/` (sled): tree `chunks` (hash → length, u64 BE), tree `manifests`
 //!   (version u64 BE → signed manifest encoding).

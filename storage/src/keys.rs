@@ -6,7 +6,9 @@
 //! <64 lowercase hex chars: the 32-byte ed25519 secret seed>
 //! ```
 //! The libp2p `PeerId` derives from the same key (the `p2p` crate converts the seed), so the
-//! identity used to sign manifests, plans and trajectories is the identity peers see.
+//! identity that signs the learner's manifests, chain plans and activation orders is the
+//! identity peers see. (Trajectory groups are not signed: a worker's groups are attributed by
+//! the peer the learner pulled them from.)
 
 use std::fs;
 use std::io::Write;

@@ -1,4 +1,4 @@
-//! Trajectory records (SPEC §7): τ = (x, y, r, v, Ω), stored and transferred as a *group* of n
+//! Trajectory records (`docs/storage.md`): τ = (x, y, r, v, Ω), stored and transferred as a *group* of n
 //! samples for one prompt under one snapshot version.
 //!
 //! Encoding v1 (see `docs/storage.md`): magic `b"ETG"`, format byte `1`, then the group fields in

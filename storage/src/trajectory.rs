@@ -1,4 +1,4 @@
-//! `TrajectoryStore`: the durable, lease/ack trajectory buffer of a node (SPEC §7).
+//! `TrajectoryStore`: the durable, lease/ack trajectory buffer of a node (`docs/storage.md`).
 //!
 //! Layout (one sled database, see `docs/storage.md`):
 //! - `groups`: key `version (u64 BE) ‖ seq (u64 BE)` → encoded [`TrajectoryGroup`]. Big-endian

@@ -1,4 +1,4 @@
-//! The learning loop across real processes: the `echo-node demo` smoke test (SPEC §13) and a
+//! The learning loop across real processes: the `echo-node demo` smoke test (the demo contract in `docs/operator-guide.md`) and a
 //! learner killed with SIGKILL mid-run and restarted (issue 6 crash test). Bounded waits;
 //! every child is reaped on drop.
 

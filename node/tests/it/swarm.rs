@@ -359,7 +359,7 @@ fn learner_and_three_workers_discover_each_other_and_a_restart_keeps_the_peer_id
         .collect();
     let ids: Vec<String> = workers.iter().map(|w| w.key.peer_id.clone()).collect();
 
-    // The learner sees all three workers, with every SPEC §13 field.
+    // The learner sees all three workers, with every field of the status contract (`docs/protocol.md`).
     let started = Instant::now();
     let st = wait_for("the learner to list three active workers", WAIT, || {
         let st = learner.status()?;
