@@ -55,10 +55,7 @@ fn invariant_holds(data: &Path) -> bool {
 /// SIGTERM, then wait (bounded) for a clean exit.
 fn terminate(node: &mut Node) {
     let mut child = node.child.take().expect("running");
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
+    crate::sigterm(&child);
     let deadline = Instant::now() + Duration::from_secs(30);
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
@@ -207,4 +204,75 @@ fn a_learner_killed_mid_run_resumes_without_training_a_group_twice() {
             "invariant on {name}"
         );
     }
+}
+
+#[test]
+fn a_restart_with_another_staleness_keeps_one_window_for_the_whole_learner() {
+    let tmp = tempfile::tempdir().unwrap();
+    let swarm = "it-window";
+    let mut learner = Node::start_full(
+        tmp.path(),
+        "learner",
+        "learner",
+        swarm,
+        None,
+        "",
+        "[learner]\nwarm_start_steps = 2\nstaleness = 3\ncheckpoint_every = 2\n",
+    );
+    learner.wait_ready();
+    let boot = format!("bootstrap = [\"{}\"]", learner.addr());
+    let lpk = learner.key.public_key.clone();
+    let mut worker = Node::start_full(
+        tmp.path(),
+        "w0",
+        "rollout",
+        swarm,
+        Some(&lpk),
+        &boot,
+        "[storage]\nmax_pending_groups = 8\n",
+    );
+    let limit = Duration::from_secs(240);
+    let learner_status = |n: &mut Node| n.status().map(|s| s["learner"].clone());
+    let before = wait_for("the learner to reach version 4", limit, || {
+        learner_status(&mut learner)?["version"]
+            .as_u64()
+            .filter(|&v| v >= 4)
+    });
+    terminate(&mut learner);
+    // The operator edits S and restarts: the run resumes from its checkpoint.
+    let text = std::fs::read_to_string(&learner.config).unwrap();
+    assert!(text.contains("staleness = 3"), "{text}");
+    std::fs::write(&learner.config, text.replace("staleness = 3", "staleness = 1")).unwrap();
+    learner.listen_arg = learner.listen.clone().unwrap();
+    learner.spawn();
+    // Wait for a pull asked after the restart (at a version past the restart point).
+    let l = wait_for("a pull by the restarted learner", limit, || {
+        let l = learner_status(&mut learner)?;
+        l["last_pull_version"]
+            .as_u64()
+            .filter(|&v| v > before)
+            .map(|_| l)
+    });
+    terminate(&mut learner);
+    terminate(&mut worker);
+
+    // One value everywhere: the checkpoint's S = 3 (documented in docs/learner.md).
+    assert_eq!(l["staleness"], 3, "status: {l}");
+    let (v, v_min) = (
+        l["last_pull_version"].as_u64().unwrap(),
+        l["last_pull_v_min"].as_u64().unwrap(),
+    );
+    assert_eq!(v - v_min, v.min(3), "the puller's window: v {v}, v_min {v_min}");
+    // The trainer's admissions stay within S = 3.
+    let log = steps(&tmp.path().join("learner"));
+    assert!(log
+        .iter()
+        .all(|s| s["stats"]["staleness_max"].as_u64().unwrap() <= 3));
+    // And the node said which value it uses, and why.
+    let text = std::fs::read_to_string(&learner.log).unwrap();
+    assert!(
+        text.contains("learner.staleness") && text.contains("keeps the checkpoint's value"),
+        "no warning about the ignored config value in the log"
+    );
+    assert!(text.contains("learner window") && text.contains("staleness=3"), "{text}");
 }

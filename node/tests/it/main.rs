@@ -4,3 +4,9 @@ mod cli;
 mod learning;
 mod scheduler;
 mod swarm;
+
+/// Sends SIGTERM to a child process (a node stops cleanly on it).
+pub(crate) fn sigterm(child: &std::process::Child) {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid fits i32"));
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+}

@@ -71,7 +71,7 @@ pub(crate) fn keygen(dir: &Path) -> Key {
 pub(crate) struct Node {
     pub(crate) name: String,
     pub(crate) child: Option<Child>,
-    config: PathBuf,
+    pub(crate) config: PathBuf,
     pub(crate) log: PathBuf,
     /// The node's TCP listen address, learned from its status (it listens on port 0).
     pub(crate) listen: Option<String>,
