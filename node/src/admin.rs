@@ -1,6 +1,7 @@
-//! The admin endpoint (loopback only): `GET /status` — the node's view of the swarm as JSON
-//! (SPEC §13) — and `GET /metrics` — Prometheus text with the project's `metrics`-crate series
-//! followed by libp2p's own `prometheus-client` registry, in one response.
+//! The admin endpoint (loopback only): `GET /` — a self-contained HTML page that polls
+//! `/status` (`node/assets/admin.html`) — `GET /status` — the node's view of the swarm as JSON
+//! (fields in docs/operator-guide.md) — and `GET /metrics` — Prometheus text with the project's
+//! `metrics`-crate series followed by libp2p's own `prometheus-client` registry, in one response.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -53,6 +54,17 @@ pub fn status_json(
         }
     }
     v
+}
+
+/// The admin page: one HTML file with inline CSS and JS, no external asset.
+const ADMIN_PAGE: &str = include_str!("../assets/admin.html");
+
+async fn page() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        ADMIN_PAGE,
+    )
+        .into_response()
 }
 
 async fn status(State(s): State<AdminState>) -> Response {
@@ -109,6 +121,7 @@ pub async fn serve(
     })?;
     let bound = listener.local_addr()?;
     let app = Router::new()
+        .route("/", get(page))
         .route("/status", get(status))
         .route("/metrics", get(metrics_text))
         .with_state(state);
