@@ -1,4 +1,5 @@
-//! The admin endpoint (loopback only): `GET /status` — the node's view of the swarm as JSON
+//! The admin endpoint (loopback only): `GET /` — a self-contained HTML page that polls
+//! `/status` (`node/assets/admin.html`) — `GET /status` — the node's view of the swarm as JSON
 //! ([`crate::api::NodeStatus`]) — and `GET /metrics` — Prometheus text with the project's
 //! `metrics`-crate series followed by libp2p's own `prometheus-client` registry, in one
 //! response.
@@ -63,6 +64,17 @@ pub fn node_status(
     st
 }
 
+/// The admin page: one HTML file with inline CSS and JS, no external asset.
+const ADMIN_PAGE: &str = include_str!("../assets/admin.html");
+
+async fn page() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        ADMIN_PAGE,
+    )
+        .into_response()
+}
+
 async fn status(State(s): State<AdminState>) -> Response {
     match s.client.status().await {
         Ok(net) => axum::Json(node_status(net, s.node_version, s.role_view.get())).into_response(),
@@ -113,6 +125,7 @@ pub async fn serve(
     })?;
     let bound = listener.local_addr()?;
     let app = Router::new()
+        .route("/", get(page))
         .route("/status", get(status))
         .route("/metrics", get(metrics_text))
         .with_state(state);

@@ -1,8 +1,7 @@
 //! `echo-node status [--admin HOST:PORT] [--config FILE] [--json]`: ask a running node's admin
 //! endpoint for its view of the swarm.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -33,7 +32,9 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A minimal HTTP/1.1 GET (the admin endpoint is on loopback; no TLS, no redirects).
+/// GET `http://HOST:PORT{path}` of an admin endpoint (loopback HTTP: no TLS, no proxy, no
+/// redirects) and return the body; `ureq` does the HTTP/1.1 framing, chunked bodies included.
+/// Connecting is bounded by 3 s and the whole exchange by 10 s.
 pub fn http_get(host_port: &str, path: &str) -> anyhow::Result<String> {
     let addr: SocketAddr = host_port
         .to_socket_addrs()
@@ -43,54 +44,32 @@ pub fn http_get(host_port: &str, path: &str) -> anyhow::Result<String> {
     let unreachable = || {
         format!("cannot reach the admin endpoint {addr} (is the node running? see network.admin in its config)")
     };
-    let mut s =
-        TcpStream::connect_timeout(&addr, Duration::from_secs(3)).with_context(unreachable)?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    s.set_write_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: application/json\r\nConnection: close\r\n\r\n")?;
-    let mut raw = Vec::new();
-    s.take(64 * 1024 * 1024)
-        .read_to_end(&mut raw)
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .proxy(None)
+        .max_redirects(0)
+        .http_status_as_error(false)
+        .timeout_connect(Some(Duration::from_secs(3)))
+        .timeout_global(Some(Duration::from_secs(10)))
+        .build()
+        .into();
+    let mut reply = agent
+        .get(format!("http://{addr}{path}"))
+        .header("accept", "application/json")
+        .call()
         .with_context(unreachable)?;
-    let text = String::from_utf8(raw).context("the admin endpoint replied with non-UTF-8 bytes")?;
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .context("malformed HTTP reply")?;
-    let status_line = head.lines().next().unwrap_or("");
-    let code: u16 = status_line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let chunked = head.lines().any(|l| {
-        l.to_ascii_lowercase().starts_with("transfer-encoding:")
-            && l.to_ascii_lowercase().contains("chunked")
-    });
-    let body = if chunked {
-        dechunk(body)?
-    } else {
-        body.to_string()
-    };
+    let code = reply.status();
+    let body = reply
+        .body_mut()
+        .with_config()
+        .limit(64 * 1024 * 1024)
+        .read_to_string()
+        .with_context(unreachable)?;
     anyhow::ensure!(
-        code == 200,
-        "{addr}{path} answered `{status_line}`: {}",
+        code.is_success(),
+        "{addr}{path} answered `{code}`: {}",
         body.trim()
     );
     Ok(body)
-}
-
-fn dechunk(mut s: &str) -> anyhow::Result<String> {
-    let mut out = String::new();
-    loop {
-        let (size, rest) = s.split_once("\r\n").context("malformed chunked body")?;
-        let n = usize::from_str_radix(size.trim(), 16).context("malformed chunk size")?;
-        if n == 0 {
-            return Ok(out);
-        }
-        anyhow::ensure!(rest.len() >= n + 2, "truncated chunked body");
-        out.push_str(&rest[..n]);
-        s = &rest[n + 2..];
-    }
 }
 
 /// `x` with `prec` decimals, `-` when unknown.
@@ -210,14 +189,6 @@ pub fn render(st: &NodeStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn dechunk_works() {
-        assert_eq!(
-            dechunk("3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n").unwrap(),
-            "abcde"
-        );
-    }
 
     #[test]
     fn render_shows_learner_scheduler_and_peers() {

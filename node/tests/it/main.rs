@@ -1,5 +1,6 @@
 //! The integration-test binary of `echo-node`: real processes, loopback only, bounded waits.
 
+mod admin;
 mod cli;
 mod learning;
 mod scheduler;

@@ -4,8 +4,7 @@
 //! on drop, also when a test fails.
 
 use std::fs::File;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -306,17 +305,43 @@ fn active_peer(status: &Value, peer_id: &str) -> Option<Value> {
         .cloned()
 }
 
-fn http_get(addr: &str, path: &str) -> String {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
+/// One reply of an admin endpoint: status code, `content-type` and body.
+pub(crate) struct Reply {
+    pub(crate) status: u16,
+    pub(crate) content_type: String,
+    pub(crate) body: String,
+}
+
+/// `GET http://{addr}{path}` with `ureq` (loopback: no proxy; non-2xx replies are returned,
+/// not errors), bounded by 10 s.
+pub(crate) fn http_get(addr: &str, path: &str) -> Reply {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .proxy(None)
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(10)))
+        .build()
+        .into();
+    let mut reply = agent
+        .get(format!("http://{addr}{path}"))
+        .call()
+        .unwrap_or_else(|e| panic!("GET {addr}{path}: {e}"));
+    let content_type = reply
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let body = reply
+        .body_mut()
+        .with_config()
+        .limit(64 * 1024 * 1024)
+        .read_to_string()
+        .unwrap_or_else(|e| panic!("GET {addr}{path}: reading the body: {e}"));
+    Reply {
+        status: reply.status().as_u16(),
+        content_type,
+        body,
+    }
 }
 
 const PEER_FIELDS: [&str; 15] = [
@@ -409,8 +434,9 @@ fn learner_and_three_workers_discover_each_other_and_a_restart_keeps_the_peer_id
         out.status.success() && ids.iter().all(|id| text.contains(id.as_str())),
         "{text}"
     );
-    let metrics = http_get(&learner.admin, "/metrics");
-    assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+    let reply = http_get(&learner.admin, "/metrics");
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let metrics = reply.body;
     assert!(
         metrics.contains("p2p_heartbeats_received_total"),
         "metrics-crate series missing"
