@@ -106,6 +106,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
             continue;
         }
         c.shared.version.store(st.version, Ordering::Relaxed);
+        export_step_metrics(&st, &totals);
         let published = c.trainer.should_publish();
         if published {
             publish(&c.trainer, &c.snap_tx)?;
@@ -186,6 +187,19 @@ fn gather(
         c.buffer.ack(id).context("acking a buffer lease")?;
     }
     Ok(Some(hand))
+}
+
+/// The step's figures as Prometheus series (the dashboard in `docs/grafana/` plots them).
+fn export_step_metrics(st: &StepStats, t: &Totals) {
+    let busy = t.idle_s + t.train_s;
+    metrics::gauge!("learner_version").set(st.version as f64);
+    metrics::gauge!("learner_bubble_ratio").set(if busy > 0.0 { t.idle_s / busy } else { 0.0 });
+    metrics::histogram!("learner_t_train_seconds").record(st.t_train_s);
+    metrics::gauge!("learner_reward_mean").set(st.reward_mean);
+    metrics::gauge!("learner_staleness_max").set(st.staleness_max as f64);
+    metrics::counter!("learner_groups_dropped_stale_total").increment(st.groups_stale as u64);
+    metrics::counter!("learner_groups_dropped_zero_advantage_total")
+        .increment(st.groups_zero_advantage as u64);
 }
 
 fn open_log(path: &Path) -> anyhow::Result<std::fs::File> {
