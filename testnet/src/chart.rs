@@ -95,6 +95,9 @@ const MAX_SIDE: u32 = 16_384;
 /// Smallest accepted image, below which axes and legend no longer fit.
 const MIN_SIZE: (u32, u32) = (320, 240);
 
+/// Series with more points than this are drawn without markers.
+const MAX_MARKED_POINTS: usize = 200;
+
 /// Series colours (Tableau 10), reused cyclically past the tenth series.
 pub const PALETTE: [RGBColor; 10] = [
     RGBColor(31, 119, 180),
@@ -287,7 +290,11 @@ impl Chart {
             } else {
                 colour(i).filled()
             };
-            chart.draw_series(pts.iter().map(|&p| Circle::new(p, marker, style)))?;
+            // Markers show where the measurements are; on a dense series (a step log) they
+            // would only thicken the line into a band.
+            if pts.len() <= MAX_MARKED_POINTS {
+                chart.draw_series(pts.iter().map(|&p| Circle::new(p, marker, style)))?;
+            }
         }
         chart
             .configure_series_labels()

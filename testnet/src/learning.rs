@@ -368,4 +368,23 @@ mod tests {
         assert!(report_overlap(json!({"minutes": 1}), dir.path()).is_err());
         assert!(report_overlap(json!({"results": []}), dir.path()).is_err());
     }
+
+    #[test]
+    fn a_saved_staleness_result_replots_per_objective() {
+        let dir = tempfile::tempdir().unwrap();
+        let row = |s: u64, o: &str, r: f64| {
+            json!({"staleness": s, "objective": o, "summary": {"reward_last": r, "steps": 10,
+                "importance_weight_variance_mean": 0.01 * s as f64}})
+        };
+        let full = json!({"scenario": "staleness", "minutes": 1.0, "results": [
+            row(0, "grpo", 0.4), row(3, "grpo", 0.45), row(0, "gepo", 0.37), row(3, "gepo", 0.44)]});
+        let summary = replot_staleness(&full, dir.path()).unwrap();
+        let rows = summary["results"].as_array().unwrap();
+        assert_eq!(rows.len(), 4);
+        assert_eq!(rows[1]["reward_last"], 0.45);
+        for f in ["staleness-reward.png", "staleness-ivar.png"] {
+            assert!(dir.path().join(f).exists(), "{f}");
+        }
+        assert!(replot_staleness(&json!({"minutes": 1}), dir.path()).is_err());
+    }
 }
