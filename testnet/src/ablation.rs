@@ -9,7 +9,8 @@
 //!   a fixed random order (`random`). Cost per step = mean cost rate of the active workers ×
 //!   elapsed hours / learner steps.
 //!
-//! Owns the comparisons and their summary; the processes are the harness's.
+//! Owns the comparisons and their summary. Must not start, signal or stop processes itself
+//! (that is [`crate::harness`]'s job) nor draw charts by hand ([`crate::chart`]).
 
 use std::path::Path;
 use std::time::{Duration, Instant};

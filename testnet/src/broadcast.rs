@@ -10,8 +10,8 @@
 //! the median over its rounds, compared with [`bound_s`] — the ECHO-2 paper's chain and star
 //! bounds, computed by `control::plan` (the one home of those formulas).
 //!
-//! Owns the scenario's settings, its result rows and its chart; the processes are the
-//! harness's ([`crate::harness`]).
+//! Owns the scenario's settings, the bound, its result rows and its chart. Must not start,
+//! signal or stop processes itself nor write node configs by hand: that is [`crate::harness`].
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

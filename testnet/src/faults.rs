@@ -13,7 +13,8 @@
 //! the fault until the windowed rate is back at ≥ 90 % of the baseline (null if it never is
 //! within the phase), `bubble_increase` = bubble ratio during the phase − baseline bubble.
 //!
-//! Owns the fault schedule, the measurements and the chart; the processes are the harness's.
+//! Owns the fault schedule, the measurements and the chart. Must not start, signal or stop
+//! processes itself: it asks [`crate::harness::Fleet`] to.
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -9,8 +9,8 @@
 //!   online T_train, T_bcast and the workers' μ) and the observed one (the fewest workers with
 //!   a bubble ratio ≤ 2 %).
 //!
-//! Owns the runs' arguments, their analysis and their charts; the processes are the
-//! harness's ([`crate::harness::run_demo`]).
+//! Owns the runs' arguments, their analysis and their charts. Must not run processes itself:
+//! every run goes through [`crate::harness::run_demo`].
 
 use std::path::Path;
 

@@ -12,8 +12,9 @@
 //! flows (the `N_ch` first hops in chain mode, all `N` workers in star mode).
 //! `T_bcast` is the time until a fraction `q` of the workers hold every chunk.
 //!
-//! Owns the simulation and the `sim-broadcast` sweep and chart; the bound it is compared with
-//! is [`crate::broadcast::bound_s`], the same function the real `broadcast` scenario uses.
+//! Owns the simulation and the `sim-broadcast` sweep and chart. Must not carry its own copy
+//! of the bound or of the units: it compares with [`crate::broadcast::bound_s`], the function
+//! the real `broadcast` scenario uses, over `control::plan` and `control::units`.
 
 use control::plan::{plan_chains, PlanParams};
 use control::units::mbps_to_bytes_per_s;
