@@ -1,4 +1,5 @@
-//! The `ablation` scenario (SPEC §12–13, ECHO-2 §5.5): what each part of the system buys.
+//! The `ablation` scenario (`docs/experiments.md`, "Ablation"; the ECHO-2 paper's §5.5): what
+//! each part of the system buys.
 //!
 //! - **No P2P**: T_bcast of one snapshot with forwarding chains (`full`) against the learner
 //!   sending to every worker itself (`nop2p`, star), same N, caps and payload (the `broadcast`
@@ -7,6 +8,9 @@
 //!   scheduler keeps K active for the same time budget, choosing by ρ = cost/μ (`full`) or in
 //!   a fixed random order (`random`). Cost per step = mean cost rate of the active workers ×
 //!   elapsed hours / learner steps.
+//!
+//! Owns the comparisons and their summary. Must not start, signal or stop processes itself
+//! (that is [`crate::harness`]'s job) nor draw charts by hand ([`crate::chart`]).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -14,7 +18,8 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use serde_json::{json, Value};
 
-use crate::broadcast::{self, status};
+use crate::broadcast::{self, Mode};
+use crate::harness::{self, read_status};
 
 /// One learning run; returns (steps, mean active $/h, seconds, active ids at the end).
 fn cost_run(
@@ -25,7 +30,7 @@ fn cost_run(
     secs: f64,
 ) -> anyhow::Result<Value> {
     let tmp = tempfile::Builder::new().prefix("tn-ablation-").tempdir()?;
-    let mut sw = crate::swarm::launch(
+    let mut sw = harness::launch_swarm(
         bin,
         tmp.path(),
         "tn-ablation",
@@ -35,29 +40,26 @@ fn cost_run(
         ),
         costs,
     )?;
-    let deadline = Instant::now() + Duration::from_secs(300);
-    let start_version = loop {
-        std::thread::sleep(Duration::from_secs(1));
-        let v = status(bin, &sw.learner_admin);
-        let l = v.as_ref().map(|v| &v["learner"]);
-        if let Some(version) = l.and_then(|l| l["version"].as_u64()) {
+    // Warm-up: training has started and the scheduler has put the rest on standby.
+    let start_version =
+        harness::wait_for(Duration::from_secs(300), Duration::from_secs(1), || {
+            let v = read_status(bin, &sw.learner_admin);
+            let l = v.as_ref().map(|v| &v["learner"]);
             let ready = l.is_some_and(|l| {
                 l["scheduler"]["standby"].as_array().map(Vec::len) == Some(costs.len() - k)
             });
-            if version >= 5 && ready {
-                break version;
-            }
-        }
-        if Instant::now() > deadline {
-            bail!("{ranking}: the swarm did not start training within 300 s");
-        }
+            Ok(l.and_then(|l| l["version"].as_u64())
+                .filter(|&version| version >= 5 && ready))
+        })?;
+    let Some(start_version) = start_version else {
+        bail!("{ranking}: the swarm did not start training within 300 s");
     };
     let t0 = Instant::now();
     let (mut cost_sum, mut n) = (0.0, 0u32);
     let mut last = Value::Null;
     while t0.elapsed().as_secs_f64() < secs {
         std::thread::sleep(Duration::from_secs(1));
-        if let Some(v) = status(bin, &sw.learner_admin) {
+        if let Some(v) = read_status(bin, &sw.learner_admin) {
             if let Some(c) = v["learner"]["scheduler"]["active_cost_per_hour"].as_f64() {
                 cost_sum += c;
                 n += 1;
@@ -66,7 +68,7 @@ fn cost_run(
         }
     }
     let elapsed = t0.elapsed().as_secs_f64();
-    sw.procs.stop();
+    sw.fleet.stop();
     let steps = last["learner"]["version"].as_u64().unwrap_or(start_version) - start_version;
     let rate = if n > 0 {
         cost_sum / f64::from(n)
@@ -98,21 +100,28 @@ pub fn run(
         chunk_kb: 1024,
         worker_mbps: 100.0,
         learner_mbps: 300.0,
-        modes: vec!["chain".into(), "star".into()],
+        modes: vec![Mode::Chain, Mode::Star],
         rounds: 1,
         bin: bin.to_path_buf(),
         heartbeat_ms: 500,
     };
+    let bar = crate::progress::bar(4, "ablation runs");
     let mut t = Vec::new();
-    for mode in ["chain", "star"] {
+    for mode in [Mode::Chain, Mode::Star] {
+        bar.set_message(format!("broadcast, {}", mode.as_str()));
         let tmp = tempfile::Builder::new()
             .prefix("tn-ablation-bc-")
             .tempdir()?;
         t.push(broadcast::run_one(&settings, mode, nodes, tmp.path())?);
+        bar.inc(1);
     }
     let costs: Vec<f64> = (0..pool).map(|i| 0.1 * 2f64.powi(i as i32)).collect();
+    bar.set_message("activation by cost/μ");
     let full = cost_run(bin, "rho", &costs, active, secs)?;
+    bar.inc(1);
+    bar.set_message("random activation");
     let random = cost_run(bin, "random", &costs, active, secs)?;
+    bar.finish_and_clear();
     let summary = json!({
         "scenario": "ablation",
         "t_bcast_full_s": t[0]["t_bcast_s"], "t_bcast_nop2p_s": t[1]["t_bcast_s"],

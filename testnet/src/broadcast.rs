@@ -1,4 +1,5 @@
-//! The `broadcast` scenario (SPEC §12–13, issue 4): real `echo-node` processes on 127.0.0.1.
+//! The `broadcast` scenario: T_bcast of real `echo-node` processes on 127.0.0.1 against the
+//! bound (`docs/broadcast.md`, "Multi-process: `testnet broadcast`").
 //!
 //! For every N: one learner started with the hidden benchmark flags
 //! (`run --bench-broadcast-mb M --bench-workers N --bench-rounds R`) and N workers with
@@ -6,129 +7,100 @@
 //! B0 on the learner, `uplink_mbps` = `downlink_mbps` = B̂w on the workers), chunk size c. The
 //! learner publishes R snapshots of fresh random bytes through the real dissemination engine
 //! and times each until every worker's heartbeat reports the install. T_bcast of a setting is
-//! the median over its rounds, compared with the bound of SPEC §13:
-//! chain `M/B̂w + (L−1)·c/B̂w` (L = the longest chain of the plan), star `max(M/B̂w, N·M/B0)`.
+//! the median over its rounds, compared with [`bound_s`] — the ECHO-2 paper's chain and star
+//! bounds, computed by `control::plan` (the one home of those formulas).
+//!
+//! Owns the scenario's settings, the bound, its result rows and its chart. Must not start,
+//! signal or stop processes itself nor write node configs by hand: that is [`crate::harness`].
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
+
+use crate::chart::{Chart, Series};
+use crate::harness::{self, Fleet, NodeSpec, Role};
+
+/// How a snapshot travels from the learner to the workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Forwarding chains planned by `control::plan`.
+    Chain,
+    /// The learner sends to every worker itself.
+    Star,
+}
+
+impl Mode {
+    /// The name in node configs (`broadcast.mode`) and result files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Chain => "chain",
+            Mode::Star => "star",
+        }
+    }
+}
+
+/// Bytes in a snapshot of `size_mb` MB: snapshot sizes are decimal megabytes (10⁶ bytes) on
+/// every command line, as the node's `--bench-broadcast-mb` counts them.
+pub fn snapshot_bytes(size_mb: f64) -> f64 {
+    size_mb * 1e6
+}
+
+/// Bytes in a chunk of `chunk_kib` KiB: `--chunk-kb` is KiB (1024 bytes) in every scenario,
+/// like the node's `storage.chunk_size_kib`.
+pub fn chunk_bytes(chunk_kib: u32) -> f64 {
+    control::units::kib_to_bytes(u64::from(chunk_kib)) as f64
+}
+
+/// The bound on T_bcast in seconds for `n` workers: chain `M/B̂w + (L − 1)·c/B̂w` with `L` =
+/// `chain_len` the longest chain of the plan, star `max(M/B̂w, N·M/B0)` (`chain_len` ignored).
+/// `broadcast` and `sim-broadcast` both compare against this one function.
+pub fn bound_s(
+    mode: Mode,
+    size_mb: f64,
+    chunk_kib: u32,
+    worker_mbps: f64,
+    learner_mbps: f64,
+    n: usize,
+    chain_len: usize,
+) -> f64 {
+    let size = snapshot_bytes(size_mb);
+    match mode {
+        Mode::Chain => {
+            control::plan::chain_bound_s(size, chunk_bytes(chunk_kib), worker_mbps, chain_len)
+        }
+        Mode::Star => control::plan::star_bound_s(size, worker_mbps, learner_mbps, n),
+    }
+}
 
 /// One sweep's settings.
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub nodes: Vec<usize>,
     pub size_mb: f64,
+    /// Chunk size in KiB.
     pub chunk_kb: u32,
     pub worker_mbps: f64,
     pub learner_mbps: f64,
-    pub modes: Vec<String>,
+    pub modes: Vec<Mode>,
     pub rounds: u32,
     pub bin: PathBuf,
     pub heartbeat_ms: u64,
 }
 
-/// The SPEC §13 bound in seconds. `chain_len` is L (ignored for star).
-pub fn bound_s(s: &Settings, mode: &str, n: usize, chain_len: usize) -> f64 {
-    let m_bits = s.size_mb * 8.0e6;
-    let c_bits = f64::from(s.chunk_kb) * 1024.0 * 8.0;
-    let bw = s.worker_mbps * 1e6;
-    let b0 = s.learner_mbps * 1e6;
-    if mode == "star" {
-        (m_bits / bw).max(n as f64 * m_bits / b0)
-    } else {
-        m_bits / bw + chain_len.saturating_sub(1) as f64 * c_bits / bw
-    }
-}
-
-/// Child processes, stopped with SIGTERM (then killed) on drop.
-pub(crate) struct Procs(pub(crate) Vec<(String, Child)>);
-
-impl Procs {
-    pub(crate) fn stop(&mut self) {
-        for (_, c) in &self.0 {
-            signal(c.id(), "-TERM");
-        }
-        let deadline = Instant::now() + Duration::from_secs(20);
-        for (_, c) in &mut self.0 {
-            while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        self.0.clear();
-    }
-}
-
-/// Sends `sig` (`-TERM`, `-STOP`, …) to `pid`. A process a scenario killed on purpose is gone
-/// already: nothing to report then.
-pub(crate) fn signal(pid: u32, sig: &str) {
-    let _ = Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .stderr(Stdio::null())
-        .status();
-}
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-pub(crate) fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-pub(crate) fn keygen(bin: &Path, dir: &Path) -> anyhow::Result<Value> {
-    let out = Command::new(bin)
-        .args(["keygen", "--json", "--out"])
-        .arg(dir)
-        .output()
-        .with_context(|| format!("running {}", bin.display()))?;
-    if !out.status.success() {
-        bail!("keygen: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(serde_json::from_slice(&out.stdout)?)
-}
-
-pub(crate) fn status(bin: &Path, admin: &str) -> Option<Value> {
-    let out = Command::new(bin)
-        .args(["status", "--json", "--admin", admin])
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| serde_json::from_slice(&out.stdout).ok())
-        .flatten()
-}
-
-pub(crate) fn spawn(
-    bin: &Path,
-    config: &Path,
-    extra: &[String],
-    log: &Path,
-) -> anyhow::Result<Child> {
-    let f = File::create(log)?;
-    Command::new(bin)
-        .args(["run", "--config"])
-        .arg(config)
-        .args(extra)
-        .env("NO_COLOR", "1")
-        .env(
-            "RUST_LOG",
-            "warn,echo_node=info,dissemination=info,libp2p_gossipsub=error",
+impl Settings {
+    fn bound_s(&self, mode: Mode, n: usize, chain_len: usize) -> f64 {
+        bound_s(
+            mode,
+            self.size_mb,
+            self.chunk_kb,
+            self.worker_mbps,
+            self.learner_mbps,
+            n,
+            chain_len,
         )
-        .stdin(Stdio::null())
-        .stdout(f.try_clone()?)
-        .stderr(f)
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))
+    }
 }
 
 fn median(mut xs: Vec<f64>) -> Option<f64> {
@@ -136,47 +108,43 @@ fn median(mut xs: Vec<f64>) -> Option<f64> {
     xs.get(xs.len() / 2).copied()
 }
 
-/// Runs one setting (N workers, one mode); returns its result row.
-pub fn run_one(s: &Settings, mode: &str, n: usize, root: &Path) -> anyhow::Result<Value> {
-    let swarm = "tn-broadcast";
+/// Starts the learner (benchmark role) and `n` sink workers of one setting under `root`;
+/// returns the fleet and the learner's admin address.
+fn launch(s: &Settings, mode: Mode, n: usize, root: &Path) -> anyhow::Result<(Fleet, String)> {
     let ldir = root.join("learner");
     std::fs::create_dir_all(&ldir)?;
-    let key = keygen(&s.bin, &ldir)?;
-    let (lpk, lpeer) = (
-        key["public_key"]
-            .as_str()
-            .context("public_key")?
-            .to_string(),
-        key["peer_id"].as_str().context("peer_id")?.to_string(),
+    let key = harness::keygen(&s.bin, &ldir)?;
+    let port = harness::free_port()?;
+    let admin = format!("127.0.0.1:{}", harness::free_port()?);
+    let tables = format!(
+        "[storage]\nchunk_size_kib = {}\nkeep_snapshots = 2\n[broadcast]\nmode = \"{}\"\nworker_mbps = {}\n",
+        s.chunk_kb,
+        mode.as_str(),
+        s.worker_mbps
     );
-    let port = free_port()?;
-    let admin = format!("127.0.0.1:{}", free_port()?);
-    let common = |dir: &Path, admin: &str, listen: &str, net: &str| {
-        format!(
-            "swarm_id = \"{swarm}\"\ndata_dir = \"{}\"\n[storage]\nchunk_size_kib = {}\nkeep_snapshots = 2\n\
-             [broadcast]\nmode = \"{mode}\"\nworker_mbps = {}\n[network]\nlisten = [\"{listen}\"]\n\
-             admin = \"{admin}\"\nmdns = false\nautonat = false\nquic = false\nheartbeat_interval_ms = {}\n{net}\n",
-            dir.display(),
-            s.chunk_kb,
-            s.worker_mbps,
-            s.heartbeat_ms
-        )
+    let spec = |role, dir: &Path, admin: String, listen: String, network| NodeSpec {
+        role,
+        swarm_id: "tn-broadcast".into(),
+        data_dir: dir.to_path_buf(),
+        learner_public_key: None,
+        listen,
+        admin,
+        heartbeat_interval_ms: s.heartbeat_ms,
+        network,
+        tables: tables.clone(),
     };
-    let lcfg = ldir.join("node.toml");
-    std::fs::write(
-        &lcfg,
-        format!(
-            "role = \"learner\"\n{}",
-            common(
-                &ldir,
-                &admin,
-                &format!("/ip4/127.0.0.1/tcp/{port}"),
-                &format!("learner_mbps = {}", s.learner_mbps)
-            )
+    harness::write_node_config(
+        &harness::config_path(&ldir),
+        &spec(
+            Role::Learner,
+            &ldir,
+            admin.clone(),
+            format!("/ip4/127.0.0.1/tcp/{port}"),
+            vec![format!("learner_mbps = {}", s.learner_mbps)],
         ),
     )?;
-    let mut procs = Procs(Vec::new());
-    let bench = vec![
+    let mut fleet = Fleet::new();
+    let bench = [
         "--bench-broadcast-mb".to_string(),
         s.size_mb.to_string(),
         "--bench-workers".into(),
@@ -184,65 +152,51 @@ pub fn run_one(s: &Settings, mode: &str, n: usize, root: &Path) -> anyhow::Resul
         "--bench-rounds".into(),
         s.rounds.to_string(),
     ];
-    procs.0.push((
-        "learner".into(),
-        spawn(&s.bin, &lcfg, &bench, &ldir.join("node.log"))?,
-    ));
+    fleet.start(&s.bin, "learner", &ldir, &bench)?;
     for i in 0..n {
         let dir = root.join(format!("w{i}"));
         std::fs::create_dir_all(&dir)?;
-        let cfg = dir.join("node.toml");
-        std::fs::write(
-            &cfg,
-            format!(
-                "role = \"rollout\"\nlearner_public_key = \"{lpk}\"\n{}",
-                common(
-                    &dir,
-                    &format!("127.0.0.1:{}", free_port()?),
-                    "/ip4/127.0.0.1/tcp/0",
-                    &format!(
-                        "bootstrap = [\"/ip4/127.0.0.1/tcp/{port}/p2p/{lpeer}\"]\n\
-                         uplink_mbps = {bw}\ndownlink_mbps = {bw}",
-                        bw = s.worker_mbps
-                    )
-                )
-            ),
-        )?;
-        procs.0.push((
-            format!("w{i}"),
-            spawn(
-                &s.bin,
-                &cfg,
-                &["--bench-sink".to_string()],
-                &dir.join("node.log"),
-            )?,
-        ));
+        let worker = NodeSpec {
+            learner_public_key: Some(key.public_key.clone()),
+            ..spec(
+                Role::Rollout,
+                &dir,
+                format!("127.0.0.1:{}", harness::free_port()?),
+                "/ip4/127.0.0.1/tcp/0".into(),
+                vec![
+                    format!(
+                        "bootstrap = [\"/ip4/127.0.0.1/tcp/{port}/p2p/{}\"]",
+                        key.peer_id
+                    ),
+                    format!("uplink_mbps = {}", s.worker_mbps),
+                    format!("downlink_mbps = {}", s.worker_mbps),
+                ],
+            )
+        };
+        harness::write_node_config(&harness::config_path(&dir), &worker)?;
+        fleet.start(&s.bin, &format!("w{i}"), &dir, &["--bench-sink".into()])?;
     }
+    Ok((fleet, admin))
+}
+
+/// Runs one setting (N workers, one mode); returns its result row.
+pub fn run_one(s: &Settings, mode: Mode, n: usize, root: &Path) -> anyhow::Result<Value> {
+    let (mut fleet, admin) = launch(s, mode, n, root)?;
     let limit = Duration::from_secs(240 + u64::from(s.rounds) * 120);
-    let t0 = Instant::now();
-    let bench = loop {
-        std::thread::sleep(Duration::from_millis(500));
-        for (name, c) in &mut procs.0 {
-            if let Some(code) = c.try_wait()? {
-                bail!(
-                    "{name} exited ({code}); see {}",
-                    root.join(name.as_str()).display()
-                );
-            }
-        }
-        if let Some(b) = status(&s.bin, &admin).map(|v| v["bench"].clone()) {
-            if b["done"] == true {
-                break b;
-            }
-        }
-        if t0.elapsed() > limit {
-            bail!(
-                "N = {n} {mode}: the benchmark did not finish within {limit:?}; logs in {}",
-                root.display()
-            );
-        }
+    let bench = harness::wait_for(limit, Duration::from_millis(500), || {
+        fleet.ensure_running()?;
+        Ok(harness::read_status(&s.bin, &admin)
+            .map(|v| v["bench"].clone())
+            .filter(|b| b["done"] == true))
+    })?;
+    let Some(bench) = bench else {
+        bail!(
+            "N = {n} {}: the benchmark did not finish within {limit:?}; logs in {}",
+            mode.as_str(),
+            root.display()
+        );
     };
-    procs.stop();
+    fleet.stop();
     let rounds = bench["rounds"].as_array().cloned().unwrap_or_default();
     let all: Vec<f64> = rounds
         .iter()
@@ -259,10 +213,10 @@ pub fn run_one(s: &Settings, mode: &str, n: usize, root: &Path) -> anyhow::Resul
         .max()
         .unwrap_or(1) as usize;
     let n_chains = rounds.first().and_then(|r| r["n_chains"].as_u64());
-    let bound = bound_s(s, mode, n, chain_len);
-    let t = median(all.clone());
+    let bound = s.bound_s(mode, n, chain_len);
+    let t = median(all);
     Ok(json!({
-        "mode": mode, "nodes": n, "t_bcast_s": t, "t_bcast_q_s": median(q),
+        "mode": mode.as_str(), "nodes": n, "t_bcast_s": t, "t_bcast_q_s": median(q),
         "bound_s": bound, "ratio_to_bound": t.map(|t| t / bound),
         "installed": n, "n_chains": n_chains, "longest_chain": chain_len,
         "rounds": rounds,
@@ -274,74 +228,149 @@ pub fn run_one(s: &Settings, mode: &str, n: usize, root: &Path) -> anyhow::Resul
 pub fn sweep(s: &Settings, out: &Path, verbose: bool) -> anyhow::Result<Value> {
     std::fs::create_dir_all(out)?;
     let mut rows = Vec::new();
-    for mode in &s.modes {
+    let bar = crate::progress::bar((s.modes.len() * s.nodes.len()) as u64, "broadcast settings");
+    for &mode in &s.modes {
         for &n in &s.nodes {
+            bar.set_message(format!("{} N={n}", mode.as_str()));
             let tmp = tempfile::Builder::new().prefix("tn-broadcast-").tempdir()?;
             let row = run_one(s, mode, n, tmp.path())?;
             if verbose {
-                println!(
-                    "{mode:>5} N={n:<3} T_bcast {:>7.2}s  (1/γ of workers {:>6.2}s)  bound {:>6.2}s  ratio {:.2}  chains {}  L {}",
-                    row["t_bcast_s"].as_f64().unwrap_or(f64::NAN),
-                    row["t_bcast_q_s"].as_f64().unwrap_or(f64::NAN),
-                    row["bound_s"].as_f64().unwrap_or(f64::NAN),
-                    row["ratio_to_bound"].as_f64().unwrap_or(f64::NAN),
-                    row["n_chains"],
-                    row["longest_chain"]
-                );
+                bar.suspend(|| {
+                    println!(
+                        "{:>5} N={n:<3} T_bcast {:>7.2}s  (1/γ of workers {:>6.2}s)  bound {:>6.2}s  ratio {:.2}  chains {}  L {}",
+                        mode.as_str(),
+                        row["t_bcast_s"].as_f64().unwrap_or(f64::NAN),
+                        row["t_bcast_q_s"].as_f64().unwrap_or(f64::NAN),
+                        row["bound_s"].as_f64().unwrap_or(f64::NAN),
+                        row["ratio_to_bound"].as_f64().unwrap_or(f64::NAN),
+                        row["n_chains"],
+                        row["longest_chain"]
+                    )
+                });
             }
             rows.push(row);
+            bar.inc(1);
         }
     }
+    bar.finish_and_clear();
     let settings = json!({"size_mb": s.size_mb, "chunk_kb": s.chunk_kb, "worker_mbps": s.worker_mbps,
         "learner_mbps": s.learner_mbps, "rounds": s.rounds, "heartbeat_ms": s.heartbeat_ms});
     let full = json!({"scenario": "broadcast", "settings": settings, "results": rows});
     let json_path = out.join("broadcast.json");
     std::fs::write(&json_path, serde_json::to_vec_pretty(&full)?)?;
-    let mut series = Vec::new();
-    for mode in &s.modes {
-        let pick = |key: &str| -> Vec<(f64, f64)> {
-            rows.iter()
-                .filter(|r| r["mode"] == mode.as_str())
-                .filter_map(|r| Some((r["nodes"].as_f64()?, r[key].as_f64()?)))
-                .collect()
-        };
-        series.push(crate::plot::Series {
-            name: format!("{mode} (measured)"),
-            points: pick("t_bcast_s"),
-            dashed: false,
-        });
-        series.push(crate::plot::Series {
-            name: format!("{mode} bound"),
-            points: pick("bound_s"),
-            dashed: true,
-        });
-    }
     let png = out.join("broadcast.png");
-    crate::plot::write_png(
-        &crate::plot::Chart {
-            title: format!(
-                "T_bcast of {} MB on loopback, Bw {} / B0 {} Mbit/s",
-                s.size_mb, s.worker_mbps, s.learner_mbps
-            ),
-            x_label: "rollout workers N".into(),
-            y_label: "T_bcast (s)".into(),
-            series,
-            log_x: true,
-            log_y: true,
-        },
-        &png,
-        960,
-        600,
-    )?;
+    chart(&full)?.write_png(&png, 960, 600)?;
     if verbose {
         eprintln!("wrote {} and {}", json_path.display(), png.display());
     }
-    let brief: Vec<Value> = rows
+    Ok(summary(&full))
+}
+
+/// Re-draws `broadcast.png` under `out` from a saved `broadcast.json`; returns its summary.
+pub fn replot(full: &Value, out: &Path) -> anyhow::Result<Value> {
+    std::fs::create_dir_all(out)?;
+    chart(full)?.write_png(&out.join("broadcast.png"), 960, 600)?;
+    Ok(summary(full))
+}
+
+/// The `--json` summary of a full result: settings and one brief row per run.
+fn summary(full: &Value) -> Value {
+    let brief: Vec<Value> = full["results"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
         .iter()
         .map(|r| {
             json!({"mode": r["mode"], "nodes": r["nodes"], "t_bcast_s": r["t_bcast_s"],
             "bound_s": r["bound_s"], "installed": r["installed"], "n_chains": r["n_chains"]})
         })
         .collect();
-    Ok(json!({"scenario": "broadcast", "settings": full["settings"], "results": brief}))
+    json!({"scenario": "broadcast", "settings": full["settings"], "results": brief})
+}
+
+/// T_bcast (measured) and the bound vs N, per mode in the order of the rows, log-log.
+fn chart(full: &Value) -> anyhow::Result<Chart> {
+    let rows = full["results"]
+        .as_array()
+        .context("not a broadcast result: no `results` array")?;
+    let mut modes: Vec<&str> = Vec::new();
+    for m in rows.iter().filter_map(|r| r["mode"].as_str()) {
+        if !modes.contains(&m) {
+            modes.push(m);
+        }
+    }
+    let mut series = Vec::new();
+    for mode in modes {
+        let pick = |key: &str| -> Vec<(f64, f64)> {
+            rows.iter()
+                .filter(|r| r["mode"] == mode)
+                .filter_map(|r| Some((r["nodes"].as_f64()?, r[key].as_f64()?)))
+                .collect()
+        };
+        series.push(Series::solid(
+            format!("{mode} (measured)"),
+            pick("t_bcast_s"),
+        ));
+        series.push(Series::dashed(format!("{mode} bound"), pick("bound_s")));
+    }
+    let st = &full["settings"];
+    let num = |k: &str| st[k].as_f64().unwrap_or(f64::NAN);
+    Ok(Chart {
+        title: format!(
+            "T_bcast of {} MB on loopback, Bw {} / B0 {} Mbit/s",
+            num("size_mb"),
+            num("worker_mbps"),
+            num("learner_mbps")
+        ),
+        x_label: "rollout workers N".into(),
+        y_label: "T_bcast (s)".into(),
+        series,
+        log_x: true,
+        log_y: true,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_use_decimal_megabytes_and_kibibyte_chunks() {
+        // M = 64 MB, c = 1024 KiB, B̂w = 100 Mbit/s, L = 2: 5.12 s + 1 MiB / 12.5 MB/s.
+        let chain = bound_s(Mode::Chain, 64.0, 1024, 100.0, 300.0, 4, 2);
+        assert!(
+            (chain - (5.12 + 1_048_576.0 / 12.5e6)).abs() < 1e-12,
+            "{chain}"
+        );
+        // Star at N = 8 over B0 = 300 Mbit/s: 8 · 64 MB / 37.5 MB/s.
+        let star = bound_s(Mode::Star, 64.0, 1024, 100.0, 300.0, 8, 99);
+        assert!((star - 8.0 * 64e6 / 37.5e6).abs() < 1e-12, "{star}");
+        // The saved run of docs/broadcast.md: N = 4 chain, L = 2.
+        assert!((bound_s(Mode::Chain, 64.0, 1024, 100.0, 300.0, 4, 2) - 5.20388608).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_chart_has_a_measured_and_a_bound_series_per_mode() {
+        let full = json!({"settings": {"size_mb": 64.0, "worker_mbps": 100.0, "learner_mbps": 300.0},
+        "results": [
+            {"mode": "chain", "nodes": 4, "t_bcast_s": 5.6, "bound_s": 5.2},
+            {"mode": "star", "nodes": 4, "t_bcast_s": 7.0, "bound_s": 6.8},
+            {"mode": "chain", "nodes": 8, "t_bcast_s": 6.6, "bound_s": 5.3},
+        ]});
+        let c = chart(&full).unwrap();
+        let names: Vec<&str> = c.series.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "chain (measured)",
+                "chain bound",
+                "star (measured)",
+                "star bound"
+            ]
+        );
+        assert_eq!(c.series[0].points, [(4.0, 5.6), (8.0, 6.6)]);
+        assert!(c.series[1].dashed && !c.series[0].dashed);
+        assert_eq!(summary(&full)["results"].as_array().unwrap().len(), 3);
+        assert!(chart(&json!({})).is_err());
+    }
 }

@@ -1,4 +1,5 @@
-//! The `faults` scenario (SPEC §12–13, ECHO-2 App. D / Table 4): one learner running the
+//! The `faults` scenario (`docs/experiments.md`, "Faults"; the ECHO-2 paper's App. D /
+//! Table 4): one learner running the
 //! scheduler with `active_workers = K` and K + 1 rollout workers (the dearest one on standby),
 //! real processes on 127.0.0.1. After a warm-up and a baseline phase two faults are injected
 //! from outside, one after the other:
@@ -11,15 +12,19 @@
 //! 5-s windowed steps/s during the fault phase) / (baseline steps/s), `recovery_s` = time from
 //! the fault until the windowed rate is back at ≥ 90 % of the baseline (null if it never is
 //! within the phase), `bubble_increase` = bubble ratio during the phase − baseline bubble.
+//!
+//! Owns the fault schedule, the measurements and the chart. Must not start, signal or stop
+//! processes itself: it asks [`crate::harness::Fleet`] to.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
+use anyhow::{bail, Context};
+use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 
-use crate::broadcast::{signal, status};
-use crate::plot::{write_png, Chart, Series};
+use crate::chart::{Chart, Series};
+use crate::harness::{self, read_status};
 
 /// One sample of the learner: (seconds since start, version, idle_s, train_s).
 type Sample = (f64, f64, f64, f64);
@@ -33,7 +38,7 @@ struct Run {
 
 impl Run {
     fn sample(&mut self) -> Option<Sample> {
-        let v = status(&self.bin, &self.admin)?;
+        let v = read_status(&self.bin, &self.admin)?;
         let l = &v["learner"];
         let s = (
             self.t0.elapsed().as_secs_f64(),
@@ -98,11 +103,11 @@ pub fn run(bin: &Path, active: usize, phase_s: f64, out: &Path) -> anyhow::Resul
     }
     let mut costs = vec![0.1; active];
     costs.push(0.5); // the dearest worker starts on standby
-    let crate::swarm::Swarm {
-        mut procs,
+    let harness::Swarm {
+        mut fleet,
         learner_admin: admin,
         worker_admins,
-    } = crate::swarm::launch(
+    } = harness::launch_swarm(
         bin,
         root,
         "tn-faults",
@@ -118,57 +123,67 @@ pub fn run(bin: &Path, active: usize, phase_s: f64, out: &Path) -> anyhow::Resul
         t0: Instant::now(),
         samples: Vec::new(),
     };
+    let bar = crate::progress::bar(5, "faults phases");
+    bar.set_message("warm-up");
     // Warm-up: training has started and the standby worker is on standby.
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        std::thread::sleep(Duration::from_secs(1));
-        let ready = status(bin, &run.admin).is_some_and(|v| {
-            v["learner"]["version"].as_u64().is_some_and(|x| x >= 20)
-                && v["learner"]["scheduler"]["standby"]
-                    .as_array()
-                    .is_some_and(|s| s.len() == 1)
-        });
-        if ready {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "the swarm did not start training within 300 s; logs in {}",
-                root.display()
-            );
-        }
+    let ready = harness::wait_for(Duration::from_secs(300), Duration::from_secs(1), || {
+        Ok(read_status(bin, &run.admin)
+            .is_some_and(|v| {
+                v["learner"]["version"].as_u64().is_some_and(|x| x >= 20)
+                    && v["learner"]["scheduler"]["standby"]
+                        .as_array()
+                        .is_some_and(|s| s.len() == 1)
+            })
+            .then_some(()))
+    })?;
+    if ready.is_none() {
+        bail!(
+            "the swarm did not start training within 300 s; logs in {}",
+            root.display()
+        );
     }
+    bar.inc(1);
+    bar.set_message("baseline");
     run.t0 = Instant::now();
     run.observe(phase_s, |_| {});
     let baseline = between(&run.samples, 0.0, phase_s);
+    bar.inc(1);
 
-    // Fault 1: w0 at half speed for one phase.
+    // Fault 1: w0 (fleet node 1) at half speed for one phase.
+    bar.set_message("worker slowed");
     let t_slow = run.t0.elapsed().as_secs_f64();
-    let pid0 = procs.0[1].1.id();
     let mut stopped = false;
     run.observe(phase_s, |e| {
         let stop_now = e.fract() < 0.5;
         if stop_now != stopped {
-            signal(pid0, if stop_now { "-STOP" } else { "-CONT" });
+            let sig = if stop_now {
+                Signal::SIGSTOP
+            } else {
+                Signal::SIGCONT
+            };
+            // A failed signal only weakens the fault; the measurement shows it.
+            let _ = fleet.signal(1, sig);
             stopped = stop_now;
         }
     });
-    signal(pid0, "-CONT");
+    fleet.signal(1, Signal::SIGCONT)?;
+    bar.inc(1);
+    bar.set_message("recovering");
     run.observe(phase_s / 2.0, |_| {});
+    bar.inc(1);
 
-    // Fault 2: w1 killed.
+    // Fault 2: w1 (fleet node 2) killed.
+    bar.set_message("worker dropped");
     let t_drop = run.t0.elapsed().as_secs_f64();
-    if let Some((_, c)) = procs.0.get_mut(2) {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
+    fleet.kill(2);
     run.observe(phase_s, |_| {});
     let end = run.t0.elapsed().as_secs_f64();
     // The standby worker (the dearest, last) must now be generating.
-    let spare = status(bin, &worker_admins[active]).unwrap_or(Value::Null);
+    let spare = read_status(bin, &worker_admins[active]).unwrap_or(Value::Null);
     let standby_activated =
         spare["rollout"]["standby"] == false && spare["rollout"]["groups"].as_u64() > Some(0);
-    procs.stop();
+    fleet.stop();
+    bar.finish_and_clear();
 
     let rates = windowed(&run.samples, 5.0);
     let fault = |name: &str, start: f64, stop: f64| {
@@ -197,51 +212,121 @@ pub fn run(bin: &Path, active: usize, phase_s: f64, out: &Path) -> anyhow::Resul
         fault("worker slowed 0.5x", t_slow, t_slow + phase_s),
         fault("worker dropped", t_drop, end),
     ];
-    write_png(
-        &Chart {
-            title: "learner steps/s (5-s windows): slowed worker, then dropped worker".into(),
-            x_label: "seconds since baseline start".into(),
-            y_label: "steps/s".into(),
-            series: vec![
-                Series {
-                    name: "steps/s".into(),
-                    points: rates.clone(),
-                    dashed: false,
-                },
-                Series {
-                    name: "baseline".into(),
-                    points: vec![(0.0, baseline.0), (end, baseline.0)],
-                    dashed: true,
-                },
-                Series {
-                    name: "slowed (start/end)".into(),
-                    points: vec![
-                        (t_slow, 0.0),
-                        (t_slow, baseline.0),
-                        (t_slow + phase_s, baseline.0),
-                        (t_slow + phase_s, 0.0),
-                    ],
-                    dashed: true,
-                },
-                Series {
-                    name: "dropped".into(),
-                    points: vec![(t_drop, 0.0), (t_drop, baseline.0)],
-                    dashed: true,
-                },
-            ],
-            log_x: false,
-            log_y: false,
-        },
-        &out.join("faults.png"),
-        960,
-        600,
-    )?;
     let full = json!({"scenario": "faults", "active_workers": active, "phase_s": phase_s,
         "baseline": {"steps_per_s": baseline.0, "bubble_ratio": baseline.1},
-        "faults": faults, "standby_activated": standby_activated, "samples": run.samples});
+        "faults": faults, "standby_activated": standby_activated, "end_s": end,
+        "samples": run.samples});
     std::fs::write(out.join("faults.json"), serde_json::to_vec_pretty(&full)?)?;
+    replot(&full, out)
+}
+
+/// Draws `faults.png` under `out` from a fresh or saved `faults.json` (`testnet faults
+/// --from`); returns the summary.
+pub fn replot(full: &Value, out: &Path) -> anyhow::Result<Value> {
+    std::fs::create_dir_all(out)?;
+    chart(full)?.write_png(&out.join("faults.png"), 960, 600)?;
     Ok(
         json!({"scenario": "faults", "baseline": full["baseline"], "faults": full["faults"],
-        "standby_activated": standby_activated}),
+        "standby_activated": full["standby_activated"]}),
     )
+}
+
+/// Learner steps/s in 5-s windows through the run, with the baseline and the two faults'
+/// start (and, for the slowed worker, end) as dashed reference lines.
+fn chart(full: &Value) -> anyhow::Result<Chart> {
+    let samples: Vec<Sample> = full["samples"]
+        .as_array()
+        .context("not a faults result: no `samples` array")?
+        .iter()
+        .filter_map(|s| {
+            let s = s.as_array()?;
+            Some((
+                s.first()?.as_f64()?,
+                s.get(1)?.as_f64()?,
+                s.get(2)?.as_f64()?,
+                s.get(3)?.as_f64()?,
+            ))
+        })
+        .collect();
+    let num = |v: &Value| {
+        v.as_f64()
+            .context("a faults result without its phase times")
+    };
+    let base = full["baseline"]["steps_per_s"].as_f64().unwrap_or(f64::NAN);
+    let phase_s = num(&full["phase_s"])?;
+    let t_slow = num(&full["faults"][0]["start_s"])?;
+    let t_drop = num(&full["faults"][1]["start_s"])?;
+    // Runs saved before `end_s` was recorded end at their last sample.
+    let end = full["end_s"]
+        .as_f64()
+        .or_else(|| samples.last().map(|s| s.0))
+        .unwrap_or(t_drop);
+    Ok(Chart {
+        title: "learner steps/s (5-s windows): slowed worker, then dropped worker".into(),
+        x_label: "seconds since baseline start".into(),
+        y_label: "steps/s".into(),
+        series: vec![
+            Series::solid("steps/s", windowed(&samples, 5.0)),
+            Series::dashed("baseline", vec![(0.0, base), (end, base)]),
+            Series::dashed(
+                "slowed (start/end)",
+                vec![
+                    (t_slow, 0.0),
+                    (t_slow, base),
+                    (t_slow + phase_s, base),
+                    (t_slow + phase_s, 0.0),
+                ],
+            ),
+            Series::dashed("dropped", vec![(t_drop, 0.0), (t_drop, base)]),
+        ],
+        log_x: false,
+        log_y: false,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_and_phases_come_from_the_samples() {
+        // 2 steps/s for 10 s, then 1 step/s; the learner idles 1 s of every 4 throughout.
+        let samples: Vec<Sample> = (0..=20)
+            .map(|t| {
+                let t = f64::from(t);
+                let v = if t <= 10.0 {
+                    2.0 * t
+                } else {
+                    20.0 + (t - 10.0)
+                };
+                (t, v, 0.25 * t, 0.75 * t)
+            })
+            .collect();
+        let w = windowed(&samples, 5.0);
+        assert_eq!(w.first(), Some(&(5.0, 2.0)));
+        assert_eq!(w.last(), Some(&(20.0, 1.0)));
+        let (rate, bubble) = between(&samples, 0.0, 10.0);
+        assert_eq!(rate, 2.0);
+        assert!((bubble - 0.25).abs() < 1e-12);
+        assert!(between(&samples, 30.0, 40.0).0.is_nan());
+    }
+
+    #[test]
+    fn a_saved_result_replots_with_its_reference_lines() {
+        let samples: Vec<Value> = (0..40)
+            .map(|t| json!([f64::from(t), 2.0 * f64::from(t), 0.0, f64::from(t)]))
+            .collect();
+        let full = json!({"phase_s": 10.0, "baseline": {"steps_per_s": 2.0},
+            "faults": [{"start_s": 10.0}, {"start_s": 25.0}], "standby_activated": true,
+            "samples": samples});
+        let c = chart(&full).unwrap();
+        assert_eq!(c.series.len(), 4);
+        assert_eq!(c.series[1].points, [(0.0, 2.0), (39.0, 2.0)]);
+        assert_eq!(c.series[2].points[2], (20.0, 2.0));
+        let dir = tempfile::tempdir().unwrap();
+        let summary = replot(&full, dir.path()).unwrap();
+        assert_eq!(summary["standby_activated"], true);
+        assert!(dir.path().join("faults.png").exists());
+        assert!(chart(&json!({"samples": []})).is_err());
+    }
 }

@@ -1,5 +1,6 @@
-//! Learning scenarios (SPEC §12–13) driven through `echo-node demo` (one learner and N rollout
-//! processes on 127.0.0.1), one run per setting, each with a time budget:
+//! Learning scenarios driven through `echo-node demo` (one learner and N rollout processes on
+//! 127.0.0.1), one run per setting, each with a time budget (`docs/experiments.md`, sections
+//! "Staleness" and "Overlap"):
 //!
 //! - `staleness`: S ∈ {0, 1, 3, 6, 11} × {GRPO, GEPO}; reports the final mean reward (last
 //!   tenth of the steps) and the mean importance-weight variance per S.
@@ -7,34 +8,17 @@
 //!   capacity model predicts (`predicted_workers` = ⌈μ_target / μ per worker⌉ from the learner's
 //!   online T_train, T_bcast and the workers' μ) and the observed one (the fewest workers with
 //!   a bubble ratio ≤ 2 %).
+//!
+//! Owns the runs' arguments, their analysis and their charts. Must not run processes itself:
+//! every run goes through [`crate::harness::run_demo`].
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use serde_json::{json, Value};
 
-use crate::plot::{write_png, Chart, Series};
-
-/// One `echo-node demo --json` run; returns its summary line.
-pub fn demo(bin: &Path, args: &[String]) -> anyhow::Result<Value> {
-    let out = Command::new(bin)
-        .arg("demo")
-        .arg("--json")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("running {} demo", bin.display()))?;
-    if !out.status.success() {
-        bail!(
-            "demo {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().last().unwrap_or("");
-    serde_json::from_str(line).with_context(|| format!("demo printed {line:?}"))
-}
+use crate::chart::{Chart, Series};
+use crate::harness::run_demo;
 
 fn f(v: &Value, k: &str) -> f64 {
     v[k].as_f64().unwrap_or(f64::NAN)
@@ -50,10 +34,12 @@ pub fn staleness(
 ) -> anyhow::Result<Value> {
     std::fs::create_dir_all(out)?;
     let mut rows = Vec::new();
+    let bar = crate::progress::bar((objectives.len() * values.len()) as u64, "staleness runs");
     for obj in objectives {
         for &s in values {
             let mode = if s == 0 { "sequential" } else { "async" };
-            let v = demo(
+            bar.set_message(format!("S={s} {obj}"));
+            let v = run_demo(
                 bin,
                 &[
                     "--steps".into(),
@@ -68,33 +54,60 @@ pub fn staleness(
                     obj.clone(),
                 ],
             )?;
-            eprintln!(
-                "staleness S={s:<2} {obj}: {} steps, reward {:.3} -> {:.3}, ivar {:.3}, bubble {:.3}",
-                v["steps"],
-                f(&v, "reward_first"),
-                f(&v, "reward_last"),
-                f(&v, "importance_weight_variance_mean"),
-                f(&v, "bubble_ratio")
-            );
+            bar.suspend(|| {
+                eprintln!(
+                    "staleness S={s:<2} {obj}: {} steps, reward {:.3} -> {:.3}, ivar {:.3}, bubble {:.3}",
+                    v["steps"],
+                    f(&v, "reward_first"),
+                    f(&v, "reward_last"),
+                    f(&v, "importance_weight_variance_mean"),
+                    f(&v, "bubble_ratio")
+                )
+            });
             rows.push(json!({"staleness": s, "objective": obj, "summary": v}));
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    let full = json!({"scenario": "staleness", "minutes": minutes, "results": rows});
+    std::fs::write(
+        out.join("staleness.json"),
+        serde_json::to_vec_pretty(&full)?,
+    )?;
+    replot_staleness(&full, out)
+}
+
+/// Draws `staleness-reward.png` and `staleness-ivar.png` under `out` from a fresh or saved
+/// `staleness.json` (`testnet staleness --from`); returns the summary.
+pub fn replot_staleness(full: &Value, out: &Path) -> anyhow::Result<Value> {
+    std::fs::create_dir_all(out)?;
+    let rows = full["results"]
+        .as_array()
+        .context("not a staleness result: no `results` array")?;
+    let minutes = full["minutes"].as_f64().unwrap_or(f64::NAN);
+    // Objectives in the order of their first run.
+    let mut objectives: Vec<String> = Vec::new();
+    for o in rows.iter().filter_map(|r| r["objective"].as_str()) {
+        if !objectives.iter().any(|x| x == o) {
+            objectives.push(o.to_string());
         }
     }
     let series = |key: &str| -> Vec<Series> {
         objectives
             .iter()
-            .map(|o| Series {
-                name: o.to_uppercase(),
-                points: rows
-                    .iter()
-                    .filter(|r| r["objective"] == o.as_str())
-                    .map(|r| {
-                        (
-                            r["staleness"].as_f64().unwrap_or(0.0),
-                            f(&r["summary"], key),
-                        )
-                    })
-                    .collect(),
-                dashed: false,
+            .map(|o| {
+                Series::solid(
+                    o.to_uppercase(),
+                    rows.iter()
+                        .filter(|r| r["objective"] == o.as_str())
+                        .map(|r| {
+                            (
+                                r["staleness"].as_f64().unwrap_or(0.0),
+                                f(&r["summary"], key),
+                            )
+                        })
+                        .collect(),
+                )
             })
             .collect()
     };
@@ -106,25 +119,16 @@ pub fn staleness(
             "staleness-ivar.png",
         ),
     ] {
-        write_png(
-            &Chart {
-                title: format!("{label} vs staleness budget S ({minutes} min per run)"),
-                x_label: "S".into(),
-                y_label: label.into(),
-                series: series(key),
-                log_x: false,
-                log_y: false,
-            },
-            &out.join(file),
-            960,
-            600,
-        )?;
+        Chart {
+            title: format!("{label} vs staleness budget S ({minutes} min per run)"),
+            x_label: "S".into(),
+            y_label: label.into(),
+            series: series(key),
+            log_x: false,
+            log_y: false,
+        }
+        .write_png(&out.join(file), 960, 600)?;
     }
-    let full = json!({"scenario": "staleness", "minutes": minutes, "results": rows});
-    std::fs::write(
-        out.join("staleness.json"),
-        serde_json::to_vec_pretty(&full)?,
-    )?;
     let brief: Vec<Value> = rows
         .iter()
         .map(|r| {
@@ -147,7 +151,9 @@ pub fn overlap(
 ) -> anyhow::Result<Value> {
     std::fs::create_dir_all(out)?;
     let mut rows = Vec::new();
+    let bar = crate::progress::bar(workers.len() as u64, "overlap runs");
     for &n in workers {
+        bar.set_message(format!("{n} workers"));
         let mut args = vec![
             "--workers".into(),
             n.to_string(),
@@ -159,19 +165,23 @@ pub fn overlap(
             worker_gps.to_string(),
         ];
         args.extend(demo_args.iter().cloned());
-        let v = demo(bin, &args)?;
+        let v = run_demo(bin, &args)?;
         // Capacity needed vs capacity per worker, from this run's online measurements.
         let per_worker = f(&v, "mu_pool") / n as f64;
         let predicted = (f(&v, "mu_target") / per_worker).ceil();
-        eprintln!(
-            "overlap N={n}: bubble {:.3}, μ_pool {:.2}, μ_target {:.2}, predicted workers {predicted}",
-            f(&v, "bubble_ratio"),
-            f(&v, "mu_pool"),
-            f(&v, "mu_target"),
-        );
+        bar.suspend(|| {
+            eprintln!(
+                "overlap N={n}: bubble {:.3}, μ_pool {:.2}, μ_target {:.2}, predicted workers {predicted}",
+                f(&v, "bubble_ratio"),
+                f(&v, "mu_pool"),
+                f(&v, "mu_target"),
+            )
+        });
         rows.push(json!({"workers": n, "bubble_ratio": v["bubble_ratio"],
             "predicted_workers": predicted.is_finite().then_some(predicted), "summary": v}));
+        bar.inc(1);
     }
+    bar.finish_and_clear();
     let full = json!({"scenario": "overlap", "minutes": minutes, "worker_groups_per_s": worker_gps,
         "demo_args": demo_args, "results": rows});
     report_overlap(full, out)
@@ -243,38 +253,28 @@ pub fn report_overlap(mut full: Value, out: &Path) -> anyhow::Result<Value> {
     let (x0, x1) = (points[0].0, points[points.len() - 1].0);
     let top = points.iter().map(|p| p.1).fold(OVERLAP_BUBBLE, f64::max);
     let mut series = vec![
-        Series {
-            name: "measured".into(),
-            points,
-            dashed: false,
-        },
-        Series {
-            name: "2 % target".into(),
-            points: vec![(x0, OVERLAP_BUBBLE), (x1, OVERLAP_BUBBLE)],
-            dashed: true,
-        },
+        Series::solid("measured", points),
+        Series::dashed(
+            "2 % target",
+            vec![(x0, OVERLAP_BUBBLE), (x1, OVERLAP_BUBBLE)],
+        ),
     ];
     if let Some(p) = verdict["predicted_workers"].as_f64() {
-        series.push(Series {
-            name: format!("predicted threshold ({p})"),
-            points: vec![(p, 0.0), (p, top)],
-            dashed: true,
-        });
+        series.push(Series::dashed(
+            format!("predicted threshold ({p})"),
+            vec![(p, 0.0), (p, top)],
+        ));
     }
     let minutes = full["minutes"].as_f64().unwrap_or(0.0);
-    write_png(
-        &Chart {
-            title: format!("bubble ratio vs rollout workers ({minutes} min per run)"),
-            x_label: "rollout workers".into(),
-            y_label: "bubble ratio".into(),
-            series,
-            log_x: false,
-            log_y: false,
-        },
-        &out.join("overlap.png"),
-        960,
-        600,
-    )?;
+    Chart {
+        title: format!("bubble ratio vs rollout workers ({minutes} min per run)"),
+        x_label: "rollout workers".into(),
+        y_label: "bubble ratio".into(),
+        series,
+        log_x: false,
+        log_y: false,
+    }
+    .write_png(&out.join("overlap.png"), 960, 600)?;
     merge(&mut full, &verdict);
     std::fs::write(out.join("overlap.json"), serde_json::to_vec_pretty(&full)?)?;
     let bubbles: Vec<Value> = rows
@@ -293,23 +293,6 @@ fn merge(dst: &mut Value, src: &Value) {
             dst.insert(k.clone(), v.clone());
         }
     }
-}
-
-/// The `echo-node` binary next to this one (the same cargo profile), or `explicit`.
-pub fn node_bin(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    let bin = match explicit {
-        Some(b) => b,
-        None => std::env::current_exe()?
-            .parent()
-            .context("locating the testnet binary")?
-            .join("echo-node"),
-    };
-    anyhow::ensure!(
-        bin.exists(),
-        "{} not found: build it first (`cargo build --release -p echo-node`, or pass --bin)",
-        bin.display()
-    );
-    Ok(bin)
 }
 
 #[cfg(test)]
@@ -384,5 +367,24 @@ mod tests {
         );
         assert!(report_overlap(json!({"minutes": 1}), dir.path()).is_err());
         assert!(report_overlap(json!({"results": []}), dir.path()).is_err());
+    }
+
+    #[test]
+    fn a_saved_staleness_result_replots_per_objective() {
+        let dir = tempfile::tempdir().unwrap();
+        let row = |s: u64, o: &str, r: f64| {
+            json!({"staleness": s, "objective": o, "summary": {"reward_last": r, "steps": 10,
+                "importance_weight_variance_mean": 0.01 * s as f64}})
+        };
+        let full = json!({"scenario": "staleness", "minutes": 1.0, "results": [
+            row(0, "grpo", 0.4), row(3, "grpo", 0.45), row(0, "gepo", 0.37), row(3, "gepo", 0.44)]});
+        let summary = replot_staleness(&full, dir.path()).unwrap();
+        let rows = summary["results"].as_array().unwrap();
+        assert_eq!(rows.len(), 4);
+        assert_eq!(rows[1]["reward_last"], 0.45);
+        for f in ["staleness-reward.png", "staleness-ivar.png"] {
+            assert!(dir.path().join(f).exists(), "{f}");
+        }
+        assert!(replot_staleness(&json!({"minutes": 1}), dir.path()).is_err());
     }
 }

@@ -1,22 +1,31 @@
-//! Testnet harness: `broadcast` (real `echo-node` processes on loopback with in-node caps,
+//! Testnet: `broadcast` (real `echo-node` processes on loopback with in-node caps,
 //! [`broadcast`]), `sim-broadcast` (the broadcast simulation that reuses the real chain
-//! planner for fleets one machine cannot host), `staleness` and `overlap` (learning runs
-//! through `echo-node demo`, [`learning`]) and `learning-plot` (charts of learner step logs).
-//! `faults` injects a slowed and a dropped worker into a scheduled swarm ([`faults`]);
+//! planner for fleets one machine cannot host, [`sim`]), `staleness` and `overlap` (learning
+//! runs through `echo-node demo`, [`learning`]) and `learning-plot` (charts of learner step
+//! logs). `faults` injects a slowed and a dropped worker into a scheduled swarm ([`faults`]);
 //! `ablation` compares chains with star and cost-aware with random activation ([`ablation`]).
+//! The processes are the [`harness`]'s, the charts [`chart`]'s, the progress bars
+//! [`progress`]'s. The experiments and their results are described in `docs/experiments.md`
+//! and `docs/broadcast.md`.
+//!
+//! This file owns the command line only: parsing, validation, dispatch.
 
 mod ablation;
 mod broadcast;
+mod chart;
 mod faults;
+mod harness;
 mod learning;
-mod plot;
+mod progress;
 mod sim;
-mod swarm;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
+
+use crate::broadcast::Mode;
+use crate::chart::{Chart, Series};
 
 /// Where scenarios write their files unless told otherwise (`testnet/results/`, git-ignored).
 const DEFAULT_OUT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/results");
@@ -26,12 +35,6 @@ const DEFAULT_OUT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/results");
 struct Cli {
     #[command(subcommand)]
     scenario: Scenario,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum ModeArg {
-    Chain,
-    Star,
 }
 
 /// Options every multi-process scenario takes.
@@ -50,14 +53,17 @@ struct RunOpts {
 
 #[derive(Subcommand)]
 enum Scenario {
-    /// T_bcast of real `echo-node` processes on 127.0.0.1 (SPEC §13), chain and/or star,
-    /// against the bound; writes `broadcast.json` and `broadcast.png` under --out.
+    /// T_bcast of real `echo-node` processes on 127.0.0.1, chain and/or star, against the
+    /// bound (docs/broadcast.md); writes `broadcast.json` and `broadcast.png` under --out.
     Broadcast {
         /// Rollout workers; several values give a sweep.
         #[arg(long, value_delimiter = ',', default_value = "4,8,16,32")]
         nodes: Vec<usize>,
+        /// Snapshot size in MB (10⁶ bytes).
         #[arg(long, default_value_t = 64.0)]
         size_mb: f64,
+        /// Chunk size in KiB (1024 bytes), as `sim-broadcast` and the node's
+        /// `storage.chunk_size_kib`.
         #[arg(long, default_value_t = 1024)]
         chunk_kb: u32,
         #[arg(long, default_value_t = 100.0)]
@@ -66,7 +72,7 @@ enum Scenario {
         learner_mbps: f64,
         /// `chain`, `star`, or both (`chain,star`).
         #[arg(long, value_delimiter = ',', default_value = "chain,star")]
-        mode: Vec<ModeArg>,
+        mode: Vec<Mode>,
         /// Snapshots published per setting (T_bcast is their median).
         #[arg(long, default_value_t = 2)]
         rounds: u32,
@@ -75,6 +81,9 @@ enum Scenario {
         /// receives, which on one host adds up as N².
         #[arg(long, default_value_t = 2000)]
         heartbeat_ms: u64,
+        /// Run nothing: re-plot a saved `broadcast.json` into --out.
+        #[arg(long)]
+        from: Option<PathBuf>,
         #[command(flatten)]
         run: RunOpts,
     },
@@ -87,6 +96,9 @@ enum Scenario {
         objectives: Vec<String>,
         #[arg(long, default_value_t = 2.0)]
         minutes: f64,
+        /// Run nothing: re-plot a saved `staleness.json` into --out.
+        #[arg(long)]
+        from: Option<PathBuf>,
         #[command(flatten)]
         run: RunOpts,
     },
@@ -118,6 +130,9 @@ enum Scenario {
         /// Seconds of each phase (baseline, slowed, dropped).
         #[arg(long, default_value_t = 40.0)]
         phase_s: f64,
+        /// Run nothing: re-plot a saved `faults.json` into --out.
+        #[arg(long)]
+        from: Option<PathBuf>,
         #[command(flatten)]
         run: RunOpts,
     },
@@ -164,16 +179,18 @@ enum Scenario {
             default_value = "4,8,16,32,64,128,256,512,1000"
         )]
         nodes: Vec<usize>,
+        /// Snapshot size in MB (10⁶ bytes).
         #[arg(long, default_value_t = 64.0)]
         size_mb: f64,
-        #[arg(long, default_value_t = 1024.0)]
-        chunk_kb: f64,
+        /// Chunk size in KiB (1024 bytes), as in `broadcast`.
+        #[arg(long, default_value_t = 1024)]
+        chunk_kb: u32,
         #[arg(long, default_value_t = 100.0)]
         worker_mbps: f64,
         #[arg(long, default_value_t = 300.0)]
         learner_mbps: f64,
         #[arg(long, value_enum, default_value = "chain")]
-        mode: ModeArg,
+        mode: Mode,
         /// Fraction of workers that must have installed (1/γ).
         #[arg(long, default_value_t = 1.0)]
         quantile: f64,
@@ -201,8 +218,13 @@ fn main() -> anyhow::Result<()> {
             mode,
             rounds,
             heartbeat_ms,
+            from,
             run: RunOpts { bin, json, out },
         } => {
+            if let Some(from) = from {
+                print_summary(&broadcast::replot(&read_json(&from)?, &out)?, json);
+                return Ok(());
+            }
             anyhow::ensure!(
                 (100..=600_000).contains(&heartbeat_ms),
                 "--heartbeat-ms must be within 100..=600000"
@@ -220,20 +242,14 @@ fn main() -> anyhow::Result<()> {
                 "--nodes must be in 1..=64"
             );
             anyhow::ensure!(rounds >= 1, "--rounds must be >= 1");
-            let bin = learning::node_bin(bin)?;
+            let bin = harness::node_bin(bin)?;
             let settings = broadcast::Settings {
                 nodes,
                 size_mb,
                 chunk_kb,
                 worker_mbps,
                 learner_mbps,
-                modes: mode
-                    .iter()
-                    .map(|m| match m {
-                        ModeArg::Chain => "chain".to_string(),
-                        ModeArg::Star => "star".to_string(),
-                    })
-                    .collect(),
+                modes: mode,
                 rounds,
                 bin,
                 heartbeat_ms,
@@ -248,8 +264,13 @@ fn main() -> anyhow::Result<()> {
             values,
             objectives,
             minutes,
+            from,
             run: RunOpts { bin, json, out },
         } => {
+            if let Some(from) = from {
+                print_summary(&learning::replot_staleness(&read_json(&from)?, &out)?, json);
+                return Ok(());
+            }
             anyhow::ensure!(minutes > 0.0, "--minutes must be > 0");
             for o in &objectives {
                 anyhow::ensure!(
@@ -258,7 +279,7 @@ fn main() -> anyhow::Result<()> {
                 );
             }
             let summary = learning::staleness(
-                &learning::node_bin(bin)?,
+                &harness::node_bin(bin)?,
                 &values,
                 &objectives,
                 minutes,
@@ -276,11 +297,7 @@ fn main() -> anyhow::Result<()> {
             run: RunOpts { bin, json, out },
         } => {
             if let Some(from) = from {
-                let saved: serde_json::Value = serde_json::from_slice(
-                    &std::fs::read(&from).with_context(|| format!("reading {}", from.display()))?,
-                )
-                .with_context(|| format!("parsing {}", from.display()))?;
-                print_summary(&learning::report_overlap(saved, &out)?, json);
+                print_summary(&learning::report_overlap(read_json(&from)?, &out)?, json);
                 return Ok(());
             }
             anyhow::ensure!(minutes > 0.0, "--minutes must be > 0");
@@ -289,7 +306,7 @@ fn main() -> anyhow::Result<()> {
                 "--workers in 1..=16"
             );
             let summary = learning::overlap(
-                &learning::node_bin(bin)?,
+                &harness::node_bin(bin)?,
                 &workers,
                 minutes,
                 worker_groups_per_s,
@@ -302,11 +319,16 @@ fn main() -> anyhow::Result<()> {
         Scenario::Faults {
             active,
             phase_s,
+            from,
             run: RunOpts { bin, json, out },
         } => {
+            if let Some(from) = from {
+                print_summary(&faults::replot(&read_json(&from)?, &out)?, json);
+                return Ok(());
+            }
             anyhow::ensure!((2..=8).contains(&active), "--active must be in 2..=8");
             anyhow::ensure!(phase_s >= 10.0, "--phase-s must be >= 10");
-            let summary = faults::run(&learning::node_bin(bin)?, active, phase_s, &out)?;
+            let summary = faults::run(&harness::node_bin(bin)?, active, phase_s, &out)?;
             print_summary(&summary, json);
             Ok(())
         }
@@ -328,7 +350,7 @@ fn main() -> anyhow::Result<()> {
                 "--seconds >= 10, --size-mb > 0"
             );
             let summary = ablation::run(
-                &learning::node_bin(bin)?,
+                &harness::node_bin(bin)?,
                 nodes,
                 size_mb,
                 pool,
@@ -364,7 +386,7 @@ fn main() -> anyhow::Result<()> {
             no_plot,
         } => {
             anyhow::ensure!(
-                size_mb > 0.0 && chunk_kb > 0.0,
+                size_mb > 0.0 && chunk_kb > 0,
                 "--size-mb and --chunk-kb must be > 0"
             );
             anyhow::ensure!(
@@ -376,19 +398,14 @@ fn main() -> anyhow::Result<()> {
                 "--quantile must be in (0, 1]"
             );
             anyhow::ensure!(nodes.iter().all(|n| *n > 0), "--nodes must be ≥ 1");
-            let params = BroadcastParams {
-                size_bytes: size_mb * 1e6,
-                chunk_bytes: chunk_kb * 1e3,
+            let params = sim::Params {
+                size_mb,
+                chunk_kb,
                 worker_mbps,
                 learner_mbps,
                 quantile,
             };
-            let mode = match mode {
-                ModeArg::Chain => sim::Mode::Chain,
-                ModeArg::Star => sim::Mode::Star,
-            };
-            let points: Vec<BroadcastPoint> =
-                nodes.iter().map(|&n| params.point(n, mode)).collect();
+            let points: Vec<sim::Point> = nodes.iter().map(|&n| params.point(n, mode)).collect();
             let rows: Vec<serde_json::Value> = points
                 .iter()
                 .map(|p| {
@@ -419,7 +436,9 @@ fn main() -> anyhow::Result<()> {
                 std::fs::create_dir_all(&out)
                     .with_context(|| format!("creating {}", out.display()))?;
                 let path = out.join("t_bcast_vs_n.png");
-                plot::write_png(&broadcast_chart(&params, &nodes), &path, 960, 600)
+                params
+                    .chart(&nodes)
+                    .write_png(&path, 960, 600)
                     .with_context(|| format!("writing {}", path.display()))?;
                 // stderr, so that `--json` keeps stdout to one JSON line.
                 eprintln!("wrote {}", path.display());
@@ -429,97 +448,12 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-/// The `sim-broadcast` inputs shared by every N.
-struct BroadcastParams {
-    size_bytes: f64,
-    chunk_bytes: f64,
-    worker_mbps: f64,
-    learner_mbps: f64,
-    quantile: f64,
-}
-
-/// One simulated broadcast and its bound.
-struct BroadcastPoint {
-    nodes: usize,
-    t_bcast_s: f64,
-    bound_s: f64,
-    n_chains: usize,
-    max_chain_len: usize,
-}
-
-impl BroadcastParams {
-    fn point(&self, nodes: usize, mode: sim::Mode) -> BroadcastPoint {
-        let r = sim::BroadcastSim {
-            nodes,
-            size_bytes: self.size_bytes,
-            chunk_bytes: self.chunk_bytes,
-            worker_mbps: self.worker_mbps,
-            learner_mbps: self.learner_mbps,
-            mode,
-            quantile: self.quantile,
-        }
-        .run();
-        let bound_s = match mode {
-            sim::Mode::Chain => control::plan::chain_bound_s(
-                self.size_bytes,
-                self.chunk_bytes,
-                self.worker_mbps,
-                r.max_chain_len,
-            ),
-            sim::Mode::Star => control::plan::star_bound_s(
-                self.size_bytes,
-                self.worker_mbps,
-                self.learner_mbps,
-                nodes,
-            ),
-        };
-        BroadcastPoint {
-            nodes,
-            t_bcast_s: r.t_bcast_s,
-            bound_s,
-            n_chains: r.n_chains,
-            max_chain_len: r.max_chain_len,
-        }
-    }
-}
-
-/// T_bcast vs N for both modes (whichever `--mode` printed) and their bounds, log-log.
-fn broadcast_chart(params: &BroadcastParams, nodes: &[usize]) -> plot::Chart {
-    let mut sorted = nodes.to_vec();
-    sorted.sort_unstable();
-    sorted.dedup();
-    let points = |mode: sim::Mode| -> Vec<BroadcastPoint> {
-        sorted.iter().map(|&n| params.point(n, mode)).collect()
-    };
-    let (chain, star) = (points(sim::Mode::Chain), points(sim::Mode::Star));
-    let series = |name: &str, pts: &[BroadcastPoint], bound: bool| plot::Series {
-        name: name.into(),
-        points: pts
-            .iter()
-            .map(|p| (p.nodes as f64, if bound { p.bound_s } else { p.t_bcast_s }))
-            .collect(),
-        dashed: bound,
-    };
-    plot::Chart {
-        title: format!(
-            "T_bcast vs N: M = {} MB, c = {} kB, Bw = {} Mbit/s, B0 = {} Mbit/s, q = {}",
-            params.size_bytes / 1e6,
-            params.chunk_bytes / 1e3,
-            params.worker_mbps,
-            params.learner_mbps,
-            params.quantile
-        ),
-        x_label: "N (workers)".into(),
-        y_label: "T_bcast (s)".into(),
-        series: vec![
-            series("chain (simulated)", &chain, false),
-            series("star (simulated)", &star, false),
-            series("chain bound", &chain, true),
-            series("star bound", &star, true),
-        ],
-        log_x: true,
-        log_y: true,
-    }
+/// A saved result file (`--from`).
+fn read_json(path: &Path) -> anyhow::Result<serde_json::Value> {
+    serde_json::from_slice(
+        &std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
+    )
+    .with_context(|| format!("parsing {}", path.display()))
 }
 
 /// The one-line JSON summary (`--json`) or a pretty one.
@@ -536,7 +470,7 @@ fn learning_plot(
     runs: &[String],
     window: usize,
     prefix: &str,
-    out: &std::path::Path,
+    out: &Path,
 ) -> anyhow::Result<Vec<PathBuf>> {
     anyhow::ensure!(window >= 1, "--window must be >= 1");
     std::fs::create_dir_all(out)?;
@@ -571,16 +505,8 @@ fn learning_plot(
                 })
                 .collect()
         };
-        reward.push(plot::Series {
-            name: name.to_string(),
-            points: smooth(|r| r.1),
-            dashed: false,
-        });
-        ivar.push(plot::Series {
-            name: name.to_string(),
-            points: smooth(|r| r.2),
-            dashed: false,
-        });
+        reward.push(Series::solid(name, smooth(|r| r.1)));
+        ivar.push(Series::solid(name, smooth(|r| r.2)));
     }
     let mut written = Vec::new();
     for (what, label, series) in [
@@ -588,19 +514,15 @@ fn learning_plot(
         ("ivar", "importance-weight variance", ivar),
     ] {
         let path = out.join(format!("{prefix}-{what}.png"));
-        plot::write_png(
-            &plot::Chart {
-                title: format!("{label} per step ({window}-step moving average)"),
-                x_label: "learner step".into(),
-                y_label: label.into(),
-                series,
-                log_x: false,
-                log_y: false,
-            },
-            &path,
-            960,
-            600,
-        )?;
+        Chart {
+            title: format!("{label} per step ({window}-step moving average)"),
+            x_label: "learner step".into(),
+            y_label: label.into(),
+            series,
+            log_x: false,
+            log_y: false,
+        }
+        .write_png(&path, 960, 600)?;
         written.push(path);
     }
     Ok(written)

@@ -1,4 +1,5 @@
-//! Simulation of snapshot broadcast for fleets one machine cannot host (SPEC §12, issue 7).
+//! Simulation of snapshot broadcast for fleets one machine cannot host (`testnet
+//! sim-broadcast`, `docs/experiments.md`).
 //!
 //! It reuses the real chain planner (`control::plan`) and models chunked store-and-forward
 //! exactly at chunk granularity: a chunk crosses a link in `c / rate` seconds, where a link's
@@ -10,14 +11,17 @@
 //! every link carries one flow). The learner's uplink `B0` is shared equally by its concurrent
 //! flows (the `N_ch` first hops in chain mode, all `N` workers in star mode).
 //! `T_bcast` is the time until a fraction `q` of the workers hold every chunk.
+//!
+//! Owns the simulation and the `sim-broadcast` sweep and chart. Must not carry its own copy
+//! of the bound or of the units: it compares with [`crate::broadcast::bound_s`], the function
+//! the real `broadcast` scenario uses, over `control::plan` and `control::units`.
 
 use control::plan::{plan_chains, PlanParams};
+use control::units::mbps_to_bytes_per_s;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    Chain,
-    Star,
-}
+pub use crate::broadcast::Mode;
+use crate::broadcast::{bound_s, chunk_bytes, snapshot_bytes};
+use crate::chart::{Chart, Series};
 
 #[derive(Debug, Clone, Copy)]
 pub struct BroadcastSim {
@@ -40,17 +44,13 @@ pub struct SimResult {
     pub max_chain_len: usize,
 }
 
-fn bytes_per_s(mbps: f64) -> f64 {
-    mbps * 1e6 / 8.0
-}
-
 impl BroadcastSim {
     pub fn run(&self) -> SimResult {
         let n_chunks = (self.size_bytes / self.chunk_bytes).ceil().max(1.0) as usize;
         let chunk_len =
             |k: usize| (self.size_bytes - k as f64 * self.chunk_bytes).min(self.chunk_bytes);
-        let bw = bytes_per_s(self.worker_mbps);
-        let b0 = bytes_per_s(self.learner_mbps);
+        let bw = mbps_to_bytes_per_s(self.worker_mbps);
+        let b0 = mbps_to_bytes_per_s(self.learner_mbps);
         let (mut install, n_chains, max_len) = match self.mode {
             Mode::Star => {
                 // All N flows share the learner uplink; each is also capped by the worker link.
@@ -97,6 +97,91 @@ impl BroadcastSim {
             t_bcast_s,
             n_chains,
             max_chain_len: max_len,
+        }
+    }
+}
+
+/// The `sim-broadcast` inputs shared by every N, in the units of the command line.
+#[derive(Debug, Clone, Copy)]
+pub struct Params {
+    /// Snapshot size in MB (10⁶ bytes).
+    pub size_mb: f64,
+    /// Chunk size in KiB (1024 bytes).
+    pub chunk_kb: u32,
+    pub worker_mbps: f64,
+    pub learner_mbps: f64,
+    /// Fraction of workers that must have installed (1/γ).
+    pub quantile: f64,
+}
+
+/// One simulated broadcast and its bound.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Point {
+    pub nodes: usize,
+    pub t_bcast_s: f64,
+    pub bound_s: f64,
+    pub n_chains: usize,
+    pub max_chain_len: usize,
+}
+
+impl Params {
+    /// Simulates one broadcast to `nodes` workers.
+    pub fn point(&self, nodes: usize, mode: Mode) -> Point {
+        let r = BroadcastSim {
+            nodes,
+            size_bytes: snapshot_bytes(self.size_mb),
+            chunk_bytes: chunk_bytes(self.chunk_kb),
+            worker_mbps: self.worker_mbps,
+            learner_mbps: self.learner_mbps,
+            mode,
+            quantile: self.quantile,
+        }
+        .run();
+        Point {
+            nodes,
+            t_bcast_s: r.t_bcast_s,
+            bound_s: bound_s(
+                mode,
+                self.size_mb,
+                self.chunk_kb,
+                self.worker_mbps,
+                self.learner_mbps,
+                nodes,
+                r.max_chain_len,
+            ),
+            n_chains: r.n_chains,
+            max_chain_len: r.max_chain_len,
+        }
+    }
+
+    /// T_bcast vs N for both modes and their bounds, log-log.
+    pub fn chart(&self, nodes: &[usize]) -> Chart {
+        let mut sorted = nodes.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let points =
+            |mode: Mode| -> Vec<Point> { sorted.iter().map(|&n| self.point(n, mode)).collect() };
+        let (chain, star) = (points(Mode::Chain), points(Mode::Star));
+        let xy = |pts: &[Point], bound: bool| -> Vec<(f64, f64)> {
+            pts.iter()
+                .map(|p| (p.nodes as f64, if bound { p.bound_s } else { p.t_bcast_s }))
+                .collect()
+        };
+        Chart {
+            title: format!(
+                "T_bcast vs N: M = {} MB, c = {} KiB, Bw = {} Mbit/s, B0 = {} Mbit/s, q = {}",
+                self.size_mb, self.chunk_kb, self.worker_mbps, self.learner_mbps, self.quantile
+            ),
+            x_label: "N (workers)".into(),
+            y_label: "T_bcast (s)".into(),
+            series: vec![
+                Series::solid("chain (simulated)", xy(&chain, false)),
+                Series::solid("star (simulated)", xy(&star, false)),
+                Series::dashed("chain bound", xy(&chain, true)),
+                Series::dashed("star bound", xy(&star, true)),
+            ],
+            log_x: true,
+            log_y: true,
         }
     }
 }
@@ -162,5 +247,52 @@ mod tests {
         let half = s.run();
         assert_eq!(half.t_bcast_s, all.install_s[4]);
         assert!(half.t_bcast_s < all.t_bcast_s);
+    }
+
+    #[test]
+    fn simulation_and_real_scenario_compare_against_the_same_bound() {
+        let p = Params {
+            size_mb: 64.0,
+            chunk_kb: 1024,
+            worker_mbps: 100.0,
+            learner_mbps: 300.0,
+            quantile: 1.0,
+        };
+        let settings = crate::broadcast::Settings {
+            nodes: vec![8],
+            size_mb: p.size_mb,
+            chunk_kb: p.chunk_kb,
+            worker_mbps: p.worker_mbps,
+            learner_mbps: p.learner_mbps,
+            modes: vec![Mode::Chain, Mode::Star],
+            rounds: 1,
+            bin: std::path::PathBuf::new(),
+            heartbeat_ms: 2000,
+        };
+        for n in [4, 8, 32, 1000] {
+            for mode in [Mode::Chain, Mode::Star] {
+                let pt = p.point(n, mode);
+                let real = crate::broadcast::bound_s(
+                    mode,
+                    settings.size_mb,
+                    settings.chunk_kb,
+                    settings.worker_mbps,
+                    settings.learner_mbps,
+                    n,
+                    pt.max_chain_len,
+                );
+                assert_eq!(pt.bound_s, real, "N={n} {mode:?}");
+            }
+            // On uniform links the simulated chain meets its bound exactly, in KiB chunks too.
+            let pt = p.point(n, Mode::Chain);
+            assert!((pt.t_bcast_s - pt.bound_s).abs() < 1e-9, "N={n}");
+        }
+        // 1024 KiB = 1 MiB: the chain bound at N = 1000 (L = 334) is 5.12 s + 333 MiB / 12.5 MB/s.
+        let pt = p.point(1000, Mode::Chain);
+        assert_eq!(pt.max_chain_len, 334);
+        assert!((pt.bound_s - (5.12 + 333.0 * 1_048_576.0 / 12.5e6)).abs() < 1e-9);
+        let chart = p.chart(&[8, 4, 8]);
+        assert_eq!(chart.series.len(), 4);
+        assert_eq!(chart.series[0].points.len(), 2);
     }
 }
