@@ -18,13 +18,14 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use serde_json::{json, Value};
 
-use crate::broadcast::{self, Mode};
+use crate::broadcast::{self, BroadcastMode};
 use crate::harness::{self, read_status};
+use echo_node::config::Ranking;
 
 /// One learning run; returns (steps, mean active $/h, seconds, active ids at the end).
 fn cost_run(
     bin: &Path,
-    ranking: &str,
+    ranking: Ranking,
     costs: &[f64],
     k: usize,
     secs: f64,
@@ -34,42 +35,41 @@ fn cost_run(
         bin,
         tmp.path(),
         "tn-ablation",
-        &format!(
-            "[learner]\nwarm_start_steps = 60\n[scheduler]\nenabled = true\nactive_workers = {k}\n\
-             ranking = \"{ranking}\"\nannounce_interval_ms = 500\n"
-        ),
+        |l| {
+            l.learner.warm_start_steps = 60;
+            l.scheduler.enabled = true;
+            l.scheduler.active_workers = Some(k);
+            l.scheduler.ranking = ranking;
+            l.scheduler.announce_interval_ms = 500;
+        },
         costs,
     )?;
     // Warm-up: training has started and the scheduler has put the rest on standby.
     let start_version =
         harness::wait_for(Duration::from_secs(300), Duration::from_secs(1), || {
-            let v = read_status(bin, &sw.learner_admin);
-            let l = v.as_ref().map(|v| &v["learner"]);
-            let ready = l.is_some_and(|l| {
-                l["scheduler"]["standby"].as_array().map(Vec::len) == Some(costs.len() - k)
-            });
-            Ok(l.and_then(|l| l["version"].as_u64())
-                .filter(|&version| version >= 5 && ready))
+            let l = read_status(bin, &sw.learner_admin).and_then(|st| st.learner);
+            Ok(l.filter(|l| l.scheduler.standby.len() == costs.len() - k && l.version >= 5)
+                .map(|l| l.version))
         })?;
     let Some(start_version) = start_version else {
         bail!("{ranking}: the swarm did not start training within 300 s");
     };
     let t0 = Instant::now();
     let (mut cost_sum, mut n) = (0.0, 0u32);
-    let mut last = Value::Null;
+    let mut last = None;
     while t0.elapsed().as_secs_f64() < secs {
         std::thread::sleep(Duration::from_secs(1));
-        if let Some(v) = read_status(bin, &sw.learner_admin) {
-            if let Some(c) = v["learner"]["scheduler"]["active_cost_per_hour"].as_f64() {
-                cost_sum += c;
+        if let Some(l) = read_status(bin, &sw.learner_admin).and_then(|st| st.learner) {
+            if l.scheduler.enabled {
+                cost_sum += l.scheduler.active_cost_per_hour;
                 n += 1;
             }
-            last = v;
+            last = Some(l);
         }
     }
     let elapsed = t0.elapsed().as_secs_f64();
-    sw.fleet.stop();
-    let steps = last["learner"]["version"].as_u64().unwrap_or(start_version) - start_version;
+    sw.fleet.stop(harness::STOP_GRACE);
+    let steps = last.as_ref().map_or(start_version, |l| l.version) - start_version;
     let rate = if n > 0 {
         cost_sum / f64::from(n)
     } else {
@@ -79,7 +79,7 @@ fn cost_run(
         json!({"ranking": ranking, "steps": steps, "seconds": elapsed,
         "active_cost_per_hour": rate,
         "cost_per_step": if steps > 0 { rate * elapsed / 3600.0 / steps as f64 } else { f64::NAN },
-        "active": last["learner"]["scheduler"]["active"]}),
+        "active": last.map(|l| l.scheduler.active)}),
     )
 }
 
@@ -100,14 +100,14 @@ pub fn run(
         chunk_kb: 1024,
         worker_mbps: 100.0,
         learner_mbps: 300.0,
-        modes: vec![Mode::Chain, Mode::Star],
+        modes: vec![BroadcastMode::Chain, BroadcastMode::Star],
         rounds: 1,
         bin: bin.to_path_buf(),
         heartbeat_ms: 500,
     };
     let bar = crate::progress::bar(4, "ablation runs");
     let mut t = Vec::new();
-    for mode in [Mode::Chain, Mode::Star] {
+    for mode in [BroadcastMode::Chain, BroadcastMode::Star] {
         bar.set_message(format!("broadcast, {}", mode.as_str()));
         let tmp = tempfile::Builder::new()
             .prefix("tn-ablation-bc-")
@@ -117,10 +117,10 @@ pub fn run(
     }
     let costs: Vec<f64> = (0..pool).map(|i| 0.1 * 2f64.powi(i as i32)).collect();
     bar.set_message("activation by cost/μ");
-    let full = cost_run(bin, "rho", &costs, active, secs)?;
+    let full = cost_run(bin, Ranking::Rho, &costs, active, secs)?;
     bar.inc(1);
     bar.set_message("random activation");
-    let random = cost_run(bin, "random", &costs, active, secs)?;
+    let random = cost_run(bin, Ranking::Random, &costs, active, secs)?;
     bar.finish_and_clear();
     let summary = json!({
         "scenario": "ablation",

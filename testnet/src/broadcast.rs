@@ -20,26 +20,10 @@ use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
 use crate::chart::{Chart, Series};
-use crate::harness::{self, Fleet, NodeSpec, Role};
+use crate::harness::{self, Fleet, NodeStatus, Role};
 
-/// How a snapshot travels from the learner to the workers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Mode {
-    /// Forwarding chains planned by `control::plan`.
-    Chain,
-    /// The learner sends to every worker itself.
-    Star,
-}
-
-impl Mode {
-    /// The name in node configs (`broadcast.mode`) and result files.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Chain => "chain",
-            Mode::Star => "star",
-        }
-    }
-}
+/// How a snapshot travels from the learner to the workers (the node's `broadcast.mode`).
+pub use echo_node::config::BroadcastMode;
 
 /// Bytes in a snapshot of `size_mb` MB: snapshot sizes are decimal megabytes (10⁶ bytes) on
 /// every command line, as the node's `--bench-broadcast-mb` counts them.
@@ -57,7 +41,7 @@ pub fn chunk_bytes(chunk_kib: u32) -> f64 {
 /// `chain_len` the longest chain of the plan, star `max(M/B̂w, N·M/B0)` (`chain_len` ignored).
 /// `broadcast` and `sim-broadcast` both compare against this one function.
 pub fn bound_s(
-    mode: Mode,
+    mode: BroadcastMode,
     size_mb: f64,
     chunk_kib: u32,
     worker_mbps: f64,
@@ -67,10 +51,10 @@ pub fn bound_s(
 ) -> f64 {
     let size = snapshot_bytes(size_mb);
     match mode {
-        Mode::Chain => {
+        BroadcastMode::Chain => {
             control::plan::chain_bound_s(size, chunk_bytes(chunk_kib), worker_mbps, chain_len)
         }
-        Mode::Star => control::plan::star_bound_s(size, worker_mbps, learner_mbps, n),
+        BroadcastMode::Star => control::plan::star_bound_s(size, worker_mbps, learner_mbps, n),
     }
 }
 
@@ -83,14 +67,14 @@ pub struct Settings {
     pub chunk_kb: u32,
     pub worker_mbps: f64,
     pub learner_mbps: f64,
-    pub modes: Vec<Mode>,
+    pub modes: Vec<BroadcastMode>,
     pub rounds: u32,
     pub bin: PathBuf,
     pub heartbeat_ms: u64,
 }
 
 impl Settings {
-    fn bound_s(&self, mode: Mode, n: usize, chain_len: usize) -> f64 {
+    fn bound_s(&self, mode: BroadcastMode, n: usize, chain_len: usize) -> f64 {
         bound_s(
             mode,
             self.size_mb,
@@ -110,40 +94,33 @@ fn median(mut xs: Vec<f64>) -> Option<f64> {
 
 /// Starts the learner (benchmark role) and `n` sink workers of one setting under `root`;
 /// returns the fleet and the learner's admin address.
-fn launch(s: &Settings, mode: Mode, n: usize, root: &Path) -> anyhow::Result<(Fleet, String)> {
+fn launch(
+    s: &Settings,
+    mode: BroadcastMode,
+    n: usize,
+    root: &Path,
+) -> anyhow::Result<(Fleet, String)> {
     let ldir = root.join("learner");
     std::fs::create_dir_all(&ldir)?;
     let key = harness::keygen(&s.bin, &ldir)?;
     let port = harness::free_port()?;
     let admin = format!("127.0.0.1:{}", harness::free_port()?);
-    let tables = format!(
-        "[storage]\nchunk_size_kib = {}\nkeep_snapshots = 2\n[broadcast]\nmode = \"{}\"\nworker_mbps = {}\n",
-        s.chunk_kb,
-        mode.as_str(),
-        s.worker_mbps
-    );
-    let spec = |role, dir: &Path, admin: String, listen: String, network| NodeSpec {
-        role,
-        swarm_id: "tn-broadcast".into(),
-        data_dir: dir.to_path_buf(),
-        learner_public_key: None,
-        listen,
-        admin,
-        heartbeat_interval_ms: s.heartbeat_ms,
-        network,
-        tables: tables.clone(),
+    let config = |role, dir: &Path, admin: &str, listen: String| {
+        let mut c = harness::node_config(role, "tn-broadcast", dir, listen, admin, s.heartbeat_ms);
+        c.storage.chunk_size_kib = s.chunk_kb;
+        c.storage.keep_snapshots = 2;
+        c.broadcast.mode = mode;
+        c.broadcast.worker_mbps = s.worker_mbps;
+        c
     };
-    harness::write_node_config(
-        &harness::config_path(&ldir),
-        &spec(
-            Role::Learner,
-            &ldir,
-            admin.clone(),
-            format!("/ip4/127.0.0.1/tcp/{port}"),
-            vec![format!("learner_mbps = {}", s.learner_mbps)],
-        ),
-    )?;
-    let mut fleet = Fleet::new();
+    let mut learner = config(
+        Role::Learner,
+        &ldir,
+        &admin,
+        format!("/ip4/127.0.0.1/tcp/{port}"),
+    );
+    learner.network.learner_mbps = s.learner_mbps;
+    let mut fleet = Fleet::with_log_filter(harness::NODE_LOG_FILTER);
     let bench = [
         "--bench-broadcast-mb".to_string(),
         s.size_mb.to_string(),
@@ -152,42 +129,33 @@ fn launch(s: &Settings, mode: Mode, n: usize, root: &Path) -> anyhow::Result<(Fl
         "--bench-rounds".into(),
         s.rounds.to_string(),
     ];
-    fleet.start(&s.bin, "learner", &ldir, &bench)?;
+    fleet.start(&s.bin, "learner", &learner, &bench)?;
     for i in 0..n {
         let dir = root.join(format!("w{i}"));
-        std::fs::create_dir_all(&dir)?;
-        let worker = NodeSpec {
-            learner_public_key: Some(key.public_key.clone()),
-            ..spec(
-                Role::Rollout,
-                &dir,
-                format!("127.0.0.1:{}", harness::free_port()?),
-                "/ip4/127.0.0.1/tcp/0".into(),
-                vec![
-                    format!(
-                        "bootstrap = [\"/ip4/127.0.0.1/tcp/{port}/p2p/{}\"]",
-                        key.peer_id
-                    ),
-                    format!("uplink_mbps = {}", s.worker_mbps),
-                    format!("downlink_mbps = {}", s.worker_mbps),
-                ],
-            )
-        };
-        harness::write_node_config(&harness::config_path(&dir), &worker)?;
-        fleet.start(&s.bin, &format!("w{i}"), &dir, &["--bench-sink".into()])?;
+        let mut w = config(
+            Role::Rollout,
+            &dir,
+            &format!("127.0.0.1:{}", harness::free_port()?),
+            "/ip4/127.0.0.1/tcp/0".into(),
+        );
+        w.learner_public_key = Some(key.public_key.clone());
+        w.network.bootstrap = vec![harness::loopback_addr(port, &key.peer_id)];
+        w.network.uplink_mbps = s.worker_mbps;
+        w.network.downlink_mbps = s.worker_mbps;
+        fleet.start(&s.bin, &format!("w{i}"), &w, &["--bench-sink".into()])?;
     }
     Ok((fleet, admin))
 }
 
 /// Runs one setting (N workers, one mode); returns its result row.
-pub fn run_one(s: &Settings, mode: Mode, n: usize, root: &Path) -> anyhow::Result<Value> {
+pub fn run_one(s: &Settings, mode: BroadcastMode, n: usize, root: &Path) -> anyhow::Result<Value> {
     let (mut fleet, admin) = launch(s, mode, n, root)?;
     let limit = Duration::from_secs(240 + u64::from(s.rounds) * 120);
     let bench = harness::wait_for(limit, Duration::from_millis(500), || {
         fleet.ensure_running()?;
         Ok(harness::read_status(&s.bin, &admin)
-            .map(|v| v["bench"].clone())
-            .filter(|b| b["done"] == true))
+            .and_then(|st: NodeStatus| st.bench)
+            .filter(|b| b.done))
     })?;
     let Some(bench) = bench else {
         bail!(
@@ -196,23 +164,16 @@ pub fn run_one(s: &Settings, mode: Mode, n: usize, root: &Path) -> anyhow::Resul
             root.display()
         );
     };
-    fleet.stop();
-    let rounds = bench["rounds"].as_array().cloned().unwrap_or_default();
-    let all: Vec<f64> = rounds
-        .iter()
-        .filter_map(|r| r["t_bcast_all_s"].as_f64())
-        .collect();
-    let q: Vec<f64> = rounds
-        .iter()
-        .filter_map(|r| r["t_bcast_q_s"].as_f64())
-        .collect();
+    fleet.stop(harness::STOP_GRACE);
+    let rounds = bench.rounds;
+    let all: Vec<f64> = rounds.iter().filter_map(|r| r.t_bcast_all_s).collect();
+    let q: Vec<f64> = rounds.iter().filter_map(|r| r.t_bcast_q_s).collect();
     let chain_len = rounds
         .iter()
-        .filter_map(|r| r["chain_lengths"].as_array())
-        .flat_map(|c| c.iter().filter_map(Value::as_u64))
+        .flat_map(|r| r.chain_lengths.iter().copied())
         .max()
-        .unwrap_or(1) as usize;
-    let n_chains = rounds.first().and_then(|r| r["n_chains"].as_u64());
+        .unwrap_or(1);
+    let n_chains = rounds.first().map(|r| r.n_chains);
     let bound = s.bound_s(mode, n, chain_len);
     let t = median(all);
     Ok(json!({
@@ -337,16 +298,16 @@ mod tests {
     #[test]
     fn bounds_use_decimal_megabytes_and_kibibyte_chunks() {
         // M = 64 MB, c = 1024 KiB, B̂w = 100 Mbit/s, L = 2: 5.12 s + 1 MiB / 12.5 MB/s.
-        let chain = bound_s(Mode::Chain, 64.0, 1024, 100.0, 300.0, 4, 2);
+        let chain = bound_s(BroadcastMode::Chain, 64.0, 1024, 100.0, 300.0, 4, 2);
         assert!(
             (chain - (5.12 + 1_048_576.0 / 12.5e6)).abs() < 1e-12,
             "{chain}"
         );
         // Star at N = 8 over B0 = 300 Mbit/s: 8 · 64 MB / 37.5 MB/s.
-        let star = bound_s(Mode::Star, 64.0, 1024, 100.0, 300.0, 8, 99);
+        let star = bound_s(BroadcastMode::Star, 64.0, 1024, 100.0, 300.0, 8, 99);
         assert!((star - 8.0 * 64e6 / 37.5e6).abs() < 1e-12, "{star}");
         // The saved run of docs/broadcast.md: N = 4 chain, L = 2.
-        assert!((bound_s(Mode::Chain, 64.0, 1024, 100.0, 300.0, 4, 2) - 5.20388608).abs() < 1e-9);
+        assert!((bound_s(BroadcastMode::Chain, 64.0, 1024, 100.0, 300.0, 4, 2) - 5.20388608).abs() < 1e-9);
     }
 
     #[test]

@@ -20,7 +20,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use nix::sys::signal::Signal;
+use crate::harness::Signal;
 use serde_json::{json, Value};
 
 use crate::chart::{Chart, Series};
@@ -38,13 +38,12 @@ struct Run {
 
 impl Run {
     fn sample(&mut self) -> Option<Sample> {
-        let v = read_status(&self.bin, &self.admin)?;
-        let l = &v["learner"];
+        let l = read_status(&self.bin, &self.admin)?.learner?;
         let s = (
             self.t0.elapsed().as_secs_f64(),
-            l["version"].as_f64()?,
-            l["idle_s"].as_f64().unwrap_or(0.0),
-            l["train_s"].as_f64().unwrap_or(0.0),
+            l.version as f64,
+            l.idle_s,
+            l.train_s,
         );
         self.samples.push(s);
         Some(s)
@@ -111,10 +110,12 @@ pub fn run(bin: &Path, active: usize, phase_s: f64, out: &Path) -> anyhow::Resul
         bin,
         root,
         "tn-faults",
-        &format!(
-            "[learner]\nwarm_start_steps = 60\n[scheduler]\nenabled = true\nactive_workers = {active}\n\
-             announce_interval_ms = 500\n"
-        ),
+        |l| {
+            l.learner.warm_start_steps = 60;
+            l.scheduler.enabled = true;
+            l.scheduler.active_workers = Some(active);
+            l.scheduler.announce_interval_ms = 500;
+        },
         &costs,
     )?;
     let mut run = Run {
@@ -128,12 +129,8 @@ pub fn run(bin: &Path, active: usize, phase_s: f64, out: &Path) -> anyhow::Resul
     // Warm-up: training has started and the standby worker is on standby.
     let ready = harness::wait_for(Duration::from_secs(300), Duration::from_secs(1), || {
         Ok(read_status(bin, &run.admin)
-            .is_some_and(|v| {
-                v["learner"]["version"].as_u64().is_some_and(|x| x >= 20)
-                    && v["learner"]["scheduler"]["standby"]
-                        .as_array()
-                        .is_some_and(|s| s.len() == 1)
-            })
+            .and_then(|st| st.learner)
+            .is_some_and(|l| l.version >= 20 && l.scheduler.standby.len() == 1)
             .then_some(()))
     })?;
     if ready.is_none() {
@@ -179,10 +176,9 @@ pub fn run(bin: &Path, active: usize, phase_s: f64, out: &Path) -> anyhow::Resul
     run.observe(phase_s, |_| {});
     let end = run.t0.elapsed().as_secs_f64();
     // The standby worker (the dearest, last) must now be generating.
-    let spare = read_status(bin, &worker_admins[active]).unwrap_or(Value::Null);
-    let standby_activated =
-        spare["rollout"]["standby"] == false && spare["rollout"]["groups"].as_u64() > Some(0);
-    fleet.stop();
+    let spare = read_status(bin, &worker_admins[active]).and_then(|st| st.rollout);
+    let standby_activated = spare.is_some_and(|r| !r.standby && r.groups > 0);
+    fleet.stop(harness::STOP_GRACE);
     bar.finish_and_clear();
 
     let rates = windowed(&run.samples, 5.0);

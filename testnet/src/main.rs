@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 
-use crate::broadcast::Mode;
+use crate::broadcast::BroadcastMode;
 use crate::chart::{Chart, Series};
 
 /// Where scenarios write their files unless told otherwise (`testnet/results/`, git-ignored).
@@ -72,7 +72,7 @@ enum Scenario {
         learner_mbps: f64,
         /// `chain`, `star`, or both (`chain,star`).
         #[arg(long, value_delimiter = ',', default_value = "chain,star")]
-        mode: Vec<Mode>,
+        mode: Vec<BroadcastMode>,
         /// Snapshots published per setting (T_bcast is their median).
         #[arg(long, default_value_t = 2)]
         rounds: u32,
@@ -190,7 +190,7 @@ enum Scenario {
         #[arg(long, default_value_t = 300.0)]
         learner_mbps: f64,
         #[arg(long, value_enum, default_value = "chain")]
-        mode: Mode,
+        mode: BroadcastMode,
         /// Fraction of workers that must have installed (1/γ).
         #[arg(long, default_value_t = 1.0)]
         quantile: f64,

@@ -19,7 +19,7 @@
 use control::plan::{plan_chains, PlanParams};
 use control::units::mbps_to_bytes_per_s;
 
-pub use crate::broadcast::Mode;
+pub use crate::broadcast::BroadcastMode;
 use crate::broadcast::{bound_s, chunk_bytes, snapshot_bytes};
 use crate::chart::{Chart, Series};
 
@@ -30,7 +30,7 @@ pub struct BroadcastSim {
     pub chunk_bytes: f64,
     pub worker_mbps: f64,
     pub learner_mbps: f64,
-    pub mode: Mode,
+    pub mode: BroadcastMode,
     /// Fraction of workers that must have installed (q = 1/γ).
     pub quantile: f64,
 }
@@ -52,13 +52,13 @@ impl BroadcastSim {
         let bw = mbps_to_bytes_per_s(self.worker_mbps);
         let b0 = mbps_to_bytes_per_s(self.learner_mbps);
         let (mut install, n_chains, max_len) = match self.mode {
-            Mode::Star => {
+            BroadcastMode::Star => {
                 // All N flows share the learner uplink; each is also capped by the worker link.
                 let rate = bw.min(b0 / self.nodes.max(1) as f64);
                 let t = (0..n_chunks).map(|k| chunk_len(k) / rate).sum::<f64>();
                 (vec![t; self.nodes], 0, 1)
             }
-            Mode::Chain => {
+            BroadcastMode::Chain => {
                 let workers: Vec<(usize, f64)> = (0..self.nodes).map(|i| (i, 100.0)).collect();
                 let plan = plan_chains(
                     &workers,
@@ -126,7 +126,7 @@ pub struct Point {
 
 impl Params {
     /// Simulates one broadcast to `nodes` workers.
-    pub fn point(&self, nodes: usize, mode: Mode) -> Point {
+    pub fn point(&self, nodes: usize, mode: BroadcastMode) -> Point {
         let r = BroadcastSim {
             nodes,
             size_bytes: snapshot_bytes(self.size_mb),
@@ -160,8 +160,8 @@ impl Params {
         sorted.sort_unstable();
         sorted.dedup();
         let points =
-            |mode: Mode| -> Vec<Point> { sorted.iter().map(|&n| self.point(n, mode)).collect() };
-        let (chain, star) = (points(Mode::Chain), points(Mode::Star));
+            |mode: BroadcastMode| -> Vec<Point> { sorted.iter().map(|&n| self.point(n, mode)).collect() };
+        let (chain, star) = (points(BroadcastMode::Chain), points(BroadcastMode::Star));
         let xy = |pts: &[Point], bound: bool| -> Vec<(f64, f64)> {
             pts.iter()
                 .map(|p| (p.nodes as f64, if bound { p.bound_s } else { p.t_bcast_s }))
@@ -190,7 +190,7 @@ impl Params {
 mod tests {
     use super::*;
 
-    fn sim(nodes: usize, mode: Mode) -> SimResult {
+    fn sim(nodes: usize, mode: BroadcastMode) -> SimResult {
         BroadcastSim {
             nodes,
             size_bytes: 64e6,
@@ -206,7 +206,7 @@ mod tests {
     #[test]
     fn chain_meets_the_store_and_forward_bound_exactly() {
         for n in [4, 8, 32, 1000] {
-            let r = sim(n, Mode::Chain);
+            let r = sim(n, BroadcastMode::Chain);
             let bound = control::plan::chain_bound_s(64e6, 1e6, 100.0, r.max_chain_len);
             assert!(
                 (r.t_bcast_s - bound).abs() < 1e-9,
@@ -219,16 +219,16 @@ mod tests {
 
     #[test]
     fn star_grows_linearly_once_the_uplink_is_shared() {
-        let r = sim(3, Mode::Star);
+        let r = sim(3, BroadcastMode::Star);
         assert!(
             (r.t_bcast_s - 5.12).abs() < 1e-9,
             "3 flows fit in 300 Mbit/s"
         );
-        let r = sim(30, Mode::Star);
+        let r = sim(30, BroadcastMode::Star);
         let bound = control::plan::star_bound_s(64e6, 100.0, 300.0, 30);
         assert!((r.t_bcast_s - bound).abs() < 1e-9);
-        assert!(r.t_bcast_s > 10.0 * sim(3, Mode::Star).t_bcast_s * 0.99);
-        assert!(sim(1000, Mode::Chain).t_bcast_s < sim(1000, Mode::Star).t_bcast_s / 40.0);
+        assert!(r.t_bcast_s > 10.0 * sim(3, BroadcastMode::Star).t_bcast_s * 0.99);
+        assert!(sim(1000, BroadcastMode::Chain).t_bcast_s < sim(1000, BroadcastMode::Star).t_bcast_s / 40.0);
     }
 
     #[test]
@@ -239,7 +239,7 @@ mod tests {
             chunk_bytes: 1e6,
             worker_mbps: 100.0,
             learner_mbps: 100.0,
-            mode: Mode::Chain,
+            mode: BroadcastMode::Chain,
             quantile: 1.0,
         };
         let all = s.run();
@@ -264,13 +264,13 @@ mod tests {
             chunk_kb: p.chunk_kb,
             worker_mbps: p.worker_mbps,
             learner_mbps: p.learner_mbps,
-            modes: vec![Mode::Chain, Mode::Star],
+            modes: vec![BroadcastMode::Chain, BroadcastMode::Star],
             rounds: 1,
             bin: std::path::PathBuf::new(),
             heartbeat_ms: 2000,
         };
         for n in [4, 8, 32, 1000] {
-            for mode in [Mode::Chain, Mode::Star] {
+            for mode in [BroadcastMode::Chain, BroadcastMode::Star] {
                 let pt = p.point(n, mode);
                 let real = crate::broadcast::bound_s(
                     mode,
@@ -284,11 +284,11 @@ mod tests {
                 assert_eq!(pt.bound_s, real, "N={n} {mode:?}");
             }
             // On uniform links the simulated chain meets its bound exactly, in KiB chunks too.
-            let pt = p.point(n, Mode::Chain);
+            let pt = p.point(n, BroadcastMode::Chain);
             assert!((pt.t_bcast_s - pt.bound_s).abs() < 1e-9, "N={n}");
         }
         // 1024 KiB = 1 MiB: the chain bound at N = 1000 (L = 334) is 5.12 s + 333 MiB / 12.5 MB/s.
-        let pt = p.point(1000, Mode::Chain);
+        let pt = p.point(1000, BroadcastMode::Chain);
         assert_eq!(pt.max_chain_len, 334);
         assert!((pt.bound_s - (5.12 + 333.0 * 1_048_576.0 / 12.5e6)).abs() < 1e-9);
         let chart = p.chart(&[8, 4, 8]);

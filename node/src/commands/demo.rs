@@ -20,7 +20,7 @@ use super::status::http_get;
 use crate::api::NodeStatus;
 use crate::cli::DemoArgs;
 use crate::config::{NodeConfig, Role};
-use crate::fleet::{tail, Fleet};
+use crate::fleet::Fleet;
 
 /// Heartbeat interval of the demo's nodes (fast, so that progress shows quickly).
 const HEARTBEAT_MS: u64 = 500;
@@ -157,7 +157,7 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     }
     let mut fleet = Fleet::default();
     for (name, config) in &nodes {
-        fleet.spawn(&exe, name, &config.data_dir, config, &[])?;
+        fleet.start(&exe, name, config, &[])?;
     }
     let progress = Progress::new(args);
     progress.say(format!(
@@ -179,7 +179,7 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     let mut rl_start: Option<Instant> = None;
     let final_status = loop {
         std::thread::sleep(Duration::from_millis(300));
-        fleet.check_alive()?;
+        fleet.ensure_running()?;
         let Some(v) = http_get(&learner_admin, "/status")
             .ok()
             .and_then(|b| serde_json::from_str::<NodeStatus>(&b).ok())
@@ -198,7 +198,7 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
         anyhow::ensure!(
             last_change.elapsed() < STALL,
             "the learner made no step for {STALL:?}; learner log:\n{}",
-            tail(&learner_dir.join("node.log"), 20)
+            crate::fleet::tail(&crate::fleet::log_path(&learner_dir), 20)
         );
         if rl_start.is_none() && version.is_some() {
             rl_start = Some(Instant::now());

@@ -70,6 +70,15 @@ pub enum Ranking {
     Random,
 }
 
+impl fmt::Display for Ranking {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Ranking::Rho => "rho",
+            Ranking::Random => "random",
+        })
+    }
+}
+
 /// `[scheduler]`: cost-aware activation of rollout workers (ECHO-2 §3.4; `docs/learner.md`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -113,6 +122,16 @@ pub enum BroadcastMode {
     Chain,
     /// The learner sends to every worker (the baseline).
     Star,
+}
+
+impl BroadcastMode {
+    /// The config and command-line name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BroadcastMode::Chain => "chain",
+            BroadcastMode::Star => "star",
+        }
+    }
 }
 
 impl From<BroadcastMode> for dissemination::Mode {
