@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod error;
+pub mod framing;
 pub mod messages;
 pub mod ratelimit;
 pub mod score;
