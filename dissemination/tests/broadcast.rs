@@ -499,7 +499,12 @@ async fn a_forwarder_killed_mid_snapshot_does_not_stop_the_chain() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn star_mode_and_a_fetch_only_worker() {
     // Star: the learner pushes to every worker itself (the baseline).
-    let (learner, mut workers) = swarm(3, |c| c.mode = dissemination::Mode::Star, |_, _| {}).await;
+    let (learner, mut workers) = swarm(
+        3,
+        |c| c.mode = dissemination::BroadcastMode::Star,
+        |_, _| {},
+    )
+    .await;
     let payload = random(2_000_000);
     let report = learner
         .d
