@@ -291,8 +291,9 @@ impl Disseminator {
                 let h = tokio::spawn(async move {
                     match me2.receive_push(peer, stream).await {
                         Ok(()) => {}
-                        // Out-of-range index, wrong length, oversized or malformed hello: the
-                        // sender broke the protocol — a failed transfer against its score.
+                        // Out-of-range index, wrong chunk length, malformed chunk frame or
+                        // hello body: the sender broke the protocol — a failed transfer
+                        // against its score.
                         Err(e @ DisseminationError::Protocol { .. }) => {
                             warn!(%peer, error = %e, "chunk stream protocol violation");
                             me2.charge(peer).await;
