@@ -21,6 +21,8 @@ use crate::wire::{
 };
 
 impl Disseminator {
+    /// Holder side: one request per stream — held chunks in request order (an empty frame for
+    /// each not held), or, for `count = 0`, the catch-up manifest and plan.
     pub(super) async fn serve_fetch<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         peer: PeerId,

@@ -177,6 +177,8 @@ impl Disseminator {
         }
     }
 
+    /// Parent side of a chunk stream to `child`: the hello, the child's bitmap, then every
+    /// chunk it lacks as soon as this node holds it, then the empty header frame.
     pub(super) async fn push(&self, version: u64, child: PeerId) -> Result<()> {
         let (manifest, plan) = {
             let st = self.lock();
@@ -261,6 +263,9 @@ impl Disseminator {
         Ok(())
     }
 
+    /// Child side of a chunk stream: accept the hello's manifest (and plan), answer with the
+    /// bitmap of chunks already held, then verify and hold each chunk as it arrives — one is
+    /// verified while the next is read — until the empty header frame.
     pub(super) async fn receive_push<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         peer: PeerId,
