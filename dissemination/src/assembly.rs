@@ -14,13 +14,14 @@
 
 use std::ops::Range;
 
+use storage::manifest::chunk_range;
 use storage::SnapshotManifest;
 
 pub(crate) struct Assembly {
     buf: Vec<u8>,
     have: Vec<bool>,
     missing: usize,
-    chunk_size: usize,
+    chunk_size: u32,
     root: blake3::Hasher,
     /// Chunks `[0, hashed)` have been fed to `root`.
     hashed: usize,
@@ -34,15 +35,15 @@ impl Assembly {
             buf: vec![0; m.total_len as usize],
             have: vec![false; n],
             missing: n,
-            chunk_size: m.chunk_size as usize,
+            chunk_size: m.chunk_size,
             root: blake3::Hasher::new(),
             hashed: 0,
         }
     }
 
-    fn range(&self, index: usize) -> Range<usize> {
-        let start = index * self.chunk_size;
-        start..(start + self.chunk_size).min(self.buf.len())
+    /// Where chunk `index` goes in `buf` (`storage::manifest::chunk_range`).
+    fn range(&self, index: usize) -> Option<Range<usize>> {
+        chunk_range(self.buf.len() as u64, self.chunk_size, index)
     }
 
     pub(crate) fn has(&self, index: usize) -> bool {
@@ -54,7 +55,9 @@ impl Assembly {
         if self.has(index) {
             return;
         }
-        let r = self.range(index);
+        let Some(r) = self.range(index) else {
+            return;
+        };
         if r.len() != bytes.len() {
             return;
         }
@@ -62,8 +65,9 @@ impl Assembly {
         self.have[index] = true;
         self.missing -= 1;
         while self.hashed < self.have.len() && self.have[self.hashed] {
-            let r = self.range(self.hashed);
-            self.root.update(&self.buf[r]);
+            if let Some(r) = self.range(self.hashed) {
+                self.root.update(&self.buf[r]);
+            }
             self.hashed += 1;
         }
     }

@@ -41,6 +41,17 @@ impl DisseminationError {
             reason: reason.into(),
         }
     }
+
+    /// A `storage::codec` decoding error (a malformed message body) as this crate's
+    /// [`DisseminationError::Decode`]; any other storage error stays a storage error.
+    pub(crate) fn codec(e: storage::StorageError) -> Self {
+        match e {
+            storage::StorageError::Decode { what, reason } => {
+                DisseminationError::Decode { what, reason }
+            }
+            other => other.into(),
+        }
+    }
 }
 
 pub type Result<T, E = DisseminationError> = std::result::Result<T, E>;

@@ -1,14 +1,16 @@
-//! Snapshot dissemination (ECHO-2 §4.2, App. C.3; SPEC §5, §6): the learner publishes any
-//! bytes as a signed, chunked snapshot; workers relay it chunk by chunk along scored
-//! forwarding chains, verifying every chunk's BLAKE3 against the signed manifest before
+//! Snapshot dissemination (ECHO-2's chain broadcast; `docs/broadcast.md`): the learner
+//! publishes any bytes as a signed, chunked snapshot; workers relay it chunk by chunk along
+//! scored forwarding chains, verifying every chunk's BLAKE3 against the signed manifest before
 //! storing or forwarding it; stalled or late workers fetch missing chunks by hash from any
 //! holder; bulk streams obey in-node token-bucket caps.
 //!
 //! Owns: the signed chain-plan message ([`plan_msg`]), the signed activation order
-//! ([`order_msg`], the scheduler's decisions travel on the same authenticated path), the chunk-stream and chunk-fetch wire
-//! formats ([`wire`]) and the per-node engine ([`engine`]). Must not touch: the swarm (only
-//! through `p2p::Client`), on-disk formats (`storage`), the planning rules (`control::plan`),
-//! the model (payloads are opaque bytes; installation hands them to the role).
+//! ([`order_msg`], the scheduler's decisions travel on the same authenticated path), the
+//! chunk-stream and chunk-fetch protocols — names and message bodies ([`wire`]) — the
+//! per-version transfer state machine (`transfer`) and the per-node engine ([`engine`]). Must
+//! not touch: the swarm (only through `p2p::Client`), framing (`p2p::framing`), on-disk formats
+//! (`storage`), the planning rules (`control::plan`), the model (payloads are opaque bytes;
+//! installation hands them to the role).
 //!
 //! Wire formats: `docs/protocol.md`, "Snapshot dissemination".
 
@@ -17,15 +19,20 @@ pub mod engine;
 pub mod error;
 pub mod order_msg;
 pub mod plan_msg;
+mod transfer;
 pub mod wire;
 
+/// Transitional: `node` still names `dissemination::Mode`; remove once it says
+/// [`BroadcastMode`].
+pub use engine::BroadcastMode as Mode;
 pub use engine::{
-    CounterSnapshot, DisseminationConfig, DisseminationEvent, Disseminator, Fault, Mode,
+    BroadcastCounters, BroadcastMode, DisseminationConfig, DisseminationEvent, Disseminator, Fault,
     PublishReport,
 };
 pub use error::{DisseminationError, Result};
 pub use order_msg::{ActivationOrder, SignedOrder};
 pub use plan_msg::{PlanMessage, SignedPlan};
+pub use wire::{CHUNK_FETCH, CHUNK_STREAM};
 
 /// Feeds a node's p2p events into its engine: Snapshots / Plans gossip gets a real verdict
 /// (reported to gossipsub), a departed peer is excised from the learner's plan, a worker

@@ -1,12 +1,17 @@
-//! The signed activation order (SPEC §10, ECHO-2 §3.4): which rollout workers the learner's
-//! scheduler keeps generating (active) and which it keeps connected but idle (standby).
-//! Gossiped on the Plans topic next to chain plans, signed by the swarm's learner.
+//! The signed activation order (ECHO-2's scheduler, `docs/protocol.md`): which rollout
+//! workers the learner's scheduler keeps generating (active) and which it keeps connected but
+//! idle (standby). Gossiped on the Plans topic next to chain plans, signed by the swarm's
+//! learner.
 //!
-//! Encoding v1 (integers big-endian): magic `b"ECA"`, format `1`, swarm id (u16 length +
-//! UTF-8), sequence (u64), created (u64 unix ms), learner public key (32 B), active count (u32)
-//! and peer ids (u8 length + multihash bytes), standby count (u32) and peer ids, then the
-//! 64-byte ed25519 signature over everything before it. Limits: ≤ [`MAX_ORDER_PEERS`] peers, no peer
-//! twice.
+//! Owns: the order's canonical encoding, its signature and acceptance rule. Must not touch:
+//! how the scheduler decides (`control`), the network.
+//!
+//! Encoding (format 2, `storage::codec`; byte layout in `docs/protocol.md`): magic `b"ECA"`,
+//! format `2`, swarm id (string ≤ 65 535 B), sequence (varint), created (varint unix ms),
+//! learner public key (32 B), active count (varint) and peer ids (bytes, 1–64 B), standby count
+//! (varint) and peer ids, then the 64-byte ed25519 signature over everything before it.
+//! Limits: ≤ [`MAX_ORDER_PEERS`] peers, no peer twice. (Format 1 used big-endian fixed-width
+//! integers.)
 //!
 //! Acceptance: the named key is the configured learner key, the signature verifies, the swarm
 //! id matches and the sequence is greater than the last accepted order's (the learner uses
@@ -15,12 +20,13 @@
 
 use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
 use p2p::PeerId;
+use storage::codec::{Reader, Writer};
 
 use crate::error::{DisseminationError, Result};
-use crate::plan_msg::{put_peer, Reader};
+use crate::plan_msg::{put_peer, read_count, read_peer, MAX_SWARM_ID_BYTES};
 
 pub const ORDER_MAGIC: &[u8; 3] = b"ECA";
-pub const ORDER_FORMAT: u8 = 1;
+pub const ORDER_FORMAT: u8 = 2;
 /// Most peers an order may name.
 pub const MAX_ORDER_PEERS: usize = 8192;
 
@@ -42,21 +48,20 @@ pub struct SignedOrder {
 
 impl ActivationOrder {
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(96 + 40 * (self.active.len() + self.standby.len()));
-        out.extend_from_slice(ORDER_MAGIC);
-        out.push(ORDER_FORMAT);
-        out.extend_from_slice(&(self.swarm_id.len() as u16).to_be_bytes());
-        out.extend_from_slice(self.swarm_id.as_bytes());
-        out.extend_from_slice(&self.seq.to_be_bytes());
-        out.extend_from_slice(&self.created_unix_ms.to_be_bytes());
-        out.extend_from_slice(&self.learner_key);
+        let mut w = Writer::with_capacity(96 + 40 * (self.active.len() + self.standby.len()));
+        w.raw(ORDER_MAGIC);
+        w.u8(ORDER_FORMAT);
+        w.str(&self.swarm_id);
+        w.varint(self.seq);
+        w.varint(self.created_unix_ms);
+        w.raw(&self.learner_key);
         for list in [&self.active, &self.standby] {
-            out.extend_from_slice(&(list.len() as u32).to_be_bytes());
+            w.varint(list.len() as u64);
             for p in list {
-                put_peer(&mut out, p);
+                put_peer(&mut w, p);
             }
         }
-        out
+        w.into_bytes()
     }
 
     /// Signs with the learner key the order names.
@@ -99,43 +104,37 @@ impl SignedOrder {
 
     /// Decodes (with limits) without verifying the signature.
     pub fn decode(bytes: &[u8]) -> Result<Self> {
-        let mut r = Reader {
-            b: bytes,
-            what: "activation order",
-        };
-        if r.take(3)? != ORDER_MAGIC {
-            return Err(DisseminationError::decode("activation order", "bad magic"));
+        const WHAT: &str = "activation order";
+        let mut r = Reader::new(bytes, WHAT);
+        if r.raw(3).map_err(DisseminationError::codec)? != ORDER_MAGIC {
+            return Err(DisseminationError::decode(WHAT, "bad magic"));
         }
-        let format = r.take(1)?[0];
+        let format = r.u8().map_err(DisseminationError::codec)?;
         if format != ORDER_FORMAT {
             return Err(DisseminationError::decode(
-                "activation order",
+                WHAT,
                 format!("format {format} (this node speaks {ORDER_FORMAT})"),
             ));
         }
-        let swarm_id = r.swarm_id()?;
-        let seq = r.u64()?;
-        let created_unix_ms = r.u64()?;
-        let learner_key: [u8; 32] = r.take(32)?.try_into().expect("32");
+        let swarm_id = r
+            .string(MAX_SWARM_ID_BYTES, "swarm id")
+            .map_err(DisseminationError::codec)?;
+        let seq = r.varint().map_err(DisseminationError::codec)?;
+        let created_unix_ms = r.varint().map_err(DisseminationError::codec)?;
+        let learner_key = r.array::<32>().map_err(DisseminationError::codec)?;
         let mut lists = Vec::with_capacity(2);
         let mut total = 0usize;
         for _ in 0..2 {
-            let n = r.u32()? as usize;
-            total += n;
-            if total > MAX_ORDER_PEERS {
-                return Err(DisseminationError::decode(
-                    "activation order",
-                    "too many peers",
-                ));
-            }
-            lists.push((0..n).map(|_| r.peer()).collect::<Result<Vec<_>>>()?);
+            let n = read_count(&mut r, WHAT, &mut total, MAX_ORDER_PEERS)?;
+            lists.push(
+                (0..n)
+                    .map(|_| read_peer(&mut r, WHAT))
+                    .collect::<Result<Vec<_>>>()?,
+            );
         }
-        let signature: [u8; 64] = r.take(64)?.try_into().expect("64");
-        if !r.b.is_empty() {
-            return Err(DisseminationError::decode(
-                "activation order",
-                "trailing bytes",
-            ));
+        let signature = r.array::<64>().map_err(DisseminationError::codec)?;
+        if r.remaining() != 0 {
+            return Err(DisseminationError::decode(WHAT, "trailing bytes"));
         }
         let standby = lists.pop().unwrap_or_default();
         let active = lists.pop().unwrap_or_default();

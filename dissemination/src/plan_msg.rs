@@ -1,15 +1,18 @@
-//! The signed chain-plan message (SPEC §3, §6): which workers receive snapshot `version` from
-//! whom, signed by the swarm's learner.
+//! The signed chain-plan message (`docs/broadcast.md`, ECHO-2's forwarding chains): which
+//! workers receive snapshot `version` from whom, signed by the swarm's learner.
 //!
-//! Owns: the plan's canonical encoding, its signature and the acceptance rule. Must not touch:
-//! how a plan is computed (`control::plan`) or the network.
+//! Owns: the plan's canonical encoding, its signature and the acceptance rule, and the peer-id
+//! field shared with the activation order ([`put_peer`], [`read_peer`]). Must not touch: how a
+//! plan is computed (`control::plan`) or the network.
 //!
-//! Encoding v1 (all integers big-endian): magic `b"ECP"`, format `1`, swarm id (u16 length +
-//! UTF-8), snapshot version (u64), plan sequence (u64), created (u64 unix ms), learner public
-//! key (32 B), chain count (u32) and for each chain its length (u32) and peer ids (u8 length +
-//! multihash bytes), fetch-only count (u32) + peer ids; a signed plan is that encoding followed
-//! by the 64-byte ed25519 signature over it. Limits: ≤ [`MAX_PLAN_BYTES`] bytes, ≤
-//! [`MAX_PLAN_PEERS`] peers in all, ≤ 64 bytes per peer id.
+//! Encoding (format 2, `storage::codec`: varints, varint-length-prefixed bytes/strings; byte
+//! layout in `docs/protocol.md`): magic `b"ECP"`, format `2`, swarm id (string ≤ 65 535 B),
+//! snapshot version (varint), plan sequence (varint), created (varint unix ms), learner public
+//! key (32 B), chain count (varint) and for each chain its length (varint ≥ 1) and peer ids
+//! (bytes, 1–64 B: the multihash), fetch-only count (varint) + peer ids; a signed plan is that
+//! encoding followed by the 64-byte ed25519 signature over it. Limits: ≤ [`MAX_PLAN_BYTES`]
+//! bytes, ≤ [`MAX_PLAN_PEERS`] peers in all, no peer twice. (Format 1 used big-endian
+//! fixed-width integers.)
 //!
 //! Acceptance: a plan is accepted only when it names the configured learner key, the
 //! signature verifies, the swarm id matches, and `(version, seq)` is lexicographically greater
@@ -19,11 +22,12 @@
 use control::plan::ChainPlan;
 use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
 use p2p::PeerId;
+use storage::codec::{Reader, Writer};
 
 use crate::error::{DisseminationError, Result};
 
 pub const PLAN_MAGIC: &[u8; 3] = b"ECP";
-pub const PLAN_FORMAT: u8 = 1;
+pub const PLAN_FORMAT: u8 = 2;
 /// Largest encoded signed plan (fits a gossip message).
 pub const MAX_PLAN_BYTES: usize = 512 * 1024;
 /// Most peers a plan may name.
@@ -50,10 +54,40 @@ pub struct SignedPlan {
     pub signature: [u8; 64],
 }
 
-pub(crate) fn put_peer(out: &mut Vec<u8>, p: &PeerId) {
-    let b = p.to_bytes();
-    out.push(b.len() as u8);
-    out.extend_from_slice(&b);
+/// Longest swarm id a signed plan or order may carry.
+pub const MAX_SWARM_ID_BYTES: usize = u16::MAX as usize;
+/// Longest peer id (multihash bytes) a signed plan or order may carry.
+pub const MAX_PEER_ID_BYTES: usize = 64;
+
+/// A peer id field: its multihash bytes behind a varint length.
+pub(crate) fn put_peer(w: &mut Writer, p: &PeerId) {
+    w.bytes(&p.to_bytes());
+}
+
+/// Reads a peer id field (1–[`MAX_PEER_ID_BYTES`] bytes).
+pub(crate) fn read_peer(r: &mut Reader<'_>, what: &'static str) -> Result<PeerId> {
+    let b = r
+        .bytes(MAX_PEER_ID_BYTES, "peer id")
+        .map_err(DisseminationError::codec)?;
+    if b.is_empty() {
+        return Err(DisseminationError::decode(what, "empty peer id"));
+    }
+    PeerId::from_bytes(b).map_err(|e| DisseminationError::decode(what, format!("peer id: {e}")))
+}
+
+/// Reads a count that, added to the `total` peers read so far, stays ≤ `max`.
+pub(crate) fn read_count(
+    r: &mut Reader<'_>,
+    what: &'static str,
+    total: &mut usize,
+    max: usize,
+) -> Result<usize> {
+    let n = r.varint().map_err(DisseminationError::codec)?;
+    if n > (max - *total) as u64 {
+        return Err(DisseminationError::decode(what, "too many peers"));
+    }
+    *total += n as usize;
+    Ok(n as usize)
 }
 
 impl PlanMessage {
@@ -83,28 +117,27 @@ impl PlanMessage {
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let mut out =
-            Vec::with_capacity(128 + 40 * self.chains.iter().map(Vec::len).sum::<usize>());
-        out.extend_from_slice(PLAN_MAGIC);
-        out.push(PLAN_FORMAT);
-        out.extend_from_slice(&(self.swarm_id.len() as u16).to_be_bytes());
-        out.extend_from_slice(self.swarm_id.as_bytes());
-        out.extend_from_slice(&self.version.to_be_bytes());
-        out.extend_from_slice(&self.seq.to_be_bytes());
-        out.extend_from_slice(&self.created_unix_ms.to_be_bytes());
-        out.extend_from_slice(&self.learner_key);
-        out.extend_from_slice(&(self.chains.len() as u32).to_be_bytes());
+        let peers = self.chains.iter().map(Vec::len).sum::<usize>() + self.fetch_only.len();
+        let mut w = Writer::with_capacity(128 + 40 * peers);
+        w.raw(PLAN_MAGIC);
+        w.u8(PLAN_FORMAT);
+        w.str(&self.swarm_id);
+        w.varint(self.version);
+        w.varint(self.seq);
+        w.varint(self.created_unix_ms);
+        w.raw(&self.learner_key);
+        w.varint(self.chains.len() as u64);
         for c in &self.chains {
-            out.extend_from_slice(&(c.len() as u32).to_be_bytes());
+            w.varint(c.len() as u64);
             for p in c {
-                put_peer(&mut out, p);
+                put_peer(&mut w, p);
             }
         }
-        out.extend_from_slice(&(self.fetch_only.len() as u32).to_be_bytes());
+        w.varint(self.fetch_only.len() as u64);
         for p in &self.fetch_only {
-            put_peer(&mut out, p);
+            put_peer(&mut w, p);
         }
-        out
+        w.into_bytes()
     }
 
     /// Signs with the learner key the plan names.
@@ -119,48 +152,6 @@ impl PlanMessage {
             plan: self,
             signature,
         })
-    }
-}
-
-/// Bounds-checked big-endian reader; errors name the message kind `what`.
-pub(crate) struct Reader<'a> {
-    pub(crate) b: &'a [u8],
-    pub(crate) what: &'static str,
-}
-
-impl<'a> Reader<'a> {
-    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8]> {
-        if self.b.len() < n {
-            return Err(DisseminationError::decode(self.what, "truncated"));
-        }
-        let (h, t) = self.b.split_at(n);
-        self.b = t;
-        Ok(h)
-    }
-    pub(crate) fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_be_bytes(self.take(4)?.try_into().expect("4")))
-    }
-    pub(crate) fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_be_bytes(self.take(8)?.try_into().expect("8")))
-    }
-    pub(crate) fn peer(&mut self) -> Result<PeerId> {
-        let n = self.take(1)?[0] as usize;
-        if n == 0 || n > 64 {
-            return Err(DisseminationError::decode(
-                self.what,
-                format!("peer id of {n} bytes"),
-            ));
-        }
-        PeerId::from_bytes(self.take(n)?)
-            .map_err(|e| DisseminationError::decode(self.what, format!("peer id: {e}")))
-    }
-
-    /// Swarm id: u16 length + UTF-8.
-    pub(crate) fn swarm_id(&mut self) -> Result<String> {
-        let n = u16::from_be_bytes(self.take(2)?.try_into().expect("2")) as usize;
-        Ok(std::str::from_utf8(self.take(n)?)
-            .map_err(|_| DisseminationError::decode(self.what, "swarm id is not UTF-8"))?
-            .to_string())
     }
 }
 
@@ -179,51 +170,49 @@ impl SignedPlan {
                 format!("{} bytes > limit {MAX_PLAN_BYTES}", bytes.len()),
             ));
         }
-        let mut r = Reader {
-            b: bytes,
-            what: "plan",
-        };
-        if r.take(3)? != PLAN_MAGIC {
-            return Err(DisseminationError::decode("plan", "bad magic"));
+        const WHAT: &str = "plan";
+        let mut r = Reader::new(bytes, WHAT);
+        if r.raw(3).map_err(DisseminationError::codec)? != PLAN_MAGIC {
+            return Err(DisseminationError::decode(WHAT, "bad magic"));
         }
-        let format = r.take(1)?[0];
+        let format = r.u8().map_err(DisseminationError::codec)?;
         if format != PLAN_FORMAT {
             return Err(DisseminationError::decode(
-                "plan",
+                WHAT,
                 format!("format {format} (this node speaks {PLAN_FORMAT})"),
             ));
         }
-        let swarm_id = r.swarm_id()?;
-        let version = r.u64()?;
-        let seq = r.u64()?;
-        let created_unix_ms = r.u64()?;
-        let learner_key: [u8; 32] = r.take(32)?.try_into().expect("32");
+        let swarm_id = r
+            .string(MAX_SWARM_ID_BYTES, "swarm id")
+            .map_err(DisseminationError::codec)?;
+        let version = r.varint().map_err(DisseminationError::codec)?;
+        let seq = r.varint().map_err(DisseminationError::codec)?;
+        let created_unix_ms = r.varint().map_err(DisseminationError::codec)?;
+        let learner_key = r.array::<32>().map_err(DisseminationError::codec)?;
         let mut total = 0usize;
-        let n_chains = r.u32()? as usize;
-        if n_chains > MAX_PLAN_PEERS {
-            return Err(DisseminationError::decode("plan", "too many chains"));
+        let n_chains = r.varint().map_err(DisseminationError::codec)?;
+        if n_chains > MAX_PLAN_PEERS as u64 {
+            return Err(DisseminationError::decode(WHAT, "too many chains"));
         }
-        let mut chains = Vec::with_capacity(n_chains);
+        let mut chains = Vec::with_capacity(n_chains as usize);
         for _ in 0..n_chains {
-            let len = r.u32()? as usize;
-            total += len;
-            if len == 0 || total > MAX_PLAN_PEERS {
-                return Err(DisseminationError::decode(
-                    "plan",
-                    "empty chain or too many peers",
-                ));
+            let len = read_count(&mut r, WHAT, &mut total, MAX_PLAN_PEERS)?;
+            if len == 0 {
+                return Err(DisseminationError::decode(WHAT, "empty chain"));
             }
-            chains.push((0..len).map(|_| r.peer()).collect::<Result<Vec<_>>>()?);
+            chains.push(
+                (0..len)
+                    .map(|_| read_peer(&mut r, WHAT))
+                    .collect::<Result<Vec<_>>>()?,
+            );
         }
-        let n_fetch = r.u32()? as usize;
-        total += n_fetch;
-        if total > MAX_PLAN_PEERS {
-            return Err(DisseminationError::decode("plan", "too many peers"));
-        }
-        let fetch_only = (0..n_fetch).map(|_| r.peer()).collect::<Result<Vec<_>>>()?;
-        let signature: [u8; 64] = r.take(64)?.try_into().expect("64");
-        if !r.b.is_empty() {
-            return Err(DisseminationError::decode("plan", "trailing bytes"));
+        let n_fetch = read_count(&mut r, WHAT, &mut total, MAX_PLAN_PEERS)?;
+        let fetch_only = (0..n_fetch)
+            .map(|_| read_peer(&mut r, WHAT))
+            .collect::<Result<Vec<_>>>()?;
+        let signature = r.array::<64>().map_err(DisseminationError::codec)?;
+        if r.remaining() != 0 {
+            return Err(DisseminationError::decode(WHAT, "trailing bytes"));
         }
         let mut seen = std::collections::HashSet::new();
         if !chains

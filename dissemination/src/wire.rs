@@ -1,96 +1,210 @@
-//! Wire formats of the two bulk protocols over `libp2p-stream` (see `docs/protocol.md`,
-//! "Snapshot dissemination"). All integers are big-endian; every length is checked against an
-//! explicit limit before anything is allocated.
+//! The two bulk protocols of snapshot dissemination over `libp2p-stream`: their names and the
+//! bodies of their messages. The byte layouts are specified in `docs/protocol.md` ("Chunk
+//! stream", "Chunk fetch"); in short, every message is one `p2p::framing` frame (varint length,
+//! then body) and every body field is in the `storage::codec` encoding (varints,
+//! varint-length-prefixed bytes, raw fixed-size hashes).
 //!
-//! Owns: framing only. Must not touch: verification policy, the store, scores.
+//! Owns: the protocol names ([`CHUNK_STREAM`], [`CHUNK_FETCH`]), the per-message limits, and
+//! pure encode/decode functions for every message body. Must not touch: framing itself
+//! (`p2p::framing`), verification policy, the store, scores.
 //!
-//! Chunk stream (`/echo-swarm/chunk-stream/1.0.0`), parent → child:
+//! Chunk stream, parent → child (one stream per snapshot version and child):
 //! ```text
-//! parent: "ECS" 1 | u32 manifest_len | signed manifest | u32 plan_len | signed plan (0 = none)
-//! child:  u8 status (0 accept, 1 refuse) | if accept: u32 bitmap_len | bitmap (bit i = holds chunk i)
-//! parent: repeated { u32 index | u32 len | len bytes }, then u32 0xFFFF_FFFF | u32 0
+//! parent: frame(Hello)                     bytes(signed manifest) | bytes(signed plan; empty = none)
+//! child:  frame(Reply)                     u8 0 | bytes(bitmap)  — accept, bit i = holds chunk i
+//!                                          u8 1                  — refuse
+//! parent: { frame(varint index) frame(chunk bytes) }*  then  frame()  — an empty frame ends it
 //! ```
-//! Chunk fetch (`/echo-swarm/chunk-fetch/1.0.0`), requester → holder:
+//! Chunk fetch, requester → holder (one request per stream):
 //! ```text
-//! request:  "ECF" 1 | u64 version | u32 count (≤ MAX_FETCH_BATCH) | count × 32-byte BLAKE3 hash
-//! response: per hash, in order: u8 found | if found: u32 len | len bytes
+//! request:  frame(varint version | varint count (≤ MAX_FETCH_BATCH) | count × 32-byte BLAKE3)
+//! response: per hash, in order: frame(chunk bytes), or an empty frame when not held
 //! ```
-//! A request with `count = 0` asks for the holder's signed manifest of `version`
-//! (`u64::MAX` = its newest) and its plan for it: `u32 len | manifest | u32 len | plan`
-//! (0 = none) — the catch-up of late joiners.
+//! A request with `count = 0` asks for the holder's signed manifest of `version` (`u64::MAX` =
+//! its newest) and its plan for it; the response is one frame `bytes(manifest) | bytes(plan)`
+//! (each empty = none) — the catch-up of late joiners.
 
-use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use libp2p::StreamProtocol;
+use storage::codec::{Reader, Writer};
+use storage::manifest::MAX_CHUNKS;
+use storage::Hash;
 
-pub const STREAM_MAGIC: &[u8; 4] = b"ECS\x01";
-pub const FETCH_MAGIC: &[u8; 4] = b"ECF\x01";
-/// Largest signed manifest carried in a stream hello (1 M chunks × 32 B + header).
-pub const MAX_MANIFEST_BYTES: u32 = 256 + 32 * (1 << 20) + 64;
-/// Largest chunk frame (the manifest format's maximum chunk size).
-pub const MAX_CHUNK_BYTES: u32 = 64 << 20;
+use crate::error::{DisseminationError, Result};
+use crate::plan_msg::MAX_PLAN_BYTES;
+
+/// Parent → child push of snapshot chunks as they arrive. Version 2: `p2p::framing` frames
+/// and `storage::codec` bodies (version 1 had a magic, big-endian u32 lengths and indices).
+pub const CHUNK_STREAM: StreamProtocol = StreamProtocol::new("/echo-swarm/chunk-stream/2.0.0");
+/// Fetch chunks by BLAKE3 hash from any holder (and the catch-up manifest request). Version 2
+/// as for [`CHUNK_STREAM`].
+pub const CHUNK_FETCH: StreamProtocol = StreamProtocol::new("/echo-swarm/chunk-fetch/2.0.0");
+
+/// Largest signed manifest carried in a hello or a catch-up response: a manifest with the
+/// most chunks a manifest may list (`storage::manifest::MAX_CHUNKS`, 32 B each), its header
+/// (≤ 256 B) and its signature — the bound `SignedManifest::decode` applies.
+pub const MAX_MANIFEST_BYTES: usize = 256 + 32 * MAX_CHUNKS + 64;
+/// Largest body of a stream hello or a catch-up response: a manifest and a plan, each behind
+/// a varint length (≤ 10 bytes).
+pub const MAX_HELLO_BYTES: usize = MAX_MANIFEST_BYTES + MAX_PLAN_BYTES + 2 * 10;
 /// Most hashes in one fetch request.
-pub const MAX_FETCH_BATCH: u32 = 64;
-/// Index value that ends a chunk stream.
-pub const END_OF_STREAM: u32 = u32::MAX;
+pub const MAX_FETCH_BATCH: usize = 64;
+/// Largest fetch request body: two varints and the hashes.
+pub const MAX_FETCH_REQUEST_BYTES: usize = 2 * 10 + 32 * MAX_FETCH_BATCH;
+/// Largest chunk header frame: one varint.
+pub const MAX_INDEX_BYTES: usize = 10;
 
-pub async fn read_u8<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<u8> {
-    let mut b = [0u8; 1];
-    r.read_exact(&mut b).await?;
-    Ok(b[0])
+/// A stream hello (and, with the same body, the answer to a catch-up request): the encoded
+/// signed manifest and the encoded signed plan, each possibly empty (= none).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Hello {
+    pub manifest: Vec<u8>,
+    pub plan: Vec<u8>,
 }
 
-pub async fn read_u32<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<u32> {
-    let mut b = [0u8; 4];
-    r.read_exact(&mut b).await?;
-    Ok(u32::from_be_bytes(b))
-}
-
-pub async fn read_u64<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<u64> {
-    let mut b = [0u8; 8];
-    r.read_exact(&mut b).await?;
-    Ok(u64::from_be_bytes(b))
-}
-
-fn too_long(what: &str, n: u32, max: u32) -> std::io::Error {
-    std::io::Error::new(
-        std::io::ErrorKind::InvalidData,
-        format!("{what} of {n} bytes exceeds the limit of {max}"),
-    )
-}
-
-/// Reads a `u32` length (≤ `max`) followed by that many bytes.
-pub async fn read_blob<R: AsyncRead + Unpin>(
-    r: &mut R,
-    what: &str,
-    max: u32,
-) -> std::io::Result<Vec<u8>> {
-    let n = read_u32(r).await?;
-    if n > max {
-        return Err(too_long(what, n, max));
+impl Hello {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::with_capacity(self.manifest.len() + self.plan.len() + 20);
+        w.bytes(&self.manifest);
+        w.bytes(&self.plan);
+        w.into_bytes()
     }
-    let mut v = vec![0u8; n as usize];
-    r.read_exact(&mut v).await?;
-    Ok(v)
-}
 
-pub async fn write_blob<W: AsyncWrite + Unpin>(w: &mut W, b: &[u8]) -> std::io::Result<()> {
-    w.write_all(&(b.len() as u32).to_be_bytes()).await?;
-    w.write_all(b).await
-}
-
-/// Reads a 4-byte magic and checks it.
-pub async fn expect_magic<R: AsyncRead + Unpin>(r: &mut R, magic: &[u8; 4]) -> std::io::Result<()> {
-    let mut b = [0u8; 4];
-    r.read_exact(&mut b).await?;
-    if &b != magic {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("bad magic/version {b:?} (expected {magic:?})"),
-        ));
+    pub fn decode(body: &[u8]) -> Result<Self> {
+        let mut r = Reader::new(body, "stream hello");
+        let manifest = r
+            .bytes(MAX_MANIFEST_BYTES, "manifest")
+            .map_err(DisseminationError::codec)?
+            .to_vec();
+        let plan = r
+            .bytes(MAX_PLAN_BYTES, "plan")
+            .map_err(DisseminationError::codec)?
+            .to_vec();
+        r.finish().map_err(DisseminationError::codec)?;
+        Ok(Hello { manifest, plan })
     }
-    Ok(())
 }
 
-/// Bitmap of `n` bits, bit `i` = `has(i)`.
+/// The child's answer to a hello.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// Send me what I lack: bit `i` of `held` set = I already hold chunk `i`.
+    Accept { held: Vec<u8> },
+    /// Forged, another swarm's, or older than what I accepted.
+    Refuse,
+}
+
+const REPLY_ACCEPT: u8 = 0;
+const REPLY_REFUSE: u8 = 1;
+
+impl Reply {
+    /// Largest reply body for a snapshot of `chunks` chunks.
+    pub fn max_len(chunks: usize) -> usize {
+        1 + 10 + chunks.div_ceil(8)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        match self {
+            Reply::Accept { held } => {
+                w.u8(REPLY_ACCEPT);
+                w.bytes(held);
+            }
+            Reply::Refuse => w.u8(REPLY_REFUSE),
+        }
+        w.into_bytes()
+    }
+
+    /// Decodes a reply for a snapshot of `chunks` chunks (the bitmap is at most ⌈chunks/8⌉
+    /// bytes; missing trailing bytes read as "not held").
+    pub fn decode(body: &[u8], chunks: usize) -> Result<Self> {
+        let mut r = Reader::new(body, "stream reply");
+        let reply = match r.u8().map_err(DisseminationError::codec)? {
+            REPLY_ACCEPT => Reply::Accept {
+                held: r
+                    .bytes(chunks.div_ceil(8), "bitmap")
+                    .map_err(DisseminationError::codec)?
+                    .to_vec(),
+            },
+            REPLY_REFUSE => Reply::Refuse,
+            s => {
+                return Err(DisseminationError::decode(
+                    "stream reply",
+                    format!("status {s}"),
+                ))
+            }
+        };
+        r.finish().map_err(DisseminationError::codec)?;
+        Ok(reply)
+    }
+}
+
+/// The header frame before each chunk of a stream: the chunk's index.
+pub fn encode_index(index: usize) -> Vec<u8> {
+    let mut w = Writer::default();
+    w.varint(index as u64);
+    w.into_bytes()
+}
+
+/// `None` for the empty frame that ends a chunk stream.
+pub fn decode_index(body: &[u8]) -> Result<Option<u64>> {
+    if body.is_empty() {
+        return Ok(None);
+    }
+    let mut r = Reader::new(body, "chunk header");
+    let index = r.varint().map_err(DisseminationError::codec)?;
+    r.finish().map_err(DisseminationError::codec)?;
+    Ok(Some(index))
+}
+
+/// A chunk-fetch request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FetchRequest {
+    /// The chunks with these hashes (1..=[`MAX_FETCH_BATCH`]) of snapshot `version`.
+    Chunks { version: u64, hashes: Vec<Hash> },
+    /// The signed manifest of `version` (`u64::MAX`: the newest held) and its plan.
+    Manifest { version: u64 },
+}
+
+impl FetchRequest {
+    pub fn encode(&self) -> Vec<u8> {
+        let (version, hashes): (u64, &[Hash]) = match self {
+            FetchRequest::Chunks { version, hashes } => (*version, hashes),
+            FetchRequest::Manifest { version } => (*version, &[]),
+        };
+        let mut w = Writer::with_capacity(20 + 32 * hashes.len());
+        w.varint(version);
+        w.varint(hashes.len() as u64);
+        for h in hashes {
+            w.raw(h);
+        }
+        w.into_bytes()
+    }
+
+    pub fn decode(body: &[u8]) -> Result<Self> {
+        let mut r = Reader::new(body, "fetch request");
+        let version = r.varint().map_err(DisseminationError::codec)?;
+        let count = r.varint().map_err(DisseminationError::codec)?;
+        if count > MAX_FETCH_BATCH as u64 {
+            return Err(DisseminationError::decode(
+                "fetch request",
+                format!("fetch of {count} chunks > {MAX_FETCH_BATCH}"),
+            ));
+        }
+        let hashes = (0..count)
+            .map(|_| r.array::<32>())
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(DisseminationError::codec)?;
+        r.finish().map_err(DisseminationError::codec)?;
+        Ok(if hashes.is_empty() {
+            FetchRequest::Manifest { version }
+        } else {
+            FetchRequest::Chunks { version, hashes }
+        })
+    }
+}
+
+/// Bitmap of `n` bits, bit `i` (bit `i % 8` of byte `i / 8`, least significant first) =
+/// `has(i)`.
 pub fn bitmap(n: usize, has: impl Fn(usize) -> bool) -> Vec<u8> {
     let mut out = vec![0u8; n.div_ceil(8)];
     for i in 0..n {
@@ -101,6 +215,7 @@ pub fn bitmap(n: usize, has: impl Fn(usize) -> bool) -> Vec<u8> {
     out
 }
 
+/// Bit `i` of `map`; `false` past its end.
 pub fn bit(map: &[u8], i: usize) -> bool {
     map.get(i / 8).is_some_and(|b| b & (1 << (i % 8)) != 0)
 }
@@ -113,17 +228,68 @@ mod tests {
     fn bitmaps() {
         let m = bitmap(11, |i| i % 3 == 0);
         assert_eq!(m.len(), 2);
+        assert_eq!(m, [0b0100_1001, 0b0000_0010]);
         assert!((0..11).all(|i| bit(&m, i) == (i % 3 == 0)));
         assert!(!bit(&m, 100));
     }
 
-    #[tokio::test]
-    async fn blobs_respect_limits() {
-        let mut buf = Vec::new();
-        write_blob(&mut buf, &[1, 2, 3]).await.unwrap();
-        let mut r = futures::io::Cursor::new(buf.clone());
-        assert_eq!(read_blob(&mut r, "x", 3).await.unwrap(), [1, 2, 3]);
-        let mut r = futures::io::Cursor::new(buf);
-        assert!(read_blob(&mut r, "x", 2).await.is_err());
+    #[test]
+    fn hellos_and_replies_round_trip_within_limits() {
+        let h = Hello {
+            manifest: vec![1; 300],
+            plan: vec![],
+        };
+        assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
+        let mut long = h.encode();
+        long.push(0);
+        assert!(Hello::decode(&long).is_err());
+        assert!(Hello::decode(&h.encode()[..100]).is_err());
+
+        let a = Reply::Accept {
+            held: bitmap(20, |i| i < 3),
+        };
+        assert_eq!(a.encode(), [0, 3, 0b111, 0, 0]);
+        assert_eq!(Reply::decode(&a.encode(), 20).unwrap(), a);
+        assert!(a.encode().len() <= Reply::max_len(20));
+        // A bitmap longer than the snapshot needs is refused.
+        assert!(Reply::decode(&a.encode(), 16).is_err());
+        assert_eq!(Reply::Refuse.encode(), [1]);
+        assert_eq!(Reply::decode(&[1], 20).unwrap(), Reply::Refuse);
+        assert!(Reply::decode(&[2], 20).is_err());
+        assert!(Reply::decode(&[], 20).is_err());
+    }
+
+    #[test]
+    fn chunk_headers_and_the_end_marker() {
+        assert_eq!(encode_index(300), [0xac, 0x02]);
+        assert_eq!(decode_index(&encode_index(300)).unwrap(), Some(300));
+        assert_eq!(decode_index(&[]).unwrap(), None);
+        assert!(decode_index(&[0x80]).is_err());
+        assert!(decode_index(&[1, 2]).is_err());
+    }
+
+    #[test]
+    fn fetch_requests_round_trip_and_respect_the_batch_limit() {
+        let c = FetchRequest::Chunks {
+            version: 7,
+            hashes: vec![[1; 32], [2; 32]],
+        };
+        let bytes = c.encode();
+        assert_eq!(&bytes[..2], &[7, 2]);
+        assert_eq!(bytes.len(), 2 + 64);
+        assert_eq!(FetchRequest::decode(&bytes).unwrap(), c);
+        assert!(bytes.len() <= MAX_FETCH_REQUEST_BYTES);
+        let m = FetchRequest::Manifest { version: u64::MAX };
+        assert_eq!(m.encode().len(), 11);
+        assert_eq!(FetchRequest::decode(&m.encode()).unwrap(), m);
+        for cut in 0..bytes.len() {
+            assert!(FetchRequest::decode(&bytes[..cut]).is_err());
+        }
+        let too_many = FetchRequest::Chunks {
+            version: 1,
+            hashes: vec![[0; 32]; MAX_FETCH_BATCH + 1],
+        };
+        let err = FetchRequest::decode(&too_many.encode()).unwrap_err();
+        assert!(err.to_string().contains("> 64"), "{err}");
     }
 }

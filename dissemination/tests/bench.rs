@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dissemination::{DisseminationConfig, DisseminationEvent, Disseminator, Mode};
+use dissemination::{BroadcastMode, DisseminationConfig, DisseminationEvent, Disseminator};
 use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
 use p2p::{Client, ServiceConfig};
 use rand::RngCore;
@@ -15,6 +15,9 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 const SWARM: &str = "diss-bench";
 const LEARNER_SEED: [u8; 32] = [1; 32];
+/// The raw-stream baseline's own protocol: plain bytes, no framing.
+const RAW_STREAM: libp2p::StreamProtocol =
+    libp2p::StreamProtocol::new("/echo-swarm-bench/raw/1.0.0");
 
 struct Node {
     client: Client,
@@ -79,7 +82,7 @@ async fn wait_installed(n: &mut Node, version: u64) {
     }
 }
 
-async fn run_broadcast(n: u8, mode: Mode, size: usize, bw: f64, b0: f64) -> f64 {
+async fn run_broadcast(n: u8, mode: BroadcastMode, size: usize, bw: f64, b0: f64) -> f64 {
     let chunk = 1u32 << 20;
     let learner = start_node(LEARNER_SEED, vec![], |c| {
         c.mode = mode;
@@ -133,7 +136,7 @@ async fn run_broadcast(n: u8, mode: Mode, size: usize, bw: f64, b0: f64) -> f64 
     let star_bound = control::plan::star_bound_s(size as f64, bw, b0, n as usize);
     println!(
         "{{\"scenario\":\"broadcast\",\"mode\":\"{}\",\"n\":{n},\"size_bytes\":{size},\"chunk_bytes\":{chunk},\"bw_mbps\":{bw},\"b0_mbps\":{b0},\"chains\":{},\"max_len\":{max_len},\"t_bcast_s\":{t:.3},\"publish_s\":{publish_s:.3},\"chain_bound_s\":{chain_bound:.3},\"star_bound_s\":{star_bound:.3}}}",
-        if mode == Mode::Chain { "chain" } else { "star" },
+        if mode == BroadcastMode::Chain { "chain" } else { "star" },
         report.plan.plan.chains.len()
     );
     for w in workers.into_iter().chain([learner]) {
@@ -164,10 +167,10 @@ async fn broadcast_chain_vs_star() {
     let modes = std::env::var("BENCH_MODES").unwrap_or_else(|_| "chain,star".into());
     for n in ns {
         if modes.contains("chain") {
-            run_broadcast(n, Mode::Chain, size, 100.0, 300.0).await;
+            run_broadcast(n, BroadcastMode::Chain, size, 100.0, 300.0).await;
         }
         if modes.contains("star") {
-            run_broadcast(n, Mode::Star, size, 100.0, 300.0).await;
+            run_broadcast(n, BroadcastMode::Star, size, 100.0, 300.0).await;
         }
     }
 }
@@ -179,12 +182,8 @@ async fn single_hop_throughput_vs_raw_stream() {
     let learner = start_node(LEARNER_SEED, vec![], |c| c.chunk_size = 1 << 20).await;
     let mut w = start_node([10; 32], vec![learner.addr.clone()], |_| {}).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    // Raw libp2p stream over the same connection (a reserved, otherwise unused protocol).
-    let mut incoming = w
-        .client
-        .stream_control()
-        .accept(p2p::protocols::ROLLOUT_REQUEST)
-        .unwrap();
+    // Raw libp2p stream over the same connection (a protocol of this benchmark's own).
+    let mut incoming = w.client.stream_control().accept(RAW_STREAM).unwrap();
     let sink = tokio::spawn(async move {
         let (_, mut s) = incoming.next().await.unwrap();
         let mut buf = vec![0u8; 1 << 20];
@@ -204,7 +203,7 @@ async fn single_hop_throughput_vs_raw_stream() {
     let mut s = learner
         .client
         .stream_control()
-        .open_stream(w.client.local_peer_id(), p2p::protocols::ROLLOUT_REQUEST)
+        .open_stream(w.client.local_peer_id(), RAW_STREAM)
         .await
         .unwrap();
     for _ in 0..size / block.len() {

@@ -178,11 +178,13 @@ async fn chain_mode_16mb_to_7_workers_then_delta_republish() {
     let before_l = learner.d.counters();
     let before: Vec<_> = workers.iter().map(|w| w.d.counters()).collect();
     let mut v2 = payload.clone();
-    let c = 512 << 10;
+    let m = &report.manifest.manifest;
+    let mut changed = 0u64;
     for i in [0usize, 10, 20] {
-        v2[i * c] ^= 0x55;
+        let r = m.chunk_range(i).unwrap();
+        changed += r.len() as u64;
+        v2[r.start] ^= 0x55;
     }
-    let changed: u64 = 3 * c as u64;
     let report2 = learner
         .d
         .publish(2, [0; 32], v2.clone().into(), None)
@@ -499,7 +501,12 @@ async fn a_forwarder_killed_mid_snapshot_does_not_stop_the_chain() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn star_mode_and_a_fetch_only_worker() {
     // Star: the learner pushes to every worker itself (the baseline).
-    let (learner, mut workers) = swarm(3, |c| c.mode = dissemination::Mode::Star, |_, _| {}).await;
+    let (learner, mut workers) = swarm(
+        3,
+        |c| c.mode = dissemination::BroadcastMode::Star,
+        |_, _| {},
+    )
+    .await;
     let payload = random(2_000_000);
     let report = learner
         .d

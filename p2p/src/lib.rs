@@ -19,6 +19,7 @@ mod behaviour;
 pub mod client;
 pub mod config;
 pub mod error;
+pub mod framing;
 pub mod messages;
 mod peers;
 pub mod ratelimit;

@@ -1,4 +1,4 @@
-//! The trajectory pull protocol (SPEC §4, §7): the learner pulls admissible groups from a
+//! The trajectory pull protocol (`docs/pull.md`): the learner pulls admissible groups from a
 //! rollout worker in two phases so that nothing is lost if either side dies mid-transfer.
 //!
 //! 1. `Pull{v_min, max, ttl}` → the worker prunes what fell below `v_min` (the learner's
@@ -12,8 +12,8 @@
 //! learner's dedup keeps them from entering its buffer twice. If the worker dies, its groups
 //! are still in its store when it restarts. Only the swarm's learner may pull.
 //!
-//! Owns: the protocol's messages ([`wire`]), the worker side ([`serve`]) and the learner side
-//! ([`pull`]). Must not touch: the swarm itself (it uses `p2p`'s stream control) or the store
+//! Owns: the protocol's name ([`TRAJECTORY_PULL`]), its messages ([`wire`]), the worker side
+//! ([`serve`]) and the learner side ([`pull`]). Must not touch: the swarm itself (it uses `p2p`'s stream control) or the store
 //! formats (it calls `storage`).
 
 pub mod wire;
@@ -22,10 +22,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{AsyncWriteExt, StreamExt};
-use p2p::{protocols, PeerId};
+use libp2p::StreamProtocol;
+use p2p::PeerId;
 use storage::{TrajectoryGroup, TrajectoryStore};
 
 use wire::{read_message, write_message, Message, MAX_GROUPS_PER_LEASE, MAX_TTL_MS, MIN_TTL_MS};
+
+/// Learner → rollout worker two-phase trajectory pull (pull, then ack). Version 2: every
+/// message in one `p2p::framing` frame (version 1 used a 4-byte big-endian length).
+pub const TRAJECTORY_PULL: StreamProtocol =
+    StreamProtocol::new("/echo-swarm/trajectory-pull/2.0.0");
 
 #[derive(Debug, thiserror::Error)]
 pub enum PullError {
@@ -62,7 +68,7 @@ pub async fn serve(
     learner: PeerId,
 ) -> Result<(), PullError> {
     let mut incoming = control
-        .accept(protocols::TRAJECTORY_PULL)
+        .accept(TRAJECTORY_PULL)
         .map_err(|_| PullError::AlreadyServed)?;
     while let Some((peer, mut stream)) = incoming.next().await {
         if peer != learner {
@@ -184,7 +190,7 @@ pub async fn pull(
     req: PullRequest,
 ) -> Result<PullOutcome, PullError> {
     let mut stream = control
-        .open_stream(worker, protocols::TRAJECTORY_PULL)
+        .open_stream(worker, TRAJECTORY_PULL)
         .await
         .map_err(|e| PullError::Open {
             peer: worker,

@@ -1,11 +1,15 @@
-//! Wire format of `/echo-swarm/trajectory-pull/1.0.0` (see `docs/pull.md`).
+//! Wire format of [`TRAJECTORY_PULL`](crate::TRAJECTORY_PULL) (byte layouts: `docs/pull.md`).
 //!
-//! Every message is one frame: a 4-byte big-endian body length, then the body: a tag byte and
-//! the fields in the compact encoding of `storage::codec` (varints, length-prefixed bytes).
-//! Frames above [`MAX_FRAME`] are refused before anything is allocated; trailing bytes in a
-//! body are an error.
+//! Owns: the pull messages and their bodies. Must not touch: framing (`p2p::framing`), the
+//! store, the lease rules.
+//!
+//! Every message is one `p2p::framing` frame (an unsigned-varint body length, then the body);
+//! the body is a tag byte and the fields in the compact encoding of `storage::codec` (varints,
+//! length-prefixed bytes). Frames above [`MAX_FRAME`] are refused before anything is
+//! allocated; trailing bytes in a body are an error.
 
-use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use futures::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use p2p::framing;
 use storage::codec::{Reader, Writer};
 
 use crate::PullError;
@@ -135,30 +139,22 @@ pub async fn write_message<W: AsyncWrite + Unpin>(
     w: &mut W,
     msg: &Message,
 ) -> Result<(), PullError> {
-    let body = msg.encode();
-    w.write_all(&(body.len() as u32).to_be_bytes()).await?;
-    w.write_all(&body).await?;
+    framing::write_frame(w, &msg.encode()).await?;
     w.flush().await?;
     Ok(())
 }
 
 /// Reads one message; `Ok(None)` at a clean end of stream before a frame starts.
 pub async fn read_message<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Message>, PullError> {
-    let mut len = [0u8; 4];
-    match r.read_exact(&mut len).await {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e.into()),
+    match framing::try_read_frame(r, MAX_FRAME, "pull message").await {
+        Ok(Some(body)) => Message::decode(&body).map(Some),
+        Ok(None) => Ok(None),
+        // An oversized or malformed length: the peer broke the protocol.
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+            Err(PullError::Protocol(e.to_string()))
+        }
+        Err(e) => Err(e.into()),
     }
-    let len = u32::from_be_bytes(len) as usize;
-    if len > MAX_FRAME {
-        return Err(PullError::Protocol(format!(
-            "frame of {len} bytes exceeds {MAX_FRAME}"
-        )));
-    }
-    let mut body = vec![0u8; len];
-    r.read_exact(&mut body).await?;
-    Message::decode(&body).map(Some)
 }
 
 #[cfg(test)]
@@ -217,7 +213,14 @@ mod tests {
 
     #[test]
     fn oversized_frames_are_refused_before_allocation() {
-        let mut frame = ((MAX_FRAME + 1) as u32).to_be_bytes().to_vec();
+        // A varint length of MAX_FRAME + 1 (LEB128), then a few body bytes.
+        let mut frame = Vec::new();
+        let mut n = (MAX_FRAME + 1) as u64;
+        while n >= 0x80 {
+            frame.push(n as u8 | 0x80);
+            n >>= 7;
+        }
+        frame.push(n as u8);
         frame.extend_from_slice(&[0; 16]);
         let mut r = futures::io::Cursor::new(frame);
         let err = futures::executor::block_on(read_message(&mut r)).unwrap_err();

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::AsyncWriteExt;
-use p2p::{protocols, Client, ServiceConfig};
+use p2p::{Client, ServiceConfig};
 use pull::wire::{read_message, write_message, Message};
 use pull::{pull, serve, PullError, PullRequest};
 use storage::record::testing::group;
@@ -199,7 +199,7 @@ async fn a_learner_that_dies_before_acking_loses_nothing_and_stores_nothing_twic
     let control = n.learner.stream_control();
     let mut s = wait_for("a stream to the worker", || {
         let mut c = control.clone();
-        async move { c.open_stream(worker, protocols::TRAJECTORY_PULL).await.ok() }
+        async move { c.open_stream(worker, pull::TRAJECTORY_PULL).await.ok() }
     })
     .await;
     let ask = Message::Pull {

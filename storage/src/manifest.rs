@@ -10,6 +10,8 @@
 //! (32 B each), root hash (32 B), created (varint ms), learner public key (32 B). A signed
 //! manifest is that encoding followed by the 64-byte ed25519 signature over it.
 
+use std::ops::Range;
+
 use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
 
 use crate::codec::{Reader, Writer};
@@ -110,10 +112,14 @@ impl SnapshotManifest {
         Ok(())
     }
 
-    /// Length of chunk `index`.
+    /// Byte range of chunk `index` in the payload ([`chunk_range`]); `None` past the last chunk.
+    pub fn chunk_range(&self, index: usize) -> Option<Range<usize>> {
+        chunk_range(self.total_len, self.chunk_size, index)
+    }
+
+    /// Length of chunk `index` (0 past the last chunk).
     pub fn chunk_len(&self, index: usize) -> u64 {
-        let start = index as u64 * u64::from(self.chunk_size);
-        (self.total_len - start.min(self.total_len)).min(u64::from(self.chunk_size))
+        self.chunk_range(index).map_or(0, |r| r.len() as u64)
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -181,6 +187,24 @@ impl SnapshotManifest {
             signature,
         })
     }
+}
+
+/// Byte range of chunk `index` of a `total_len`-byte payload split into `chunk_size`-byte
+/// chunks: `index·c .. min((index+1)·c, total_len)` — every chunk is `chunk_size` bytes except
+/// the last, which holds the rest. `None` for an index past the last chunk, a zero chunk size,
+/// or a range that does not fit in memory addresses. The one home of this rule: payloads are
+/// split, assembled and length-checked with it (`SnapshotManifest::chunk_range`).
+pub fn chunk_range(total_len: u64, chunk_size: u32, index: usize) -> Option<Range<usize>> {
+    let c = u64::from(chunk_size);
+    if c == 0 {
+        return None;
+    }
+    let start = (index as u64).checked_mul(c)?;
+    if start >= total_len {
+        return None;
+    }
+    let end = start.saturating_add(c).min(total_len);
+    Some(usize::try_from(start).ok()?..usize::try_from(end).ok()?)
 }
 
 fn check_chunk_size(chunk_size: u32) -> Result<()> {
@@ -287,6 +311,33 @@ mod tests {
         let back = SignedManifest::decode(&s.encode()).unwrap();
         assert_eq!(back, s);
         back.verify(&k.verifying_key()).unwrap();
+    }
+
+    #[test]
+    fn chunk_ranges_cover_the_payload_exactly_once() {
+        let k = key(1);
+        let payload: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+        let m = signed(&payload, &k).manifest;
+        assert_eq!(m.chunk_range(0), Some(0..4096));
+        assert_eq!(m.chunk_range(1), Some(4096..8192));
+        assert_eq!(m.chunk_range(2), Some(8192..10_000));
+        assert_eq!(m.chunk_range(3), None);
+        assert_eq!(m.chunk_range(usize::MAX), None);
+        assert_eq!(m.chunk_len(3), 0);
+        // The ranges are exactly how `build` split the payload.
+        for (i, h) in m.chunk_hashes.iter().enumerate() {
+            let r = m.chunk_range(i).unwrap();
+            assert_eq!(m.chunk_len(i), r.len() as u64);
+            assert_eq!(hash_bytes(&payload[r]), *h);
+        }
+        // An exact multiple of the chunk size has no short last chunk.
+        let m = signed(&[0u8; 8192], &k).manifest;
+        assert_eq!(m.chunk_range(1), Some(4096..8192));
+        assert_eq!(m.chunk_range(2), None);
+        let m = signed(&[], &k).manifest;
+        assert_eq!(m.chunk_range(0), None);
+        assert_eq!(chunk_range(10, 0, 0), None);
+        assert_eq!(chunk_range(u64::MAX, 1 << 20, usize::MAX), None);
     }
 
     #[test]

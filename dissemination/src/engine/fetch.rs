@@ -1,0 +1,256 @@
+//! The chunk-fetch protocol ([`CHUNK_FETCH`], `docs/protocol.md`, "Chunk fetch"): serving
+//! held chunks by hash and the catch-up manifest request, fetching missing chunks from
+//! holders, and the repair round that picks whom to ask.
+//!
+//! Owns: both ends of chunk fetch and the order in which holders are asked. Must not touch:
+//! verification (`install::take_chunk`), when to repair (`crate::transfer`).
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use futures::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use p2p::framing::{read_frame, write_frame};
+use p2p::{PeerId, TopicKind};
+use storage::{Hash, SnapshotManifest};
+use tracing::debug;
+
+use super::{open_err, Disseminator};
+use crate::error::{DisseminationError, Result};
+use crate::wire::{
+    FetchRequest, Hello, CHUNK_FETCH, MAX_FETCH_BATCH, MAX_FETCH_REQUEST_BYTES, MAX_HELLO_BYTES,
+};
+
+impl Disseminator {
+    /// Holder side: one request per stream — held chunks in request order (an empty frame for
+    /// each not held), or, for `count = 0`, the catch-up manifest and plan.
+    pub(super) async fn serve_fetch<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        peer: PeerId,
+        mut s: S,
+    ) -> Result<()> {
+        let io = |e| DisseminationError::Io { peer, source: e };
+        let request = read_frame(&mut s, MAX_FETCH_REQUEST_BYTES, "fetch request")
+            .await
+            .map_err(io)?;
+        let hashes = match FetchRequest::decode(&request) {
+            Ok(FetchRequest::Manifest { version }) => {
+                return self.serve_manifest(peer, s, version).await
+            }
+            Ok(FetchRequest::Chunks { hashes, .. }) => hashes,
+            Err(e) => {
+                return Err(DisseminationError::Protocol {
+                    peer,
+                    reason: e.to_string(),
+                })
+            }
+        };
+        for h in hashes {
+            if !self.inner.store.has_chunk(&h)? {
+                // Not held: an empty frame (a chunk is never empty).
+                write_frame(&mut s, &[]).await.map_err(io)?;
+                continue;
+            }
+            let bytes = self.read_chunk(h).await?;
+            self.inner.uplink.acquire(bytes.len() as u64).await;
+            write_frame(&mut s, &bytes).await.map_err(io)?;
+            self.count(
+                |c| &c.served_bytes,
+                bytes.len() as u64,
+                "dissemination_served_bytes_total",
+            );
+        }
+        s.close().await.map_err(io)?;
+        Ok(())
+    }
+
+    /// A fetch with no hashes asks for the signed manifest of `version` (`u64::MAX`: the newest
+    /// held) and the current plan for it: how a late joiner or restarted worker catches up.
+    pub(super) async fn serve_manifest<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        peer: PeerId,
+        mut s: S,
+        version: u64,
+    ) -> Result<()> {
+        let io = |e| DisseminationError::Io { peer, source: e };
+        let (manifest, plan) = {
+            let st = self.lock();
+            let v = if version == u64::MAX {
+                st.manifest_version
+            } else {
+                Some(version)
+            };
+            let m = v.and_then(|v| st.manifests.get(&v).cloned());
+            let p = st.plan.clone().filter(|p| {
+                m.as_ref()
+                    .is_some_and(|m| m.manifest.version == p.plan.version)
+            });
+            (m, p)
+        };
+        let answer = Hello {
+            manifest: manifest.map(|m| m.encode()).unwrap_or_default(),
+            plan: plan.map(|p| p.encode()).unwrap_or_default(),
+        };
+        write_frame(&mut s, &answer.encode()).await.map_err(io)?;
+        s.close().await.map_err(io)?;
+        Ok(())
+    }
+
+    /// Worker: a connection to the learner (at start, after a restart) or a learner heartbeat
+    /// announcing a newer installed version than any manifest accepted here → ask the learner
+    /// for its newest signed manifest and plan (verified like gossip), then acquire it.
+    pub fn catch_up(&self, peer: PeerId, announced: Option<u64>) {
+        if self.is_learner() || peer != self.inner.learner {
+            return;
+        }
+        if let (Some(a), Some(have)) = (announced, self.lock().manifest_version) {
+            if a <= have {
+                return;
+            }
+        }
+        let me = self.clone();
+        let h = tokio::spawn(async move {
+            if let Err(e) = me.request_manifest(peer).await {
+                debug!(%peer, error = %e, "catch-up request failed");
+            }
+        });
+        self.track(h);
+    }
+
+    /// Opens a chunk-fetch stream to `peer`, giving up after `limit`.
+    pub(super) async fn open_fetch(&self, peer: PeerId, limit: Duration) -> Result<p2p::Stream> {
+        tokio::time::timeout(
+            limit,
+            self.inner
+                .client
+                .stream_control()
+                .open_stream(peer, CHUNK_FETCH),
+        )
+        .await
+        .map_err(|_| DisseminationError::Timeout(format!("opening a fetch stream to {peer}")))?
+        .map_err(|e| open_err(peer, "chunk-fetch", e))
+    }
+
+    pub(super) async fn request_manifest(&self, peer: PeerId) -> Result<()> {
+        let io = |e| DisseminationError::Io { peer, source: e };
+        let mut s = self.open_fetch(peer, Duration::from_secs(10)).await?;
+        let req = FetchRequest::Manifest { version: u64::MAX };
+        write_frame(&mut s, &req.encode()).await.map_err(io)?;
+        s.flush().await.map_err(io)?;
+        let answer = read_frame(&mut s, MAX_HELLO_BYTES, "catch-up answer")
+            .await
+            .map_err(io)?;
+        let Hello {
+            manifest: m,
+            plan: p,
+        } = Hello::decode(&answer)?;
+        // Plan first: the acquirer then knows at once that this node is not in a chain.
+        if !p.is_empty() {
+            self.on_gossip(TopicKind::Plans, &p);
+        }
+        if !m.is_empty() {
+            self.on_gossip(TopicKind::Snapshots, &m);
+        }
+        Ok(())
+    }
+
+    /// Fetches up to [`MAX_FETCH_BATCH`] of `wanted` (index, hash) from `peer`; returns how
+    /// many verified chunks were stored. A corrupt chunk ends the exchange.
+    pub(super) async fn fetch_from(
+        &self,
+        peer: PeerId,
+        m: &SnapshotManifest,
+        wanted: &[(usize, Hash)],
+    ) -> Result<usize> {
+        let io = |e| DisseminationError::Io { peer, source: e };
+        let mut s = self.open_fetch(peer, Duration::from_secs(5)).await?;
+        let batch = &wanted[..wanted.len().min(MAX_FETCH_BATCH)];
+        let req = FetchRequest::Chunks {
+            version: m.version,
+            hashes: batch.iter().map(|(_, h)| *h).collect(),
+        };
+        write_frame(&mut s, &req.encode()).await.map_err(io)?;
+        s.flush().await.map_err(io)?;
+        let started = Instant::now();
+        let mut got = 0usize;
+        let mut bytes_in = 0u64;
+        for &(index, _) in batch {
+            let bytes = read_frame(&mut s, m.chunk_len(index) as usize, "chunk")
+                .await
+                .map_err(io)?;
+            if bytes.is_empty() {
+                continue;
+            }
+            let len = bytes.len() as u64;
+            self.inner.downlink.acquire(len).await;
+            if !self.take_chunk(peer, m, index, bytes).await? {
+                return Ok(got);
+            }
+            got += 1;
+            bytes_in += len;
+            self.count(
+                |c| &c.fetched_bytes,
+                len,
+                "dissemination_fetched_bytes_total",
+            );
+        }
+        self.credit(peer, bytes_in, started.elapsed()).await;
+        Ok(got)
+    }
+
+    /// One repair round: asks every candidate holder in turn for what is still missing.
+    /// Candidates: the plan's other workers (own chain's ancestors first), the learner last
+    /// (it holds everything but its uplink is the scarce resource).
+    pub(super) async fn repair_round(&self, version: u64, m: &SnapshotManifest) -> Result<usize> {
+        let (plan, bad) = {
+            let st = self.lock();
+            (
+                st.plan.clone().filter(|p| p.plan.version == version),
+                st.transfers
+                    .get(&version)
+                    .map(|t| t.bad_peers())
+                    .unwrap_or_default(),
+            )
+        };
+        let mut candidates: Vec<PeerId> = Vec::new();
+        if let Some(p) = &plan {
+            for c in &p.plan.chains {
+                if let Some(k) = c.iter().position(|x| *x == self.inner.local) {
+                    candidates.extend(c[..k].iter().rev().copied());
+                }
+            }
+            for c in &p.plan.chains {
+                candidates.extend(c.iter().copied());
+            }
+            candidates.extend(p.plan.fetch_only.iter().copied());
+        }
+        candidates.push(self.inner.learner);
+        let mut seen = HashSet::new();
+        candidates.retain(|c| *c != self.inner.local && !bad.contains(c) && seen.insert(*c));
+        let mut total = 0;
+        for peer in candidates {
+            loop {
+                let missing = self.inner.store.missing_chunks(version)?;
+                if missing.is_empty() {
+                    return Ok(total);
+                }
+                if self
+                    .lock()
+                    .transfers
+                    .get(&version)
+                    .is_some_and(|t| t.is_bad(&peer))
+                {
+                    break;
+                }
+                match self.fetch_from(peer, m, &missing).await {
+                    Ok(0) => break,
+                    Ok(n) => total += n,
+                    Err(e) => {
+                        debug!(%peer, error = %e, "fetch failed");
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(total)
+    }
+}

@@ -1,0 +1,306 @@
+//! Acquiring a version on a worker: every received chunk is verified and held
+//! ([`Disseminator::take_chunk`], the one entry for pushed and fetched chunks), copied into the
+//! payload being assembled, and fed to the version's transfer state machine
+//! (`crate::transfer`); the acquirer task feeds it the store's view, the plan and the reason it
+//! woke, and carries out what it decides — repair, install, stop.
+//!
+//! Owns: the acquirer loop and installation (assembly, root-hash check, the `Installed` event,
+//! garbage collection after it). Must not touch: wire formats, whom repair asks (`fetch`).
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use control::plan::Placement;
+use p2p::PeerId;
+use storage::SnapshotManifest;
+use tracing::{info, warn};
+
+use super::{blocking, lock, DisseminationEvent, Disseminator, SharedAssembly};
+use crate::assembly::Assembly;
+use crate::error::Result;
+use crate::transfer::{Action, Feed, Input, Transfer, Wake};
+
+impl Disseminator {
+    /// Checks one received chunk against the manifest and stores it. `Ok(false)`: corrupt —
+    /// not stored, the sender is charged. Hashing and file I/O run on the blocking pool, so
+    /// many streams (or many in-process nodes) do not stall the async workers.
+    pub(super) async fn take_chunk(
+        &self,
+        from: PeerId,
+        m: &SnapshotManifest,
+        index: usize,
+        bytes: Vec<u8>,
+    ) -> Result<bool> {
+        let expected = m.chunk_hashes[index];
+        let ok_len = bytes.len() as u64 == m.chunk_len(index);
+        let store = self.inner.store.clone();
+        let assembly = self.lock().assemblies.get(&m.version).cloned();
+        // `put_chunk_deferred` hashes the bytes and refuses a mismatch before anything is held:
+        // that is the BLAKE3 check (done once, not here and again in the store). A verified
+        // chunk is held in the store's memory tier — forwarded and assembled from there — and
+        // written to disk behind.
+        let verdict = blocking(move || -> Result<Option<bool>> {
+            if !ok_len {
+                return Ok(None);
+            }
+            let bytes = bytes::Bytes::from(bytes);
+            match store.put_chunk_deferred(&expected, bytes.clone()) {
+                Ok(new) => {
+                    // Verified: into its place in the payload being assembled.
+                    if let Some(a) = assembly {
+                        if let Some(a) = lock(&a).as_mut() {
+                            a.add(index, &bytes);
+                        }
+                    }
+                    Ok(Some(new))
+                }
+                Err(storage::StorageError::HashMismatch { .. }) => Ok(None),
+                Err(e) => Err(e.into()),
+            }
+        })
+        .await?;
+        let Some(new) = verdict else {
+            self.inner
+                .counters
+                .chunks_rejected
+                .fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("dissemination_chunk_verification_failures_total").increment(1);
+            warn!(peer = %from, version = m.version, index, "chunk failed BLAKE3 verification; dropped");
+            self.apply(m.version, Input::Rejected { peer: from });
+            self.charge(from).await;
+            self.emit(DisseminationEvent::ChunkRejected {
+                peer: from,
+                version: m.version,
+                index,
+            });
+            return Ok(false);
+        };
+        if new {
+            self.inner
+                .counters
+                .chunks_stored
+                .fetch_add(1, Ordering::Relaxed);
+            self.inner.stored.send_modify(|c| *c += 1);
+        }
+        for action in self.apply(m.version, Input::Held { index, new }) {
+            if let Action::Progress { stored, total } = action {
+                self.emit(DisseminationEvent::Progress {
+                    version: m.version,
+                    stored,
+                    total,
+                });
+            }
+        }
+        Ok(true)
+    }
+
+    /// Feeds `input` to `version`'s transfer state machine; its actions (none when no
+    /// acquisition of `version` was started, e.g. on the learner).
+    fn apply(&self, version: u64, input: Input) -> Vec<Action> {
+        self.lock()
+            .transfers
+            .get_mut(&version)
+            .map(|t| t.apply(input))
+            .unwrap_or_default()
+    }
+
+    /// Worker: drives `version` to installation — waits for pushed chunks, repairs on stall
+    /// (or at once when fetch-only), installs when complete. Started once per version: the
+    /// transfer state is created here, before any chunk of it is taken.
+    pub(super) fn start_acquire(&self, version: u64) {
+        {
+            let mut st = self.lock();
+            let Some(chunks) = st
+                .manifests
+                .get(&version)
+                .map(|m| m.manifest.chunk_hashes.len())
+            else {
+                return;
+            };
+            if st.transfers.contains_key(&version) {
+                return;
+            }
+            let stall = self.inner.cfg.stall_timeout;
+            st.transfers.insert(version, Transfer::new(chunks, stall));
+        }
+        let me = self.clone();
+        let h = tokio::spawn(async move {
+            if let Err(e) = me.acquire(version).await {
+                warn!(version, error = %e, "snapshot acquisition failed");
+            }
+        });
+        self.track(h);
+    }
+
+    pub(super) async fn acquire(&self, version: u64) -> Result<()> {
+        let Some(signed) = self.lock().manifests.get(&version).cloned() else {
+            return Ok(());
+        };
+        let r = self.acquire_manifest(&signed.manifest).await;
+        self.lock().assemblies.remove(&version);
+        r
+    }
+
+    /// Starts assembling `m`'s payload: chunks verified from now on are copied in as they
+    /// arrive, and the chunks already held (a delta's unchanged ones, a resumed transfer) are
+    /// copied in here.
+    async fn start_assembly(&self, m: &SnapshotManifest) -> Result<()> {
+        let a: SharedAssembly = Arc::new(Mutex::new(Some(Assembly::new(m))));
+        self.lock().assemblies.insert(m.version, a.clone());
+        let store = self.inner.store.clone();
+        let hashes = m.chunk_hashes.clone();
+        blocking(move || -> Result<()> {
+            for (i, h) in hashes.iter().enumerate() {
+                let wanted = lock(&a).as_ref().is_some_and(|a| !a.has(i));
+                if wanted && store.has_chunk(h)? {
+                    // A chunk file found corrupt here is dropped by the store and fetched again.
+                    if let Ok(bytes) = store.get_chunk(h) {
+                        if let Some(a) = lock(&a).as_mut() {
+                            a.add(i, &bytes);
+                        }
+                    }
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// How this node receives `version` according to the current plan.
+    fn feed(&self, version: u64) -> Feed {
+        let st = self.lock();
+        match st.plan.as_ref().filter(|p| p.plan.version == version) {
+            None => Feed::Unplanned,
+            Some(p) => match p.plan.to_plan().placement(&self.inner.local) {
+                Some(Placement::Chain { parent, .. }) => {
+                    Feed::Parent(parent.unwrap_or(self.inner.learner))
+                }
+                // Named fetch-only, or not in the plan at all (a late joiner).
+                _ => Feed::FetchOnly,
+            },
+        }
+    }
+
+    /// The acquirer: on every wake it tells the transfer state machine what the store holds,
+    /// how the plan feeds this node, whether a newer version overtook it, and why it woke —
+    /// then does what the machine decides, and waits for the next chunk, stream end or stall.
+    async fn acquire_manifest(&self, m: &SnapshotManifest) -> Result<()> {
+        let version = m.version;
+        self.start_assembly(m).await?;
+        let mut rx = self.inner.stored.subscribe();
+        let mut kick = self.inner.kick.subscribe();
+        let mut wake = Wake::Check;
+        loop {
+            // Chunks stored and streams ended before this point are seen by the checks below.
+            rx.borrow_and_update();
+            kick.borrow_and_update();
+            let superseded = {
+                let st = self.lock();
+                st.installed.is_some_and(|i| i >= version)
+                    || st.manifest_version.is_some_and(|v| v > version)
+            };
+            let missing = if superseded {
+                Vec::new()
+            } else {
+                let missing = self.inner.store.missing_chunks(version)?;
+                missing.into_iter().map(|(i, _)| i).collect()
+            };
+            let feed = self.feed(version);
+            let (actions, wait) = {
+                let mut st = self.lock();
+                let Some(t) = st.transfers.get_mut(&version) else {
+                    return Ok(());
+                };
+                let mut actions = Vec::new();
+                if superseded {
+                    actions.extend(t.apply(Input::Superseded));
+                } else {
+                    t.apply(Input::Missing { indices: missing });
+                    t.apply(Input::Plan(feed));
+                }
+                actions.extend(t.apply(Input::Woken(wake)));
+                (actions, t.stall_wait())
+            };
+            let mut repaired = false;
+            for action in actions {
+                match action {
+                    Action::Stop => return Ok(()),
+                    Action::Install => return self.install(version).await,
+                    Action::Repair => {
+                        let n = self.repair_round(version, m).await?;
+                        if n > 0 {
+                            info!(version, chunks = n, "fetched missing chunks from holders");
+                        }
+                        repaired = true;
+                    }
+                    Action::Progress { .. } => {}
+                }
+            }
+            if repaired {
+                // Look again (complete now?) before waiting.
+                wake = Wake::Check;
+                continue;
+            }
+            wake = tokio::select! {
+                r = rx.changed() => if r.is_err() { return Ok(()) } else { Wake::Stored },
+                _ = kick.changed() => Wake::StreamEnded,
+                _ = tokio::time::sleep(wait) => Wake::Timer,
+            };
+        }
+    }
+
+    pub(super) async fn install(&self, version: u64) -> Result<()> {
+        let (assembly, manifest) = {
+            let mut st = self.lock();
+            let a = st.assemblies.remove(&version);
+            (
+                a.and_then(|a| lock(&a).take()),
+                st.manifests.get(&version).cloned(),
+            )
+        };
+        let assembled = match (assembly, manifest) {
+            (Some(a), Some(m)) => a.finish(&m.manifest),
+            _ => None,
+        };
+        let payload = match assembled {
+            Some(p) => p,
+            None => {
+                // Not assembled on the way in (or inconsistent): from the store, which checks
+                // everything again and names what is wrong.
+                let store = self.inner.store.clone();
+                blocking(move || store.assemble(version)).await?
+            }
+        };
+        let latency = {
+            let mut st = self.lock();
+            if st.installed.is_some_and(|i| i >= version) {
+                return Ok(());
+            }
+            st.installed = Some(version);
+            st.accepted_at
+                .get(&version)
+                .map_or(Duration::ZERO, |t| t.elapsed())
+        };
+        self.inner.counters.installs.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("dissemination_installs_total").increment(1);
+        info!(
+            version,
+            bytes = payload.len(),
+            ?latency,
+            "snapshot installed"
+        );
+        self.emit(DisseminationEvent::Installed {
+            version,
+            payload: Arc::new(payload),
+            latency,
+        });
+        // Then keep the newest `keep` snapshots and collect chunks nothing kept references
+        // (`docs/storage.md`) — after the role has the payload, not before.
+        let store = self.inner.store.clone();
+        if let Err(e) = blocking(move || store.retain()).await {
+            warn!(error = %e, "chunk-store garbage collection failed");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,430 @@
+//! The per-node dissemination engine: learner publication, chain/star pushes, per-chunk
+//! store-and-forward, fetch-by-hash serving and repair, installation (`docs/broadcast.md`).
+//!
+//! Owns: the [`CHUNK_STREAM`] and [`CHUNK_FETCH`] stream handlers of one node (it registers
+//! both with the node's `libp2p_stream::Control`, so there is exactly one engine per node), the
+//! acceptance state of manifests and plans (last accepted versions), the per-version transfer
+//! state machines (`crate::transfer`) it feeds and obeys, the bulk-stream token buckets, and
+//! the dissemination counters. Must not touch: the swarm itself (only through `p2p::Client`),
+//! the model (payloads are opaque bytes), how plans are ranked (`control::plan`), the wire
+//! layouts (`crate::wire`, `p2p::framing`).
+//!
+//! By job: [`gossip`] — accepting manifests, plans and orders, plan repair on departures;
+//! [`push`] — publication and the chunk stream (both ends); [`fetch`] — the chunk-fetch
+//! protocol (both ends), catch-up and repair rounds; [`install`] — verifying and holding each
+//! received chunk, driving a version to installation.
+//!
+//! Safety rules, in the order they are applied to every chunk a node receives (push or
+//! fetch): (1) the manifest was accepted (learner key, forward-moving version); (2) the frame's
+//! index is in range and its length equals the manifest's chunk length; (3) its BLAKE3 equals
+//! the manifest's hash for that index — only then is it stored, and only stored chunks are
+//! forwarded or served, so nothing unverified ever leaves a node or gets installed (the
+//! install re-checks the root hash on assembly). A mismatch counts as a failed transfer
+//! against the sender (`PeerScore`), drops the stream, and excludes the sender from repair
+//! for that version.
+
+mod fetch;
+mod gossip;
+mod install;
+mod push;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use control::plan::PlanParams;
+use ed25519_dalek::{SigningKey, VerifyingKey};
+use futures::StreamExt;
+use p2p::{Client, PeerId, TokenBucket, TransferEvent};
+use storage::{ChunkStore, Hash, PublishStats, SignedManifest};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
+
+use crate::assembly::Assembly;
+use crate::error::{DisseminationError, Result};
+use crate::plan_msg::SignedPlan;
+use crate::transfer::Transfer;
+use crate::wire::{CHUNK_FETCH, CHUNK_STREAM};
+
+/// How the learner sends a snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BroadcastMode {
+    /// Scored forwarding chains (ECHO-2's chain dissemination).
+    Chain,
+    /// The learner pushes to every worker itself (baseline).
+    Star,
+}
+
+/// Deliberate misbehaviour, for tests of the verification and repair paths only: never set
+/// outside tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Flip one byte of every chunk this node pushes or serves.
+    CorruptOutgoing,
+}
+
+/// Settings of one node's engine.
+#[derive(Debug, Clone)]
+pub struct DisseminationConfig {
+    pub swarm_id: String,
+    /// The swarm's learner key: the only signer of manifests and plans accepted.
+    pub learner_key: VerifyingKey,
+    /// The learner's signing key (learner nodes only).
+    pub signing_key: Option<SigningKey>,
+    pub mode: BroadcastMode,
+    /// Chain-planning inputs (`B0`, `B̂w`, score thresholds).
+    pub plan: PlanParams,
+    /// Snapshot chunk size in bytes (default 1 MiB, `docs/broadcast.md`).
+    pub chunk_size: u32,
+    /// Upload cap in Mbit/s (0 = unlimited); on the learner this is `B0`.
+    pub uplink_mbps: f64,
+    /// Download cap in Mbit/s (0 = unlimited).
+    pub downlink_mbps: f64,
+    /// A child that receives no chunk for this long fetches the missing ones elsewhere.
+    pub stall_timeout: Duration,
+    /// A push that waits this long for its next chunk (its own parent stalled) gives up.
+    pub push_idle_timeout: Duration,
+    pub fault: Option<Fault>,
+}
+
+impl DisseminationConfig {
+    pub fn new(swarm_id: &str, learner_key: VerifyingKey) -> Self {
+        DisseminationConfig {
+            swarm_id: swarm_id.to_string(),
+            learner_key,
+            signing_key: None,
+            mode: BroadcastMode::Chain,
+            plan: PlanParams::default(),
+            chunk_size: 1 << 20,
+            uplink_mbps: 0.0,
+            downlink_mbps: 0.0,
+            stall_timeout: Duration::from_secs(5),
+            push_idle_timeout: Duration::from_secs(60),
+            fault: None,
+        }
+    }
+}
+
+/// What the engine tells its role.
+#[derive(Debug, Clone)]
+pub enum DisseminationEvent {
+    /// Every chunk of `version` verified and the reassembled payload matches the root hash:
+    /// the role switches to it (the install callback).
+    Installed {
+        version: u64,
+        payload: Arc<Vec<u8>>,
+        /// Since the manifest was accepted by this node.
+        latency: Duration,
+    },
+    /// One more chunk of `version` verified and stored: `stored` chunks of it were newly
+    /// stored by this node so far (chunks already held, e.g. unchanged since an earlier
+    /// version, are not counted).
+    Progress {
+        version: u64,
+        stored: usize,
+        total: usize,
+    },
+    /// The learner's scheduler (re)stated this node's state in an accepted activation order:
+    /// `active` = generate, otherwise stand by (stay connected, keep installing snapshots).
+    Activation { seq: u64, active: bool },
+    /// A chunk from `peer` failed verification (nothing was stored or forwarded).
+    ChunkRejected {
+        peer: PeerId,
+        version: u64,
+        index: usize,
+    },
+}
+
+/// Byte and chunk counters since start (read as [`BroadcastCounters`]).
+#[derive(Debug, Default)]
+struct AtomicCounters {
+    pushed_bytes: AtomicU64,
+    push_received_bytes: AtomicU64,
+    fetched_bytes: AtomicU64,
+    served_bytes: AtomicU64,
+    chunks_stored: AtomicU64,
+    chunks_rejected: AtomicU64,
+    installs: AtomicU64,
+}
+
+/// The broadcast counters of one node since start (`Disseminator::counters`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BroadcastCounters {
+    /// Chunk payload bytes this node sent on chunk streams (learner pushes and forwarding).
+    pub pushed_bytes: u64,
+    /// Chunk payload bytes received (and verified) on chunk streams.
+    pub push_received_bytes: u64,
+    /// Chunk payload bytes received (and verified) through fetches.
+    pub fetched_bytes: u64,
+    /// Chunk payload bytes served to fetches.
+    pub served_bytes: u64,
+    pub chunks_stored: u64,
+    pub chunks_rejected: u64,
+    pub installs: u64,
+}
+
+/// What [`Disseminator::publish`] did.
+#[derive(Debug, Clone)]
+pub struct PublishReport {
+    pub manifest: SignedManifest,
+    pub plan: SignedPlan,
+    pub stats: PublishStats,
+}
+
+#[derive(Default)]
+struct State {
+    /// Newest manifest accepted (version).
+    manifest_version: Option<u64>,
+    manifests: HashMap<u64, SignedManifest>,
+    accepted_at: HashMap<u64, Instant>,
+    plan: Option<SignedPlan>,
+    /// Sequence of the newest accepted activation order.
+    order_seq: Option<u64>,
+    installed: Option<u64>,
+    /// Per version being (or recently) acquired: what is held, who is bad, what to do next.
+    /// Its presence means an acquirer was started for that version.
+    transfers: HashMap<u64, Transfer>,
+    pushing: HashSet<(u64, PeerId)>,
+    /// Payloads being put together, per version being acquired (taken by the install).
+    assemblies: HashMap<u64, SharedAssembly>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+type SharedAssembly = Arc<Mutex<Option<Assembly>>>;
+
+struct Inner {
+    cfg: DisseminationConfig,
+    client: Client,
+    store: Arc<ChunkStore>,
+    local: PeerId,
+    learner: PeerId,
+    events: mpsc::UnboundedSender<DisseminationEvent>,
+    state: Mutex<State>,
+    /// Bumped after every chunk stored (pushes waiting for chunks to forward watch it).
+    stored: watch::Sender<u64>,
+    /// Bumped when a chunk stream ends (complete, broken or corrupt): acquirers re-check at
+    /// once and repair instead of waiting for the stall timeout.
+    kick: watch::Sender<u64>,
+    uplink: TokenBucket,
+    downlink: TokenBucket,
+    counters: AtomicCounters,
+}
+
+/// Handle to a node's dissemination engine (cheap to clone).
+#[derive(Clone)]
+pub struct Disseminator {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Disseminator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Disseminator")
+            .field("local", &self.inner.local)
+            .finish()
+    }
+}
+
+fn open_err(peer: PeerId, protocol: &'static str, e: impl std::fmt::Display) -> DisseminationError {
+    DisseminationError::Open {
+        peer,
+        protocol,
+        reason: e.to_string(),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs `f` (hashing, file I/O) on the blocking pool, off the async workers that drive the
+/// swarm and the streams; a task that panicked is a [`DisseminationError::Task`].
+async fn blocking<T, E>(f: impl FnOnce() -> std::result::Result<T, E> + Send + 'static) -> Result<T>
+where
+    T: Send + 'static,
+    E: Into<DisseminationError> + Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| DisseminationError::Task(e.to_string()))?
+        .map_err(Into::into)
+}
+
+impl Disseminator {
+    /// Starts the engine: registers the chunk-stream and chunk-fetch handlers on `client`'s
+    /// stream control. Returns the handle and the role's event stream.
+    pub fn start(
+        cfg: DisseminationConfig,
+        client: Client,
+        store: Arc<ChunkStore>,
+    ) -> Result<(Self, mpsc::UnboundedReceiver<DisseminationEvent>)> {
+        let learner = p2p::peer_id_from_public(cfg.learner_key.to_bytes())?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut control = client.stream_control();
+        let pushes = control
+            .accept(CHUNK_STREAM)
+            .map_err(|e| open_err(client.local_peer_id(), "chunk-stream", e))?;
+        let fetches = control
+            .accept(CHUNK_FETCH)
+            .map_err(|e| open_err(client.local_peer_id(), "chunk-fetch", e))?;
+        let inner = Arc::new(Inner {
+            uplink: TokenBucket::from_mbps(cfg.uplink_mbps),
+            downlink: TokenBucket::from_mbps(cfg.downlink_mbps),
+            local: client.local_peer_id(),
+            learner,
+            cfg,
+            client,
+            store,
+            events: tx,
+            state: Mutex::new(State::default()),
+            stored: watch::channel(0).0,
+            kick: watch::channel(0).0,
+            counters: AtomicCounters::default(),
+        });
+        let d = Disseminator { inner };
+        let me = d.clone();
+        let t1 = tokio::spawn(async move {
+            let mut pushes = pushes;
+            while let Some((peer, stream)) = pushes.next().await {
+                let me2 = me.clone();
+                let h = tokio::spawn(async move {
+                    match me2.receive_push(peer, stream).await {
+                        Ok(()) => {}
+                        // Out-of-range index, wrong chunk length, malformed chunk frame or
+                        // hello body: the sender broke the protocol — a failed transfer
+                        // against its score.
+                        Err(e @ DisseminationError::Protocol { .. }) => {
+                            warn!(%peer, error = %e, "chunk stream protocol violation");
+                            me2.charge(peer).await;
+                        }
+                        Err(e) => debug!(%peer, error = %e, "chunk stream ended with an error"),
+                    }
+                    me2.inner.kick.send_modify(|k| *k += 1);
+                });
+                me.track(h);
+            }
+        });
+        let me = d.clone();
+        let t2 = tokio::spawn(async move {
+            let mut fetches = fetches;
+            while let Some((peer, stream)) = fetches.next().await {
+                let me2 = me.clone();
+                let h = tokio::spawn(async move {
+                    if let Err(e) = me2.serve_fetch(peer, stream).await {
+                        debug!(%peer, error = %e, "chunk fetch ended with an error");
+                    }
+                });
+                me.track(h);
+            }
+        });
+        d.track(t1);
+        d.track(t2);
+        Ok((d, rx))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        lock(&self.inner.state)
+    }
+
+    fn track(&self, h: JoinHandle<()>) {
+        let mut st = self.lock();
+        st.tasks.retain(|t| !t.is_finished());
+        st.tasks.push(h);
+    }
+
+    fn emit(&self, ev: DisseminationEvent) {
+        let _ = self.inner.events.send(ev);
+    }
+
+    /// Adds to one of the counters and its Prometheus mirror.
+    fn count(&self, which: impl Fn(&AtomicCounters) -> &AtomicU64, n: u64, metric: &'static str) {
+        which(&self.inner.counters).fetch_add(n, Ordering::Relaxed);
+        metrics::counter!(metric).increment(n);
+    }
+
+    /// A held chunk, to push or serve: from the store's memory tier when there (verified on
+    /// arrival), else read from disk and re-verified on the blocking pool. With the
+    /// `CorruptOutgoing` test fault, one byte is flipped.
+    async fn read_chunk(&self, hash: Hash) -> Result<bytes::Bytes> {
+        let bytes = match self.inner.store.cached_chunk(&hash) {
+            Some(b) => b,
+            None => {
+                let store = self.inner.store.clone();
+                blocking(move || store.get_chunk(&hash)).await?
+            }
+        };
+        if self.inner.cfg.fault == Some(Fault::CorruptOutgoing) {
+            let mut v = bytes.to_vec();
+            v[0] ^= 0xff;
+            return Ok(v.into());
+        }
+        Ok(bytes)
+    }
+
+    /// One failed transfer against `peer`'s ECHO score.
+    async fn charge(&self, peer: PeerId) {
+        let failed = TransferEvent {
+            bytes: 0,
+            duration: Duration::ZERO,
+            success: false,
+        };
+        let _ = self.inner.client.record_transfer(peer, failed).await;
+    }
+
+    /// One successful transfer of `bytes` in `duration` for `peer`'s ECHO score (nothing when
+    /// no bytes moved).
+    async fn credit(&self, peer: PeerId, bytes: u64, duration: Duration) {
+        if bytes > 0 {
+            let ev = TransferEvent {
+                bytes,
+                duration,
+                success: true,
+            };
+            let _ = self.inner.client.record_transfer(peer, ev).await;
+        }
+    }
+
+    /// The learner's signing key (`NotLearner` on a worker).
+    fn signing_key(&self) -> Result<SigningKey> {
+        self.inner
+            .cfg
+            .signing_key
+            .clone()
+            .ok_or(DisseminationError::NotLearner)
+    }
+
+    fn is_learner(&self) -> bool {
+        self.inner.cfg.signing_key.is_some()
+    }
+
+    /// Stops every task of the engine (streams in flight are dropped).
+    pub fn shutdown(&self) {
+        for t in self.lock().tasks.drain(..) {
+            t.abort();
+        }
+    }
+
+    pub fn counters(&self) -> BroadcastCounters {
+        let c = &self.inner.counters;
+        BroadcastCounters {
+            pushed_bytes: c.pushed_bytes.load(Ordering::Relaxed),
+            push_received_bytes: c.push_received_bytes.load(Ordering::Relaxed),
+            fetched_bytes: c.fetched_bytes.load(Ordering::Relaxed),
+            served_bytes: c.served_bytes.load(Ordering::Relaxed),
+            chunks_stored: c.chunks_stored.load(Ordering::Relaxed),
+            chunks_rejected: c.chunks_rejected.load(Ordering::Relaxed),
+            installs: c.installs.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The newest installed version.
+    pub fn installed_version(&self) -> Option<u64> {
+        self.lock().installed
+    }
+
+    /// The newest accepted plan.
+    pub fn current_plan(&self) -> Option<SignedPlan> {
+        self.lock().plan.clone()
+    }
+}

@@ -1,0 +1,395 @@
+//! The per-version transfer state of a receiving node, as a pure state machine: which chunks
+//! of snapshot `version` are held (verified and stored) and which are missing, how this node
+//! is fed (a chain parent, or fetch-only), which peers served a corrupt chunk, and the
+//! decisions taken from that — report progress, repair from other holders after a stall,
+//! install once complete, stop when superseded (`docs/broadcast.md`, "Repair" and "Install").
+//!
+//! Owns: those decisions, nothing else. Must not touch: I/O of any kind, clocks (the engine
+//! feeds inputs and carries out the actions — `engine/install.rs`), verification itself (a
+//! chunk reaches [`Input::Held`] only after its BLAKE3 matched the manifest).
+//!
+//! The shape follows iroh-blobs' download state machine: [`Transfer::apply`] takes one
+//! [`Input`] and returns the [`Action`]s the engine must perform, in order.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use p2p::PeerId;
+
+/// How this node receives the version, from the newest accepted plan for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Feed {
+    /// No plan for this version yet: wait for a push (a plan usually follows the manifest).
+    Unplanned,
+    /// A chain member: `parent` (the learner for a first hop) pushes every chunk.
+    Parent(PeerId),
+    /// Named fetch-only by the plan, or not in it at all (a late joiner): nobody pushes, so
+    /// fetch from holders at once and keep fetching.
+    FetchOnly,
+}
+
+/// Why the engine's acquirer woke up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wake {
+    /// No new event: the acquisition just started, or a repair round just ended. Checked
+    /// before waiting; never a reason to repair.
+    Check,
+    /// Some chunk was stored: the feed is making progress.
+    Stored,
+    /// A chunk stream into this node ended (complete, broken or corrupt): do not wait for
+    /// the stall timeout.
+    StreamEnded,
+    /// [`Transfer::stall_wait`] passed with no chunk stored.
+    Timer,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Input {
+    /// Chunk `index` passed verification and is held; `new` when this node stored it just
+    /// now (not already held, e.g. unchanged since an earlier version).
+    Held { index: usize, new: bool },
+    /// A chunk from `peer` failed verification: never ask it again for this version.
+    Rejected { peer: PeerId },
+    /// The store's view, read when the acquirer wakes: exactly these chunks are missing.
+    /// The store is the final word (it holds a chunk once per hash, and drops a chunk file it
+    /// finds corrupt), so this overrides what the `Held` inputs said.
+    Missing { indices: Vec<usize> },
+    /// The newest plan says how this node is fed.
+    Plan(Feed),
+    /// A newer manifest was accepted, or this or a newer version was installed.
+    Superseded,
+    /// The acquirer woke up: decide what to do next.
+    Woken(Wake),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Action {
+    /// Report progress to the role: `stored` chunks newly stored so far, of `total`.
+    Progress { stored: usize, total: usize },
+    /// Fetch the missing chunks ([`Transfer::missing`]) from holders, skipping
+    /// [`Transfer::is_bad`] peers.
+    Repair,
+    /// Every chunk is held: assemble, check the root hash, install.
+    Install,
+    /// Stop acquiring this version (superseded or installed).
+    Stop,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Acquiring,
+    /// `Install` was issued; a `Missing` input naming chunks sends it back to acquiring.
+    Installing,
+    Stopped,
+}
+
+/// One version's transfer state.
+#[derive(Debug)]
+pub(crate) struct Transfer {
+    held: Vec<bool>,
+    missing: usize,
+    /// Chunks newly stored by this node (the progress count).
+    stored: usize,
+    bad: HashSet<PeerId>,
+    feed: Feed,
+    stall: Duration,
+    phase: Phase,
+}
+
+impl Transfer {
+    /// A transfer of a snapshot of `chunks` chunks, nothing held yet; `stall` is how long a
+    /// chain member waits for a chunk before repairing.
+    pub(crate) fn new(chunks: usize, stall: Duration) -> Self {
+        Transfer {
+            held: vec![false; chunks],
+            missing: chunks,
+            stored: 0,
+            bad: HashSet::new(),
+            feed: Feed::Unplanned,
+            stall,
+            phase: Phase::Acquiring,
+        }
+    }
+
+    pub(crate) fn total(&self) -> usize {
+        self.held.len()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn is_held(&self, index: usize) -> bool {
+        self.held.get(index).copied().unwrap_or(false)
+    }
+
+    pub(crate) fn is_complete(&self) -> bool {
+        self.missing == 0
+    }
+
+    /// Indices not held yet, in order (the engine repairs from the store's view).
+    #[cfg(test)]
+    pub(crate) fn missing(&self) -> Vec<usize> {
+        (0..self.held.len()).filter(|&i| !self.held[i]).collect()
+    }
+
+    pub(crate) fn is_bad(&self, peer: &PeerId) -> bool {
+        self.bad.contains(peer)
+    }
+
+    pub(crate) fn bad_peers(&self) -> HashSet<PeerId> {
+        self.bad.clone()
+    }
+
+    /// How long the acquirer waits for a chunk before it counts as stalled. Fetch-only nodes
+    /// have no push to wait for; they look again four times as often.
+    pub(crate) fn stall_wait(&self) -> Duration {
+        if self.feed == Feed::FetchOnly {
+            self.stall / 4
+        } else {
+            self.stall
+        }
+    }
+
+    fn set_held(&mut self, index: usize, held: bool) {
+        if self.held[index] != held {
+            self.held[index] = held;
+            if held {
+                self.missing -= 1;
+            } else {
+                self.missing += 1;
+            }
+        }
+    }
+
+    pub(crate) fn apply(&mut self, input: Input) -> Vec<Action> {
+        match input {
+            Input::Held { index, new } => {
+                if index >= self.held.len() {
+                    return Vec::new();
+                }
+                self.set_held(index, true);
+                // Counted, not recomputed: a scan of the store per chunk is O(n²) per snapshot.
+                if new {
+                    self.stored += 1;
+                    return vec![Action::Progress {
+                        stored: self.stored,
+                        total: self.total(),
+                    }];
+                }
+                Vec::new()
+            }
+            Input::Rejected { peer } => {
+                self.bad.insert(peer);
+                Vec::new()
+            }
+            Input::Missing { indices } => {
+                let mut missing = vec![false; self.held.len()];
+                for i in indices {
+                    if let Some(m) = missing.get_mut(i) {
+                        *m = true;
+                    }
+                }
+                for (i, m) in missing.into_iter().enumerate() {
+                    self.set_held(i, !m);
+                }
+                if self.phase == Phase::Installing && !self.is_complete() {
+                    self.phase = Phase::Acquiring;
+                }
+                Vec::new()
+            }
+            Input::Plan(feed) => {
+                self.feed = feed;
+                Vec::new()
+            }
+            Input::Superseded => {
+                if self.phase == Phase::Stopped {
+                    return Vec::new();
+                }
+                self.phase = Phase::Stopped;
+                vec![Action::Stop]
+            }
+            Input::Woken(wake) => self.woken(wake),
+        }
+    }
+
+    /// The acquirer's decision on waking: stop if superseded, install if complete, repair
+    /// after a stall (no chunk within the wait, or the stream ended) — and always when
+    /// fetch-only, since nothing will be pushed — otherwise keep waiting.
+    fn woken(&mut self, wake: Wake) -> Vec<Action> {
+        match self.phase {
+            Phase::Stopped => return vec![Action::Stop],
+            Phase::Installing => return Vec::new(),
+            Phase::Acquiring => {}
+        }
+        if self.is_complete() {
+            self.phase = Phase::Installing;
+            return vec![Action::Install];
+        }
+        // Repair only after a wait: the feed (or the last repair) gets one wait to deliver,
+        // even when fetch-only.
+        let stalled = matches!(wake, Wake::StreamEnded | Wake::Timer);
+        let fetch_only = self.feed == Feed::FetchOnly && wake != Wake::Check;
+        if stalled || fetch_only {
+            vec![Action::Repair]
+        } else {
+            Vec::new()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STALL: Duration = Duration::from_secs(5);
+
+    fn peer(i: u8) -> PeerId {
+        p2p::peer_id_from_seed([i; 32])
+    }
+
+    fn held(t: &mut Transfer, index: usize) -> Vec<Action> {
+        t.apply(Input::Held { index, new: true })
+    }
+
+    #[test]
+    fn chunks_in_order_report_progress_and_completion_triggers_install() {
+        let mut t = Transfer::new(3, STALL);
+        t.apply(Input::Plan(Feed::Parent(peer(1))));
+        assert_eq!(t.apply(Input::Woken(Wake::Check)), []);
+        for i in 0..3 {
+            assert_eq!(
+                held(&mut t, i),
+                [Action::Progress {
+                    stored: i + 1,
+                    total: 3
+                }]
+            );
+            if i < 2 {
+                assert_eq!(t.apply(Input::Woken(Wake::Stored)), []);
+            }
+        }
+        assert!(t.is_complete());
+        assert_eq!(t.apply(Input::Woken(Wake::Stored)), [Action::Install]);
+        // Issued once.
+        assert_eq!(t.apply(Input::Woken(Wake::Stored)), []);
+    }
+
+    #[test]
+    fn chunks_out_of_order_and_already_held_ones_complete_the_same_way() {
+        let mut t = Transfer::new(4, STALL);
+        // Held before the transfer started (an unchanged chunk): no progress reported.
+        assert_eq!(
+            t.apply(Input::Held {
+                index: 2,
+                new: false
+            }),
+            []
+        );
+        held(&mut t, 3);
+        held(&mut t, 0);
+        assert_eq!(t.missing(), [1]);
+        assert!(!t.is_complete());
+        held(&mut t, 1);
+        assert_eq!(t.apply(Input::Woken(Wake::Check)), [Action::Install]);
+    }
+
+    #[test]
+    fn a_duplicate_chunk_counts_once_and_out_of_range_is_ignored() {
+        let mut t = Transfer::new(2, STALL);
+        held(&mut t, 0);
+        // The store already had it: no second progress, no double count.
+        assert_eq!(
+            t.apply(Input::Held {
+                index: 0,
+                new: false
+            }),
+            []
+        );
+        assert_eq!(t.missing(), [1]);
+        assert_eq!(
+            t.apply(Input::Held {
+                index: 9,
+                new: true
+            }),
+            []
+        );
+        assert_eq!(
+            held(&mut t, 1),
+            [Action::Progress {
+                stored: 2,
+                total: 2
+            }]
+        );
+        assert!(t.is_complete());
+    }
+
+    #[test]
+    fn the_store_view_overrides_what_the_inputs_said() {
+        let mut t = Transfer::new(3, STALL);
+        held(&mut t, 0);
+        // Chunk 2 shares its hash with chunk 0 (held once per hash), chunk 0's file was dropped.
+        t.apply(Input::Missing {
+            indices: vec![0, 1],
+        });
+        assert_eq!(t.missing(), [0, 1]);
+        assert!(t.is_held(2));
+        // Out-of-range indices are ignored.
+        t.apply(Input::Missing {
+            indices: vec![1, 7],
+        });
+        assert_eq!(t.missing(), [1]);
+    }
+
+    #[test]
+    fn a_stall_or_an_ended_stream_triggers_repair_for_a_chain_member() {
+        let mut t = Transfer::new(3, STALL);
+        t.apply(Input::Plan(Feed::Parent(peer(1))));
+        assert_eq!(t.stall_wait(), STALL);
+        held(&mut t, 0);
+        assert_eq!(t.apply(Input::Woken(Wake::Stored)), []);
+        assert_eq!(t.apply(Input::Woken(Wake::Timer)), [Action::Repair]);
+        assert_eq!(t.apply(Input::Woken(Wake::StreamEnded)), [Action::Repair]);
+        // A corrupt sender is remembered and skipped by the repair.
+        t.apply(Input::Rejected { peer: peer(1) });
+        assert!(t.is_bad(&peer(1)));
+        assert!(!t.is_bad(&peer(2)));
+    }
+
+    #[test]
+    fn a_fetch_only_node_repairs_after_every_wait_and_waits_less() {
+        let mut t = Transfer::new(2, STALL);
+        t.apply(Input::Plan(Feed::FetchOnly));
+        assert_eq!(t.stall_wait(), STALL / 4);
+        assert_eq!(t.apply(Input::Woken(Wake::Check)), []);
+        assert_eq!(t.apply(Input::Woken(Wake::Stored)), [Action::Repair]);
+        assert_eq!(t.apply(Input::Woken(Wake::Timer)), [Action::Repair]);
+        // An unplanned node waits for a push like a chain member.
+        t.apply(Input::Plan(Feed::Unplanned));
+        assert_eq!(t.stall_wait(), STALL);
+        assert_eq!(t.apply(Input::Woken(Wake::Stored)), []);
+    }
+
+    #[test]
+    fn a_newer_version_supersedes_an_older_one() {
+        let mut t = Transfer::new(3, STALL);
+        held(&mut t, 0);
+        assert_eq!(t.apply(Input::Superseded), [Action::Stop]);
+        assert_eq!(t.apply(Input::Superseded), []);
+        // Whatever wakes it, it stays stopped — even when the last chunks arrive late.
+        held(&mut t, 1);
+        held(&mut t, 2);
+        assert_eq!(t.apply(Input::Woken(Wake::Timer)), [Action::Stop]);
+        assert_eq!(t.apply(Input::Woken(Wake::Stored)), [Action::Stop]);
+    }
+
+    #[test]
+    fn a_chunk_lost_before_install_sends_the_transfer_back_to_repair() {
+        let mut t = Transfer::new(2, STALL);
+        held(&mut t, 0);
+        held(&mut t, 1);
+        assert_eq!(t.apply(Input::Woken(Wake::Stored)), [Action::Install]);
+        t.apply(Input::Missing { indices: vec![1] });
+        assert_eq!(t.missing(), [1]);
+        assert_eq!(t.apply(Input::Woken(Wake::Timer)), [Action::Repair]);
+        held(&mut t, 1);
+        assert_eq!(t.apply(Input::Woken(Wake::Stored)), [Action::Install]);
+    }
+}
