@@ -22,9 +22,6 @@ pub mod plan_msg;
 mod transfer;
 pub mod wire;
 
-/// Transitional: `node` still names `dissemination::Mode`; remove once it says
-/// [`BroadcastMode`].
-pub use engine::BroadcastMode as Mode;
 pub use engine::{
     BroadcastCounters, BroadcastMode, DisseminationConfig, DisseminationEvent, Disseminator, Fault,
     PublishReport,

@@ -34,9 +34,9 @@ async fn start_node(
     tweak: impl FnOnce(&mut DisseminationConfig),
 ) -> Node {
     let role = if seed == LEARNER_SEED {
-        "learner"
+        p2p::Role::Learner
     } else {
-        "rollout"
+        p2p::Role::Rollout
     };
     let mut cfg = ServiceConfig::loopback(
         SWARM,

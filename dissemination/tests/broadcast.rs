@@ -37,9 +37,9 @@ async fn start_node(
     tweak: impl FnOnce(&mut DisseminationConfig),
 ) -> Node {
     let role = if seed == LEARNER_SEED {
-        "learner"
+        p2p::Role::Learner
     } else {
-        "rollout"
+        p2p::Role::Rollout
     };
     let cfg = ServiceConfig::loopback(
         SWARM,
@@ -101,7 +101,7 @@ async fn swarm(
         let active = st
             .peers
             .iter()
-            .filter(|p| p.active && p.role.as_deref() == Some("rollout"))
+            .filter(|p| p.active && p.role == Some(p2p::Role::Rollout))
             .count();
         if active == n as usize {
             break;

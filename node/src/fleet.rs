@@ -11,8 +11,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-pub use nix::sys::signal::Signal;
 use nix::sys::signal::kill;
+pub use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
 use crate::config::NodeConfig;
@@ -67,8 +67,8 @@ impl Fleet {
     /// Nodes log with this `RUST_LOG` filter.
     pub fn with_log_filter(filter: &str) -> Fleet {
         Fleet {
+            nodes: Vec::new(),
             log_filter: Some(filter.to_string()),
-            ..Fleet::default()
         }
     }
 

@@ -120,7 +120,7 @@ pub fn dissemination_config(
     d.uplink_mbps = net.uplink_mbps;
     // B̂w assumed per worker (a worker's own `uplink_mbps` caps what it really sends).
     d.plan.worker_mbps = config.broadcast.worker_mbps;
-    d.mode = config.broadcast.mode.into();
+    d.mode = config.broadcast.mode;
     if config.role == Role::Learner {
         d.signing_key = Some(key.signing_key().clone());
         if net.learner_mbps > 0.0 {

@@ -13,7 +13,7 @@ use storage::record::testing::group;
 use storage::TrajectoryStore;
 
 fn config(bootstrap: Vec<String>) -> ServiceConfig {
-    ServiceConfig::loopback("pull-test", "rollout", bootstrap, None)
+    ServiceConfig::loopback("pull-test", p2p::Role::Rollout, bootstrap, None)
 }
 
 async fn wait_for<T, F: std::future::Future<Output = Option<T>>>(

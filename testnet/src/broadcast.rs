@@ -307,7 +307,10 @@ mod tests {
         let star = bound_s(BroadcastMode::Star, 64.0, 1024, 100.0, 300.0, 8, 99);
         assert!((star - 8.0 * 64e6 / 37.5e6).abs() < 1e-12, "{star}");
         // The saved run of docs/broadcast.md: N = 4 chain, L = 2.
-        assert!((bound_s(BroadcastMode::Chain, 64.0, 1024, 100.0, 300.0, 4, 2) - 5.20388608).abs() < 1e-9);
+        assert!(
+            (bound_s(BroadcastMode::Chain, 64.0, 1024, 100.0, 300.0, 4, 2) - 5.20388608).abs()
+                < 1e-9
+        );
     }
 
     #[test]

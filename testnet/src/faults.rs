@@ -19,8 +19,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
 use crate::harness::Signal;
+use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
 use crate::chart::{Chart, Series};

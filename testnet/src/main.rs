@@ -189,7 +189,8 @@ enum Scenario {
         worker_mbps: f64,
         #[arg(long, default_value_t = 300.0)]
         learner_mbps: f64,
-        #[arg(long, value_enum, default_value = "chain")]
+        /// `chain` or `star`.
+        #[arg(long, default_value = "chain")]
         mode: BroadcastMode,
         /// Fraction of workers that must have installed (1/γ).
         #[arg(long, default_value_t = 1.0)]

@@ -159,8 +159,9 @@ impl Params {
         let mut sorted = nodes.to_vec();
         sorted.sort_unstable();
         sorted.dedup();
-        let points =
-            |mode: BroadcastMode| -> Vec<Point> { sorted.iter().map(|&n| self.point(n, mode)).collect() };
+        let points = |mode: BroadcastMode| -> Vec<Point> {
+            sorted.iter().map(|&n| self.point(n, mode)).collect()
+        };
         let (chain, star) = (points(BroadcastMode::Chain), points(BroadcastMode::Star));
         let xy = |pts: &[Point], bound: bool| -> Vec<(f64, f64)> {
             pts.iter()
@@ -228,7 +229,10 @@ mod tests {
         let bound = control::plan::star_bound_s(64e6, 100.0, 300.0, 30);
         assert!((r.t_bcast_s - bound).abs() < 1e-9);
         assert!(r.t_bcast_s > 10.0 * sim(3, BroadcastMode::Star).t_bcast_s * 0.99);
-        assert!(sim(1000, BroadcastMode::Chain).t_bcast_s < sim(1000, BroadcastMode::Star).t_bcast_s / 40.0);
+        assert!(
+            sim(1000, BroadcastMode::Chain).t_bcast_s
+                < sim(1000, BroadcastMode::Star).t_bcast_s / 40.0
+        );
     }
 
     #[test]

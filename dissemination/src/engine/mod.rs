@@ -48,13 +48,42 @@ use crate::plan_msg::SignedPlan;
 use crate::transfer::Transfer;
 use crate::wire::{CHUNK_FETCH, CHUNK_STREAM};
 
-/// How the learner sends a snapshot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How the learner sends a snapshot: the node's `broadcast.mode` (`"chain"` or `"star"`) and
+/// the testnet's `--mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum BroadcastMode {
     /// Scored forwarding chains (ECHO-2's chain dissemination).
     Chain,
     /// The learner pushes to every worker itself (baseline).
     Star,
+}
+
+impl BroadcastMode {
+    /// The config and command-line name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BroadcastMode::Chain => "chain",
+            BroadcastMode::Star => "star",
+        }
+    }
+}
+
+impl std::fmt::Display for BroadcastMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for BroadcastMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "chain" => Ok(BroadcastMode::Chain),
+            "star" => Ok(BroadcastMode::Star),
+            _ => Err(format!("`{s}` is not a broadcast mode (chain or star)")),
+        }
+    }
 }
 
 /// Deliberate misbehaviour, for tests of the verification and repair paths only: never set

@@ -83,7 +83,7 @@ impl Disseminator {
                 .await?
                 .peers
                 .into_iter()
-                .filter(|p| p.active && p.role.as_deref() == Some("rollout"))
+                .filter(|p| p.active && p.role == Some(p2p::Role::Rollout))
                 .filter_map(|p| Some((p.peer_id.parse().ok()?, p.score.score)))
                 .collect(),
         };

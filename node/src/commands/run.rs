@@ -138,6 +138,8 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
             (Role::Learner, None) => {
                 anyhow::bail!("the learner's dissemination engine did not start")
             }
+            // Refused by config validation; nothing to run.
+            (Role::Relay, _) => anyhow::bail!("role \"relay\" is not implemented"),
         })
     };
     let (role, early) = tokio::select! {

@@ -114,34 +114,9 @@ impl Default for SchedulerConfig {
     }
 }
 
-/// How the learner disseminates snapshots.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum BroadcastMode {
-    /// Scored forwarding chains (ECHO-2 §4.2).
-    Chain,
-    /// The learner sends to every worker (the baseline).
-    Star,
-}
-
-impl BroadcastMode {
-    /// The config and command-line name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BroadcastMode::Chain => "chain",
-            BroadcastMode::Star => "star",
-        }
-    }
-}
-
-impl From<BroadcastMode> for dissemination::Mode {
-    fn from(m: BroadcastMode) -> Self {
-        match m {
-            BroadcastMode::Chain => dissemination::Mode::Chain,
-            BroadcastMode::Star => dissemination::Mode::Star,
-        }
-    }
-}
+/// How the learner disseminates snapshots: `chain` (scored forwarding chains, ECHO-2 §4.2) or
+/// `star` (the learner sends to every worker; the baseline).
+pub use dissemination::BroadcastMode;
 
 /// `[broadcast]`: how the learner disseminates snapshots (`docs/broadcast.md`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -242,7 +242,11 @@ fn a_restart_with_another_staleness_keeps_one_window_for_the_whole_learner() {
     // The operator edits S and restarts: the run resumes from its checkpoint.
     let text = std::fs::read_to_string(&learner.config).unwrap();
     assert!(text.contains("staleness = 3"), "{text}");
-    std::fs::write(&learner.config, text.replace("staleness = 3", "staleness = 1")).unwrap();
+    std::fs::write(
+        &learner.config,
+        text.replace("staleness = 3", "staleness = 1"),
+    )
+    .unwrap();
     learner.listen_arg = learner.listen.clone().unwrap();
     learner.spawn();
     // Wait for a pull asked after the restart (at a version past the restart point).
@@ -262,7 +266,11 @@ fn a_restart_with_another_staleness_keeps_one_window_for_the_whole_learner() {
         l["last_pull_version"].as_u64().unwrap(),
         l["last_pull_v_min"].as_u64().unwrap(),
     );
-    assert_eq!(v - v_min, v.min(3), "the puller's window: v {v}, v_min {v_min}");
+    assert_eq!(
+        v - v_min,
+        v.min(3),
+        "the puller's window: v {v}, v_min {v_min}"
+    );
     // The trainer's admissions stay within S = 3.
     let log = steps(&tmp.path().join("learner"));
     assert!(log
@@ -274,5 +282,8 @@ fn a_restart_with_another_staleness_keeps_one_window_for_the_whole_learner() {
         text.contains("learner.staleness") && text.contains("keeps the checkpoint's value"),
         "no warning about the ignored config value in the log"
     );
-    assert!(text.contains("learner window") && text.contains("staleness=3"), "{text}");
+    assert!(
+        text.contains("learner window") && text.contains("staleness=3"),
+        "{text}"
+    );
 }
