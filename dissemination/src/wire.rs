@@ -26,7 +26,6 @@
 
 use libp2p::StreamProtocol;
 use storage::codec::{Reader, Writer};
-use storage::manifest::MAX_CHUNKS;
 use storage::Hash;
 
 use crate::error::{DisseminationError, Result};
@@ -42,7 +41,7 @@ pub const CHUNK_FETCH: StreamProtocol = StreamProtocol::new("/echo-swarm/chunk-f
 /// Largest signed manifest carried in a hello or a catch-up response: a manifest with the
 /// most chunks a manifest may list (`storage::manifest::MAX_CHUNKS`, 32 B each), its header
 /// (≤ 256 B) and its signature — the bound `SignedManifest::decode` applies.
-pub const MAX_MANIFEST_BYTES: usize = 256 + 32 * MAX_CHUNKS + 64;
+pub const MAX_MANIFEST_BYTES: usize = storage::manifest::MAX_SIGNED_MANIFEST_BYTES;
 /// Largest body of a stream hello or a catch-up response: a manifest and a plan, each behind
 /// a varint length (≤ 10 bytes).
 pub const MAX_HELLO_BYTES: usize = MAX_MANIFEST_BYTES + MAX_PLAN_BYTES + 2 * 10;

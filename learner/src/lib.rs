@@ -10,6 +10,7 @@
 //! The node's learner role builds on [`Trainer`]; a one-process demonstration of Algorithm 1
 //! is `examples/local_learning.rs` (see `docs/learner.md`).
 
+mod checkpoint;
 pub mod loss;
 pub mod optim;
 pub mod trainer;

@@ -2,6 +2,11 @@ use policy::{GenerationPath, SamplingParams};
 use rand::SeedableRng;
 use storage::Sample;
 
+use std::path::Path;
+
+use candle_core::Device;
+use policy::ModelConfig;
+
 use super::*;
 use crate::loss::Objective;
 

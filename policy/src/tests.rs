@@ -1,4 +1,4 @@
-//! Acceptance tests of the policy crate (issue 5).
+//! Acceptance tests of the policy crate.
 
 use std::collections::HashMap;
 

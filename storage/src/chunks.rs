@@ -360,13 +360,14 @@ impl ChunkStore {
         if payload.len() as u64 != m.total_len {
             return Err(mismatch());
         }
-        let step = m.chunk_size as usize;
         let pieces = m
             .chunk_hashes
             .iter()
-            .zip((0..payload.len()).step_by(step.max(1)))
-            .map(|(h, at)| (h, payload.slice(at..(at + step).min(payload.len()))));
-        if pieces.clone().any(|(h, bytes)| hash_bytes(&bytes) != *h) {
+            .enumerate()
+            .map(|(i, h)| Some((h, payload.slice(m.chunk_range(i)?))))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(mismatch)?;
+        if pieces.iter().any(|(h, bytes)| hash_bytes(bytes) != **h) {
             return Err(mismatch());
         }
         self.put_manifest(signed)?;

@@ -1,4 +1,4 @@
-//! Snapshot manifests (SPEC §5): what a snapshot is made of, signed by the swarm's learner.
+//! Snapshot manifests (`docs/storage.md`): what a snapshot is made of, signed by the swarm's learner.
 //!
 //! A snapshot's payload (the policy weights as safetensors bytes) is split into fixed-size
 //! chunks; the manifest lists every chunk's BLAKE3 hash in order. `root_hash` is the BLAKE3 of
@@ -26,6 +26,8 @@ pub const MAX_CHUNK_SIZE: u32 = 64 << 20;
 pub const MAX_TOTAL_LEN: u64 = 64 << 30;
 /// Most chunks a manifest may list.
 pub const MAX_CHUNKS: usize = 1 << 20;
+/// Largest encoded signed manifest: header, `MAX_CHUNKS` hashes and the signature.
+pub const MAX_SIGNED_MANIFEST_BYTES: usize = 256 + 32 * MAX_CHUNKS + 64;
 
 /// A BLAKE3 hash.
 pub type Hash = [u8; 32];
@@ -266,7 +268,7 @@ impl SignedManifest {
 
     /// Decodes (with limits) without verifying the signature.
     pub fn decode(bytes: &[u8]) -> Result<Self> {
-        let max = 256 + 32 * MAX_CHUNKS + 64;
+        let max = MAX_SIGNED_MANIFEST_BYTES;
         if bytes.len() > max {
             return Err(StorageError::decode(
                 "manifest",

@@ -187,7 +187,7 @@ pub fn overlap(
     report_overlap(full, out)
 }
 
-/// What an overlap sweep shows against the capacity model (issue 7's check), from its rows
+/// What an overlap sweep shows against the capacity model (the overlap check of `docs/experiments.md`), from its rows
 /// (`workers`, `bubble_ratio`, `predicted_workers` each). Pure, so it is tested without runs.
 ///
 /// - `observed_workers`: the fewest workers with a bubble ≤ 2 %.

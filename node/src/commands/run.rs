@@ -79,7 +79,7 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     .await?;
     tracing::info!(admin = %bound, "admin endpoint: /, /status, /metrics");
 
-    // Snapshot dissemination (issue 4): runs whenever the swarm's learner key is known (the
+    // Snapshot dissemination: runs whenever the swarm's learner key is known (the
     // learner itself, or a worker configured with `learner_public_key`).
     let (dissem, mut installs) = match dissemination_config(config, &state.key)? {
         Some(dcfg) => {

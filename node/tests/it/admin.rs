@@ -258,27 +258,14 @@ fn every_metric_the_grafana_dashboard_queries_is_exported() {
     // them and serves its groups: every role-specific series gets set at least once.
     let tmp = tempfile::tempdir().unwrap();
     let swarm = "it-dashboard";
-    let mut learner = Node::start_full(
+    let (mut learner, workers) = Node::learner_and_workers(
         tmp.path(),
-        "learner",
-        "learner",
         swarm,
-        None,
-        "",
         "[learner]\nwarm_start_steps = 2\nmax_steps = 8\n",
-    );
-    learner.wait_ready();
-    let boot = format!("bootstrap = [\"{}\"]", learner.addr());
-    let lpk = learner.key.public_key.clone();
-    let mut worker = Node::start_full(
-        tmp.path(),
-        "w0",
-        "rollout",
-        swarm,
-        Some(&lpk),
-        &boot,
+        1,
         "[storage]\nmax_pending_groups = 8\n",
     );
+    let mut worker = workers.into_iter().next().unwrap();
     worker.wait_ready();
     let deadline = Instant::now() + WAIT + Duration::from_secs(120);
     loop {

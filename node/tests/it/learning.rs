@@ -1,5 +1,5 @@
 //! The learning loop across real processes: the `echo-node demo` smoke test (the demo contract in `docs/operator-guide.md`) and a
-//! learner killed with SIGKILL mid-run and restarted (issue 6 crash test). Bounded waits;
+//! learner killed with SIGKILL mid-run and restarted (the crash test). Bounded waits;
 //! every child is reaped on drop.
 
 use std::collections::HashSet;
@@ -136,32 +136,13 @@ fn demo_with_two_workers_trains_publishes_and_exits_cleanly() {
 fn a_learner_killed_mid_run_resumes_without_training_a_group_twice() {
     let tmp = tempfile::tempdir().unwrap();
     let swarm = "it-crash";
-    let learner_sections = "[learner]\nwarm_start_steps = 5\ncheckpoint_every = 4\n";
-    let mut learner = Node::start_full(
+    let (mut learner, mut workers) = Node::learner_and_workers(
         tmp.path(),
-        "learner",
-        "learner",
         swarm,
-        None,
-        "",
-        learner_sections,
+        "[learner]\nwarm_start_steps = 5\ncheckpoint_every = 4\n",
+        2,
+        "[storage]\nmax_pending_groups = 8\n",
     );
-    learner.wait_ready();
-    let boot = format!("bootstrap = [\"{}\"]", learner.addr());
-    let lpk = learner.key.public_key.clone();
-    let mut workers: Vec<Node> = (0..2)
-        .map(|i| {
-            Node::start_full(
-                tmp.path(),
-                &format!("w{i}"),
-                "rollout",
-                swarm,
-                Some(&lpk),
-                &boot,
-                "[storage]\nmax_pending_groups = 8\n",
-            )
-        })
-        .collect();
     let limit = Duration::from_secs(240);
     let version = |n: &mut Node| n.status()?["learner"]["version"].as_u64();
     let before = wait_for("the learner to reach version 9", limit, || {
@@ -210,25 +191,11 @@ fn a_learner_killed_mid_run_resumes_without_training_a_group_twice() {
 fn a_restart_with_another_staleness_keeps_one_window_for_the_whole_learner() {
     let tmp = tempfile::tempdir().unwrap();
     let swarm = "it-window";
-    let mut learner = Node::start_full(
+    let (mut learner, mut workers) = Node::learner_and_workers(
         tmp.path(),
-        "learner",
-        "learner",
         swarm,
-        None,
-        "",
         "[learner]\nwarm_start_steps = 2\nstaleness = 3\ncheckpoint_every = 2\n",
-    );
-    learner.wait_ready();
-    let boot = format!("bootstrap = [\"{}\"]", learner.addr());
-    let lpk = learner.key.public_key.clone();
-    let mut worker = Node::start_full(
-        tmp.path(),
-        "w0",
-        "rollout",
-        swarm,
-        Some(&lpk),
-        &boot,
+        1,
         "[storage]\nmax_pending_groups = 8\n",
     );
     let limit = Duration::from_secs(240);
@@ -258,7 +225,7 @@ fn a_restart_with_another_staleness_keeps_one_window_for_the_whole_learner() {
             .map(|_| l)
     });
     terminate(&mut learner);
-    terminate(&mut worker);
+    terminate(&mut workers[0]);
 
     // One value everywhere: the checkpoint's S = 3 (documented in docs/learner.md).
     assert_eq!(l["staleness"], 3, "status: {l}");

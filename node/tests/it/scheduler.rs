@@ -1,4 +1,4 @@
-//! The provisioning scheduler across real processes (issue 7): a learner keeping 4 of 6
+//! The provisioning scheduler across real processes: a learner keeping 4 of 6
 //! workers active (`scheduler.active_workers = 4`, the cheapest by ρ = cost/μ), the other two
 //! on standby through learner-signed activation orders; an active worker is killed and a
 //! standby one is activated and generates while training continues. Bounded waits.

@@ -260,6 +260,43 @@ impl Node {
         Some(st)
     }
 
+    /// A learner (`learner_sections` after its `[network]` table) in `root/learner`, ready,
+    /// and `n` workers `w0…` bootstrapping from it (`worker_sections`), started.
+    pub(crate) fn learner_and_workers(
+        root: &Path,
+        swarm: &str,
+        learner_sections: &str,
+        n: usize,
+        worker_sections: &str,
+    ) -> (Node, Vec<Node>) {
+        let mut learner = Node::start_full(
+            root,
+            "learner",
+            "learner",
+            swarm,
+            None,
+            "",
+            learner_sections,
+        );
+        learner.wait_ready();
+        let boot = format!("bootstrap = [\"{}\"]", learner.addr());
+        let lpk = learner.key.public_key.clone();
+        let workers = (0..n)
+            .map(|i| {
+                Node::start_full(
+                    root,
+                    &format!("w{i}"),
+                    "rollout",
+                    swarm,
+                    Some(&lpk),
+                    &boot,
+                    worker_sections,
+                )
+            })
+            .collect();
+        (learner, workers)
+    }
+
     pub(crate) fn wait_ready(&mut self) -> Value {
         let name = self.name.clone();
         wait_for(&format!("{name}'s admin endpoint"), WAIT, || self.status())
