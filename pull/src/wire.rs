@@ -14,8 +14,9 @@ use storage::codec::{Reader, Writer};
 
 use crate::PullError;
 
-/// Largest frame: one encoded trajectory group (64 MiB) plus headroom.
-pub const MAX_FRAME: usize = (64 << 20) + 1024;
+/// Largest frame: one encoded trajectory group (`storage::record::limits::MAX_GROUP_BYTES`)
+/// plus headroom for the message tag and length.
+pub const MAX_FRAME: usize = storage::record::limits::MAX_GROUP_BYTES + 1024;
 /// Most groups one lease may carry.
 pub const MAX_GROUPS_PER_LEASE: u64 = 1024;
 /// Bounds on the lease time a learner may ask for.
