@@ -129,6 +129,9 @@ pub struct PeerStatus {
     pub rejected_messages: u64,
     /// gossipsub v1.1 score of the peer (None while unknown).
     pub gossip_score: Option<f64>,
+    /// The device its heartbeats report (None before the first, or from an older node).
+    #[serde(default)]
+    pub device: Option<crate::messages::DeviceReport>,
 }
 
 /// Counters of the network service since start.

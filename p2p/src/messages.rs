@@ -53,6 +53,48 @@ pub struct Heartbeat {
     pub sent_unix_ms: u64,
     /// Per-process sequence number.
     pub seq: u64,
+    /// The device the node runs its model on (absent in heartbeats of older nodes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceReport>,
+}
+
+/// The compute device a node runs its model on, as its heartbeats report it. Self-reported:
+/// shown in `status` and usable as a scheduling filter, never trusted for correctness.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeviceReport {
+    /// `cpu` or `cuda`.
+    pub kind: String,
+    /// The CPU model or the GPU's name.
+    pub name: String,
+    pub memory_total_bytes: u64,
+    pub memory_free_bytes: u64,
+    /// CUDA compute capability (`"9.0"`), absent on a CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_capability: Option<String>,
+}
+
+impl DeviceReport {
+    /// Device kinds a heartbeat may name.
+    pub const KINDS: [&'static str; 2] = ["cpu", "cuda"];
+
+    fn check(&self) -> Result<(), MessageError> {
+        if !Self::KINDS.contains(&self.kind.as_str()) {
+            return Err(MessageError::Invalid(format!(
+                "device kind `{}` is not cpu or cuda",
+                self.kind
+            )));
+        }
+        check_str("device.name", &self.name, 128)?;
+        if let Some(cc) = &self.compute_capability {
+            check_str("device.compute_capability", cc, 16)?;
+        }
+        if self.memory_free_bytes > self.memory_total_bytes {
+            return Err(MessageError::Invalid(
+                "device free memory exceeds its total".into(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The fields a role fills in its heartbeats (the rest comes from the service).
@@ -64,6 +106,8 @@ pub struct LocalStatus {
     pub pending: u64,
     pub forward_rate_bps: f64,
     pub receive_rate_bps: f64,
+    #[serde(default)]
+    pub device: Option<DeviceReport>,
 }
 
 fn check_num(field: &'static str, x: f64, max: f64) -> Result<(), MessageError> {
@@ -119,6 +163,9 @@ impl Heartbeat {
         check_num("availability", hb.availability, 1.0)?;
         check_num("forward_rate_bps", hb.forward_rate_bps, 1e15)?;
         check_num("receive_rate_bps", hb.receive_rate_bps, 1e15)?;
+        if let Some(d) = &hb.device {
+            d.check()?;
+        }
         Ok(hb)
     }
 }
@@ -224,6 +271,59 @@ mod tests {
             started_unix_ms: 1,
             sent_unix_ms: 2,
             seq: 3,
+            device: None,
+        }
+    }
+
+    #[test]
+    fn devices_travel_in_heartbeats_and_are_checked() {
+        let gpu = DeviceReport {
+            kind: "cuda".into(),
+            name: "NVIDIA H100 80GB HBM3".into(),
+            memory_total_bytes: 85_000_000_000,
+            memory_free_bytes: 80_000_000_000,
+            compute_capability: Some("9.0".into()),
+        };
+        let h = Heartbeat {
+            device: Some(gpu.clone()),
+            ..hb()
+        };
+        let bytes = h.encode();
+        assert!(bytes.len() < MAX_HEARTBEAT_BYTES);
+        assert_eq!(Heartbeat::decode(&bytes, "s").unwrap(), h);
+        // An older node's heartbeat has no device: still valid.
+        let old = hb().encode();
+        assert!(!String::from_utf8_lossy(&old).contains("device"));
+        assert_eq!(Heartbeat::decode(&old, "s").unwrap().device, None);
+        for bad in [
+            DeviceReport {
+                kind: "tpu".into(),
+                ..gpu.clone()
+            },
+            DeviceReport {
+                memory_free_bytes: gpu.memory_total_bytes + 1,
+                ..gpu.clone()
+            },
+            DeviceReport {
+                name: "x".repeat(200),
+                ..gpu.clone()
+            },
+            DeviceReport {
+                name: "bad\u{7}name".into(),
+                ..gpu.clone()
+            },
+        ] {
+            let h = Heartbeat {
+                device: Some(bad),
+                ..hb()
+            };
+            assert!(
+                matches!(
+                    Heartbeat::decode(&h.encode(), "s"),
+                    Err(MessageError::Invalid(_))
+                ),
+                "{h:?}"
+            );
         }
     }
 

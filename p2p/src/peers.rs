@@ -133,6 +133,7 @@ impl PeerEntry {
             started_unix_ms: hb.map(|h| h.started_unix_ms),
             rejected_messages: self.rejected,
             gossip_score,
+            device: hb.and_then(|h| h.device.clone()),
         }
     }
 }
@@ -168,6 +169,7 @@ mod tests {
             started_unix_ms,
             sent_unix_ms: started_unix_ms,
             seq: 1,
+            device: None,
         }
     }
 

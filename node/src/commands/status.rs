@@ -82,6 +82,26 @@ fn opt<T: ToString>(x: Option<T>) -> String {
     x.map_or_else(|| "-".into(), |x| x.to_string())
 }
 
+/// `cpu`, or `cuda` with free / total GiB and the compute capability.
+fn device(d: Option<&p2p::DeviceReport>) -> String {
+    let Some(d) = d else {
+        return "-".into();
+    };
+    if d.kind != "cuda" {
+        return d.kind.clone();
+    }
+    let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+    format!(
+        "{} {:.1}/{:.1} GiB free{}",
+        d.name,
+        gib(d.memory_free_bytes),
+        gib(d.memory_total_bytes),
+        d.compute_capability
+            .as_ref()
+            .map_or(String::new(), |c| format!(" (cc {c})"))
+    )
+}
+
 /// The human view of a status object.
 pub fn render(st: &NodeStatus) -> String {
     let net = &st.network;
@@ -143,8 +163,8 @@ pub fn render(st: &NodeStatus) -> String {
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);
     t.set_header(vec![
-        "peer id", "role", "version", "addrs", "score", "speed", "success", "stab.", "decay",
-        "hb age s", "pending", "μ", "$/h", "active",
+        "peer id", "role", "version", "device", "addrs", "score", "speed", "success", "stab.",
+        "decay", "hb age s", "pending", "μ", "$/h", "active",
     ]);
     for p in &net.peers {
         let addr = match p.addrs.as_slice() {
@@ -162,6 +182,7 @@ pub fn render(st: &NodeStatus) -> String {
             p.peer_id.clone(),
             p.role.map_or_else(|| "-".into(), |r| r.to_string()),
             version,
+            device(p.device.as_ref()),
             addr,
             format!("{:.1}", s.score),
             format!("{:.1}", s.speed),
@@ -211,7 +232,9 @@ mod tests {
                          "rejected_messages": 0, "gossip_score": null,
                          "score": 12.5, "speed": 0.0, "success": 100.0, "stability": 30.0, "decay": 1.0,
                          "avg_speed_bps": 0.0, "successes": 3, "failures": 0,
-                         "consecutive_failures": 0, "active": true}]
+                         "consecutive_failures": 0, "active": true,
+                       "device": {"kind": "cuda", "name": "NVIDIA H100", "memory_total_bytes": 85899345920,
+                                  "memory_free_bytes": 64424509440, "compute_capability": "9.0"}}]
         }"#,
         )
         .unwrap();
@@ -225,5 +248,6 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("standby │") || s.contains("standby "), "{s}");
+        assert!(s.contains("NVIDIA H100 60.0/80.0 GiB free (cc 9.0)"), "{s}");
     }
 }

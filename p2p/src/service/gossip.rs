@@ -68,6 +68,7 @@ impl Service {
             started_unix_ms: self.started_unix_ms,
             sent_unix_ms: unix_ms(),
             seq: self.seq,
+            device: self.local.device.clone(),
         };
         let topic = IdentTopic::new(TopicKind::Heartbeat.topic_name(&self.cfg.swarm_id));
         match self
