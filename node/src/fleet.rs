@@ -3,7 +3,8 @@
 //! (written from a typed [`NodeConfig`]) and its log; nodes are signalled with `nix` (never by
 //! shelling out), stopped with SIGTERM and a grace period, and every child still running is
 //! killed and reaped when the fleet is dropped. Logs are never deleted here: a failed run's
-//! logs stay for reading, and errors name their path.
+//! logs stay for reading, and errors name their path. Nodes are started on port 0 and found
+//! through the address file they write ([`Fleet::wait_addresses`]).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -15,6 +16,7 @@ use nix::sys::signal::kill;
 pub use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
+use crate::addr_file::{self, AddrFile};
 use crate::config::NodeConfig;
 
 /// How long [`Fleet::stop`] waits for the nodes to exit after SIGTERM before it kills them.
@@ -112,6 +114,36 @@ impl Fleet {
             killed: false,
         });
         Ok(self.nodes.len() - 1)
+    }
+
+    /// Waits up to `limit` for node `i` (started from `config`) to write its address file
+    /// (`crate::addr_file`): the ports it actually bound. An error if it exits first.
+    pub fn wait_addresses(
+        &mut self,
+        i: usize,
+        config: &NodeConfig,
+        limit: Duration,
+    ) -> anyhow::Result<AddrFile> {
+        let pid = self
+            .nodes
+            .get(i)
+            .map(|n| n.child.id())
+            .with_context(|| format!("no node {i} in the fleet"))?;
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(f) = addr_file::read(&config.data_dir, pid) {
+                return Ok(f);
+            }
+            self.ensure_running()?;
+            if Instant::now() >= deadline {
+                bail!(
+                    "{} wrote no address file within {limit:?}; log {}",
+                    self.nodes[i].name,
+                    self.nodes[i].log.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Sends `sig` to node `i`. A node that has exited is not signalled: its pid may have

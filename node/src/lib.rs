@@ -10,6 +10,7 @@
 //! - [`state`]: the resolved config and opened stores a running node shares;
 //! - [`config`], [`api`], [`cli`], [`logging`]: the contracts and plumbing.
 
+pub mod addr_file;
 pub mod admin;
 pub mod api;
 pub mod cli;

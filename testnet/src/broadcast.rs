@@ -103,22 +103,15 @@ fn launch(
     let ldir = root.join("learner");
     std::fs::create_dir_all(&ldir)?;
     let key = harness::keygen(&s.bin, &ldir)?;
-    let port = harness::free_port()?;
-    let admin = format!("127.0.0.1:{}", harness::free_port()?);
-    let config = |role, dir: &Path, admin: &str, listen: String| {
-        let mut c = harness::node_config(role, "tn-broadcast", dir, listen, admin, s.heartbeat_ms);
+    let config = |role, dir: &Path| {
+        let mut c = harness::node_config(role, "tn-broadcast", dir, s.heartbeat_ms);
         c.storage.chunk_size_kib = s.chunk_kb;
         c.storage.keep_snapshots = 2;
         c.broadcast.mode = mode;
         c.broadcast.worker_mbps = s.worker_mbps;
         c
     };
-    let mut learner = config(
-        Role::Learner,
-        &ldir,
-        &admin,
-        format!("/ip4/127.0.0.1/tcp/{port}"),
-    );
+    let mut learner = config(Role::Learner, &ldir);
     learner.network.learner_mbps = s.learner_mbps;
     let mut fleet = Fleet::with_log_filter(harness::NODE_LOG_FILTER);
     let bench = [
@@ -129,22 +122,20 @@ fn launch(
         "--bench-rounds".into(),
         s.rounds.to_string(),
     ];
-    fleet.start(&s.bin, "learner", &learner, &bench)?;
+    let l = fleet.start(&s.bin, "learner", &learner, &bench)?;
+    let addrs = fleet.wait_addresses(l, &learner, harness::START_LIMIT)?;
+    let bootstrap = addrs
+        .dial_addr()
+        .context("the learner has no TCP address")?;
     for i in 0..n {
-        let dir = root.join(format!("w{i}"));
-        let mut w = config(
-            Role::Rollout,
-            &dir,
-            &format!("127.0.0.1:{}", harness::free_port()?),
-            "/ip4/127.0.0.1/tcp/0".into(),
-        );
-        w.learner_public_key = Some(key.public_key.clone());
-        w.network.bootstrap = vec![harness::loopback_addr(port, &key.peer_id)];
+        let mut w = config(Role::Rollout, &root.join(format!("w{i}")));
+        w.learner_public_key = Some(key.clone());
+        w.network.bootstrap = vec![bootstrap.clone()];
         w.network.uplink_mbps = s.worker_mbps;
         w.network.downlink_mbps = s.worker_mbps;
         fleet.start(&s.bin, &format!("w{i}"), &w, &["--bench-sink".into()])?;
     }
-    Ok((fleet, admin))
+    Ok((fleet, addrs.admin))
 }
 
 /// Runs one setting (N workers, one mode); returns its result row.

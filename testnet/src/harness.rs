@@ -1,6 +1,6 @@
 //! The process harness of every scenario: real `echo-node` processes on 127.0.0.1.
 //!
-//! Owns ports ([`free_port`]), keys ([`keygen`]), waiting with deadlines ([`wait_for`]), the
+//! Owns keys ([`keygen`]), waiting with deadlines ([`wait_for`]), the
 //! node configs of a scenario ([`node_config`]), the learning swarm of the `faults` and
 //! `ablation` scenarios ([`launch_swarm`]) and the one-shot `echo-node demo` runs
 //! ([`run_demo`]). The process fleet itself is `echo_node::fleet::Fleet` (start `echo-node
@@ -26,14 +26,6 @@ use serde_json::Value;
 /// lines (installs, chain plans), without gossipsub's chatter.
 pub const NODE_LOG_FILTER: &str = "warn,echo_node=info,dissemination=info,libp2p_gossipsub=error";
 
-/// A free TCP port on 127.0.0.1 (bound, read, released: another process may take it before
-/// the node binds it, which a later issue addresses).
-pub fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 /// The `echo-node` binary next to this one (the same cargo profile), or `explicit`.
 pub fn node_bin(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     let bin = match explicit {
@@ -51,15 +43,9 @@ pub fn node_bin(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     Ok(bin)
 }
 
-/// A node identity written by `echo-node keygen`.
-#[derive(Debug, Clone)]
-pub struct NodeKey {
-    pub public_key: String,
-    pub peer_id: String,
-}
-
-/// Creates a node key under `dir` (`echo-node keygen --json --out DIR`).
-pub fn keygen(bin: &Path, dir: &Path) -> anyhow::Result<NodeKey> {
+/// Creates a node key under `dir` (`echo-node keygen --json --out DIR`); returns its public
+/// key (hex), which the swarm's workers are configured with.
+pub fn keygen(bin: &Path, dir: &Path) -> anyhow::Result<String> {
     let out = Command::new(bin)
         .args(["keygen", "--json", "--out"])
         .arg(dir)
@@ -69,42 +55,29 @@ pub fn keygen(bin: &Path, dir: &Path) -> anyhow::Result<NodeKey> {
         bail!("keygen: {}", String::from_utf8_lossy(&out.stderr));
     }
     let key: Value = serde_json::from_slice(&out.stdout)?;
-    let field = |k: &str| -> anyhow::Result<String> {
-        Ok(key[k]
-            .as_str()
-            .with_context(|| format!("keygen printed no {k}"))?
-            .to_string())
-    };
-    Ok(NodeKey {
-        public_key: field("public_key")?,
-        peer_id: field("peer_id")?,
-    })
+    Ok(key["public_key"]
+        .as_str()
+        .context("keygen printed no public_key")?
+        .to_string())
 }
 
+/// How long a node may take to bind its ports and write its address file.
+pub const START_LIMIT: Duration = Duration::from_secs(60);
+
 /// A node config as every harness node runs it: `role` in `swarm_id`, data in `data_dir`,
-/// listening on `listen`, its admin endpoint on `admin`, heartbeats every `heartbeat_ms`, and
-/// loopback only: no mDNS, no AutoNAT, no QUIC. Scenarios set the rest on the typed struct.
-pub fn node_config(
-    role: Role,
-    swarm_id: &str,
-    data_dir: &Path,
-    listen: String,
-    admin: &str,
-    heartbeat_ms: u64,
-) -> NodeConfig {
+/// heartbeats every `heartbeat_ms`, loopback only (no mDNS, no AutoNAT, no QUIC), and port 0
+/// for both the libp2p listener and the admin endpoint: the kernel picks free ports at bind
+/// time and the node writes them to its address file ([`Fleet::wait_addresses`]). Scenarios
+/// set the rest on the typed struct.
+pub fn node_config(role: Role, swarm_id: &str, data_dir: &Path, heartbeat_ms: u64) -> NodeConfig {
     let mut c = NodeConfig::new(role, swarm_id, data_dir.to_path_buf());
-    c.network.listen = vec![listen];
-    c.network.admin = admin.to_string();
+    c.network.listen = vec!["/ip4/127.0.0.1/tcp/0".into()];
+    c.network.admin = "127.0.0.1:0".into();
     c.network.mdns = false;
     c.network.autonat = false;
     c.network.quic = false;
     c.network.heartbeat_interval_ms = heartbeat_ms;
     c
-}
-
-/// The bootstrap address of a node listening on 127.0.0.1:`port` with peer id `peer_id`.
-pub fn loopback_addr(port: u16, peer_id: &str) -> String {
-    format!("/ip4/127.0.0.1/tcp/{port}/p2p/{peer_id}")
 }
 
 /// A node's `/status` (`echo-node status --json --admin ADDR`), or `None` while the node does
@@ -159,41 +132,30 @@ pub fn launch_swarm(
     let ldir = root.join("learner");
     std::fs::create_dir_all(&ldir)?;
     let key = keygen(bin, &ldir)?;
-    let port = free_port()?;
-    let learner_admin = format!("127.0.0.1:{}", free_port()?);
-    let mut lc = node_config(
-        Role::Learner,
-        swarm_id,
-        &ldir,
-        format!("/ip4/127.0.0.1/tcp/{port}"),
-        &learner_admin,
-        500,
-    );
+    let mut lc = node_config(Role::Learner, swarm_id, &ldir, 500);
     learner(&mut lc);
     let mut fleet = Fleet::with_log_filter(NODE_LOG_FILTER);
-    fleet.start(bin, "learner", &lc, &[])?;
-    let mut worker_admins = Vec::new();
+    let i = fleet.start(bin, "learner", &lc, &[])?;
+    let addrs = fleet.wait_addresses(i, &lc, START_LIMIT)?;
+    let bootstrap = addrs
+        .dial_addr()
+        .context("the learner has no TCP address")?;
+    let mut workers = Vec::new();
     for (i, cost) in worker_costs.iter().enumerate() {
-        let dir = root.join(format!("w{i}"));
-        let admin = format!("127.0.0.1:{}", free_port()?);
-        let mut w = node_config(
-            Role::Rollout,
-            swarm_id,
-            &dir,
-            "/ip4/127.0.0.1/tcp/0".into(),
-            &admin,
-            500,
-        );
-        w.learner_public_key = Some(key.public_key.clone());
-        w.network.bootstrap = vec![loopback_addr(port, &key.peer_id)];
+        let mut w = node_config(Role::Rollout, swarm_id, &root.join(format!("w{i}")), 500);
+        w.learner_public_key = Some(key.clone());
+        w.network.bootstrap = vec![bootstrap.clone()];
         w.network.cost_per_hour = *cost;
         w.storage.max_pending_groups = 4;
-        fleet.start(bin, &format!("w{i}"), &w, &[])?;
-        worker_admins.push(admin);
+        workers.push((fleet.start(bin, &format!("w{i}"), &w, &[])?, w));
     }
+    let worker_admins = workers
+        .iter()
+        .map(|(i, w)| Ok(fleet.wait_addresses(*i, w, START_LIMIT)?.admin))
+        .collect::<anyhow::Result<_>>()?;
     Ok(Swarm {
         fleet,
-        learner_admin,
+        learner_admin: addrs.admin,
         worker_admins,
     })
 }
@@ -225,19 +187,13 @@ mod tests {
 
     #[test]
     fn harness_configs_are_loopback_only_and_read_back() {
-        let mut c = node_config(
-            Role::Rollout,
-            "tn-test",
-            Path::new("/tmp/w0"),
-            "/ip4/127.0.0.1/tcp/0".into(),
-            "127.0.0.1:9000",
-            500,
-        );
-        c.network.bootstrap = vec![loopback_addr(1, "x")];
+        let mut c = node_config(Role::Rollout, "tn-test", Path::new("/tmp/w0"), 500);
+        c.network.bootstrap = vec!["/ip4/127.0.0.1/tcp/1/p2p/x".into()];
         let text = c.to_toml().unwrap();
         let back = NodeConfig::parse(&text).unwrap();
         assert_eq!(back.role, Role::Rollout);
-        assert_eq!(back.network.admin, "127.0.0.1:9000");
+        assert_eq!(back.network.admin, "127.0.0.1:0");
+        assert_eq!(back.network.listen, ["/ip4/127.0.0.1/tcp/0"]);
         assert!(!back.network.mdns && !back.network.autonat && !back.network.quic);
         assert_eq!(back.network.heartbeat_interval_ms, 500);
         assert_eq!(back.network.bootstrap, ["/ip4/127.0.0.1/tcp/1/p2p/x"]);

@@ -8,7 +8,6 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, IsTerminal};
-use std::net::TcpListener;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -29,16 +28,13 @@ const STALL: Duration = Duration::from_secs(180);
 /// The demo's swarm name.
 const SWARM: &str = "echo-demo";
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// The network settings every demo node shares: loopback only, no discovery beyond the
-/// bootstrap address, fast heartbeats.
-fn demo_network(listen: String, admin: String) -> p2p::NetworkConfig {
+/// The network settings every demo node shares: loopback only, ports picked by the kernel
+/// (read back from the nodes' address files), no discovery beyond the bootstrap address, fast
+/// heartbeats.
+fn demo_network() -> p2p::NetworkConfig {
     p2p::NetworkConfig {
-        listen: vec![listen],
-        admin,
+        listen: vec!["/ip4/127.0.0.1/tcp/0".into()],
+        admin: "127.0.0.1:0".into(),
         mdns: false,
         autonat: false,
         quic: false,
@@ -126,14 +122,8 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     let learner_dir = root.join("learner");
     std::fs::create_dir_all(&learner_dir)?;
     let (key, _) = storage::NodeKey::load_or_create(&learner_dir.join("node.key"))?;
-    let learner_peer = crate::state::peer_id(&key)?;
-    let learner_port = free_port()?;
-    let learner_admin = format!("127.0.0.1:{}", free_port()?);
     let mut learner = NodeConfig::new(Role::Learner, SWARM, learner_dir.clone());
-    learner.network = demo_network(
-        format!("/ip4/127.0.0.1/tcp/{learner_port}"),
-        learner_admin.clone(),
-    );
+    learner.network = demo_network();
     let l = &mut learner.learner;
     l.max_steps = args.steps;
     l.warm_start_steps = args.warm_start_steps;
@@ -141,23 +131,24 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     l.objective = args.objective;
     l.staleness = args.staleness;
     l.kappa = args.kappa;
-    let mut nodes = vec![("learner".to_string(), learner)];
-    let bootstrap = format!("/ip4/127.0.0.1/tcp/{learner_port}/p2p/{learner_peer}");
+    let mut fleet = Fleet::default();
+    // Every node binds port 0; the learner's bound addresses come back in its address file.
+    let i = fleet.start(&exe, "learner", &learner, &[])?;
+    let addrs = fleet.wait_addresses(i, &learner, STALL)?;
+    let learner_admin = addrs.admin.clone();
+    let bootstrap = addrs
+        .dial_addr()
+        .context("the learner listens on no TCP address")?;
+    let mut data_dirs = vec![learner.data_dir.clone()];
     for i in 1..=args.workers {
         let mut w = NodeConfig::new(Role::Rollout, SWARM, root.join(format!("worker-{i}")));
         w.learner_public_key = Some(key.public_hex());
-        w.network = demo_network(
-            "/ip4/127.0.0.1/tcp/0".into(),
-            format!("127.0.0.1:{}", free_port()?),
-        );
+        w.network = demo_network();
         w.network.bootstrap = vec![bootstrap.clone()];
         w.storage.max_pending_groups = 4;
         w.rollout.max_groups_per_s = args.worker_groups_per_s;
-        nodes.push((format!("worker-{i}"), w));
-    }
-    let mut fleet = Fleet::default();
-    for (name, config) in &nodes {
-        fleet.start(&exe, name, config, &[])?;
+        fleet.start(&exe, &format!("worker-{i}"), &w, &[])?;
+        data_dirs.push(w.data_dir.clone());
     }
     let progress = Progress::new(args);
     progress.say(format!(
@@ -221,8 +212,8 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     // Summary from the learner's step log and the stores (the nodes have exited).
     let steps = read_steps(&learner_dir.join("metrics").join("steps.jsonl"))?;
     let mut invariant_ok = true;
-    for (_, config) in &nodes {
-        let store = storage::TrajectoryStore::open(&config.data().trajectories())?;
+    for dir in &data_dirs {
+        let store = storage::TrajectoryStore::open(&storage::DataDir::new(dir).trajectories())?;
         invariant_ok &= store.check_invariant()?.holds();
     }
     let mut summary = summarize(&steps, &final_status, elapsed, invariant_ok, &not_clean);

@@ -78,6 +78,12 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     )
     .await?;
     tracing::info!(admin = %bound, "admin endpoint: /, /status, /metrics");
+    let addr_writer = tokio::spawn(write_addr_file(
+        client.clone(),
+        config.data_dir.clone(),
+        state.peer_id.clone(),
+        bound,
+    ));
 
     // Snapshot dissemination: runs whenever the swarm's learner key is known (the
     // learner itself, or a worker configured with `learner_public_key`).
@@ -237,11 +243,48 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     }
     feeder.abort();
     admin_task.abort();
+    addr_writer.abort();
+    crate::addr_file::remove(&config.data_dir);
     if let Some(d) = &dissem {
         d.shutdown();
     }
     let _ = tokio::time::timeout(std::time::Duration::from_secs(3), drain).await;
     result.and(role_result)
+}
+
+/// Writes `<data_dir>/node.addr.json` once the swarm reports its first listen address (the
+/// ports actually bound, also when the config asks for port 0).
+async fn write_addr_file(
+    client: p2p::Client,
+    data_dir: std::path::PathBuf,
+    peer_id: String,
+    admin: std::net::SocketAddr,
+) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
+        match client.listen_addrs().await {
+            Ok(addrs) if !addrs.is_empty() => {
+                let f = crate::addr_file::AddrFile {
+                    format: crate::addr_file::FORMAT,
+                    pid: std::process::id(),
+                    peer_id,
+                    admin: admin.to_string(),
+                    listen: addrs.iter().map(ToString::to_string).collect(),
+                };
+                match crate::addr_file::write(&data_dir, &f) {
+                    Ok(()) => tracing::info!(
+                        file = %crate::addr_file::path(&data_dir).display(),
+                        "listening; addresses written"
+                    ),
+                    Err(e) => tracing::warn!(error = %e, "writing the address file"),
+                }
+                return;
+            }
+            Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+            Err(_) => return,
+        }
+    }
+    tracing::warn!("no listen address within 30 s: the address file is not written");
 }
 
 /// The hidden benchmark flags of `run` (testnet `broadcast`).

@@ -4,7 +4,6 @@
 //! on drop, also when a test fails.
 
 use std::fs::File;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -19,14 +18,6 @@ pub(crate) const WAIT: Duration = Duration::from_secs(45);
 /// serve the network.
 const QUIET_ROLES: &str =
     "[storage]\nmax_pending_groups = 1\n[learner]\nwarm_start_steps = 0\nmax_steps = 1\n";
-
-pub(crate) fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Polls `f` every 200 ms until it returns `Some`, or panics with `what` after `limit`.
 pub(crate) fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
@@ -74,6 +65,8 @@ pub(crate) struct Node {
     pub(crate) log: PathBuf,
     /// The node's TCP listen address, learned from its status (it listens on port 0).
     pub(crate) listen: Option<String>,
+    /// The admin endpoint, learned from the node's address file once it is up (the node binds
+    /// port 0); empty until then.
     pub(crate) admin: String,
     pub(crate) key: Key,
     /// `--listen` of the next spawn (port 0 by default; a restart may pin the old address).
@@ -186,7 +179,7 @@ impl Node {
             log: data.join("node.log"),
             listen: None,
             listen_arg: "/ip4/127.0.0.1/tcp/0".into(),
-            admin: format!("127.0.0.1:{}", free_port()),
+            admin: String::new(),
             key,
         };
         node.spawn();
@@ -202,7 +195,7 @@ impl Node {
         let child = Command::new(BIN)
             .args(["run", "--config"])
             .arg(&self.config)
-            .args(["--listen", &self.listen_arg, "--admin", &self.admin])
+            .args(["--listen", &self.listen_arg, "--admin", "127.0.0.1:0"])
             .env("RUST_LOG", "info,p2p=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -210,6 +203,8 @@ impl Node {
             .spawn()
             .unwrap();
         self.child = Some(child);
+        // A new process binds new ports: learn them from its address file.
+        self.admin.clear();
     }
 
     /// Dialable address with peer id (call after `wait_ready`).
@@ -229,17 +224,15 @@ impl Node {
     pub(crate) fn status(&mut self) -> Option<Value> {
         if let Some(c) = self.child.as_mut() {
             if let Ok(Some(code)) = c.try_wait() {
-                // Another process took the admin port between free_port() and bind: retry.
-                if self.log_tail().contains("binding the admin endpoint") {
-                    self.admin = format!("127.0.0.1:{}", free_port());
-                    self.spawn();
-                    return None;
-                }
                 panic!(
                     "node {} exited with {code}:\n{}",
                     self.name,
                     self.log_tail()
                 );
+            }
+            if self.admin.is_empty() {
+                let data = self.config.parent().expect("the config is in the data dir");
+                self.admin = echo_node::addr_file::read(data, c.id())?.admin;
             }
         }
         let out = Command::new(BIN)
