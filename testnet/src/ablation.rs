@@ -25,15 +25,15 @@ use echo_node::config::Ranking;
 /// One learning run; returns (steps, mean active $/h, seconds, active ids at the end).
 fn cost_run(
     bin: &Path,
+    root: &Path,
     ranking: Ranking,
     costs: &[f64],
     k: usize,
     secs: f64,
 ) -> anyhow::Result<Value> {
-    let tmp = tempfile::Builder::new().prefix("tn-ablation-").tempdir()?;
     let mut sw = harness::launch_swarm(
         bin,
-        tmp.path(),
+        root,
         "tn-ablation",
         |l| {
             l.learner.warm_start_steps = 60;
@@ -111,18 +111,21 @@ pub fn run(
     let mut t = Vec::new();
     for mode in [BroadcastMode::Chain, BroadcastMode::Star] {
         bar.set_message(format!("broadcast, {}", mode.as_str()));
-        let tmp = tempfile::Builder::new()
-            .prefix("tn-ablation-bc-")
-            .tempdir()?;
-        t.push(broadcast::run_one(&settings, mode, nodes, tmp.path())?);
+        t.push(harness::in_run_dir("tn-ablation-bc-", |dir| {
+            broadcast::run_one(&settings, mode, nodes, dir)
+        })?);
         bar.inc(1);
     }
     let costs: Vec<f64> = (0..pool).map(|i| 0.1 * 2f64.powi(i as i32)).collect();
     bar.set_message("activation by cost/μ");
-    let full = cost_run(bin, Ranking::Rho, &costs, active, secs)?;
+    let full = harness::in_run_dir("tn-ablation-", |dir| {
+        cost_run(bin, dir, Ranking::Rho, &costs, active, secs)
+    })?;
     bar.inc(1);
     bar.set_message("random activation");
-    let random = cost_run(bin, Ranking::Random, &costs, active, secs)?;
+    let random = harness::in_run_dir("tn-ablation-", |dir| {
+        cost_run(bin, dir, Ranking::Random, &costs, active, secs)
+    })?;
     bar.finish_and_clear();
     let summary = json!({
         "scenario": "ablation",

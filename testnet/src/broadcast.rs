@@ -184,8 +184,7 @@ pub fn sweep(s: &Settings, out: &Path, verbose: bool) -> anyhow::Result<Value> {
     for &mode in &s.modes {
         for &n in &s.nodes {
             bar.set_message(format!("{} N={n}", mode.as_str()));
-            let tmp = tempfile::Builder::new().prefix("tn-broadcast-").tempdir()?;
-            let row = run_one(s, mode, n, tmp.path())?;
+            let row = harness::in_run_dir("tn-broadcast-", |dir| run_one(s, mode, n, dir))?;
             if verbose {
                 bar.suspend(|| {
                     println!(

@@ -93,6 +93,23 @@ pub fn read_status(bin: &Path, admin: &str) -> Option<NodeStatus> {
         .flatten()
 }
 
+/// Runs `f` in a fresh temporary directory named `prefix…` (node configs, stores and logs go
+/// there). The directory is removed when `f` succeeds and kept when it fails — the error then
+/// names it, so that a failed run's node logs can be read.
+pub fn in_run_dir<T>(
+    prefix: &str,
+    f: impl FnOnce(&Path) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let dir = tempfile::Builder::new().prefix(prefix).tempdir()?;
+    match f(dir.path()) {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let kept = dir.keep();
+            Err(e.context(format!("logs kept in {}", kept.display())))
+        }
+    }
+}
+
 /// Polls `probe` every `every` until it returns `Some` (which is returned) or `timeout` has
 /// passed (`None`); an error of `probe` ends the wait at once.
 pub fn wait_for<T>(
@@ -197,6 +214,32 @@ mod tests {
         assert!(!back.network.mdns && !back.network.autonat && !back.network.quic);
         assert_eq!(back.network.heartbeat_interval_ms, 500);
         assert_eq!(back.network.bootstrap, ["/ip4/127.0.0.1/tcp/1/p2p/x"]);
+    }
+
+    #[test]
+    fn run_dirs_are_removed_on_success_and_kept_on_failure() {
+        let mut seen = None;
+        in_run_dir("tn-test-", |d| {
+            seen = Some(d.to_path_buf());
+            Ok(())
+        })
+        .unwrap();
+        assert!(!seen.unwrap().exists());
+        let err = in_run_dir("tn-test-", |d| -> anyhow::Result<()> {
+            std::fs::write(d.join("node.log"), "boom")?;
+            anyhow::bail!("node w3 exited")
+        })
+        .unwrap_err();
+        let text = format!("{err:#}");
+        let kept = text
+            .split("logs kept in ")
+            .nth(1)
+            .unwrap()
+            .split(':')
+            .next()
+            .unwrap();
+        assert!(Path::new(kept).join("node.log").exists(), "{text}");
+        std::fs::remove_dir_all(kept).unwrap();
     }
 
     #[test]

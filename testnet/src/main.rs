@@ -239,9 +239,16 @@ fn main() -> anyhow::Result<()> {
                 "bandwidths must be > 0"
             );
             anyhow::ensure!(
-                nodes.iter().all(|n| (1..=64).contains(n)),
-                "--nodes must be in 1..=64"
+                nodes.iter().all(|n| (1..=1024).contains(n)),
+                "--nodes must be in 1..=1024"
             );
+            let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+            if let Some(n) = nodes.iter().find(|&&n| n > 16 * cores) {
+                eprintln!(
+                    "warning: {n} nodes on {cores} cores: every node verifies every heartbeat, \
+                     so the host, not the protocol, may set T_bcast (docs/broadcast.md)"
+                );
+            }
             anyhow::ensure!(rounds >= 1, "--rounds must be >= 1");
             let bin = harness::node_bin(bin)?;
             let settings = broadcast::Settings {
