@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{LearnerMode, Objective};
+use crate::config::{LearnerMode, Objective, SnapshotDtype};
+use policy::DeviceChoice;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -78,6 +79,12 @@ pub struct DemoArgs {
     /// machines so that capacity grows with the number of workers on one host).
     #[arg(long, default_value_t = 0.0)]
     pub worker_groups_per_s: f64,
+    /// Where every node of the demo runs its model: auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceChoice,
+    /// The dtype snapshots are shipped in (`broadcast.dtype`): f32 or bf16.
+    #[arg(long, value_enum, default_value_t = SnapshotDtype::F32)]
+    pub snapshot_dtype: SnapshotDtype,
 }
 
 #[derive(Debug, Args)]
@@ -133,6 +140,9 @@ pub struct RunArgs {
     /// Override `network.admin` (HOST:PORT on loopback).
     #[arg(long)]
     pub admin: Option<String>,
+    /// Override `model.device`: auto, cpu, cuda or cuda:N.
+    #[arg(long)]
+    pub device: Option<DeviceChoice>,
     /// Benchmark (testnet `broadcast`): a learner publishes random snapshots of this many MB
     /// instead of training.
     #[arg(long, hide = true)]

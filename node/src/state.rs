@@ -12,6 +12,8 @@ use crate::config::{NodeConfig, Role};
 /// A node's opened local state.
 pub struct NodeState {
     pub config: NodeConfig,
+    /// Where the roles build their models (`model.device`, resolved once at start).
+    pub device: policy::Device,
     pub key: NodeKey,
     pub peer_id: String,
     /// Shared with the roles (the learner's buffer or the worker's outbox) and the pull server.
@@ -31,6 +33,9 @@ pub fn load_config(args: &RunArgs) -> anyhow::Result<NodeConfig> {
     }
     if let Some(admin) = &args.admin {
         config.network.admin = admin.clone();
+    }
+    if let Some(device) = args.device {
+        config.model.device = device;
     }
     config.validate(&args.config)?;
     Ok(config)
@@ -58,6 +63,16 @@ pub fn open_state(config: NodeConfig) -> anyhow::Result<NodeState> {
         }
     }
     let peer_id = peer_id(&key)?;
+    let device = policy::device::select(config.model.device)
+        .with_context(|| format!("model.device = \"{}\"", config.model.device))?;
+    let info = policy::device::describe(&device);
+    tracing::info!(
+        kind = %info.kind,
+        name = %info.name,
+        memory_total_gib = info.memory_total_bytes as f64 / f64::from(1u32 << 30),
+        memory_free_gib = info.memory_free_bytes as f64 / f64::from(1u32 << 30),
+        "model device"
+    );
     let trajectories = TrajectoryStore::open(&data.trajectories()).with_context(|| {
         format!(
             "opening trajectory store {} (is another node running on this data dir?)",
@@ -72,6 +87,7 @@ pub fn open_state(config: NodeConfig) -> anyhow::Result<NodeState> {
     .with_context(|| format!("opening chunk store {}", data.snapshots().display()))?;
     Ok(NodeState {
         config,
+        device,
         key,
         peer_id,
         trajectories: Arc::new(trajectories),
@@ -139,4 +155,16 @@ pub const NODE_VERSION: &str = env!("CARGO_PKG_VERSION");
 /// node on the network).
 pub fn peer_id(key: &NodeKey) -> anyhow::Result<String> {
     Ok(p2p::peer_id_from_seed(key.seed()).to_string())
+}
+
+/// The device report a node's heartbeats carry (refreshed each heartbeat: free memory moves).
+pub fn device_report(device: &policy::Device) -> p2p::DeviceReport {
+    let d = policy::device::describe(device);
+    p2p::DeviceReport {
+        kind: d.kind,
+        name: d.name,
+        memory_total_bytes: d.memory_total_bytes,
+        memory_free_bytes: d.memory_free_bytes.min(d.memory_total_bytes),
+        compute_capability: d.compute_capability,
+    }
 }

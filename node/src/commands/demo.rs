@@ -124,6 +124,8 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     let (key, _) = storage::NodeKey::load_or_create(&learner_dir.join("node.key"))?;
     let mut learner = NodeConfig::new(Role::Learner, SWARM, learner_dir.clone());
     learner.network = demo_network();
+    learner.model.device = args.device;
+    learner.broadcast.dtype = args.snapshot_dtype;
     let l = &mut learner.learner;
     l.max_steps = args.steps;
     l.warm_start_steps = args.warm_start_steps;
@@ -144,6 +146,7 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
         let mut w = NodeConfig::new(Role::Rollout, SWARM, root.join(format!("worker-{i}")));
         w.learner_public_key = Some(key.public_hex());
         w.network = demo_network();
+        w.model.device = args.device;
         w.network.bootstrap = vec![bootstrap.clone()];
         w.storage.max_pending_groups = 4;
         w.rollout.max_groups_per_s = args.worker_groups_per_s;
@@ -221,6 +224,8 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     summary["objective"] = json!(args.objective);
     summary["staleness"] = json!(args.staleness);
     summary["workers"] = json!(args.workers);
+    summary["device"] = json!(args.device.to_string());
+    summary["snapshot_dtype"] = json!(args.snapshot_dtype);
     summary["worker_groups_per_s"] = json!(args.worker_groups_per_s);
     if args.json {
         println!("{summary}");

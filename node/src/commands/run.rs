@@ -179,6 +179,7 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
                     mu,
                     pending,
                     availability: 1.0,
+                    device: Some(crate::state::device_report(&state.device)),
                     ..Default::default()
                 };
                 metrics::gauge!("node_pending_groups").set(pending as f64);

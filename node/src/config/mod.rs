@@ -128,6 +128,10 @@ pub struct BroadcastConfig {
     /// B̂w: the forwarding bandwidth assumed per worker when planning chains (Mbit/s);
     /// N_ch = max(1, ⌊B0 / B̂w⌋) with B0 = `network.learner_mbps`.
     pub worker_mbps: f64,
+    /// The dtype of the weights in a snapshot: `f32` (exactly the learner's weights) or `bf16`
+    /// (half the bytes on every hop; workers load it into their model's dtype). The learner
+    /// always trains and checkpoints in f32.
+    pub dtype: SnapshotDtype,
 }
 
 impl Default for BroadcastConfig {
@@ -135,6 +139,24 @@ impl Default for BroadcastConfig {
         BroadcastConfig {
             mode: BroadcastMode::Chain,
             worker_mbps: 100.0,
+            dtype: SnapshotDtype::F32,
+        }
+    }
+}
+
+/// `broadcast.dtype`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum SnapshotDtype {
+    F32,
+    Bf16,
+}
+
+impl SnapshotDtype {
+    pub fn dtype(self) -> policy::DType {
+        match self {
+            SnapshotDtype::F32 => policy::DType::F32,
+            SnapshotDtype::Bf16 => policy::DType::BF16,
         }
     }
 }
@@ -150,6 +172,10 @@ pub struct ModelConfig {
     /// Seed of the embedded model's random initialisation (the learner's; workers receive
     /// the weights as snapshots).
     pub seed: u64,
+    /// Where the model runs: `auto` (the first CUDA GPU when this binary was built with the
+    /// `cuda` feature and one is present, else the CPU), `cpu`, `cuda` (= `cuda:0`) or
+    /// `cuda:N`. `echo-node run|demo --device` overrides it.
+    pub device: policy::DeviceChoice,
 }
 
 impl Default for ModelConfig {
@@ -157,7 +183,7 @@ impl Default for ModelConfig {
         ModelConfig {
             source: "embedded".into(),
             seed: 0,
-        }
+            device: policy::DeviceChoice::Auto,
     }
 }
 

@@ -56,16 +56,40 @@ pub fn active_installs(net: &p2p::NetworkStatus) -> Vec<Option<u64>> {
         .collect()
 }
 
-/// Builds the configured policy and tokenizer (the learner's initial weights; a worker only
-/// needs the model config and tokenizer from it).
-pub fn build_model(config: &NodeConfig) -> anyhow::Result<(Policy, Tokenizer)> {
+/// Builds the configured policy and tokenizer on `device` (the learner's initial weights; a
+/// worker only needs the model config and tokenizer from it).
+pub fn build_model(
+    config: &NodeConfig,
+    device: &policy::Device,
+) -> anyhow::Result<(Policy, Tokenizer)> {
     if config.model.source == "embedded" {
-        policy::embedded_default(config.model.seed).context("building the embedded model")
+        let policy = Policy::new_random(&policy::ModelConfig::tiny(), config.model.seed, device)
+            .context("building the embedded model")?;
+        Ok((policy, Tokenizer::byte()))
     } else {
         let dir = std::path::Path::new(&config.model.source);
-        policy::hf::load_hf_dir(dir, &policy::Device::Cpu)
+        policy::hf::load_hf_dir(dir, device)
             .with_context(|| format!("loading model.source {}", dir.display()))
     }
+}
+
+/// Refuses to start a role whose model does not fit its device: `need` more bytes than the
+/// device has free now (the weights already loaded are counted by the device, not in `need`).
+/// An unreadable free-memory figure (0) skips the check.
+pub fn check_memory(what: &str, need: u64, device: &policy::Device) -> anyhow::Result<()> {
+    let free = policy::device::describe(device).memory_free_bytes;
+    if free == 0 {
+        tracing::warn!(what, "free device memory unknown: the memory check is skipped");
+        return Ok(());
+    }
+    policy::memory::check_fit(what, need, free)?;
+    tracing::info!(
+        what,
+        need_gib = need as f64 / f64::from(1u32 << 30),
+        free_gib = free as f64 / f64::from(1u32 << 30),
+        "fits the device"
+    );
+    Ok(())
 }
 
 /// The configured task.

@@ -64,8 +64,19 @@ pub async fn start(
     view: RoleView,
 ) -> anyhow::Result<RolloutRole> {
     let config = &state.config;
-    let (policy, tokenizer) = build_model(config)?;
+    let (policy, tokenizer) = build_model(config, &state.device)?;
     let task = build_task(config)?;
+    // Generation: weights in the inference path's dtype (bf16 on a GPU) plus the KV cache of
+    // one group of n rows; prompts are budgeted at 1024 tokens.
+    let r = &config.rollout;
+    let gen_dtype = if state.device.is_cuda() {
+        policy::DType::BF16
+    } else {
+        policy::DType::F32
+    };
+    let context = (1024 + r.max_new_tokens).min(policy.config().max_position_embeddings);
+    let need = policy::memory::worker_bytes(policy.config(), gen_dtype, r.group_size, context);
+    super::check_memory("the rollout worker", need, &state.device)?;
     let slot = PolicySlot::new(policy.config().clone(), policy.device().clone());
     drop(policy);
     // Resume with the newest complete snapshot already on disk.
@@ -88,7 +99,6 @@ pub async fn start(
     })
     .await??;
 
-    let r = &config.rollout;
     let mut sampling = policy::SamplingParams::new(r.max_new_tokens, tokenizer.eos_ids());
     sampling.temperature = r.temperature;
     sampling.top_p = r.top_p;

@@ -300,3 +300,45 @@ fn inspect_shows_groups_counters_and_manifests() {
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no manifest for version 3"));
 }
+
+#[test]
+fn a_device_this_build_cannot_use_is_refused_at_start_with_a_clear_message() {
+    // This test binary is the CPU build (no `cuda` feature).
+    let dir = tempfile::tempdir().unwrap();
+    let config = learner_config(dir.path(), "");
+    for (how, args) in [("flag", ["--device", "cuda"]), ("flag", ["--device", "cuda:1"])] {
+        let out = echo_node()
+            .args(["run", "--config", config.to_str().unwrap()])
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{how} {args:?} started");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("model.device") && err.contains("without CUDA"),
+            "{how} {args:?}: {err}"
+        );
+    }
+    // In the config file too; a malformed device is a config error naming the key.
+    let config = learner_config(dir.path(), "[model]\ndevice = \"cuda\"\n");
+    let out = echo_node()
+        .args(["run", "--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("without CUDA"));
+    let config = learner_config(dir.path(), "[model]\ndevice = \"tpu\"\n");
+    let out = echo_node()
+        .args(["run", "--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("model.device"), "{err}");
+    // `auto` on this build runs on the CPU and says so.
+    let config = learner_config(dir.path(), "[model]\ndevice = \"auto\"\n");
+    let mut node = Node::start(&config);
+    let line = node.wait_for("model device", Duration::from_secs(60));
+    assert!(line.contains("kind=cpu"), "{line}");
+    assert!(node.terminate().success());
+}

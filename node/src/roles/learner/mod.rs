@@ -177,6 +177,7 @@ pub async fn start(
         snap_tx,
         view,
         cfg: state.config.learner.clone(),
+        snapshot_dtype: state.config.broadcast.dtype.dtype(),
         ckpt_dir: state.config.checkpoint_dir(),
         steps_log: state.config.data_dir.join("metrics").join("steps.jsonl"),
     };
@@ -205,13 +206,18 @@ fn restore_or_init(state: &NodeState) -> anyhow::Result<Trainer> {
     let ckpt = config.checkpoint_dir();
     let wanted = config.learner.trainer_config()?;
     let mut trainer = if ckpt.join("LATEST").exists() {
-        let t = Trainer::load(&ckpt, &policy::Device::Cpu)
+        let t = Trainer::load(&ckpt, &state.device)
             .with_context(|| format!("restoring the checkpoint in {}", ckpt.display()))?;
         tracing::info!(version = t.version(), dir = %ckpt.display(), "resumed from checkpoint");
         warn_ignored_settings(&wanted, t.config());
         t
     } else {
-        let (policy, tokenizer) = build_model(config)?;
+        let (policy, tokenizer) = build_model(config, &state.device)?;
+        // Gradients and AdamW's moments (and the KL reference) come on top of the weights
+        // just loaded; refuse now, with the numbers, rather than fail mid-run.
+        let weights = 4 * policy.config().num_params();
+        let need = policy::memory::learner_bytes(policy.config(), wanted.loss.kl_beta > 0.0);
+        super::check_memory("the learner", need.saturating_sub(weights), &state.device)?;
         if config.learner.warm_start_steps > 0 {
             let task = build_task(config)?;
             let t0 = Instant::now();

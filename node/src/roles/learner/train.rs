@@ -33,6 +33,8 @@ pub(super) struct TrainCtx {
     pub snap_tx: watch::Sender<Snapshot>,
     pub view: RoleView,
     pub cfg: LearnerConfig,
+    /// The dtype snapshots are shipped in (`broadcast.dtype`).
+    pub snapshot_dtype: policy::DType,
     pub ckpt_dir: PathBuf,
     pub steps_log: PathBuf,
 }
@@ -81,7 +83,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
     let mut log = open_log(&c.steps_log)?;
     let mut totals = Totals::default();
     let mut last: Option<(StepStats, f64)> = None;
-    publish(&c.trainer, &c.snap_tx)?;
+    publish(&c.trainer, c.snapshot_dtype, &c.snap_tx)?;
     while !c.shared.stop.load(Ordering::Relaxed) {
         if c.cfg.max_steps > 0 && c.trainer.version() >= c.cfg.max_steps {
             super::status::update(&c, &totals, last.as_ref(), true);
@@ -109,7 +111,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
         export_step_metrics(&st, &totals);
         let published = c.trainer.should_publish();
         if published {
-            publish(&c.trainer, &c.snap_tx)?;
+            publish(&c.trainer, c.snapshot_dtype, &c.snap_tx)?;
         }
         if st.version % c.cfg.checkpoint_every == 0 {
             c.trainer.save(&c.ckpt_dir).context("checkpoint")?;
@@ -213,11 +215,22 @@ fn open_log(path: &Path) -> anyhow::Result<std::fs::File> {
         .with_context(|| format!("opening {}", path.display()))
 }
 
-/// Hands the trainer's current weights to the publisher (replacing any not yet published).
-fn publish(trainer: &Trainer, tx: &watch::Sender<Snapshot>) -> anyhow::Result<()> {
-    let bytes = trainer
-        .snapshot_bytes()
-        .context("serialising the snapshot")?;
+/// Hands the trainer's current weights, in `dtype`, to the publisher (replacing any not yet
+/// published). The trainer itself stays in f32.
+fn publish(
+    trainer: &Trainer,
+    dtype: policy::DType,
+    tx: &watch::Sender<Snapshot>,
+) -> anyhow::Result<()> {
+    let bytes = if dtype == policy::DType::F32 {
+        trainer.snapshot_bytes()
+    } else {
+        trainer
+            .policy()
+            .to_safetensors_bytes_as(dtype)
+            .map_err(learner::LearnerError::from)
+    }
+    .context("serialising the snapshot")?;
     tx.send_replace(Some((trainer.version(), bytes::Bytes::from(bytes))));
     Ok(())
 }
