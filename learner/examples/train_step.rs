@@ -1,0 +1,162 @@
+//! One learner step (forward, backward, AdamW) of a model of a given shape on a given device,
+//! on synthetic groups: what `docs/gpu.md` reports as "a learner step" on a GPU host, and the
+//! same program on the CPU.
+//!
+//! ```text
+//! cargo run --release -p learner --example train_step -- \
+//!     [--device cpu|cuda|cuda:N] [--shape tiny|small|qwen3-0.6b] [--groups 4] [--group-size 8] \
+//!     [--prompt-len 32] [--response-len 64] [--steps 5] [--kl]
+//! # on a GPU host, with a binary built by scripts/build-cuda.sh's environment:
+//! cargo run --release -p learner --features cuda --example train_step -- --device cuda --shape qwen3-0.6b
+//! ```
+//!
+//! Random weights (nothing is downloaded), random prompt and response tokens, random rewards
+//! (so no group has all-equal rewards), sampler log-probs set to the learner's own at step 0's
+//! weights' scale (a constant: the ratio is not 1, which changes no cost). The learner keeps
+//! f32 master weights on the device. Prints one JSON line: median and every step's time, tokens
+//! per second (prompt + response tokens of the batch / step time).
+
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use learner::{Trainer, TrainerConfig};
+use policy::{Arch, Device, ModelConfig, Policy};
+use rand::{Rng, SeedableRng};
+use storage::{Sample, TrajectoryGroup};
+
+fn shape(name: &str) -> Result<ModelConfig> {
+    let tiny = ModelConfig::tiny();
+    Ok(match name {
+        "tiny" => tiny,
+        // A small Qwen3 shape that still trains on two CPU cores.
+        "small" => ModelConfig {
+            vocab_size: 4096,
+            hidden_size: 256,
+            intermediate_size: 768,
+            num_hidden_layers: 4,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            head_dim: 64,
+            max_position_embeddings: 1024,
+            ..tiny
+        },
+        // Qwen3-0.6B: hidden 1024, 28 layers, 16 heads, 8 KV heads, head_dim 128,
+        // intermediate 3072, vocab 151,936, tied embeddings.
+        "qwen3-0.6b" => ModelConfig {
+            arch: Arch::Qwen3,
+            vocab_size: 151_936,
+            hidden_size: 1024,
+            intermediate_size: 3072,
+            num_hidden_layers: 28,
+            num_attention_heads: 16,
+            num_key_value_heads: 8,
+            head_dim: 128,
+            max_position_embeddings: 40_960,
+            rope_theta: 1_000_000.0,
+            rms_norm_eps: 1e-6,
+            tie_word_embeddings: true,
+            attention_bias: false,
+        },
+        other => bail!("unknown --shape {other} (tiny, small, qwen3-0.6b)"),
+    })
+}
+
+fn device(name: &str) -> Result<Device> {
+    match name {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => Device::new_cuda(0).context("opening cuda:0 (built with --features cuda?)"),
+        s => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(n)) => Device::new_cuda(n).with_context(|| format!("opening cuda:{n}")),
+            _ => bail!("unknown --device {s} (cpu, cuda, cuda:N)"),
+        },
+    }
+}
+
+fn main() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let (mut dev, mut shape_name, mut groups, mut n) =
+        ("cpu".to_string(), "tiny".to_string(), 4, 8);
+    let (mut prompt_len, mut response_len, mut steps, mut kl) = (32usize, 64usize, 5usize, false);
+    while let Some(a) = args.next() {
+        let mut val = || args.next().with_context(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--device" => dev = val()?,
+            "--shape" => shape_name = val()?,
+            "--groups" => groups = val()?.parse()?,
+            "--group-size" => n = val()?.parse()?,
+            "--prompt-len" => prompt_len = val()?.parse()?,
+            "--response-len" => response_len = val()?.parse()?,
+            "--steps" => steps = val()?.parse()?,
+            "--kl" => kl = true,
+            other => bail!("unknown argument {other}"),
+        }
+    }
+    let cfg = shape(&shape_name)?;
+    let device = device(&dev)?;
+    anyhow::ensure!(
+        prompt_len + response_len <= cfg.max_position_embeddings,
+        "prompt + response longer than the model's context"
+    );
+    let policy = Policy::new_random(&cfg, 0, &device)?;
+    let mut tc = TrainerConfig {
+        groups_per_step: groups,
+        group_size: n,
+        temperature: 1.0,
+        ..TrainerConfig::default()
+    };
+    tc.loss.kl_beta = if kl { 0.05 } else { 0.0 };
+    let mut trainer = Trainer::new(policy, tc)?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let vocab = cfg.vocab_size as u32;
+    let mut times = Vec::new();
+    // Step 0 warms up (allocations, kernel loading); the rest are timed.
+    for step in 0..=steps {
+        let batch: Vec<TrajectoryGroup> = (0..groups)
+            .map(|_| TrajectoryGroup {
+                group_id: rng.gen(),
+                task_id: "synthetic".into(),
+                prompt_id: "p".into(),
+                version: trainer.version(),
+                producer: "bench".into(),
+                prompt_text: String::new(),
+                prompt_tokens: (0..prompt_len).map(|_| rng.gen_range(0..vocab)).collect(),
+                created_unix_ms: 0,
+                samples: (0..n)
+                    .map(|_| Sample {
+                        trajectory_id: rng.gen(),
+                        response_tokens: (0..response_len)
+                            .map(|_| rng.gen_range(0..vocab))
+                            .collect(),
+                        response_text: String::new(),
+                        reward: rng.gen_range(0.0..1.0),
+                        sampler_logprobs: vec![-(vocab as f32).ln(); response_len],
+                        loss_mask: vec![1; response_len],
+                        finished_unix_ms: 0,
+                    })
+                    .collect(),
+            })
+            .collect();
+        let t0 = Instant::now();
+        let st = trainer.train_step(&batch)?;
+        anyhow::ensure!(st.stepped, "the step did not train: {st:?}");
+        if step > 0 {
+            times.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    let mut sorted = times.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted[sorted.len() / 2];
+    let tokens = groups * n * (prompt_len + response_len);
+    println!(
+        "{}",
+        serde_json::json!({
+            "device": dev, "shape": shape_name, "params": cfg.num_params(),
+            "groups": groups, "group_size": n, "prompt_len": prompt_len,
+            "response_len": response_len, "kl": kl,
+            "step_ms_median": median * 1e3,
+            "step_ms": times.iter().map(|t| t * 1e3).collect::<Vec<_>>(),
+            "tokens_per_s": tokens as f64 / median,
+        })
+    );
+    Ok(())
+}
