@@ -76,6 +76,26 @@ impl ModelConfig {
         }
     }
 
+    /// The shape of Qwen3-0.6B (Hugging Face `Qwen/Qwen3-0.6B`, 596 M parameters with tied
+    /// embeddings): for memory planning and benchmarks with random weights.
+    pub fn qwen3_0_6b() -> Self {
+        ModelConfig {
+            arch: Arch::Qwen3,
+            vocab_size: 151_936,
+            hidden_size: 1024,
+            intermediate_size: 3072,
+            num_hidden_layers: 28,
+            num_attention_heads: 16,
+            num_key_value_heads: 8,
+            head_dim: 128,
+            max_position_embeddings: 40_960,
+            rope_theta: 1_000_000.0,
+            rms_norm_eps: 1e-6,
+            tie_word_embeddings: true,
+            attention_bias: false,
+        }
+    }
+
     /// Whether the attention block has `q_norm` / `k_norm` (Qwen3 only).
     pub fn qk_norm(&self) -> bool {
         self.arch == Arch::Qwen3

@@ -44,6 +44,12 @@ pub enum PolicyError {
     /// Tokenizer construction or encoding failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    /// The requested compute device is unknown, unsupported by this build, or cannot be opened.
+    #[error("device: {0}")]
+    Device(String),
+    /// The model (and its caches) would not fit in the device's free memory.
+    #[error("out of memory: {0}")]
+    DoesNotFit(String),
     /// Bad sampling parameters or inputs (empty prompt, prompt longer than the context, ...).
     #[error("sampling: {0}")]
     Sampling(String),

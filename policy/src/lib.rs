@@ -4,7 +4,9 @@
 //! candle-nn variables with Hugging Face weight names ([`model`]), its configuration and config
 //! hash ([`config`]), weights ⇄ safetensors snapshot payload ([`Policy`]), tokenizers
 //! ([`tokenizer`]), KV-cache sampling with log-probs ([`sampling`]), loading a local Hugging
-//! Face folder ([`hf`]) and the supervised warm-start helper ([`sft`]).
+//! Face folder ([`hf`]) and the supervised warm-start helper ([`sft`]); device selection
+//! ([`device`]), memory-fit arithmetic ([`memory`]) and the gradient-free generation path with
+//! fused kernels and half-precision weights ([`infer`]).
 //!
 //! Must not touch: networking, storage, rewards, or the RL loss — those live in `p2p`,
 //! `storage`, `tasks` and `learner`. Nothing here downloads anything.
@@ -12,8 +14,11 @@
 //! The CPU build is the default; `--features cuda` only forwards to candle's CUDA backend.
 
 pub mod config;
+pub mod device;
 pub mod error;
 pub mod hf;
+pub mod infer;
+pub mod memory;
 pub mod model;
 pub mod sampling;
 pub mod sft;
@@ -26,7 +31,9 @@ pub use candle_core;
 pub use candle_core::{DType, Device, Tensor, Var};
 pub use candle_nn;
 pub use config::{Arch, ModelConfig};
+pub use device::{DeviceChoice, DeviceInfo};
 pub use error::{PolicyError, Result};
+pub use infer::InferModel;
 pub use model::{KvCache, Qwen3};
 pub use sampling::{
     batch_response_logprobs, generate, response_logprobs, token_logprobs, Completion,

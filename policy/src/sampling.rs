@@ -47,7 +47,7 @@ impl SamplingParams {
         }
     }
 
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         if !self.temperature.is_finite() || self.temperature < 0.0 {
             return Err(PolicyError::Sampling(format!(
                 "temperature must be finite and >= 0, got {}",
@@ -78,12 +78,17 @@ pub struct Completion {
     pub stopped: bool,
 }
 
-/// Which decoding loop to use. Both give log-probs equal to a full-sequence forward.
+/// Which decoding loop to use. All give log-probs equal to a full-sequence forward in f32
+/// (the inference path in half precision: up to its rounding, see [`crate::infer`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum GenerationPath {
-    /// Prefill the prompt once, decode all `n` samples in one batch (rows that stop drop out).
+    /// The gradient-free inference path ([`crate::infer`]): fused kernels, in-place KV cache,
+    /// bf16 weights on CUDA. Batched like `Batched`.
     #[default]
+    Infer,
+    /// The training forward: prefill the prompt once, decode all `n` samples in one batch
+    /// (rows that stop drop out).
     Batched,
     /// Decode the `n` samples one after another with a batch-1 KV cache (shared prefill).
     Sequential,
@@ -98,6 +103,12 @@ pub fn generate(
     path: GenerationPath,
     rng: &mut impl Rng,
 ) -> Result<Vec<Completion>> {
+    if path == GenerationPath::Infer {
+        // Callers that generate repeatedly under one snapshot should build the `InferModel`
+        // once and call `infer::generate` (the rollout engine does).
+        let model = crate::infer::InferModel::from_policy(policy)?;
+        return crate::infer::generate(&model, prompt, n, params, rng);
+    }
     params.validate()?;
     if n == 0 {
         return Ok(Vec::new());
@@ -123,7 +134,7 @@ pub fn generate(
         .next()
         .ok_or_else(|| PolicyError::Sampling("no logits".into()))?;
     match path {
-        GenerationPath::Batched => {
+        GenerationPath::Batched | GenerationPath::Infer => {
             decode_batch(policy, prefill, vec![first; n], max_new, params, rng)
         }
         GenerationPath::Sequential => {
@@ -208,7 +219,11 @@ fn last_row(logits: &Tensor) -> Result<Vec<Vec<f32>>> {
 }
 
 /// Samples one token; returns it with its log-prob under `softmax(logits / T)`.
-fn sample_token(logits: &[f32], params: &SamplingParams, rng: &mut impl Rng) -> Result<(u32, f32)> {
+pub(crate) fn sample_token(
+    logits: &[f32],
+    params: &SamplingParams,
+    rng: &mut impl Rng,
+) -> Result<(u32, f32)> {
     if logits.iter().any(|x| x.is_nan()) {
         return Err(PolicyError::Sampling("NaN in logits".into()));
     }

@@ -547,3 +547,90 @@ fn batch_logprobs_match_single_and_carry_gradients() {
         assert!(grads.get(v.as_tensor()).is_some(), "{name}");
     }
 }
+
+#[test]
+fn bf16_snapshot_is_half_the_size_and_loads_rounded() {
+    use candle_core::DType;
+    let cfg = ModelConfig::tiny();
+    let p = Policy::new_random(&cfg, 21, &Device::Cpu).unwrap();
+    let f32_bytes = p.to_safetensors_bytes().unwrap();
+    assert_eq!(f32_bytes, p.to_safetensors_bytes_as(DType::F32).unwrap());
+    let bf16_bytes = p.to_safetensors_bytes_as(DType::BF16).unwrap();
+    // Deterministic.
+    assert_eq!(bf16_bytes, p.to_safetensors_bytes_as(DType::BF16).unwrap());
+    // Half the tensor bytes; the headers differ only in the dtype tags and offsets.
+    let data = 4 * cfg.num_params() as usize;
+    let f32_header = f32_bytes.len() - data;
+    let bf16_header = bf16_bytes.len() - data / 2;
+    assert!(
+        f32_header.abs_diff(bf16_header) < 4096,
+        "{f32_header} vs {bf16_header}"
+    );
+    assert!(f32_header < 16_384);
+    // Loads into an f32 model whose weights are the originals rounded to bf16.
+    let q = Policy::from_safetensors_bytes(&cfg, &bf16_bytes, &Device::Cpu).unwrap();
+    let theirs: HashMap<String, candle_core::Var> = q.named_vars().unwrap().into_iter().collect();
+    let mut changed = false;
+    for (name, var) in p.named_vars().unwrap() {
+        let got = theirs[&name].as_tensor();
+        assert_eq!(got.dtype(), DType::F32);
+        let want = var
+            .as_tensor()
+            .to_dtype(DType::BF16)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap();
+        let (g, w, o) = (
+            got.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            want.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            var.as_tensor()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap(),
+        );
+        assert_eq!(g, w, "{name}");
+        changed |= g != o;
+    }
+    assert!(changed, "bf16 rounding changed no weight at all");
+    // Loading in place also accepts bf16; f16 payloads load too.
+    p.load_safetensors_bytes(&bf16_bytes).unwrap();
+    assert_eq!(
+        p.to_safetensors_bytes().unwrap(),
+        q.to_safetensors_bytes().unwrap()
+    );
+    assert!(p.to_safetensors_bytes_as(DType::U8).is_err());
+}
+
+#[test]
+fn f16_payloads_load_and_other_dtypes_are_refused() {
+    use candle_core::DType;
+    let cfg = small(Arch::Qwen3, true);
+    let p = Policy::new_random(&cfg, 2, &Device::Cpu).unwrap();
+    let mut f16 = Vec::new();
+    let mut ints = Vec::new();
+    for (name, var) in p.named_vars().unwrap() {
+        let t = var.as_tensor().flatten_all().unwrap();
+        let h: Vec<u8> = t
+            .to_dtype(DType::F16)
+            .unwrap()
+            .to_vec1::<half::f16>()
+            .unwrap()
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        f16.push((name.clone(), var.dims().to_vec(), h));
+        ints.push((name, var.dims().to_vec(), vec![0u8; t.elem_count()]));
+    }
+    let bytes = crate::weights::write_safetensors(&f16, "F16", &cfg.hash_hex()).unwrap();
+    let q = Policy::from_safetensors_bytes(&cfg, &bytes, &Device::Cpu).unwrap();
+    let (a, b) = (
+        p.named_vars().unwrap()[0].1.as_tensor().clone(),
+        q.named_vars().unwrap()[0].1.as_tensor().clone(),
+    );
+    let diff = (a - b).unwrap().abs().unwrap().max_all().unwrap();
+    assert!(diff.to_scalar::<f32>().unwrap() < 1e-3);
+    let bytes = crate::weights::write_safetensors(&ints, "U8", &cfg.hash_hex()).unwrap();
+    let e = Policy::from_safetensors_bytes(&cfg, &bytes, &Device::Cpu).unwrap_err();
+    assert!(e.to_string().contains("F32, BF16 or F16"), "{e}");
+}

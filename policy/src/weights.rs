@@ -111,8 +111,10 @@ impl Policy {
         })
     }
 
-    /// Decodes a snapshot payload made by [`Policy::to_safetensors_bytes`]. The payload's
-    /// recorded config hash must equal `cfg.hash()` ([`PolicyError::ConfigMismatch`] otherwise).
+    /// Decodes a snapshot payload made by [`Policy::to_safetensors_bytes`] (or `_as`). The
+    /// payload's recorded config hash must equal `cfg.hash()` ([`PolicyError::ConfigMismatch`]
+    /// otherwise). F32, BF16 and F16 tensors are accepted and converted to f32 on `device`;
+    /// any other element type is refused.
     pub fn from_safetensors_bytes(
         cfg: &ModelConfig,
         bytes: &[u8],
@@ -126,8 +128,19 @@ impl Policy {
                 found: found.unwrap_or_else(|| "<none>".into()),
             });
         }
-        let tensors = candle_core::safetensors::load_buffer(bytes, device)
+        // Decoded on the host in the stored dtype, then moved and converted once on `device`.
+        let host = candle_core::safetensors::load_buffer(bytes, &Device::Cpu)
             .map_err(|e| PolicyError::SafeTensors(e.to_string()))?;
+        let mut tensors = HashMap::with_capacity(host.len());
+        for (name, t) in host {
+            if !matches!(t.dtype(), DType::F32 | DType::BF16 | DType::F16) {
+                return Err(PolicyError::Weights(format!(
+                    "tensor {name} is {:?}; snapshots hold F32, BF16 or F16",
+                    t.dtype()
+                )));
+            }
+            tensors.insert(name, t.to_device(device)?);
+        }
         Self::from_tensors(cfg, tensors, device)
     }
 
@@ -135,13 +148,44 @@ impl Policy {
     /// sorted names and metadata `{format: pt, [`META_CONFIG_HASH`]: hex}`. Deterministic: the same
     /// weights always give the same bytes.
     pub fn to_safetensors_bytes(&self) -> Result<Vec<u8>> {
+        self.to_safetensors_bytes_as(DType::F32)
+    }
+
+    /// The snapshot payload with every tensor stored as `dtype`: `F32`, or `BF16` (half the
+    /// bytes; each weight rounded to nearest-even bf16). The learner keeps f32 weights and may
+    /// ship bf16 snapshots; loading ([`Policy::from_safetensors_bytes`]) accepts F32, BF16 and
+    /// F16 and converts to the model's f32. Deterministic like [`Self::to_safetensors_bytes`].
+    pub fn to_safetensors_bytes_as(&self, dtype: DType) -> Result<Vec<u8>> {
+        let tag = match dtype {
+            DType::F32 => "F32",
+            DType::BF16 => "BF16",
+            other => {
+                return Err(PolicyError::Weights(format!(
+                    "snapshots are stored as f32 or bf16, not {other:?}"
+                )))
+            }
+        };
         let vars = self.named_vars()?;
         let mut named = Vec::with_capacity(vars.len());
         for (name, var) in vars {
-            let data = var.as_tensor().flatten_all()?.to_vec1::<f32>()?;
+            let flat = var.as_tensor().flatten_all()?;
+            let data: Vec<u8> = match dtype {
+                DType::BF16 => flat
+                    .to_dtype(DType::BF16)?
+                    .to_vec1::<half::bf16>()?
+                    .iter()
+                    .flat_map(|x| x.to_le_bytes())
+                    .collect(),
+                _ => flat
+                    .to_dtype(DType::F32)?
+                    .to_vec1::<f32>()?
+                    .iter()
+                    .flat_map(|x| x.to_le_bytes())
+                    .collect(),
+            };
             named.push((name, var.dims().to_vec(), data));
         }
-        write_safetensors(&named, &self.cfg.hash_hex())
+        write_safetensors(&named, tag, &self.cfg.hash_hex())
     }
 
     /// Overwrites this policy's variables in place from a snapshot payload (same config).
@@ -215,9 +259,11 @@ pub fn snapshot_config_hash(bytes: &[u8]) -> Result<Option<String>> {
         .and_then(|m| m.get(META_CONFIG_HASH).cloned()))
 }
 
-/// Serialises f32 tensors as a safetensors file with a deterministic header (BTreeMap order).
-fn write_safetensors(
-    tensors: &[(String, Vec<usize>, Vec<f32>)],
+/// Serialises tensors (raw little-endian bytes of element type `dtype_tag`, e.g. `"F32"`) as a
+/// safetensors file with a deterministic header (BTreeMap order).
+pub(crate) fn write_safetensors(
+    tensors: &[(String, Vec<usize>, Vec<u8>)],
+    dtype_tag: &str,
     config_hash: &str,
 ) -> Result<Vec<u8>> {
     let mut header = BTreeMap::new();
@@ -230,13 +276,13 @@ fn write_safetensors(
         serde_json::to_value(&meta).map_err(|e| PolicyError::SafeTensors(e.to_string()))?,
     );
     let mut offset = 0usize;
-    let mut sorted: Vec<&(String, Vec<usize>, Vec<f32>)> = tensors.iter().collect();
+    let mut sorted: Vec<&(String, Vec<usize>, Vec<u8>)> = tensors.iter().collect();
     sorted.sort_by(|a, b| a.0.cmp(&b.0));
     for (name, shape, data) in &sorted {
-        let len = data.len() * 4;
+        let len = data.len();
         header.insert(
             name.clone(),
-            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + len]}),
+            serde_json::json!({"dtype": dtype_tag, "shape": shape, "data_offsets": [offset, offset + len]}),
         );
         offset += len;
     }
@@ -248,9 +294,7 @@ fn write_safetensors(
     out.extend_from_slice(&(h.len() as u64).to_le_bytes());
     out.extend_from_slice(&h);
     for (_, _, data) in sorted {
-        for x in data {
-            out.extend_from_slice(&x.to_le_bytes());
-        }
+        out.extend_from_slice(data);
     }
     Ok(out)
 }

@@ -1,0 +1,527 @@
+//! The gradient-free generation path: the policy's weights run with candle's fused kernels
+//! (`rms_norm`, `softmax_last_dim`, `rope`), fused q/k/v and gate/up projections, grouped-query
+//! attention without materialising repeated keys, a preallocated KV cache written in place,
+//! and half-precision weights on CUDA.
+//!
+//! Owns: [`InferModel`] (a read-only copy/view of a [`Policy`]'s weights in one dtype), its
+//! cache, and [`generate`] (prefill once, decode `n` rows in lockstep, rows that stop drop out).
+//!
+//! Must not touch: the training forward (`crate::model`), which stays the reference the
+//! learner differentiates. Sampled log-probs follow the convention of [`crate::sampling`]; in
+//! f32 they equal the training forward's to ~1e-6 (tested to 1e-4); in bf16/f16 they differ by
+//! the rounding of the weights and activations (`examples/gen_bench.rs` measures the spread).
+//!
+//! Build an [`InferModel`] once per installed snapshot: on the CPU in f32 it shares the
+//! policy's storage except for the fused projections (copied once); in half precision it is
+//! a converted copy.
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Device, Tensor, D};
+use candle_nn::ops::{rms_norm, softmax_last_dim};
+use candle_nn::rotary_emb::rope;
+use rand::Rng;
+
+use crate::config::ModelConfig;
+use crate::error::{PolicyError, Result};
+use crate::sampling::{sample_token, Completion, SamplingParams};
+use crate::weights::Policy;
+
+/// The dtype the inference path uses by default on `device`: bf16 on CUDA (tensor cores, half
+/// the memory traffic of decoding), f32 on the CPU (no fast half-precision matmul there, and
+/// exact agreement with the learner).
+pub fn default_dtype(device: &Device) -> DType {
+    if device.is_cuda() {
+        DType::BF16
+    } else {
+        DType::F32
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Layer {
+    ln1: Tensor,
+    /// `[q + 2·kv, hidden]`: q_proj, k_proj and v_proj stacked (one matmul per step).
+    qkv: Tensor,
+    qkv_bias: Option<Tensor>,
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
+    o: Tensor,
+    ln2: Tensor,
+    /// `[2·intermediate, hidden]`: gate_proj and up_proj stacked.
+    gate_up: Tensor,
+    down: Tensor,
+}
+
+/// A policy's weights prepared for generation (no gradients) in one dtype on one device.
+#[derive(Debug, Clone)]
+pub struct InferModel {
+    cfg: ModelConfig,
+    dtype: DType,
+    device: Device,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    lm_head: Tensor,
+    /// `[max_position_embeddings, head_dim / 2]` RoPE tables (rotate-half layout).
+    cos: Tensor,
+    sin: Tensor,
+}
+
+/// Preallocated keys/values per layer, `[b, kv_heads, capacity, head_dim]`, filled up to `len`.
+#[derive(Debug, Clone)]
+pub struct InferCache {
+    layers: Vec<(Tensor, Tensor)>,
+    len: usize,
+    capacity: usize,
+}
+
+impl InferCache {
+    /// Positions already cached.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Rows (sequences) in the cache.
+    pub fn batch(&self) -> Result<usize> {
+        match self.layers.first() {
+            Some((k, _)) => Ok(k.dim(0)?),
+            None => Ok(0),
+        }
+    }
+
+    /// Repeats a batch-1 cache `n` times (prefill the prompt once, decode `n` samples).
+    pub fn repeat_batch(&mut self, n: usize) -> Result<()> {
+        for (k, v) in &mut self.layers {
+            if k.dim(0)? != 1 {
+                return Err(PolicyError::Sampling(
+                    "repeat_batch needs a batch-1 cache".into(),
+                ));
+            }
+            *k = k.repeat((n, 1, 1, 1))?;
+            *v = v.repeat((n, 1, 1, 1))?;
+        }
+        Ok(())
+    }
+
+    /// Keeps only the given rows, in that order.
+    pub fn select_rows(&mut self, rows: &[u32]) -> Result<()> {
+        if rows.is_empty() {
+            return Err(PolicyError::Sampling("select_rows with no rows".into()));
+        }
+        for (k, v) in &mut self.layers {
+            let idx = Tensor::new(rows, k.device())?;
+            *k = k.index_select(&idx, 0)?;
+            *v = v.index_select(&idx, 0)?;
+        }
+        Ok(())
+    }
+
+    /// Writes `k`, `v` (`[b, kv, t, d]`) of layer `i` at `len` and returns the filled prefix.
+    fn append(&mut self, i: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let t = k.dim(2)?;
+        if self.len + t > self.capacity {
+            return Err(PolicyError::Sampling(format!(
+                "KV cache capacity {} exceeded",
+                self.capacity
+            )));
+        }
+        let (kb, vb) = &self.layers[i];
+        kb.slice_set(k, 2, self.len)?;
+        vb.slice_set(v, 2, self.len)?;
+        Ok((
+            kb.narrow(2, 0, self.len + t)?,
+            vb.narrow(2, 0, self.len + t)?,
+        ))
+    }
+}
+
+impl InferModel {
+    /// Prepares `policy`'s current weights in [`default_dtype`] for its device.
+    pub fn from_policy(policy: &Policy) -> Result<Self> {
+        Self::new(policy, default_dtype(policy.device()))
+    }
+
+    /// Prepares `policy`'s current weights in `dtype` (F32, BF16 or F16; BF16 on CUDA only) on
+    /// the policy's device.
+    /// Later changes to the policy's variables are not guaranteed to be seen: build a new one
+    /// per snapshot.
+    pub fn new(policy: &Policy, dtype: DType) -> Result<Self> {
+        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
+            return Err(PolicyError::Weights(format!(
+                "the inference path runs in f32, bf16 or f16, not {dtype:?}"
+            )));
+        }
+        let cfg = policy.config().clone();
+        let device = policy.device().clone();
+        if dtype == DType::BF16 && device.is_cpu() {
+            // candle 0.9's CPU backend has no bf16 matmul.
+            return Err(PolicyError::Weights(
+                "bf16 inference needs a CUDA device (the CPU backend has no bf16 matmul); use \
+                 f32 or f16 on the CPU"
+                    .into(),
+            ));
+        }
+        let vars: HashMap<String, Tensor> = policy
+            .named_vars()?
+            .into_iter()
+            .map(|(n, v)| (n, v.as_tensor().clone()))
+            .collect();
+        let get = |name: &str| -> Result<Tensor> {
+            let t = vars
+                .get(name)
+                .ok_or_else(|| PolicyError::Weights(format!("missing tensor {name}")))?;
+            Ok(t.detach().to_dtype(dtype)?)
+        };
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for i in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let a = format!("{p}.self_attn");
+            let qkv = Tensor::cat(
+                &[
+                    get(&format!("{a}.q_proj.weight"))?,
+                    get(&format!("{a}.k_proj.weight"))?,
+                    get(&format!("{a}.v_proj.weight"))?,
+                ],
+                0,
+            )?;
+            let qkv_bias = if cfg.attention_bias {
+                Some(Tensor::cat(
+                    &[
+                        get(&format!("{a}.q_proj.bias"))?,
+                        get(&format!("{a}.k_proj.bias"))?,
+                        get(&format!("{a}.v_proj.bias"))?,
+                    ],
+                    0,
+                )?)
+            } else {
+                None
+            };
+            let (q_norm, k_norm) = if cfg.qk_norm() {
+                (
+                    Some(get(&format!("{a}.q_norm.weight"))?),
+                    Some(get(&format!("{a}.k_norm.weight"))?),
+                )
+            } else {
+                (None, None)
+            };
+            layers.push(Layer {
+                ln1: get(&format!("{p}.input_layernorm.weight"))?,
+                qkv,
+                qkv_bias,
+                q_norm,
+                k_norm,
+                o: get(&format!("{a}.o_proj.weight"))?,
+                ln2: get(&format!("{p}.post_attention_layernorm.weight"))?,
+                gate_up: Tensor::cat(
+                    &[
+                        get(&format!("{p}.mlp.gate_proj.weight"))?,
+                        get(&format!("{p}.mlp.up_proj.weight"))?,
+                    ],
+                    0,
+                )?,
+                down: get(&format!("{p}.mlp.down_proj.weight"))?,
+            });
+        }
+        let embed = get("model.embed_tokens.weight")?;
+        let lm_head = if cfg.tie_word_embeddings {
+            embed.clone()
+        } else {
+            get("lm_head.weight")?
+        };
+        let (cos, sin) = rope_tables(&cfg, &device, dtype)?;
+        Ok(InferModel {
+            norm: get("model.norm.weight")?,
+            cfg,
+            dtype,
+            device,
+            embed,
+            layers,
+            lm_head,
+            cos,
+            sin,
+        })
+    }
+
+    /// The model configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// The dtype of weights and activations.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// An empty cache for `batch` rows of up to `capacity` positions.
+    pub fn new_cache(&self, batch: usize, capacity: usize) -> Result<InferCache> {
+        let capacity = capacity.min(self.cfg.max_position_embeddings);
+        let shape = (
+            batch,
+            self.cfg.num_key_value_heads,
+            capacity,
+            self.cfg.head_dim,
+        );
+        let layers = (0..self.cfg.num_hidden_layers)
+            .map(|_| {
+                Ok((
+                    Tensor::zeros(shape, self.dtype, &self.device)?,
+                    Tensor::zeros(shape, self.dtype, &self.device)?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(InferCache {
+            layers,
+            len: 0,
+            capacity,
+        })
+    }
+
+    /// Appends `ids` (`[b, t]`, u32) after the cached positions and returns the f32 logits of
+    /// the last new position of every row, `[b, vocab]`.
+    pub fn forward_last(&self, ids: &Tensor, cache: &mut InferCache) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        let pos = cache.len;
+        if t == 0 {
+            return Err(PolicyError::Sampling("empty input".into()));
+        }
+        if cache.layers.len() != self.layers.len() {
+            return Err(PolicyError::Sampling(format!(
+                "cache has {} layers, model has {}",
+                cache.layers.len(),
+                self.layers.len()
+            )));
+        }
+        if pos + t > self.cfg.max_position_embeddings {
+            return Err(PolicyError::Sampling(format!(
+                "sequence of {} tokens exceeds max_position_embeddings {}",
+                pos + t,
+                self.cfg.max_position_embeddings
+            )));
+        }
+        let max_id = ids.max_all()?.to_dtype(DType::U32)?.to_scalar::<u32>()?;
+        if max_id as usize >= self.cfg.vocab_size {
+            return Err(PolicyError::Sampling(format!(
+                "token id {max_id} is outside the vocabulary ({})",
+                self.cfg.vocab_size
+            )));
+        }
+        let cfg = &self.cfg;
+        let eps = cfg.rms_norm_eps as f32;
+        let (nh, nkv, hd) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        let rep = nh / nkv;
+        let (qd, kvd, inter) = (nh * hd, nkv * hd, cfg.intermediate_size);
+        let cos = self.cos.narrow(0, pos, t)?;
+        let sin = self.sin.narrow(0, pos, t)?;
+        let s = pos + t;
+        // Causal mask for the new rows against all cached + new columns (prefill only).
+        let mask = if t > 1 {
+            let m: Vec<f32> = (0..t)
+                .flat_map(|i| {
+                    (0..s).map(move |j| if j > i + pos { f32::NEG_INFINITY } else { 0.0 })
+                })
+                .collect();
+            Some(Tensor::from_vec(m, (t, s), &self.device)?.to_dtype(self.dtype)?)
+        } else {
+            None
+        };
+        let scale = 1.0 / (hd as f64).sqrt();
+        let mut x = self.embed.index_select(&ids.flatten_all()?, 0)?; // [b·t, h]
+        for (i, l) in self.layers.iter().enumerate() {
+            let h = rms_norm(&x, &l.ln1, eps)?;
+            let mut qkv = h.matmul(&l.qkv.t()?)?;
+            if let Some(bias) = &l.qkv_bias {
+                qkv = qkv.broadcast_add(bias)?;
+            }
+            let q = qkv.narrow(1, 0, qd)?.reshape((b, t, nh, hd))?;
+            let k = qkv.narrow(1, qd, kvd)?.reshape((b, t, nkv, hd))?;
+            let v = qkv.narrow(1, qd + kvd, kvd)?.reshape((b, t, nkv, hd))?;
+            let q = match &l.q_norm {
+                Some(w) => rms_norm(&q, w, eps)?,
+                None => q,
+            };
+            let k = match &l.k_norm {
+                Some(w) => rms_norm(&k, w, eps)?,
+                None => k,
+            };
+            let q = rope(&q.transpose(1, 2)?.contiguous()?, &cos, &sin)?; // [b, nh, t, hd]
+            let k = rope(&k.transpose(1, 2)?.contiguous()?, &cos, &sin)?; // [b, nkv, t, hd]
+            let v = v.transpose(1, 2)?.contiguous()?;
+            let (k, v) = cache.append(i, &k, &v)?; // [b, nkv, s, hd]
+                                                   // Grouped-query attention without repeating keys: query head `g·rep + r` reads
+                                                   // kv head `g` (the Hugging Face order), so [b, nh, t, hd] regroups as
+                                                   // [b, nkv, rep·t, hd] against [b, nkv, s, hd].
+            let q = q.reshape((b, nkv, rep * t, hd))?;
+            let scores = (q.matmul(&k.t()?)? * scale)?; // [b, nkv, rep·t, s]
+            let scores = match &mask {
+                Some(m) => scores
+                    .reshape((b, nkv, rep, t, s))?
+                    .broadcast_add(m)?
+                    .reshape((b, nkv, rep * t, s))?,
+                None => scores,
+            };
+            let probs = softmax_last_dim(&scores)?;
+            let y = probs
+                .matmul(&v)? // [b, nkv, rep·t, hd]
+                .reshape((b, nh, t, hd))?
+                .transpose(1, 2)?
+                .reshape((b * t, qd))?;
+            x = (x + y.matmul(&l.o.t()?)?)?;
+            let h = rms_norm(&x, &l.ln2, eps)?;
+            let gu = h.matmul(&l.gate_up.t()?)?;
+            let act = (gu.narrow(1, 0, inter)?.silu()? * gu.narrow(1, inter, inter)?)?;
+            x = (x + act.matmul(&l.down.t()?)?)?;
+        }
+        cache.len += t;
+        let last = if t > 1 {
+            x.reshape((b, t, cfg.hidden_size))?
+                .narrow(1, t - 1, 1)?
+                .reshape((b, cfg.hidden_size))?
+        } else {
+            x
+        };
+        let last = rms_norm(&last, &self.norm, eps)?;
+        Ok(last.matmul(&self.lm_head.t()?)?.to_dtype(DType::F32)?)
+    }
+}
+
+/// RoPE cos/sin tables `[max_positions, head_dim / 2]`, computed in f32 exactly as the
+/// training forward computes them, then cast to `dtype`.
+fn rope_tables(cfg: &ModelConfig, device: &Device, dtype: DType) -> Result<(Tensor, Tensor)> {
+    let half = cfg.head_dim / 2;
+    let n = cfg.max_position_embeddings;
+    let inv_freq: Vec<f32> = (0..half)
+        .map(|i| 1.0 / (cfg.rope_theta as f32).powf((2 * i) as f32 / cfg.head_dim as f32))
+        .collect();
+    let mut cos = Vec::with_capacity(n * half);
+    let mut sin = Vec::with_capacity(n * half);
+    for p in 0..n {
+        for f in &inv_freq {
+            let a = p as f32 * f;
+            cos.push(a.cos());
+            sin.push(a.sin());
+        }
+    }
+    Ok((
+        Tensor::from_vec(cos, (n, half), device)?.to_dtype(dtype)?,
+        Tensor::from_vec(sin, (n, half), device)?.to_dtype(dtype)?,
+    ))
+}
+
+/// Generates `n` completions of `prompt`: one batch-1 prefill, then `n` rows decoded in
+/// lockstep; rows that emit a stop token leave the batch. Same sampling rules, RNG draws and
+/// log-prob convention as [`crate::sampling::generate`].
+pub fn generate(
+    model: &InferModel,
+    prompt: &[u32],
+    n: usize,
+    params: &SamplingParams,
+    rng: &mut impl Rng,
+) -> Result<Vec<Completion>> {
+    params.validate()?;
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    if prompt.is_empty() {
+        return Err(PolicyError::Sampling("empty prompt".into()));
+    }
+    let ctx = model.cfg.max_position_embeddings;
+    if prompt.len() >= ctx {
+        return Err(PolicyError::Sampling(format!(
+            "prompt of {} tokens leaves no room in a context of {ctx}",
+            prompt.len()
+        )));
+    }
+    let max_new = params.max_new_tokens.min(ctx - prompt.len());
+    // The last sampled token is never fed back, so the cache needs prompt + max_new - 1.
+    let mut cache = model.new_cache(1, prompt.len() + max_new)?;
+    let ids = Tensor::new(prompt, &model.device)?.unsqueeze(0)?;
+    let first = model.forward_last(&ids, &mut cache)?.to_vec2::<f32>()?;
+    cache.repeat_batch(n)?;
+    let mut logits: Vec<Vec<f32>> = vec![first[0].clone(); n];
+    let mut rows: Vec<Completion> = (0..n)
+        .map(|_| Completion {
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            stopped: false,
+        })
+        .collect();
+    let mut active: Vec<usize> = (0..n).collect();
+    for step in 0..max_new {
+        for (j, &r) in active.iter().enumerate() {
+            let (tok, lp) = sample_token(&logits[j], params, rng)?;
+            rows[r].tokens.push(tok);
+            rows[r].logprobs.push(lp);
+            if params.stop_tokens.contains(&tok) {
+                rows[r].stopped = true;
+            }
+        }
+        if step + 1 == max_new {
+            break;
+        }
+        let keep: Vec<u32> = (0..active.len())
+            .filter(|&j| !rows[active[j]].stopped)
+            .map(|j| j as u32)
+            .collect();
+        if keep.is_empty() {
+            break;
+        }
+        if keep.len() < active.len() {
+            cache.select_rows(&keep)?;
+            active = keep.iter().map(|&j| active[j as usize]).collect();
+        }
+        let last: Vec<u32> = active
+            .iter()
+            .map(|&r| rows[r].tokens.last().copied().unwrap_or(0))
+            .collect();
+        let ids = Tensor::new(last.as_slice(), &model.device)?.unsqueeze(1)?;
+        logits = model.forward_last(&ids, &mut cache)?.to_vec2::<f32>()?;
+    }
+    Ok(rows)
+}
+
+/// Log-probs of `response` given `prompt` on the inference path (one prefill over the whole
+/// sequence, logits of every response position): for comparing dtypes against the learner's
+/// [`crate::sampling::response_logprobs`].
+pub fn response_logprobs(
+    model: &InferModel,
+    prompt: &[u32],
+    response: &[u32],
+    temperature: f32,
+) -> Result<Vec<f32>> {
+    if prompt.is_empty() || response.is_empty() {
+        return Err(PolicyError::Sampling("empty prompt or response".into()));
+    }
+    let mut cache = model.new_cache(1, prompt.len() + response.len())?;
+    let ids = Tensor::new(prompt, &model.device)?.unsqueeze(0)?;
+    let mut logits = model.forward_last(&ids, &mut cache)?;
+    let mut out = Vec::with_capacity(response.len());
+    for (j, &tok) in response.iter().enumerate() {
+        let scaled = (logits.squeeze(0)? / f64::from(temperature))?;
+        let lsm = candle_nn::ops::log_softmax(&scaled, D::Minus1)?;
+        out.push(lsm.get(tok as usize)?.to_scalar::<f32>()?);
+        if j + 1 < response.len() {
+            let ids = Tensor::new(&[tok], &model.device)?.unsqueeze(0)?;
+            logits = model.forward_last(&ids, &mut cache)?;
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+#[path = "infer_tests.rs"]
+mod tests;
