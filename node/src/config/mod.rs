@@ -184,6 +184,7 @@ impl Default for ModelConfig {
             source: "embedded".into(),
             seed: 0,
             device: policy::DeviceChoice::Auto,
+        }
     }
 }
 
