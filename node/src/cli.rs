@@ -38,6 +38,9 @@ pub enum Command {
     /// The one-command local swarm: a learner and N rollout nodes on 127.0.0.1 train the
     /// embedded model on the embedded task; prints progress and a summary.
     Demo(DemoArgs),
+    /// Preflight before joining a swarm: config, key, data dir, clock, ports, bootstrap peers,
+    /// reachability — one line each (ok / warn / fail) with a fix; non-zero exit on any fail.
+    Doctor(DoctorArgs),
     /// Write a learner checkpoint as a Hugging Face folder (config.json, model.safetensors,
     /// tokenizer.json when the model is the embedded one).
     Export(ExportArgs),
@@ -85,6 +88,19 @@ pub struct DemoArgs {
     /// The dtype snapshots are shipped in (`broadcast.dtype`): f32 or bf16.
     #[arg(long, value_enum, default_value_t = SnapshotDtype::F32)]
     pub snapshot_dtype: SnapshotDtype,
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// The node's config.
+    #[arg(long, short, default_value = "node.toml")]
+    pub config: PathBuf,
+    /// Print `{"checks": [{"name", "status", "detail", "hint"}]}` instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// How long to wait for the bootstrap peers and for AutoNAT (seconds).
+    #[arg(long, default_value_t = 10)]
+    pub timeout_s: u64,
 }
 
 #[derive(Debug, Args)]

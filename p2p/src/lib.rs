@@ -37,7 +37,7 @@ pub use config::NetworkConfig;
 pub use error::{MessageError, P2pError, RoleError, TopicError};
 pub use libp2p::gossipsub::MessageId;
 pub use libp2p::metrics::Registry;
-pub use libp2p::{Multiaddr, PeerId, Stream, StreamProtocol};
+pub use libp2p::{multiaddr, Multiaddr, PeerId, Stream, StreamProtocol};
 pub use messages::{DeviceReport, Heartbeat, LocalStatus, ScoreEntry, ScoreTable};
 pub use ratelimit::TokenBucket;
 pub use role::Role;

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 mod demo;
+mod doctor;
 mod export;
 mod inspect;
 mod keygen;
@@ -16,6 +17,7 @@ pub fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Inspect(args) => inspect::inspect(args),
         Command::Status(args) => status::status(&args),
         Command::Demo(args) => demo::demo(&args),
+        Command::Doctor(args) => doctor::doctor(&args),
         Command::Export(args) => export::export(&args),
     }
 }

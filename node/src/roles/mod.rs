@@ -79,7 +79,10 @@ pub fn build_model(
 pub fn check_memory(what: &str, need: u64, device: &policy::Device) -> anyhow::Result<()> {
     let free = policy::device::describe(device).memory_free_bytes;
     if free == 0 {
-        tracing::warn!(what, "free device memory unknown: the memory check is skipped");
+        tracing::warn!(
+            what,
+            "free device memory unknown: the memory check is skipped"
+        );
         return Ok(());
     }
     policy::memory::check_fit(what, need, free)?;

@@ -306,10 +306,13 @@ fn a_device_this_build_cannot_use_is_refused_at_start_with_a_clear_message() {
     // This test binary is the CPU build (no `cuda` feature).
     let dir = tempfile::tempdir().unwrap();
     let config = learner_config(dir.path(), "");
-    for (how, args) in [("flag", ["--device", "cuda"]), ("flag", ["--device", "cuda:1"])] {
+    for (how, args) in [
+        ("flag", ["--device", "cuda"]),
+        ("flag", ["--device", "cuda:1"]),
+    ] {
         let out = echo_node()
             .args(["run", "--config", config.to_str().unwrap()])
-            .args(&args)
+            .args(args)
             .output()
             .unwrap();
         assert!(!out.status.success(), "{how} {args:?} started");
@@ -340,5 +343,192 @@ fn a_device_this_build_cannot_use_is_refused_at_start_with_a_clear_message() {
     let mut node = Node::start(&config);
     let line = node.wait_for("model device", Duration::from_secs(60));
     assert!(line.contains("kind=cpu"), "{line}");
+    // The role is up (and with it the SIGTERM handler): a clean stop.
+    node.wait_for("learner window", Duration::from_secs(60));
     assert!(node.terminate().success());
+}
+
+/// `echo-node doctor --json --config C ARGS…`: (exit success, check name → (status, hint)).
+fn doctor(config: &Path, args: &[&str]) -> (bool, Vec<(String, String, String)>) {
+    let out = echo_node()
+        .args(["doctor", "--json", "--timeout-s", "3", "--config"])
+        .arg(config)
+        .args(args)
+        .output()
+        .unwrap();
+    let v = json(&out);
+    let checks = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let s = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+            (s("name"), s("status"), s("hint"))
+        })
+        .collect();
+    (out.status.success(), checks)
+}
+
+fn find<'a>(
+    checks: &'a [(String, String, String)],
+    name: &str,
+    status: &str,
+) -> &'a (String, String, String) {
+    checks
+        .iter()
+        .find(|c| c.0 == name && c.1 == status)
+        .unwrap_or_else(|| panic!("no {status} check {name} in {checks:?}"))
+}
+
+#[test]
+fn doctor_passes_a_good_config_and_names_every_failure_with_its_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    // A good learner config with its key: every check ok or warn, exit 0.
+    let good = learner_config(dir.path(), "");
+    run_ok(&["keygen", "--out", dir.path().join("data").to_str().unwrap()]);
+    let (ok, checks) = doctor(&good, &[]);
+    assert!(ok, "{checks:?}");
+    for name in [
+        "config",
+        "key",
+        "data_dir",
+        "clock",
+        "listen",
+        "admin",
+        "bootstrap",
+        "reachability",
+    ] {
+        assert!(
+            checks.iter().any(|c| c.0 == name),
+            "{name} missing: {checks:?}"
+        );
+    }
+    assert!(checks.iter().all(|c| c.1 != "fail"), "{checks:?}");
+    find(&checks, "key", "ok");
+
+    // A world-readable key.
+    let key = dir.path().join("data").join("node.key");
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let (ok, checks) = doctor(&good, &[]);
+    assert!(!ok);
+    assert!(
+        find(&checks, "key", "fail").2.contains("chmod 600"),
+        "{checks:?}"
+    );
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+
+    // An invalid config: only that is reported.
+    let bad_dir = dir.path().join("bad");
+    std::fs::create_dir_all(&bad_dir).unwrap();
+    let bad = learner_config(&bad_dir, "[storage]\nkeep_snapshots = 0\n");
+    let (ok, checks) = doctor(&bad, &[]);
+    assert!(!ok);
+    assert_eq!(checks.len(), 1, "{checks:?}");
+    assert!(
+        find(&checks, "config", "fail").2.contains("fix the keys"),
+        "{checks:?}"
+    );
+
+    // A data dir that cannot be created (below a regular file).
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let cfg = dir.path().join("nodir.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "role = \"learner\"\nswarm_id = \"cli-test\"\ndata_dir = \"{}\"\n\
+             [network]\nlisten = [\"/ip4/127.0.0.1/tcp/0\"]\nadmin = \"127.0.0.1:0\"\n",
+            file.join("sub").display()
+        ),
+    )
+    .unwrap();
+    let (ok, checks) = doctor(&cfg, &[]);
+    assert!(!ok);
+    assert!(
+        find(&checks, "data_dir", "fail").2.contains("write access"),
+        "{checks:?}"
+    );
+
+    // A device this (CPU) build cannot use.
+    let gpu_dir = dir.path().join("gpu");
+    std::fs::create_dir_all(&gpu_dir).unwrap();
+    let gpu = learner_config(&gpu_dir, "[model]\ndevice = \"cuda\"\n");
+    let (ok, checks) = doctor(&gpu, &[]);
+    assert!(!ok);
+    assert!(
+        find(&checks, "device", "fail").2.contains("build-cuda"),
+        "{checks:?}"
+    );
+
+    // A listen port held by another process (this test holds it).
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = held.local_addr().unwrap().port();
+    let busy = std::fs::read_to_string(&good).unwrap().replace(
+        "/ip4/127.0.0.1/tcp/0",
+        &format!("/ip4/127.0.0.1/tcp/{port}"),
+    );
+    let busy_cfg = dir.path().join("busy.toml");
+    std::fs::write(&busy_cfg, busy).unwrap();
+    let (ok, checks) = doctor(&busy_cfg, &[]);
+    assert!(!ok);
+    assert!(
+        find(&checks, "listen", "fail")
+            .2
+            .contains("another process"),
+        "{checks:?}"
+    );
+}
+
+#[test]
+fn doctor_dials_and_identifies_bootstrap_peers() {
+    let dir = tempfile::tempdir().unwrap();
+    // A real learner to bootstrap from; its bound address comes from its address file.
+    let lcfg = learner_config(dir.path(), "");
+    let learner = Node::start(&lcfg);
+    let data = dir.path().join("data");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let addrs = loop {
+        if let Some(a) = echo_node::addr_file::read(&data, learner.child.id()) {
+            break a;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the learner wrote no address file"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let pk = storage::NodeKey::read(&data.join("node.key"))
+        .unwrap()
+        .public_hex();
+    // Something that accepts TCP but speaks no libp2p: never identified.
+    let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mute_addr = format!(
+        "/ip4/127.0.0.1/tcp/{}/p2p/{}",
+        mute.local_addr().unwrap().port(),
+        addrs.peer_id
+    );
+    let worker = |bootstrap: &str, name: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(
+            &path,
+            format!(
+                "role = \"rollout\"\nswarm_id = \"cli-test\"\ndata_dir = \"{}\"\nlearner_public_key = \"{pk}\"\n\
+                 [network]\nlisten = [\"/ip4/127.0.0.1/tcp/0\"]\nadmin = \"127.0.0.1:0\"\nmdns = false\n\
+                 bootstrap = [\"{bootstrap}\"]\n",
+                dir.path().join(format!("{name}-data")).display()
+            ),
+        )
+        .unwrap();
+        path
+    };
+    let (ok, checks) = doctor(&worker(&addrs.dial_addr().unwrap(), "w-good.toml"), &[]);
+    assert!(ok, "{checks:?}");
+    find(&checks, "bootstrap", "ok");
+    let (ok, checks) = doctor(&worker(&mute_addr, "w-mute.toml"), &[]);
+    assert!(!ok);
+    assert!(
+        find(&checks, "bootstrap", "fail").2.contains("peer id"),
+        "{checks:?}"
+    );
+    drop(learner);
 }
