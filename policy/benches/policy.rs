@@ -2,6 +2,8 @@
 //!
 //! - `generate/batched_n8`: one prompt, 8 samples, 16 new tokens each (no stop token), batched
 //!   KV-cache path — the rollout worker's loop. Throughput = generated tokens.
+//! - `generate/infer_n8`: the same on the inference path (`policy::infer`, weights prepared
+//!   once outside the timed loop, as the rollout engine does per snapshot).
 //! - `generate/sequential_n8`: the same with the batch-1 KV-cache path.
 //! - `train/forward_backward`: a batch of 16 sequences × 24 tokens, log-prob loss + backward —
 //!   the learner's step without the optimiser. Throughput = tokens.
@@ -29,6 +31,11 @@ fn bench(c: &mut Criterion) {
             b.iter(|| generate(&p, &prompt, 8, &params, path, &mut rng).expect("generate"))
         });
     }
+    let model = policy::InferModel::from_policy(&p).expect("infer model");
+    g.bench_function("infer_n8", |b| {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        b.iter(|| policy::infer::generate(&model, &prompt, 8, &params, &mut rng).expect("generate"))
+    });
     g.finish();
 
     let (bsz, t) = (16usize, 24usize);

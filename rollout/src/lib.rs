@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use policy::{Device, GenerationPath, ModelConfig, Policy, PolicyError, SamplingParams, Tokenizer};
+use policy::{
+    Device, GenerationPath, InferModel, ModelConfig, Policy, PolicyError, SamplingParams, Tokenizer,
+};
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 use storage::{Sample, StorageError, TrajectoryGroup, TrajectoryStore};
@@ -142,7 +144,9 @@ pub struct RolloutConfig {
     pub group_size: usize,
     /// Sampling parameters; empty `stop_tokens` means the tokenizer's EOS ids.
     pub sampling: SamplingParams,
-    /// Decoding loop (both match the learner's log-probs).
+    /// Decoding loop: the inference path (`infer`, default; fused kernels, bf16 on CUDA) or
+    /// the training forward (`batched`, `sequential`). In f32 all match the learner's log-probs.
+    #[serde(default)]
     pub path: GenerationPath,
     /// Pause while the store holds at least this many pending groups.
     pub max_pending_groups: u64,
@@ -168,7 +172,7 @@ impl Default for RolloutConfig {
         RolloutConfig {
             group_size: 8,
             sampling: SamplingParams::new(8, Vec::new()),
-            path: GenerationPath::Batched,
+            path: GenerationPath::default(),
             max_pending_groups: 256,
             seed: 0,
             producer: "local".into(),
@@ -283,6 +287,8 @@ pub struct RolloutEngine {
     seq: u64,
     /// Set while the learner's scheduler keeps this worker on standby.
     standby: Arc<AtomicBool>,
+    /// The inference-path weights of the installed version (built once per snapshot).
+    infer: Option<(u64, Arc<InferModel>)>,
 }
 
 impl std::fmt::Debug for RolloutEngine {
@@ -342,6 +348,7 @@ impl RolloutEngine {
             nonce,
             seq: 0,
             standby: Arc::new(AtomicBool::new(false)),
+            infer: None,
         })
     }
 
@@ -371,6 +378,24 @@ impl RolloutEngine {
         out
     }
 
+    /// The inference-path model of `installed`, converted once per installed version (in the
+    /// device's default dtype: bf16 on CUDA, f32 on the CPU).
+    fn infer_model(
+        &mut self,
+        installed: &InstalledPolicy,
+    ) -> Result<Arc<InferModel>, RolloutError> {
+        if let Some((version, model)) = &self.infer {
+            if *version == installed.version {
+                return Ok(model.clone());
+            }
+        }
+        // Drop the previous version's copy before converting the new one (peak memory).
+        self.infer = None;
+        let model = Arc::new(InferModel::from_policy(&installed.policy)?);
+        self.infer = Some((installed.version, model.clone()));
+        Ok(model)
+    }
+
     /// Generates the next group under the currently installed version, without storing it.
     /// `None` when no snapshot is installed.
     pub fn produce_group(&mut self) -> Result<Option<TrajectoryGroup>, RolloutError> {
@@ -390,14 +415,26 @@ impl RolloutEngine {
         let mut params = self.cfg.sampling.clone();
         params.stop_tokens = self.stop_tokens.clone();
         let created = storage::now_unix_ms();
-        let completions = policy::generate(
-            &installed.policy,
-            &prompt_tokens,
-            self.cfg.group_size,
-            &params,
-            self.cfg.path,
-            &mut rng,
-        )?;
+        let completions = match self.cfg.path {
+            GenerationPath::Infer => {
+                let model = self.infer_model(&installed)?;
+                policy::infer::generate(
+                    &model,
+                    &prompt_tokens,
+                    self.cfg.group_size,
+                    &params,
+                    &mut rng,
+                )?
+            }
+            path => policy::generate(
+                &installed.policy,
+                &prompt_tokens,
+                self.cfg.group_size,
+                &params,
+                path,
+                &mut rng,
+            )?,
+        };
         let finished = storage::now_unix_ms();
         let mut samples = Vec::with_capacity(completions.len());
         for (k, c) in completions.into_iter().enumerate() {

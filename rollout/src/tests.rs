@@ -115,6 +115,22 @@ fn check_path(path: GenerationPath) {
 }
 
 #[test]
+fn reproducible_groups_and_version_switch_infer() {
+    // The inference model is rebuilt on the v2 install: v2's log-probs must match p2.
+    check_path(GenerationPath::Infer);
+}
+
+#[test]
+fn the_inference_path_is_the_default() {
+    assert_eq!(RolloutConfig::default().path, GenerationPath::Infer);
+    let v = serde_json::json!("batched");
+    assert_eq!(
+        serde_json::from_value::<GenerationPath>(v).unwrap(),
+        GenerationPath::Batched
+    );
+}
+
+#[test]
 fn reproducible_groups_and_version_switch_batched() {
     check_path(GenerationPath::Batched);
 }
@@ -127,7 +143,7 @@ fn reproducible_groups_and_version_switch_sequential() {
 #[test]
 fn pauses_at_the_pending_cap_and_resumes_after_ack() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut e, store) = engine(dir.path(), GenerationPath::Batched, 2);
+    let (mut e, store) = engine(dir.path(), GenerationPath::default(), 2);
     e.slot().install(1, policy(1)).unwrap();
     assert!(matches!(e.step().unwrap(), StepOutcome::Produced { .. }));
     assert!(matches!(e.step().unwrap(), StepOutcome::Produced { .. }));
@@ -196,7 +212,7 @@ fn bad_config_is_rejected() {
 #[test]
 fn spawned_engine_produces_until_stopped() {
     let dir = tempfile::tempdir().unwrap();
-    let (e, store) = engine(dir.path(), GenerationPath::Batched, 3);
+    let (e, store) = engine(dir.path(), GenerationPath::default(), 3);
     let slot = e.slot().clone();
     let stats = e.stats();
     let running = e.spawn().unwrap();
@@ -215,7 +231,7 @@ fn a_rate_cap_bounds_the_reported_mu() {
     // Every producing step lasts at least 1/cap (the engine sleeps out the rest of its slot),
     // so μ = 1/EMA(step time) can never exceed the cap.
     let dir = tempfile::tempdir().unwrap();
-    let (mut e, _store) = engine(dir.path(), GenerationPath::Batched, 100);
+    let (mut e, _store) = engine(dir.path(), GenerationPath::default(), 100);
     e.cfg.max_groups_per_s = 25.0;
     e.slot().install(1, policy(1)).unwrap();
     for _ in 0..3 {
