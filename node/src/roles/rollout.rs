@@ -67,7 +67,8 @@ pub async fn start(
     let (policy, tokenizer) = build_model(config, &state.device)?;
     let task = build_task(config)?;
     // Generation: weights in the inference path's dtype (bf16 on a GPU) plus the KV cache of
-    // one group of n rows; prompts are budgeted at 1024 tokens.
+    // one group of n rows; prompts are budgeted at 1024 tokens. The f32 weights the slot also
+    // keeps are resident already (just loaded), so the device's free memory counts them.
     let r = &config.rollout;
     let gen_dtype = if state.device.is_cuda() {
         policy::DType::BF16
