@@ -15,6 +15,8 @@
 //! Wire formats: `docs/protocol.md`, "Snapshot dissemination".
 
 mod assembly;
+#[cfg(test)]
+mod decoder_props;
 pub mod engine;
 pub mod error;
 pub mod order_msg;

@@ -190,11 +190,12 @@ impl SignedPlan {
         let created_unix_ms = r.varint().map_err(DisseminationError::codec)?;
         let learner_key = r.array::<32>().map_err(DisseminationError::codec)?;
         let mut total = 0usize;
-        let n_chains = r.varint().map_err(DisseminationError::codec)?;
-        if n_chains > MAX_PLAN_PEERS as u64 {
-            return Err(DisseminationError::decode(WHAT, "too many chains"));
-        }
-        let mut chains = Vec::with_capacity(n_chains as usize);
+        // Every chain takes at least 3 bytes (its length and a peer id's length and first
+        // byte): a count the remaining bytes cannot hold is refused before room is reserved.
+        let n_chains = r
+            .len(MAX_PLAN_PEERS, 3, "chain count")
+            .map_err(DisseminationError::codec)?;
+        let mut chains = Vec::with_capacity(n_chains);
         for _ in 0..n_chains {
             let len = read_count(&mut r, WHAT, &mut total, MAX_PLAN_PEERS)?;
             if len == 0 {
@@ -302,6 +303,16 @@ mod tests {
         for cut in [0, 3, 10, enc.len() - 1] {
             assert!(SignedPlan::decode(&enc[..cut]).is_err());
         }
+        // A chain count the message cannot hold (found by the decoder property
+        // `a_chain_count_beyond_the_bytes_left_is_refused_before_allocating`): refused from
+        // the count alone, not after reserving room for 8192 chains.
+        let mut few = plan(&k, 2).sign(&k).unwrap().encode();
+        let at = 4 + 2 + 1 + 1 + 1 + 32;
+        assert_eq!(few[at], 2, "the chain count");
+        few[at] = 0x80;
+        few.insert(at + 1, 0x40); // 8192 chains
+        let err = SignedPlan::decode(&few).unwrap_err().to_string();
+        assert!(err.contains("bytes left"), "{err}");
         let mut dup = plan(&k, 2);
         dup.fetch_only.push(dup.chains[0][0]);
         let enc = dup.sign(&k).unwrap().encode();

@@ -18,6 +18,8 @@
 mod behaviour;
 pub mod client;
 pub mod config;
+#[cfg(test)]
+mod decoder_props;
 pub mod error;
 pub mod framing;
 pub mod messages;

@@ -159,6 +159,10 @@ pub async fn read_message<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Mess
 }
 
 #[cfg(test)]
+#[path = "wire_props.rs"]
+mod props;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -1,6 +1,7 @@
 //! The compact binary encoding shared by every record this crate persists or sends.
 //!
-//! Integers are LEB128 varints (`u32`, `u64`) unless a fixed width is stated; `f32` is 4 bytes
+//! Integers are LEB128 varints (`u32`, `u64`, minimally encoded: one encoding per number)
+//! unless a fixed width is stated; `f32` is 4 bytes
 //! little-endian; byte strings and UTF-8 strings are a varint length followed by the bytes;
 //! fixed arrays are raw. Every read is bounds-checked and every length is checked against a
 //! caller-supplied maximum *before* anything is allocated, so garbage input yields
@@ -98,6 +99,12 @@ impl<'a> Reader<'a> {
             }
             out |= part << (7 * i);
             if b & 0x80 == 0 {
+                // A final zero byte after a continuation adds nothing: the number has a
+                // shorter encoding. Refused, so that every number has exactly one encoding
+                // and a signed message exactly one byte string.
+                if b == 0 && i > 0 {
+                    return Err(self.err("varint not minimally encoded"));
+                }
                 return Ok(out);
             }
         }
@@ -185,6 +192,34 @@ mod tests {
         assert!(Reader::new(&bytes, "t").varint().is_err());
         let bytes = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02];
         assert!(Reader::new(&bytes, "t").varint().is_err());
+    }
+
+    #[test]
+    fn non_minimal_varints_are_errors() {
+        // 0, 1 and 300 with redundant continuation bytes; found by the decoder property
+        // `a_re_encoded_varint_is_refused` (a stretched varint let a mutated signed manifest
+        // verify).
+        for bytes in [
+            &[0x80, 0x00][..],
+            &[0x81, 0x00],
+            &[0x81, 0x80, 0x00],
+            &[0xac, 0x82, 0x00],
+            &[0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x00],
+        ] {
+            let err = Reader::new(bytes, "t").varint().unwrap_err();
+            assert!(err.to_string().contains("minimally"), "{bytes:?}: {err}");
+        }
+        // The minimal encodings, up to the 10-byte u64::MAX, still decode.
+        for (bytes, v) in [
+            (&[0x00][..], 0),
+            (&[0x80, 0x01], 128),
+            (
+                &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01],
+                u64::MAX,
+            ),
+        ] {
+            assert_eq!(Reader::new(bytes, "t").varint().unwrap(), v);
+        }
     }
 
     #[test]

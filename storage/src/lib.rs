@@ -10,6 +10,8 @@
 
 pub mod chunks;
 pub mod codec;
+#[cfg(test)]
+mod decoder_props;
 pub mod error;
 mod hot;
 pub mod keys;
