@@ -5,9 +5,22 @@
 //! in elementary tensor ops, and attention is a plain `matmul`. The `every_variable_gets_a_gradient`
 //! test guards this.
 //!
+//! On contiguous f32 CPU tensors, RMSNorm, RoPE (fused with the head transpose), the causal
+//! softmax and log-softmax run as fused custom ops with hand-written backward passes
+//! ([`cpu_ops`]); the elementary formulation below stays the reference and the path on other
+//! devices. Grouped-query attention never materialises repeated K/V: the query heads that
+//! share a KV head are stacked along the sequence axis, a free reshape.
+//!
 //! Weight names follow Hugging Face (`model.layers.{i}.self_attn.q_proj.weight`, ...).
+//!
+//! Must not touch: sampling, tokenizers, the optimiser or I/O.
+
+mod cpu_ops;
+#[cfg(test)]
+mod fused_tests;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use candle_core::{DType, Device, Module, Tensor, Var, D};
 use candle_nn::{Embedding, Linear};
@@ -101,6 +114,9 @@ struct RmsNorm {
 
 impl RmsNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if cpu_ops::applies(x) {
+            return Ok(cpu_ops::rms_norm(x, &self.weight, self.eps)?);
+        }
         let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
         let x = x.broadcast_div(&(ms + self.eps)?.sqrt()?)?;
         Ok(x.broadcast_mul(&self.weight)?)
@@ -118,38 +134,100 @@ pub(crate) fn softmax_last(x: &Tensor) -> Result<Tensor> {
 
 /// Differentiable log-softmax over the last dimension.
 pub fn log_softmax_last(x: &Tensor) -> Result<Tensor> {
+    if cpu_ops::applies(x) {
+        return Ok(cpu_ops::log_softmax(x)?);
+    }
     let max = x.max_keepdim(D::Minus1)?.detach();
     let shifted = x.broadcast_sub(&max)?;
     let lse = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
     Ok(shifted.broadcast_sub(&lse)?)
 }
 
-/// cos/sin tables (each `[t, head_dim]`, rotate-half layout) for positions `offset..offset+t`.
-fn rope_tables(
-    cfg: &ModelConfig,
+/// Per-forward position data: RoPE tables and, on the elementary path, the causal mask.
+struct Positions {
+    /// Half-width tables for the fused CPU kernel (`Some` on the fused path).
+    fused: Option<cpu_ops::RopeTables>,
+    /// Full-width `[t, head_dim]` cos/sin (rotate-half layout) for the elementary path.
+    cos_sin: Option<(Tensor, Tensor)>,
+    /// Additive `[t, offset + t]` causal mask for the elementary path (none when `t == 1`).
+    mask: Option<Tensor>,
+    /// Number of cached positions before this call.
     offset: usize,
-    t: usize,
-    device: &Device,
-) -> Result<(Tensor, Tensor)> {
+}
+
+/// RoPE angles for positions `offset..offset+t`: `[t, head_dim/2]` cos and sin, row-major.
+fn rope_half_tables(cfg: &ModelConfig, offset: usize, t: usize) -> (Vec<f32>, Vec<f32>) {
     let half = cfg.head_dim / 2;
     let inv_freq: Vec<f32> = (0..half)
         .map(|i| 1.0 / (cfg.rope_theta as f32).powf((2 * i) as f32 / cfg.head_dim as f32))
         .collect();
-    let mut cos = Vec::with_capacity(t * cfg.head_dim);
-    let mut sin = Vec::with_capacity(t * cfg.head_dim);
+    let mut cos = Vec::with_capacity(t * half);
+    let mut sin = Vec::with_capacity(t * half);
     for p in offset..offset + t {
-        for _rep in 0..2 {
-            for f in &inv_freq {
-                let a = p as f32 * f;
-                cos.push(a.cos());
-                sin.push(a.sin());
-            }
+        for f in &inv_freq {
+            let a = p as f32 * f;
+            cos.push(a.cos());
+            sin.push(a.sin());
         }
     }
-    Ok((
-        Tensor::from_vec(cos, (t, cfg.head_dim), device)?,
-        Tensor::from_vec(sin, (t, cfg.head_dim), device)?,
-    ))
+    (cos, sin)
+}
+
+impl Positions {
+    fn new(
+        cfg: &ModelConfig,
+        offset: usize,
+        t: usize,
+        fused: bool,
+        device: &Device,
+    ) -> Result<Self> {
+        let half = cfg.head_dim / 2;
+        let (cos, sin) = rope_half_tables(cfg, offset, t);
+        if fused {
+            return Ok(Positions {
+                fused: Some(cpu_ops::RopeTables {
+                    cos: Arc::new(cos),
+                    sin: Arc::new(sin),
+                    t,
+                    half,
+                }),
+                cos_sin: None,
+                mask: None,
+                offset,
+            });
+        }
+        // Rotate-half layout: each row is the half table twice.
+        let full = |v: &[f32]| -> Vec<f32> {
+            v.chunks_exact(half)
+                .flat_map(|r| r.iter().chain(r).copied())
+                .collect()
+        };
+        let cos = Tensor::from_vec(full(&cos), (t, cfg.head_dim), device)?;
+        let sin = Tensor::from_vec(full(&sin), (t, cfg.head_dim), device)?;
+        let mask = if t > 1 {
+            let s = offset + t;
+            let m: Vec<f32> = (0..t)
+                .flat_map(|i| {
+                    (0..s).map(move |j| {
+                        if j > i + offset {
+                            f32::NEG_INFINITY
+                        } else {
+                            0.0
+                        }
+                    })
+                })
+                .collect();
+            Some(Tensor::from_vec(m, (t, s), device)?)
+        } else {
+            None
+        };
+        Ok(Positions {
+            fused: None,
+            cos_sin: Some((cos, sin)),
+            mask,
+            offset,
+        })
+    }
 }
 
 /// Rotary embedding on `[b, heads, t, head_dim]`: `x·cos + rotate_half(x)·sin`.
@@ -159,15 +237,6 @@ fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
     let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
     Ok((x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?)?)
-}
-
-/// `[b, kv, s, d]` → `[b, kv·rep, s, d]`, each kv head repeated `rep` times (HF order).
-fn repeat_kv(x: Tensor, rep: usize) -> Result<Tensor> {
-    if rep == 1 {
-        return Ok(x);
-    }
-    let (b, kv, s, d) = x.dims4()?;
-    Ok(Tensor::cat(&vec![&x; rep], 2)?.reshape((b, kv * rep, s, d))?)
 }
 
 /// Key/value cache for incremental decoding: per layer `[b, kv_heads, len, head_dim]`.
@@ -241,9 +310,7 @@ impl Attention {
     fn forward(
         &self,
         x: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        mask: Option<&Tensor>,
+        pos: &Positions,
         cache: Option<&mut Option<(Tensor, Tensor)>>,
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
@@ -268,8 +335,21 @@ impl Attention {
             Some(n) => n.forward(&k)?,
             None => k,
         };
-        let q = apply_rope(&q.transpose(1, 2)?.contiguous()?, cos, sin)?;
-        let k = apply_rope(&k.transpose(1, 2)?.contiguous()?, cos, sin)?;
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        // Fused path: the 1/sqrt(d) score scale is folded into the queries' RoPE kernel.
+        let (q, k, scale) = match (&pos.fused, &pos.cos_sin) {
+            (Some(tab), _) => (
+                cpu_ops::rope_to_heads(&q, tab, scale)?,
+                cpu_ops::rope_to_heads(&k, tab, 1.0)?,
+                1.0,
+            ),
+            (None, Some((cos, sin))) => (
+                apply_rope(&q.transpose(1, 2)?.contiguous()?, cos, sin)?,
+                apply_rope(&k.transpose(1, 2)?.contiguous()?, cos, sin)?,
+                scale,
+            ),
+            (None, None) => return Err(PolicyError::Sampling("no RoPE tables".into())),
+        };
         let v = v.transpose(1, 2)?.contiguous()?;
         let (k, v) = match cache {
             Some(slot) => {
@@ -282,17 +362,28 @@ impl Attention {
             }
             None => (k, v),
         };
+        // Grouped-query attention: query heads h·rep..(h+1)·rep share KV head h (Hugging Face
+        // order), so stacking them along the sequence axis — a free reshape of the contiguous
+        // `[b, heads, t, d]` queries — lets one batched matmul per KV head serve all of them,
+        // instead of materialising `rep` copies of K and V (and summing their gradients back).
         let rep = self.n_heads / self.n_kv;
-        let k = repeat_kv(k, rep)?;
-        let v = repeat_kv(v, rep)?;
-        let scale = 1.0 / (self.head_dim as f64).sqrt();
-        let scores = (q.matmul(&k.t()?)? * scale)?;
-        let scores = match mask {
-            Some(m) => scores.broadcast_add(m)?,
-            None => scores,
+        let s = k.dim(2)?;
+        let qg = q.reshape((b, self.n_kv, rep * t, self.head_dim))?;
+        let scores = qg.matmul(&k.t()?)?.reshape((b, self.n_heads, t, s))?;
+        let probs = if pos.fused.is_some() {
+            cpu_ops::causal_softmax(&scores, pos.offset)?
+        } else {
+            let scores = (scores * scale)?;
+            let scores = match &pos.mask {
+                Some(m) => scores.broadcast_add(m)?,
+                None => scores,
+            };
+            softmax_last(&scores)?
         };
-        let probs = softmax_last(&scores)?;
-        let y = probs.matmul(&v)?;
+        let y = probs
+            .reshape((b, self.n_kv, rep * t, s))?
+            .matmul(&v)?
+            .reshape((b, self.n_heads, t, self.head_dim))?;
         let y = y
             .transpose(1, 2)?
             .reshape((b, t, self.n_heads * self.head_dim))?;
@@ -310,7 +401,12 @@ struct Mlp {
 impl Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let g = self.gate_proj.forward(x)?;
-        let h = (g.silu()? * self.up_proj.forward(x)?)?;
+        let u = self.up_proj.forward(x)?;
+        let h = if cpu_ops::applies(&g) {
+            cpu_ops::swiglu(&g, &u)?
+        } else {
+            (g.silu()? * u)?
+        };
         Ok(self.down_proj.forward(&h)?)
     }
 }
@@ -474,31 +570,12 @@ impl Qwen3 {
                 self.cfg.vocab_size
             )));
         }
-        let (cos, sin) = rope_tables(&self.cfg, offset, t, &self.device)?;
-        let mask = if t > 1 {
-            let s = offset + t;
-            let m: Vec<f32> = (0..t)
-                .flat_map(|i| {
-                    (0..s).map(move |j| {
-                        if j > i + offset {
-                            f32::NEG_INFINITY
-                        } else {
-                            0.0
-                        }
-                    })
-                })
-                .collect();
-            Some(Tensor::from_vec(m, (t, s), &self.device)?)
-        } else {
-            None
-        };
         let mut x = self.embed_tokens.forward(ids)?;
+        let pos = Positions::new(&self.cfg, offset, t, cpu_ops::applies(&x), &self.device)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let slot = cache.as_mut().map(|c| &mut c.layers[i]);
             let h = layer.input_layernorm.forward(&x)?;
-            let h = layer
-                .self_attn
-                .forward(&h, &cos, &sin, mask.as_ref(), slot)?;
+            let h = layer.self_attn.forward(&h, &pos, slot)?;
             x = (x + h)?;
             let h = layer.post_attention_layernorm.forward(&x)?;
             x = (&x + layer.mlp.forward(&h)?)?;
