@@ -16,18 +16,35 @@ use crate::{LearnerError, Result};
 
 impl Trainer {
     /// Writes a checkpoint under `dir` atomically and returns its folder: everything goes to a
-    /// temporary folder that is fsynced and renamed to `dir/ckpt-<version>`, then the pointer
-    /// file `dir/LATEST` is replaced (write temp + fsync + rename). Older `ckpt-*` folders are
-    /// removed afterwards. A crash at any point leaves `LATEST` naming a complete checkpoint
-    /// (or no checkpoint at all).
+    /// temporary folder that is fsynced and renamed to a folder no checkpoint uses yet
+    /// (`dir/ckpt-<version>`, or `dir/ckpt-<version>.<k>` when a checkpoint of that version
+    /// exists — the live one is never removed or overwritten before `LATEST` moves), then the
+    /// pointer file `dir/LATEST` is replaced (write temp + fsync + rename). Every other `ckpt-*`
+    /// folder is removed only afterwards. A crash at any point leaves `LATEST` naming a
+    /// complete checkpoint (or no checkpoint at all).
     ///
     /// Contents: `weights.safetensors` (the snapshot payload), `optimizer.safetensors`
     /// ([`AdamW::state_to_bytes`]), `reference.safetensors` (when KL is on),
     /// `consumed_ids.bin` (16-byte trajectory ids, sorted), `trainer.json` (format, version,
     /// [`TrainerConfig`], [`ModelConfig`]).
     pub fn save(&self, dir: &Path) -> Result<PathBuf> {
+        self.save_observed(dir, &mut |_| Ok(()))
+    }
+
+    /// [`Trainer::save`], calling `at(point)` after each step that changes `dir` (`"written"`,
+    /// `"renamed"`, `"switched"`, `"removed"`); an error from `at` stops the save there, as a
+    /// crash would (the tests use it to check every intermediate state).
+    fn save_observed(
+        &self,
+        dir: &Path,
+        at: &mut dyn FnMut(&'static str) -> Result<()>,
+    ) -> Result<PathBuf> {
         std::fs::create_dir_all(dir)?;
-        let name = format!("ckpt-{:016}", self.version);
+        let base = format!("ckpt-{:016}", self.version);
+        let name = std::iter::once(base.clone())
+            .chain((1u32..).map(|k| format!("{base}.{k}")))
+            .find(|n| !dir.join(n).exists())
+            .expect("an unbounded sequence of names has a free one");
         let tmp = dir.join(format!(".tmp-{name}-{}", std::process::id()));
         if tmp.exists() {
             std::fs::remove_dir_all(&tmp)?;
@@ -61,20 +78,23 @@ impl Trainer {
             .map_err(|e| LearnerError::Checkpoint(e.to_string()))?;
         write_synced(&tmp.join("trainer.json"), &json)?;
         sync_dir(&tmp)?;
+        at("written")?;
         let final_dir = dir.join(&name);
-        if final_dir.exists() {
-            std::fs::remove_dir_all(&final_dir)?;
-        }
         std::fs::rename(&tmp, &final_dir)?;
+        sync_dir(dir)?;
+        at("renamed")?;
         let latest_tmp = dir.join(".LATEST.tmp");
         write_synced(&latest_tmp, name.as_bytes())?;
         std::fs::rename(&latest_tmp, dir.join("LATEST"))?;
         sync_dir(dir)?;
+        at("switched")?;
         for e in std::fs::read_dir(dir)? {
             let e = e?;
             let n = e.file_name().to_string_lossy().into_owned();
-            if n.starts_with("ckpt-") && n != name {
+            // Leftovers of saves that crashed before their switch go too.
+            if (n.starts_with("ckpt-") && n != name) || n.starts_with(".tmp-ckpt-") {
                 std::fs::remove_dir_all(e.path())?;
+                at("removed")?;
             }
         }
         Ok(final_dir)
@@ -161,4 +181,82 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
 fn sync_dir(dir: &Path) -> Result<()> {
     std::fs::File::open(dir)?.sync_all()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trainer() -> Trainer {
+        let cfg = ModelConfig {
+            hidden_size: 16,
+            intermediate_size: 32,
+            num_hidden_layers: 1,
+            num_attention_heads: 2,
+            num_key_value_heads: 1,
+            head_dim: 8,
+            max_position_embeddings: 32,
+            ..ModelConfig::tiny()
+        };
+        let policy = Policy::new_random(&cfg, 3, &Device::Cpu).unwrap();
+        Trainer::new(policy, TrainerConfig::default()).unwrap()
+    }
+
+    /// `LATEST` names a folder holding every file of a checkpoint, and it loads.
+    fn latest_is_complete(dir: &Path) -> bool {
+        Trainer::load(dir, &Device::Cpu).is_ok()
+    }
+
+    #[test]
+    fn latest_names_a_complete_checkpoint_at_every_instant_of_a_resave() {
+        let t = trainer();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        t.save(dir).unwrap();
+        // Saving again at the same version (a periodic checkpoint, then the one at shutdown):
+        // observe the directory after every change.
+        let mut points = Vec::new();
+        let out = t
+            .save_observed(dir, &mut |p| {
+                assert!(latest_is_complete(dir), "LATEST dangling after {p:?}");
+                points.push(p);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(points, ["written", "renamed", "switched", "removed"]);
+        assert!(latest_is_complete(dir));
+        let live = std::fs::read_to_string(dir.join("LATEST")).unwrap();
+        assert_eq!(dir.join(live.trim()), out);
+        let ckpts = std::fs::read_dir(dir)
+            .unwrap()
+            .filter(|e| {
+                let e = e.as_ref().unwrap();
+                e.file_name().to_string_lossy().starts_with("ckpt-")
+            })
+            .count();
+        assert_eq!(ckpts, 1, "the old checkpoint is removed once LATEST moved");
+    }
+
+    #[test]
+    fn a_crash_at_any_point_of_a_resave_leaves_a_loadable_checkpoint() {
+        let t = trainer();
+        for crash_at in 0..4 {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path();
+            t.save(dir).unwrap();
+            let mut seen = 0;
+            let r = t.save_observed(dir, &mut |p| {
+                if seen == crash_at {
+                    return Err(LearnerError::Checkpoint(format!("crash after {p}")));
+                }
+                seen += 1;
+                Ok(())
+            });
+            assert!(r.is_err(), "crash point {crash_at} was reached");
+            assert!(latest_is_complete(dir), "crash after point {crash_at}");
+            // The next save after the restart succeeds and cleans up.
+            t.save(dir).unwrap();
+            assert!(latest_is_complete(dir));
+        }
+    }
 }

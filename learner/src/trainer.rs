@@ -21,6 +21,13 @@
 //!   (B groups of n samples each).
 //! - **Zero-advantage groups** (all rewards equal) carry no signal: they are dropped and
 //!   counted (as in the throughput-matching analysis of asynchronous RL, `docs/learner.md`); their trajectory ids still count as consumed.
+//! - **Bad data never fails a step.** Every byte of a group comes from an untrusted peer. A
+//!   group the model cannot take (token id outside the vocabulary, prompt + response beyond the
+//!   context, non-finite numbers) is refused before the forward; a group whose loss or
+//!   gradient turns out non-finite (e.g. a sampler log-prob of −1e4 makes the importance ratio
+//!   `exp(ℓ − q)` overflow) is excluded before the optimiser step. Both are returned in
+//!   [`StepStats::quarantined`] (with the producer, for the caller's penalty), never trained and
+//!   not marked consumed; the step goes on with the remaining groups, or takes no step at all.
 //! - **Exactly once.** The ids of every trajectory the learner consumed are remembered (and
 //!   checkpointed); a group containing one of them is refused as a duplicate.
 
@@ -184,6 +191,29 @@ pub struct StepStats {
     pub groups_duplicate: usize,
     /// Groups refused as malformed.
     pub groups_invalid: usize,
+    /// Groups that could not be trained (malformed, or a non-finite loss or gradient): never
+    /// trained, to be kept for inspection and charged to their producer by the caller.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quarantined: Vec<Quarantined>,
+}
+
+/// A group the trainer refused to train on because of its content.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quarantined {
+    pub group_id: [u8; 16],
+    /// The producer the group names (checked against the peer it was pulled from).
+    pub producer: String,
+    pub reason: String,
+}
+
+impl Quarantined {
+    fn of(g: &TrajectoryGroup, reason: impl Into<String>) -> Self {
+        Quarantined {
+            group_id: g.group_id,
+            producer: g.producer.clone(),
+            reason: reason.into(),
+        }
+    }
 }
 
 impl StepStats {
@@ -305,7 +335,8 @@ impl Trainer {
 
     /// Classifies a group against the current version (admission rule, duplicates, shape).
     pub fn classify(&self, g: &TrajectoryGroup) -> Verdict {
-        if let Some(why) = malformed(g) {
+        let model = self.policy.config();
+        if let Some(why) = malformed(g, model.vocab_size, model.max_position_embeddings) {
             return why;
         }
         if g.samples
@@ -325,16 +356,19 @@ impl Trainer {
 
     /// One step of Algorithm 1 on `groups` (normally B groups = R trajectories, assembled by
     /// the caller from leased, admissible groups):
-    /// 1. refuse inadmissible (stale / future), duplicate and malformed groups (counted);
+    /// 1. refuse inadmissible (stale / future), duplicate and malformed groups (counted; the
+    ///    malformed ones quarantined);
     /// 2. drop zero-advantage groups (counted; their ids count as consumed);
     /// 3. learner log-probs of all remaining samples in one batched forward
     ///    ([`policy::batch_response_logprobs`] at the configured temperature);
     /// 4. the objective per group ([`group_loss`]), averaged over groups; backward; global-norm
-    ///    clipping; AdamW;
+    ///    clipping; AdamW — groups whose loss or gradient is non-finite are quarantined and
+    ///    left out first;
     /// 5. `v += 1`.
     ///
     /// With no usable group, nothing is trained and the version does not move
-    /// (`stepped = false`).
+    /// (`stepped = false`). Bad data is never an `Err`: an error means a local fault (or a
+    /// bug), and leaves the trainer unchanged.
     pub fn train_step(&mut self, groups: &[TrajectoryGroup]) -> Result<StepStats> {
         let t0 = Instant::now();
         let mut st = StepStats::default();
@@ -357,7 +391,10 @@ impl Trainer {
                 Verdict::Stale => st.groups_stale += 1,
                 Verdict::Future => st.groups_future += 1,
                 Verdict::Duplicate => st.groups_duplicate += 1,
-                Verdict::Invalid(_) => st.groups_invalid += 1,
+                Verdict::Invalid(why) => {
+                    st.groups_invalid += 1;
+                    st.quarantined.push(Quarantined::of(g, why));
+                }
             }
         }
         let rewards: Vec<f64> = admitted
@@ -384,25 +421,95 @@ impl Trainer {
         if !admitted.is_empty() {
             st.zero_advantage_fraction = st.groups_zero_advantage as f64 / admitted.len() as f64;
         }
-        if !used.is_empty() {
-            self.optimise(&used, &mut st)?;
+        if !used.is_empty() && self.optimise(&used, &mut st)? {
             self.version += 1;
             st.stepped = true;
         }
         // Consumed only once the step has succeeded: an error leaves the trainer unchanged
-        // (weights may have moved only if the optimiser itself failed mid-way, which it does not
-        // for finite gradients).
+        // (the optimiser refuses non-finite gradients before touching a weight). Quarantined
+        // groups were never trained: not consumed.
+        for q in &st.quarantined {
+            if let Some(g) = groups.iter().find(|g| g.group_id == q.group_id) {
+                for s in &g.samples {
+                    batch_ids.remove(&s.trajectory_id);
+                }
+            }
+        }
         self.consumed.extend(batch_ids);
         st.version = self.version;
         st.t_train_s = t0.elapsed().as_secs_f64();
         Ok(st)
     }
 
+    /// Losses, backward and the optimiser step over `used`; groups with a non-finite loss or
+    /// gradient are quarantined and the step runs on the rest. Returns whether a step was taken.
     fn optimise(
         &mut self,
         used: &[(&TrajectoryGroup, Vec<f32>)],
         st: &mut StepStats,
-    ) -> Result<()> {
+    ) -> Result<bool> {
+        let terms = self.group_terms(used)?;
+        let values = Tensor::stack(&terms.iter().map(|t| t.loss.clone()).collect::<Vec<_>>(), 0)?
+            .to_dtype(DType::F64)?
+            .to_vec1::<f64>()?;
+        let mut keep: Vec<usize> = Vec::with_capacity(used.len());
+        for (i, v) in values.iter().enumerate() {
+            if v.is_finite() {
+                keep.push(i);
+            } else {
+                st.quarantined
+                    .push(Quarantined::of(used[i].0, format!("non-finite loss {v}")));
+            }
+        }
+        // At most two passes: the whole kept batch, then (after isolating the groups whose own
+        // gradient is non-finite) the rest.
+        for pass in 0..2 {
+            if keep.is_empty() {
+                return Ok(false);
+            }
+            let kept: Vec<Tensor> = keep.iter().map(|&i| terms[i].loss.clone()).collect();
+            let loss = Tensor::stack(&kept, 0)?.mean_all()?;
+            let grads = loss.backward()?;
+            let norm = self.opt.grad_norm(&grads)?;
+            if norm.is_finite() {
+                let step = self.opt.step(&grads)?;
+                st.loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                st.grad_norm = step.grad_norm;
+                let (mut coefs, mut clipped, mut kl, mut tokens) = (Vec::new(), 0.0, 0.0, 0.0);
+                for &i in &keep {
+                    let t = &terms[i];
+                    clipped += t.clip_fraction * t.tokens;
+                    kl += t.kl * t.tokens;
+                    tokens += t.tokens;
+                    coefs.extend_from_slice(&t.coefficients);
+                    st.trajectories_used += used[i].0.samples.len();
+                }
+                st.groups_used = keep.len();
+                st.importance_weight_variance = variance(&coefs);
+                if tokens > 0.0 {
+                    st.clip_fraction = clipped / tokens;
+                    st.kl_sampler_learner = kl / tokens;
+                }
+                return Ok(true);
+            }
+            // Find the culprits: each group's own gradient (rare path, one backward per group).
+            let mut clean = Vec::with_capacity(keep.len());
+            for &i in &keep {
+                let g = terms[i].loss.backward()?;
+                if self.opt.grad_norm(&g)?.is_finite() && pass == 0 {
+                    clean.push(i);
+                } else {
+                    st.quarantined
+                        .push(Quarantined::of(used[i].0, "non-finite gradient"));
+                }
+            }
+            keep = clean;
+        }
+        Ok(false)
+    }
+
+    /// The objective of each group of `used` (one batched forward for all of them).
+    fn group_terms(&self, used: &[(&TrajectoryGroup, Vec<f32>)]) -> Result<Vec<GroupTerms>> {
         let dev = self.policy.device().clone();
         let pairs: Vec<(&[u32], &[u32])> = used
             .iter()
@@ -418,8 +525,7 @@ impl Trainer {
             Some(r) => Some(policy::batch_response_logprobs(r, &pairs, t)?.0.detach()),
             None => None,
         };
-        let mut losses = Vec::with_capacity(used.len());
-        let (mut coefs, mut clipped, mut kl, mut tokens) = (Vec::new(), 0.0, 0.0, 0.0);
+        let mut terms = Vec::with_capacity(used.len());
         let mut row = 0;
         for (g, adv) in used {
             let n = g.samples.len();
@@ -459,45 +565,53 @@ impl Trainer {
                     ref_logp: r.as_ref(),
                 },
             )?;
-            let toks = f64::from(m.sum_all()?.to_scalar::<f32>()?);
-            clipped += out.clip_fraction * toks;
-            kl += out.kl_sampler_learner * toks;
-            tokens += toks;
-            coefs.extend(out.coefficients);
-            losses.push(out.loss);
-            st.trajectories_used += n;
+            terms.push(GroupTerms {
+                tokens: f64::from(m.sum_all()?.to_scalar::<f32>()?),
+                loss: out.loss,
+                coefficients: out.coefficients,
+                clip_fraction: out.clip_fraction,
+                kl: out.kl_sampler_learner,
+            });
         }
-        let loss = Tensor::stack(&losses, 0)?.mean_all()?;
-        st.loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-        if !st.loss.is_finite() {
-            return Err(LearnerError::Invalid(format!(
-                "non-finite loss {}",
-                st.loss
-            )));
-        }
-        let step = self.opt.backward_step(&loss)?;
-        st.grad_norm = step.grad_norm;
-        st.groups_used = used.len();
-        st.importance_weight_variance = variance(&coefs);
-        if tokens > 0.0 {
-            st.clip_fraction = clipped / tokens;
-            st.kl_sampler_learner = kl / tokens;
-        }
-        Ok(())
+        Ok(terms)
     }
 }
 
-fn malformed(g: &TrajectoryGroup) -> Option<Verdict> {
+/// One group's share of a step.
+struct GroupTerms {
+    loss: Tensor,
+    tokens: f64,
+    coefficients: Vec<f64>,
+    clip_fraction: f64,
+    kl: f64,
+}
+
+/// What the model cannot take: the forward would fail (empty sequences, token ids past the
+/// embedding table, sequences past the position limit) or the loss would be meaningless.
+fn malformed(g: &TrajectoryGroup, vocab: usize, context: usize) -> Option<Verdict> {
     if g.samples.is_empty() {
         return Some(bad("group without samples"));
     }
     if g.prompt_tokens.is_empty() {
         return Some(bad("empty prompt"));
     }
+    let in_vocab = |t: &[u32]| t.iter().all(|&t| (t as usize) < vocab);
+    if !in_vocab(&g.prompt_tokens) {
+        return Some(bad(format!("prompt token id ≥ vocabulary size {vocab}")));
+    }
     for s in &g.samples {
         let n = s.response_tokens.len();
         if n == 0 {
             return Some(bad("empty response"));
+        }
+        if !in_vocab(&s.response_tokens) {
+            return Some(bad(format!("response token id ≥ vocabulary size {vocab}")));
+        }
+        if g.prompt_tokens.len().saturating_add(n) > context {
+            return Some(bad(format!(
+                "{} prompt + response tokens > context {context}",
+                g.prompt_tokens.len() + n
+            )));
         }
         if s.sampler_logprobs.len() != n || s.loss_mask.len() != n {
             return Some(bad(

@@ -79,6 +79,8 @@ pub struct LearnerStatus {
     pub snapshots_published: u64,
     pub groups_pulled: u64,
     pub pull_errors: u64,
+    /// Groups quarantined (kept under `<data_dir>/quarantine/`, never trained) since start.
+    pub groups_quarantined: u64,
     /// The learner version when the puller last asked workers for groups, and the `v_min`
     /// (oldest admissible version) it asked with: `version − v_min = min(S, version)`.
     pub last_pull_version: Option<u64>,

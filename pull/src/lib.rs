@@ -4,7 +4,9 @@
 //! 1. `Pull{v_min, max, ttl}` → the worker prunes what fell below `v_min` (the learner's
 //!    window; counted as discarded-stale), *leases* up to `max` groups with `v ≥ v_min`
 //!    (`TrajectoryStore::lease`) and streams them.
-//! 2. The learner decodes and validates every group, writes the valid ones to its own sled
+//! 2. The learner decodes and checks every group completely ([`storage::record::check_group`]
+//!    against the [`GroupLimits`] of its request: schema, vocabulary, context, log-prob floor,
+//!    group size, and that the producer is the peer pulled from), writes the valid ones to its own sled
 //!    buffer with `put_groups_dedup` (durable, deduplicated by trajectory id), and only then
 //!    sends `Ack{lease}`; the worker deletes the leased groups (`TrajectoryStore::ack`).
 //!
@@ -18,12 +20,14 @@
 
 pub mod wire;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{AsyncWriteExt, StreamExt};
 use libp2p::StreamProtocol;
 use p2p::PeerId;
+use storage::record::{check_group, GroupLimits, GroupRejection};
 use storage::{TrajectoryGroup, TrajectoryStore};
 
 use wire::{read_message, write_message, Message, MAX_GROUPS_PER_LEASE, MAX_TTL_MS, MIN_TTL_MS};
@@ -47,6 +51,9 @@ pub enum PullError {
     Refused(String),
     #[error("the pull protocol is already served on this node")]
     AlreadyServed,
+    /// The worker announced more groups than the learner asked for: nothing is read or stored.
+    #[error("the worker announced a lease of {count} groups, more than the {max} asked for")]
+    OversizedLease { count: u64, max: u64 },
     #[error("background task failed: {0}")]
     Join(String),
 }
@@ -156,12 +163,15 @@ async fn handle(stream: &mut libp2p::Stream, store: Arc<TrajectoryStore>) -> Res
 }
 
 /// What the learner asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PullRequest {
     /// Oldest admissible version, `v_learner − S` (saturating).
     pub v_min: u64,
+    /// At most this many groups; a lease announcing more is refused whole.
     pub max_groups: u64,
     pub ttl: Duration,
+    /// What a received group must satisfy to be stored ([`check_group`]).
+    pub limits: GroupLimits,
 }
 
 /// What one pull achieved.
@@ -174,8 +184,10 @@ pub struct PullOutcome {
     pub stored: usize,
     /// Groups already in the buffer (a repeated pull).
     pub duplicates: usize,
-    /// Groups refused: undecodable, invalid, or older than `v_min`.
+    /// Groups refused: undecodable, invalid, or older than `v_min` (the sum of `rejected`).
     pub invalid: usize,
+    /// Refused groups by [`GroupRejection::reason`], so the caller can penalise the peer.
+    pub rejected: BTreeMap<&'static str, usize>,
     /// Groups the worker deleted on our ack.
     pub consumed_on_worker: u64,
     pub bytes: u64,
@@ -196,13 +208,14 @@ pub async fn pull(
             peer: worker,
             reason: e.to_string(),
         })?;
-    let result = pull_on(&mut stream, buffer, req).await;
+    let result = pull_on(&mut stream, &worker.to_base58(), buffer, req).await;
     let _ = stream.close().await;
     result
 }
 
 async fn pull_on(
     stream: &mut libp2p::Stream,
+    worker: &str,
     buffer: Arc<TrajectoryStore>,
     req: PullRequest,
 ) -> Result<PullOutcome, PullError> {
@@ -214,8 +227,19 @@ async fn pull_on(
     write_message(stream, &ask).await?;
     let (lease_id, count) = match read_message(stream).await? {
         Some(Message::Empty) => return Ok(PullOutcome::default()),
-        Some(Message::Lease { lease_id, count }) if count <= MAX_GROUPS_PER_LEASE => {
+        Some(Message::Lease { lease_id, count })
+            if count <= req.max_groups.clamp(1, MAX_GROUPS_PER_LEASE) =>
+        {
             (lease_id, count)
+        }
+        Some(Message::Lease { count, .. }) => {
+            // More than asked for: the worker wants the learner to allocate and store what it
+            // did not ask for. Refused whole, before reading a group (the lease expires).
+            metrics::counter!("pull_oversized_leases_total").increment(1);
+            return Err(PullError::OversizedLease {
+                count,
+                max: req.max_groups,
+            });
         }
         Some(Message::Error { message }) => return Err(PullError::Refused(message)),
         other => {
@@ -237,18 +261,16 @@ async fn pull_on(
         };
         out.received += 1;
         out.bytes += bytes.len() as u64;
-        match TrajectoryGroup::decode(&bytes) {
-            Ok(g) if g.version >= req.v_min => valid.push(g),
-            Ok(g) => {
-                tracing::warn!(
-                    version = g.version,
-                    v_min = req.v_min,
-                    "worker sent an inadmissible group"
-                );
-                out.invalid += 1;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "worker sent an undecodable group");
+        let checked = TrajectoryGroup::decode(&bytes)
+            .map_err(|e| GroupRejection::Malformed(e.to_string()))
+            .and_then(|g| admit(g, worker, &req));
+        match checked {
+            Ok(g) => valid.push(g),
+            Err(why) => {
+                tracing::warn!(%worker, reason = why.reason(), detail = %why, "worker sent a group the learner refuses");
+                metrics::counter!("pull_groups_rejected_total", "reason" => why.reason())
+                    .increment(1);
+                *out.rejected.entry(why.reason()).or_default() += 1;
                 out.invalid += 1;
             }
         }
@@ -272,4 +294,20 @@ async fn pull_on(
     }
     metrics::counter!("pull_groups_stored_total").increment(out.stored as u64);
     Ok(out)
+}
+
+/// Admission of one decoded group from `worker`: admissible version, then [`check_group`].
+fn admit(
+    g: TrajectoryGroup,
+    worker: &str,
+    req: &PullRequest,
+) -> Result<TrajectoryGroup, GroupRejection> {
+    if g.version < req.v_min {
+        return Err(GroupRejection::Inadmissible {
+            version: g.version,
+            v_min: req.v_min,
+        });
+    }
+    check_group(&g, &req.limits, worker)?;
+    Ok(g)
 }

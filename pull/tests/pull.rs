@@ -9,7 +9,9 @@ use futures::AsyncWriteExt;
 use p2p::{Client, ServiceConfig};
 use pull::wire::{read_message, write_message, Message};
 use pull::{pull, serve, PullError, PullRequest};
-use storage::record::testing::group;
+use storage::record::testing;
+use storage::record::GroupLimits;
+use storage::TrajectoryGroup;
 use storage::TrajectoryStore;
 
 fn config(bootstrap: Vec<String>) -> ServiceConfig {
@@ -74,6 +76,15 @@ async fn net() -> Net {
     }
 }
 
+impl Net {
+    /// A valid group produced by this net's worker (the learner checks the producer).
+    fn group(&self, version: u64, seed: u64, n: usize, tokens: usize) -> TrajectoryGroup {
+        let mut g = testing::group(version, seed, n, tokens);
+        g.producer = self.worker.local_peer_id().to_base58();
+        g
+    }
+}
+
 /// Versions of the groups in the learner's buffer, in key order.
 fn buffered_versions(n: &Net) -> Vec<u64> {
     let groups = n.buffer.scan(0, 10).unwrap();
@@ -84,6 +95,7 @@ const REQ: PullRequest = PullRequest {
     v_min: 2,
     max_groups: 16,
     ttl: Duration::from_secs(30),
+    limits: GroupLimits::PERMISSIVE,
 };
 
 /// The first pull may race the connection being established: retry opening for a while.
@@ -107,7 +119,7 @@ async fn pull_retrying(n: &Net, req: PullRequest) -> pull::PullOutcome {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_store_ack_moves_admissible_groups_exactly_once() {
     let n = net().await;
-    let groups: Vec<_> = (0..6).map(|i| group(i / 2, i, 4, 8)).collect(); // versions 0,0,1,1,2,2
+    let groups: Vec<_> = (0..6).map(|i| n.group(i / 2, i, 4, 8)).collect(); // versions 0,0,1,1,2,2
     n.worker_store.put_groups(&groups).unwrap();
 
     let out = pull_retrying(&n, REQ).await;
@@ -144,7 +156,7 @@ async fn lease_store_ack_moves_admissible_groups_exactly_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_pull_gets_the_freshest_admissible_groups() {
     let n = net().await;
-    let groups: Vec<_> = [3, 5, 2, 4].iter().map(|&v| group(v, v, 2, 4)).collect();
+    let groups: Vec<_> = [3, 5, 2, 4].iter().map(|&v| n.group(v, v, 2, 4)).collect();
     n.worker_store.put_groups(&groups).unwrap();
     let req = PullRequest {
         max_groups: 2,
@@ -161,7 +173,7 @@ async fn a_short_pull_gets_the_freshest_admissible_groups() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_learner_may_pull() {
     let n = net().await;
-    n.worker_store.put_group(&group(5, 1, 2, 2)).unwrap();
+    n.worker_store.put_group(&n.group(5, 1, 2, 2)).unwrap();
     let worker = n.worker.local_peer_id();
     let control = n.stranger.stream_control();
     let buffer = n.buffer.clone();
@@ -190,7 +202,7 @@ async fn only_the_learner_may_pull() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_learner_that_dies_before_acking_loses_nothing_and_stores_nothing_twice() {
     let n = net().await;
-    let groups: Vec<_> = (0..3).map(|i| group(4, i, 2, 4)).collect();
+    let groups: Vec<_> = (0..3).map(|i| n.group(4, i, 2, 4)).collect();
     n.worker_store.put_groups(&groups).unwrap();
     let worker = n.worker.local_peer_id();
 
@@ -232,6 +244,7 @@ async fn a_learner_that_dies_before_acking_loses_nothing_and_stores_nothing_twic
                 v_min: 0,
                 max_groups: 16,
                 ttl: Duration::from_secs(30),
+                limits: GroupLimits::PERMISSIVE,
             };
             pull(&mut c, worker, buffer, req)
                 .await

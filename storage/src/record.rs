@@ -224,6 +224,151 @@ impl TrajectoryGroup {
     }
 }
 
+/// Default lowest sampler log-prob a pulled group may carry (see [`GroupLimits`]).
+pub const DEFAULT_LOGPROB_FLOOR: f32 = -50.0;
+
+/// What the learner accepts from a worker, beyond the schema ([`TrajectoryGroup::validate`]):
+/// the limits of its own model and configuration. The caller (the learner's pull path)
+/// passes them in; [`check_group`] applies them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GroupLimits {
+    /// Token ids must be `< vocab_size` (an id past the embedding table fails the forward).
+    pub vocab_size: usize,
+    /// `prompt + response ≤ max_context` tokens (the model's position limit).
+    pub max_context: usize,
+    /// Every sampler log-prob must lie in `[logprob_floor, 1e-4]`: the importance ratio
+    /// `exp(ℓ − q)` of a token with `q` far below any real sampling probability overflows.
+    pub logprob_floor: f32,
+    /// Samples per group (n) the learner expects.
+    pub group_size: usize,
+}
+
+impl GroupLimits {
+    /// Limits that accept any schema-valid group (tests, tools): only the decoding limits
+    /// apply, and any group size.
+    pub const PERMISSIVE: GroupLimits = GroupLimits {
+        vocab_size: u32::MAX as usize + 1,
+        max_context: usize::MAX,
+        logprob_floor: f32::MIN,
+        group_size: 0,
+    };
+}
+
+/// Why a pulled group was refused. [`GroupRejection::reason`] names the kind (the key of the
+/// per-reason counts); the `Display` text carries the detail for the log.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum GroupRejection {
+    /// Not decodable, or fails [`TrajectoryGroup::validate`] (lengths, finiteness, bounds).
+    #[error("malformed: {0}")]
+    Malformed(String),
+    #[error("sample {sample}: token id {token} ≥ vocabulary size {vocab}")]
+    TokenOutOfVocab {
+        sample: usize,
+        token: u32,
+        vocab: usize,
+    },
+    #[error("sample {sample}: {len} prompt + response tokens > context {max}")]
+    TooLong {
+        sample: usize,
+        len: usize,
+        max: usize,
+    },
+    #[error("sample {sample}: sampler log-prob {logprob} outside [{floor}, 1e-4]")]
+    LogprobOutOfRange {
+        sample: usize,
+        logprob: f32,
+        floor: f32,
+    },
+    #[error("{got} samples, expected group size {expected}")]
+    GroupSize { got: usize, expected: usize },
+    #[error("producer {claimed:?} is not the peer it came from ({peer})")]
+    ForgedProducer { claimed: String, peer: String },
+    #[error("version {version} below the requested v_min {v_min}")]
+    Inadmissible { version: u64, v_min: u64 },
+}
+
+impl GroupRejection {
+    /// Short stable name of the kind, for counters and metrics labels.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            GroupRejection::Malformed(_) => "malformed",
+            GroupRejection::TokenOutOfVocab { .. } => "token_out_of_vocab",
+            GroupRejection::TooLong { .. } => "too_long",
+            GroupRejection::LogprobOutOfRange { .. } => "logprob_out_of_range",
+            GroupRejection::GroupSize { .. } => "group_size",
+            GroupRejection::ForgedProducer { .. } => "forged_producer",
+            GroupRejection::Inadmissible { .. } => "inadmissible",
+        }
+    }
+}
+
+/// The learner's full check of a group received from `peer` (its base58 id): the schema,
+/// then every limit of `limits`, then that the group names `peer` as its producer (a worker
+/// must not be able to pass its groups off as another's, or the penalty for bad data lands
+/// on the wrong peer). Pure; cost linear in the group's tokens, no allocation on success.
+pub fn check_group(
+    g: &TrajectoryGroup,
+    limits: &GroupLimits,
+    peer: &str,
+) -> std::result::Result<(), GroupRejection> {
+    g.validate()
+        .map_err(|e| GroupRejection::Malformed(e.to_string()))?;
+    if limits.group_size != 0 && g.samples.len() != limits.group_size {
+        return Err(GroupRejection::GroupSize {
+            got: g.samples.len(),
+            expected: limits.group_size,
+        });
+    }
+    let vocab = limits.vocab_size;
+    let out_of_vocab = |t: &&u32| **t as usize >= vocab;
+    if let Some(&token) = g.prompt_tokens.iter().find(out_of_vocab) {
+        return Err(GroupRejection::TokenOutOfVocab {
+            sample: 0,
+            token,
+            vocab,
+        });
+    }
+    for (i, s) in g.samples.iter().enumerate() {
+        if let Some(&token) = s.response_tokens.iter().find(out_of_vocab) {
+            return Err(GroupRejection::TokenOutOfVocab {
+                sample: i,
+                token,
+                vocab,
+            });
+        }
+        let len = g
+            .prompt_tokens
+            .len()
+            .saturating_add(s.response_tokens.len());
+        if len > limits.max_context {
+            return Err(GroupRejection::TooLong {
+                sample: i,
+                len,
+                max: limits.max_context,
+            });
+        }
+        // validate() has established finite and ≤ 1e-4; the floor is the remaining bound.
+        if let Some(&logprob) = s
+            .sampler_logprobs
+            .iter()
+            .find(|lp| **lp < limits.logprob_floor)
+        {
+            return Err(GroupRejection::LogprobOutOfRange {
+                sample: i,
+                logprob,
+                floor: limits.logprob_floor,
+            });
+        }
+    }
+    if g.producer != peer {
+        return Err(GroupRejection::ForgedProducer {
+            claimed: g.producer.clone(),
+            peer: peer.to_string(),
+        });
+    }
+    Ok(())
+}
+
 fn put_tokens(w: &mut Writer, tokens: &[u32]) {
     w.varint(tokens.len() as u64);
     for t in tokens {
@@ -318,6 +463,75 @@ mod tests {
         let mut longer = bytes.clone();
         longer.push(0);
         assert!(TrajectoryGroup::decode(&longer).is_err(), "trailing byte");
+    }
+
+    fn limits() -> GroupLimits {
+        GroupLimits {
+            vocab_size: 300,
+            max_context: 64,
+            logprob_floor: DEFAULT_LOGPROB_FLOOR,
+            group_size: 4,
+        }
+    }
+
+    fn reason(g: &TrajectoryGroup) -> Option<&'static str> {
+        check_group(g, &limits(), "12D3KooWtest")
+            .err()
+            .map(|e| e.reason())
+    }
+
+    #[test]
+    fn a_valid_group_passes_every_check() {
+        assert_eq!(reason(&testing::group(1, 1, 4, 8)), None);
+        let lax = check_group(
+            &testing::group(1, 1, 3, 8),
+            &GroupLimits::PERMISSIVE,
+            "12D3KooWtest",
+        );
+        assert_eq!(lax, Ok(()), "permissive limits accept any group size");
+    }
+
+    #[test]
+    fn each_limit_has_its_own_rejection() {
+        let base = || testing::group(1, 1, 4, 8);
+        let mut g = base();
+        g.samples[2].sampler_logprobs[3] = -1e4;
+        assert_eq!(reason(&g), Some("logprob_out_of_range"));
+        let mut g = base();
+        g.samples[0].sampler_logprobs[0] = DEFAULT_LOGPROB_FLOOR;
+        assert_eq!(reason(&g), None, "the floor itself is allowed");
+        let mut g = base();
+        g.samples[1].sampler_logprobs[0] = f32::NAN;
+        assert_eq!(
+            reason(&g),
+            Some("malformed"),
+            "non-finite is a schema error"
+        );
+        let mut g = base();
+        g.samples[1].response_tokens[0] = 300;
+        assert_eq!(reason(&g), Some("token_out_of_vocab"));
+        let mut g = base();
+        g.prompt_tokens[0] = u32::MAX;
+        assert_eq!(reason(&g), Some("token_out_of_vocab"));
+        let mut g = testing::group(1, 1, 4, 57); // 8 prompt + 57 response = 65 > 64
+        assert_eq!(reason(&g), Some("too_long"));
+        g.samples.iter_mut().for_each(|s| {
+            s.response_tokens.pop();
+            s.sampler_logprobs.pop();
+            s.loss_mask.pop();
+        });
+        assert_eq!(reason(&g), None, "exactly the context is allowed");
+        assert_eq!(reason(&testing::group(1, 1, 5, 8)), Some("group_size"));
+        let mut g = base();
+        g.samples[0].loss_mask.pop();
+        assert_eq!(reason(&g), Some("malformed"));
+        let mut g = base();
+        g.samples[0].reward = f32::INFINITY;
+        assert_eq!(reason(&g), Some("malformed"));
+        let g = base();
+        let e = check_group(&g, &limits(), "12D3KooWother").unwrap_err();
+        assert_eq!(e.reason(), "forged_producer");
+        assert!(e.to_string().contains("12D3KooWother"), "{e}");
     }
 
     proptest! {

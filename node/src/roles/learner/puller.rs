@@ -7,6 +7,10 @@
 //! [`control::pulls::allocate_pulls`]. Pulls run concurrently and independently — a worker that
 //! is slow to answer (installing a snapshot, overloaded) holds back only its own share, not the
 //! next round of pulls from the others.
+//!
+//! Every pull carries the learner's [`GroupLimits`] (its model's vocabulary and context, the
+//! log-prob floor, the group size): `pull::pull` stores only groups that pass them and that
+//! name the worker as their producer, and reports the others per reason.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,6 +19,7 @@ use std::time::Duration;
 
 use control::pulls::allocate_pulls;
 use futures::stream::{FuturesUnordered, StreamExt};
+use storage::record::{GroupLimits, DEFAULT_LOGPROB_FLOOR};
 use storage::TrajectoryStore;
 
 use super::Shared;
@@ -31,6 +36,8 @@ pub(super) struct PullSettings {
     interval: Duration,
     /// Lease time asked of the workers.
     lease_ttl: Duration,
+    /// What a pulled group must satisfy to be stored.
+    limits: GroupLimits,
 }
 
 impl PullSettings {
@@ -39,7 +46,37 @@ impl PullSettings {
             target: config.learner.buffer_target(),
             interval: Duration::from_millis(config.learner.pull_interval_ms),
             lease_ttl: Duration::from_secs(config.storage.lease_ttl_s),
+            limits: group_limits(config),
         }
+    }
+}
+
+/// The learner's limits on pulled groups: its model's vocabulary and context, the default
+/// log-prob floor, `learner.group_size`. When the model's configuration cannot be read here,
+/// vocabulary and context are left unchecked at pull time (the trainer checks them again
+/// against the model it runs, and quarantines what it cannot take).
+fn group_limits(config: &NodeConfig) -> GroupLimits {
+    let model = if config.model.source == "embedded" {
+        Ok(policy::ModelConfig::tiny())
+    } else {
+        let path = std::path::Path::new(&config.model.source).join("config.json");
+        std::fs::read_to_string(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|json| policy::ModelConfig::from_hf_json(&json).map_err(|e| e.to_string()))
+    };
+    let (vocab_size, max_context) = match model {
+        Ok(m) => (m.vocab_size, m.max_position_embeddings),
+        Err(e) => {
+            tracing::warn!(error = %e, "model config unreadable: pulled groups are not checked against vocabulary and context");
+            let p = GroupLimits::PERMISSIVE;
+            (p.vocab_size, p.max_context)
+        }
+    };
+    GroupLimits {
+        vocab_size,
+        max_context,
+        logprob_floor: DEFAULT_LOGPROB_FLOOR,
+        group_size: config.learner.group_size,
     }
 }
 
@@ -61,6 +98,7 @@ impl PullStats {
     pub fn errors(&self) -> u64 {
         self.pull_errors.load(Ordering::Relaxed)
     }
+
     pub fn mu_pool(&self) -> f64 {
         self.mu_pool_milli.load(Ordering::Relaxed) as f64 / 1000.0
     }
@@ -148,6 +186,7 @@ pub(super) async fn run(
                 v_min,
                 max_groups,
                 ttl: settings.lease_ttl,
+                limits: settings.limits,
             };
             busy.insert(peer);
             asked += max_groups;
@@ -179,8 +218,14 @@ fn record_outcome(
                 .groups_pulled
                 .fetch_add(out.stored as u64, Ordering::Relaxed);
             if out.invalid > 0 {
-                tracing::warn!(%peer, invalid = out.invalid, "worker sent invalid groups");
+                // The hook for the peer penalty (strikes, bans): `out.rejected` per reason.
+                metrics::counter!("learner_groups_rejected_total").increment(out.invalid as u64);
+                tracing::warn!(%peer, invalid = out.invalid, reasons = ?out.rejected, "worker sent groups the learner refuses");
             }
+        }
+        Err(e @ pull::PullError::OversizedLease { .. }) => {
+            shared.pulls.pull_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%peer, error = %e, "worker announced more groups than asked for");
         }
         Err(e) => {
             shared.pulls.pull_errors.fetch_add(1, Ordering::Relaxed);

@@ -1,6 +1,12 @@
 //! The training thread: Algorithm 1's loop — gather B admissible groups from the buffer (the
 //! wait is the learner's idle time), ack them, train one step, publish every κ steps,
 //! checkpoint every N steps and at shutdown, log one JSON line per step.
+//!
+//! Bad data never ends this thread: groups the trainer could not train (see
+//! `learner::Trainer::train_step`) are *quarantined* — kept under `<data_dir>/quarantine/`
+//! for inspection, counted, never trained, and their producers handed to
+//! [`on_quarantined`] (the hook for the peer penalty). Only a local fault (I/O, memory) or
+//! [`MAX_FAILED_STEPS`] failed steps in a row end it, with a message saying which.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Write;
@@ -10,9 +16,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use learner::{StepStats, Trainer, Verdict};
+use learner::{LearnerError, StepStats, Trainer, Verdict};
 use serde_json::json;
-use storage::TrajectoryStore;
+use storage::{TrajectoryGroup, TrajectoryStore};
 use tokio::sync::watch;
 
 use super::{push_recent, Shared, Snapshot};
@@ -25,6 +31,15 @@ const BUFFER_LEASE_TTL: Duration = Duration::from_secs(120);
 const RECENT_REWARDS: usize = 20;
 /// Steps whose T_train the median is taken over.
 const RECENT_STEPS: usize = 32;
+/// Consecutive training steps failing with an error (not bad data, which the trainer
+/// quarantines without failing) after which the fault is taken to be local and the thread ends.
+/// One failure quarantines its batch and training goes on: a batch that broke the step in a
+/// way the trainer did not foresee must not stop the node; a fault that breaks every batch
+/// must not quarantine the whole swarm's output.
+pub(super) const MAX_FAILED_STEPS: u32 = 3;
+/// Quarantined groups kept on disk at most; past it they are counted and logged only, so a
+/// hostile peer cannot fill the learner's disk.
+const MAX_QUARANTINE_FILES: u64 = 1000;
 
 pub(super) struct TrainCtx {
     pub trainer: Trainer,
@@ -51,6 +66,8 @@ pub(super) struct Totals {
     pub dropped_stale: u64,
     pub dropped_zero: u64,
     pub dropped_other: u64,
+    /// Groups quarantined (never trained) since start.
+    pub quarantined: u64,
     pub reward_first: Option<f64>,
     /// Rewards of the last [`RECENT_REWARDS`] steps.
     pub recent_rewards: VecDeque<f64>,
@@ -83,6 +100,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
     let mut log = open_log(&c.steps_log)?;
     let mut totals = Totals::default();
     let mut last: Option<(StepStats, f64)> = None;
+    let mut failed_steps = 0u32;
     publish(&c.trainer, c.snapshot_dtype, &c.snap_tx)?;
     while !c.shared.stop.load(Ordering::Relaxed) {
         if c.cfg.max_steps > 0 && c.trainer.version() >= c.cfg.max_steps {
@@ -97,12 +115,46 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
         };
         let idle = t_wait.elapsed().as_secs_f64();
         c.shared.pull_wake.notify_one();
-        let trained: Vec<String> = hand
+        let admitted: Vec<[u8; 16]> = hand
             .iter()
             .filter(|g| c.trainer.classify(g) == Verdict::Admitted)
-            .map(|g| hex::encode(g.group_id))
+            .map(|g| g.group_id)
             .collect();
-        let st = c.trainer.train_step(&hand)?;
+        let st = match c.trainer.train_step(&hand) {
+            Ok(st) => {
+                failed_steps = 0;
+                st
+            }
+            Err(e) => {
+                failed_steps += 1;
+                if let Some(fault) = local_fault(&e, failed_steps) {
+                    return Err(anyhow::Error::new(e).context(fault));
+                }
+                tracing::error!(error = %e, failed_steps, "a training step failed; its batch is quarantined");
+                let bad: Vec<_> = hand
+                    .iter()
+                    .map(|g| (g, format!("training step failed: {e}")))
+                    .collect();
+                totals.quarantined += quarantine_all(&c, &bad);
+                continue;
+            }
+        };
+        if !st.quarantined.is_empty() {
+            let bad: Vec<_> = st
+                .quarantined
+                .iter()
+                .filter_map(|q| {
+                    let g = hand.iter().find(|g| g.group_id == q.group_id)?;
+                    Some((g, q.reason.clone()))
+                })
+                .collect();
+            totals.quarantined += quarantine_all(&c, &bad);
+        }
+        let trained: Vec<String> = admitted
+            .iter()
+            .filter(|id| !st.quarantined.iter().any(|q| q.group_id == **id))
+            .map(hex::encode)
+            .collect();
         totals.add(&st, idle);
         if !st.stepped {
             continue;
@@ -129,6 +181,88 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
     let dir = c.trainer.save(&c.ckpt_dir).context("final checkpoint")?;
     tracing::info!(version = c.trainer.version(), dir = %dir.display(), "checkpoint written");
     Ok(())
+}
+
+/// Why a failed step must end the training thread, if it must: a local fault (I/O, memory),
+/// or [`MAX_FAILED_STEPS`] failures in a row (whatever fails every batch is not the data).
+/// `None`: the batch is to blame, quarantine it and go on.
+fn local_fault(e: &LearnerError, failed_steps: u32) -> Option<String> {
+    let text = e.to_string().to_ascii_lowercase();
+    if matches!(e, LearnerError::Io(_)) {
+        return Some("training stopped: local I/O fault".into());
+    }
+    if ["out of memory", "failed to allocate", "memory allocation"]
+        .iter()
+        .any(|w| text.contains(w))
+    {
+        return Some("training stopped: out of memory".into());
+    }
+    (failed_steps >= MAX_FAILED_STEPS).then(|| {
+        format!(
+            "training stopped: {failed_steps} steps in a row failed on different batches, \
+             so the fault is taken to be local (not the data)"
+        )
+    })
+}
+
+/// Quarantines `bad` (group, reason) and returns how many; see [`quarantine`].
+fn quarantine_all(c: &TrainCtx, bad: &[(&TrajectoryGroup, String)]) -> u64 {
+    let dir = quarantine_dir(&c.ckpt_dir);
+    let kept = count_kept(&dir);
+    for (i, (g, reason)) in bad.iter().enumerate() {
+        let id = hex::encode(g.group_id);
+        tracing::warn!(group = %id, producer = %g.producer, %reason, "group quarantined, not trained");
+        if kept + i as u64 >= MAX_QUARANTINE_FILES {
+            tracing::warn!(group = %id, "quarantine full ({MAX_QUARANTINE_FILES} groups): not kept on disk");
+            continue;
+        }
+        if let Err(e) = quarantine(&dir, g, reason) {
+            tracing::warn!(group = %id, error = %e, "could not keep a quarantined group on disk");
+        }
+    }
+    metrics::counter!("learner_groups_quarantined_total").increment(bad.len() as u64);
+    let producers: Vec<&str> = bad.iter().map(|(g, _)| g.producer.as_str()).collect();
+    on_quarantined(&producers);
+    bad.len() as u64
+}
+
+/// The hook for the penalty of peers whose groups were quarantined (strikes and bans come in a
+/// later step); `producers` are the producer ids the groups name — the learner's pull checks
+/// that a group's producer is the peer it was pulled from.
+fn on_quarantined(producers: &[&str]) {
+    for p in producers {
+        tracing::info!(producer = %p, "producer of a quarantined group");
+    }
+}
+
+/// `<data_dir>/quarantine`: the checkpoint folder is `<data_dir>/checkpoints`.
+fn quarantine_dir(ckpt_dir: &Path) -> PathBuf {
+    ckpt_dir.parent().unwrap_or(ckpt_dir).join("quarantine")
+}
+
+fn count_kept(dir: &Path) -> u64 {
+    std::fs::read_dir(dir).map_or(0, |rd| {
+        rd.filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".bin"))
+            .count() as u64
+    })
+}
+
+/// Keeps `g` for inspection: `<dir>/<group id hex>.bin` (the encoded group) and `.json`
+/// (producer, reason, time, and the group's identifying fields).
+pub(super) fn quarantine(dir: &Path, g: &TrajectoryGroup, reason: &str) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let id = hex::encode(g.group_id);
+    std::fs::write(dir.join(format!("{id}.bin")), g.encode())?;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let meta = json!({
+        "group_id": id, "producer": g.producer, "reason": reason, "quarantined_unix_ms": now_ms,
+        "version": g.version, "task_id": g.task_id, "prompt_id": g.prompt_id,
+        "samples": g.samples.len(),
+    });
+    std::fs::write(dir.join(format!("{id}.json")), format!("{meta:#}\n"))
 }
 
 /// Leases B admissible groups from the buffer, freshest first, and acks them; `None` when
@@ -233,4 +367,44 @@ fn publish(
     .context("serialising the snapshot")?;
     tx.send_replace(Some((trainer.version(), bytes::Bytes::from(bytes))));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_local_faults_or_repeated_failures_end_training() {
+        let data = LearnerError::Invalid("non-finite gradient norm NaN".into());
+        assert_eq!(
+            local_fault(&data, 1),
+            None,
+            "one failed batch is the data's fault"
+        );
+        assert_eq!(local_fault(&data, MAX_FAILED_STEPS - 1), None);
+        assert!(local_fault(&data, MAX_FAILED_STEPS).is_some());
+        let io = LearnerError::Io(std::io::Error::other("disk gone"));
+        assert!(local_fault(&io, 1).unwrap().contains("I/O"));
+        let oom = LearnerError::Invalid("CUDA out of memory".into());
+        assert!(local_fault(&oom, 1).unwrap().contains("memory"));
+    }
+
+    #[test]
+    fn a_quarantined_group_is_kept_with_its_producer_and_reason() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = quarantine_dir(&tmp.path().join("checkpoints"));
+        assert_eq!(dir, tmp.path().join("quarantine"));
+        let g = storage::record::testing::group(3, 7, 2, 4);
+        quarantine(&dir, &g, "non-finite loss inf").unwrap();
+        let id = hex::encode(g.group_id);
+        let bytes = std::fs::read(dir.join(format!("{id}.bin"))).unwrap();
+        assert_eq!(TrajectoryGroup::decode(&bytes).unwrap(), g);
+        let meta: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join(format!("{id}.json"))).unwrap())
+                .unwrap();
+        assert_eq!(meta["producer"], g.producer.as_str());
+        assert_eq!(meta["reason"], "non-finite loss inf");
+        assert_eq!(meta["version"], 3);
+        assert_eq!(count_kept(&dir), 1);
+    }
 }

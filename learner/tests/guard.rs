@@ -1,0 +1,192 @@
+//! Hostile groups reaching the trainer: a step never fails because of data. A group with a
+//! sampler log-prob of −1e4 (the importance ratio overflows), a token id outside the
+//! vocabulary or a sequence beyond the context is quarantined; the step trains on the good
+//! groups; a batch of only bad groups takes no step and reports them.
+
+use candle_core::Device;
+use learner::{AdamWConfig, LossConfig, Objective, Trainer, TrainerConfig};
+use policy::{GenerationPath, ModelConfig, Policy, SamplingParams};
+use rand::SeedableRng;
+use storage::{Sample, TrajectoryGroup};
+
+const T: f32 = 0.9;
+
+fn small_policy(seed: u64) -> Policy {
+    let cfg = ModelConfig {
+        hidden_size: 32,
+        intermediate_size: 64,
+        num_hidden_layers: 1,
+        num_attention_heads: 2,
+        num_key_value_heads: 1,
+        head_dim: 16,
+        max_position_embeddings: 64,
+        ..ModelConfig::tiny()
+    };
+    Policy::new_random(&cfg, seed, &Device::Cpu).unwrap()
+}
+
+fn trainer(objective: Objective) -> Trainer {
+    let cfg = TrainerConfig {
+        loss: LossConfig {
+            objective,
+            ..LossConfig::default()
+        },
+        optim: AdamWConfig {
+            lr: 1e-2,
+            ..AdamWConfig::default()
+        },
+        temperature: T,
+        staleness: 3,
+        kappa: None,
+        groups_per_step: 4,
+        group_size: 4,
+    };
+    Trainer::new(small_policy(1), cfg).unwrap()
+}
+
+/// A group of 4 real samples of `policy` with rewards 0, 1/3, 2/3, 1.
+fn group(policy: &Policy, seed: u64) -> TrajectoryGroup {
+    let prompt: Vec<u32> = vec![257, 49 + (seed % 9) as u32, 43, 50, 61, 259];
+    let mut params = SamplingParams::new(5, vec![258]);
+    params.temperature = T;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let outs = policy::generate(
+        policy,
+        &prompt,
+        4,
+        &params,
+        GenerationPath::Batched,
+        &mut rng,
+    )
+    .unwrap();
+    let samples = outs
+        .into_iter()
+        .enumerate()
+        .map(|(k, c)| {
+            let mut id = [0u8; 16];
+            id[..8].copy_from_slice(&seed.to_le_bytes());
+            id[8] = k as u8;
+            Sample {
+                trajectory_id: id,
+                loss_mask: vec![1; c.tokens.len()],
+                response_text: String::new(),
+                reward: k as f32 / 3.0,
+                response_tokens: c.tokens,
+                sampler_logprobs: c.logprobs,
+                finished_unix_ms: 0,
+            }
+        })
+        .collect();
+    let mut gid = [0u8; 16];
+    gid[..8].copy_from_slice(&seed.to_le_bytes());
+    gid[15] = 0xff;
+    TrajectoryGroup {
+        group_id: gid,
+        task_id: "test".into(),
+        prompt_id: format!("p{seed}"),
+        version: 0,
+        producer: format!("worker-{seed}"),
+        prompt_text: String::new(),
+        prompt_tokens: prompt,
+        created_unix_ms: 0,
+        samples,
+    }
+}
+
+fn weights_finite(t: &Trainer) -> bool {
+    t.policy().named_vars().unwrap().iter().all(|(_, v)| {
+        v.as_tensor()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+            .iter()
+            .all(|x| x.is_finite())
+    })
+}
+
+/// The three kinds of poison, each applied to group `seed`.
+fn poisoned(t: &Trainer, kind: &str, seed: u64) -> TrajectoryGroup {
+    let mut g = group(t.policy(), seed);
+    let s = &mut g.samples[0];
+    match kind {
+        "logprob" => s.sampler_logprobs[0] = -1e4,
+        "vocab" => s.response_tokens[0] = t.policy().config().vocab_size as u32,
+        "context" => {
+            let extra = t.policy().config().max_position_embeddings;
+            s.response_tokens.extend(std::iter::repeat_n(65, extra));
+            s.sampler_logprobs.extend(std::iter::repeat_n(-1.0, extra));
+            s.loss_mask.extend(std::iter::repeat_n(1, extra));
+        }
+        _ => unreachable!(),
+    }
+    g
+}
+
+#[test]
+fn a_bad_group_is_quarantined_and_the_good_ones_train() {
+    for kind in ["logprob", "vocab", "context"] {
+        let mut t = trainer(Objective::Grpo);
+        let mut batch: Vec<TrajectoryGroup> = (1..=3).map(|s| group(t.policy(), s)).collect();
+        let bad = poisoned(&t, kind, 9);
+        batch.insert(1, bad.clone());
+        let st = t
+            .train_step(&batch)
+            .unwrap_or_else(|e| panic!("{kind}: a bad group failed the step: {e}"));
+        assert!(st.stepped, "{kind}: the good groups train");
+        assert_eq!(st.version, 1);
+        assert_eq!(st.groups_used, 3, "{kind}");
+        assert_eq!(st.quarantined.len(), 1, "{kind}: {:?}", st.quarantined);
+        assert_eq!(st.quarantined[0].group_id, bad.group_id);
+        assert_eq!(st.quarantined[0].producer, "worker-9");
+        assert!(st.loss.is_finite() && weights_finite(&t), "{kind}");
+        assert!(
+            !t.has_consumed(&bad.samples[0].trajectory_id),
+            "{kind}: a quarantined group is not consumed"
+        );
+        assert!(t.has_consumed(&batch[0].samples[0].trajectory_id));
+    }
+}
+
+#[test]
+fn an_overflowing_ratio_never_reaches_the_weights_under_any_objective() {
+    for objective in [
+        Objective::Grpo,
+        Objective::DrGrpo,
+        Objective::Gspo,
+        Objective::Gepo,
+    ] {
+        let mut t = trainer(objective);
+        let batch = vec![group(t.policy(), 1), poisoned(&t, "logprob", 2)];
+        let st = t
+            .train_step(&batch)
+            .unwrap_or_else(|e| panic!("{objective:?}: {e}"));
+        assert!(st.stepped, "{objective:?}");
+        assert!(
+            st.loss.is_finite() && st.grad_norm.is_finite() && weights_finite(&t),
+            "{objective:?}: {st:?}"
+        );
+    }
+}
+
+#[test]
+fn a_batch_of_only_bad_groups_takes_no_step_and_reports_them() {
+    let mut t = trainer(Objective::Grpo);
+    let batch = vec![
+        poisoned(&t, "logprob", 1),
+        poisoned(&t, "vocab", 2),
+        poisoned(&t, "context", 3),
+    ];
+    let st = t.train_step(&batch).expect("no error for bad data");
+    assert!(!st.stepped);
+    assert_eq!(t.version(), 0);
+    let mut ids: Vec<[u8; 16]> = st.quarantined.iter().map(|q| q.group_id).collect();
+    ids.sort_unstable();
+    let mut want: Vec<[u8; 16]> = batch.iter().map(|g| g.group_id).collect();
+    want.sort_unstable();
+    assert_eq!(ids, want);
+    assert_eq!(t.consumed_len(), 0);
+    // The trainer is still fine: a good batch trains afterwards.
+    let st = t.train_step(&[group(t.policy(), 4)]).unwrap();
+    assert!(st.stepped && weights_finite(&t));
+}

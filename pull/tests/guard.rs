@@ -1,0 +1,173 @@
+//! A hostile worker over real loopback streams: groups that break the learner's limits or
+//! claim another producer are not stored, are counted per reason, and the valid groups of the
+//! same lease still arrive; a lease announcing more groups than asked is refused whole.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{AsyncWriteExt, StreamExt};
+use p2p::{Client, ServiceConfig};
+use pull::wire::{read_message, write_message, Message};
+use pull::{pull, serve, PullError, PullOutcome, PullRequest, TRAJECTORY_PULL};
+use storage::record::{testing, GroupLimits, DEFAULT_LOGPROB_FLOOR};
+use storage::TrajectoryStore;
+
+fn config(bootstrap: Vec<String>) -> ServiceConfig {
+    ServiceConfig::loopback("pull-guard-test", p2p::Role::Rollout, bootstrap, None)
+}
+
+async fn wait_for<T, F: std::future::Future<Output = Option<T>>>(
+    what: &str,
+    mut f: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A worker and a learner connected on 127.0.0.1.
+async fn pair(seed: u8) -> (Client, Client) {
+    let (worker, _ew, _tw) =
+        p2p::start([seed; 32], config(vec![]), &mut p2p::Registry::default()).unwrap();
+    let addr = wait_for("the worker to listen", || async {
+        worker.listen_addrs().await.ok()?.into_iter().next()
+    })
+    .await;
+    let boot = format!("{addr}/p2p/{}", worker.local_peer_id());
+    let (learner, _el, _tl) = p2p::start(
+        [seed + 1; 32],
+        config(vec![boot]),
+        &mut p2p::Registry::default(),
+    )
+    .unwrap();
+    (worker, learner)
+}
+
+const LIMITS: GroupLimits = GroupLimits {
+    vocab_size: 300,
+    max_context: 64,
+    logprob_floor: DEFAULT_LOGPROB_FLOOR,
+    group_size: 4,
+};
+
+fn req(max_groups: u64) -> PullRequest {
+    PullRequest {
+        v_min: 0,
+        max_groups,
+        ttl: Duration::from_secs(30),
+        limits: LIMITS,
+    }
+}
+
+async fn pull_retrying(
+    learner: &Client,
+    worker: p2p::PeerId,
+    buffer: &Arc<TrajectoryStore>,
+    req: PullRequest,
+) -> Result<PullOutcome, PullError> {
+    let control = learner.stream_control();
+    wait_for("a pull to go through", || {
+        let mut c = control.clone();
+        let buffer = buffer.clone();
+        async move {
+            match pull(&mut c, worker, buffer, req).await {
+                Err(PullError::Open { .. }) => None,
+                other => Some(other),
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_and_forged_groups_are_counted_not_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let (worker, learner) = pair(31).await;
+    let me = worker.local_peer_id().to_base58();
+    let own = |seed: u64| {
+        let mut g = testing::group(1, seed, 4, 8);
+        g.producer = me.clone();
+        g
+    };
+    let good = own(1);
+    let mut poisoned = own(2);
+    poisoned.samples[1].sampler_logprobs[2] = -1e4;
+    let mut out_of_vocab = own(3);
+    out_of_vocab.samples[0].response_tokens[0] = 5000;
+    let forged = testing::group(1, 4, 4, 8); // producer "12D3KooWtest", not the worker
+    let worker_store = Arc::new(TrajectoryStore::open(&dir.path().join("worker")).unwrap());
+    worker_store
+        .put_groups(&[good.clone(), poisoned, out_of_vocab, forged])
+        .unwrap();
+    let buffer = Arc::new(TrajectoryStore::open(&dir.path().join("learner")).unwrap());
+    tokio::spawn(serve(
+        worker.stream_control(),
+        worker_store.clone(),
+        learner.local_peer_id(),
+    ));
+
+    let out = pull_retrying(&learner, worker.local_peer_id(), &buffer, req(16))
+        .await
+        .expect("a pull with bad groups still succeeds");
+    assert_eq!((out.received, out.stored, out.invalid), (4, 1, 3));
+    let reasons: Vec<(&str, usize)> = out.rejected.iter().map(|(k, v)| (*k, *v)).collect();
+    assert_eq!(
+        reasons,
+        vec![
+            ("forged_producer", 1),
+            ("logprob_out_of_range", 1),
+            ("token_out_of_vocab", 1)
+        ]
+    );
+    let stored = buffer.scan(0, 10).unwrap();
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].1, good, "only the valid group is stored");
+    assert_eq!(buffer.counters().unwrap().rejected_invalid, 3);
+    // The whole lease is acked: the worker does not offer the refused groups again.
+    assert_eq!(out.consumed_on_worker, 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_larger_than_asked_is_refused_before_reading_a_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let (worker, learner) = pair(41).await;
+    let me = worker.local_peer_id().to_base58();
+    // A hand-written worker that answers every pull with a lease of 10 groups and sends them.
+    let mut incoming = worker.stream_control().accept(TRAJECTORY_PULL).unwrap();
+    tokio::spawn(async move {
+        while let Some((_, mut s)) = incoming.next().await {
+            let me = me.clone();
+            tokio::spawn(async move {
+                let Ok(Some(Message::Pull { .. })) = read_message(&mut s).await else {
+                    return;
+                };
+                let lease = Message::Lease {
+                    lease_id: 7,
+                    count: 10,
+                };
+                let _ = write_message(&mut s, &lease).await;
+                for seed in 0..10 {
+                    let mut g = testing::group(1, seed, 4, 8);
+                    g.producer = me.clone();
+                    let msg = Message::Group { bytes: g.encode() };
+                    if write_message(&mut s, &msg).await.is_err() {
+                        break;
+                    }
+                }
+                let _ = s.close().await;
+            });
+        }
+    });
+    let buffer = Arc::new(TrajectoryStore::open(&dir.path().join("learner")).unwrap());
+    let r = pull_retrying(&learner, worker.local_peer_id(), &buffer, req(3)).await;
+    match r {
+        Err(PullError::OversizedLease { count: 10, max: 3 }) => {}
+        other => panic!("expected an oversized-lease error, got {other:?}"),
+    }
+    assert!(buffer.scan(0, 100).unwrap().is_empty(), "nothing stored");
+}
