@@ -256,6 +256,10 @@ pub struct LearnerConfig {
     /// while the current one trains; more only ages the groups — the freshest are trained
     /// first and the rest expire).
     pub buffer_groups: u64,
+    /// A pulled group with a sampled-token log-prob below this is refused (`docs/security.md`):
+    /// an honest sampler at temperature ≥ 0.5 over a 150 k vocabulary stays far above it, and
+    /// a forged −1e4 would overflow the importance ratio.
+    pub logprob_floor: f32,
 }
 
 impl Default for LearnerConfig {
@@ -277,6 +281,7 @@ impl Default for LearnerConfig {
             max_steps: 0,
             pull_interval_ms: 100,
             buffer_groups: 0,
+            logprob_floor: storage::record::DEFAULT_LOGPROB_FLOOR,
         }
     }
 }

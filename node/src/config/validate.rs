@@ -101,6 +101,12 @@ impl NodeConfig {
         if l.kappa == Some(0) {
             bad("learner.kappa", "must be at least 1".into());
         }
+        if !(l.logprob_floor.is_finite() && (-1e4..0.0).contains(&l.logprob_floor)) {
+            bad(
+                "learner.logprob_floor",
+                format!("{} must be in [-10000, 0)", l.logprob_floor),
+            );
+        }
         if l.checkpoint_every == 0 {
             bad("learner.checkpoint_every", "must be at least 1".into());
         }

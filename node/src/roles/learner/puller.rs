@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use control::pulls::allocate_pulls;
 use futures::stream::{FuturesUnordered, StreamExt};
-use storage::record::{GroupLimits, DEFAULT_LOGPROB_FLOOR};
+use storage::record::GroupLimits;
 use storage::TrajectoryStore;
 
 use super::Shared;
@@ -75,7 +75,7 @@ fn group_limits(config: &NodeConfig) -> GroupLimits {
     GroupLimits {
         vocab_size,
         max_context,
-        logprob_floor: DEFAULT_LOGPROB_FLOOR,
+        logprob_floor: config.learner.logprob_floor,
         group_size: config.learner.group_size,
     }
 }
