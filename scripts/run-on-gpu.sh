@@ -30,6 +30,11 @@ fi
 if [ ${#needed[@]} -eq 0 ]; then
   needed=(libcuda.so.1 libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libnvrtc.so.13)
 fi
+# cuBLAS loads cuBLASLt itself (its own NEEDED entry), so the binary does not name it.
+case " ${needed[*]} " in
+  *" libcublasLt.so.13 "*) ;;
+  *" libcublas.so.13 "*) needed+=(libcublasLt.so.13) ;;
+esac
 
 # Candidate directories, in order of preference: the driver first, so that a toolkit's copy of
 # a compat libcuda never shadows the one matching the kernel module.
