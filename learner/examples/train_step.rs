@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use learner::{Trainer, TrainerConfig};
-use policy::{Arch, Device, ModelConfig, Policy};
+use policy::{Device, ModelConfig, Policy};
 use rand::{Rng, SeedableRng};
 use storage::{Sample, TrajectoryGroup};
 
@@ -42,21 +42,7 @@ fn shape(name: &str) -> Result<ModelConfig> {
         },
         // Qwen3-0.6B: hidden 1024, 28 layers, 16 heads, 8 KV heads, head_dim 128,
         // intermediate 3072, vocab 151,936, tied embeddings.
-        "qwen3-0.6b" => ModelConfig {
-            arch: Arch::Qwen3,
-            vocab_size: 151_936,
-            hidden_size: 1024,
-            intermediate_size: 3072,
-            num_hidden_layers: 28,
-            num_attention_heads: 16,
-            num_key_value_heads: 8,
-            head_dim: 128,
-            max_position_embeddings: 40_960,
-            rope_theta: 1_000_000.0,
-            rms_norm_eps: 1e-6,
-            tie_word_embeddings: true,
-            attention_bias: false,
-        },
+        "qwen3-0.6b" => ModelConfig::qwen3_0_6b(),
         other => bail!("unknown --shape {other} (tiny, small, qwen3-0.6b)"),
     })
 }

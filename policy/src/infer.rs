@@ -24,7 +24,7 @@ use rand::Rng;
 
 use crate::config::ModelConfig;
 use crate::error::{PolicyError, Result};
-use crate::sampling::{sample_token, Completion, SamplingParams};
+use crate::sampling::{Completion, SamplingParams};
 use crate::weights::Policy;
 
 /// The dtype the inference path uses by default on `device`: bf16 on CUDA (tensor cores, half
@@ -451,47 +451,21 @@ pub fn generate(
     let mut cache = model.new_cache(1, prompt.len() + max_new)?;
     let ids = Tensor::new(prompt, &model.device)?.unsqueeze(0)?;
     let first = model.forward_last(&ids, &mut cache)?.to_vec2::<f32>()?;
-    cache.repeat_batch(n)?;
-    let mut logits: Vec<Vec<f32>> = vec![first[0].clone(); n];
-    let mut rows: Vec<Completion> = (0..n)
-        .map(|_| Completion {
-            tokens: Vec::new(),
-            logprobs: Vec::new(),
-            stopped: false,
-        })
-        .collect();
-    let mut active: Vec<usize> = (0..n).collect();
-    for step in 0..max_new {
-        for (j, &r) in active.iter().enumerate() {
-            let (tok, lp) = sample_token(&logits[j], params, rng)?;
-            rows[r].tokens.push(tok);
-            rows[r].logprobs.push(lp);
-            if params.stop_tokens.contains(&tok) {
-                rows[r].stopped = true;
-            }
-        }
-        if step + 1 == max_new {
-            break;
-        }
-        let keep: Vec<u32> = (0..active.len())
-            .filter(|&j| !rows[active[j]].stopped)
-            .map(|j| j as u32)
-            .collect();
-        if keep.is_empty() {
-            break;
-        }
-        if keep.len() < active.len() {
-            cache.select_rows(&keep)?;
-            active = keep.iter().map(|&j| active[j as usize]).collect();
-        }
-        let last: Vec<u32> = active
-            .iter()
-            .map(|&r| rows[r].tokens.last().copied().unwrap_or(0))
-            .collect();
-        let ids = Tensor::new(last.as_slice(), &model.device)?.unsqueeze(1)?;
-        logits = model.forward_last(&ids, &mut cache)?.to_vec2::<f32>()?;
-    }
-    Ok(rows)
+    crate::sampling::decode_rows(
+        &mut cache,
+        vec![first[0].clone(); n],
+        max_new,
+        params,
+        rng,
+        crate::sampling::RowCache {
+            repeat: |c: &mut InferCache, n| c.repeat_batch(n),
+            select: |c: &mut InferCache, rows: &[u32]| c.select_rows(rows),
+            step: |c: &mut InferCache, last: &[u32]| {
+                let ids = Tensor::new(last, &model.device)?.unsqueeze(1)?;
+                Ok(model.forward_last(&ids, c)?.to_vec2::<f32>()?)
+            },
+        },
+    )
 }
 
 /// Log-probs of `response` given `prompt` on the inference path (one prefill over the whole

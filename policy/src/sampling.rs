@@ -159,13 +159,60 @@ pub fn generate(
 fn decode_batch(
     policy: &Policy,
     mut cache: crate::model::KvCache,
-    mut logits: Vec<Vec<f32>>,
+    logits: Vec<Vec<f32>>,
     max_new: usize,
     params: &SamplingParams,
     rng: &mut impl Rng,
 ) -> Result<Vec<Completion>> {
+    decode_rows(
+        &mut cache,
+        logits,
+        max_new,
+        params,
+        rng,
+        RowCache {
+            repeat: |c: &mut crate::model::KvCache, n| c.repeat_batch(n),
+            select: |c: &mut crate::model::KvCache, rows: &[u32]| c.select_rows(rows),
+            step: |c: &mut crate::model::KvCache, last: &[u32]| {
+                let ids = Tensor::new(last, policy.device())?.unsqueeze(1)?;
+                last_row(&policy.model().forward_cached_last(&ids, c)?)
+            },
+        },
+    )
+}
+
+/// How [`decode_rows`] drives a KV cache: copy the batch-1 prefill to `n` rows, keep only some
+/// rows, and feed one token per row to get the next logits.
+pub(crate) struct RowCache<R, S, F> {
+    pub repeat: R,
+    pub select: S,
+    pub step: F,
+}
+
+/// The lockstep decode loop both generation paths share: from a batch-1 cache holding the
+/// prompt and the `n` rows' first logits, sample one token per active row per step (the same
+/// RNG draws and log-prob convention for both paths), drop rows that emit a stop token from
+/// the batch, and feed the rest their last token.
+pub(crate) fn decode_rows<C, R, S, F>(
+    cache: &mut C,
+    mut logits: Vec<Vec<f32>>,
+    max_new: usize,
+    params: &SamplingParams,
+    rng: &mut impl Rng,
+    ops: RowCache<R, S, F>,
+) -> Result<Vec<Completion>>
+where
+    R: FnOnce(&mut C, usize) -> Result<()>,
+    S: Fn(&mut C, &[u32]) -> Result<()>,
+    F: FnMut(&mut C, &[u32]) -> Result<Vec<Vec<f32>>>,
+{
+    let RowCache {
+        repeat,
+        select,
+        mut step,
+    } = ops;
     let n = logits.len();
-    cache.repeat_batch(n)?;
+    repeat(cache, n)?;
     let mut rows: Vec<Completion> = (0..n)
         .map(|_| Completion {
             tokens: Vec::new(),
@@ -174,7 +221,7 @@ fn decode_batch(
         })
         .collect();
     let mut active: Vec<usize> = (0..n).collect();
-    for step in 0..max_new {
+    for i in 0..max_new {
         for (j, &r) in active.iter().enumerate() {
             let (tok, lp) = sample_token(&logits[j], params, rng)?;
             rows[r].tokens.push(tok);
@@ -183,7 +230,7 @@ fn decode_batch(
                 rows[r].stopped = true;
             }
         }
-        if step + 1 == max_new {
+        if i + 1 == max_new {
             break;
         }
         let keep: Vec<u32> = (0..active.len())
@@ -194,16 +241,14 @@ fn decode_batch(
             break;
         }
         if keep.len() < active.len() {
-            cache.select_rows(&keep)?;
+            select(cache, &keep)?;
             active = keep.iter().map(|&j| active[j as usize]).collect();
         }
         let last: Vec<u32> = active
             .iter()
             .map(|&r| rows[r].tokens.last().copied().unwrap_or(0))
             .collect();
-        let ids = Tensor::new(last.as_slice(), policy.device())?.unsqueeze(1)?;
-        let out = policy.model().forward_cached_last(&ids, &mut cache)?;
-        logits = last_row(&out)?;
+        logits = step(cache, &last)?;
     }
     Ok(rows)
 }
