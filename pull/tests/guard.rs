@@ -75,9 +75,14 @@ async fn pull_retrying(
         let mut c = control.clone();
         let buffer = buffer.clone();
         async move {
-            match pull(&mut c, worker, buffer, req).await {
-                Err(PullError::Open { .. }) => None,
-                other => Some(other),
+            // Each attempt is bounded, as the node's puller bounds every pull: a stream that
+            // opens before the connection settles can wait forever (streams have no read
+            // deadline yet), and the retry opens a fresh one.
+            match tokio::time::timeout(Duration::from_secs(5), pull(&mut c, worker, buffer, req))
+                .await
+            {
+                Err(_) | Ok(Err(PullError::Open { .. })) => None,
+                Ok(other) => Some(other),
             }
         }
     })
