@@ -97,29 +97,12 @@ impl InferCache {
 
     /// Repeats a batch-1 cache `n` times (prefill the prompt once, decode `n` samples).
     pub fn repeat_batch(&mut self, n: usize) -> Result<()> {
-        for (k, v) in &mut self.layers {
-            if k.dim(0)? != 1 {
-                return Err(PolicyError::Sampling(
-                    "repeat_batch needs a batch-1 cache".into(),
-                ));
-            }
-            *k = k.repeat((n, 1, 1, 1))?;
-            *v = v.repeat((n, 1, 1, 1))?;
-        }
-        Ok(())
+        crate::model::repeat_kv_rows(self.layers.iter_mut(), n)
     }
 
     /// Keeps only the given rows, in that order.
     pub fn select_rows(&mut self, rows: &[u32]) -> Result<()> {
-        if rows.is_empty() {
-            return Err(PolicyError::Sampling("select_rows with no rows".into()));
-        }
-        for (k, v) in &mut self.layers {
-            let idx = Tensor::new(rows, k.device())?;
-            *k = k.index_select(&idx, 0)?;
-            *v = v.index_select(&idx, 0)?;
-        }
-        Ok(())
+        crate::model::select_kv_rows(self.layers.iter_mut(), rows)
     }
 
     /// Writes `k`, `v` (`[b, kv, t, d]`) of layer `i` at `len` and returns the filled prefix.

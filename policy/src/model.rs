@@ -16,6 +16,8 @@
 //! Must not touch: sampling, tokenizers, the optimiser or I/O.
 
 mod cpu_ops;
+mod kv_rows;
+pub(crate) use kv_rows::{repeat_kv_rows, select_kv_rows};
 #[cfg(test)]
 mod fused_tests;
 
@@ -267,29 +269,12 @@ impl KvCache {
 
     /// Repeats a batch-1 cache `n` times along the batch dimension (prefill once, decode `n`).
     pub fn repeat_batch(&mut self, n: usize) -> Result<()> {
-        for (k, v) in self.layers.iter_mut().flatten() {
-            if k.dim(0)? != 1 {
-                return Err(PolicyError::Sampling(
-                    "repeat_batch needs a batch-1 cache".into(),
-                ));
-            }
-            *k = k.repeat((n, 1, 1, 1))?;
-            *v = v.repeat((n, 1, 1, 1))?;
-        }
-        Ok(())
+        repeat_kv_rows(self.layers.iter_mut().flatten(), n)
     }
 
     /// Keeps only the given batch rows (in that order).
     pub fn select_rows(&mut self, rows: &[u32]) -> Result<()> {
-        if rows.is_empty() {
-            return Err(PolicyError::Sampling("select_rows with no rows".into()));
-        }
-        for (k, v) in self.layers.iter_mut().flatten() {
-            let idx = Tensor::new(rows, k.device())?;
-            *k = k.index_select(&idx, 0)?;
-            *v = v.index_select(&idx, 0)?;
-        }
-        Ok(())
+        select_kv_rows(self.layers.iter_mut().flatten(), rows)
     }
 }
 
