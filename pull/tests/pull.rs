@@ -1,6 +1,8 @@
 //! The pull protocol between two in-process network services on 127.0.0.1: lease → durable
 //! store → ack; only the learner may pull; a learner that dies before acking loses nothing
-//! and stores nothing twice.
+//! and stores nothing twice; and (`guard`) a hostile worker's groups are refused, not stored.
+
+mod guard;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,32 +3,16 @@
 //! same lease still arrive; a lease announcing more groups than asked is refused whole.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::{AsyncWriteExt, StreamExt};
-use p2p::{Client, ServiceConfig};
+use p2p::Client;
 use pull::wire::{read_message, write_message, Message};
 use pull::{pull, serve, PullError, PullOutcome, PullRequest, TRAJECTORY_PULL};
 use storage::record::{testing, GroupLimits, DEFAULT_LOGPROB_FLOOR};
 use storage::TrajectoryStore;
 
-fn config(bootstrap: Vec<String>) -> ServiceConfig {
-    ServiceConfig::loopback("pull-guard-test", p2p::Role::Rollout, bootstrap, None)
-}
-
-async fn wait_for<T, F: std::future::Future<Output = Option<T>>>(
-    what: &str,
-    mut f: impl FnMut() -> F,
-) -> T {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
+use super::{config, wait_for};
 
 /// A worker and a learner connected on 127.0.0.1.
 async fn pair(seed: u8) -> (Client, Client) {
