@@ -164,6 +164,57 @@ pub struct NetworkStatus {
     pub learner_scores: Option<ScoreTable>,
 }
 
+/// Why a peer earned a strike: evidence, checked by this node, that the peer sent bad data.
+/// Each strike counts as one failed transfer in the peer's ECHO score; past the configured
+/// threshold the peer is banned for the run (see `docs/security.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StrikeReason {
+    /// A pulled trajectory group failed validation (vocab, context, log-prob floor, size).
+    InvalidGroup,
+    /// The learner's recomputed reward differs from the reported one.
+    RewardMismatch,
+    /// A spot-checked log-prob differs from the recomputed one beyond tolerance.
+    LogprobMismatch,
+    /// A group's producer signature is missing, wrong, or from another peer.
+    BadSignature,
+    /// A group answers a prompt the learner did not assign to this peer.
+    WrongPrompt,
+    /// A pull answer larger than requested, or a frame over its bound.
+    OversizedAnswer,
+    /// A chunk whose BLAKE3 hash does not match the signed manifest.
+    CorruptChunk,
+    /// A stream that missed its read deadline or broke protocol.
+    StreamViolation,
+    /// A group the trainer could not use (quarantined).
+    Untrainable,
+    /// Heartbeats faster than the rate limit allows.
+    HeartbeatFlood,
+}
+
+impl StrikeReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StrikeReason::InvalidGroup => "invalid_group",
+            StrikeReason::RewardMismatch => "reward_mismatch",
+            StrikeReason::LogprobMismatch => "logprob_mismatch",
+            StrikeReason::BadSignature => "bad_signature",
+            StrikeReason::WrongPrompt => "wrong_prompt",
+            StrikeReason::OversizedAnswer => "oversized_answer",
+            StrikeReason::CorruptChunk => "corrupt_chunk",
+            StrikeReason::StreamViolation => "stream_violation",
+            StrikeReason::Untrainable => "untrainable",
+            StrikeReason::HeartbeatFlood => "heartbeat_flood",
+        }
+    }
+}
+
+impl std::fmt::Display for StrikeReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What a [`Client`] asks of the service task.
 pub(crate) enum Command {
     Status(oneshot::Sender<NetworkStatus>),
@@ -185,6 +236,11 @@ pub(crate) enum Command {
     Transfer {
         peer: PeerId,
         event: TransferEvent,
+    },
+    /// Evidence of misbehaviour by `peer` (see [`StrikeReason`]).
+    Strike {
+        peer: PeerId,
+        reason: StrikeReason,
     },
     Shutdown,
 }
@@ -302,6 +358,13 @@ impl Client {
         event: TransferEvent,
     ) -> Result<(), P2pError> {
         self.send(Command::Transfer { peer, event }).await
+    }
+
+    /// Count a strike against `peer` (a failed transfer in its ECHO score; past the ban
+    /// threshold the peer is banned for the run). Never blocks on a full channel for long:
+    /// the command channel is bounded like every other command.
+    pub async fn strike(&self, peer: PeerId, reason: StrikeReason) -> Result<(), P2pError> {
+        self.send(Command::Strike { peer, reason }).await
     }
 
     /// Stop the service (the swarm is dropped, connections close).

@@ -33,7 +33,8 @@ pub mod transport;
 
 pub use behaviour::{IDENTIFY_PROTOCOL, MAX_GOSSIP_BYTES};
 pub use client::{
-    Client, Event, NetworkCounters, NetworkStatus, PeerStatus, ServiceConfig, Validation,
+    Client, Event, NetworkCounters, NetworkStatus, PeerStatus, ServiceConfig, StrikeReason,
+    Validation,
 };
 pub use config::NetworkConfig;
 pub use error::{MessageError, P2pError, RoleError, TopicError};

@@ -341,6 +341,10 @@ impl Service {
                     .stats
                     .record_transfer(&event, Instant::now());
             }
+            Command::Strike { peer, reason } => {
+                warn!(%peer, %reason, "strike");
+                self.peer(peer).record_rejection(Instant::now());
+            }
             Command::Shutdown => {}
         }
     }
