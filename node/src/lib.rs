@@ -18,5 +18,6 @@ pub mod commands;
 pub mod config;
 pub mod fleet;
 pub mod logging;
+pub mod misbehave;
 pub mod roles;
 pub mod state;

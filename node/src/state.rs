@@ -20,6 +20,8 @@ pub struct NodeState {
     pub trajectories: Arc<TrajectoryStore>,
     /// Shared with the snapshot-dissemination engine.
     pub chunks: Arc<ChunkStore>,
+    /// Test-only attacks this process carries out ([`crate::misbehave`]); empty when honest.
+    pub misbehave: crate::misbehave::Misbehaviour,
 }
 
 /// Loads the config, applies command-line overrides, validates everything.
@@ -85,6 +87,12 @@ pub fn open_state(config: NodeConfig) -> anyhow::Result<NodeState> {
         config.storage.chunk_memory_mb << 20,
     )
     .with_context(|| format!("opening chunk store {}", data.snapshots().display()))?;
+    let misbehave = crate::misbehave::Misbehaviour::from_env()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", crate::misbehave::ENV_VAR))?;
+    if !misbehave.is_honest() {
+        let attacks: Vec<String> = misbehave.attacks().map(|a| a.to_string()).collect();
+        tracing::warn!(attacks = %attacks.join(","), "TEST-ONLY MISBEHAVIOUR SWITCHED ON: this node attacks the swarm");
+    }
     Ok(NodeState {
         config,
         device,
@@ -92,6 +100,7 @@ pub fn open_state(config: NodeConfig) -> anyhow::Result<NodeState> {
         peer_id,
         trajectories: Arc::new(trajectories),
         chunks: Arc::new(chunks),
+        misbehave,
     })
 }
 

@@ -1,0 +1,147 @@
+//! Test-only misbehaviour switches: how the adversarial testnet scenario and the multi-process
+//! tests turn a real `echo-node run` process into a malicious worker.
+//!
+//! Hidden on purpose: there is no config key or CLI flag. A process misbehaves only when the
+//! environment variable [`ENV_VAR`] names one or more attacks (comma-separated), and it says so
+//! at start with a warning on every log line's level. An operator never sets it; the
+//! `testnet adversary` scenario and `node/tests` do.
+//!
+//! Owns: the attack names and their parsing. Must not touch: how each attack is carried out
+//! (the role that produces or serves the data checks [`Misbehaviour::has`] at its one hook).
+
+use std::collections::BTreeSet;
+use std::str::FromStr;
+
+/// The environment variable naming the attacks this process carries out.
+pub const ENV_VAR: &str = "ECHO_NODE_MISBEHAVE";
+
+/// One attack a malicious worker can carry out (names as in the scenario's JSON).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Attack {
+    /// Report reward 1 for every sample.
+    InflatedReward,
+    /// Report log-probs other than the ones the sampled tokens had.
+    ForgedLogprobs,
+    /// Put token ids outside the vocabulary in responses.
+    OutOfVocab,
+    /// Make prompt + response longer than the model's context.
+    Overlong,
+    /// Answer a pull with more groups (or bigger frames) than asked.
+    OversizedAnswer,
+    /// Claim `pending = u64::MAX` in heartbeats.
+    PendingInflation,
+    /// Publish heartbeats far faster than the interval.
+    HeartbeatSpam,
+    /// Forward chunks whose bytes do not match the manifest.
+    CorruptChunks,
+    /// Re-publish old learner-signed manifests and orders (to restarted workers).
+    ReplayAfterRestart,
+    /// Sign groups with another key (or not at all).
+    BadSignature,
+}
+
+impl Attack {
+    pub const ALL: [Attack; 10] = [
+        Attack::InflatedReward,
+        Attack::ForgedLogprobs,
+        Attack::OutOfVocab,
+        Attack::Overlong,
+        Attack::OversizedAnswer,
+        Attack::PendingInflation,
+        Attack::HeartbeatSpam,
+        Attack::CorruptChunks,
+        Attack::ReplayAfterRestart,
+        Attack::BadSignature,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Attack::InflatedReward => "inflated_reward",
+            Attack::ForgedLogprobs => "forged_logprobs",
+            Attack::OutOfVocab => "out_of_vocab",
+            Attack::Overlong => "overlong",
+            Attack::OversizedAnswer => "oversized_answer",
+            Attack::PendingInflation => "pending_inflation",
+            Attack::HeartbeatSpam => "heartbeat_spam",
+            Attack::CorruptChunks => "corrupt_chunks",
+            Attack::ReplayAfterRestart => "replay_after_restart",
+            Attack::BadSignature => "bad_signature",
+        }
+    }
+}
+
+impl FromStr for Attack {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Attack::ALL
+            .into_iter()
+            .find(|a| a.name() == s.trim())
+            .ok_or_else(|| {
+                let names: Vec<&str> = Attack::ALL.iter().map(|a| a.name()).collect();
+                format!(
+                    "unknown attack `{s}` (expected one of {})",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
+impl std::fmt::Display for Attack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The attacks this process carries out (empty for every honest node).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Misbehaviour(BTreeSet<Attack>);
+
+impl Misbehaviour {
+    /// Parses a comma-separated list of attack names.
+    pub fn parse(list: &str) -> Result<Self, String> {
+        list.split(',')
+            .filter(|s| !s.trim().is_empty())
+            .map(Attack::from_str)
+            .collect::<Result<BTreeSet<_>, _>>()
+            .map(Misbehaviour)
+    }
+
+    /// The attacks named in [`ENV_VAR`] (none when unset). A bad name is an error: a test that
+    /// misspells an attack must not silently run an honest node.
+    pub fn from_env() -> Result<Self, String> {
+        match std::env::var(ENV_VAR) {
+            Ok(v) => Self::parse(&v),
+            Err(_) => Ok(Self::default()),
+        }
+    }
+
+    pub fn has(&self, a: Attack) -> bool {
+        self.0.contains(&a)
+    }
+
+    pub fn is_honest(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn attacks(&self) -> impl Iterator<Item = Attack> + '_ {
+        self.0.iter().copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_bad_names_are_errors() {
+        for a in Attack::ALL {
+            assert_eq!(a.name().parse::<Attack>().unwrap(), a);
+        }
+        let m = Misbehaviour::parse("inflated_reward, heartbeat_spam").unwrap();
+        assert!(m.has(Attack::InflatedReward) && m.has(Attack::HeartbeatSpam));
+        assert!(!m.has(Attack::Overlong));
+        assert!(Misbehaviour::parse("").unwrap().is_honest());
+        let e = Misbehaviour::parse("inflated_rewards").unwrap_err();
+        assert!(e.contains("unknown attack `inflated_rewards`"), "{e}");
+    }
+}
