@@ -162,6 +162,24 @@ async fn handle(stream: &mut libp2p::Stream, store: Arc<TrajectoryStore>) -> Res
     Ok(())
 }
 
+/// The learner's verification of a group that passed [`check_group`], run on a blocking
+/// thread before the group is stored (it may recompute rewards or log-probs). A rejection is
+/// reported per reason in [`PullOutcome::rejected`]; the group is neither stored nor trained,
+/// but it is acked like an invalid one (the worker must not offer it again).
+pub trait GroupVerifier: Send + Sync {
+    fn verify(&self, worker: &PeerId, group: &TrajectoryGroup) -> Result<(), GroupRejection>;
+}
+
+/// Accepts every group that passed [`check_group`] (what [`pull`] uses).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoVerification;
+
+impl GroupVerifier for NoVerification {
+    fn verify(&self, _: &PeerId, _: &TrajectoryGroup) -> Result<(), GroupRejection> {
+        Ok(())
+    }
+}
+
 /// What the learner asks for.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PullRequest {
@@ -201,6 +219,18 @@ pub async fn pull(
     buffer: Arc<TrajectoryStore>,
     req: PullRequest,
 ) -> Result<PullOutcome, PullError> {
+    pull_verified(control, worker, buffer, req, Arc::new(NoVerification)).await
+}
+
+/// [`pull`] with the learner's [`GroupVerifier`] run over the groups that pass
+/// [`check_group`], before they are stored.
+pub async fn pull_verified(
+    control: &mut libp2p_stream::Control,
+    worker: PeerId,
+    buffer: Arc<TrajectoryStore>,
+    req: PullRequest,
+    verifier: Arc<dyn GroupVerifier>,
+) -> Result<PullOutcome, PullError> {
     let mut stream = control
         .open_stream(worker, TRAJECTORY_PULL)
         .await
@@ -208,17 +238,19 @@ pub async fn pull(
             peer: worker,
             reason: e.to_string(),
         })?;
-    let result = pull_on(&mut stream, &worker.to_base58(), buffer, req).await;
+    let result = pull_on(&mut stream, worker, buffer, req, verifier).await;
     let _ = stream.close().await;
     result
 }
 
 async fn pull_on(
     stream: &mut libp2p::Stream,
-    worker: &str,
+    peer: PeerId,
     buffer: Arc<TrajectoryStore>,
     req: PullRequest,
+    verifier: Arc<dyn GroupVerifier>,
 ) -> Result<PullOutcome, PullError> {
+    let worker = &peer.to_base58();
     let ask = Message::Pull {
         v_min: req.v_min,
         max_groups: req.max_groups,
@@ -275,15 +307,31 @@ async fn pull_on(
             }
         }
     }
-    // Durable before the ack: a crash from here on loses nothing.
-    let invalid = out.invalid as u64;
-    let keys = blocking(move || {
+    // Verification (may recompute rewards or log-probs) off the async runtime, then durable
+    // before the ack: a crash from here on loses nothing.
+    let checked = out.invalid as u64;
+    let (keys, unverified) = blocking(move || {
+        let mut unverified = Vec::new();
+        valid.retain(|g| match verifier.verify(&peer, g) {
+            Ok(()) => true,
+            Err(why) => {
+                unverified.push(why);
+                false
+            }
+        });
+        let invalid = checked + unverified.len() as u64;
         if invalid > 0 {
             buffer.record_rejected(invalid)?;
         }
-        buffer.put_groups_dedup(&valid)
+        Ok((buffer.put_groups_dedup(&valid)?, unverified))
     })
     .await?;
+    for why in unverified {
+        tracing::warn!(%worker, reason = why.reason(), detail = %why, "worker sent a group that fails verification");
+        metrics::counter!("pull_groups_rejected_total", "reason" => why.reason()).increment(1);
+        *out.rejected.entry(why.reason()).or_default() += 1;
+        out.invalid += 1;
+    }
     out.stored = keys.iter().filter(|k| k.is_some()).count();
     out.duplicates = keys.len() - out.stored;
     write_message(stream, &Message::Ack { lease_id }).await?;

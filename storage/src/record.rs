@@ -285,6 +285,13 @@ pub enum GroupRejection {
     ForgedProducer { claimed: String, peer: String },
     #[error("version {version} below the requested v_min {v_min}")]
     Inadmissible { version: u64, v_min: u64 },
+    /// Failed one of the learner's verification layers (signature, assigned prompt, reward
+    /// recomputation, log-prob spot check); `reason` is the layer's stable name.
+    #[error("{reason}: {detail}")]
+    Unverified {
+        reason: &'static str,
+        detail: String,
+    },
 }
 
 impl GroupRejection {
@@ -298,6 +305,7 @@ impl GroupRejection {
             GroupRejection::GroupSize { .. } => "group_size",
             GroupRejection::ForgedProducer { .. } => "forged_producer",
             GroupRejection::Inadmissible { .. } => "inadmissible",
+            GroupRejection::Unverified { reason, .. } => reason,
         }
     }
 }
