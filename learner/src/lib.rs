@@ -2,7 +2,8 @@
 //! admissible trajectory groups, checkpoints and publication of snapshots.
 //!
 //! Owns: the RL objectives ([`loss`]), the optimiser ([`optim`]), the training core with its
-//! admission rules and checkpoints ([`trainer`]).
+//! admission rules and checkpoints ([`trainer`]), the log-prob spot checks of pulled groups
+//! ([`spot_check`]).
 //! Must not touch: the network (it has no `p2p` dependency: the node's learner role pulls,
 //! publishes and feeds this crate groups), or on-disk formats of the trajectory store (those
 //! belong to `storage`). The staleness window is [`control::Window`], re-exported here.
@@ -13,12 +14,14 @@
 mod checkpoint;
 pub mod loss;
 pub mod optim;
+pub mod spot_check;
 pub mod trainer;
 pub mod warm;
 
 pub use control::Window;
 pub use loss::{group_advantages, group_loss, GroupInput, LossConfig, LossOutput, Objective};
 pub use optim::{AdamW, AdamWConfig, OptimStep};
+pub use spot_check::{SpotReport, SpotRule, SpotSampler};
 pub use trainer::{StepStats, Trainer, TrainerConfig, Verdict};
 pub use warm::{warm_start_on_task, WarmReport};
 
