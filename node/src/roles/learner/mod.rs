@@ -30,6 +30,7 @@
 
 mod publisher;
 mod puller;
+pub mod spot;
 mod status;
 mod train;
 

@@ -1,0 +1,199 @@
+use pull::GroupVerifier;
+use rand::SeedableRng;
+use storage::{NodeKey, Sample, SignedManifest, SnapshotManifest};
+
+use super::*;
+
+const T: f32 = 1.2;
+
+/// The learner's side of a publication: manifest and chunks of `payload` as `version`, then
+/// garbage collection (what the dissemination engine does).
+fn publish(store: &ChunkStore, key: &NodeKey, version: u64, payload: Vec<u8>) {
+    let cfg_hash = ModelConfig::tiny().hash();
+    let m: SignedManifest = SnapshotManifest::build(
+        "spot",
+        version,
+        cfg_hash,
+        &payload,
+        1 << 20,
+        &key.verifying_key(),
+    )
+    .unwrap()
+    .sign(key.signing_key())
+    .unwrap();
+    store.publish(&m, &payload.into()).unwrap();
+    store.retain().unwrap();
+}
+
+/// A worker's group: the snapshot bytes installed as a policy, sampled on the inference path
+/// (what the rollout engine runs), the sampler's log-probs reported as they are.
+fn worker_group(snapshot: &[u8], version: u64, seed: u64) -> TrajectoryGroup {
+    let policy = Policy::from_safetensors_bytes(&ModelConfig::tiny(), snapshot, &Device::Cpu)
+        .unwrap();
+    let model = policy::InferModel::from_policy(&policy).unwrap();
+    let prompt = policy::ByteTokenizer.encode_prompt("3+4=");
+    let params = policy::SamplingParams {
+        temperature: T,
+        ..policy::SamplingParams::new(6, vec![])
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let out = policy::infer::generate(&model, &prompt, 4, &params, &mut rng).unwrap();
+    TrajectoryGroup {
+        group_id: [seed as u8; 16],
+        task_id: "arith".into(),
+        prompt_id: "34".into(),
+        version,
+        producer: String::new(),
+        prompt_text: "3+4=".into(),
+        prompt_tokens: prompt,
+        created_unix_ms: 0,
+        samples: out
+            .into_iter()
+            .enumerate()
+            .map(|(k, c)| Sample {
+                trajectory_id: [k as u8 + 100; 16],
+                loss_mask: vec![1; c.tokens.len()],
+                response_text: String::new(),
+                reward: 0.0,
+                response_tokens: c.tokens,
+                sampler_logprobs: c.logprobs,
+                finished_unix_ms: 0,
+            })
+            .collect(),
+    }
+}
+
+fn settings(fraction: f64, first_groups: u32) -> SpotSettings {
+    SpotSettings {
+        fraction,
+        first_groups,
+        temperature: T,
+        ..SpotSettings::default()
+    }
+}
+
+fn reason(r: Result<(), GroupRejection>) -> &'static str {
+    match r {
+        Ok(()) => "ok",
+        Err(e) => e.reason(),
+    }
+}
+
+/// A chunk store holding versions 2 (f32) and 4 (bf16) of the tiny model, version 0 collected
+/// (keep 2); returns the payloads of 2 and 4.
+fn store_with_snapshots(dir: &std::path::Path) -> (Arc<ChunkStore>, Vec<u8>, Vec<u8>) {
+    let store = ChunkStore::open(dir, 2).unwrap();
+    let key = NodeKey::generate();
+    let mut payloads = Vec::new();
+    for (v, seed, bf16) in [(0u64, 10u64, false), (2, 11, false), (4, 12, true)] {
+        let p = Policy::new_random(&ModelConfig::tiny(), seed, &Device::Cpu).unwrap();
+        let bytes = if bf16 {
+            p.to_safetensors_bytes_as(policy::DType::BF16).unwrap()
+        } else {
+            p.to_safetensors_bytes().unwrap()
+        };
+        publish(&store, &key, v, bytes.clone());
+        payloads.push(bytes);
+    }
+    assert_eq!(store.versions().unwrap(), vec![2, 4]);
+    let v4 = payloads.pop().unwrap();
+    let v2 = payloads.pop().unwrap();
+    (Arc::new(store), v2, v4)
+}
+
+#[test]
+fn honest_groups_pass_and_forged_log_probs_fail() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, v2, v4) = store_with_snapshots(dir.path());
+    let checker =
+        SpotChecker::new(settings(1.0, 0), store, ModelConfig::tiny(), Device::Cpu).unwrap();
+    let peer = p2p::PeerId::random();
+    // f32 and bf16 snapshots: the learner loads the very bytes the worker installed.
+    let honest2 = worker_group(&v2, 2, 1);
+    let honest4 = worker_group(&v4, 4, 2);
+    assert_eq!(reason(checker.verify(&peer, &honest2)), "ok");
+    assert_eq!(reason(checker.verify(&peer, &honest4)), "ok");
+    for delta in [0.5f32, 0.05] {
+        let mut g = honest2.clone();
+        g.samples[1].sampler_logprobs[2] += delta;
+        let r = checker.verify(&peer, &g);
+        assert_eq!(reason(r.clone()), REASON_MISMATCH, "+{delta}");
+        assert!(r.unwrap_err().to_string().contains("sample 1 token 2"));
+    }
+    // Honest log-probs of another version's weights do not pass as this version's.
+    let mut wrong = honest4.clone();
+    wrong.version = 2;
+    assert_eq!(reason(checker.verify(&peer, &wrong)), REASON_MISMATCH);
+    let s = checker.stats();
+    assert_eq!((s.checked, s.mismatches, s.errors), (5, 3, 0));
+    // Versions 2 and 4 loaded once each, then served from the cache.
+    assert_eq!(s.loads, 2);
+}
+
+#[test]
+fn claimed_versions_are_checked_against_the_published_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, v2, _) = store_with_snapshots(dir.path());
+    let checker =
+        SpotChecker::new(settings(1.0, 0), store, ModelConfig::tiny(), Device::Cpu).unwrap();
+    let peer = p2p::PeerId::random();
+    let honest = worker_group(&v2, 2, 3);
+    // 3 lies between held versions and 5 after the newest: never published, forged claims.
+    for v in [3, 5] {
+        let mut g = honest.clone();
+        g.version = v;
+        assert_eq!(reason(checker.verify(&peer, &g)), REASON_UNPUBLISHED, "v{v}");
+    }
+    // 0 was published and collected: unavailable, not the worker's fault.
+    let mut old = honest.clone();
+    old.version = 0;
+    old.samples[0].sampler_logprobs[0] += 1.0;
+    assert_eq!(reason(checker.verify(&peer, &old)), "ok");
+    let s = checker.stats();
+    assert_eq!((s.unpublished, s.skipped_unavailable, s.checked), (2, 1, 0));
+}
+
+#[test]
+fn only_sampled_and_first_groups_are_recomputed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, v2, _) = store_with_snapshots(dir.path());
+    let checker =
+        SpotChecker::new(settings(0.0, 1), store, ModelConfig::tiny(), Device::Cpu).unwrap();
+    let mut forged = worker_group(&v2, 2, 4);
+    forged.samples[0].sampler_logprobs[0] += 0.5;
+    let (a, b) = (p2p::PeerId::random(), p2p::PeerId::random());
+    // Each new peer's first group is checked; with fraction 0 nothing after it is.
+    assert_eq!(reason(checker.verify(&a, &forged)), REASON_MISMATCH);
+    assert_eq!(reason(checker.verify(&a, &forged)), "ok");
+    assert_eq!(reason(checker.verify(&b, &forged)), REASON_MISMATCH);
+    assert_eq!(checker.stats().checked, 2);
+}
+
+#[test]
+fn groups_the_model_cannot_take_are_rejected_not_panics() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, v2, _) = store_with_snapshots(dir.path());
+    let checker =
+        SpotChecker::new(settings(1.0, 0), store, ModelConfig::tiny(), Device::Cpu).unwrap();
+    let peer = p2p::PeerId::random();
+    let honest = worker_group(&v2, 2, 5);
+    let mut oov = honest.clone();
+    oov.samples[0].response_tokens[0] = u32::MAX;
+    let mut long = honest.clone();
+    long.prompt_tokens = vec![1; ModelConfig::tiny().max_position_embeddings];
+    let mut empty = honest;
+    empty.samples.clear();
+    for g in [oov, long, empty] {
+        assert_eq!(reason(checker.verify(&peer, &g)), REASON_MISMATCH);
+    }
+    assert!(SpotChecker::new(
+        SpotSettings {
+            tolerance: 0.0,
+            ..settings(1.0, 0)
+        },
+        Arc::new(ChunkStore::open(&dir.path().join("other"), 1).unwrap()),
+        ModelConfig::tiny(),
+        Device::Cpu
+    )
+    .is_err());
+}
