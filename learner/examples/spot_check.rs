@@ -67,7 +67,11 @@ fn group(
 }
 
 /// Max and mean |Δ| over `groups`, and how many one-token forgeries of `delta` are caught.
-fn spread(policy: &Policy, groups: &[TrajectoryGroup], deltas: &[f32]) -> Result<serde_json::Value> {
+fn spread(
+    policy: &Policy,
+    groups: &[TrajectoryGroup],
+    deltas: &[f32],
+) -> Result<serde_json::Value> {
     let rule = SpotRule::default();
     let (mut max, mut sum, mut tokens) = (0f32, 0f64, 0usize);
     let mut caught = vec![0usize; deltas.len()];

@@ -60,7 +60,9 @@ pub fn check_shape(group: &TrajectoryGroup, vocab: usize, context: usize) -> Res
     }
     let out_of_vocab = |t: &[u32]| t.iter().copied().find(|&t| t as usize >= vocab);
     if let Some(t) = out_of_vocab(&group.prompt_tokens) {
-        return Err(invalid(format!("prompt token {t} ≥ vocabulary size {vocab}")));
+        return Err(invalid(format!(
+            "prompt token {t} ≥ vocabulary size {vocab}"
+        )));
     }
     for (i, s) in group.samples.iter().enumerate() {
         let n = s.response_tokens.len();
@@ -101,7 +103,9 @@ pub fn recompute_logprobs(
     temperature: f32,
 ) -> Result<Vec<Vec<f32>>> {
     if !(temperature.is_finite() && temperature > 0.0) {
-        return Err(invalid(format!("temperature must be > 0, got {temperature}")));
+        return Err(invalid(format!(
+            "temperature must be > 0, got {temperature}"
+        )));
     }
     let cfg = policy.config();
     check_shape(group, cfg.vocab_size, cfg.max_position_embeddings)?;

@@ -66,7 +66,10 @@ fn honest_group_passes_with_margin() {
     assert!(passed, "{report:?}");
     assert_eq!(report.tokens, 4 * 6);
     // Two orders of magnitude below the tolerance on the CPU in f32.
-    assert!(report.max_abs_diff < DEFAULT_TOLERANCE / 100.0, "{report:?}");
+    assert!(
+        report.max_abs_diff < DEFAULT_TOLERANCE / 100.0,
+        "{report:?}"
+    );
 }
 
 #[test]
@@ -79,7 +82,10 @@ fn a_forgery_on_one_token_fails() {
         let (report, passed) = SpotRule::default().check(&p, &g, T).unwrap();
         assert!(!passed, "forgery {delta} passed: {report:?}");
         assert_eq!((report.worst_sample, report.worst_token), (2, 3));
-        assert!((report.max_abs_diff - delta.abs()).abs() < 1e-3, "{report:?}");
+        assert!(
+            (report.max_abs_diff - delta.abs()).abs() < 1e-3,
+            "{report:?}"
+        );
     }
 }
 
@@ -96,7 +102,11 @@ fn the_wrong_weights_or_temperature_fail() {
 fn tolerance_is_an_inclusive_bound_on_the_maximum() {
     let p = small_policy(5);
     let g = honest_group(&p, 2, 9);
-    let exact: Vec<Vec<f32>> = g.samples.iter().map(|s| s.sampler_logprobs.clone()).collect();
+    let exact: Vec<Vec<f32>> = g
+        .samples
+        .iter()
+        .map(|s| s.sampler_logprobs.clone())
+        .collect();
     let mut off = exact.clone();
     off[1][0] += 0.25;
     let r = compare(&g, &off).unwrap();
@@ -165,15 +175,23 @@ fn fraction_draws_about_the_expected_share_deterministically() {
         id[..4].copy_from_slice(&i.to_le_bytes());
         id
     });
-    let drawn = ids.clone().filter(|id| selected_by_fraction(id, &key, 0.05)).count();
+    let drawn = ids
+        .clone()
+        .filter(|id| selected_by_fraction(id, &key, 0.05))
+        .count();
     // Binomial(20000, 0.05): mean 1000, sd ≈ 31; ±5 sd.
     assert!((845..=1155).contains(&drawn), "{drawn}");
-    let again = ids.clone().filter(|id| selected_by_fraction(id, &key, 0.05)).count();
+    let again = ids
+        .clone()
+        .filter(|id| selected_by_fraction(id, &key, 0.05))
+        .count();
     assert_eq!(drawn, again);
     // Another key draws other groups.
     let other = ids
         .clone()
-        .filter(|id| selected_by_fraction(id, &key, 0.05) != selected_by_fraction(id, &[8; 32], 0.05))
+        .filter(|id| {
+            selected_by_fraction(id, &key, 0.05) != selected_by_fraction(id, &[8; 32], 0.05)
+        })
         .count();
     assert!(other > 0);
     assert!(ids.clone().all(|id| !selected_by_fraction(&id, &key, 0.0)));
@@ -185,7 +203,11 @@ fn a_producers_first_groups_are_always_checked() {
     let mut s = SpotSampler::new(0.0, 4, [1; 32]).unwrap();
     for peer in ["a", "b"] {
         for k in 0..4u8 {
-            assert_eq!(s.select(peer, &[k; 16]), Selection::FirstGroups, "{peer} {k}");
+            assert_eq!(
+                s.select(peer, &[k; 16]),
+                Selection::FirstGroups,
+                "{peer} {k}"
+            );
         }
         for k in 4..50u8 {
             assert_eq!(s.select(peer, &[k; 16]), Selection::Skip);

@@ -279,8 +279,11 @@ impl SpotChecker {
         match self.rule.check(&policy, group, self.settings.temperature) {
             Ok((report, true)) => {
                 self.count(&c.checked, "pass");
-                tracing::debug!(version = group.version, max_abs_diff = report.max_abs_diff,
-                    "spot check passed");
+                tracing::debug!(
+                    version = group.version,
+                    max_abs_diff = report.max_abs_diff,
+                    "spot check passed"
+                );
                 Ok(())
             }
             Ok((report, false)) => {

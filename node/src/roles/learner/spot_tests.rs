@@ -28,8 +28,8 @@ fn publish(store: &ChunkStore, key: &NodeKey, version: u64, payload: Vec<u8>) {
 /// A worker's group: the snapshot bytes installed as a policy, sampled on the inference path
 /// (what the rollout engine runs), the sampler's log-probs reported as they are.
 fn worker_group(snapshot: &[u8], version: u64, seed: u64) -> TrajectoryGroup {
-    let policy = Policy::from_safetensors_bytes(&ModelConfig::tiny(), snapshot, &Device::Cpu)
-        .unwrap();
+    let policy =
+        Policy::from_safetensors_bytes(&ModelConfig::tiny(), snapshot, &Device::Cpu).unwrap();
     let model = policy::InferModel::from_policy(&policy).unwrap();
     let prompt = policy::ByteTokenizer.encode_prompt("3+4=");
     let params = policy::SamplingParams {
@@ -142,7 +142,11 @@ fn claimed_versions_are_checked_against_the_published_ones() {
     for v in [3, 5] {
         let mut g = honest.clone();
         g.version = v;
-        assert_eq!(reason(checker.verify(&peer, &g)), REASON_UNPUBLISHED, "v{v}");
+        assert_eq!(
+            reason(checker.verify(&peer, &g)),
+            REASON_UNPUBLISHED,
+            "v{v}"
+        );
     }
     // 0 was published and collected: unavailable, not the worker's fault.
     let mut old = honest.clone();
