@@ -200,15 +200,14 @@ impl SpotChecker {
     /// The model of `version`, from the cache or loaded from the chunk store. `Ok(None)` when
     /// its chunks are gone (collected meanwhile).
     fn model_of(&self, version: u64) -> anyhow::Result<Option<Arc<Policy>>> {
-        let mut cache = self
-            .cache
-            .lock()
-            .map_err(|_| anyhow::anyhow!("spot-check cache poisoned"))?;
+        // A poisoned lock (a panic while it was held) still guards a consistent deque.
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(i) = cache.iter().position(|(v, _)| *v == version) {
-            let entry = cache.remove(i).expect("index from position");
-            let model = entry.1.clone();
-            cache.push_back(entry);
-            return Ok(Some(model));
+            if let Some(entry) = cache.remove(i) {
+                let model = entry.1.clone();
+                cache.push_back(entry);
+                return Ok(Some(model));
+            }
         }
         let bytes = match self.chunks.assemble(version) {
             Ok(b) => b,
@@ -217,6 +216,11 @@ impl SpotChecker {
             ) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
+        // Evict before decoding: at most `cached_versions` models are ever held (plus the
+        // snapshot bytes while one is decoded).
+        while cache.len() >= self.settings.cached_versions.max(1) {
+            cache.pop_front();
+        }
         let policy = Arc::new(Policy::from_safetensors_bytes(
             &self.model,
             &bytes,
@@ -224,9 +228,6 @@ impl SpotChecker {
         )?);
         self.counters.loads.fetch_add(1, Ordering::Relaxed);
         cache.push_back((version, policy.clone()));
-        while cache.len() > self.settings.cached_versions.max(1) {
-            cache.pop_front();
-        }
         Ok(Some(policy))
     }
 
@@ -318,11 +319,11 @@ impl SpotChecker {
     }
 
     fn selected(&self, producer: &str, group: &TrajectoryGroup) -> bool {
-        match self.sampler.lock() {
-            Ok(mut s) => s.select(producer, &group.group_id).is_checked(),
-            // A poisoned sampler checks everything: never fewer checks.
-            Err(_) => true,
-        }
+        self.sampler
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .select(producer, &group.group_id)
+            .is_checked()
     }
 }
 

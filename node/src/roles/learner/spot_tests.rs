@@ -201,3 +201,21 @@ fn groups_the_model_cannot_take_are_rejected_not_panics() {
     )
     .is_err());
 }
+
+#[test]
+fn the_model_cache_is_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, v2, v4) = store_with_snapshots(dir.path());
+    let one = SpotSettings {
+        cached_versions: 1,
+        ..settings(1.0, 0)
+    };
+    let checker = SpotChecker::new(one, store, ModelConfig::tiny(), Device::Cpu).unwrap();
+    let peer = p2p::PeerId::random();
+    let (g2, g4) = (worker_group(&v2, 2, 6), worker_group(&v4, 4, 7));
+    for g in [&g2, &g2, &g4, &g2] {
+        assert_eq!(reason(checker.verify(&peer, g)), "ok");
+    }
+    // 2 loaded, reused, evicted by 4, loaded again.
+    assert_eq!(checker.stats().loads, 3);
+}
