@@ -109,6 +109,7 @@ pub fn start(
         ban_view,
     };
     service.dial_bootstrap();
+    metrics::gauge!("p2p_banned_peers").set(0.0);
     info!(peer_id = %local_peer_id, quic, "network service started");
     let handle = tokio::spawn(async move { service.run().await });
     Ok((client, ev_rx, handle))
