@@ -412,7 +412,7 @@ impl Client {
         self.banned.read().is_ok_and(|b| b.contains(peer))
     }
 
-    /// Every peer banned now (at most `bans::MAX_BANS`), in no particular order.
+    /// Every peer banned now (at most [`crate::MAX_BANS`]), in no particular order.
     pub fn banned_peers(&self) -> Vec<PeerId> {
         self.banned
             .read()

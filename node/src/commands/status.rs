@@ -227,7 +227,13 @@ fn bans(net: &p2p::NetworkStatus) -> String {
     }
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);
-    t.set_header(vec!["banned peer", "role", "reason", "strikes", "by reason"]);
+    t.set_header(vec![
+        "banned peer",
+        "role",
+        "reason",
+        "strikes",
+        "by reason",
+    ]);
     for p in banned {
         let by: Vec<String> = p
             .strikes_by_reason
@@ -321,10 +327,20 @@ mod tests {
         v["peers"] = serde_json::json!([peer("12D3KooWbad", true), peer("12D3KooWok", false)]);
         let st: NodeStatus = serde_json::from_value(v).unwrap();
         let s = render(&st);
-        assert!(s.contains("strikes 3  bans 1  connections refused 2"), "{s}");
+        assert!(
+            s.contains("strikes 3  bans 1  connections refused 2"),
+            "{s}"
+        );
         let bans = &s[s.find("bans (for the run)").expect("a bans table")..];
-        assert!(bans.contains("12D3KooWbad") && !bans.contains("12D3KooWok"), "{s}");
-        assert!(bans.contains("corrupt_chunk ×2, bad_message ×1") || bans.contains("bad_message ×1, corrupt_chunk ×2"), "{s}");
+        assert!(
+            bans.contains("12D3KooWbad") && !bans.contains("12D3KooWok"),
+            "{s}"
+        );
+        assert!(
+            bans.contains("corrupt_chunk ×2, bad_message ×1")
+                || bans.contains("bad_message ×1, corrupt_chunk ×2"),
+            "{s}"
+        );
         assert!(s.contains("banned │") || s.contains("banned "), "{s}");
     }
 }

@@ -15,8 +15,7 @@ use libp2p::PeerId;
 use tracing::{debug, info, warn};
 
 use super::Service;
-use crate::client::StrikeReason;
-use crate::client::{Event, Validation};
+use crate::client::{Event, StrikeReason, Validation};
 use crate::error::MessageError;
 use crate::hbgate::HeartbeatVerdict;
 use crate::messages::{unix_ms, Heartbeat, ScoreTable, HEARTBEAT_VERSION};
