@@ -129,7 +129,11 @@ mod tests {
         let mut g = HeartbeatGate::default();
         // One per interval with ±30 % jitter for a long time.
         for k in 0..1000u32 {
-            let jitter = if k % 2 == 0 { T * 3 / 10 } else { T * 0 };
+            let jitter = if k % 2 == 0 {
+                T * 3 / 10
+            } else {
+                Duration::ZERO
+            };
             let t = t0 + T * k + jitter;
             assert_eq!(g.check(t, T, false), Accept, "heartbeat {k}");
         }
