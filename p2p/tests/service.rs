@@ -242,27 +242,18 @@ async fn a_heartbeat_flood_is_ignored_and_struck_once_per_window() {
         let topic = TopicKind::Heartbeat.topic_name("p2p-test");
         let spam = 200u64;
         for seq in 0..spam {
-            let hb = Heartbeat {
-                v: p2p::messages::HEARTBEAT_VERSION,
-                swarm_id: "p2p-test".into(),
-                role: Role::Rollout,
-                node_version: "spam".into(),
-                installed_version: None,
-                mu: 0.0,
-                cost_per_hour: 0.0,
-                availability: 1.0,
-                pending: 0,
-                forward_rate_bps: 0.0,
-                receive_rate_bps: 0.0,
-                started_unix_ms: 1,
-                sent_unix_ms: 1,
-                seq: 1_000_000 + seq,
-                device: None,
-            };
-            b.client
-                .publish_raw(topic.clone(), hb.encode())
-                .await
-                .unwrap();
+            // JSON rather than a struct literal: valid whatever optional fields `Heartbeat`
+            // gains.
+            let hb = serde_json::json!({
+                "v": p2p::messages::HEARTBEAT_VERSION, "swarm_id": "p2p-test", "role": "rollout",
+                "node_version": "spam", "installed_version": null, "mu": 0.0,
+                "cost_per_hour": 0.0, "availability": 1.0, "pending": 0,
+                "forward_rate_bps": 0.0, "receive_rate_bps": 0.0, "started_unix_ms": 1,
+                "sent_unix_ms": 1, "seq": 1_000_000 + seq,
+            });
+            let bytes = serde_json::to_vec(&hb).unwrap();
+            assert!(Heartbeat::decode(&bytes, "p2p-test").is_ok());
+            b.client.publish_raw(topic.clone(), bytes).await.unwrap();
         }
         let r = wait_for("a to strike b for the flood", || async {
             row(&a.client, pb).await.filter(|r| r.strikes >= 1)
