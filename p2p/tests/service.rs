@@ -309,3 +309,38 @@ async fn inbound_connections_beyond_the_limit_are_refused() {
     .await
     .expect("test timed out");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_gossip_messages_are_strikes_that_ban_their_author() {
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let a = Node::start(41, config(vec![]));
+        let boot = a.bootstrap_addr().await;
+        let b = Node::start(42, config(vec![boot]));
+        let pb = b.client.local_peer_id();
+        wait_for("a to hear b", || sees(&a.client, pb)).await;
+        let topic = TopicKind::Heartbeat.topic_name("p2p-test");
+        for garbage in [&b"{not json"[..], b"[]", b"{\"v\":99}"] {
+            b.client
+                .publish_raw(topic.clone(), garbage.to_vec())
+                .await
+                .unwrap();
+        }
+        let r = wait_for("a to ban b for bad messages", || async {
+            row(&a.client, pb).await.filter(|r| r.banned)
+        })
+        .await;
+        assert_eq!(r.ban_reason.as_deref(), Some("bad_message"));
+        assert_eq!((r.rejected_messages, r.strikes), (3, 3));
+        assert_eq!(r.strikes_by_reason["bad_message"], 3);
+        // The last valid heartbeat is kept; the row stays, inactive.
+        assert_eq!(r.role, Some(Role::Rollout));
+        assert!(!r.active);
+        assert!(a.client.is_banned(&pb));
+        let st = a.client.status().await.unwrap();
+        assert_eq!(st.counters.messages_rejected, 3);
+        a.stop().await;
+        b.stop().await;
+    })
+    .await
+    .expect("test timed out");
+}
