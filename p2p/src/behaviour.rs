@@ -11,6 +11,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use libp2p::connection_limits;
 use libp2p::gossipsub::{self, IdentTopic, TopicHash};
 use libp2p::metrics::Registry;
 use libp2p::swarm::behaviour::toggle::Toggle;
@@ -38,9 +39,14 @@ const KAD_QUERY_TIMEOUT: Duration = Duration::from_secs(30);
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Every behaviour a node runs. Optional ones are [`Toggle`]d off by config: the allow list
-/// (private swarms), mDNS, AutoNAT.
+/// (private swarms), mDNS, AutoNAT. The connection gates come first, so a refused connection
+/// never reaches the others: the inbound limits, the ban list, the allow list.
 #[derive(NetworkBehaviour)]
 pub(crate) struct Behaviour {
+    /// `network.max_inbound`, `max_per_peer`, `max_pending_inbound`.
+    pub(crate) limits: connection_limits::Behaviour,
+    /// Peers banned for the run (`bans`): their connections are closed and refused.
+    pub(crate) banned: allow_block_list::Behaviour<allow_block_list::BlockedPeers>,
     pub(crate) allow: Toggle<allow_block_list::Behaviour<allow_block_list::AllowedPeers>>,
     pub(crate) identify: identify::Behaviour,
     pub(crate) ping: ping::Behaviour,
@@ -100,6 +106,8 @@ pub(crate) fn build_swarm(
         .with_behaviour(|key, relay| -> Result<Behaviour, BoxError> {
             let peer_id = key.public().to_peer_id();
             Ok(Behaviour {
+                limits: limits_behaviour(net),
+                banned: allow_block_list::Behaviour::default(),
                 allow: Toggle::from(allow_behaviour(allow)),
                 identify: identify_behaviour(key, &cfg.node_version),
                 ping: ping::Behaviour::new(ping::Config::new()),
@@ -123,6 +131,18 @@ pub(crate) fn build_swarm(
         .with_swarm_config(|c| c.with_idle_connection_timeout(IDLE_CONNECTION_TIMEOUT))
         .build();
     Ok(swarm)
+}
+
+/// Inbound connection limits: a flood of handshakes or connections from strangers cannot
+/// exhaust file descriptors or memory. Outbound connections are bounded by `max_peers` (the
+/// service dials no more), so only the per-peer limit applies to them.
+fn limits_behaviour(net: &crate::config::NetworkConfig) -> connection_limits::Behaviour {
+    connection_limits::Behaviour::new(
+        connection_limits::ConnectionLimits::default()
+            .with_max_established_incoming(Some(net.max_inbound))
+            .with_max_pending_incoming(Some(net.max_pending_inbound))
+            .with_max_established_per_peer(Some(net.max_per_peer)),
+    )
 }
 
 /// Private swarms: only allow-listed peers may hold a connection (none when the list is empty).

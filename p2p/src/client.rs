@@ -5,6 +5,9 @@
 //! Owns: the types roles see and the bounded command channel protocol. Must not touch: the
 //! swarm (only the service task in [`crate::service`] does) or any libp2p behaviour.
 
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, RwLock};
+
 use libp2p::gossipsub::MessageId;
 use libp2p::{Multiaddr, PeerId};
 use serde::{Deserialize, Serialize};
@@ -96,6 +99,12 @@ pub enum Event {
         topic: TopicKind,
         error: MessageError,
     },
+    /// `peer` reached `network.ban_after_strikes` and is banned for the run (disconnected and
+    /// refused from now on); `reason` is the strike that reached the threshold.
+    PeerBanned {
+        peer: PeerId,
+        reason: StrikeReason,
+    },
 }
 
 /// One row of the peer table as the status endpoint shows it (field names: `docs/protocol.md`,
@@ -132,6 +141,19 @@ pub struct PeerStatus {
     /// The device its heartbeats report (None before the first, or from an older node).
     #[serde(default)]
     pub device: Option<crate::messages::DeviceReport>,
+    /// Banned for the run (never active, never in the learner's score table, refused on
+    /// every connection). See `docs/security.md`, "Strikes and bans".
+    #[serde(default)]
+    pub banned: bool,
+    /// The strike that reached the threshold ([`StrikeReason::as_str`]), when banned.
+    #[serde(default)]
+    pub ban_reason: Option<String>,
+    /// Strikes against the peer so far (each also a failed event in its ECHO score).
+    #[serde(default)]
+    pub strikes: u64,
+    /// Those strikes per reason ([`StrikeReason::as_str`] → count).
+    #[serde(default)]
+    pub strikes_by_reason: BTreeMap<String, u64>,
 }
 
 /// Counters of the network service since start.
@@ -144,6 +166,12 @@ pub struct NetworkCounters {
     pub connections_denied: u64,
     pub connection_errors: u64,
     pub events_dropped: u64,
+    /// Strikes counted against peers (all reasons).
+    pub strikes: u64,
+    /// Peers banned since start (a ban forgotten past the cap is still counted).
+    pub bans: u64,
+    /// Heartbeats dropped by the per-source rate limit.
+    pub heartbeats_ignored: u64,
 }
 
 /// The node's view of the swarm.
@@ -190,6 +218,8 @@ pub enum StrikeReason {
     Untrainable,
     /// Heartbeats faster than the rate limit allows.
     HeartbeatFlood,
+    /// A gossip message that failed validation (by the service or by the role's `Reject`).
+    BadMessage,
 }
 
 impl StrikeReason {
@@ -205,6 +235,7 @@ impl StrikeReason {
             StrikeReason::StreamViolation => "stream_violation",
             StrikeReason::Untrainable => "untrainable",
             StrikeReason::HeartbeatFlood => "heartbeat_flood",
+            StrikeReason::BadMessage => "bad_message",
         }
     }
 }
@@ -245,6 +276,10 @@ pub(crate) enum Command {
     Shutdown,
 }
 
+/// The set of banned peers, written by the service task and read by every [`Client`]
+/// without a round trip through the command channel.
+pub(crate) type BanView = Arc<RwLock<HashSet<PeerId>>>;
+
 /// Cheap-to-clone handle to the network service.
 #[derive(Clone)]
 pub struct Client {
@@ -252,6 +287,7 @@ pub struct Client {
     local_peer_id: PeerId,
     swarm_id: String,
     stream: libp2p_stream::Control,
+    banned: BanView,
 }
 
 impl std::fmt::Debug for Client {
@@ -268,12 +304,14 @@ impl Client {
         local_peer_id: PeerId,
         swarm_id: String,
         stream: libp2p_stream::Control,
+        banned: BanView,
     ) -> Self {
         Client {
             tx,
             local_peer_id,
             swarm_id,
             stream,
+            banned,
         }
     }
 
@@ -365,6 +403,21 @@ impl Client {
     /// the command channel is bounded like every other command.
     pub async fn strike(&self, peer: PeerId, reason: StrikeReason) -> Result<(), P2pError> {
         self.send(Command::Strike { peer, reason }).await
+    }
+
+    /// Whether `peer` is banned for the run. Cheap (a shared set behind a read lock, no
+    /// message to the service): roles may call it before every pull, push or answer. A
+    /// strike sent with [`Client::strike`] takes effect once the service has processed it.
+    pub fn is_banned(&self, peer: &PeerId) -> bool {
+        self.banned.read().is_ok_and(|b| b.contains(peer))
+    }
+
+    /// Every peer banned now (at most [`crate::MAX_BANS`]), in no particular order.
+    pub fn banned_peers(&self) -> Vec<PeerId> {
+        self.banned
+            .read()
+            .map(|b| b.iter().copied().collect())
+            .unwrap_or_default()
     }
 
     /// Stop the service (the swarm is dropped, connections close).

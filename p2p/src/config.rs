@@ -49,6 +49,16 @@ pub struct NetworkConfig {
     /// `0` = unlimited uploads (and one chain per 100 Mbit/s of `uplink_mbps`, see
     /// `dissemination`). Ignored on workers.
     pub learner_mbps: f64,
+    /// A peer is banned for the run once this many strikes (evidence of bad data, checked by
+    /// this node) were counted against it; at least 1. See `docs/security.md`.
+    pub ban_after_strikes: u32,
+    /// Most inbound connections held at once (all peers together).
+    pub max_inbound: u32,
+    /// Most connections held with one peer, both directions together (a relayed one, a direct
+    /// one after hole punching, and one simultaneous dial).
+    pub max_per_peer: u32,
+    /// Most inbound connections still in their handshake at once.
+    pub max_pending_inbound: u32,
 }
 
 impl Default for NetworkConfig {
@@ -69,6 +79,10 @@ impl Default for NetworkConfig {
             uplink_mbps: 0.0,
             downlink_mbps: 0.0,
             learner_mbps: 0.0,
+            ban_after_strikes: 3,
+            max_inbound: 256,
+            max_per_peer: 3,
+            max_pending_inbound: 64,
         }
     }
 }
@@ -179,6 +193,16 @@ impl NetworkConfig {
                 format!("{} is outside 1..=10000", self.max_peers),
             ));
         }
+        for (key, v, max) in [
+            ("ban_after_strikes", self.ban_after_strikes, 1_000_000),
+            ("max_inbound", self.max_inbound, 100_000),
+            ("max_per_peer", self.max_per_peer, 64),
+            ("max_pending_inbound", self.max_pending_inbound, 100_000),
+        ] {
+            if !(1..=max).contains(&v) {
+                out.push((key.into(), format!("{v} is outside 1..={max}")));
+            }
+        }
         for (key, v) in [
             ("uplink_mbps", self.uplink_mbps),
             ("downlink_mbps", self.downlink_mbps),
@@ -227,6 +251,10 @@ mod tests {
             uplink_mbps: -1.0,
             downlink_mbps: f64::INFINITY,
             learner_mbps: 2e6,
+            ban_after_strikes: 0,
+            max_inbound: 0,
+            max_per_peer: 65,
+            max_pending_inbound: 0,
             ..NetworkConfig::default()
         };
         assert_eq!(
@@ -240,6 +268,10 @@ mod tests {
                 "heartbeat_interval_ms",
                 "cost_per_hour",
                 "max_peers",
+                "ban_after_strikes",
+                "max_inbound",
+                "max_per_peer",
+                "max_pending_inbound",
                 "uplink_mbps",
                 "downlink_mbps",
                 "learner_mbps"

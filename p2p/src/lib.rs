@@ -4,7 +4,9 @@
 //! (`behaviour`: transport, discovery, gossipsub and its scoring parameters); the typed
 //! [`Client`] handle, its commands and the [`Event`]s roles receive ([`client`]); the gossip
 //! topics ([`topics`]) and message formats ([`messages`]); the peer table (`peers`); the
-//! ECHO-2 peer score ([`score`]); stream rate limits ([`ratelimit`]); the `[network]` config.
+//! ECHO-2 peer score ([`score`]); strikes and bans (`bans`, [`Client::strike`],
+//! [`Client::is_banned`]); the per-source heartbeat rate limit (`hbgate`); inbound connection
+//! limits; stream rate limits ([`ratelimit`]); the `[network]` config.
 //!
 //! Roles: p2p knows a node's [`Role`] only as a fact to gossip — each heartbeat carries the
 //! sender's role, the status view shows every peer's, and the learner's score table lists the
@@ -15,6 +17,7 @@
 //!
 //! Wire formats, topics, limits and protocol names: `docs/protocol.md`.
 
+mod bans;
 mod behaviour;
 pub mod client;
 pub mod config;
@@ -22,6 +25,7 @@ pub mod config;
 mod decoder_props;
 pub mod error;
 pub mod framing;
+mod hbgate;
 pub mod messages;
 mod peers;
 pub mod ratelimit;
@@ -31,6 +35,7 @@ pub mod service;
 pub mod topics;
 pub mod transport;
 
+pub use bans::MAX_BANS;
 pub use behaviour::{IDENTIFY_PROTOCOL, MAX_GOSSIP_BYTES};
 pub use client::{
     Client, Event, NetworkCounters, NetworkStatus, PeerStatus, ServiceConfig, StrikeReason,

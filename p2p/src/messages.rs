@@ -196,6 +196,40 @@ impl ScoreTable {
         serde_json::to_vec(self).expect("a score table always serialises")
     }
 
+    /// The table the learner publishes: the best-scored `entries` (score descending, ties by
+    /// peer id) up to what every receiver's [`ScoreTable::decode`] accepts —
+    /// [`MAX_SCORE_TABLE_ENTRIES`] rows and [`MAX_SCORE_TABLE_BYTES`] encoded — so that a large
+    /// swarm never makes receivers reject (and penalise) the learner's table. The size is
+    /// exact, not estimated: compact JSON encodes the table as its header plus each row's own
+    /// encoding, separated by commas.
+    pub fn capped(swarm_id: &str, sent_unix_ms: u64, mut entries: Vec<ScoreEntry>) -> Self {
+        entries.sort_by(|a, b| {
+            b.score
+                .total_cmp(&a.score)
+                .then_with(|| a.peer_id.cmp(&b.peer_id))
+        });
+        entries.truncate(MAX_SCORE_TABLE_ENTRIES);
+        let mut table = ScoreTable {
+            v: SCORE_TABLE_VERSION,
+            swarm_id: swarm_id.to_string(),
+            sent_unix_ms,
+            entries: Vec::new(),
+        };
+        let mut len = table.encode().len();
+        let keep = entries
+            .iter()
+            .enumerate()
+            .take_while(|(i, e)| {
+                let row = serde_json::to_vec(e).map_or(usize::MAX, |r| r.len());
+                len = len.saturating_add(row + usize::from(*i > 0));
+                len <= MAX_SCORE_TABLE_BYTES
+            })
+            .count();
+        entries.truncate(keep);
+        table.entries = entries;
+        table
+    }
+
     pub fn decode(bytes: &[u8], swarm_id: &str) -> Result<Self, MessageError> {
         if bytes.len() > MAX_SCORE_TABLE_BYTES {
             return Err(MessageError::TooLarge {
@@ -420,5 +454,72 @@ mod tests {
         let mut bad = t.clone();
         bad.entries[0].peer_id = "x".into();
         assert!(ScoreTable::decode(&bad.encode(), "s").is_err());
+    }
+
+    fn entry(score: f64) -> ScoreEntry {
+        // Long decimals: the byte limit binds before the entry limit.
+        ScoreEntry {
+            peer_id: libp2p::PeerId::random().to_string(),
+            score,
+            speed: 100.0 / 3.0,
+            success: 200.0 / 3.0,
+            stability: 100.0 / 7.0,
+            decay: 1.0 / 3.0,
+        }
+    }
+
+    #[test]
+    fn the_learners_table_is_capped_to_what_receivers_accept() {
+        // More peers than either limit admits.
+        let n = MAX_SCORE_TABLE_ENTRIES + 500;
+        let entries: Vec<ScoreEntry> = (0..n)
+            .map(|i| entry((i % 1000) as f64 / 10.0 + 0.01))
+            .collect();
+        let uncapped = ScoreTable {
+            v: SCORE_TABLE_VERSION,
+            swarm_id: "s".into(),
+            sent_unix_ms: 1,
+            entries: entries.clone(),
+        };
+        assert!(ScoreTable::decode(&uncapped.encode(), "s").is_err());
+        let t = ScoreTable::capped("s", 1, entries.clone());
+        let bytes = t.encode();
+        assert!(bytes.len() <= MAX_SCORE_TABLE_BYTES);
+        assert!(!t.entries.is_empty() && t.entries.len() <= MAX_SCORE_TABLE_ENTRIES);
+        assert_eq!(ScoreTable::decode(&bytes, "s").unwrap(), t);
+        // The best ones, best first; the next row would not have fit.
+        assert!(t.entries.windows(2).all(|w| w[0].score >= w[1].score));
+        let mut sorted = entries;
+        sorted.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.peer_id.cmp(&b.peer_id)));
+        assert_eq!(t.entries[..], sorted[..t.entries.len()]);
+        let mut one_more = t.clone();
+        one_more.entries.push(sorted[t.entries.len()].clone());
+        assert!(one_more.encode().len() > MAX_SCORE_TABLE_BYTES);
+    }
+
+    #[test]
+    fn the_entry_limit_binds_for_short_rows_and_ties_go_by_peer_id() {
+        let short = |_| ScoreEntry {
+            peer_id: libp2p::PeerId::random().to_string(),
+            score: 1.0,
+            speed: 0.0,
+            success: 0.0,
+            stability: 0.0,
+            decay: 1.0,
+        };
+        let entries: Vec<ScoreEntry> = (0..MAX_SCORE_TABLE_ENTRIES + 10).map(short).collect();
+        let t = ScoreTable::capped("s", 1, entries);
+        let bytes = t.encode();
+        if bytes.len() <= MAX_SCORE_TABLE_BYTES {
+            assert_eq!(t.entries.len(), MAX_SCORE_TABLE_ENTRIES);
+        }
+        assert!(ScoreTable::decode(&bytes, "s").is_ok());
+        assert!(t.entries.windows(2).all(|w| w[0].peer_id < w[1].peer_id));
+        // Few peers: all of them.
+        assert_eq!(
+            ScoreTable::capped("s", 1, vec![entry(5.0)]).entries.len(),
+            1
+        );
+        assert!(ScoreTable::capped("s", 1, vec![]).entries.is_empty());
     }
 }

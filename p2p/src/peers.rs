@@ -1,17 +1,20 @@
 //! The service's peer table: what the node knows of each peer, and the pure rules over it —
 //! when a peer counts as active, when it is forgotten, how it is shown in the status view,
-//! and which peers the learner's score table lists.
+//! and which peers the learner's score table lists (a banned peer: never active, never
+//! forgotten while banned, never listed).
 //!
 //! Owns: [`PeerEntry`] and those rules (no I/O, the clock is passed in). Must not touch: the
-//! swarm or the channels (the event loop in [`crate::service`] calls in here), or the ECHO-2
-//! score formulas (in [`crate::score`]).
+//! swarm or the channels (the event loop in [`crate::service`] calls in here), the ECHO-2
+//! score formulas (in [`crate::score`]), the ban and rate-limit rules (in `bans`, `hbgate`).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use libp2p::{Multiaddr, PeerId};
 
-use crate::client::PeerStatus;
+use crate::bans::Strikes;
+use crate::client::{PeerStatus, StrikeReason};
+use crate::hbgate::HeartbeatGate;
 use crate::messages::{Heartbeat, ScoreEntry};
 use crate::role::Role;
 use crate::score::PeerStats;
@@ -48,11 +51,18 @@ pub(crate) struct PeerEntry {
     pub(crate) rejected: u64,
     /// The inputs of its ECHO-2 score.
     pub(crate) stats: PeerStats,
+    /// Strikes against it, per reason.
+    pub(crate) strikes: Strikes,
+    /// Banned for the run, with the strike that reached the threshold (set and lifted only
+    /// by the service, together with its ban list).
+    pub(crate) ban: Option<StrikeReason>,
+    /// The per-source heartbeat rate limit.
+    pub(crate) heartbeat_gate: HeartbeatGate,
 }
 
 impl PeerEntry {
-    /// Records a valid heartbeat (one successful score event) and says whether the peer
-    /// just joined ([`Arrival`]).
+    /// Records a valid heartbeat and says whether the peer just joined ([`Arrival`]). Not a
+    /// score event: successes come from transfers only (see [`crate::score`]).
     pub(crate) fn record_heartbeat(&mut self, hb: Heartbeat, now: Instant) -> Arrival {
         let arrival = match &self.heartbeat {
             None => Arrival::First,
@@ -61,19 +71,26 @@ impl PeerEntry {
         };
         self.heartbeat = Some((hb, now));
         self.heartbeats += 1;
-        self.stats.record_success(now);
         arrival
     }
 
-    /// Records a message from this peer that failed validation (one failed score event).
-    pub(crate) fn record_rejection(&mut self, now: Instant) {
-        self.rejected += 1;
+    /// Records a strike (one failed score event) and returns the peer's strike total.
+    pub(crate) fn record_strike(&mut self, reason: StrikeReason, now: Instant) -> u64 {
         self.stats.record_failure(now);
+        self.strikes.add(reason)
     }
 
-    /// Keep the entry while connected or heard from within [`FORGET_AFTER`].
+    /// Records a message from this peer that failed validation: a
+    /// [`StrikeReason::BadMessage`] strike. Returns the peer's strike total.
+    pub(crate) fn record_rejection(&mut self, now: Instant) -> u64 {
+        self.rejected += 1;
+        self.record_strike(StrikeReason::BadMessage, now)
+    }
+
+    /// Keep the entry while banned, connected, or heard from within [`FORGET_AFTER`].
     pub(crate) fn is_gone(&self, now: Instant) -> bool {
-        !(self.connected
+        !(self.ban.is_some()
+            || self.connected
             || self
                 .heartbeat
                 .as_ref()
@@ -81,10 +98,10 @@ impl PeerEntry {
     }
 
     /// The peer's row in the learner's score table: every peer that heartbeats, except
-    /// learners (the table ranks workers).
+    /// learners (the table ranks workers) and banned peers.
     pub(crate) fn score_entry(&self, peer: &PeerId, now: Instant) -> Option<ScoreEntry> {
         let (hb, _) = self.heartbeat.as_ref()?;
-        if hb.role == Role::Learner {
+        if hb.role == Role::Learner || self.ban.is_some() {
             return None;
         }
         let c = self.stats.components(now);
@@ -98,8 +115,8 @@ impl PeerEntry {
         })
     }
 
-    /// The peer's row in the status view; active while the last heartbeat is at most
-    /// [`ALIVE_HEARTBEAT_INTERVALS`] × `heartbeat_interval` old.
+    /// The peer's row in the status view; active while not banned and the last heartbeat is
+    /// at most [`ALIVE_HEARTBEAT_INTERVALS`] × `heartbeat_interval` old.
     pub(crate) fn status(
         &self,
         peer: &PeerId,
@@ -121,7 +138,7 @@ impl PeerEntry {
             mu: hb.map(|h| h.mu),
             cost_per_hour: hb.map(|h| h.cost_per_hour),
             pending: hb.map(|h| h.pending),
-            active: age.is_some_and(|a| a <= alive),
+            active: self.ban.is_none() && age.is_some_and(|a| a <= alive),
             connected: self.connected,
             node_version: hb.map(|h| h.node_version.clone()),
             agent_version: self.agent.clone(),
@@ -134,6 +151,10 @@ impl PeerEntry {
             rejected_messages: self.rejected,
             gossip_score,
             device: hb.and_then(|h| h.device.clone()),
+            banned: self.ban.is_some(),
+            ban_reason: self.ban.map(|r| r.as_str().to_string()),
+            strikes: self.strikes.total(),
+            strikes_by_reason: self.strikes.by_reason(),
         }
     }
 }
@@ -187,7 +208,55 @@ mod tests {
             Arrival::Restart
         );
         assert_eq!(e.heartbeats, 3);
-        assert_eq!(e.stats.components(t0).successes, 3);
+    }
+
+    #[test]
+    fn heartbeats_are_not_successes() {
+        // Spamming heartbeats must not erase failures from the ECHO score.
+        let t0 = Instant::now();
+        let mut e = PeerEntry::default();
+        e.record_rejection(t0);
+        let before = e.stats.components(t0);
+        for _ in 0..100 {
+            e.record_heartbeat(hb(Role::Rollout, 1), t0);
+        }
+        let after = e.stats.components(t0);
+        assert_eq!(after, before);
+        assert_eq!((after.successes, after.failures), (0, 1));
+        assert_eq!(after.success, 0.0);
+    }
+
+    #[test]
+    fn strikes_count_per_reason_and_a_ban_shows_in_the_status_row() {
+        let t0 = Instant::now();
+        let p = PeerId::random();
+        let iv = Duration::from_secs(1);
+        let mut e = PeerEntry::default();
+        e.record_heartbeat(hb(Role::Rollout, 1), t0);
+        assert_eq!(e.record_strike(StrikeReason::CorruptChunk, t0), 1);
+        assert_eq!(e.record_rejection(t0), 2);
+        let s = e.status(&p, t0, iv, None);
+        assert!(s.active && !s.banned && s.ban_reason.is_none());
+        assert_eq!(
+            (s.strikes, s.rejected_messages, s.score.failures),
+            (2, 1, 2)
+        );
+        assert_eq!(s.strikes_by_reason["corrupt_chunk"], 1);
+        assert_eq!(s.strikes_by_reason["bad_message"], 1);
+        e.ban = Some(StrikeReason::BadMessage);
+        let s = e.status(&p, t0, iv, None);
+        assert!(s.banned && !s.active);
+        assert_eq!(s.ban_reason.as_deref(), Some("bad_message"));
+        // Banned: kept for the run, never in the score table.
+        assert_eq!(e.score_entry(&p, t0), None);
+        assert!(!e.is_gone(t0 + FORGET_AFTER * 10));
+        // The status JSON of an older node (no ban fields) still reads.
+        let mut v = serde_json::to_value(&s).unwrap();
+        for k in ["banned", "ban_reason", "strikes", "strikes_by_reason"] {
+            v.as_object_mut().unwrap().remove(k);
+        }
+        let old: PeerStatus = serde_json::from_value(v).unwrap();
+        assert!(!old.banned && old.strikes == 0);
     }
 
     #[test]
@@ -229,6 +298,7 @@ mod tests {
         }
         e.record_rejection(t0);
         assert_eq!((e.rejected, e.stats.components(t0).failures), (1, 1));
+        assert_eq!(e.strikes.total(), 1);
     }
 
     #[test]
@@ -236,7 +306,14 @@ mod tests {
         let t0 = Instant::now();
         let iv = Duration::from_secs(1);
         let mut good = PeerEntry::default();
-        good.record_heartbeat(hb(Role::Rollout, 1), t0);
+        good.stats.record_transfer(
+            &crate::score::TransferEvent {
+                bytes: 1_000_000,
+                duration: Duration::from_secs(1),
+                success: true,
+            },
+            t0,
+        );
         let fresh = PeerEntry::default();
         let (a, b, c) = (PeerId::random(), PeerId::random(), PeerId::random());
         let mut rows = vec![

@@ -10,10 +10,18 @@
 //! ```
 //!
 //! Inputs (documented in `docs/protocol.md`): transfer events (bytes, duration, success) from the
-//! bulk protocols; a valid heartbeat counts as one successful event without bytes (the paper
-//! updates the components "from heartbeat statistics"); a malformed or invalid message from a
-//! peer counts as one failed event. `elapsed` is the time since the last event of any kind.
-//! A peer with no transfer yet has Speed 0; a peer with no event yet has Success 0.
+//! bulk protocols, and strikes (`Client::strike`: a malformed or invalid message, bad data
+//! found by a role), each one failed event. Heartbeats are *not* successes: a heartbeat costs
+//! its sender nothing, so counting it would let a peer erase its failures by heartbeating
+//! faster. `elapsed` is the time since the last event.
+//!
+//! A peer with no event yet is *neutral*, not zero: Speed 0 and Stability 0 (no transfer has
+//! shown either), but Success 50 ([`NEUTRAL_SUCCESS_RATE`], the mean of a uniform prior on the
+//! success rate) and Decay 1, so Score = 0.35 · 50 = 17.5. The paper's formula leaves the
+//! success rate of a peer without events undefined; reading it as 0 would rank a newcomer with
+//! a peer whose every transfer failed, and as 1 would rank it above a peer with a proven
+//! record of some failures. With the prior, one failed transfer drops a newcomer to 0 and one
+//! successful transfer lifts it above 17.5.
 
 use std::time::{Duration, Instant};
 
@@ -26,6 +34,9 @@ pub fn speed_component(avg_bits_per_s: f64) -> f64 {
     }
     (100.0 * (avg_bits_per_s.log10() - 3.0) / 5.0).clamp(0.0, 100.0)
 }
+
+/// The success rate of a peer with no transfer and no strike yet (see the module doc).
+pub const NEUTRAL_SUCCESS_RATE: f64 = 0.5;
 
 /// Success component from the success rate in [0, 1].
 pub fn success_component(success_rate: f64) -> f64 {
@@ -100,7 +111,8 @@ impl PeerStats {
         }
     }
 
-    /// A successful interaction without payload (e.g. a valid heartbeat).
+    /// A successful transfer whose bytes are not counted in the average rate (e.g. one
+    /// without payload). Never a heartbeat: see the module doc.
     pub fn record_success(&mut self, now: Instant) {
         self.successes += 1;
         self.consecutive_failures = 0;
@@ -123,10 +135,11 @@ impl PeerStats {
         }
     }
 
+    /// successes / (successes + failures); [`NEUTRAL_SUCCESS_RATE`] before any event.
     pub fn success_rate(&self) -> f64 {
         let n = self.successes + self.failures;
         if n == 0 {
-            0.0
+            NEUTRAL_SUCCESS_RATE
         } else {
             self.successes as f64 / n as f64
         }
@@ -199,7 +212,10 @@ mod tests {
     fn stats_feed_the_formula() {
         let t0 = Instant::now();
         let mut s = PeerStats::default();
-        assert_eq!(s.components(t0).score, 0.0);
+        // Neutral before any event: Success 50 only.
+        let c = s.components(t0);
+        assert!(close(c.score, 17.5) && close(c.success, 50.0), "{c:?}");
+        assert!(close(c.speed, 0.0) && close(c.stability, 0.0) && close(c.decay, 1.0));
         // 10 transfers of 1.25 MB in 1 s each = 10 Mbit/s → Speed 80.
         for _ in 0..10 {
             s.record_transfer(
@@ -235,5 +251,28 @@ mod tests {
         // A success resets the run of failures.
         s.record_success(t0);
         assert!(close(s.components(t0).stability, 100.0));
+    }
+
+    #[test]
+    fn a_newcomer_ranks_between_a_failing_peer_and_a_proven_one() {
+        let t0 = Instant::now();
+        let fresh = PeerStats::default().components(t0).score;
+        let mut failed = PeerStats::default();
+        failed.record_failure(t0);
+        let mut proven = PeerStats::default();
+        proven.record_transfer(
+            &TransferEvent {
+                bytes: 1,
+                duration: Duration::from_secs(1),
+                success: true,
+            },
+            t0,
+        );
+        let (failed, proven) = (failed.components(t0).score, proven.components(t0).score);
+        assert!(
+            failed < fresh && fresh < proven,
+            "{failed} {fresh} {proven}"
+        );
+        assert_eq!(failed, 0.0);
     }
 }

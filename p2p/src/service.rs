@@ -5,9 +5,10 @@
 //!
 //! Owns: [`start`] (build the swarm, listen, dial, spawn the task) and the event loop — swarm
 //! events, client commands, the heartbeat, score-table, re-dial and Kademlia timers; its
-//! gossip half (publishing and validating messages) is in `service/gossip.rs`. Must not
-//! touch: behaviour configuration (`behaviour.rs`), topic names ([`crate::topics`]),
-//! the peer-table rules (`peers.rs`) or what roles do with events.
+//! gossip half (publishing and validating messages) is in `service/gossip.rs`, strikes and
+//! bans in `service/bans.rs`. Must not touch: behaviour configuration (`behaviour.rs`), topic
+//! names ([`crate::topics`]), the peer-table, ban and rate-limit rules (`peers.rs`, `bans.rs`,
+//! `hbgate.rs`) or what roles do with events.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -19,14 +20,16 @@ use libp2p::multiaddr::Protocol;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::swarm::{DialError, ListenError, SwarmEvent};
 use libp2p::{
-    autonat, identify, identity::Keypair, kad, mdns, Multiaddr, PeerId, StreamProtocol, Swarm,
+    allow_block_list, autonat, connection_limits, identify, identity::Keypair, kad, mdns,
+    Multiaddr, PeerId, StreamProtocol, Swarm,
 };
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+use crate::bans::{BanList, MAX_BANS};
 use crate::behaviour::{self, Behaviour, BehaviourEvent};
 use crate::client::{
-    Client, Command, Event, NetworkCounters, NetworkStatus, PeerStatus, ServiceConfig,
+    BanView, Client, Command, Event, NetworkCounters, NetworkStatus, PeerStatus, ServiceConfig,
 };
 use crate::config::NetworkConfig;
 use crate::error::P2pError;
@@ -35,6 +38,7 @@ use crate::peers::{self, PeerEntry};
 use crate::role::Role;
 use crate::topics::TopicKind;
 
+mod bans;
 mod gossip;
 
 /// Capacity of the command and event channels.
@@ -73,7 +77,14 @@ pub fn start(
     let (cmd_tx, cmd_rx) = mpsc::channel(CHANNEL_CAPACITY);
     let (ev_tx, ev_rx) = mpsc::channel(CHANNEL_CAPACITY);
     let stream = swarm.behaviour().stream.new_control();
-    let client = Client::new(cmd_tx, local_peer_id, cfg.swarm_id.clone(), stream);
+    let ban_view = BanView::default();
+    let client = Client::new(
+        cmd_tx,
+        local_peer_id,
+        cfg.swarm_id.clone(),
+        stream,
+        ban_view.clone(),
+    );
     let quic = cfg.network.quic_enabled();
     let mut service = Service {
         heartbeat_interval: Duration::from_millis(cfg.network.heartbeat_interval_ms),
@@ -94,8 +105,11 @@ pub fn start(
         seq: 0,
         learner_scores: None,
         kad_protocol,
+        bans: BanList::new(MAX_BANS),
+        ban_view,
     };
     service.dial_bootstrap();
+    metrics::gauge!("p2p_banned_peers").set(0.0);
     info!(peer_id = %local_peer_id, quic, "network service started");
     let handle = tokio::spawn(async move { service.run().await });
     Ok((client, ev_rx, handle))
@@ -192,6 +206,25 @@ fn strip_p2p(addr: &Multiaddr) -> Multiaddr {
         .collect()
 }
 
+/// Which gate refused a connection, for the log.
+fn denial(cause: &libp2p::swarm::ConnectionDenied) -> &'static str {
+    if cause
+        .downcast_ref::<connection_limits::Exceeded>()
+        .is_some()
+    {
+        "connection limit reached: network.max_inbound / max_per_peer / max_pending_inbound"
+    } else if cause.downcast_ref::<allow_block_list::Blocked>().is_some() {
+        "peer banned for the run"
+    } else if cause
+        .downcast_ref::<allow_block_list::NotAllowed>()
+        .is_some()
+    {
+        "peer not in allow_list"
+    } else {
+        "denied by a behaviour"
+    }
+}
+
 fn is_circuit(a: &Multiaddr) -> bool {
     a.iter().any(|p| matches!(p, Protocol::P2pCircuit))
 }
@@ -213,6 +246,9 @@ struct Service {
     heartbeat_interval: Duration,
     learner_scores: Option<ScoreTable>,
     kad_protocol: StreamProtocol,
+    /// Peers banned for the run (bounded); mirrored in `ban_view` for the clients.
+    bans: BanList,
+    ban_view: BanView,
 }
 
 impl Service {
@@ -252,7 +288,10 @@ impl Service {
 
     fn dial_bootstrap(&mut self) {
         for (peer, addr) in self.bootstrap.clone() {
-            if peer == *self.swarm.local_peer_id() || self.swarm.is_connected(&peer) {
+            if peer == *self.swarm.local_peer_id()
+                || self.swarm.is_connected(&peer)
+                || self.bans.contains(&peer)
+            {
                 continue;
             }
             let opts = DialOpts::peer_id(peer)
@@ -264,10 +303,13 @@ impl Service {
         }
     }
 
-    /// Dials a discovered peer unless it is us, already connected, not allow-listed, or the
-    /// node is at `max_peers`.
+    /// Dials a discovered peer unless it is us, already connected, banned, not allow-listed,
+    /// or the node is at `max_peers`.
     fn maybe_dial(&mut self, peer: PeerId, addrs: Vec<Multiaddr>) {
-        if peer == *self.swarm.local_peer_id() || self.swarm.is_connected(&peer) {
+        if peer == *self.swarm.local_peer_id()
+            || self.swarm.is_connected(&peer)
+            || self.bans.contains(&peer)
+        {
             return;
         }
         if !self.allow.is_empty() && !self.allow.contains(&peer) {
@@ -285,7 +327,7 @@ impl Service {
         }
     }
 
-    /// Forgets peers that are gone for good ([`PeerEntry::is_gone`]).
+    /// Forgets peers that are gone for good ([`PeerEntry::is_gone`]; banned ones are kept).
     fn prune(&mut self) {
         let now = Instant::now();
         self.peers.retain(|_, e| !e.is_gone(now));
@@ -302,7 +344,12 @@ impl Service {
                 let _ = reply.send(self.swarm.listeners().cloned().collect());
             }
             Command::Dial(addr, reply) => {
-                let r = self.swarm.dial(addr.clone()).map_err(|e| P2pError::Dial {
+                let r = self.swarm.dial(addr.clone());
+                if let Err(DialError::Denied { cause }) = &r {
+                    self.count_denied();
+                    debug!(%addr, %cause, "dial refused ({})", denial(cause));
+                }
+                let r = r.map_err(|e| P2pError::Dial {
                     addr: addr.to_string(),
                     reason: e.to_string(),
                 });
@@ -341,10 +388,7 @@ impl Service {
                     .stats
                     .record_transfer(&event, Instant::now());
             }
-            Command::Strike { peer, reason } => {
-                warn!(%peer, %reason, "strike");
-                self.peer(peer).record_rejection(Instant::now());
-            }
+            Command::Strike { peer, reason } => self.strike(peer, reason),
             Command::Shutdown => {}
         }
     }
@@ -422,7 +466,8 @@ impl Service {
             } => {
                 if let ListenError::Denied { cause } = &error {
                     self.count_denied();
-                    warn!(addr = %send_back_addr, %cause, "inbound connection refused (peer not in allow_list)");
+                    let why = denial(cause);
+                    warn!(addr = %send_back_addr, %cause, "inbound connection refused ({why})");
                 } else {
                     self.count_connection_error();
                     info!(addr = %send_back_addr, error = %error, "inbound connection failed (wrong pre-shared key or protocol mismatch?)");
@@ -431,7 +476,8 @@ impl Service {
             SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
                 if let DialError::Denied { cause } = &error {
                     self.count_denied();
-                    warn!(peer = ?peer_id, %cause, "outbound connection refused (peer not in allow_list)");
+                    let why = denial(cause);
+                    warn!(peer = ?peer_id, %cause, "outbound connection refused ({why})");
                 } else {
                     self.count_connection_error();
                     debug!(peer = ?peer_id, error = %error, "dial failed");

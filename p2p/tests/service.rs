@@ -1,10 +1,15 @@
-//! Two in-process network services on 127.0.0.1: heartbeats, transfer events feeding the ECHO
-//! score, and a bulk stream over a test protocol (the slot the bulk-transfer crates build on).
+//! In-process network services on 127.0.0.1: heartbeats, transfer events feeding the ECHO
+//! score, a bulk stream over a test protocol (the slot the bulk-transfer crates build on), and
+//! the defences against untrusted peers (strikes and bans, the heartbeat rate limit, inbound
+//! connection limits).
 
 use std::time::{Duration, Instant};
 
 use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
-use p2p::{Client, PeerId, Role, ServiceConfig, StreamProtocol, TransferEvent};
+use p2p::{
+    Client, Event, Heartbeat, PeerId, Role, ServiceConfig, StreamProtocol, StrikeReason, TopicKind,
+    TransferEvent,
+};
 
 /// A protocol of this test only: p2p carries streams of any protocol its callers name.
 const TEST_STREAM: StreamProtocol = StreamProtocol::new("/echo-swarm/p2p-test-stream/1.0.0");
@@ -93,4 +98,249 @@ async fn heartbeats_transfers_and_streams() {
     b.shutdown().await;
     let _ = tokio::time::timeout(Duration::from_secs(5), ta).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), tb).await;
+}
+
+/// A started node and what is needed to stop it.
+struct Node {
+    client: Client,
+    events: tokio::sync::mpsc::Receiver<Event>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Node {
+    fn start(seed: u8, cfg: ServiceConfig) -> Node {
+        let (client, events, task) =
+            p2p::start([seed; 32], cfg, &mut p2p::Registry::default()).unwrap();
+        Node {
+            client,
+            events,
+            task,
+        }
+    }
+
+    async fn bootstrap_addr(&self) -> String {
+        let addr = wait_for("a node to listen", || async {
+            self.client.listen_addrs().await.ok()?.into_iter().next()
+        })
+        .await;
+        format!("{addr}/p2p/{}", self.client.local_peer_id())
+    }
+
+    async fn stop(self) {
+        self.client.shutdown().await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
+    }
+}
+
+async fn row(client: &Client, peer: PeerId) -> Option<p2p::PeerStatus> {
+    let st = client.status().await.ok()?;
+    st.peers.into_iter().find(|p| p.peer_id == peer.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strikes_ban_a_peer_for_the_run_in_both_directions() {
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let mut a = Node::start(11, config(vec![]));
+        let boot = a.bootstrap_addr().await;
+        // b keeps re-dialing a (its bootstrap peer) every few seconds.
+        let b = Node::start(12, config(vec![boot]));
+        let (pa, pb) = (a.client.local_peer_id(), b.client.local_peer_id());
+        wait_for("a to hear b", || sees(&a.client, pb)).await;
+        assert!(!a.client.is_banned(&pb));
+
+        // Two strikes: counted, not yet banned (default threshold 3).
+        a.client
+            .strike(pb, StrikeReason::InvalidGroup)
+            .await
+            .unwrap();
+        a.client
+            .strike(pb, StrikeReason::CorruptChunk)
+            .await
+            .unwrap();
+        let r = wait_for("two strikes", || async {
+            row(&a.client, pb).await.filter(|r| r.strikes == 2)
+        })
+        .await;
+        assert!(!r.banned && r.active && r.connected);
+        assert_eq!(r.score.failures, 2);
+        assert!(!a.client.is_banned(&pb));
+
+        // The third bans.
+        a.client
+            .strike(pb, StrikeReason::InvalidGroup)
+            .await
+            .unwrap();
+        let r = wait_for("b to be banned and disconnected", || async {
+            row(&a.client, pb)
+                .await
+                .filter(|r| r.banned && !r.connected)
+        })
+        .await;
+        assert_eq!(r.ban_reason.as_deref(), Some("invalid_group"));
+        assert_eq!(r.strikes, 3);
+        assert_eq!(r.strikes_by_reason["invalid_group"], 2);
+        assert_eq!(r.strikes_by_reason["corrupt_chunk"], 1);
+        assert!(!r.active, "a banned peer is never active");
+        assert!(a.client.is_banned(&pb));
+        assert_eq!(a.client.banned_peers(), vec![pb]);
+        let banned = loop {
+            match a.events.recv().await.expect("event stream open") {
+                Event::PeerBanned { peer, reason } => break (peer, reason),
+                _ => continue,
+            }
+        };
+        assert_eq!(banned, (pb, StrikeReason::InvalidGroup));
+        let st = a.client.status().await.unwrap();
+        assert_eq!((st.counters.strikes, st.counters.bans), (3, 1));
+
+        // b's re-dials are refused (inbound), and so is a's own dial (outbound).
+        wait_for("b's re-dial to be refused", || async {
+            let st = a.client.status().await.ok()?;
+            (st.counters.connections_denied >= 1).then_some(())
+        })
+        .await;
+        let b_addr = b.client.listen_addrs().await.unwrap().remove(0);
+        let dial = a
+            .client
+            .dial(b_addr.with(p2p::multiaddr::Protocol::P2p(pb)))
+            .await;
+        assert!(
+            dial.is_err(),
+            "a dial to a banned peer is refused: {dial:?}"
+        );
+        // Still banned and disconnected, never pruned; b never got a connection back.
+        let r = row(&a.client, pb)
+            .await
+            .expect("a banned peer's row is kept");
+        assert!(r.banned && !r.connected && !r.active);
+        let sb = b.client.status().await.unwrap();
+        assert!(sb
+            .peers
+            .iter()
+            .all(|p| p.peer_id != pa.to_string() || !p.connected));
+        a.stop().await;
+        b.stop().await;
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_flood_is_ignored_and_struck_once_per_window() {
+    tokio::time::timeout(Duration::from_secs(120), async {
+        // The receiver's interval is long (10 min): it accepts at most one heartbeat of b
+        // per 5 min, so every spammed one is ignored however slowly this machine runs.
+        let mut slow = config(vec![]);
+        slow.network.heartbeat_interval_ms = 600_000;
+        let a = Node::start(21, slow);
+        let boot = a.bootstrap_addr().await;
+        let b = Node::start(22, config(vec![boot]));
+        let pb = b.client.local_peer_id();
+        wait_for("a to hear b", || sees(&a.client, pb)).await;
+
+        // b publishes valid heartbeats of its own, far faster than anyone's interval.
+        let topic = TopicKind::Heartbeat.topic_name("p2p-test");
+        let spam = 200u64;
+        for seq in 0..spam {
+            // JSON rather than a struct literal: valid whatever optional fields `Heartbeat`
+            // gains.
+            let hb = serde_json::json!({
+                "v": p2p::messages::HEARTBEAT_VERSION, "swarm_id": "p2p-test", "role": "rollout",
+                "node_version": "spam", "installed_version": null, "mu": 0.0,
+                "cost_per_hour": 0.0, "availability": 1.0, "pending": 0,
+                "forward_rate_bps": 0.0, "receive_rate_bps": 0.0, "started_unix_ms": 1,
+                "sent_unix_ms": 1, "seq": 1_000_000 + seq,
+            });
+            let bytes = serde_json::to_vec(&hb).unwrap();
+            assert!(Heartbeat::decode(&bytes, "p2p-test").is_ok());
+            b.client.publish_raw(topic.clone(), bytes).await.unwrap();
+        }
+        let r = wait_for("a to strike b for the flood", || async {
+            row(&a.client, pb).await.filter(|r| r.strikes >= 1)
+        })
+        .await;
+        // One strike for the window (at most one per 100 min here), not a ban.
+        assert_eq!(r.strikes_by_reason.get("heartbeat_flood"), Some(&1));
+        assert_eq!(r.strikes, 1);
+        assert!(!r.banned);
+        // Ignored, not recorded: no spam heartbeat replaced b's real one.
+        assert_eq!(r.node_version.as_deref(), Some(env!("CARGO_PKG_VERSION")));
+        assert!(r.heartbeats <= 2, "{} heartbeats recorded", r.heartbeats);
+        let st = a.client.status().await.unwrap();
+        assert!(
+            st.counters.heartbeats_ignored >= 4 * 10,
+            "{:?}",
+            st.counters
+        );
+        // A heartbeat is not a success: the flood left b with one failure and no success.
+        assert_eq!((r.score.successes, r.score.failures), (0, 1));
+        a.stop().await;
+        b.stop().await;
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbound_connections_beyond_the_limit_are_refused() {
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let mut one = config(vec![]);
+        one.network.max_inbound = 1;
+        let a = Node::start(31, one);
+        let boot = a.bootstrap_addr().await;
+        let b = Node::start(32, config(vec![boot.clone()]));
+        wait_for("a to hear b", || sees(&a.client, b.client.local_peer_id())).await;
+        // c's connection would be a's second inbound one.
+        let c = Node::start(33, config(vec![boot]));
+        wait_for("c's connection to be refused", || async {
+            let st = a.client.status().await.ok()?;
+            (st.counters.connections_denied >= 1).then_some(())
+        })
+        .await;
+        let st = a.client.status().await.unwrap();
+        assert_eq!(st.connected_peers, 1, "only b holds a connection");
+        assert!(row(&a.client, c.client.local_peer_id())
+            .await
+            .is_none_or(|r| !r.connected));
+        a.stop().await;
+        b.stop().await;
+        c.stop().await;
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_gossip_messages_are_strikes_that_ban_their_author() {
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let a = Node::start(41, config(vec![]));
+        let boot = a.bootstrap_addr().await;
+        let b = Node::start(42, config(vec![boot]));
+        let pb = b.client.local_peer_id();
+        wait_for("a to hear b", || sees(&a.client, pb)).await;
+        let topic = TopicKind::Heartbeat.topic_name("p2p-test");
+        for garbage in [&b"{not json"[..], b"[]", b"{\"v\":99}"] {
+            b.client
+                .publish_raw(topic.clone(), garbage.to_vec())
+                .await
+                .unwrap();
+        }
+        let r = wait_for("a to ban b for bad messages", || async {
+            row(&a.client, pb).await.filter(|r| r.banned)
+        })
+        .await;
+        assert_eq!(r.ban_reason.as_deref(), Some("bad_message"));
+        assert_eq!((r.rejected_messages, r.strikes), (3, 3));
+        assert_eq!(r.strikes_by_reason["bad_message"], 3);
+        // The last valid heartbeat is kept; the row stays, inactive.
+        assert_eq!(r.role, Some(Role::Rollout));
+        assert!(!r.active);
+        assert!(a.client.is_banned(&pb));
+        let st = a.client.status().await.unwrap();
+        assert_eq!(st.counters.messages_rejected, 3);
+        a.stop().await;
+        b.stop().await;
+    })
+    .await
+    .expect("test timed out");
 }

@@ -193,7 +193,9 @@ pub fn render(st: &NodeStatus) -> String {
             opt(p.pending),
             num(p.mu, 2),
             num(p.cost_per_hour, 2),
-            if standby.contains(&p.peer_id) {
+            if p.banned {
+                "banned".into()
+            } else if standby.contains(&p.peer_id) {
                 "standby".into()
             } else if p.active {
                 "yes".into()
@@ -204,6 +206,49 @@ pub fn render(st: &NodeStatus) -> String {
     }
     out.push_str(&t.to_string());
     out.push('\n');
+    out.push_str(&bans(net));
+    out
+}
+
+/// The defence counters, and a table of the banned peers with their reasons (empty when no
+/// strike was ever counted).
+fn bans(net: &p2p::NetworkStatus) -> String {
+    let c = &net.counters;
+    if c.strikes == 0 && c.bans == 0 && c.connections_denied == 0 {
+        return String::new();
+    }
+    let mut out = format!(
+        "strikes {}  bans {}  connections refused {}  heartbeats rate-limited {}\n",
+        c.strikes, c.bans, c.connections_denied, c.heartbeats_ignored
+    );
+    let banned: Vec<&p2p::PeerStatus> = net.peers.iter().filter(|p| p.banned).collect();
+    if banned.is_empty() {
+        return out;
+    }
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_header(vec![
+        "banned peer",
+        "role",
+        "reason",
+        "strikes",
+        "by reason",
+    ]);
+    for p in banned {
+        let by: Vec<String> = p
+            .strikes_by_reason
+            .iter()
+            .map(|(r, n)| format!("{r} ×{n}"))
+            .collect();
+        t.add_row(vec![
+            p.peer_id.clone(),
+            p.role.map_or_else(|| "-".into(), |r| r.to_string()),
+            p.ban_reason.clone().unwrap_or_else(|| "-".into()),
+            p.strikes.to_string(),
+            by.join(", "),
+        ]);
+    }
+    out.push_str(&format!("bans (for the run):\n{t}\n"));
     out
 }
 
@@ -249,5 +294,53 @@ mod tests {
         );
         assert!(s.contains("standby │") || s.contains("standby "), "{s}");
         assert!(s.contains("NVIDIA H100 60.0/80.0 GiB free (cc 9.0)"), "{s}");
+        // No strike yet: no defence section.
+        assert!(!s.contains("bans"), "{s}");
+    }
+
+    #[test]
+    fn render_shows_banned_peers_with_their_reason() {
+        let mut v: serde_json::Value = serde_json::from_str(
+            r#"{
+              "peer_id": "12D3", "role": "learner", "swarm_id": "s", "listen_addrs": [],
+              "external_addrs": [], "connected_peers": 0, "private_swarm": false, "quic": false,
+              "local": {"installed_version": null, "mu": 0.0, "availability": 1.0, "pending": 0,
+                        "forward_rate_bps": 0.0, "receive_rate_bps": 0.0},
+              "counters": {"strikes": 3, "bans": 1, "connections_denied": 2},
+              "learner_scores": null, "version": null, "node_version": "0.1.0", "peers": []
+            }"#,
+        )
+        .unwrap();
+        let peer = |id: &str, banned: bool| {
+            serde_json::json!({"peer_id": id, "role": "rollout", "addrs": [],
+                "installed_version": null, "chain": null, "position": null, "mu": null,
+                "cost_per_hour": null, "pending": null, "connected": false,
+                "node_version": null, "agent_version": null, "availability": null,
+                "forward_rate_bps": null, "receive_rate_bps": null, "heartbeat_age_s": null,
+                "heartbeats": 0, "started_unix_ms": null, "rejected_messages": 1,
+                "gossip_score": null, "score": 0.0, "speed": 0.0, "success": 0.0,
+                "stability": 0.0, "decay": 1.0, "avg_speed_bps": 0.0, "successes": 0,
+                "failures": 3, "consecutive_failures": 3, "active": false,
+                "banned": banned, "ban_reason": banned.then_some("corrupt_chunk"),
+                "strikes": 3, "strikes_by_reason": {"corrupt_chunk": 2, "bad_message": 1}})
+        };
+        v["peers"] = serde_json::json!([peer("12D3KooWbad", true), peer("12D3KooWok", false)]);
+        let st: NodeStatus = serde_json::from_value(v).unwrap();
+        let s = render(&st);
+        assert!(
+            s.contains("strikes 3  bans 1  connections refused 2"),
+            "{s}"
+        );
+        let bans = &s[s.find("bans (for the run)").expect("a bans table")..];
+        assert!(
+            bans.contains("12D3KooWbad") && !bans.contains("12D3KooWok"),
+            "{s}"
+        );
+        assert!(
+            bans.contains("corrupt_chunk ×2, bad_message ×1")
+                || bans.contains("bad_message ×1, corrupt_chunk ×2"),
+            "{s}"
+        );
+        assert!(s.contains("banned │") || s.contains("banned "), "{s}");
     }
 }

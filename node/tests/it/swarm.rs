@@ -666,13 +666,14 @@ fn malformed_heartbeats_are_dropped_and_the_sender_score_falls() {
     let me = client.local_peer_id().to_string();
     assert_eq!(me, p2p::peer_id_from_seed(seed).to_string());
 
-    // Wait until Stability has saturated (≥ 10 valid heartbeats), so only Success can move.
+    // Heartbeats are not transfers: the peer stays neutral (Success 50, no event yet).
     let before = wait_for("the learner to score the test peer", WAIT, || {
         let st = learner.status()?;
-        active_peer(&st, &me).filter(|p| p["successes"].as_u64() >= Some(10))
+        active_peer(&st, &me).filter(|p| p["heartbeats"].as_u64() >= Some(3))
     });
     let score_before = before["score"].as_f64().unwrap();
-    assert_eq!(before["success"], 100.0);
+    assert_eq!(before["success"], 50.0);
+    assert_eq!(before["successes"], 0);
     assert_eq!(before["rejected_messages"], 0);
 
     let topic = p2p::TopicKind::Heartbeat.topic_name(swarm);
@@ -709,6 +710,13 @@ fn malformed_heartbeats_are_dropped_and_the_sender_score_falls() {
     if let Some(g) = p["gossip_score"].as_f64() {
         assert!(g < 0.0, "gossipsub score {g} after invalid messages");
     }
+    // Three rejected messages are three strikes: banned for the run (default threshold 3).
+    let p = wait_for("the learner to ban the sender", WAIT, || {
+        let st = learner.status()?;
+        peer(&st, &me).filter(|p| p["banned"] == true).cloned()
+    });
+    assert_eq!(p["ban_reason"], "bad_message", "{p}");
+    assert_eq!(p["active"], false, "{p}");
     rt.block_on(client.shutdown());
 }
 

@@ -1,10 +1,10 @@
 //! The gossip side of the service task: publishing this node's heartbeats (and, on the
 //! learner, score tables), validating the topics the service checks itself (heartbeats, score
-//! tables), handing the other topics to the role, and turning verdicts into gossipsub
-//! acceptances and ECHO-2 score failures.
+//! tables), handing the other topics to the role, turning verdicts into gossipsub
+//! acceptances and strikes, and applying the per-source heartbeat rate limit.
 //!
-//! Owns: which topic is validated where, and what a valid or invalid message does to the
-//! peer table and counters. Must not touch: message formats and their checks
+//! Owns: which topic is validated where, and what a valid, invalid or too frequent message
+//! does to the peer table and counters. Must not touch: message formats and their checks
 //! ([`crate::messages`]), topic names ([`crate::topics`]), connection handling (the rest of
 //! [`crate::service`]).
 
@@ -15,15 +15,16 @@ use libp2p::PeerId;
 use tracing::{debug, info, warn};
 
 use super::Service;
-use crate::client::{Event, Validation};
+use crate::client::{Event, StrikeReason, Validation};
 use crate::error::MessageError;
-use crate::messages::{unix_ms, Heartbeat, ScoreTable, HEARTBEAT_VERSION, SCORE_TABLE_VERSION};
+use crate::hbgate::HeartbeatVerdict;
+use crate::messages::{unix_ms, Heartbeat, ScoreTable, HEARTBEAT_VERSION};
 use crate::peers::Arrival;
 use crate::topics::{parse_topic, TopicKind};
 
 impl Service {
     /// A role's verdict on an [`Event::Gossip`] message: passed on to gossipsub, and a
-    /// rejection also counts against the author's ECHO score.
+    /// rejection is also a strike against the author.
     pub(super) fn on_verdict(
         &mut self,
         id: &MessageId,
@@ -46,9 +47,9 @@ impl Service {
     }
 
     fn penalise(&mut self, peer: PeerId) {
-        self.peer(peer).record_rejection(Instant::now());
         self.counters.messages_rejected += 1;
         metrics::counter!("p2p_messages_rejected_total").increment(1);
+        self.strike_bad_message(peer);
     }
 
     pub(super) fn publish_heartbeat(&mut self) {
@@ -85,7 +86,9 @@ impl Service {
         }
     }
 
-    /// The learner's score table: one row per worker it hears ([`PeerEntry::score_entry`]).
+    /// The learner's score table: one row per worker it hears and has not banned
+    /// ([`PeerEntry::score_entry`]), the best ones up to what receivers accept
+    /// ([`ScoreTable::capped`]).
     pub(super) fn publish_score_table(&mut self) {
         let now = Instant::now();
         let entries: Vec<_> = self
@@ -96,12 +99,7 @@ impl Service {
         if entries.is_empty() {
             return;
         }
-        let table = ScoreTable {
-            v: SCORE_TABLE_VERSION,
-            swarm_id: self.cfg.swarm_id.clone(),
-            sent_unix_ms: unix_ms(),
-            entries,
-        };
+        let table = ScoreTable::capped(&self.cfg.swarm_id, unix_ms(), entries);
         let topic = IdentTopic::new(TopicKind::Scores.topic_name(&self.cfg.swarm_id));
         if let Err(e) = self
             .swarm
@@ -138,10 +136,20 @@ impl Service {
         let source = msg.source.unwrap_or(propagation_source);
         match kind {
             TopicKind::Heartbeat => match Heartbeat::decode(&msg.data, &self.cfg.swarm_id) {
-                Ok(hb) => {
-                    self.accept(&id, &propagation_source);
-                    self.on_heartbeat(source, hb);
-                }
+                Ok(hb) => match self.gate_heartbeat(source, &hb) {
+                    HeartbeatVerdict::Accept => {
+                        self.accept(&id, &propagation_source);
+                        self.on_heartbeat(source, hb);
+                    }
+                    verdict => {
+                        self.ignore(&id, &propagation_source);
+                        self.counters.heartbeats_ignored += 1;
+                        metrics::counter!("p2p_heartbeats_ignored_total").increment(1);
+                        if verdict == HeartbeatVerdict::Flood {
+                            self.strike(source, StrikeReason::HeartbeatFlood);
+                        }
+                    }
+                },
                 Err(err) => self.reject(propagation_source, &id, Some(source), kind, err),
             },
             TopicKind::Scores => match ScoreTable::decode(&msg.data, &self.cfg.swarm_id)
@@ -157,6 +165,20 @@ impl Service {
                 self.hand_to_role(kind, propagation_source, id, msg)
             }
         }
+    }
+
+    /// The per-source rate limit (`hbgate`) on a valid heartbeat of `source`.
+    fn gate_heartbeat(&mut self, source: PeerId, hb: &Heartbeat) -> HeartbeatVerdict {
+        let interval = self.heartbeat_interval;
+        let e = self.peer(source);
+        let last = e.heartbeat.as_ref().and_then(|(h, _)| h.installed_version);
+        let new_version = match (hb.installed_version, last) {
+            (Some(v), Some(l)) => v > l,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        e.heartbeat_gate
+            .check(Instant::now(), interval, new_version)
     }
 
     /// Records a valid heartbeat in the peer table and passes it on to the role.
@@ -224,6 +246,13 @@ impl Service {
                     MessageAcceptance::Ignore,
                 );
         }
+    }
+
+    fn ignore(&mut self, id: &MessageId, propagation_source: &PeerId) {
+        self.swarm
+            .behaviour_mut()
+            .gossipsub
+            .report_message_validation_result(id, propagation_source, MessageAcceptance::Ignore);
     }
 
     fn accept(&mut self, id: &MessageId, propagation_source: &PeerId) {
