@@ -60,12 +60,14 @@ async fn pull_retrying(
         let buffer = buffer.clone();
         async move {
             // Each attempt is bounded, as the node's puller bounds every pull: a stream that
-            // opens before the connection settles can wait forever (streams have no read
-            // deadline yet), and the retry opens a fresh one.
+            // opens before the connection settles may never be answered (the pull's read
+            // deadline ends it), and the retry opens a fresh one.
             match tokio::time::timeout(Duration::from_secs(5), pull(&mut c, worker, buffer, req))
                 .await
             {
-                Err(_) | Ok(Err(PullError::Open { .. })) => None,
+                Err(_)
+                | Ok(Err(PullError::Open { .. }))
+                | Ok(Err(PullError::Timeout { .. })) => None,
                 Ok(other) => Some(other),
             }
         }
