@@ -108,8 +108,15 @@ mod tests {
             let need = next() % 200;
             let s = allocate_capped(need, &credits, (next() % 7) as usize);
             let total = credits.iter().fold(0u64, |a, &c| a.saturating_add(c));
-            assert_eq!(s.iter().sum::<u64>(), need.min(total), "{need} {credits:?} {s:?}");
-            assert!(s.iter().zip(&credits).all(|(s, c)| s <= c), "{credits:?} {s:?}");
+            assert_eq!(
+                s.iter().sum::<u64>(),
+                need.min(total),
+                "{need} {credits:?} {s:?}"
+            );
+            assert!(
+                s.iter().zip(&credits).all(|(s, c)| s <= c),
+                "{credits:?} {s:?}"
+            );
         }
     }
 

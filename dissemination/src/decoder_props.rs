@@ -15,7 +15,8 @@ use storage::codec::Writer;
 use crate::order_msg::{ActivationOrder, SignedOrder, MAX_ORDER_PEERS};
 use crate::plan_msg::{PlanMessage, SignedPlan, MAX_PLAN_PEERS};
 use crate::wire::{
-    decode_index, encode_index, FetchRequest, CatchUp, Reply, MAX_FETCH_BATCH, MAX_MANIFEST_BYTES,
+    decode_index, encode_index, CatchUp, FetchRequest, Reply, StreamHello, MAX_FETCH_BATCH,
+    MAX_HELLO_BYTES, MAX_MANIFEST_BYTES,
 };
 
 fn learner() -> SigningKey {
@@ -307,6 +308,9 @@ proptest! {
         let mutated = mutate(&req.encode(), kind, at, x);
         for bytes in [&random, &mutated] {
             let _ = CatchUp::decode(bytes);
+            if let Ok(h) = StreamHello::decode(bytes) {
+                prop_assert!(h.manifest.len() + h.plan.len() <= MAX_HELLO_BYTES);
+            }
             if let Ok(Reply::Accept { held }) = Reply::decode(bytes, chunks) {
                 prop_assert!(held.len() <= chunks.div_ceil(8));
             }

@@ -85,7 +85,10 @@ mod tests {
         }
         assert!(g.encode().len() <= bound, "{} > {bound}", g.encode().len());
         // Open limits fall back to the frame maximum.
-        assert_eq!(max_group_bytes(&GroupLimits::PERMISSIVE), MAX_FRAME.min(limits::MAX_GROUP_BYTES));
+        assert_eq!(
+            max_group_bytes(&GroupLimits::PERMISSIVE),
+            MAX_FRAME.min(limits::MAX_GROUP_BYTES)
+        );
     }
 
     #[test]

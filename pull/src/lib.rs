@@ -230,7 +230,15 @@ pub async fn pull_verified(
     req: PullRequest,
     verifier: Arc<dyn GroupVerifier>,
 ) -> Result<PullOutcome, PullError> {
-    pull_verified_with(control, worker, buffer, req, verifier, PullOptions::default()).await
+    pull_verified_with(
+        control,
+        worker,
+        buffer,
+        req,
+        verifier,
+        PullOptions::default(),
+    )
+    .await
 }
 
 /// Settings of the learner side.

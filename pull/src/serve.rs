@@ -98,8 +98,7 @@ async fn handle(
     let limit = opts.read_timeout;
     // How long the next message may take: longer while a lease is out (the learner verifies).
     let mut wait = limit;
-    while let Some(msg) = read_within(stream, MAX_SMALL_MESSAGE, wait, "a pull request").await?
-    {
+    while let Some(msg) = read_within(stream, MAX_SMALL_MESSAGE, wait, "a pull request").await? {
         wait = limit;
         match msg {
             Message::Pull {

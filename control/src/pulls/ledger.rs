@@ -127,9 +127,7 @@ impl<K: Hash + Eq + Clone> PullLedger<K> {
         }
         // `estimate` is finite and ≥ floor ≥ 0 (every update keeps it so); the cast saturates.
         let observed = r.estimate.ceil() as u64;
-        claimed
-            .min(observed)
-            .min(self.params.max_groups_per_pull)
+        claimed.min(observed).min(self.params.max_groups_per_pull)
     }
 
     /// A pull asking `asked` groups of `peer` was started.
@@ -306,7 +304,11 @@ mod tests {
         l.started("w", 8);
         l.record_failure("w", t0);
         assert_eq!(l.credit(&"w", 100, t0), 0, "backing off");
-        assert_eq!(l.credit(&"w", 100, t0 + Duration::from_secs(1)), 4, "halved");
+        assert_eq!(
+            l.credit(&"w", 100, t0 + Duration::from_secs(1)),
+            4,
+            "halved"
+        );
         // Consecutive failures: the backoff doubles (up to its cap), the estimate halves down
         // to the floor.
         let mut t = t0 + Duration::from_secs(1);

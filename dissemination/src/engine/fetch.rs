@@ -235,7 +235,9 @@ impl Disseminator {
     ) -> Result<usize> {
         let io = |e| DisseminationError::Io { peer, source: e };
         let limit = self.inner.cfg.read_timeout;
-        let mut s = self.open_fetch(peer, limit.min(Duration::from_secs(5))).await?;
+        let mut s = self
+            .open_fetch(peer, limit.min(Duration::from_secs(5)))
+            .await?;
         let batch = &wanted[..wanted.len().min(MAX_FETCH_BATCH)];
         let req = FetchRequest::Chunks {
             version: m.version,

@@ -154,7 +154,10 @@ impl Disseminator {
             Ok(Freshness::New | Freshness::Same) => true,
             Ok(Freshness::Stale) => {
                 metrics::counter!("dissemination_replays_refused_total").increment(1);
-                warn!(what, n, "refusing a signed {what} older than one accepted before");
+                warn!(
+                    what,
+                    n, "refusing a signed {what} older than one accepted before"
+                );
                 false
             }
             Err(e) => {

@@ -54,7 +54,10 @@ async fn both_ends_of_a_push_record_it_so_the_learner_knows_worker_speeds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_silent_parent_and_an_oversized_hello_are_dropped_and_charged() {
-    let w = start_node([21; 32], vec![], |c| c.read_timeout = Duration::from_millis(300)).await;
+    let w = start_node([21; 32], vec![], |c| {
+        c.read_timeout = Duration::from_millis(300)
+    })
+    .await;
     // A raw peer of the swarm: opens chunk streams to the worker by hand.
     let cfg = ServiceConfig::loopback(
         SWARM,
@@ -94,7 +97,10 @@ async fn a_silent_parent_and_an_oversized_hello_are_dropped_and_charged() {
     assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
     let deadline = Instant::now() + WAIT;
     while failures().await < 1 {
-        assert!(Instant::now() < deadline, "the silent parent was not charged");
+        assert!(
+            Instant::now() < deadline,
+            "the silent parent was not charged"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
@@ -118,7 +124,10 @@ async fn a_silent_parent_and_an_oversized_hello_are_dropped_and_charged() {
     assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
     let deadline = Instant::now() + WAIT;
     while failures().await < 2 {
-        assert!(Instant::now() < deadline, "the oversized hello was not charged");
+        assert!(
+            Instant::now() < deadline,
+            "the oversized hello was not charged"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(w.d.counters().chunks_stored, 0);
@@ -152,7 +161,12 @@ async fn a_restarted_worker_refuses_what_it_had_moved_past() {
         .encode()
     };
     let on = |d: &Disseminator, t: TopicKind, b: &[u8]| d.on_gossip(t, b);
-    let (p4, p5, p5b, p6) = (random(50_000), random(50_000), random(50_000), random(50_000));
+    let (p4, p5, p5b, p6) = (
+        random(50_000),
+        random(50_000),
+        random(50_000),
+        random(50_000),
+    );
     let with_replay = |c: &mut dissemination::DisseminationConfig| {
         c.replay_path = Some(path.clone());
     };
@@ -169,21 +183,77 @@ async fn a_restarted_worker_refuses_what_it_had_moved_past() {
     // "Restart": a new engine (and store) with the same replay file.
     let w = start_node([31; 32], vec![], with_replay).await;
     // Replays of older or other learner-signed messages: refused.
-    assert_eq!(on(&w.d, TopicKind::Snapshots, &manifest(4, &p4)), Validation::Ignore);
+    assert_eq!(
+        on(&w.d, TopicKind::Snapshots, &manifest(4, &p4)),
+        Validation::Ignore
+    );
     // Another manifest signed under the accepted version: refused too.
-    assert_eq!(on(&w.d, TopicKind::Snapshots, &manifest(5, &p5b)), Validation::Ignore);
+    assert_eq!(
+        on(&w.d, TopicKind::Snapshots, &manifest(5, &p5b)),
+        Validation::Ignore
+    );
     assert_eq!(on(&w.d, TopicKind::Plans, &order(5)), Validation::Ignore);
     assert_eq!(on(&w.d, TopicKind::Plans, &order(4)), Validation::Ignore);
     // The very manifest accepted last is still fine (the learner's catch-up answer), and
     // newer ones move on.
     assert_eq!(on(&w.d, TopicKind::Snapshots, &m5), Validation::Accept);
     assert_eq!(on(&w.d, TopicKind::Plans, &order(6)), Validation::Accept);
-    assert_eq!(on(&w.d, TopicKind::Snapshots, &manifest(6, &p6)), Validation::Accept);
+    assert_eq!(
+        on(&w.d, TopicKind::Snapshots, &manifest(6, &p6)),
+        Validation::Accept
+    );
     shutdown([w]).await;
 
     // Without the file (a node run without a data directory) the old ones pass: the file is
     // what carries the protection.
     let w = start_node([31; 32], vec![], |_| {}).await;
-    assert_eq!(on(&w.d, TopicKind::Snapshots, &manifest(4, &p4)), Validation::Accept);
+    assert_eq!(
+        on(&w.d, TopicKind::Snapshots, &manifest(4, &p4)),
+        Validation::Accept
+    );
     shutdown([w]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_manifest_too_large_for_the_hello_still_travels_by_push() {
+    // 4 KiB chunks, 2 100 of them: the signed manifest (≈ 67 KB) does not fit a 64 KiB hello,
+    // so every hello carries only its digest. One chain: learner → w0 → w1. A long stall
+    // timeout keeps repair out of it: every chunk must arrive by push (w1's parent is a
+    // worker, whose hello names a manifest it cannot send).
+    let (learner, mut workers) = swarm(
+        2,
+        |c| {
+            c.plan.learner_mbps = 100.0;
+            c.chunk_size = 4 << 10;
+        },
+        |_, c| {
+            c.chunk_size = 4 << 10;
+            c.stall_timeout = Duration::from_secs(600);
+        },
+    )
+    .await;
+    let payload = random(2_100 * 4096);
+    let order = vec![(workers[0].peer, 90.0), (workers[1].peer, 80.0)];
+    let report = learner
+        .d
+        .publish(1, [0; 32], payload.clone().into(), Some(order))
+        .await
+        .unwrap();
+    assert!(report.manifest.encode().len() > dissemination::wire::MAX_INLINE_BYTES);
+    assert_eq!(
+        report.plan.plan.chains,
+        vec![vec![workers[0].peer, workers[1].peer]]
+    );
+    for w in &mut workers {
+        assert_eq!(hash_bytes(&installed(w, 1).await), hash_bytes(&payload));
+        let c = w.d.counters();
+        assert_eq!(
+            (c.push_received_bytes, c.fetched_bytes),
+            (payload.len() as u64, 0),
+            "{}",
+            w.peer
+        );
+    }
+    shutdown(workers).await;
+    shutdown([learner]).await;
 }

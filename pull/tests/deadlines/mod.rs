@@ -104,9 +104,15 @@ async fn a_worker_that_never_answers_times_out() {
             assert!(e.is_peer_fault());
             assert_eq!(e.strike_reason(), Some(StrikeReason::StreamViolation));
         }
-        other => panic!("expected a timeout, got {other:?} after {:?}", started.elapsed()),
+        other => panic!(
+            "expected a timeout, got {other:?} after {:?}",
+            started.elapsed()
+        ),
     }
-    assert!(!held.lock().unwrap().is_empty(), "the silent worker got the stream");
+    assert!(
+        !held.lock().unwrap().is_empty(),
+        "the silent worker got the stream"
+    );
     assert!(buffer.scan(0, 10).unwrap().is_empty());
 }
 

@@ -65,9 +65,9 @@ async fn pull_retrying(
             match tokio::time::timeout(Duration::from_secs(5), pull(&mut c, worker, buffer, req))
                 .await
             {
-                Err(_)
-                | Ok(Err(PullError::Open { .. }))
-                | Ok(Err(PullError::Timeout { .. })) => None,
+                Err(_) | Ok(Err(PullError::Open { .. })) | Ok(Err(PullError::Timeout { .. })) => {
+                    None
+                }
                 Ok(other) => Some(other),
             }
         }
