@@ -210,6 +210,14 @@ pub struct PullOutcome {
     pub bytes: u64,
 }
 
+impl PullOutcome {
+    /// Valid groups the worker delivered (stored now or already held): what the learner's
+    /// `control::pulls::PullLedger::record_delivery` counts. Refused groups do not count.
+    pub fn delivered(&self) -> u64 {
+        (self.stored + self.duplicates) as u64
+    }
+}
+
 /// Learner side: one pull from `worker` into `buffer` (see the crate docs for the order of
 /// operations that makes it crash-safe).
 pub async fn pull(

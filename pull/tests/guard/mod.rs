@@ -106,6 +106,7 @@ async fn invalid_and_forged_groups_are_counted_not_stored() {
         .await
         .expect("a pull with bad groups still succeeds");
     assert_eq!((out.received, out.stored, out.invalid), (4, 1, 3));
+    assert_eq!(out.delivered(), 1, "refused groups are not delivered");
     let reasons: Vec<(&str, usize)> = out.rejected.iter().map(|(k, v)| (*k, *v)).collect();
     assert_eq!(
         reasons,
