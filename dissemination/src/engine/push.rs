@@ -529,7 +529,8 @@ impl Disseminator {
         let answer = match self.fetch_catch_up(learner, hello.version).await {
             Ok(a) => a,
             Err(e) => {
-                debug!(%peer, version = hello.version, error = %e, "cannot get the hello's manifest from the learner");
+                let version = hello.version;
+                debug!(%peer, version, error = %e, "no manifest for the hello from the learner");
                 return None;
             }
         };
