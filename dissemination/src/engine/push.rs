@@ -269,7 +269,15 @@ impl Disseminator {
             source: e,
         };
         let plan_bytes = plan.map(|p| p.encode());
-        let hello = StreamHello::new(version, &manifest.encode(), plan_bytes.as_deref());
+        let encoded = manifest.encode();
+        let hello = StreamHello::new(version, &encoded, plan_bytes.as_deref());
+        // A child without the manifest asks the learner for it before it replies: open, ask,
+        // read (each within the deadline).
+        let reply_wait = if hello.manifest.is_empty() {
+            frame_deadline(limit * 3, encoded.len() as u64)
+        } else {
+            limit
+        };
         within(limit, "sending the hello", child, async {
             write_frame(s, &hello.encode()).await.map_err(io)?;
             s.flush().await.map_err(io)
@@ -277,7 +285,7 @@ impl Disseminator {
         .await?;
         let m = &manifest.manifest;
         let n = m.chunk_hashes.len();
-        let reply = within(limit, "the stream reply", child, async {
+        let reply = within(reply_wait, "the stream reply", child, async {
             read_frame(s, Reply::max_len(n), "stream reply")
                 .await
                 .map_err(|e| chunk_frame_err(child, e))
