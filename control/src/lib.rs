@@ -2,7 +2,8 @@
 //! without any I/O: forwarding-chain planning ([`plan`], ECHO-2 §4.2 / App. C.3), capacity
 //! provisioning and broadcast completion ([`capacity`], ECHO-2 §3.3–3.4, App. B, C.2), the
 //! staleness window ([`window`], ECHO-2 Algorithm 1), how a pull shortfall is split over
-//! workers ([`pulls`]) and the units of rates and chunk sizes ([`units`]).
+//! workers, bounded by what each was observed to deliver ([`pulls`]) and the units of rates
+//! and chunk sizes ([`units`]).
 //!
 //! Owns: the arithmetic and the rules. Must not touch: the network, clocks, stores — callers
 //! pass measured values and the current time in, and carry decisions out.
@@ -13,4 +14,5 @@ pub mod pulls;
 pub mod units;
 pub mod window;
 
+pub use pulls::{LedgerParams, PullLedger};
 pub use window::Window;

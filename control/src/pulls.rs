@@ -2,6 +2,14 @@
 //!
 //! The learner keeps a buffer of admissible groups (see [`crate::Window::buffered_from`]) and
 //! tops it up from the workers with the pull protocol (`docs/pull.md`, `docs/learner.md`).
+//!
+//! What a worker *claims* to hold (its heartbeat's `pending`) is never trusted alone: the
+//! [`PullLedger`] turns claims into credits bounded by what the learner observed the worker
+//! deliver, and [`allocate_capped`] splits a shortfall without exceeding any credit.
+
+mod ledger;
+
+pub use ledger::{LedgerParams, PeerRecord, PullLedger};
 
 /// How many groups to ask each worker for: exactly `need` in total, split in proportion to
 /// what each holds (`holdings`, plus one so that a worker whose report lags still gets a
@@ -40,9 +48,77 @@ pub fn allocate_pulls(need: u64, holdings: &[u64], round: usize) -> Vec<u64> {
     out
 }
 
+/// Like [`allocate_pulls`] over `credits` (see [`PullLedger::credit`]), but no worker is asked
+/// for more than its credit: the total is `min(need, Σ credits)`. A share that the
+/// proportional split puts above a credit (its `+1` gives a worker with credit 0 a share) is
+/// cut to the credit and the excess split again over the workers with room left, until none
+/// is left. A worker with credit 0 (pull in flight, backing off, claims nothing) gets nothing.
+pub fn allocate_capped(need: u64, credits: &[u64], round: usize) -> Vec<u64> {
+    let n = credits.len();
+    let total: u64 = credits.iter().fold(0u64, |a, &c| a.saturating_add(c));
+    let mut out = vec![0u64; n];
+    let mut left = need.min(total);
+    // Each pass either places everything left or fills at least one worker to its credit.
+    for _ in 0..=n {
+        if left == 0 {
+            break;
+        }
+        let open: Vec<usize> = (0..n).filter(|&i| out[i] < credits[i]).collect();
+        if open.is_empty() {
+            break;
+        }
+        let room: Vec<u64> = open.iter().map(|&i| credits[i] - out[i]).collect();
+        let shares = allocate_pulls(left, &room, round);
+        for ((&i, r), s) in open.iter().zip(room).zip(shares) {
+            let s = s.min(r);
+            out[i] += s;
+            left -= s;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
-    use super::allocate_pulls;
+    use super::{allocate_capped, allocate_pulls};
+
+    #[test]
+    fn capped_shares_never_exceed_credits_and_fill_up_to_the_need() {
+        assert_eq!(allocate_capped(10, &[0, 0, 0], 0), vec![0, 0, 0]);
+        assert_eq!(allocate_capped(10, &[2, 0, 3], 0), vec![2, 0, 3]);
+        assert_eq!(allocate_capped(3, &[1, 100], 0).iter().sum::<u64>(), 3);
+        assert_eq!(allocate_capped(0, &[5, 5], 0), vec![0, 0]);
+        assert!(allocate_capped(5, &[], 0).is_empty());
+        let mut x = 0x2545f4914f6cdd1du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..2000 {
+            let n = (next() % 9) as usize;
+            let credits: Vec<u64> = (0..n)
+                .map(|_| match next() % 5 {
+                    0 => 0,
+                    1 => u64::MAX,
+                    _ => next() % 50,
+                })
+                .collect();
+            let need = next() % 200;
+            let s = allocate_capped(need, &credits, (next() % 7) as usize);
+            let total = credits.iter().fold(0u64, |a, &c| a.saturating_add(c));
+            assert_eq!(
+                s.iter().sum::<u64>(),
+                need.min(total),
+                "{need} {credits:?} {s:?}"
+            );
+            assert!(
+                s.iter().zip(&credits).all(|(s, c)| s <= c),
+                "{credits:?} {s:?}"
+            );
+        }
+    }
 
     #[test]
     fn pulls_follow_holdings_and_never_exceed_the_need() {

@@ -15,7 +15,8 @@ use storage::codec::Writer;
 use crate::order_msg::{ActivationOrder, SignedOrder, MAX_ORDER_PEERS};
 use crate::plan_msg::{PlanMessage, SignedPlan, MAX_PLAN_PEERS};
 use crate::wire::{
-    decode_index, encode_index, FetchRequest, Hello, Reply, MAX_FETCH_BATCH, MAX_MANIFEST_BYTES,
+    decode_index, encode_index, CatchUp, FetchRequest, Reply, StreamHello, MAX_FETCH_BATCH,
+    MAX_HELLO_BYTES, MAX_MANIFEST_BYTES,
 };
 
 fn learner() -> SigningKey {
@@ -287,8 +288,8 @@ proptest! {
         index: u64,
         req in fetch_request(),
     ) {
-        let hello = Hello { manifest: hello_parts.0, plan: hello_parts.1 };
-        prop_assert_eq!(Hello::decode(&hello.encode()).unwrap(), hello);
+        let hello = CatchUp { manifest: hello_parts.0, plan: hello_parts.1 };
+        prop_assert_eq!(CatchUp::decode(&hello.encode()).unwrap(), hello);
         prop_assert!(reply.encode().len() <= Reply::max_len(chunks));
         prop_assert_eq!(Reply::decode(&reply.encode(), chunks).unwrap(), reply);
         prop_assert_eq!(decode_index(&encode_index(index as usize)).unwrap(), Some(index));
@@ -306,7 +307,10 @@ proptest! {
     ) {
         let mutated = mutate(&req.encode(), kind, at, x);
         for bytes in [&random, &mutated] {
-            let _ = Hello::decode(bytes);
+            let _ = CatchUp::decode(bytes);
+            if let Ok(h) = StreamHello::decode(bytes) {
+                prop_assert!(h.manifest.len() + h.plan.len() <= MAX_HELLO_BYTES);
+            }
             if let Ok(Reply::Accept { held }) = Reply::decode(bytes, chunks) {
                 prop_assert!(held.len() <= chunks.div_ceil(8));
             }
@@ -335,8 +339,8 @@ proptest! {
         version: u64,
         chunks in 0usize..64,
     ) {
-        let hello = Hello { manifest: hello_parts.0, plan: hello_parts.1 };
-        let err = Hello::decode(&patch_varint(&hello.encode(), 0, huge_manifest))
+        let hello = CatchUp { manifest: hello_parts.0, plan: hello_parts.1 };
+        let err = CatchUp::decode(&patch_varint(&hello.encode(), 0, huge_manifest))
             .unwrap_err()
             .to_string();
         prop_assert!(err.contains("exceeds"), "{}", err);

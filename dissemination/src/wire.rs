@@ -8,21 +8,30 @@
 //! pure encode/decode functions for every message body. Must not touch: framing itself
 //! (`p2p::framing`), verification policy, the store, scores.
 //!
-//! Chunk stream, parent → child (one stream per snapshot version and child):
+//! Chunk stream, parent → child (one stream per snapshot version and child), version 3:
 //! ```text
-//! parent: frame(Hello)                     bytes(signed manifest) | bytes(signed plan; empty = none)
+//! parent: frame(StreamHello) ≤ 64 KiB      varint version | digest[32] | bytes(signed manifest;
+//!                                          empty = too large to inline) | bytes(signed plan;
+//!                                          empty = none or too large)
 //! child:  frame(Reply)                     u8 0 | bytes(bitmap)  — accept, bit i = holds chunk i
 //!                                          u8 1                  — refuse
 //! parent: { frame(varint index) frame(chunk bytes) }*  then  frame()  — an empty frame ends it
+//! child:  frame(u8 status)                 0 = every chunk verified; 1 = not
 //! ```
-//! Chunk fetch, requester → holder (one request per stream):
+//! `digest` is the BLAKE3 of the signed manifest's encoding. The hello is small so that the
+//! child verifies the learner's signature before it reads anything large: a manifest that does
+//! not fit is not sent by the parent at all — the child uses the one it already accepted with
+//! that digest, or asks the learner for it (a catch-up request) and checks the digest.
+//!
+//! Chunk fetch, requester → holder (one request per stream), version 2:
 //! ```text
 //! request:  frame(varint version | varint count (≤ MAX_FETCH_BATCH) | count × 32-byte BLAKE3)
 //! response: per hash, in order: frame(chunk bytes), or an empty frame when not held
 //! ```
 //! A request with `count = 0` asks for the holder's signed manifest of `version` (`u64::MAX` =
-//! its newest) and its plan for it; the response is one frame `bytes(manifest) | bytes(plan)`
-//! (each empty = none) — the catch-up of late joiners.
+//! its newest) and its plan for it; the response is one frame [`CatchUp`]: `bytes(manifest) |
+//! bytes(plan)` (each empty = none) — the catch-up of late joiners. A catch-up answer can be
+//! as large as the largest manifest, so a node reads one only from the learner.
 
 use libp2p::StreamProtocol;
 use storage::codec::{Reader, Writer};
@@ -31,20 +40,30 @@ use storage::Hash;
 use crate::error::{DisseminationError, Result};
 use crate::plan_msg::MAX_PLAN_BYTES;
 
-/// Parent → child push of snapshot chunks as they arrive. Version 2: `p2p::framing` frames
-/// and `storage::codec` bodies (version 1 had a magic, big-endian u32 lengths and indices).
-pub const CHUNK_STREAM: StreamProtocol = StreamProtocol::new("/echo-swarm/chunk-stream/2.0.0");
-/// Fetch chunks by BLAKE3 hash from any holder (and the catch-up manifest request). Version 2
-/// as for [`CHUNK_STREAM`].
+/// Parent → child push of snapshot chunks as they arrive. Version 3: a small hello (≤
+/// [`MAX_HELLO_BYTES`]) verified before any large frame, and the child's final status
+/// (version 2 sent the whole manifest, up to 32 MiB, in the hello; version 1 had a magic,
+/// big-endian u32 lengths and indices).
+pub const CHUNK_STREAM: StreamProtocol = StreamProtocol::new("/echo-swarm/chunk-stream/3.0.0");
+/// Fetch chunks by BLAKE3 hash from any holder (and the catch-up manifest request). Version 2:
+/// `p2p::framing` frames and `storage::codec` bodies.
 pub const CHUNK_FETCH: StreamProtocol = StreamProtocol::new("/echo-swarm/chunk-fetch/2.0.0");
 
 /// Largest signed manifest carried in a hello or a catch-up response: a manifest with the
 /// most chunks a manifest may list (`storage::manifest::MAX_CHUNKS`, 32 B each), its header
 /// (≤ 256 B) and its signature — the bound `SignedManifest::decode` applies.
 pub const MAX_MANIFEST_BYTES: usize = storage::manifest::MAX_SIGNED_MANIFEST_BYTES;
-/// Largest body of a stream hello or a catch-up response: a manifest and a plan, each behind
-/// a varint length (≤ 10 bytes).
-pub const MAX_HELLO_BYTES: usize = MAX_MANIFEST_BYTES + MAX_PLAN_BYTES + 2 * 10;
+/// Largest body of a catch-up response: a manifest and a plan, each behind a varint length
+/// (≤ 10 bytes). Read only from the learner.
+pub const MAX_CATCH_UP_BYTES: usize = MAX_MANIFEST_BYTES + MAX_PLAN_BYTES + 2 * 10;
+/// Largest chunk-stream hello: what a child reads from any parent before a signature check.
+pub const MAX_HELLO_BYTES: usize = 64 * 1024;
+/// Room in a hello for the version, the digest and two lengths.
+const HELLO_OVERHEAD: usize = 10 + 32 + 2 * 10;
+/// Largest manifest or plan a hello carries inline (both together fit [`MAX_HELLO_BYTES`]).
+pub const MAX_INLINE_BYTES: usize = MAX_HELLO_BYTES - HELLO_OVERHEAD;
+/// The child's final status frame: one byte.
+pub const MAX_STATUS_BYTES: usize = 1;
 /// Most hashes in one fetch request.
 pub const MAX_FETCH_BATCH: usize = 64;
 /// Largest fetch request body: two varints and the hashes.
@@ -52,15 +71,15 @@ pub const MAX_FETCH_REQUEST_BYTES: usize = 2 * 10 + 32 * MAX_FETCH_BATCH;
 /// Largest chunk header frame: one varint.
 pub const MAX_INDEX_BYTES: usize = 10;
 
-/// A stream hello (and, with the same body, the answer to a catch-up request): the encoded
-/// signed manifest and the encoded signed plan, each possibly empty (= none).
+/// The answer to a catch-up request: the encoded signed manifest and the encoded signed plan,
+/// each possibly empty (= none).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Hello {
+pub struct CatchUp {
     pub manifest: Vec<u8>,
     pub plan: Vec<u8>,
 }
 
-impl Hello {
+impl CatchUp {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::with_capacity(self.manifest.len() + self.plan.len() + 20);
         w.bytes(&self.manifest);
@@ -69,7 +88,7 @@ impl Hello {
     }
 
     pub fn decode(body: &[u8]) -> Result<Self> {
-        let mut r = Reader::new(body, "stream hello");
+        let mut r = Reader::new(body, "catch-up answer");
         let manifest = r
             .bytes(MAX_MANIFEST_BYTES, "manifest")
             .map_err(DisseminationError::codec)?
@@ -79,9 +98,92 @@ impl Hello {
             .map_err(DisseminationError::codec)?
             .to_vec();
         r.finish().map_err(DisseminationError::codec)?;
-        Ok(Hello { manifest, plan })
+        Ok(CatchUp { manifest, plan })
     }
 }
+
+/// The hello of a chunk stream: which manifest (version and digest), the manifest itself when
+/// it fits, and the plan when it fits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamHello {
+    pub version: u64,
+    /// BLAKE3 of the signed manifest's encoding.
+    pub digest: Hash,
+    /// The encoded signed manifest, or empty when larger than [`MAX_INLINE_BYTES`].
+    pub manifest: Vec<u8>,
+    /// The encoded signed plan, or empty (none, or no room).
+    pub plan: Vec<u8>,
+}
+
+impl StreamHello {
+    /// The hello for a manifest's encoding and an optional plan's: each inlined when it fits
+    /// (the manifest first).
+    pub fn new(version: u64, manifest: &[u8], plan: Option<&[u8]>) -> Self {
+        let inline_manifest = manifest.len() <= MAX_INLINE_BYTES;
+        let room = MAX_INLINE_BYTES - if inline_manifest { manifest.len() } else { 0 };
+        StreamHello {
+            version,
+            digest: *blake3::hash(manifest).as_bytes(),
+            manifest: if inline_manifest {
+                manifest.to_vec()
+            } else {
+                Vec::new()
+            },
+            plan: plan
+                .filter(|p| p.len() <= room)
+                .map(<[u8]>::to_vec)
+                .unwrap_or_default(),
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::with_capacity(self.manifest.len() + self.plan.len() + HELLO_OVERHEAD);
+        w.varint(self.version);
+        w.raw(&self.digest);
+        w.bytes(&self.manifest);
+        w.bytes(&self.plan);
+        w.into_bytes()
+    }
+
+    /// Decodes a hello of at most [`MAX_HELLO_BYTES`]; an inline manifest must match the
+    /// digest.
+    pub fn decode(body: &[u8]) -> Result<Self> {
+        if body.len() > MAX_HELLO_BYTES {
+            return Err(DisseminationError::decode(
+                "stream hello",
+                format!("{} bytes > {MAX_HELLO_BYTES}", body.len()),
+            ));
+        }
+        let mut r = Reader::new(body, "stream hello");
+        let version = r.varint().map_err(DisseminationError::codec)?;
+        let digest = r.array::<32>().map_err(DisseminationError::codec)?;
+        let manifest = r
+            .bytes(MAX_INLINE_BYTES, "manifest")
+            .map_err(DisseminationError::codec)?
+            .to_vec();
+        let plan = r
+            .bytes(MAX_INLINE_BYTES, "plan")
+            .map_err(DisseminationError::codec)?
+            .to_vec();
+        r.finish().map_err(DisseminationError::codec)?;
+        if !manifest.is_empty() && *blake3::hash(&manifest).as_bytes() != digest {
+            return Err(DisseminationError::decode(
+                "stream hello",
+                "the inline manifest does not match its digest",
+            ));
+        }
+        Ok(StreamHello {
+            version,
+            digest,
+            manifest,
+            plan,
+        })
+    }
+}
+
+/// The child's last word on a chunk stream.
+pub const STATUS_OK: u8 = 0;
+pub const STATUS_FAILED: u8 = 1;
 
 /// The child's answer to a hello.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -234,15 +336,39 @@ mod tests {
 
     #[test]
     fn hellos_and_replies_round_trip_within_limits() {
-        let h = Hello {
+        let h = CatchUp {
             manifest: vec![1; 300],
             plan: vec![],
         };
-        assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
+        assert_eq!(CatchUp::decode(&h.encode()).unwrap(), h);
         let mut long = h.encode();
         long.push(0);
-        assert!(Hello::decode(&long).is_err());
-        assert!(Hello::decode(&h.encode()[..100]).is_err());
+        assert!(CatchUp::decode(&long).is_err());
+        assert!(CatchUp::decode(&h.encode()[..100]).is_err());
+
+        // A small manifest and plan travel inline; the hello stays within its bound.
+        let small = StreamHello::new(7, &[1; 300], Some(&[2; 100]));
+        assert_eq!((small.manifest.len(), small.plan.len()), (300, 100));
+        assert_eq!(StreamHello::decode(&small.encode()).unwrap(), small);
+        // A manifest too large to inline: only its digest; the plan still fits.
+        let big = vec![3u8; MAX_INLINE_BYTES + 1];
+        let h = StreamHello::new(8, &big, Some(&[2; 100]));
+        assert!(h.manifest.is_empty());
+        assert_eq!(h.digest, *blake3::hash(&big).as_bytes());
+        assert_eq!(h.plan.len(), 100);
+        assert!(h.encode().len() <= MAX_HELLO_BYTES);
+        // Manifest and plan that do not both fit: the plan is left out.
+        let h = StreamHello::new(9, &vec![4u8; MAX_INLINE_BYTES - 10], Some(&[2; 100]));
+        assert!(h.plan.is_empty() && !h.manifest.is_empty());
+        assert!(h.encode().len() <= MAX_HELLO_BYTES);
+        // An inline manifest that does not match the digest is refused.
+        let mut forged = small.clone();
+        forged.manifest[0] ^= 1;
+        let err = StreamHello::decode(&forged.encode()).unwrap_err();
+        assert!(err.to_string().contains("digest"), "{err}");
+        for cut in 0..small.encode().len() {
+            assert!(StreamHello::decode(&small.encode()[..cut]).is_err());
+        }
 
         let a = Reply::Accept {
             held: bitmap(20, |i| i < 3),

@@ -14,6 +14,8 @@ use rand::RngCore;
 use storage::{hash_bytes, ChunkStore, NodeKey, SnapshotManifest};
 use tokio::sync::mpsc::UnboundedReceiver;
 
+mod streams;
+
 const SWARM: &str = "diss-test";
 const LEARNER_SEED: [u8; 32] = [1; 32];
 const WAIT: Duration = Duration::from_secs(60);

@@ -146,6 +146,8 @@ pub fn dissemination_config(
     // B̂w assumed per worker (a worker's own `uplink_mbps` caps what it really sends).
     d.plan.worker_mbps = config.broadcast.worker_mbps;
     d.mode = config.broadcast.mode;
+    // Acceptance marks that survive a restart (old learner-signed messages stay refused).
+    d.replay_path = Some(config.data_dir.join(storage::replay::REPLAY_FILE_NAME));
     if config.role == Role::Learner {
         d.signing_key = Some(key.signing_key().clone());
         if net.learner_mbps > 0.0 {

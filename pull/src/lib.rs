@@ -6,36 +6,57 @@
 //!    (`TrajectoryStore::lease`) and streams them.
 //! 2. The learner decodes and checks every group completely ([`storage::record::check_group`]
 //!    against the [`GroupLimits`] of its request: schema, vocabulary, context, log-prob floor,
-//!    group size, and that the producer is the peer pulled from), writes the valid ones to its own sled
-//!    buffer with `put_groups_dedup` (durable, deduplicated by trajectory id), and only then
-//!    sends `Ack{lease}`; the worker deletes the leased groups (`TrajectoryStore::ack`).
+//!    group size, and that the producer is the peer pulled from), writes the valid ones to its
+//!    own sled buffer with `put_groups_dedup` (durable, deduplicated by trajectory id), and
+//!    only then sends `Ack{lease}`; the worker deletes the leased groups
+//!    (`TrajectoryStore::ack`).
 //!
 //! If the learner dies before acking, the lease expires and the groups are pulled again; the
 //! learner's dedup keeps them from entering its buffer twice. If the worker dies, its groups
 //! are still in its store when it restarts. Only the swarm's learner may pull.
 //!
+//! Every byte from the worker is bounded by the request: a lease may not announce more groups
+//! than asked, each group frame is read only up to what is left of the pull's byte budget
+//! ([`byte_budget`]: the groups asked × the largest group the request's limits allow, each
+//! within the frame maximum), a group beyond the lease is refused ([`PullError::OversizedAnswer`]),
+//! and every read and write on either side has a deadline ([`READ_TIMEOUT`] by default;
+//! [`PullError::Timeout`]). [`PullError::strike_reason`] tells the caller which failures are
+//! the worker's fault.
+//!
 //! Owns: the protocol's name ([`TRAJECTORY_PULL`]), its messages ([`wire`]), the worker side
-//! ([`serve`]) and the learner side ([`pull`]). Must not touch: the swarm itself (it uses `p2p`'s stream control) or the store
-//! formats (it calls `storage`).
+//! ([`serve`], module `serve`) and the learner side ([`pull`]). Must not touch: the swarm
+//! itself (it uses `p2p`'s stream control) or the store formats (it calls `storage`).
 
+mod budget;
+mod serve;
 pub mod wire;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{AsyncWriteExt, StreamExt};
+use futures::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use libp2p::StreamProtocol;
-use p2p::PeerId;
+use p2p::{PeerId, StrikeReason};
 use storage::record::{check_group, GroupLimits, GroupRejection};
 use storage::{TrajectoryGroup, TrajectoryStore};
 
-use wire::{read_message, write_message, Message, MAX_GROUPS_PER_LEASE, MAX_TTL_MS, MIN_TTL_MS};
+pub use budget::{byte_budget, max_group_bytes};
+pub use serve::{serve, serve_with, ServeOptions};
+use wire::{read_message_bounded, write_message, Message, MAX_GROUPS_PER_LEASE};
 
 /// Learner → rollout worker two-phase trajectory pull (pull, then ack). Version 2: every
-/// message in one `p2p::framing` frame (version 1 used a 4-byte big-endian length).
+/// message in one `p2p::framing` frame (version 1 used a 4-byte big-endian length). Version 2
+/// is unchanged on the wire by the budgets and deadlines: they only refuse what a well-behaved
+/// peer never sends.
 pub const TRAJECTORY_PULL: StreamProtocol =
     StreamProtocol::new("/echo-swarm/trajectory-pull/2.0.0");
+
+/// Default deadline for one message (read or write) on a pull stream, and for opening it.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Floor of the transfer rate a deadline allows for a large frame: a frame of `n` bytes may
+/// take `READ_TIMEOUT + n / MIN_RATE_BYTES_PER_S`.
+pub const MIN_RATE_BYTES_PER_S: u64 = 1 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PullError {
@@ -54,8 +75,81 @@ pub enum PullError {
     /// The worker announced more groups than the learner asked for: nothing is read or stored.
     #[error("the worker announced a lease of {count} groups, more than the {max} asked for")]
     OversizedLease { count: u64, max: u64 },
+    /// The worker sent more than the request allows: a frame past the pull's byte budget, or
+    /// a group beyond the lease it announced.
+    #[error("oversized answer: {0}")]
+    OversizedAnswer(String),
+    /// The peer sent nothing (or could not take our message) before the deadline.
+    #[error("timed out after {after:?} waiting for {what}")]
+    Timeout { what: &'static str, after: Duration },
     #[error("background task failed: {0}")]
     Join(String),
+}
+
+impl PullError {
+    /// The strike this failure earns the peer on the other end, or `None` when it is not
+    /// evidence against the peer (a local store error, a connection that could not open or
+    /// dropped, a refusal). Oversized leases and answers → [`StrikeReason::OversizedAnswer`];
+    /// broken protocol and missed deadlines → [`StrikeReason::StreamViolation`].
+    pub fn strike_reason(&self) -> Option<StrikeReason> {
+        match self {
+            PullError::OversizedLease { .. } | PullError::OversizedAnswer(_) => {
+                Some(StrikeReason::OversizedAnswer)
+            }
+            PullError::Protocol(_) | PullError::Timeout { .. } => {
+                Some(StrikeReason::StreamViolation)
+            }
+            PullError::Io(_)
+            | PullError::Storage(_)
+            | PullError::Open { .. }
+            | PullError::Refused(_)
+            | PullError::AlreadyServed
+            | PullError::Join(_) => None,
+        }
+    }
+
+    /// Whether the peer is to blame (see [`PullError::strike_reason`]).
+    pub fn is_peer_fault(&self) -> bool {
+        self.strike_reason().is_some()
+    }
+}
+
+/// Deadline for moving one frame of up to `max` bytes: `base`, plus the time `max` bytes take
+/// at [`MIN_RATE_BYTES_PER_S`] (a large frame on a slow link is not a stalled peer).
+pub(crate) fn frame_deadline(base: Duration, max: usize) -> Duration {
+    base + Duration::from_secs(max as u64 / MIN_RATE_BYTES_PER_S)
+}
+
+/// Reads one message of at most `max` bytes within `limit` (plus the rate allowance).
+pub(crate) async fn read_within<R: AsyncRead + Unpin>(
+    r: &mut R,
+    max: usize,
+    limit: Duration,
+    what: &'static str,
+) -> Result<Option<Message>, PullError> {
+    let after = frame_deadline(limit, max);
+    tokio::time::timeout(after, read_message_bounded(r, max))
+        .await
+        .map_err(|_| PullError::Timeout { what, after })?
+}
+
+/// Writes one message within `limit` (plus the rate allowance for its size).
+pub(crate) async fn write_within<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    msg: &Message,
+    limit: Duration,
+) -> Result<(), PullError> {
+    let size = match msg {
+        Message::Group { bytes } => bytes.len(),
+        _ => 0,
+    };
+    let after = frame_deadline(limit, size);
+    tokio::time::timeout(after, write_message(w, msg))
+        .await
+        .map_err(|_| PullError::Timeout {
+            what: "the peer to take a message",
+            after,
+        })?
 }
 
 async fn blocking<T: Send + 'static>(
@@ -65,101 +159,6 @@ async fn blocking<T: Send + 'static>(
         .await
         .map_err(|e| PullError::Join(e.to_string()))?
         .map_err(PullError::from)
-}
-
-/// Worker side: answers pulls from `learner` (and refuses every other peer) until the
-/// service shuts down. Run it as a task.
-pub async fn serve(
-    mut control: libp2p_stream::Control,
-    store: Arc<TrajectoryStore>,
-    learner: PeerId,
-) -> Result<(), PullError> {
-    let mut incoming = control
-        .accept(TRAJECTORY_PULL)
-        .map_err(|_| PullError::AlreadyServed)?;
-    while let Some((peer, mut stream)) = incoming.next().await {
-        if peer != learner {
-            tracing::warn!(%peer, "refusing a trajectory pull from a peer that is not the learner");
-            let msg = Message::Error {
-                message: "only the swarm's learner may pull trajectories".into(),
-            };
-            let _ = write_message(&mut stream, &msg).await;
-            let _ = stream.close().await;
-            continue;
-        }
-        let store = store.clone();
-        tokio::spawn(async move {
-            if let Err(e) = handle(&mut stream, store).await {
-                tracing::warn!(%peer, error = %e, "trajectory pull failed");
-                let _ = write_message(
-                    &mut stream,
-                    &Message::Error {
-                        message: e.to_string(),
-                    },
-                )
-                .await;
-            }
-            let _ = stream.close().await;
-        });
-    }
-    Ok(())
-}
-
-async fn handle(stream: &mut libp2p::Stream, store: Arc<TrajectoryStore>) -> Result<(), PullError> {
-    while let Some(msg) = read_message(stream).await? {
-        match msg {
-            Message::Pull {
-                v_min,
-                max_groups,
-                ttl_ms,
-            } => {
-                let max = max_groups.clamp(1, MAX_GROUPS_PER_LEASE) as usize;
-                let ttl = Duration::from_millis(ttl_ms.clamp(MIN_TTL_MS, MAX_TTL_MS));
-                // The learner's window moved: what fell out of it is discarded (counted).
-                let s = store.clone();
-                let pruned = blocking(move || s.prune_below(v_min)).await?;
-                if pruned > 0 {
-                    tracing::debug!(pruned, v_min, "pruned groups outside the learner's window");
-                }
-                let s = store.clone();
-                // Freshest first (see `TrajectoryStore::lease_newest`).
-                match blocking(move || s.lease_newest(v_min, max, ttl)).await? {
-                    None => write_message(stream, &Message::Empty).await?,
-                    Some(lease) => {
-                        let count = lease.groups.len() as u64;
-                        write_message(
-                            stream,
-                            &Message::Lease {
-                                lease_id: lease.id,
-                                count,
-                            },
-                        )
-                        .await?;
-                        for (_, g) in &lease.groups {
-                            write_message(stream, &Message::Group { bytes: g.encode() }).await?;
-                        }
-                        metrics::counter!("pull_groups_served_total").increment(count);
-                    }
-                }
-            }
-            Message::Ack { lease_id } => {
-                let s = store.clone();
-                let consumed = blocking(move || s.ack(lease_id)).await?;
-                write_message(stream, &Message::Done { consumed }).await?;
-            }
-            Message::Release { lease_id } => {
-                let s = store.clone();
-                blocking(move || s.release(lease_id)).await?;
-                write_message(stream, &Message::Done { consumed: 0 }).await?;
-            }
-            other => {
-                return Err(PullError::Protocol(format!(
-                    "unexpected message from the learner: {other:?}"
-                )));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// The learner's verification of a group that passed [`check_group`], run on a blocking
@@ -211,6 +210,14 @@ pub struct PullOutcome {
     pub bytes: u64,
 }
 
+impl PullOutcome {
+    /// Valid groups the worker delivered (stored now or already held): what the learner's
+    /// `control::pulls::PullLedger::record_delivery` counts. Refused groups do not count.
+    pub fn delivered(&self) -> u64 {
+        (self.stored + self.duplicates) as u64
+    }
+}
+
 /// Learner side: one pull from `worker` into `buffer` (see the crate docs for the order of
 /// operations that makes it crash-safe).
 pub async fn pull(
@@ -231,39 +238,90 @@ pub async fn pull_verified(
     req: PullRequest,
     verifier: Arc<dyn GroupVerifier>,
 ) -> Result<PullOutcome, PullError> {
-    let mut stream = control
-        .open_stream(worker, TRAJECTORY_PULL)
-        .await
-        .map_err(|e| PullError::Open {
-            peer: worker,
-            reason: e.to_string(),
-        })?;
-    let result = pull_on(&mut stream, worker, buffer, req, verifier).await;
-    let _ = stream.close().await;
+    pull_verified_with(
+        control,
+        worker,
+        buffer,
+        req,
+        verifier,
+        PullOptions::default(),
+    )
+    .await
+}
+
+/// Settings of the learner side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PullOptions {
+    /// Deadline for opening the stream and for each message (plus the rate allowance of
+    /// [`MIN_RATE_BYTES_PER_S`] for a large group frame).
+    pub read_timeout: Duration,
+}
+
+impl Default for PullOptions {
+    fn default() -> Self {
+        PullOptions {
+            read_timeout: READ_TIMEOUT,
+        }
+    }
+}
+
+/// [`pull_verified`] with explicit [`PullOptions`].
+pub async fn pull_verified_with(
+    control: &mut libp2p_stream::Control,
+    worker: PeerId,
+    buffer: Arc<TrajectoryStore>,
+    req: PullRequest,
+    verifier: Arc<dyn GroupVerifier>,
+    opts: PullOptions,
+) -> Result<PullOutcome, PullError> {
+    let open = tokio::time::timeout(
+        opts.read_timeout,
+        control.open_stream(worker, TRAJECTORY_PULL),
+    )
+    .await
+    .map_err(|_| PullError::Open {
+        peer: worker,
+        reason: format!("no stream within {:?}", opts.read_timeout),
+    })?;
+    let mut stream = open.map_err(|e| PullError::Open {
+        peer: worker,
+        reason: e.to_string(),
+    })?;
+    let result = pull_on(&mut stream, worker, buffer, req, verifier, opts).await;
+    if let Err(e) = &result {
+        if let Some(reason) = e.strike_reason() {
+            metrics::counter!("pull_peer_faults_total", "reason" => reason.as_str()).increment(1);
+        }
+    }
+    // Bounded too: a peer that stops reading must not hold the learner here.
+    let _ = tokio::time::timeout(opts.read_timeout, stream.close()).await;
     result
 }
 
-async fn pull_on(
-    stream: &mut libp2p::Stream,
+/// The learner side of one pull on an open stream (any transport: the tests drive it over
+/// in-memory pipes as well).
+pub async fn pull_on<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
     peer: PeerId,
     buffer: Arc<TrajectoryStore>,
     req: PullRequest,
     verifier: Arc<dyn GroupVerifier>,
+    opts: PullOptions,
 ) -> Result<PullOutcome, PullError> {
+    let limit = opts.read_timeout;
     let worker = &peer.to_base58();
+    let asked = req.max_groups.clamp(1, MAX_GROUPS_PER_LEASE);
     let ask = Message::Pull {
         v_min: req.v_min,
         max_groups: req.max_groups,
         ttl_ms: req.ttl.as_millis() as u64,
     };
-    write_message(stream, &ask).await?;
-    let (lease_id, count) = match read_message(stream).await? {
+    write_within(stream, &ask, limit).await?;
+    // A lease, empty or error answer is small: no group-sized frame before the lease.
+    let small = wire::MAX_SMALL_MESSAGE;
+    let (lease_id, count) = match read_within(stream, small, limit, "the lease").await? {
         Some(Message::Empty) => return Ok(PullOutcome::default()),
-        Some(Message::Lease { lease_id, count })
-            if count <= req.max_groups.clamp(1, MAX_GROUPS_PER_LEASE) =>
-        {
-            (lease_id, count)
-        }
+        Some(Message::Lease { lease_id, count }) if count <= asked => (lease_id, count),
         Some(Message::Lease { count, .. }) => {
             // More than asked for: the worker wants the learner to allocate and store what it
             // did not ask for. Refused whole, before reading a group (the lease expires).
@@ -285,12 +343,29 @@ async fn pull_on(
         ..PullOutcome::default()
     };
     let mut valid: Vec<TrajectoryGroup> = Vec::with_capacity(count as usize);
+    // What the groups of this pull may take in all, and each one at most: the request's
+    // bound, never the peer's announcement.
+    let per_group = max_group_bytes(&req.limits);
+    let mut budget = byte_budget(&req);
     for _ in 0..count {
-        let Some(Message::Group { bytes }) = read_message(stream).await? else {
-            return Err(PullError::Protocol(
-                "lease ended before all its groups".into(),
-            ));
+        // Frame = tag byte + the group behind its varint length.
+        let max = per_group.min(budget as usize) + wire::GROUP_FRAME_OVERHEAD;
+        let bytes = match read_within(stream, max, limit, "a group").await {
+            Ok(Some(Message::Group { bytes })) => bytes,
+            Ok(_) => {
+                return Err(PullError::Protocol(
+                    "lease ended before all its groups".into(),
+                ))
+            }
+            Err(PullError::OversizedAnswer(why)) => {
+                metrics::counter!("pull_oversized_answers_total").increment(1);
+                return Err(PullError::OversizedAnswer(format!(
+                    "{why} (per-group bound {per_group} B, {budget} B left of the pull's budget)"
+                )));
+            }
+            Err(e) => return Err(e),
         };
+        budget = budget.saturating_sub(bytes.len() as u64);
         out.received += 1;
         out.bytes += bytes.len() as u64;
         let checked = TrajectoryGroup::decode(&bytes)
@@ -334,11 +409,19 @@ async fn pull_on(
     }
     out.stored = keys.iter().filter(|k| k.is_some()).count();
     out.duplicates = keys.len() - out.stored;
-    write_message(stream, &Message::Ack { lease_id }).await?;
-    match read_message(stream).await? {
-        Some(Message::Done { consumed }) => out.consumed_on_worker = consumed,
-        Some(Message::Error { message }) => return Err(PullError::Refused(message)),
-        other => return Err(PullError::Protocol(format!("expected done, got {other:?}"))),
+    write_within(stream, &Message::Ack { lease_id }, limit).await?;
+    match read_within(stream, small, limit, "the ack's answer").await {
+        Ok(Some(Message::Done { consumed })) => out.consumed_on_worker = consumed,
+        Ok(Some(Message::Error { message })) => return Err(PullError::Refused(message)),
+        // A group where the answer to the ack belongs: more groups than the lease announced.
+        Ok(Some(Message::Group { .. })) | Err(PullError::OversizedAnswer(_)) => {
+            metrics::counter!("pull_oversized_answers_total").increment(1);
+            return Err(PullError::OversizedAnswer(format!(
+                "a group beyond the {count} the lease announced"
+            )));
+        }
+        Ok(other) => return Err(PullError::Protocol(format!("expected done, got {other:?}"))),
+        Err(e) => return Err(e),
     }
     metrics::counter!("pull_groups_stored_total").increment(out.stored as u64);
     Ok(out)

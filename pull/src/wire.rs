@@ -17,6 +17,11 @@ use crate::PullError;
 /// Largest frame: one encoded trajectory group (`storage::record::limits::MAX_GROUP_BYTES`)
 /// plus headroom for the message tag and length.
 pub const MAX_FRAME: usize = storage::record::limits::MAX_GROUP_BYTES + 1024;
+/// Largest message that is not a group (pull, lease, ack, release, done, empty, and an error
+/// with its text of at most 4096 bytes).
+pub const MAX_SMALL_MESSAGE: usize = 8 * 1024;
+/// A group frame's body beyond the encoded group: the tag byte and the group's varint length.
+pub const GROUP_FRAME_OVERHEAD: usize = 16;
 /// Most groups one lease may carry.
 pub const MAX_GROUPS_PER_LEASE: u64 = 1024;
 /// Bounds on the lease time a learner may ask for.
@@ -145,17 +150,37 @@ pub async fn write_message<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
-/// Reads one message; `Ok(None)` at a clean end of stream before a frame starts.
+/// Reads one message of any size up to [`MAX_FRAME`]; `Ok(None)` at a clean end of stream
+/// before a frame starts.
 pub async fn read_message<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Message>, PullError> {
-    match framing::try_read_frame(r, MAX_FRAME, "pull message").await {
+    read_message_bounded(r, MAX_FRAME).await
+}
+
+/// Reads one message whose frame is at most `max` bytes (≤ [`MAX_FRAME`]); a longer one is
+/// refused before anything is allocated, as [`PullError::OversizedAnswer`].
+pub async fn read_message_bounded<R: AsyncRead + Unpin>(
+    r: &mut R,
+    max: usize,
+) -> Result<Option<Message>, PullError> {
+    match framing::try_read_frame(r, max.min(MAX_FRAME), "pull message").await {
         Ok(Some(body)) => Message::decode(&body).map(Some),
         Ok(None) => Ok(None),
-        // An oversized or malformed length: the peer broke the protocol.
+        // A length above the bound: the peer sent more than was asked for.
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData && is_over_limit(&e) => {
+            Err(PullError::OversizedAnswer(e.to_string()))
+        }
+        // A malformed length: the peer broke the protocol.
         Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
             Err(PullError::Protocol(e.to_string()))
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// Whether a framing error is a length above the caller's maximum (`p2p::framing` says
+/// "exceeds the limit"; a test below pins it).
+fn is_over_limit(e: &std::io::Error) -> bool {
+    e.to_string().contains("exceeds the limit")
 }
 
 #[cfg(test)]
@@ -216,6 +241,10 @@ mod tests {
         }
     }
 
+    fn write_frame_sync(out: &mut Vec<u8>, body: &[u8]) {
+        futures::executor::block_on(framing::write_frame(out, body)).unwrap();
+    }
+
     #[test]
     fn oversized_frames_are_refused_before_allocation() {
         // A varint length of MAX_FRAME + 1 (LEB128), then a few body bytes.
@@ -230,6 +259,22 @@ mod tests {
         let mut r = futures::io::Cursor::new(frame);
         let err = futures::executor::block_on(read_message(&mut r)).unwrap_err();
         assert!(err.to_string().contains("exceeds"), "{err}");
+        assert!(matches!(err, PullError::OversizedAnswer(_)), "{err:?}");
+        // Within a smaller bound: a frame one byte over it is oversized, one at it is read.
+        let mut frame = Vec::new();
+        write_frame_sync(&mut frame, &Message::Empty.encode());
+        let mut r = futures::io::Cursor::new(frame.clone());
+        assert_eq!(
+            futures::executor::block_on(read_message_bounded(&mut r, 1)).unwrap(),
+            Some(Message::Empty)
+        );
+        let mut r = futures::io::Cursor::new(frame);
+        let err = futures::executor::block_on(read_message_bounded(&mut r, 0)).unwrap_err();
+        assert!(matches!(err, PullError::OversizedAnswer(_)), "{err:?}");
+        // A malformed length is a protocol violation, not an oversized answer.
+        let mut r = futures::io::Cursor::new(vec![0x80u8; 11]);
+        let err = futures::executor::block_on(read_message_bounded(&mut r, 100)).unwrap_err();
+        assert!(matches!(err, PullError::Protocol(_)), "{err:?}");
         let mut empty = futures::io::Cursor::new(Vec::new());
         assert!(futures::executor::block_on(read_message(&mut empty))
             .unwrap()

@@ -2,6 +2,7 @@
 //! store → ack; only the learner may pull; a learner that dies before acking loses nothing
 //! and stores nothing twice; and (`guard`) a hostile worker's groups are refused, not stored.
 
+mod deadlines;
 mod guard;
 
 use std::sync::Arc;

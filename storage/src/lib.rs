@@ -17,6 +17,7 @@ mod hot;
 pub mod keys;
 pub mod manifest;
 pub mod record;
+pub mod replay;
 pub mod trajectory;
 
 pub use chunks::{ChunkStore, ChunkStoreStats, GcStats, PublishStats, DEFAULT_MEMORY_BYTES};

@@ -2,8 +2,9 @@
 //! held chunks by hash and the catch-up manifest request, fetching missing chunks from
 //! holders, and the repair round that picks whom to ask.
 //!
-//! Owns: both ends of chunk fetch and the order in which holders are asked. Must not touch:
-//! verification (`install::take_chunk`), when to repair (`crate::transfer`).
+//! Owns: both ends of chunk fetch (their deadlines and transfer records) and the order in
+//! which holders are asked. Must not touch: verification (`install::take_chunk`), when to
+//! repair (`crate::transfer`).
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -14,24 +15,32 @@ use p2p::{PeerId, TopicKind};
 use storage::{Hash, SnapshotManifest};
 use tracing::debug;
 
-use super::{open_err, Disseminator};
+use super::push::chunk_frame_err;
+use super::{frame_deadline, open_err, within, Disseminator};
 use crate::error::{DisseminationError, Result};
 use crate::wire::{
-    FetchRequest, Hello, CHUNK_FETCH, MAX_FETCH_BATCH, MAX_FETCH_REQUEST_BYTES, MAX_HELLO_BYTES,
+    CatchUp, FetchRequest, CHUNK_FETCH, MAX_CATCH_UP_BYTES, MAX_FETCH_BATCH,
+    MAX_FETCH_REQUEST_BYTES,
 };
 
 impl Disseminator {
     /// Holder side: one request per stream — held chunks in request order (an empty frame for
-    /// each not held), or, for `count = 0`, the catch-up manifest and plan.
+    /// each not held), or, for `count = 0`, the catch-up manifest and plan. Every read and
+    /// write has a deadline; the chunks served are recorded in the requester's score (bytes
+    /// and time, or a failure when it stopped taking them).
     pub(super) async fn serve_fetch<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         peer: PeerId,
         mut s: S,
     ) -> Result<()> {
         let io = |e| DisseminationError::Io { peer, source: e };
-        let request = read_frame(&mut s, MAX_FETCH_REQUEST_BYTES, "fetch request")
-            .await
-            .map_err(io)?;
+        let limit = self.inner.cfg.read_timeout;
+        let request = within(limit, "a fetch request", peer, async {
+            read_frame(&mut s, MAX_FETCH_REQUEST_BYTES, "fetch request")
+                .await
+                .map_err(io)
+        })
+        .await?;
         let hashes = match FetchRequest::decode(&request) {
             Ok(FetchRequest::Manifest { version }) => {
                 return self.serve_manifest(peer, s, version).await
@@ -44,23 +53,46 @@ impl Disseminator {
                 })
             }
         };
-        for h in hashes {
-            if !self.inner.store.has_chunk(&h)? {
-                // Not held: an empty frame (a chunk is never empty).
-                write_frame(&mut s, &[]).await.map_err(io)?;
-                continue;
+        let started = Instant::now();
+        let mut served = 0u64;
+        let r: Result<()> = async {
+            for h in hashes {
+                if !self.inner.store.has_chunk(&h)? {
+                    // Not held: an empty frame (a chunk is never empty).
+                    within(limit, "sending a fetch answer", peer, async {
+                        write_frame(&mut s, &[]).await.map_err(io)
+                    })
+                    .await?;
+                    continue;
+                }
+                let bytes = self.read_chunk(h).await?;
+                self.inner.uplink.acquire(bytes.len() as u64).await;
+                let deadline = frame_deadline(limit, bytes.len() as u64);
+                within(deadline, "sending a fetched chunk", peer, async {
+                    write_frame(&mut s, &bytes).await.map_err(io)
+                })
+                .await?;
+                served += bytes.len() as u64;
+                self.count(
+                    |c| &c.served_bytes,
+                    bytes.len() as u64,
+                    "dissemination_served_bytes_total",
+                );
             }
-            let bytes = self.read_chunk(h).await?;
-            self.inner.uplink.acquire(bytes.len() as u64).await;
-            write_frame(&mut s, &bytes).await.map_err(io)?;
-            self.count(
-                |c| &c.served_bytes,
-                bytes.len() as u64,
-                "dissemination_served_bytes_total",
-            );
+            within(limit, "closing a fetch", peer, async {
+                s.close().await.map_err(io)
+            })
+            .await
         }
-        s.close().await.map_err(io)?;
-        Ok(())
+        .await;
+        match &r {
+            Ok(()) => self.credit(peer, served, started.elapsed()).await,
+            Err(DisseminationError::Io { .. } | DisseminationError::Timeout(_)) => {
+                self.charge(peer).await
+            }
+            Err(_) => {}
+        }
+        r
     }
 
     /// A fetch with no hashes asks for the signed manifest of `version` (`u64::MAX`: the newest
@@ -86,13 +118,17 @@ impl Disseminator {
             });
             (m, p)
         };
-        let answer = Hello {
+        let answer = CatchUp {
             manifest: manifest.map(|m| m.encode()).unwrap_or_default(),
             plan: plan.map(|p| p.encode()).unwrap_or_default(),
         };
-        write_frame(&mut s, &answer.encode()).await.map_err(io)?;
-        s.close().await.map_err(io)?;
-        Ok(())
+        let body = answer.encode();
+        let deadline = frame_deadline(self.inner.cfg.read_timeout, body.len() as u64);
+        within(deadline, "sending a catch-up answer", peer, async {
+            write_frame(&mut s, &body).await.map_err(io)?;
+            s.close().await.map_err(io)
+        })
+        .await
     }
 
     /// Worker: a connection to the learner (at start, after a restart) or a learner heartbeat
@@ -130,19 +166,41 @@ impl Disseminator {
         .map_err(|e| open_err(peer, "chunk-fetch", e))
     }
 
-    pub(super) async fn request_manifest(&self, peer: PeerId) -> Result<()> {
+    /// Asks the learner for its signed manifest of `version` (`u64::MAX`: its newest) and the
+    /// plan for it. Only the learner is asked: the answer may be as large as the largest
+    /// manifest, read before any signature can be checked.
+    pub(super) async fn fetch_catch_up(&self, peer: PeerId, version: u64) -> Result<CatchUp> {
+        if peer != self.inner.learner {
+            return Err(DisseminationError::Protocol {
+                peer,
+                reason: "catch-up answers are read from the learner only".into(),
+            });
+        }
         let io = |e| DisseminationError::Io { peer, source: e };
-        let mut s = self.open_fetch(peer, Duration::from_secs(10)).await?;
-        let req = FetchRequest::Manifest { version: u64::MAX };
-        write_frame(&mut s, &req.encode()).await.map_err(io)?;
-        s.flush().await.map_err(io)?;
-        let answer = read_frame(&mut s, MAX_HELLO_BYTES, "catch-up answer")
-            .await
-            .map_err(io)?;
-        let Hello {
+        let limit = self.inner.cfg.read_timeout;
+        let mut s = self.open_fetch(peer, limit).await?;
+        let req = FetchRequest::Manifest { version };
+        within(limit, "sending a catch-up request", peer, async {
+            write_frame(&mut s, &req.encode()).await.map_err(io)?;
+            s.flush().await.map_err(io)
+        })
+        .await?;
+        let deadline = frame_deadline(limit, MAX_CATCH_UP_BYTES as u64);
+        let answer = within(deadline, "a catch-up answer", peer, async {
+            read_frame(&mut s, MAX_CATCH_UP_BYTES, "catch-up answer")
+                .await
+                .map_err(io)
+        })
+        .await?;
+        let _ = tokio::time::timeout(limit, s.close()).await;
+        CatchUp::decode(&answer)
+    }
+
+    pub(super) async fn request_manifest(&self, peer: PeerId) -> Result<()> {
+        let CatchUp {
             manifest: m,
             plan: p,
-        } = Hello::decode(&answer)?;
+        } = self.fetch_catch_up(peer, u64::MAX).await?;
         // Plan first: the acquirer then knows at once that this node is not in a chain.
         if !p.is_empty() {
             self.on_gossip(TopicKind::Plans, &p);
@@ -154,29 +212,53 @@ impl Disseminator {
     }
 
     /// Fetches up to [`MAX_FETCH_BATCH`] of `wanted` (index, hash) from `peer`; returns how
-    /// many verified chunks were stored. A corrupt chunk ends the exchange.
+    /// many verified chunks were stored. A corrupt chunk ends the exchange; a holder that goes
+    /// silent past the deadline or breaks the protocol is charged a failed transfer.
     pub(super) async fn fetch_from(
         &self,
         peer: PeerId,
         m: &SnapshotManifest,
         wanted: &[(usize, Hash)],
     ) -> Result<usize> {
+        let r = self.fetch_batch(peer, m, wanted).await;
+        if let Err(DisseminationError::Timeout(_) | DisseminationError::Protocol { .. }) = &r {
+            self.charge(peer).await;
+        }
+        r
+    }
+
+    async fn fetch_batch(
+        &self,
+        peer: PeerId,
+        m: &SnapshotManifest,
+        wanted: &[(usize, Hash)],
+    ) -> Result<usize> {
         let io = |e| DisseminationError::Io { peer, source: e };
-        let mut s = self.open_fetch(peer, Duration::from_secs(5)).await?;
+        let limit = self.inner.cfg.read_timeout;
+        let mut s = self
+            .open_fetch(peer, limit.min(Duration::from_secs(5)))
+            .await?;
         let batch = &wanted[..wanted.len().min(MAX_FETCH_BATCH)];
         let req = FetchRequest::Chunks {
             version: m.version,
             hashes: batch.iter().map(|(_, h)| *h).collect(),
         };
-        write_frame(&mut s, &req.encode()).await.map_err(io)?;
-        s.flush().await.map_err(io)?;
+        within(limit, "sending a fetch request", peer, async {
+            write_frame(&mut s, &req.encode()).await.map_err(io)?;
+            s.flush().await.map_err(io)
+        })
+        .await?;
         let started = Instant::now();
         let mut got = 0usize;
         let mut bytes_in = 0u64;
         for &(index, _) in batch {
-            let bytes = read_frame(&mut s, m.chunk_len(index) as usize, "chunk")
-                .await
-                .map_err(io)?;
+            let max = m.chunk_len(index);
+            let bytes = within(frame_deadline(limit, max), "a fetched chunk", peer, async {
+                read_frame(&mut s, max as usize, "chunk")
+                    .await
+                    .map_err(|e| chunk_frame_err(peer, e))
+            })
+            .await?;
             if bytes.is_empty() {
                 continue;
             }

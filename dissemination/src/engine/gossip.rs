@@ -2,11 +2,13 @@
 //! stream hello, and the learner's plan repair when a forwarder departs.
 //!
 //! Owns: the acceptance rules (learner key, this swarm, a version or sequence that moves
-//! forward; `docs/broadcast.md`, "Trust"). Must not touch: wire layouts, chunk transfer.
+//! forward — also across restarts, through the persisted [`storage::replay`] marks;
+//! `docs/broadcast.md`, "Trust"). Must not touch: wire layouts, chunk transfer.
 
 use std::time::Instant;
 
 use p2p::{PeerId, TopicKind, Validation};
+use storage::replay::Freshness;
 use storage::SignedManifest;
 use tracing::{debug, info, warn};
 
@@ -17,7 +19,8 @@ use crate::plan_msg::{PlanMessage, SignedPlan};
 
 impl Disseminator {
     /// Verdict on a manifest: `Accept` (newer, or the same one again), `Ignore` (older: a
-    /// replay), `Reject` (undecodable, wrong swarm, not signed by the learner key).
+    /// replay — also one older than what this node accepted before a restart), `Reject`
+    /// (undecodable, wrong swarm, not signed by the learner key).
     pub fn accept_manifest(&self, signed: &SignedManifest) -> Validation {
         if let Err(e) = signed.verify(&self.inner.cfg.learner_key) {
             warn!(error = %e, "rejecting manifest");
@@ -40,6 +43,12 @@ impl Disseminator {
                     };
                 }
                 _ => {}
+            }
+            // Before a restart this node may have accepted newer (or another manifest of
+            // this version): the persisted marks decide, and record a new one durably.
+            let digest = *blake3::hash(&signed.encode()).as_bytes();
+            if !self.fresh(self.inner.replay.accept_manifest(v, digest), "manifest", v) {
+                return Validation::Ignore;
             }
             st.manifest_version = Some(v);
             st.manifests.insert(v, signed.clone());
@@ -92,6 +101,11 @@ impl Disseminator {
                     };
                 }
             }
+            let digest = *blake3::hash(&signed.encode()).as_bytes();
+            let marks = self.inner.replay.accept_plan(p.version, p.seq, digest);
+            if !self.fresh(marks, "plan", p.seq) {
+                return Validation::Ignore;
+            }
             st.plan = Some(signed.clone());
         }
         debug!(version = p.version, seq = p.seq, "plan accepted");
@@ -118,6 +132,9 @@ impl Disseminator {
             if st.order_seq.is_some_and(|s| o.seq <= s) {
                 return Validation::Ignore;
             }
+            if !self.fresh(self.inner.replay.accept_order(o.seq), "order", o.seq) {
+                return Validation::Ignore;
+            }
             st.order_seq = Some(o.seq);
         }
         if let Some(active) = o.state_of(&self.inner.local) {
@@ -128,6 +145,26 @@ impl Disseminator {
                 .send(DisseminationEvent::Activation { seq: o.seq, active });
         }
         Validation::Accept
+    }
+
+    /// Whether the persisted marks let a message through (new, or the very one accepted
+    /// last); a mark that cannot be written refuses it (a restart would forget it).
+    fn fresh(&self, verdict: storage::Result<Freshness>, what: &str, n: u64) -> bool {
+        match verdict {
+            Ok(Freshness::New | Freshness::Same) => true,
+            Ok(Freshness::Stale) => {
+                metrics::counter!("dissemination_replays_refused_total").increment(1);
+                warn!(
+                    what,
+                    n, "refusing a signed {what} older than one accepted before"
+                );
+                false
+            }
+            Err(e) => {
+                warn!(error = %e, what, "cannot persist the replay marks; not accepting");
+                false
+            }
+        }
     }
 
     /// Learner: sign and gossip an activation order (`seq` must grow; use the clock in ms).

@@ -23,8 +23,9 @@ use crate::transfer::{Action, Feed, Input, Transfer, Wake};
 
 impl Disseminator {
     /// Checks one received chunk against the manifest and stores it. `Ok(false)`: corrupt —
-    /// not stored, the sender is charged. Hashing and file I/O run on the blocking pool, so
-    /// many streams (or many in-process nodes) do not stall the async workers.
+    /// not stored, the sender gets a `CorruptChunk` strike. Hashing and file I/O run on the
+    /// blocking pool, so many streams (or many in-process nodes) do not stall the async
+    /// workers.
     pub(super) async fn take_chunk(
         &self,
         from: PeerId,
@@ -68,7 +69,9 @@ impl Disseminator {
             metrics::counter!("dissemination_chunk_verification_failures_total").increment(1);
             warn!(peer = %from, version = m.version, index, "chunk failed BLAKE3 verification; dropped");
             self.apply(m.version, Input::Rejected { peer: from });
-            self.charge(from).await;
+            // Evidence of bad data (not a network fault): a strike, which also counts as the
+            // failed transfer in the sender's score.
+            self.strike(from, p2p::StrikeReason::CorruptChunk).await;
             self.emit(DisseminationEvent::ChunkRejected {
                 peer: from,
                 version: m.version,

@@ -19,9 +19,18 @@
 //! index is in range and its length equals the manifest's chunk length; (3) its BLAKE3 equals
 //! the manifest's hash for that index — only then is it stored, and only stored chunks are
 //! forwarded or served, so nothing unverified ever leaves a node or gets installed (the
-//! install re-checks the root hash on assembly). A mismatch counts as a failed transfer
-//! against the sender (`PeerScore`), drops the stream, and excludes the sender from repair
-//! for that version.
+//! install re-checks the root hash on assembly). A mismatch is a strike against the sender
+//! (`StrikeReason::CorruptChunk`: a failed transfer in its score, towards a ban), drops the
+//! stream, and excludes the sender from repair for that version.
+//!
+//! Stream rules: every read and write has a deadline ([`DisseminationConfig::read_timeout`],
+//! plus time for a large frame at [`MIN_RATE_BYTES_PER_S`]; a child waits for its parent's
+//! next chunk up to `push_idle_timeout` more, since the parent may itself be waiting); a child
+//! reads only a small hello from a parent before the learner's signature is checked; both
+//! ends of every push and fetch record the transfer in the other peer's score (bytes and time
+//! on success, a failure when the other end broke off). Acceptance marks persist
+//! ([`storage::replay::ReplayState`], `replay_path`), so a restarted node refuses old signed
+//! manifests, plans and orders.
 
 mod fetch;
 mod gossip;
@@ -29,6 +38,8 @@ mod install;
 mod push;
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -37,10 +48,11 @@ use control::plan::PlanParams;
 use ed25519_dalek::{SigningKey, VerifyingKey};
 use futures::StreamExt;
 use p2p::{Client, PeerId, TokenBucket, TransferEvent};
+use storage::replay::ReplayState;
 use storage::{ChunkStore, Hash, PublishStats, SignedManifest};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::assembly::Assembly;
 use crate::error::{DisseminationError, Result};
@@ -115,6 +127,13 @@ pub struct DisseminationConfig {
     pub stall_timeout: Duration,
     /// A push that waits this long for its next chunk (its own parent stalled) gives up.
     pub push_idle_timeout: Duration,
+    /// Deadline for each frame read or written on a chunk stream or fetch (plus time for a
+    /// large frame at [`MIN_RATE_BYTES_PER_S`]); also for opening a stream.
+    pub read_timeout: Duration,
+    /// Where the acceptance marks persist across restarts (`storage::replay`, normally
+    /// `DATA_DIR/replay.state`); `None` keeps them in memory only.
+    pub replay_path: Option<PathBuf>,
+    /// Test-only misbehaviour (the `corrupt_chunks` attack is `Fault::CorruptOutgoing`).
     pub fault: Option<Fault>,
 }
 
@@ -131,9 +150,34 @@ impl DisseminationConfig {
             downlink_mbps: 0.0,
             stall_timeout: Duration::from_secs(5),
             push_idle_timeout: Duration::from_secs(60),
+            read_timeout: DEFAULT_READ_TIMEOUT,
+            replay_path: None,
             fault: None,
         }
     }
+}
+
+/// Default [`DisseminationConfig::read_timeout`].
+pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Slowest transfer rate a frame deadline allows for: a frame of `n` bytes may take
+/// `read_timeout + n / MIN_RATE_BYTES_PER_S` (a large chunk on a slow link is not a stall).
+pub const MIN_RATE_BYTES_PER_S: u64 = 1 << 20;
+
+/// The deadline for moving a frame of up to `max` bytes.
+pub(crate) fn frame_deadline(base: Duration, max: u64) -> Duration {
+    base + Duration::from_secs(max / MIN_RATE_BYTES_PER_S)
+}
+
+/// `fut` within `limit`, or [`DisseminationError::Timeout`] naming `what` and `peer`.
+pub(crate) async fn within<T>(
+    limit: Duration,
+    what: &str,
+    peer: PeerId,
+    fut: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(limit, fut).await.map_err(|_| {
+        DisseminationError::Timeout(format!("{what} with {peer}: nothing for {limit:?}"))
+    })?
 }
 
 /// What the engine tells its role.
@@ -239,6 +283,8 @@ struct Inner {
     uplink: TokenBucket,
     downlink: TokenBucket,
     counters: AtomicCounters,
+    /// Acceptance marks that survive a restart.
+    replay: ReplayState,
 }
 
 /// Handle to a node's dissemination engine (cheap to clone).
@@ -289,6 +335,13 @@ impl Disseminator {
         store: Arc<ChunkStore>,
     ) -> Result<(Self, mpsc::UnboundedReceiver<DisseminationEvent>)> {
         let learner = p2p::peer_id_from_public(cfg.learner_key.to_bytes())?;
+        let replay = match &cfg.replay_path {
+            None => ReplayState::in_memory(),
+            Some(path) => ReplayState::open(path)?,
+        };
+        if let Some(path) = replay.path() {
+            debug!(path = %path.display(), marks = ?replay.marks(), "replay marks loaded");
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         let mut control = client.stream_control();
         let pushes = control
@@ -310,6 +363,7 @@ impl Disseminator {
             stored: watch::channel(0).0,
             kick: watch::channel(0).0,
             counters: AtomicCounters::default(),
+            replay,
         });
         let d = Disseminator { inner };
         let me = d.clone();
@@ -325,6 +379,11 @@ impl Disseminator {
                         // against its score.
                         Err(e @ DisseminationError::Protocol { .. }) => {
                             warn!(%peer, error = %e, "chunk stream protocol violation");
+                            me2.charge(peer).await;
+                        }
+                        // A parent that went silent past the deadline: a failed transfer.
+                        Err(e @ DisseminationError::Timeout(_)) => {
+                            info!(%peer, error = %e, "chunk stream timed out");
                             me2.charge(peer).await;
                         }
                         Err(e) => debug!(%peer, error = %e, "chunk stream ended with an error"),
@@ -389,6 +448,11 @@ impl Disseminator {
             return Ok(v.into());
         }
         Ok(bytes)
+    }
+
+    /// Evidence against `peer` (a strike: a failed transfer in its score, towards a ban).
+    async fn strike(&self, peer: PeerId, reason: p2p::StrikeReason) {
+        let _ = self.inner.client.strike(peer, reason).await;
     }
 
     /// One failed transfer against `peer`'s ECHO score.

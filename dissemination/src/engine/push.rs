@@ -2,11 +2,13 @@
 //! stream"): the learner's publish, a node's pushes to its children in the plan (sending each
 //! chunk as soon as it is held: store-and-forward per chunk), and receiving a push.
 //!
-//! Owns: both ends of the chunk stream. Must not touch: verification (`install::take_chunk`),
-//! acceptance rules (`gossip`), the plan's ranking (`control::plan`).
+//! Owns: both ends of the chunk stream — its deadlines, the small-hello rule (the child checks
+//! the learner's signature before reading anything large) and the transfer records on both
+//! ends. Must not touch: verification (`install::take_chunk`), acceptance rules (`gossip`),
+//! the plan's ranking (`control::plan`).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use control::plan::{plan_chains, ChainPlan, Placement};
 use futures::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -16,15 +18,33 @@ use storage::{Hash, SignedManifest, SnapshotManifest};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use super::{blocking, open_err, BroadcastMode, Disseminator, PublishReport};
+use super::{
+    blocking, frame_deadline, open_err, within, BroadcastMode, Disseminator, PublishReport,
+};
 use crate::error::{DisseminationError, Result};
 use crate::plan_msg::{PlanMessage, SignedPlan};
-use crate::wire::{self, Hello, Reply, CHUNK_STREAM, MAX_HELLO_BYTES, MAX_INDEX_BYTES};
+use crate::wire::{
+    self, Reply, StreamHello, CHUNK_STREAM, MAX_HELLO_BYTES, MAX_INDEX_BYTES, MAX_STATUS_BYTES,
+    STATUS_FAILED, STATUS_OK,
+};
+
+/// How a push ended without a stream error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PushEnd {
+    /// Every chunk sent and the child confirmed them.
+    Confirmed,
+    /// The child reported a chunk that failed verification.
+    ChildFailed,
+    /// The child refused the hello (holds newer, or cannot verify it).
+    Refused,
+    /// This node's own parent stalled: nothing new to forward for `push_idle_timeout`.
+    Stalled,
+}
 
 /// A framing error on a chunk frame: `InvalidData` (a length above the manifest's chunk
 /// length, a malformed varint) means the sender broke the protocol — charged like a wrong
 /// index; anything else is the stream failing.
-fn chunk_frame_err(peer: PeerId, e: std::io::Error) -> DisseminationError {
+pub(super) fn chunk_frame_err(peer: PeerId, e: std::io::Error) -> DisseminationError {
     if e.kind() == std::io::ErrorKind::InvalidData {
         DisseminationError::Protocol {
             peer,
@@ -178,7 +198,9 @@ impl Disseminator {
     }
 
     /// Parent side of a chunk stream to `child`: the hello, the child's bitmap, then every
-    /// chunk it lacks as soon as this node holds it, then the empty header frame.
+    /// chunk it lacks as soon as this node holds it, then the empty header frame and the
+    /// child's status. The transfer is recorded in the child's score: bytes and time when the
+    /// child confirms every chunk, a failure when it broke off or reports one.
     pub(super) async fn push(&self, version: u64, child: PeerId) -> Result<()> {
         let (manifest, plan) = {
             let st = self.lock();
@@ -188,8 +210,9 @@ impl Disseminator {
             return Ok(());
         };
         let plan = plan.filter(|p| p.plan.version == version);
+        let limit = self.inner.cfg.read_timeout;
         let mut s = tokio::time::timeout(
-            Duration::from_secs(10),
+            limit,
             self.inner
                 .client
                 .stream_control()
@@ -198,25 +221,80 @@ impl Disseminator {
         .await
         .map_err(|_| DisseminationError::Timeout(format!("opening a chunk stream to {child}")))?
         .map_err(|e| open_err(child, "chunk-stream", e))?;
+        let started = Instant::now();
+        let mut sent = 0u64;
+        let end = self
+            .push_on(&mut s, &manifest, plan, child, &mut sent)
+            .await;
+        match &end {
+            Ok(PushEnd::Confirmed) => self.credit(child, sent, started.elapsed()).await,
+            Ok(PushEnd::Refused | PushEnd::Stalled) => {}
+            // The child reported a failure, dropped the stream, broke the protocol or went
+            // silent: a failed transfer in its score. Local errors (the store) are not its.
+            Ok(PushEnd::ChildFailed)
+            | Err(
+                DisseminationError::Io { .. }
+                | DisseminationError::Timeout(_)
+                | DisseminationError::Protocol { .. }
+                | DisseminationError::Decode { .. },
+            ) => self.charge(child).await,
+            Err(_) => {}
+        }
+        let _ = tokio::time::timeout(limit, s.close()).await;
+        match end? {
+            PushEnd::Stalled => Err(DisseminationError::Timeout(format!(
+                "no new chunk of v{version} to forward to {child}"
+            ))),
+            PushEnd::ChildFailed => Err(DisseminationError::Protocol {
+                peer: child,
+                reason: format!("reported a failed transfer of v{version}"),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The parent's side of one chunk stream; counts the chunk bytes sent into `sent`.
+    async fn push_on<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        s: &mut S,
+        manifest: &SignedManifest,
+        plan: Option<SignedPlan>,
+        child: PeerId,
+        sent: &mut u64,
+    ) -> Result<PushEnd> {
+        let version = manifest.manifest.version;
+        let limit = self.inner.cfg.read_timeout;
         let io = |e| DisseminationError::Io {
             peer: child,
             source: e,
         };
-        let hello = Hello {
-            manifest: manifest.encode(),
-            plan: plan.map(|p| p.encode()).unwrap_or_default(),
+        let plan_bytes = plan.map(|p| p.encode());
+        let encoded = manifest.encode();
+        let hello = StreamHello::new(version, &encoded, plan_bytes.as_deref());
+        // A child without the manifest asks the learner for it before it replies: open, ask,
+        // read (each within the deadline).
+        let reply_wait = if hello.manifest.is_empty() {
+            frame_deadline(limit * 3, encoded.len() as u64)
+        } else {
+            limit
         };
-        write_frame(&mut s, &hello.encode()).await.map_err(io)?;
-        s.flush().await.map_err(io)?;
+        within(limit, "sending the hello", child, async {
+            write_frame(s, &hello.encode()).await.map_err(io)?;
+            s.flush().await.map_err(io)
+        })
+        .await?;
         let m = &manifest.manifest;
         let n = m.chunk_hashes.len();
-        let reply = read_frame(&mut s, Reply::max_len(n), "stream reply")
-            .await
-            .map_err(io)?;
+        let reply = within(reply_wait, "the stream reply", child, async {
+            read_frame(s, Reply::max_len(n), "stream reply")
+                .await
+                .map_err(|e| chunk_frame_err(child, e))
+        })
+        .await?;
         let held = match Reply::decode(&reply, n)? {
             Reply::Refuse => {
                 debug!(%child, version, "child refused the stream (holds a newer version?)");
-                return Ok(());
+                return Ok(PushEnd::Refused);
             }
             Reply::Accept { held } => held,
         };
@@ -224,7 +302,7 @@ impl Disseminator {
         let mut rx = self.inner.stored.subscribe();
         while !pending.is_empty() {
             rx.borrow_and_update();
-            let mut sent = Vec::new();
+            let mut done = Vec::new();
             for &i in &pending {
                 let h = &m.chunk_hashes[i];
                 if !self.inner.store.has_chunk(h)? {
@@ -232,75 +310,89 @@ impl Disseminator {
                 }
                 let bytes = self.read_chunk(*h).await?;
                 self.inner.uplink.acquire(bytes.len() as u64).await;
-                write_frame(&mut s, &wire::encode_index(i))
-                    .await
-                    .map_err(io)?;
-                write_frame(&mut s, &bytes).await.map_err(io)?;
+                let deadline = frame_deadline(limit, bytes.len() as u64);
+                within(deadline, "sending a chunk", child, async {
+                    write_frame(s, &wire::encode_index(i)).await.map_err(io)?;
+                    write_frame(s, &bytes).await.map_err(io)
+                })
+                .await?;
+                *sent += bytes.len() as u64;
                 self.count(
                     |c| &c.pushed_bytes,
                     bytes.len() as u64,
                     "dissemination_pushed_bytes_total",
                 );
-                sent.push(i);
+                done.push(i);
             }
-            pending.retain(|i| !sent.contains(i));
-            if sent.is_empty() {
-                s.flush().await.map_err(io)?;
+            pending.retain(|i| !done.contains(i));
+            if done.is_empty() {
+                within(limit, "flushing chunks", child, async {
+                    s.flush().await.map_err(io)
+                })
+                .await?;
                 match tokio::time::timeout(self.inner.cfg.push_idle_timeout, rx.changed()).await {
                     Ok(Ok(())) => {}
-                    _ => {
-                        return Err(DisseminationError::Timeout(format!(
-                            "no new chunk of v{version} to forward to {child}"
-                        )))
-                    }
+                    _ => return Ok(PushEnd::Stalled),
                 }
             }
         }
-        // An empty header frame ends the stream.
-        write_frame(&mut s, &[]).await.map_err(io)?;
-        s.close().await.map_err(io)?;
-        debug!(%child, version, "push complete");
-        Ok(())
+        // An empty header frame ends the stream; the child answers with its status once the
+        // last chunk is verified.
+        within(limit, "ending the stream", child, async {
+            write_frame(s, &[]).await.map_err(io)?;
+            s.flush().await.map_err(io)
+        })
+        .await?;
+        let status = within(limit, "the child's status", child, async {
+            read_frame(s, MAX_STATUS_BYTES, "stream status")
+                .await
+                .map_err(|e| chunk_frame_err(child, e))
+        })
+        .await?;
+        debug!(%child, version, ?status, "push complete");
+        Ok(if status == [STATUS_OK] {
+            PushEnd::Confirmed
+        } else {
+            PushEnd::ChildFailed
+        })
     }
 
-    /// Child side of a chunk stream: accept the hello's manifest (and plan), answer with the
-    /// bitmap of chunks already held, then verify and hold each chunk as it arrives — one is
-    /// verified while the next is read — until the empty header frame.
+    /// Child side of a chunk stream: a small hello first — its manifest verified (inline, held
+    /// already, or asked of the learner) before any large frame is read — then the bitmap of
+    /// chunks already held, then each chunk verified and held as it arrives (one is verified
+    /// while the next is read) until the empty header frame, then the status.
     pub(super) async fn receive_push<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         peer: PeerId,
         mut s: S,
     ) -> Result<()> {
         let io = |e| DisseminationError::Io { peer, source: e };
-        let hello = read_frame(&mut s, MAX_HELLO_BYTES, "stream hello")
-            .await
-            .map_err(io)?;
-        let Hello {
-            manifest: mbytes,
-            plan: pbytes,
-        } = Hello::decode(&hello).map_err(|e| DisseminationError::Protocol {
+        let limit = self.inner.cfg.read_timeout;
+        let hello = within(limit, "the stream hello", peer, async {
+            read_frame(&mut s, MAX_HELLO_BYTES, "stream hello")
+                .await
+                .map_err(|e| chunk_frame_err(peer, e))
+        })
+        .await?;
+        let hello = StreamHello::decode(&hello).map_err(|e| DisseminationError::Protocol {
             peer,
             reason: e.to_string(),
         })?;
-        let verdict = match SignedManifest::decode(&mbytes) {
-            Ok(m) => (self.accept_manifest(&m), Some(m)),
-            Err(_) => (Validation::Reject, None),
-        };
-        let manifest = match verdict {
-            (Validation::Accept, Some(m)) => m,
-            (v, _) => {
-                if v == Validation::Reject {
-                    self.charge(peer).await;
-                }
-                write_frame(&mut s, &Reply::Refuse.encode())
-                    .await
-                    .map_err(io)?;
-                let _ = s.close().await;
+        let manifest = match self.manifest_of_hello(peer, &hello).await {
+            Some(m) => m,
+            None => {
+                within(limit, "refusing the stream", peer, async {
+                    write_frame(&mut s, &Reply::Refuse.encode())
+                        .await
+                        .map_err(io)
+                })
+                .await?;
+                let _ = tokio::time::timeout(limit, s.close()).await;
                 return Ok(());
             }
         };
-        if !pbytes.is_empty() {
-            if let Ok(p) = SignedPlan::decode(&pbytes) {
+        if !hello.plan.is_empty() {
+            if let Ok(p) = SignedPlan::decode(&hello.plan) {
                 let _ = self.accept_plan(&p);
             }
         }
@@ -314,8 +406,11 @@ impl Disseminator {
         let reply = Reply::Accept {
             held: wire::bitmap(n, |i| held[i]),
         };
-        write_frame(&mut s, &reply.encode()).await.map_err(io)?;
-        s.flush().await.map_err(io)?;
+        within(limit, "sending the reply", peer, async {
+            write_frame(&mut s, &reply.encode()).await.map_err(io)?;
+            s.flush().await.map_err(io)
+        })
+        .await?;
         let started = Instant::now();
         let mut bytes_in = 0u64;
         // One chunk is verified (and stored, and copied into the assembly) while the next one
@@ -331,14 +426,20 @@ impl Disseminator {
                     .map(|ok| Some((len, ok))),
             }
         };
-        loop {
-            let header = read_frame(&mut s, MAX_INDEX_BYTES, "chunk header")
-                .await
-                .map_err(|e| chunk_frame_err(peer, e))?;
+        // The parent may be waiting for its own parent's next chunk: it has up to
+        // `push_idle_timeout` before it gives up, and this side as long plus the deadline.
+        let header_wait = self.inner.cfg.push_idle_timeout + limit;
+        let corrupt = loop {
+            let header = within(header_wait, "the next chunk header", peer, async {
+                read_frame(&mut s, MAX_INDEX_BYTES, "chunk header")
+                    .await
+                    .map_err(|e| chunk_frame_err(peer, e))
+            })
+            .await?;
             let index = match wire::decode_index(&header) {
                 Ok(Some(i)) => i,
                 // The empty header: the parent has sent everything.
-                Ok(None) => break,
+                Ok(None) => break false,
                 Err(e) => {
                     return Err(DisseminationError::Protocol {
                         peer,
@@ -354,9 +455,12 @@ impl Disseminator {
             };
             // Refused before allocating when longer than the manifest's chunk length.
             let expected = m.chunk_len(index);
-            let buf = read_frame(&mut s, expected as usize, "chunk")
-                .await
-                .map_err(|e| chunk_frame_err(peer, e))?;
+            let buf = within(frame_deadline(limit, expected), "a chunk", peer, async {
+                read_frame(&mut s, expected as usize, "chunk")
+                    .await
+                    .map_err(|e| chunk_frame_err(peer, e))
+            })
+            .await?;
             let len = buf.len() as u32;
             if u64::from(len) != expected {
                 return Err(DisseminationError::Protocol {
@@ -370,18 +474,79 @@ impl Disseminator {
                 tokio::spawn(async move { me.take_chunk(peer, &m.manifest, index, buf).await });
             match settle(verifying.replace((len, next))).await? {
                 // Corrupt: drop the stream; the rest comes from elsewhere (repair).
-                Some((_, false)) => return Ok(()),
+                Some((_, false)) => break true,
                 Some((l, true)) => bytes_in += self.received(l),
                 None => {}
             }
+        };
+        let corrupt = corrupt
+            || match settle(verifying).await? {
+                Some((_, false)) => true,
+                Some((l, true)) => {
+                    bytes_in += self.received(l);
+                    false
+                }
+                None => false,
+            };
+        // Tell the parent (best effort: it may be gone) and drop the stream.
+        let status = if corrupt { STATUS_FAILED } else { STATUS_OK };
+        let _ = within(limit, "sending the status", peer, async {
+            write_frame(&mut s, &[status]).await.map_err(io)?;
+            s.close().await.map_err(io)
+        })
+        .await;
+        if !corrupt {
+            self.credit(peer, bytes_in, started.elapsed()).await;
         }
-        match settle(verifying).await? {
-            Some((_, false)) => return Ok(()),
-            Some((l, true)) => bytes_in += self.received(l),
-            None => {}
-        }
-        self.credit(peer, bytes_in, started.elapsed()).await;
         Ok(())
+    }
+
+    /// The manifest a hello names, verified: the inline one (checked like gossip), the one
+    /// already accepted with that digest, or — when it was too large to inline — the learner's
+    /// answer to a catch-up request for that version (never read from the parent). `None`:
+    /// refuse the stream (forged, another swarm's, older than accepted, unknown).
+    async fn manifest_of_hello(&self, peer: PeerId, hello: &StreamHello) -> Option<SignedManifest> {
+        if !hello.manifest.is_empty() {
+            let Ok(m) = SignedManifest::decode(&hello.manifest) else {
+                self.charge(peer).await;
+                return None;
+            };
+            return match self.accept_manifest(&m) {
+                Validation::Accept if m.manifest.version == hello.version => Some(m),
+                Validation::Reject => {
+                    self.charge(peer).await;
+                    None
+                }
+                _ => None,
+            };
+        }
+        let digest_of = |m: &SignedManifest| *blake3::hash(&m.encode()).as_bytes();
+        {
+            let st = self.lock();
+            if let Some(m) = st.manifests.get(&hello.version) {
+                return (digest_of(m) == hello.digest).then(|| m.clone());
+            }
+            if st.manifest_version.is_some_and(|v| hello.version < v) {
+                return None;
+            }
+        }
+        if self.is_learner() {
+            return None;
+        }
+        let learner = self.inner.learner;
+        let answer = match self.fetch_catch_up(learner, hello.version).await {
+            Ok(a) => a,
+            Err(e) => {
+                let version = hello.version;
+                debug!(%peer, version, error = %e, "no manifest for the hello from the learner");
+                return None;
+            }
+        };
+        let m = SignedManifest::decode(&answer.manifest).ok()?;
+        if m.manifest.version != hello.version || digest_of(&m) != hello.digest {
+            return None;
+        }
+        (self.accept_manifest(&m) == Validation::Accept).then_some(m)
     }
 
     /// Counts `len` pushed bytes received and verified; returns them.

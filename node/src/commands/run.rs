@@ -88,7 +88,10 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     // Snapshot dissemination: runs whenever the swarm's learner key is known (the
     // learner itself, or a worker configured with `learner_public_key`).
     let (dissem, mut installs) = match dissemination_config(config, &state.key)? {
-        Some(dcfg) => {
+        Some(mut dcfg) => {
+            if state.misbehave.has(crate::misbehave::Attack::CorruptChunks) {
+                dcfg.fault = Some(dissemination::Fault::CorruptOutgoing);
+            }
             let (d, rx) =
                 dissemination::Disseminator::start(dcfg, client.clone(), state.chunks.clone())
                     .context("starting snapshot dissemination")?;

@@ -179,8 +179,14 @@ pub async fn start(
     }
     let store = state.trajectories.clone();
     let control = client.stream_control();
+    let serve_opts = pull::ServeOptions {
+        testing_oversized_answer: state
+            .misbehave
+            .has(crate::misbehave::Attack::OversizedAnswer),
+        ..pull::ServeOptions::default()
+    };
     tasks.push(tokio::spawn(async move {
-        if let Err(e) = pull::serve(control, store, learner).await {
+        if let Err(e) = pull::serve_with(control, store, learner, serve_opts).await {
             tracing::error!(error = %e, "the pull server stopped");
         }
     }));

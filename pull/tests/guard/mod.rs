@@ -60,12 +60,14 @@ async fn pull_retrying(
         let buffer = buffer.clone();
         async move {
             // Each attempt is bounded, as the node's puller bounds every pull: a stream that
-            // opens before the connection settles can wait forever (streams have no read
-            // deadline yet), and the retry opens a fresh one.
+            // opens before the connection settles may never be answered (the pull's read
+            // deadline ends it), and the retry opens a fresh one.
             match tokio::time::timeout(Duration::from_secs(5), pull(&mut c, worker, buffer, req))
                 .await
             {
-                Err(_) | Ok(Err(PullError::Open { .. })) => None,
+                Err(_) | Ok(Err(PullError::Open { .. })) | Ok(Err(PullError::Timeout { .. })) => {
+                    None
+                }
                 Ok(other) => Some(other),
             }
         }
@@ -104,6 +106,7 @@ async fn invalid_and_forged_groups_are_counted_not_stored() {
         .await
         .expect("a pull with bad groups still succeeds");
     assert_eq!((out.received, out.stored, out.invalid), (4, 1, 3));
+    assert_eq!(out.delivered(), 1, "refused groups are not delivered");
     let reasons: Vec<(&str, usize)> = out.rejected.iter().map(|(k, v)| (*k, *v)).collect();
     assert_eq!(
         reasons,

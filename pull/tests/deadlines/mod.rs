@@ -1,0 +1,228 @@
+//! Hostile timing and sizes over real loopback streams: a worker that never answers, a learner
+//! that never asks, a worker that answers with more groups than leased or with a frame past
+//! the pull's byte budget — each ends in a typed error (the peer's fault) and nothing stored.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{AsyncWriteExt, StreamExt};
+use p2p::{Client, StrikeReason};
+use pull::wire::{read_message, write_message, Message};
+use pull::{
+    pull_verified_with, serve_with, NoVerification, PullError, PullOptions, PullOutcome,
+    PullRequest, ServeOptions, TRAJECTORY_PULL,
+};
+use storage::record::{testing, GroupLimits, DEFAULT_LOGPROB_FLOOR};
+use storage::TrajectoryStore;
+
+use super::{config, wait_for};
+
+async fn pair(seed: u8) -> (Client, Client) {
+    let (worker, _ew, _tw) =
+        p2p::start([seed; 32], config(vec![]), &mut p2p::Registry::default()).unwrap();
+    let addr = wait_for("the worker to listen", || async {
+        worker.listen_addrs().await.ok()?.into_iter().next()
+    })
+    .await;
+    let boot = format!("{addr}/p2p/{}", worker.local_peer_id());
+    let (learner, _el, _tl) = p2p::start(
+        [seed + 1; 32],
+        config(vec![boot]),
+        &mut p2p::Registry::default(),
+    )
+    .unwrap();
+    (worker, learner)
+}
+
+const LIMITS: GroupLimits = GroupLimits {
+    vocab_size: 300,
+    max_context: 64,
+    logprob_floor: DEFAULT_LOGPROB_FLOOR,
+    group_size: 4,
+};
+
+fn req(max_groups: u64) -> PullRequest {
+    PullRequest {
+        v_min: 0,
+        max_groups,
+        ttl: Duration::from_secs(30),
+        limits: LIMITS,
+    }
+}
+
+const FAST: PullOptions = PullOptions {
+    read_timeout: Duration::from_millis(500),
+};
+
+/// Pulls until the stream opens (the first attempts may race the connection); each attempt is
+/// bounded by the pull's own deadlines.
+async fn pull_once_open(
+    learner: &Client,
+    worker: p2p::PeerId,
+    buffer: &Arc<TrajectoryStore>,
+    req: PullRequest,
+) -> Result<PullOutcome, PullError> {
+    let control = learner.stream_control();
+    wait_for("a pull stream to open", || {
+        let mut c = control.clone();
+        let buffer = buffer.clone();
+        async move {
+            let v = Arc::new(NoVerification);
+            match pull_verified_with(&mut c, worker, buffer, req, v, FAST).await {
+                Err(PullError::Open { .. }) => None,
+                other => Some(other),
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_never_answers_times_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let (worker, learner) = pair(51).await;
+    // Accepts every pull stream and stays silent, holding it open.
+    let mut incoming = worker.stream_control().accept(TRAJECTORY_PULL).unwrap();
+    let held = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let h2 = held.clone();
+    tokio::spawn(async move {
+        while let Some((_, s)) = incoming.next().await {
+            h2.lock().unwrap().push(s);
+        }
+    });
+    let buffer = Arc::new(TrajectoryStore::open(&dir.path().join("learner")).unwrap());
+    let started = Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(30),
+        pull_once_open(&learner, worker.local_peer_id(), &buffer, req(4)),
+    )
+    .await
+    .expect("the pull must end on its own deadline, not hang");
+    match &r {
+        Err(e @ PullError::Timeout { what, .. }) => {
+            assert_eq!(*what, "the lease");
+            assert!(e.is_peer_fault());
+            assert_eq!(e.strike_reason(), Some(StrikeReason::StreamViolation));
+        }
+        other => panic!(
+            "expected a timeout, got {other:?} after {:?}",
+            started.elapsed()
+        ),
+    }
+    assert!(
+        !held.lock().unwrap().is_empty(),
+        "the silent worker got the stream"
+    );
+    assert!(buffer.scan(0, 10).unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_that_never_asks_is_dropped_by_the_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let (worker, learner) = pair(53).await;
+    let store = Arc::new(TrajectoryStore::open(&dir.path().join("worker")).unwrap());
+    let opts = ServeOptions {
+        read_timeout: Duration::from_millis(300),
+        ..ServeOptions::default()
+    };
+    tokio::spawn(serve_with(
+        worker.stream_control(),
+        store,
+        learner.local_peer_id(),
+        opts,
+    ));
+    let control = learner.stream_control();
+    let worker_id = worker.local_peer_id();
+    let mut s = wait_for("a stream to the worker", || {
+        let mut c = control.clone();
+        async move { c.open_stream(worker_id, TRAJECTORY_PULL).await.ok() }
+    })
+    .await;
+    // Say nothing: the worker gives up on its read deadline, tells us why and closes.
+    let answer = tokio::time::timeout(Duration::from_secs(20), read_message(&mut s))
+        .await
+        .expect("the worker must drop a silent stream");
+    match answer {
+        Ok(Some(Message::Error { message })) => {
+            assert!(message.contains("timed out"), "{message}")
+        }
+        other => panic!("expected the worker's timeout error, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_groups_than_leased_is_an_oversized_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (worker, learner) = pair(55).await;
+    let me = worker.local_peer_id().to_base58();
+    let store = Arc::new(TrajectoryStore::open(&dir.path().join("worker")).unwrap());
+    let groups: Vec<_> = (0..2)
+        .map(|i| {
+            let mut g = testing::group(1, i, 4, 8);
+            g.producer = me.clone();
+            g
+        })
+        .collect();
+    store.put_groups(&groups).unwrap();
+    // The test-only attack switch the node sets for `oversized_answer`.
+    let opts = ServeOptions {
+        testing_oversized_answer: true,
+        ..ServeOptions::default()
+    };
+    tokio::spawn(serve_with(
+        worker.stream_control(),
+        store,
+        learner.local_peer_id(),
+        opts,
+    ));
+    let buffer = Arc::new(TrajectoryStore::open(&dir.path().join("learner")).unwrap());
+    let r = pull_once_open(&learner, worker.local_peer_id(), &buffer, req(8)).await;
+    match &r {
+        Err(e @ PullError::OversizedAnswer(m)) => {
+            assert!(m.contains("beyond the 2"), "{m}");
+            assert_eq!(e.strike_reason(), Some(StrikeReason::OversizedAnswer));
+        }
+        other => panic!("expected an oversized answer, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_past_the_pull_budget_is_refused_before_it_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let (worker, learner) = pair(57).await;
+    let budget = pull::byte_budget(&req(1));
+    let per_group = pull::max_group_bytes(&LIMITS) as u64;
+    assert_eq!(budget, per_group);
+    // A hand-written worker: a lease of one group, then a "group" frame of 1 MiB — far above
+    // what the learner's limits allow one group to be.
+    let mut incoming = worker.stream_control().accept(TRAJECTORY_PULL).unwrap();
+    tokio::spawn(async move {
+        while let Some((_, mut s)) = incoming.next().await {
+            tokio::spawn(async move {
+                let Ok(Some(Message::Pull { .. })) = read_message(&mut s).await else {
+                    return;
+                };
+                let lease = Message::Lease {
+                    lease_id: 1,
+                    count: 1,
+                };
+                let _ = write_message(&mut s, &lease).await;
+                let big = Message::Group {
+                    bytes: vec![7; 1 << 20],
+                };
+                let _ = write_message(&mut s, &big).await;
+                let _ = s.close().await;
+            });
+        }
+    });
+    let buffer = Arc::new(TrajectoryStore::open(&dir.path().join("learner")).unwrap());
+    let r = pull_once_open(&learner, worker.local_peer_id(), &buffer, req(1)).await;
+    match &r {
+        Err(e @ PullError::OversizedAnswer(m)) => {
+            assert!(m.contains("exceeds the limit"), "{m}");
+            assert!(e.is_peer_fault());
+        }
+        other => panic!("expected an oversized answer, got {other:?}"),
+    }
+    assert!(buffer.scan(0, 10).unwrap().is_empty(), "nothing stored");
+}
