@@ -121,11 +121,13 @@ fn group() -> impl Strategy<Value = TrajectoryGroup> {
                 task_id,
                 prompt_id,
                 version,
+                seq: version ^ 1,
                 producer,
                 prompt_text,
                 prompt_tokens,
                 created_unix_ms,
                 samples,
+                signature: None,
             },
         )
 }
