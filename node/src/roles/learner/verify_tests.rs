@@ -283,3 +283,54 @@ fn the_config_selects_the_layers() {
     let w = worker(3);
     assert_eq!(reason(&v, &w, &honest(&w, 11)), None);
 }
+
+#[test]
+fn every_test_only_group_attack_is_caught_where_it_should_be() {
+    use crate::misbehave::Attack;
+    use storage::record::{check_group, GroupLimits, DEFAULT_LOGPROB_FLOOR};
+    let model = policy::ModelConfig::tiny();
+    let limits = GroupLimits {
+        vocab_size: model.vocab_size,
+        max_context: model.max_position_embeddings,
+        logprob_floor: DEFAULT_LOGPROB_FLOOR,
+        group_size: 2,
+    };
+    let (v, w) = (verifier(), worker(1));
+    let full = |g: &TrajectoryGroup| {
+        check_group(g, &limits, &w.peer.to_base58())
+            .and_then(|()| v.verify(&w.peer, g))
+            .err()
+            .map(|e| e.reason())
+    };
+    let cases = [
+        (Attack::InflatedReward, Some("reward_mismatch")),
+        // In range: only the log-prob spot check can tell (not one of these layers).
+        (Attack::ForgedLogprobs, None),
+        (Attack::InvalidLogprob, Some("logprob_out_of_range")),
+        (Attack::OutOfVocab, Some("token_out_of_vocab")),
+        (Attack::Overlong, Some("too_long")),
+        (Attack::BadSignature, None),
+    ];
+    for (seq, (attack, want)) in cases.into_iter().enumerate() {
+        let mut g = honest(&w, seq as u64);
+        assert_eq!(full(&g), None, "{attack}: the honest group passes");
+        let before = g.clone();
+        crate::roles::rollout::tamper(
+            attack,
+            &mut g,
+            model.vocab_size,
+            model.max_position_embeddings,
+        );
+        g.sign(w.key.signing_key());
+        if attack == Attack::BadSignature {
+            assert_eq!(g, before, "tamper leaves signing to the hook");
+            g.sign(NodeKey::from_seed([77; 32]).signing_key());
+            assert_eq!(full(&g), Some("bad_signature"));
+        } else {
+            assert_ne!(g, before, "{attack} changed nothing");
+            g.validate()
+                .unwrap_or_else(|e| panic!("{attack}: stored groups must be valid: {e}"));
+            assert_eq!(full(&g), want, "{attack}");
+        }
+    }
+}
