@@ -315,6 +315,7 @@ proptest! {
             + str_len(&g.task_id)
             + str_len(&g.prompt_id)
             + varint_len(g.version)
+            + varint_len(g.seq)
             + str_len(&g.producer);
         let samples = prompt
             + str_len(&g.prompt_text)

@@ -203,3 +203,21 @@ proptest! {
         prop_assert_eq!(TrajectoryGroup::decode(&g.encode()).unwrap(), g);
     }
 }
+
+proptest! {
+    /// A signed group survives no mutation of its bytes: what still decodes no longer
+    /// verifies (the encoding is canonical: minimal varints, one signature slot).
+    #[test]
+    fn no_mutation_of_a_signed_group_decodes_and_verifies(idx in 0usize..4096, val in 1u8..=255) {
+        let key = SigningKey::from_bytes(&[3; 32]);
+        let public = key.verifying_key().to_bytes();
+        let mut g = testing::group(5, 2, 3, 6);
+        g.sign(&key);
+        let mut bytes = g.encode();
+        let i = idx % bytes.len();
+        bytes[i] ^= val;
+        if let Ok(d) = TrajectoryGroup::decode(&bytes) {
+            prop_assert!(d.verify_signature(&public).is_err(), "byte {} ^ {}", i, val);
+        }
+    }
+}
