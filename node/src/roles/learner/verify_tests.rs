@@ -334,3 +334,68 @@ fn every_test_only_group_attack_is_caught_where_it_should_be() {
         }
     }
 }
+
+#[test]
+fn rewards_of_every_built_in_task_are_recomputed() {
+    use tasks::jsonl_math::{JsonlMath, JsonlMathParams};
+    let jsonl: Arc<dyn Task> = Arc::new(
+        JsonlMath::from_bytes(
+            JsonlMathParams {
+                path: "mem".into(),
+                instruction: None,
+            },
+            b"{\"prompt\": \"What is 6*7?\", \"answer\": \"42\"}\n{\"prompt\": \"Half of 3?\", \"answer\": \"1.5\"}\n",
+        )
+        .unwrap(),
+    );
+    let all: [Arc<dyn Task>; 3] = [
+        task(),
+        tasks::build_task("knights-knaves", &serde_json::Value::Null).unwrap(),
+        jsonl,
+    ];
+    let tok = Tokenizer::byte();
+    for task in all {
+        for index in 0..2 {
+            let prompt = task.prompt(index).unwrap();
+            let right = task.reference_completion(&prompt).unwrap();
+            let samples: Vec<Sample> = [right.as_str(), "I do not know."]
+                .iter()
+                .map(|a| {
+                    let tokens = tok.encode(a).unwrap();
+                    Sample {
+                        trajectory_id: [0; 16],
+                        reward: task.reward(&prompt, a).value,
+                        sampler_logprobs: vec![-1.0; tokens.len()],
+                        loss_mask: vec![1; tokens.len()],
+                        response_tokens: tokens,
+                        response_text: a.to_string(),
+                        finished_unix_ms: 0,
+                    }
+                })
+                .collect();
+            assert!(samples[0].reward > samples[1].reward, "{}", task.name());
+            let mut g = TrajectoryGroup {
+                group_id: [0; 16],
+                task_id: task.name().into(),
+                prompt_id: prompt.id.clone(),
+                version: 0,
+                seq: 0,
+                producer: String::new(),
+                prompt_tokens: tok.encode_prompt(&prompt.text).unwrap(),
+                prompt_text: prompt.text,
+                created_unix_ms: 0,
+                samples,
+                signature: None,
+            };
+            assert_eq!(
+                check_rewards(task.as_ref(), &tok, &g),
+                Ok(()),
+                "{}",
+                task.name()
+            );
+            g.samples[1].reward = g.samples[0].reward;
+            let e = check_rewards(task.as_ref(), &tok, &g).unwrap_err();
+            assert_eq!(e.0, "reward_mismatch", "{}: {e:?}", task.name());
+        }
+    }
+}
