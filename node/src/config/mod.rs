@@ -301,7 +301,9 @@ pub struct RolloutConfig {
     /// Sampling temperature; must equal `learner.temperature`.
     pub temperature: f32,
     pub top_p: f32,
-    /// Seed of prompt choice and sampling; default derived from the node's key.
+    /// Seed of sampling; default derived from the node's key. (Prompts are not chosen by the
+    /// worker: each group answers the prompt assigned to its sequence number, see
+    /// `docs/security.md`, "Verified rollouts".)
     pub seed: Option<u64>,
     /// Cap on this worker's production in groups/s (0 = none): emulates a slower machine in
     /// a testnet.

@@ -33,7 +33,7 @@ use crate::config::NodeConfig;
 /// difference is a lie, not rounding.
 pub const REWARD_TOLERANCE: f32 = 1e-6;
 /// Sequence numbers remembered per worker (the newest ones); an older one is refused.
-pub const SEQ_WINDOW: usize = 4096;
+pub const SEQ_WINDOW: usize = 8192;
 /// Workers whose sequence numbers are remembered; past it the ledger forgets one.
 pub const MAX_TRACKED_WORKERS: usize = 1024;
 
@@ -102,11 +102,16 @@ fn learner_tokenizer(config: &NodeConfig) -> anyhow::Result<Tokenizer> {
     Tokenizer::from_file(&path, &[]).with_context(|| format!("loading {}", path.display()))
 }
 
+/// Reason of a group whose sequence number is below the ones the learner still remembers for
+/// its worker ([`SeqLedger`]): refused, since it could not be checked for reuse, but not
+/// struck — an honest worker holding many groups may have one pulled that late.
+pub const STALE_SEQ: &str = "stale_seq";
+
 /// The strike a rejection reason earns (`None`: not the worker's fault, e.g. a group that
-/// aged out of the window in transit).
+/// aged out of the window in transit, or of the sequence-number window).
 pub fn strike_reason(reason: &str) -> Option<StrikeReason> {
     Some(match reason {
-        "inadmissible" => return None,
+        "inadmissible" | STALE_SEQ => return None,
         "bad_signature" => StrikeReason::BadSignature,
         "wrong_prompt" => StrikeReason::WrongPrompt,
         "reward_mismatch" => StrikeReason::RewardMismatch,
@@ -229,14 +234,34 @@ impl Layer for PromptLayer {
         let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
         ledger
             .admit(worker, group.seq, group.group_id)
-            .map_err(|d| reject(self.name(), d))
+            .map_err(|e| match e {
+                SeqRefusal::Reused(seq) => {
+                    reject(self.name(), format!("seq {seq} reused for another group"))
+                }
+                SeqRefusal::BelowWindow { seq, floor } => reject(
+                    STALE_SEQ,
+                    format!(
+                        "seq {seq} is below the {SEQ_WINDOW} newest of this worker (from {floor})"
+                    ),
+                ),
+            })
     }
+}
+
+/// Why [`SeqLedger::admit`] refuses a sequence number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeqRefusal {
+    /// Used before for another group (a worker drawing its assigned prompt twice).
+    Reused(u64),
+    /// Below the numbers still remembered for the worker: it cannot be checked for reuse.
+    BelowWindow { seq: u64, floor: u64 },
 }
 
 /// Which sequence numbers each worker has used, and for which group: a `seq` may come again
 /// only with the same group (a repeated pull after a lost ack; the buffer deduplicates it).
 /// Bounded: the newest [`SEQ_WINDOW`] numbers per worker and [`MAX_TRACKED_WORKERS`] workers;
-/// a number below a worker's window is refused (it would otherwise escape the check).
+/// a number below a worker's window is refused (it would otherwise escape the check) without
+/// a strike ([`STALE_SEQ`]).
 /// In memory: a restarted learner starts empty (replays of trained groups are refused by the
 /// trainer's consumed-id record).
 #[derive(Debug, Default)]
@@ -253,7 +278,12 @@ struct WorkerSeqs {
 
 impl SeqLedger {
     /// Records `seq` → `group_id` for `worker`, or says why it is refused.
-    pub fn admit(&mut self, worker: &PeerId, seq: u64, group_id: [u8; 16]) -> Result<(), String> {
+    pub fn admit(
+        &mut self,
+        worker: &PeerId,
+        seq: u64,
+        group_id: [u8; 16],
+    ) -> Result<(), SeqRefusal> {
         if !self.workers.contains_key(worker) && self.workers.len() >= MAX_TRACKED_WORKERS {
             if let Some(k) = self.workers.keys().next().copied() {
                 self.workers.remove(&k);
@@ -261,14 +291,14 @@ impl SeqLedger {
         }
         let w = self.workers.entry(*worker).or_default();
         if seq < w.floor {
-            return Err(format!(
-                "seq {seq} is older than the {SEQ_WINDOW} newest of this worker (from {})",
-                w.floor
-            ));
+            return Err(SeqRefusal::BelowWindow {
+                seq,
+                floor: w.floor,
+            });
         }
         match w.seen.get(&seq) {
             Some(id) if *id == group_id => return Ok(()),
-            Some(_) => return Err(format!("seq {seq} reused for another group")),
+            Some(_) => return Err(SeqRefusal::Reused(seq)),
             None => {}
         }
         w.seen.insert(seq, group_id);

@@ -193,9 +193,13 @@ fn the_seq_ledger_is_bounded_and_refuses_what_it_forgot() {
     for s in 0..(SEQ_WINDOW as u64 + 10) {
         l.admit(&p, s, [1; 16]).unwrap();
     }
-    assert!(l.admit(&p, 5, [1; 16]).unwrap_err().contains("older"));
-    assert!(l.admit(&p, SEQ_WINDOW as u64 + 5, [1; 16]).is_ok());
-    assert!(l.admit(&p, SEQ_WINDOW as u64 + 5, [2; 16]).is_err());
+    assert_eq!(
+        l.admit(&p, 5, [1; 16]),
+        Err(SeqRefusal::BelowWindow { seq: 5, floor: 10 })
+    );
+    let top = SEQ_WINDOW as u64 + 5;
+    assert!(l.admit(&p, top, [1; 16]).is_ok());
+    assert_eq!(l.admit(&p, top, [2; 16]), Err(SeqRefusal::Reused(top)));
     for _ in 0..(MAX_TRACKED_WORKERS + 5) {
         l.admit(&PeerId::random(), 0, [0; 16]).unwrap();
     }
@@ -262,6 +266,11 @@ fn rejections_map_to_strikes() {
         assert_eq!(strike_reason(r), Some(StrikeReason::InvalidGroup), "{r}");
     }
     assert_eq!(strike_reason("inadmissible"), None);
+    assert_eq!(
+        strike_reason(STALE_SEQ),
+        None,
+        "an honest worker's late group"
+    );
 }
 
 #[test]
