@@ -9,7 +9,7 @@
 //!    pulled from, which is also its `producer`.
 //! 2. [`PromptLayer`] (`wrong_prompt`): its prompt (id, text and tokens) is the one assigned
 //!    to (producer, `seq`) by `tasks::assign`, and the worker has not used that `seq` for
-//!    another group.
+//!    another group ([`STALE_SEQ`], without a strike, for a `seq` older than it remembers).
 //! 3. [`RewardLayer`] (`reward_mismatch`): every sample's reward, recomputed by the task from
 //!    the decoded response tokens, equals the reported one within [`REWARD_TOLERANCE`].
 //!
