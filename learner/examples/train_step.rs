@@ -103,6 +103,7 @@ fn main() -> Result<()> {
                 task_id: "synthetic".into(),
                 prompt_id: "p".into(),
                 version: trainer.version(),
+                seq: 0,
                 producer: "bench".into(),
                 prompt_text: String::new(),
                 prompt_tokens: (0..prompt_len).map(|_| rng.gen_range(0..vocab)).collect(),
@@ -120,6 +121,7 @@ fn main() -> Result<()> {
                         finished_unix_ms: 0,
                     })
                     .collect(),
+                signature: None,
             })
             .collect();
         let t0 = Instant::now();

@@ -87,11 +87,13 @@ fn group(policy: &Policy, version: u64, seed: u64, flat: bool) -> TrajectoryGrou
         task_id: "test".into(),
         prompt_id: format!("p{seed}"),
         version,
+        seq: 0,
         producer: "test".into(),
         prompt_text: String::new(),
         prompt_tokens: prompt,
         created_unix_ms: 0,
         samples,
+        signature: None,
     }
 }
 

@@ -85,11 +85,13 @@ fn group(policy: &Policy, seed: u64) -> TrajectoryGroup {
         task_id: "test".into(),
         prompt_id: format!("p{seed}"),
         version: 0,
+        seq: 0,
         producer: format!("worker-{seed}"),
         prompt_text: String::new(),
         prompt_tokens: prompt,
         created_unix_ms: 0,
         samples,
+        signature: None,
     }
 }
 

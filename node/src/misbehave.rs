@@ -20,8 +20,10 @@ pub const ENV_VAR: &str = "ECHO_NODE_MISBEHAVE";
 pub enum Attack {
     /// Report reward 1 for every sample.
     InflatedReward,
-    /// Report log-probs other than the ones the sampled tokens had.
+    /// Report log-probs other than the ones the sampled tokens had (within the allowed range).
     ForgedLogprobs,
+    /// Report a sampled-token log-prob of −1e4 (below the learner's floor).
+    InvalidLogprob,
     /// Put token ids outside the vocabulary in responses.
     OutOfVocab,
     /// Make prompt + response longer than the model's context.
@@ -41,9 +43,10 @@ pub enum Attack {
 }
 
 impl Attack {
-    pub const ALL: [Attack; 10] = [
+    pub const ALL: [Attack; 11] = [
         Attack::InflatedReward,
         Attack::ForgedLogprobs,
+        Attack::InvalidLogprob,
         Attack::OutOfVocab,
         Attack::Overlong,
         Attack::OversizedAnswer,
@@ -58,6 +61,7 @@ impl Attack {
         match self {
             Attack::InflatedReward => "inflated_reward",
             Attack::ForgedLogprobs => "forged_logprobs",
+            Attack::InvalidLogprob => "invalid_logprob",
             Attack::OutOfVocab => "out_of_vocab",
             Attack::Overlong => "overlong",
             Attack::OversizedAnswer => "oversized_answer",

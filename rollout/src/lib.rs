@@ -2,15 +2,17 @@
 //! trajectory groups in the local [`storage::TrajectoryStore`].
 //!
 //! Owns: the installed-policy slot ([`PolicySlot`], updated by the node when a snapshot
-//! installs), the generate → reward → record → `put_group` loop ([`RolloutEngine`]), the
-//! producer's self-regulation (pause while pending groups exceed a cap) and the throughput
-//! estimate μ_i ([`RolloutStats`]) reported in heartbeats.
+//! installs), the generate → reward → record → sign → `put_group` loop ([`RolloutEngine`]),
+//! the producer's self-regulation (pause while pending groups exceed a cap), the throughput
+//! estimate μ_i ([`RolloutStats`]) reported in heartbeats, and the worker's side of verified
+//! rollouts: the durable group counter ([`seq::SeqFile`]), the assigned prompt of each group
+//! (`tasks::assign`) and the producer signature over each group.
 //!
 //! Must not touch: networking, snapshot transfer/verification, the learner's pulls (those use
 //! the store directly), or the model/task internals (see `policy` and `tasks`).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use policy::{
@@ -21,6 +23,16 @@ use serde::{Deserialize, Serialize};
 use storage::{Sample, StorageError, TrajectoryGroup, TrajectoryStore};
 use tasks::{Task, TaskError};
 use tokio::sync::watch;
+
+pub mod seq;
+mod stats;
+
+pub use stats::{RolloutStats, StatsSnapshot};
+
+/// Replaces the engine's final step before a group is stored (signing with the worker's key):
+/// the hook gets the finished, unsigned group and the engine's signing key, and must leave
+/// the group as it should be stored. Only the node's test-only attacks use it.
+pub type SealHook = Box<dyn FnMut(&mut TrajectoryGroup, &storage::NodeKey) + Send>;
 
 /// Errors of the rollout engine.
 #[derive(Debug, thiserror::Error)]
@@ -165,6 +177,11 @@ pub struct RolloutConfig {
     /// reports the capped rate.
     #[serde(default)]
     pub max_groups_per_s: f64,
+    /// The run's prompt-assignment seed (`tasks::assign::assignment_seed`): group `seq`
+    /// answers the prompt `tasks::assign::assigned_index(task, seed, producer, seq)`, which the
+    /// learner recomputes. `None`: prompts drawn from `seed` (local use and tests).
+    #[serde(default)]
+    pub assignment_seed: Option<[u8; 32]>,
 }
 
 impl Default for RolloutConfig {
@@ -180,75 +197,7 @@ impl Default for RolloutConfig {
             idle_poll: Duration::from_millis(50),
             id_nonce: None,
             max_groups_per_s: 0.0,
-        }
-    }
-}
-
-/// Shared, lock-light statistics of an engine (read by heartbeats and metrics).
-#[derive(Debug, Default)]
-pub struct RolloutStats {
-    groups: AtomicU64,
-    samples: AtomicU64,
-    tokens: AtomicU64,
-    version: AtomicU64,
-    errors: AtomicU64,
-    paused: AtomicBool,
-    /// (EMA of seconds per group, EMA of mean reward)
-    ema: Mutex<Option<(f64, f64)>>,
-}
-
-/// A point-in-time copy of [`RolloutStats`].
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct StatsSnapshot {
-    /// μ_i: groups per second while producing — 1 / EMA of the wall time of a producing step
-    /// (generation + reward + durable `put_group`); 0 before the first group. Paused time
-    /// does not lower it: it measures capacity.
-    pub mu: f64,
-    /// Groups written so far.
-    pub groups: u64,
-    /// Samples written so far.
-    pub samples: u64,
-    /// Response tokens generated so far.
-    pub tokens: u64,
-    /// Version of the last group written.
-    pub version: u64,
-    /// True while paused by the pending-groups cap.
-    pub paused: bool,
-    /// Groups that failed and were skipped (bad prompt, generation error).
-    pub errors: u64,
-    /// Moving average of group mean rewards.
-    pub reward_ema: f64,
-}
-
-impl RolloutStats {
-    /// Current values.
-    pub fn snapshot(&self) -> StatsSnapshot {
-        let ema = self.ema.lock().map(|g| *g).unwrap_or(None);
-        StatsSnapshot {
-            mu: ema.map_or(0.0, |(s, _)| if s > 0.0 { 1.0 / s } else { 0.0 }),
-            groups: self.groups.load(Ordering::Relaxed),
-            samples: self.samples.load(Ordering::Relaxed),
-            tokens: self.tokens.load(Ordering::Relaxed),
-            version: self.version.load(Ordering::Relaxed),
-            paused: self.paused.load(Ordering::Relaxed),
-            errors: self.errors.load(Ordering::Relaxed),
-            reward_ema: ema.map_or(0.0, |(_, r)| r),
-        }
-    }
-
-    fn record(&self, group: &TrajectoryGroup, secs: f64, alpha: f64) {
-        self.groups.fetch_add(1, Ordering::Relaxed);
-        self.samples
-            .fetch_add(group.samples.len() as u64, Ordering::Relaxed);
-        let toks: usize = group.samples.iter().map(|s| s.response_tokens.len()).sum();
-        self.tokens.fetch_add(toks as u64, Ordering::Relaxed);
-        self.version.store(group.version, Ordering::Relaxed);
-        let r = f64::from(group.mean_reward());
-        if let Ok(mut g) = self.ema.lock() {
-            *g = Some(match *g {
-                None => (secs, r),
-                Some((s, m)) => (s + alpha * (secs - s), m + alpha * (r - m)),
-            });
+            assignment_seed: None,
         }
     }
 }
@@ -289,6 +238,12 @@ pub struct RolloutEngine {
     standby: Arc<AtomicBool>,
     /// The inference-path weights of the installed version (built once per snapshot).
     infer: Option<(u64, Arc<InferModel>)>,
+    /// The producer's key: every group is signed with it (unsigned when `None`).
+    signer: Option<storage::NodeKey>,
+    /// Replaces signing (test-only attacks).
+    seal: Option<SealHook>,
+    /// Durable group counter; `seq` counts from 0 in memory when `None`.
+    seq_file: Option<seq::SeqFile>,
 }
 
 impl std::fmt::Debug for RolloutEngine {
@@ -349,7 +304,52 @@ impl RolloutEngine {
             seq: 0,
             standby: Arc::new(AtomicBool::new(false)),
             infer: None,
+            signer: None,
+            seal: None,
+            seq_file: None,
         })
+    }
+
+    /// Signs every group with `key` (the node key its peer id derives from; the producer id in
+    /// the config must be that peer id for the learner to accept the signature).
+    pub fn with_signer(mut self, key: storage::NodeKey) -> Self {
+        self.signer = Some(key);
+        self
+    }
+
+    /// Replaces the signing step with `hook` (test-only attacks; see [`SealHook`]). Without a
+    /// signer the hook gets a fresh random key.
+    pub fn with_seal_hook(mut self, hook: SealHook) -> Self {
+        self.seal = Some(hook);
+        self
+    }
+
+    /// Takes group sequence numbers from the durable counter at `path` (see [`seq`]), so a
+    /// restarted worker never reuses one.
+    pub fn with_seq_file(mut self, path: &std::path::Path) -> Result<Self, RolloutError> {
+        self.seq_file = Some(seq::SeqFile::open(path)?);
+        Ok(self)
+    }
+
+    fn next_seq(&mut self) -> Result<u64, RolloutError> {
+        match &mut self.seq_file {
+            Some(f) => f.take(),
+            None => {
+                let s = self.seq;
+                self.seq += 1;
+                Ok(s)
+            }
+        }
+    }
+
+    /// Signs `group` (or hands it to the seal hook).
+    fn seal(&mut self, group: &mut TrajectoryGroup) {
+        match (&mut self.seal, &self.signer) {
+            (Some(hook), Some(key)) => hook(group, key),
+            (Some(hook), None) => hook(group, &storage::NodeKey::generate()),
+            (None, Some(key)) => group.sign(key.signing_key()),
+            (None, None) => {}
+        }
     }
 
     /// The standby gate: while it is set the engine generates nothing (it keeps its μ
@@ -396,20 +396,28 @@ impl RolloutEngine {
         Ok(model)
     }
 
-    /// Generates the next group under the currently installed version, without storing it.
-    /// `None` when no snapshot is installed.
+    /// Generates the next group under the currently installed version, signed (see
+    /// [`Self::with_signer`]) but not stored. `None` when no snapshot is installed.
     pub fn produce_group(&mut self) -> Result<Option<TrajectoryGroup>, RolloutError> {
         let Some(installed) = self.slot.current() else {
             return Ok(None);
         };
-        let seq = self.seq;
-        self.seq += 1;
+        let seq = self.next_seq()?;
         let mut seed = blake3::Hasher::new();
         seed.update(b"echo-swarm/rollout/group");
         seed.update(&self.cfg.seed.to_le_bytes());
         seed.update(&seq.to_le_bytes());
         let mut rng = rand::rngs::StdRng::from_seed(*seed.finalize().as_bytes());
-        let index = self.task.sample_index(&mut rng);
+        // Drawn in every case, so the sampling stream that follows is the same either way.
+        let mut index = self.task.sample_index(&mut rng);
+        if let Some(assigned) = &self.cfg.assignment_seed {
+            index = tasks::assign::assigned_index(
+                self.task.as_ref(),
+                assigned,
+                &self.cfg.producer,
+                seq,
+            );
+        }
         let prompt = self.task.prompt(index)?;
         let prompt_tokens = self.tokenizer.encode_prompt(&prompt.text)?;
         let mut params = self.cfg.sampling.clone();
@@ -450,17 +458,21 @@ impl RolloutEngine {
                 finished_unix_ms: finished,
             });
         }
-        Ok(Some(TrajectoryGroup {
+        let mut group = TrajectoryGroup {
             group_id: self.id(seq, u64::MAX),
             task_id: self.task.name().to_string(),
             prompt_id: prompt.id,
             version: installed.version,
+            seq,
             producer: self.cfg.producer.clone(),
             prompt_text: prompt.text,
             prompt_tokens,
             created_unix_ms: created,
             samples,
-        }))
+            signature: None,
+        };
+        self.seal(&mut group);
+        Ok(Some(group))
     }
 
     /// One iteration: nothing on standby; pause if the store is over its cap, otherwise generate a group under

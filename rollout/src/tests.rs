@@ -240,3 +240,53 @@ fn a_rate_cap_bounds_the_reported_mu() {
     let mu = e.stats().snapshot().mu;
     assert!(mu > 0.0 && mu <= 25.0, "μ {mu}");
 }
+
+#[test]
+fn groups_are_signed_assigned_and_numbered_durably() {
+    let dir = tempfile::tempdir().unwrap();
+    let seq_path = dir.path().join("rollout.seq");
+    let key = storage::NodeKey::from_seed([3; 32]);
+    let seed = tasks::assign::assignment_seed("swarm", &[5; 32]);
+    let task = tasks::build_task("arith", &serde_json::Value::Null).unwrap();
+    let make = |store_dir: &std::path::Path| {
+        let store = Arc::new(TrajectoryStore::open(store_dir).unwrap());
+        let cfg = RolloutConfig {
+            group_size: 2,
+            sampling: SamplingParams::new(4, Vec::new()),
+            producer: "12D3KooWtest".into(),
+            assignment_seed: Some(seed),
+            ..RolloutConfig::default()
+        };
+        let slot = PolicySlot::new(ModelConfig::tiny(), Device::Cpu);
+        slot.install(1, policy(1)).unwrap();
+        RolloutEngine::new(cfg, task.clone(), Tokenizer::byte(), store, slot)
+            .unwrap()
+            .with_signer(key.clone())
+            .with_seq_file(&seq_path)
+            .unwrap()
+    };
+    let mut e = make(&dir.path().join("a"));
+    let groups: Vec<TrajectoryGroup> = (0..3)
+        .map(|_| e.produce_group().unwrap().unwrap())
+        .collect();
+    let public = key.verifying_key().to_bytes();
+    for (i, g) in groups.iter().enumerate() {
+        assert_eq!(g.seq, i as u64);
+        g.verify_signature(&public).unwrap();
+        let want = tasks::assign::assigned_index(task.as_ref(), &seed, "12D3KooWtest", g.seq);
+        assert_eq!(g.prompt_id, task.prompt(want).unwrap().id, "group {i}");
+    }
+    drop(e);
+    // A restarted engine continues past every number it used.
+    let mut e = make(&dir.path().join("b"));
+    let g = e.produce_group().unwrap().unwrap();
+    assert!(g.seq > groups[2].seq, "seq {} reused", g.seq);
+    // The seal hook replaces signing: a hook that signs with another key.
+    let mut e = make(&dir.path().join("c")).with_seal_hook(Box::new(|g, _key| {
+        g.samples[0].reward = 1.0;
+        g.sign(storage::NodeKey::from_seed([4; 32]).signing_key());
+    }));
+    let g = e.produce_group().unwrap().unwrap();
+    assert_eq!(g.samples[0].reward, 1.0);
+    assert!(g.verify_signature(&public).is_err());
+}

@@ -121,11 +121,13 @@ fn group() -> impl Strategy<Value = TrajectoryGroup> {
                 task_id,
                 prompt_id,
                 version,
+                seq: version ^ 1,
                 producer,
                 prompt_text,
                 prompt_tokens,
                 created_unix_ms,
                 samples,
+                signature: None,
             },
         )
 }
@@ -313,6 +315,7 @@ proptest! {
             + str_len(&g.task_id)
             + str_len(&g.prompt_id)
             + varint_len(g.version)
+            + varint_len(g.seq)
             + str_len(&g.producer);
         let samples = prompt
             + str_len(&g.prompt_text)

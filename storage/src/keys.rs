@@ -7,8 +7,8 @@
 //! ```
 //! The libp2p `PeerId` derives from the same key (the `p2p` crate converts the seed), so the
 //! identity that signs the learner's manifests, chain plans and activation orders is the
-//! identity peers see. (Trajectory groups are not signed: a worker's groups are attributed by
-//! the peer the learner pulled them from.)
+//! identity peers see; a rollout worker signs its trajectory groups with it too, so the learner
+//! checks a group against the peer id it was pulled from.
 
 use std::fs;
 use std::io::Write;

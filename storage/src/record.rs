@@ -1,17 +1,32 @@
 //! Trajectory records (`docs/storage.md`): τ = (x, y, r, v, Ω), stored and transferred as a *group* of n
 //! samples for one prompt under one snapshot version.
 //!
-//! Encoding v1 (see `docs/storage.md`): magic `b"ETG"`, format byte `1`, then the group fields in
-//! declaration order, then the samples. Token ids are varints (most are small), log-probs are
-//! `f32` LE, the loss mask is one byte per response token.
+//! Encoding v2 (see `docs/storage.md`): magic `b"ETG"`, format byte `2`, then the group fields
+//! in declaration order (the producer's sequence number `seq` after the version), then the
+//! samples, then the producer's signature (a presence byte, then 64 bytes). Token ids are
+//! varints (most are small), log-probs are `f32` LE, the loss mask is one byte per response
+//! token.
+//!
+//! **Producer signature.** Everything before the signature is the group's *content*; its
+//! BLAKE3 hash ([`TrajectoryGroup::content_hash`]) is signed by the producing node's ed25519
+//! key (the key its libp2p peer id derives from), prefixed with [`GROUP_SIGNING_CONTEXT`] so
+//! the signature cannot be replayed as any other signed object of the swarm. A receiver
+//! checks it with [`TrajectoryGroup::verify_signature`] against the public key embedded in
+//! the producer's peer id. Format 1 (unsigned, no sequence number) is refused with an error
+//! that names the upgrade.
+
+use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 
 use crate::codec::{Reader, Writer};
 use crate::error::{Result, StorageError};
 
 /// Magic prefix of an encoded [`TrajectoryGroup`].
 pub const GROUP_MAGIC: &[u8; 3] = b"ETG";
-/// Current encoding version of [`TrajectoryGroup`].
-pub const GROUP_FORMAT: u8 = 1;
+/// Current encoding version of [`TrajectoryGroup`] (2: producer sequence number and
+/// signature; 1 is no longer read).
+pub const GROUP_FORMAT: u8 = 2;
+/// Prefix of the message a producer signs: `GROUP_SIGNING_CONTEXT ‖ content_hash`.
+pub const GROUP_SIGNING_CONTEXT: &[u8] = b"echo-swarm/trajectory-group/v2";
 
 /// Decoding limits. They bound what one peer can make another allocate.
 pub mod limits {
@@ -52,12 +67,31 @@ pub struct TrajectoryGroup {
     pub prompt_id: String,
     /// The snapshot version that generated every sample of the group.
     pub version: u64,
+    /// The producer's group counter: the learner derives the prompt assigned to
+    /// (producer, seq) and refuses a group whose prompt differs or whose `seq` was used
+    /// before.
+    pub seq: u64,
     /// Peer id (base58) of the producing node.
     pub producer: String,
     pub prompt_text: String,
     pub prompt_tokens: Vec<u32>,
     pub created_unix_ms: u64,
     pub samples: Vec<Sample>,
+    /// The producer's ed25519 signature over [`GROUP_SIGNING_CONTEXT`] ‖
+    /// [`TrajectoryGroup::content_hash`]; `None` for an unsigned group (refused by a learner
+    /// that checks signatures).
+    pub signature: Option<[u8; 64]>,
+}
+
+/// Why a group's producer signature does not verify.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SignatureError {
+    #[error("the group is not signed")]
+    Missing,
+    #[error("the producer key is not a valid ed25519 public key")]
+    BadKey,
+    #[error("the signature does not verify under the producer's key (content altered or signed by another key)")]
+    Invalid,
 }
 
 impl TrajectoryGroup {
@@ -119,15 +153,53 @@ impl TrajectoryGroup {
         Ok(())
     }
 
+    /// The canonical encoding: the content ([`Self::content_hash`] covers it) followed by
+    /// the signature.
     pub fn encode(&self) -> Vec<u8> {
+        let mut w = self.content_writer(65);
+        match &self.signature {
+            None => w.u8(0),
+            Some(sig) => {
+                w.u8(1);
+                w.raw(sig);
+            }
+        }
+        w.into_bytes()
+    }
+
+    /// BLAKE3 of the canonical encoding without the signature: what the producer signs.
+    pub fn content_hash(&self) -> [u8; 32] {
+        *blake3::hash(&self.content_writer(0).into_bytes()).as_bytes()
+    }
+
+    /// Signs the group's content with the producer's key (replacing any signature).
+    pub fn sign(&mut self, key: &SigningKey) {
+        let msg = signing_message(&self.content_hash());
+        self.signature = Some(key.sign(&msg).to_bytes());
+    }
+
+    /// Checks the signature against the producer's ed25519 public key (32 bytes; the key its
+    /// peer id embeds). Cost: one encoding pass, one hash, one ed25519 verification.
+    pub fn verify_signature(&self, public: &[u8; 32]) -> std::result::Result<(), SignatureError> {
+        let sig = self.signature.as_ref().ok_or(SignatureError::Missing)?;
+        let key = VerifyingKey::from_bytes(public).map_err(|_| SignatureError::BadKey)?;
+        key.verify_strict(
+            &signing_message(&self.content_hash()),
+            &Signature::from_bytes(sig),
+        )
+        .map_err(|_| SignatureError::Invalid)
+    }
+
+    fn content_writer(&self, extra: usize) -> Writer {
         let tokens: usize = self.samples.iter().map(|s| s.response_tokens.len()).sum();
-        let mut w = Writer::with_capacity(128 + tokens * 8 + self.prompt_text.len());
+        let mut w = Writer::with_capacity(128 + extra + tokens * 8 + self.prompt_text.len());
         w.raw(GROUP_MAGIC);
         w.u8(GROUP_FORMAT);
         w.raw(&self.group_id);
         w.str(&self.task_id);
         w.str(&self.prompt_id);
         w.varint(self.version);
+        w.varint(self.seq);
         w.str(&self.producer);
         w.str(&self.prompt_text);
         put_tokens(&mut w, &self.prompt_tokens);
@@ -146,7 +218,7 @@ impl TrajectoryGroup {
             w.bytes(&s.loss_mask);
             w.varint(s.finished_unix_ms);
         }
-        w.into_bytes()
+        w
     }
 
     /// Decodes and validates; any malformed input is a typed error.
@@ -162,6 +234,13 @@ impl TrajectoryGroup {
             return Err(r.err("bad magic"));
         }
         let format = r.u8()?;
+        if format == 1 {
+            return Err(r.err(
+                "format 1 (unsigned, written by an older echo-node) is no longer accepted: \
+                 format 2 carries the producer's signature and sequence number; upgrade the \
+                 worker (its stored groups of format 1 cannot be pulled)",
+            ));
+        }
         if format != GROUP_FORMAT {
             return Err(r.err(format!(
                 "unsupported format {format} (this build reads {GROUP_FORMAT})"
@@ -171,6 +250,7 @@ impl TrajectoryGroup {
         let task_id = r.string(limits::MAX_ID, "task_id")?;
         let prompt_id = r.string(limits::MAX_ID, "prompt_id")?;
         let version = r.varint()?;
+        let seq = r.varint()?;
         let producer = r.string(limits::MAX_ID, "producer")?;
         let prompt_text = r.string(limits::MAX_TEXT, "prompt_text")?;
         let prompt_tokens = get_tokens(&mut r, "prompt_tokens")?;
@@ -199,17 +279,24 @@ impl TrajectoryGroup {
                 finished_unix_ms,
             });
         }
+        let signature = match r.u8()? {
+            0 => None,
+            1 => Some(r.array::<64>()?),
+            b => return Err(r.err(format!("signature presence byte {b} (expected 0 or 1)"))),
+        };
         r.finish()?;
         let group = TrajectoryGroup {
             group_id,
             task_id,
             prompt_id,
             version,
+            seq,
             producer,
             prompt_text,
             prompt_tokens,
             created_unix_ms,
             samples,
+            signature,
         };
         group.validate()?;
         Ok(group)
@@ -377,6 +464,14 @@ pub fn check_group(
     Ok(())
 }
 
+/// The bytes a producer signs for a group with content hash `hash`.
+fn signing_message(hash: &[u8; 32]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(GROUP_SIGNING_CONTEXT.len() + 32);
+    m.extend_from_slice(GROUP_SIGNING_CONTEXT);
+    m.extend_from_slice(hash);
+    m
+}
+
 fn put_tokens(w: &mut Writer, tokens: &[u32]) {
     w.varint(tokens.len() as u64);
     for t in tokens {
@@ -410,6 +505,7 @@ pub mod testing {
             task_id: "arith".into(),
             prompt_id: format!("p{seed}"),
             version,
+            seq: seed,
             producer: "12D3KooWtest".into(),
             prompt_text: format!("{seed}+1="),
             prompt_tokens: (0..8).map(|t| t as u32 + 40).collect(),
@@ -427,147 +523,11 @@ pub mod testing {
                     finished_unix_ms: 1_700_000_000_100 + seed,
                 })
                 .collect(),
+            signature: None,
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    #[test]
-    fn round_trip() {
-        let g = testing::group(7, 3, 4, 32);
-        assert_eq!(TrajectoryGroup::decode(&g.encode()).unwrap(), g);
-    }
-
-    #[test]
-    fn inconsistent_groups_are_invalid() {
-        let mut g = testing::group(1, 1, 2, 4);
-        g.samples[1].sampler_logprobs.pop();
-        assert!(g.validate().is_err());
-        assert!(
-            TrajectoryGroup::decode(&g.encode()).is_err(),
-            "decode validates"
-        );
-        let mut g = testing::group(1, 1, 2, 4);
-        g.samples[0].reward = f32::NAN;
-        assert!(g.validate().is_err());
-        let mut g = testing::group(1, 1, 2, 4);
-        g.samples.clear();
-        assert!(g.validate().is_err());
-    }
-
-    #[test]
-    fn every_truncation_is_an_error() {
-        let bytes = testing::group(3, 9, 2, 5).encode();
-        for cut in 0..bytes.len() {
-            assert!(
-                TrajectoryGroup::decode(&bytes[..cut]).is_err(),
-                "cut at {cut}"
-            );
-        }
-        let mut longer = bytes.clone();
-        longer.push(0);
-        assert!(TrajectoryGroup::decode(&longer).is_err(), "trailing byte");
-    }
-
-    fn limits() -> GroupLimits {
-        GroupLimits {
-            vocab_size: 300,
-            max_context: 64,
-            logprob_floor: DEFAULT_LOGPROB_FLOOR,
-            group_size: 4,
-        }
-    }
-
-    fn reason(g: &TrajectoryGroup) -> Option<&'static str> {
-        check_group(g, &limits(), "12D3KooWtest")
-            .err()
-            .map(|e| e.reason())
-    }
-
-    #[test]
-    fn a_valid_group_passes_every_check() {
-        assert_eq!(reason(&testing::group(1, 1, 4, 8)), None);
-        let lax = check_group(
-            &testing::group(1, 1, 3, 8),
-            &GroupLimits::PERMISSIVE,
-            "12D3KooWtest",
-        );
-        assert_eq!(lax, Ok(()), "permissive limits accept any group size");
-    }
-
-    #[test]
-    fn each_limit_has_its_own_rejection() {
-        let base = || testing::group(1, 1, 4, 8);
-        let mut g = base();
-        g.samples[2].sampler_logprobs[3] = -1e4;
-        assert_eq!(reason(&g), Some("logprob_out_of_range"));
-        let mut g = base();
-        g.samples[0].sampler_logprobs[0] = DEFAULT_LOGPROB_FLOOR;
-        assert_eq!(reason(&g), None, "the floor itself is allowed");
-        let mut g = base();
-        g.samples[1].sampler_logprobs[0] = f32::NAN;
-        assert_eq!(
-            reason(&g),
-            Some("malformed"),
-            "non-finite is a schema error"
-        );
-        let mut g = base();
-        g.samples[1].response_tokens[0] = 300;
-        assert_eq!(reason(&g), Some("token_out_of_vocab"));
-        let mut g = base();
-        g.prompt_tokens[0] = u32::MAX;
-        assert_eq!(reason(&g), Some("token_out_of_vocab"));
-        let mut g = testing::group(1, 1, 4, 57); // 8 prompt + 57 response = 65 > 64
-        assert_eq!(reason(&g), Some("too_long"));
-        g.samples.iter_mut().for_each(|s| {
-            s.response_tokens.pop();
-            s.sampler_logprobs.pop();
-            s.loss_mask.pop();
-        });
-        assert_eq!(reason(&g), None, "exactly the context is allowed");
-        assert_eq!(reason(&testing::group(1, 1, 5, 8)), Some("group_size"));
-        let mut g = base();
-        g.samples[0].loss_mask.pop();
-        assert_eq!(reason(&g), Some("malformed"));
-        let mut g = base();
-        g.samples[0].reward = f32::INFINITY;
-        assert_eq!(reason(&g), Some("malformed"));
-        let g = base();
-        let e = check_group(&g, &limits(), "12D3KooWother").unwrap_err();
-        assert_eq!(e.reason(), "forged_producer");
-        assert!(e.to_string().contains("12D3KooWother"), "{e}");
-    }
-
-    proptest! {
-        #[test]
-        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
-            let _ = TrajectoryGroup::decode(&bytes);
-            let mut prefixed = b"ETG\x01".to_vec();
-            prefixed.extend_from_slice(&bytes);
-            let _ = TrajectoryGroup::decode(&prefixed);
-        }
-
-        #[test]
-        fn single_byte_corruption_never_panics(idx in 0usize..4096, val: u8) {
-            let mut bytes = testing::group(5, 2, 3, 6).encode();
-            let i = idx % bytes.len();
-            bytes[i] = val;
-            let _ = TrajectoryGroup::decode(&bytes);
-        }
-
-        #[test]
-        fn arbitrary_valid_groups_round_trip(
-            version: u64,
-            seed: u64,
-            n in 1usize..6,
-            tokens in 0usize..40,
-        ) {
-            let g = testing::group(version, seed, n, tokens);
-            prop_assert_eq!(TrajectoryGroup::decode(&g.encode()).unwrap(), g);
-        }
-    }
-}
+#[path = "record_tests.rs"]
+mod tests;

@@ -1,13 +1,15 @@
 //! Data-plane tasks: prompt sources with stable ids, verifiable reward functions, metadata.
 //!
 //! Owns: the [`Task`] trait, the built-in tasks ([`arith`], [`jsonl_math`],
-//! [`knights_knaves`]) and the registry ([`build_task`]). Must not touch: models, tokenizers,
+//! [`knights_knaves`]), the registry ([`build_task`]) and the prompt assignment of rollout
+//! workers ([`assign`]). Must not touch: models, tokenizers,
 //! storage or networking — a task sees prompt text and completion text only.
 //!
 //! Adding a task is one self-contained file implementing [`Task`] plus one line in
 //! [`REGISTRY`]; see `docs/tasks.md`.
 
 pub mod arith;
+pub mod assign;
 pub mod jsonl_math;
 pub mod knights_knaves;
 pub mod util;

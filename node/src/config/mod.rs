@@ -8,6 +8,7 @@
 //! with `toml` from these structs, so a key renamed here is renamed for them.
 
 mod validate;
+mod verification;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -15,6 +16,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use learner::Objective;
+pub use verification::VerificationConfig;
 
 /// What a node does in the swarm (`learner` or `rollout`; `relay` is reserved and refused
 /// by validation until the relay role exists). The same type travels in heartbeats.
@@ -58,6 +60,9 @@ pub struct NodeConfig {
     /// The provisioning scheduler (read by the learner).
     #[serde(default)]
     pub scheduler: SchedulerConfig,
+    /// What the learner verifies of pulled groups (read by the learner).
+    #[serde(default)]
+    pub verification: VerificationConfig,
 }
 
 /// How the scheduler ranks workers for activation.
@@ -296,7 +301,9 @@ pub struct RolloutConfig {
     /// Sampling temperature; must equal `learner.temperature`.
     pub temperature: f32,
     pub top_p: f32,
-    /// Seed of prompt choice and sampling; default derived from the node's key.
+    /// Seed of sampling; default derived from the node's key. (Prompts are not chosen by the
+    /// worker: each group answers the prompt assigned to its sequence number, see
+    /// `docs/security.md`, "Verified rollouts".)
     pub seed: Option<u64>,
     /// Cap on this worker's production in groups/s (0 = none): emulates a slower machine in
     /// a testnet.
@@ -381,6 +388,7 @@ impl NodeConfig {
             rollout: RolloutConfig::default(),
             broadcast: BroadcastConfig::default(),
             scheduler: SchedulerConfig::default(),
+            verification: VerificationConfig::default(),
         }
     }
 

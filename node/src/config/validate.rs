@@ -150,6 +150,9 @@ impl NodeConfig {
                 format!("{} is outside 100..=600000", sc.announce_interval_ms),
             );
         }
+        for (k, p) in self.verification.validate() {
+            bad(&format!("verification.{k}"), p);
+        }
         let r = &self.rollout;
         if !(1..=storage::record::limits::MAX_SAMPLES).contains(&r.group_size) {
             bad(

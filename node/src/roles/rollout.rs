@@ -11,6 +11,13 @@
 //!   by while the learner's signed activation order says so (it keeps installing snapshots).
 //! - **Serve.** `pull::serve` answers only the swarm's learner. A pull names the oldest
 //!   admissible version; groups older than that are pruned (counted as discarded-stale) first.
+//! - **Verifiable groups.** Every group is signed with the node key, numbered by the durable
+//!   counter `<data_dir>/rollout.seq`, and answers the prompt assigned to (this peer, its
+//!   number) by the seed of the swarm id and the learner's key (`tasks::assign`): what the
+//!   learner checks (`docs/security.md`, "Verified rollouts").
+//! - **Test-only attacks.** With `ECHO_NODE_MISBEHAVE` naming group attacks ([`GROUP_ATTACKS`])
+//!   the finished group is corrupted just before it is stored ([`tamper`]), so what the
+//!   learner pulls is really bad; with several, group `seq` gets attack `seq mod k`.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -23,7 +30,72 @@ use tokio::sync::mpsc;
 
 use super::{build_model, build_task, Probe, RoleView};
 use crate::api::{RoleSection, RolloutStatus};
+use crate::misbehave::Attack;
 use crate::state::NodeState;
+use storage::TrajectoryGroup;
+
+/// The attacks carried out on the groups a worker produces.
+pub const GROUP_ATTACKS: [Attack; 6] = [
+    Attack::InflatedReward,
+    Attack::ForgedLogprobs,
+    Attack::InvalidLogprob,
+    Attack::OutOfVocab,
+    Attack::Overlong,
+    Attack::BadSignature,
+];
+
+/// Corrupts a finished group with `attack` (test only); `vocab` and `context` are the model's.
+/// Log-prob, token and length changes keep the group schema-valid (it must be stored and
+/// served): only the learner's own checks can refuse it.
+pub fn tamper(attack: Attack, g: &mut TrajectoryGroup, vocab: usize, context: usize) {
+    // Some attacks need a token to work on.
+    if g.samples[0].response_tokens.is_empty() {
+        let s = &mut g.samples[0];
+        s.response_tokens.push(32);
+        s.sampler_logprobs.push(-1.0);
+        s.loss_mask.push(1);
+    }
+    match attack {
+        Attack::InflatedReward => g.samples.iter_mut().for_each(|s| s.reward = 1.0),
+        Attack::ForgedLogprobs => g.samples.iter_mut().for_each(|s| {
+            s.sampler_logprobs
+                .iter_mut()
+                .for_each(|lp| *lp = (*lp + 0.5).min(0.0))
+        }),
+        Attack::InvalidLogprob => g.samples[0].sampler_logprobs[0] = -1e4,
+        Attack::OutOfVocab => {
+            let s = &mut g.samples[0];
+            let last = s.response_tokens.len() - 1;
+            s.response_tokens[last] = u32::try_from(vocab).unwrap_or(u32::MAX);
+        }
+        Attack::Overlong => {
+            let s = &mut g.samples[0];
+            let want = (context + 1).saturating_sub(g.prompt_tokens.len());
+            while s.response_tokens.len() < want {
+                s.response_tokens.push(32);
+                s.sampler_logprobs.push(-1.0);
+                s.loss_mask.push(1);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The seal hook of a misbehaving worker: tamper with group `seq` by attack `seq mod k`, then
+/// sign it (with a fresh key for `bad_signature`, with the node key otherwise: the lie is the
+/// worker's own).
+fn attack_hook(attacks: Vec<Attack>, vocab: usize, context: usize) -> rollout::SealHook {
+    Box::new(move |g, key| {
+        let attack = attacks[(g.seq % attacks.len() as u64) as usize];
+        tamper(attack, g, vocab, context);
+        if attack == Attack::BadSignature {
+            g.sign(storage::NodeKey::generate().signing_key());
+        } else {
+            g.sign(key.signing_key());
+        }
+        tracing::warn!(%attack, seq = g.seq, "TEST-ONLY: stored a corrupted group");
+    })
+}
 
 /// The running rollout role.
 pub struct RolloutRole {
@@ -79,6 +151,10 @@ pub async fn start(
     let need = policy::memory::worker_bytes(policy.config(), gen_dtype, r.group_size, context);
     super::check_memory("the rollout worker", need, &state.device)?;
     let slot = PolicySlot::new(policy.config().clone(), policy.device().clone());
+    let (vocab, max_context) = (
+        policy.config().vocab_size,
+        policy.config().max_position_embeddings,
+    );
     drop(policy);
     // Resume with the newest complete snapshot already on disk.
     let chunks = state.chunks.clone();
@@ -107,6 +183,12 @@ pub async fn start(
         let h = blake3::hash(state.peer_id.as_bytes());
         u64::from_le_bytes(h.as_bytes()[..8].try_into().unwrap_or_default())
     });
+    let learner_key = storage::keys::parse_public_key(
+        config
+            .learner_public_key
+            .as_deref()
+            .context("a rollout worker needs learner_public_key")?,
+    )?;
     let engine = RolloutEngine::new(
         RolloutConfig {
             group_size: r.group_size,
@@ -116,6 +198,10 @@ pub async fn start(
             producer: state.peer_id.clone(),
             idle_poll: Duration::from_millis(20),
             max_groups_per_s: r.max_groups_per_s,
+            assignment_seed: Some(tasks::assign::assignment_seed(
+                &config.swarm_id,
+                &learner_key.to_bytes(),
+            )),
             ..RolloutConfig::default()
         },
         task,
@@ -123,7 +209,19 @@ pub async fn start(
         state.trajectories.clone(),
         slot.clone(),
     )
-    .context("creating the rollout engine")?;
+    .context("creating the rollout engine")?
+    .with_signer(state.key.clone())
+    .with_seq_file(&config.data_dir.join("rollout.seq"))
+    .context("opening the group counter")?;
+    let attacks: Vec<Attack> = GROUP_ATTACKS
+        .into_iter()
+        .filter(|a| state.misbehave.has(*a))
+        .collect();
+    let engine = if attacks.is_empty() {
+        engine
+    } else {
+        engine.with_seal_hook(attack_hook(attacks, vocab, max_context))
+    };
     let stats = engine.stats();
     let standby = engine.standby_flag();
     let engine = engine.spawn().context("starting the rollout engine")?;

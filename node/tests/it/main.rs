@@ -5,6 +5,7 @@ mod cli;
 mod learning;
 mod scheduler;
 mod swarm;
+mod verified;
 
 /// Sends SIGTERM to a child process (a node stops cleanly on it).
 pub(crate) fn sigterm(child: &std::process::Child) {

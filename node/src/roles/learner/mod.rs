@@ -10,7 +10,8 @@
 //!   was published is skipped);
 //! - the **puller** task ([`puller`]) keeps the buffer topped up: it leases groups from the
 //!   rollout workers with the pull protocol, in proportion to what their heartbeats say they
-//!   hold.
+//!   hold, verifies every group before it is stored ([`verify`]: producer signature, assigned
+//!   prompt, recomputed rewards) and strikes the workers whose groups fail.
 //!
 //! [`status`] turns their figures into the `learner` section of `/status`.
 //!
@@ -33,6 +34,7 @@ mod puller;
 pub mod spot;
 mod status;
 mod train;
+pub mod verify;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -146,6 +148,10 @@ pub async fn start(
             )))
         }),
     });
+    let verifier =
+        verify::Verifier::for_learner(&state.config, &state.key.verifying_key().to_bytes())
+            .context("building the learner's verification layers")?;
+    tracing::info!(layers = ?verifier.layer_names(), "verification of pulled groups");
     let (snap_tx, snap_rx) = watch::channel::<Snapshot>(None);
     let config_hash = trainer.policy().config().hash();
     let mut tasks = Vec::new();
@@ -167,7 +173,7 @@ pub async fn start(
             client,
             state.trajectories.clone(),
             shared.clone(),
-            puller::PullSettings::of(&state.config),
+            puller::PullSettings::of(&state.config, Arc::new(verifier)),
         )),
     ]);
     let (done_tx, finished) = tokio::sync::oneshot::channel();

@@ -9,8 +9,10 @@
 //! next round of pulls from the others.
 //!
 //! Every pull carries the learner's [`GroupLimits`] (its model's vocabulary and context, the
-//! log-prob floor, the group size): `pull::pull` stores only groups that pass them and that
-//! name the worker as their producer, and reports the others per reason.
+//! log-prob floor, the group size) and its verification layers ([`super::verify`]):
+//! `pull::pull_verified` stores only groups that pass both and that name the worker as their
+//! producer, and reports the others per reason. Every refused group is a strike against the
+//! worker ([`super::verify::strike_reason`]), and so is a lease larger than asked for.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,15 +40,18 @@ pub(super) struct PullSettings {
     lease_ttl: Duration,
     /// What a pulled group must satisfy to be stored.
     limits: GroupLimits,
+    /// The verification layers run on every group that passes `limits`.
+    verifier: Arc<dyn pull::GroupVerifier>,
 }
 
 impl PullSettings {
-    pub fn of(config: &NodeConfig) -> Self {
+    pub fn of(config: &NodeConfig, verifier: Arc<dyn pull::GroupVerifier>) -> Self {
         PullSettings {
             target: config.learner.buffer_target(),
             interval: Duration::from_millis(config.learner.pull_interval_ms),
             lease_ttl: Duration::from_secs(config.storage.lease_ttl_s),
             limits: group_limits(config),
+            verifier,
         }
     }
 }
@@ -133,7 +138,7 @@ pub(super) async fn run(
         if let Some((peer, max_groups, r)) = done {
             busy.remove(&peer);
             asked -= max_groups;
-            record_outcome(&shared, peer, r);
+            record_outcome(&shared, &client, peer, r).await;
             continue;
         }
         let Ok(net) = client.status().await else {
@@ -182,6 +187,7 @@ pub(super) async fn run(
             }
             let mut control = client.stream_control();
             let buffer = buffer.clone();
+            let verifier = settings.verifier.clone();
             let req = pull::PullRequest {
                 v_min,
                 max_groups,
@@ -193,9 +199,8 @@ pub(super) async fn run(
             in_flight.push(async move {
                 // A worker that stops answering (stopped, overloaded) is given up on after
                 // PULL_TIMEOUT; its share is asked of others meanwhile.
-                let r =
-                    tokio::time::timeout(PULL_TIMEOUT, pull::pull(&mut control, peer, buffer, req))
-                        .await;
+                let pulled = pull::pull_verified(&mut control, peer, buffer, req, verifier);
+                let r = tokio::time::timeout(PULL_TIMEOUT, pulled).await;
                 (
                     peer,
                     max_groups,
@@ -206,11 +211,17 @@ pub(super) async fn run(
     }
 }
 
-fn record_outcome(
+async fn record_outcome(
     shared: &Shared,
+    client: &p2p::Client,
     peer: p2p::PeerId,
     r: Result<pull::PullOutcome, pull::PullError>,
 ) {
+    let strike = |reason: p2p::StrikeReason| async move {
+        if let Err(e) = client.strike(peer, reason).await {
+            tracing::debug!(%peer, %reason, error = %e, "strike not recorded");
+        }
+    };
     match r {
         Ok(out) => {
             shared
@@ -218,14 +229,22 @@ fn record_outcome(
                 .groups_pulled
                 .fetch_add(out.stored as u64, Ordering::Relaxed);
             if out.invalid > 0 {
-                // The hook for the peer penalty (strikes, bans): `out.rejected` per reason.
                 metrics::counter!("learner_groups_rejected_total").increment(out.invalid as u64);
                 tracing::warn!(%peer, invalid = out.invalid, reasons = ?out.rejected, "worker sent groups the learner refuses");
+            }
+            // One strike per refused group, for the reason it was refused.
+            for (reason, count) in &out.rejected {
+                if let Some(s) = super::verify::strike_reason(reason) {
+                    for _ in 0..*count {
+                        strike(s).await;
+                    }
+                }
             }
         }
         Err(e @ pull::PullError::OversizedLease { .. }) => {
             shared.pulls.pull_errors.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(%peer, error = %e, "worker announced more groups than asked for");
+            strike(p2p::StrikeReason::OversizedAnswer).await;
         }
         Err(e) => {
             shared.pulls.pull_errors.fetch_add(1, Ordering::Relaxed);

@@ -1,0 +1,122 @@
+//! `[verification]`: what the learner checks of every pulled group beyond its schema and limits
+//! (`docs/security.md`, "Verified rollouts"). Every layer is on by default; an operator of a
+//! closed swarm of trusted machines may switch the costlier ones off.
+
+use serde::{Deserialize, Serialize};
+
+/// `[verification]` (read by the learner).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct VerificationConfig {
+    /// Refuse a group whose producer signature does not verify under the key of the peer it
+    /// was pulled from.
+    pub signatures: bool,
+    /// Refuse a group whose prompt is not the one assigned to its (worker, sequence number),
+    /// or whose sequence number the worker used before.
+    pub assigned_prompts: bool,
+    /// Recompute every sample's reward from the prompt and the decoded response; refuse the
+    /// group when one differs by more than 1e-6.
+    pub recompute_rewards: bool,
+    /// Fraction of groups whose sampled-token log-probs are recomputed under the claimed
+    /// version (0 = none, 1 = every group).
+    pub spot_check_fraction: f64,
+    /// A newly seen worker's first groups are all spot-checked.
+    pub spot_check_first_groups: u64,
+}
+
+impl Default for VerificationConfig {
+    fn default() -> Self {
+        VerificationConfig {
+            signatures: true,
+            assigned_prompts: true,
+            recompute_rewards: true,
+            spot_check_fraction: 0.05,
+            spot_check_first_groups: 4,
+        }
+    }
+}
+
+impl VerificationConfig {
+    /// Problems as (key, what is wrong), keys relative to the section.
+    pub fn validate(&self) -> Vec<(String, String)> {
+        let mut problems = Vec::new();
+        if !(self.spot_check_fraction.is_finite()
+            && (0.0..=1.0).contains(&self.spot_check_fraction))
+        {
+            problems.push((
+                "spot_check_fraction".into(),
+                format!(
+                    "{} is outside [0, 1] (the fraction of groups whose log-probs are recomputed)",
+                    self.spot_check_fraction
+                ),
+            ));
+        }
+        if self.spot_check_first_groups > 1_000_000 {
+            problems.push((
+                "spot_check_first_groups".into(),
+                format!("{} is above 1000000", self.spot_check_first_groups),
+            ));
+        }
+        problems
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::NodeConfig;
+    use super::*;
+    use std::path::Path;
+
+    const HEAD: &str = "role = \"learner\"\nswarm_id = \"x\"\ndata_dir = \"d\"\n";
+
+    fn problems(text: &str) -> Vec<(String, String)> {
+        match NodeConfig::parse(text) {
+            Err(p) => vec![p],
+            Ok(c) => c
+                .validate(Path::new("t.toml"))
+                .err()
+                .map(|e| e.problems)
+                .unwrap_or_default(),
+        }
+    }
+
+    #[test]
+    fn verification_is_on_by_default_and_parses() {
+        let c = NodeConfig::parse(HEAD).unwrap();
+        assert_eq!(c.verification, VerificationConfig::default());
+        assert!(c.verification.signatures && c.verification.assigned_prompts);
+        assert!(c.verification.recompute_rewards);
+        assert_eq!(c.verification.spot_check_fraction, 0.05);
+        assert_eq!(c.verification.spot_check_first_groups, 4);
+        let c = NodeConfig::parse(&format!(
+            "{HEAD}[verification]\nsignatures = false\nspot_check_fraction = 1.0\n"
+        ))
+        .unwrap();
+        assert!(!c.verification.signatures && c.verification.recompute_rewards);
+        assert!(problems(&format!("{HEAD}[verification]\nspot_check_fraction = 0\n")).is_empty());
+    }
+
+    #[test]
+    fn bad_verification_values_are_named() {
+        let p = problems(&format!("{HEAD}[verification]\nsignature = true\n"));
+        assert_eq!(p[0].0, "verification.signature");
+        assert!(p[0].1.contains("unknown field `signature`"), "{p:?}");
+        let p = problems(&format!(
+            "{HEAD}[verification]\nspot_check_fraction = 1.5\n"
+        ));
+        assert_eq!(p[0].0, "verification.spot_check_fraction");
+        assert!(p[0].1.contains("[0, 1]"), "{p:?}");
+        let p = problems(&format!(
+            "{HEAD}[verification]\nspot_check_fraction = nan\n"
+        ));
+        assert_eq!(p[0].0, "verification.spot_check_fraction");
+        let p = problems(&format!(
+            "{HEAD}[verification]\nspot_check_first_groups = -1\n"
+        ));
+        assert_eq!(p[0].0, "verification.spot_check_first_groups");
+        let p = problems(&format!(
+            "{HEAD}[verification]\nrecompute_rewards = \"yes\"\n"
+        ));
+        assert_eq!(p[0].0, "verification.recompute_rewards");
+    }
+}

@@ -1,0 +1,410 @@
+//! Tests of the learner's verification layers on real groups of the `arith` task.
+
+use super::*;
+use pull::GroupVerifier;
+use storage::{NodeKey, Sample};
+
+const SWARM: &str = "verify-test";
+
+struct Worker {
+    key: NodeKey,
+    peer: PeerId,
+}
+
+fn worker(seed: u8) -> Worker {
+    let key = NodeKey::from_seed([seed; 32]);
+    let peer = p2p::peer_id_from_seed(key.seed());
+    Worker { key, peer }
+}
+
+fn task() -> Arc<dyn Task> {
+    tasks::build_task("arith", &serde_json::Value::Null).unwrap()
+}
+
+fn seed() -> [u8; 32] {
+    tasks::assign::assignment_seed(SWARM, &[9; 32])
+}
+
+/// An honest, signed group: the assigned prompt of `seq`, one correct and one wrong answer.
+fn honest(w: &Worker, seq: u64) -> TrajectoryGroup {
+    let (task, tok) = (task(), Tokenizer::byte());
+    let index = tasks::assign::assigned_index(task.as_ref(), &seed(), &w.peer.to_base58(), seq);
+    let prompt = task.prompt(index).unwrap();
+    let answers = [
+        task.reference_completion(&prompt).unwrap(),
+        "nope".to_string(),
+    ];
+    let samples = answers
+        .iter()
+        .enumerate()
+        .map(|(k, a)| {
+            let mut tokens = tok.encode(a).unwrap();
+            tokens.push(policy::ByteTokenizer::EOS);
+            let text = tok.decode(&tokens).unwrap();
+            Sample {
+                trajectory_id: [k as u8 + 1; 16],
+                reward: task.reward(&prompt, &text).value,
+                sampler_logprobs: vec![-0.5; tokens.len()],
+                loss_mask: vec![1; tokens.len()],
+                response_tokens: tokens,
+                response_text: text,
+                finished_unix_ms: 0,
+            }
+        })
+        .collect();
+    let mut g = TrajectoryGroup {
+        group_id: [seq as u8; 16],
+        task_id: task.name().into(),
+        prompt_id: prompt.id,
+        version: 1,
+        seq,
+        producer: w.peer.to_base58(),
+        prompt_tokens: tok.encode_prompt(&prompt.text).unwrap(),
+        prompt_text: prompt.text,
+        created_unix_ms: 0,
+        samples,
+        signature: None,
+    };
+    g.sign(w.key.signing_key());
+    g
+}
+
+fn verifier() -> Verifier {
+    let tok = Arc::new(Tokenizer::byte());
+    Verifier::default()
+        .with_layer(SignatureLayer)
+        .with_layer(PromptLayer::new(task(), tok.clone(), seed()))
+        .with_layer(RewardLayer {
+            task: task(),
+            tokenizer: tok,
+        })
+}
+
+fn reason(v: &Verifier, w: &Worker, g: &TrajectoryGroup) -> Option<&'static str> {
+    v.verify(&w.peer, g).err().map(|e| e.reason())
+}
+
+/// Applies `edit` and re-signs with the worker's own key (a worker lying consistently).
+fn edited(w: &Worker, seq: u64, edit: impl FnOnce(&mut TrajectoryGroup)) -> TrajectoryGroup {
+    let mut g = honest(w, seq);
+    edit(&mut g);
+    g.sign(w.key.signing_key());
+    g
+}
+
+#[test]
+fn honest_groups_pass_every_layer() {
+    let (v, w) = (verifier(), worker(1));
+    assert_eq!(
+        v.layer_names(),
+        ["bad_signature", "wrong_prompt", "reward_mismatch"]
+    );
+    for seq in 0..20 {
+        let g = honest(&w, seq);
+        assert!(
+            g.samples[0].reward > g.samples[1].reward,
+            "one right answer"
+        );
+        assert_eq!(reason(&v, &w, &g), None, "seq {seq}");
+    }
+    // A repeated pull of the same group (lost ack) is not a reuse.
+    assert_eq!(reason(&v, &w, &honest(&w, 3)), None);
+}
+
+#[test]
+fn signatures_must_be_the_pulled_peers() {
+    let (v, w, other) = (verifier(), worker(1), worker(2));
+    let mut g = honest(&w, 0);
+    g.signature = None;
+    assert_eq!(reason(&v, &w, &g), Some("bad_signature"));
+    let mut g = honest(&w, 0);
+    g.sign(other.key.signing_key());
+    assert_eq!(
+        reason(&v, &w, &g),
+        Some("bad_signature"),
+        "signed by another key"
+    );
+    let mut g = honest(&w, 0);
+    g.samples[1].reward = 1.0; // altered after signing
+    assert_eq!(reason(&v, &w, &g), Some("bad_signature"));
+    // A valid group of `other`, relayed by `w`: the producer is not the pulled peer.
+    let g = honest(&other, 0);
+    assert_eq!(reason(&v, &w, &g), Some("bad_signature"));
+    assert_eq!(reason(&v, &other, &g), None);
+}
+
+#[test]
+fn peer_ids_give_back_their_ed25519_key() {
+    let w = worker(5);
+    assert_eq!(
+        peer_public_key(&w.peer),
+        Some(w.key.verifying_key().to_bytes())
+    );
+    // A hashed (non-identity) peer id embeds no key.
+    assert_eq!(peer_public_key(&PeerId::random()), None);
+}
+
+#[test]
+fn prompts_must_be_the_assigned_ones() {
+    let (v, w) = (verifier(), worker(1));
+    // The prompt of seq 1 presented as seq 0 (cherry-picking within the stream).
+    let p1 = honest(&w, 1);
+    let g = edited(&w, 0, |g| {
+        g.prompt_id = p1.prompt_id.clone();
+        g.prompt_text = p1.prompt_text.clone();
+        g.prompt_tokens = p1.prompt_tokens.clone();
+    });
+    assert_ne!(honest(&w, 0).prompt_id, p1.prompt_id);
+    assert_eq!(reason(&v, &w, &g), Some("wrong_prompt"));
+    let g = edited(&w, 0, |g| g.prompt_text.push(' '));
+    assert_eq!(reason(&v, &w, &g), Some("wrong_prompt"), "text");
+    let g = edited(&w, 0, |g| g.prompt_tokens.insert(1, 32));
+    assert_eq!(reason(&v, &w, &g), Some("wrong_prompt"), "tokens");
+    let g = edited(&w, 0, |g| g.task_id = "knights-knaves".into());
+    assert_eq!(reason(&v, &w, &g), Some("wrong_prompt"), "task");
+    // Another worker's stream differs: its seq 0 is not ours.
+    let theirs = honest(&worker(2), 0);
+    let g = edited(&w, 0, |g| {
+        g.prompt_id = theirs.prompt_id.clone();
+        g.prompt_text = theirs.prompt_text.clone();
+        g.prompt_tokens = theirs.prompt_tokens.clone();
+    });
+    if theirs.prompt_id != honest(&w, 0).prompt_id {
+        assert_eq!(reason(&v, &w, &g), Some("wrong_prompt"));
+    }
+}
+
+#[test]
+fn a_sequence_number_is_used_once() {
+    let (v, w) = (verifier(), worker(1));
+    assert_eq!(reason(&v, &w, &honest(&w, 7)), None);
+    // The same seq (so the same, assigned prompt) with another group: a second draw.
+    let again = edited(&w, 7, |g| g.group_id = [0xAA; 16]);
+    assert_eq!(reason(&v, &w, &again), Some("wrong_prompt"));
+    // Other workers have their own numbers.
+    let other = worker(2);
+    assert_eq!(reason(&v, &other, &honest(&other, 7)), None);
+}
+
+#[test]
+fn the_seq_ledger_is_bounded_and_refuses_what_it_forgot() {
+    let mut l = SeqLedger::default();
+    let p = worker(1).peer;
+    for s in 0..(SEQ_WINDOW as u64 + 10) {
+        l.admit(&p, s, [1; 16]).unwrap();
+    }
+    assert_eq!(
+        l.admit(&p, 5, [1; 16]),
+        Err(SeqRefusal::BelowWindow { seq: 5, floor: 10 })
+    );
+    let top = SEQ_WINDOW as u64 + 5;
+    assert!(l.admit(&p, top, [1; 16]).is_ok());
+    assert_eq!(l.admit(&p, top, [2; 16]), Err(SeqRefusal::Reused(top)));
+    for _ in 0..(MAX_TRACKED_WORKERS + 5) {
+        l.admit(&PeerId::random(), 0, [0; 16]).unwrap();
+    }
+    assert!(l.workers.len() <= MAX_TRACKED_WORKERS);
+}
+
+#[test]
+fn rewards_are_recomputed() {
+    let (v, w) = (verifier(), worker(1));
+    let g = edited(&w, 0, |g| g.samples[1].reward = 1.0);
+    let e = v.verify(&w.peer, &g).unwrap_err();
+    assert_eq!(e.reason(), "reward_mismatch");
+    assert!(e.to_string().contains("recomputed"), "{e}");
+    let g = edited(&w, 0, |g| g.samples[0].reward -= 1e-3);
+    assert_eq!(
+        reason(&v, &w, &g),
+        Some("reward_mismatch"),
+        "small lies too"
+    );
+    let g = edited(&w, 0, |g| g.samples[0].reward += 1e-7);
+    assert_eq!(reason(&v, &w, &g), None, "within the tolerance");
+    // Text that scores but is not what the tokens say.
+    let right = honest(&w, 0).samples[0].response_text.clone();
+    let g = edited(&w, 0, |g| {
+        g.samples[1].response_text = right;
+        g.samples[1].reward = g.samples[0].reward;
+    });
+    assert_eq!(reason(&v, &w, &g), Some("reward_mismatch"));
+    // An unknown prompt id cannot be scored (with the prompt layer off).
+    let rewards_only = Verifier::default().with_layer(RewardLayer {
+        task: task(),
+        tokenizer: Arc::new(Tokenizer::byte()),
+    });
+    let g = edited(&w, 0, |g| g.prompt_id = "no-such".into());
+    assert_eq!(reason(&rewards_only, &w, &g), Some("wrong_prompt"));
+}
+
+#[test]
+fn rejections_map_to_strikes() {
+    assert_eq!(
+        strike_reason("bad_signature"),
+        Some(StrikeReason::BadSignature)
+    );
+    assert_eq!(
+        strike_reason("wrong_prompt"),
+        Some(StrikeReason::WrongPrompt)
+    );
+    assert_eq!(
+        strike_reason("reward_mismatch"),
+        Some(StrikeReason::RewardMismatch)
+    );
+    assert_eq!(
+        strike_reason("logprob_mismatch"),
+        Some(StrikeReason::LogprobMismatch)
+    );
+    for r in [
+        "malformed",
+        "token_out_of_vocab",
+        "too_long",
+        "logprob_out_of_range",
+        "group_size",
+        "forged_producer",
+    ] {
+        assert_eq!(strike_reason(r), Some(StrikeReason::InvalidGroup), "{r}");
+    }
+    assert_eq!(strike_reason("inadmissible"), None);
+    assert_eq!(
+        strike_reason(STALE_SEQ),
+        None,
+        "an honest worker's late group"
+    );
+}
+
+#[test]
+fn the_config_selects_the_layers() {
+    let mut c = NodeConfig::new(crate::config::Role::Learner, SWARM, "d".into());
+    let names = |c: &NodeConfig| Verifier::for_learner(c, &[9; 32]).unwrap().layer_names();
+    assert_eq!(
+        names(&c),
+        ["bad_signature", "wrong_prompt", "reward_mismatch"]
+    );
+    c.verification.signatures = false;
+    c.verification.recompute_rewards = false;
+    assert_eq!(names(&c), ["wrong_prompt"]);
+    c.verification.assigned_prompts = false;
+    assert!(names(&c).is_empty());
+    // The learner's prompt layer agrees with a worker configured with its key.
+    let c = NodeConfig::new(crate::config::Role::Learner, SWARM, "d".into());
+    let v = Verifier::for_learner(&c, &[9; 32]).unwrap();
+    let w = worker(3);
+    assert_eq!(reason(&v, &w, &honest(&w, 11)), None);
+}
+
+#[test]
+fn every_test_only_group_attack_is_caught_where_it_should_be() {
+    use crate::misbehave::Attack;
+    use storage::record::{check_group, GroupLimits, DEFAULT_LOGPROB_FLOOR};
+    let model = policy::ModelConfig::tiny();
+    let limits = GroupLimits {
+        vocab_size: model.vocab_size,
+        max_context: model.max_position_embeddings,
+        logprob_floor: DEFAULT_LOGPROB_FLOOR,
+        group_size: 2,
+    };
+    let (v, w) = (verifier(), worker(1));
+    let full = |g: &TrajectoryGroup| {
+        check_group(g, &limits, &w.peer.to_base58())
+            .and_then(|()| v.verify(&w.peer, g))
+            .err()
+            .map(|e| e.reason())
+    };
+    let cases = [
+        (Attack::InflatedReward, Some("reward_mismatch")),
+        // In range: only the log-prob spot check can tell (not one of these layers).
+        (Attack::ForgedLogprobs, None),
+        (Attack::InvalidLogprob, Some("logprob_out_of_range")),
+        (Attack::OutOfVocab, Some("token_out_of_vocab")),
+        (Attack::Overlong, Some("too_long")),
+        (Attack::BadSignature, None),
+    ];
+    for (seq, (attack, want)) in cases.into_iter().enumerate() {
+        let mut g = honest(&w, seq as u64);
+        assert_eq!(full(&g), None, "{attack}: the honest group passes");
+        let before = g.clone();
+        crate::roles::rollout::tamper(
+            attack,
+            &mut g,
+            model.vocab_size,
+            model.max_position_embeddings,
+        );
+        g.sign(w.key.signing_key());
+        if attack == Attack::BadSignature {
+            assert_eq!(g, before, "tamper leaves signing to the hook");
+            g.sign(NodeKey::from_seed([77; 32]).signing_key());
+            assert_eq!(full(&g), Some("bad_signature"));
+        } else {
+            assert_ne!(g, before, "{attack} changed nothing");
+            g.validate()
+                .unwrap_or_else(|e| panic!("{attack}: stored groups must be valid: {e}"));
+            assert_eq!(full(&g), want, "{attack}");
+        }
+    }
+}
+
+#[test]
+fn rewards_of_every_built_in_task_are_recomputed() {
+    use tasks::jsonl_math::{JsonlMath, JsonlMathParams};
+    let jsonl: Arc<dyn Task> = Arc::new(
+        JsonlMath::from_bytes(
+            JsonlMathParams {
+                path: "mem".into(),
+                instruction: None,
+            },
+            b"{\"prompt\": \"What is 6*7?\", \"answer\": \"42\"}\n{\"prompt\": \"Half of 3?\", \"answer\": \"1.5\"}\n",
+        )
+        .unwrap(),
+    );
+    let all: [Arc<dyn Task>; 3] = [
+        task(),
+        tasks::build_task("knights-knaves", &serde_json::Value::Null).unwrap(),
+        jsonl,
+    ];
+    let tok = Tokenizer::byte();
+    for task in all {
+        for index in 0..2 {
+            let prompt = task.prompt(index).unwrap();
+            let right = task.reference_completion(&prompt).unwrap();
+            let samples: Vec<Sample> = [right.as_str(), "I do not know."]
+                .iter()
+                .map(|a| {
+                    let tokens = tok.encode(a).unwrap();
+                    Sample {
+                        trajectory_id: [0; 16],
+                        reward: task.reward(&prompt, a).value,
+                        sampler_logprobs: vec![-1.0; tokens.len()],
+                        loss_mask: vec![1; tokens.len()],
+                        response_tokens: tokens,
+                        response_text: a.to_string(),
+                        finished_unix_ms: 0,
+                    }
+                })
+                .collect();
+            assert!(samples[0].reward > samples[1].reward, "{}", task.name());
+            let mut g = TrajectoryGroup {
+                group_id: [0; 16],
+                task_id: task.name().into(),
+                prompt_id: prompt.id.clone(),
+                version: 0,
+                seq: 0,
+                producer: String::new(),
+                prompt_tokens: tok.encode_prompt(&prompt.text).unwrap(),
+                prompt_text: prompt.text,
+                created_unix_ms: 0,
+                samples,
+                signature: None,
+            };
+            assert_eq!(
+                check_rewards(task.as_ref(), &tok, &g),
+                Ok(()),
+                "{}",
+                task.name()
+            );
+            g.samples[1].reward = g.samples[0].reward;
+            let e = check_rewards(task.as_ref(), &tok, &g).unwrap_err();
+            assert_eq!(e.0, "reward_mismatch", "{}: {e:?}", task.name());
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! Verified rollouts across real processes: a learner, one honest worker and one worker that
+//! carries out test-only attacks (`ECHO_NODE_MISBEHAVE`) on the groups it produces. The
+//! learner must keep training on the honest worker's groups, refuse the bad worker's with the
+//! right reason (`pull_groups_rejected_total{reason}` on its `/metrics`) and strike it (its
+//! `failures` and `rejected_messages` in the learner's `/status` peers grow), never the honest
+//! one — whose signed groups with assigned prompts and true rewards pass end to end. Every wait polls against a deadline; children are killed and reaped on drop.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::swarm::{http_get, keygen, wait_for, Node, BIN};
+
+/// Small, fast training: no warm start, groups of 4 samples, 2 groups a step.
+const LEARNER: &str = "[learner]\nwarm_start_steps = 0\ngroup_size = 4\ngroups_per_step = 2\n";
+const WORKER: &str = "[storage]\nmax_pending_groups = 8\n[rollout]\ngroup_size = 4\n";
+const LIMIT: Duration = Duration::from_secs(240);
+
+/// A rollout worker bootstrapping from `learner` that carries out `attacks`.
+fn bad_worker(root: &Path, swarm: &str, learner: &Node, attacks: &str) -> Node {
+    let name = "bad";
+    let data = root.join(name);
+    std::fs::create_dir_all(&data).unwrap();
+    let key = keygen(&data);
+    let config = data.join("node.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "role = \"rollout\"\nswarm_id = \"{swarm}\"\ndata_dir = \"{}\"\n\
+             learner_public_key = \"{}\"\n\n[network]\nmdns = false\nautonat = false\n\
+             heartbeat_interval_ms = 300\nbootstrap = [\"{}\"]\n\n{WORKER}",
+            data.display(),
+            learner.key.public_key,
+            learner.addr()
+        ),
+    )
+    .unwrap();
+    let log = data.join("node.log");
+    let child = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&config)
+        .args(["--listen", "/ip4/127.0.0.1/tcp/0", "--admin", "127.0.0.1:0"])
+        .env("RUST_LOG", "info")
+        .env(echo_node::misbehave::ENV_VAR, attacks)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    Node {
+        name: name.into(),
+        child: Some(child),
+        config,
+        log,
+        listen: None,
+        admin: String::new(),
+        key,
+        listen_arg: "/ip4/127.0.0.1/tcp/0".into(),
+    }
+}
+
+/// The learner's `pull_groups_rejected_total{reason="…"}`.
+fn rejected(learner: &Node, reason: &str) -> u64 {
+    let body = http_get(&learner.admin, "/metrics").body;
+    let series = format!("pull_groups_rejected_total{{reason=\"{reason}\"}}");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// A peer's entry in the learner's status.
+fn peer(status: &Value, peer_id: &str) -> Option<Value> {
+    status["peers"]
+        .as_array()?
+        .iter()
+        .find(|p| p["peer_id"] == peer_id)
+        .cloned()
+}
+
+/// Waits until the learner refused at least one group of `bad` for each of `reasons`, struck
+/// it that often, and trained `steps` steps; then checks the honest worker was never struck.
+fn expect_refused_and_struck(swarm: &str, attacks: &str, reasons: &[&str], steps: u64) {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut learner, mut honest) =
+        Node::learner_and_workers(tmp.path(), swarm, LEARNER, 1, WORKER);
+    let mut bad = bad_worker(tmp.path(), swarm, &learner, attacks);
+    let bad_id = bad.key.peer_id.clone();
+    bad.wait_ready();
+    for r in reasons {
+        wait_for(&format!("a group refused as {r}"), LIMIT, || {
+            learner.status()?;
+            (rejected(&learner, r) > 0).then_some(())
+        });
+    }
+    let total: u64 = reasons.iter().map(|r| rejected(&learner, r)).sum();
+    let struck = wait_for("the bad worker's strikes", LIMIT, || {
+        let p = peer(&learner.status()?, &bad_id)?;
+        let (f, r) = (p["failures"].as_u64()?, p["rejected_messages"].as_u64()?);
+        (f >= total && r >= total).then_some(p)
+    });
+    // Training goes on with the honest worker's groups.
+    let status = wait_for(&format!("{steps} learner steps"), LIMIT, || {
+        let s = learner.status()?;
+        (s["learner"]["version"].as_u64()? >= steps).then_some(s)
+    });
+    let h = peer(&status, &honest[0].key.peer_id).expect("the honest worker is a peer");
+    assert_eq!(
+        h["rejected_messages"], 0,
+        "the honest worker was struck: {h}"
+    );
+    for r in [
+        "bad_signature",
+        "wrong_prompt",
+        "reward_mismatch",
+        "token_out_of_vocab",
+    ] {
+        if !reasons.contains(&r) {
+            assert_eq!(rejected(&learner, r), 0, "unexpected {r} rejections");
+        }
+    }
+    assert!(status["learner"]["groups_pulled"].as_u64().unwrap() > 0);
+    eprintln!("bad worker after strikes: {struck}");
+    honest[0].kill();
+    bad.kill();
+    learner.kill();
+}
+
+#[test]
+fn a_worker_inflating_rewards_is_refused_and_struck_while_training_goes_on() {
+    expect_refused_and_struck("it-inflated", "inflated_reward", &["reward_mismatch"], 3);
+}
+
+#[test]
+fn out_of_vocab_invalid_logprobs_and_forged_signatures_are_refused_and_struck() {
+    expect_refused_and_struck(
+        "it-invalid",
+        "out_of_vocab,invalid_logprob,bad_signature",
+        &[
+            "token_out_of_vocab",
+            "logprob_out_of_range",
+            "bad_signature",
+        ],
+        2,
+    );
+}
