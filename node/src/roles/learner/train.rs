@@ -71,6 +71,9 @@ pub(super) struct Totals {
     pub reward_first: Option<f64>,
     /// Rewards of the last [`RECENT_REWARDS`] steps.
     pub recent_rewards: VecDeque<f64>,
+    /// Producers with their own `learner_groups_trained_total` series (at most
+    /// [`MAX_PRODUCER_SERIES`]; the rest count under `producer="other"`).
+    pub producer_series: std::collections::HashSet<String>,
 }
 
 impl Totals {
@@ -155,6 +158,9 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
             .filter(|id| !st.quarantined.iter().any(|q| q.group_id == **id))
             .map(hex::encode)
             .collect();
+        if st.stepped {
+            count_trained_producers(&mut totals, &hand, &admitted, &st);
+        }
         totals.add(&st, idle);
         if !st.stepped {
             continue;
@@ -181,6 +187,35 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
     let dir = c.trainer.save(&c.ckpt_dir).context("final checkpoint")?;
     tracing::info!(version = c.trainer.version(), dir = %dir.display(), "checkpoint written");
     Ok(())
+}
+
+/// Distinct producers given their own metric series: a producer id is a peer's claim, so the
+/// label set is bounded.
+const MAX_PRODUCER_SERIES: usize = 256;
+
+/// Counts the groups this step trained per producer (`learner_groups_trained_total
+/// {producer}`): what the adversarial scenario reads to see whether a banned peer's groups
+/// were still trained. Admitted and not quarantined is trained (a zero-advantage group counts
+/// too: it was admitted and its ids consumed).
+fn count_trained_producers(
+    t: &mut Totals,
+    hand: &[TrajectoryGroup],
+    admitted: &[[u8; 16]],
+    st: &StepStats,
+) {
+    for g in hand.iter().filter(|g| {
+        admitted.contains(&g.group_id) && !st.quarantined.iter().any(|q| q.group_id == g.group_id)
+    }) {
+        let label = if t.producer_series.contains(&g.producer)
+            || t.producer_series.len() < MAX_PRODUCER_SERIES
+        {
+            t.producer_series.insert(g.producer.clone());
+            g.producer.clone()
+        } else {
+            "other".to_string()
+        };
+        metrics::counter!("learner_groups_trained_total", "producer" => label).increment(1);
+    }
 }
 
 /// Why a failed step must end the training thread, if it must: a local fault (I/O, memory),
