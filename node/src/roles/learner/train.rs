@@ -1,6 +1,11 @@
 //! The training thread: Algorithm 1's loop — gather B admissible groups from the buffer (the
-//! wait is the learner's idle time), ack them, train one step, publish every κ steps,
-//! checkpoint every N steps and at shutdown, log one JSON line per step.
+//! wait is the learner's idle time), journal and ack them, train one step, publish every κ
+//! steps, checkpoint every N steps and at shutdown, log one JSON line per step.
+//!
+//! Crash safety: a batch is written to the [`journal`] before it is acked, and the journal is
+//! cleared once a checkpoint holding its effect is durable; a restarted learner puts what
+//! the journal still holds back into its buffer, so a `kill -9` between checkpoints loses no
+//! acknowledged group (it is trained again from the checkpoint's state).
 //!
 //! Bad data never ends this thread: groups the trainer could not train (see
 //! `learner::Trainer::train_step`) are *quarantined* — kept under `<data_dir>/quarantine/`
@@ -22,8 +27,11 @@ use storage::{TrajectoryGroup, TrajectoryStore};
 use tokio::sync::watch;
 
 use super::{push_recent, Shared, Snapshot};
+
+mod journal;
 use crate::config::LearnerConfig;
 use crate::roles::RoleView;
+use journal::Journal;
 
 /// A buffer lease the training thread does not ack within this time returns to the buffer.
 const BUFFER_LEASE_TTL: Duration = Duration::from_secs(120);
@@ -104,6 +112,18 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
     let mut totals = Totals::default();
     let mut last: Option<(StepStats, f64)> = None;
     let mut failed_steps = 0u32;
+    // Groups acked after the last checkpoint of a run that crashed go back into the buffer.
+    let mut journal = Journal::open(&journal_dir(&c.ckpt_dir)).context("opening the journal")?;
+    let restored = journal
+        .restore(&c.buffer)
+        .context("restoring journaled groups")?;
+    if restored > 0 {
+        tracing::warn!(
+            restored,
+            version = c.trainer.version(),
+            "groups trained after the last checkpoint before a crash are back in the buffer"
+        );
+    }
     publish(&c.trainer, c.snapshot_dtype, &c.snap_tx)?;
     while !c.shared.stop.load(Ordering::Relaxed) {
         if c.cfg.max_steps > 0 && c.trainer.version() >= c.cfg.max_steps {
@@ -113,9 +133,16 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
         }
         // Gather B admissible groups; the wait is the learner's idle time (the bubble).
         let t_wait = Instant::now();
-        let Some(hand) = gather(&c, &totals, last.as_ref())? else {
+        let Some((hand, leases)) = gather(&c, &totals, last.as_ref())? else {
             break;
         };
+        // Journal, then ack: the groups leave the buffer durably before they are trained (a
+        // crash never trains them twice), and stay in the journal until a checkpoint holds
+        // their effect (a crash never loses them).
+        journal.record(&hand).context("journaling a batch")?;
+        for id in leases {
+            c.buffer.ack(id).context("acking a buffer lease")?;
+        }
         let idle = t_wait.elapsed().as_secs_f64();
         c.shared.pull_wake.notify_one();
         let admitted: Vec<[u8; 16]> = hand
@@ -173,6 +200,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
         }
         if st.version % c.cfg.checkpoint_every == 0 {
             c.trainer.save(&c.ckpt_dir).context("checkpoint")?;
+            journal.covered().context("clearing the journal")?;
         }
         let line = json!({
             "step": st.version, "t": t_start.elapsed().as_secs_f64(), "idle_s": idle,
@@ -185,6 +213,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
         super::status::update(&c, &totals, last.as_ref(), false);
     }
     let dir = c.trainer.save(&c.ckpt_dir).context("final checkpoint")?;
+    journal.covered().context("clearing the journal")?;
     tracing::info!(version = c.trainer.version(), dir = %dir.display(), "checkpoint written");
     Ok(())
 }
@@ -270,6 +299,11 @@ fn on_quarantined(producers: &[&str]) {
     }
 }
 
+/// `<data_dir>/journal` ([`journal`]): next to the checkpoint folder.
+fn journal_dir(ckpt_dir: &Path) -> PathBuf {
+    ckpt_dir.parent().unwrap_or(ckpt_dir).join("journal")
+}
+
 /// `<data_dir>/quarantine`: the checkpoint folder is `<data_dir>/checkpoints`.
 fn quarantine_dir(ckpt_dir: &Path) -> PathBuf {
     ckpt_dir.parent().unwrap_or(ckpt_dir).join("quarantine")
@@ -300,14 +334,13 @@ pub(super) fn quarantine(dir: &Path, g: &TrajectoryGroup, reason: &str) -> std::
     std::fs::write(dir.join(format!("{id}.json")), format!("{meta:#}\n"))
 }
 
-/// Leases B admissible groups from the buffer, freshest first, and acks them; `None` when
-/// asked to stop first. Ack first: the groups leave the buffer durably before they are
-/// trained, so a crash during the step can lose them but never train them twice.
+/// Leases B admissible groups from the buffer, freshest first; returns them with their lease
+/// ids (the caller journals, then acks them), or `None` when asked to stop first.
 fn gather(
     c: &TrainCtx,
     totals: &Totals,
     last: Option<&(StepStats, f64)>,
-) -> anyhow::Result<Option<Vec<storage::TrajectoryGroup>>> {
+) -> anyhow::Result<Option<(Vec<TrajectoryGroup>, Vec<u64>)>> {
     let b = c.cfg.groups_per_step;
     let stop = || c.shared.stop.load(Ordering::Relaxed);
     let floor = c.shared.window.floor(c.trainer.version());
@@ -354,10 +387,7 @@ fn gather(
             }
         }
     }
-    for id in leases {
-        c.buffer.ack(id).context("acking a buffer lease")?;
-    }
-    Ok(Some(hand))
+    Ok(Some((hand, leases)))
 }
 
 /// The step's figures as Prometheus series (the dashboard in `docs/grafana/` plots them).
