@@ -441,6 +441,7 @@ pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
     let reward_clean = if s.no_clean {
         None
     } else {
+        eprintln!("adversary: clean run (honest workers only)");
         let r = harness::in_run_dir("tn-adversary-clean-", |root| run_once(bin, root, s, &[]))?;
         crashes += u64::from(r.learner_crashed);
         runs.push(run_json("clean", &r));

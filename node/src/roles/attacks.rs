@@ -49,7 +49,10 @@ pub fn pending_claim(m: &Misbehaviour, real: u64) -> u64 {
 
 /// The learner-signed gossip a `replay_after_restart` worker has seen, oldest first.
 #[derive(Clone, Default)]
-pub struct Recorder(Arc<Mutex<VecDeque<(p2p::TopicKind, Vec<u8>)>>>);
+pub struct Recorder(Arc<Mutex<VecDeque<Recorded>>>);
+
+/// One recorded message: its topic and its bytes, as they arrived.
+pub type Recorded = (p2p::TopicKind, Vec<u8>);
 
 impl Recorder {
     /// Keeps `data` if it is new and there is room (the first [`REPLAY_KEEP`] distinct ones).
@@ -61,7 +64,7 @@ impl Recorder {
     }
 
     /// The oldest `n` recorded messages.
-    pub fn oldest(&self, n: usize) -> Vec<(p2p::TopicKind, Vec<u8>)> {
+    pub fn oldest(&self, n: usize) -> Vec<Recorded> {
         self.0
             .lock()
             .map(|q| q.iter().take(n).cloned().collect())
@@ -134,7 +137,7 @@ pub fn spawn(
                     Err(p2p::P2pError::ServiceStopped) => break,
                     Err(_) => {} // no peers yet, or gossipsub refused it: keep trying
                 }
-                if seq % 500 == 0 {
+                if seq.is_multiple_of(500) {
                     tracing::warn!(sent, tried = seq, "heartbeat_spam: heartbeats published");
                 }
             }
@@ -144,15 +147,16 @@ pub fn spawn(
         let client = client.clone();
         tasks.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(interval * REPLAY_EVERY_INTERVALS);
-            let mut replayed = 0u64;
+            let (mut replayed, mut rounds) = (0u64, 0u64);
             loop {
                 tick.tick().await;
+                rounds += 1;
                 for (topic, data) in rec.oldest(REPLAY_BATCH) {
                     if client.publish(topic, data).await.is_ok() {
                         replayed += 1;
                     }
                 }
-                if replayed > 0 && replayed % 20 == 0 {
+                if replayed > 0 && rounds.is_multiple_of(10) {
                     tracing::warn!(
                         replayed,
                         recorded = rec.len(),
