@@ -166,6 +166,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
                     .map(|g| (g, format!("training step failed: {e}")))
                     .collect();
                 totals.quarantined += quarantine_all(&c, &bad);
+                journal.forget_last().context("journal")?;
                 continue;
             }
         };
@@ -190,6 +191,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
         }
         totals.add(&st, idle);
         if !st.stepped {
+            journal.forget_last().context("journal")?;
             continue;
         }
         c.shared.version.store(st.version, Ordering::Relaxed);

@@ -61,6 +61,19 @@ impl Journal {
         Ok(())
     }
 
+    /// The batch recorded last changed nothing in the model (no step was taken: every group
+    /// was dropped, or the step failed and the batch was quarantined): forget it, so that
+    /// the journal holds only batches a checkpoint still has to cover.
+    pub(crate) fn forget_last(&mut self) -> std::io::Result<()> {
+        let Some(seq) = self.next.checked_sub(1) else {
+            return Ok(());
+        };
+        match std::fs::remove_file(self.dir.join(format!("batch-{seq:020}.bin"))) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     /// A checkpoint holding every batch recorded so far is durable: forget them.
     pub(crate) fn covered(&mut self) -> std::io::Result<usize> {
         let all = batches(&self.dir)?;
@@ -202,13 +215,15 @@ mod tests {
         j.record(&gs[2..]).unwrap();
         assert_eq!(j.covered().unwrap(), 2);
         j.record(&gs[..1]).unwrap();
+        j.record(&gs[1..]).unwrap();
+        j.forget_last().unwrap(); // that batch took no step
         drop(j);
         let buffer = TrajectoryStore::open(&tmp.path().join("buffer")).unwrap();
         let mut j = Journal::open(&jdir).unwrap();
         assert_eq!(
             j.restore(&buffer).unwrap(),
             1,
-            "only the batch after the checkpoint"
+            "only the batch after the checkpoint that took a step"
         );
     }
 
