@@ -1,4 +1,4 @@
-//! `testnet adversary` end to end on one cheap attack: the summary line has the documented
+//! `testnet adversary` end to end on two cheap attacks: the summary line has the documented
 //! shape, the attack was really carried out, and the learner survived it.
 //!
 //! Needs the `echo-node` binary of the same profile next to the `testnet` one (`cargo build
@@ -85,21 +85,27 @@ fn assert_shape(v: &Value, attacks: &[&str]) {
 }
 
 #[test]
-fn one_pending_inflation_worker_is_run_and_the_learner_survives() {
+fn two_cheap_attacks_are_carried_out_and_the_learner_survives() {
     let v = adversary(&[
         "--attacks",
-        "pending_inflation",
+        "pending_inflation,heartbeat_spam",
+        "--batch",
+        "2",
         "--steps",
         "2",
         "--warm-start-steps",
         "0",
         "--no-clean",
     ]);
-    assert_shape(&v, &["pending_inflation"]);
+    assert_shape(&v, &["pending_inflation", "heartbeat_spam"]);
     assert_eq!(v["learner_crashes"], 0, "{v}");
-    // The attack ran: the learner's peer table shows the inflated claim.
-    assert_eq!(v["attacks"][0]["claimed_pending"], u64::MAX, "{v}");
     assert!(v["reward_clean"].is_null(), "--no-clean: {v}");
+    // Both attacks ran: the learner's peer table shows the inflated claim, and the spammer's
+    // heartbeats outnumber the other malicious worker's (same run, same interval) by far.
+    let (inflate, spam) = (&v["attacks"][0], &v["attacks"][1]);
+    assert_eq!(inflate["claimed_pending"], u64::MAX, "{v}");
+    let seen = |a: &Value| a["heartbeats_seen_by_learner"].as_u64().unwrap_or(0);
+    assert!(seen(spam) > 3 * seen(inflate).max(1), "{v}");
 }
 
 /// All ten attacks and the clean run: several minutes of a dozen processes (run by hand:
