@@ -27,11 +27,11 @@ use storage::{TrajectoryGroup, TrajectoryStore};
 use tokio::sync::watch;
 
 use super::{push_recent, Shared, Snapshot};
-
-mod journal;
 use crate::config::LearnerConfig;
 use crate::roles::RoleView;
 use journal::Journal;
+
+mod journal;
 
 /// A buffer lease the training thread does not ack within this time returns to the buffer.
 const BUFFER_LEASE_TTL: Duration = Duration::from_secs(120);
