@@ -84,6 +84,19 @@ impl Fleet {
         config: &NodeConfig,
         extra: &[String],
     ) -> anyhow::Result<usize> {
+        self.start_with_env(exe, name, config, extra, &[])
+    }
+
+    /// [`Fleet::start`] with extra environment variables for the process (the testnet's
+    /// adversarial scenario sets `ECHO_NODE_MISBEHAVE` this way).
+    pub fn start_with_env(
+        &mut self,
+        exe: &Path,
+        name: &str,
+        config: &NodeConfig,
+        extra: &[String],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<usize> {
         let dir = &config.data_dir;
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let path = config_path(dir);
@@ -103,6 +116,7 @@ impl Fleet {
         if let Some(f) = &self.log_filter {
             cmd.env("RUST_LOG", f);
         }
+        cmd.envs(env.iter().copied());
         let child = cmd
             .spawn()
             .with_context(|| format!("starting {name} ({})", exe.display()))?;
@@ -170,6 +184,13 @@ impl Fleet {
             node.reaped = node.child.wait().ok();
             node.killed = true;
         }
+    }
+
+    /// How node `i` exited, or `None` while it runs (or when there is no node `i`).
+    pub fn exit_status(&mut self, i: usize) -> Option<ExitStatus> {
+        self.nodes
+            .get_mut(i)
+            .and_then(|n| n.exited().ok().flatten())
     }
 
     /// An error naming the first node that has exited (other than by [`Fleet::kill`]), with

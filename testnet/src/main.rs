@@ -11,6 +11,7 @@
 //! This file owns the command line only: parsing, validation, dispatch.
 
 mod ablation;
+mod adversary;
 mod broadcast;
 mod chart;
 mod faults;
@@ -135,6 +136,34 @@ enum Scenario {
         from: Option<PathBuf>,
         #[command(flatten)]
         run: RunOpts,
+    },
+    /// Malicious workers (one per attack, `ECHO_NODE_MISBEHAVE`) against a learner and two
+    /// honest workers, a few attacks per run, plus one clean run: per attack whether it was
+    /// detected and banned, and the rewards (docs/adversary.md).
+    Adversary {
+        /// Attacks to run (default: all ten).
+        #[arg(long, value_delimiter = ',')]
+        attacks: Vec<echo_node::misbehave::Attack>,
+        /// Learner steps per run.
+        #[arg(long, default_value_t = 30)]
+        steps: u64,
+        /// Malicious workers per run (each run has its own learner and honest workers).
+        #[arg(long, default_value_t = 3)]
+        batch: usize,
+        /// The learner's supervised warm-start steps.
+        #[arg(long, default_value_t = 60)]
+        warm_start_steps: usize,
+        /// Skip the clean run (reward_clean is then null).
+        #[arg(long)]
+        no_clean: bool,
+        /// The `echo-node` binary (default: next to this one).
+        #[arg(long)]
+        bin: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+        /// Directory for `adversary.json` (created if missing).
+        #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results/adversary"))]
+        out: PathBuf,
     },
     /// Chains vs star (T_bcast) and cost-aware vs random activation (cost per step) on a
     /// mixed-price pool.
@@ -337,6 +366,35 @@ fn main() -> anyhow::Result<()> {
             anyhow::ensure!((2..=8).contains(&active), "--active must be in 2..=8");
             anyhow::ensure!(phase_s >= 10.0, "--phase-s must be >= 10");
             let summary = faults::run(&harness::node_bin(bin)?, active, phase_s, &out)?;
+            print_summary(&summary, json);
+            Ok(())
+        }
+        Scenario::Adversary {
+            attacks,
+            steps,
+            batch,
+            warm_start_steps,
+            no_clean,
+            bin,
+            json,
+            out,
+        } => {
+            anyhow::ensure!((1..=10_000).contains(&steps), "--steps in 1..=10000");
+            anyhow::ensure!((1..=10).contains(&batch), "--batch in 1..=10");
+            let mut attacks = if attacks.is_empty() {
+                echo_node::misbehave::Attack::ALL.to_vec()
+            } else {
+                attacks
+            };
+            attacks.dedup();
+            let settings = adversary::Settings {
+                attacks,
+                steps,
+                batch,
+                warm_start_steps,
+                no_clean,
+            };
+            let summary = adversary::run(&harness::node_bin(bin)?, &settings, &out)?;
             print_summary(&summary, json);
             Ok(())
         }

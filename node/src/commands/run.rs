@@ -58,8 +58,10 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     let mut registry = p2p::Registry::default();
     let svc = service_config(config, &state.peer_id)?;
     let svc_learner = svc.learner;
-    let (client, mut events, service) =
+    let (client, events, service) =
         p2p::start(state.key.seed(), svc, &mut registry).context("starting the network service")?;
+    // Test-only: a `replay_after_restart` node records the signed gossip it sees.
+    let (mut events, replay_recorder) = roles::attacks::tap(&state.misbehave, events);
     let view = RoleView::default();
     let admin_addr: std::net::SocketAddr = config
         .network
@@ -159,12 +161,14 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     // Refreshed every heartbeat interval, and at once when the installed version changes:
     // the service then gossips the heartbeat immediately (the install report that ends T_bcast, `docs/broadcast.md`).
     let interval = std::time::Duration::from_millis(config.network.heartbeat_interval_ms);
+    let probe = role
+        .as_ref()
+        .map_or_else(|| -> Probe { Arc::new(|| (None, 0.0)) }, RunningRole::probe);
+    // Test-only network attacks (`crate::misbehave`); none for an honest node.
+    let attack_tasks = roles::attacks::spawn(&state, &client, probe.clone(), replay_recorder);
     let feeder = {
         let client = client.clone();
         let state = state.clone();
-        let probe = role
-            .as_ref()
-            .map_or_else(|| -> Probe { Arc::new(|| (None, 0.0)) }, RunningRole::probe);
         tokio::spawn(async move {
             let mut poll = tokio::time::interval(INSTALL_POLL.min(interval));
             let mut sent: Option<(std::time::Instant, Option<u64>)> = None;
@@ -176,7 +180,10 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
                 if !due {
                     continue;
                 }
-                let pending = state.trajectories.pending().unwrap_or(0);
+                let pending = roles::attacks::pending_claim(
+                    &state.misbehave,
+                    state.trajectories.pending().unwrap_or(0),
+                );
                 let local = p2p::LocalStatus {
                     installed_version,
                     mu,
@@ -237,10 +244,16 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
         },
     };
     tracing::info!("shutting down");
+    for t in &attack_tasks {
+        t.abort();
+    }
     let role_result = match role {
         Some(r) => r.shutdown().await,
         None => Ok(()),
     };
+    if let (Err(_), Err(e)) = (&result, &role_result) {
+        tracing::error!(error = %format!("{e:#}"), "the role's own error");
+    }
     client.shutdown().await;
     if !service.is_finished() {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(5), &mut service).await;
@@ -312,6 +325,9 @@ impl Bench {
     }
 }
 
+/// How often a worker checks that its generation thread is still alive.
+const ENGINE_WATCH: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// The role a running node plays.
 enum RunningRole {
     Learner(roles::learner::LearnerRole),
@@ -330,11 +346,23 @@ impl RunningRole {
         }
     }
 
-    /// Resolves if the role stops on its own (an error); a worker's engine is watched by its
-    /// heartbeats and errors are logged, so only the learner ends the node.
+    /// Resolves if the role stops on its own (an error), which ends the node with a non-zero
+    /// exit. A worker whose generation thread died (a storage error: disk full) must not stay
+    /// up heartbeating its old μ and pending groups as if it still produced: the scheduler
+    /// would keep counting it. Its engine is polled every [`ENGINE_WATCH`].
     async fn failed(&mut self) {
         match self {
             RunningRole::Learner(l) => l.failed().await,
+            RunningRole::Rollout(r) => loop {
+                if r.engine_stopped() {
+                    tracing::error!(
+                        "the rollout engine stopped generating; this worker exits instead of \
+                         heartbeating a rate it no longer produces"
+                    );
+                    return;
+                }
+                tokio::time::sleep(ENGINE_WATCH).await;
+            },
             RunningRole::BenchPublisher(task) => {
                 let Some(t) = task.as_mut() else {
                     return std::future::pending().await;
@@ -350,7 +378,7 @@ impl RunningRole {
                     Err(e) => tracing::error!(error = %e, "bench task failed"),
                 }
             }
-            RunningRole::Rollout(_) | RunningRole::BenchSink(_) => std::future::pending().await,
+            RunningRole::BenchSink(_) => std::future::pending().await,
         }
     }
 

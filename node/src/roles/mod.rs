@@ -7,6 +7,7 @@
 //! carries through [`Probe`]; it never touches the swarm directly (only through the
 //! `p2p::Client` handle and the dissemination engine).
 
+pub mod attacks;
 pub mod bench;
 pub mod learner;
 pub mod rollout;

@@ -113,6 +113,12 @@ impl RolloutRole {
         Arc::new(move || (slot.version(), stats.snapshot().mu))
     }
 
+    /// True once the generation thread has exited (a storage error ends it): the node's
+    /// watchdog then stops the node rather than let it heartbeat a rate it no longer produces.
+    pub fn engine_stopped(&self) -> bool {
+        self.engine.as_ref().is_none_or(RunningEngine::is_finished)
+    }
+
     /// Stops the engine (after its current group) and the tasks.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
         for t in &self.tasks {

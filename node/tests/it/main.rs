@@ -2,6 +2,7 @@
 
 mod admin;
 mod cli;
+mod durability;
 mod learning;
 mod scheduler;
 mod swarm;

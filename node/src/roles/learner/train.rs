@@ -1,6 +1,11 @@
 //! The training thread: Algorithm 1's loop — gather B admissible groups from the buffer (the
-//! wait is the learner's idle time), ack them, train one step, publish every κ steps,
-//! checkpoint every N steps and at shutdown, log one JSON line per step.
+//! wait is the learner's idle time), journal and ack them, train one step, publish every κ
+//! steps, checkpoint every N steps and at shutdown, log one JSON line per step.
+//!
+//! Crash safety: a batch is written to the [`journal`] before it is acked, and the journal is
+//! cleared once a checkpoint holding its effect is durable; a restarted learner puts what
+//! the journal still holds back into its buffer, so a `kill -9` between checkpoints loses no
+//! acknowledged group (it is trained again from the checkpoint's state).
 //!
 //! Bad data never ends this thread: groups the trainer could not train (see
 //! `learner::Trainer::train_step`) are *quarantined* — kept under `<data_dir>/quarantine/`
@@ -24,6 +29,9 @@ use tokio::sync::watch;
 use super::{push_recent, Shared, Snapshot};
 use crate::config::LearnerConfig;
 use crate::roles::RoleView;
+use journal::Journal;
+
+mod journal;
 
 /// A buffer lease the training thread does not ack within this time returns to the buffer.
 const BUFFER_LEASE_TTL: Duration = Duration::from_secs(120);
@@ -71,6 +79,9 @@ pub(super) struct Totals {
     pub reward_first: Option<f64>,
     /// Rewards of the last [`RECENT_REWARDS`] steps.
     pub recent_rewards: VecDeque<f64>,
+    /// Producers with their own `learner_groups_trained_total` series (at most
+    /// [`MAX_PRODUCER_SERIES`]; the rest count under `producer="other"`).
+    pub producer_series: std::collections::HashSet<String>,
 }
 
 impl Totals {
@@ -101,6 +112,18 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
     let mut totals = Totals::default();
     let mut last: Option<(StepStats, f64)> = None;
     let mut failed_steps = 0u32;
+    // Groups acked after the last checkpoint of a run that crashed go back into the buffer.
+    let mut journal = Journal::open(&journal_dir(&c.ckpt_dir)).context("opening the journal")?;
+    let restored = journal
+        .restore(&c.buffer)
+        .context("restoring journaled groups")?;
+    if restored > 0 {
+        tracing::warn!(
+            restored,
+            version = c.trainer.version(),
+            "groups trained after the last checkpoint before a crash are back in the buffer"
+        );
+    }
     publish(&c.trainer, c.snapshot_dtype, &c.snap_tx)?;
     while !c.shared.stop.load(Ordering::Relaxed) {
         if c.cfg.max_steps > 0 && c.trainer.version() >= c.cfg.max_steps {
@@ -110,9 +133,16 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
         }
         // Gather B admissible groups; the wait is the learner's idle time (the bubble).
         let t_wait = Instant::now();
-        let Some(hand) = gather(&c, &totals, last.as_ref())? else {
+        let Some((hand, leases)) = gather(&c, &totals, last.as_ref())? else {
             break;
         };
+        // Journal, then ack: the groups leave the buffer durably before they are trained (a
+        // crash never trains them twice), and stay in the journal until a checkpoint holds
+        // their effect (a crash never loses them).
+        journal.record(&hand).context("journaling a batch")?;
+        for id in leases {
+            c.buffer.ack(id).context("acking a buffer lease")?;
+        }
         let idle = t_wait.elapsed().as_secs_f64();
         c.shared.pull_wake.notify_one();
         let admitted: Vec<[u8; 16]> = hand
@@ -136,6 +166,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
                     .map(|g| (g, format!("training step failed: {e}")))
                     .collect();
                 totals.quarantined += quarantine_all(&c, &bad);
+                journal.forget_last().context("journal")?;
                 continue;
             }
         };
@@ -155,8 +186,12 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
             .filter(|id| !st.quarantined.iter().any(|q| q.group_id == **id))
             .map(hex::encode)
             .collect();
+        if st.stepped {
+            count_trained_producers(&mut totals, &hand, &admitted, &st);
+        }
         totals.add(&st, idle);
         if !st.stepped {
+            journal.forget_last().context("journal")?;
             continue;
         }
         c.shared.version.store(st.version, Ordering::Relaxed);
@@ -167,6 +202,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
         }
         if st.version % c.cfg.checkpoint_every == 0 {
             c.trainer.save(&c.ckpt_dir).context("checkpoint")?;
+            journal.covered().context("clearing the journal")?;
         }
         let line = json!({
             "step": st.version, "t": t_start.elapsed().as_secs_f64(), "idle_s": idle,
@@ -179,8 +215,38 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
         super::status::update(&c, &totals, last.as_ref(), false);
     }
     let dir = c.trainer.save(&c.ckpt_dir).context("final checkpoint")?;
+    journal.covered().context("clearing the journal")?;
     tracing::info!(version = c.trainer.version(), dir = %dir.display(), "checkpoint written");
     Ok(())
+}
+
+/// Distinct producers given their own metric series: a producer id is a peer's claim, so the
+/// label set is bounded.
+const MAX_PRODUCER_SERIES: usize = 256;
+
+/// Counts the groups this step trained per producer (`learner_groups_trained_total
+/// {producer}`): what the adversarial scenario reads to see whether a banned peer's groups
+/// were still trained. Admitted and not quarantined is trained (a zero-advantage group counts
+/// too: it was admitted and its ids consumed).
+fn count_trained_producers(
+    t: &mut Totals,
+    hand: &[TrajectoryGroup],
+    admitted: &[[u8; 16]],
+    st: &StepStats,
+) {
+    for g in hand.iter().filter(|g| {
+        admitted.contains(&g.group_id) && !st.quarantined.iter().any(|q| q.group_id == g.group_id)
+    }) {
+        let label = if t.producer_series.contains(&g.producer)
+            || t.producer_series.len() < MAX_PRODUCER_SERIES
+        {
+            t.producer_series.insert(g.producer.clone());
+            g.producer.clone()
+        } else {
+            "other".to_string()
+        };
+        metrics::counter!("learner_groups_trained_total", "producer" => label).increment(1);
+    }
 }
 
 /// Why a failed step must end the training thread, if it must: a local fault (I/O, memory),
@@ -235,6 +301,11 @@ fn on_quarantined(producers: &[&str]) {
     }
 }
 
+/// `<data_dir>/journal` ([`journal`]): next to the checkpoint folder.
+fn journal_dir(ckpt_dir: &Path) -> PathBuf {
+    ckpt_dir.parent().unwrap_or(ckpt_dir).join("journal")
+}
+
 /// `<data_dir>/quarantine`: the checkpoint folder is `<data_dir>/checkpoints`.
 fn quarantine_dir(ckpt_dir: &Path) -> PathBuf {
     ckpt_dir.parent().unwrap_or(ckpt_dir).join("quarantine")
@@ -265,14 +336,13 @@ pub(super) fn quarantine(dir: &Path, g: &TrajectoryGroup, reason: &str) -> std::
     std::fs::write(dir.join(format!("{id}.json")), format!("{meta:#}\n"))
 }
 
-/// Leases B admissible groups from the buffer, freshest first, and acks them; `None` when
-/// asked to stop first. Ack first: the groups leave the buffer durably before they are
-/// trained, so a crash during the step can lose them but never train them twice.
+/// Leases B admissible groups from the buffer, freshest first; returns them with their lease
+/// ids (the caller journals, then acks them), or `None` when asked to stop first.
 fn gather(
     c: &TrainCtx,
     totals: &Totals,
     last: Option<&(StepStats, f64)>,
-) -> anyhow::Result<Option<Vec<storage::TrajectoryGroup>>> {
+) -> anyhow::Result<Option<(Vec<TrajectoryGroup>, Vec<u64>)>> {
     let b = c.cfg.groups_per_step;
     let stop = || c.shared.stop.load(Ordering::Relaxed);
     let floor = c.shared.window.floor(c.trainer.version());
@@ -319,10 +389,7 @@ fn gather(
             }
         }
     }
-    for id in leases {
-        c.buffer.ack(id).context("acking a buffer lease")?;
-    }
-    Ok(Some(hand))
+    Ok(Some((hand, leases)))
 }
 
 /// The step's figures as Prometheus series (the dashboard in `docs/grafana/` plots them).

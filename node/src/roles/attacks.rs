@@ -1,0 +1,278 @@
+//! Test-only attacks carried out at the network layer by a worker started with
+//! `ECHO_NODE_MISBEHAVE` ([`crate::misbehave`]): the ones that need no change to how a role
+//! produces or serves data.
+//!
+//! - `pending_inflation`: every heartbeat claims `pending = u64::MAX` ([`pending_claim`], the
+//!   one hook in the heartbeat feeder) — a scheduler or puller that trusts the claim would
+//!   keep pulling from (or favouring) this worker.
+//! - `heartbeat_spam`: well-formed, correctly encoded heartbeats published about 50 times per
+//!   heartbeat interval ([`spawn`]) on top of the service's own ones.
+//! - `replay_after_restart`: every learner-signed message seen on the snapshot and plan
+//!   topics is recorded ([`tap`]) and the oldest ones are re-published periodically, so that
+//!   a worker that restarts (and may have forgotten what it has seen) is offered old
+//!   manifests and activation orders.
+//!
+//! Owns: these three attacks and nothing else. Must not touch: the roles' data path (the
+//! other attacks live at their role's hook), the defences (they must catch this as they
+//! would any stranger). An honest node never reaches this module: every entry point checks
+//! [`crate::misbehave::Misbehaviour::has`] first.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::Probe;
+use crate::misbehave::{Attack, Misbehaviour};
+use crate::state::NodeState;
+
+/// Heartbeats sent per heartbeat interval by `heartbeat_spam`.
+pub const SPAM_FACTOR: u32 = 50;
+/// Signed messages kept for replay (the first ones seen: the oldest are the point).
+const REPLAY_KEEP: usize = 64;
+/// How many of the oldest recorded messages each replay round re-publishes.
+const REPLAY_BATCH: usize = 4;
+/// One replay round every this many heartbeat intervals.
+const REPLAY_EVERY_INTERVALS: u32 = 4;
+
+/// The `pending` field this node's heartbeat claims: the truth for an honest node,
+/// `u64::MAX` under `pending_inflation`.
+pub fn pending_claim(m: &Misbehaviour, real: u64) -> u64 {
+    if m.has(Attack::PendingInflation) {
+        u64::MAX
+    } else {
+        real
+    }
+}
+
+/// The learner-signed gossip a `replay_after_restart` worker has seen, oldest first.
+#[derive(Clone, Default)]
+pub struct Recorder(Arc<Mutex<VecDeque<Recorded>>>);
+
+/// One recorded message: its topic and its bytes, as they arrived.
+pub type Recorded = (p2p::TopicKind, Vec<u8>);
+
+impl Recorder {
+    /// Keeps `data` if it is new and there is room (the first [`REPLAY_KEEP`] distinct ones).
+    pub fn record(&self, topic: p2p::TopicKind, data: &[u8]) {
+        let Ok(mut q) = self.0.lock() else { return };
+        if q.len() < REPLAY_KEEP && !q.iter().any(|(_, d)| d == data) {
+            q.push_back((topic, data.to_vec()));
+        }
+    }
+
+    /// The oldest `n` recorded messages.
+    pub fn oldest(&self, n: usize) -> Vec<Recorded> {
+        self.0
+            .lock()
+            .map(|q| q.iter().take(n).cloned().collect())
+            .unwrap_or_default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.lock().map_or(0, |q| q.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Puts a recorder between the network service's events and their consumer when this node
+/// replays; otherwise hands `events` back untouched. The events are forwarded unchanged (the
+/// dissemination engine still judges every one).
+pub fn tap(
+    m: &Misbehaviour,
+    mut events: mpsc::Receiver<p2p::Event>,
+) -> (mpsc::Receiver<p2p::Event>, Option<Recorder>) {
+    if !m.has(Attack::ReplayAfterRestart) {
+        return (events, None);
+    }
+    let recorder = Recorder::default();
+    let (tx, rx) = mpsc::channel(1024);
+    let rec = recorder.clone();
+    tokio::spawn(async move {
+        while let Some(ev) = events.recv().await {
+            if let p2p::Event::Gossip { topic, data, .. } = &ev {
+                if matches!(topic, p2p::TopicKind::Snapshots | p2p::TopicKind::Plans) {
+                    rec.record(*topic, data);
+                }
+            }
+            if tx.send(ev).await.is_err() {
+                break;
+            }
+        }
+    });
+    (rx, Some(recorder))
+}
+
+/// Starts this node's periodic network attacks (none for an honest node): heartbeat spam and
+/// the replay of `recorder`'s messages. The caller aborts the handles at shutdown.
+pub fn spawn(
+    state: &Arc<NodeState>,
+    client: &p2p::Client,
+    probe: Probe,
+    recorder: Option<Recorder>,
+) -> Vec<JoinHandle<()>> {
+    let m = &state.misbehave;
+    let interval = Duration::from_millis(state.config.network.heartbeat_interval_ms.max(1));
+    let mut tasks = Vec::new();
+    if m.has(Attack::HeartbeatSpam) {
+        let (client, state) = (client.clone(), state.clone());
+        tasks.push(tokio::spawn(async move {
+            let period = (interval / SPAM_FACTOR).max(Duration::from_millis(1));
+            let mut tick = tokio::time::interval(period);
+            let started = unix_ms();
+            let mut seq = 0u64;
+            let mut sent = 0u64;
+            loop {
+                tick.tick().await;
+                seq += 1;
+                let (installed_version, mu) = probe();
+                let hb = spam_heartbeat(&state, installed_version, mu, started, seq);
+                match client.publish(p2p::TopicKind::Heartbeat, hb.encode()).await {
+                    Ok(()) => sent += 1,
+                    Err(p2p::P2pError::ServiceStopped) => break,
+                    Err(_) => {} // no peers yet, or gossipsub refused it: keep trying
+                }
+                if seq.is_multiple_of(500) {
+                    tracing::warn!(sent, tried = seq, "heartbeat_spam: heartbeats published");
+                }
+            }
+        }));
+    }
+    if let Some(rec) = recorder {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval * REPLAY_EVERY_INTERVALS);
+            let (mut replayed, mut rounds) = (0u64, 0u64);
+            loop {
+                tick.tick().await;
+                rounds += 1;
+                for (topic, data) in rec.oldest(REPLAY_BATCH) {
+                    if client.publish(topic, data).await.is_ok() {
+                        replayed += 1;
+                    }
+                }
+                if replayed > 0 && rounds.is_multiple_of(10) {
+                    tracing::warn!(
+                        replayed,
+                        recorded = rec.len(),
+                        "replay_after_restart: old signed messages re-published"
+                    );
+                }
+            }
+        }));
+    }
+    tasks
+}
+
+/// A heartbeat that passes every check of `p2p::Heartbeat::decode`: only its rate is wrong.
+pub fn spam_heartbeat(
+    state: &NodeState,
+    installed_version: Option<u64>,
+    mu: f64,
+    started_unix_ms: u64,
+    seq: u64,
+) -> p2p::Heartbeat {
+    let now = unix_ms();
+    p2p::Heartbeat {
+        v: p2p::messages::HEARTBEAT_VERSION,
+        swarm_id: state.config.swarm_id.clone(),
+        role: state.config.role,
+        node_version: crate::state::NODE_VERSION.to_string(),
+        installed_version,
+        mu: if mu.is_finite() {
+            mu.clamp(0.0, 1e9)
+        } else {
+            0.0
+        },
+        cost_per_hour: state.config.network.cost_per_hour,
+        availability: 1.0,
+        pending: pending_claim(&state.misbehave, state.trajectories.pending().unwrap_or(0)),
+        forward_rate_bps: 0.0,
+        receive_rate_bps: 0.0,
+        started_unix_ms,
+        // Distinct content every time (gossip de-duplicates identical messages).
+        sent_unix_ms: now,
+        seq,
+        device: None,
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_pending_inflation_inflates_the_claim() {
+        let honest = Misbehaviour::default();
+        assert_eq!(pending_claim(&honest, 7), 7);
+        let other = Misbehaviour::parse("heartbeat_spam").unwrap();
+        assert_eq!(pending_claim(&other, 7), 7);
+        let bad = Misbehaviour::parse("pending_inflation").unwrap();
+        assert_eq!(pending_claim(&bad, 7), u64::MAX);
+    }
+
+    #[test]
+    fn the_recorder_keeps_the_first_distinct_messages_oldest_first() {
+        let r = Recorder::default();
+        r.record(p2p::TopicKind::Snapshots, b"v1");
+        r.record(p2p::TopicKind::Snapshots, b"v1");
+        r.record(p2p::TopicKind::Plans, b"plan1");
+        for i in 0..(2 * REPLAY_KEEP) {
+            r.record(p2p::TopicKind::Snapshots, format!("v{}", i + 2).as_bytes());
+        }
+        assert_eq!(r.len(), REPLAY_KEEP);
+        let oldest = r.oldest(2);
+        assert_eq!(oldest[0], (p2p::TopicKind::Snapshots, b"v1".to_vec()));
+        assert_eq!(oldest[1], (p2p::TopicKind::Plans, b"plan1".to_vec()));
+    }
+
+    #[tokio::test]
+    async fn tap_forwards_every_event_and_records_only_signed_topics() {
+        let (tx, rx) = mpsc::channel(8);
+        let m = Misbehaviour::parse("replay_after_restart").unwrap();
+        let (mut out, rec) = tap(&m, rx);
+        let rec = rec.expect("a replaying node records");
+        let peer = p2p::PeerId::random();
+        let gossip = |topic, data: &[u8]| p2p::Event::Gossip {
+            topic,
+            message_id: p2p::MessageId::new(data),
+            propagation_source: peer,
+            source: Some(peer),
+            data: data.to_vec(),
+        };
+        tx.send(gossip(p2p::TopicKind::Snapshots, b"manifest"))
+            .await
+            .unwrap();
+        tx.send(gossip(p2p::TopicKind::Heartbeat, b"hb"))
+            .await
+            .unwrap();
+        tx.send(p2p::Event::PeerConnected(peer)).await.unwrap();
+        drop(tx);
+        let mut n = 0;
+        while out.recv().await.is_some() {
+            n += 1;
+        }
+        assert_eq!(n, 3, "every event reaches the consumer");
+        assert_eq!(
+            rec.oldest(10),
+            vec![(p2p::TopicKind::Snapshots, b"manifest".to_vec())]
+        );
+        let honest = Misbehaviour::default();
+        let (_tx2, rx2) = mpsc::channel::<p2p::Event>(1);
+        assert!(
+            tap(&honest, rx2).1.is_none(),
+            "an honest node is not tapped"
+        );
+    }
+}

@@ -1,0 +1,597 @@
+//! The `adversary` scenario (`docs/adversary.md`): does the swarm catch its malicious workers?
+//!
+//! Real `echo-node run` processes on 127.0.0.1. A *clean run* (one learner, two honest
+//! workers) and *attacked runs* of the same length: the same swarm plus one malicious worker
+//! per attack, a few attacks per run (`--batch`; 13 processes at once would measure the host,
+//! not the defences). A malicious worker is an ordinary node started with
+//! `ECHO_NODE_MISBEHAVE=<attack>` (`echo_node::misbehave`). In a run with
+//! `replay_after_restart`, honest worker `w0` is killed and restarted halfway, so the replay
+//! meets a restarted worker.
+//!
+//! Every second the learner's `/status` (and the workers') is read as untyped JSON, so the
+//! scenario compiles and runs before the defences' fields exist and picks them up once they
+//! do. Per attack:
+//! - `detected`: some evidence against the malicious peer — in the learner's or an honest
+//!   worker's peer table a strike (`strikes` > 0), a ban, a rejected message, or the peer's id
+//!   as a key of a non-zero counter in the learner section; `evidence` lists what was seen;
+//! - `banned`, `ban_reason`: from the learner's peer table;
+//! - `groups_until_ban`: groups that had left the malicious worker's store (pulled, by its own
+//!   `/status`: `groups − pending`) when the ban was first seen;
+//! - `trained_after_ban`: the learner's `learner_groups_trained_total{producer}` (its
+//!   `/metrics`) at the end less its value when the ban was first seen;
+//! - `learner_crashes`: learner processes that exited during a run;
+//! - `reward_clean` / `reward_attacked`: the learner's final `reward_recent` in the clean run
+//!   and the mean over the attacked runs.
+//!
+//! Owns the schedule, the measurements and the report. Must not start, signal or stop
+//! processes itself: it asks [`crate::harness::Fleet`] to.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use echo_node::misbehave::{Attack, ENV_VAR};
+use serde_json::{json, Value};
+
+use crate::harness::{self, Fleet, NodeConfig, Role, START_LIMIT};
+
+/// What to run.
+pub struct Settings {
+    pub attacks: Vec<Attack>,
+    /// Learner steps per run.
+    pub steps: u64,
+    /// Malicious workers per attacked run.
+    pub batch: usize,
+    pub warm_start_steps: usize,
+    /// Skip the clean run (`reward_clean` is then null).
+    pub no_clean: bool,
+}
+
+const HEARTBEAT_MS: u64 = 500;
+/// A run that has not reached its steps by then is ended and reported as timed out.
+fn run_limit(s: &Settings) -> Duration {
+    Duration::from_secs(180 + 20 * s.steps + 2 * s.warm_start_steps as u64)
+}
+
+/// What one run observed of one malicious worker.
+#[derive(Debug, Default, Clone)]
+struct Watch {
+    attack: String,
+    peer_id: String,
+    admin: String,
+    evidence: Vec<String>,
+    banned: bool,
+    ban_reason: Option<String>,
+    strikes: u64,
+    /// `groups − pending` of the worker when the ban was first seen.
+    groups_until_ban: Option<u64>,
+    trained_at_ban: Option<u64>,
+    trained_end: Option<u64>,
+    groups_produced: Option<u64>,
+    /// Last `groups − pending` the worker reported.
+    groups_left: Option<u64>,
+    /// What the learner's peer table last showed of the worker's claims.
+    claimed_pending: Option<u64>,
+    heartbeats_seen: Option<u64>,
+}
+
+impl Watch {
+    fn note(&mut self, what: String) {
+        if !self.evidence.contains(&what) && self.evidence.len() < 16 {
+            self.evidence.push(what);
+        }
+    }
+
+    fn report(&self, batch: usize) -> Value {
+        json!({
+            "attack": self.attack,
+            "detected": !self.evidence.is_empty(),
+            "banned": self.banned,
+            "groups_until_ban": self.groups_until_ban,
+            "trained_after_ban": match (self.trained_at_ban, self.trained_end) {
+                (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+                (Some(_), None) => Some(0),
+                _ => None,
+            },
+            "ban_reason": self.ban_reason,
+            "strikes": self.strikes,
+            "evidence": self.evidence,
+            "peer_id": self.peer_id,
+            "groups_produced": self.groups_produced,
+            "groups_left_store": self.groups_left,
+            "claimed_pending": self.claimed_pending,
+            "heartbeats_seen_by_learner": self.heartbeats_seen,
+            "groups_trained": self.trained_end,
+            "run": batch,
+        })
+    }
+}
+
+/// Evidence against `peer` in one node's peer table (`observer` names the node).
+fn peer_evidence(status: &Value, peer: &str, observer: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let Some(row) = peer_row(status, peer) else {
+        return out;
+    };
+    if row["banned"].as_bool() == Some(true) {
+        let why = row["ban_reason"].as_str().unwrap_or("?");
+        out.push(format!("{observer}: banned ({why})"));
+    }
+    for field in ["strikes", "rejected_messages"] {
+        if let Some(n) = row[field].as_u64().filter(|n| *n > 0) {
+            out.push(format!("{observer}: {field} = {n}"));
+        }
+    }
+    out
+}
+
+fn peer_row<'a>(status: &'a Value, peer: &str) -> Option<&'a Value> {
+    status["peers"]
+        .as_array()?
+        .iter()
+        .find(|p| p["peer_id"].as_str() == Some(peer))
+}
+
+/// Counters in the learner section keyed by `peer` (e.g. rejections per peer), as
+/// `path = n` for the non-zero ones: found by walking the section, whatever it is called.
+fn keyed_counters(v: &Value, peer: &str, path: &str, out: &mut Vec<String>) {
+    if let Value::Object(m) = v {
+        for (k, x) in m {
+            let p = if path.is_empty() {
+                k.clone()
+            } else {
+                format!("{path}.{k}")
+            };
+            if k == peer {
+                let n = match x {
+                    Value::Number(n) => n.as_f64().unwrap_or(0.0),
+                    Value::Object(o) => o.values().filter_map(Value::as_f64).sum(),
+                    _ => 0.0,
+                };
+                if n > 0.0 {
+                    out.push(format!("learner: {p} = {x}"));
+                }
+            } else {
+                keyed_counters(x, peer, &p, out);
+            }
+        }
+    }
+}
+
+/// The learner section's counters whose name says "reject" (per reason, where it says).
+fn rejection_counters(learner: &Value) -> Value {
+    let mut out = serde_json::Map::new();
+    if let Value::Object(m) = learner {
+        for (k, v) in m {
+            if k.contains("reject") || k.contains("strike") || k.contains("ban") {
+                out.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    Value::Object(out)
+}
+
+/// `learner_groups_trained_total{producer="…"}` of a Prometheus text page, per producer.
+fn trained_by_producer(metrics: &str) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("learner_groups_trained_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once('}') else {
+            continue;
+        };
+        let producer = labels
+            .split(',')
+            .find_map(|l| l.trim().strip_prefix("producer=\""))
+            .and_then(|p| p.strip_suffix('"'));
+        if let (Some(p), Ok(n)) = (producer, value.trim().parse::<f64>()) {
+            out.insert(p.to_string(), n as u64);
+        }
+    }
+    out
+}
+
+/// `GET path` on a node's admin endpoint (HTTP/1.0, bounded), the body of a 200 answer.
+fn http_get(admin: &str, path: &str) -> Option<String> {
+    let addr = admin.parse().ok()?;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.set_write_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {admin}\r\n\r\n").ok()?;
+    let mut buf = Vec::new();
+    s.take(64 << 20).read_to_end(&mut buf).ok()?;
+    let text = String::from_utf8_lossy(&buf);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    head.split_whitespace()
+        .nth(1)
+        .is_some_and(|c| c == "200")
+        .then(|| body.to_string())
+}
+
+fn status(admin: &str) -> Option<Value> {
+    serde_json::from_str(&http_get(admin, "/status")?).ok()
+}
+
+/// One run: a learner, two honest workers and one malicious worker per `attacks`.
+struct RunResult {
+    watches: Vec<Watch>,
+    learner_crashed: bool,
+    reward: Option<f64>,
+    steps: u64,
+    timed_out: bool,
+    rejections: Value,
+    replay: Option<Value>,
+    pulled: Option<u64>,
+    pruned: Option<u64>,
+}
+
+fn honest_env() -> [(&'static str, &'static str); 1] {
+    [(ENV_VAR, "")]
+}
+
+fn run_once(
+    bin: &Path,
+    root: &Path,
+    s: &Settings,
+    attacks: &[Attack],
+) -> anyhow::Result<RunResult> {
+    let swarm = "tn-adversary";
+    let ldir = root.join("learner");
+    std::fs::create_dir_all(&ldir)?;
+    let key = harness::keygen(bin, &ldir)?;
+    let mut lc = harness::node_config(Role::Learner, swarm, &ldir, HEARTBEAT_MS);
+    lc.learner.warm_start_steps = s.warm_start_steps;
+    let mut fleet = Fleet::with_log_filter(harness::NODE_LOG_FILTER);
+    let li = fleet.start_with_env(bin, "learner", &lc, &[], &honest_env())?;
+    let laddr = fleet.wait_addresses(li, &lc, START_LIMIT)?;
+    let bootstrap = laddr
+        .dial_addr()
+        .context("the learner has no TCP address")?;
+    let worker = |name: &str| {
+        let mut w = harness::node_config(Role::Rollout, swarm, &root.join(name), HEARTBEAT_MS);
+        w.learner_public_key = Some(key.clone());
+        w.network.bootstrap = vec![bootstrap.clone()];
+        w.storage.max_pending_groups = 4;
+        w
+    };
+    let mut honest = Vec::new();
+    for name in ["w0", "w1"] {
+        let c = worker(name);
+        honest.push((fleet.start_with_env(bin, name, &c, &[], &honest_env())?, c));
+    }
+    let mut bad = Vec::new();
+    for a in attacks {
+        let name = format!("bad-{a}");
+        let c = worker(&name);
+        let env = [(ENV_VAR, a.name())];
+        bad.push((fleet.start_with_env(bin, &name, &c, &[], &env)?, c, *a));
+    }
+    let mut honest_admins = Vec::new();
+    for (i, c) in &honest {
+        honest_admins.push(fleet.wait_addresses(*i, c, START_LIMIT)?.admin);
+    }
+    let mut watches = Vec::new();
+    for (i, c, a) in &bad {
+        let f = fleet.wait_addresses(*i, c, START_LIMIT)?;
+        watches.push(Watch {
+            attack: a.name().into(),
+            peer_id: f.peer_id,
+            admin: f.admin,
+            ..Watch::default()
+        });
+    }
+    let replay = attacks.contains(&Attack::ReplayAfterRestart);
+    let mut restart: Option<ReplayWatch> = None;
+    let (t0, limit) = (Instant::now(), run_limit(s));
+    let mut last_learner = Value::Null;
+    let (mut learner_crashed, mut timed_out) = (false, false);
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        if let Some(code) = fleet.exit_status(li) {
+            eprintln!("adversary: the learner exited ({code}) during {attacks:?}");
+            learner_crashed = true;
+            break;
+        }
+        let Some(ls) = status(&laddr.admin) else {
+            continue;
+        };
+        let version = ls["learner"]["version"].as_u64().unwrap_or(0);
+        let trained = http_get(&laddr.admin, "/metrics")
+            .map(|m| trained_by_producer(&m))
+            .unwrap_or_default();
+        let honest_status: Vec<Value> = honest_admins.iter().filter_map(|a| status(a)).collect();
+        for w in &mut watches {
+            observe(w, &ls, &honest_status, &trained);
+        }
+        if let Some(r) = &mut restart {
+            r.sample(&honest_admins[0]);
+        }
+        if replay && restart.is_none() && version >= s.steps / 2 {
+            restart = Some(ReplayWatch::restart(
+                &mut fleet,
+                bin,
+                &honest[0],
+                &mut honest_admins[0],
+            )?);
+        }
+        last_learner = ls["learner"].clone();
+        if version >= s.steps {
+            break;
+        }
+        if t0.elapsed() > limit {
+            eprintln!(
+                "adversary: run {attacks:?} did not reach {} steps in {limit:?}",
+                s.steps
+            );
+            timed_out = true;
+            break;
+        }
+    }
+    let unclean = fleet.stop(harness::STOP_GRACE);
+    if !unclean.is_empty() {
+        eprintln!("adversary: nodes that did not stop cleanly: {unclean:?}");
+    }
+    Ok(RunResult {
+        watches,
+        learner_crashed,
+        reward: last_learner["reward_recent"].as_f64(),
+        steps: last_learner["version"].as_u64().unwrap_or(0),
+        timed_out,
+        rejections: rejection_counters(&last_learner),
+        pulled: last_learner["groups_pulled"].as_u64(),
+        pruned: last_learner["groups_pruned"].as_u64(),
+        replay: restart.map(|r| r.report()),
+    })
+}
+
+/// Updates what is known about one malicious worker from this second's statuses.
+fn observe(w: &mut Watch, learner: &Value, honest: &[Value], trained: &BTreeMap<String, u64>) {
+    let own = status(&w.admin);
+    if let Some(r) = own.as_ref().map(|s| &s["rollout"]) {
+        let groups = r["groups"].as_u64();
+        w.groups_produced = groups.or(w.groups_produced);
+        if let Some(g) = groups {
+            w.groups_left = Some(g.saturating_sub(r["pending"].as_u64().unwrap_or(0)));
+        }
+    }
+    let mine = trained.get(&w.peer_id).copied();
+    w.trained_end = mine.or(w.trained_end);
+    for e in peer_evidence(learner, &w.peer_id, "learner") {
+        w.note(e);
+    }
+    for (i, h) in honest.iter().enumerate() {
+        for e in peer_evidence(h, &w.peer_id, &format!("w{i}")) {
+            w.note(e);
+        }
+    }
+    let mut keyed = Vec::new();
+    keyed_counters(&learner["learner"], &w.peer_id, "", &mut keyed);
+    for e in keyed {
+        w.note(e);
+    }
+    if let Some(row) = peer_row(learner, &w.peer_id) {
+        w.strikes = w.strikes.max(row["strikes"].as_u64().unwrap_or(0));
+        w.claimed_pending = row["pending"].as_u64().or(w.claimed_pending);
+        w.heartbeats_seen = row["heartbeats"].as_u64().or(w.heartbeats_seen);
+        if row["banned"].as_bool() == Some(true) && !w.banned {
+            w.banned = true;
+            w.ban_reason = row["ban_reason"].as_str().map(String::from);
+            w.groups_until_ban = w.groups_left.or(Some(0));
+            w.trained_at_ban = Some(mine.unwrap_or(0));
+        }
+    }
+}
+
+/// The honest worker restarted under a replay: does its installed version ever go back?
+struct ReplayWatch {
+    before: Option<u64>,
+    versions: Vec<u64>,
+}
+
+impl ReplayWatch {
+    fn restart(
+        fleet: &mut Fleet,
+        bin: &Path,
+        (i, config): &(usize, NodeConfig),
+        admin: &mut String,
+    ) -> anyhow::Result<ReplayWatch> {
+        let before = status(admin).and_then(|s| s["version"].as_u64());
+        fleet.kill(*i);
+        let j = fleet.start_with_env(bin, "w0-restarted", config, &[], &honest_env())?;
+        *admin = fleet.wait_addresses(j, config, START_LIMIT)?.admin;
+        eprintln!("adversary: w0 restarted (installed version before: {before:?})");
+        Ok(ReplayWatch {
+            before,
+            versions: Vec::new(),
+        })
+    }
+
+    fn sample(&mut self, admin: &str) {
+        if let Some(v) = status(admin).and_then(|s| s["version"].as_u64()) {
+            if self.versions.last() != Some(&v) {
+                self.versions.push(v);
+            }
+        }
+    }
+
+    fn report(&self) -> Value {
+        let regressed = self.versions.windows(2).any(|w| w[1] < w[0])
+            || matches!((self.before, self.versions.iter().min()), (Some(b), Some(m)) if *m < b);
+        json!({
+            "installed_before_restart": self.before,
+            "installed_after_restart": self.versions,
+            "regressed": regressed,
+        })
+    }
+}
+
+/// Runs the scenario; writes `adversary.json` under `out` and returns the summary.
+pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
+    anyhow::ensure!(
+        s.steps >= 1 && s.batch >= 1,
+        "--steps and --batch must be >= 1"
+    );
+    std::fs::create_dir_all(out)?;
+    let mut runs = Vec::new();
+    let mut crashes = 0u64;
+    let reward_clean = if s.no_clean {
+        None
+    } else {
+        eprintln!("adversary: clean run (honest workers only)");
+        let r = harness::in_run_dir("tn-adversary-clean-", |root| run_once(bin, root, s, &[]))?;
+        crashes += u64::from(r.learner_crashed);
+        runs.push(run_json("clean", &r));
+        r.reward
+    };
+    let mut attacks = Vec::new();
+    let mut rewards = Vec::new();
+    for (k, batch) in s.attacks.chunks(s.batch).enumerate() {
+        let names: Vec<&str> = batch.iter().map(|a| a.name()).collect();
+        eprintln!(
+            "adversary: run {} of {}: {}",
+            k + 1,
+            s.attacks.len().div_ceil(s.batch),
+            names.join(", ")
+        );
+        let r = harness::in_run_dir("tn-adversary-", |root| run_once(bin, root, s, batch))?;
+        crashes += u64::from(r.learner_crashed);
+        rewards.extend(r.reward);
+        attacks.extend(r.watches.iter().map(|w| {
+            let mut a = w.report(k);
+            if w.attack == Attack::ReplayAfterRestart.name() {
+                a["replay"] = r.replay.clone().unwrap_or(Value::Null);
+            }
+            a
+        }));
+        runs.push(run_json(&names.join(","), &r));
+    }
+    let reward_attacked =
+        (!rewards.is_empty()).then(|| rewards.iter().sum::<f64>() / rewards.len() as f64);
+    let summary = json!({
+        "attacks": attacks,
+        "learner_crashes": crashes,
+        "reward_clean": reward_clean,
+        "reward_attacked": reward_attacked,
+        "steps": s.steps,
+        "runs": runs.len(),
+    });
+    let full = json!({ "summary": summary, "runs": runs });
+    let path = out.join("adversary.json");
+    std::fs::write(&path, format!("{full:#}\n"))
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(summary)
+}
+
+fn run_json(name: &str, r: &RunResult) -> Value {
+    json!({
+        "attacks": name,
+        "steps_reached": r.steps,
+        "timed_out": r.timed_out,
+        "learner_crashed": r.learner_crashed,
+        "reward": r.reward,
+        "learner_rejections": r.rejections,
+        "learner_groups_pulled": r.pulled,
+        "learner_groups_pruned": r.pruned,
+        "replay": r.replay,
+        "workers": r.watches.iter().map(|w| w.report(0)).collect::<Vec<_>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evidence_is_read_from_whatever_fields_the_peer_table_has() {
+        let learner = json!({
+            "peers": [
+                {"peer_id": "bad", "strikes": 3, "banned": true, "ban_reason": "bad_signature",
+                 "rejected_messages": 0},
+                {"peer_id": "good", "strikes": 0},
+                {"peer_id": "old"}
+            ],
+            "learner": {"pull_rejections": {"by_peer": {"bad": {"signature": 2}}}}
+        });
+        let e = peer_evidence(&learner, "bad", "learner");
+        assert_eq!(
+            e,
+            ["learner: banned (bad_signature)", "learner: strikes = 3"]
+        );
+        assert!(peer_evidence(&learner, "good", "learner").is_empty());
+        assert!(
+            peer_evidence(&learner, "old", "learner").is_empty(),
+            "no fields yet: no evidence"
+        );
+        assert!(peer_evidence(&learner, "absent", "learner").is_empty());
+        let mut keyed = Vec::new();
+        keyed_counters(&learner["learner"], "bad", "", &mut keyed);
+        assert_eq!(keyed.len(), 1);
+        assert!(
+            keyed[0].starts_with("learner: pull_rejections.by_peer.bad"),
+            "{keyed:?}"
+        );
+
+        let mut w = Watch {
+            peer_id: "bad".into(),
+            groups_left: Some(5),
+            ..Watch::default()
+        };
+        let trained = BTreeMap::from([("bad".to_string(), 4u64)]);
+        observe(&mut w, &learner, &[], &trained);
+        assert!(w.banned && w.strikes == 3);
+        assert_eq!(w.groups_until_ban, Some(5));
+        let mut later = trained.clone();
+        later.insert("bad".into(), 6);
+        observe(&mut w, &learner, &[], &later);
+        let r = w.report(0);
+        assert_eq!(r["trained_after_ban"], 2, "{r}");
+        assert_eq!(r["detected"], true);
+    }
+
+    #[test]
+    fn trained_groups_per_producer_are_parsed_from_prometheus_text() {
+        let text = "# TYPE learner_groups_trained_total counter\n\
+                    learner_groups_trained_total{producer=\"12D3a\"} 7\n\
+                    learner_groups_trained_total{producer=\"12D3b\"} 0\n\
+                    learner_groups_trained_totally{producer=\"x\"} 1\n\
+                    learner_version 3\n";
+        let m = trained_by_producer(text);
+        assert_eq!(m.len(), 2);
+        assert_eq!(m["12D3a"], 7);
+        assert_eq!(m["12D3b"], 0);
+    }
+
+    #[test]
+    fn a_replayed_install_that_goes_back_is_a_regression() {
+        let ok = ReplayWatch {
+            before: Some(4),
+            versions: vec![4, 6, 8],
+        };
+        assert_eq!(ok.report()["regressed"], false);
+        let back = ReplayWatch {
+            before: Some(4),
+            versions: vec![6, 2, 8],
+        };
+        assert_eq!(back.report()["regressed"], true);
+        let below = ReplayWatch {
+            before: Some(4),
+            versions: vec![2],
+        };
+        assert_eq!(below.report()["regressed"], true);
+    }
+
+    #[test]
+    fn rejection_counters_keep_only_the_defence_fields() {
+        let l = json!({"version": 3, "pull_rejected": {"signature": 1}, "groups_pulled": 9,
+                       "peers_banned": 1});
+        let r = rejection_counters(&l);
+        assert_eq!(
+            r,
+            json!({"pull_rejected": {"signature": 1}, "peers_banned": 1})
+        );
+    }
+}

@@ -1,0 +1,139 @@
+//! `testnet adversary` end to end on two cheap attacks: the summary line has the documented
+//! shape, the attack was really carried out, and the learner survived it.
+//!
+//! Needs the `echo-node` binary of the same profile next to the `testnet` one (`cargo build
+//! -p echo-node` first; a workspace test run builds it). The scenario runs as its own process
+//! group, killed as a whole if it overruns, so no node outlives the test.
+
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const LIMIT: Duration = Duration::from_secs(540);
+
+fn node_bin() -> PathBuf {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_testnet")).with_file_name("echo-node");
+    assert!(
+        bin.exists(),
+        "{} not found: build it first (`cargo build -p echo-node`)",
+        bin.display()
+    );
+    bin
+}
+
+/// Runs `testnet adversary ARGS --json` and returns its summary line.
+fn adversary(args: &[&str]) -> Value {
+    let out = tempfile::tempdir().unwrap();
+    let stdout = out.path().join("stdout");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_testnet"))
+        .arg("adversary")
+        .args(args)
+        .args(["--json", "--bin"])
+        .arg(node_bin())
+        .arg("--out")
+        .arg(out.path())
+        .stdout(std::fs::File::create(&stdout).unwrap())
+        .stdin(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + LIMIT;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let pgid = nix::unistd::Pid::from_raw(-(child.id() as i32));
+            let _ = nix::sys::signal::kill(pgid, nix::sys::signal::Signal::SIGKILL);
+            let _ = child.wait();
+            panic!("testnet adversary {args:?} ran past {LIMIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(status.success(), "testnet adversary {args:?}: {status}");
+    let text = std::fs::read_to_string(&stdout).unwrap();
+    let full: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("adversary.json")).unwrap())
+            .unwrap();
+    assert!(full["runs"].is_array(), "full results written: {full}");
+    serde_json::from_str(text.lines().last().unwrap()).unwrap()
+}
+
+fn assert_shape(v: &Value, attacks: &[&str]) {
+    let list = v["attacks"].as_array().expect("attacks is a list");
+    let names: Vec<&str> = list.iter().map(|a| a["attack"].as_str().unwrap()).collect();
+    assert_eq!(names, attacks, "{v}");
+    for a in list {
+        assert!(a["detected"].is_boolean(), "{a}");
+        assert!(a["banned"].is_boolean(), "{a}");
+        for k in ["groups_until_ban", "trained_after_ban"] {
+            assert!(a[k].is_null() || a[k].is_u64(), "{k}: {a}");
+        }
+        if a["banned"] == true {
+            assert!(
+                a["groups_until_ban"].is_u64() && a["trained_after_ban"].is_u64(),
+                "{a}"
+            );
+        }
+    }
+    assert!(v["learner_crashes"].is_u64(), "{v}");
+    assert!(v["reward_attacked"].is_number(), "{v}");
+    assert!(v.get("reward_clean").is_some(), "{v}");
+}
+
+#[test]
+fn two_cheap_attacks_are_carried_out_and_the_learner_survives() {
+    let v = adversary(&[
+        "--attacks",
+        "pending_inflation,heartbeat_spam",
+        "--batch",
+        "2",
+        "--steps",
+        "2",
+        "--warm-start-steps",
+        "0",
+        "--no-clean",
+    ]);
+    assert_shape(&v, &["pending_inflation", "heartbeat_spam"]);
+    assert_eq!(v["learner_crashes"], 0, "{v}");
+    assert!(v["reward_clean"].is_null(), "--no-clean: {v}");
+    // Both attacks ran: the learner's peer table shows the inflated claim, and the spammer's
+    // heartbeats outnumber the other malicious worker's (same run, same interval) by far.
+    let (inflate, spam) = (&v["attacks"][0], &v["attacks"][1]);
+    assert_eq!(inflate["claimed_pending"], u64::MAX, "{v}");
+    let seen = |a: &Value| a["heartbeats_seen_by_learner"].as_u64().unwrap_or(0);
+    assert!(seen(spam) > 3 * seen(inflate).max(1), "{v}");
+}
+
+/// All ten attacks and the clean run: several minutes of a dozen processes (run by hand:
+/// `cargo test -p testnet -- --ignored`).
+#[test]
+#[ignore = "heavy: 5 swarms of up to 6 processes, several minutes"]
+fn every_attack_is_run_and_reported() {
+    let all = [
+        "inflated_reward",
+        "forged_logprobs",
+        "out_of_vocab",
+        "overlong",
+        "oversized_answer",
+        "pending_inflation",
+        "heartbeat_spam",
+        "corrupt_chunks",
+        "replay_after_restart",
+        "bad_signature",
+    ];
+    let v = adversary(&["--steps", "6", "--warm-start-steps", "0"]);
+    assert_shape(&v, &all);
+    assert_eq!(v["learner_crashes"], 0, "{v}");
+    assert!(v["reward_clean"].is_number(), "{v}");
+    let replay = v["attacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["attack"] == "replay_after_restart")
+        .unwrap();
+    assert!(replay["replay"]["regressed"].is_boolean(), "{replay}");
+}
