@@ -48,6 +48,8 @@ fn group(
         prompt_id: p.id.clone(),
         version: 0,
         producer: "bench".into(),
+        seq: 0,
+        signature: None,
         prompt_text: p.text.clone(),
         prompt_tokens: prompt,
         created_unix_ms: 0,

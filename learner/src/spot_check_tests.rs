@@ -39,6 +39,8 @@ fn honest_group(policy: &Policy, n: usize, seed: u64) -> TrajectoryGroup {
         prompt_id: "7+5".into(),
         version: 0,
         producer: "peer".into(),
+        seq: 0,
+        signature: None,
         prompt_text: "7+5=".into(),
         prompt_tokens: prompt,
         created_unix_ms: 0,

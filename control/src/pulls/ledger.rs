@@ -166,6 +166,12 @@ impl<K: Hash + Eq + Clone> PullLedger<K> {
         r.retry_at = Some(now + wait);
     }
 
+    /// Keeps only the records of peers `keep` says are still workers (the others left or were
+    /// banned): the ledger is as large as the current set of workers.
+    pub fn retain(&mut self, mut keep: impl FnMut(&K) -> bool) {
+        self.peers.retain(|k, _| keep(k));
+    }
+
     /// Drops `peer`'s record (it left, or was banned).
     pub fn forget(&mut self, peer: &K) {
         self.peers.remove(peer);

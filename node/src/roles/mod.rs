@@ -45,7 +45,7 @@ pub type Probe = Arc<dyn Fn() -> (Option<u64>, f64) + Send + Sync>;
 pub fn rollout_workers(net: &p2p::NetworkStatus) -> impl Iterator<Item = &p2p::PeerStatus> {
     net.peers
         .iter()
-        .filter(|p| p.connected && p.role == Some(p2p::Role::Rollout))
+        .filter(|p| p.connected && !p.banned && p.role == Some(p2p::Role::Rollout))
 }
 
 /// The installed versions of the connected, active rollout workers: the population whose

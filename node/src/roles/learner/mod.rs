@@ -148,9 +148,27 @@ pub async fn start(
             )))
         }),
     });
-    let verifier =
+    let mut verifier =
         verify::Verifier::for_learner(&state.config, &state.key.verifying_key().to_bytes())
             .context("building the learner's verification layers")?;
+    let v = &state.config.verification;
+    if v.spot_check_fraction > 0.0 || v.spot_check_first_groups > 0 {
+        // Last: the only layer that runs the model.
+        verifier = verifier.with_layer(
+            spot::SpotChecker::new(
+                spot::SpotSettings {
+                    fraction: v.spot_check_fraction,
+                    first_groups: u32::try_from(v.spot_check_first_groups).unwrap_or(u32::MAX),
+                    temperature: trainer.config().temperature,
+                    ..Default::default()
+                },
+                state.chunks.clone(),
+                trainer.policy().config().clone(),
+                state.device.clone(),
+            )
+            .context("building the log-prob spot checker")?,
+        );
+    }
     tracing::info!(layers = ?verifier.layer_names(), "verification of pulled groups");
     let (snap_tx, snap_rx) = watch::channel::<Snapshot>(None);
     let config_hash = trainer.policy().config().hash();

@@ -4,7 +4,8 @@
 //! tops the buffer up to its target: the shortfall (counting only groups still admissible
 //! after the next step, [`learner::Window::buffered_from`]), less what pulls still in flight
 //! asked for, split over the workers with no pull in flight by
-//! [`control::pulls::allocate_pulls`]. Pulls run concurrently and independently — a worker that
+//! [`control::pulls::allocate_capped`] in proportion to each worker's credit: what it claims
+//! (`pending`) bounded by what the learner saw it deliver ([`control::pulls::PullLedger`]). Pulls run concurrently and independently — a worker that
 //! is slow to answer (installing a snapshot, overloaded) holds back only its own share, not the
 //! next round of pulls from the others.
 //!
@@ -17,9 +18,9 @@
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use control::pulls::allocate_pulls;
+use control::pulls::{allocate_capped, LedgerParams, PullLedger};
 use futures::stream::{FuturesUnordered, StreamExt};
 use storage::record::GroupLimits;
 use storage::TrajectoryStore;
@@ -28,8 +29,10 @@ use super::Shared;
 use crate::config::NodeConfig;
 use crate::roles::{active_installs, rollout_workers};
 
-/// One pull from one worker gives up after this long (its lease on the worker expires).
-const PULL_TIMEOUT: Duration = Duration::from_secs(10);
+/// One pull from one worker gives up after this long (its lease on the worker expires). Every
+/// read of the pull already has its own deadline (`pull::READ_TIMEOUT`); this bounds a peer
+/// that trickles each frame just inside it.
+const PULL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The puller's settings, taken from the resolved config.
 pub(super) struct PullSettings {
@@ -129,6 +132,7 @@ pub(super) async fn run(
     let mut busy = HashSet::new();
     let mut asked = 0u64;
     let mut round = 0usize;
+    let mut ledger = PullLedger::new(LedgerParams::default());
     loop {
         let done: Option<Done> = tokio::select! {
             _ = tick.tick() => None,
@@ -138,6 +142,10 @@ pub(super) async fn run(
         if let Some((peer, max_groups, r)) = done {
             busy.remove(&peer);
             asked -= max_groups;
+            match &r {
+                Ok(out) => ledger.record_delivery(peer, max_groups, out.delivered()),
+                Err(_) => ledger.record_failure(peer, Instant::now()),
+            }
             record_outcome(&shared, &client, peer, r).await;
             continue;
         }
@@ -153,6 +161,9 @@ pub(super) async fn run(
                 ))
             })
             .collect();
+        // Workers that left (or were banned) are forgotten: the ledger stays as large as the
+        // set of workers.
+        ledger.retain(|p| workers.iter().any(|w| w.0 == *p) || busy.contains(p));
         let mu_pool: f64 = workers.iter().map(|w| w.2).sum();
         shared.publish.measure(&active_installs(&net));
         shared
@@ -175,9 +186,16 @@ pub(super) async fn run(
         if need == 0 || idle.is_empty() {
             continue;
         }
-        let holdings: Vec<u64> = idle.iter().map(|w| w.1).collect();
+        // What a worker claims (`pending`) is only an upper bound: its credit is what the
+        // learner saw it deliver ([`PullLedger`]); a claim of u64::MAX buys nothing. The +1
+        // tolerates a heartbeat that lags the worker's outbox.
+        let now = Instant::now();
+        let credits: Vec<u64> = idle
+            .iter()
+            .map(|w| ledger.credit(&w.0, w.1.saturating_add(1), now))
+            .collect();
         round = round.wrapping_add(1);
-        let shares = allocate_pulls(need, &holdings, round);
+        let shares = allocate_capped(need, &credits, round);
         if let Ok(mut last) = shared.pulls.last.lock() {
             *last = Some((version, v_min));
         }
@@ -195,6 +213,7 @@ pub(super) async fn run(
                 limits: settings.limits,
             };
             busy.insert(peer);
+            ledger.started(peer, max_groups);
             asked += max_groups;
             in_flight.push(async move {
                 // A worker that stops answering (stopped, overloaded) is given up on after
@@ -241,14 +260,17 @@ async fn record_outcome(
                 }
             }
         }
-        Err(e @ pull::PullError::OversizedLease { .. }) => {
-            shared.pulls.pull_errors.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(%peer, error = %e, "worker announced more groups than asked for");
-            strike(p2p::StrikeReason::OversizedAnswer).await;
-        }
         Err(e) => {
             shared.pulls.pull_errors.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(%peer, error = %e, "pull failed");
+            // The peer's fault (an oversized answer, a protocol violation, a missed read
+            // deadline) is a strike; a dropped connection or a local error is not.
+            match e.strike_reason() {
+                Some(reason) => {
+                    tracing::warn!(%peer, error = %e, "pull failed by the worker's fault");
+                    strike(reason).await;
+                }
+                None => tracing::debug!(%peer, error = %e, "pull failed"),
+            }
         }
     }
 }

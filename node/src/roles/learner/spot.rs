@@ -327,6 +327,17 @@ impl SpotChecker {
     }
 }
 
+/// The spot check as the last of the learner's verification layers (the only one that runs
+/// the model, so it sees only groups every cheaper layer passed).
+impl super::verify::Layer for SpotChecker {
+    fn name(&self) -> &'static str {
+        REASON_MISMATCH
+    }
+    fn check(&self, worker: &p2p::PeerId, group: &TrajectoryGroup) -> Result<(), GroupRejection> {
+        SpotChecker::check(self, &worker.to_base58(), group)
+    }
+}
+
 impl pull::GroupVerifier for SpotChecker {
     fn verify(&self, worker: &p2p::PeerId, group: &TrajectoryGroup) -> Result<(), GroupRejection> {
         self.check(&worker.to_base58(), group)

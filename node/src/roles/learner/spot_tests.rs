@@ -44,6 +44,8 @@ fn worker_group(snapshot: &[u8], version: u64, seed: u64) -> TrajectoryGroup {
         prompt_id: "34".into(),
         version,
         producer: String::new(),
+        seq: 0,
+        signature: None,
         prompt_text: "3+4=".into(),
         prompt_tokens: prompt,
         created_unix_ms: 0,
