@@ -95,12 +95,25 @@ fn expect_refused_and_struck(swarm: &str, attacks: &str, reasons: &[&str], steps
             (rejected(&learner, r) > 0).then_some(())
         });
     }
-    let total: u64 = reasons.iter().map(|r| rejected(&learner, r)).sum();
-    let struck = wait_for("the bad worker's strikes", LIMIT, || {
+    // Each refused group is a strike; past `ban_after_strikes` (3) the worker is banned for
+    // the run, for one of the reasons its groups were refused.
+    let struck = wait_for("the bad worker's ban", LIMIT, || {
         let p = peer(&learner.status()?, &bad_id)?;
-        let (f, r) = (p["failures"].as_u64()?, p["rejected_messages"].as_u64()?);
-        (f >= total && r >= total).then_some(p)
+        (p["banned"] == true && p["strikes"].as_u64()? >= 3 && p["failures"].as_u64()? >= 3)
+            .then_some(p)
     });
+    let ban_reason = struck["ban_reason"].as_str().unwrap_or_default().to_string();
+    let expected: Vec<&str> = reasons
+        .iter()
+        .map(|r| match *r {
+            "bad_signature" | "reward_mismatch" => *r,
+            _ => "invalid_group",
+        })
+        .collect();
+    assert!(
+        expected.contains(&ban_reason.as_str()),
+        "banned for {ban_reason}, expected one of {expected:?}: {struck}"
+    );
     // Training goes on with the honest worker's groups.
     let status = wait_for(&format!("{steps} learner steps"), LIMIT, || {
         let s = learner.status()?;
@@ -108,7 +121,8 @@ fn expect_refused_and_struck(swarm: &str, attacks: &str, reasons: &[&str], steps
     });
     let h = peer(&status, &honest[0].key.peer_id).expect("the honest worker is a peer");
     assert_eq!(
-        h["rejected_messages"], 0,
+        (h["strikes"].as_u64(), h["banned"].as_bool()),
+        (Some(0), Some(false)),
         "the honest worker was struck: {h}"
     );
     for r in [
