@@ -352,12 +352,21 @@ fn chart(full: &Value) -> anyhow::Result<Chart> {
     let st = &full["settings"];
     let num = |k: &str| st[k].as_f64().unwrap_or(f64::NAN);
     Ok(Chart {
-        title: format!(
-            "T_bcast of {} MB on loopback, Bw {} / B0 {} Mbit/s",
-            num("size_mb"),
-            num("worker_mbps"),
-            num("learner_mbps")
-        ),
+        title: match st["rtt_ms"].as_f64() {
+            Some(rtt) => format!(
+                "T_bcast of {} MB, emulated WAN (RTT {rtt} ms, loss {} %), Bw {} / B0 {} Mbit/s",
+                num("size_mb"),
+                st["loss_pct"].as_f64().unwrap_or(0.0),
+                num("worker_mbps"),
+                num("learner_mbps")
+            ),
+            None => format!(
+                "T_bcast of {} MB on loopback, Bw {} / B0 {} Mbit/s",
+                num("size_mb"),
+                num("worker_mbps"),
+                num("learner_mbps")
+            ),
+        },
         x_label: "rollout workers N".into(),
         y_label: "T_bcast (s)".into(),
         series,

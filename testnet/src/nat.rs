@@ -184,10 +184,7 @@ pub fn run(o: &Opts, root: &Path) -> anyhow::Result<Value> {
     })?;
     let timed_out = done.is_none();
 
-    let peers = learner_st["network"]["peers"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
+    let peers = learner_st["peers"].as_array().cloned().unwrap_or_default();
     let mut rows = Vec::new();
     for w in &workers {
         let ws = status(&w.exe, &w.admin).unwrap_or(Value::Null);
@@ -220,7 +217,7 @@ pub fn run(o: &Opts, root: &Path) -> anyhow::Result<Value> {
             .map(|p| json!([p["chain"], p["position"]]));
         // Which other workers this one holds a connection to (forwarding needs them).
         let worker_ids: Vec<&str> = workers.iter().map(|x| x.peer_id.as_str()).collect();
-        let linked: Vec<Value> = ws["network"]["peers"]
+        let linked: Vec<Value> = ws["peers"]
             .as_array()
             .map(Vec::as_slice)
             .unwrap_or_default()
@@ -241,10 +238,13 @@ pub fn run(o: &Opts, root: &Path) -> anyhow::Result<Value> {
             "connected_workers": linked, "reachability": reach,
         }));
     }
+    let stopping = Instant::now();
     let unclean = fleet.stop(harness::STOP_GRACE);
+    let stop_s = stopping.elapsed().as_secs_f64();
     let l = &learner_st["learner"];
     let report = json!({
         "scenario": "nat",
+        "namespaces": lab.lab.prefix(),
         "workers": rows,
         "relay": relay_dial.is_some(),
         "relay_bytes": Value::Null,
@@ -254,6 +254,7 @@ pub fn run(o: &Opts, root: &Path) -> anyhow::Result<Value> {
         "timed_out": timed_out,
         "elapsed_s": started.elapsed().as_secs_f64(),
         "unclean_exits": unclean,
+        "stop_s": stop_s,
     });
     drop(lab);
     Ok(report)

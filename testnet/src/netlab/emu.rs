@@ -66,8 +66,7 @@ impl LinkParams {
             delay: Duration::from_secs_f64((rtt_ms / 4.0).max(0.0) / 1e3),
             jitter: Duration::from_secs_f64((jitter_ms / 2.0).max(0.0) / 1e3),
             loss: 1.0 - (1.0 - p).sqrt(),
-            rate_bps: None,
-            queue_limit_bytes: DEFAULT_QUEUE_BYTES,
+            ..LinkParams::transparent()
         }
     }
 }
@@ -178,6 +177,7 @@ impl LinkQueue {
         Some(p)
     }
 
+    #[cfg(test)]
     pub fn queued(&self) -> usize {
         self.queue.len()
     }

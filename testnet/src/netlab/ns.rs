@@ -166,7 +166,7 @@ fn remove_ns(ns: &str) {
 }
 
 /// Tears every live lab of this process down when SIGINT, SIGTERM or SIGHUP arrives, then
-/// exits with 128 + the signal. Call once, early in `main`, before any thread is spawned.
+/// exits with 128 + the signal. Call once.
 pub fn install_signal_teardown() -> Result<(), LabError> {
     super::sys::on_termination(|sig| {
         let live: Vec<String> =

@@ -10,8 +10,10 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::OpenOptionsExt;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 /// The bind mount `ip netns add NAME` creates for a namespace.
@@ -98,31 +100,45 @@ pub fn poll_readable(files: &[&File], timeout: Duration) -> io::Result<Vec<bool>
     Ok(fds.iter().map(|p| p.revents != 0).collect())
 }
 
-/// Blocks SIGINT, SIGTERM and SIGHUP on the calling thread (and the threads it spawns
-/// afterwards) and starts a thread that waits for them and then runs `on_signal(signal)`.
-/// Child processes are unaffected: the standard library clears the signal mask of every
-/// process it spawns.
+/// The write end of the self-pipe the signal handler reports to (-1: none installed).
+static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
+
+/// The signal handler: writes the signal's number to the self-pipe (`write` is
+/// async-signal-safe; nothing else is done here).
+extern "C" fn on_signal_handler(sig: libc::c_int) {
+    let fd = SIGNAL_PIPE.load(Ordering::Relaxed);
+    if fd >= 0 {
+        let b = sig as u8;
+        // SAFETY: `fd` is the pipe's write end, open for the life of the process; `b` is a
+        // local byte that outlives the call.
+        unsafe { libc::write(fd, (&b as *const u8).cast(), 1) };
+    }
+}
+
+/// Installs a handler for SIGINT, SIGTERM and SIGHUP that wakes a thread (through a
+/// self-pipe), which runs `on_signal(signal)`. Handlers, unlike blocked signal masks, are
+/// reset to the default in every process this one executes, so child processes still stop on
+/// SIGTERM. Call once.
 pub fn on_termination(on_signal: impl FnOnce(i32) + Send + 'static) -> io::Result<()> {
-    // SAFETY: sigset_t is plain data, initialised by sigemptyset before any other use; the
-    // set outlives every call that reads it.
-    let set = unsafe {
-        let mut set = std::mem::zeroed::<libc::sigset_t>();
-        libc::sigemptyset(&mut set);
-        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-            libc::sigaddset(&mut set, s);
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` is a live two-element array the call fills in.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fds[0]` was just created by pipe2 and is owned by nothing else.
+    let mut reader = unsafe { File::from_raw_fd(fds[0]) };
+    SIGNAL_PIPE.store(fds[1], Ordering::Relaxed);
+    for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        let handler = on_signal_handler as extern "C" fn(libc::c_int);
+        // SAFETY: the handler only calls `write` on a descriptor that stays open.
+        if unsafe { libc::signal(s, handler as libc::sighandler_t) } == libc::SIG_ERR {
+            return Err(io::Error::last_os_error());
         }
-        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        if rc != 0 {
-            return Err(io::Error::from_raw_os_error(rc));
-        }
-        set
-    };
+    }
     std::thread::spawn(move || {
-        let mut sig: libc::c_int = 0;
-        // SAFETY: `set` and `sig` are locals of this thread that outlive the call.
-        let rc = unsafe { libc::sigwait(&set, &mut sig) };
-        if rc == 0 {
-            on_signal(sig);
+        let mut b = [0u8; 1];
+        if matches!(reader.read(&mut b), Ok(1)) {
+            on_signal(i32::from(b[0]));
         }
     });
     Ok(())

@@ -204,6 +204,8 @@ pub struct WanStar {
     /// Dropped after the emulator (field order): the devices go with their namespaces.
     pub emulator: Emulator,
     pub hosts: Vec<Host>,
+    /// Held for its drop, which removes the namespaces.
+    #[allow(dead_code)]
     pub lab: Lab,
 }
 
