@@ -340,14 +340,10 @@ fn main() -> anyhow::Result<()> {
             run: RunOpts { bin, json, out },
         } => {
             if cleanup {
-                for ns in netlab::ns::cleanup_leftovers(false)? {
-                    eprintln!("removed {ns}");
-                }
-                return Ok(());
+                return nat::cleanup();
             }
             anyhow::ensure!((1..=4).contains(&per_nat), "--per-nat in 1..=4");
             anyhow::ensure!((1..=1000).contains(&steps), "--steps in 1..=1000");
-            netlab::ns::install_signal_teardown()?;
             let opts = nat::Opts {
                 bin: harness::node_bin(bin)?,
                 steps,
@@ -355,14 +351,7 @@ fn main() -> anyhow::Result<()> {
                 relay,
                 timeout: std::time::Duration::from_secs(timeout_s),
             };
-            let report = harness::in_run_dir("tn-nat-", |dir| nat::run(&opts, dir))?;
-            std::fs::create_dir_all(&out)?;
-            std::fs::write(out.join("nat.json"), serde_json::to_vec_pretty(&report)?)?;
-            print_summary(&report, json);
-            anyhow::ensure!(
-                report["timed_out"] != true,
-                "not every worker installed and trained within {timeout_s} s"
-            );
+            print_summary(&nat::command(&opts, &out)?, json);
             Ok(())
         }
         Scenario::Staleness {

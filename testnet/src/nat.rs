@@ -73,6 +73,29 @@ struct Worker {
     first_install_s: Option<f64>,
 }
 
+/// `testnet nat --cleanup`: removes the namespaces of lab runs whose process is gone.
+pub fn cleanup() -> anyhow::Result<()> {
+    for ns in crate::netlab::ns::cleanup_leftovers(false)? {
+        eprintln!("removed {ns}");
+    }
+    Ok(())
+}
+
+/// `testnet nat`: runs the scenario in a fresh run directory (kept if it fails), with the
+/// lab torn down on signals; writes `out/nat.json`; an error when it timed out.
+pub fn command(o: &Opts, out: &Path) -> anyhow::Result<Value> {
+    crate::netlab::ns::install_signal_teardown()?;
+    let report = harness::in_run_dir("tn-nat-", |dir| run(o, dir))?;
+    std::fs::create_dir_all(out)?;
+    std::fs::write(out.join("nat.json"), serde_json::to_vec_pretty(&report)?)?;
+    anyhow::ensure!(
+        report["timed_out"] != true,
+        "not every worker installed and trained within {:?}: {report}",
+        o.timeout
+    );
+    Ok(report)
+}
+
 /// Runs the scenario under `root`; returns the JSON report (`timed_out: true` when not every
 /// worker installed and the steps were not trained within the timeout).
 pub fn run(o: &Opts, root: &Path) -> anyhow::Result<Value> {
