@@ -106,6 +106,7 @@ pub fn run(
         rounds: 1,
         bin: bin.to_path_buf(),
         heartbeat_ms: 500,
+        wan: None,
     };
     let bar = crate::progress::bar(4, "ablation runs");
     let mut t = Vec::new();

@@ -10,6 +10,12 @@
 //! the median over its rounds, compared with [`bound_s`] — the ECHO-2 paper's chain and star
 //! bounds, computed by `control::plan` (the one home of those formulas).
 //!
+//! With [`Wan`] settings (`--rtt-ms`, `--loss-pct`, `--jitter-ms`) every node runs in its own
+//! network namespace on an emulated WAN link ([`crate::netlab::topo::WanStar`]): each packet
+//! between two nodes crosses the sender's and the receiver's link, which together add the RTT,
+//! the loss and the jitter asked for (`docs/netlab.md`). The rows then carry `rtt_ms`,
+//! `loss_pct`, `jitter_ms` and the emulator's packet counts.
+//!
 //! Owns the scenario's settings, the bound, its result rows and its chart. Must not start,
 //! signal or stop processes itself nor write node configs by hand: that is [`crate::harness`].
 
@@ -71,6 +77,59 @@ pub struct Settings {
     pub rounds: u32,
     pub bin: PathBuf,
     pub heartbeat_ms: u64,
+    /// Emulated WAN conditions (nodes in network namespaces), or plain loopback.
+    pub wan: Option<Wan>,
+}
+
+/// WAN conditions of a broadcast run: node-to-node round trip, per-direction loss, jitter.
+#[derive(Debug, Clone, Copy)]
+pub struct Wan {
+    pub rtt_ms: f64,
+    pub loss_pct: f64,
+    pub jitter_ms: f64,
+    /// Seed of the emulator's loss and jitter draws.
+    pub seed: u64,
+}
+
+/// Where the nodes of one setting run: the `echo-node` command for node `i` (0 = learner) and
+/// the address it listens on.
+struct Placement {
+    star: Option<crate::netlab::topo::WanStar>,
+    exes: Vec<PathBuf>,
+    listen: Vec<String>,
+}
+
+impl Placement {
+    fn new(s: &Settings, n: usize, root: &Path) -> anyhow::Result<Placement> {
+        let Some(w) = s.wan else {
+            return Ok(Placement {
+                star: None,
+                exes: vec![s.bin.clone(); n + 1],
+                listen: vec!["/ip4/127.0.0.1/tcp/0".into(); n + 1],
+            });
+        };
+        let params =
+            crate::netlab::emu::LinkParams::per_star_link(w.rtt_ms, w.loss_pct, w.jitter_ms);
+        let star = crate::netlab::topo::WanStar::new("bc", n + 1, params, w.seed, None)?;
+        let bins = root.join("ns-bin");
+        std::fs::create_dir_all(&bins)?;
+        let mut exes = Vec::new();
+        let mut listen = Vec::new();
+        for (i, h) in star.hosts.iter().enumerate() {
+            exes.push(crate::netlab::node_wrapper(
+                &bins,
+                &format!("node{i}"),
+                &h.ns,
+                &s.bin,
+            )?);
+            listen.push(format!("/ip4/{}/tcp/0", h.ip));
+        }
+        Ok(Placement {
+            star: Some(star),
+            exes,
+            listen,
+        })
+    }
 }
 
 impl Settings {
@@ -99,6 +158,7 @@ fn launch(
     mode: BroadcastMode,
     n: usize,
     root: &Path,
+    at: &Placement,
 ) -> anyhow::Result<(Fleet, String)> {
     let ldir = root.join("learner");
     std::fs::create_dir_all(&ldir)?;
@@ -113,6 +173,7 @@ fn launch(
     };
     let mut learner = config(Role::Learner, &ldir);
     learner.network.learner_mbps = s.learner_mbps;
+    learner.network.listen = vec![at.listen[0].clone()];
     let mut fleet = Fleet::with_log_filter(harness::NODE_LOG_FILTER);
     let bench = [
         "--bench-broadcast-mb".to_string(),
@@ -122,7 +183,7 @@ fn launch(
         "--bench-rounds".into(),
         s.rounds.to_string(),
     ];
-    let l = fleet.start(&s.bin, "learner", &learner, &bench)?;
+    let l = fleet.start(&at.exes[0], "learner", &learner, &bench)?;
     let addrs = fleet.wait_addresses(l, &learner, harness::START_LIMIT)?;
     let bootstrap = addrs
         .dial_addr()
@@ -133,18 +194,27 @@ fn launch(
         w.network.bootstrap = vec![bootstrap.clone()];
         w.network.uplink_mbps = s.worker_mbps;
         w.network.downlink_mbps = s.worker_mbps;
-        fleet.start(&s.bin, &format!("w{i}"), &w, &["--bench-sink".into()])?;
+        w.network.listen = vec![at.listen[i + 1].clone()];
+        fleet.start(
+            &at.exes[i + 1],
+            &format!("w{i}"),
+            &w,
+            &["--bench-sink".into()],
+        )?;
     }
     Ok((fleet, addrs.admin))
 }
 
 /// Runs one setting (N workers, one mode); returns its result row.
 pub fn run_one(s: &Settings, mode: BroadcastMode, n: usize, root: &Path) -> anyhow::Result<Value> {
-    let (mut fleet, admin) = launch(s, mode, n, root)?;
+    let mut at = Placement::new(s, n, root)?;
+    let (mut fleet, admin) = launch(s, mode, n, root, &at)?;
+    // The admin endpoint is on the learner's loopback: in a namespace, ask from inside it.
+    let status_bin = at.exes[0].clone();
     let limit = Duration::from_secs(240 + u64::from(s.rounds) * 120);
     let bench = harness::wait_for(limit, Duration::from_millis(500), || {
         fleet.ensure_running()?;
-        Ok(harness::read_status(&s.bin, &admin)
+        Ok(harness::read_status(&status_bin, &admin)
             .and_then(|st: NodeStatus| st.bench)
             .filter(|b| b.done))
     })?;
@@ -156,6 +226,15 @@ pub fn run_one(s: &Settings, mode: BroadcastMode, n: usize, root: &Path) -> anyh
         );
     };
     fleet.stop(harness::STOP_GRACE);
+    let packets = match at.star.as_mut() {
+        Some(star) => {
+            let st = star.emulator.stop()?;
+            json!({"forwarded": st.forwarded, "lost": st.lost, "overflow": st.overflow,
+                "bytes": st.bytes})
+        }
+        None => Value::Null,
+    };
+    drop(at);
     let rounds = bench.rounds;
     let all: Vec<f64> = rounds.iter().filter_map(|r| r.t_bcast_all_s).collect();
     let q: Vec<f64> = rounds.iter().filter_map(|r| r.t_bcast_q_s).collect();
@@ -171,6 +250,8 @@ pub fn run_one(s: &Settings, mode: BroadcastMode, n: usize, root: &Path) -> anyh
         "mode": mode.as_str(), "nodes": n, "t_bcast_s": t, "t_bcast_q_s": median(q),
         "bound_s": bound, "ratio_to_bound": t.map(|t| t / bound),
         "installed": n, "n_chains": n_chains, "longest_chain": chain_len,
+        "rtt_ms": s.wan.map(|w| w.rtt_ms), "loss_pct": s.wan.map(|w| w.loss_pct),
+        "jitter_ms": s.wan.map(|w| w.jitter_ms), "emulator_packets": packets,
         "rounds": rounds,
     }))
 }
@@ -205,7 +286,9 @@ pub fn sweep(s: &Settings, out: &Path, verbose: bool) -> anyhow::Result<Value> {
     }
     bar.finish_and_clear();
     let settings = json!({"size_mb": s.size_mb, "chunk_kb": s.chunk_kb, "worker_mbps": s.worker_mbps,
-        "learner_mbps": s.learner_mbps, "rounds": s.rounds, "heartbeat_ms": s.heartbeat_ms});
+        "learner_mbps": s.learner_mbps, "rounds": s.rounds, "heartbeat_ms": s.heartbeat_ms,
+        "rtt_ms": s.wan.map(|w| w.rtt_ms), "loss_pct": s.wan.map(|w| w.loss_pct),
+        "jitter_ms": s.wan.map(|w| w.jitter_ms)});
     let full = json!({"scenario": "broadcast", "settings": settings, "results": rows});
     let json_path = out.join("broadcast.json");
     std::fs::write(&json_path, serde_json::to_vec_pretty(&full)?)?;
@@ -233,10 +316,12 @@ fn summary(full: &Value) -> Value {
         .iter()
         .map(|r| {
             json!({"mode": r["mode"], "nodes": r["nodes"], "t_bcast_s": r["t_bcast_s"],
-            "bound_s": r["bound_s"], "installed": r["installed"], "n_chains": r["n_chains"]})
+            "bound_s": r["bound_s"], "installed": r["installed"], "n_chains": r["n_chains"],
+            "rtt_ms": r["rtt_ms"], "loss_pct": r["loss_pct"]})
         })
         .collect();
-    json!({"scenario": "broadcast", "settings": full["settings"], "results": brief})
+    json!({"scenario": "broadcast", "settings": full["settings"], "results": brief,
+        "rtt_ms": full["settings"]["rtt_ms"], "loss_pct": full["settings"]["loss_pct"]})
 }
 
 /// T_bcast (measured) and the bound vs N, per mode in the order of the rows, log-log.
@@ -267,12 +352,21 @@ fn chart(full: &Value) -> anyhow::Result<Chart> {
     let st = &full["settings"];
     let num = |k: &str| st[k].as_f64().unwrap_or(f64::NAN);
     Ok(Chart {
-        title: format!(
-            "T_bcast of {} MB on loopback, Bw {} / B0 {} Mbit/s",
-            num("size_mb"),
-            num("worker_mbps"),
-            num("learner_mbps")
-        ),
+        title: match st["rtt_ms"].as_f64() {
+            Some(rtt) => format!(
+                "T_bcast of {} MB, emulated WAN (RTT {rtt} ms, loss {} %), Bw {} / B0 {} Mbit/s",
+                num("size_mb"),
+                st["loss_pct"].as_f64().unwrap_or(0.0),
+                num("worker_mbps"),
+                num("learner_mbps")
+            ),
+            None => format!(
+                "T_bcast of {} MB on loopback, Bw {} / B0 {} Mbit/s",
+                num("size_mb"),
+                num("worker_mbps"),
+                num("learner_mbps")
+            ),
+        },
         x_label: "rollout workers N".into(),
         y_label: "T_bcast (s)".into(),
         series,

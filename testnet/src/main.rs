@@ -4,6 +4,8 @@
 //! runs through `echo-node demo`, [`learning`]) and `learning-plot` (charts of learner step
 //! logs). `faults` injects a slowed and a dropped worker into a scheduled swarm ([`faults`]);
 //! `ablation` compares chains with star and cost-aware with random activation ([`ablation`]).
+//! `nat` runs a swarm with workers behind NAT routers in network namespaces ([`nat`], on the
+//! [`netlab`], which also puts `broadcast --rtt-ms …` on emulated WAN links).
 //! The processes are the [`harness`]'s, the charts [`chart`]'s, the progress bars
 //! [`progress`]'s. The experiments and their results are described in `docs/experiments.md`
 //! and `docs/broadcast.md`.
@@ -17,6 +19,8 @@ mod chart;
 mod faults;
 mod harness;
 mod learning;
+mod nat;
+mod netlab;
 mod progress;
 mod sim;
 
@@ -85,6 +89,43 @@ enum Scenario {
         /// Run nothing: re-plot a saved `broadcast.json` into --out.
         #[arg(long)]
         from: Option<PathBuf>,
+        /// Emulated node-to-node round trip (ms): runs every node in a network namespace on
+        /// an emulated WAN link (root; docs/netlab.md). Any of the three WAN options turns it on.
+        #[arg(long)]
+        rtt_ms: Option<f64>,
+        /// Emulated packet loss per direction of a node-to-node path (%).
+        #[arg(long)]
+        loss_pct: Option<f64>,
+        /// Emulated one-way jitter (± ms, uniform, no reordering).
+        #[arg(long)]
+        jitter_ms: Option<f64>,
+        /// Seed of the emulator's loss and jitter draws.
+        #[arg(long, default_value_t = 1)]
+        wan_seed: u64,
+        #[command(flatten)]
+        run: RunOpts,
+    },
+    /// Workers behind NAT routers (endpoint-independent and symmetric) and a public learner
+    /// in network namespaces, a few learner steps of a real swarm; per worker its NAT, how
+    /// the learner reaches it, installs and pulls (root; docs/netlab.md).
+    Nat {
+        /// Learner steps after every worker has installed a snapshot.
+        #[arg(long, default_value_t = 3)]
+        steps: u64,
+        /// Workers behind each of the NAT routers.
+        #[arg(long, default_value_t = 1)]
+        per_nat: usize,
+        /// Also start a relay node on the public segment (needs an echo-node with the relay
+        /// role) and let the workers reserve slots on it.
+        #[arg(long)]
+        relay: bool,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 900)]
+        timeout_s: u64,
+        /// Run nothing: remove the namespaces earlier lab runs left behind (runs whose
+        /// process is gone) and exit.
+        #[arg(long)]
+        cleanup: bool,
         #[command(flatten)]
         run: RunOpts,
     },
@@ -249,11 +290,32 @@ fn main() -> anyhow::Result<()> {
             rounds,
             heartbeat_ms,
             from,
+            rtt_ms,
+            loss_pct,
+            jitter_ms,
+            wan_seed,
             run: RunOpts { bin, json, out },
         } => {
             if let Some(from) = from {
                 print_summary(&broadcast::replot(&read_json(&from)?, &out)?, json);
                 return Ok(());
+            }
+            let wan = (rtt_ms.is_some() || loss_pct.is_some() || jitter_ms.is_some()).then(|| {
+                broadcast::Wan {
+                    rtt_ms: rtt_ms.unwrap_or(0.0),
+                    loss_pct: loss_pct.unwrap_or(0.0),
+                    jitter_ms: jitter_ms.unwrap_or(0.0),
+                    seed: wan_seed,
+                }
+            });
+            if let Some(w) = wan {
+                anyhow::ensure!(
+                    (0.0..=10_000.0).contains(&w.rtt_ms)
+                        && (0.0..=50.0).contains(&w.loss_pct)
+                        && (0.0..=10_000.0).contains(&w.jitter_ms),
+                    "--rtt-ms and --jitter-ms in 0..=10000, --loss-pct in 0..=50"
+                );
+                netlab::ns::install_signal_teardown()?;
             }
             anyhow::ensure!(
                 (100..=600_000).contains(&heartbeat_ms),
@@ -290,11 +352,35 @@ fn main() -> anyhow::Result<()> {
                 rounds,
                 bin,
                 heartbeat_ms,
+                wan,
             };
             let summary = broadcast::sweep(&settings, &out, !json)?;
             if json {
                 println!("{summary}");
             }
+            Ok(())
+        }
+        Scenario::Nat {
+            steps,
+            per_nat,
+            relay,
+            timeout_s,
+            cleanup,
+            run: RunOpts { bin, json, out },
+        } => {
+            if cleanup {
+                return nat::cleanup();
+            }
+            anyhow::ensure!((1..=4).contains(&per_nat), "--per-nat in 1..=4");
+            anyhow::ensure!((1..=1000).contains(&steps), "--steps in 1..=1000");
+            let opts = nat::Opts {
+                bin: harness::node_bin(bin)?,
+                steps,
+                per_nat,
+                relay,
+                timeout: std::time::Duration::from_secs(timeout_s),
+            };
+            print_summary(&nat::command(&opts, &out)?, json);
             Ok(())
         }
         Scenario::Staleness {

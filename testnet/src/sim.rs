@@ -272,6 +272,7 @@ mod tests {
             rounds: 1,
             bin: std::path::PathBuf::new(),
             heartbeat_ms: 2000,
+            wan: None,
         };
         for n in [4, 8, 32, 1000] {
             for mode in [BroadcastMode::Chain, BroadcastMode::Star] {

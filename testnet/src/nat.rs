@@ -1,0 +1,284 @@
+//! The `nat` scenario (`docs/netlab.md`): a learner (and, with `--relay`, a relay node) on a
+//! public segment and rollout workers behind NAT routers of different kinds, all in network
+//! namespaces of the [`crate::netlab`]. It runs a real swarm — the embedded default model,
+//! snapshots broadcast to the workers, groups pulled back — for a few learner steps, and
+//! reports per worker:
+//!
+//! - `peer_id`, `nat` (the router's kind), `ip` (private) and `public_ip` (the router's);
+//! - `connection`: `relayed` when the learner reaches the worker through a `/p2p-circuit`
+//!   address or the learner's status says so (`reachability`), `direct` when the learner holds
+//!   a connection and no relay runs (the worker dialed out through its NAT), `unknown`
+//!   otherwise — the lab cannot see which connection carries the traffic;
+//! - `installed` (the worker's installed version at the end), `first_install_s` (seconds from
+//!   the learner's first published snapshot until the worker reported an install, polled
+//!   every 0.5 s), `pulled` (groups produced minus still pending, from the worker's status),
+//!   `chain_position` (`[chain, position]` in the learner's plan, if any);
+//! - and, for the run, `relay_bytes` (null until a relay role reports them).
+//!
+//! Owns the topology of the run and the report. Processes are started by the harness's
+//! `Fleet` (through [`crate::netlab::node_wrapper`]), namespaces by [`crate::netlab::topo`].
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde_json::{json, Value};
+
+use crate::harness::{self, Fleet, Role};
+use crate::netlab::topo::{NatKind, NatLab};
+
+/// The scenario's settings.
+pub struct Opts {
+    pub bin: PathBuf,
+    /// Learner steps to run after every worker has installed a snapshot.
+    pub steps: u64,
+    /// Workers behind each NAT router.
+    pub per_nat: usize,
+    /// Start a relay node on the public segment and let the workers reserve slots on it.
+    pub relay: bool,
+    /// Give up after this long.
+    pub timeout: Duration,
+}
+
+/// The routers of the run, in order: two kinds, the endpoint-independent one twice so that
+/// two such NATs face each other (the case hole punching can solve).
+pub const ROUTERS: [NatKind; 3] = [
+    NatKind::EndpointIndependent,
+    NatKind::Symmetric,
+    NatKind::EndpointIndependent,
+];
+
+/// A node's `/status` as JSON (untyped, so that fields other branches add are read when
+/// present), asked from inside its namespace through its wrapper.
+fn status(exe: &Path, admin: &str) -> Option<Value> {
+    let out = Command::new(exe)
+        .args(["status", "--json", "--admin", admin])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).ok())
+        .flatten()
+}
+
+struct Worker {
+    name: String,
+    nat: NatKind,
+    router: u8,
+    ip: String,
+    exe: PathBuf,
+    admin: String,
+    peer_id: String,
+    first_install_s: Option<f64>,
+}
+
+/// `testnet nat --cleanup`: removes the namespaces of lab runs whose process is gone.
+pub fn cleanup() -> anyhow::Result<()> {
+    for ns in crate::netlab::ns::cleanup_leftovers(false)? {
+        eprintln!("removed {ns}");
+    }
+    Ok(())
+}
+
+/// `testnet nat`: runs the scenario in a fresh run directory (kept if it fails), with the
+/// lab torn down on signals; writes `out/nat.json`; an error when it timed out.
+pub fn command(o: &Opts, out: &Path) -> anyhow::Result<Value> {
+    crate::netlab::ns::install_signal_teardown()?;
+    let report = harness::in_run_dir("tn-nat-", |dir| run(o, dir))?;
+    std::fs::create_dir_all(out)?;
+    std::fs::write(out.join("nat.json"), serde_json::to_vec_pretty(&report)?)?;
+    anyhow::ensure!(
+        report["timed_out"] != true,
+        "not every worker installed and trained within {:?}: {report}",
+        o.timeout
+    );
+    Ok(report)
+}
+
+/// Runs the scenario under `root`; returns the JSON report (`timed_out: true` when not every
+/// worker installed and the steps were not trained within the timeout).
+pub fn run(o: &Opts, root: &Path) -> anyhow::Result<Value> {
+    let mut lab = NatLab::new("nat")?;
+    let bins = root.join("ns-bin");
+    std::fs::create_dir_all(&bins)?;
+    let learner_host = lab.public_host("learner")?;
+    let relay_host = if o.relay {
+        Some(lab.public_host("relay")?)
+    } else {
+        None
+    };
+    let mut placed = Vec::new();
+    for kind in ROUTERS {
+        let k = lab.router(kind)?;
+        for j in 0..o.per_nat {
+            let name = format!("w{k}{j}");
+            let h = lab.host_behind(k, &name)?;
+            placed.push((name, kind, k, h));
+        }
+    }
+
+    let swarm = "tn-nat";
+    let ldir = root.join("learner");
+    std::fs::create_dir_all(&ldir)?;
+    let key = harness::keygen(&o.bin, &ldir)?;
+    let lexe = crate::netlab::node_wrapper(&bins, "learner", &learner_host.ns, &o.bin)?;
+    let mut lc = harness::node_config(Role::Learner, swarm, &ldir, 500);
+    lc.network.listen = vec![format!("/ip4/{}/tcp/0", learner_host.ip)];
+    // Few warm-start steps: the scenario is about the network, not the reward.
+    lc.learner.warm_start_steps = 5;
+    let mut fleet = Fleet::with_log_filter(harness::NODE_LOG_FILTER);
+    let li = fleet.start(&lexe, "learner", &lc, &[])?;
+    let laddrs = fleet.wait_addresses(li, &lc, harness::START_LIMIT)?;
+    let learner_dial = laddrs
+        .dial_addr()
+        .context("the learner has no TCP address")?;
+
+    let mut relay_dial = None;
+    if let Some(h) = &relay_host {
+        let dir = root.join("relay");
+        let exe = crate::netlab::node_wrapper(&bins, "relay", &h.ns, &o.bin)?;
+        let mut rc = harness::node_config(Role::Relay, swarm, &dir, 500);
+        rc.network.listen = vec![format!("/ip4/{}/tcp/0", h.ip)];
+        rc.learner_public_key = Some(key.clone());
+        let ri = fleet.start(&exe, "relay", &rc, &[])?;
+        let a = fleet
+            .wait_addresses(ri, &rc, harness::START_LIMIT)
+            .context("starting the relay (does this echo-node implement role \"relay\"?)")?;
+        relay_dial = a.dial_addr();
+    }
+
+    let mut workers = Vec::new();
+    for (name, nat, router, h) in placed {
+        let dir = root.join(&name);
+        let exe = crate::netlab::node_wrapper(&bins, &name, &h.ns, &o.bin)?;
+        let mut w = harness::node_config(Role::Rollout, swarm, &dir, 500);
+        w.network.listen = vec![format!("/ip4/{}/tcp/0", h.ip)];
+        w.learner_public_key = Some(key.clone());
+        w.network.bootstrap = vec![learner_dial.clone()];
+        if let Some(r) = &relay_dial {
+            w.network.bootstrap.push(r.clone());
+            w.network.relays = vec![r.clone()];
+        }
+        w.storage.max_pending_groups = 4;
+        let i = fleet.start(&exe, &name, &w, &[])?;
+        let a = fleet.wait_addresses(i, &w, harness::START_LIMIT)?;
+        workers.push(Worker {
+            name,
+            nat,
+            router,
+            ip: h.ip.to_string(),
+            exe,
+            admin: a.admin,
+            peer_id: a.peer_id,
+            first_install_s: None,
+        });
+    }
+
+    // Poll until the learner has trained `steps` steps past the moment every worker had
+    // installed, or the timeout.
+    let started = Instant::now();
+    let mut published_at: Option<Instant> = None;
+    let mut target: Option<u64> = None;
+    let mut learner_st = Value::Null;
+    let done = harness::wait_for(o.timeout, Duration::from_millis(500), || {
+        fleet.ensure_running()?;
+        let Some(st) = status(&lexe, &laddrs.admin) else {
+            return Ok(None);
+        };
+        let l = &st["learner"];
+        if published_at.is_none() && !l["published_version"].is_null() {
+            published_at = Some(Instant::now());
+        }
+        for w in workers.iter_mut().filter(|w| w.first_install_s.is_none()) {
+            let installed = status(&w.exe, &w.admin)
+                .is_some_and(|s| !s["rollout"]["installed_version"].is_null());
+            if installed {
+                let t0 = published_at.unwrap_or(started);
+                w.first_install_s = Some(t0.elapsed().as_secs_f64());
+            }
+        }
+        let version = l["version"].as_u64().unwrap_or(0);
+        if target.is_none() && workers.iter().all(|w| w.first_install_s.is_some()) {
+            target = Some(version + o.steps);
+        }
+        learner_st = st;
+        Ok(target.filter(|t| version >= *t).map(|_| ()))
+    })?;
+    let timed_out = done.is_none();
+
+    let peers = learner_st["peers"].as_array().cloned().unwrap_or_default();
+    let mut rows = Vec::new();
+    for w in &workers {
+        let ws = status(&w.exe, &w.admin).unwrap_or(Value::Null);
+        let r = &ws["rollout"];
+        let seen = peers.iter().find(|p| p["peer_id"] == w.peer_id.as_str());
+        let circuit = seen.is_some_and(|p| {
+            p["addrs"].as_array().is_some_and(|a| {
+                a.iter()
+                    .any(|x| x.as_str().is_some_and(|s| s.contains("/p2p-circuit")))
+            })
+        });
+        let reach = seen.and_then(|p| p["reachability"].as_str());
+        let connected = seen.is_some_and(|p| p["connected"] == true);
+        let connection = if circuit || reach == Some("relayed") {
+            "relayed"
+        } else if reach == Some("holepunch") {
+            "holepunched"
+        } else if connected && relay_dial.is_none() {
+            "direct"
+        } else {
+            "unknown"
+        };
+        let pulled = match (r["groups"].as_u64(), r["pending"].as_u64()) {
+            (Some(g), Some(p)) => Some(g.saturating_sub(p)),
+            (Some(g), None) => Some(g),
+            _ => None,
+        };
+        let chain_position = seen
+            .filter(|p| !p["chain"].is_null())
+            .map(|p| json!([p["chain"], p["position"]]));
+        // Which other workers this one holds a connection to (forwarding needs them).
+        let worker_ids: Vec<&str> = workers.iter().map(|x| x.peer_id.as_str()).collect();
+        let linked: Vec<Value> = ws["peers"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .filter(|p| p["connected"] == true)
+            .filter(|p| {
+                p["peer_id"]
+                    .as_str()
+                    .is_some_and(|id| worker_ids.contains(&id))
+            })
+            .map(|p| p["peer_id"].clone())
+            .collect();
+        rows.push(json!({
+            "name": w.name, "peer_id": w.peer_id, "nat": w.nat.as_str(), "ip": w.ip,
+            "public_ip": NatLab::router_public_ip(w.router).to_string(),
+            "connection": connection, "installed": r["installed_version"], "pulled": pulled,
+            "first_install_s": w.first_install_s, "chain_position": chain_position,
+            "connected_workers": linked, "reachability": reach,
+        }));
+    }
+    let stopping = Instant::now();
+    let unclean = fleet.stop(harness::STOP_GRACE);
+    let stop_s = stopping.elapsed().as_secs_f64();
+    let l = &learner_st["learner"];
+    let report = json!({
+        "scenario": "nat",
+        "namespaces": lab.lab.prefix(),
+        "workers": rows,
+        "relay": relay_dial.is_some(),
+        "relay_bytes": Value::Null,
+        "learner": {"version": l["version"], "groups_pulled": l["groups_pulled"],
+            "pull_errors": l["pull_errors"], "snapshots_published": l["snapshots_published"],
+            "t_bcast_s": l["t_bcast_s"]},
+        "timed_out": timed_out,
+        "elapsed_s": started.elapsed().as_secs_f64(),
+        "unclean_exits": unclean,
+        "stop_s": stop_s,
+    });
+    drop(lab);
+    Ok(report)
+}
