@@ -22,7 +22,7 @@
 use std::time::{Duration, Instant};
 
 /// Length of the flood window, in heartbeat intervals.
-pub const FLOOD_WINDOW_INTERVALS: u32 = 10;
+pub const FLOOD_WINDOW_INTERVALS: u32 = 5;
 /// A window with more than this many times the expected heartbeats is a flood.
 pub const FLOOD_FACTOR: u32 = 4;
 

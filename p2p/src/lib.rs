@@ -46,7 +46,9 @@ pub use error::{MessageError, P2pError, RoleError, TopicError};
 pub use libp2p::gossipsub::MessageId;
 pub use libp2p::metrics::Registry;
 pub use libp2p::{multiaddr, Multiaddr, PeerId, Stream, StreamProtocol};
-pub use messages::{DeviceReport, Heartbeat, LocalStatus, ScoreEntry, ScoreTable};
+pub use messages::{
+    DeviceReport, Heartbeat, LocalStatus, ScoreEntry, ScoreTable, MAX_PENDING_CLAIM,
+};
 pub use ratelimit::TokenBucket;
 pub use role::Role;
 pub use score::{PeerStats, ScoreComponents, TransferEvent};

@@ -130,6 +130,12 @@ fn check_str(field: &'static str, s: &str, max: usize) -> Result<(), MessageErro
     }
 }
 
+/// The most groups a heartbeat may claim to hold (`pending`): the bound of the workers'
+/// `storage.max_pending_groups`, so a larger claim can only be a lie (a message rejected, a
+/// strike). A smaller lie buys nothing either: pulls follow what the learner saw a worker
+/// deliver, bounded by the claim (`control::pulls::PullLedger`).
+pub const MAX_PENDING_CLAIM: u64 = 1 << 20;
+
 impl Heartbeat {
     pub fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("a heartbeat always serialises")
@@ -158,6 +164,12 @@ impl Heartbeat {
             )));
         }
         check_str("node_version", &hb.node_version, 64)?;
+        if hb.pending > MAX_PENDING_CLAIM {
+            return Err(MessageError::Invalid(format!(
+                "pending {} exceeds {MAX_PENDING_CLAIM}",
+                hb.pending
+            )));
+        }
         check_num("mu", hb.mu, 1e9)?;
         check_num("cost_per_hour", hb.cost_per_hour, 1e6)?;
         check_num("availability", hb.availability, 1.0)?;
@@ -388,6 +400,15 @@ mod tests {
         let mut bad = hb();
         bad.availability = 2.0;
         assert!(Heartbeat::decode(&bad.encode(), "s").is_err());
+        // A holding no worker can have (the `pending_inflation` attack) is a lie.
+        let mut bad = hb();
+        bad.pending = MAX_PENDING_CLAIM;
+        assert!(Heartbeat::decode(&bad.encode(), "s").is_ok());
+        bad.pending = u64::MAX;
+        assert!(matches!(
+            Heartbeat::decode(&bad.encode(), "s"),
+            Err(MessageError::Invalid(m)) if m.contains("pending")
+        ));
         // A missing field is a schema error; an extra field is tolerated.
         let mut v: serde_json::Value = serde_json::from_slice(&hb().encode()).unwrap();
         v.as_object_mut().unwrap().insert("extra".into(), 1.into());

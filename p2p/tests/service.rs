@@ -344,3 +344,42 @@ async fn invalid_gossip_messages_are_strikes_that_ban_their_author() {
     .await
     .expect("test timed out");
 }
+
+/// Manifests, plans and orders are authored by the learner only: the same bytes re-published
+/// by another peer (a replay of old learner-signed messages) are rejected before any role sees
+/// them, and their author is struck and banned.
+#[tokio::test]
+async fn snapshot_and_plan_messages_not_authored_by_the_learner_ban_their_author() {
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let learner = PeerId::random();
+        let with_learner = |bootstrap| {
+            let mut c = config(bootstrap);
+            c.learner = Some(learner);
+            c
+        };
+        let a = Node::start(43, with_learner(vec![]));
+        let boot = a.bootstrap_addr().await;
+        let b = Node::start(44, with_learner(vec![boot]));
+        let pb = b.client.local_peer_id();
+        wait_for("a to hear b", || sees(&a.client, pb)).await;
+        for (i, kind) in [TopicKind::Snapshots, TopicKind::Plans, TopicKind::Snapshots]
+            .into_iter()
+            .enumerate()
+        {
+            b.client
+                .publish_raw(kind.topic_name("p2p-test"), vec![i as u8; 8])
+                .await
+                .unwrap();
+        }
+        let r = wait_for("a to ban b for messages it may not author", || async {
+            row(&a.client, pb).await.filter(|r| r.banned)
+        })
+        .await;
+        assert_eq!(r.ban_reason.as_deref(), Some("bad_message"));
+        assert_eq!(r.strikes_by_reason["bad_message"], 3);
+        a.stop().await;
+        b.stop().await;
+    })
+    .await
+    .expect("test timed out");
+}

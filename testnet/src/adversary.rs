@@ -14,7 +14,8 @@
 //! - `detected`: some evidence against the malicious peer — in the learner's or an honest
 //!   worker's peer table a strike (`strikes` > 0), a ban, a rejected message, or the peer's id
 //!   as a key of a non-zero counter in the learner section; `evidence` lists what was seen;
-//! - `banned`, `ban_reason`: from the learner's peer table;
+//! - `banned`, `ban_reason`, `banned_by`: the first ban seen in the learner's or an honest
+//!   worker's peer table (a worker bans a forwarder that fed it corrupt chunks);
 //! - `groups_until_ban`: groups that had left the malicious worker's store (pulled, by its own
 //!   `/status`: `groups − pending`) when the ban was first seen;
 //! - `trained_after_ban`: the learner's `learner_groups_trained_total{producer}` (its
@@ -64,6 +65,8 @@ struct Watch {
     admin: String,
     evidence: Vec<String>,
     banned: bool,
+    /// Who banned it first: `learner` or `w<i>` (an honest worker).
+    banned_by: Option<String>,
     ban_reason: Option<String>,
     strikes: u64,
     /// `groups − pending` of the worker when the ban was first seen.
@@ -97,6 +100,7 @@ impl Watch {
                 _ => None,
             },
             "ban_reason": self.ban_reason,
+            "banned_by": self.banned_by,
             "strikes": self.strikes,
             "evidence": self.evidence,
             "peer_id": self.peer_id,
@@ -377,8 +381,19 @@ fn observe(w: &mut Watch, learner: &Value, honest: &[Value], trained: &BTreeMap<
         w.strikes = w.strikes.max(row["strikes"].as_u64().unwrap_or(0));
         w.claimed_pending = row["pending"].as_u64().or(w.claimed_pending);
         w.heartbeats_seen = row["heartbeats"].as_u64().or(w.heartbeats_seen);
+    }
+    // Banned by the learner, or by an honest worker it attacked (a corrupting forwarder is
+    // caught by the children it fed: the evidence, bytes that do not match the signed
+    // manifest, is theirs and cannot be handed on).
+    let observers = std::iter::once(("learner".to_string(), learner))
+        .chain(honest.iter().enumerate().map(|(i, h)| (format!("w{i}"), h)));
+    for (name, view) in observers {
+        let Some(row) = peer_row(view, &w.peer_id) else {
+            continue;
+        };
         if row["banned"].as_bool() == Some(true) && !w.banned {
             w.banned = true;
+            w.banned_by = Some(name);
             w.ban_reason = row["ban_reason"].as_str().map(String::from);
             w.groups_until_ban = w.groups_left.or(Some(0));
             w.trained_at_ban = Some(mine.unwrap_or(0));

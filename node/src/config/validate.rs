@@ -71,8 +71,15 @@ impl NodeConfig {
                 format!("{} is outside 1..=86400 (seconds)", s.lease_ttl_s),
             );
         }
-        if s.max_pending_groups == 0 {
-            bad("storage.max_pending_groups", "must be at least 1".into());
+        if s.max_pending_groups == 0 || s.max_pending_groups > p2p::MAX_PENDING_CLAIM {
+            bad(
+                "storage.max_pending_groups",
+                format!(
+                    "{} is outside 1..={} (the most a heartbeat may claim)",
+                    s.max_pending_groups,
+                    p2p::MAX_PENDING_CLAIM
+                ),
+            );
         }
         if s.chunk_memory_mb > 1 << 20 {
             bad(

@@ -102,7 +102,10 @@ fn expect_refused_and_struck(swarm: &str, attacks: &str, reasons: &[&str], steps
         (p["banned"] == true && p["strikes"].as_u64()? >= 3 && p["failures"].as_u64()? >= 3)
             .then_some(p)
     });
-    let ban_reason = struck["ban_reason"].as_str().unwrap_or_default().to_string();
+    let ban_reason = struck["ban_reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     let expected: Vec<&str> = reasons
         .iter()
         .map(|r| match *r {

@@ -161,9 +161,16 @@ impl Service {
                 }
                 Err(err) => self.reject(propagation_source, &id, Some(source), kind, err),
             },
-            TopicKind::Snapshots | TopicKind::Plans => {
-                self.hand_to_role(kind, propagation_source, id, msg)
-            }
+            // Only the learner signs manifests, plans and orders, and only it publishes them
+            // (others forward, which keeps the learner as the author): a message authored by
+            // anyone else is a replay or a forgery, whatever the signature inside says.
+            TopicKind::Snapshots | TopicKind::Plans => match self.cfg.learner {
+                Some(l) if l != source => {
+                    let err = MessageError::Unauthorised(source);
+                    self.reject(propagation_source, &id, Some(source), kind, err)
+                }
+                _ => self.hand_to_role(kind, propagation_source, id, msg),
+            },
         }
     }
 
