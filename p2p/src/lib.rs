@@ -4,7 +4,8 @@
 //! (`behaviour`: transport, discovery, gossipsub and its scoring parameters); the typed
 //! [`Client`] handle, its commands and the [`Event`]s roles receive ([`client`]); the gossip
 //! topics ([`topics`]) and message formats ([`messages`]); the peer table (`peers`); the
-//! ECHO-2 peer score ([`score`]); stream rate limits ([`ratelimit`]); the `[network]` config.
+//! ECHO-2 peer score ([`score`]); stream rate limits ([`ratelimit`]); reachability and NAT
+//! traversal bookkeeping ([`reachability`]); the `[network]` config.
 //!
 //! Roles: p2p knows a node's [`Role`] only as a fact to gossip — each heartbeat carries the
 //! sender's role, the status view shows every peer's, and the learner's score table lists the
@@ -16,6 +17,7 @@
 //! Wire formats, topics, limits and protocol names: `docs/protocol.md`.
 
 mod behaviour;
+pub mod circuit;
 pub mod client;
 pub mod config;
 #[cfg(test)]
@@ -25,6 +27,7 @@ pub mod framing;
 pub mod messages;
 mod peers;
 pub mod ratelimit;
+pub mod reachability;
 pub mod role;
 pub mod score;
 pub mod service;
@@ -43,6 +46,7 @@ pub use libp2p::metrics::Registry;
 pub use libp2p::{multiaddr, Multiaddr, PeerId, Stream, StreamProtocol};
 pub use messages::{DeviceReport, Heartbeat, LocalStatus, ScoreEntry, ScoreTable};
 pub use ratelimit::TokenBucket;
+pub use reachability::{ConnectionKind, NatStatus, Reachability, RelayServerStatus};
 pub use role::Role;
 pub use score::{PeerStats, ScoreComponents, TransferEvent};
 pub use service::{start, Started};

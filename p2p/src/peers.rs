@@ -134,6 +134,8 @@ impl PeerEntry {
             rejected_messages: self.rejected,
             gossip_score,
             device: hb.and_then(|h| h.device.clone()),
+            reachability: hb.and_then(|h| h.reachability),
+            connection: None,
         }
     }
 }
@@ -170,6 +172,7 @@ mod tests {
             sent_unix_ms: started_unix_ms,
             seq: 1,
             device: None,
+            reachability: None,
         }
     }
 
