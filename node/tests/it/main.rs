@@ -3,6 +3,7 @@
 mod admin;
 mod cli;
 mod learning;
+mod relay;
 mod scheduler;
 mod swarm;
 
