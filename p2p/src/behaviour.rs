@@ -196,6 +196,28 @@ pub(crate) fn is_concrete(addr: &libp2p::Multiaddr) -> bool {
     })
 }
 
+/// The swarm's listen addresses in a stable order: direct TCP first, then QUIC, then relay
+/// circuits, each group sorted. libp2p keeps them in a hash map; callers that dial "the first
+/// address" of a node (address files, harnesses, nodes without QUIC) get a TCP one whenever
+/// the node has one.
+pub(crate) fn ordered_listeners(swarm: &Swarm<Behaviour>) -> Vec<libp2p::Multiaddr> {
+    let mut v: Vec<libp2p::Multiaddr> = swarm.listeners().cloned().collect();
+    v.sort_by_key(|a| (listen_rank(a), a.to_string()));
+    v
+}
+
+/// 0 = direct TCP, 1 = QUIC, 2 = relay circuit.
+fn listen_rank(a: &libp2p::Multiaddr) -> u8 {
+    use libp2p::multiaddr::Protocol;
+    if a.iter().any(|p| matches!(p, Protocol::P2pCircuit)) {
+        2
+    } else if a.iter().any(|p| matches!(p, Protocol::QuicV1)) {
+        1
+    } else {
+        0
+    }
+}
+
 /// Whether this node runs the relay server: always on a `relay` node, on others when
 /// `network.relay_service` is set.
 pub(crate) fn runs_relay_server(cfg: &ServiceConfig) -> bool {
@@ -405,6 +427,11 @@ mod tests {
         .parse()
         .unwrap();
         assert!(is_concrete(&ok));
+        let quic: libp2p::Multiaddr = "/ip4/127.0.0.1/udp/1/quic-v1".parse().unwrap();
+        assert_eq!(
+            (listen_rank(&ok), listen_rank(&quic), listen_rank(&circuit)),
+            (0, 1, 2)
+        );
         assert!(!is_concrete(&any) && !is_concrete(&any6) && !is_concrete(&circuit));
     }
 

@@ -313,7 +313,7 @@ impl Service {
                 let _ = reply.send(self.status());
             }
             Command::ListenAddrs(reply) => {
-                let _ = reply.send(self.swarm.listeners().cloned().collect());
+                let _ = reply.send(behaviour::ordered_listeners(&self.swarm));
             }
             Command::Dial(addr, reply) => {
                 let r = self.swarm.dial(addr.clone()).map_err(|e| P2pError::Dial {
@@ -379,7 +379,10 @@ impl Service {
             peer_id: self.swarm.local_peer_id().to_string(),
             role: self.cfg.role,
             swarm_id: self.cfg.swarm_id.clone(),
-            listen_addrs: self.swarm.listeners().map(|a| a.to_string()).collect(),
+            listen_addrs: behaviour::ordered_listeners(&self.swarm)
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
             external_addrs: self
                 .swarm
                 .external_addresses()
