@@ -269,16 +269,25 @@ mod tests {
     #[test]
     fn without_relay_only_workers_the_plan_is_unchanged() {
         let p = PlanParams::default();
-        let ws = reach(&[(90.0, false), (50.0, false), (30.0, false), (5.0, false), (70.0, false)]);
+        let ws = reach(&[
+            (90.0, false),
+            (50.0, false),
+            (30.0, false),
+            (5.0, false),
+            (70.0, false),
+        ]);
         let plain: Vec<(String, f64)> = ws.iter().map(|w| (w.0.clone(), w.1)).collect();
-        assert_eq!(plan_chains_with_reachability(&ws, &p), plan_chains(&plain, &p));
+        assert_eq!(
+            plan_chains_with_reachability(&ws, &p),
+            plan_chains(&plain, &p)
+        );
     }
 
     #[test]
     fn relay_only_workers_end_chains_shortest_first_then_fetch_only() {
         let p = PlanParams::default(); // N_ch = 3
-        // Five direct workers (chains of 2, 2, 1) and four relay-only ones, one of them the
-        // best scorer: it still never forwards.
+                                       // Five direct workers (chains of 2, 2, 1) and four relay-only ones, one of them the
+                                       // best scorer: it still never forwards.
         let ws = reach(&[
             (90.0, false),
             (80.0, false),
@@ -306,7 +315,13 @@ mod tests {
     #[test]
     fn relay_only_workers_fill_spare_first_hops_alone() {
         let p = PlanParams::default(); // N_ch = 3
-        let ws = reach(&[(60.0, false), (50.0, true), (40.0, true), (30.0, true), (5.0, true)]);
+        let ws = reach(&[
+            (60.0, false),
+            (50.0, true),
+            (40.0, true),
+            (30.0, true),
+            (5.0, true),
+        ]);
         let plan = plan_chains_with_reachability(&ws, &p);
         assert_eq!(
             plan.chains,
@@ -337,8 +352,8 @@ mod tests {
                     let plan = plan_chains_with_reachability(&ws, &p);
                     relay_only_are_tails(&plan, &ws);
                     // Everyone is placed exactly once.
-                    let placed = plan.chains.iter().map(Vec::len).sum::<usize>()
-                        + plan.fetch_only.len();
+                    let placed =
+                        plan.chains.iter().map(Vec::len).sum::<usize>() + plan.fetch_only.len();
                     assert_eq!(placed, n);
                     assert!(plan.chains.len() <= n_chains(learner_mbps, p.worker_mbps));
                 }

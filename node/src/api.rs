@@ -254,7 +254,12 @@ mod tests {
             peers.iter().map(|p| (p.chain, p.position)).collect();
         assert_eq!(
             got,
-            [(Some(0), Some(1)), (Some(0), Some(0)), (Some(1), Some(0)), (None, None)]
+            [
+                (Some(0), Some(1)),
+                (Some(0), Some(0)),
+                (Some(1), Some(0)),
+                (None, None)
+            ]
         );
         // An older peer row without reachability still decodes.
         assert_eq!(peers[0].reachability, None);

@@ -142,7 +142,10 @@ pub(crate) fn build_swarm(
 /// Listens on the QUIC companions of the TCP listen addresses
 /// ([`crate::transport::quic_companions`]) when QUIC is on and `network.quic_auto_listen` is
 /// set. A companion that cannot be bound is logged, not fatal: TCP still serves.
-pub(crate) fn listen_quic_companions(swarm: &mut Swarm<Behaviour>, net: &crate::config::NetworkConfig) {
+pub(crate) fn listen_quic_companions(
+    swarm: &mut Swarm<Behaviour>,
+    net: &crate::config::NetworkConfig,
+) {
     if !(net.quic_enabled() && net.quic_auto_listen) {
         return;
     }

@@ -259,7 +259,11 @@ impl NetworkConfig {
                 self.relay_reservation_duration_s,
                 86_400,
             ),
-            ("relay_max_circuits", u64::from(self.relay_max_circuits), 100_000),
+            (
+                "relay_max_circuits",
+                u64::from(self.relay_max_circuits),
+                100_000,
+            ),
             (
                 "relay_max_circuits_per_peer",
                 u64::from(self.relay_max_circuits_per_peer),

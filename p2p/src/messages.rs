@@ -291,16 +291,20 @@ mod tests {
             };
             let bytes = h.encode();
             let text = String::from_utf8_lossy(&bytes).to_string();
-            assert!(text.contains(&format!("\"reachability\":\"{r}\"")), "{text}");
+            assert!(
+                text.contains(&format!("\"reachability\":\"{r}\"")),
+                "{text}"
+            );
             assert_eq!(Heartbeat::decode(&bytes, "s").unwrap(), h);
         }
         let old = hb().encode();
         assert!(!String::from_utf8_lossy(&old).contains("reachability"));
         assert_eq!(Heartbeat::decode(&old, "s").unwrap().reachability, None);
         // A class this node does not know fails the schema check.
-        let bad = String::from_utf8(old)
-            .unwrap()
-            .replacen('{', "{\"reachability\":\"teleport\",", 1);
+        let bad =
+            String::from_utf8(old)
+                .unwrap()
+                .replacen('{', "{\"reachability\":\"teleport\",", 1);
         assert!(Heartbeat::decode(bad.as_bytes(), "s").is_err());
     }
 

@@ -191,8 +191,16 @@ fn listen_via_relays(net: &NetworkConfig) -> Result<CircuitListeners, P2pError> 
             reason: format!("{e}"),
         })
     };
-    let listen = net.listen.iter().map(parse).collect::<Result<Vec<_>, _>>()?;
-    let relays = net.relays.iter().map(parse).collect::<Result<Vec<_>, _>>()?;
+    let listen = net
+        .listen
+        .iter()
+        .map(parse)
+        .collect::<Result<Vec<_>, _>>()?;
+    let relays = net
+        .relays
+        .iter()
+        .map(parse)
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(CircuitListeners::new(&listen, &relays))
 }
 

@@ -93,7 +93,8 @@ pub fn quic_companions(listen: &[Multiaddr]) -> Vec<Multiaddr> {
             continue;
         }
         let mut parts = a.iter();
-        let (Some(ip), Some(Protocol::Tcp(port)), None) = (parts.next(), parts.next(), parts.next())
+        let (Some(ip), Some(Protocol::Tcp(port)), None) =
+            (parts.next(), parts.next(), parts.next())
         else {
             continue;
         };
@@ -128,7 +129,10 @@ mod tests {
     fn quic_companions_mirror_tcp_addresses_once() {
         assert_eq!(
             quic_companions(&addrs(&["/ip4/127.0.0.1/tcp/0", "/ip4/0.0.0.0/tcp/4001"])),
-            addrs(&["/ip4/127.0.0.1/udp/0/quic-v1", "/ip4/0.0.0.0/udp/4001/quic-v1"])
+            addrs(&[
+                "/ip4/127.0.0.1/udp/0/quic-v1",
+                "/ip4/0.0.0.0/udp/4001/quic-v1"
+            ])
         );
         // An IP that already has a QUIC address, or listed twice, gets no (second) companion.
         assert_eq!(

@@ -84,7 +84,11 @@ async fn a_node_behind_the_relay_is_reached_through_a_circuit() {
     let swarm = "p2p-relay-test";
     let relay_cfg = ServiceConfig::loopback(swarm, Role::Relay, vec![], None);
     let (relay, _er, tr) = p2p::start([10; 32], relay_cfg, &mut p2p::Registry::default()).unwrap();
-    let relay_addr = format!("{}/p2p/{}", first_listen(&relay).await, relay.local_peer_id());
+    let relay_addr = format!(
+        "{}/p2p/{}",
+        first_listen(&relay).await,
+        relay.local_peer_id()
+    );
 
     // `a`: no direct listener, only `<relay>/p2p-circuit`.
     let mut a_cfg = ServiceConfig::loopback(swarm, Role::Rollout, vec![relay_addr.clone()], None);
@@ -119,7 +123,10 @@ async fn a_node_behind_the_relay_is_reached_through_a_circuit() {
         pa.reachability,
         Some(Reachability::Relayed | Reachability::Holepunch)
     ));
-    assert_eq!(a.status().await.unwrap().reachability, Reachability::Relayed);
+    assert_eq!(
+        a.status().await.unwrap().reachability,
+        Reachability::Relayed
+    );
 
     // Bulk data crosses the circuit.
     push_stream(&b, &a).await;
@@ -132,7 +139,10 @@ async fn a_node_behind_the_relay_is_reached_through_a_circuit() {
     })
     .await;
     assert_eq!(rs.role, Role::Relay);
-    let rb = wait_for("the relay to hear b", || active_peer(&relay, b.local_peer_id())).await;
+    let rb = wait_for("the relay to hear b", || {
+        active_peer(&relay, b.local_peer_id())
+    })
+    .await;
     assert_eq!(rb.connection, Some(ConnectionKind::Direct));
     assert_eq!(rb.reachability, Some(Reachability::Relayed));
 
@@ -147,21 +157,31 @@ async fn heartbeats_and_streams_run_over_quic_only() {
         c.network.listen = vec!["/ip4/127.0.0.1/udp/0/quic-v1".into()];
         c
     };
-    let (a, _ea, ta) = p2p::start([21; 32], quic_only(vec![]), &mut p2p::Registry::default())
-        .unwrap();
+    let (a, _ea, ta) =
+        p2p::start([21; 32], quic_only(vec![]), &mut p2p::Registry::default()).unwrap();
     let a_addr = first_listen(&a).await;
     assert!(a_addr.to_string().contains("/quic-v1"), "{a_addr}");
     let boot = format!("{a_addr}/p2p/{}", a.local_peer_id());
-    let (b, _eb, tb) =
-        p2p::start([22; 32], quic_only(vec![boot]), &mut p2p::Registry::default()).unwrap();
-    let pa = wait_for("b to hear a over QUIC", || active_peer(&b, a.local_peer_id())).await;
+    let (b, _eb, tb) = p2p::start(
+        [22; 32],
+        quic_only(vec![boot]),
+        &mut p2p::Registry::default(),
+    )
+    .unwrap();
+    let pa = wait_for("b to hear a over QUIC", || {
+        active_peer(&b, a.local_peer_id())
+    })
+    .await;
     assert_eq!(pa.connection, Some(ConnectionKind::Direct));
     assert!(
         pa.addrs.iter().all(|x| x.contains("/quic-v1")),
         "{:?}",
         pa.addrs
     );
-    wait_for("a to hear b over QUIC", || active_peer(&a, b.local_peer_id())).await;
+    wait_for("a to hear b over QUIC", || {
+        active_peer(&a, b.local_peer_id())
+    })
+    .await;
     assert!(a.status().await.unwrap().quic);
     push_stream(&b, &a).await;
     stop(vec![(b, tb), (a, ta)]).await;

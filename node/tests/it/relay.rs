@@ -125,17 +125,26 @@ fn a_worker_reaches_the_learner_only_through_the_relay() {
     let w_row = wait_for("the worker's chain position", limit, || {
         row(&learner.status()?, &wid).filter(|r| !r["chain"].is_null())
     });
-    assert_eq!((w_row["chain"].clone(), w_row["position"].clone()), (0.into(), 0.into()));
+    assert_eq!(
+        (w_row["chain"].clone(), w_row["position"].clone()),
+        (0.into(), 0.into())
+    );
 
     // The relay carried it: two reservations, at least one circuit; no stores of its own.
     let rst = relay.status().unwrap();
     assert_eq!(rst["role"], "relay");
     let server = &rst["nat"]["relay_server"];
     assert_eq!(server["reservations"], 2, "{server}");
-    assert!(server["circuits_accepted_total"].as_u64().unwrap() >= 1, "{server}");
+    assert!(
+        server["circuits_accepted_total"].as_u64().unwrap() >= 1,
+        "{server}"
+    );
     let relay_dir = root.join("relay");
     for store in ["trajectories", "snapshots"] {
-        assert!(!relay_dir.join(store).exists(), "a relay opened a {store} store");
+        assert!(
+            !relay_dir.join(store).exists(),
+            "a relay opened a {store} store"
+        );
     }
 }
 
@@ -166,7 +175,10 @@ fn a_broadcast_and_pulls_run_over_quic_only() {
     assert_eq!(w_row["connection"], "direct", "{w_row}");
     let addrs = w_row["addrs"].as_array().unwrap();
     assert!(
-        !addrs.is_empty() && addrs.iter().all(|a| a.as_str().unwrap().contains("/quic-v1")),
+        !addrs.is_empty()
+            && addrs
+                .iter()
+                .all(|a| a.as_str().unwrap().contains("/quic-v1")),
         "{w_row}"
     );
 }
