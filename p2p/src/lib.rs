@@ -5,7 +5,8 @@
 //! [`Client`] handle, its commands and the [`Event`]s roles receive ([`client`]); the gossip
 //! topics ([`topics`]) and message formats ([`messages`]); the peer table (`peers`); the
 //! ECHO-2 peer score ([`score`]); stream rate limits ([`ratelimit`]); reachability and NAT
-//! traversal bookkeeping ([`reachability`]); the `[network]` config.
+//! traversal bookkeeping ([`reachability`]); listening through relays ([`circuit`]); the
+//! `[network]` config.
 //!
 //! Roles: p2p knows a node's [`Role`] only as a fact to gossip — each heartbeat carries the
 //! sender's role, the status view shows every peer's, and the learner's score table lists the

@@ -250,8 +250,23 @@ impl NatTracker {
                     self.reservations.remove(peer_id);
                 }
             }
+            // A reservation ends with its listener (the relay refused a renewal, or the
+            // listener was closed) even while the relay stays connected.
+            SwarmEvent::ExpiredListenAddr { address, .. } => self.drop_reservation(address),
+            SwarmEvent::ListenerClosed { addresses, .. } => {
+                for a in addresses {
+                    self.drop_reservation(a);
+                }
+            }
             SwarmEvent::Behaviour(b) => self.observe_behaviour(b),
             _ => {}
+        }
+    }
+
+    /// Forgets the reservation behind a `/p2p/<relay>/p2p-circuit` listen address.
+    fn drop_reservation(&mut self, addr: &libp2p::Multiaddr) {
+        if let Some(relay) = relay_of_circuit(addr) {
+            self.reservations.remove(&relay);
         }
     }
 
@@ -317,9 +332,36 @@ impl NatTracker {
     }
 }
 
+/// The relay of a circuit address: the `/p2p/<relay>` right before `/p2p-circuit`.
+pub(crate) fn relay_of_circuit(addr: &libp2p::Multiaddr) -> Option<PeerId> {
+    use libp2p::multiaddr::Protocol;
+    let mut last = None;
+    for p in addr.iter() {
+        match p {
+            Protocol::P2p(id) => last = Some(id),
+            Protocol::P2pCircuit => return last,
+            _ => {}
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_relay_of_a_circuit_address_is_the_peer_before_p2p_circuit() {
+        let relay = crate::peer_id_from_seed([1; 32]);
+        let me = crate::peer_id_from_seed([2; 32]);
+        let a: libp2p::Multiaddr = format!("/ip4/127.0.0.1/tcp/1/p2p/{relay}/p2p-circuit/p2p/{me}")
+            .parse()
+            .unwrap();
+        assert_eq!(relay_of_circuit(&a), Some(relay));
+        let direct: libp2p::Multiaddr =
+            format!("/ip4/127.0.0.1/tcp/1/p2p/{relay}").parse().unwrap();
+        assert_eq!(relay_of_circuit(&direct), None);
+    }
 
     fn obs(autonat: NatVerdict, reservations: usize, successes: u64) -> Observations {
         Observations {
