@@ -17,6 +17,13 @@
 //!    round-robin in rank order (worker `k` joins chain `k mod N_ch`), which keeps the chains
 //!    within one of each other in length and puts the best forwarders nearest the learner.
 //!
+//! Relay-only workers (reachable only through a relay: `p2p::Reachability::Relayed`) never
+//! forward to a child — every byte they forward would cross the relay twice, on a circuit
+//! with byte and time limits. [`plan_chains_with_reachability`] plans the others by the rules
+//! above, then puts each relay-only worker at the tail of a chain (at most one per chain,
+//! shortest chain first), or alone in a chain of its own while fewer than `N_ch` chains
+//! exist; the rest are fetch-only.
+//!
 //! Repair: removing a failed worker reattaches its child (and so its whole tail) to the failed
 //! worker's parent — its nearest surviving ancestor, or the learner for a first hop.
 
@@ -111,6 +118,60 @@ pub fn plan_chains<P: Clone + Ord>(workers: &[(P, f64)], params: &PlanParams) ->
     ChainPlan { chains, fetch_only }
 }
 
+/// [`plan_chains`] for workers given as `(peer, score, relay_only)`: relay-only workers end
+/// chains and never have a child (module docs). Without relay-only workers the plan is
+/// exactly [`plan_chains`]'s.
+pub fn plan_chains_with_reachability<P: Clone + Ord>(
+    workers: &[(P, f64, bool)],
+    params: &PlanParams,
+) -> ChainPlan<P> {
+    let direct: Vec<(P, f64)> = workers
+        .iter()
+        .filter(|w| !w.2)
+        .map(|w| (w.0.clone(), w.1))
+        .collect();
+    let mut plan = plan_chains(&direct, params);
+    let mut relayed: Vec<&(P, f64, bool)> = Vec::new();
+    for w in workers.iter().filter(|w| w.2) {
+        if w.1 > params.exclude_below {
+            relayed.push(w);
+        } else {
+            plan.fetch_only.push(w.0.clone());
+        }
+    }
+    // Best first, ties by peer id (every node computes the same plan).
+    relayed.sort_by(|a, b| {
+        b.1.partial_cmp(&a.1)
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(a.0.cmp(&b.0))
+    });
+    let n_ch = n_chains(params.learner_mbps, params.worker_mbps);
+    // Chains whose tail may still take a relay-only worker (none has one yet).
+    let mut open: Vec<usize> = (0..plan.chains.len()).collect();
+    for w in relayed {
+        if plan.chains.len() < n_ch {
+            // A spare first-hop slot: the learner sends to it directly; no child follows.
+            plan.chains.push(vec![w.0.clone()]);
+            continue;
+        }
+        // The shortest open chain (ties: the lowest index) gets it as its tail.
+        let pick = open
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, &j)| (plan.chains[j].len(), j))
+            .map(|(i, _)| i);
+        match pick {
+            Some(i) => {
+                let j = open.remove(i);
+                plan.chains[j].push(w.0.clone());
+            }
+            None => plan.fetch_only.push(w.0.clone()),
+        }
+    }
+    plan.fetch_only.sort();
+    plan
+}
+
 impl<P: Clone + Eq + Hash> ChainPlan<P> {
     /// Longest chain length `L`.
     pub fn max_len(&self) -> usize {
@@ -185,6 +246,119 @@ mod tests {
             .enumerate()
             .map(|(i, s)| (format!("w{i:02}"), *s))
             .collect()
+    }
+
+    fn reach(scores: &[(f64, bool)]) -> Vec<(String, f64, bool)> {
+        scores
+            .iter()
+            .enumerate()
+            .map(|(i, (s, r))| (format!("w{i:02}"), *s, *r))
+            .collect()
+    }
+
+    /// No relay-only worker has a child.
+    fn relay_only_are_tails(plan: &ChainPlan<String>, ws: &[(String, f64, bool)]) {
+        for chain in &plan.chains {
+            for p in &chain[..chain.len() - 1] {
+                let relay_only = ws.iter().any(|w| &w.0 == p && w.2);
+                assert!(!relay_only, "{p} forwards to a child: {plan:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn without_relay_only_workers_the_plan_is_unchanged() {
+        let p = PlanParams::default();
+        let ws = reach(&[
+            (90.0, false),
+            (50.0, false),
+            (30.0, false),
+            (5.0, false),
+            (70.0, false),
+        ]);
+        let plain: Vec<(String, f64)> = ws.iter().map(|w| (w.0.clone(), w.1)).collect();
+        assert_eq!(
+            plan_chains_with_reachability(&ws, &p),
+            plan_chains(&plain, &p)
+        );
+    }
+
+    #[test]
+    fn relay_only_workers_end_chains_shortest_first_then_fetch_only() {
+        let p = PlanParams::default(); // N_ch = 3
+                                       // Five direct workers (chains of 2, 2, 1) and four relay-only ones, one of them the
+                                       // best scorer: it still never forwards.
+        let ws = reach(&[
+            (90.0, false),
+            (80.0, false),
+            (70.0, false),
+            (60.0, false),
+            (50.0, false),
+            (99.0, true),
+            (45.0, true),
+            (44.0, true),
+            (43.0, true),
+        ]);
+        let plan = plan_chains_with_reachability(&ws, &p);
+        assert_eq!(
+            plan.chains,
+            vec![
+                vec!["w00".to_string(), "w03".into(), "w06".into()],
+                vec!["w01".to_string(), "w04".into(), "w07".into()],
+                vec!["w02".to_string(), "w05".into()],
+            ]
+        );
+        assert_eq!(plan.fetch_only, ["w08"]);
+        relay_only_are_tails(&plan, &ws);
+    }
+
+    #[test]
+    fn relay_only_workers_fill_spare_first_hops_alone() {
+        let p = PlanParams::default(); // N_ch = 3
+        let ws = reach(&[
+            (60.0, false),
+            (50.0, true),
+            (40.0, true),
+            (30.0, true),
+            (5.0, true),
+        ]);
+        let plan = plan_chains_with_reachability(&ws, &p);
+        assert_eq!(
+            plan.chains,
+            vec![
+                vec!["w00".to_string(), "w03".into()],
+                vec!["w01".to_string()],
+                vec!["w02".to_string()],
+            ]
+        );
+        // Below `exclude_below` stays fetch-only whatever its reachability.
+        assert_eq!(plan.fetch_only, ["w04"]);
+        relay_only_are_tails(&plan, &ws);
+    }
+
+    #[test]
+    fn relay_only_workers_never_forward_in_any_mix() {
+        // Every mix of up to 8 workers (bit k: worker k is relay-only), chains 1..=4.
+        for n in 1..=8usize {
+            for mask in 0..(1u32 << n) {
+                for learner_mbps in [100.0, 200.0, 400.0] {
+                    let p = PlanParams {
+                        learner_mbps,
+                        ..PlanParams::default()
+                    };
+                    let ws: Vec<(String, f64, bool)> = (0..n)
+                        .map(|k| (format!("w{k}"), 20.0 + 7.0 * k as f64, mask >> k & 1 == 1))
+                        .collect();
+                    let plan = plan_chains_with_reachability(&ws, &p);
+                    relay_only_are_tails(&plan, &ws);
+                    // Everyone is placed exactly once.
+                    let placed =
+                        plan.chains.iter().map(Vec::len).sum::<usize>() + plan.fetch_only.len();
+                    assert_eq!(placed, n);
+                    assert!(plan.chains.len() <= n_chains(learner_mbps, p.worker_mbps));
+                }
+            }
+        }
     }
 
     #[test]

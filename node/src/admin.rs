@@ -77,7 +77,11 @@ async fn page() -> Response {
 
 async fn status(State(s): State<AdminState>) -> Response {
     match s.client.status().await {
-        Ok(net) => axum::Json(node_status(net, s.node_version, s.role_view.get())).into_response(),
+        Ok(mut net) => {
+            let chains = s.role_view.chains();
+            crate::api::fill_chain_positions(&mut net.peers, chains.as_deref());
+            axum::Json(node_status(net, s.node_version, s.role_view.get())).into_response()
+        }
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("network service unavailable: {e}\n"),

@@ -186,3 +186,85 @@ pub struct BenchRound {
     pub learner_pushed_bytes: u64,
     pub learner_served_bytes: u64,
 }
+
+/// Fills each peer's `chain` and `position` from the current plan's `chains` (peer ids;
+/// `chains[j][k]` is chain `j`, position `k`, 0 = receives from the learner). Peers outside
+/// the plan (fetch-only, standby, not yet planned) keep `null`.
+pub fn fill_chain_positions(peers: &mut [p2p::PeerStatus], chains: Option<&[Vec<String>]>) {
+    let Some(chains) = chains else {
+        return;
+    };
+    for p in peers.iter_mut() {
+        for (j, chain) in chains.iter().enumerate() {
+            if let Some(k) = chain.iter().position(|id| *id == p.peer_id) {
+                p.chain = u32::try_from(j).ok();
+                p.position = u32::try_from(k).ok();
+            }
+        }
+    }
+}
+
+/// One line on this node's reachability for the human `status` view, with the relay
+/// server's load when it serves as a relay.
+pub fn nat_line(net: &p2p::NetworkStatus) -> String {
+    let nat = &net.nat;
+    let mut line = format!(
+        "reachability {}  (AutoNAT {:?}, relay reservations {}, hole punches {} ok / {} failed)",
+        net.reachability,
+        nat.autonat,
+        nat.reservations.len(),
+        nat.holepunch_successes,
+        nat.holepunch_failures,
+    );
+    if let Some(r) = &nat.relay_server {
+        line.push_str(&format!(
+            "\nrelay server: {} reservations, {} circuits open ({} accepted, {} denied since start)",
+            r.reservations, r.circuits, r.circuits_accepted_total, r.circuits_denied_total
+        ));
+    }
+    line.push('\n');
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(id: &str) -> p2p::PeerStatus {
+        serde_json::from_value(serde_json::json!({
+            "peer_id": id, "role": "rollout", "addrs": [], "installed_version": null,
+            "score": 50.0, "speed": 0.0, "success": 100.0, "stability": 0.0, "decay": 1.0,
+            "avg_speed_bps": 0.0, "successes": 0, "failures": 0, "consecutive_failures": 0,
+            "chain": null, "position": null, "mu": null,
+            "cost_per_hour": null, "pending": null, "active": true, "connected": true,
+            "node_version": null, "agent_version": null, "availability": null,
+            "forward_rate_bps": null, "receive_rate_bps": null, "heartbeat_age_s": null,
+            "heartbeats": 0, "started_unix_ms": null, "rejected_messages": 0,
+            "gossip_score": null
+        }))
+        .expect("a peer row")
+    }
+
+    #[test]
+    fn chain_positions_come_from_the_plan() {
+        let mut peers = vec![peer("a"), peer("b"), peer("c"), peer("d")];
+        let chains = vec![vec!["b".to_string(), "a".into()], vec!["c".to_string()]];
+        fill_chain_positions(&mut peers, Some(&chains));
+        let got: Vec<(Option<u32>, Option<u32>)> =
+            peers.iter().map(|p| (p.chain, p.position)).collect();
+        assert_eq!(
+            got,
+            [
+                (Some(0), Some(1)),
+                (Some(0), Some(0)),
+                (Some(1), Some(0)),
+                (None, None)
+            ]
+        );
+        // An older peer row without reachability still decodes.
+        assert_eq!(peers[0].reachability, None);
+        let mut none = vec![peer("a")];
+        fill_chain_positions(&mut none, None);
+        assert_eq!(none[0].chain, None);
+    }
+}

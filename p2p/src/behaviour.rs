@@ -24,6 +24,7 @@ use tracing::info;
 
 use crate::client::ServiceConfig;
 use crate::error::P2pError;
+use crate::role::Role;
 use crate::topics::TopicKind;
 use crate::transport::{build_transport, load_psk, psk_fingerprint};
 
@@ -39,8 +40,10 @@ const KAD_QUERY_TIMEOUT: Duration = Duration::from_secs(30);
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Every behaviour a node runs. Optional ones are [`Toggle`]d off by config: the allow list
-/// (private swarms), mDNS, AutoNAT. The connection gates come first, so a refused connection
-/// never reaches the others: the inbound limits, the ban list, the allow list.
+/// (private swarms), mDNS, AutoNAT, the relay server. The connection gates come first, so a
+/// refused connection never reaches the others: the inbound limits, the ban list, the allow
+/// list. Every role runs the relay client and DCUtR, so a relayed connection is upgraded to a
+/// direct one by hole punching when the NATs allow it.
 #[derive(NetworkBehaviour)]
 pub(crate) struct Behaviour {
     /// `network.max_inbound`, `max_per_peer`, `max_pending_inbound`.
@@ -54,6 +57,8 @@ pub(crate) struct Behaviour {
     pub(crate) mdns: Toggle<mdns::tokio::Behaviour>,
     pub(crate) gossipsub: gossipsub::Behaviour,
     pub(crate) relay: relay::client::Behaviour,
+    /// Circuit relay v2 server: a `relay` node, or `network.relay_service` ([`relay_server`]).
+    pub(crate) relay_server: Toggle<relay::Behaviour>,
     pub(crate) dcutr: dcutr::Behaviour,
     pub(crate) autonat: Toggle<autonat::Behaviour>,
     pub(crate) stream: libp2p_stream::Behaviour,
@@ -94,7 +99,7 @@ pub(crate) fn build_swarm(
     }
     let transport = build_transport(&key, psk, net.quic_enabled())?;
     let topics = topic_hashes(&cfg.swarm_id);
-    let swarm = SwarmBuilder::with_existing_identity(key)
+    let mut swarm = SwarmBuilder::with_existing_identity(key)
         .with_tokio()
         .with_other_transport(|_| transport)
         .map_err(|e| P2pError::Transport(e.to_string()))?
@@ -119,9 +124,10 @@ pub(crate) fn build_swarm(
                 ),
                 gossipsub: gossipsub_behaviour(key, &topics, registry)?,
                 relay,
+                relay_server: Toggle::from(relay_server(peer_id, cfg)),
                 dcutr: dcutr::Behaviour::new(peer_id),
                 autonat: Toggle::from(
-                    net.autonat
+                    autonat_enabled(cfg)
                         .then(|| autonat::Behaviour::new(peer_id, autonat::Config::default())),
                 ),
                 stream: libp2p_stream::Behaviour::new(),
@@ -130,6 +136,14 @@ pub(crate) fn build_swarm(
         .map_err(|e| P2pError::Behaviour(e.to_string()))?
         .with_swarm_config(|c| c.with_idle_connection_timeout(IDLE_CONNECTION_TIMEOUT))
         .build();
+    if cfg.role == Role::Relay {
+        // A relay node is a relay by its operator's decision: advertise the hop protocol at
+        // once instead of waiting for a confirmed external address (which a relay behind a
+        // static port forward, or on loopback, may never get).
+        if let Some(r) = swarm.behaviour_mut().relay_server.as_mut() {
+            r.set_status(Some(relay::Status::Enable));
+        }
+    }
     Ok(swarm)
 }
 
@@ -143,6 +157,122 @@ fn limits_behaviour(net: &crate::config::NetworkConfig) -> connection_limits::Be
             .with_max_pending_incoming(Some(net.max_pending_inbound))
             .with_max_established_per_peer(Some(net.max_per_peer)),
     )
+}
+
+/// Listens on the QUIC companions of the TCP listen addresses
+/// ([`crate::transport::quic_companions`]) when QUIC is on and `network.quic_auto_listen` is
+/// set. A companion that cannot be bound is logged, not fatal: TCP still serves.
+pub(crate) fn listen_quic_companions(
+    swarm: &mut Swarm<Behaviour>,
+    net: &crate::config::NetworkConfig,
+) {
+    if !(net.quic_enabled() && net.quic_auto_listen) {
+        return;
+    }
+    let listen: Vec<libp2p::Multiaddr> = net.listen.iter().filter_map(|a| a.parse().ok()).collect();
+    for a in crate::transport::quic_companions(&listen) {
+        if let Err(e) = swarm.listen_on(a.clone()) {
+            tracing::warn!(addr = %a, error = %e, "cannot listen on QUIC");
+        }
+    }
+}
+
+/// Adds `network.external_addrs` (addresses this node is reachable at, e.g. a public IP in
+/// front of a `0.0.0.0` listener) as confirmed external addresses: identify announces them
+/// and a relay server hands them out in its reservations.
+pub(crate) fn add_external_addrs(
+    swarm: &mut Swarm<Behaviour>,
+    net: &crate::config::NetworkConfig,
+) -> Result<(), P2pError> {
+    for a in &net.external_addrs {
+        let addr: libp2p::Multiaddr = a.parse().map_err(|e| P2pError::Config {
+            key: "network.external_addrs".into(),
+            reason: format!("`{a}`: {e}"),
+        })?;
+        swarm.add_external_address(addr);
+    }
+    Ok(())
+}
+
+/// A new listen address: a `relay` node treats each concrete one (not `0.0.0.0`/`::`, not a
+/// circuit) as external. The relay server hands its external addresses out with every
+/// reservation, and a reservation without addresses is refused by the client, so a relay must
+/// have at least one; on a public host, `network.external_addrs` names the public one.
+pub(crate) fn on_new_listen_addr(
+    swarm: &mut Swarm<Behaviour>,
+    cfg: &ServiceConfig,
+    addr: &libp2p::Multiaddr,
+) {
+    if cfg.role == Role::Relay && is_concrete(addr) {
+        swarm.add_external_address(addr.clone());
+    }
+}
+
+/// Not an unspecified IP and not a relay circuit: an address a peer could dial as it is.
+pub(crate) fn is_concrete(addr: &libp2p::Multiaddr) -> bool {
+    use libp2p::multiaddr::Protocol;
+    addr.iter().all(|p| match p {
+        Protocol::Ip4(ip) => !ip.is_unspecified(),
+        Protocol::Ip6(ip) => !ip.is_unspecified(),
+        Protocol::P2pCircuit => false,
+        _ => true,
+    })
+}
+
+/// The swarm's listen addresses in a stable order: direct TCP first, then QUIC, then relay
+/// circuits, each group sorted. libp2p keeps them in a hash map; callers that dial "the first
+/// address" of a node (address files, harnesses, nodes without QUIC) get a TCP one whenever
+/// the node has one.
+pub(crate) fn ordered_listeners(swarm: &Swarm<Behaviour>) -> Vec<libp2p::Multiaddr> {
+    let mut v: Vec<libp2p::Multiaddr> = swarm.listeners().cloned().collect();
+    v.sort_by_key(|a| (listen_rank(a), a.to_string()));
+    v
+}
+
+/// 0 = direct TCP, 1 = QUIC, 2 = relay circuit.
+fn listen_rank(a: &libp2p::Multiaddr) -> u8 {
+    use libp2p::multiaddr::Protocol;
+    if a.iter().any(|p| matches!(p, Protocol::P2pCircuit)) {
+        2
+    } else if a.iter().any(|p| matches!(p, Protocol::QuicV1)) {
+        1
+    } else {
+        0
+    }
+}
+
+/// Whether this node runs the relay server: always on a `relay` node, on others when
+/// `network.relay_service` is set.
+pub(crate) fn runs_relay_server(cfg: &ServiceConfig) -> bool {
+    cfg.role == Role::Relay || cfg.network.relay_service
+}
+
+/// AutoNAT (client and server) runs when configured, and always on a `relay` node: it is the
+/// swarm's reachability prober.
+fn autonat_enabled(cfg: &ServiceConfig) -> bool {
+    cfg.network.autonat || cfg.role == Role::Relay
+}
+
+/// The relay server with the `[network]` limits ([`relay_config`]), when it runs.
+fn relay_server(peer_id: PeerId, cfg: &ServiceConfig) -> Option<relay::Behaviour> {
+    runs_relay_server(cfg).then(|| relay::Behaviour::new(peer_id, relay_config(&cfg.network)))
+}
+
+/// Circuit relay v2 limits from `[network]`. libp2p's defaults (128 KiB and 2 minutes per
+/// circuit) suit relays that only help hole punching; a swarm relay also carries the traffic
+/// of relay-only workers (snapshots in, trajectory groups out), so the byte and duration
+/// limits are config keys with larger defaults. The rate limiters stay libp2p's.
+pub(crate) fn relay_config(net: &crate::config::NetworkConfig) -> relay::Config {
+    relay::Config {
+        max_reservations: net.relay_max_reservations as usize,
+        max_reservations_per_peer: net.relay_max_reservations_per_peer as usize,
+        reservation_duration: Duration::from_secs(net.relay_reservation_duration_s),
+        max_circuits: net.relay_max_circuits as usize,
+        max_circuits_per_peer: net.relay_max_circuits_per_peer as usize,
+        max_circuit_duration: Duration::from_secs(net.relay_max_circuit_duration_s),
+        max_circuit_bytes: net.relay_max_circuit_mb.saturating_mul(1 << 20),
+        ..relay::Config::default()
+    }
 }
 
 /// Private swarms: only allow-listed peers may hold a connection (none when the list is empty).
@@ -159,11 +289,16 @@ fn allow_behaviour(
     Some(b)
 }
 
-/// Identify under [`IDENTIFY_PROTOCOL`], announcing `echo-node/<version>` as the agent.
+/// Identify under [`IDENTIFY_PROTOCOL`], announcing `echo-node/<version>` as the agent and
+/// pushing listen-address changes.
 fn identify_behaviour(key: &Keypair, node_version: &str) -> identify::Behaviour {
     identify::Behaviour::new(
         identify::Config::new(IDENTIFY_PROTOCOL.to_string(), key.public())
-            .with_agent_version(format!("echo-node/{node_version}")),
+            .with_agent_version(format!("echo-node/{node_version}"))
+            // A relay reservation adds a listen address after the connection's first
+            // identify exchange: push it, so that the relay's DHT learns the `/p2p-circuit`
+            // address through which peers behind NAT are reached.
+            .with_push_listen_addr_updates(true),
     )
 }
 
@@ -285,6 +420,42 @@ mod tests {
         let p4 = |n: f64| tp.topic_weight * tp.invalid_message_deliveries_weight * n * n;
         assert!(p4(2.0) > th.graylist_threshold);
         assert!(p4(3.0) < th.graylist_threshold);
+    }
+
+    #[test]
+    fn relay_limits_come_from_the_config_and_the_relay_role_forces_the_server() {
+        let mut cfg = ServiceConfig::loopback("s", Role::Rollout, vec![], None);
+        cfg.network.relay_max_circuit_mb = 3;
+        cfg.network.relay_max_circuits = 7;
+        let r = relay_config(&cfg.network);
+        assert_eq!(r.max_circuit_bytes, 3 << 20);
+        assert_eq!(r.max_circuits, 7);
+        assert!(!runs_relay_server(&cfg) && !autonat_enabled(&cfg));
+        cfg.network.relay_service = true;
+        assert!(runs_relay_server(&cfg));
+        cfg.network.relay_service = false;
+        cfg.role = Role::Relay;
+        assert!(runs_relay_server(&cfg) && autonat_enabled(&cfg));
+    }
+
+    #[test]
+    fn only_concrete_addresses_are_announced() {
+        let ok: libp2p::Multiaddr = "/ip4/127.0.0.1/tcp/1".parse().unwrap();
+        let any: libp2p::Multiaddr = "/ip4/0.0.0.0/tcp/1".parse().unwrap();
+        let any6: libp2p::Multiaddr = "/ip6/::/udp/1/quic-v1".parse().unwrap();
+        let circuit: libp2p::Multiaddr = format!(
+            "/ip4/127.0.0.1/tcp/1/p2p/{}/p2p-circuit",
+            crate::peer_id_from_seed([1; 32])
+        )
+        .parse()
+        .unwrap();
+        assert!(is_concrete(&ok));
+        let quic: libp2p::Multiaddr = "/ip4/127.0.0.1/udp/1/quic-v1".parse().unwrap();
+        assert_eq!(
+            (listen_rank(&ok), listen_rank(&quic), listen_rank(&circuit)),
+            (0, 1, 2)
+        );
+        assert!(!is_concrete(&any) && !is_concrete(&any6) && !is_concrete(&circuit));
     }
 
     #[test]

@@ -154,6 +154,13 @@ pub struct PeerStatus {
     /// Those strikes per reason ([`StrikeReason::as_str`] → count).
     #[serde(default)]
     pub strikes_by_reason: BTreeMap<String, u64>,
+    /// How peers can reach it, as its heartbeats report (None before the first, or from an
+    /// older node).
+    #[serde(default)]
+    pub reachability: Option<crate::reachability::Reachability>,
+    /// How this node is connected to it now (`direct`, `holepunched`, `relayed`).
+    #[serde(default)]
+    pub connection: Option<crate::reachability::ConnectionKind>,
 }
 
 /// Counters of the network service since start.
@@ -190,6 +197,13 @@ pub struct NetworkStatus {
     pub peers: Vec<PeerStatus>,
     /// The last score table received from the learner (workers).
     pub learner_scores: Option<ScoreTable>,
+    /// This node's reachability (the class its heartbeats carry).
+    #[serde(default)]
+    pub reachability: crate::reachability::Reachability,
+    /// NAT traversal: AutoNAT verdict, relay reservations, hole punches, how each peer is
+    /// connected, and the relay server's load when this node serves as a relay.
+    #[serde(default)]
+    pub nat: crate::reachability::NatStatus,
 }
 
 /// Why a peer earned a strike: evidence, checked by this node, that the peer sent bad data.

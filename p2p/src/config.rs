@@ -59,6 +59,33 @@ pub struct NetworkConfig {
     pub max_per_peer: u32,
     /// Most inbound connections still in their handshake at once.
     pub max_pending_inbound: u32,
+    /// Also listen on QUIC next to every `/tcp/` listen address (same IP; UDP port 0 when the
+    /// TCP port is 0, else the same number), unless QUIC is off or a QUIC address for that IP
+    /// is already listed.
+    pub quic_auto_listen: bool,
+    /// Addresses this node is reachable at that it cannot see itself (a public IP or DNS name
+    /// in front of a `0.0.0.0` listener or a port forward), announced to peers; a relay hands
+    /// them out with its reservations.
+    pub external_addrs: Vec<String>,
+    /// Offer circuit relay service to other peers (a `relay` node always does). On a learner
+    /// or worker the service is advertised only while the node has a confirmed public address
+    /// (AutoNAT), so switching it on behind a NAT does nothing.
+    pub relay_service: bool,
+    /// Relay server limits (a `relay` node, or `relay_service = true`): reservations held at
+    /// once, in total and per peer.
+    pub relay_max_reservations: u32,
+    pub relay_max_reservations_per_peer: u32,
+    /// How long a reservation lasts before its holder must renew it, in seconds.
+    pub relay_reservation_duration_s: u64,
+    /// Circuits (relayed connections) open at once, in total and per peer.
+    pub relay_max_circuits: u32,
+    pub relay_max_circuits_per_peer: u32,
+    /// Bytes one circuit may carry (both directions, MiB) before the relay closes it; a
+    /// relayed worker receives every snapshot through its circuit, so this must exceed the
+    /// snapshot size.
+    pub relay_max_circuit_mb: u64,
+    /// How long one circuit may stay open, in seconds.
+    pub relay_max_circuit_duration_s: u64,
 }
 
 impl Default for NetworkConfig {
@@ -83,6 +110,16 @@ impl Default for NetworkConfig {
             max_inbound: 256,
             max_per_peer: 3,
             max_pending_inbound: 64,
+            quic_auto_listen: true,
+            external_addrs: Vec::new(),
+            relay_service: false,
+            relay_max_reservations: 128,
+            relay_max_reservations_per_peer: 4,
+            relay_reservation_duration_s: 3600,
+            relay_max_circuits: 64,
+            relay_max_circuits_per_peer: 8,
+            relay_max_circuit_mb: 1024,
+            relay_max_circuit_duration_s: 3600,
         }
     }
 }
@@ -138,6 +175,14 @@ impl NetworkConfig {
                         format!("`{a}` must be a multiaddr ending in /p2p/<peer id>"),
                     ));
                 }
+            }
+        }
+        for (i, a) in self.external_addrs.iter().enumerate() {
+            if a.parse::<libp2p::Multiaddr>().is_err() {
+                out.push((
+                    format!("external_addrs[{i}]"),
+                    format!("`{a}` is not a multiaddr (e.g. /ip4/203.0.113.7/tcp/4001)"),
+                ));
             }
         }
         match self.admin.parse::<std::net::SocketAddr>() {
@@ -215,6 +260,50 @@ impl NetworkConfig {
                 ));
             }
         }
+        out.extend(self.validate_relay_limits());
+        out
+    }
+
+    /// The relay server limits: each at least 1 and bounded.
+    fn validate_relay_limits(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for (key, v, max) in [
+            (
+                "relay_max_reservations",
+                u64::from(self.relay_max_reservations),
+                100_000,
+            ),
+            (
+                "relay_max_reservations_per_peer",
+                u64::from(self.relay_max_reservations_per_peer),
+                1_000,
+            ),
+            (
+                "relay_reservation_duration_s",
+                self.relay_reservation_duration_s,
+                86_400,
+            ),
+            (
+                "relay_max_circuits",
+                u64::from(self.relay_max_circuits),
+                100_000,
+            ),
+            (
+                "relay_max_circuits_per_peer",
+                u64::from(self.relay_max_circuits_per_peer),
+                1_000,
+            ),
+            ("relay_max_circuit_mb", self.relay_max_circuit_mb, 1 << 20),
+            (
+                "relay_max_circuit_duration_s",
+                self.relay_max_circuit_duration_s,
+                86_400,
+            ),
+        ] {
+            if !(1..=max).contains(&v) {
+                out.push((key.into(), format!("{v} is outside 1..={max}")));
+            }
+        }
         out
     }
 
@@ -283,5 +372,39 @@ mod tests {
             ..NetworkConfig::default()
         };
         assert_eq!(keys(&nan), ["cost_per_hour"]);
+    }
+
+    #[test]
+    fn relay_limits_are_checked() {
+        let c = NetworkConfig {
+            relay_max_circuits: 0,
+            relay_max_circuit_mb: 0,
+            relay_reservation_duration_s: 100_000,
+            ..NetworkConfig::default()
+        };
+        assert_eq!(
+            keys(&c),
+            [
+                "relay_reservation_duration_s",
+                "relay_max_circuits",
+                "relay_max_circuit_mb"
+            ]
+        );
+        // Defaults carry a snapshot of the embedded model many times over, for an hour.
+        let d = NetworkConfig::default();
+        assert!(!d.relay_service && d.quic && d.quic_auto_listen);
+        assert!(d.relay_max_circuit_mb >= 256 && d.relay_max_circuit_duration_s >= 600);
+    }
+
+    #[test]
+    fn a_circuit_listen_address_is_accepted() {
+        let c = NetworkConfig {
+            listen: vec![format!(
+                "/ip4/127.0.0.1/tcp/4001/p2p/{}/p2p-circuit",
+                crate::peer_id_from_seed([1; 32])
+            )],
+            ..NetworkConfig::default()
+        };
+        assert!(c.validate().is_empty(), "{:?}", c.validate());
     }
 }

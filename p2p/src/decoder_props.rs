@@ -89,6 +89,7 @@ fn heartbeat() -> impl Strategy<Value = Heartbeat> {
                 sent_unix_ms: sent,
                 seq,
                 device,
+                reachability: None,
             },
         )
 }
@@ -369,6 +370,7 @@ fn floats_survive_json_exactly() {
         sent_unix_ms: 0,
         seq: 0,
         device: None,
+        reachability: None,
     };
     assert_eq!(
         Heartbeat::decode(&h.encode(), SWARM)

@@ -6,7 +6,8 @@
 //! topics ([`topics`]) and message formats ([`messages`]); the peer table (`peers`); the
 //! ECHO-2 peer score ([`score`]); strikes and bans (`bans`, [`Client::strike`],
 //! [`Client::is_banned`]); the per-source heartbeat rate limit (`hbgate`); inbound connection
-//! limits; stream rate limits ([`ratelimit`]); the `[network]` config.
+//! limits; stream rate limits ([`ratelimit`]); reachability and NAT traversal bookkeeping
+//! ([`reachability`]); listening through relays ([`circuit`]); the `[network]` config.
 //!
 //! Roles: p2p knows a node's [`Role`] only as a fact to gossip — each heartbeat carries the
 //! sender's role, the status view shows every peer's, and the learner's score table lists the
@@ -19,6 +20,7 @@
 
 mod bans;
 mod behaviour;
+pub mod circuit;
 pub mod client;
 pub mod config;
 #[cfg(test)]
@@ -29,6 +31,7 @@ mod hbgate;
 pub mod messages;
 mod peers;
 pub mod ratelimit;
+pub mod reachability;
 pub mod role;
 pub mod score;
 pub mod service;
@@ -50,6 +53,7 @@ pub use messages::{
     DeviceReport, Heartbeat, LocalStatus, ScoreEntry, ScoreTable, MAX_PENDING_CLAIM,
 };
 pub use ratelimit::TokenBucket;
+pub use reachability::{ConnectionKind, NatStatus, Reachability, RelayServerStatus};
 pub use role::Role;
 pub use score::{PeerStats, ScoreComponents, TransferEvent};
 pub use service::{start, Started};

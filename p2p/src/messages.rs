@@ -56,6 +56,11 @@ pub struct Heartbeat {
     /// The device the node runs its model on (absent in heartbeats of older nodes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<DeviceReport>,
+    /// How peers can reach the sender (`"public"`, `"holepunch"`, `"relayed"`, `"unknown"`;
+    /// absent in heartbeats of older nodes). Self-reported: planners use it only to keep a
+    /// node *out* of forwarding, never to give it more work.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reachability: Option<crate::reachability::Reachability>,
 }
 
 /// The compute device a node runs its model on, as its heartbeats report it. Self-reported:
@@ -318,7 +323,35 @@ mod tests {
             sent_unix_ms: 2,
             seq: 3,
             device: None,
+            reachability: None,
         }
+    }
+
+    #[test]
+    fn reachability_travels_in_heartbeats_and_older_heartbeats_still_decode() {
+        use crate::reachability::Reachability;
+        for r in Reachability::ALL {
+            let h = Heartbeat {
+                reachability: Some(r),
+                ..hb()
+            };
+            let bytes = h.encode();
+            let text = String::from_utf8_lossy(&bytes).to_string();
+            assert!(
+                text.contains(&format!("\"reachability\":\"{r}\"")),
+                "{text}"
+            );
+            assert_eq!(Heartbeat::decode(&bytes, "s").unwrap(), h);
+        }
+        let old = hb().encode();
+        assert!(!String::from_utf8_lossy(&old).contains("reachability"));
+        assert_eq!(Heartbeat::decode(&old, "s").unwrap().reachability, None);
+        // A class this node does not know fails the schema check.
+        let bad =
+            String::from_utf8(old)
+                .unwrap()
+                .replacen('{', "{\"reachability\":\"teleport\",", 1);
+        assert!(Heartbeat::decode(bad.as_bytes(), "s").is_err());
     }
 
     #[test]

@@ -155,6 +155,8 @@ impl PeerEntry {
             ban_reason: self.ban.map(|r| r.as_str().to_string()),
             strikes: self.strikes.total(),
             strikes_by_reason: self.strikes.by_reason(),
+            reachability: hb.and_then(|h| h.reachability),
+            connection: None,
         }
     }
 }
@@ -191,6 +193,7 @@ mod tests {
             sent_unix_ms: started_unix_ms,
             seq: 1,
             device: None,
+            reachability: None,
         }
     }
 

@@ -28,6 +28,7 @@ use tracing::{debug, info, warn};
 
 use crate::bans::{BanList, MAX_BANS};
 use crate::behaviour::{self, Behaviour, BehaviourEvent};
+use crate::circuit::CircuitListeners;
 use crate::client::{
     BanView, Client, Command, Event, NetworkCounters, NetworkStatus, PeerStatus, ServiceConfig,
 };
@@ -71,8 +72,10 @@ pub fn start(
     let libp2p_metrics = Metrics::new(registry);
     subscribe_all(&mut swarm, &cfg.swarm_id)?;
     listen(&mut swarm, &cfg.network)?;
+    behaviour::listen_quic_companions(&mut swarm, &cfg.network);
+    behaviour::add_external_addrs(&mut swarm, &cfg.network)?;
     let bootstrap = add_bootstrap_peers(&mut swarm, &cfg.network.bootstrap)?;
-    listen_via_relays(&mut swarm, &cfg.network.relays)?;
+    let circuits = listen_via_relays(&cfg.network)?;
 
     let (cmd_tx, cmd_rx) = mpsc::channel(CHANNEL_CAPACITY);
     let (ev_tx, ev_rx) = mpsc::channel(CHANNEL_CAPACITY);
@@ -86,7 +89,10 @@ pub fn start(
         ban_view.clone(),
     );
     let quic = cfg.network.quic_enabled();
+    let nat = crate::reachability::NatTracker::new(behaviour::runs_relay_server(&cfg));
     let mut service = Service {
+        nat,
+        circuits,
         heartbeat_interval: Duration::from_millis(cfg.network.heartbeat_interval_ms),
         swarm,
         cfg,
@@ -110,6 +116,7 @@ pub fn start(
     };
     service.dial_bootstrap();
     metrics::gauge!("p2p_banned_peers").set(0.0);
+    service.circuits.tick(&mut service.swarm);
     info!(peer_id = %local_peer_id, quic, "network service started");
     let handle = tokio::spawn(async move { service.run().await });
     Ok((client, ev_rx, handle))
@@ -152,6 +159,9 @@ fn listen(swarm: &mut Swarm<Behaviour>, net: &NetworkConfig) -> Result<(), P2pEr
             addr: a.clone(),
             reason: format!("{e}"),
         })?;
+        if crate::circuit::is_circuit(&addr) {
+            continue; // opened once the relay is connected (`listen_via_relays`)
+        }
         swarm.listen_on(addr).map_err(|e| P2pError::Listen {
             addr: a.clone(),
             reason: e.to_string(),
@@ -185,19 +195,27 @@ fn add_bootstrap_peers(
     Ok(bootstrap)
 }
 
-/// Reserves a slot on each relay (listens on `<relay>/p2p-circuit`); a relay that cannot be
-/// used is logged, not fatal.
-fn listen_via_relays(swarm: &mut Swarm<Behaviour>, relays: &[String]) -> Result<(), P2pError> {
-    for a in relays {
-        let addr: Multiaddr = a.parse().map_err(|e| P2pError::Dial {
+/// The relays to reserve a slot on: `network.relays` and the `/p2p-circuit` addresses of
+/// `network.listen`. Each listener opens once its relay is connected (`circuit`); a relay
+/// that cannot be used is logged, not fatal.
+fn listen_via_relays(net: &NetworkConfig) -> Result<CircuitListeners, P2pError> {
+    let parse = |a: &String| -> Result<Multiaddr, P2pError> {
+        a.parse().map_err(|e| P2pError::Dial {
             addr: a.clone(),
             reason: format!("{e}"),
-        })?;
-        if let Err(e) = swarm.listen_on(addr.clone().with(Protocol::P2pCircuit)) {
-            warn!(relay = %addr, error = %e, "cannot listen via relay");
-        }
-    }
-    Ok(())
+        })
+    };
+    let listen = net
+        .listen
+        .iter()
+        .map(parse)
+        .collect::<Result<Vec<_>, _>>()?;
+    let relays = net
+        .relays
+        .iter()
+        .map(parse)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(CircuitListeners::new(&listen, &relays))
 }
 
 fn strip_p2p(addr: &Multiaddr) -> Multiaddr {
@@ -249,6 +267,10 @@ struct Service {
     /// Peers banned for the run (bounded); mirrored in `ban_view` for the clients.
     bans: BanList,
     ban_view: BanView,
+    /// Reachability and connection kinds (`reachability`), fed every swarm event.
+    nat: crate::reachability::NatTracker,
+    /// Listeners through relays (`circuit`).
+    circuits: CircuitListeners,
 }
 
 impl Service {
@@ -269,7 +291,7 @@ impl Service {
                 },
                 _ = heartbeat.tick() => self.publish_heartbeat(),
                 _ = scores.tick() => if self.cfg.role == Role::Learner { self.publish_score_table() },
-                _ = redial.tick() => { self.dial_bootstrap(); self.prune(); },
+                _ = redial.tick() => { self.dial_bootstrap(); self.circuits.tick(&mut self.swarm); self.prune(); },
                 _ = kad_bootstrap.tick() => { let _ = self.swarm.behaviour_mut().kad.bootstrap(); },
             }
         }
@@ -341,7 +363,7 @@ impl Service {
                 let _ = reply.send(self.status());
             }
             Command::ListenAddrs(reply) => {
-                let _ = reply.send(self.swarm.listeners().cloned().collect());
+                let _ = reply.send(behaviour::ordered_listeners(&self.swarm));
             }
             Command::Dial(addr, reply) => {
                 let r = self.swarm.dial(addr.clone());
@@ -399,14 +421,20 @@ impl Service {
         let mut peers: Vec<PeerStatus> = self
             .peers
             .iter()
-            .map(|(p, e)| e.status(p, now, self.heartbeat_interval, gs.peer_score(p)))
+            .map(|(p, e)| PeerStatus {
+                connection: self.nat.connection(p),
+                ..e.status(p, now, self.heartbeat_interval, gs.peer_score(p))
+            })
             .collect();
         peers::sort_for_status(&mut peers);
         NetworkStatus {
             peer_id: self.swarm.local_peer_id().to_string(),
             role: self.cfg.role,
             swarm_id: self.cfg.swarm_id.clone(),
-            listen_addrs: self.swarm.listeners().map(|a| a.to_string()).collect(),
+            listen_addrs: behaviour::ordered_listeners(&self.swarm)
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
             external_addrs: self
                 .swarm
                 .external_addresses()
@@ -419,15 +447,20 @@ impl Service {
             counters: self.counters.clone(),
             peers,
             learner_scores: self.learner_scores.clone(),
+            reachability: self.nat.reachability(),
+            nat: self.nat.status(),
         }
     }
 
     fn on_swarm_event(&mut self, ev: SwarmEvent<BehaviourEvent>) {
         self.libp2p_metrics.record(&ev);
+        self.nat.observe(&ev);
+        self.circuits.on_swarm_event(&mut self.swarm, &ev);
         match ev {
             SwarmEvent::Behaviour(b) => self.on_behaviour_event(b),
             SwarmEvent::NewListenAddr { address, .. } => {
                 info!(%address, "listening");
+                behaviour::on_new_listen_addr(&mut self.swarm, &self.cfg, &address);
             }
             SwarmEvent::ConnectionEstablished {
                 peer_id,

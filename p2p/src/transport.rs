@@ -11,7 +11,7 @@ use libp2p::core::upgrade::Version;
 use libp2p::core::Transport;
 use libp2p::identity::Keypair;
 use libp2p::pnet::{PnetConfig, PreSharedKey};
-use libp2p::{noise, quic, tcp, yamux, PeerId};
+use libp2p::{noise, quic, tcp, yamux, Multiaddr, PeerId};
 
 use crate::error::P2pError;
 
@@ -76,9 +76,82 @@ pub(crate) fn build_transport(
         .boxed())
 }
 
+/// The QUIC listen addresses `network.quic_auto_listen` adds: for each `/ip4|ip6/…/tcp/P`
+/// address (not a relay circuit) whose IP has no QUIC address in `listen` yet, the same IP on
+/// `/udp/P/quic-v1` (port 0 stays 0: any free port). Pure, so the rule is tested without a
+/// swarm; the service listens on the result.
+pub fn quic_companions(listen: &[Multiaddr]) -> Vec<Multiaddr> {
+    use libp2p::multiaddr::Protocol;
+    let is_quic = |a: &Multiaddr| a.iter().any(|p| matches!(p, Protocol::QuicV1));
+    fn ip_of(a: &Multiaddr) -> Option<Protocol<'_>> {
+        a.iter()
+            .find(|p| matches!(p, Protocol::Ip4(_) | Protocol::Ip6(_)))
+    }
+    let mut out: Vec<Multiaddr> = Vec::new();
+    for a in listen {
+        if a.iter().any(|p| matches!(p, Protocol::P2pCircuit)) {
+            continue;
+        }
+        let mut parts = a.iter();
+        let (Some(ip), Some(Protocol::Tcp(port)), None) =
+            (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        if !matches!(ip, Protocol::Ip4(_) | Protocol::Ip6(_)) {
+            continue;
+        }
+        let taken = listen
+            .iter()
+            .chain(out.iter())
+            .any(|b| is_quic(b) && ip_of(b) == Some(ip.clone()));
+        if !taken {
+            out.push(
+                Multiaddr::empty()
+                    .with(ip)
+                    .with(Protocol::Udp(port))
+                    .with(Protocol::QuicV1),
+            );
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn addrs(list: &[&str]) -> Vec<Multiaddr> {
+        list.iter().map(|a| a.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn quic_companions_mirror_tcp_addresses_once() {
+        assert_eq!(
+            quic_companions(&addrs(&["/ip4/127.0.0.1/tcp/0", "/ip4/0.0.0.0/tcp/4001"])),
+            addrs(&[
+                "/ip4/127.0.0.1/udp/0/quic-v1",
+                "/ip4/0.0.0.0/udp/4001/quic-v1"
+            ])
+        );
+        // An IP that already has a QUIC address, or listed twice, gets no (second) companion.
+        assert_eq!(
+            quic_companions(&addrs(&[
+                "/ip4/0.0.0.0/tcp/4001",
+                "/ip4/0.0.0.0/udp/4002/quic-v1",
+                "/ip6/::1/tcp/0",
+                "/ip6/::1/tcp/5",
+            ])),
+            addrs(&["/ip6/::1/udp/0/quic-v1"])
+        );
+        // Relay circuits and DNS names are left alone.
+        let relay = crate::peer_id_from_seed([3; 32]);
+        assert!(quic_companions(&addrs(&[
+            &format!("/ip4/127.0.0.1/tcp/1/p2p/{relay}/p2p-circuit"),
+            "/dns4/example.org/tcp/1",
+        ]))
+        .is_empty());
+    }
 
     #[test]
     fn psk_file_roundtrip_and_errors() {

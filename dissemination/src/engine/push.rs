@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use control::plan::{plan_chains, ChainPlan, Placement};
+use control::plan::{plan_chains_with_reachability, ChainPlan, Placement};
 use futures::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use p2p::framing::{read_frame, write_frame};
 use p2p::{PeerId, TopicKind, Validation};
@@ -94,8 +94,10 @@ impl Disseminator {
             })
             .await?
         };
-        let workers = match workers {
-            Some(w) => w,
+        // (peer, score, relay-only): a worker whose heartbeats say it is reachable only
+        // through a relay ends a chain and never forwards (`control::plan`).
+        let workers: Vec<(PeerId, f64, bool)> = match workers {
+            Some(w) => w.into_iter().map(|(p, s)| (p, s, false)).collect(),
             None => self
                 .inner
                 .client
@@ -104,11 +106,14 @@ impl Disseminator {
                 .peers
                 .into_iter()
                 .filter(|p| p.active && p.role == Some(p2p::Role::Rollout))
-                .filter_map(|p| Some((p.peer_id.parse().ok()?, p.score.score)))
+                .filter_map(|p| {
+                    let relay_only = p.reachability.is_some_and(|r| r.relay_only());
+                    Some((p.peer_id.parse().ok()?, p.score.score, relay_only))
+                })
                 .collect(),
         };
         let plan: ChainPlan<PeerId> = match cfg.mode {
-            BroadcastMode::Chain => plan_chains(&workers, &cfg.plan),
+            BroadcastMode::Chain => plan_chains_with_reachability(&workers, &cfg.plan),
             BroadcastMode::Star => {
                 let mut ws: Vec<PeerId> = workers.iter().map(|w| w.0).collect();
                 ws.sort();

@@ -5,7 +5,7 @@ mod doctor;
 mod export;
 mod inspect;
 mod keygen;
-mod run;
+pub(crate) mod run;
 mod status;
 
 use crate::cli::Command;

@@ -15,6 +15,10 @@ use crate::state::{
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let config = load_config(&args)?;
+    if config.role == Role::Relay {
+        // No model, no stores: a relay runs only the network service and the admin endpoint.
+        return roles::relay::run(config);
+    }
     let state = open_state(config)?;
     let counters = state.trajectories.counters()?;
     let inv = state.trajectories.check_invariant()?;
@@ -104,6 +108,10 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
             (None, None)
         }
     };
+    // `status` peers carry their chain and position in the newest accepted plan.
+    if let Some(d) = dissem.clone() {
+        view.set_plan_source(roles::plan_source(d));
+    }
     // The role: the learner trains and publishes; a worker installs snapshots, generates and
     // serves pulls. Both need the swarm's learner key (the dissemination engine).
     // A signal during the role's start-up (model build, warm start) still stops cleanly.
@@ -149,8 +157,8 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
             (Role::Learner, None) => {
                 anyhow::bail!("the learner's dissemination engine did not start")
             }
-            // Refused by config validation; nothing to run.
-            (Role::Relay, _) => anyhow::bail!("role \"relay\" is not implemented"),
+            // Started by `roles::relay::run` before any store is opened; never reaches here.
+            (Role::Relay, _) => anyhow::bail!("a relay node runs no role here"),
         })
     };
     let (role, early) = tokio::select! {
@@ -271,7 +279,7 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
 
 /// Writes `<data_dir>/node.addr.json` once the swarm reports its first listen address (the
 /// ports actually bound, also when the config asks for port 0).
-async fn write_addr_file(
+pub(crate) async fn write_addr_file(
     client: p2p::Client,
     data_dir: std::path::PathBuf,
     peer_id: String,

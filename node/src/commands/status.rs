@@ -125,6 +125,7 @@ pub fn render(st: &NodeStatus) -> String {
             ""
         }
     ));
+    out.push_str(&crate::api::nat_line(net));
     let mut standby: &[String] = &[];
     if let Some(l) = &st.learner {
         out.push_str(&format!(

@@ -18,14 +18,15 @@ use serde::{Deserialize, Serialize};
 pub use learner::Objective;
 pub use verification::VerificationConfig;
 
-/// What a node does in the swarm (`learner` or `rollout`; `relay` is reserved and refused
-/// by validation until the relay role exists). The same type travels in heartbeats.
+/// What a node does in the swarm: `learner`, `rollout`, or `relay` (a relay / bootstrap node:
+/// circuit relay server, Kademlia and AutoNAT server; no model, no stores). The same type
+/// travels in heartbeats.
 pub use p2p::Role;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeConfig {
-    /// `learner` (one per swarm) or `rollout`.
+    /// `learner` (one per swarm), `rollout`, or `relay` (reads only `[network]`).
     pub role: Role,
     /// Name of the swarm; gossip topics and manifests carry it.
     pub swarm_id: String,

@@ -38,12 +38,6 @@ impl NodeConfig {
             ),
             (None, Role::Learner | Role::Relay) => {}
         }
-        if self.role == Role::Relay {
-            bad(
-                "role",
-                "\"relay\" is not a node role yet: use \"learner\" or \"rollout\"".into(),
-            );
-        }
         for (k, p) in self.network.validate() {
             bad(&format!("network.{k}"), p);
         }

@@ -198,6 +198,7 @@ pub fn spam_heartbeat(
         // Distinct content every time (gossip de-duplicates identical messages).
         sent_unix_ms: now,
         seq,
+        reachability: None,
         device: None,
     }
 }

@@ -1,7 +1,8 @@
 //! What a node does once its network service runs: the learner loop ([`learner`]: pull,
 //! train, publish, checkpoint — ECHO-2 Algorithm 1), the rollout worker ([`rollout`]: install
 //! snapshots, generate groups, serve pulls), the learner's provisioning [`scheduler`], and the
-//! broadcast benchmark roles ([`bench`]) the testnet harness starts.
+//! broadcast benchmark roles ([`bench`]) the testnet harness starts, and the relay /
+//! bootstrap node ([`relay`]: no model, no stores).
 //!
 //! A role reports what `echo-node status` shows through [`RoleView`] and what its heartbeat
 //! carries through [`Probe`]; it never touches the swarm directly (only through the
@@ -10,6 +11,7 @@
 pub mod attacks;
 pub mod bench;
 pub mod learner;
+pub mod relay;
 pub mod rollout;
 pub mod scheduler;
 
@@ -21,11 +23,45 @@ use policy::{Policy, Tokenizer};
 use crate::api::RoleSection;
 use crate::config::NodeConfig;
 
-/// The role's section of the `/status` object, replaced as the role makes progress.
+/// The chains of the newest accepted forwarding plan, as peer ids (`chains[j][k]`: chain
+/// `j`, position `k`, 0 = receives from the learner).
+pub type PlanSource = Arc<dyn Fn() -> Option<Vec<Vec<String>>> + Send + Sync>;
+
+/// The role's section of the `/status` object, replaced as the role makes progress, and where
+/// the status view reads the current plan from.
 #[derive(Clone, Default)]
-pub struct RoleView(Arc<RwLock<Option<RoleSection>>>);
+pub struct RoleView(
+    Arc<RwLock<Option<RoleSection>>>,
+    Arc<RwLock<Option<PlanSource>>>,
+);
+
+/// The plan source of a dissemination engine: the chains of its newest accepted plan (the
+/// learner's own, or the one a worker accepted from the learner).
+pub fn plan_source(d: dissemination::Disseminator) -> PlanSource {
+    Arc::new(move || {
+        d.current_plan().map(|p| {
+            p.plan
+                .chains
+                .iter()
+                .map(|c| c.iter().map(ToString::to_string).collect())
+                .collect()
+        })
+    })
+}
 
 impl RoleView {
+    pub fn set_plan_source(&self, source: PlanSource) {
+        if let Ok(mut g) = self.1.write() {
+            *g = Some(source);
+        }
+    }
+
+    /// The chains of the current plan, if a plan source is set and a plan is known.
+    pub fn chains(&self) -> Option<Vec<Vec<String>>> {
+        let source = self.1.read().ok()?.clone()?;
+        source()
+    }
+
     pub fn set(&self, section: RoleSection) {
         if let Ok(mut g) = self.0.write() {
             *g = Some(section);

@@ -70,6 +70,7 @@ impl Service {
             sent_unix_ms: unix_ms(),
             seq: self.seq,
             device: self.local.device.clone(),
+            reachability: Some(self.nat.reachability()),
         };
         let topic = IdentTopic::new(TopicKind::Heartbeat.topic_name(&self.cfg.swarm_id));
         match self
