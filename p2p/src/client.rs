@@ -232,6 +232,9 @@ pub enum StrikeReason {
     Untrainable,
     /// Heartbeats faster than the rate limit allows.
     HeartbeatFlood,
+    /// A manifest, plan or order (messages only the learner authors) published by another
+    /// peer: a replay or a forgery. No honest node does this, so it bans at once.
+    Replay,
     /// A gossip message that failed validation (by the service or by the role's `Reject`).
     BadMessage,
 }
@@ -249,6 +252,7 @@ impl StrikeReason {
             StrikeReason::StreamViolation => "stream_violation",
             StrikeReason::Untrainable => "untrainable",
             StrikeReason::HeartbeatFlood => "heartbeat_flood",
+            StrikeReason::Replay => "replay",
             StrikeReason::BadMessage => "bad_message",
         }
     }

@@ -19,7 +19,9 @@
 //! - `groups_until_ban`: groups that had left the malicious worker's store (pulled, by its own
 //!   `/status`: `groups − pending`) when the ban was first seen;
 //! - `trained_after_ban`: the learner's `learner_groups_trained_total{producer}` (its
-//!   `/metrics`) at the end less its value when the ban was first seen;
+//!   `/metrics`) at the end less its value when the *learner's* ban was first seen (null when
+//!   only workers banned the peer: training is the learner's, and a forwarder caught
+//!   corrupting chunks by its children still has its verified groups trained);
 //! - `learner_crashes`: learner processes that exited during a run;
 //! - `reward_clean` / `reward_attacked`: the learner's final `reward_recent` in the clean run
 //!   and the mean over the attacked runs.
@@ -237,6 +239,40 @@ fn honest_env() -> [(&'static str, &'static str); 1] {
     [(ENV_VAR, "")]
 }
 
+/// Keys the corrupting worker so that it heads the chain: workers of equal score are ordered
+/// by peer id, and an ed25519 peer id orders as its public key, so a key below the honest
+/// workers' puts it first (and the learner's pushes keep its score the highest). Without this
+/// it could sit at the chain's tail, where it forwards to nobody and the attack does nothing.
+fn forwarder_key(bin: &Path, dir: &Path, honest: &[String]) -> anyhow::Result<()> {
+    // Lower-case hex of equal length orders as the bytes it encodes.
+    for attempt in 0..64 {
+        let tmp = dir.join(format!(".keygen-{attempt}"));
+        let out = std::process::Command::new(bin)
+            .args(["keygen", "--json", "--out"])
+            .arg(&tmp)
+            .output()
+            .with_context(|| format!("running {}", bin.display()))?;
+        anyhow::ensure!(
+            out.status.success(),
+            "keygen: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout)?;
+        let (Some(key), Some(file)) = (v["public_key"].as_str(), v["key_file"].as_str()) else {
+            anyhow::bail!("keygen printed no public_key/key_file");
+        };
+        let file = Path::new(file);
+        if honest.iter().all(|h| key < h.as_str()) {
+            let name = file.file_name().context("key file has no name")?;
+            std::fs::rename(file, dir.join(name))?;
+            std::fs::remove_dir_all(&tmp)?;
+            return Ok(());
+        }
+        std::fs::remove_dir_all(&tmp)?;
+    }
+    anyhow::bail!("no key below the honest workers' in 64 tries")
+}
+
 fn run_once(
     bin: &Path,
     root: &Path,
@@ -249,6 +285,12 @@ fn run_once(
     let key = harness::keygen(bin, &ldir)?;
     let mut lc = harness::node_config(Role::Learner, swarm, &ldir, HEARTBEAT_MS);
     lc.learner.warm_start_steps = s.warm_start_steps;
+    let corrupt = attacks.contains(&Attack::CorruptChunks);
+    if corrupt {
+        // One chain (B0 = B̂w), so workers forward to each other: a corrupting worker harms,
+        // and can be caught by, only the children it feeds.
+        lc.network.learner_mbps = lc.broadcast.worker_mbps;
+    }
     let mut fleet = Fleet::with_log_filter(harness::NODE_LOG_FILTER);
     let li = fleet.start_with_env(bin, "learner", &lc, &[], &honest_env())?;
     let laddr = fleet.wait_addresses(li, &lc, START_LIMIT)?;
@@ -263,14 +305,21 @@ fn run_once(
         w
     };
     let mut honest = Vec::new();
+    let mut honest_keys = Vec::new();
     for name in ["w0", "w1"] {
         let c = worker(name);
+        if corrupt {
+            honest_keys.push(harness::keygen(bin, &c.data_dir)?);
+        }
         honest.push((fleet.start_with_env(bin, name, &c, &[], &honest_env())?, c));
     }
     let mut bad = Vec::new();
     for a in attacks {
         let name = format!("bad-{a}");
         let c = worker(&name);
+        if *a == Attack::CorruptChunks {
+            forwarder_key(bin, &c.data_dir, &honest_keys)?;
+        }
         let env = [(ENV_VAR, a.name())];
         bad.push((fleet.start_with_env(bin, &name, &c, &[], &env)?, c, *a));
     }
@@ -391,11 +440,17 @@ fn observe(w: &mut Watch, learner: &Value, honest: &[Value], trained: &BTreeMap<
         let Some(row) = peer_row(view, &w.peer_id) else {
             continue;
         };
+        let by_learner = name == "learner";
         if row["banned"].as_bool() == Some(true) && !w.banned {
             w.banned = true;
-            w.banned_by = Some(name);
             w.ban_reason = row["ban_reason"].as_str().map(String::from);
             w.groups_until_ban = w.groups_left.or(Some(0));
+            w.banned_by = Some(name);
+        }
+        // Training is the learner's: what it trained after *its* ban is what the ban must
+        // stop. A peer banned by a worker only (a corrupting forwarder) still has its
+        // verified groups trained; that is not counted here.
+        if w.trained_at_ban.is_none() && by_learner && row["banned"].as_bool() == Some(true) {
             w.trained_at_ban = Some(mine.unwrap_or(0));
         }
     }

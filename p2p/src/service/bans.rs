@@ -41,6 +41,19 @@ impl Service {
         self.ban_if_due(peer, StrikeReason::BadMessage, total);
     }
 
+    /// Evidence no honest node can produce ([`StrikeReason::Replay`]): one strike, and the
+    /// peer is banned at once whatever its count (never this node or the learner).
+    pub(super) fn strike_and_ban(&mut self, peer: PeerId, reason: StrikeReason) {
+        if peer == *self.swarm.local_peer_id() {
+            return;
+        }
+        let total = self.peer(peer).record_strike(reason, Instant::now());
+        self.count_strike(peer, reason, total);
+        if !self.bans.contains(&peer) && self.cfg.learner != Some(peer) {
+            self.ban(peer, reason, total);
+        }
+    }
+
     fn count_strike(&mut self, peer: PeerId, reason: StrikeReason, total: u64) {
         warn!(%peer, %reason, total, "strike");
         self.counters.strikes += 1;

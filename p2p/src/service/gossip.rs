@@ -167,8 +167,24 @@ impl Service {
             // anyone else is a replay or a forgery, whatever the signature inside says.
             TopicKind::Snapshots | TopicKind::Plans => match self.cfg.learner {
                 Some(l) if l != source => {
-                    let err = MessageError::Unauthorised(source);
-                    self.reject(propagation_source, &id, Some(source), kind, err)
+                    warn!(peer = %source, via = %propagation_source, ?kind, "message only the learner may author: a replay or a forgery");
+                    self.swarm
+                        .behaviour_mut()
+                        .gossipsub
+                        .report_message_validation_result(
+                            &id,
+                            &propagation_source,
+                            MessageAcceptance::Reject,
+                        );
+                    self.counters.messages_rejected += 1;
+                    metrics::counter!("p2p_messages_rejected_total").increment(1);
+                    self.strike_and_ban(source, StrikeReason::Replay);
+                    let error = MessageError::Unauthorised(source);
+                    self.emit(Event::Rejected {
+                        peer: source,
+                        topic: kind,
+                        error,
+                    });
                 }
                 _ => self.hand_to_role(kind, propagation_source, id, msg),
             },
