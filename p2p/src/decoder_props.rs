@@ -62,7 +62,7 @@ fn heartbeat() -> impl Strategy<Value = Heartbeat> {
             0.0f64..=1.0,
         ),
         (
-            any::<u64>(),
+            0..=crate::messages::MAX_PENDING_CLAIM,
             0.0f64..=1e15,
             0.0f64..=1e15,
             any::<(u64, u64, u64)>(),

@@ -59,6 +59,29 @@ impl NodeConfig {
                 format!("{} is outside 1..=1000", s.keep_snapshots),
             );
         }
+        // The learner's log-prob spot check loads the weights of the version a group claims,
+        // from its own snapshot store: every version still admissible (S steps, one snapshot
+        // every κ) must be kept, i.e. ⌊S/κ⌋ + 1 snapshots.
+        let v = &self.verification;
+        if self.role == Role::Learner
+            && (v.spot_check_fraction > 0.0 || v.spot_check_first_groups > 0)
+        {
+            if let Ok(t) = self.learner.trainer_config() {
+                let kappa = t.kappa();
+                let need = (t.staleness / kappa + 1) as usize;
+                if s.keep_snapshots < need {
+                    bad(
+                        "storage.keep_snapshots",
+                        format!(
+                            "{} keeps fewer snapshots than the spot check needs: ⌊S/κ⌋ + 1 = {need} \
+                             (S = {}, κ = {kappa}); raise it or set verification.spot_check_fraction \
+                             = 0 and spot_check_first_groups = 0",
+                            s.keep_snapshots, t.staleness
+                        ),
+                    );
+                }
+            }
+        }
         if !(1..=86_400).contains(&s.lease_ttl_s) {
             bad(
                 "storage.lease_ttl_s",

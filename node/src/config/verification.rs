@@ -119,4 +119,20 @@ mod tests {
         ));
         assert_eq!(p[0].0, "verification.recompute_rewards");
     }
+
+    #[test]
+    fn the_spot_check_needs_every_admissible_version_kept() {
+        // S = 6, κ = 2: versions v−6..v are admissible, ⌊6/2⌋ + 1 = 4 snapshots.
+        let learner = |keep: usize, extra: &str| {
+            problems(&format!(
+                "{HEAD}[learner]\nstaleness = 6\nkappa = 2\n[storage]\nkeep_snapshots = {keep}\n{extra}"
+            ))
+        };
+        let p = learner(3, "");
+        assert_eq!(p[0].0, "storage.keep_snapshots", "{p:?}");
+        assert!(p[0].1.contains("= 4"), "{p:?}");
+        assert!(learner(4, "").is_empty());
+        let off = "[verification]\nspot_check_fraction = 0.0\nspot_check_first_groups = 0\n";
+        assert!(learner(1, off).is_empty());
+    }
 }

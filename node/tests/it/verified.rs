@@ -1,9 +1,10 @@
 //! Verified rollouts across real processes: a learner, one honest worker and one worker that
 //! carries out test-only attacks (`ECHO_NODE_MISBEHAVE`) on the groups it produces. The
 //! learner must keep training on the honest worker's groups, refuse the bad worker's with the
-//! right reason (`pull_groups_rejected_total{reason}` on its `/metrics`) and strike it (its
-//! `failures` and `rejected_messages` in the learner's `/status` peers grow), never the honest
-//! one — whose signed groups with assigned prompts and true rewards pass end to end. Every wait polls against a deadline; children are killed and reaped on drop.
+//! right reason (`pull_groups_rejected_total{reason}` on its `/metrics`), strike it and ban it
+//! (`strikes`, `banned`, `ban_reason` in the learner's `/status` peers), never the honest one —
+//! whose signed groups with assigned prompts and true rewards pass end to end. Every wait
+//! polls against a deadline; children are killed and reaped on drop.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -83,9 +84,13 @@ fn peer(status: &Value, peer_id: &str) -> Option<Value> {
 /// Waits until the learner refused at least one group of `bad` for each of `reasons`, struck
 /// it that often, and trained `steps` steps; then checks the honest worker was never struck.
 fn expect_refused_and_struck(swarm: &str, attacks: &str, reasons: &[&str], steps: u64) {
+    // Enough strikes before the ban for every attack to be seen: the worker takes its attacks
+    // in turn, one per group (`seq mod k`).
+    // (The learner's sections follow its `[network]` keys, so a bare key lands there.)
+    let learner_config = format!("ban_after_strikes = {}\n{LEARNER}", 4 * reasons.len());
     let tmp = tempfile::tempdir().unwrap();
     let (mut learner, mut honest) =
-        Node::learner_and_workers(tmp.path(), swarm, LEARNER, 1, WORKER);
+        Node::learner_and_workers(tmp.path(), swarm, &learner_config, 1, WORKER);
     let mut bad = bad_worker(tmp.path(), swarm, &learner, attacks);
     let bad_id = bad.key.peer_id.clone();
     bad.wait_ready();
@@ -95,11 +100,12 @@ fn expect_refused_and_struck(swarm: &str, attacks: &str, reasons: &[&str], steps
             (rejected(&learner, r) > 0).then_some(())
         });
     }
-    // Each refused group is a strike; past `ban_after_strikes` (3) the worker is banned for
+    // Each refused group is a strike; past `ban_after_strikes` the worker is banned for
     // the run, for one of the reasons its groups were refused.
     let struck = wait_for("the bad worker's ban", LIMIT, || {
         let p = peer(&learner.status()?, &bad_id)?;
-        (p["banned"] == true && p["strikes"].as_u64()? >= 3 && p["failures"].as_u64()? >= 3)
+        let n = 4 * reasons.len() as u64;
+        (p["banned"] == true && p["strikes"].as_u64()? >= n && p["failures"].as_u64()? >= n)
             .then_some(p)
     });
     let ban_reason = struck["ban_reason"]
@@ -162,4 +168,34 @@ fn out_of_vocab_invalid_logprobs_and_forged_signatures_are_refused_and_struck() 
         ],
         2,
     );
+}
+
+/// A worker that answers every pull with one group more than it leased: the pull is refused
+/// as an oversized answer (bounded by the request, never stored beyond it), the worker is
+/// struck and banned, and the learner trains on.
+#[test]
+fn an_oversized_pull_answer_is_struck_and_training_goes_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut learner, mut honest) =
+        Node::learner_and_workers(tmp.path(), "it-oversized", LEARNER, 1, WORKER);
+    let mut bad = bad_worker(tmp.path(), "it-oversized", &learner, "oversized_answer");
+    let bad_id = bad.key.peer_id.clone();
+    bad.wait_ready();
+    let banned = wait_for("the oversized answerer's ban", LIMIT, || {
+        let p = peer(&learner.status()?, &bad_id)?;
+        (p["banned"] == true).then_some(p)
+    });
+    assert_eq!(banned["ban_reason"], "oversized_answer", "{banned}");
+    let steps = learner.status().unwrap()["learner"]["version"]
+        .as_u64()
+        .unwrap_or(0);
+    let status = wait_for("two more learner steps", LIMIT, || {
+        let s = learner.status()?;
+        (s["learner"]["version"].as_u64()? >= steps + 2).then_some(s)
+    });
+    let h = peer(&status, &honest[0].key.peer_id).expect("the honest worker is a peer");
+    assert_eq!(h["strikes"].as_u64(), Some(0), "{h}");
+    honest[0].kill();
+    bad.kill();
+    learner.kill();
 }
