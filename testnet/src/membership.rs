@@ -57,7 +57,9 @@ fn metric_sum(admin: &str, family: &str) -> Option<f64> {
     s.read_to_string(&mut body).ok()?;
     let mut sum = 0.0;
     for line in body.lines().filter(|l| !l.starts_with('#')) {
-        let (name, value) = line.rsplit_once(' ')?;
+        let Some((name, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
         let metric = name.split('{').next().unwrap_or(name);
         let metric = metric.strip_suffix("_total").unwrap_or(metric);
         if metric.ends_with(family) {
