@@ -411,8 +411,7 @@ fn main() -> anyhow::Result<()> {
                 seconds,
             };
             let v = membership::run(&bin, &nodes, &p)?;
-            std::fs::create_dir_all(&out)
-                .with_context(|| format!("creating {}", out.display()))?;
+            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
             let path = out.join("membership.json");
             std::fs::write(&path, serde_json::to_vec_pretty(&v)?)
                 .with_context(|| format!("writing {}", path.display()))?;
