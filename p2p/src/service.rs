@@ -8,8 +8,7 @@
 //! gossip half (publishing and validating messages) is in `service/gossip.rs`, strikes and
 //! bans in `service/bans.rs`. Must not touch: behaviour configuration (`behaviour.rs`), topic
 //! names ([`crate::topics`]), the peer-table, ban, rate-limit and membership-scaling rules
-//! (`peers.rs`, `bans.rs`, `membership.rs`,
-//! `hbgate.rs`) or what roles do with events.
+//! (`peers.rs`, `bans.rs`, `hbgate.rs`, `membership.rs`) or what roles do with events.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
