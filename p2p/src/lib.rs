@@ -7,7 +7,9 @@
 //! ECHO-2 peer score ([`score`]); strikes and bans (`bans`, [`Client::strike`],
 //! [`Client::is_banned`]); the per-source heartbeat rate limit (`hbgate`); inbound connection
 //! limits; stream rate limits ([`ratelimit`]); reachability and NAT traversal bookkeeping
-//! ([`reachability`]); listening through relays ([`circuit`]); the `[network]` config.
+//! ([`reachability`]); listening through relays ([`circuit`]); the heartbeat interval scaled
+//! to the swarm size, forgetting and the peer-table cap ([`membership`]); the `[network]`
+//! config.
 //!
 //! Roles: p2p knows a node's [`Role`] only as a fact to gossip — each heartbeat carries the
 //! sender's role, the status view shows every peer's, and the learner's score table lists the
@@ -28,6 +30,7 @@ mod decoder_props;
 pub mod error;
 pub mod framing;
 mod hbgate;
+pub mod membership;
 pub mod messages;
 mod peers;
 pub mod ratelimit;

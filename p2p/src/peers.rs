@@ -22,7 +22,10 @@ use crate::score::PeerStats;
 /// A peer is active while its last heartbeat is at most this many heartbeat intervals old:
 /// one or two lost heartbeats do not take a peer out of the active set.
 pub(crate) const ALIVE_HEARTBEAT_INTERVALS: u32 = 3;
-/// A peer with no connection and no heartbeat for this long is gone for good and forgotten.
+/// A peer with no connection and no heartbeat for this long is gone for good and forgotten,
+/// at the default heartbeat interval; the service scales it with the effective interval
+/// (`membership::Intervals::forget_after`).
+#[cfg(test)]
 pub(crate) const FORGET_AFTER: Duration = Duration::from_secs(600);
 
 /// How a valid heartbeat relates to the ones before it.
@@ -87,14 +90,23 @@ impl PeerEntry {
         self.record_strike(StrikeReason::BadMessage, now)
     }
 
-    /// Keep the entry while banned, connected, or heard from within [`FORGET_AFTER`].
-    pub(crate) fn is_gone(&self, now: Instant) -> bool {
+    /// Keep the entry while banned, connected, or heard from within `forget_after`.
+    pub(crate) fn is_gone(&self, now: Instant, forget_after: Duration) -> bool {
         !(self.ban.is_some()
             || self.connected
             || self
                 .heartbeat
                 .as_ref()
-                .is_some_and(|(_, t)| now.duration_since(*t) < FORGET_AFTER))
+                .is_some_and(|(_, t)| now.duration_since(*t) < forget_after))
+    }
+
+    /// When its last heartbeat arrived, and whether it must never be evicted from a full
+    /// table (connected or banned): its row in `membership::evict`.
+    pub(crate) fn eviction_key(&self) -> (Option<Instant>, bool) {
+        (
+            self.heartbeat.as_ref().map(|(_, t)| *t),
+            self.connected || self.ban.is_some(),
+        )
     }
 
     /// The peer's row in the learner's score table: every peer that heartbeats, except
@@ -252,7 +264,7 @@ mod tests {
         assert_eq!(s.ban_reason.as_deref(), Some("bad_message"));
         // Banned: kept for the run, never in the score table.
         assert_eq!(e.score_entry(&p, t0), None);
-        assert!(!e.is_gone(t0 + FORGET_AFTER * 10));
+        assert!(!e.is_gone(t0 + FORGET_AFTER * 10, FORGET_AFTER));
         // The status JSON of an older node (no ban fields) still reads.
         let mut v = serde_json::to_value(&s).unwrap();
         for k in ["banned", "ban_reason", "strikes", "strikes_by_reason"] {
@@ -269,7 +281,7 @@ mod tests {
         let iv = Duration::from_millis(200);
         let mut e = PeerEntry::default();
         assert!(!e.status(&p, t0, iv, None).active);
-        assert!(e.is_gone(t0));
+        assert!(e.is_gone(t0, FORGET_AFTER));
         e.record_heartbeat(hb(Role::Rollout, 1), t0);
         let s = e.status(&p, t0 + iv * 3, iv, Some(1.5));
         assert!(s.active);
@@ -281,10 +293,10 @@ mod tests {
             !e.status(&p, t0 + iv * 3 + Duration::from_millis(1), iv, None)
                 .active
         );
-        assert!(!e.is_gone(t0 + FORGET_AFTER - Duration::from_millis(1)));
-        assert!(e.is_gone(t0 + FORGET_AFTER));
+        assert!(!e.is_gone(t0 + FORGET_AFTER - Duration::from_millis(1), FORGET_AFTER));
+        assert!(e.is_gone(t0 + FORGET_AFTER, FORGET_AFTER));
         e.connected = true;
-        assert!(!e.is_gone(t0 + FORGET_AFTER * 2));
+        assert!(!e.is_gone(t0 + FORGET_AFTER * 2, FORGET_AFTER));
     }
 
     #[test]

@@ -7,8 +7,8 @@
 //! events, client commands, the heartbeat, score-table, re-dial and Kademlia timers; its
 //! gossip half (publishing and validating messages) is in `service/gossip.rs`, strikes and
 //! bans in `service/bans.rs`. Must not touch: behaviour configuration (`behaviour.rs`), topic
-//! names ([`crate::topics`]), the peer-table, ban and rate-limit rules (`peers.rs`, `bans.rs`,
-//! `hbgate.rs`) or what roles do with events.
+//! names ([`crate::topics`]), the peer-table, ban, rate-limit and membership-scaling rules
+//! (`peers.rs`, `bans.rs`, `hbgate.rs`, `membership.rs`) or what roles do with events.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -34,6 +34,7 @@ use crate::client::{
 };
 use crate::config::NetworkConfig;
 use crate::error::P2pError;
+use crate::membership::{self, Intervals};
 use crate::messages::{unix_ms, LocalStatus, ScoreTable};
 use crate::peers::{self, PeerEntry};
 use crate::role::Role;
@@ -94,6 +95,10 @@ pub fn start(
         nat,
         circuits,
         heartbeat_interval: Duration::from_millis(cfg.network.heartbeat_interval_ms),
+        intervals: Intervals::for_swarm(
+            Duration::from_millis(cfg.network.heartbeat_interval_ms),
+            1,
+        ),
         swarm,
         cfg,
         commands: cmd_rx,
@@ -261,7 +266,11 @@ struct Service {
     counters: NetworkCounters,
     started_unix_ms: u64,
     seq: u64,
+    /// `network.heartbeat_interval_ms`.
     heartbeat_interval: Duration,
+    /// The effective heartbeat, rate-limit and alive intervals for the swarm size this node
+    /// counts (`membership`), recomputed at each heartbeat.
+    intervals: Intervals,
     learner_scores: Option<ScoreTable>,
     kad_protocol: StreamProtocol,
     /// Peers banned for the run (bounded); mirrored in `ban_view` for the clients.
@@ -275,7 +284,7 @@ struct Service {
 
 impl Service {
     async fn run(&mut self) {
-        let mut heartbeat = tokio::time::interval(self.heartbeat_interval);
+        let mut heartbeat = tokio::time::interval(self.intervals.send);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut scores =
             tokio::time::interval(self.heartbeat_interval * SCORE_TABLE_EVERY_HEARTBEATS);
@@ -289,7 +298,13 @@ impl Service {
                     None | Some(Command::Shutdown) => break,
                     Some(c) => self.on_command(c),
                 },
-                _ = heartbeat.tick() => self.publish_heartbeat(),
+                _ = heartbeat.tick() => {
+                    self.publish_heartbeat();
+                    if let Some(t) = self.update_intervals() {
+                        heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + t, t);
+                        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    }
+                },
                 _ = scores.tick() => if self.cfg.role == Role::Learner { self.publish_score_table() },
                 _ = redial.tick() => { self.dial_bootstrap(); self.circuits.tick(&mut self.swarm); self.prune(); },
                 _ = kad_bootstrap.tick() => { let _ = self.swarm.behaviour_mut().kad.bootstrap(); },
@@ -305,7 +320,56 @@ impl Service {
     }
 
     fn peer(&mut self, peer: PeerId) -> &mut PeerEntry {
+        if self.peers.len() >= membership::MAX_KNOWN_PEERS && !self.peers.contains_key(&peer) {
+            // A full table: make room (down to 15/16 of the cap, so that a stream of fresh
+            // identities pays the O(n) eviction once per cap/16 insertions, not each time).
+            self.evict(membership::MAX_KNOWN_PEERS - membership::MAX_KNOWN_PEERS / 16);
+        }
         self.peers.entry(peer).or_default()
+    }
+
+    /// Forgets the stalest unprotected peers down to `cap` ([`membership::evict`]).
+    fn evict(&mut self, cap: usize) {
+        let rows: Vec<_> = self
+            .peers
+            .iter()
+            .map(|(p, e)| {
+                let (heard, protected) = e.eviction_key();
+                (*p, heard, protected)
+            })
+            .collect();
+        for p in membership::evict(&rows, cap) {
+            self.peers.remove(&p);
+        }
+    }
+
+    /// Recounts the swarm (this node and the peers active under the current alive window)
+    /// and recomputes the intervals; returns the new send interval if it changed.
+    fn update_intervals(&mut self) -> Option<Duration> {
+        let now = Instant::now();
+        let alive = self.intervals.alive * peers::ALIVE_HEARTBEAT_INTERVALS;
+        let heard = self
+            .peers
+            .values()
+            .filter(|e| {
+                e.ban.is_none()
+                    && e.heartbeat
+                        .as_ref()
+                        .is_some_and(|(_, t)| now.duration_since(*t) <= alive)
+            })
+            .count();
+        let new = Intervals::for_swarm(self.heartbeat_interval, heard + 1);
+        let old = std::mem::replace(&mut self.intervals, new);
+        if new.send != old.send {
+            info!(
+                swarm_size = heard + 1,
+                interval_ms = new.send.as_millis() as u64,
+                "heartbeat interval rescaled to the swarm size"
+            );
+            metrics::gauge!("p2p_heartbeat_interval_seconds").set(new.send.as_secs_f64());
+            return Some(new.send);
+        }
+        None
     }
 
     fn dial_bootstrap(&mut self) {
@@ -352,7 +416,9 @@ impl Service {
     /// Forgets peers that are gone for good ([`PeerEntry::is_gone`]; banned ones are kept).
     fn prune(&mut self) {
         let now = Instant::now();
-        self.peers.retain(|_, e| !e.is_gone(now));
+        let forget_after = self.intervals.forget_after();
+        self.peers.retain(|_, e| !e.is_gone(now, forget_after));
+        self.evict(membership::MAX_KNOWN_PEERS);
         metrics::gauge!("p2p_known_peers").set(self.peers.len() as f64);
         metrics::gauge!("p2p_connected_peers").set(self.swarm.connected_peers().count() as f64);
     }
@@ -423,7 +489,7 @@ impl Service {
             .iter()
             .map(|(p, e)| PeerStatus {
                 connection: self.nat.connection(p),
-                ..e.status(p, now, self.heartbeat_interval, gs.peer_score(p))
+                ..e.status(p, now, self.intervals.alive, gs.peer_score(p))
             })
             .collect();
         peers::sort_for_status(&mut peers);

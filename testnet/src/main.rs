@@ -19,6 +19,7 @@ mod chart;
 mod faults;
 mod harness;
 mod learning;
+mod membership;
 mod nat;
 mod netlab;
 mod progress;
@@ -239,6 +240,19 @@ enum Scenario {
         prefix: String,
         #[arg(long, default_value = DEFAULT_OUT)]
         out: PathBuf,
+    },
+    /// CPU per node spent on membership alone (heartbeats, identify, Kademlia) with N idle
+    /// `echo-node` processes, sampled from /proc over --seconds once node 0 hears everyone.
+    Membership {
+        #[arg(long, value_delimiter = ',', default_value = "8,32,64")]
+        nodes: Vec<usize>,
+        /// The nodes' configured heartbeat interval (ms).
+        #[arg(long, default_value_t = 2000)]
+        heartbeat_ms: u64,
+        #[arg(long, default_value_t = 30.0)]
+        seconds: f64,
+        #[command(flatten)]
+        run: RunOpts,
     },
     /// Simulated T_bcast of one snapshot for N workers (chain or star), against the bound.
     SimBroadcast {
@@ -523,6 +537,29 @@ fn main() -> anyhow::Result<()> {
             for w in written {
                 eprintln!("wrote {}", w.display());
             }
+            Ok(())
+        }
+        Scenario::Membership {
+            nodes,
+            heartbeat_ms,
+            seconds,
+            run: RunOpts { bin, json, out },
+        } => {
+            anyhow::ensure!(
+                (100..=600_000).contains(&heartbeat_ms) && seconds > 0.0,
+                "--heartbeat-ms within 100..=600000, --seconds > 0"
+            );
+            let bin = harness::node_bin(bin)?;
+            let p = membership::Params {
+                heartbeat_ms,
+                seconds,
+            };
+            let v = membership::run(&bin, &nodes, &p)?;
+            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+            let path = out.join("membership.json");
+            std::fs::write(&path, serde_json::to_vec_pretty(&v)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+            print_summary(&v, json);
             Ok(())
         }
         Scenario::SimBroadcast {

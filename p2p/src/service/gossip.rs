@@ -193,7 +193,7 @@ impl Service {
 
     /// The per-source rate limit (`hbgate`) on a valid heartbeat of `source`.
     fn gate_heartbeat(&mut self, source: PeerId, hb: &Heartbeat) -> HeartbeatVerdict {
-        let interval = self.heartbeat_interval;
+        let interval = self.intervals.gate;
         let e = self.peer(source);
         let last = e.heartbeat.as_ref().and_then(|(h, _)| h.installed_version);
         let new_version = match (hb.installed_version, last) {

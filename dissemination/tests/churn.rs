@@ -1,0 +1,303 @@
+//! Churn in the data plane, in-process on 127.0.0.1 (temp dirs, bounded waits): a worker
+//! that joins after a snapshot was broadcast gets its chunks from the other workers, not
+//! from the learner; a late joiner whose serving peer leaves mid-download finishes from
+//! another holder; and (ignored, a known bug) a holder that goes silent without closing its
+//! connection stalls a download.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dissemination::{DisseminationConfig, DisseminationEvent, Disseminator};
+use p2p::{Client, PeerId, ServiceConfig};
+use rand::RngCore;
+use storage::{hash_bytes, ChunkStore, NodeKey};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+const SWARM: &str = "diss-churn";
+const LEARNER_SEED: [u8; 32] = [1; 32];
+const WAIT: Duration = Duration::from_secs(60);
+
+struct Node {
+    client: Client,
+    d: Disseminator,
+    events: UnboundedReceiver<DisseminationEvent>,
+    peer: PeerId,
+    addr: String,
+    _dir: tempfile::TempDir,
+}
+
+fn learner_key() -> NodeKey {
+    NodeKey::from_seed(LEARNER_SEED)
+}
+
+async fn start_node(
+    seed: [u8; 32],
+    bootstrap: Vec<String>,
+    tweak: impl FnOnce(&mut DisseminationConfig),
+) -> Node {
+    let role = if seed == LEARNER_SEED {
+        p2p::Role::Learner
+    } else {
+        p2p::Role::Rollout
+    };
+    let cfg = ServiceConfig::loopback(
+        SWARM,
+        role,
+        bootstrap,
+        Some(p2p::peer_id_from_seed(LEARNER_SEED)),
+    );
+    let (client, p2p_events, _task) = p2p::start(seed, cfg, &mut p2p::Registry::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(ChunkStore::open(dir.path(), 4).unwrap());
+    let mut dcfg = DisseminationConfig::new(SWARM, learner_key().verifying_key());
+    dcfg.plan.learner_mbps = 300.0;
+    dcfg.plan.worker_mbps = 100.0;
+    dcfg.chunk_size = 512 << 10;
+    dcfg.stall_timeout = Duration::from_secs(2);
+    if seed == LEARNER_SEED {
+        dcfg.signing_key = Some(learner_key().signing_key().clone());
+    }
+    tweak(&mut dcfg);
+    let (d, events) = Disseminator::start(dcfg, client.clone(), store).unwrap();
+    tokio::spawn(dissemination::drive(d.clone(), client.clone(), p2p_events));
+    let deadline = Instant::now() + WAIT;
+    let addr = loop {
+        if let Some(a) = client.listen_addrs().await.unwrap().into_iter().next() {
+            break a;
+        }
+        assert!(Instant::now() < deadline, "node did not listen");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let peer = client.local_peer_id();
+    Node {
+        addr: format!("{addr}/p2p/{peer}"),
+        client,
+        d,
+        events,
+        peer,
+        _dir: dir,
+    }
+}
+
+/// A learner and `n` workers, each bootstrapping to all earlier nodes; returns once the
+/// learner sees every worker active.
+async fn swarm(n: u8) -> (Node, Vec<Node>) {
+    let learner = start_node(LEARNER_SEED, vec![], |_| {}).await;
+    let mut boot = vec![learner.addr.clone()];
+    let mut workers = Vec::new();
+    for k in 0..n {
+        let w = start_node([10 + k; 32], boot.clone(), |_| {}).await;
+        boot.push(w.addr.clone());
+        workers.push(w);
+    }
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let st = learner.client.status().await.unwrap();
+        let active = st
+            .peers
+            .iter()
+            .filter(|p| p.active && p.role == Some(p2p::Role::Rollout))
+            .count();
+        if active == n as usize {
+            break;
+        }
+        assert!(Instant::now() < deadline, "learner sees {active} of {n}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (learner, workers)
+}
+
+/// Waits for `node` to install `version`; returns the installed bytes.
+async fn installed(node: &mut Node, version: u64) -> Arc<Vec<u8>> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        match tokio::time::timeout_at(deadline, node.events.recv()).await {
+            Ok(Some(DisseminationEvent::Installed {
+                version: v,
+                payload,
+                ..
+            })) if v >= version => {
+                assert_eq!(v, version, "installed an unexpected version");
+                return payload;
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("event channel closed"),
+            Err(_) => panic!("{} did not install v{version} in time", node.peer),
+        }
+    }
+}
+
+fn random(len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    rand::thread_rng().fill_bytes(&mut v);
+    v
+}
+
+async fn shutdown(nodes: impl IntoIterator<Item = Node>) {
+    for n in nodes {
+        n.d.shutdown();
+        n.client.shutdown().await;
+    }
+}
+
+/// A learner, two workers holding v1, and the workers' served bytes before a joiner.
+async fn swarm_holding(payload: &[u8]) -> (Node, Vec<Node>) {
+    let (learner, mut workers) = swarm(2).await;
+    learner
+        .d
+        .publish(1, [0; 32], payload.to_vec().into(), None)
+        .await
+        .unwrap();
+    for w in &mut workers {
+        assert_eq!(hash_bytes(&installed(w, 1).await), hash_bytes(payload));
+    }
+    (learner, workers)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_joiner_gets_the_snapshot_from_peers_not_the_learner() {
+    let payload = random(4_000_000);
+    let (learner, workers) = swarm_holding(&payload).await;
+    let learner_served = learner.d.counters().served_bytes;
+    let workers_served: u64 = workers.iter().map(|w| w.d.counters().served_bytes).sum();
+
+    // Joins after the publication: only the small signed manifest and plan come from the
+    // learner (the catch-up request); every chunk comes from a worker.
+    let mut late = start_node(
+        [50; 32],
+        vec![learner.addr.clone(), workers[0].addr.clone()],
+        |_| {},
+    )
+    .await;
+    assert_eq!(
+        hash_bytes(&installed(&mut late, 1).await),
+        hash_bytes(&payload)
+    );
+    let c = late.d.counters();
+    assert_eq!(c.fetched_bytes, payload.len() as u64);
+    assert_eq!(
+        learner.d.counters().served_bytes,
+        learner_served,
+        "the learner served chunks to the late joiner"
+    );
+    let served: u64 = workers.iter().map(|w| w.d.counters().served_bytes).sum();
+    assert_eq!(served - workers_served, payload.len() as u64);
+    shutdown([late]).await;
+    shutdown(workers).await;
+    shutdown([learner]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_provider_leaving_mid_download_is_replaced_by_another_holder() {
+    let payload = random(8_000_000);
+    let (learner, mut workers) = swarm_holding(&payload).await;
+    let before: Vec<u64> = workers
+        .iter()
+        .map(|w| w.d.counters().served_bytes)
+        .collect();
+
+    // A slow joiner (20 Mbit/s down: about 3 s for 8 MB) fetching by hash.
+    let mut late = start_node(
+        [60; 32],
+        vec![learner.addr.clone(), workers[0].addr.clone()],
+        |c| c.downlink_mbps = 20.0,
+    )
+    .await;
+    // Whichever worker serves first leaves once it has served part of the snapshot.
+    let deadline = Instant::now() + WAIT;
+    let victim = loop {
+        let serving = workers
+            .iter()
+            .zip(&before)
+            .position(|(w, b)| w.d.counters().served_bytes > *b);
+        if let Some(i) = serving {
+            break i;
+        }
+        assert!(Instant::now() < deadline, "no worker started serving");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let v = workers.remove(victim);
+    let fetched_at_kill = late.d.counters().fetched_bytes;
+    shutdown([v]).await;
+    assert!(
+        fetched_at_kill < payload.len() as u64,
+        "the joiner finished before its provider left"
+    );
+
+    // The download resumes from the other holder and completes.
+    assert_eq!(
+        hash_bytes(&installed(&mut late, 1).await),
+        hash_bytes(&payload)
+    );
+    let survivor = &workers[0];
+    let survivor_before = before[1 - victim];
+    assert!(
+        survivor.d.counters().served_bytes > survivor_before,
+        "the remaining worker served nothing"
+    );
+    assert!(late.d.counters().fetched_bytes >= payload.len() as u64);
+    shutdown([late]).await;
+    shutdown(workers).await;
+    shutdown([learner]).await;
+}
+
+/// A holder that accepts chunk-fetch streams and then never answers (a frozen process, or a
+/// host that vanished without closing its TCP connections) must not stall a download: the
+/// fetch should give up after the stall timeout and ask the next holder. Today
+/// `fetch_from` reads frames without a deadline, so the repair round waits on the silent
+/// holder for as long as the connection stays open, and this test fails (the joiner never
+/// installs). Ignored until the fetch side has a per-read deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "known bug: chunk fetch has no read deadline; a silent holder stalls repair"]
+async fn a_silent_holder_does_not_stall_a_download() {
+    use futures::StreamExt;
+    let payload = random(2_000_000);
+    let (learner, mut workers) = swarm(2).await;
+    // The silent holder: a bare p2p node (heartbeats as a rollout worker) that takes every
+    // chunk-fetch stream and holds it open without a byte.
+    let cfg = ServiceConfig::loopback(
+        SWARM,
+        p2p::Role::Rollout,
+        vec![learner.addr.clone()],
+        Some(p2p::peer_id_from_seed(LEARNER_SEED)),
+    );
+    let (silent, _ev, _task) = p2p::start([70; 32], cfg, &mut p2p::Registry::default()).unwrap();
+    let mut incoming = silent
+        .stream_control()
+        .accept(dissemination::CHUNK_FETCH)
+        .unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Some((_, s)) = incoming.next().await {
+            held.push(s);
+        }
+    });
+    // Planned first: the late joiner asks it before the real workers.
+    let order = vec![
+        (silent.local_peer_id(), 95.0),
+        (workers[0].peer, 90.0),
+        (workers[1].peer, 80.0),
+    ];
+    learner
+        .d
+        .publish(1, [0; 32], payload.clone().into(), Some(order))
+        .await
+        .unwrap();
+    for w in &mut workers {
+        assert_eq!(hash_bytes(&installed(w, 1).await), hash_bytes(&payload));
+    }
+    let mut late = start_node(
+        [71; 32],
+        vec![learner.addr.clone(), workers[0].addr.clone()],
+        |_| {},
+    )
+    .await;
+    assert_eq!(
+        hash_bytes(&installed(&mut late, 1).await),
+        hash_bytes(&payload)
+    );
+    silent.shutdown().await;
+    shutdown([late]).await;
+    shutdown(workers).await;
+    shutdown([learner]).await;
+}
