@@ -243,12 +243,10 @@ async fn a_provider_leaving_mid_download_is_replaced_by_another_holder() {
 
 /// A holder that accepts chunk-fetch streams and then never answers (a frozen process, or a
 /// host that vanished without closing its TCP connections) must not stall a download: the
-/// fetch should give up after the stall timeout and ask the next holder. Today
-/// `fetch_from` reads frames without a deadline, so the repair round waits on the silent
-/// holder for as long as the connection stays open, and this test fails (the joiner never
-/// installs). Ignored until the fetch side has a per-read deadline.
+/// fetch gives up at its per-read deadline (`DisseminationConfig::read_timeout`) and asks the
+/// next holder; without that deadline the repair round would wait on the silent holder for
+/// as long as the connection stays open, and the joiner would never install.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "known bug: chunk fetch has no read deadline; a silent holder stalls repair"]
 async fn a_silent_holder_does_not_stall_a_download() {
     use futures::StreamExt;
     let payload = random(2_000_000);
