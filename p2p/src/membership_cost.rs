@@ -43,6 +43,7 @@ fn heartbeat(seq: u64) -> Heartbeat {
         sent_unix_ms: 1_700_000_000_000 + seq,
         seq,
         device: None,
+        reachability: None,
     }
 }
 
