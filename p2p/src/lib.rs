@@ -38,6 +38,7 @@ pub mod reachability;
 pub mod role;
 pub mod score;
 pub mod service;
+pub mod stream_limits;
 pub mod topics;
 pub mod transport;
 

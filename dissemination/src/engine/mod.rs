@@ -367,11 +367,22 @@ impl Disseminator {
         });
         let d = Disseminator { inner };
         let me = d.clone();
+        // Per-peer bounds on streams served at once: a peer opening streams faster than they
+        // are served has the extra ones dropped (an honest parent pushes one version at a
+        // time, an honest fetcher asks a few holders).
+        let push_slots = p2p::stream_limits::StreamSlots::default();
         let t1 = tokio::spawn(async move {
             let mut pushes = pushes;
             while let Some((peer, stream)) = pushes.next().await {
+                let Some(slot) = push_slots.try_acquire(peer) else {
+                    warn!(%peer, "too many chunk streams from one peer at once: dropped");
+                    metrics::counter!("dissemination_streams_refused_total", "kind" => "push")
+                        .increment(1);
+                    continue;
+                };
                 let me2 = me.clone();
                 let h = tokio::spawn(async move {
+                    let _slot = slot;
                     match me2.receive_push(peer, stream).await {
                         Ok(()) => {}
                         // Out-of-range index, wrong chunk length, malformed chunk frame or
@@ -394,11 +405,19 @@ impl Disseminator {
             }
         });
         let me = d.clone();
+        let fetch_slots = p2p::stream_limits::StreamSlots::default();
         let t2 = tokio::spawn(async move {
             let mut fetches = fetches;
             while let Some((peer, stream)) = fetches.next().await {
+                let Some(slot) = fetch_slots.try_acquire(peer) else {
+                    warn!(%peer, "too many chunk fetches from one peer at once: dropped");
+                    metrics::counter!("dissemination_streams_refused_total", "kind" => "fetch")
+                        .increment(1);
+                    continue;
+                };
                 let me2 = me.clone();
                 let h = tokio::spawn(async move {
+                    let _slot = slot;
                     if let Err(e) = me2.serve_fetch(peer, stream).await {
                         debug!(%peer, error = %e, "chunk fetch ended with an error");
                     }
