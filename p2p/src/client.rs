@@ -240,6 +240,15 @@ pub enum StrikeReason {
 }
 
 impl StrikeReason {
+    /// Evidence no honest node can produce, whatever the network did: a learner-only message
+    /// authored by someone else ([`StrikeReason::Replay`]) or a pull answer longer than the
+    /// lease its sender announced on the same stream ([`StrikeReason::OversizedAnswer`]). These
+    /// ban at the first strike; the other reasons may come from a bit flip, a slow link or a
+    /// numeric spread and wait for the threshold.
+    pub fn bans_at_once(self) -> bool {
+        matches!(self, StrikeReason::Replay | StrikeReason::OversizedAnswer)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             StrikeReason::InvalidGroup => "invalid_group",

@@ -22,6 +22,9 @@ impl Service {
     /// ignored; the swarm's configured learner is scored but never banned (it is the trust
     /// root: a worker that banned it would leave the swarm).
     pub(super) fn strike(&mut self, peer: PeerId, reason: StrikeReason) {
+        if reason.bans_at_once() {
+            return self.strike_and_ban(peer, reason);
+        }
         if peer == *self.swarm.local_peer_id() {
             return;
         }
@@ -41,8 +44,8 @@ impl Service {
         self.ban_if_due(peer, StrikeReason::BadMessage, total);
     }
 
-    /// Evidence no honest node can produce ([`StrikeReason::Replay`]): one strike, and the
-    /// peer is banned at once whatever its count (never this node or the learner).
+    /// Evidence no honest node can produce ([`StrikeReason::bans_at_once`]): one strike, and
+    /// the peer is banned at once whatever its count (never this node or the learner).
     pub(super) fn strike_and_ban(&mut self, peer: PeerId, reason: StrikeReason) {
         if peer == *self.swarm.local_peer_id() {
             return;
