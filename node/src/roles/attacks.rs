@@ -34,8 +34,9 @@ pub const SPAM_FACTOR: u32 = 50;
 const REPLAY_KEEP: usize = 64;
 /// How many of the oldest recorded messages each replay round re-publishes.
 const REPLAY_BATCH: usize = 4;
-/// One replay round every this many heartbeat intervals.
-const REPLAY_EVERY_INTERVALS: u32 = 4;
+/// One replay round every this many heartbeat intervals: every interval, so that a worker
+/// that just restarted is offered the old messages before the next genuine ones reach it.
+const REPLAY_EVERY_INTERVALS: u32 = 1;
 
 /// The `pending` field this node's heartbeat claims: the truth for an honest node,
 /// `u64::MAX` under `pending_inflation`.
