@@ -166,7 +166,16 @@ pub async fn start(
                 trainer.policy().config().clone(),
                 state.device.clone(),
             )
-            .context("building the log-prob spot checker")?,
+            .context("building the log-prob spot checker")?
+            .with_superseded(
+                trainer.version(),
+                state
+                    .chunks
+                    .versions()
+                    .context("reading the snapshot index")?
+                    .into_iter()
+                    .max(),
+            ),
         );
     }
     tracing::info!(layers = ?verifier.layer_names(), "verification of pulled groups");
