@@ -14,6 +14,7 @@ use rand::RngCore;
 use storage::{hash_bytes, ChunkStore, NodeKey, SnapshotManifest};
 use tokio::sync::mpsc::UnboundedReceiver;
 
+mod churn;
 mod streams;
 
 const SWARM: &str = "diss-test";

@@ -35,6 +35,42 @@ async fn wait_for<T, F: std::future::Future<Output = Option<T>>>(
     }
 }
 
+/// A worker and a learner connected on 127.0.0.1.
+async fn pair(seed: u8) -> (Client, Client) {
+    let (worker, _ew, _tw) =
+        p2p::start([seed; 32], config(vec![]), &mut p2p::Registry::default()).unwrap();
+    let addr = wait_for("the worker to listen", || async {
+        worker.listen_addrs().await.ok()?.into_iter().next()
+    })
+    .await;
+    let boot = format!("{addr}/p2p/{}", worker.local_peer_id());
+    let (learner, _el, _tl) = p2p::start(
+        [seed + 1; 32],
+        config(vec![boot]),
+        &mut p2p::Registry::default(),
+    )
+    .unwrap();
+    (worker, learner)
+}
+
+/// The limits the guard and deadline tests pull under.
+const LIMITS: GroupLimits = GroupLimits {
+    vocab_size: 300,
+    max_context: 64,
+    logprob_floor: storage::record::DEFAULT_LOGPROB_FLOOR,
+    group_size: 4,
+};
+
+/// A pull of at most `max_groups` groups under [`LIMITS`].
+fn req(max_groups: u64) -> PullRequest {
+    PullRequest {
+        v_min: 0,
+        max_groups,
+        ttl: Duration::from_secs(30),
+        limits: LIMITS,
+    }
+}
+
 /// A worker service with a store, and a learner (and a stranger) connected to it.
 struct Net {
     worker: Client,

@@ -65,7 +65,7 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     let (client, events, service) =
         p2p::start(state.key.seed(), svc, &mut registry).context("starting the network service")?;
     // Test-only: a `replay_after_restart` node records the signed gossip it sees.
-    let (mut events, replay_recorder) = roles::attacks::tap(&state.misbehave, events);
+    let (events, replay_recorder) = roles::attacks::tap(&state.misbehave, events);
     let view = RoleView::default();
     let admin_addr: std::net::SocketAddr = config
         .network
@@ -214,29 +214,7 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     // gossip is left unjudged: Ignore, not forwarded, no penalty.
     let drain = match dissem.clone() {
         Some(d) => tokio::spawn(dissemination::drive(d, client.clone(), events)),
-        None => {
-            let client = client.clone();
-            tokio::spawn(async move {
-                while let Some(ev) = events.recv().await {
-                    if let p2p::Event::Gossip {
-                        message_id,
-                        propagation_source,
-                        source,
-                        ..
-                    } = ev
-                    {
-                        let _ = client
-                            .report_validation(
-                                message_id,
-                                propagation_source,
-                                source,
-                                p2p::Validation::Ignore,
-                            )
-                            .await;
-                    }
-                }
-            })
-        }
+        None => tokio::spawn(ignore_role_gossip(client.clone(), events)),
     };
 
     let mut service = service;
@@ -421,4 +399,31 @@ pub async fn shutdown_signal() -> anyhow::Result<()> {
         .await
         .context("waiting for Ctrl-C")?;
     Ok(())
+}
+
+/// Drains a node's domain events when no role judges Snapshots / Plans gossip (a worker without
+/// a learner key, a relay): every such message gets `Ignore` — not forwarded, no penalty — so
+/// gossipsub does not wait for a verdict.
+pub(crate) async fn ignore_role_gossip(
+    client: p2p::Client,
+    mut events: tokio::sync::mpsc::Receiver<p2p::Event>,
+) {
+    while let Some(ev) = events.recv().await {
+        if let p2p::Event::Gossip {
+            message_id,
+            propagation_source,
+            source,
+            ..
+        } = ev
+        {
+            let _ = client
+                .report_validation(
+                    message_id,
+                    propagation_source,
+                    source,
+                    p2p::Validation::Ignore,
+                )
+                .await;
+        }
+    }
 }

@@ -58,7 +58,7 @@ async fn serve(config: &NodeConfig, seed: [u8; 32], peer_id: String) -> anyhow::
     let prometheus = admin::install_metrics_recorder();
     let mut registry = p2p::Registry::default();
     let svc = service_config(config, &peer_id)?;
-    let (client, mut events, mut service) =
+    let (client, events, mut service) =
         p2p::start(seed, svc, &mut registry).context("starting the network service")?;
     let admin_addr: std::net::SocketAddr = config
         .network
@@ -83,29 +83,11 @@ async fn serve(config: &NodeConfig, seed: [u8; 32], peer_id: String) -> anyhow::
         peer_id,
         bound,
     ));
-    let drain = {
-        let client = client.clone();
-        tokio::spawn(async move {
-            while let Some(ev) = events.recv().await {
-                if let p2p::Event::Gossip {
-                    message_id,
-                    propagation_source,
-                    source,
-                    ..
-                } = ev
-                {
-                    let _ = client
-                        .report_validation(
-                            message_id,
-                            propagation_source,
-                            source,
-                            p2p::Validation::Ignore,
-                        )
-                        .await;
-                }
-            }
-        })
-    };
+    // No role here judges snapshot or plan gossip.
+    let drain = tokio::spawn(crate::commands::run::ignore_role_gossip(
+        client.clone(),
+        events,
+    ));
     let result = tokio::select! {
         r = crate::commands::run::shutdown_signal() => r,
         r = &mut service => r

@@ -12,43 +12,10 @@ use pull::{
     pull_verified_with, serve_with, NoVerification, PullError, PullOptions, PullOutcome,
     PullRequest, ServeOptions, TRAJECTORY_PULL,
 };
-use storage::record::{testing, GroupLimits, DEFAULT_LOGPROB_FLOOR};
+use storage::record::testing;
 use storage::TrajectoryStore;
 
-use super::{config, wait_for};
-
-async fn pair(seed: u8) -> (Client, Client) {
-    let (worker, _ew, _tw) =
-        p2p::start([seed; 32], config(vec![]), &mut p2p::Registry::default()).unwrap();
-    let addr = wait_for("the worker to listen", || async {
-        worker.listen_addrs().await.ok()?.into_iter().next()
-    })
-    .await;
-    let boot = format!("{addr}/p2p/{}", worker.local_peer_id());
-    let (learner, _el, _tl) = p2p::start(
-        [seed + 1; 32],
-        config(vec![boot]),
-        &mut p2p::Registry::default(),
-    )
-    .unwrap();
-    (worker, learner)
-}
-
-const LIMITS: GroupLimits = GroupLimits {
-    vocab_size: 300,
-    max_context: 64,
-    logprob_floor: DEFAULT_LOGPROB_FLOOR,
-    group_size: 4,
-};
-
-fn req(max_groups: u64) -> PullRequest {
-    PullRequest {
-        v_min: 0,
-        max_groups,
-        ttl: Duration::from_secs(30),
-        limits: LIMITS,
-    }
-}
+use super::{pair, req, wait_for, LIMITS};
 
 const FAST: PullOptions = PullOptions {
     read_timeout: Duration::from_millis(500),

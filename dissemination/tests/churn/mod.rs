@@ -1,148 +1,38 @@
 //! Churn in the data plane, in-process on 127.0.0.1 (temp dirs, bounded waits): a worker
 //! that joins after a snapshot was broadcast gets its chunks from the other workers, not
 //! from the learner; a late joiner whose serving peer leaves mid-download finishes from
-//! another holder; and (ignored, a known bug) a holder that goes silent without closing its
-//! connection stalls a download.
+//! another holder; and a holder that goes silent without closing its connection does not
+//! stall a download (chunk-fetch reads have deadlines).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dissemination::{DisseminationConfig, DisseminationEvent, Disseminator};
-use p2p::{Client, PeerId, ServiceConfig};
-use rand::RngCore;
-use storage::{hash_bytes, ChunkStore, NodeKey};
-use tokio::sync::mpsc::UnboundedReceiver;
+use dissemination::DisseminationConfig;
+use p2p::ServiceConfig;
+use storage::hash_bytes;
 
-const SWARM: &str = "diss-churn";
-const LEARNER_SEED: [u8; 32] = [1; 32];
-const WAIT: Duration = Duration::from_secs(60);
+use super::{installed, random, shutdown, start_node, swarm, Node, LEARNER_SEED, SWARM, WAIT};
 
-struct Node {
-    client: Client,
-    d: Disseminator,
-    events: UnboundedReceiver<DisseminationEvent>,
-    peer: PeerId,
-    addr: String,
-    _dir: tempfile::TempDir,
+/// A stall timeout shorter than the other tests' so that repairs start soon.
+fn stall(c: &mut DisseminationConfig) {
+    c.stall_timeout = Duration::from_secs(2);
 }
 
-fn learner_key() -> NodeKey {
-    NodeKey::from_seed(LEARNER_SEED)
-}
-
-async fn start_node(
+/// A node of these tests: [`start_node`] with the short stall timeout, then `tweak`.
+async fn node(
     seed: [u8; 32],
     bootstrap: Vec<String>,
     tweak: impl FnOnce(&mut DisseminationConfig),
 ) -> Node {
-    let role = if seed == LEARNER_SEED {
-        p2p::Role::Learner
-    } else {
-        p2p::Role::Rollout
-    };
-    let cfg = ServiceConfig::loopback(
-        SWARM,
-        role,
-        bootstrap,
-        Some(p2p::peer_id_from_seed(LEARNER_SEED)),
-    );
-    let (client, p2p_events, _task) = p2p::start(seed, cfg, &mut p2p::Registry::default()).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(ChunkStore::open(dir.path(), 4).unwrap());
-    let mut dcfg = DisseminationConfig::new(SWARM, learner_key().verifying_key());
-    dcfg.plan.learner_mbps = 300.0;
-    dcfg.plan.worker_mbps = 100.0;
-    dcfg.chunk_size = 512 << 10;
-    dcfg.stall_timeout = Duration::from_secs(2);
-    if seed == LEARNER_SEED {
-        dcfg.signing_key = Some(learner_key().signing_key().clone());
-    }
-    tweak(&mut dcfg);
-    let (d, events) = Disseminator::start(dcfg, client.clone(), store).unwrap();
-    tokio::spawn(dissemination::drive(d.clone(), client.clone(), p2p_events));
-    let deadline = Instant::now() + WAIT;
-    let addr = loop {
-        if let Some(a) = client.listen_addrs().await.unwrap().into_iter().next() {
-            break a;
-        }
-        assert!(Instant::now() < deadline, "node did not listen");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let peer = client.local_peer_id();
-    Node {
-        addr: format!("{addr}/p2p/{peer}"),
-        client,
-        d,
-        events,
-        peer,
-        _dir: dir,
-    }
-}
-
-/// A learner and `n` workers, each bootstrapping to all earlier nodes; returns once the
-/// learner sees every worker active.
-async fn swarm(n: u8) -> (Node, Vec<Node>) {
-    let learner = start_node(LEARNER_SEED, vec![], |_| {}).await;
-    let mut boot = vec![learner.addr.clone()];
-    let mut workers = Vec::new();
-    for k in 0..n {
-        let w = start_node([10 + k; 32], boot.clone(), |_| {}).await;
-        boot.push(w.addr.clone());
-        workers.push(w);
-    }
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let st = learner.client.status().await.unwrap();
-        let active = st
-            .peers
-            .iter()
-            .filter(|p| p.active && p.role == Some(p2p::Role::Rollout))
-            .count();
-        if active == n as usize {
-            break;
-        }
-        assert!(Instant::now() < deadline, "learner sees {active} of {n}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    (learner, workers)
-}
-
-/// Waits for `node` to install `version`; returns the installed bytes.
-async fn installed(node: &mut Node, version: u64) -> Arc<Vec<u8>> {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        match tokio::time::timeout_at(deadline, node.events.recv()).await {
-            Ok(Some(DisseminationEvent::Installed {
-                version: v,
-                payload,
-                ..
-            })) if v >= version => {
-                assert_eq!(v, version, "installed an unexpected version");
-                return payload;
-            }
-            Ok(Some(_)) => {}
-            Ok(None) => panic!("event channel closed"),
-            Err(_) => panic!("{} did not install v{version} in time", node.peer),
-        }
-    }
-}
-
-fn random(len: usize) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    rand::thread_rng().fill_bytes(&mut v);
-    v
-}
-
-async fn shutdown(nodes: impl IntoIterator<Item = Node>) {
-    for n in nodes {
-        n.d.shutdown();
-        n.client.shutdown().await;
-    }
+    start_node(seed, bootstrap, |c| {
+        stall(c);
+        tweak(c)
+    })
+    .await
 }
 
 /// A learner, two workers holding v1, and the workers' served bytes before a joiner.
 async fn swarm_holding(payload: &[u8]) -> (Node, Vec<Node>) {
-    let (learner, mut workers) = swarm(2).await;
+    let (learner, mut workers) = swarm(2, stall, |_, c| stall(c)).await;
     learner
         .d
         .publish(1, [0; 32], payload.to_vec().into(), None)
@@ -163,7 +53,7 @@ async fn a_late_joiner_gets_the_snapshot_from_peers_not_the_learner() {
 
     // Joins after the publication: only the small signed manifest and plan come from the
     // learner (the catch-up request); every chunk comes from a worker.
-    let mut late = start_node(
+    let mut late = node(
         [50; 32],
         vec![learner.addr.clone(), workers[0].addr.clone()],
         |_| {},
@@ -197,7 +87,7 @@ async fn a_provider_leaving_mid_download_is_replaced_by_another_holder() {
         .collect();
 
     // A slow joiner (20 Mbit/s down: about 3 s for 8 MB) fetching by hash.
-    let mut late = start_node(
+    let mut late = node(
         [60; 32],
         vec![learner.addr.clone(), workers[0].addr.clone()],
         |c| c.downlink_mbps = 20.0,
@@ -250,7 +140,7 @@ async fn a_provider_leaving_mid_download_is_replaced_by_another_holder() {
 async fn a_silent_holder_does_not_stall_a_download() {
     use futures::StreamExt;
     let payload = random(2_000_000);
-    let (learner, mut workers) = swarm(2).await;
+    let (learner, mut workers) = swarm(2, stall, |_, c| stall(c)).await;
     // The silent holder: a bare p2p node (heartbeats as a rollout worker) that takes every
     // chunk-fetch stream and holds it open without a byte.
     let cfg = ServiceConfig::loopback(
@@ -284,7 +174,7 @@ async fn a_silent_holder_does_not_stall_a_download() {
     for w in &mut workers {
         assert_eq!(hash_bytes(&installed(w, 1).await), hash_bytes(&payload));
     }
-    let mut late = start_node(
+    let mut late = node(
         [71; 32],
         vec![learner.addr.clone(), workers[0].addr.clone()],
         |_| {},
