@@ -259,4 +259,28 @@ mod tests {
             assert!(latest_is_complete(dir));
         }
     }
+
+    /// The restart of a learner that published version 5 after its checkpoint at 0: it takes
+    /// the snapshot's weights and number; an older or equal version, or a payload of another
+    /// model, is refused and changes nothing.
+    #[test]
+    fn resuming_from_a_newer_published_snapshot_takes_its_weights_and_version() {
+        let mut t = trainer();
+        let other = Policy::new_random(t.policy().config(), 99, &Device::Cpu).unwrap();
+        let snapshot = other.to_safetensors_bytes().unwrap();
+        let before = t.snapshot_bytes().unwrap();
+        assert_ne!(before, snapshot);
+        let wrong = Policy::new_random(&ModelConfig::tiny(), 1, &Device::Cpu)
+            .unwrap()
+            .to_safetensors_bytes()
+            .unwrap();
+        assert!(t.resume_from_snapshot(&wrong, 5).is_err());
+        assert!(t.resume_from_snapshot(&snapshot, 0).is_err());
+        assert_eq!((t.version(), t.snapshot_bytes().unwrap()), (0, before));
+        t.resume_from_snapshot(&snapshot, 5).unwrap();
+        assert_eq!(t.version(), 5);
+        assert_eq!(t.snapshot_bytes().unwrap(), snapshot);
+        t.mark_consumed([[7u8; 16]]);
+        assert!(t.has_consumed(&[7u8; 16]));
+    }
 }

@@ -298,9 +298,39 @@ impl Trainer {
         self.version
     }
 
-    /// Moves the version label forward to `v` (no-op when `v` is not ahead). Used by a learner
-    /// restored from a checkpoint older than snapshots it had already published: versions
-    /// must only grow, so the lost steps' numbers are skipped, not reused for other weights.
+    /// Continues from a snapshot this learner published after the checkpoint it was restored
+    /// from (a crash between checkpoints): its weights become the policy's and `version` the
+    /// trainer's, so a version number always names one set of weights — the one workers hold
+    /// and sample under. The optimiser's moments stay the checkpoint's (a few steps older; they
+    /// are running averages, which AdamW re-adapts within ~1/(1−β2) steps), as do the KL
+    /// reference and the consumed ids (the caller adds the ids of the steps the snapshot
+    /// covers, [`Trainer::mark_consumed`]). `payload` is a snapshot of this model
+    /// ([`Policy::to_safetensors_bytes_as`], f32 or bf16: a bf16 snapshot rounds the learner's
+    /// weights to what the workers hold). Refused, changing nothing, when `version` is not
+    /// ahead of the current one or the payload does not fit the model.
+    pub fn resume_from_snapshot(&mut self, payload: &[u8], version: u64) -> Result<()> {
+        if version <= self.version {
+            return Err(LearnerError::Checkpoint(format!(
+                "resuming from snapshot {version}: the trainer is already at version {}",
+                self.version
+            )));
+        }
+        // Parses the whole payload into a model before it sets a variable.
+        self.policy.load_safetensors_bytes(payload)?;
+        self.version = version;
+        Ok(())
+    }
+
+    /// Records `ids` as consumed (trajectories whose gradient steps are in the weights by
+    /// another way than [`Trainer::train_step`]: a snapshot resumed from).
+    pub fn mark_consumed(&mut self, ids: impl IntoIterator<Item = [u8; 16]>) {
+        self.consumed.extend(ids);
+    }
+
+    /// Moves the version label forward to `v` (no-op when `v` is not ahead), keeping the
+    /// weights. For a learner restored from a checkpoint older than snapshots it had already
+    /// published but cannot read back ([`Trainer::resume_from_snapshot`] is the normal way):
+    /// the lost steps' numbers are skipped, never reused for other weights.
     pub fn advance_version_to(&mut self, v: u64) {
         self.version = self.version.max(v);
     }

@@ -23,6 +23,11 @@ use crate::wire::{
     MAX_FETCH_REQUEST_BYTES,
 };
 
+/// Minimum time between two catch-ups with the learner ([`Disseminator::catch_up`]). A missed
+/// catch-up costs nothing lasting: the learner's next heartbeat announcing a newer version
+/// triggers another, and gossip carries the manifest anyway.
+pub(super) const CATCH_UP_MIN_INTERVAL: Duration = Duration::from_secs(1);
+
 impl Disseminator {
     /// Holder side: one request per stream — held chunks in request order (an empty frame for
     /// each not held), or, for `count = 0`, the catch-up manifest and plan. Every read and
@@ -134,14 +139,31 @@ impl Disseminator {
     /// Worker: a connection to the learner (at start, after a restart) or a learner heartbeat
     /// announcing a newer installed version than any manifest accepted here → ask the learner
     /// for its newest signed manifest and plan (verified like gossip), then acquire it.
+    ///
+    /// At most one catch-up starts per [`CATCH_UP_MIN_INTERVAL`]: the request opens a stream,
+    /// which dials the learner when the connection is gone, and a learner that closes every
+    /// connection of this node at once (it banned it) would otherwise turn connect → catch-up
+    /// → redial into a loop of hundreds of handshakes a second.
     pub fn catch_up(&self, peer: PeerId, announced: Option<u64>) {
         if self.is_learner() || peer != self.inner.learner {
             return;
         }
-        if let (Some(a), Some(have)) = (announced, self.lock().manifest_version) {
-            if a <= have {
+        {
+            let mut st = self.lock();
+            if let (Some(a), Some(have)) = (announced, st.manifest_version) {
+                if a <= have {
+                    return;
+                }
+            }
+            let now = Instant::now();
+            if st
+                .last_catch_up
+                .is_some_and(|t| now.saturating_duration_since(t) < CATCH_UP_MIN_INTERVAL)
+            {
+                debug!(%peer, "catch-up skipped: one started less than the minimum interval ago");
                 return;
             }
+            st.last_catch_up = Some(now);
         }
         let me = self.clone();
         let h = tokio::spawn(async move {

@@ -255,6 +255,8 @@ struct State {
     plan: Option<SignedPlan>,
     /// Sequence of the newest accepted activation order.
     order_seq: Option<u64>,
+    /// When the last catch-up with the learner started (see `fetch::CATCH_UP_MIN_INTERVAL`).
+    last_catch_up: Option<Instant>,
     installed: Option<u64>,
     /// Per version being (or recently) acquired: what is held, who is bad, what to do next.
     /// Its presence means an acquirer was started for that version.

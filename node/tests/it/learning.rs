@@ -163,12 +163,13 @@ fn a_learner_killed_mid_run_resumes_without_training_a_group_twice() {
 
     let log = steps(&tmp.path().join("learner"));
     assert!(log.len() > logged_before, "no step after the restart");
-    // It resumed from a checkpoint (every 4 steps; it had reached ≥ 9), not from scratch.
+    // It resumed from its newest published snapshot (every κ steps; it had reached ≥ 9, and
+    // checkpoints every 4 steps), not from scratch.
     let first_after = log[logged_before]["step"].as_u64().unwrap();
     assert!(first_after >= 9, "restarted at step {first_after}");
-    // Steps logged before the kill past the checkpoint were rolled back by the crash: their
+    // Steps logged before the kill past that snapshot were rolled back by the crash: their
     // groups come back from the learner's journal and are trained again. In the history the
-    // model has (the steps up to the checkpoint, then the steps after the restart) no group
+    // model has (the steps up to the snapshot, then the steps after the restart) no group
     // is trained twice.
     let kept: Vec<Value> = log[..logged_before]
         .iter()

@@ -44,6 +44,7 @@ use std::time::Instant;
 use anyhow::Context;
 use dissemination::Disseminator;
 use learner::{Trainer, Window};
+use storage::ChunkStore;
 use tokio::sync::watch;
 
 use super::{build_model, build_task, Probe, RoleView};
@@ -123,7 +124,7 @@ pub async fn start(
     view: RoleView,
 ) -> anyhow::Result<LearnerRole> {
     let st = state.clone();
-    let trainer = tokio::task::spawn_blocking(move || restore_or_init(&st))
+    let (trainer, weights_version) = tokio::task::spawn_blocking(move || restore_or_init(&st))
         .await
         .context("joining trainer initialisation")??;
     let window = trainer.config().window();
@@ -166,16 +167,7 @@ pub async fn start(
                 trainer.policy().config().clone(),
                 state.device.clone(),
             )
-            .context("building the log-prob spot checker")?
-            .with_superseded(
-                trainer.version(),
-                state
-                    .chunks
-                    .versions()
-                    .context("reading the snapshot index")?
-                    .into_iter()
-                    .max(),
-            ),
+            .context("building the log-prob spot checker")?,
         );
     }
     tracing::info!(layers = ?verifier.layer_names(), "verification of pulled groups");
@@ -206,6 +198,7 @@ pub async fn start(
     let (done_tx, finished) = tokio::sync::oneshot::channel();
     let ctx = train::TrainCtx {
         trainer,
+        weights_version,
         buffer: state.trajectories.clone(),
         shared: shared.clone(),
         snap_tx,
@@ -234,8 +227,10 @@ pub async fn start(
     })
 }
 
-/// The last checkpoint, or a fresh model (warm-started on the task when configured).
-fn restore_or_init(state: &NodeState) -> anyhow::Result<Trainer> {
+/// The last checkpoint, or a fresh model (warm-started on the task when configured), moved
+/// on to the newest snapshot published after it ([`resume_at_published`]). Also returns the
+/// version the weights stand at, for the journal.
+fn restore_or_init(state: &NodeState) -> anyhow::Result<(Trainer, u64)> {
     let config = &state.config;
     let ckpt = config.checkpoint_dir();
     let wanted = config.learner.trainer_config()?;
@@ -274,24 +269,58 @@ fn restore_or_init(state: &NodeState) -> anyhow::Result<Trainer> {
         }
         Trainer::new(policy, wanted).context("creating the trainer")?
     };
-    // Versions only move forward: skip past every snapshot this learner already published
-    // (a crash after a publish but before the next checkpoint).
-    let published = state.chunks.versions()?.into_iter().max();
-    if let Some(p) = published {
-        if p > trainer.version() {
-            tracing::warn!(
-                checkpoint = trainer.version(),
-                published = p,
-                "the checkpoint is older than the last published snapshot: continuing at its version"
-            );
-            trainer.advance_version_to(p);
-        }
-    }
+    let weights = resume_at_published(&mut trainer, &state.chunks)?;
     // Buffer leases of a previous run are void (only this thread leases the buffer).
     for l in state.trajectories.leases()? {
         state.trajectories.release(l.id)?;
     }
-    Ok(trainer)
+    Ok((trainer, weights))
+}
+
+/// A crash between checkpoints leaves snapshots this learner published after its checkpoint
+/// in its snapshot store; workers hold them and sample under them. A version number must
+/// name one set of weights for the whole run — workers refuse a version they have moved
+/// past (replay marks), and spot checks recompute a group's log-probs under the claimed
+/// version's stored weights — so the learner continues from the newest of those snapshots
+/// that is complete (weights and version; the optimiser moments stay the checkpoint's),
+/// losing only the steps after it. If none is complete (its chunks were still in the
+/// memory tier at the kill), the weights stay the checkpoint's and the numbering continues
+/// after the newest published version, never reusing one. Returns the version the weights
+/// stand at (`docs/learner.md`, "Crash semantics").
+fn resume_at_published(trainer: &mut Trainer, chunks: &ChunkStore) -> anyhow::Result<u64> {
+    let checkpoint = trainer.version();
+    let published = chunks.versions().context("reading the snapshot index")?;
+    for &v in published.iter().rev().filter(|&&v| v > checkpoint) {
+        let resumed = chunks
+            .assemble(v)
+            .map_err(anyhow::Error::from)
+            .and_then(|bytes| Ok(trainer.resume_from_snapshot(&bytes, v)?));
+        match resumed {
+            Ok(()) => {
+                tracing::warn!(
+                    checkpoint,
+                    version = v,
+                    "resumed from the newest published snapshot, which is newer than the checkpoint"
+                );
+                return Ok(v);
+            }
+            Err(e) => tracing::warn!(
+                version = v, error = %format!("{e:#}"),
+                "a snapshot published after the checkpoint cannot be resumed from"
+            ),
+        }
+    }
+    if let Some(&newest) = published.last().filter(|&&p| p > checkpoint) {
+        tracing::warn!(
+            checkpoint,
+            published = newest,
+            next = newest + 1,
+            "no published snapshot newer than the checkpoint is complete: continuing with the \
+             checkpoint's weights, numbered after the newest published version"
+        );
+        trainer.advance_version_to(newest + 1);
+    }
+    Ok(checkpoint)
 }
 
 /// A resumed run keeps its checkpointed training settings; say so for every `[learner]` value

@@ -121,10 +121,6 @@ pub struct SpotChecker {
     /// Loaded models, newest last. Locked across a load, so one version loads once.
     cache: Mutex<VecDeque<(u64, Arc<Policy>)>>,
     counters: Counters,
-    /// Versions a previous run of this learner published after the checkpoint it restarted
-    /// from ([`SpotChecker::with_superseded`]): their numbers are published again with other
-    /// weights, so a group naming one may have been sampled under either snapshot.
-    superseded: Option<std::ops::RangeInclusive<u64>>,
 }
 
 impl std::fmt::Debug for SpotChecker {
@@ -174,27 +170,7 @@ impl SpotChecker {
             device,
             cache: Mutex::new(VecDeque::new()),
             counters: Counters::default(),
-            superseded: None,
         })
-    }
-
-    /// After a restart: the learner continues at version `current` with the weights of an
-    /// older checkpoint (a crash between checkpoints) and publishes `current` — and every
-    /// version after it up to `newest`, which the snapshot store already held from the run
-    /// before — again, with other weights. Workers may still hold groups sampled under the
-    /// old ones, which cannot be checked against the right weights: such groups are left
-    /// unchecked (counted in `skipped_unavailable`), never struck — an honest worker must not
-    /// be banned because the learner crashed.
-    pub fn with_superseded(mut self, restored: u64, newest: Option<u64>) -> Self {
-        self.superseded = newest.filter(|&n| n > restored).map(|n| restored + 1..=n);
-        if let Some(r) = &self.superseded {
-            tracing::info!(
-                from = r.start(),
-                to = r.end(),
-                "spot check: versions published before the restart are not checked"
-            );
-        }
-        self
     }
 
     /// The counts so far.
@@ -264,14 +240,6 @@ impl SpotChecker {
     /// when the group is selected). See the module doc for the rules.
     pub fn check(&self, producer: &str, group: &TrajectoryGroup) -> Result<(), GroupRejection> {
         let c = &self.counters;
-        if self
-            .superseded
-            .as_ref()
-            .is_some_and(|r| r.contains(&group.version))
-        {
-            self.count(&c.skipped_unavailable, "skipped_unavailable");
-            return Ok(());
-        }
         match self.held(group.version) {
             Ok(Held::Yes) => {}
             Ok(Held::Gone) => {

@@ -51,6 +51,10 @@ const MAX_QUARANTINE_FILES: u64 = 1000;
 
 pub(super) struct TrainCtx {
     pub trainer: Trainer,
+    /// The version the trainer's weights stand at (below `trainer.version()` only when a
+    /// restart could not read its newest published snapshot back): journaled batches of
+    /// steps up to it are in the weights.
+    pub weights_version: u64,
     pub buffer: Arc<TrajectoryStore>,
     pub shared: Arc<Shared>,
     pub snap_tx: watch::Sender<Snapshot>,
@@ -115,15 +119,18 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
     // Groups acked after the last checkpoint of a run that crashed go back into the buffer.
     let mut journal = Journal::open(&journal_dir(&c.ckpt_dir)).context("opening the journal")?;
     let restored = journal
-        .restore(&c.buffer)
+        .restore(&c.buffer, c.weights_version)
         .context("restoring journaled groups")?;
-    if restored > 0 {
+    if restored.returned + restored.in_weights > 0 {
         tracing::warn!(
-            restored,
+            restored = restored.returned,
+            in_weights = restored.in_weights,
             version = c.trainer.version(),
-            "groups trained after the last checkpoint before a crash are back in the buffer"
+            "groups trained after the last checkpoint before a crash are back in the buffer \
+             (those of steps the resumed weights hold are consumed)"
         );
     }
+    c.trainer.mark_consumed(restored.consumed);
     publish(&c.trainer, c.snapshot_dtype, &c.snap_tx)?;
     while !c.shared.stop.load(Ordering::Relaxed) {
         if c.cfg.max_steps > 0 && c.trainer.version() >= c.cfg.max_steps {
@@ -139,7 +146,9 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
         // Journal, then ack: the groups leave the buffer durably before they are trained (a
         // crash never trains them twice), and stay in the journal until a checkpoint holds
         // their effect (a crash never loses them).
-        journal.record(&hand).context("journaling a batch")?;
+        journal
+            .record(&hand, c.trainer.version() + 1)
+            .context("journaling a batch")?;
         for id in leases {
             c.buffer.ack(id).context("acking a buffer lease")?;
         }
