@@ -89,6 +89,9 @@ pub struct LearnerStatus {
     pub groups_dropped_stale: u64,
     pub groups_dropped_zero_advantage: u64,
     pub groups_dropped_other: u64,
+    /// Pulled groups of producers banned before they were trained (dropped untrained).
+    #[serde(default)]
+    pub groups_dropped_banned: u64,
     pub groups_pruned: u64,
     /// Observed staleness Δ = v − v_τ of trained groups → count.
     pub staleness_histogram: BTreeMap<u64, u64>,

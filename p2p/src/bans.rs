@@ -112,6 +112,28 @@ impl BanList {
 mod tests {
     use super::*;
 
+    /// Exactly the evidence no honest node can produce bans at the first strike.
+    #[test]
+    fn only_proof_of_misbehaviour_bans_at_once() {
+        use StrikeReason::*;
+        let all = [
+            InvalidGroup,
+            RewardMismatch,
+            LogprobMismatch,
+            BadSignature,
+            WrongPrompt,
+            OversizedAnswer,
+            CorruptChunk,
+            StreamViolation,
+            Untrainable,
+            HeartbeatFlood,
+            Replay,
+            BadMessage,
+        ];
+        let at_once: Vec<_> = all.into_iter().filter(|r| r.bans_at_once()).collect();
+        assert_eq!(at_once, [OversizedAnswer, CorruptChunk, Replay]);
+    }
+
     #[test]
     fn strikes_are_counted_per_reason() {
         let mut s = Strikes::default();

@@ -241,12 +241,19 @@ pub enum StrikeReason {
 
 impl StrikeReason {
     /// Evidence no honest node can produce, whatever the network did: a learner-only message
-    /// authored by someone else ([`StrikeReason::Replay`]) or a pull answer longer than the
-    /// lease its sender announced on the same stream ([`StrikeReason::OversizedAnswer`]). These
-    /// ban at the first strike; the other reasons may come from a bit flip, a slow link or a
-    /// numeric spread and wait for the threshold.
+    /// authored by someone else ([`StrikeReason::Replay`]), a pull answer longer than the
+    /// lease its sender announced on the same stream ([`StrikeReason::OversizedAnswer`]), or a
+    /// pushed or served chunk that does not hash to the learner-signed manifest
+    /// ([`StrikeReason::CorruptChunk`]: a node sends only chunks it verified on arrival and
+    /// verifies again on every disk read, and the transport authenticates every byte in
+    /// flight, so only a node that alters chunks — or whose memory is failing, which makes
+    /// it as harmful — sends one). These ban at the first strike; the other reasons may come
+    /// from a slow link, a numeric spread or a version skew and wait for the threshold.
     pub fn bans_at_once(self) -> bool {
-        matches!(self, StrikeReason::Replay | StrikeReason::OversizedAnswer)
+        matches!(
+            self,
+            StrikeReason::Replay | StrikeReason::OversizedAnswer | StrikeReason::CorruptChunk
+        )
     }
 
     pub fn as_str(self) -> &'static str {

@@ -154,7 +154,7 @@ async fn strikes_ban_a_peer_for_the_run_in_both_directions() {
             .await
             .unwrap();
         a.client
-            .strike(pb, StrikeReason::CorruptChunk)
+            .strike(pb, StrikeReason::StreamViolation)
             .await
             .unwrap();
         let r = wait_for("two strikes", || async {
@@ -179,7 +179,7 @@ async fn strikes_ban_a_peer_for_the_run_in_both_directions() {
         assert_eq!(r.ban_reason.as_deref(), Some("invalid_group"));
         assert_eq!(r.strikes, 3);
         assert_eq!(r.strikes_by_reason["invalid_group"], 2);
-        assert_eq!(r.strikes_by_reason["corrupt_chunk"], 1);
+        assert_eq!(r.strikes_by_reason["stream_violation"], 1);
         assert!(!r.active, "a banned peer is never active");
         assert!(a.client.is_banned(&pb));
         assert_eq!(a.client.banned_peers(), vec![pb]);

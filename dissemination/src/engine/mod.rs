@@ -20,7 +20,7 @@
 //! the manifest's hash for that index — only then is it stored, and only stored chunks are
 //! forwarded or served, so nothing unverified ever leaves a node or gets installed (the
 //! install re-checks the root hash on assembly). A mismatch is a strike against the sender
-//! (`StrikeReason::CorruptChunk`: a failed transfer in its score, towards a ban), drops the
+//! (`StrikeReason::CorruptChunk`: a failed transfer in its score and a ban at once), drops the
 //! stream, and excludes the sender from repair for that version.
 //!
 //! Stream rules: every read and write has a deadline ([`DisseminationConfig::read_timeout`],

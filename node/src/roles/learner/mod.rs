@@ -189,7 +189,7 @@ pub async fn start(
     tasks.extend([
         tokio::spawn(publisher::run(dissem, config_hash, snap_rx, shared.clone())),
         tokio::spawn(puller::run(
-            client,
+            client.clone(),
             state.trajectories.clone(),
             shared.clone(),
             puller::PullSettings::of(&state.config, Arc::new(verifier)),
@@ -205,6 +205,13 @@ pub async fn start(
         view,
         cfg: state.config.learner.clone(),
         snapshot_dtype: state.config.broadcast.dtype.dtype(),
+        is_banned: {
+            Box::new(move |producer: &str| {
+                producer
+                    .parse::<p2p::PeerId>()
+                    .is_ok_and(|p| client.is_banned(&p))
+            })
+        },
         ckpt_dir: state.config.checkpoint_dir(),
         steps_log: state.config.data_dir.join("metrics").join("steps.jsonl"),
     };

@@ -62,6 +62,8 @@ pub(super) struct TrainCtx {
     pub cfg: LearnerConfig,
     /// The dtype snapshots are shipped in (`broadcast.dtype`).
     pub snapshot_dtype: policy::DType,
+    /// Whether a producer (base58 peer id) is banned now (`p2p::Client::is_banned`).
+    pub is_banned: Box<dyn Fn(&str) -> bool + Send>,
     pub ckpt_dir: PathBuf,
     pub steps_log: PathBuf,
 }
@@ -78,6 +80,8 @@ pub(super) struct Totals {
     pub dropped_stale: u64,
     pub dropped_zero: u64,
     pub dropped_other: u64,
+    /// Groups of producers banned after they were pulled, dropped untrained.
+    pub dropped_banned: u64,
     /// Groups quarantined (never trained) since start.
     pub quarantined: u64,
     pub reward_first: Option<f64>,
@@ -143,14 +147,31 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
         let Some((hand, leases)) = gather(&c, &totals, last.as_ref())? else {
             break;
         };
+        // A peer banned after its groups were pulled gets none of them trained: they leave
+        // the buffer with the batch's leases, untrained and unjournaled.
+        let (hand, banned) = without_banned(hand, &*c.is_banned);
+        if !banned.is_empty() {
+            tracing::warn!(
+                groups = banned.len(),
+                producers = ?banned.iter().map(|g| g.producer.as_str()).collect::<std::collections::BTreeSet<_>>(),
+                "groups of banned producers dropped untrained"
+            );
+            totals.dropped_banned += banned.len() as u64;
+            metrics::counter!("learner_groups_dropped_banned_total").increment(banned.len() as u64);
+        }
         // Journal, then ack: the groups leave the buffer durably before they are trained (a
         // crash never trains them twice), and stay in the journal until a checkpoint holds
         // their effect (a crash never loses them).
-        journal
-            .record(&hand, c.trainer.version() + 1)
-            .context("journaling a batch")?;
+        if !hand.is_empty() {
+            journal
+                .record(&hand, c.trainer.version() + 1)
+                .context("journaling a batch")?;
+        }
         for id in leases {
             c.buffer.ack(id).context("acking a buffer lease")?;
+        }
+        if hand.is_empty() {
+            continue;
         }
         let idle = t_wait.elapsed().as_secs_f64();
         c.shared.pull_wake.notify_one();
@@ -401,6 +422,14 @@ fn gather(
     Ok(Some((hand, leases)))
 }
 
+/// Splits a batch into the groups to train and those whose producer is banned.
+fn without_banned(
+    hand: Vec<TrajectoryGroup>,
+    is_banned: &dyn Fn(&str) -> bool,
+) -> (Vec<TrajectoryGroup>, Vec<TrajectoryGroup>) {
+    hand.into_iter().partition(|g| !is_banned(&g.producer))
+}
+
 /// The step's figures as Prometheus series (the dashboard in `docs/grafana/` plots them).
 fn export_step_metrics(st: &StepStats, t: &Totals) {
     let busy = t.idle_s + t.train_s;
@@ -448,6 +477,28 @@ fn publish(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A producer banned between the pull and the step has none of its groups trained; the
+    /// others' groups keep their order.
+    #[test]
+    fn groups_of_banned_producers_are_split_off() {
+        let group = |seed: u64, producer: &str| TrajectoryGroup {
+            producer: producer.into(),
+            ..storage::record::testing::group(1, seed, 2, 4)
+        };
+        let hand = vec![
+            group(1, "a"),
+            group(2, "bad"),
+            group(3, "b"),
+            group(4, "bad"),
+        ];
+        let (kept, dropped) = without_banned(hand, &|p| p == "bad");
+        let seeds = |gs: &[TrajectoryGroup]| gs.iter().map(|g| g.seq).collect::<Vec<_>>();
+        assert_eq!(seeds(&kept), [1, 3]);
+        assert_eq!(seeds(&dropped), [2, 4]);
+        let (kept, dropped) = without_banned(kept, &|_| false);
+        assert_eq!((kept.len(), dropped.len()), (2, 0));
+    }
 
     #[test]
     fn only_local_faults_or_repeated_failures_end_training() {
