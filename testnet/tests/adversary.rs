@@ -114,6 +114,46 @@ fn two_cheap_attacks_are_carried_out_and_the_learner_survives() {
     }
 }
 
+/// A replayed learner-signed manifest / plan / order after an honest worker's restart (real
+/// processes: the honest worker `w0` is SIGKILLed halfway and restarted on its data
+/// directory while the replayer re-publishes the oldest messages it recorded every heartbeat
+/// interval): the replayer is banned at its first replay, and the restarted worker never
+/// installs a version older than the one it had (its persisted replay marks).
+#[test]
+fn a_replay_after_a_worker_restart_is_refused_and_banned() {
+    let v = adversary(&[
+        "--attacks",
+        "replay_after_restart",
+        "--batch",
+        "1",
+        "--steps",
+        "12",
+        "--warm-start-steps",
+        "0",
+        "--no-clean",
+    ]);
+    assert_shape(&v, &["replay_after_restart"]);
+    assert_eq!(v["learner_crashes"], 0, "{v}");
+    let a = &v["attacks"][0];
+    assert_eq!(a["banned"], true, "{a}");
+    assert_eq!(a["ban_reason"], "replay", "{a}");
+    assert_eq!(a["trained_after_ban"], 0, "{a}");
+    let r = &a["replay"];
+    assert_eq!(r["regressed"], false, "{a}");
+    let before = r["installed_before_restart"]
+        .as_u64()
+        .expect("w0 installed before");
+    let after = r["installed_after_restart"]
+        .as_array()
+        .expect("w0 restarted");
+    assert!(
+        after
+            .iter()
+            .all(|v| v.as_u64().is_some_and(|v| v >= before)),
+        "{a}"
+    );
+}
+
 /// All eleven attacks and the clean run: several minutes of a dozen processes (run by hand:
 /// `cargo test -p testnet -- --ignored`).
 #[test]
