@@ -114,6 +114,10 @@ pub struct PeerStatus {
     pub peer_id: String,
     pub role: Option<Role>,
     pub addrs: Vec<String>,
+    /// The dial hints of the peer's last heartbeat ([`crate::Heartbeat::addrs`]): where it
+    /// says it can be reached, whether or not this node ever connected to it.
+    #[serde(default)]
+    pub dial_hints: Vec<String>,
     pub installed_version: Option<u64>,
     #[serde(flatten)]
     pub score: ScoreComponents,

@@ -90,6 +90,7 @@ fn heartbeat() -> impl Strategy<Value = Heartbeat> {
                 seq,
                 device,
                 reachability: None,
+                addrs: Vec::new(),
             },
         )
 }
@@ -371,6 +372,7 @@ fn floats_survive_json_exactly() {
         seq: 0,
         device: None,
         reachability: None,
+        addrs: Vec::new(),
     };
     assert_eq!(
         Heartbeat::decode(&h.encode(), SWARM)

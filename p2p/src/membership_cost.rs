@@ -44,6 +44,7 @@ fn heartbeat(seq: u64) -> Heartbeat {
         seq,
         device: None,
         reachability: None,
+        addrs: Vec::new(),
     }
 }
 

@@ -14,7 +14,11 @@ use crate::role::Role;
 /// Version of the heartbeat message and topic.
 pub const HEARTBEAT_VERSION: u32 = 1;
 /// Largest accepted heartbeat, in bytes.
-pub const MAX_HEARTBEAT_BYTES: usize = 2 * 1024;
+pub const MAX_HEARTBEAT_BYTES: usize = 3 * 1024;
+/// Most dial hints ([`Heartbeat::addrs`]) in one heartbeat.
+pub const MAX_HEARTBEAT_ADDRS: usize = 4;
+/// Longest dial hint, in bytes (a relay circuit address with two peer ids is ~130).
+pub const MAX_HEARTBEAT_ADDR_BYTES: usize = 192;
 /// Version of the score-table message and topic.
 pub const SCORE_TABLE_VERSION: u32 = 1;
 /// Largest accepted score table, in bytes.
@@ -61,6 +65,16 @@ pub struct Heartbeat {
     /// node *out* of forwarding, never to give it more work.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reachability: Option<crate::reachability::Reachability>,
+    /// Dial hints: addresses the sender can be reached at (confirmed external addresses
+    /// first, then its listen addresses, relay circuits last; at most
+    /// [`MAX_HEARTBEAT_ADDRS`], each a multiaddr of at most [`MAX_HEARTBEAT_ADDR_BYTES`]
+    /// without a `/p2p` suffix; absent in heartbeats of older nodes). A forwarder must reach
+    /// the children its chain names, which it may never have met: without hints it learns
+    /// their addresses only through Kademlia or identify, round trips that cost a whole
+    /// stall timeout on a WAN. Self-reported and never trusted: a dial authenticates the
+    /// peer id, so a wrong hint costs one failed dial.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addrs: Vec<String>,
 }
 
 /// The compute device a node runs its model on, as its heartbeats report it. Self-reported:
@@ -182,6 +196,26 @@ impl Heartbeat {
         check_num("receive_rate_bps", hb.receive_rate_bps, 1e15)?;
         if let Some(d) = &hb.device {
             d.check()?;
+        }
+        if hb.addrs.len() > MAX_HEARTBEAT_ADDRS {
+            return Err(MessageError::Invalid(format!(
+                "{} addresses, at most {MAX_HEARTBEAT_ADDRS}",
+                hb.addrs.len()
+            )));
+        }
+        for a in &hb.addrs {
+            check_str("addrs", a, MAX_HEARTBEAT_ADDR_BYTES)?;
+            let m: libp2p::Multiaddr = a
+                .parse()
+                .map_err(|e| MessageError::Invalid(format!("address `{a}`: {e}")))?;
+            if m.iter()
+                .last()
+                .is_some_and(|p| matches!(p, libp2p::multiaddr::Protocol::P2p(_)))
+            {
+                return Err(MessageError::Invalid(format!(
+                    "address `{a}` ends in /p2p (the sender's id is implied)"
+                )));
+            }
         }
         Ok(hb)
     }
@@ -306,6 +340,54 @@ pub fn unix_ms() -> u64 {
 mod tests {
     use super::*;
 
+    /// Dial hints: up to four multiaddrs without a `/p2p` suffix, the largest realistic set
+    /// (a relay circuit among them, a device report beside them) fits the size bound, and
+    /// anything else is refused; an older node's heartbeat has none.
+    #[test]
+    fn dial_hints_are_bounded_multiaddrs() {
+        let relay = "12D3KooWJQvBQoBq1N2VCxMnXkEKidV2rudvC2MbSUhjJZtUUdto";
+        let full = vec![
+            "/ip4/203.0.113.7/tcp/4001".to_string(),
+            "/ip4/203.0.113.7/udp/4001/quic-v1".to_string(),
+            "/ip6/2001:db8::7/udp/4001/quic-v1".to_string(),
+            format!("/ip4/198.51.100.1/udp/4001/quic-v1/p2p/{relay}/p2p-circuit"),
+        ];
+        let h = Heartbeat {
+            addrs: full.clone(),
+            device: Some(DeviceReport {
+                kind: "cuda".into(),
+                name: "NVIDIA H100 80GB HBM3".into(),
+                memory_total_bytes: 85_000_000_000,
+                memory_free_bytes: 80_000_000_000,
+                compute_capability: Some("9.0".into()),
+            }),
+            ..hb()
+        };
+        let bytes = h.encode();
+        assert!(bytes.len() < MAX_HEARTBEAT_BYTES, "{}", bytes.len());
+        assert_eq!(Heartbeat::decode(&bytes, "s").unwrap().addrs, full);
+        assert!(!String::from_utf8_lossy(&hb().encode()).contains("addrs"));
+        let long = format!("/dns4/{}/tcp/1", "a".repeat(MAX_HEARTBEAT_ADDR_BYTES));
+        for bad in [
+            vec!["/ip4/1.2.3.4/tcp/1".to_string(); MAX_HEARTBEAT_ADDRS + 1],
+            vec![format!("/ip4/1.2.3.4/tcp/1/p2p/{relay}")],
+            vec!["not a multiaddr".to_string()],
+            vec![long],
+        ] {
+            let h = Heartbeat {
+                addrs: bad.clone(),
+                ..hb()
+            };
+            assert!(
+                matches!(
+                    Heartbeat::decode(&h.encode(), "s"),
+                    Err(MessageError::Invalid(_))
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
     fn hb() -> Heartbeat {
         Heartbeat {
             v: 1,
@@ -324,6 +406,7 @@ mod tests {
             seq: 3,
             device: None,
             reachability: None,
+            addrs: Vec::new(),
         }
     }
 

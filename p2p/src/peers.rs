@@ -143,6 +143,7 @@ impl PeerEntry {
             peer_id: peer.to_string(),
             role: hb.map(|h| h.role),
             addrs: self.addrs.iter().map(|a| a.to_string()).collect(),
+            dial_hints: hb.map(|h| h.addrs.clone()).unwrap_or_default(),
             installed_version: hb.and_then(|h| h.installed_version),
             score: self.stats.components(now),
             chain: None,
@@ -206,6 +207,7 @@ mod tests {
             seq: 1,
             device: None,
             reachability: None,
+            addrs: Vec::new(),
         }
     }
 

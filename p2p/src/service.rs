@@ -404,9 +404,15 @@ impl Service {
         if self.swarm.connected_peers().count() >= self.cfg.network.max_peers as usize {
             return;
         }
+        // A new local port, not the listening one: two peers that learn of each other at the
+        // same moment (each other's heartbeat dial hints) dial each other at once, and two
+        // TCP dials from both listening ports can meet as one simultaneous-open connection
+        // on which both ends start the Noise handshake as initiator ("input error"). The
+        // dial that a stream open makes (a forwarder's push) then fails the same way.
         let opts = DialOpts::peer_id(peer)
             .condition(PeerCondition::DisconnectedAndNotDialing)
             .addresses(addrs)
+            .allocate_new_port()
             .build();
         if let Err(e) = self.swarm.dial(opts) {
             debug!(%peer, error = %e, "dial not started");

@@ -385,3 +385,47 @@ async fn snapshot_and_plan_messages_not_authored_by_the_learner_ban_their_author
     .await
     .expect("test timed out");
 }
+
+/// Heartbeats carry the sender's dial hints (its listen addresses, no `/p2p` suffix) to
+/// every node, also to nodes it never connected to (relayed by a hub): the addresses a
+/// forwarder needs for its first push to a child it never met, handed to Kademlia (whose
+/// routing table answers a dial by peer id) and shown in `status`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_carry_dial_hints_to_every_node() {
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let hub = Node::start(31, config(vec![]));
+        let boot = hub.bootstrap_addr().await;
+        let a = Node::start(32, config(vec![boot.clone()]));
+        let b = Node::start(33, config(vec![boot]));
+        let pb = b.client.local_peer_id();
+        let b_addrs: Vec<String> = wait_for("b to listen", || async {
+            Some(b.client.listen_addrs().await.ok()?)
+                .filter(|v| !v.is_empty())
+                .map(|v| v.iter().map(|a| a.to_string()).collect())
+        })
+        .await;
+        let hints = wait_for("a to hold b's dial hints", || async {
+            let st = a.client.status().await.ok()?;
+            st.peers
+                .into_iter()
+                .find(|p| p.peer_id == pb.to_string() && !p.dial_hints.is_empty())
+                .map(|p| p.dial_hints)
+        })
+        .await;
+        assert!(
+            hints.len() <= p2p::messages::MAX_HEARTBEAT_ADDRS,
+            "{hints:?}"
+        );
+        for h in &hints {
+            assert!(
+                b_addrs.contains(h),
+                "{h} is one of b's listen addresses {b_addrs:?}"
+            );
+        }
+        for n in [a, b, hub] {
+            n.stop().await;
+        }
+    })
+    .await
+    .expect("test timed out");
+}

@@ -93,15 +93,23 @@ pub fn read_status(bin: &Path, admin: &str) -> Option<NodeStatus> {
         .flatten()
 }
 
+/// Set (to anything) to keep every run directory, also of runs that succeeded (their path is
+/// printed to stderr): for reading the node logs of a slow round.
+pub const KEEP_ENV: &str = "ECHO_TESTNET_KEEP";
+
 /// Runs `f` in a fresh temporary directory named `prefix…` (node configs, stores and logs go
 /// there). The directory is removed when `f` succeeds and kept when it fails — the error then
-/// names it, so that a failed run's node logs can be read.
+/// names it, so that a failed run's node logs can be read — or when [`KEEP_ENV`] is set.
 pub fn in_run_dir<T>(
     prefix: &str,
     f: impl FnOnce(&Path) -> anyhow::Result<T>,
 ) -> anyhow::Result<T> {
     let dir = tempfile::Builder::new().prefix(prefix).tempdir()?;
     match f(dir.path()) {
+        Ok(v) if std::env::var_os(KEEP_ENV).is_some() => {
+            eprintln!("run directory kept ({KEEP_ENV}): {}", dir.keep().display());
+            Ok(v)
+        }
         Ok(v) => Ok(v),
         Err(e) => {
             let kept = dir.keep();

@@ -200,6 +200,7 @@ pub fn spam_heartbeat(
         sent_unix_ms: now,
         seq,
         reachability: None,
+        addrs: Vec::new(),
         device: None,
     }
 }

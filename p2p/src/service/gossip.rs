@@ -11,14 +11,19 @@
 use std::time::Instant;
 
 use libp2p::gossipsub::{self, IdentTopic, MessageAcceptance, MessageId};
-use libp2p::PeerId;
+use libp2p::multiaddr::Protocol;
+use libp2p::{Multiaddr, PeerId};
 use tracing::{debug, info, warn};
 
-use super::Service;
+use super::{strip_p2p, Service};
+use crate::behaviour;
 use crate::client::{Event, StrikeReason, Validation};
 use crate::error::MessageError;
 use crate::hbgate::HeartbeatVerdict;
-use crate::messages::{unix_ms, Heartbeat, ScoreTable, HEARTBEAT_VERSION};
+use crate::messages::{
+    unix_ms, Heartbeat, ScoreTable, HEARTBEAT_VERSION, MAX_HEARTBEAT_ADDRS,
+    MAX_HEARTBEAT_ADDR_BYTES,
+};
 use crate::peers::Arrival;
 use crate::topics::{parse_topic, TopicKind};
 
@@ -71,6 +76,7 @@ impl Service {
             seq: self.seq,
             device: self.local.device.clone(),
             reachability: Some(self.nat.reachability()),
+            addrs: self.dial_hints(),
         };
         let topic = IdentTopic::new(TopicKind::Heartbeat.topic_name(&self.cfg.swarm_id));
         match self
@@ -205,8 +211,55 @@ impl Service {
             .check(Instant::now(), interval, new_version)
     }
 
+    /// This node's dial hints for its heartbeats ([`Heartbeat::addrs`]): confirmed external
+    /// addresses, then listen addresses (direct before relayed, routable before loopback),
+    /// at most [`MAX_HEARTBEAT_ADDRS`].
+    fn dial_hints(&self) -> Vec<String> {
+        let loopback = |a: &Multiaddr| {
+            a.iter().any(|p| match p {
+                Protocol::Ip4(ip) => ip.is_loopback() || ip.is_unspecified(),
+                Protocol::Ip6(ip) => ip.is_loopback() || ip.is_unspecified(),
+                _ => false,
+            })
+        };
+        let listen = behaviour::ordered_listeners(&self.swarm);
+        let (routable, local): (Vec<_>, Vec<_>) = listen.into_iter().partition(|a| !loopback(a));
+        let mut out: Vec<String> = Vec::new();
+        for a in self
+            .swarm
+            .external_addresses()
+            .cloned()
+            .chain(routable)
+            .chain(local)
+        {
+            let a = strip_p2p(&a).to_string();
+            if out.len() == MAX_HEARTBEAT_ADDRS {
+                break;
+            }
+            if a.len() <= MAX_HEARTBEAT_ADDR_BYTES && !out.contains(&a) {
+                out.push(a);
+            }
+        }
+        out
+    }
+
+    /// Hands a heartbeat's dial hints to Kademlia, whose routing table answers the swarm's
+    /// address lookups when a stream is opened to `source` by peer id (a forwarder's first
+    /// push to a child it never met). Only hints that decode are kept (checked at decode).
+    fn learn_dial_hints(&mut self, source: PeerId, hb: &Heartbeat) {
+        if source == *self.swarm.local_peer_id() || self.bans.contains(&source) {
+            return;
+        }
+        for a in &hb.addrs {
+            if let Ok(addr) = a.parse::<Multiaddr>() {
+                self.swarm.behaviour_mut().kad.add_address(&source, addr);
+            }
+        }
+    }
+
     /// Records a valid heartbeat in the peer table and passes it on to the role.
     fn on_heartbeat(&mut self, source: PeerId, hb: Heartbeat) {
+        self.learn_dial_hints(source, &hb);
         self.counters.heartbeats_received += 1;
         metrics::counter!("p2p_heartbeats_received_total").increment(1);
         let role = hb.role;
