@@ -85,15 +85,20 @@ pub fn cleanup() -> anyhow::Result<()> {
 /// lab torn down on signals; writes `out/nat.json`; an error when it timed out.
 pub fn command(o: &Opts, out: &Path) -> anyhow::Result<Value> {
     crate::netlab::ns::install_signal_teardown()?;
-    let report = harness::in_run_dir("tn-nat-", |dir| run(o, dir))?;
     std::fs::create_dir_all(out)?;
-    std::fs::write(out.join("nat.json"), serde_json::to_vec_pretty(&report)?)?;
-    anyhow::ensure!(
-        report["timed_out"] != true,
-        "not every worker installed and trained within {:?}: {report}",
-        o.timeout
-    );
-    Ok(report)
+    // The report is written in any case; a timed-out run is an error inside the run
+    // directory's scope, so that its node logs are kept (and named in the error).
+    harness::in_run_dir("tn-nat-", |dir| {
+        let report = run(o, dir)?;
+        std::fs::write(out.join("nat.json"), serde_json::to_vec_pretty(&report)?)?;
+        anyhow::ensure!(
+            report["timed_out"] != true,
+            "not every worker installed and trained within {:?} (report in {}): {report}",
+            o.timeout,
+            out.join("nat.json").display()
+        );
+        Ok(report)
+    })
 }
 
 /// Runs the scenario under `root`; returns the JSON report (`timed_out: true` when not every
