@@ -4,6 +4,16 @@
 //! decisions taken from that — report progress, repair from other holders after a stall,
 //! install once complete, stop when superseded (`docs/broadcast.md`, "Repair" and "Install").
 //!
+//! **Superseded.** A version this node installed (or a newer one) ends the transfer. A newer
+//! *manifest* ends it too — the node wants the newest weights — except for a fetch-only
+//! transfer that has already stored chunks: that one keeps going ([`Transfer::keeps_going`])
+//! until it completes, or until [`MAX_FRUITLESS_REPAIRS`] repair rounds in a row fetched
+//! nothing (its holders dropped it). A node that fetches everything (fetch-only, or behind a
+//! relay) and needs longer per snapshot than the learner's publication period would otherwise
+//! abandon every version for the next one and never install any; this way it installs every
+//! k-th version. The engine lets only the oldest such transfer fetch
+//! ([`Transfer::has_priority`]), so the versions in between do not split its bandwidth.
+//!
 //! Owns: those decisions, nothing else. Must not touch: I/O of any kind, clocks (the engine
 //! feeds inputs and carries out the actions — `engine/install.rs`), verification itself (a
 //! chunk reaches [`Input::Held`] only after its BLAKE3 matched the manifest).
@@ -56,8 +66,20 @@ pub(crate) enum Input {
     Missing { indices: Vec<usize> },
     /// The newest plan says how this node is fed.
     Plan(Feed),
-    /// A newer manifest was accepted, or this or a newer version was installed.
+    /// This or a newer version was installed.
     Superseded,
+    /// A newer manifest was accepted (nothing at or past this version installed yet).
+    Newer,
+    /// A repair round the engine carried out fetched `fetched` chunks.
+    Repaired { fetched: usize },
+    /// The engine's acquirer for this version returned (installed, stopped, or failed): the
+    /// transfer is over whatever its state said.
+    Ended,
+    /// Whether this node is behind: it has installed nothing yet, or it skipped an accepted
+    /// version since its last install. A behind fetch-only node repairs at once instead of
+    /// first giving holders one wait to catch up: when versions come faster than that wait,
+    /// it would otherwise never start a single fetch.
+    Behind(bool),
     /// The acquirer woke up: decide what to do next.
     Woken(Wake),
 }
@@ -83,6 +105,10 @@ enum Phase {
     Stopped,
 }
 
+/// Repair rounds in a row that fetched nothing after which a superseded fetch-only transfer
+/// gives up (the chunks are no longer held by anyone it can reach).
+pub(crate) const MAX_FRUITLESS_REPAIRS: u32 = 3;
+
 /// One version's transfer state.
 #[derive(Debug)]
 pub(crate) struct Transfer {
@@ -94,6 +120,12 @@ pub(crate) struct Transfer {
     feed: Feed,
     stall: Duration,
     phase: Phase,
+    /// A newer manifest was accepted.
+    newer: bool,
+    /// Repair rounds in a row that fetched nothing.
+    fruitless: u32,
+    /// See [`Input::Behind`].
+    behind: bool,
 }
 
 impl Transfer {
@@ -108,7 +140,22 @@ impl Transfer {
             feed: Feed::Unplanned,
             stall,
             phase: Phase::Acquiring,
+            newer: false,
+            fruitless: 0,
+            behind: false,
         }
+    }
+
+    /// Whether this transfer goes on although a newer manifest was accepted: it is
+    /// fetch-only, has stored chunks of its own, and its repairs still find them.
+    pub(crate) fn keeps_going(&self) -> bool {
+        self.feed == Feed::FetchOnly && self.stored > 0 && self.fruitless < MAX_FRUITLESS_REPAIRS
+    }
+
+    /// A running fetch-only transfer that has stored chunks: newer transfers of this node
+    /// wait with their repairs until it ends.
+    pub(crate) fn has_priority(&self) -> bool {
+        self.phase == Phase::Acquiring && self.keeps_going()
     }
 
     pub(crate) fn total(&self) -> usize {
@@ -199,15 +246,41 @@ impl Transfer {
                 self.feed = feed;
                 Vec::new()
             }
-            Input::Superseded => {
-                if self.phase == Phase::Stopped {
-                    return Vec::new();
+            Input::Superseded | Input::Ended => self.stop(),
+            Input::Behind(behind) => {
+                self.behind = behind;
+                Vec::new()
+            }
+            Input::Newer => {
+                self.newer = true;
+                if self.keeps_going() {
+                    Vec::new()
+                } else {
+                    self.stop()
                 }
-                self.phase = Phase::Stopped;
-                vec![Action::Stop]
+            }
+            Input::Repaired { fetched } => {
+                if fetched == 0 {
+                    self.fruitless = self.fruitless.saturating_add(1);
+                } else {
+                    self.fruitless = 0;
+                }
+                if self.newer && !self.keeps_going() {
+                    self.stop()
+                } else {
+                    Vec::new()
+                }
             }
             Input::Woken(wake) => self.woken(wake),
         }
+    }
+
+    fn stop(&mut self) -> Vec<Action> {
+        if self.phase == Phase::Stopped {
+            return Vec::new();
+        }
+        self.phase = Phase::Stopped;
+        vec![Action::Stop]
     }
 
     /// The acquirer's decision on waking: stop if superseded, install if complete, repair
@@ -223,10 +296,13 @@ impl Transfer {
             self.phase = Phase::Installing;
             return vec![Action::Install];
         }
+        if self.newer && !self.keeps_going() {
+            return self.stop();
+        }
         // Repair only after a wait: the feed (or the last repair) gets one wait to deliver,
-        // even when fetch-only.
+        // even when fetch-only — unless this node is behind and fetch-only.
         let stalled = matches!(wake, Wake::StreamEnded | Wake::Timer);
-        let fetch_only = self.feed == Feed::FetchOnly && wake != Wake::Check;
+        let fetch_only = self.feed == Feed::FetchOnly && (wake != Wake::Check || self.behind);
         if stalled || fetch_only {
             vec![Action::Repair]
         } else {
@@ -368,7 +444,7 @@ mod tests {
     }
 
     #[test]
-    fn a_newer_version_supersedes_an_older_one() {
+    fn an_installed_version_supersedes_an_older_one() {
         let mut t = Transfer::new(3, STALL);
         held(&mut t, 0);
         assert_eq!(t.apply(Input::Superseded), [Action::Stop]);
@@ -378,6 +454,87 @@ mod tests {
         held(&mut t, 2);
         assert_eq!(t.apply(Input::Woken(Wake::Timer)), [Action::Stop]);
         assert_eq!(t.apply(Input::Woken(Wake::Stored)), [Action::Stop]);
+    }
+
+    /// A fetch-only transfer that stored chunks keeps going past a newer manifest, completes
+    /// and installs; one with nothing stored yet, or a chain member, yields at once.
+    #[test]
+    fn a_fetch_only_transfer_with_progress_finishes_before_a_newer_version() {
+        let mut t = Transfer::new(3, STALL);
+        t.apply(Input::Plan(Feed::FetchOnly));
+        assert!(!t.has_priority(), "nothing stored yet");
+        held(&mut t, 0);
+        assert!(t.has_priority());
+        assert_eq!(t.apply(Input::Newer), []);
+        assert_eq!(t.apply(Input::Woken(Wake::Timer)), [Action::Repair]);
+        assert_eq!(t.apply(Input::Repaired { fetched: 2 }), []);
+        held(&mut t, 1);
+        held(&mut t, 2);
+        assert_eq!(t.apply(Input::Woken(Wake::Check)), [Action::Install]);
+        assert!(
+            !t.has_priority(),
+            "installing: the newer transfers may fetch"
+        );
+        // An install of this or a newer version always ends it.
+        assert_eq!(t.apply(Input::Superseded), [Action::Stop]);
+
+        // An acquirer that ended (here: failed) stops holding the newer ones back.
+        let mut failed = Transfer::new(3, STALL);
+        failed.apply(Input::Plan(Feed::FetchOnly));
+        held(&mut failed, 0);
+        assert!(failed.has_priority());
+        assert_eq!(failed.apply(Input::Ended), [Action::Stop]);
+        assert!(!failed.has_priority());
+
+        let mut idle = Transfer::new(3, STALL);
+        idle.apply(Input::Plan(Feed::FetchOnly));
+        assert_eq!(idle.apply(Input::Newer), [Action::Stop]);
+
+        let mut chain = Transfer::new(3, STALL);
+        chain.apply(Input::Plan(Feed::Parent(peer(1))));
+        held(&mut chain, 0);
+        assert_eq!(chain.apply(Input::Newer), [Action::Stop]);
+    }
+
+    /// A fetch-only node that is behind repairs at once; one that is up to date first gives
+    /// holders one wait.
+    #[test]
+    fn a_behind_fetch_only_node_repairs_without_waiting() {
+        let mut t = Transfer::new(2, STALL);
+        t.apply(Input::Plan(Feed::FetchOnly));
+        assert_eq!(t.apply(Input::Woken(Wake::Check)), []);
+        t.apply(Input::Behind(true));
+        assert_eq!(t.apply(Input::Woken(Wake::Check)), [Action::Repair]);
+        let mut chain = Transfer::new(2, STALL);
+        chain.apply(Input::Plan(Feed::Parent(peer(1))));
+        chain.apply(Input::Behind(true));
+        assert_eq!(chain.apply(Input::Woken(Wake::Check)), []);
+    }
+
+    /// A superseded fetch-only transfer whose holders no longer answer gives up after
+    /// `MAX_FRUITLESS_REPAIRS` empty rounds in a row; a fruitful round resets the count, and
+    /// without a newer version it never gives up.
+    #[test]
+    fn a_superseded_fetch_only_transfer_gives_up_when_its_chunks_are_gone() {
+        let mut t = Transfer::new(3, STALL);
+        t.apply(Input::Plan(Feed::FetchOnly));
+        held(&mut t, 0);
+        for _ in 0..MAX_FRUITLESS_REPAIRS + 2 {
+            assert_eq!(t.apply(Input::Repaired { fetched: 0 }), []);
+        }
+        assert!(
+            !t.keeps_going(),
+            "without a newer version it still acquires"
+        );
+        assert_eq!(t.apply(Input::Woken(Wake::Timer)), [Action::Repair]);
+        assert_eq!(t.apply(Input::Repaired { fetched: 1 }), []);
+        held(&mut t, 1);
+        assert_eq!(t.apply(Input::Newer), []);
+        for _ in 1..MAX_FRUITLESS_REPAIRS {
+            assert_eq!(t.apply(Input::Repaired { fetched: 0 }), []);
+        }
+        assert_eq!(t.apply(Input::Repaired { fetched: 0 }), [Action::Stop]);
+        assert_eq!(t.apply(Input::Woken(Wake::Timer)), [Action::Stop]);
     }
 
     #[test]

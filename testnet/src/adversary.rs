@@ -218,6 +218,23 @@ fn http_get(admin: &str, path: &str) -> Option<String> {
         .then(|| body.to_string())
 }
 
+/// The newest snapshot version whose chunks are all in a stopped node's store
+/// (`echo-node inspect snapshots --json`); `None` when it holds none or cannot be read.
+fn newest_complete_snapshot(bin: &Path, data_dir: &Path) -> Option<u64> {
+    let out = std::process::Command::new(bin)
+        .args(["inspect", "snapshots", "--json", "--data-dir"])
+        .arg(data_dir)
+        .output()
+        .ok()?;
+    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+    v["snapshots"]
+        .as_array()?
+        .iter()
+        .filter(|s| s["missing"] == 0)
+        .filter_map(|s| s["version"].as_u64())
+        .max()
+}
+
 fn status(admin: &str) -> Option<Value> {
     serde_json::from_str(&http_get(admin, "/status")?).ok()
 }
@@ -291,7 +308,7 @@ fn run_once(
         // and can be caught by, only the children it feeds.
         lc.network.learner_mbps = lc.broadcast.worker_mbps;
     }
-    let mut fleet = Fleet::with_log_filter(harness::NODE_LOG_FILTER);
+    let mut fleet = Fleet::with_log_filter(&harness::node_log_filter());
     let li = fleet.start_with_env(bin, "learner", &lc, &[], &honest_env())?;
     let laddr = fleet.wait_addresses(li, &lc, START_LIMIT)?;
     let bootstrap = laddr
@@ -457,8 +474,15 @@ fn observe(w: &mut Watch, learner: &Value, honest: &[Value], trained: &BTreeMap<
 }
 
 /// The honest worker restarted under a replay: does its installed version ever go back?
+///
+/// A `kill -9` may cost the worker its newest snapshot (the chunk store's memory tier writes
+/// behind, `docs/storage.md`): it comes back on the newest *complete* snapshot of its own
+/// store, which may be older than what it had installed. That is its own state, not a replay;
+/// a replay would show as an install below that durable version, or as a step back later.
 struct ReplayWatch {
     before: Option<u64>,
+    /// The newest complete snapshot in the worker's store between the kill and the restart.
+    durable: Option<u64>,
     versions: Vec<u64>,
 }
 
@@ -471,11 +495,15 @@ impl ReplayWatch {
     ) -> anyhow::Result<ReplayWatch> {
         let before = status(admin).and_then(|s| s["version"].as_u64());
         fleet.kill(*i);
+        let durable = newest_complete_snapshot(bin, &config.data_dir);
         let j = fleet.start_with_env(bin, "w0-restarted", config, &[], &honest_env())?;
         *admin = fleet.wait_addresses(j, config, START_LIMIT)?.admin;
-        eprintln!("adversary: w0 restarted (installed version before: {before:?})");
+        eprintln!(
+            "adversary: w0 restarted (installed version before: {before:?}, newest complete on disk: {durable:?})"
+        );
         Ok(ReplayWatch {
             before,
+            durable,
             versions: Vec::new(),
         })
     }
@@ -489,10 +517,13 @@ impl ReplayWatch {
     }
 
     fn report(&self) -> Value {
+        // Without a durable snapshot on disk the floor is what it had installed.
+        let floor = self.durable.or(self.before);
         let regressed = self.versions.windows(2).any(|w| w[1] < w[0])
-            || matches!((self.before, self.versions.iter().min()), (Some(b), Some(m)) if *m < b);
+            || matches!((floor, self.versions.iter().min()), (Some(f), Some(m)) if *m < f);
         json!({
             "installed_before_restart": self.before,
+            "durable_at_restart": self.durable,
             "installed_after_restart": self.versions,
             "regressed": regressed,
         })
@@ -637,21 +668,19 @@ mod tests {
 
     #[test]
     fn a_replayed_install_that_goes_back_is_a_regression() {
-        let ok = ReplayWatch {
-            before: Some(4),
-            versions: vec![4, 6, 8],
+        let watch = |before, durable, versions: &[u64]| ReplayWatch {
+            before: Some(before),
+            durable,
+            versions: versions.to_vec(),
         };
-        assert_eq!(ok.report()["regressed"], false);
-        let back = ReplayWatch {
-            before: Some(4),
-            versions: vec![6, 2, 8],
-        };
-        assert_eq!(back.report()["regressed"], true);
-        let below = ReplayWatch {
-            before: Some(4),
-            versions: vec![2],
-        };
-        assert_eq!(below.report()["regressed"], true);
+        assert_eq!(watch(4, Some(4), &[4, 6, 8]).report()["regressed"], false);
+        assert_eq!(watch(4, Some(4), &[6, 2, 8]).report()["regressed"], true);
+        assert_eq!(watch(4, Some(4), &[2]).report()["regressed"], true);
+        assert_eq!(watch(4, None, &[2]).report()["regressed"], true);
+        // Killed before its newest snapshot reached the disk: it resumes on the older one it
+        // holds, then only moves forward.
+        assert_eq!(watch(6, Some(4), &[4, 6, 8]).report()["regressed"], false);
+        assert_eq!(watch(6, Some(4), &[4, 2]).report()["regressed"], true);
     }
 
     #[test]

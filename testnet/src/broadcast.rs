@@ -174,7 +174,7 @@ fn launch(
     let mut learner = config(Role::Learner, &ldir);
     learner.network.learner_mbps = s.learner_mbps;
     learner.network.listen = vec![at.listen[0].clone()];
-    let mut fleet = Fleet::with_log_filter(harness::NODE_LOG_FILTER);
+    let mut fleet = Fleet::with_log_filter(&harness::node_log_filter());
     let bench = [
         "--bench-broadcast-mb".to_string(),
         s.size_mb.to_string(),

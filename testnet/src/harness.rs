@@ -26,6 +26,15 @@ use serde_json::Value;
 /// lines (installs, chain plans), without gossipsub's chatter.
 pub const NODE_LOG_FILTER: &str = "warn,echo_node=info,dissemination=info,libp2p_gossipsub=error";
 
+/// Set to a `tracing` filter to run every node of a scenario with it instead of
+/// [`NODE_LOG_FILTER`] (e.g. `dissemination=debug` to see why fetches fail).
+pub const LOG_ENV: &str = "ECHO_TESTNET_LOG";
+
+/// The nodes' log filter: [`LOG_ENV`] when set, else [`NODE_LOG_FILTER`].
+pub fn node_log_filter() -> String {
+    std::env::var(LOG_ENV).unwrap_or_else(|_| NODE_LOG_FILTER.to_string())
+}
+
 /// The `echo-node` binary next to this one (the same cargo profile), or `explicit`.
 pub fn node_bin(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     let bin = match explicit {
@@ -159,7 +168,7 @@ pub fn launch_swarm(
     let key = keygen(bin, &ldir)?;
     let mut lc = node_config(Role::Learner, swarm_id, &ldir, 500);
     learner(&mut lc);
-    let mut fleet = Fleet::with_log_filter(NODE_LOG_FILTER);
+    let mut fleet = Fleet::with_log_filter(&node_log_filter());
     let i = fleet.start(bin, "learner", &lc, &[])?;
     let addrs = fleet.wait_addresses(i, &lc, START_LIMIT)?;
     let bootstrap = addrs

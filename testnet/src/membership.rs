@@ -76,7 +76,7 @@ pub fn run_one(bin: &Path, n: usize, p: &Params) -> anyhow::Result<Value> {
         let kdir = root.join("absent-learner");
         std::fs::create_dir_all(&kdir)?;
         let key = harness::keygen(bin, &kdir)?;
-        let mut fleet = Fleet::with_log_filter(harness::NODE_LOG_FILTER);
+        let mut fleet = Fleet::with_log_filter(&harness::node_log_filter());
         let mut nodes = Vec::new();
         let mut bootstrap = Vec::new();
         for i in 0..n {

@@ -132,7 +132,7 @@ pub fn run(o: &Opts, root: &Path) -> anyhow::Result<Value> {
     lc.network.listen = vec![format!("/ip4/{}/tcp/0", learner_host.ip)];
     // Few warm-start steps: the scenario is about the network, not the reward.
     lc.learner.warm_start_steps = 5;
-    let mut fleet = Fleet::with_log_filter(harness::NODE_LOG_FILTER);
+    let mut fleet = Fleet::with_log_filter(&harness::node_log_filter());
     let li = fleet.start(&lexe, "learner", &lc, &[])?;
     let laddrs = fleet.wait_addresses(li, &lc, harness::START_LIMIT)?;
     let learner_dial = laddrs

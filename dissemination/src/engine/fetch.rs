@@ -330,6 +330,16 @@ impl Disseminator {
         candidates.push(self.inner.learner);
         let mut seen = HashSet::new();
         candidates.retain(|c| *c != self.inner.local && !bad.contains(c) && seen.insert(*c));
+        let connected: HashSet<PeerId> = match self.inner.client.status().await {
+            Ok(st) => st
+                .peers
+                .iter()
+                .filter(|p| p.connected)
+                .filter_map(|p| p.peer_id.parse().ok())
+                .collect(),
+            Err(_) => HashSet::new(),
+        };
+        let candidates = holders_in_order(candidates, &connected, self.inner.learner);
         let mut total = 0;
         for peer in candidates {
             loop {
@@ -356,5 +366,53 @@ impl Disseminator {
             }
         }
         Ok(total)
+    }
+}
+
+/// The order in which a repair asks holders: those this node is connected to first (in the
+/// plan's order: its own chain's upstream, then other chain members, then fetch-only peers),
+/// then the learner, then the rest. A holder never reached may sit behind a NAT or a relay,
+/// and a dial to it can take a whole dial timeout — long enough, for a node that fetches
+/// everything, for the version to be superseded before the learner (always reachable, holds
+/// every version it keeps) is even asked.
+fn holders_in_order(
+    candidates: Vec<PeerId>,
+    connected: &HashSet<PeerId>,
+    learner: PeerId,
+) -> Vec<PeerId> {
+    let (mut first, rest): (Vec<PeerId>, Vec<PeerId>) = candidates
+        .into_iter()
+        .partition(|p| connected.contains(p) && *p != learner);
+    let had_learner = rest.contains(&learner);
+    if had_learner {
+        first.push(learner);
+    }
+    first.extend(rest.into_iter().filter(|p| *p != learner));
+    first
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(i: u8) -> PeerId {
+        p2p::peer_id_from_seed([i; 32])
+    }
+
+    #[test]
+    fn connected_holders_then_the_learner_then_the_rest() {
+        let (l, a, b, c, d) = (peer(0), peer(1), peer(2), peer(3), peer(4));
+        let connected: HashSet<PeerId> = [c, a, l].into_iter().collect();
+        assert_eq!(
+            holders_in_order(vec![a, b, c, d, l], &connected, l),
+            [a, c, l, b, d]
+        );
+        // Nobody connected: the learner comes first; a learner not among the candidates (a
+        // bad peer for this version) is not added.
+        assert_eq!(
+            holders_in_order(vec![b, d, l], &HashSet::new(), l),
+            [l, b, d]
+        );
+        assert_eq!(holders_in_order(vec![b, d], &connected, l), [b, d]);
     }
 }

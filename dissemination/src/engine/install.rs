@@ -14,7 +14,7 @@ use std::time::Duration;
 use control::plan::Placement;
 use p2p::PeerId;
 use storage::SnapshotManifest;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{blocking, lock, DisseminationEvent, Disseminator, SharedAssembly};
 use crate::assembly::Assembly;
@@ -142,6 +142,9 @@ impl Disseminator {
         };
         let r = self.acquire_manifest(&signed.manifest).await;
         self.lock().assemblies.remove(&version);
+        // Whatever ended it (an error included), it no longer holds the fetches of newer
+        // transfers back.
+        self.apply(version, Input::Ended);
         r
     }
 
@@ -198,10 +201,19 @@ impl Disseminator {
             // Chunks stored and streams ended before this point are seen by the checks below.
             rx.borrow_and_update();
             kick.borrow_and_update();
-            let superseded = {
+            let (superseded, newer, behind) = {
                 let st = self.lock();
-                st.installed.is_some_and(|i| i >= version)
-                    || st.manifest_version.is_some_and(|v| v > version)
+                // Behind: nothing installed, or an accepted version between the installed one
+                // and this one was skipped.
+                let behind = match st.installed {
+                    None => true,
+                    Some(i) => st.manifests.keys().any(|&k| k > i && k < version),
+                };
+                (
+                    st.installed.is_some_and(|i| i >= version),
+                    st.manifest_version.is_some_and(|v| v > version),
+                    behind,
+                )
             };
             let missing = if superseded {
                 Vec::new()
@@ -212,6 +224,12 @@ impl Disseminator {
             let feed = self.feed(version);
             let (actions, wait) = {
                 let mut st = self.lock();
+                // An older fetch-only transfer that is still completing has the node's fetches
+                // to itself (`transfer`, "Superseded"): this one waits with its repair.
+                let yield_to_older = st
+                    .transfers
+                    .iter()
+                    .any(|(&v, t)| v < version && t.has_priority());
                 let Some(t) = st.transfers.get_mut(&version) else {
                     return Ok(());
                 };
@@ -221,8 +239,15 @@ impl Disseminator {
                 } else {
                     t.apply(Input::Missing { indices: missing });
                     t.apply(Input::Plan(feed));
+                    t.apply(Input::Behind(behind));
+                    if newer {
+                        actions.extend(t.apply(Input::Newer));
+                    }
                 }
                 actions.extend(t.apply(Input::Woken(wake)));
+                if yield_to_older {
+                    actions.retain(|a| *a != Action::Repair);
+                }
                 (actions, t.stall_wait())
             };
             let mut repaired = false;
@@ -234,6 +259,10 @@ impl Disseminator {
                         let n = self.repair_round(version, m).await?;
                         if n > 0 {
                             info!(version, chunks = n, "fetched missing chunks from holders");
+                        }
+                        if self.apply(version, Input::Repaired { fetched: n }) == [Action::Stop] {
+                            debug!(version, "a superseded transfer's chunks are gone: stopped");
+                            return Ok(());
                         }
                         repaired = true;
                     }
