@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::swarm::{wait_for, Node, BIN};
+use crate::swarm::{inspect, wait_for, Node};
 
 /// The journal folder's batch files: the step each was trained as, and its groups
 /// (length-prefixed encoded groups).
@@ -43,18 +43,7 @@ fn journaled(data: &Path) -> Vec<(u64, Vec<storage::TrajectoryGroup>)> {
 
 /// The newest snapshot version in a stopped node's store whose chunks are all there.
 fn newest_complete_snapshot(data: &Path) -> Option<u64> {
-    let out = std::process::Command::new(BIN)
-        .args(["inspect", "snapshots", "--json", "--data-dir"])
-        .arg(data)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["snapshots"]
+    inspect(data, "snapshots")["snapshots"]
         .as_array()
         .unwrap()
         .iter()
@@ -204,11 +193,6 @@ fn a_learner_killed_between_checkpoints_gets_its_acked_groups_back() {
         held.len()
     );
     learner.kill();
-    let out = std::process::Command::new(BIN)
-        .args(["inspect", "trajectories", "--json", "--data-dir"])
-        .arg(&data)
-        .output()
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = inspect(&data, "trajectories");
     assert_eq!(v["invariant_holds"], true, "{v}");
 }

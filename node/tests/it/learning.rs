@@ -38,18 +38,7 @@ fn assert_no_group_trained_twice(steps: &[Value]) -> usize {
 }
 
 fn invariant_holds(data: &Path) -> bool {
-    let out = Command::new(BIN)
-        .args(["inspect", "trajectories", "--json", "--data-dir"])
-        .arg(data)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["invariant_holds"] == true
+    crate::swarm::inspect(data, "trajectories")["invariant_holds"] == true
 }
 
 /// SIGTERM, then wait (bounded) for a clean exit.

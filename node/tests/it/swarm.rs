@@ -34,6 +34,22 @@ pub(crate) fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Op
     }
 }
 
+/// `echo-node inspect WHAT --json` on a stopped node's data dir (`trajectories`,
+/// `snapshots`), parsed; panics with the node's stderr when it fails.
+pub(crate) fn inspect(data: &Path, what: &str) -> Value {
+    let out = Command::new(BIN)
+        .args(["inspect", what, "--json", "--data-dir"])
+        .arg(data)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "inspect {what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 pub(crate) struct Key {
     pub(crate) peer_id: String,
     pub(crate) public_key: String,
