@@ -369,25 +369,28 @@ impl Disseminator {
     }
 }
 
-/// The order in which a repair asks holders: those this node is connected to first (in the
-/// plan's order: its own chain's upstream, then other chain members, then fetch-only peers),
-/// then the learner, then the rest. A holder never reached may sit behind a NAT or a relay,
-/// and a dial to it can take a whole dial timeout — long enough, for a node that fetches
-/// everything, for the version to be superseded before the learner (always reachable, holds
-/// every version it keeps) is even asked.
+/// The order in which a repair asks holders: those this node is connected to first, then the
+/// others, each group in the plan's order (its own chain's upstream, other chain members,
+/// fetch-only peers), and the learner last of all — its upload is the swarm's scarcest
+/// bandwidth (B0), so workers that already hold the version serve first. Connected holders
+/// go first because a holder never reached may sit behind a NAT or a relay, and a dial to it
+/// can take a whole dial timeout, long enough for a node that fetches everything to see its
+/// version superseded before it stored a chunk. (Every node dials the peers whose heartbeats
+/// carry dial hints, so a reachable holder is usually connected already.)
 fn holders_in_order(
     candidates: Vec<PeerId>,
     connected: &HashSet<PeerId>,
     learner: PeerId,
 ) -> Vec<PeerId> {
+    let had_learner = candidates.contains(&learner);
     let (mut first, rest): (Vec<PeerId>, Vec<PeerId>) = candidates
         .into_iter()
-        .partition(|p| connected.contains(p) && *p != learner);
-    let had_learner = rest.contains(&learner);
+        .filter(|p| *p != learner)
+        .partition(|p| connected.contains(p));
+    first.extend(rest);
     if had_learner {
         first.push(learner);
     }
-    first.extend(rest.into_iter().filter(|p| *p != learner));
     first
 }
 
@@ -400,19 +403,18 @@ mod tests {
     }
 
     #[test]
-    fn connected_holders_then_the_learner_then_the_rest() {
+    fn connected_holders_then_the_others_then_the_learner() {
         let (l, a, b, c, d) = (peer(0), peer(1), peer(2), peer(3), peer(4));
         let connected: HashSet<PeerId> = [c, a, l].into_iter().collect();
         assert_eq!(
             holders_in_order(vec![a, b, c, d, l], &connected, l),
-            [a, c, l, b, d]
+            [a, c, b, d, l]
         );
-        // Nobody connected: the learner comes first; a learner not among the candidates (a
-        // bad peer for this version) is not added.
         assert_eq!(
-            holders_in_order(vec![b, d, l], &HashSet::new(), l),
-            [l, b, d]
+            holders_in_order(vec![l, b, d], &HashSet::new(), l),
+            [b, d, l]
         );
+        // A learner not among the candidates (a bad peer for this version) is not added.
         assert_eq!(holders_in_order(vec![b, d], &connected, l), [b, d]);
     }
 }
