@@ -41,15 +41,17 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Every behaviour a node runs. Optional ones are [`Toggle`]d off by config: the allow list
 /// (private swarms), mDNS, AutoNAT, the relay server. The connection gates come first, so a
-/// refused connection never reaches the others: the inbound limits, the ban list, the allow
-/// list. Every role runs the relay client and DCUtR, so a relayed connection is upgraded to a
-/// direct one by hole punching when the NATs allow it.
+/// refused connection never reaches the others: the inbound limits, the ban list, the redial
+/// backoff, the allow list. Every role runs the relay client and DCUtR, so a relayed
+/// connection is upgraded to a direct one by hole punching when the NATs allow it.
 #[derive(NetworkBehaviour)]
 pub(crate) struct Behaviour {
     /// `network.max_inbound`, `max_per_peer`, `max_pending_inbound`.
     pub(crate) limits: connection_limits::Behaviour,
     /// Peers banned for the run (`bans`): their connections are closed and refused.
     pub(crate) banned: allow_block_list::Behaviour<allow_block_list::BlockedPeers>,
+    /// Dials held back from peers that keep closing our connections at once (`backoff`).
+    pub(crate) backoff: crate::backoff::Behaviour,
     pub(crate) allow: Toggle<allow_block_list::Behaviour<allow_block_list::AllowedPeers>>,
     pub(crate) identify: identify::Behaviour,
     pub(crate) ping: ping::Behaviour,
@@ -113,6 +115,7 @@ pub(crate) fn build_swarm(
             Ok(Behaviour {
                 limits: limits_behaviour(net),
                 banned: allow_block_list::Behaviour::default(),
+                backoff: crate::backoff::Behaviour::default(),
                 allow: Toggle::from(allow_behaviour(allow)),
                 identify: identify_behaviour(key, &cfg.node_version),
                 ping: ping::Behaviour::new(ping::Config::new()),

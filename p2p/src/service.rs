@@ -238,6 +238,8 @@ fn denial(cause: &libp2p::swarm::ConnectionDenied) -> &'static str {
         "connection limit reached: network.max_inbound / max_per_peer / max_pending_inbound"
     } else if cause.downcast_ref::<allow_block_list::Blocked>().is_some() {
         "peer banned for the run"
+    } else if cause.downcast_ref::<crate::backoff::HeldBack>().is_some() {
+        "redial backoff: the peer closed our last connections at once"
     } else if cause
         .downcast_ref::<allow_block_list::NotAllowed>()
         .is_some()
@@ -445,7 +447,10 @@ impl Service {
                 }
                 let r = r.map_err(|e| P2pError::Dial {
                     addr: addr.to_string(),
-                    reason: e.to_string(),
+                    reason: match &e {
+                        DialError::Denied { cause } => format!("{e} ({})", denial(cause)),
+                        _ => e.to_string(),
+                    },
                 });
                 let _ = reply.send(r);
             }
@@ -580,6 +585,12 @@ impl Service {
             }
             SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
                 if let DialError::Denied { cause } = &error {
+                    if cause.downcast_ref::<crate::backoff::HeldBack>().is_some() {
+                        // Our own gate, not the peer's refusal: expected, and frequent while
+                        // Kademlia queries or the bootstrap redial keep asking.
+                        debug!(peer = ?peer_id, %cause, "dial held back");
+                        return;
+                    }
                     self.count_denied();
                     let why = denial(cause);
                     warn!(peer = ?peer_id, %cause, "outbound connection refused ({why})");

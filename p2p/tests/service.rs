@@ -199,6 +199,34 @@ async fn strikes_ban_a_peer_for_the_run_in_both_directions() {
             (st.counters.connections_denied >= 1).then_some(())
         })
         .await;
+        // …and b backs off instead of redialing in a loop. A refused node used to redial at
+        // once, whatever asked for the dial (a Kademlia query, a stream open, a repair): in CI
+        // a banned worker cost its learner about a hundred handshakes a second for minutes.
+        // Here b asks for 20 dials, 200 ms apart: the first few reach a (and are refused
+        // there), then b holds its dials back for 1 s, 2 s, … and refuses them itself.
+        let refused = |st: &p2p::NetworkStatus| {
+            st.counters.connections_denied + st.counters.connection_errors
+        };
+        let before = refused(&a.client.status().await.unwrap());
+        let a_addr = a.client.listen_addrs().await.unwrap().remove(0);
+        let mut held_back = 0;
+        for _ in 0..20 {
+            if let Err(e) = b
+                .client
+                .dial(a_addr.clone().with(p2p::multiaddr::Protocol::P2p(pa)))
+                .await
+            {
+                assert!(e.to_string().contains("closed our last connections"), "{e}");
+                held_back += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let reached = refused(&a.client.status().await.unwrap()) - before;
+        assert!(held_back >= 10, "b held back only {held_back} of 20 dials");
+        assert!(
+            reached <= 10,
+            "{reached} of b's dials reached a after its ban"
+        );
         let b_addr = b.client.listen_addrs().await.unwrap().remove(0);
         let dial = a
             .client

@@ -420,7 +420,20 @@ pub async fn pull_on<S: AsyncRead + AsyncWrite + Unpin>(
                 "a group beyond the {count} the lease announced"
             )));
         }
-        Ok(other) => return Err(PullError::Protocol(format!("expected done, got {other:?}"))),
+        // The stream ended where the worker's `Done` belonged. The groups are stored; the
+        // worker gains nothing by it, and an honest worker does it when the learner took
+        // longer than the worker's deadline to verify and ack (a busy learner is the
+        // learner's fault): a lost stream, not a strike. Unacked groups come back after
+        // their lease expires and are deduplicated.
+        Ok(None) => {
+            return Err(PullError::Io(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the worker closed the stream before confirming the ack",
+            )))
+        }
+        Ok(Some(other)) => {
+            return Err(PullError::Protocol(format!("expected done, got {other:?}")))
+        }
         Err(e) => return Err(e),
     }
     metrics::counter!("pull_groups_stored_total").increment(out.stored as u64);

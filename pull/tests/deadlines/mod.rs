@@ -1,6 +1,7 @@
 //! Hostile timing and sizes over real loopback streams: a worker that never answers, a learner
 //! that never asks, a worker that answers with more groups than leased or with a frame past
-//! the pull's byte budget — each ends in a typed error (the peer's fault) and nothing stored.
+//! the pull's byte budget — each ends in a typed error (the peer's fault) and nothing stored;
+//! and a worker that closes the stream after the ack, which is no strike.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -192,4 +193,61 @@ async fn a_frame_past_the_pull_budget_is_refused_before_it_is_read() {
         other => panic!("expected an oversized answer, got {other:?}"),
     }
     assert!(buffer.scan(0, 10).unwrap().is_empty(), "nothing stored");
+}
+
+/// A worker that takes the ack and closes the stream without its `Done` (what an honest
+/// worker does when a busy learner acked after the worker's deadline): the groups the learner
+/// verified are stored, and the pull fails as a lost stream, not as the worker's fault.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_closing_after_the_ack_is_not_struck() {
+    let dir = tempfile::tempdir().unwrap();
+    let (worker, learner) = pair(59).await;
+    let mut g = testing::group(1, 0, 4, 8);
+    g.producer = worker.local_peer_id().to_base58();
+    let bytes = g.encode();
+    let mut incoming = worker.stream_control().accept(TRAJECTORY_PULL).unwrap();
+    let (acked_tx, acked_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let mut acked_tx = Some(acked_tx);
+        while let Some((_, mut s)) = incoming.next().await {
+            let Ok(Some(Message::Pull { .. })) = read_message(&mut s).await else {
+                continue;
+            };
+            let lease = Message::Lease {
+                lease_id: 9,
+                count: 1,
+            };
+            let _ = write_message(&mut s, &lease).await;
+            let group = Message::Group {
+                bytes: bytes.clone(),
+            };
+            let _ = write_message(&mut s, &group).await;
+            if let Ok(Some(Message::Ack { lease_id })) = read_message(&mut s).await {
+                if let Some(tx) = acked_tx.take() {
+                    let _ = tx.send(lease_id);
+                }
+            }
+            let _ = s.close().await;
+        }
+    });
+    let buffer = Arc::new(TrajectoryStore::open(&dir.path().join("learner")).unwrap());
+    let r = pull_once_open(&learner, worker.local_peer_id(), &buffer, req(1)).await;
+    match &r {
+        Err(e @ PullError::Io(io)) => {
+            assert_eq!(io.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
+            assert!(!e.is_peer_fault(), "{e}");
+            assert_eq!(e.strike_reason(), None);
+        }
+        other => panic!("expected a lost stream, got {other:?}"),
+    }
+    let acked = tokio::time::timeout(Duration::from_secs(10), acked_rx)
+        .await
+        .expect("the worker saw the ack")
+        .unwrap();
+    assert_eq!(acked, 9);
+    assert_eq!(
+        buffer.scan(0, 10).unwrap().len(),
+        1,
+        "the verified group is stored"
+    );
 }
