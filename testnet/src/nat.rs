@@ -13,7 +13,9 @@
 //!   the learner's first published snapshot until the worker reported an install, polled
 //!   every 0.5 s), `pulled` (groups produced minus still pending, from the worker's status),
 //!   `chain_position` (`[chain, position]` in the learner's plan, if any);
-//! - and, for the run, `relay_bytes` (null until a relay role reports them).
+//! - and, for the run, `relay_bytes`: what the relay host sent during the run (its interface's
+//!   transmit counter; every byte relayed through a circuit leaves the relay once, plus the
+//!   relay's own control traffic), and `relay_bytes_received`; both null without `--relay`.
 //!
 //! Owns the topology of the run and the report. Processes are started by the harness's
 //! `Fleet` (through [`crate::netlab::node_wrapper`]), namespaces by [`crate::netlab::topo`].
@@ -60,6 +62,15 @@ fn status(exe: &Path, admin: &str) -> Option<Value> {
         .success()
         .then(|| serde_json::from_slice(&out.stdout).ok())
         .flatten()
+}
+
+/// `(transmitted, received)` bytes of a public host's `eth0`, read from inside its namespace.
+fn interface_bytes(lab: &NatLab, ns: &str) -> Option<(u64, u64)> {
+    let read = |what: &str| -> Option<u64> {
+        let path = format!("/sys/class/net/eth0/statistics/{what}_bytes");
+        lab.lab.exec(ns, &["cat", &path]).ok()?.trim().parse().ok()
+    };
+    Some((read("tx")?, read("rx")?))
 }
 
 struct Worker {
@@ -140,6 +151,9 @@ pub fn run(o: &Opts, root: &Path) -> anyhow::Result<Value> {
         .context("the learner has no TCP address")?;
 
     let mut relay_dial = None;
+    let relay_bytes_at_start = relay_host
+        .as_ref()
+        .and_then(|h| interface_bytes(&lab, &h.ns));
     if let Some(h) = &relay_host {
         let dir = root.join("relay");
         let exe = crate::netlab::node_wrapper(&bins, "relay", &h.ns, &o.bin)?;
@@ -266,6 +280,11 @@ pub fn run(o: &Opts, root: &Path) -> anyhow::Result<Value> {
             "connected_workers": linked, "reachability": reach,
         }));
     }
+    let relay_bytes = relay_host
+        .as_ref()
+        .and_then(|h| interface_bytes(&lab, &h.ns))
+        .zip(relay_bytes_at_start)
+        .map(|((tx, rx), (tx0, rx0))| (tx.saturating_sub(tx0), rx.saturating_sub(rx0)));
     let stopping = Instant::now();
     let unclean = fleet.stop(harness::STOP_GRACE);
     let stop_s = stopping.elapsed().as_secs_f64();
@@ -275,7 +294,8 @@ pub fn run(o: &Opts, root: &Path) -> anyhow::Result<Value> {
         "namespaces": lab.lab.prefix(),
         "workers": rows,
         "relay": relay_dial.is_some(),
-        "relay_bytes": Value::Null,
+        "relay_bytes": relay_bytes.map(|(tx, _)| tx),
+        "relay_bytes_received": relay_bytes.map(|(_, rx)| rx),
         "learner": {"version": l["version"], "groups_pulled": l["groups_pulled"],
             "pull_errors": l["pull_errors"], "snapshots_published": l["snapshots_published"],
             "t_bcast_s": l["t_bcast_s"]},
