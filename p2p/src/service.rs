@@ -442,7 +442,10 @@ impl Service {
             Command::Dial(addr, reply) => {
                 let r = self.swarm.dial(addr.clone());
                 if let Err(DialError::Denied { cause }) = &r {
-                    self.count_denied();
+                    // A held-back dial is this node's own gate, not a refused connection.
+                    if cause.downcast_ref::<crate::backoff::HeldBack>().is_none() {
+                        self.count_denied();
+                    }
                     debug!(%addr, %cause, "dial refused ({})", denial(cause));
                 }
                 let r = r.map_err(|e| P2pError::Dial {
