@@ -107,6 +107,7 @@ pub fn run(
         bin: bin.to_path_buf(),
         heartbeat_ms: 500,
         wan: None,
+        quic: false,
     };
     let bar = crate::progress::bar(4, "ablation runs");
     let mut t = Vec::new();

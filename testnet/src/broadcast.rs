@@ -79,6 +79,8 @@ pub struct Settings {
     pub heartbeat_ms: u64,
     /// Emulated WAN conditions (nodes in network namespaces), or plain loopback.
     pub wan: Option<Wan>,
+    /// Nodes listen on QUIC only (else TCP only).
+    pub quic: bool,
 }
 
 /// WAN conditions of a broadcast run: node-to-node round trip, per-direction loss, jitter.
@@ -101,11 +103,18 @@ struct Placement {
 
 impl Placement {
     fn new(s: &Settings, n: usize, root: &Path) -> anyhow::Result<Placement> {
+        let on = |ip: &str| {
+            if s.quic {
+                format!("/ip4/{ip}/udp/0/quic-v1")
+            } else {
+                format!("/ip4/{ip}/tcp/0")
+            }
+        };
         let Some(w) = s.wan else {
             return Ok(Placement {
                 star: None,
                 exes: vec![s.bin.clone(); n + 1],
-                listen: vec!["/ip4/127.0.0.1/tcp/0".into(); n + 1],
+                listen: vec![on("127.0.0.1"); n + 1],
             });
         };
         let params =
@@ -122,7 +131,7 @@ impl Placement {
                 &h.ns,
                 &s.bin,
             )?);
-            listen.push(format!("/ip4/{}/tcp/0", h.ip));
+            listen.push(on(&h.ip.to_string()));
         }
         Ok(Placement {
             star: Some(star),
@@ -169,6 +178,7 @@ fn launch(
         c.storage.keep_snapshots = 2;
         c.broadcast.mode = mode;
         c.broadcast.worker_mbps = s.worker_mbps;
+        c.network.quic = s.quic;
         c
     };
     let mut learner = config(Role::Learner, &ldir);
@@ -185,9 +195,16 @@ fn launch(
     ];
     let l = fleet.start(&at.exes[0], "learner", &learner, &bench)?;
     let addrs = fleet.wait_addresses(l, &learner, harness::START_LIMIT)?;
-    let bootstrap = addrs
-        .dial_addr()
-        .context("the learner has no TCP address")?;
+    let bootstrap = if s.quic {
+        addrs
+            .listen
+            .iter()
+            .find(|a| a.contains("/quic-v1"))
+            .map(|a| format!("{a}/p2p/{}", addrs.peer_id))
+    } else {
+        addrs.dial_addr()
+    }
+    .context("the learner has no address of the chosen transport")?;
     for i in 0..n {
         let mut w = config(Role::Rollout, &root.join(format!("w{i}")));
         w.learner_public_key = Some(key.clone());

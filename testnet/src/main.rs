@@ -103,6 +103,10 @@ enum Scenario {
         /// Seed of the emulator's loss and jitter draws.
         #[arg(long, default_value_t = 1)]
         wan_seed: u64,
+        /// Run every node on QUIC only (`/udp/0/quic-v1`) instead of TCP, so that the chunk
+        /// streams go over QUIC.
+        #[arg(long)]
+        quic: bool,
         #[command(flatten)]
         run: RunOpts,
     },
@@ -308,6 +312,7 @@ fn main() -> anyhow::Result<()> {
             loss_pct,
             jitter_ms,
             wan_seed,
+            quic,
             run: RunOpts { bin, json, out },
         } => {
             if let Some(from) = from {
@@ -367,6 +372,7 @@ fn main() -> anyhow::Result<()> {
                 bin,
                 heartbeat_ms,
                 wan,
+                quic,
             };
             let summary = broadcast::sweep(&settings, &out, !json)?;
             if json {

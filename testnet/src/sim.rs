@@ -273,6 +273,7 @@ mod tests {
             bin: std::path::PathBuf::new(),
             heartbeat_ms: 2000,
             wan: None,
+            quic: false,
         };
         for n in [4, 8, 32, 1000] {
             for mode in [BroadcastMode::Chain, BroadcastMode::Star] {

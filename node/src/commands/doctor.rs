@@ -4,7 +4,8 @@
 //!
 //! Checks: the config (parsed and validated), the node key (present, 0600, and on a learner the
 //! key the config names), the data dir (writable, free space), the model's device (the one
-//! `model.device` selects, with its free memory), the clock, the listen and admin
+//! `model.device` selects, with its free memory), the clock, the host's TCP congestion control
+//! (snapshots cross WAN links on TCP; see [`judge_tcp_congestion`]), the listen and admin
 //! ports (bindable now), the bootstrap peers (dialled and identified from a throw-away
 //! identity, so a running node is not disturbed), and this node's reachability (AutoNAT's
 //! verdict, if any, within the wait).
@@ -79,6 +80,49 @@ pub fn judge_clock(now_unix_s: u64) -> Status {
     }
 }
 
+/// The kernel's TCP congestion control. Snapshot chunks cross every hop of a chain on one TCP
+/// connection, and loss-based algorithms collapse on long lossy paths: in the WAN lab
+/// (`docs/netlab.md`), one hop moving 16 MB at 100 ms RTT and 0.5 % loss took 3.3 s with BBR
+/// and 76–98 s with CUBIC (the Linux default on most distributions). A rate-based algorithm
+/// (BBR) is therefore advised; anything else is a warning, not a failure — on a LAN or a
+/// loss-free link it does not matter.
+pub fn judge_tcp_congestion(algorithm: &str) -> Status {
+    if algorithm.trim().starts_with("bbr") {
+        Status::Ok
+    } else {
+        Status::Warn
+    }
+}
+
+const TCP_CONGESTION_HINT: &str = "on lossy WAN links use BBR: sysctl -w net.ipv4.tcp_congestion_control=bbr (and net.core.default_qdisc=fq; persist both in /etc/sysctl.d/)";
+
+fn tcp_check() -> Check {
+    let path = "/proc/sys/net/ipv4/tcp_congestion_control";
+    match std::fs::read_to_string(path) {
+        Ok(a) => {
+            let a = a.trim().to_string();
+            let status = judge_tcp_congestion(&a);
+            let detail = if status == Status::Ok {
+                format!("TCP congestion control is {a}")
+            } else {
+                format!("TCP congestion control is {a}: on long lossy paths a snapshot moves tens of times slower than with BBR")
+            };
+            let hint = if status == Status::Ok {
+                ""
+            } else {
+                TCP_CONGESTION_HINT
+            };
+            check("tcp", status, detail, hint)
+        }
+        Err(e) => check(
+            "tcp",
+            Status::Warn,
+            format!("could not read {path}: {e}"),
+            TCP_CONGESTION_HINT,
+        ),
+    }
+}
+
 pub fn doctor(args: &DoctorArgs) -> anyhow::Result<()> {
     let checks = run_checks(args);
     let failed = checks.iter().any(|c| c.status == Status::Fail);
@@ -134,6 +178,7 @@ fn run_checks(args: &DoctorArgs) -> Vec<Check> {
     out.push(key_check(&config));
     out.push(data_dir_check(&config.data_dir));
     out.push(clock_check());
+    out.push(tcp_check());
     out.push(device_check(&config));
     out.extend(port_checks(&config));
     out.extend(network_checks(&config, Duration::from_secs(args.timeout_s)));
@@ -475,6 +520,15 @@ mod tests {
         assert_eq!(judge_clock(0), Status::Fail, "an unset clock (1970)");
         assert_eq!(judge_clock(1_800_000_000), Status::Ok);
         assert_eq!(judge_clock(5_000_000_000), Status::Fail);
+    }
+
+    #[test]
+    fn only_a_rate_based_tcp_congestion_control_passes_quietly() {
+        assert_eq!(judge_tcp_congestion("bbr\n"), Status::Ok);
+        assert_eq!(judge_tcp_congestion("bbr3"), Status::Ok);
+        assert_eq!(judge_tcp_congestion("cubic"), Status::Warn);
+        assert_eq!(judge_tcp_congestion("reno"), Status::Warn);
+        assert_eq!(judge_tcp_congestion(""), Status::Warn);
     }
 
     #[test]

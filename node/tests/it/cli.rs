@@ -393,6 +393,7 @@ fn doctor_passes_a_good_config_and_names_every_failure_with_its_fix() {
         "key",
         "data_dir",
         "clock",
+        "tcp",
         "listen",
         "admin",
         "bootstrap",
@@ -405,6 +406,16 @@ fn doctor_passes_a_good_config_and_names_every_failure_with_its_fix() {
     }
     assert!(checks.iter().all(|c| c.1 != "fail"), "{checks:?}");
     find(&checks, "key", "ok");
+    // The TCP congestion control is judged from this host's setting: BBR passes, anything
+    // else warns with the sysctl that fixes it.
+    let host =
+        std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").unwrap_or_default();
+    if host.trim().starts_with("bbr") {
+        find(&checks, "tcp", "ok");
+    } else {
+        let tcp = find(&checks, "tcp", "warn");
+        assert!(tcp.2.contains("tcp_congestion_control=bbr"), "{tcp:?}");
+    }
 
     // A world-readable key.
     let key = dir.path().join("data").join("node.key");
