@@ -56,13 +56,11 @@ fn newest_complete_snapshot(data: &Path) -> Option<u64> {
 fn a_learner_killed_between_checkpoints_gets_its_acked_groups_back() {
     let tmp = tempfile::tempdir().unwrap();
     // No checkpoint during the run: every batch trained before the kill is in the journal.
-    // A short warm start, so that most batches carry a reward signal and step (an untrained
-    // model's groups are mostly zero-advantage: no step, and the run crawls).
     // A snapshot every 3 steps, so that the kill can fall between two publications.
     let (mut learner, workers) = Node::learner_and_workers(
         tmp.path(),
         "it-journal",
-        "[learner]\nwarm_start_steps = 10\ncheckpoint_every = 1000\nstaleness = 4\nkappa = 3\n",
+        "[learner]\nwarm_start_steps = 0\ncheckpoint_every = 1000\nstaleness = 4\nkappa = 3\n",
         2,
         "[storage]\nmax_pending_groups = 8\n",
     );
