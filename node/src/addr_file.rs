@@ -34,9 +34,15 @@ impl AddrFile {
     /// The first TCP listen address with `/p2p/<peer id>` appended: what other nodes put in
     /// `network.bootstrap`.
     pub fn dial_addr(&self) -> Option<String> {
+        self.dial_addr_on("/tcp/")
+    }
+
+    /// The first listen address containing `transport` (`"/tcp/"`, `"/quic-v1"`) with
+    /// `/p2p/<peer id>` appended.
+    pub fn dial_addr_on(&self, transport: &str) -> Option<String> {
         self.listen
             .iter()
-            .find(|a| a.contains("/tcp/"))
+            .find(|a| a.contains(transport))
             .map(|a| format!("{a}/p2p/{}", self.peer_id))
     }
 }

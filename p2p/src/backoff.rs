@@ -155,6 +155,12 @@ impl fmt::Display for HeldBack {
 
 impl std::error::Error for HeldBack {}
 
+/// Whether a refused connection was this gate's doing (our own hold-back, not the peer's
+/// refusal).
+pub(crate) fn held_back(cause: &ConnectionDenied) -> bool {
+    cause.downcast_ref::<HeldBack>().is_some()
+}
+
 /// The outbound gate: a [`NetworkBehaviour`] with no protocol of its own.
 #[derive(Debug, Default)]
 pub struct Behaviour {

@@ -238,7 +238,7 @@ fn denial(cause: &libp2p::swarm::ConnectionDenied) -> &'static str {
         "connection limit reached: network.max_inbound / max_per_peer / max_pending_inbound"
     } else if cause.downcast_ref::<allow_block_list::Blocked>().is_some() {
         "peer banned for the run"
-    } else if cause.downcast_ref::<crate::backoff::HeldBack>().is_some() {
+    } else if crate::backoff::held_back(cause) {
         "redial backoff: the peer closed our last connections at once"
     } else if cause
         .downcast_ref::<allow_block_list::NotAllowed>()
@@ -443,7 +443,7 @@ impl Service {
                 let r = self.swarm.dial(addr.clone());
                 if let Err(DialError::Denied { cause }) = &r {
                     // A held-back dial is this node's own gate, not a refused connection.
-                    if cause.downcast_ref::<crate::backoff::HeldBack>().is_none() {
+                    if !crate::backoff::held_back(cause) {
                         self.count_denied();
                     }
                     debug!(%addr, %cause, "dial refused ({})", denial(cause));
@@ -588,7 +588,7 @@ impl Service {
             }
             SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
                 if let DialError::Denied { cause } = &error {
-                    if cause.downcast_ref::<crate::backoff::HeldBack>().is_some() {
+                    if crate::backoff::held_back(cause) {
                         // Our own gate, not the peer's refusal: expected, and frequent while
                         // Kademlia queries or the bootstrap redial keep asking.
                         debug!(peer = ?peer_id, %cause, "dial held back");

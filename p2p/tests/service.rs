@@ -202,8 +202,9 @@ async fn strikes_ban_a_peer_for_the_run_in_both_directions() {
         // …and b backs off instead of redialing in a loop. A refused node used to redial at
         // once, whatever asked for the dial (a Kademlia query, a stream open, a repair): in CI
         // a banned worker cost its learner about a hundred handshakes a second for minutes.
-        // Here b asks for 20 dials, 200 ms apart: the first few reach a (and are refused
-        // there), then b holds its dials back for 1 s, 2 s, … and refuses them itself.
+        // Here b asks for 20 dials, each as soon as the last one's connection is closed: the
+        // first few reach a (and are refused there), then b holds its dials back (1 s, 2 s, …)
+        // and refuses them itself.
         let refused = |st: &p2p::NetworkStatus| {
             st.counters.connections_denied + st.counters.connection_errors
         };
@@ -211,15 +212,29 @@ async fn strikes_ban_a_peer_for_the_run_in_both_directions() {
         let a_addr = a.client.listen_addrs().await.unwrap().remove(0);
         let mut held_back = 0;
         for _ in 0..20 {
-            if let Err(e) = b
+            let n = refused(&a.client.status().await.unwrap());
+            let dial = b
                 .client
                 .dial(a_addr.clone().with(p2p::multiaddr::Protocol::P2p(pa)))
-                .await
-            {
-                assert!(e.to_string().contains("closed our last connections"), "{e}");
-                held_back += 1;
+                .await;
+            match dial {
+                Err(e) => {
+                    assert!(e.to_string().contains("closed our last connections"), "{e}");
+                    held_back += 1;
+                }
+                Ok(()) => {
+                    // The dial's outcome: a refused it, and b saw the connection close.
+                    wait_for("a to refuse b's dial", || async {
+                        let st = a.client.status().await.ok()?;
+                        (refused(&st) > n).then_some(())
+                    })
+                    .await;
+                    wait_for("b to see the connection closed", || async {
+                        row(&b.client, pa).await.filter(|r| !r.connected)
+                    })
+                    .await;
+                }
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
         }
         let reached = refused(&a.client.status().await.unwrap()) - before;
         assert!(held_back >= 10, "b held back only {held_back} of 20 dials");

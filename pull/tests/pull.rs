@@ -71,6 +71,33 @@ fn req(max_groups: u64) -> PullRequest {
     }
 }
 
+/// A hand-written worker's answer to one pull stream: reads the `Pull`, then sends a lease of
+/// `lease_id` announcing `count` groups and the `frames` as group frames (any number: a
+/// hostile worker's frames need not match its lease). Returns `false` when the stream did not
+/// start with a pull or a write failed (the learner hung up).
+async fn answer_pull(
+    s: &mut p2p::Stream,
+    lease_id: u64,
+    count: u64,
+    frames: impl IntoIterator<Item = Vec<u8>>,
+) -> bool {
+    let Ok(Some(Message::Pull { .. })) = read_message(s).await else {
+        return false;
+    };
+    if write_message(s, &Message::Lease { lease_id, count })
+        .await
+        .is_err()
+    {
+        return false;
+    }
+    for bytes in frames {
+        if write_message(s, &Message::Group { bytes }).await.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
 /// A worker service with a store, and a learner (and a stranger) connected to it.
 struct Net {
     worker: Client,

@@ -195,16 +195,9 @@ fn launch(
     ];
     let l = fleet.start(&at.exes[0], "learner", &learner, &bench)?;
     let addrs = fleet.wait_addresses(l, &learner, harness::START_LIMIT)?;
-    let bootstrap = if s.quic {
-        addrs
-            .listen
-            .iter()
-            .find(|a| a.contains("/quic-v1"))
-            .map(|a| format!("{a}/p2p/{}", addrs.peer_id))
-    } else {
-        addrs.dial_addr()
-    }
-    .context("the learner has no address of the chosen transport")?;
+    let bootstrap = addrs
+        .dial_addr_on(if s.quic { "/quic-v1" } else { "/tcp/" })
+        .context("the learner has no address of the chosen transport")?;
     for i in 0..n {
         let mut w = config(Role::Rollout, &root.join(format!("w{i}")));
         w.learner_public_key = Some(key.clone());

@@ -98,26 +98,19 @@ const TCP_CONGESTION_HINT: &str = "on lossy WAN links use BBR: sysctl -w net.ipv
 
 fn tcp_check() -> Check {
     let path = "/proc/sys/net/ipv4/tcp_congestion_control";
-    match std::fs::read_to_string(path) {
-        Ok(a) => {
-            let a = a.trim().to_string();
-            let status = judge_tcp_congestion(&a);
-            let detail = if status == Status::Ok {
-                format!("TCP congestion control is {a}")
-            } else {
-                format!("TCP congestion control is {a}: on long lossy paths a snapshot moves tens of times slower than with BBR")
-            };
-            let hint = if status == Status::Ok {
-                ""
-            } else {
-                TCP_CONGESTION_HINT
-            };
-            check("tcp", status, detail, hint)
+    let a = match std::fs::read_to_string(path) {
+        Ok(a) => a.trim().to_string(),
+        Err(e) => {
+            let detail = format!("could not read {path}: {e}");
+            return check("tcp", Status::Warn, detail, TCP_CONGESTION_HINT);
         }
-        Err(e) => check(
+    };
+    match judge_tcp_congestion(&a) {
+        Status::Ok => check("tcp", Status::Ok, format!("TCP congestion control is {a}"), ""),
+        status => check(
             "tcp",
-            Status::Warn,
-            format!("could not read {path}: {e}"),
+            status,
+            format!("TCP congestion control is {a}: on long lossy paths a snapshot moves tens of times slower than with BBR"),
             TCP_CONGESTION_HINT,
         ),
     }

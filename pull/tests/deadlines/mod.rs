@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures::{AsyncWriteExt, StreamExt};
 use p2p::{Client, StrikeReason};
-use pull::wire::{read_message, write_message, Message};
+use pull::wire::{read_message, Message};
 use pull::{
     pull_verified_with, serve_with, NoVerification, PullError, PullOptions, PullOutcome,
     PullRequest, ServeOptions, TRAJECTORY_PULL,
@@ -16,7 +16,7 @@ use pull::{
 use storage::record::testing;
 use storage::TrajectoryStore;
 
-use super::{pair, req, wait_for, LIMITS};
+use super::{answer_pull, pair, req, wait_for, LIMITS};
 
 const FAST: PullOptions = PullOptions {
     read_timeout: Duration::from_millis(500),
@@ -167,18 +167,7 @@ async fn a_frame_past_the_pull_budget_is_refused_before_it_is_read() {
     tokio::spawn(async move {
         while let Some((_, mut s)) = incoming.next().await {
             tokio::spawn(async move {
-                let Ok(Some(Message::Pull { .. })) = read_message(&mut s).await else {
-                    return;
-                };
-                let lease = Message::Lease {
-                    lease_id: 1,
-                    count: 1,
-                };
-                let _ = write_message(&mut s, &lease).await;
-                let big = Message::Group {
-                    bytes: vec![7; 1 << 20],
-                };
-                let _ = write_message(&mut s, &big).await;
+                answer_pull(&mut s, 1, 1, [vec![7; 1 << 20]]).await;
                 let _ = s.close().await;
             });
         }
@@ -210,18 +199,9 @@ async fn a_worker_closing_after_the_ack_is_not_struck() {
     tokio::spawn(async move {
         let mut acked_tx = Some(acked_tx);
         while let Some((_, mut s)) = incoming.next().await {
-            let Ok(Some(Message::Pull { .. })) = read_message(&mut s).await else {
+            if !answer_pull(&mut s, 9, 1, [bytes.clone()]).await {
                 continue;
-            };
-            let lease = Message::Lease {
-                lease_id: 9,
-                count: 1,
-            };
-            let _ = write_message(&mut s, &lease).await;
-            let group = Message::Group {
-                bytes: bytes.clone(),
-            };
-            let _ = write_message(&mut s, &group).await;
+            }
             if let Ok(Some(Message::Ack { lease_id })) = read_message(&mut s).await {
                 if let Some(tx) = acked_tx.take() {
                     let _ = tx.send(lease_id);

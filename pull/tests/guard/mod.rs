@@ -7,12 +7,11 @@ use std::time::Duration;
 
 use futures::{AsyncWriteExt, StreamExt};
 use p2p::Client;
-use pull::wire::{read_message, write_message, Message};
 use pull::{pull, serve, PullError, PullOutcome, PullRequest, TRAJECTORY_PULL};
 use storage::record::testing;
 use storage::TrajectoryStore;
 
-use super::{pair, req, wait_for};
+use super::{answer_pull, pair, req, wait_for};
 
 async fn pull_retrying(
     learner: &Client,
@@ -101,22 +100,12 @@ async fn a_lease_larger_than_asked_is_refused_before_reading_a_group() {
         while let Some((_, mut s)) = incoming.next().await {
             let me = me.clone();
             tokio::spawn(async move {
-                let Ok(Some(Message::Pull { .. })) = read_message(&mut s).await else {
-                    return;
-                };
-                let lease = Message::Lease {
-                    lease_id: 7,
-                    count: 10,
-                };
-                let _ = write_message(&mut s, &lease).await;
-                for seed in 0..10 {
+                let groups = (0..10).map(|seed| {
                     let mut g = testing::group(1, seed, 4, 8);
                     g.producer = me.clone();
-                    let msg = Message::Group { bytes: g.encode() };
-                    if write_message(&mut s, &msg).await.is_err() {
-                        break;
-                    }
-                }
+                    g.encode()
+                });
+                answer_pull(&mut s, 7, 10, groups).await;
                 let _ = s.close().await;
             });
         }
