@@ -26,7 +26,7 @@ pub mod wire;
 
 pub use engine::{
     BroadcastCounters, BroadcastMode, DisseminationConfig, DisseminationEvent, Disseminator, Fault,
-    PublishReport, DEFAULT_READ_TIMEOUT, MIN_RATE_BYTES_PER_S,
+    PublishReport, DEFAULT_READ_TIMEOUT, DEFAULT_SESSION_IDLE_TIMEOUT, MIN_RATE_BYTES_PER_S,
 };
 pub use error::{DisseminationError, Result};
 pub use order_msg::{ActivationOrder, SignedOrder};

@@ -8,7 +8,7 @@
 //! pure encode/decode functions for every message body. Must not touch: framing itself
 //! (`p2p::framing`), verification policy, the store, scores.
 //!
-//! Chunk stream, parent → child (one stream per snapshot version and child), version 3:
+//! Chunk stream, parent → child, version 4 — a session of transfers, one per snapshot version:
 //! ```text
 //! parent: frame(StreamHello) ≤ 64 KiB      varint version | digest[32] | bytes(signed manifest;
 //!                                          empty = too large to inline) | bytes(signed plan;
@@ -18,6 +18,9 @@
 //! parent: { frame(varint index) frame(chunk bytes) }*  then  frame()  — an empty frame ends it
 //! child:  frame(u8 status)                 0 = every chunk verified; 1 = not
 //! ```
+//! After status 0 the next transfer may follow on the same stream (a new hello); the child
+//! closes the stream after a refusal or status 1, or when no hello comes for its session
+//! idle timeout, and the parent closes it when it keeps it no longer.
 //! `digest` is the BLAKE3 of the signed manifest's encoding. The hello is small so that the
 //! child verifies the learner's signature before it reads anything large: a manifest that does
 //! not fit is not sent by the parent at all — the child uses the one it already accepted with
@@ -40,11 +43,12 @@ use storage::Hash;
 use crate::error::{DisseminationError, Result};
 use crate::plan_msg::MAX_PLAN_BYTES;
 
-/// Parent → child push of snapshot chunks as they arrive. Version 3: a small hello (≤
-/// [`MAX_HELLO_BYTES`]) verified before any large frame, and the child's final status
-/// (version 2 sent the whole manifest, up to 32 MiB, in the hello; version 1 had a magic,
-/// big-endian u32 lengths and indices).
-pub const CHUNK_STREAM: StreamProtocol = StreamProtocol::new("/echo-swarm/chunk-stream/3.0.0");
+/// Parent → child push of snapshot chunks as they arrive. Version 4: after a confirmed
+/// transfer the stream stays open for the next version's hello, so that its flow-control
+/// window carries over (version 3 had one transfer per stream and the same messages; version 2
+/// sent the whole manifest, up to 32 MiB, in the hello; version 1 had a magic, big-endian u32
+/// lengths and indices).
+pub const CHUNK_STREAM: StreamProtocol = StreamProtocol::new("/echo-swarm/chunk-stream/4.0.0");
 /// Fetch chunks by BLAKE3 hash from any holder (and the catch-up manifest request). Version 2:
 /// `p2p::framing` frames and `storage::codec` bodies.
 pub const CHUNK_FETCH: StreamProtocol = StreamProtocol::new("/echo-swarm/chunk-fetch/2.0.0");

@@ -1,6 +1,7 @@
 //! In-process swarms on 127.0.0.1 (temp dirs, bounded waits): chain dissemination of a 16 MB
 //! random payload to 7 workers, delta republication, a corrupting forwarder, forged and replayed
-//! manifests / plans, and a forwarder killed mid-snapshot.
+//! manifests / plans, a forwarder killed mid-snapshot; churn, hostile streams and push sessions
+//! in the submodules.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,6 +16,7 @@ use storage::{hash_bytes, ChunkStore, NodeKey, SnapshotManifest};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 mod churn;
+mod sessions;
 mod streams;
 
 const SWARM: &str = "diss-test";

@@ -219,10 +219,12 @@ impl Disseminator {
         }
     }
 
-    /// Learner: a peer went away. If it forwards in the current plan, excise it (its tail
-    /// moves up to its nearest surviving ancestor, `ChainPlan::excise`), re-sign with the next
-    /// sequence number, gossip, and push to any new first hop.
+    /// A peer went away: any node closes the chunk stream it kept open to it. Learner: if it
+    /// forwards in the current plan, excise it (its tail moves up to its nearest surviving
+    /// ancestor, `ChainPlan::excise`), re-sign with the next sequence number, gossip, and push
+    /// to any new first hop.
     pub async fn on_peer_disconnected(&self, peer: PeerId) {
+        self.forget_session(peer);
         let Ok(key) = self.signing_key() else {
             return;
         };

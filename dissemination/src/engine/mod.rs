@@ -10,7 +10,8 @@
 //! layouts (`crate::wire`, `p2p::framing`).
 //!
 //! By job: [`gossip`] — accepting manifests, plans and orders, plan repair on departures;
-//! [`push`] — publication and the chunk stream (both ends); [`fetch`] — the chunk-fetch
+//! [`push`] — publication and the chunk stream (both ends), [`session`] — the chunk streams a
+//! parent keeps open between versions; [`fetch`] — the chunk-fetch
 //! protocol (both ends), catch-up and repair rounds; [`install`] — verifying and holding each
 //! received chunk, driving a version to installation.
 //!
@@ -36,6 +37,7 @@ mod fetch;
 mod gossip;
 mod install;
 mod push;
+mod session;
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -59,6 +61,8 @@ use crate::error::{DisseminationError, Result};
 use crate::plan_msg::SignedPlan;
 use crate::transfer::Transfer;
 use crate::wire::{CHUNK_FETCH, CHUNK_STREAM};
+
+pub use session::DEFAULT_SESSION_IDLE_TIMEOUT;
 
 /// How the learner sends a snapshot: the node's `broadcast.mode` (`"chain"` or `"star"`) and
 /// the testnet's `--mode`.
@@ -127,6 +131,10 @@ pub struct DisseminationConfig {
     pub stall_timeout: Duration,
     /// A push that waits this long for its next chunk (its own parent stalled) gives up.
     pub push_idle_timeout: Duration,
+    /// A child waits this long for the next version's hello on a chunk stream its parent kept
+    /// open; a parent reuses a kept stream only while it has been idle for less than 4/5 of
+    /// this (`session`).
+    pub session_idle_timeout: Duration,
     /// Deadline for each frame read or written on a chunk stream or fetch (plus time for a
     /// large frame at [`MIN_RATE_BYTES_PER_S`]); also for opening a stream.
     pub read_timeout: Duration,
@@ -150,6 +158,7 @@ impl DisseminationConfig {
             downlink_mbps: 0.0,
             stall_timeout: Duration::from_secs(5),
             push_idle_timeout: Duration::from_secs(60),
+            session_idle_timeout: session::DEFAULT_SESSION_IDLE_TIMEOUT,
             read_timeout: DEFAULT_READ_TIMEOUT,
             replay_path: None,
             fault: None,
@@ -220,6 +229,8 @@ struct AtomicCounters {
     chunks_stored: AtomicU64,
     chunks_rejected: AtomicU64,
     installs: AtomicU64,
+    sessions_reused: AtomicU64,
+    sessions_stale: AtomicU64,
 }
 
 /// The broadcast counters of one node since start (`Disseminator::counters`).
@@ -236,6 +247,11 @@ pub struct BroadcastCounters {
     pub chunks_stored: u64,
     pub chunks_rejected: u64,
     pub installs: u64,
+    /// Pushes sent on a chunk stream kept open from an earlier version (`session`).
+    pub sessions_reused: u64,
+    /// Kept chunk streams found closed by the child at the next hello (the push then opened a
+    /// fresh stream).
+    pub sessions_stale: u64,
 }
 
 /// What [`Disseminator::publish`] did.
@@ -262,6 +278,8 @@ struct State {
     /// Its presence means an acquirer was started for that version.
     transfers: HashMap<u64, Transfer>,
     pushing: HashSet<(u64, PeerId)>,
+    /// Chunk streams kept open to children between versions.
+    sessions: session::Sessions<PeerId, libp2p::Stream>,
     /// Payloads being put together, per version being acquired (taken by the install).
     assemblies: HashMap<u64, SharedAssembly>,
     tasks: Vec<JoinHandle<()>>,
@@ -529,6 +547,8 @@ impl Disseminator {
             chunks_stored: c.chunks_stored.load(Ordering::Relaxed),
             chunks_rejected: c.chunks_rejected.load(Ordering::Relaxed),
             installs: c.installs.load(Ordering::Relaxed),
+            sessions_reused: c.sessions_reused.load(Ordering::Relaxed),
+            sessions_stale: c.sessions_stale.load(Ordering::Relaxed),
         }
     }
 

@@ -41,6 +41,13 @@ enum PushEnd {
     Stalled,
 }
 
+/// How far a push got: chunk bytes sent, and whether the child answered the hello.
+#[derive(Debug, Default)]
+struct Progress {
+    sent: u64,
+    replied: bool,
+}
+
 /// A framing error on a chunk frame: `InvalidData` (a length above the manifest's chunk
 /// length, a malformed varint) means the sender broke the protocol — charged like a wrong
 /// index; anything else is the stream failing.
@@ -205,7 +212,9 @@ impl Disseminator {
     /// Parent side of a chunk stream to `child`: the hello, the child's bitmap, then every
     /// chunk it lacks as soon as this node holds it, then the empty header frame and the
     /// child's status. The transfer is recorded in the child's score: bytes and time when the
-    /// child confirms every chunk, a failure when it broke off or reports one.
+    /// child confirms every chunk, a failure when it broke off or reports one. The stream is
+    /// the one kept open to `child` since its previous confirmed push when there is one
+    /// (`session`), and is kept for its next push when this one is confirmed.
     pub(super) async fn push(&self, version: u64, child: PeerId) -> Result<()> {
         let (manifest, plan) = {
             let st = self.lock();
@@ -216,8 +225,74 @@ impl Disseminator {
         };
         let plan = plan.filter(|p| p.plan.version == version);
         let limit = self.inner.cfg.read_timeout;
-        let mut s = tokio::time::timeout(
-            limit,
+        let mut kept = self.take_session(child);
+        loop {
+            let reused = kept.is_some();
+            let mut s = match kept.take() {
+                Some(s) => s,
+                None => self.open_chunk_stream(child).await?,
+            };
+            let started = Instant::now();
+            let mut progress = Progress::default();
+            let end = self
+                .push_on(&mut s, &manifest, plan.as_ref(), child, &mut progress)
+                .await;
+            // A kept stream that fails before the child's reply was closed at the child's end
+            // while idle (its wait ran out, it restarted): not a failed transfer — once more
+            // on a new stream.
+            if reused && !progress.replied && end.is_err() {
+                debug!(%child, version, error = ?end.err(), "kept chunk stream was closed; opening a new one");
+                self.count(
+                    |c| &c.sessions_stale,
+                    1,
+                    "dissemination_push_sessions_stale_total",
+                );
+                continue;
+            }
+            if reused {
+                self.count(
+                    |c| &c.sessions_reused,
+                    1,
+                    "dissemination_push_sessions_reused_total",
+                );
+            }
+            match &end {
+                Ok(PushEnd::Confirmed) => {
+                    self.credit(child, progress.sent, started.elapsed()).await
+                }
+                Ok(PushEnd::Refused | PushEnd::Stalled) => {}
+                // The child reported a failure, dropped the stream, broke the protocol or went
+                // silent: a failed transfer in its score. Local errors (the store) are not its.
+                Ok(PushEnd::ChildFailed)
+                | Err(
+                    DisseminationError::Io { .. }
+                    | DisseminationError::Timeout(_)
+                    | DisseminationError::Protocol { .. }
+                    | DisseminationError::Decode { .. },
+                ) => self.charge(child).await,
+                Err(_) => {}
+            }
+            if matches!(end, Ok(PushEnd::Confirmed)) {
+                self.keep_session(child, s);
+            } else {
+                let _ = tokio::time::timeout(limit, s.close()).await;
+            }
+            return match end? {
+                PushEnd::Stalled => Err(DisseminationError::Timeout(format!(
+                    "no new chunk of v{version} to forward to {child}"
+                ))),
+                PushEnd::ChildFailed => Err(DisseminationError::Protocol {
+                    peer: child,
+                    reason: format!("reported a failed transfer of v{version}"),
+                }),
+                PushEnd::Confirmed | PushEnd::Refused => Ok(()),
+            };
+        }
+    }
+
+    async fn open_chunk_stream(&self, child: PeerId) -> Result<libp2p::Stream> {
+        tokio::time::timeout(
+            self.inner.cfg.read_timeout,
             self.inner
                 .client
                 .stream_control()
@@ -225,47 +300,18 @@ impl Disseminator {
         )
         .await
         .map_err(|_| DisseminationError::Timeout(format!("opening a chunk stream to {child}")))?
-        .map_err(|e| open_err(child, "chunk-stream", e))?;
-        let started = Instant::now();
-        let mut sent = 0u64;
-        let end = self
-            .push_on(&mut s, &manifest, plan, child, &mut sent)
-            .await;
-        match &end {
-            Ok(PushEnd::Confirmed) => self.credit(child, sent, started.elapsed()).await,
-            Ok(PushEnd::Refused | PushEnd::Stalled) => {}
-            // The child reported a failure, dropped the stream, broke the protocol or went
-            // silent: a failed transfer in its score. Local errors (the store) are not its.
-            Ok(PushEnd::ChildFailed)
-            | Err(
-                DisseminationError::Io { .. }
-                | DisseminationError::Timeout(_)
-                | DisseminationError::Protocol { .. }
-                | DisseminationError::Decode { .. },
-            ) => self.charge(child).await,
-            Err(_) => {}
-        }
-        let _ = tokio::time::timeout(limit, s.close()).await;
-        match end? {
-            PushEnd::Stalled => Err(DisseminationError::Timeout(format!(
-                "no new chunk of v{version} to forward to {child}"
-            ))),
-            PushEnd::ChildFailed => Err(DisseminationError::Protocol {
-                peer: child,
-                reason: format!("reported a failed transfer of v{version}"),
-            }),
-            _ => Ok(()),
-        }
+        .map_err(|e| open_err(child, "chunk-stream", e))
     }
 
-    /// The parent's side of one chunk stream; counts the chunk bytes sent into `sent`.
+    /// The parent's side of one transfer on a chunk stream; records how far it got in
+    /// `progress`.
     async fn push_on<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         s: &mut S,
         manifest: &SignedManifest,
-        plan: Option<SignedPlan>,
+        plan: Option<&SignedPlan>,
         child: PeerId,
-        sent: &mut u64,
+        progress: &mut Progress,
     ) -> Result<PushEnd> {
         let version = manifest.manifest.version;
         let limit = self.inner.cfg.read_timeout;
@@ -296,6 +342,7 @@ impl Disseminator {
                 .map_err(|e| chunk_frame_err(child, e))
         })
         .await?;
+        progress.replied = true;
         let held = match Reply::decode(&reply, n)? {
             Reply::Refuse => {
                 debug!(%child, version, "child refused the stream (holds a newer version?)");
@@ -321,7 +368,7 @@ impl Disseminator {
                     write_frame(s, &bytes).await.map_err(io)
                 })
                 .await?;
-                *sent += bytes.len() as u64;
+                progress.sent += bytes.len() as u64;
                 self.count(
                     |c| &c.pushed_bytes,
                     bytes.len() as u64,
@@ -362,24 +409,62 @@ impl Disseminator {
         })
     }
 
-    /// Child side of a chunk stream: a small hello first — its manifest verified (inline, held
-    /// already, or asked of the learner) before any large frame is read — then the bitmap of
-    /// chunks already held, then each chunk verified and held as it arrives (one is verified
-    /// while the next is read) until the empty header frame, then the status.
+    /// Child side of a chunk stream: one transfer after another — the parent keeps the stream
+    /// open between versions (`session`) — until the parent closes it, no hello comes for
+    /// `session_idle_timeout`, or a transfer ends it (refused, a corrupt chunk). The first
+    /// hello is due within the frame deadline like any frame; a later one may take the idle
+    /// wait, and a session that ends while idle is no failure of the parent's.
     pub(super) async fn receive_push<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         peer: PeerId,
         mut s: S,
     ) -> Result<()> {
+        let limit = self.inner.cfg.read_timeout;
+        let mut first = true;
+        loop {
+            let wait = if first {
+                limit
+            } else {
+                self.inner.cfg.session_idle_timeout
+            };
+            let hello = within(wait, "the stream hello", peer, async {
+                read_frame(&mut s, MAX_HELLO_BYTES, "stream hello")
+                    .await
+                    .map_err(|e| chunk_frame_err(peer, e))
+            })
+            .await;
+            let hello = match hello {
+                Ok(h) => h,
+                Err(DisseminationError::Io { .. } | DisseminationError::Timeout(_)) if !first => {
+                    debug!(%peer, "chunk stream session ended");
+                    let _ = tokio::time::timeout(limit, s.close()).await;
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            };
+            first = false;
+            let go_on = self.receive_transfer(peer, &mut s, &hello).await?;
+            self.inner.kick.send_modify(|k| *k += 1);
+            if !go_on {
+                return Ok(());
+            }
+        }
+    }
+
+    /// One transfer on a chunk stream, from its hello on: the hello's manifest verified
+    /// (inline, held already, or asked of the learner) before any large frame is read, then
+    /// the bitmap of chunks already held, then each chunk verified and held as it arrives (one
+    /// is verified while the next is read) until the empty header frame, then the status.
+    /// Returns whether the stream stays open for the next version's hello.
+    async fn receive_transfer<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        peer: PeerId,
+        s: &mut S,
+        hello: &[u8],
+    ) -> Result<bool> {
         let io = |e| DisseminationError::Io { peer, source: e };
         let limit = self.inner.cfg.read_timeout;
-        let hello = within(limit, "the stream hello", peer, async {
-            read_frame(&mut s, MAX_HELLO_BYTES, "stream hello")
-                .await
-                .map_err(|e| chunk_frame_err(peer, e))
-        })
-        .await?;
-        let hello = StreamHello::decode(&hello).map_err(|e| DisseminationError::Protocol {
+        let hello = StreamHello::decode(hello).map_err(|e| DisseminationError::Protocol {
             peer,
             reason: e.to_string(),
         })?;
@@ -387,13 +472,11 @@ impl Disseminator {
             Some(m) => m,
             None => {
                 within(limit, "refusing the stream", peer, async {
-                    write_frame(&mut s, &Reply::Refuse.encode())
-                        .await
-                        .map_err(io)
+                    write_frame(s, &Reply::Refuse.encode()).await.map_err(io)
                 })
                 .await?;
                 let _ = tokio::time::timeout(limit, s.close()).await;
-                return Ok(());
+                return Ok(false);
             }
         };
         if !hello.plan.is_empty() {
@@ -412,7 +495,7 @@ impl Disseminator {
             held: wire::bitmap(n, |i| held[i]),
         };
         within(limit, "sending the reply", peer, async {
-            write_frame(&mut s, &reply.encode()).await.map_err(io)?;
+            write_frame(s, &reply.encode()).await.map_err(io)?;
             s.flush().await.map_err(io)
         })
         .await?;
@@ -436,7 +519,7 @@ impl Disseminator {
         let header_wait = self.inner.cfg.push_idle_timeout + limit;
         let corrupt = loop {
             let header = within(header_wait, "the next chunk header", peer, async {
-                read_frame(&mut s, MAX_INDEX_BYTES, "chunk header")
+                read_frame(s, MAX_INDEX_BYTES, "chunk header")
                     .await
                     .map_err(|e| chunk_frame_err(peer, e))
             })
@@ -461,7 +544,7 @@ impl Disseminator {
             // Refused before allocating when longer than the manifest's chunk length.
             let expected = m.chunk_len(index);
             let buf = within(frame_deadline(limit, expected), "a chunk", peer, async {
-                read_frame(&mut s, expected as usize, "chunk")
+                read_frame(s, expected as usize, "chunk")
                     .await
                     .map_err(|e| chunk_frame_err(peer, e))
             })
@@ -493,17 +576,23 @@ impl Disseminator {
                 }
                 None => false,
             };
-        // Tell the parent (best effort: it may be gone) and drop the stream.
+        // Tell the parent (best effort: it may be gone); after a corrupt chunk the stream is
+        // dropped, otherwise it stays open for the next version.
         let status = if corrupt { STATUS_FAILED } else { STATUS_OK };
-        let _ = within(limit, "sending the status", peer, async {
-            write_frame(&mut s, &[status]).await.map_err(io)?;
-            s.close().await.map_err(io)
+        let told = within(limit, "sending the status", peer, async {
+            write_frame(s, &[status]).await.map_err(io)?;
+            if corrupt {
+                s.close().await.map_err(io)
+            } else {
+                s.flush().await.map_err(io)
+            }
         })
-        .await;
+        .await
+        .is_ok();
         if !corrupt {
             self.credit(peer, bytes_in, started.elapsed()).await;
         }
-        Ok(())
+        Ok(told && !corrupt)
     }
 
     /// The manifest a hello names, verified: the inline one (checked like gossip), the one
