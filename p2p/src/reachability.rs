@@ -290,11 +290,13 @@ impl NatTracker {
                 result,
             }) => match result {
                 Ok(_) => {
+                    tracing::info!(peer = %remote_peer_id, "hole punch: relayed connection upgraded to a direct one");
                     self.holepunch_successes += 1;
                     self.conns.entry(*remote_peer_id).or_default().holepunched = true;
                     metrics::counter!("p2p_holepunch_total", "result" => "ok").increment(1);
                 }
-                Err(_) => {
+                Err(e) => {
+                    tracing::info!(peer = %remote_peer_id, error = %e, "hole punch failed");
                     self.holepunch_failures += 1;
                     metrics::counter!("p2p_holepunch_total", "result" => "failed").increment(1);
                 }

@@ -130,27 +130,31 @@ impl NatLab {
             masq.push("--random-fully");
         }
         lab.exec(&ns, &[&["iptables"], masq.as_slice()].concat())?;
-        // Only replies come in: what arrives on the public side unsolicited is dropped.
-        lab.exec(
-            &ns,
-            &[
-                "iptables",
-                "-A",
-                "FORWARD",
-                "-i",
-                "wan",
-                "-m",
-                "conntrack",
-                "--ctstate",
-                "ESTABLISHED,RELATED",
-                "-j",
-                "ACCEPT",
-            ],
-        )?;
-        lab.exec(
-            &ns,
-            &["iptables", "-A", "FORWARD", "-i", "wan", "-j", "DROP"],
-        )?;
+        // Only replies come in: what arrives on the public side unsolicited is dropped,
+        // silently — for the hosts behind (FORWARD) and for the router itself (INPUT), as
+        // consumer routers and cloud NAT gateways do. Without the INPUT rule the router's own
+        // kernel answered a SYN for a port it has no mapping for with a reset, which kills a
+        // TCP hole punch whenever one side's SYN arrives before the other side's SYN has made
+        // the mapping (`docs/netlab.md`, "Hole punching").
+        for chain in ["FORWARD", "INPUT"] {
+            lab.exec(
+                &ns,
+                &[
+                    "iptables",
+                    "-A",
+                    chain,
+                    "-i",
+                    "wan",
+                    "-m",
+                    "conntrack",
+                    "--ctstate",
+                    "ESTABLISHED,RELATED",
+                    "-j",
+                    "ACCEPT",
+                ],
+            )?;
+            lab.exec(&ns, &["iptables", "-A", chain, "-i", "wan", "-j", "DROP"])?;
+        }
         self.routers.push((ns, kind, 0));
         Ok(k)
     }
@@ -296,7 +300,7 @@ pub fn tbf(lab: &Lab, ns: &str, dev: &str, mbit: f64) -> Result<(), LabError> {
 mod tests {
     use super::super::sys::in_netns;
     use super::*;
-    use std::net::{SocketAddr, UdpSocket};
+    use std::net::{SocketAddr, TcpStream, UdpSocket};
     use std::time::{Duration, Instant};
 
     /// Skips (with the reason on stderr) where the lab cannot run.
@@ -368,6 +372,19 @@ mod tests {
                 assert_eq!(s.recv_from(&mut buf).unwrap().1, sa.local_addr().unwrap());
                 // ...but the private range is unreachable from the public side.
                 assert!(sa.send_to(b"x", s.local_addr().unwrap()).is_err());
+                // An unsolicited TCP connection to the router's public address is dropped,
+                // not reset: a reset would kill a TCP hole punch whose SYN arrives before the
+                // other side's SYN has made the mapping.
+                let router = SocketAddr::new(NatLab::router_public_ip(k).into(), 9);
+                let refused = in_netns(&a.ns, move || {
+                    Ok(
+                        TcpStream::connect_timeout(&router, Duration::from_millis(500))
+                            .map(|_| ())
+                            .map_err(|e| e.kind()),
+                    )
+                })
+                .unwrap();
+                assert_eq!(refused, Err(std::io::ErrorKind::TimedOut), "{kind:?}");
             }
             assert!(super::super::ns::list_lab_namespaces()
                 .unwrap()
