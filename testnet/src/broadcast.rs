@@ -91,6 +91,9 @@ pub struct Wan {
     pub jitter_ms: f64,
     /// Seed of the emulator's loss and jitter draws.
     pub seed: u64,
+    /// The bandwidth caps are the emulated links' (each node's link serialises at its cap in
+    /// both directions) rather than the workers' own token buckets.
+    pub link_caps: bool,
 }
 
 /// Where the nodes of one setting run: the `echo-node` command for node `i` (0 = learner) and
@@ -117,8 +120,8 @@ impl Placement {
                 listen: vec![on("127.0.0.1"); n + 1],
             });
         };
-        let params =
-            crate::netlab::emu::LinkParams::per_star_link(w.rtt_ms, w.loss_pct, w.jitter_ms);
+        let path = crate::netlab::emu::LinkParams::per_star_link(w.rtt_ms, w.loss_pct, w.jitter_ms);
+        let params = |i| host_link(path, w.link_caps, s, i);
         let star = crate::netlab::topo::WanStar::new("bc", n + 1, params, w.seed, None)?;
         let bins = root.join("ns-bin");
         std::fs::create_dir_all(&bins)?;
@@ -138,6 +141,26 @@ impl Placement {
             exes,
             listen,
         })
+    }
+}
+
+/// The emulated link of host `i` (0 = the learner): the WAN path's delay, jitter and loss,
+/// and with `link_caps` a serialisation rate of the host's cap (B0 for the learner, B̂w for a
+/// worker).
+fn host_link(
+    path: crate::netlab::emu::LinkParams,
+    link_caps: bool,
+    s: &Settings,
+    i: usize,
+) -> crate::netlab::emu::LinkParams {
+    let mbps = if i == 0 {
+        s.learner_mbps
+    } else {
+        s.worker_mbps
+    };
+    crate::netlab::emu::LinkParams {
+        rate_bps: link_caps.then_some(mbps * 1e6),
+        ..path
     }
 }
 
@@ -202,8 +225,14 @@ fn launch(
         let mut w = config(Role::Rollout, &root.join(format!("w{i}")));
         w.learner_public_key = Some(key.clone());
         w.network.bootstrap = vec![bootstrap.clone()];
-        w.network.uplink_mbps = s.worker_mbps;
-        w.network.downlink_mbps = s.worker_mbps;
+        // With link caps the worker's own buckets are off: its link is the cap.
+        let own_cap = if s.wan.is_some_and(|w| w.link_caps) {
+            0.0
+        } else {
+            s.worker_mbps
+        };
+        w.network.uplink_mbps = own_cap;
+        w.network.downlink_mbps = own_cap;
         w.network.listen = vec![at.listen[i + 1].clone()];
         fleet.start(
             &at.exes[i + 1],
@@ -261,7 +290,8 @@ pub fn run_one(s: &Settings, mode: BroadcastMode, n: usize, root: &Path) -> anyh
         "bound_s": bound, "ratio_to_bound": t.map(|t| t / bound),
         "installed": n, "n_chains": n_chains, "longest_chain": chain_len,
         "rtt_ms": s.wan.map(|w| w.rtt_ms), "loss_pct": s.wan.map(|w| w.loss_pct),
-        "jitter_ms": s.wan.map(|w| w.jitter_ms), "emulator_packets": packets,
+        "jitter_ms": s.wan.map(|w| w.jitter_ms), "link_caps": s.wan.map(|w| w.link_caps),
+        "emulator_packets": packets,
         "rounds": rounds,
     }))
 }
@@ -298,7 +328,7 @@ pub fn sweep(s: &Settings, out: &Path, verbose: bool) -> anyhow::Result<Value> {
     let settings = json!({"size_mb": s.size_mb, "chunk_kb": s.chunk_kb, "worker_mbps": s.worker_mbps,
         "learner_mbps": s.learner_mbps, "rounds": s.rounds, "heartbeat_ms": s.heartbeat_ms,
         "rtt_ms": s.wan.map(|w| w.rtt_ms), "loss_pct": s.wan.map(|w| w.loss_pct),
-        "jitter_ms": s.wan.map(|w| w.jitter_ms)});
+        "jitter_ms": s.wan.map(|w| w.jitter_ms), "link_caps": s.wan.map(|w| w.link_caps)});
     let full = json!({"scenario": "broadcast", "settings": settings, "results": rows});
     let json_path = out.join("broadcast.json");
     std::fs::write(&json_path, serde_json::to_vec_pretty(&full)?)?;
@@ -404,6 +434,33 @@ mod tests {
         assert!(
             (bound_s(BroadcastMode::Chain, 64.0, 1024, 100.0, 300.0, 4, 2) - 5.20388608).abs()
                 < 1e-9
+        );
+    }
+
+    #[test]
+    fn link_caps_put_b0_on_the_learners_link_and_bw_on_each_workers() {
+        let s = Settings {
+            nodes: vec![2],
+            size_mb: 16.0,
+            chunk_kb: 1024,
+            worker_mbps: 100.0,
+            learner_mbps: 300.0,
+            modes: vec![BroadcastMode::Chain],
+            rounds: 1,
+            bin: PathBuf::new(),
+            heartbeat_ms: 500,
+            wan: None,
+            quic: false,
+        };
+        let path = crate::netlab::emu::LinkParams::per_star_link(100.0, 0.5, 0.0);
+        let rates: Vec<_> = (0..3)
+            .map(|i| host_link(path, true, &s, i).rate_bps)
+            .collect();
+        assert_eq!(rates, [Some(300e6), Some(100e6), Some(100e6)]);
+        let plain = host_link(path, false, &s, 1);
+        assert_eq!(
+            (plain.rate_bps, plain.delay, plain.loss),
+            (None, path.delay, path.loss)
         );
     }
 

@@ -107,6 +107,12 @@ enum Scenario {
         /// streams go over QUIC.
         #[arg(long)]
         quic: bool,
+        /// With the WAN options: cap the bandwidth in the emulated links (each node's link
+        /// serialises at --learner-mbps / --worker-mbps in both directions) and turn the
+        /// workers' own token buckets off, as on a real access link; the learner keeps its
+        /// B0 bucket (it also sets the number of chains).
+        #[arg(long)]
+        link_caps: bool,
         #[command(flatten)]
         run: RunOpts,
     },
@@ -313,6 +319,7 @@ fn main() -> anyhow::Result<()> {
             jitter_ms,
             wan_seed,
             quic,
+            link_caps,
             run: RunOpts { bin, json, out },
         } => {
             if let Some(from) = from {
@@ -325,8 +332,13 @@ fn main() -> anyhow::Result<()> {
                     loss_pct: loss_pct.unwrap_or(0.0),
                     jitter_ms: jitter_ms.unwrap_or(0.0),
                     seed: wan_seed,
+                    link_caps,
                 }
             });
+            anyhow::ensure!(
+                !link_caps || wan.is_some(),
+                "--link-caps needs the WAN options (--rtt-ms, --loss-pct or --jitter-ms)"
+            );
             if let Some(w) = wan {
                 anyhow::ensure!(
                     (0.0..=10_000.0).contains(&w.rtt_ms)

@@ -217,13 +217,13 @@ pub struct WanStar {
 pub const WAN_MTU: u32 = 1500;
 
 impl WanStar {
-    /// `n` hosts (`h0` … at 10.77.0.10 …), each on its own emulated link to the hub with
-    /// `params` in both directions (seeded from `seed`), and a `tbf` rate cap of `tbf_mbit`
+    /// `n` hosts (`h0` … at 10.77.0.10 …), host `i` on its own emulated link to the hub with
+    /// `params(i)` in both directions (seeded from `seed`), and a `tbf` rate cap of `tbf_mbit`
     /// on both ends of every link when given.
     pub fn new(
         tag: &str,
         n: usize,
-        params: LinkParams,
+        params: impl Fn(usize) -> LinkParams,
         seed: u64,
         tbf_mbit: Option<f64>,
     ) -> Result<WanStar, LabError> {
@@ -257,7 +257,7 @@ impl WanStar {
             links.push(TunLink::new(
                 host_dev,
                 hub_dev,
-                params,
+                params(i),
                 seed ^ (i as u64) << 8,
             ));
             hosts.push(Host { ns, ip });
@@ -406,8 +406,14 @@ mod tests {
             return;
         }
         // 40 ms RTT: four crossings of 10 ms.
-        let mut star =
-            WanStar::new("w", 2, LinkParams::per_star_link(40.0, 0.0, 0.0), 1, None).unwrap();
+        let mut star = WanStar::new(
+            "w",
+            2,
+            |_| LinkParams::per_star_link(40.0, 0.0, 0.0),
+            1,
+            None,
+        )
+        .unwrap();
         let (s0, s1) = (socket(&star.hosts[0]), socket(&star.hosts[1]));
         let echo_addr = s1.local_addr().unwrap();
         let echo = std::thread::spawn(move || {
