@@ -79,6 +79,12 @@ pub struct LearnerStatus {
     pub snapshots_published: u64,
     pub groups_pulled: u64,
     pub pull_errors: u64,
+    /// Median and 90th percentile of the recent pull round trips (opening the stream to the
+    /// worker's last frame after the ack, for pulls that did not fail), in seconds.
+    #[serde(default)]
+    pub pull_round_trip_s: Option<f64>,
+    #[serde(default)]
+    pub pull_round_trip_p90_s: Option<f64>,
     /// Groups quarantined (kept under `<data_dir>/quarantine/`, never trained) since start.
     pub groups_quarantined: u64,
     /// The learner version when the puller last asked workers for groups, and the `v_min`

@@ -133,6 +133,17 @@ enum Scenario {
         /// Give up after this many seconds.
         #[arg(long, default_value_t = 900)]
         timeout_s: u64,
+        /// No NAT routers: every node (the learner and 3 × --per-nat workers) on its own
+        /// emulated WAN link with this round trip (ms); the report adds the learner's pull
+        /// round trip. Any of the three WAN options turns it on.
+        #[arg(long)]
+        rtt_ms: Option<f64>,
+        /// With the WAN star: packet loss per direction of a node-to-node path (%).
+        #[arg(long)]
+        loss_pct: Option<f64>,
+        /// With the WAN star: one-way jitter (± ms).
+        #[arg(long)]
+        jitter_ms: Option<f64>,
         /// Run nothing: remove the namespaces earlier lab runs left behind (runs whose
         /// process is gone) and exit.
         #[arg(long)]
@@ -326,26 +337,8 @@ fn main() -> anyhow::Result<()> {
                 print_summary(&broadcast::replot(&read_json(&from)?, &out)?, json);
                 return Ok(());
             }
-            let wan = (rtt_ms.is_some() || loss_pct.is_some() || jitter_ms.is_some()).then(|| {
-                broadcast::Wan {
-                    rtt_ms: rtt_ms.unwrap_or(0.0),
-                    loss_pct: loss_pct.unwrap_or(0.0),
-                    jitter_ms: jitter_ms.unwrap_or(0.0),
-                    seed: wan_seed,
-                    link_caps,
-                }
-            });
-            anyhow::ensure!(
-                !link_caps || wan.is_some(),
-                "--link-caps needs the WAN options (--rtt-ms, --loss-pct or --jitter-ms)"
-            );
-            if let Some(w) = wan {
-                anyhow::ensure!(
-                    (0.0..=10_000.0).contains(&w.rtt_ms)
-                        && (0.0..=50.0).contains(&w.loss_pct)
-                        && (0.0..=10_000.0).contains(&w.jitter_ms),
-                    "--rtt-ms and --jitter-ms in 0..=10000, --loss-pct in 0..=50"
-                );
+            let wan = wan_options(rtt_ms, loss_pct, jitter_ms, wan_seed, link_caps)?;
+            if wan.is_some() {
                 netlab::ns::install_signal_teardown()?;
             }
             anyhow::ensure!(
@@ -397,12 +390,16 @@ fn main() -> anyhow::Result<()> {
             per_nat,
             relay,
             timeout_s,
+            rtt_ms,
+            loss_pct,
+            jitter_ms,
             cleanup,
             run: RunOpts { bin, json, out },
         } => {
             if cleanup {
                 return nat::cleanup();
             }
+            let wan = wan_options(rtt_ms, loss_pct, jitter_ms, 1, false)?;
             anyhow::ensure!((1..=4).contains(&per_nat), "--per-nat in 1..=4");
             anyhow::ensure!((1..=1000).contains(&steps), "--steps in 1..=1000");
             let opts = nat::Opts {
@@ -411,6 +408,7 @@ fn main() -> anyhow::Result<()> {
                 per_nat,
                 relay,
                 timeout: std::time::Duration::from_secs(timeout_s),
+                wan,
             };
             print_summary(&nat::command(&opts, &out)?, json);
             Ok(())
@@ -664,6 +662,38 @@ fn read_json(path: &Path) -> anyhow::Result<serde_json::Value> {
 }
 
 /// The one-line JSON summary (`--json`) or a pretty one.
+/// The emulated WAN of `broadcast` and `nat`, when any of its options is given, its ranges
+/// checked.
+fn wan_options(
+    rtt_ms: Option<f64>,
+    loss_pct: Option<f64>,
+    jitter_ms: Option<f64>,
+    seed: u64,
+    link_caps: bool,
+) -> anyhow::Result<Option<broadcast::Wan>> {
+    let wan =
+        (rtt_ms.is_some() || loss_pct.is_some() || jitter_ms.is_some()).then(|| broadcast::Wan {
+            rtt_ms: rtt_ms.unwrap_or(0.0),
+            loss_pct: loss_pct.unwrap_or(0.0),
+            jitter_ms: jitter_ms.unwrap_or(0.0),
+            seed,
+            link_caps,
+        });
+    anyhow::ensure!(
+        !link_caps || wan.is_some(),
+        "--link-caps needs the WAN options (--rtt-ms, --loss-pct or --jitter-ms)"
+    );
+    if let Some(w) = wan {
+        anyhow::ensure!(
+            (0.0..=10_000.0).contains(&w.rtt_ms)
+                && (0.0..=50.0).contains(&w.loss_pct)
+                && (0.0..=10_000.0).contains(&w.jitter_ms),
+            "--rtt-ms and --jitter-ms in 0..=10000, --loss-pct in 0..=50"
+        );
+    }
+    Ok(wan)
+}
+
 fn print_summary(v: &serde_json::Value, json: bool) {
     if json {
         println!("{v}");
@@ -733,4 +763,25 @@ fn learning_plot(
         written.push(path);
     }
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wan_options;
+
+    #[test]
+    fn wan_options_are_off_without_any_and_checked_with_them() {
+        assert!(wan_options(None, None, None, 1, false).unwrap().is_none());
+        let w = wan_options(None, Some(0.5), None, 7, true)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (w.rtt_ms, w.loss_pct, w.seed, w.link_caps),
+            (0.0, 0.5, 7, true)
+        );
+        let err = |r: anyhow::Result<_>| r.map(|_| ()).unwrap_err().to_string();
+        assert!(err(wan_options(None, None, None, 1, true)).contains("--link-caps"));
+        assert!(err(wan_options(Some(100.0), Some(60.0), None, 1, false)).contains("--loss-pct"));
+        assert!(err(wan_options(Some(-1.0), None, None, 1, false)).contains("--rtt-ms"));
+    }
 }

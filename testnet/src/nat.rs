@@ -17,6 +17,11 @@
 //!   transmit counter; every byte relayed through a circuit leaves the relay once, plus the
 //!   relay's own control traffic), and `relay_bytes_received`; both null without `--relay`.
 //!
+//! With [`Opts::wan`] the same swarm runs without NAT routers: every node on its own emulated
+//! WAN link ([`WanStar`]: round trip, loss, jitter), and the report adds the learner's pull
+//! round trip (`pull_round_trip_s`, median and p90 of its recent pulls) and the emulator's
+//! packet counts; `nat` is `none` and `public_ip` the worker's own address.
+//!
 //! Owns the topology of the run and the report. Processes are started by the harness's
 //! `Fleet` (through [`crate::netlab::node_wrapper`]), namespaces by [`crate::netlab::topo`].
 
@@ -28,7 +33,7 @@ use anyhow::Context;
 use serde_json::{json, Value};
 
 use crate::harness::{self, Fleet, Role};
-use crate::netlab::topo::{NatKind, NatLab};
+use crate::netlab::topo::{Host, NatKind, NatLab, WanStar};
 
 /// The scenario's settings.
 pub struct Opts {
@@ -41,6 +46,23 @@ pub struct Opts {
     pub relay: bool,
     /// Give up after this long.
     pub timeout: Duration,
+    /// Instead of NAT routers, every node on an emulated WAN link (no relay).
+    pub wan: Option<crate::broadcast::Wan>,
+}
+
+/// Where the run's hosts live: behind NAT routers, or each on an emulated WAN link.
+enum Topology {
+    Nat(NatLab),
+    Wan(WanStar),
+}
+
+impl Topology {
+    fn prefix(&self) -> &str {
+        match self {
+            Topology::Nat(l) => l.lab.prefix(),
+            Topology::Wan(s) => s.lab.prefix(),
+        }
+    }
 }
 
 /// The routers of the run, in order: two kinds, the endpoint-independent one twice so that
@@ -73,10 +95,12 @@ fn interface_bytes(lab: &NatLab, ns: &str) -> Option<(u64, u64)> {
     Some((read("tx")?, read("rx")?))
 }
 
+/// The NAT in front of a worker and its router's number (none on the WAN star).
+type Behind = Option<(NatKind, u8)>;
+
 struct Worker {
     name: String,
-    nat: NatKind,
-    router: u8,
+    nat: Behind,
     ip: String,
     exe: PathBuf,
     admin: String,
@@ -115,24 +139,44 @@ pub fn command(o: &Opts, out: &Path) -> anyhow::Result<Value> {
 /// Runs the scenario under `root`; returns the JSON report (`timed_out: true` when not every
 /// worker installed and the steps were not trained within the timeout).
 pub fn run(o: &Opts, root: &Path) -> anyhow::Result<Value> {
-    let mut lab = NatLab::new("nat")?;
+    anyhow::ensure!(
+        !(o.relay && o.wan.is_some()),
+        "a relay runs behind NATs only, not on the WAN star"
+    );
     let bins = root.join("ns-bin");
     std::fs::create_dir_all(&bins)?;
-    let learner_host = lab.public_host("learner")?;
-    let relay_host = if o.relay {
-        Some(lab.public_host("relay")?)
-    } else {
-        None
-    };
-    let mut placed = Vec::new();
-    for kind in ROUTERS {
-        let k = lab.router(kind)?;
-        for j in 0..o.per_nat {
-            let name = format!("w{k}{j}");
-            let h = lab.host_behind(k, &name)?;
-            placed.push((name, kind, k, h));
+    let mut placed: Vec<(String, Behind, Host)> = Vec::new();
+    let (mut topo, learner_host, relay_host) = match o.wan {
+        None => {
+            let mut lab = NatLab::new("nat")?;
+            let learner_host = lab.public_host("learner")?;
+            let relay_host = if o.relay {
+                Some(lab.public_host("relay")?)
+            } else {
+                None
+            };
+            for kind in ROUTERS {
+                let k = lab.router(kind)?;
+                for j in 0..o.per_nat {
+                    let name = format!("w{k}{j}");
+                    let h = lab.host_behind(k, &name)?;
+                    placed.push((name, Some((kind, k)), h));
+                }
+            }
+            (Topology::Nat(lab), learner_host, relay_host)
         }
-    }
+        Some(w) => {
+            let path =
+                crate::netlab::emu::LinkParams::per_star_link(w.rtt_ms, w.loss_pct, w.jitter_ms);
+            let n = 1 + ROUTERS.len() * o.per_nat;
+            let star = WanStar::new("wan", n, |_| path, w.seed, None)?;
+            for (i, h) in star.hosts.iter().enumerate().skip(1) {
+                placed.push((format!("w{i}"), None, h.clone()));
+            }
+            let learner_host = star.hosts[0].clone();
+            (Topology::Wan(star), learner_host, None)
+        }
+    };
 
     let swarm = "tn-nat";
     let ldir = root.join("learner");
@@ -151,9 +195,10 @@ pub fn run(o: &Opts, root: &Path) -> anyhow::Result<Value> {
         .context("the learner has no TCP address")?;
 
     let mut relay_dial = None;
-    let relay_bytes_at_start = relay_host
-        .as_ref()
-        .and_then(|h| interface_bytes(&lab, &h.ns));
+    let relay_bytes_at_start = match (&topo, &relay_host) {
+        (Topology::Nat(lab), Some(h)) => interface_bytes(lab, &h.ns),
+        _ => None,
+    };
     if let Some(h) = &relay_host {
         let dir = root.join("relay");
         let exe = crate::netlab::node_wrapper(&bins, "relay", &h.ns, &o.bin)?;
@@ -168,7 +213,7 @@ pub fn run(o: &Opts, root: &Path) -> anyhow::Result<Value> {
     }
 
     let mut workers = Vec::new();
-    for (name, nat, router, h) in placed {
+    for (name, nat, h) in placed {
         let dir = root.join(&name);
         let exe = crate::netlab::node_wrapper(&bins, &name, &h.ns, &o.bin)?;
         let mut w = harness::node_config(Role::Rollout, swarm, &dir, 500);
@@ -185,7 +230,6 @@ pub fn run(o: &Opts, root: &Path) -> anyhow::Result<Value> {
         workers.push(Worker {
             name,
             nat,
-            router,
             ip: h.ip.to_string(),
             exe,
             admin: a.admin,
@@ -272,38 +316,57 @@ pub fn run(o: &Opts, root: &Path) -> anyhow::Result<Value> {
             })
             .map(|p| p["peer_id"].clone())
             .collect();
+        let (nat, public_ip) = match w.nat {
+            Some((kind, k)) => (kind.as_str(), NatLab::router_public_ip(k).to_string()),
+            None => ("none", w.ip.clone()),
+        };
         rows.push(json!({
-            "name": w.name, "peer_id": w.peer_id, "nat": w.nat.as_str(), "ip": w.ip,
-            "public_ip": NatLab::router_public_ip(w.router).to_string(),
+            "name": w.name, "peer_id": w.peer_id, "nat": nat, "ip": w.ip,
+            "public_ip": public_ip,
             "connection": connection, "installed": r["installed_version"], "pulled": pulled,
             "first_install_s": w.first_install_s, "chain_position": chain_position,
             "connected_workers": linked, "reachability": reach,
         }));
     }
-    let relay_bytes = relay_host
-        .as_ref()
-        .and_then(|h| interface_bytes(&lab, &h.ns))
-        .zip(relay_bytes_at_start)
-        .map(|((tx, rx), (tx0, rx0))| (tx.saturating_sub(tx0), rx.saturating_sub(rx0)));
+    let relay_bytes = match (&topo, &relay_host) {
+        (Topology::Nat(lab), Some(h)) => interface_bytes(lab, &h.ns),
+        _ => None,
+    }
+    .zip(relay_bytes_at_start)
+    .map(|((tx, rx), (tx0, rx0))| (tx.saturating_sub(tx0), rx.saturating_sub(rx0)));
     let stopping = Instant::now();
     let unclean = fleet.stop(harness::STOP_GRACE);
     let stop_s = stopping.elapsed().as_secs_f64();
     let l = &learner_st["learner"];
+    let (wan, packets) = match (&mut topo, o.wan) {
+        (Topology::Wan(star), Some(w)) => {
+            let st = star.emulator.stop()?;
+            (
+                json!({"rtt_ms": w.rtt_ms, "loss_pct": w.loss_pct, "jitter_ms": w.jitter_ms}),
+                json!({"forwarded": st.forwarded, "lost": st.lost, "overflow": st.overflow,
+                    "bytes": st.bytes}),
+            )
+        }
+        _ => (Value::Null, Value::Null),
+    };
     let report = json!({
         "scenario": "nat",
-        "namespaces": lab.lab.prefix(),
+        "namespaces": topo.prefix(),
+        "wan": wan,
+        "emulator_packets": packets,
         "workers": rows,
         "relay": relay_dial.is_some(),
         "relay_bytes": relay_bytes.map(|(tx, _)| tx),
         "relay_bytes_received": relay_bytes.map(|(_, rx)| rx),
         "learner": {"version": l["version"], "groups_pulled": l["groups_pulled"],
             "pull_errors": l["pull_errors"], "snapshots_published": l["snapshots_published"],
-            "t_bcast_s": l["t_bcast_s"]},
+            "t_bcast_s": l["t_bcast_s"], "pull_round_trip_s": l["pull_round_trip_s"],
+            "pull_round_trip_p90_s": l["pull_round_trip_p90_s"]},
         "timed_out": timed_out,
         "elapsed_s": started.elapsed().as_secs_f64(),
         "unclean_exits": unclean,
         "stop_s": stop_s,
     });
-    drop(lab);
+    drop(topo);
     Ok(report)
 }

@@ -383,7 +383,30 @@ fn push_recent<T>(q: &mut VecDeque<T>, v: T, cap: usize) {
 
 /// The median of `xs` (upper median for even lengths), `None` when empty.
 fn median(xs: impl IntoIterator<Item = f64>) -> Option<f64> {
-    let mut v: Vec<f64> = xs.into_iter().collect();
+    let v: Vec<f64> = xs.into_iter().collect();
+    quantile(&v, 0.5)
+}
+
+/// The `q`-quantile of `xs` (the value at index ⌊q·n⌋ of the sorted values, clamped to the
+/// last), `None` when empty.
+fn quantile(xs: &[f64], q: f64) -> Option<f64> {
+    let mut v = xs.to_vec();
     v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied()
+    let i = ((q * v.len() as f64) as usize).min(v.len().checked_sub(1)?);
+    v.get(i).copied()
+}
+
+#[cfg(test)]
+mod quantile_tests {
+    use super::{median, quantile};
+
+    #[test]
+    fn quantiles_index_the_sorted_values() {
+        let xs = [0.4, 0.1, 0.3, 0.2, 1.0];
+        assert_eq!(median(xs), Some(0.3));
+        assert_eq!(quantile(&xs, 0.9), Some(1.0));
+        assert_eq!(quantile(&xs, 0.0), Some(0.1));
+        assert_eq!(median([0.1, 0.2]), Some(0.2), "upper median");
+        assert_eq!(quantile(&[], 0.9), None);
+    }
 }

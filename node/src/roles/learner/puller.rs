@@ -97,7 +97,13 @@ pub(super) struct PullStats {
     mu_pool_milli: AtomicU64,
     /// The learner version and the `v_min` of the last pull asked.
     last: Mutex<Option<(u64, u64)>>,
+    /// Seconds from opening to acknowledging, of the last [`RECENT_PULLS`] pulls that did not
+    /// fail: the pull round trip (`status`'s `pull_round_trip_s`).
+    recent: Mutex<std::collections::VecDeque<f64>>,
 }
+
+/// How many pull round trips [`PullStats`] keeps.
+const RECENT_PULLS: usize = 64;
 
 impl PullStats {
     pub fn groups_pulled(&self) -> u64 {
@@ -114,9 +120,30 @@ impl PullStats {
     pub fn last(&self) -> Option<(u64, u64)> {
         self.last.lock().ok().and_then(|l| *l)
     }
+
+    /// The round trips of the recent pulls that did not fail, in seconds.
+    pub fn recent_round_trips(&self) -> Vec<f64> {
+        self.recent
+            .lock()
+            .map(|r| r.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    fn record_round_trip(&self, secs: f64) {
+        metrics::histogram!("learner_pull_seconds").record(secs);
+        if let Ok(mut r) = self.recent.lock() {
+            super::push_recent(&mut r, secs, RECENT_PULLS);
+        }
+    }
 }
 
-type Done = (p2p::PeerId, u64, Result<pull::PullOutcome, pull::PullError>);
+/// A finished pull: the worker, the groups asked, how long it took, how it ended.
+type Done = (
+    p2p::PeerId,
+    u64,
+    std::time::Duration,
+    Result<pull::PullOutcome, pull::PullError>,
+);
 
 pub(super) async fn run(
     client: p2p::Client,
@@ -139,11 +166,14 @@ pub(super) async fn run(
             _ = shared.pull_wake.notified() => None,
             Some(d) = in_flight.next(), if !in_flight.is_empty() => Some(d),
         };
-        if let Some((peer, max_groups, r)) = done {
+        if let Some((peer, max_groups, took, r)) = done {
             busy.remove(&peer);
             asked -= max_groups;
             match &r {
-                Ok(out) => ledger.record_delivery(peer, max_groups, out.delivered()),
+                Ok(out) => {
+                    ledger.record_delivery(peer, max_groups, out.delivered());
+                    shared.pulls.record_round_trip(took.as_secs_f64());
+                }
                 Err(_) => ledger.record_failure(peer, Instant::now()),
             }
             record_outcome(&shared, &client, peer, r).await;
@@ -218,11 +248,13 @@ pub(super) async fn run(
             in_flight.push(async move {
                 // A worker that stops answering (stopped, overloaded) is given up on after
                 // PULL_TIMEOUT; its share is asked of others meanwhile.
+                let started = Instant::now();
                 let pulled = pull::pull_verified(&mut control, peer, buffer, req, verifier);
                 let r = tokio::time::timeout(PULL_TIMEOUT, pulled).await;
                 (
                     peer,
                     max_groups,
+                    started.elapsed(),
                     r.unwrap_or_else(|_| Err(pull::PullError::Refused("timed out".into()))),
                 )
             });

@@ -21,6 +21,7 @@ pub(super) fn update(c: &TrainCtx, t: &Totals, last: Option<&(StepStats, f64)>, 
     let (t_bcast, t_bcast_samples) = s.publish.t_bcast();
     let t_train = super::median(t.recent_train_s.iter().copied());
     let mu_pool = s.pulls.mu_pool();
+    let round_trips = s.pulls.recent_round_trips();
     let kappa = cfg.kappa() as u32;
     let b = cfg.groups_per_step as f64;
     let (mut mu_min, mut infeasible, mut delta_bound, mut delta_bound_overlap) =
@@ -87,6 +88,8 @@ pub(super) fn update(c: &TrainCtx, t: &Totals, last: Option<&(StepStats, f64)>, 
         snapshots_published: s.publish.snapshots(),
         groups_pulled: s.pulls.groups_pulled(),
         pull_errors: s.pulls.errors(),
+        pull_round_trip_s: super::median(round_trips.iter().copied()),
+        pull_round_trip_p90_s: super::quantile(&round_trips, 0.9),
         groups_quarantined: t.quarantined,
         last_pull_version: last_pull.map(|l| l.0),
         last_pull_v_min: last_pull.map(|l| l.1),
