@@ -9,7 +9,7 @@
 //! round trip, the window then is not used fast enough to double, and a window near the
 //! bandwidth-delay product leaves the sender idle through each such stall. Measured in the WAN
 //! lab (`docs/netlab.md`, "Push sessions": one hop, 16 MB, RTT 100 ms, 0.5 % loss, TCP with
-//! BBR): 3.1–3.6 s per snapshot with a new stream each time, 1.5–1.8 s from the second
+//! BBR): 3.1–3.6 s per snapshot with a new stream each time, 1.6–2.0 s from the second
 //! snapshot on with a kept stream — as fast as an experiment that made every stream start at
 //! 8 MiB (a patched yamux, not shipped).
 //!
