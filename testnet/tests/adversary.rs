@@ -108,7 +108,16 @@ fn two_cheap_attacks_are_carried_out_and_the_learner_survives() {
     ] {
         assert_eq!(a["detected"], true, "{a}");
         assert_eq!(a["banned"], true, "{a}");
-        assert_eq!(a["banned_by"], "learner", "{a}");
+        // The honest workers judge the same gossip and may ban first (`banned_by` names the
+        // first ban seen); what matters is that the learner banned it too.
+        let by_learner = format!("learner: banned ({reason})");
+        let evidence = a["evidence"].as_array().cloned().unwrap_or_default();
+        assert!(
+            evidence
+                .iter()
+                .any(|e| e.as_str() == Some(by_learner.as_str())),
+            "{a}"
+        );
         assert_eq!(a["ban_reason"], reason, "{a}");
         assert_eq!(a["trained_after_ban"], 0, "{a}");
     }
