@@ -266,11 +266,7 @@ pub fn run_one(s: &Settings, mode: BroadcastMode, n: usize, root: &Path) -> anyh
     };
     fleet.stop(harness::STOP_GRACE);
     let packets = match at.star.as_mut() {
-        Some(star) => {
-            let st = star.emulator.stop()?;
-            json!({"forwarded": st.forwarded, "lost": st.lost, "overflow": st.overflow,
-                "bytes": st.bytes})
-        }
+        Some(star) => star.emulator.stop()?.to_json(),
         None => Value::Null,
     };
     drop(at);

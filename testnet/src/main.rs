@@ -57,6 +57,21 @@ struct RunOpts {
     out: PathBuf,
 }
 
+/// The emulated WAN of `broadcast` and `nat`.
+#[derive(Args, Clone, Copy)]
+struct WanArgs {
+    /// Emulated node-to-node round trip (ms): runs every node in a network namespace on
+    /// an emulated WAN link (root; docs/netlab.md). Any of the three WAN options turns it on.
+    #[arg(long)]
+    rtt_ms: Option<f64>,
+    /// Emulated packet loss per direction of a node-to-node path (%).
+    #[arg(long)]
+    loss_pct: Option<f64>,
+    /// Emulated one-way jitter (± ms, uniform, no reordering).
+    #[arg(long)]
+    jitter_ms: Option<f64>,
+}
+
 #[derive(Subcommand)]
 enum Scenario {
     /// T_bcast of real `echo-node` processes on 127.0.0.1, chain and/or star, against the
@@ -90,16 +105,8 @@ enum Scenario {
         /// Run nothing: re-plot a saved `broadcast.json` into --out.
         #[arg(long)]
         from: Option<PathBuf>,
-        /// Emulated node-to-node round trip (ms): runs every node in a network namespace on
-        /// an emulated WAN link (root; docs/netlab.md). Any of the three WAN options turns it on.
-        #[arg(long)]
-        rtt_ms: Option<f64>,
-        /// Emulated packet loss per direction of a node-to-node path (%).
-        #[arg(long)]
-        loss_pct: Option<f64>,
-        /// Emulated one-way jitter (± ms, uniform, no reordering).
-        #[arg(long)]
-        jitter_ms: Option<f64>,
+        #[command(flatten)]
+        wan: WanArgs,
         /// Seed of the emulator's loss and jitter draws.
         #[arg(long, default_value_t = 1)]
         wan_seed: u64,
@@ -118,7 +125,9 @@ enum Scenario {
     },
     /// Workers behind NAT routers (endpoint-independent and symmetric) and a public learner
     /// in network namespaces, a few learner steps of a real swarm; per worker its NAT, how
-    /// the learner reaches it, installs and pulls (root; docs/netlab.md).
+    /// the learner reaches it, installs and pulls (root; docs/netlab.md). With the WAN
+    /// options: no NAT routers, every node (the learner and 3 × --per-nat workers) on its own
+    /// emulated WAN link, and the report adds the learner's pull round trip.
     Nat {
         /// Learner steps after every worker has installed a snapshot.
         #[arg(long, default_value_t = 3)]
@@ -133,17 +142,8 @@ enum Scenario {
         /// Give up after this many seconds.
         #[arg(long, default_value_t = 900)]
         timeout_s: u64,
-        /// No NAT routers: every node (the learner and 3 × --per-nat workers) on its own
-        /// emulated WAN link with this round trip (ms); the report adds the learner's pull
-        /// round trip. Any of the three WAN options turns it on.
-        #[arg(long)]
-        rtt_ms: Option<f64>,
-        /// With the WAN star: packet loss per direction of a node-to-node path (%).
-        #[arg(long)]
-        loss_pct: Option<f64>,
-        /// With the WAN star: one-way jitter (± ms).
-        #[arg(long)]
-        jitter_ms: Option<f64>,
+        #[command(flatten)]
+        wan: WanArgs,
         /// Run nothing: remove the namespaces earlier lab runs left behind (runs whose
         /// process is gone) and exit.
         #[arg(long)]
@@ -325,9 +325,7 @@ fn main() -> anyhow::Result<()> {
             rounds,
             heartbeat_ms,
             from,
-            rtt_ms,
-            loss_pct,
-            jitter_ms,
+            wan,
             wan_seed,
             quic,
             link_caps,
@@ -337,7 +335,7 @@ fn main() -> anyhow::Result<()> {
                 print_summary(&broadcast::replot(&read_json(&from)?, &out)?, json);
                 return Ok(());
             }
-            let wan = wan_options(rtt_ms, loss_pct, jitter_ms, wan_seed, link_caps)?;
+            let wan = wan.resolve(wan_seed, link_caps)?;
             if wan.is_some() {
                 netlab::ns::install_signal_teardown()?;
             }
@@ -390,16 +388,14 @@ fn main() -> anyhow::Result<()> {
             per_nat,
             relay,
             timeout_s,
-            rtt_ms,
-            loss_pct,
-            jitter_ms,
+            wan,
             cleanup,
             run: RunOpts { bin, json, out },
         } => {
             if cleanup {
                 return nat::cleanup();
             }
-            let wan = wan_options(rtt_ms, loss_pct, jitter_ms, 1, false)?;
+            let wan = wan.resolve(1, false)?;
             anyhow::ensure!((1..=4).contains(&per_nat), "--per-nat in 1..=4");
             anyhow::ensure!((1..=1000).contains(&steps), "--steps in 1..=1000");
             let opts = nat::Opts {
@@ -662,36 +658,37 @@ fn read_json(path: &Path) -> anyhow::Result<serde_json::Value> {
 }
 
 /// The one-line JSON summary (`--json`) or a pretty one.
-/// The emulated WAN of `broadcast` and `nat`, when any of its options is given, its ranges
-/// checked.
-fn wan_options(
-    rtt_ms: Option<f64>,
-    loss_pct: Option<f64>,
-    jitter_ms: Option<f64>,
-    seed: u64,
-    link_caps: bool,
-) -> anyhow::Result<Option<broadcast::Wan>> {
-    let wan =
-        (rtt_ms.is_some() || loss_pct.is_some() || jitter_ms.is_some()).then(|| broadcast::Wan {
-            rtt_ms: rtt_ms.unwrap_or(0.0),
-            loss_pct: loss_pct.unwrap_or(0.0),
-            jitter_ms: jitter_ms.unwrap_or(0.0),
-            seed,
-            link_caps,
+impl WanArgs {
+    /// The emulated WAN, when any of its options is given, its ranges checked.
+    fn resolve(self, seed: u64, link_caps: bool) -> anyhow::Result<Option<broadcast::Wan>> {
+        let WanArgs {
+            rtt_ms,
+            loss_pct,
+            jitter_ms,
+        } = self;
+        let wan = (rtt_ms.is_some() || loss_pct.is_some() || jitter_ms.is_some()).then(|| {
+            broadcast::Wan {
+                rtt_ms: rtt_ms.unwrap_or(0.0),
+                loss_pct: loss_pct.unwrap_or(0.0),
+                jitter_ms: jitter_ms.unwrap_or(0.0),
+                seed,
+                link_caps,
+            }
         });
-    anyhow::ensure!(
-        !link_caps || wan.is_some(),
-        "--link-caps needs the WAN options (--rtt-ms, --loss-pct or --jitter-ms)"
-    );
-    if let Some(w) = wan {
         anyhow::ensure!(
-            (0.0..=10_000.0).contains(&w.rtt_ms)
-                && (0.0..=50.0).contains(&w.loss_pct)
-                && (0.0..=10_000.0).contains(&w.jitter_ms),
-            "--rtt-ms and --jitter-ms in 0..=10000, --loss-pct in 0..=50"
+            !link_caps || wan.is_some(),
+            "--link-caps needs the WAN options (--rtt-ms, --loss-pct or --jitter-ms)"
         );
+        if let Some(w) = wan {
+            anyhow::ensure!(
+                (0.0..=10_000.0).contains(&w.rtt_ms)
+                    && (0.0..=50.0).contains(&w.loss_pct)
+                    && (0.0..=10_000.0).contains(&w.jitter_ms),
+                "--rtt-ms and --jitter-ms in 0..=10000, --loss-pct in 0..=50"
+            );
+        }
+        Ok(wan)
     }
-    Ok(wan)
 }
 
 fn print_summary(v: &serde_json::Value, json: bool) {
@@ -767,7 +764,22 @@ fn learning_plot(
 
 #[cfg(test)]
 mod tests {
-    use super::wan_options;
+    use super::WanArgs;
+
+    fn wan_options(
+        rtt_ms: Option<f64>,
+        loss_pct: Option<f64>,
+        jitter_ms: Option<f64>,
+        seed: u64,
+        link_caps: bool,
+    ) -> anyhow::Result<Option<crate::broadcast::Wan>> {
+        let args = WanArgs {
+            rtt_ms,
+            loss_pct,
+            jitter_ms,
+        };
+        args.resolve(seed, link_caps)
+    }
 
     #[test]
     fn wan_options_are_off_without_any_and_checked_with_them() {

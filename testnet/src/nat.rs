@@ -63,6 +63,14 @@ impl Topology {
             Topology::Wan(s) => s.lab.prefix(),
         }
     }
+
+    /// `(transmitted, received)` bytes of the relay host's interface (NAT lab with a relay).
+    fn relay_bytes(&self, relay: Option<&Host>) -> Option<(u64, u64)> {
+        match (self, relay) {
+            (Topology::Nat(lab), Some(h)) => interface_bytes(lab, &h.ns),
+            _ => None,
+        }
+    }
 }
 
 /// The routers of the run, in order: two kinds, the endpoint-independent one twice so that
@@ -195,10 +203,7 @@ pub fn run(o: &Opts, root: &Path) -> anyhow::Result<Value> {
         .context("the learner has no TCP address")?;
 
     let mut relay_dial = None;
-    let relay_bytes_at_start = match (&topo, &relay_host) {
-        (Topology::Nat(lab), Some(h)) => interface_bytes(lab, &h.ns),
-        _ => None,
-    };
+    let relay_bytes_at_start = topo.relay_bytes(relay_host.as_ref());
     if let Some(h) = &relay_host {
         let dir = root.join("relay");
         let exe = crate::netlab::node_wrapper(&bins, "relay", &h.ns, &o.bin)?;
@@ -328,25 +333,19 @@ pub fn run(o: &Opts, root: &Path) -> anyhow::Result<Value> {
             "connected_workers": linked, "reachability": reach,
         }));
     }
-    let relay_bytes = match (&topo, &relay_host) {
-        (Topology::Nat(lab), Some(h)) => interface_bytes(lab, &h.ns),
-        _ => None,
-    }
-    .zip(relay_bytes_at_start)
-    .map(|((tx, rx), (tx0, rx0))| (tx.saturating_sub(tx0), rx.saturating_sub(rx0)));
+    let relay_bytes = topo
+        .relay_bytes(relay_host.as_ref())
+        .zip(relay_bytes_at_start)
+        .map(|((tx, rx), (tx0, rx0))| (tx.saturating_sub(tx0), rx.saturating_sub(rx0)));
     let stopping = Instant::now();
     let unclean = fleet.stop(harness::STOP_GRACE);
     let stop_s = stopping.elapsed().as_secs_f64();
     let l = &learner_st["learner"];
     let (wan, packets) = match (&mut topo, o.wan) {
-        (Topology::Wan(star), Some(w)) => {
-            let st = star.emulator.stop()?;
-            (
-                json!({"rtt_ms": w.rtt_ms, "loss_pct": w.loss_pct, "jitter_ms": w.jitter_ms}),
-                json!({"forwarded": st.forwarded, "lost": st.lost, "overflow": st.overflow,
-                    "bytes": st.bytes}),
-            )
-        }
+        (Topology::Wan(star), Some(w)) => (
+            json!({"rtt_ms": w.rtt_ms, "loss_pct": w.loss_pct, "jitter_ms": w.jitter_ms}),
+            star.emulator.stop()?.to_json(),
+        ),
         _ => (Value::Null, Value::Null),
     };
     let report = json!({

@@ -231,6 +231,7 @@ struct AtomicCounters {
     installs: AtomicU64,
     sessions_reused: AtomicU64,
     sessions_stale: AtomicU64,
+    sessions_ended_idle: AtomicU64,
 }
 
 /// The broadcast counters of one node since start (`Disseminator::counters`).
@@ -252,6 +253,9 @@ pub struct BroadcastCounters {
     /// Kept chunk streams found closed by the child at the next hello (the push then opened a
     /// fresh stream).
     pub sessions_stale: u64,
+    /// Kept chunk streams this node, as a child, closed after `session_idle_timeout` without
+    /// a hello.
+    pub sessions_ended_idle: u64,
 }
 
 /// What [`Disseminator::publish`] did.
@@ -549,6 +553,7 @@ impl Disseminator {
             installs: c.installs.load(Ordering::Relaxed),
             sessions_reused: c.sessions_reused.load(Ordering::Relaxed),
             sessions_stale: c.sessions_stale.load(Ordering::Relaxed),
+            sessions_ended_idle: c.sessions_ended_idle.load(Ordering::Relaxed),
         }
     }
 

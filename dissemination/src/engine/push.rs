@@ -435,8 +435,17 @@ impl Disseminator {
             .await;
             let hello = match hello {
                 Ok(h) => h,
-                Err(DisseminationError::Io { .. } | DisseminationError::Timeout(_)) if !first => {
+                Err(e @ (DisseminationError::Io { .. } | DisseminationError::Timeout(_)))
+                    if !first =>
+                {
                     debug!(%peer, "chunk stream session ended");
+                    if matches!(e, DisseminationError::Timeout(_)) {
+                        self.count(
+                            |c| &c.sessions_ended_idle,
+                            1,
+                            "dissemination_push_sessions_ended_idle_total",
+                        );
+                    }
                     let _ = tokio::time::timeout(limit, s.close()).await;
                     return Ok(());
                 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use dissemination::Disseminator;
 use p2p::{Client, PeerId, ScoreComponents};
 
-use super::{installed, random, score_of, shutdown, swarm, WAIT};
+use super::{installed, random, score_of, shutdown, swarm, Node, WAIT};
 
 /// Waits until `d` keeps `n` chunk streams open (a push is confirmed just after the child
 /// installs, so the parent keeps its stream a moment later).
@@ -22,6 +22,19 @@ async fn kept(d: &Disseminator, n: usize) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Publishes `version` (2 MB of fresh bytes) from `learner`; waits for `w` to install exactly
+/// those bytes and for the learner to keep its stream to `w`.
+async fn push_version(learner: &Node, w: &mut Node, version: u64) {
+    let payload = random(2_000_000);
+    learner
+        .d
+        .publish(version, [0; 32], payload.clone().into(), None)
+        .await
+        .unwrap();
+    assert_eq!(*installed(w, version).await, payload);
+    kept(&learner.d, 1).await;
 }
 
 /// Waits until `client` has recorded `successes` transfers of `peer`; returns its score.
@@ -46,14 +59,7 @@ async fn later_versions_go_on_the_kept_chunk_stream() {
     let (learner, mut workers) = swarm(1, |_| {}, |_, _| {}).await;
     let w = &mut workers[0];
     for v in 1..=3u64 {
-        let payload = random(2_000_000);
-        learner
-            .d
-            .publish(v, [0; 32], payload.clone().into(), None)
-            .await
-            .unwrap();
-        assert_eq!(*installed(w, v).await, payload);
-        kept(&learner.d, 1).await;
+        push_version(&learner, w, v).await;
     }
     let c = learner.d.counters();
     assert_eq!(
@@ -72,25 +78,18 @@ async fn a_kept_stream_the_child_closed_is_replaced_without_a_charge() {
     let idle = Duration::from_millis(300);
     let (learner, mut workers) = swarm(1, |_| {}, |_, c| c.session_idle_timeout = idle).await;
     let w = &mut workers[0];
-    let first = random(2_000_000);
-    learner
-        .d
-        .publish(1, [0; 32], first.into(), None)
-        .await
-        .unwrap();
-    installed(w, 1).await;
-    kept(&learner.d, 1).await;
+    push_version(&learner, w, 1).await;
     // The child gives up on the next hello after `idle`; the learner (default timeout) still
     // holds the stream as reusable.
-    tokio::time::sleep(idle * 4).await;
-    let second = random(2_000_000);
-    learner
-        .d
-        .publish(2, [0; 32], second.clone().into(), None)
-        .await
-        .unwrap();
-    assert_eq!(*installed(w, 2).await, second);
-    kept(&learner.d, 1).await;
+    let deadline = Instant::now() + WAIT;
+    while w.d.counters().sessions_ended_idle < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the child never closed its idle session"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    push_version(&learner, w, 2).await;
     let c = learner.d.counters();
     assert_eq!(
         (c.sessions_reused, c.sessions_stale),

@@ -92,6 +92,12 @@ pub struct LinkStats {
 }
 
 impl LinkStats {
+    /// The scenarios' `emulator_packets` object.
+    pub fn to_json(self) -> serde_json::Value {
+        serde_json::json!({"forwarded": self.forwarded, "lost": self.lost,
+            "overflow": self.overflow, "bytes": self.bytes})
+    }
+
     pub fn add(&mut self, o: &LinkStats) {
         self.forwarded += o.forwarded;
         self.lost += o.lost;
