@@ -26,8 +26,17 @@
 //!
 //! Repair: removing a failed worker reattaches its child (and so its whole tail) to the failed
 //! worker's parent — its nearest surviving ancestor, or the learner for a first hop.
+//!
+//! Stability: a new version's plan starts from the previous plan's rank order and swaps two
+//! workers only when the later one outscores the earlier by more than [`REPLAN_MARGIN`] (or
+//! is of a better class: healthy before degraded). Scores move a little with every transfer,
+//! and a plan re-sorted on every move changes parent–child pairs each version; a new pair
+//! starts cold (a new chunk stream with a small window on a connection whose congestion
+//! state was not built by bulk traffic), which measured 0.9 s slower per hop at 100 ms RTT
+//! than a pair that keeps its push session (`docs/netlab.md`). Without a previous plan (or
+//! with a margin of 0) the order is exactly rules 2–3.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 
 use crate::units::mbps_to_bytes_per_s;
@@ -89,33 +98,83 @@ pub enum Placement<P> {
     FetchOnly,
 }
 
+/// Score points (of 100) by which a worker must outscore one ranked before it in the previous
+/// plan before a new plan puts it first (module docs, "Stability"). Five points are a third
+/// of Stability's weight, 14 points of success rate (one failed transfer in seven), or a
+/// factor of 3.2 in speed (Speed is logarithmic: 10 points per decade, half of it in the
+/// score). One lossy WAN hop's speed samples spread over 40–100 Mbit/s on the same link
+/// (`docs/netlab.md`), 4 score points: a smaller margin would re-plan on noise.
+pub const REPLAN_MARGIN: f64 = 5.0;
+
 /// Builds the plan for `workers` given as `(peer, score)`.
 pub fn plan_chains<P: Clone + Ord>(workers: &[(P, f64)], params: &PlanParams) -> ChainPlan<P> {
-    let mut forwarders: Vec<&(P, f64)> = Vec::new();
+    plan_chains_after(workers, params, &[])
+}
+
+/// [`plan_chains`] that keeps the rank order `prev` (the previous plan's
+/// [`ChainPlan::rank_order`]) wherever the scores allow it (module docs, "Stability").
+pub fn plan_chains_after<P: Clone + Ord>(
+    workers: &[(P, f64)],
+    params: &PlanParams,
+    prev: &[P],
+) -> ChainPlan<P> {
+    let mut forwarders: Vec<(P, f64)> = Vec::new();
     let mut fetch_only = Vec::new();
     for w in workers {
         let forwards = w.1 > params.exclude_below; // a NaN score does not forward
         if !forwards {
             fetch_only.push(w.0.clone());
         } else {
-            forwarders.push(w);
+            forwarders.push(w.clone());
         }
     }
     fetch_only.sort();
-    // Healthy before degraded, then by score descending, then by peer id.
+    let order = rank(forwarders, params, prev);
+    let n = n_chains(params.learner_mbps, params.worker_mbps).min(order.len());
+    let mut chains: Vec<Vec<P>> = vec![Vec::new(); n];
+    for (k, w) in order.into_iter().enumerate() {
+        chains[k % n.max(1)].push(w);
+    }
+    ChainPlan { chains, fetch_only }
+}
+
+/// Rule 2's order: healthy before degraded, then by score descending, then by peer id — but
+/// starting from `prev` (its members in its order, newcomers after them in rule 2's order),
+/// and each next place goes to the first remaining worker that no remaining worker beats:
+/// none is of a better class, and none of its class scores more than [`REPLAN_MARGIN`] above
+/// it. With `prev` empty the first remaining worker is always the best one, so the result is
+/// rule 2's order exactly.
+fn rank<P: Clone + Ord>(mut forwarders: Vec<(P, f64)>, params: &PlanParams, prev: &[P]) -> Vec<P> {
+    let class = |score: f64| u8::from(score < params.degraded_below);
     forwarders.sort_by(|a, b| {
-        let da = a.1 < params.degraded_below;
-        let db = b.1 < params.degraded_below;
-        da.cmp(&db)
+        class(a.1)
+            .cmp(&class(b.1))
             .then(b.1.partial_cmp(&a.1).unwrap_or(std::cmp::Ordering::Equal))
             .then(a.0.cmp(&b.0))
     });
-    let n = n_chains(params.learner_mbps, params.worker_mbps).min(forwarders.len());
-    let mut chains: Vec<Vec<P>> = vec![Vec::new(); n];
-    for (k, w) in forwarders.iter().enumerate() {
-        chains[k % n.max(1)].push(w.0.clone());
+    if prev.is_empty() {
+        return forwarders.into_iter().map(|w| w.0).collect();
     }
-    ChainPlan { chains, fetch_only }
+    let at: BTreeMap<&P, usize> = prev.iter().enumerate().map(|(i, p)| (p, i)).collect();
+    // A stable sort: newcomers (usize::MAX) keep rule 2's order among themselves.
+    let mut pending = forwarders;
+    pending.sort_by_key(|w| at.get(&w.0).copied().unwrap_or(usize::MAX));
+    let mut out = Vec::with_capacity(pending.len());
+    while !pending.is_empty() {
+        let best = pending.iter().map(|w| class(w.1)).min().unwrap_or(0);
+        let top = pending
+            .iter()
+            .filter(|w| class(w.1) == best)
+            .map(|w| w.1)
+            .fold(f64::NEG_INFINITY, f64::max);
+        // The worker scoring `top` itself qualifies, so there is always one.
+        let i = pending
+            .iter()
+            .position(|w| class(w.1) == best && w.1 >= top - REPLAN_MARGIN)
+            .unwrap_or(0);
+        out.push(pending.remove(i).0);
+    }
+    out
 }
 
 /// [`plan_chains`] for workers given as `(peer, score, relay_only)`: relay-only workers end
@@ -125,33 +184,41 @@ pub fn plan_chains_with_reachability<P: Clone + Ord>(
     workers: &[(P, f64, bool)],
     params: &PlanParams,
 ) -> ChainPlan<P> {
+    replan(workers, params, None)
+}
+
+/// [`plan_chains_with_reachability`] for the next version after `prev`: the rank order of
+/// `prev` stands wherever the scores allow (module docs, "Stability"), for the direct workers
+/// and for the relay-only tails alike.
+pub fn replan<P: Clone + Ord>(
+    workers: &[(P, f64, bool)],
+    params: &PlanParams,
+    prev: Option<&ChainPlan<P>>,
+) -> ChainPlan<P> {
+    let prev = prev.map(ChainPlan::rank_order).unwrap_or_default();
     let direct: Vec<(P, f64)> = workers
         .iter()
         .filter(|w| !w.2)
         .map(|w| (w.0.clone(), w.1))
         .collect();
-    let mut plan = plan_chains(&direct, params);
-    let mut relayed: Vec<&(P, f64, bool)> = Vec::new();
+    let mut plan = plan_chains_after(&direct, params, &prev);
+    let mut relayed: Vec<(P, f64)> = Vec::new();
     for w in workers.iter().filter(|w| w.2) {
         if w.1 > params.exclude_below {
-            relayed.push(w);
+            relayed.push((w.0.clone(), w.1));
         } else {
             plan.fetch_only.push(w.0.clone());
         }
     }
-    // Best first, ties by peer id (every node computes the same plan).
-    relayed.sort_by(|a, b| {
-        b.1.partial_cmp(&a.1)
-            .unwrap_or(std::cmp::Ordering::Equal)
-            .then(a.0.cmp(&b.0))
-    });
+    // Best first, ties by peer id (every node computes the same plan); degraded ones last.
+    let relayed = rank(relayed, params, &prev);
     let n_ch = n_chains(params.learner_mbps, params.worker_mbps);
     // Chains whose tail may still take a relay-only worker (none has one yet).
     let mut open: Vec<usize> = (0..plan.chains.len()).collect();
     for w in relayed {
         if plan.chains.len() < n_ch {
             // A spare first-hop slot: the learner sends to it directly; no child follows.
-            plan.chains.push(vec![w.0.clone()]);
+            plan.chains.push(vec![w]);
             continue;
         }
         // The shortest open chain (ties: the lowest index) gets it as its tail.
@@ -163,13 +230,24 @@ pub fn plan_chains_with_reachability<P: Clone + Ord>(
         match pick {
             Some(i) => {
                 let j = open.remove(i);
-                plan.chains[j].push(w.0.clone());
+                plan.chains[j].push(w);
             }
-            None => plan.fetch_only.push(w.0.clone()),
+            None => plan.fetch_only.push(w),
         }
     }
     plan.fetch_only.sort();
     plan
+}
+
+impl<P: Clone> ChainPlan<P> {
+    /// The forwarders level by level: every chain's first hop, then every second hop, and so
+    /// on — for a plan laid out by rule 3, the rank order it was laid out from.
+    pub fn rank_order(&self) -> Vec<P> {
+        (0..self.chains.iter().map(Vec::len).max().unwrap_or(0))
+            .flat_map(|level| self.chains.iter().filter_map(move |c| c.get(level)))
+            .cloned()
+            .collect()
+    }
 }
 
 impl<P: Clone + Eq + Hash> ChainPlan<P> {
@@ -466,6 +544,94 @@ mod tests {
         }
         assert!(plan.excise(&"w06".to_string()));
         assert!(plan.chains.is_empty());
+    }
+
+    fn chain_names(plan: &ChainPlan<String>) -> Vec<String> {
+        plan.chains.iter().map(|c| c.join(",")).collect()
+    }
+
+    #[test]
+    fn the_previous_order_stands_while_scores_move_within_the_margin() {
+        let p = PlanParams::default();
+        let before = reach(&[
+            (90.0, false),
+            (89.0, false),
+            (88.0, false),
+            (87.0, false),
+            (86.0, false),
+            (85.0, false),
+            (84.0, false),
+            (83.0, false),
+        ]);
+        let prev = replan(&before, &p, None);
+        assert_eq!(
+            chain_names(&prev),
+            ["w00,w03,w06", "w01,w04,w07", "w02,w05"]
+        );
+        // Every score moves by up to 4 points, reversing the order.
+        let after = reach(&[
+            (86.0, false),
+            (86.5, false),
+            (87.0, false),
+            (87.5, false),
+            (88.0, false),
+            (88.5, false),
+            (89.0, false),
+            (89.5, false),
+        ]);
+        assert_ne!(replan(&after, &p, None), prev, "a fresh plan would reorder");
+        assert_eq!(replan(&after, &p, Some(&prev)), prev);
+        // The plan's own rank order reproduces it.
+        assert_eq!(
+            prev.rank_order(),
+            ["w00", "w01", "w02", "w03", "w04", "w05", "w06", "w07"]
+        );
+    }
+
+    #[test]
+    fn a_clear_overtake_or_a_class_change_reorders() {
+        let p = PlanParams::default();
+        let scores = [90.0, 89.0, 88.0, 87.0, 86.0, 85.0];
+        let prev = replan(&reach(&scores.map(|s| (s, false))), &p, None);
+        assert_eq!(chain_names(&prev), ["w00,w03", "w01,w04", "w02,w05"]);
+        // w05 now outscores everyone before it by more than the margin: it leads; w01 fell
+        // to degraded: it goes to the last place; the others keep their order.
+        let mut now = scores.map(|s| (s, false));
+        now[5].0 = 96.0;
+        now[1].0 = 35.0;
+        let next = replan(&reach(&now), &p, Some(&prev));
+        assert_eq!(chain_names(&next), ["w05,w03", "w00,w04", "w02,w01"]);
+        // A rise to the top score that stays within the margin of every worker before it
+        // (the lowest of them, w04, has 86) does not move it.
+        let mut now = scores.map(|s| (s, false));
+        now[5].0 = 86.0 + REPLAN_MARGIN - 0.5;
+        assert_eq!(replan(&reach(&now), &p, Some(&prev)), prev);
+    }
+
+    #[test]
+    fn newcomers_and_departures_keep_the_others_in_order() {
+        let p = PlanParams::default();
+        let prev = replan(
+            &reach(&[(90.0, false), (85.0, false), (80.0, false), (75.0, false)]),
+            &p,
+            None,
+        );
+        assert_eq!(chain_names(&prev), ["w00,w03", "w01", "w02"]);
+        // w01 left; w04 (best score) and w05 (worst, relay-only) joined.
+        let now = reach(&[
+            (88.0, false),
+            (0.0, false),
+            (82.0, false),
+            (77.0, false),
+            (99.0, false),
+            (70.0, true),
+        ]);
+        let now: Vec<_> = now.into_iter().filter(|w| w.0 != "w01").collect();
+        let next = replan(&now, &p, Some(&prev));
+        // w04 outscores everyone by more than the margin and leads; w00, w02, w03 follow in
+        // their old order; the relay-only newcomer ends the shortest chain.
+        assert_eq!(chain_names(&next), ["w04,w03", "w00,w05", "w02"]);
+        relay_only_are_tails(&next, &now);
     }
 
     #[test]

@@ -86,20 +86,22 @@ pub(crate) fn topic_hashes(swarm_id: &str) -> Vec<TopicHash> {
 }
 
 /// Builds the swarm: the transport (TCP+noise+yamux, pnet when `psk_file` is set, QUIC when
-/// enabled), DNS, the relay client, bandwidth metrics in `registry`, and [`Behaviour`].
+/// enabled; its TCP sockets tracked in `sockets`), DNS, the relay client, bandwidth metrics
+/// in `registry`, and [`Behaviour`].
 pub(crate) fn build_swarm(
     key: Keypair,
     cfg: &ServiceConfig,
     allow: &HashSet<PeerId>,
     kad_protocol: StreamProtocol,
     registry: &mut Registry,
+    sockets: crate::congestion::SocketRegistry,
 ) -> Result<Swarm<Behaviour>, P2pError> {
     let net = &cfg.network;
     let psk = net.psk_file.as_deref().map(load_psk).transpose()?;
     if let Some(psk) = &psk {
         info!(fingerprint = %psk_fingerprint(psk), "private swarm: pre-shared key loaded; TCP only (no QUIC)");
     }
-    let transport = build_transport(&key, psk, net.quic_enabled())?;
+    let transport = build_transport(&key, psk, net.quic_enabled(), sockets)?;
     let topics = topic_hashes(&cfg.swarm_id);
     let mut swarm = SwarmBuilder::with_existing_identity(key)
         .with_tokio()

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::NetworkConfig;
+use crate::congestion::SocketRegistry;
 use crate::error::{MessageError, P2pError};
 use crate::messages::{Heartbeat, LocalStatus, ScoreTable};
 use crate::role::Role;
@@ -326,6 +327,7 @@ pub struct Client {
     swarm_id: String,
     stream: libp2p_stream::Control,
     banned: BanView,
+    sockets: SocketRegistry,
 }
 
 impl std::fmt::Debug for Client {
@@ -343,6 +345,7 @@ impl Client {
         swarm_id: String,
         stream: libp2p_stream::Control,
         banned: BanView,
+        sockets: SocketRegistry,
     ) -> Self {
         Client {
             tx,
@@ -350,11 +353,22 @@ impl Client {
             swarm_id,
             stream,
             banned,
+            sockets,
         }
     }
 
     pub fn local_peer_id(&self) -> PeerId {
         self.local_peer_id
+    }
+
+    /// Gives the TCP connections to `peer` a fresh congestion-control model before a bulk
+    /// transfer paced at `rate_bytes_per_s`, where BBR's estimate has gone stale (below 80 % of
+    /// that rate: [`crate::congestion`]; it does while a connection carries only gossip), or
+    /// always with an infinite rate (a transfer this node paces itself); returns how many
+    /// sockets were restarted. Cheap (a lock and up to three socket options
+    /// per socket; no round trip to the service task).
+    pub fn restart_congestion(&self, peer: &PeerId, rate_bytes_per_s: f64) -> usize {
+        self.sockets.restart(peer, rate_bytes_per_s)
     }
 
     /// Open / accept bulk-transfer streams. The protocol names live with the crates that own

@@ -86,6 +86,10 @@ pub struct NetworkConfig {
     pub relay_max_circuit_mb: u64,
     /// How long one circuit may stay open, in seconds.
     pub relay_max_circuit_duration_s: u64,
+    /// Before each snapshot push, give the TCP connection to the child a fresh congestion
+    /// model (Linux BBR only; `p2p::congestion`): BBR's bandwidth estimate goes stale while a
+    /// connection carries only gossip between pushes. Off keeps whatever the kernel learnt.
+    pub restart_congestion: bool,
 }
 
 impl Default for NetworkConfig {
@@ -120,6 +124,7 @@ impl Default for NetworkConfig {
             relay_max_circuits_per_peer: 8,
             relay_max_circuit_mb: 1024,
             relay_max_circuit_duration_s: 3600,
+            restart_congestion: true,
         }
     }
 }

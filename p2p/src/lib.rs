@@ -26,6 +26,7 @@ mod behaviour;
 pub mod circuit;
 pub mod client;
 pub mod config;
+pub mod congestion;
 #[cfg(test)]
 mod decoder_props;
 pub mod error;

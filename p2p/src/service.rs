@@ -69,7 +69,15 @@ pub fn start(
     let local_peer_id = key.public().to_peer_id();
     let allow = parse_allow_list(&cfg.network.allow_list)?;
     let kad_protocol = behaviour::kad_protocol(&cfg.swarm_id)?;
-    let mut swarm = behaviour::build_swarm(key, &cfg, &allow, kad_protocol.clone(), registry)?;
+    let sockets = crate::congestion::SocketRegistry::new(cfg.network.restart_congestion);
+    let mut swarm = behaviour::build_swarm(
+        key,
+        &cfg,
+        &allow,
+        kad_protocol.clone(),
+        registry,
+        sockets.clone(),
+    )?;
     let libp2p_metrics = Metrics::new(registry);
     subscribe_all(&mut swarm, &cfg.swarm_id)?;
     listen(&mut swarm, &cfg.network)?;
@@ -88,6 +96,7 @@ pub fn start(
         cfg.swarm_id.clone(),
         stream,
         ban_view.clone(),
+        sockets,
     );
     let quic = cfg.network.quic_enabled();
     let nat = crate::reachability::NatTracker::new(behaviour::runs_relay_server(&cfg));

@@ -5,14 +5,16 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use libp2p::core::muxing::StreamMuxerBox;
+use libp2p::core::muxing::{StreamMuxer, StreamMuxerBox};
 use libp2p::core::transport::Boxed;
 use libp2p::core::upgrade::Version;
+use libp2p::core::ConnectedPoint;
 use libp2p::core::Transport;
 use libp2p::identity::Keypair;
 use libp2p::pnet::{PnetConfig, PreSharedKey};
 use libp2p::{noise, quic, tcp, yamux, Multiaddr, PeerId};
 
+use crate::congestion::SocketRegistry;
 use crate::error::P2pError;
 
 /// Reads a pre-shared key file in the standard format:
@@ -41,13 +43,18 @@ pub fn psk_fingerprint(psk: &PreSharedKey) -> String {
 }
 
 /// TCP [+ pnet] + noise + yamux (default config: yamux's auto-tuned window), plus QUIC if `quic`.
+/// Every TCP socket is tracked in `sockets`, bound to its peer once authenticated (so that a
+/// push can restart its congestion control: [`crate::congestion`]).
 pub(crate) fn build_transport(
     key: &Keypair,
     psk: Option<PreSharedKey>,
     quic: bool,
+    sockets: SocketRegistry,
 ) -> Result<Boxed<(PeerId, StreamMuxerBox)>, P2pError> {
     let noise = noise::Config::new(key).map_err(|e| P2pError::Transport(e.to_string()))?;
-    let base = tcp::tokio::Transport::new(tcp::Config::default().nodelay(true));
+    let tracker = sockets.clone();
+    let base = tcp::tokio::Transport::new(tcp::Config::default().nodelay(true))
+        .map(move |socket, _| tracker.track(socket));
     let tcp = match psk {
         Some(psk) => base
             .and_then(move |socket, _| PnetConfig::new(psk).handshake(socket))
@@ -55,14 +62,14 @@ pub(crate) fn build_transport(
             .authenticate(noise)
             .multiplex(yamux::Config::default())
             .timeout(Duration::from_secs(20))
-            .map(|(p, m), _| (p, StreamMuxerBox::new(m)))
+            .map(bind(sockets.clone()))
             .boxed(),
         None => base
             .upgrade(Version::V1)
             .authenticate(noise)
             .multiplex(yamux::Config::default())
             .timeout(Duration::from_secs(20))
-            .map(|(p, m), _| (p, StreamMuxerBox::new(m)))
+            .map(bind(sockets.clone()))
             .boxed(),
     };
     if !quic {
@@ -74,6 +81,22 @@ pub(crate) fn build_transport(
         .or_transport(quic)
         .map(|either, _| either.into_inner())
         .boxed())
+}
+
+/// The last step of the TCP upgrade: records the authenticated peer of the connection's
+/// socket in `sockets`, and boxes the muxer.
+fn bind<M>(
+    sockets: SocketRegistry,
+) -> impl FnOnce((PeerId, M), ConnectedPoint) -> (PeerId, StreamMuxerBox) + Clone
+where
+    M: StreamMuxer + Send + 'static,
+    M::Substream: Send + 'static,
+    M::Error: Send + Sync + 'static,
+{
+    move |(p, m), endpoint| {
+        sockets.bind(&endpoint, p);
+        (p, StreamMuxerBox::new(m))
+    }
 }
 
 /// The QUIC listen addresses `network.quic_auto_listen` adds: for each `/ip4|ip6/…/tcp/P`

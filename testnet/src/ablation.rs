@@ -108,6 +108,7 @@ pub fn run(
         heartbeat_ms: 500,
         wan: None,
         quic: false,
+        restart_congestion: true,
     };
     let bar = crate::progress::bar(4, "ablation runs");
     let mut t = Vec::new();

@@ -81,6 +81,8 @@ pub struct Settings {
     pub wan: Option<Wan>,
     /// Nodes listen on QUIC only (else TCP only).
     pub quic: bool,
+    /// `network.restart_congestion` of every node (a fresh BBR model per push).
+    pub restart_congestion: bool,
 }
 
 /// WAN conditions of a broadcast run: node-to-node round trip, per-direction loss, jitter.
@@ -202,6 +204,7 @@ fn launch(
         c.broadcast.mode = mode;
         c.broadcast.worker_mbps = s.worker_mbps;
         c.network.quic = s.quic;
+        c.network.restart_congestion = s.restart_congestion;
         c
     };
     let mut learner = config(Role::Learner, &ldir);
@@ -266,7 +269,7 @@ pub fn run_one(s: &Settings, mode: BroadcastMode, n: usize, root: &Path) -> anyh
     };
     fleet.stop(harness::STOP_GRACE);
     let packets = match at.star.as_mut() {
-        Some(star) => star.emulator.stop()?.to_json(),
+        Some(star) => star.stop()?.to_json(),
         None => Value::Null,
     };
     drop(at);
@@ -324,7 +327,8 @@ pub fn sweep(s: &Settings, out: &Path, verbose: bool) -> anyhow::Result<Value> {
     let settings = json!({"size_mb": s.size_mb, "chunk_kb": s.chunk_kb, "worker_mbps": s.worker_mbps,
         "learner_mbps": s.learner_mbps, "rounds": s.rounds, "heartbeat_ms": s.heartbeat_ms,
         "rtt_ms": s.wan.map(|w| w.rtt_ms), "loss_pct": s.wan.map(|w| w.loss_pct),
-        "jitter_ms": s.wan.map(|w| w.jitter_ms), "link_caps": s.wan.map(|w| w.link_caps)});
+        "jitter_ms": s.wan.map(|w| w.jitter_ms), "link_caps": s.wan.map(|w| w.link_caps),
+        "quic": s.quic, "restart_congestion": s.restart_congestion});
     let full = json!({"scenario": "broadcast", "settings": settings, "results": rows});
     let json_path = out.join("broadcast.json");
     std::fs::write(&json_path, serde_json::to_vec_pretty(&full)?)?;
@@ -447,6 +451,7 @@ mod tests {
             heartbeat_ms: 500,
             wan: None,
             quic: false,
+            restart_congestion: true,
         };
         let path = crate::netlab::emu::LinkParams::per_star_link(100.0, 0.5, 0.0);
         let rates: Vec<_> = (0..3)

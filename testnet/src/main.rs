@@ -114,6 +114,10 @@ enum Scenario {
         /// streams go over QUIC.
         #[arg(long)]
         quic: bool,
+        /// Nodes keep the kernel's congestion state across pushes
+        /// (`network.restart_congestion = false`), to measure what the restart is worth.
+        #[arg(long)]
+        keep_congestion_state: bool,
         /// With the WAN options: cap the bandwidth in the emulated links (each node's link
         /// serialises at --learner-mbps / --worker-mbps in both directions) and turn the
         /// workers' own token buckets off, as on a real access link; the learner keeps its
@@ -328,6 +332,7 @@ fn main() -> anyhow::Result<()> {
             wan,
             wan_seed,
             quic,
+            keep_congestion_state,
             link_caps,
             run: RunOpts { bin, json, out },
         } => {
@@ -376,6 +381,7 @@ fn main() -> anyhow::Result<()> {
                 heartbeat_ms,
                 wan,
                 quic,
+                restart_congestion: !keep_congestion_state,
             };
             let summary = broadcast::sweep(&settings, &out, !json)?;
             if json {

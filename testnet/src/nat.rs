@@ -344,7 +344,7 @@ pub fn run(o: &Opts, root: &Path) -> anyhow::Result<Value> {
     let (wan, packets) = match (&mut topo, o.wan) {
         (Topology::Wan(star), Some(w)) => (
             json!({"rtt_ms": w.rtt_ms, "loss_pct": w.loss_pct, "jitter_ms": w.jitter_ms}),
-            star.emulator.stop()?.to_json(),
+            star.stop()?.to_json(),
         ),
         _ => (Value::Null, Value::Null),
     };

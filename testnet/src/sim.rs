@@ -274,6 +274,7 @@ mod tests {
             heartbeat_ms: 2000,
             wan: None,
             quic: false,
+            restart_congestion: true,
         };
         for n in [4, 8, 32, 1000] {
             for mode in [BroadcastMode::Chain, BroadcastMode::Star] {
