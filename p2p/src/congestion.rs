@@ -32,7 +32,7 @@
 //! 2 ×) rides out a loss's recovery: N = 8 chains at 100 ms / 0.5 % took 1.21 × their bound
 //! this way against 1.46 × with models kept. A node without a cap passes B̂w, since there the
 //! path is the bottleneck and a restart's STARTUP overshoot queues at it (1.64 × when every
-//! push restarted, 1.41 × when only stale models were): its sound model is kept.
+//! push restarted, 1.43 × with every model kept): its sound model is kept.
 //!
 //! Owns: the registry and the socket wrapper. Must not touch: the sockets' data (the wrapper
 //! only forwards reads and writes), or any socket option other than reading `TCP_CC_INFO`

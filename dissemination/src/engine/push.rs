@@ -333,8 +333,8 @@ impl Disseminator {
         // the push itself (an uplink cap), the push is app-limited: BBR is restarted every
         // time, which measured best there (1.21× against 1.46× the bound at N = 8, 100 ms,
         // 0.5 % loss). When the path is the limit, only a stale model (below 80 % of B̂w) is
-        // restarted: a restart's STARTUP overshoot queues at the bottleneck (1.64× against
-        // 1.41×, `docs/netlab.md`).
+        // restarted: a restart's STARTUP overshoot queues at the bottleneck (1.64× with every
+        // push restarted against 1.43× with models kept, `docs/netlab.md`).
         let pace = if self.inner.uplink.is_limited() {
             f64::INFINITY
         } else {
