@@ -19,7 +19,7 @@
 //!
 //! Relay-only workers (reachable only through a relay: `p2p::Reachability::Relayed`) never
 //! forward to a child — every byte they forward would cross the relay twice, on a circuit
-//! with byte and time limits. [`plan_chains_with_reachability`] plans the others by the rules
+//! with byte and time limits. [`replan`] plans the others by the rules
 //! above, then puts each relay-only worker at the tail of a chain (at most one per chain,
 //! shortest chain first), or alone in a chain of its own while fewer than `N_ch` chains
 //! exist; the rest are fetch-only.
@@ -113,7 +113,7 @@ pub fn plan_chains<P: Clone + Ord>(workers: &[(P, f64)], params: &PlanParams) ->
 
 /// [`plan_chains`] that keeps the rank order `prev` (the previous plan's
 /// [`ChainPlan::rank_order`]) wherever the scores allow it (module docs, "Stability").
-pub fn plan_chains_after<P: Clone + Ord>(
+fn plan_chains_after<P: Clone + Ord>(
     workers: &[(P, f64)],
     params: &PlanParams,
     prev: &[P],
@@ -152,9 +152,6 @@ fn rank<P: Clone + Ord>(mut forwarders: Vec<(P, f64)>, params: &PlanParams, prev
             .then(b.1.partial_cmp(&a.1).unwrap_or(std::cmp::Ordering::Equal))
             .then(a.0.cmp(&b.0))
     });
-    if prev.is_empty() {
-        return forwarders.into_iter().map(|w| w.0).collect();
-    }
     let at: BTreeMap<&P, usize> = prev.iter().enumerate().map(|(i, p)| (p, i)).collect();
     // A stable sort: newcomers (usize::MAX) keep rule 2's order among themselves.
     let mut pending = forwarders;
@@ -177,19 +174,11 @@ fn rank<P: Clone + Ord>(mut forwarders: Vec<(P, f64)>, params: &PlanParams, prev
     out
 }
 
-/// [`plan_chains`] for workers given as `(peer, score, relay_only)`: relay-only workers end
-/// chains and never have a child (module docs). Without relay-only workers the plan is
-/// exactly [`plan_chains`]'s.
-pub fn plan_chains_with_reachability<P: Clone + Ord>(
-    workers: &[(P, f64, bool)],
-    params: &PlanParams,
-) -> ChainPlan<P> {
-    replan(workers, params, None)
-}
-
-/// [`plan_chains_with_reachability`] for the next version after `prev`: the rank order of
-/// `prev` stands wherever the scores allow (module docs, "Stability"), for the direct workers
-/// and for the relay-only tails alike.
+/// The plan for workers given as `(peer, score, relay_only)`, after the plan `prev` of the
+/// previous version if any: relay-only workers end chains and never have a child (module
+/// docs), and the rank order of `prev` stands wherever the scores allow ("Stability"), for
+/// the direct workers and the relay-only tails alike. Without relay-only workers and without
+/// `prev` the plan is exactly [`plan_chains`]'s.
 pub fn replan<P: Clone + Ord>(
     workers: &[(P, f64, bool)],
     params: &PlanParams,
@@ -334,6 +323,11 @@ mod tests {
             .collect()
     }
 
+    /// Workers `w00`, `w01`, … with these scores, none relay-only.
+    fn direct(scores: &[f64]) -> Vec<(String, f64, bool)> {
+        reach(&scores.iter().map(|&s| (s, false)).collect::<Vec<_>>())
+    }
+
     /// No relay-only worker has a child.
     fn relay_only_are_tails(plan: &ChainPlan<String>, ws: &[(String, f64, bool)]) {
         for chain in &plan.chains {
@@ -355,10 +349,7 @@ mod tests {
             (70.0, false),
         ]);
         let plain: Vec<(String, f64)> = ws.iter().map(|w| (w.0.clone(), w.1)).collect();
-        assert_eq!(
-            plan_chains_with_reachability(&ws, &p),
-            plan_chains(&plain, &p)
-        );
+        assert_eq!(replan(&ws, &p, None), plan_chains(&plain, &p));
     }
 
     #[test]
@@ -377,7 +368,7 @@ mod tests {
             (44.0, true),
             (43.0, true),
         ]);
-        let plan = plan_chains_with_reachability(&ws, &p);
+        let plan = replan(&ws, &p, None);
         assert_eq!(
             plan.chains,
             vec![
@@ -400,7 +391,7 @@ mod tests {
             (30.0, true),
             (5.0, true),
         ]);
-        let plan = plan_chains_with_reachability(&ws, &p);
+        let plan = replan(&ws, &p, None);
         assert_eq!(
             plan.chains,
             vec![
@@ -427,7 +418,7 @@ mod tests {
                     let ws: Vec<(String, f64, bool)> = (0..n)
                         .map(|k| (format!("w{k}"), 20.0 + 7.0 * k as f64, mask >> k & 1 == 1))
                         .collect();
-                    let plan = plan_chains_with_reachability(&ws, &p);
+                    let plan = replan(&ws, &p, None);
                     relay_only_are_tails(&plan, &ws);
                     // Everyone is placed exactly once.
                     let placed =
@@ -553,32 +544,14 @@ mod tests {
     #[test]
     fn the_previous_order_stands_while_scores_move_within_the_margin() {
         let p = PlanParams::default();
-        let before = reach(&[
-            (90.0, false),
-            (89.0, false),
-            (88.0, false),
-            (87.0, false),
-            (86.0, false),
-            (85.0, false),
-            (84.0, false),
-            (83.0, false),
-        ]);
+        let before = direct(&[90.0, 89.0, 88.0, 87.0, 86.0, 85.0, 84.0, 83.0]);
         let prev = replan(&before, &p, None);
         assert_eq!(
             chain_names(&prev),
             ["w00,w03,w06", "w01,w04,w07", "w02,w05"]
         );
         // Every score moves by up to 4 points, reversing the order.
-        let after = reach(&[
-            (86.0, false),
-            (86.5, false),
-            (87.0, false),
-            (87.5, false),
-            (88.0, false),
-            (88.5, false),
-            (89.0, false),
-            (89.5, false),
-        ]);
+        let after = direct(&[86.0, 86.5, 87.0, 87.5, 88.0, 88.5, 89.0, 89.5]);
         assert_ne!(replan(&after, &p, None), prev, "a fresh plan would reorder");
         assert_eq!(replan(&after, &p, Some(&prev)), prev);
         // The plan's own rank order reproduces it.
@@ -592,30 +565,26 @@ mod tests {
     fn a_clear_overtake_or_a_class_change_reorders() {
         let p = PlanParams::default();
         let scores = [90.0, 89.0, 88.0, 87.0, 86.0, 85.0];
-        let prev = replan(&reach(&scores.map(|s| (s, false))), &p, None);
+        let prev = replan(&direct(&scores), &p, None);
         assert_eq!(chain_names(&prev), ["w00,w03", "w01,w04", "w02,w05"]);
         // w05 now outscores everyone before it by more than the margin: it leads; w01 fell
         // to degraded: it goes to the last place; the others keep their order.
-        let mut now = scores.map(|s| (s, false));
-        now[5].0 = 96.0;
-        now[1].0 = 35.0;
-        let next = replan(&reach(&now), &p, Some(&prev));
+        let mut now = scores;
+        now[5] = 96.0;
+        now[1] = 35.0;
+        let next = replan(&direct(&now), &p, Some(&prev));
         assert_eq!(chain_names(&next), ["w05,w03", "w00,w04", "w02,w01"]);
         // A rise to the top score that stays within the margin of every worker before it
         // (the lowest of them, w04, has 86) does not move it.
-        let mut now = scores.map(|s| (s, false));
-        now[5].0 = 86.0 + REPLAN_MARGIN - 0.5;
-        assert_eq!(replan(&reach(&now), &p, Some(&prev)), prev);
+        let mut now = scores;
+        now[5] = 86.0 + REPLAN_MARGIN - 0.5;
+        assert_eq!(replan(&direct(&now), &p, Some(&prev)), prev);
     }
 
     #[test]
     fn newcomers_and_departures_keep_the_others_in_order() {
         let p = PlanParams::default();
-        let prev = replan(
-            &reach(&[(90.0, false), (85.0, false), (80.0, false), (75.0, false)]),
-            &p,
-            None,
-        );
+        let prev = replan(&direct(&[90.0, 85.0, 80.0, 75.0]), &p, None);
         assert_eq!(chain_names(&prev), ["w00,w03", "w01", "w02"]);
         // w01 left; w04 (best score) and w05 (worst, relay-only) joined.
         let now = reach(&[

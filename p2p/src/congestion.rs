@@ -66,12 +66,6 @@ pub struct SocketRegistry {
     enabled: bool,
 }
 
-impl Default for SocketRegistry {
-    fn default() -> Self {
-        SocketRegistry::new(true)
-    }
-}
-
 impl SocketRegistry {
     pub fn new(enabled: bool) -> Self {
         SocketRegistry {
@@ -136,12 +130,9 @@ impl SocketRegistry {
     }
 
     /// Open sockets tracked (bound or not).
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -161,7 +152,7 @@ fn socket_addr(addr: &Multiaddr) -> Option<SocketAddr> {
 
 /// The socket's congestion-control algorithm, without the kernel's NUL padding.
 #[cfg(target_os = "linux")]
-pub fn algorithm(socket: &tokio::net::TcpStream) -> io::Result<Vec<u8>> {
+fn algorithm(socket: &tokio::net::TcpStream) -> io::Result<Vec<u8>> {
     let mut name = socket2::SockRef::from(socket).tcp_congestion()?;
     while name.last() == Some(&0) {
         name.pop();
@@ -181,7 +172,7 @@ pub const STALE_BELOW: f64 = 0.8;
 /// BBR's current bandwidth estimate of `socket` in bytes per second (`TCP_CC_INFO`, struct
 /// `tcp_bbr_info`), or `None` when its algorithm is not BBR.
 #[cfg(target_os = "linux")]
-pub fn bbr_estimate(socket: &tokio::net::TcpStream) -> io::Result<Option<u64>> {
+fn bbr_estimate(socket: &tokio::net::TcpStream) -> io::Result<Option<u64>> {
     use std::os::fd::AsRawFd;
     if algorithm(socket)? != b"bbr" {
         return Ok(None);
@@ -244,19 +235,34 @@ pub struct TrackedTcp {
     socket: Arc<tokio::net::TcpStream>,
 }
 
+impl TrackedTcp {
+    /// Waits for `ready`, then runs the non-blocking `op`; a spurious readiness (the call
+    /// would block) clears it and waits again.
+    fn poll_io<T>(
+        &self,
+        cx: &mut Context<'_>,
+        ready: fn(&tokio::net::TcpStream, &mut Context<'_>) -> Poll<io::Result<()>>,
+        mut op: impl FnMut(&tokio::net::TcpStream) -> io::Result<T>,
+    ) -> Poll<io::Result<T>> {
+        loop {
+            ready!(ready(&self.socket, cx))?;
+            match op(&self.socket) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                r => return Poll::Ready(r),
+            }
+        }
+    }
+}
+
 impl AsyncRead for TrackedTcp {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut [u8],
     ) -> Poll<io::Result<usize>> {
-        loop {
-            ready!(self.socket.poll_read_ready(cx))?;
-            match self.socket.try_read(buf) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                r => return Poll::Ready(r),
-            }
-        }
+        self.poll_io(cx, tokio::net::TcpStream::poll_read_ready, |s| {
+            s.try_read(buf)
+        })
     }
 }
 
@@ -266,13 +272,9 @@ impl AsyncWrite for TrackedTcp {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        loop {
-            ready!(self.socket.poll_write_ready(cx))?;
-            match self.socket.try_write(buf) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                r => return Poll::Ready(r),
-            }
-        }
+        self.poll_io(cx, tokio::net::TcpStream::poll_write_ready, |s| {
+            s.try_write(buf)
+        })
     }
 
     fn poll_write_vectored(
@@ -280,13 +282,9 @@ impl AsyncWrite for TrackedTcp {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        loop {
-            ready!(self.socket.poll_write_ready(cx))?;
-            match self.socket.try_write_vectored(bufs) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                r => return Poll::Ready(r),
-            }
-        }
+        self.poll_io(cx, tokio::net::TcpStream::poll_write_ready, |s| {
+            s.try_write_vectored(bufs)
+        })
     }
 
     fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -332,7 +330,7 @@ mod tests {
     async fn bytes_pass_through_and_closing_ends_the_stream() {
         use futures::{AsyncReadExt, AsyncWriteExt};
         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-        let reg = SocketRegistry::default();
+        let reg = SocketRegistry::new(true);
         let (mut tracked, mut other, _) = pair(&reg).await;
         tracked.write_all(b"chunk bytes").await.unwrap();
         tracked.close().await.unwrap();
@@ -349,7 +347,7 @@ mod tests {
     async fn only_the_bound_peers_stale_bbr_sockets_are_restarted() {
         use futures::AsyncWriteExt;
         use tokio::io::AsyncReadExt;
-        let reg = SocketRegistry::default();
+        let reg = SocketRegistry::new(true);
         let (mut tracked, mut other, addr) = pair(&reg).await;
         let (peer, stranger) = (PeerId::random(), PeerId::random());
         assert_eq!(reg.len(), 1);

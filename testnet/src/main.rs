@@ -663,7 +663,6 @@ fn read_json(path: &Path) -> anyhow::Result<serde_json::Value> {
     .with_context(|| format!("parsing {}", path.display()))
 }
 
-/// The one-line JSON summary (`--json`) or a pretty one.
 impl WanArgs {
     /// The emulated WAN, when any of its options is given, its ranges checked.
     fn resolve(self, seed: u64, link_caps: bool) -> anyhow::Result<Option<broadcast::Wan>> {
@@ -697,6 +696,7 @@ impl WanArgs {
     }
 }
 
+/// The one-line JSON summary (`--json`) or a pretty one.
 fn print_summary(v: &serde_json::Value, json: bool) {
     if json {
         println!("{v}");

@@ -96,11 +96,8 @@ fn status(exe: &Path, admin: &str) -> Option<Value> {
 
 /// `(transmitted, received)` bytes of a public host's `eth0`, read from inside its namespace.
 fn interface_bytes(lab: &NatLab, ns: &str) -> Option<(u64, u64)> {
-    let read = |what: &str| -> Option<u64> {
-        let path = format!("/sys/class/net/eth0/statistics/{what}_bytes");
-        lab.lab.exec(ns, &["cat", &path]).ok()?.trim().parse().ok()
-    };
-    Some((read("tx")?, read("rx")?))
+    let read = |stat| lab.lab.iface_stat(ns, "eth0", stat).ok();
+    Some((read("tx_bytes")?, read("rx_bytes")?))
 }
 
 /// The NAT in front of a worker and its router's number (none on the WAN star).

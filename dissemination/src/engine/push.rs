@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use control::plan::{replan, ChainPlan, Placement, PlanParams};
+use control::plan::{replan, ChainPlan, Placement};
 use control::units::mbps_to_bytes_per_s;
 use futures::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use p2p::framing::{read_frame, write_frame};
@@ -338,15 +338,12 @@ impl Disseminator {
         let pace = if self.inner.uplink.is_limited() {
             f64::INFINITY
         } else {
-            let b_hat = self.inner.cfg.plan.worker_mbps;
-            mbps_to_bytes_per_s(if b_hat.is_finite() && b_hat > 0.0 {
-                b_hat
-            } else {
-                PlanParams::default().worker_mbps
-            })
+            mbps_to_bytes_per_s(self.inner.cfg.plan.worker_mbps)
         };
         let restarted = self.inner.client.restart_congestion(&child, pace);
-        trace!(%child, version, restarted, "congestion control restarted");
+        if restarted > 0 {
+            trace!(%child, version, restarted, "congestion control restarted");
+        }
         // A child without the manifest asks the learner for it before it replies: open, ask,
         // read (each within the deadline).
         let reply_wait = if hello.manifest.is_empty() {

@@ -10,18 +10,28 @@ use p2p::{Client, PeerId, ScoreComponents};
 
 use super::{installed, random, score_of, shutdown, swarm, Node, WAIT};
 
+/// Polls `f` every 20 ms until it yields a value; fails the test with `what` after [`WAIT`].
+async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
+    what: impl std::fmt::Display,
+    mut f: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Waits until `d` keeps `n` chunk streams open (a push is confirmed just after the child
 /// installs, so the parent keeps its stream a moment later).
 async fn kept(d: &Disseminator, n: usize) {
-    let deadline = Instant::now() + WAIT;
-    while d.kept_sessions() != n {
-        assert!(
-            Instant::now() < deadline,
-            "keeps {} chunk streams, expected {n}",
-            d.kept_sessions()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(format!("never kept {n} chunk streams"), || async {
+        (d.kept_sessions() == n).then_some(())
+    })
+    .await
 }
 
 /// Publishes `version` (2 MB of fresh bytes) from `learner`; waits for `w` to install exactly
@@ -39,19 +49,16 @@ async fn push_version(learner: &Node, w: &mut Node, version: u64) {
 
 /// Waits until `client` has recorded `successes` transfers of `peer`; returns its score.
 async fn successes(client: &Client, peer: PeerId, successes: u64) -> ScoreComponents {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let (Some(c), _) = score_of(client, peer).await {
-            if c.successes >= successes {
-                return c;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{peer}: fewer than {successes} transfers"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        format!("{peer}: fewer than {successes} transfers"),
+        || async {
+            score_of(client, peer)
+                .await
+                .0
+                .filter(|c| c.successes >= successes)
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -81,14 +88,10 @@ async fn a_kept_stream_the_child_closed_is_replaced_without_a_charge() {
     push_version(&learner, w, 1).await;
     // The child gives up on the next hello after `idle`; the learner (default timeout) still
     // holds the stream as reusable.
-    let deadline = Instant::now() + WAIT;
-    while w.d.counters().sessions_ended_idle < 1 {
-        assert!(
-            Instant::now() < deadline,
-            "the child never closed its idle session"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("the child never closed its idle session", || async {
+        (w.d.counters().sessions_ended_idle >= 1).then_some(())
+    })
+    .await;
     push_version(&learner, w, 2).await;
     let c = learner.d.counters();
     assert_eq!(

@@ -121,6 +121,17 @@ impl Lab {
         run("ip", &a)
     }
 
+    /// Counter `stat` of device `dev` in `ns` (`/sys/class/net/DEV/statistics/STAT`, read from
+    /// inside the namespace: `tx_bytes`, `tx_dropped`, …).
+    pub fn iface_stat(&self, ns: &str, dev: &str, stat: &str) -> Result<u64, LabError> {
+        let path = format!("/sys/class/net/{dev}/statistics/{stat}");
+        let out = self.exec(ns, &["cat", &path])?;
+        out.trim().parse().map_err(|_| LabError::Command {
+            cmd: format!("cat {path}"),
+            stderr: format!("not a counter: {out:?}"),
+        })
+    }
+
     pub fn sysctl(&self, ns: &str, key: &str, value: &str) -> Result<(), LabError> {
         self.exec(ns, &["sysctl", "-q", "-w", &format!("{key}={value}")])
             .map(drop)

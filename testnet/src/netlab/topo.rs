@@ -206,7 +206,8 @@ fn anyhow_limit(ok: bool, what: &str) -> Result<(), LabError> {
 /// Hosts on emulated WAN links around a forwarding hub.
 pub struct WanStar {
     /// Dropped after the emulator (field order): the devices go with their namespaces.
-    pub emulator: Emulator,
+    /// Stopped through [`WanStar::stop`], which reads the kernel's drops first.
+    emulator: Emulator,
     pub hosts: Vec<Host>,
     /// The forwarding hub's namespace (the devices `l0` … of the links).
     hub: String,
@@ -288,25 +289,19 @@ impl WanStar {
     /// Stops the forwarder and returns its totals with the kernel's drops at the TUN queues
     /// (`host_dropped`), read while the devices still exist (they go with the forwarder).
     pub fn stop(&mut self) -> anyhow::Result<LinkStats> {
+        // For a TUN device, `tx_dropped` counts packets refused because its queue to the
+        // reading process (the forwarder) was full.
         let mut dropped = 0;
         for (i, h) in self.hosts.iter().enumerate() {
-            dropped += tx_dropped(&self.lab, &h.ns, "wan0")?;
-            dropped += tx_dropped(&self.lab, &self.hub, &format!("l{i}"))?;
+            dropped += self.lab.iface_stat(&h.ns, "wan0", "tx_dropped")?;
+            dropped += self
+                .lab
+                .iface_stat(&self.hub, &format!("l{i}"), "tx_dropped")?;
         }
         let mut stats = self.emulator.stop()?;
         stats.host_dropped = dropped;
         Ok(stats)
     }
-}
-
-/// The kernel's transmit drops of device `dev` in `ns` (`ip -s -j link`): for a TUN device,
-/// packets refused because its queue to the reading process was full.
-fn tx_dropped(lab: &Lab, ns: &str, dev: &str) -> anyhow::Result<u64> {
-    let out = lab.ip(ns, &["-s", "-j", "link", "show", "dev", dev])?;
-    let v: serde_json::Value = serde_json::from_str(&out)?;
-    v[0]["stats64"]["tx"]["dropped"]
-        .as_u64()
-        .ok_or_else(|| anyhow::anyhow!("no tx drop count for {dev} in {ns}: {out}"))
 }
 
 /// Caps the egress of `dev` in `ns` at `mbit` Mbit/s with a token bucket (`tbf`): burst of
