@@ -290,6 +290,9 @@ pub(crate) enum Command {
     Status(oneshot::Sender<NetworkStatus>),
     ListenAddrs(oneshot::Sender<Vec<Multiaddr>>),
     Dial(Multiaddr, oneshot::Sender<Result<(), P2pError>>),
+    /// Dial `peer` by id from a new local port unless connected or being dialed; replies
+    /// once the dial has started (or was not needed).
+    Connect(PeerId, oneshot::Sender<()>),
     SetLocal(LocalStatus),
     Publish {
         topic: String,
@@ -318,6 +321,9 @@ pub(crate) enum Command {
 /// The set of banned peers, written by the service task and read by every [`Client`]
 /// without a round trip through the command channel.
 pub(crate) type BanView = Arc<RwLock<HashSet<PeerId>>>;
+
+/// Opens of one stream ([`Client::open_stream`]) while dials to the peer fail.
+pub const OPEN_ATTEMPTS: u32 = 3;
 
 /// Cheap-to-clone handle to the network service.
 #[derive(Clone)]
@@ -372,9 +378,48 @@ impl Client {
     }
 
     /// Open / accept bulk-transfer streams. The protocol names live with the crates that own
-    /// the protocols (`dissemination`, `pull`); p2p only carries the streams.
+    /// the protocols (`dissemination`, `pull`); p2p only carries the streams. To open one to
+    /// a peer this node may not be connected to, prefer [`Client::open_stream`].
     pub fn stream_control(&self) -> libp2p_stream::Control {
         self.stream.clone()
+    }
+
+    /// Opens a `protocol` stream to `peer`, dialing it first if not connected — from a new
+    /// local port. (`libp2p_stream` would dial from the listening port. When the peer dials
+    /// this node from its own listening port at the same moment, for a Kademlia query, the
+    /// two TCP dials meet as one simultaneous-open connection on which both ends start the
+    /// Noise handshake as initiator, and the open fails with "input error". A forwarder's
+    /// first push to a child it never met did, in first rounds at 100 ms RTT.)
+    ///
+    /// A dial that was already under way when the open asked (a Kademlia query's, which may
+    /// meet the peer's own that way) fails every open waiting on the peer; such an open is
+    /// tried again, at most [`OPEN_ATTEMPTS`] times in all, each with a new dial of its own.
+    pub async fn open_stream(
+        &self,
+        peer: PeerId,
+        protocol: libp2p::StreamProtocol,
+    ) -> Result<libp2p::Stream, libp2p_stream::OpenStreamError> {
+        let mut attempt = 1;
+        loop {
+            // Once the service has started the dial, the stream's own dial finds the peer
+            // being dialed and is not made; the open waits for this connection. A stopped
+            // service leaves the open to fail by itself.
+            let _ = self.ask(|r| Command::Connect(peer, r)).await;
+            match self
+                .stream
+                .clone()
+                .open_stream(peer, protocol.clone())
+                .await
+            {
+                Err(libp2p_stream::OpenStreamError::Io(e))
+                    if e.kind() == std::io::ErrorKind::NotConnected && attempt < OPEN_ATTEMPTS =>
+                {
+                    tracing::debug!(%peer, attempt, error = %e, "dial failed under a stream open; dialing again");
+                    attempt += 1;
+                }
+                r => return r,
+            }
+        }
     }
 
     async fn send(&self, c: Command) -> Result<(), P2pError> {

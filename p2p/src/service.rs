@@ -415,14 +415,41 @@ impl Service {
         if self.swarm.connected_peers().count() >= self.cfg.network.max_peers as usize {
             return;
         }
-        // A new local port, not the listening one: two peers that learn of each other at the
-        // same moment (each other's heartbeat dial hints) dial each other at once, and two
-        // TCP dials from both listening ports can meet as one simultaneous-open connection
-        // on which both ends start the Noise handshake as initiator ("input error"). The
-        // dial that a stream open makes (a forwarder's push) then fails the same way.
+        self.dial_from_new_port(peer, addrs);
+    }
+
+    /// Every address this node holds for `peer`: its bootstrap entry, the peer table's
+    /// (connections it dialed, identify) and its last heartbeat's dial hints. Kademlia forgets
+    /// an address after a failed dial; these stay until the peer is forgotten.
+    fn known_addrs(&self, peer: &PeerId) -> Vec<Multiaddr> {
+        let mut out: Vec<Multiaddr> = self
+            .bootstrap
+            .iter()
+            .filter(|(p, _)| p == peer)
+            .map(|(_, a)| strip_p2p(a))
+            .collect();
+        if let Some(e) = self.peers.get(peer) {
+            out.extend(e.addrs.iter().cloned());
+            let hints = e.heartbeat.iter().flat_map(|(hb, _)| &hb.addrs);
+            out.extend(hints.filter_map(|a| a.parse().ok()));
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// Dials `peer` (at `addrs` and whatever addresses the behaviours know) unless connected
+    /// or already being dialed, from a new local port, not the listening one: two peers that
+    /// learn of each other at the same moment (each other's heartbeat dial hints) dial each
+    /// other at once, and two TCP dials from both listening ports can meet as one
+    /// simultaneous-open connection on which both ends start the Noise handshake as
+    /// initiator ("input error"). Bootstrap dials keep the listening port: behind a NAT, the
+    /// address the bootstrap peer observes for them is the one hole punching needs.
+    fn dial_from_new_port(&mut self, peer: PeerId, addrs: Vec<Multiaddr>) {
         let opts = DialOpts::peer_id(peer)
             .condition(PeerCondition::DisconnectedAndNotDialing)
             .addresses(addrs)
+            .extend_addresses_through_behaviour()
             .allocate_new_port()
             .build();
         if let Err(e) = self.swarm.dial(opts) {
@@ -447,6 +474,13 @@ impl Service {
             }
             Command::ListenAddrs(reply) => {
                 let _ = reply.send(behaviour::ordered_listeners(&self.swarm));
+            }
+            Command::Connect(peer, reply) => {
+                if peer != *self.swarm.local_peer_id() && !self.swarm.is_connected(&peer) {
+                    let known = self.known_addrs(&peer);
+                    self.dial_from_new_port(peer, known);
+                }
+                let _ = reply.send(());
             }
             Command::Dial(addr, reply) => {
                 let r = self.swarm.dial(addr.clone());

@@ -472,3 +472,149 @@ async fn heartbeats_carry_dial_hints_to_every_node() {
     .await
     .expect("test timed out");
 }
+
+/// `Client::open_stream` to a peer this node is not connected to dials it from a new local
+/// port, not the listening one (which bootstrap dials keep): two peers whose dials from their
+/// listening ports cross meet as one TCP simultaneous-open connection on which both start the
+/// Noise handshake as initiator, and both dials fail — what a forwarder's first push did at
+/// 100 ms RTT when the child's Kademlia query dialed it at the same moment. The peer here is
+/// a bare TCP listener posing as a bootstrap peer: it records the source port of every
+/// connection and drops it (so no libp2p connection ever stands and every open dials anew).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_open_dials_from_a_new_port() {
+    use std::sync::{Arc, Mutex};
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = listener.local_addr().unwrap();
+        let seen: Arc<Mutex<Vec<(Instant, u16)>>> = Arc::default();
+        let record = seen.clone();
+        let acceptor = tokio::spawn(async move {
+            while let Ok((socket, from)) = listener.accept().await {
+                record.lock().unwrap().push((Instant::now(), from.port()));
+                drop(socket);
+            }
+        });
+        let fake = p2p::peer_id_from_seed([41; 32]);
+        let boot = format!("/ip4/127.0.0.1/tcp/{}/p2p/{fake}", at.port());
+        let b = Node::start(42, config(vec![boot]));
+        let listen_port = wait_for("b to listen", || async {
+            b.client
+                .listen_addrs()
+                .await
+                .ok()?
+                .into_iter()
+                .find_map(|a| {
+                    a.iter().find_map(|p| match p {
+                        p2p::multiaddr::Protocol::Tcp(port) => Some(port),
+                        _ => None,
+                    })
+                })
+        })
+        .await;
+        // The bootstrap dial comes from the listening port: the listener tells the two apart.
+        wait_for("the bootstrap dial from the listening port", || async {
+            let s = seen.lock().unwrap();
+            s.iter().any(|&(_, port)| port == listen_port).then_some(())
+        })
+        .await;
+        // Each open fails (the listener drops the connection). A dial already under way when
+        // the open asks (a bootstrap redial, a Kademlia query) makes the open wait for it
+        // instead of dialing, so up to three opens are tried.
+        let mut from_new_port = false;
+        for _ in 0..3 {
+            let asked = Instant::now();
+            let open = b.client.open_stream(fake, TEST_STREAM);
+            let r = tokio::time::timeout(Duration::from_secs(10), open).await;
+            assert!(!matches!(r, Ok(Ok(_))), "a bare TCP listener gave a stream");
+            from_new_port = seen
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|&(t, port)| t >= asked && port != listen_port);
+            if from_new_port {
+                break;
+            }
+        }
+        let seen = seen.lock().unwrap().clone();
+        assert!(
+            from_new_port,
+            "no dial from a new port after the opens: {seen:?} (listening port {listen_port})"
+        );
+        acceptor.abort();
+        b.stop().await;
+    })
+    .await
+    .expect("test timed out");
+}
+
+/// An open that finds a dial to the peer already under way waits for it, and when that dial
+/// fails (here: a TCP proxy in front of the peer holds the first connection, then drops it,
+/// as a simultaneous open does), the open dials again instead of failing: the stream opens
+/// through the proxy's next connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_open_outlives_a_failed_dial_it_waited_for() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let c = Node::start(51, config(vec![]));
+        let c_addr = wait_for("c to listen", || async {
+            c.client.listen_addrs().await.ok()?.into_iter().next()
+        })
+        .await;
+        let target: std::net::SocketAddr = match (c_addr.iter().next(), c_addr.iter().nth(1)) {
+            (
+                Some(p2p::multiaddr::Protocol::Ip4(ip)),
+                Some(p2p::multiaddr::Protocol::Tcp(port)),
+            ) => (ip, port).into(),
+            _ => panic!("c listens on {c_addr}"),
+        };
+        let mut incoming = c.client.stream_control().accept(TEST_STREAM).unwrap();
+        let received = tokio::spawn(async move {
+            let (_, mut s) = incoming.next().await.unwrap();
+            let mut buf = Vec::new();
+            s.read_to_end(&mut buf).await.unwrap();
+            buf
+        });
+        // The proxy holds its first connection until `release`, then drops it; it relays
+        // every later one to c.
+        let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy_port = proxy.local_addr().unwrap().port();
+        let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+        let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+        let relay = tokio::spawn(async move {
+            let (first, _) = proxy.accept().await.unwrap();
+            let _ = held_tx.send(());
+            let _ = release_rx.await;
+            drop(first);
+            while let Ok((mut inbound, _)) = proxy.accept().await {
+                tokio::spawn(async move {
+                    let mut out = tokio::net::TcpStream::connect(target).await.unwrap();
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                });
+            }
+        });
+        let pc = c.client.local_peer_id();
+        // b knows c only at the proxy, as a bootstrap peer: its first dial is the held one.
+        let b = Node::start(
+            52,
+            config(vec![format!("/ip4/127.0.0.1/tcp/{proxy_port}/p2p/{pc}")]),
+        );
+        held_rx.await.unwrap();
+        let opener = b.client.clone();
+        let open = tokio::spawn(async move { opener.open_stream(pc, TEST_STREAM).await });
+        // Let the open find the held dial under way (if it came later, it would dial anew and
+        // the test would pass without the retry: never a false failure).
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        release_tx.send(()).unwrap();
+        let mut s = open
+            .await
+            .unwrap()
+            .expect("the open dials again after the dial it waited for failed");
+        s.write_all(b"through the second dial").await.unwrap();
+        s.close().await.unwrap();
+        assert_eq!(received.await.unwrap(), b"through the second dial");
+        relay.abort();
+        b.stop().await;
+        c.stop().await;
+    })
+    .await
+    .expect("test timed out");
+}

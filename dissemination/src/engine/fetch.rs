@@ -176,16 +176,10 @@ impl Disseminator {
 
     /// Opens a chunk-fetch stream to `peer`, giving up after `limit`.
     pub(super) async fn open_fetch(&self, peer: PeerId, limit: Duration) -> Result<p2p::Stream> {
-        tokio::time::timeout(
-            limit,
-            self.inner
-                .client
-                .stream_control()
-                .open_stream(peer, CHUNK_FETCH),
-        )
-        .await
-        .map_err(|_| DisseminationError::Timeout(format!("opening a fetch stream to {peer}")))?
-        .map_err(|e| open_err(peer, "chunk-fetch", e))
+        tokio::time::timeout(limit, self.inner.client.open_stream(peer, CHUNK_FETCH))
+            .await
+            .map_err(|_| DisseminationError::Timeout(format!("opening a fetch stream to {peer}")))?
+            .map_err(|e| open_err(peer, "chunk-fetch", e))
     }
 
     /// Asks the learner for its signed manifest of `version` (`u64::MAX`: its newest) and the

@@ -299,10 +299,7 @@ impl Disseminator {
     async fn open_chunk_stream(&self, child: PeerId) -> Result<libp2p::Stream> {
         tokio::time::timeout(
             self.inner.cfg.read_timeout,
-            self.inner
-                .client
-                .stream_control()
-                .open_stream(child, CHUNK_STREAM),
+            self.inner.client.open_stream(child, CHUNK_STREAM),
         )
         .await
         .map_err(|_| DisseminationError::Timeout(format!("opening a chunk stream to {child}")))?
