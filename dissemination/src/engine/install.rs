@@ -174,7 +174,7 @@ impl Disseminator {
     }
 
     /// How this node receives `version` according to the current plan.
-    fn feed(&self, version: u64) -> Feed {
+    pub(super) fn feed(&self, version: u64) -> Feed {
         let st = self.lock();
         match st.plan.as_ref().filter(|p| p.plan.version == version) {
             None => Feed::Unplanned,
