@@ -212,8 +212,9 @@ mod tests {
 
     #[test]
     fn a_stall_shorter_than_the_catch_up_is_made_up() {
-        // 1000 B/s, 100 B frames arriving at the rate, with the input stalled for 200 ms
-        // before frame 20 (then frames 20 and 21 arrive at once, as after a retransmit).
+        // 1000 B/s, 100 B frames arriving at the rate (one per 100 ms), except that nothing
+        // comes for 200 ms after frame 18: frames 19 and 20 then arrive at once, as after a
+        // retransmit.
         let t0 = Instant::now();
         let on_time: Vec<Instant> = (0..40)
             .map(|i| t0 + Duration::from_millis(100 * i))
