@@ -64,6 +64,16 @@ pub(crate) struct PeerEntry {
 }
 
 impl PeerEntry {
+    /// Where the peer may be dialed: the addresses of connections this node dialed and those
+    /// identify reported, then its last heartbeat's dial hints (those that parse).
+    pub(crate) fn dial_addrs(&self) -> impl Iterator<Item = Multiaddr> + '_ {
+        let hints = self.heartbeat.iter().flat_map(|(hb, _)| &hb.addrs);
+        self.addrs
+            .iter()
+            .cloned()
+            .chain(hints.filter_map(|a| a.parse().ok()))
+    }
+
     /// Records a valid heartbeat and says whether the peer just joined ([`Arrival`]). Not a
     /// score event: successes come from transfers only (see [`crate::score`]).
     pub(crate) fn record_heartbeat(&mut self, hb: Heartbeat, now: Instant) -> Arrival {

@@ -429,9 +429,7 @@ impl Service {
             .map(|(_, a)| strip_p2p(a))
             .collect();
         if let Some(e) = self.peers.get(peer) {
-            out.extend(e.addrs.iter().cloned());
-            let hints = e.heartbeat.iter().flat_map(|(hb, _)| &hb.addrs);
-            out.extend(hints.filter_map(|a| a.parse().ok()));
+            out.extend(e.dial_addrs());
         }
         out.sort();
         out.dedup();

@@ -119,11 +119,28 @@ impl Node {
     }
 
     async fn bootstrap_addr(&self) -> String {
-        let addr = wait_for("a node to listen", || async {
+        let addr = self.listen_addr().await;
+        format!("{addr}/p2p/{}", self.client.local_peer_id())
+    }
+
+    /// The node's first listen address, once it listens.
+    async fn listen_addr(&self) -> p2p::Multiaddr {
+        wait_for("a node to listen", || async {
             self.client.listen_addrs().await.ok()?.into_iter().next()
         })
-        .await;
-        format!("{addr}/p2p/{}", self.client.local_peer_id())
+        .await
+    }
+
+    /// The same as a TCP socket address (the loopback configs listen on TCP only).
+    async fn listen_socket(&self) -> std::net::SocketAddr {
+        let addr = self.listen_addr().await;
+        match (addr.iter().next(), addr.iter().nth(1)) {
+            (
+                Some(p2p::multiaddr::Protocol::Ip4(ip)),
+                Some(p2p::multiaddr::Protocol::Tcp(port)),
+            ) => (ip, port).into(),
+            _ => panic!("not a TCP listen address: {addr}"),
+        }
     }
 
     async fn stop(self) {
@@ -497,20 +514,7 @@ async fn a_stream_open_dials_from_a_new_port() {
         let fake = p2p::peer_id_from_seed([41; 32]);
         let boot = format!("/ip4/127.0.0.1/tcp/{}/p2p/{fake}", at.port());
         let b = Node::start(42, config(vec![boot]));
-        let listen_port = wait_for("b to listen", || async {
-            b.client
-                .listen_addrs()
-                .await
-                .ok()?
-                .into_iter()
-                .find_map(|a| {
-                    a.iter().find_map(|p| match p {
-                        p2p::multiaddr::Protocol::Tcp(port) => Some(port),
-                        _ => None,
-                    })
-                })
-        })
-        .await;
+        let listen_port = b.listen_socket().await.port();
         // The bootstrap dial comes from the listening port: the listener tells the two apart.
         wait_for("the bootstrap dial from the listening port", || async {
             let s = seen.lock().unwrap();
@@ -555,17 +559,7 @@ async fn a_stream_open_dials_from_a_new_port() {
 async fn a_stream_open_outlives_a_failed_dial_it_waited_for() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let c = Node::start(51, config(vec![]));
-        let c_addr = wait_for("c to listen", || async {
-            c.client.listen_addrs().await.ok()?.into_iter().next()
-        })
-        .await;
-        let target: std::net::SocketAddr = match (c_addr.iter().next(), c_addr.iter().nth(1)) {
-            (
-                Some(p2p::multiaddr::Protocol::Ip4(ip)),
-                Some(p2p::multiaddr::Protocol::Tcp(port)),
-            ) => (ip, port).into(),
-            _ => panic!("c listens on {c_addr}"),
-        };
+        let target = c.listen_socket().await;
         let mut incoming = c.client.stream_control().accept(TEST_STREAM).unwrap();
         let received = tokio::spawn(async move {
             let (_, mut s) = incoming.next().await.unwrap();

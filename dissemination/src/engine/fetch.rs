@@ -18,7 +18,7 @@ use tracing::debug;
 use super::push::chunk_frame_err;
 use super::{frame_deadline, open_err, within, Disseminator};
 use crate::error::{DisseminationError, Result};
-use crate::transfer::repair_batch;
+use crate::transfer::{repair_batch, Feed};
 use crate::wire::{
     CatchUp, FetchRequest, CHUNK_FETCH, MAX_CATCH_UP_BYTES, MAX_FETCH_BATCH,
     MAX_FETCH_REQUEST_BYTES,
@@ -297,11 +297,16 @@ impl Disseminator {
     }
 
     /// One repair round: asks every candidate holder in turn for what is still missing (behind
-    /// a parent's push, from the back a batch at a time: [`repair_batch`]), looking at the
-    /// store again before every request.
+    /// a parent's push — `feed` — from the back a batch at a time: [`repair_batch`]), looking
+    /// at the store again before every request.
     /// Candidates: the plan's other workers (own chain's ancestors first), the learner last
     /// (it holds everything but its uplink is the scarce resource).
-    pub(super) async fn repair_round(&self, version: u64, m: &SnapshotManifest) -> Result<usize> {
+    pub(super) async fn repair_round(
+        &self,
+        version: u64,
+        m: &SnapshotManifest,
+        feed: Feed,
+    ) -> Result<usize> {
         let (plan, bad) = {
             let st = self.lock();
             (
@@ -345,7 +350,7 @@ impl Disseminator {
                     return Ok(total);
                 }
                 // Behind a live push: from the back, a few at a time (`repair_batch`).
-                let missing = repair_batch(missing, self.feed(version));
+                let missing = repair_batch(missing, feed);
                 if self
                     .lock()
                     .transfers

@@ -174,7 +174,7 @@ impl Disseminator {
     }
 
     /// How this node receives `version` according to the current plan.
-    pub(super) fn feed(&self, version: u64) -> Feed {
+    fn feed(&self, version: u64) -> Feed {
         let st = self.lock();
         match st.plan.as_ref().filter(|p| p.plan.version == version) {
             None => Feed::Unplanned,
@@ -256,7 +256,7 @@ impl Disseminator {
                     Action::Stop => return Ok(()),
                     Action::Install => return self.install(version).await,
                     Action::Repair => {
-                        let n = self.repair_round(version, m).await?;
+                        let n = self.repair_round(version, m, feed).await?;
                         if n > 0 {
                             info!(version, chunks = n, "fetched missing chunks from holders");
                         }
