@@ -25,7 +25,9 @@
 //!
 //! Owns: the protocol's name ([`TRAJECTORY_PULL`]), its messages ([`wire`]), the worker side
 //! ([`serve`], module `serve`) and the learner side ([`pull`]). Must not touch: the swarm
-//! itself (it uses `p2p`'s stream control) or the store formats (it calls `storage`).
+//! itself (it opens streams through [`p2p::Client::open_stream`], which dials a worker the
+//! learner is not connected to by the node's one dial rule) or the store formats (it calls
+//! `storage`).
 
 mod budget;
 mod serve;
@@ -221,25 +223,25 @@ impl PullOutcome {
 /// Learner side: one pull from `worker` into `buffer` (see the crate docs for the order of
 /// operations that makes it crash-safe).
 pub async fn pull(
-    control: &mut libp2p_stream::Control,
+    client: &p2p::Client,
     worker: PeerId,
     buffer: Arc<TrajectoryStore>,
     req: PullRequest,
 ) -> Result<PullOutcome, PullError> {
-    pull_verified(control, worker, buffer, req, Arc::new(NoVerification)).await
+    pull_verified(client, worker, buffer, req, Arc::new(NoVerification)).await
 }
 
 /// [`pull`] with the learner's [`GroupVerifier`] run over the groups that pass
 /// [`check_group`], before they are stored.
 pub async fn pull_verified(
-    control: &mut libp2p_stream::Control,
+    client: &p2p::Client,
     worker: PeerId,
     buffer: Arc<TrajectoryStore>,
     req: PullRequest,
     verifier: Arc<dyn GroupVerifier>,
 ) -> Result<PullOutcome, PullError> {
     pull_verified_with(
-        control,
+        client,
         worker,
         buffer,
         req,
@@ -267,16 +269,20 @@ impl Default for PullOptions {
 
 /// [`pull_verified`] with explicit [`PullOptions`].
 pub async fn pull_verified_with(
-    control: &mut libp2p_stream::Control,
+    client: &p2p::Client,
     worker: PeerId,
     buffer: Arc<TrajectoryStore>,
     req: PullRequest,
     verifier: Arc<dyn GroupVerifier>,
     opts: PullOptions,
 ) -> Result<PullOutcome, PullError> {
+    // Through the client, not `libp2p_stream` directly: a worker the learner is not connected
+    // to (its connection dropped, it joined through another peer) is dialed from a fresh
+    // port with every address the node holds for it, and the open is tried again when a dial
+    // it waited for fails (`p2p::Client::open_stream`).
     let open = tokio::time::timeout(
         opts.read_timeout,
-        control.open_stream(worker, TRAJECTORY_PULL),
+        client.open_stream(worker, TRAJECTORY_PULL),
     )
     .await
     .map_err(|_| PullError::Open {

@@ -166,13 +166,11 @@ const REQ: PullRequest = PullRequest {
 
 /// The first pull may race the connection being established: retry opening for a while.
 async fn pull_retrying(n: &Net, req: PullRequest) -> pull::PullOutcome {
-    let control = n.learner.stream_control();
     let worker = n.worker.local_peer_id();
     wait_for("a pull to go through", || {
-        let mut c = control.clone();
         let buffer = n.buffer.clone();
         async move {
-            match pull(&mut c, worker, buffer, req).await {
+            match pull(&n.learner, worker, buffer, req).await {
                 Ok(o) => Some(o),
                 Err(PullError::Open { .. }) => None,
                 Err(e) => panic!("pull failed: {e}"),
@@ -241,13 +239,11 @@ async fn only_the_learner_may_pull() {
     let n = net().await;
     n.worker_store.put_group(&n.group(5, 1, 2, 2)).unwrap();
     let worker = n.worker.local_peer_id();
-    let control = n.stranger.stream_control();
-    let buffer = n.buffer.clone();
+    let (buffer, stranger) = (n.buffer.clone(), &n.stranger);
     let err = wait_for("the stranger's pull to be answered", || {
-        let mut c = control.clone();
         let buffer = buffer.clone();
         async move {
-            match pull(&mut c, worker, buffer, REQ).await {
+            match pull(stranger, worker, buffer, REQ).await {
                 Err(PullError::Open { .. }) => None,
                 other => Some(other),
             }
@@ -302,8 +298,8 @@ async fn a_learner_that_dies_before_acking_loses_nothing_and_stores_nothing_twic
 
     // After the lease expires the groups are offered again; the buffer refuses the copies and
     // the ack finally deletes them on the worker.
+    let learner = &n.learner;
     let out = wait_for("the expired lease to be offered again", || {
-        let mut c = control.clone();
         let buffer = n.buffer.clone();
         async move {
             let req = PullRequest {
@@ -312,7 +308,7 @@ async fn a_learner_that_dies_before_acking_loses_nothing_and_stores_nothing_twic
                 ttl: Duration::from_secs(30),
                 limits: GroupLimits::PERMISSIVE,
             };
-            pull(&mut c, worker, buffer, req)
+            pull(learner, worker, buffer, req)
                 .await
                 .ok()
                 .filter(|o| o.received > 0)

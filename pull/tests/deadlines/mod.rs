@@ -30,13 +30,11 @@ async fn pull_once_open(
     buffer: &Arc<TrajectoryStore>,
     req: PullRequest,
 ) -> Result<PullOutcome, PullError> {
-    let control = learner.stream_control();
     wait_for("a pull stream to open", || {
-        let mut c = control.clone();
         let buffer = buffer.clone();
         async move {
             let v = Arc::new(NoVerification);
-            match pull_verified_with(&mut c, worker, buffer, req, v, FAST).await {
+            match pull_verified_with(learner, worker, buffer, req, v, FAST).await {
                 Err(PullError::Open { .. }) => None,
                 other => Some(other),
             }

@@ -19,15 +19,13 @@ async fn pull_retrying(
     buffer: &Arc<TrajectoryStore>,
     req: PullRequest,
 ) -> Result<PullOutcome, PullError> {
-    let control = learner.stream_control();
     wait_for("a pull to go through", || {
-        let mut c = control.clone();
         let buffer = buffer.clone();
         async move {
             // Each attempt is bounded, as the node's puller bounds every pull: a stream that
             // opens before the connection settles may never be answered (the pull's read
             // deadline ends it), and the retry opens a fresh one.
-            match tokio::time::timeout(Duration::from_secs(5), pull(&mut c, worker, buffer, req))
+            match tokio::time::timeout(Duration::from_secs(5), pull(learner, worker, buffer, req))
                 .await
             {
                 Err(_) | Ok(Err(PullError::Open { .. })) | Ok(Err(PullError::Timeout { .. })) => {

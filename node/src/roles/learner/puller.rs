@@ -233,7 +233,7 @@ pub(super) async fn run(
             if max_groups == 0 {
                 continue;
             }
-            let mut control = client.stream_control();
+            let client = client.clone();
             let buffer = buffer.clone();
             let verifier = settings.verifier.clone();
             let req = pull::PullRequest {
@@ -249,7 +249,7 @@ pub(super) async fn run(
                 // A worker that stops answering (stopped, overloaded) is given up on after
                 // PULL_TIMEOUT; its share is asked of others meanwhile.
                 let started = Instant::now();
-                let pulled = pull::pull_verified(&mut control, peer, buffer, req, verifier);
+                let pulled = pull::pull_verified(&client, peer, buffer, req, verifier);
                 let r = tokio::time::timeout(PULL_TIMEOUT, pulled).await;
                 (
                     peer,
