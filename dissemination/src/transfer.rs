@@ -31,8 +31,9 @@ use p2p::PeerId;
 pub(crate) enum Feed {
     /// No plan for this version yet: wait for a push (a plan usually follows the manifest).
     Unplanned,
-    /// A chain member: `parent` (the learner for a first hop) pushes every chunk.
-    Parent(PeerId),
+    /// A chain member at `position` (0: a first hop): `parent` (the learner for a first hop)
+    /// pushes every chunk.
+    Parent { parent: PeerId, position: usize },
     /// Named fetch-only by the plan, or not in it at all (a late joiner): nobody pushes, so
     /// fetch from holders at once and keep fetching.
     FetchOnly,
@@ -123,11 +124,37 @@ pub(crate) const BEHIND_PUSH_BATCH: usize = 8;
 /// downlink with the push that was delivering the same chunks, and installed 6 s after their
 /// parents. Nodes nobody pushes to (fetch-only, unplanned) take everything in index order.
 pub(crate) fn repair_batch<T>(mut missing: Vec<T>, feed: Feed) -> Vec<T> {
-    if let Feed::Parent(_) = feed {
+    if let Feed::Parent { .. } = feed {
         missing.reverse();
         missing.truncate(BEHIND_PUSH_BATCH);
     }
     missing
+}
+
+/// What a chain member allows per hop above it, beyond the stall timeout, for its first chunk
+/// of a version ([`hop_allowance`]): a hop's one-way delay and scheduling, not known here.
+pub(crate) const HOP_MARGIN: Duration = Duration::from_millis(250);
+
+/// How much later than its parent a chain member may see its first chunk: two chunk times at
+/// the planned per-worker bandwidth `B̂w` (`hop_bytes_per_s`; the parent stores and verifies a
+/// whole chunk before forwarding it, then sends it at that rate) plus [`HOP_MARGIN`].
+///
+/// Why: a chain member counted its stall timeout from the manifest, the same 5 s at every
+/// position, but store-and-forward delays the first chunk at position `p` by about
+/// `p` hops. At N = 32 (chains of 11, 5 Mbit/s, 128 KiB chunks, 100 ms RTT) the first chunk
+/// reached the tails 5–10 s after publication, past their timeout, in every round: they
+/// repaired from the back while the push was on its way, their repairs drew on the uplinks
+/// of the forwarders ahead of them, and the chains slowed (`docs/netlab.md`). The first wait
+/// is therefore [`Transfer::stall_wait`] = stall timeout + `p` × this; once a chunk arrived
+/// the plain stall timeout applies.
+pub(crate) fn hop_allowance(chunk_bytes: u64, hop_bytes_per_s: f64) -> Duration {
+    let chunk_time = if hop_bytes_per_s.is_finite() && hop_bytes_per_s > 0.0 {
+        chunk_bytes as f64 / hop_bytes_per_s
+    } else {
+        0.0
+    };
+    // A chunk time of a minute or more is no real hop: never wait beyond that per hop.
+    Duration::from_secs_f64((2.0 * chunk_time).min(60.0)) + HOP_MARGIN
 }
 
 /// Repair rounds in a row that fetched nothing after which a superseded fetch-only transfer
@@ -144,6 +171,8 @@ pub(crate) struct Transfer {
     bad: HashSet<PeerId>,
     feed: Feed,
     stall: Duration,
+    /// Allowance per hop above this node for its first chunk ([`hop_allowance`]).
+    hop: Duration,
     phase: Phase,
     /// A newer manifest was accepted.
     newer: bool,
@@ -164,11 +193,18 @@ impl Transfer {
             bad: HashSet::new(),
             feed: Feed::Unplanned,
             stall,
+            hop: Duration::ZERO,
             phase: Phase::Acquiring,
             newer: false,
             fruitless: 0,
             behind: false,
         }
+    }
+
+    /// The same with `hop` allowed per hop above this node for its first chunk.
+    pub(crate) fn with_hop(mut self, hop: Duration) -> Self {
+        self.hop = hop;
+        self
     }
 
     /// Whether this transfer goes on although a newer manifest was accepted: it is
@@ -211,12 +247,17 @@ impl Transfer {
     }
 
     /// How long the acquirer waits for a chunk before it counts as stalled. Fetch-only nodes
-    /// have no push to wait for; they look again four times as often.
+    /// have no push to wait for; they look again four times as often. A chain member that has
+    /// stored nothing of this version yet also allows for the hops above it
+    /// ([`hop_allowance`]).
     pub(crate) fn stall_wait(&self) -> Duration {
-        if self.feed == Feed::FetchOnly {
-            self.stall / 4
-        } else {
-            self.stall
+        match self.feed {
+            Feed::FetchOnly => self.stall / 4,
+            Feed::Parent { position, .. } if self.stored == 0 => self.stall.saturating_add(
+                self.hop
+                    .saturating_mul(position.min(u32::MAX as usize) as u32),
+            ),
+            _ => self.stall,
         }
     }
 
@@ -345,15 +386,70 @@ mod tests {
         let missing: Vec<usize> = (3..40).collect();
         let from_the_back: Vec<usize> = (32..40).rev().collect();
         assert_eq!(
-            repair_batch(missing.clone(), Feed::Parent(peer(1))),
+            repair_batch(
+                missing.clone(),
+                Feed::Parent {
+                    parent: peer(1),
+                    position: 0
+                }
+            ),
             from_the_back
         );
         assert_eq!(repair_batch(missing.clone(), Feed::FetchOnly), missing);
         assert_eq!(repair_batch(missing.clone(), Feed::Unplanned), missing);
-        assert_eq!(repair_batch(vec![5], Feed::Parent(peer(1))), vec![5]);
+        assert_eq!(
+            repair_batch(
+                vec![5],
+                Feed::Parent {
+                    parent: peer(1),
+                    position: 0
+                }
+            ),
+            vec![5]
+        );
     }
 
     const STALL: Duration = Duration::from_secs(5);
+
+    #[test]
+    fn a_deep_chain_member_waits_longer_for_its_first_chunk_only() {
+        // 128 KiB at 5 Mbit/s: 0.21 s a chunk; two of them and the margin per hop.
+        let hop = hop_allowance(128 << 10, 625_000.0);
+        assert_eq!(hop.as_millis(), 669);
+        assert_eq!(
+            hop_allowance(1 << 20, 0.0),
+            HOP_MARGIN,
+            "no rate: the margin only"
+        );
+        assert_eq!(
+            hop_allowance(1 << 30, 1.0),
+            Duration::from_secs(60) + HOP_MARGIN
+        );
+        let fed = |position| Feed::Parent {
+            parent: peer(1),
+            position,
+        };
+        let mut t = Transfer::new(62, STALL).with_hop(hop);
+        t.apply(Input::Plan(fed(0)));
+        assert_eq!(t.stall_wait(), STALL, "a first hop waits the stall timeout");
+        t.apply(Input::Plan(fed(10)));
+        assert_eq!(t.stall_wait(), STALL + hop * 10);
+        // A chunk unchanged since an earlier version is no sign of the push.
+        t.apply(Input::Held {
+            index: 5,
+            new: false,
+        });
+        assert_eq!(t.stall_wait(), STALL + hop * 10);
+        held(&mut t, 0);
+        assert_eq!(
+            t.stall_wait(),
+            STALL,
+            "once the push delivers, the plain timeout"
+        );
+        let mut f = Transfer::new(62, STALL).with_hop(hop);
+        f.apply(Input::Plan(Feed::FetchOnly));
+        assert_eq!(f.stall_wait(), STALL / 4);
+    }
 
     fn peer(i: u8) -> PeerId {
         p2p::peer_id_from_seed([i; 32])
@@ -366,7 +462,10 @@ mod tests {
     #[test]
     fn chunks_in_order_report_progress_and_completion_triggers_install() {
         let mut t = Transfer::new(3, STALL);
-        t.apply(Input::Plan(Feed::Parent(peer(1))));
+        t.apply(Input::Plan(Feed::Parent {
+            parent: peer(1),
+            position: 0,
+        }));
         assert_eq!(t.apply(Input::Woken(Wake::Check)), []);
         for i in 0..3 {
             assert_eq!(
@@ -455,7 +554,10 @@ mod tests {
     #[test]
     fn a_stall_or_an_ended_stream_triggers_repair_for_a_chain_member() {
         let mut t = Transfer::new(3, STALL);
-        t.apply(Input::Plan(Feed::Parent(peer(1))));
+        t.apply(Input::Plan(Feed::Parent {
+            parent: peer(1),
+            position: 0,
+        }));
         assert_eq!(t.stall_wait(), STALL);
         held(&mut t, 0);
         assert_eq!(t.apply(Input::Woken(Wake::Stored)), []);
@@ -529,7 +631,10 @@ mod tests {
         assert_eq!(idle.apply(Input::Newer), [Action::Stop]);
 
         let mut chain = Transfer::new(3, STALL);
-        chain.apply(Input::Plan(Feed::Parent(peer(1))));
+        chain.apply(Input::Plan(Feed::Parent {
+            parent: peer(1),
+            position: 0,
+        }));
         held(&mut chain, 0);
         assert_eq!(chain.apply(Input::Newer), [Action::Stop]);
     }
@@ -544,7 +649,10 @@ mod tests {
         t.apply(Input::Behind(true));
         assert_eq!(t.apply(Input::Woken(Wake::Check)), [Action::Repair]);
         let mut chain = Transfer::new(2, STALL);
-        chain.apply(Input::Plan(Feed::Parent(peer(1))));
+        chain.apply(Input::Plan(Feed::Parent {
+            parent: peer(1),
+            position: 0,
+        }));
         chain.apply(Input::Behind(true));
         assert_eq!(chain.apply(Input::Woken(Wake::Check)), []);
     }

@@ -2,11 +2,13 @@
 //! held chunks by hash and the catch-up manifest request, fetching missing chunks from
 //! holders, and the repair round that picks whom to ask.
 //!
-//! Owns: both ends of chunk fetch (their deadlines and transfer records) and the order in
-//! which holders are asked. Must not touch: verification (`install::take_chunk`), when to
+//! Owns: both ends of chunk fetch (their deadlines and transfer records), when a busy
+//! forwarder declines to serve ([`declines_fetches`]) and the order in which holders are
+//! asked ([`holders_in_order`]). Must not touch: verification (`install::take_chunk`), when to
 //! repair (`crate::transfer`).
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use futures::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -61,9 +63,17 @@ impl Disseminator {
         };
         let started = Instant::now();
         let mut served = 0u64;
+        let mut declined = 0u64;
         let r: Result<()> = async {
             for h in hashes {
-                if !self.inner.store.has_chunk(&h)? {
+                let busy = declines_fetches(
+                    self.is_learner(),
+                    self.inner.sending.load(Ordering::Relaxed),
+                );
+                if busy {
+                    declined += 1;
+                }
+                if busy || !self.inner.store.has_chunk(&h)? {
                     // Not held: an empty frame (a chunk is never empty).
                     within(limit, "sending a fetch answer", peer, async {
                         write_frame(&mut s, &[]).await.map_err(io)
@@ -91,6 +101,14 @@ impl Disseminator {
             .await
         }
         .await;
+        if declined > 0 {
+            debug!(%peer, declined, "busy forwarding: declined chunks of a fetch");
+            self.count(
+                |c| &c.fetches_declined,
+                declined,
+                "dissemination_fetches_declined_total",
+            );
+        }
         match &r {
             Ok(()) => self.credit(peer, served, started.elapsed()).await,
             Err(DisseminationError::Io { .. } | DisseminationError::Timeout(_)) => {
@@ -332,16 +350,32 @@ impl Disseminator {
         candidates.push(self.inner.learner);
         let mut seen = HashSet::new();
         candidates.retain(|c| *c != self.inner.local && !bad.contains(c) && seen.insert(*c));
-        let connected: HashSet<PeerId> = match self.inner.client.status().await {
-            Ok(st) => st
-                .peers
-                .iter()
-                .filter(|p| p.connected)
-                .filter_map(|p| p.peer_id.parse().ok())
-                .collect(),
-            Err(_) => HashSet::new(),
+        let (connected, complete) = match self.inner.client.status().await {
+            Ok(st) => {
+                let ids = |keep: &dyn Fn(&p2p::PeerStatus) -> bool| -> HashSet<PeerId> {
+                    st.peers
+                        .iter()
+                        .filter(|p| keep(p))
+                        .filter_map(|p| p.peer_id.parse().ok())
+                        .collect()
+                };
+                (
+                    ids(&|p| p.connected),
+                    ids(&|p| p.installed_version.is_some_and(|v| v >= version)),
+                )
+            }
+            Err(_) => Default::default(),
         };
-        let candidates = holders_in_order(candidates, &connected, self.inner.learner);
+        let spread = spread_offset(&self.inner.local, version);
+        let candidates = holders_in_order(
+            candidates,
+            &Holders {
+                connected: &connected,
+                complete: &complete,
+                learner: self.inner.learner,
+                spread,
+            },
+        );
         let mut total = 0;
         for peer in candidates {
             loop {
@@ -373,29 +407,85 @@ impl Disseminator {
     }
 }
 
-/// The order in which a repair asks holders: those this node is connected to first, then the
-/// others, each group in the plan's order (its own chain's upstream, other chain members,
-/// fetch-only peers), and the learner last of all — its upload is the swarm's scarcest
-/// bandwidth (B0), so workers that already hold the version serve first. Connected holders
-/// go first because a holder never reached may sit behind a NAT or a relay, and a dial to it
-/// can take a whole dial timeout, long enough for a node that fetches everything to see its
-/// version superseded before it stored a chunk. (Every node dials the peers whose heartbeats
-/// carry dial hints, so a reachable holder is usually connected already.)
-fn holders_in_order(
-    candidates: Vec<PeerId>,
-    connected: &HashSet<PeerId>,
+/// Whether this node answers chunk fetches as if it held none of the chunks: a worker does
+/// while one of its pushes still has chunks to send (`sending`); the learner never does.
+///
+/// Why: a forwarder's uplink carries its chain — every node after it receives no faster than
+/// it forwards — and the chunks a repair asks of it come out of the same token bucket as its
+/// push. Serving them stalled whole chains at N = 32 (5 Mbit/s, 100 ms RTT): the nodes below
+/// one slow hop repaired, their repairs drew on the first hops (the first complete holders),
+/// those first hops' pushes slowed, and the nodes below them repaired in turn — one first hop
+/// took 22 s longer to feed its child than to receive the snapshot (`docs/netlab.md`). A
+/// declined chunk is an empty frame, as for a chunk not held (no wire change, no charge): the
+/// requester asks the next holder — tails, fetch-only workers, forwarders done with their
+/// push — and the learner last, whose B0 is spare once its first hops are fed. Declining only
+/// while a push is sending bounds it: a push ends when its chunks are sent or its own input
+/// stalls (`push_idle_timeout`). Measured with and without this rule at N = 32: 1.39–1.42 ×
+/// against 1.91 × the bound.
+fn declines_fetches(is_learner: bool, sending: usize) -> bool {
+    !is_learner && sending > 0
+}
+
+/// What a repair knows about the candidate holders of a version ([`holders_in_order`]).
+struct Holders<'a> {
+    /// Peers this node is connected to.
+    connected: &'a HashSet<PeerId>,
+    /// Peers whose heartbeats say they installed the version (or a newer one): they hold
+    /// every chunk.
+    complete: &'a HashSet<PeerId>,
     learner: PeerId,
-) -> Vec<PeerId> {
-    let had_learner = candidates.contains(&learner);
-    let (mut first, rest): (Vec<PeerId>, Vec<PeerId>) = candidates
+    /// Where this node starts in the list of complete holders ([`spread_offset`]).
+    spread: u64,
+}
+
+/// The order in which a repair asks holders:
+/// 1. connected holders that installed the version, starting at this node's own offset
+///    (`spread`) and wrapping around — every one of them has all that is missing, and nodes
+///    that repair at the same time start at different ones;
+/// 2. the other connected candidates, in the plan's order (its own chain's upstream first,
+///    other chain members, fetch-only peers): they may hold some of it;
+/// 3. candidates this node is not connected to, in the same order;
+/// 4. the learner last of all — its upload is the swarm's scarcest bandwidth (B0).
+///
+/// Why spread: when a chain breaks (a forwarder whose push never started or stopped without
+/// a plan repair), every node below the break repairs at once. In the plan's order they all
+/// asked the same nearest ancestor holding the version, whose one uplink then served them
+/// all: at N = 32, 5 Mbit/s, six nodes fetching 8 MB each from one holder took 77 s, where
+/// the swarm had 25 complete holders with idle uplinks (`docs/netlab.md`). Connected holders
+/// go before the others because a holder never reached may sit behind a NAT or a relay,
+/// and a dial to it can take a whole dial timeout, long enough for a node that fetches
+/// everything to see its version superseded before it stored a chunk. (Every node dials
+/// the peers whose heartbeats carry dial hints, so a reachable holder is usually connected
+/// already.)
+fn holders_in_order(candidates: Vec<PeerId>, h: &Holders<'_>) -> Vec<PeerId> {
+    let had_learner = candidates.contains(&h.learner);
+    let (connected, rest): (Vec<PeerId>, Vec<PeerId>) = candidates
         .into_iter()
-        .filter(|p| *p != learner)
-        .partition(|p| connected.contains(p));
+        .filter(|p| *p != h.learner)
+        .partition(|p| h.connected.contains(p));
+    let (mut first, partial): (Vec<PeerId>, Vec<PeerId>) =
+        connected.into_iter().partition(|p| h.complete.contains(p));
+    if !first.is_empty() {
+        let k = (h.spread % first.len() as u64) as usize;
+        first.rotate_left(k);
+    }
+    first.extend(partial);
     first.extend(rest);
     if had_learner {
-        first.push(learner);
+        first.push(h.learner);
     }
     first
+}
+
+/// A stable per-node, per-version number that spreads concurrent repairs over the complete
+/// holders ([`holders_in_order`]): the first 8 bytes of BLAKE3 over the node's peer id and
+/// the version.
+fn spread_offset(local: &PeerId, version: u64) -> u64 {
+    let mut h = blake3::Hasher::new();
+    h.update(&local.to_bytes());
+    h.update(&version.to_le_bytes());
+    let b = h.finalize();
+    u64::from_le_bytes(b.as_bytes()[..8].try_into().expect("8 bytes"))
 }
 
 #[cfg(test)]
@@ -406,19 +496,76 @@ mod tests {
         p2p::peer_id_from_seed([i; 32])
     }
 
+    fn order(
+        c: &[PeerId],
+        connected: &[PeerId],
+        complete: &[PeerId],
+        l: PeerId,
+        spread: u64,
+    ) -> Vec<PeerId> {
+        let connected: HashSet<PeerId> = connected.iter().copied().collect();
+        let complete: HashSet<PeerId> = complete.iter().copied().collect();
+        let h = Holders {
+            connected: &connected,
+            complete: &complete,
+            learner: l,
+            spread,
+        };
+        holders_in_order(c.to_vec(), &h)
+    }
+
+    #[test]
+    fn only_a_worker_with_a_push_still_sending_declines_fetches() {
+        assert!(declines_fetches(false, 1));
+        assert!(declines_fetches(false, 3));
+        assert!(!declines_fetches(false, 0), "an idle worker serves");
+        assert!(
+            !declines_fetches(true, 2),
+            "the learner, the last resort, always serves"
+        );
+    }
+
     #[test]
     fn connected_holders_then_the_others_then_the_learner() {
         let (l, a, b, c, d) = (peer(0), peer(1), peer(2), peer(3), peer(4));
-        let connected: HashSet<PeerId> = [c, a, l].into_iter().collect();
         assert_eq!(
-            holders_in_order(vec![a, b, c, d, l], &connected, l),
+            order(&[a, b, c, d, l], &[c, a, l], &[], l, 7),
             [a, c, b, d, l]
         );
-        assert_eq!(
-            holders_in_order(vec![l, b, d], &HashSet::new(), l),
-            [b, d, l]
-        );
+        assert_eq!(order(&[l, b, d], &[], &[], l, 0), [b, d, l]);
         // A learner not among the candidates (a bad peer for this version) is not added.
-        assert_eq!(holders_in_order(vec![b, d], &connected, l), [b, d]);
+        assert_eq!(order(&[b, d], &[c, a, l], &[], l, 0), [b, d]);
+        // The learner stays last even when it is connected and complete.
+        assert_eq!(order(&[l, a], &[l, a], &[l, a], l, 1), [a, l]);
+    }
+
+    #[test]
+    fn complete_connected_holders_come_first_from_each_nodes_own_offset() {
+        let (l, a, b, c, d, e) = (peer(0), peer(1), peer(2), peer(3), peer(4), peer(5));
+        let cands = [a, b, c, d, e, l];
+        // a (the nearest ancestor) holds part of it; c, d, e are complete; e is unreachable.
+        let (conn, full) = ([a, b, c, d, l], [c, d, e, l]);
+        assert_eq!(order(&cands, &conn, &full, l, 0), [c, d, a, b, e, l]);
+        assert_eq!(order(&cands, &conn, &full, l, 1), [d, c, a, b, e, l]);
+        assert_eq!(order(&cands, &conn, &full, l, 2), [c, d, a, b, e, l]);
+        // Many nodes repairing at once start at different complete holders.
+        let holders: Vec<PeerId> = (10..20).map(peer).collect();
+        let mut starts = HashSet::new();
+        for n in 30..60u8 {
+            let o = order(&holders, &holders, &holders, l, spread_offset(&peer(n), 3));
+            let mut sorted = o.clone();
+            sorted.sort();
+            let mut want = holders.clone();
+            want.sort();
+            assert_eq!(sorted, want, "every holder once");
+            starts.insert(o[0]);
+        }
+        assert!(
+            starts.len() >= 6,
+            "30 repairing nodes started at {} holders",
+            starts.len()
+        );
+        assert_eq!(spread_offset(&peer(1), 3), spread_offset(&peer(1), 3));
+        assert_ne!(spread_offset(&peer(1), 3), spread_offset(&peer(1), 4));
     }
 }

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use control::plan::Placement;
+use control::units::mbps_to_bytes_per_s;
 use p2p::PeerId;
 use storage::SnapshotManifest;
 use tracing::{debug, info, warn};
@@ -19,7 +20,7 @@ use tracing::{debug, info, warn};
 use super::{blocking, lock, DisseminationEvent, Disseminator, SharedAssembly};
 use crate::assembly::Assembly;
 use crate::error::Result;
-use crate::transfer::{Action, Feed, Input, Transfer, Wake};
+use crate::transfer::{hop_allowance, Action, Feed, Input, Transfer, Wake};
 
 impl Disseminator {
     /// Checks one received chunk against the manifest and stores it. `Ok(false)`: corrupt —
@@ -114,10 +115,10 @@ impl Disseminator {
     pub(super) fn start_acquire(&self, version: u64) {
         {
             let mut st = self.lock();
-            let Some(chunks) = st
+            let Some((chunks, chunk_size)) = st
                 .manifests
                 .get(&version)
-                .map(|m| m.manifest.chunk_hashes.len())
+                .map(|m| (m.manifest.chunk_hashes.len(), m.manifest.chunk_size))
             else {
                 return;
             };
@@ -125,7 +126,12 @@ impl Disseminator {
                 return;
             }
             let stall = self.inner.cfg.stall_timeout;
-            st.transfers.insert(version, Transfer::new(chunks, stall));
+            let hop = hop_allowance(
+                chunk_size.into(),
+                mbps_to_bytes_per_s(self.inner.cfg.plan.worker_mbps),
+            );
+            st.transfers
+                .insert(version, Transfer::new(chunks, stall).with_hop(hop));
         }
         let me = self.clone();
         let h = tokio::spawn(async move {
@@ -179,9 +185,12 @@ impl Disseminator {
         match st.plan.as_ref().filter(|p| p.plan.version == version) {
             None => Feed::Unplanned,
             Some(p) => match p.plan.to_plan().placement(&self.inner.local) {
-                Some(Placement::Chain { parent, .. }) => {
-                    Feed::Parent(parent.unwrap_or(self.inner.learner))
-                }
+                Some(Placement::Chain {
+                    parent, position, ..
+                }) => Feed::Parent {
+                    parent: parent.unwrap_or(self.inner.learner),
+                    position,
+                },
                 // Named fetch-only, or not in the plan at all (a late joiner).
                 _ => Feed::FetchOnly,
             },

@@ -232,6 +232,8 @@ struct AtomicCounters {
     sessions_reused: AtomicU64,
     sessions_stale: AtomicU64,
     sessions_ended_idle: AtomicU64,
+    push_open_retries: AtomicU64,
+    fetches_declined: AtomicU64,
 }
 
 /// The broadcast counters of one node since start (`Disseminator::counters`).
@@ -256,6 +258,11 @@ pub struct BroadcastCounters {
     /// Kept chunk streams this node, as a child, closed after `session_idle_timeout` without
     /// a hello.
     pub sessions_ended_idle: u64,
+    /// Pushes whose chunk stream did not open at first and was tried again (the child was not
+    /// reachable yet: `push::open_push_stream`).
+    pub push_open_retries: u64,
+    /// Chunks this node, busy forwarding, answered as not held (`fetch::declines_fetches`).
+    pub fetches_declined: u64,
 }
 
 /// What [`Disseminator::publish`] did.
@@ -305,6 +312,9 @@ struct Inner {
     /// once and repair instead of waiting for the stall timeout.
     kick: watch::Sender<u64>,
     uplink: TokenBucket,
+    /// Pushes of this node that still have chunks to send (`push::Sending`): while any is, a
+    /// worker declines chunk fetches (`fetch::declines_fetches`).
+    sending: std::sync::atomic::AtomicUsize,
     downlink: TokenBucket,
     counters: AtomicCounters,
     /// Acceptance marks that survive a restart.
@@ -376,6 +386,7 @@ impl Disseminator {
             .map_err(|e| open_err(client.local_peer_id(), "chunk-fetch", e))?;
         let inner = Arc::new(Inner {
             uplink: TokenBucket::from_mbps(cfg.uplink_mbps),
+            sending: Default::default(),
             downlink: TokenBucket::from_mbps(cfg.downlink_mbps),
             local: client.local_peer_id(),
             learner,
@@ -554,6 +565,8 @@ impl Disseminator {
             sessions_reused: c.sessions_reused.load(Ordering::Relaxed),
             sessions_stale: c.sessions_stale.load(Ordering::Relaxed),
             sessions_ended_idle: c.sessions_ended_idle.load(Ordering::Relaxed),
+            push_open_retries: c.push_open_retries.load(Ordering::Relaxed),
+            fetches_declined: c.fetches_declined.load(Ordering::Relaxed),
         }
     }
 

@@ -1,8 +1,9 @@
 //! Churn in the data plane, in-process on 127.0.0.1 (temp dirs, bounded waits): a worker
 //! that joins after a snapshot was broadcast gets its chunks from the other workers, not
 //! from the learner; a late joiner whose serving peer leaves mid-download finishes from
-//! another holder; and a holder that goes silent without closing its connection does not
-//! stall a download (chunk-fetch reads have deadlines).
+//! another holder; a holder that goes silent without closing its connection does not
+//! stall a download (chunk-fetch reads have deadlines); and a push to a worker the plan names
+//! before the pusher can reach it is tried again until it can.
 
 use std::time::{Duration, Instant};
 
@@ -185,6 +186,98 @@ async fn a_silent_holder_does_not_stall_a_download() {
         hash_bytes(&payload)
     );
     silent.shutdown().await;
+    shutdown([late]).await;
+    shutdown(workers).await;
+    shutdown([learner]).await;
+}
+
+/// Gossip can carry a plan to a parent before the child it names is reachable from there (its
+/// first heartbeat, with its addresses, comes tens of milliseconds later; a new worker is
+/// still connecting). The push must try again, not give up and leave the child — and the rest
+/// of its chain — to repair the whole snapshot from holders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_push_to_a_child_not_reachable_yet_is_tried_again() {
+    let learner = start_node(LEARNER_SEED, vec![], |_| {}).await;
+    // The plan names a worker that does not exist yet: the learner's first open fails.
+    let seed = [80; 32];
+    let child = p2p::peer_id_from_seed(seed);
+    let payload = random(2_000_000);
+    learner
+        .d
+        .publish(
+            1,
+            [0; 32],
+            payload.clone().into(),
+            Some(vec![(child, 50.0)]),
+        )
+        .await
+        .unwrap();
+    // It starts now. Its stall timeout is far beyond the wait for the install, so it installs
+    // only if the learner's push reaches it (a repair would fetch from the learner).
+    let mut w = start_node(seed, vec![learner.addr.clone()], |c| {
+        c.stall_timeout = Duration::from_secs(3600)
+    })
+    .await;
+    assert_eq!(
+        hash_bytes(&installed(&mut w, 1).await),
+        hash_bytes(&payload)
+    );
+    let c = w.d.counters();
+    assert_eq!(c.fetched_bytes, 0, "the child repaired instead");
+    assert_eq!(c.push_received_bytes, payload.len() as u64);
+    assert!(learner.d.counters().push_open_retries >= 1);
+    shutdown([w]).await;
+    shutdown([learner]).await;
+}
+
+/// A forwarder's uplink carries its chain: while its push to its child still has chunks to
+/// send, it answers fetches as if it held nothing, and a joiner's repair gets the snapshot from
+/// others (here the learner) instead of slowing that push.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_forwarder_busy_pushing_declines_fetches() {
+    // One chain, learner -> w0 -> w1; w1 takes chunks at 0.5 Mbit/s, so w0's push to it lasts
+    // about a minute (the test ends long before).
+    let (learner, mut workers) = swarm(
+        2,
+        |c| c.plan.learner_mbps = 100.0,
+        |k, c| {
+            stall(c);
+            if k == 1 {
+                c.downlink_mbps = 0.5;
+            }
+        },
+    )
+    .await;
+    let payload = random(4_000_000);
+    let order = vec![(workers[0].peer, 90.0), (workers[1].peer, 80.0)];
+    learner
+        .d
+        .publish(1, [0; 32], payload.clone().into(), Some(order))
+        .await
+        .unwrap();
+    let w0 = &mut workers[0];
+    assert_eq!(hash_bytes(&installed(w0, 1).await), hash_bytes(&payload));
+
+    // A joiner that knows w0 (connected to it first) repairs everything at once.
+    let mut late = node(
+        [90; 32],
+        vec![workers[0].addr.clone(), learner.addr.clone()],
+        |_| {},
+    )
+    .await;
+    assert_eq!(
+        hash_bytes(&installed(&mut late, 1).await),
+        hash_bytes(&payload)
+    );
+    assert_eq!(
+        workers[1].d.counters().installs,
+        0,
+        "premise: w0's push to the slow w1 was still going"
+    );
+    let w0 = workers[0].d.counters();
+    assert_eq!(w0.served_bytes, 0, "the busy forwarder served the joiner");
+    assert!(w0.fetches_declined > 0, "the joiner never asked w0");
+    assert_eq!(late.d.counters().fetched_bytes, payload.len() as u64);
     shutdown([late]).await;
     shutdown(workers).await;
     shutdown([learner]).await;
