@@ -74,7 +74,7 @@ impl Disseminator {
                     declined += 1;
                 }
                 if busy || !self.inner.store.has_chunk(&h)? {
-                    // Not held: an empty frame (a chunk is never empty).
+                    // Not held, or declined: an empty frame (a chunk is never empty).
                     within(limit, "sending a fetch answer", peer, async {
                         write_frame(&mut s, &[]).await.map_err(io)
                     })
