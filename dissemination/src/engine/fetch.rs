@@ -317,8 +317,8 @@ impl Disseminator {
     /// One repair round: asks every candidate holder in turn for what is still missing (behind
     /// a parent's push — `feed` — from the back a batch at a time: [`repair_batch`]), looking
     /// at the store again before every request.
-    /// Candidates: the plan's other workers (own chain's ancestors first), the learner last
-    /// (it holds everything but its uplink is the scarce resource).
+    /// Candidates: the plan's other workers and the learner, asked in the order of
+    /// [`holders_in_order`] (connected complete holders first, the learner last).
     pub(super) async fn repair_round(
         &self,
         version: u64,
