@@ -420,7 +420,7 @@ impl Disseminator {
 /// requester asks the next holder — tails, fetch-only workers, forwarders done with their
 /// push — and the learner last, whose B0 is spare once its first hops are fed. Declining only
 /// while a push is sending bounds it: a push ends when its chunks are sent or its own input
-/// stalls (`push_idle_timeout`). Measured with and without this rule at N = 32: 1.39–1.42 ×
+/// stalls (`push_idle_timeout`). Measured with and without this rule at N = 32: 1.39–1.52 ×
 /// against 1.91 × the bound.
 fn declines_fetches(is_learner: bool, sending: usize) -> bool {
     !is_learner && sending > 0
