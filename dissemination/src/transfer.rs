@@ -59,7 +59,8 @@ pub(crate) enum Input {
     /// Chunk `index` passed verification and is held; `new` when this node stored it just
     /// now (not already held, e.g. unchanged since an earlier version).
     Held { index: usize, new: bool },
-    /// A chunk from `peer` failed verification: never ask it again for this version.
+    /// A chunk from `peer` failed verification, or `peer` missed a fetch deadline or broke the
+    /// fetch protocol: never ask it again for this version.
     Rejected { peer: PeerId },
     /// The store's view, read when the acquirer wakes: exactly these chunks are missing.
     /// The store is the final word (it holds a chunk once per hash, and drops a chunk file it

@@ -20,7 +20,7 @@ use tracing::debug;
 use super::push::chunk_frame_err;
 use super::{frame_deadline, open_err, within, Disseminator};
 use crate::error::{DisseminationError, Result};
-use crate::transfer::{repair_batch, Feed};
+use crate::transfer::{repair_batch, Feed, Input};
 use crate::wire::{
     CatchUp, FetchRequest, CHUNK_FETCH, MAX_CATCH_UP_BYTES, MAX_FETCH_BATCH,
     MAX_FETCH_REQUEST_BYTES,
@@ -256,8 +256,10 @@ impl Disseminator {
         wanted: &[(usize, Hash)],
     ) -> Result<usize> {
         let r = self.fetch_batch(peer, m, wanted).await;
-        if let Err(DisseminationError::Timeout(_) | DisseminationError::Protocol { .. }) = &r {
-            self.charge(peer).await;
+        if let Err(e) = &r {
+            if holder_at_fault(e) {
+                self.charge(peer).await;
+            }
         }
         r
     }
@@ -398,6 +400,9 @@ impl Disseminator {
                     Ok(n) => total += n,
                     Err(e) => {
                         debug!(%peer, error = %e, "fetch failed");
+                        if holder_at_fault(&e) {
+                            self.apply(version, Input::Rejected { peer });
+                        }
                         break;
                     }
                 }
@@ -424,6 +429,20 @@ impl Disseminator {
 /// against 1.91 × the bound.
 fn declines_fetches(is_learner: bool, sending: usize) -> bool {
     !is_learner && sending > 0
+}
+
+/// Whether a failed fetch is the holder's fault: it missed a deadline (silent, or slower
+/// than the frame deadline allows) or broke the protocol. Such a holder is charged a failed
+/// transfer and not asked again for the version. Why the second: a holder that claims the
+/// version in its heartbeats is asked first ([`holders_in_order`]), and each requester starts
+/// at the same place every round — one that claims it and stays silent would cost that
+/// requester a whole read deadline (10 s) in every repair round. A closed connection or a
+/// refused stream is not counted: the holder may have just left, or restarted.
+fn holder_at_fault(e: &DisseminationError) -> bool {
+    matches!(
+        e,
+        DisseminationError::Timeout(_) | DisseminationError::Protocol { .. }
+    )
 }
 
 /// What a repair knows about the candidate holders of a version ([`holders_in_order`]).
@@ -512,6 +531,23 @@ mod tests {
             spread,
         };
         holders_in_order(c.to_vec(), &h)
+    }
+
+    #[test]
+    fn only_silence_and_protocol_breaks_are_the_holders_fault() {
+        let p = peer(1);
+        assert!(holder_at_fault(&DisseminationError::Timeout(
+            "a fetched chunk".into()
+        )));
+        assert!(holder_at_fault(&DisseminationError::Protocol {
+            peer: p,
+            reason: "a chunk longer than the manifest's".into(),
+        }));
+        let gone = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "closed");
+        assert!(!holder_at_fault(&DisseminationError::Io {
+            peer: p,
+            source: gone
+        }));
     }
 
     #[test]

@@ -101,7 +101,7 @@ impl Disseminator {
 
     /// Feeds `input` to `version`'s transfer state machine; its actions (none when no
     /// acquisition of `version` was started, e.g. on the learner).
-    fn apply(&self, version: u64, input: Input) -> Vec<Action> {
+    pub(super) fn apply(&self, version: u64, input: Input) -> Vec<Action> {
         self.lock()
             .transfers
             .get_mut(&version)
