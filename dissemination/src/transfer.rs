@@ -31,9 +31,9 @@ use p2p::PeerId;
 pub(crate) enum Feed {
     /// No plan for this version yet: wait for a push (a plan usually follows the manifest).
     Unplanned,
-    /// A chain member at `position` (0: a first hop): `parent` (the learner for a first hop)
-    /// pushes every chunk.
-    Parent { parent: PeerId, position: usize },
+    /// A chain member at `position` (0: a first hop): its parent (the learner for a first
+    /// hop) pushes every chunk.
+    Parent { position: usize },
     /// Named fetch-only by the plan, or not in it at all (a late joiner): nobody pushes, so
     /// fetch from holders at once and keep fetching.
     FetchOnly,
@@ -254,7 +254,7 @@ impl Transfer {
     pub(crate) fn stall_wait(&self) -> Duration {
         match self.feed {
             Feed::FetchOnly => self.stall / 4,
-            Feed::Parent { position, .. } if self.stored == 0 => self.stall.saturating_add(
+            Feed::Parent { position } if self.stored == 0 => self.stall.saturating_add(
                 self.hop
                     .saturating_mul(position.min(u32::MAX as usize) as u32),
             ),
@@ -387,27 +387,12 @@ mod tests {
         let missing: Vec<usize> = (3..40).collect();
         let from_the_back: Vec<usize> = (32..40).rev().collect();
         assert_eq!(
-            repair_batch(
-                missing.clone(),
-                Feed::Parent {
-                    parent: peer(1),
-                    position: 0
-                }
-            ),
+            repair_batch(missing.clone(), Feed::Parent { position: 0 }),
             from_the_back
         );
         assert_eq!(repair_batch(missing.clone(), Feed::FetchOnly), missing);
         assert_eq!(repair_batch(missing.clone(), Feed::Unplanned), missing);
-        assert_eq!(
-            repair_batch(
-                vec![5],
-                Feed::Parent {
-                    parent: peer(1),
-                    position: 0
-                }
-            ),
-            vec![5]
-        );
+        assert_eq!(repair_batch(vec![5], Feed::Parent { position: 0 }), vec![5]);
     }
 
     const STALL: Duration = Duration::from_secs(5);
@@ -426,10 +411,7 @@ mod tests {
             hop_allowance(1 << 30, 1.0),
             Duration::from_secs(60) + HOP_MARGIN
         );
-        let fed = |position| Feed::Parent {
-            parent: peer(1),
-            position,
-        };
+        let fed = |position| Feed::Parent { position };
         let mut t = Transfer::new(62, STALL).with_hop(hop);
         t.apply(Input::Plan(fed(0)));
         assert_eq!(t.stall_wait(), STALL, "a first hop waits the stall timeout");
@@ -463,10 +445,7 @@ mod tests {
     #[test]
     fn chunks_in_order_report_progress_and_completion_triggers_install() {
         let mut t = Transfer::new(3, STALL);
-        t.apply(Input::Plan(Feed::Parent {
-            parent: peer(1),
-            position: 0,
-        }));
+        t.apply(Input::Plan(Feed::Parent { position: 0 }));
         assert_eq!(t.apply(Input::Woken(Wake::Check)), []);
         for i in 0..3 {
             assert_eq!(
@@ -555,10 +534,7 @@ mod tests {
     #[test]
     fn a_stall_or_an_ended_stream_triggers_repair_for_a_chain_member() {
         let mut t = Transfer::new(3, STALL);
-        t.apply(Input::Plan(Feed::Parent {
-            parent: peer(1),
-            position: 0,
-        }));
+        t.apply(Input::Plan(Feed::Parent { position: 0 }));
         assert_eq!(t.stall_wait(), STALL);
         held(&mut t, 0);
         assert_eq!(t.apply(Input::Woken(Wake::Stored)), []);
@@ -632,10 +608,7 @@ mod tests {
         assert_eq!(idle.apply(Input::Newer), [Action::Stop]);
 
         let mut chain = Transfer::new(3, STALL);
-        chain.apply(Input::Plan(Feed::Parent {
-            parent: peer(1),
-            position: 0,
-        }));
+        chain.apply(Input::Plan(Feed::Parent { position: 0 }));
         held(&mut chain, 0);
         assert_eq!(chain.apply(Input::Newer), [Action::Stop]);
     }
@@ -650,10 +623,7 @@ mod tests {
         t.apply(Input::Behind(true));
         assert_eq!(t.apply(Input::Woken(Wake::Check)), [Action::Repair]);
         let mut chain = Transfer::new(2, STALL);
-        chain.apply(Input::Plan(Feed::Parent {
-            parent: peer(1),
-            position: 0,
-        }));
+        chain.apply(Input::Plan(Feed::Parent { position: 0 }));
         chain.apply(Input::Behind(true));
         assert_eq!(chain.apply(Input::Woken(Wake::Check)), []);
     }

@@ -248,7 +248,8 @@ impl Disseminator {
 
     /// Fetches up to [`MAX_FETCH_BATCH`] of `wanted` (index, hash) from `peer`; returns how
     /// many verified chunks were stored. A corrupt chunk ends the exchange; a holder that goes
-    /// silent past the deadline or breaks the protocol is charged a failed transfer.
+    /// silent past the deadline or breaks the protocol ([`holder_at_fault`]) is charged a
+    /// failed transfer and not asked again for this version.
     pub(super) async fn fetch_from(
         &self,
         peer: PeerId,
@@ -258,6 +259,7 @@ impl Disseminator {
         let r = self.fetch_batch(peer, m, wanted).await;
         if let Err(e) = &r {
             if holder_at_fault(e) {
+                self.apply(m.version, Input::Rejected { peer });
                 self.charge(peer).await;
             }
         }
@@ -352,22 +354,25 @@ impl Disseminator {
         candidates.push(self.inner.learner);
         let mut seen = HashSet::new();
         candidates.retain(|c| *c != self.inner.local && !bad.contains(c) && seen.insert(*c));
-        let (connected, complete) = match self.inner.client.status().await {
-            Ok(st) => {
-                let ids = |keep: &dyn Fn(&p2p::PeerStatus) -> bool| -> HashSet<PeerId> {
-                    st.peers
-                        .iter()
-                        .filter(|p| keep(p))
-                        .filter_map(|p| p.peer_id.parse().ok())
-                        .collect()
-                };
-                (
-                    ids(&|p| p.connected),
-                    ids(&|p| p.installed_version.is_some_and(|v| v >= version)),
-                )
+        let (mut connected, mut complete) = (HashSet::new(), HashSet::new());
+        for p in self
+            .inner
+            .client
+            .status()
+            .await
+            .map(|st| st.peers)
+            .unwrap_or_default()
+        {
+            let Ok(id) = p.peer_id.parse::<PeerId>() else {
+                continue;
+            };
+            if p.connected {
+                connected.insert(id);
             }
-            Err(_) => Default::default(),
-        };
+            if p.installed_version.is_some_and(|v| v >= version) {
+                complete.insert(id);
+            }
+        }
         let spread = spread_offset(&self.inner.local, version);
         let candidates = holders_in_order(
             candidates,
@@ -400,9 +405,6 @@ impl Disseminator {
                     Ok(n) => total += n,
                     Err(e) => {
                         debug!(%peer, error = %e, "fetch failed");
-                        if holder_at_fault(&e) {
-                            self.apply(version, Input::Rejected { peer });
-                        }
                         break;
                     }
                 }

@@ -185,12 +185,7 @@ impl Disseminator {
         match st.plan.as_ref().filter(|p| p.plan.version == version) {
             None => Feed::Unplanned,
             Some(p) => match p.plan.to_plan().placement(&self.inner.local) {
-                Some(Placement::Chain {
-                    parent, position, ..
-                }) => Feed::Parent {
-                    parent: parent.unwrap_or(self.inner.learner),
-                    position,
-                },
+                Some(Placement::Chain { position, .. }) => Feed::Parent { position },
                 // Named fetch-only, or not in the plan at all (a late joiner).
                 _ => Feed::FetchOnly,
             },
