@@ -10,8 +10,9 @@
 //! layouts (`crate::wire`, `p2p::framing`).
 //!
 //! By job: [`gossip`] — accepting manifests, plans and orders, plan repair on departures;
-//! [`push`] — publication and the chunk stream (both ends), [`session`] — the chunk streams a
-//! parent keeps open between versions; [`fetch`] — the chunk-fetch
+//! [`push`] — publication and the chunk stream (both ends), [`session`] — where a push's
+//! stream comes from (kept open between versions, or opened anew until the child is
+//! reachable); [`fetch`] — the chunk-fetch
 //! protocol (both ends), catch-up and repair rounds; [`install`] — verifying and holding each
 //! received chunk, driving a version to installation.
 //!
@@ -42,7 +43,7 @@ mod session;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -259,7 +260,7 @@ pub struct BroadcastCounters {
     /// a hello.
     pub sessions_ended_idle: u64,
     /// Pushes whose chunk stream did not open at first and was tried again (the child was not
-    /// reachable yet: `push::open_push_stream`).
+    /// reachable yet: `session::open_push_stream`).
     pub push_open_retries: u64,
     /// Chunks this node, busy forwarding, answered as not held (`fetch::declines_fetches`).
     pub fetches_declined: u64,
@@ -298,6 +299,24 @@ struct State {
 
 type SharedAssembly = Arc<Mutex<Option<Assembly>>>;
 
+/// Marks a push that still has chunks to send, from the child's reply until its last chunk is
+/// written (or the push ends early): counted in `Inner::sending`, which makes a worker decline
+/// chunk fetches meanwhile (`fetch::declines_fetches`).
+pub(super) struct Sending<'a>(&'a AtomicUsize);
+
+impl<'a> Sending<'a> {
+    pub(super) fn start(n: &'a AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::Relaxed);
+        Sending(n)
+    }
+}
+
+impl Drop for Sending<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 struct Inner {
     cfg: DisseminationConfig,
     client: Client,
@@ -312,9 +331,9 @@ struct Inner {
     /// once and repair instead of waiting for the stall timeout.
     kick: watch::Sender<u64>,
     uplink: TokenBucket,
-    /// Pushes of this node that still have chunks to send (`push::Sending`): while any is, a
+    /// Pushes of this node that still have chunks to send ([`Sending`]): while any is, a
     /// worker declines chunk fetches (`fetch::declines_fetches`).
-    sending: std::sync::atomic::AtomicUsize,
+    sending: AtomicUsize,
     downlink: TokenBucket,
     counters: AtomicCounters,
     /// Acceptance marks that survive a restart.

@@ -7,9 +7,8 @@
 //! ends. Must not touch: verification (`install::take_chunk`), acceptance rules (`gossip`),
 //! the plan's ranking (`control::plan`).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use control::plan::{replan, ChainPlan, Placement};
 use control::units::mbps_to_bytes_per_s;
@@ -21,47 +20,14 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, trace, warn};
 
 use super::{
-    blocking, frame_deadline, open_err, within, BroadcastMode, Disseminator, PublishReport, State,
+    blocking, frame_deadline, within, BroadcastMode, Disseminator, PublishReport, Sending, State,
 };
 use crate::error::{DisseminationError, Result};
 use crate::plan_msg::{PlanMessage, SignedPlan};
 use crate::wire::{
-    self, Reply, StreamHello, CHUNK_STREAM, MAX_HELLO_BYTES, MAX_INDEX_BYTES, MAX_STATUS_BYTES,
-    STATUS_FAILED, STATUS_OK,
+    self, Reply, StreamHello, MAX_HELLO_BYTES, MAX_INDEX_BYTES, MAX_STATUS_BYTES, STATUS_FAILED,
+    STATUS_OK,
 };
-
-/// How long a push keeps trying to open its chunk stream to a child it cannot reach yet
-/// ([`Disseminator::open_push_stream`]). Far beyond the tens of milliseconds by which gossip
-/// outruns a new child's addresses. By then a child still unreachable has long been
-/// repairing from holders (after its own stall timeout), or it is gone and the learner's plan
-/// repair replaces it.
-pub(super) const PUSH_OPEN_PATIENCE: Duration = Duration::from_secs(60);
-
-/// The wait before try `attempt + 1` to open a push's stream: 250 ms, doubling up to 4 s.
-/// Short at first because the usual cause (a child whose heartbeat has not arrived yet)
-/// clears within a gossip round trip; capped so that a child that takes longer is still
-/// reached soon after it is.
-pub(super) fn open_retry_delay(attempt: u32) -> Duration {
-    Duration::from_millis(250u64 << attempt.min(4))
-}
-
-/// Marks a push that still has chunks to send, from the child's reply until its last chunk is
-/// written (or the push ends early): counted in `Inner::sending`, which makes a worker decline
-/// chunk fetches meanwhile (`fetch::declines_fetches`).
-struct Sending<'a>(&'a AtomicUsize);
-
-impl<'a> Sending<'a> {
-    fn start(n: &'a AtomicUsize) -> Self {
-        n.fetch_add(1, Ordering::Relaxed);
-        Sending(n)
-    }
-}
-
-impl Drop for Sending<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
 
 /// How a push ended without a stream error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,7 +206,7 @@ impl Disseminator {
 
     /// Whom this node pushes to under the current plan: the first hop of every chain (the
     /// learner) or its one child (a worker in a chain that is not its tail).
-    fn children(&self, st: &State) -> Vec<PeerId> {
+    pub(super) fn children(&self, st: &State) -> Vec<PeerId> {
         let Some(plan) = &st.plan else {
             return Vec::new();
         };
@@ -256,15 +222,6 @@ impl Disseminator {
                 _ => Vec::new(),
             }
         }
-    }
-
-    /// Whether a push of `version` to `child` is still wanted: the current plan is for that
-    /// version, names `child` as this node's child, and no newer manifest was accepted.
-    fn still_pushing(&self, version: u64, child: PeerId) -> bool {
-        let st = self.lock();
-        st.manifest_version == Some(version)
-            && st.plan.as_ref().is_some_and(|p| p.plan.version == version)
-            && self.children(&st).contains(&child)
     }
 
     /// Parent side of a chunk stream to `child`: the hello, the child's bitmap, then every
@@ -346,51 +303,6 @@ impl Disseminator {
                 PushEnd::Confirmed | PushEnd::Refused => Ok(()),
             };
         }
-    }
-
-    /// Opens the chunk stream of a push, trying again while the push is still wanted
-    /// ([`Disseminator::still_pushing`]) after the delays of [`open_retry_delay`], for at most
-    /// [`PUSH_OPEN_PATIENCE`]. A plan can name a child before this node has heard of it: plans
-    /// and manifests travel by gossip, which can outrun the child's first heartbeat (its
-    /// addresses) by tens of milliseconds, and a new worker's connections are still being
-    /// made. A push given up on the first failure left its child — and every node after it
-    /// in the chain — to repair the whole snapshot from holders: measured at N = 32, 100 ms
-    /// RTT, the one chain cut this way installed 90 s after the others (`docs/netlab.md`).
-    async fn open_push_stream(&self, version: u64, child: PeerId) -> Result<libp2p::Stream> {
-        let started = Instant::now();
-        let mut attempt = 0u32;
-        loop {
-            let err = match self.open_chunk_stream(child).await {
-                Ok(s) => return Ok(s),
-                Err(e) => e,
-            };
-            let wait = open_retry_delay(attempt);
-            if started.elapsed() + wait > PUSH_OPEN_PATIENCE || !self.still_pushing(version, child)
-            {
-                return Err(err);
-            }
-            debug!(%child, version, error = %err, ?wait, "push stream not opened; trying again");
-            self.count(
-                |c| &c.push_open_retries,
-                1,
-                "dissemination_push_open_retries_total",
-            );
-            tokio::time::sleep(wait).await;
-            if !self.still_pushing(version, child) {
-                return Err(err);
-            }
-            attempt += 1;
-        }
-    }
-
-    async fn open_chunk_stream(&self, child: PeerId) -> Result<libp2p::Stream> {
-        tokio::time::timeout(
-            self.inner.cfg.read_timeout,
-            self.inner.client.open_stream(child, CHUNK_STREAM),
-        )
-        .await
-        .map_err(|_| DisseminationError::Timeout(format!("opening a chunk stream to {child}")))?
-        .map_err(|e| open_err(child, "chunk-stream", e))
     }
 
     /// The parent's side of one transfer on a chunk stream; records how far it got in
@@ -769,20 +681,5 @@ impl Disseminator {
             "dissemination_push_received_bytes_total",
         );
         u64::from(len)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn push_opens_are_retried_after_growing_delays_capped_at_4_s() {
-        let ms: Vec<u128> = (0..7).map(|a| open_retry_delay(a).as_millis()).collect();
-        assert_eq!(ms, [250, 500, 1000, 2000, 4000, 4000, 4000]);
-        assert_eq!(open_retry_delay(u32::MAX), Duration::from_secs(4));
-        // The patience allows many tries at the cap, not one.
-        let first: Duration = (0..5).map(open_retry_delay).sum();
-        assert!(PUSH_OPEN_PATIENCE > first + Duration::from_secs(40));
     }
 }

@@ -13,9 +13,11 @@
 //! snapshot on with a kept stream — as fast as an experiment that made every stream start at
 //! 8 MiB (a patched yamux, not shipped).
 //!
-//! Owns: the idle sessions of this node's parent side, at most one per child and
-//! [`MAX_IDLE_SESSIONS`] in all, and the reuse rule. Must not touch: the transfer on a session
-//! (`push`), the child's side (`push::receive_push` waits for the next hello).
+//! Owns: where a push's stream comes from — the idle sessions of this node's parent side, at
+//! most one per child and [`MAX_IDLE_SESSIONS`] in all, with the reuse rule, and otherwise a
+//! new stream, tried again while the plan still wants the push ([`PUSH_OPEN_PATIENCE`]).
+//! Must not touch: the transfer on a stream (`push`), the child's side
+//! (`push::receive_push` waits for the next hello).
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -23,8 +25,11 @@ use std::time::{Duration, Instant};
 
 use futures::AsyncWriteExt;
 use p2p::PeerId;
+use tracing::debug;
 
-use super::Disseminator;
+use super::{open_err, Disseminator};
+use crate::error::{DisseminationError, Result};
+use crate::wire::CHUNK_STREAM;
 
 /// Idle sessions a node keeps at most (a learner pushes to one child per chain, a worker to
 /// its one child; more only after plans changed). The oldest is closed first.
@@ -34,6 +39,21 @@ pub(super) const MAX_IDLE_SESSIONS: usize = 64;
 /// the next hello on a kept session. Longer than the usual interval between snapshots, so
 /// that sessions survive from one to the next; an idle session costs one stream and one task.
 pub const DEFAULT_SESSION_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How long a push keeps trying to open its chunk stream to a child it cannot reach yet
+/// ([`Disseminator::open_push_stream`]). Far beyond the tens of milliseconds by which gossip
+/// outruns a new child's addresses. By then a child still unreachable has long been
+/// repairing from holders (after its own stall timeout), or it is gone and the learner's plan
+/// repair replaces it.
+const PUSH_OPEN_PATIENCE: Duration = Duration::from_secs(60);
+
+/// The wait before try `attempt + 1` to open a push's stream: 250 ms, doubling up to 4 s.
+/// Short at first because the usual cause (a child whose heartbeat has not arrived yet)
+/// clears within a gossip round trip; capped so that a child that takes longer is still
+/// reached soon after it is.
+fn open_retry_delay(attempt: u32) -> Duration {
+    Duration::from_millis(250u64 << attempt.min(4))
+}
 
 /// Whether a session idle for `idle` is worth a hello when children close theirs after
 /// `timeout`: a fifth of the timeout is left as margin, so that an honest child with the same
@@ -137,6 +157,63 @@ impl Disseminator {
         }
     }
 
+    /// Whether a push of `version` to `child` is still wanted: the current plan is for that
+    /// version, names `child` as this node's child, and no newer manifest was accepted.
+    fn still_pushing(&self, version: u64, child: PeerId) -> bool {
+        let st = self.lock();
+        st.manifest_version == Some(version)
+            && st.plan.as_ref().is_some_and(|p| p.plan.version == version)
+            && self.children(&st).contains(&child)
+    }
+
+    /// Opens the chunk stream of a push, trying again while the push is still wanted
+    /// ([`Disseminator::still_pushing`]) after the delays of [`open_retry_delay`], for at most
+    /// [`PUSH_OPEN_PATIENCE`]. A plan can name a child before this node has heard of it: plans
+    /// and manifests travel by gossip, which can outrun the child's first heartbeat (its
+    /// addresses) by tens of milliseconds, and a new worker's connections are still being
+    /// made. A push given up on the first failure left its child — and every node after it
+    /// in the chain — to repair the whole snapshot from holders: measured at N = 32, 100 ms
+    /// RTT, the one chain cut this way installed 90 s after the others (`docs/netlab.md`).
+    pub(super) async fn open_push_stream(
+        &self,
+        version: u64,
+        child: PeerId,
+    ) -> Result<libp2p::Stream> {
+        let started = Instant::now();
+        let mut attempt = 0u32;
+        loop {
+            let err = match self.open_chunk_stream(child).await {
+                Ok(s) => return Ok(s),
+                Err(e) => e,
+            };
+            let wait = open_retry_delay(attempt);
+            if started.elapsed() + wait > PUSH_OPEN_PATIENCE || !self.still_pushing(version, child)
+            {
+                return Err(err);
+            }
+            debug!(%child, version, error = %err, ?wait, "push stream not opened; trying again");
+            self.count(
+                |c| &c.push_open_retries,
+                1,
+                "dissemination_push_open_retries_total",
+            );
+            tokio::time::sleep(wait).await;
+            if !self.still_pushing(version, child) {
+                return Err(err);
+            }
+            attempt += 1;
+        }
+    }
+
+    async fn open_chunk_stream(&self, child: PeerId) -> Result<libp2p::Stream> {
+        tokio::time::timeout(
+            self.inner.cfg.read_timeout,
+            self.inner.client.open_stream(child, CHUNK_STREAM),
+        )
+        .await
+        .map_err(|_| DisseminationError::Timeout(format!("opening a chunk stream to {child}")))?
+        .map_err(|e| open_err(child, "chunk-stream", e))
+    }
     /// Closes `s` in the background, within the frame deadline (the child then ends its wait).
     fn close_later(&self, mut s: libp2p::Stream) {
         let limit = self.inner.cfg.read_timeout;
@@ -151,6 +228,16 @@ mod tests {
     use super::*;
 
     const T: Duration = Duration::from_secs(300);
+
+    #[test]
+    fn push_opens_are_retried_after_growing_delays_capped_at_4_s() {
+        let ms: Vec<u128> = (0..7).map(|a| open_retry_delay(a).as_millis()).collect();
+        assert_eq!(ms, [250, 500, 1000, 2000, 4000, 4000, 4000]);
+        assert_eq!(open_retry_delay(u32::MAX), Duration::from_secs(4));
+        // The patience allows many tries at the cap, not one.
+        let first: Duration = (0..5).map(open_retry_delay).sum();
+        assert!(PUSH_OPEN_PATIENCE > first + Duration::from_secs(40));
+    }
 
     #[test]
     fn a_session_is_reused_only_well_inside_the_childs_wait() {
