@@ -120,6 +120,24 @@ async fn swarm(
     (learner, workers)
 }
 
+/// A learner and `n` workers planned as one chain (B0 = B̂w: a single first hop); worker `k`
+/// gets `tweak_worker(k, …)`.
+async fn one_chain(
+    n: u8,
+    tweak_worker: impl Fn(u8, &mut DisseminationConfig),
+) -> (Node, Vec<Node>) {
+    swarm(n, |c| c.plan.learner_mbps = 100.0, tweak_worker).await
+}
+
+/// Scores that rank `workers` in their order, the first best: a plan chains them that way.
+fn ranked(workers: &[Node]) -> Vec<(PeerId, f64)> {
+    workers
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (w.peer, 90.0 - i as f64))
+        .collect()
+}
+
 /// Waits for `node` to install `version`; returns the installed bytes.
 async fn installed(node: &mut Node, version: u64) -> Arc<Vec<u8>> {
     let deadline = tokio::time::Instant::now() + WAIT;
@@ -221,22 +239,14 @@ async fn chain_mode_16mb_to_7_workers_then_delta_republish() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_corrupting_forwarder_is_bypassed_and_penalised() {
     // One chain (B0 = B̂w): bad → w1 → w2; the bad worker corrupts everything it sends.
-    let (learner, mut workers) = swarm(
-        3,
-        |c| c.plan.learner_mbps = 100.0,
-        |k, c| {
-            if k == 0 {
-                c.fault = Some(Fault::CorruptOutgoing);
-            }
-        },
-    )
+    let (learner, mut workers) = one_chain(3, |k, c| {
+        if k == 0 {
+            c.fault = Some(Fault::CorruptOutgoing);
+        }
+    })
     .await;
     let bad = workers[0].peer;
-    let order = vec![
-        (bad, 90.0),
-        (workers[1].peer, 80.0),
-        (workers[2].peer, 70.0),
-    ];
+    let order = ranked(&workers);
     // Before: no transfer yet (heartbeats are not successes), so the peer is neutral.
     let deadline = Instant::now() + WAIT;
     let score_before = loop {
@@ -450,20 +460,12 @@ async fn forged_and_replayed_manifests_and_plans() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_forwarder_killed_mid_snapshot_does_not_stop_the_chain() {
     // One chain of 5, downlinks capped at 100 Mbit/s so the snapshot takes a while.
-    let (learner, mut workers) = swarm(
-        5,
-        |c| c.plan.learner_mbps = 100.0,
-        |_, c| {
-            c.downlink_mbps = 100.0;
-            c.stall_timeout = Duration::from_secs(1);
-        },
-    )
+    let (learner, mut workers) = one_chain(5, |_, c| {
+        c.downlink_mbps = 100.0;
+        c.stall_timeout = Duration::from_secs(1);
+    })
     .await;
-    let order: Vec<(PeerId, f64)> = workers
-        .iter()
-        .enumerate()
-        .map(|(i, w)| (w.peer, 90.0 - i as f64))
-        .collect();
+    let order = ranked(&workers);
     let payload = random(8_000_000);
     let report = learner
         .d

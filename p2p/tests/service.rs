@@ -32,6 +32,17 @@ async fn wait_for<T, F: std::future::Future<Output = Option<T>>>(
     }
 }
 
+/// Accepts one `TEST_STREAM` on `client` and reads it to its end: the sender and the bytes.
+fn receive_one(client: &Client) -> tokio::task::JoinHandle<(PeerId, Vec<u8>)> {
+    let mut incoming = client.stream_control().accept(TEST_STREAM).unwrap();
+    tokio::spawn(async move {
+        let (peer, mut s) = incoming.next().await.unwrap();
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.unwrap();
+        (peer, buf)
+    })
+}
+
 async fn sees(client: &Client, peer: PeerId) -> Option<p2p::PeerStatus> {
     let st = client.status().await.ok()?;
     st.peers
@@ -73,13 +84,7 @@ async fn heartbeats_transfers_and_streams() {
     assert!((pb.score.avg_speed_bps - 100e6).abs() < 1.0);
 
     // A bulk stream on a test protocol: b pushes bytes to a, a echoes their length.
-    let mut incoming = a.stream_control().accept(TEST_STREAM).unwrap();
-    let server = tokio::spawn(async move {
-        let (peer, mut s) = incoming.next().await.unwrap();
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await.unwrap();
-        (peer, buf.len())
-    });
+    let server = receive_one(&a);
     let payload = vec![7u8; 1 << 20];
     let mut s = b
         .stream_control()
@@ -88,11 +93,11 @@ async fn heartbeats_transfers_and_streams() {
         .unwrap();
     s.write_all(&payload).await.unwrap();
     s.close().await.unwrap();
-    let (peer, n) = tokio::time::timeout(Duration::from_secs(30), server)
+    let (peer, got) = tokio::time::timeout(Duration::from_secs(30), server)
         .await
         .unwrap()
         .unwrap();
-    assert_eq!((peer, n), (b.local_peer_id(), payload.len()));
+    assert_eq!((peer, got.len()), (b.local_peer_id(), payload.len()));
 
     a.shutdown().await;
     b.shutdown().await;
@@ -560,13 +565,7 @@ async fn a_stream_open_outlives_a_failed_dial_it_waited_for() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let c = Node::start(51, config(vec![]));
         let target = c.listen_socket().await;
-        let mut incoming = c.client.stream_control().accept(TEST_STREAM).unwrap();
-        let received = tokio::spawn(async move {
-            let (_, mut s) = incoming.next().await.unwrap();
-            let mut buf = Vec::new();
-            s.read_to_end(&mut buf).await.unwrap();
-            buf
-        });
+        let received = receive_one(&c.client);
         // The proxy holds its first connection until `release`, then drops it; it relays
         // every later one to c.
         let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -604,7 +603,7 @@ async fn a_stream_open_outlives_a_failed_dial_it_waited_for() {
             .expect("the open dials again after the dial it waited for failed");
         s.write_all(b"through the second dial").await.unwrap();
         s.close().await.unwrap();
-        assert_eq!(received.await.unwrap(), b"through the second dial");
+        assert_eq!(received.await.unwrap().1, b"through the second dial");
         relay.abort();
         b.stop().await;
         c.stop().await;

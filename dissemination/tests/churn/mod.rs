@@ -11,7 +11,10 @@ use dissemination::DisseminationConfig;
 use p2p::ServiceConfig;
 use storage::hash_bytes;
 
-use super::{installed, random, shutdown, start_node, swarm, Node, LEARNER_SEED, SWARM, WAIT};
+use super::{
+    installed, one_chain, random, ranked, shutdown, start_node, swarm, Node, LEARNER_SEED, SWARM,
+    WAIT,
+};
 
 /// A stall timeout shorter than the other tests' so that repairs start soon.
 fn stall(c: &mut DisseminationConfig) {
@@ -237,19 +240,15 @@ async fn a_push_to_a_child_not_reachable_yet_is_tried_again() {
 async fn a_forwarder_busy_pushing_declines_fetches() {
     // One chain, learner -> w0 -> w1; w1 takes chunks at 0.5 Mbit/s, so w0's push to it lasts
     // about a minute (the test ends long before).
-    let (learner, mut workers) = swarm(
-        2,
-        |c| c.plan.learner_mbps = 100.0,
-        |k, c| {
-            stall(c);
-            if k == 1 {
-                c.downlink_mbps = 0.5;
-            }
-        },
-    )
+    let (learner, mut workers) = one_chain(2, |k, c| {
+        stall(c);
+        if k == 1 {
+            c.downlink_mbps = 0.5;
+        }
+    })
     .await;
     let payload = random(4_000_000);
-    let order = vec![(workers[0].peer, 90.0), (workers[1].peer, 80.0)];
+    let order = ranked(&workers);
     learner
         .d
         .publish(1, [0; 32], payload.clone().into(), Some(order))
