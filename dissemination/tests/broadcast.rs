@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dissemination::{
-    DisseminationConfig, DisseminationEvent, Disseminator, Fault, PlanMessage, SignedPlan,
+    BroadcastCounters, DisseminationConfig, DisseminationEvent, Disseminator, Fault, PlanMessage,
+    SignedPlan,
 };
 use ed25519_dalek::SigningKey;
 use p2p::{Client, PeerId, ScoreComponents, ServiceConfig, TopicKind, Validation};
@@ -155,6 +156,20 @@ async fn installed(node: &mut Node, version: u64) -> Arc<Vec<u8>> {
             Ok(None) => panic!("event channel closed"),
             Err(_) => panic!("{} did not install v{version} in time", node.peer),
         }
+    }
+}
+
+/// `read` of `node`'s counters once it reaches `want`, or its value after [`WAIT`]. A chunk
+/// pushed last is counted once the stream's end frame is read, which can come a moment after
+/// the install event.
+async fn counted(node: &Node, read: impl Fn(&BroadcastCounters) -> u64, want: u64) -> u64 {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let v = read(&node.d.counters());
+        if v >= want || Instant::now() >= deadline {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

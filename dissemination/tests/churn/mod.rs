@@ -12,8 +12,8 @@ use p2p::ServiceConfig;
 use storage::hash_bytes;
 
 use super::{
-    installed, one_chain, random, ranked, shutdown, start_node, swarm, Node, LEARNER_SEED, SWARM,
-    WAIT,
+    counted, installed, one_chain, random, ranked, shutdown, start_node, swarm, Node, LEARNER_SEED,
+    SWARM, WAIT,
 };
 
 /// A stall timeout shorter than the other tests' so that repairs start soon.
@@ -225,9 +225,13 @@ async fn a_push_to_a_child_not_reachable_yet_is_tried_again() {
         hash_bytes(&installed(&mut w, 1).await),
         hash_bytes(&payload)
     );
-    let c = w.d.counters();
-    assert_eq!(c.fetched_bytes, 0, "the child repaired instead");
-    assert_eq!(c.push_received_bytes, payload.len() as u64);
+    let pushed = counted(&w, |c| c.push_received_bytes, payload.len() as u64).await;
+    assert_eq!(
+        w.d.counters().fetched_bytes,
+        0,
+        "the child repaired instead"
+    );
+    assert_eq!(pushed, payload.len() as u64);
     assert!(learner.d.counters().push_open_retries >= 1);
     shutdown([w]).await;
     shutdown([learner]).await;
@@ -276,7 +280,8 @@ async fn a_forwarder_busy_pushing_declines_fetches() {
     let w0 = workers[0].d.counters();
     assert_eq!(w0.served_bytes, 0, "the busy forwarder served the joiner");
     assert!(w0.fetches_declined > 0, "the joiner never asked w0");
-    assert_eq!(late.d.counters().fetched_bytes, payload.len() as u64);
+    let fetched = counted(&late, |c| c.fetched_bytes, payload.len() as u64).await;
+    assert_eq!(fetched, payload.len() as u64);
     shutdown([late]).await;
     shutdown(workers).await;
     shutdown([learner]).await;
