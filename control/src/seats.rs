@@ -1,0 +1,218 @@
+//! Chain seats (`docs/broadcast.md`, "Seats"): which worker sits where in the learner's plan
+//! for one version, on top of the ranking rules of [`crate::plan`].
+//!
+//! **No seat is permanent.** Workers of equal score are ranked by peer id, and a plan keeps the
+//! previous order while scores move within [`crate::plan::REPLAN_MARGIN`]: left alone, whoever
+//! has the lowest peer id among equals holds the head of a chain for the whole run — by luck
+//! of its key, or by grinding keys for it (a silent forwarder at a chain's head starves the
+//! chain). So the learner re-draws the seats at the first version of every *plan epoch*
+//! ([`PlanParams::epoch_versions`] versions; [`EPOCH_VERSIONS`] by default): workers are
+//! ranked by the plan's rules, cut into bands of similar score (each band holds the workers
+//! within the margin of its best one, of the same class), and each band is shuffled with a
+//! seed only the learner knows ([`drawn_order`]). Within an epoch the order stands as
+//! before, so parent–child pairs and their push sessions survive score noise. Why whole
+//! epochs and not every version: a new pair starts cold (`docs/netlab.md`, "Push sessions").
+//!
+//! **Accountability** (`crate::forwarding`): workers found slow are *demoted* (ranked after
+//! every other forwarder, so they end chains), workers found silent are *excluded* (fetch-only
+//! for the run), and pairs under suspicion are *separated*: no plan seats the child under
+//! that parent ([`separate`] swaps the child with another worker, or makes it fetch-only
+//! when no seat is left).
+//!
+//! Owns: the draw, the separation rule and the assembly of a plan from them ([`seat`]).
+//! Must not touch: the ranking rules themselves ([`crate::plan`]), who is at fault
+//! ([`crate::forwarding`]), where the seed comes from (the learner's key, `dissemination`).
+
+use std::collections::{BTreeSet, HashSet};
+
+use crate::plan::{replan_after, ChainPlan, PlanParams, REPLAN_MARGIN};
+
+/// Default versions per plan epoch. At κ = 2 and a step a second a seat lasts about 16 s, so
+/// a worker that holds a chain's head by chance (or by its key) gives it up within seconds;
+/// the push sessions of the pairs that change start cold once per epoch instead of once per
+/// version.
+pub const EPOCH_VERSIONS: u64 = 8;
+
+/// The plan epoch of `version`.
+pub fn epoch(version: u64, epoch_versions: u64) -> u64 {
+    version / epoch_versions.max(1)
+}
+
+/// Whether the plan for `version` re-draws its seats: the first plan, or the first of a new
+/// epoch after the previous plan's version `prev`.
+pub fn redraws(version: u64, prev: Option<u64>, epoch_versions: u64) -> bool {
+    prev.is_none_or(|p| epoch(p, epoch_versions) != epoch(version, epoch_versions))
+}
+
+/// What the learner adds to the ranking rules for one plan.
+#[derive(Debug, Clone)]
+pub struct Seating<P> {
+    /// `Some(seed)`: re-draw the seats ([`drawn_order`]); `None`: keep the previous order.
+    pub redraw: Option<u64>,
+    /// `(parent, child)` pairs no plan may seat.
+    pub separated: Vec<(P, P)>,
+    /// Ranked after every other forwarder.
+    pub demoted: BTreeSet<P>,
+    /// Fetch-only whatever their score.
+    pub excluded: BTreeSet<P>,
+}
+
+impl<P> Default for Seating<P> {
+    fn default() -> Self {
+        Seating {
+            redraw: None,
+            separated: Vec::new(),
+            demoted: BTreeSet::new(),
+            excluded: BTreeSet::new(),
+        }
+    }
+}
+
+/// The plan for `workers` (`(peer, score, relay_only)`) after `prev`, with `s` applied
+/// (module docs). Without any of it this is [`crate::plan::replan`].
+pub fn seat<P: Clone + Ord + std::hash::Hash>(
+    workers: &[(P, f64, bool)],
+    params: &PlanParams,
+    prev: Option<&ChainPlan<P>>,
+    s: &Seating<P>,
+) -> ChainPlan<P> {
+    let (out, live): (Vec<_>, Vec<_>) = workers
+        .iter()
+        .cloned()
+        .partition(|w| s.excluded.contains(&w.0));
+    let order = match s.redraw {
+        Some(seed) => drawn_order(&live, params, seed),
+        None => prev.map(ChainPlan::rank_order).unwrap_or_default(),
+    };
+    let mut plan = replan_after(&live, params, &order, &s.demoted);
+    let relay_only: HashSet<P> = live.iter().filter(|w| w.2).map(|w| w.0.clone()).collect();
+    separate(&mut plan, &s.separated, &relay_only);
+    plan.fetch_only.extend(out.into_iter().map(|w| w.0));
+    plan.fetch_only.sort();
+    plan
+}
+
+/// A seeded rank order (module docs): the plan's rule-2 order (class, then score, then peer
+/// id), cut into bands of one class whose scores lie within [`REPLAN_MARGIN`] of the band's
+/// best, each band shuffled by `seed`. Given to the ranking as the previous order, it stands:
+/// no worker of a band outscores another of it by more than the margin.
+pub fn drawn_order<P: Clone + Ord>(
+    workers: &[(P, f64, bool)],
+    params: &PlanParams,
+    seed: u64,
+) -> Vec<P> {
+    let class = |score: f64| u8::from(score < params.degraded_below);
+    let mut ws: Vec<(P, f64)> = workers.iter().map(|w| (w.0.clone(), w.1)).collect();
+    ws.sort_by(|a, b| {
+        class(a.1)
+            .cmp(&class(b.1))
+            .then(b.1.total_cmp(&a.1))
+            .then(a.0.cmp(&b.0))
+    });
+    let mut rng = SplitMix64(seed);
+    let mut out = Vec::with_capacity(ws.len());
+    let mut i = 0;
+    while i < ws.len() {
+        let (top, c) = (ws[i].1, class(ws[i].1));
+        let end = (i..ws.len())
+            .find(|&j| class(ws[j].1) != c || ws[j].1 < top - REPLAN_MARGIN)
+            .unwrap_or(ws.len());
+        let mut band: Vec<P> = ws[i..end].iter().map(|w| w.0.clone()).collect();
+        // Fisher–Yates.
+        for k in (1..band.len()).rev() {
+            let j = (rng.next() % (k as u64 + 1)) as usize;
+            band.swap(k, j);
+        }
+        out.extend(band);
+        i = end;
+    }
+    out
+}
+
+/// Seats no child under a parent it is separated from: the child swaps places with the nearest
+/// forwarder after it in rank order (else before it; never a relay-only one) with which
+/// neither seat is separated; when there is none it becomes fetch-only (it fetches from
+/// holders; nobody waits for it).
+pub fn separate<P: Clone + Ord + std::hash::Hash>(
+    plan: &mut ChainPlan<P>,
+    pairs: &[(P, P)],
+    relay_only: &HashSet<P>,
+) {
+    if pairs.is_empty() {
+        return;
+    }
+    let bad: HashSet<(P, P)> = pairs.iter().cloned().collect();
+    let parent_of = |plan: &ChainPlan<P>, j: usize, k: usize| {
+        k.checked_sub(1).map(|i| plan.chains[j][i].clone())
+    };
+    // Whether the worker `w` may sit at (j, k): neither its parent there nor its child there
+    // (the worker now at k + 1, unless that is `w`'s swap partner) is separated from it.
+    let fits = |plan: &ChainPlan<P>, w: &P, j: usize, k: usize, partner: &P| {
+        let parent_ok = parent_of(plan, j, k)
+            .map(|p| if &p == w { partner.clone() } else { p })
+            .is_none_or(|p| !bad.contains(&(p, w.clone())));
+        let child_ok = plan.chains[j]
+            .get(k + 1)
+            .map(|c| if c == w { partner.clone() } else { c.clone() })
+            .is_none_or(|c| !bad.contains(&(w.clone(), c)));
+        parent_ok && child_ok
+    };
+    // A bounded number of passes: every swap removes at least one violation.
+    for _ in 0..=plan.chains.iter().map(Vec::len).sum::<usize>() {
+        let violation = (0..plan.chains.len()).find_map(|j| {
+            (1..plan.chains[j].len()).find_map(|k| {
+                let pair = (plan.chains[j][k - 1].clone(), plan.chains[j][k].clone());
+                bad.contains(&pair).then_some((j, k))
+            })
+        });
+        let Some((j, k)) = violation else { return };
+        let child = plan.chains[j][k].clone();
+        // Seats in rank order, from the child's own on: first those after it (the suspect
+        // child moves back, not up), then those before it, nearest first.
+        let seats: Vec<(usize, usize)> = (0..plan.max_len())
+            .flat_map(|k2| (0..plan.chains.len()).map(move |j2| (j2, k2)))
+            .filter(|&(j2, k2)| k2 < plan.chains[j2].len())
+            .collect();
+        let at = seats.iter().position(|&s| s == (j, k)).unwrap_or(0);
+        let mut order = seats[at + 1..]
+            .iter()
+            .chain(seats[..at].iter().rev())
+            .copied();
+        let swap = order.find(|&(j2, k2)| {
+            let other = plan.chains[j2][k2].clone();
+            !relay_only.contains(&other)
+                && !relay_only.contains(&child)
+                && fits(plan, &child, j2, k2, &other)
+                && fits(plan, &other, j, k, &child)
+        });
+        match swap {
+            Some((j2, k2)) => {
+                let other = std::mem::replace(&mut plan.chains[j2][k2], child);
+                plan.chains[j][k] = other;
+            }
+            None => {
+                // No seat left for it: fetch-only. Its child moves up to its parent.
+                plan.chains[j].remove(k);
+                plan.fetch_only.push(child);
+            }
+        }
+    }
+}
+
+/// SplitMix64 (Steele, Lea, Flood 2014): a tiny, well-mixed seeded generator, enough to
+/// shuffle a band; the seed's secrecy, not the generator, is what makes the draw unpredictable.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+#[cfg(test)]
+#[path = "seats_tests.rs"]
+mod tests;
