@@ -77,10 +77,12 @@ pub(crate) enum Input {
     /// The engine's acquirer for this version returned (installed, stopped, or failed): the
     /// transfer is over whatever its state said.
     Ended,
-    /// Whether this node is behind: it has installed nothing yet, or it skipped an accepted
-    /// version since its last install. A behind fetch-only node repairs at once instead of
-    /// first giving holders one wait to catch up: when versions come faster than that wait,
-    /// it would otherwise never start a single fetch.
+    /// Whether this node is behind (the engine's reading, [`behind`]): it skipped an accepted
+    /// version since its last install, or — fed by a parent — that parent failed it on its
+    /// last version ([`FeedStanding`]), or — fetch-only — it has installed nothing yet. A
+    /// behind node repairs at once, whatever feeds it, instead of first giving its feed a
+    /// wait: when versions come faster than that wait, a wait renewed by every new manifest
+    /// would never end (a child of a silent parent installed 0 of 151 versions that way).
     Behind(bool),
     /// The acquirer woke up: decide what to do next.
     Woken(Wake),
@@ -161,6 +163,73 @@ pub(crate) fn hop_allowance(chunk_bytes: u64, hop_bytes_per_s: f64) -> Duration 
 /// Repair rounds in a row that fetched nothing after which a superseded fetch-only transfer
 /// gives up (the chunks are no longer held by anyone it can reach).
 pub(crate) const MAX_FRUITLESS_REPAIRS: u32 = 3;
+
+/// Whether a node is behind for a transfer of `version` (see [`Input::Behind`]): `installed`
+/// is its newest installed version, `older_accepted` whether it accepted a manifest older than
+/// `version` and newer than `installed` (a version it skipped), `distrusted` whether the
+/// parent feeding it failed its last version ([`FeedStanding::distrusts`]).
+///
+/// **Patience per node, not per version.** Each version's transfer gives its parent one stall
+/// wait (the stall timeout, plus the hops above for the first chunk). A newer manifest ends a
+/// parent-fed transfer; the next one starts *behind* — the node skipped a version — and
+/// repairs at once from any holder, so a new manifest never renews the wait. And a parent
+/// that failed this node's last version (delivered under a quarter of what it needed) is
+/// not waited for again until it delivers, or the plan names another. The bound: a node whose
+/// parent stops delivering loses at most **one** version to it — the one it was waiting
+/// for, if a newer one is published during that one wait — and waits at most one stall wait
+/// (`stall_timeout + position × hop allowance`) per parent; from then on it fetches every
+/// version from holders at once, while the learner moves it under another parent
+/// (`control::forwarding`).
+pub(crate) fn behind(
+    feed: Feed,
+    installed: Option<u64>,
+    older_accepted: bool,
+    distrusted: bool,
+) -> bool {
+    match feed {
+        Feed::Unplanned => false,
+        Feed::Parent { .. } => older_accepted || distrusted,
+        Feed::FetchOnly => installed.is_none() || older_accepted,
+    }
+}
+
+/// Share of the chunks a version needed that its parent must deliver to keep this node's
+/// trust: a quarter. An honest parent whose push meets this node's own repair in the middle
+/// delivers about half; one that trickles a chunk per version to look alive delivers a
+/// sliver.
+pub(crate) const FED_SHARE: f64 = 0.25;
+
+/// Which parent failed this node on its last version, if any (see [`behind`]). The learner is
+/// never held here: its uplink is the trust root's, and a first hop that repaired at once
+/// would only ask the learner twice for the same chunks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct FeedStanding {
+    failed: Option<PeerId>,
+}
+
+impl FeedStanding {
+    /// A version ended (installed, or given up for a newer one): `parent` was the planned
+    /// parent (`None`: the learner, or nobody), `needed` chunks were missing when it began,
+    /// `fed` of them came on that parent's push.
+    pub(crate) fn ended(&mut self, parent: Option<PeerId>, needed: usize, fed: usize) {
+        let Some(parent) = parent else { return };
+        if needed == 0 {
+            return;
+        }
+        if fed as f64 >= FED_SHARE * needed as f64 {
+            if self.failed == Some(parent) {
+                self.failed = None;
+            }
+        } else {
+            self.failed = Some(parent);
+        }
+    }
+
+    /// Whether `parent` failed this node's last version it fed.
+    pub(crate) fn distrusts(&self, parent: Option<&PeerId>) -> bool {
+        parent.is_some() && self.failed.as_ref() == parent
+    }
+}
 
 /// One version's transfer state.
 #[derive(Debug)]
@@ -254,6 +323,8 @@ impl Transfer {
     pub(crate) fn stall_wait(&self) -> Duration {
         match self.feed {
             Feed::FetchOnly => self.stall / 4,
+            // Repairing at once: look again as often as a fetch-only node.
+            Feed::Parent { .. } if self.behind => self.stall / 4,
             Feed::Parent { position } if self.stored == 0 => self.stall.saturating_add(
                 self.hop
                     .saturating_mul(position.min(u32::MAX as usize) as u32),
@@ -352,7 +423,8 @@ impl Transfer {
 
     /// The acquirer's decision on waking: stop if superseded, install if complete, repair
     /// after a stall (no chunk within the wait, or the stream ended) — and always when
-    /// fetch-only, since nothing will be pushed — otherwise keep waiting.
+    /// fetch-only, since nothing will be pushed, or behind ([`behind`]) — otherwise keep
+    /// waiting.
     fn woken(&mut self, wake: Wake) -> Vec<Action> {
         match self.phase {
             Phase::Stopped => return vec![Action::Stop],
@@ -367,10 +439,14 @@ impl Transfer {
             return self.stop();
         }
         // Repair only after a wait: the feed (or the last repair) gets one wait to deliver,
-        // even when fetch-only — unless this node is behind and fetch-only.
+        // even when fetch-only — unless this node is behind.
         let stalled = matches!(wake, Wake::StreamEnded | Wake::Timer);
-        let fetch_only = self.feed == Feed::FetchOnly && (wake != Wake::Check || self.behind);
-        if stalled || fetch_only {
+        let at_once = match self.feed {
+            Feed::FetchOnly => wake != Wake::Check || self.behind,
+            Feed::Parent { .. } => self.behind,
+            Feed::Unplanned => false,
+        };
+        if stalled || at_once {
             vec![Action::Repair]
         } else {
             Vec::new()
@@ -613,19 +689,70 @@ mod tests {
         assert_eq!(chain.apply(Input::Newer), [Action::Stop]);
     }
 
-    /// A fetch-only node that is behind repairs at once; one that is up to date first gives
-    /// holders one wait.
+    /// A node that is behind repairs at once, whatever feeds it; one that is up to date first
+    /// gives its feed one wait.
     #[test]
-    fn a_behind_fetch_only_node_repairs_without_waiting() {
+    fn a_behind_node_repairs_without_waiting_whatever_feeds_it() {
         let mut t = Transfer::new(2, STALL);
         t.apply(Input::Plan(Feed::FetchOnly));
         assert_eq!(t.apply(Input::Woken(Wake::Check)), []);
         t.apply(Input::Behind(true));
         assert_eq!(t.apply(Input::Woken(Wake::Check)), [Action::Repair]);
-        let mut chain = Transfer::new(2, STALL);
-        chain.apply(Input::Plan(Feed::Parent { position: 0 }));
-        chain.apply(Input::Behind(true));
+        let mut chain = Transfer::new(2, STALL).with_hop(HOP_MARGIN);
+        chain.apply(Input::Plan(Feed::Parent { position: 3 }));
         assert_eq!(chain.apply(Input::Woken(Wake::Check)), []);
+        assert!(chain.stall_wait() > STALL);
+        chain.apply(Input::Behind(true));
+        assert_eq!(chain.apply(Input::Woken(Wake::Check)), [Action::Repair]);
+        assert_eq!(chain.stall_wait(), STALL / 4, "and keeps looking");
+        // Without a plan nobody is behind: wait for the push the plan will announce.
+        let mut unplanned = Transfer::new(2, STALL);
+        unplanned.apply(Input::Behind(true));
+        assert_eq!(unplanned.apply(Input::Woken(Wake::Check)), []);
+    }
+
+    /// Who is behind (`behind`): a skipped version behind any feed; a parent that failed the
+    /// last version; a fetch-only node with nothing installed.
+    #[test]
+    fn behind_is_a_skipped_version_or_a_failed_parent() {
+        let fed = Feed::Parent { position: 1 };
+        assert!(!behind(fed, None, false, false), "a first version: wait");
+        assert!(!behind(fed, Some(4), false, false));
+        assert!(behind(fed, Some(4), true, false), "skipped a version");
+        assert!(behind(fed, Some(4), false, true), "its parent failed it");
+        assert!(behind(Feed::FetchOnly, None, false, false));
+        assert!(!behind(Feed::FetchOnly, Some(4), false, false));
+        assert!(behind(Feed::FetchOnly, Some(4), true, false));
+        assert!(!behind(Feed::Unplanned, None, true, true));
+    }
+
+    /// Patience per node: a parent that failed a version is not waited for again; it earns
+    /// trust back by delivering a quarter of a version, or a new parent starts trusted.
+    #[test]
+    fn a_parent_that_failed_a_version_is_not_waited_for_until_it_delivers() {
+        let (p, q) = (peer(1), peer(2));
+        let mut f = FeedStanding::default();
+        assert!(!f.distrusts(Some(&p)));
+        f.ended(Some(p), 16, 0);
+        assert!(f.distrusts(Some(&p)));
+        assert!(!f.distrusts(Some(&q)), "another parent starts trusted");
+        assert!(!f.distrusts(None));
+        // Nothing needed: no evidence either way.
+        f.ended(Some(p), 0, 0);
+        assert!(f.distrusts(Some(&p)));
+        // One chunk of sixteen to look alive is not delivering.
+        f.ended(Some(p), 16, 1);
+        assert!(f.distrusts(Some(&p)));
+        // Meeting this node's own repair in the middle is.
+        f.ended(Some(p), 16, 7);
+        assert!(!f.distrusts(Some(&p)));
+        // The learner is never held: a first hop ends with `None`.
+        f.ended(None, 16, 0);
+        assert!(!f.distrusts(Some(&p)));
+        // Another parent failing replaces the record; the old one is trusted again.
+        f.ended(Some(p), 16, 0);
+        f.ended(Some(q), 16, 0);
+        assert!(f.distrusts(Some(&q)) && !f.distrusts(Some(&p)));
     }
 
     /// A superseded fetch-only transfer whose holders no longer answer gives up after

@@ -40,10 +40,20 @@ pub enum Attack {
     ReplayAfterRestart,
     /// Sign groups with another key (or not at all).
     BadSignature,
+    /// Install every snapshot, pass none on: no push to its chain child, fetches declined.
+    SilentForwarder,
+    /// Forward honestly for the first [`SILENT_AFTER_INSTALLS`] installs, then as
+    /// `silent_forwarder`.
+    SilentAfterHonest,
+    /// Push and serve snapshot chunks at a tenth of the planned per-worker bandwidth B̂w.
+    SlowForwarder,
 }
 
+/// Installs after which a `silent_after_honest` worker stops forwarding.
+pub const SILENT_AFTER_INSTALLS: u64 = 4;
+
 impl Attack {
-    pub const ALL: [Attack; 11] = [
+    pub const ALL: [Attack; 14] = [
         Attack::InflatedReward,
         Attack::ForgedLogprobs,
         Attack::InvalidLogprob,
@@ -55,6 +65,9 @@ impl Attack {
         Attack::CorruptChunks,
         Attack::ReplayAfterRestart,
         Attack::BadSignature,
+        Attack::SilentForwarder,
+        Attack::SilentAfterHonest,
+        Attack::SlowForwarder,
     ];
 
     pub fn name(self) -> &'static str {
@@ -70,6 +83,9 @@ impl Attack {
             Attack::CorruptChunks => "corrupt_chunks",
             Attack::ReplayAfterRestart => "replay_after_restart",
             Attack::BadSignature => "bad_signature",
+            Attack::SilentForwarder => "silent_forwarder",
+            Attack::SilentAfterHonest => "silent_after_honest",
+            Attack::SlowForwarder => "slow_forwarder",
         }
     }
 }

@@ -129,6 +129,7 @@ mod tests {
             HeartbeatFlood,
             Replay,
             BadMessage,
+            SilentForwarding,
         ];
         let at_once: Vec<_> = all.into_iter().filter(|r| r.bans_at_once()).collect();
         assert_eq!(at_once, [OversizedAnswer, CorruptChunk, Replay]);

@@ -166,6 +166,11 @@ pub struct PeerStatus {
     /// How this node is connected to it now (`direct`, `holepunched`, `relayed`).
     #[serde(default)]
     pub connection: Option<crate::reachability::ConnectionKind>,
+    /// Versions this rollout worker's installed snapshot trails the version this node works
+    /// with (the learner: the newest it published); filled by the node's status view,
+    /// `null` when either is unknown.
+    #[serde(default)]
+    pub install_lag: Option<u64>,
 }
 
 /// Counters of the network service since start.
@@ -242,6 +247,10 @@ pub enum StrikeReason {
     Replay,
     /// A gossip message that failed validation (by the service or by the role's `Reject`).
     BadMessage,
+    /// A chain parent that held a snapshot version and sent its child nothing — not even a
+    /// hello — as the signed receipts of two different children showed (the learner's
+    /// attribution, `control::forwarding`): one strike per silent version in the evidence.
+    SilentForwarding,
 }
 
 impl StrikeReason {
@@ -275,6 +284,7 @@ impl StrikeReason {
             StrikeReason::HeartbeatFlood => "heartbeat_flood",
             StrikeReason::Replay => "replay",
             StrikeReason::BadMessage => "bad_message",
+            StrikeReason::SilentForwarding => "silent_forwarding",
         }
     }
 }

@@ -7,7 +7,7 @@
 //! ECHO-2 peer score ([`score`]); strikes and bans (`bans`, [`Client::strike`],
 //! [`Client::is_banned`]); the per-source heartbeat rate limit (`hbgate`); inbound connection
 //! limits; stream rate limits ([`ratelimit`]); reachability and NAT traversal bookkeeping
-//! ([`reachability`]); listening through relays ([`circuit`]); the heartbeat interval scaled
+//! ([`reachability`]); delivery receipts carried in heartbeats ([`receipt`]); listening through relays ([`circuit`]); the heartbeat interval scaled
 //! to the swarm size, forgetting and the peer-table cap ([`membership`]); the `[network]`
 //! config.
 //!
@@ -37,6 +37,7 @@ pub mod messages;
 mod peers;
 pub mod ratelimit;
 pub mod reachability;
+pub mod receipt;
 pub mod role;
 pub mod score;
 pub mod service;
@@ -60,6 +61,7 @@ pub use messages::{
 };
 pub use ratelimit::TokenBucket;
 pub use reachability::{ConnectionKind, NatStatus, Reachability, RelayServerStatus};
+pub use receipt::{DeliveryReceipt, MAX_HEARTBEAT_RECEIPTS, RECEIPT_VERSION};
 pub use role::Role;
 pub use score::{PeerStats, ScoreComponents, TransferEvent};
 pub use service::{start, Started};

@@ -75,6 +75,12 @@ pub struct Heartbeat {
     /// peer id, so a wrong hint costs one failed dial.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub addrs: Vec<String>,
+    /// Signed delivery receipts of a chain child: what its planned parent delivered of its
+    /// newest versions (at most [`crate::receipt::MAX_HEARTBEAT_RECEIPTS`]; absent in
+    /// heartbeats of older nodes and of nodes fed by the learner itself). The learner judges
+    /// forwarders by them (`docs/broadcast.md`, "Accountable forwarding").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub receipts: Vec<crate::receipt::DeliveryReceipt>,
 }
 
 /// The compute device a node runs its model on, as its heartbeats report it. Self-reported:
@@ -127,6 +133,10 @@ pub struct LocalStatus {
     pub receive_rate_bps: f64,
     #[serde(default)]
     pub device: Option<DeviceReport>,
+    /// Signed delivery receipts to carry (the newest first; trimmed to
+    /// [`crate::receipt::MAX_HEARTBEAT_RECEIPTS`]).
+    #[serde(default)]
+    pub receipts: Vec<crate::receipt::DeliveryReceipt>,
 }
 
 fn check_num(field: &'static str, x: f64, max: f64) -> Result<(), MessageError> {
@@ -168,7 +178,7 @@ impl Heartbeat {
                 max: MAX_HEARTBEAT_BYTES,
             });
         }
-        let hb: Heartbeat =
+        let mut hb: Heartbeat =
             serde_json::from_slice(bytes).map_err(|e| MessageError::Schema(e.to_string()))?;
         if hb.v != HEARTBEAT_VERSION {
             return Err(MessageError::Version {
@@ -202,6 +212,19 @@ impl Heartbeat {
                 "{} addresses, at most {MAX_HEARTBEAT_ADDRS}",
                 hb.addrs.len()
             )));
+        }
+        if hb.receipts.len() > crate::receipt::MAX_HEARTBEAT_RECEIPTS {
+            return Err(MessageError::Invalid(format!(
+                "{} receipts, at most {}",
+                hb.receipts.len(),
+                crate::receipt::MAX_HEARTBEAT_RECEIPTS
+            )));
+        }
+        // A receipt of another version is skipped, not refused (`crate::receipt`).
+        hb.receipts
+            .retain(|r| r.v == crate::receipt::RECEIPT_VERSION);
+        for r in &hb.receipts {
+            r.check()?;
         }
         for a in &hb.addrs {
             check_str("addrs", a, MAX_HEARTBEAT_ADDR_BYTES)?;
@@ -361,10 +384,30 @@ mod tests {
                 memory_free_bytes: 80_000_000_000,
                 compute_capability: Some("9.0".into()),
             }),
+            receipts: (0..crate::receipt::MAX_HEARTBEAT_RECEIPTS as u64)
+                .map(|v| {
+                    crate::receipt::DeliveryReceipt {
+                        v: crate::receipt::RECEIPT_VERSION,
+                        version: u64::MAX - v,
+                        parent: relay.into(),
+                        wanted: u64::MAX / 2,
+                        bytes: u64::MAX / 2,
+                        hello: true,
+                        spoke: true,
+                        first_ms: Some(86_400_000),
+                        last_ms: Some(86_400_000),
+                        end_ms: 86_400_000,
+                        installed: true,
+                        sig: String::new(),
+                    }
+                    .sign([9; 32], "s")
+                })
+                .collect(),
             ..hb()
         };
         let bytes = h.encode();
         assert!(bytes.len() < MAX_HEARTBEAT_BYTES, "{}", bytes.len());
+        assert_eq!(Heartbeat::decode(&bytes, "s").unwrap().receipts, h.receipts);
         assert_eq!(Heartbeat::decode(&bytes, "s").unwrap().addrs, full);
         assert!(!String::from_utf8_lossy(&hb().encode()).contains("addrs"));
         let long = format!("/dns4/{}/tcp/1", "a".repeat(MAX_HEARTBEAT_ADDR_BYTES));
@@ -407,6 +450,7 @@ mod tests {
             device: None,
             reachability: None,
             addrs: Vec::new(),
+            receipts: Vec::new(),
         }
     }
 

@@ -180,6 +180,7 @@ impl PeerEntry {
             strikes_by_reason: self.strikes.by_reason(),
             reachability: hb.and_then(|h| h.reachability),
             connection: None,
+            install_lag: None,
         }
     }
 }
@@ -218,6 +219,7 @@ mod tests {
             device: None,
             reachability: None,
             addrs: Vec::new(),
+            receipts: Vec::new(),
         }
     }
 

@@ -246,6 +246,11 @@ impl Disseminator {
             match msg.sign(&key) {
                 Ok(s) => {
                     st.plan = Some(s.clone());
+                    let chunk = st
+                        .manifests
+                        .get(&cur.plan.version)
+                        .map_or(0, |m| u64::from(m.manifest.chunk_size));
+                    st.accounts.planned(cur.plan.version, chunk, &plan);
                     s
                 }
                 Err(_) => return,

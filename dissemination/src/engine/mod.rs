@@ -34,6 +34,7 @@
 //! ([`storage::replay::ReplayState`], `replay_path`), so a restarted node refuses old signed
 //! manifests, plans and orders.
 
+mod account;
 mod fetch;
 mod gossip;
 mod install;
@@ -58,11 +59,13 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::assembly::Assembly;
+use crate::delivery::Records;
 use crate::error::{DisseminationError, Result};
 use crate::plan_msg::SignedPlan;
-use crate::transfer::Transfer;
+use crate::transfer::{FeedStanding, Transfer};
 use crate::wire::{CHUNK_FETCH, CHUNK_STREAM};
 
+pub use account::ForwardingView;
 pub use session::DEFAULT_SESSION_IDLE_TIMEOUT;
 
 /// How the learner sends a snapshot: the node's `broadcast.mode` (`"chain"` or `"star"`) and
@@ -109,6 +112,28 @@ impl std::str::FromStr for BroadcastMode {
 pub enum Fault {
     /// Flip one byte of every chunk this node pushes or serves.
     CorruptOutgoing,
+    /// Install every version but pass nothing on: no push to a child (not even a hello), and
+    /// every fetch answered as if nothing were held.
+    SilentForwarder,
+    /// Forward honestly until this many versions are installed, then as
+    /// [`Fault::SilentForwarder`].
+    SilentAfterInstalls(u64),
+    /// Push and serve chunks at a tenth of the planned per-worker bandwidth `B̂w`.
+    SlowForwarder,
+}
+
+/// The upload cap (Mbit/s, 0 = none) a node runs with: its configured one, or a tenth of
+/// `B̂w` under [`Fault::SlowForwarder`] (whichever is lower).
+fn uplink_cap(cfg: &DisseminationConfig) -> f64 {
+    if cfg.fault != Some(Fault::SlowForwarder) {
+        return cfg.uplink_mbps;
+    }
+    let slow = cfg.plan.worker_mbps / 10.0;
+    if cfg.uplink_mbps > 0.0 {
+        cfg.uplink_mbps.min(slow)
+    } else {
+        slow
+    }
 }
 
 /// Settings of one node's engine.
@@ -274,7 +299,6 @@ pub struct PublishReport {
     pub stats: PublishStats,
 }
 
-#[derive(Default)]
 struct State {
     /// Newest manifest accepted (version).
     manifest_version: Option<u64>,
@@ -295,6 +319,35 @@ struct State {
     /// Payloads being put together, per version being acquired (taken by the install).
     assemblies: HashMap<u64, SharedAssembly>,
     tasks: Vec<JoinHandle<()>>,
+    /// Worker: what each version's planned parent delivered (the receipts' source).
+    deliveries: Records,
+    /// Worker: the parent that failed this node's last version, if any (patience per node).
+    feed: FeedStanding,
+    /// Learner: receipts judged, the attribution ledger, the plans and install reports they
+    /// are judged against.
+    accounts: account::Accounts,
+}
+
+impl State {
+    fn new(receipt_horizon: Duration) -> Self {
+        State {
+            manifest_version: None,
+            manifests: HashMap::new(),
+            accepted_at: HashMap::new(),
+            plan: None,
+            order_seq: None,
+            last_catch_up: None,
+            installed: None,
+            transfers: HashMap::new(),
+            pushing: HashSet::new(),
+            sessions: Default::default(),
+            assemblies: HashMap::new(),
+            tasks: Vec::new(),
+            deliveries: Records::new(receipt_horizon),
+            feed: FeedStanding::default(),
+            accounts: Default::default(),
+        }
+    }
 }
 
 type SharedAssembly = Arc<Mutex<Option<Assembly>>>;
@@ -403,8 +456,9 @@ impl Disseminator {
         let fetches = control
             .accept(CHUNK_FETCH)
             .map_err(|e| open_err(client.local_peer_id(), "chunk-fetch", e))?;
+        let cfg_stall = cfg.stall_timeout;
         let inner = Arc::new(Inner {
-            uplink: TokenBucket::from_mbps(cfg.uplink_mbps),
+            uplink: TokenBucket::from_mbps(uplink_cap(&cfg)),
             sending: Default::default(),
             downlink: TokenBucket::from_mbps(cfg.downlink_mbps),
             local: client.local_peer_id(),
@@ -413,7 +467,9 @@ impl Disseminator {
             client,
             store,
             events: tx,
-            state: Mutex::new(State::default()),
+            // A receipt waits a stall timeout after acceptance: an honest parent's hello is
+            // there by then, however slow its link (`crate::delivery`).
+            state: Mutex::new(State::new(cfg_stall)),
             stored: watch::channel(0).0,
             kick: watch::channel(0).0,
             counters: AtomicCounters::default(),
@@ -523,6 +579,17 @@ impl Disseminator {
         Ok(bytes)
     }
 
+    /// Whether this worker passes nothing on now (the silent test faults).
+    fn silent(&self) -> bool {
+        match self.inner.cfg.fault {
+            Some(Fault::SilentForwarder) => true,
+            Some(Fault::SilentAfterInstalls(n)) => {
+                self.inner.counters.installs.load(Ordering::Relaxed) >= n
+            }
+            _ => false,
+        }
+    }
+
     /// Evidence against `peer` (a strike: a failed transfer in its score, towards a ban).
     async fn strike(&self, peer: PeerId, reason: p2p::StrikeReason) {
         let _ = self.inner.client.strike(peer, reason).await;
@@ -597,5 +664,12 @@ impl Disseminator {
     /// The newest accepted plan.
     pub fn current_plan(&self) -> Option<SignedPlan> {
         self.lock().plan.clone()
+    }
+
+    /// Worker: the delivery receipts due now (newest first, at most
+    /// [`p2p::MAX_HEARTBEAT_RECEIPTS`]), unsigned — the node signs them with its key and
+    /// hands them to its heartbeats (`crate::delivery`).
+    pub fn receipts(&self) -> Vec<p2p::DeliveryReceipt> {
+        self.lock().deliveries.receipts(Instant::now())
     }
 }

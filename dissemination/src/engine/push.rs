@@ -10,7 +10,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use control::plan::{replan, ChainPlan, Placement};
+use control::plan::{ChainPlan, Placement};
+use control::seats::seat;
 use control::units::mbps_to_bytes_per_s;
 use futures::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use p2p::framing::{read_frame, write_frame};
@@ -122,10 +123,15 @@ impl Disseminator {
         };
         let plan: ChainPlan<PeerId> = match cfg.mode {
             // Starting from the previous version's plan keeps parent–child pairs (and their
-            // push sessions) while scores only drift (`control::plan`, "Stability").
+            // push sessions) while scores only drift (`control::plan`, "Stability"); a new
+            // plan epoch re-draws the seats, and the forwarding ledger's separations,
+            // demotions and exclusions apply (`control::seats`, `account`).
             BroadcastMode::Chain => {
-                let prev = self.lock().plan.as_ref().map(|p| p.plan.to_plan());
-                replan(&workers, &cfg.plan, prev.as_ref())
+                let prev = self.lock().plan.as_ref().map(|p| p.plan.clone());
+                let live: Vec<PeerId> = workers.iter().map(|w| w.0).collect();
+                let seating = self.seating(version, prev.as_ref().map(|p| p.version), &live);
+                let prev = prev.map(|p| p.to_plan());
+                seat(&workers, &cfg.plan, prev.as_ref(), &seating)
             }
             BroadcastMode::Star => {
                 let mut ws: Vec<PeerId> = workers.iter().map(|w| w.0).collect();
@@ -151,6 +157,8 @@ impl Disseminator {
             st.manifests.insert(version, manifest.clone());
             st.accepted_at.insert(version, Instant::now());
             st.plan = Some(plan.clone());
+            let chunk = u64::from(manifest.manifest.chunk_size);
+            st.accounts.planned(version, chunk, &plan.plan.to_plan());
         }
         info!(
             version,
@@ -178,6 +186,9 @@ impl Disseminator {
     /// Starts a push to this node's child(ren) in the current plan for every version it holds
     /// the manifest of — once per `(version, child)`.
     pub(super) fn start_forwarding(&self) {
+        if self.silent() {
+            return;
+        }
         let targets: Vec<(u64, PeerId)> = {
             let st = self.lock();
             let Some(v) = st.plan.as_ref().map(|p| p.plan.version) else {
@@ -528,6 +539,11 @@ impl Disseminator {
             s.flush().await.map_err(io)
         })
         .await?;
+        // What this parent was asked for, for the delivery receipt (`crate::delivery`).
+        let wanted = (0..n).filter(|&i| !held[i]).map(|i| m.chunk_len(i)).sum();
+        self.lock()
+            .deliveries
+            .hello(m.version, peer, wanted, Instant::now());
         let started = Instant::now();
         let mut bytes_in = 0u64;
         // One chunk is verified (and stored, and copied into the assembly) while the next one
@@ -593,7 +609,7 @@ impl Disseminator {
             match settle(verifying.replace((len, next))).await? {
                 // Corrupt: drop the stream; the rest comes from elsewhere (repair).
                 Some((_, false)) => break true,
-                Some((l, true)) => bytes_in += self.received(l),
+                Some((l, true)) => bytes_in += self.received(peer, manifest.manifest.version, l),
                 None => {}
             }
         };
@@ -601,7 +617,7 @@ impl Disseminator {
             || match settle(verifying).await? {
                 Some((_, false)) => true,
                 Some((l, true)) => {
-                    bytes_in += self.received(l);
+                    bytes_in += self.received(peer, manifest.manifest.version, l);
                     false
                 }
                 None => false,
@@ -673,8 +689,12 @@ impl Disseminator {
         (self.accept_manifest(&m) == Validation::Accept).then_some(m)
     }
 
-    /// Counts `len` pushed bytes received and verified; returns them.
-    pub(super) fn received(&self, len: u32) -> u64 {
+    /// Counts `len` pushed bytes of `version` received from `peer` and verified (also in the
+    /// version's delivery record); returns them.
+    pub(super) fn received(&self, peer: PeerId, version: u64, len: u32) -> u64 {
+        self.lock()
+            .deliveries
+            .chunk(version, peer, u64::from(len), Instant::now());
         self.count(
             |c| &c.push_received_bytes,
             u64::from(len),

@@ -52,6 +52,25 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The dissemination engine's test fault for the attacks carried out on snapshots (none for
+/// an honest node; `crate::misbehave`).
+fn dissemination_fault(m: &crate::misbehave::Misbehaviour) -> Option<dissemination::Fault> {
+    use crate::misbehave::{Attack, SILENT_AFTER_INSTALLS};
+    use dissemination::Fault;
+    [
+        (Attack::CorruptChunks, Fault::CorruptOutgoing),
+        (Attack::SilentForwarder, Fault::SilentForwarder),
+        (
+            Attack::SilentAfterHonest,
+            Fault::SilentAfterInstalls(SILENT_AFTER_INSTALLS),
+        ),
+        (Attack::SlowForwarder, Fault::SlowForwarder),
+    ]
+    .into_iter()
+    .find(|(a, _)| m.has(*a))
+    .map(|(_, f)| f)
+}
+
 /// How often the heartbeat feeder looks for a newly installed snapshot.
 const INSTALL_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
@@ -95,8 +114,8 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     // learner itself, or a worker configured with `learner_public_key`).
     let (dissem, mut installs) = match dissemination_config(config, &state.key)? {
         Some(mut dcfg) => {
-            if state.misbehave.has(crate::misbehave::Attack::CorruptChunks) {
-                dcfg.fault = Some(dissemination::Fault::CorruptOutgoing);
+            if let Some(f) = dissemination_fault(&state.misbehave) {
+                dcfg.fault = Some(f);
             }
             let (d, rx) =
                 dissemination::Disseminator::start(dcfg, client.clone(), state.chunks.clone())
@@ -110,7 +129,10 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     };
     // `status` peers carry their chain and position in the newest accepted plan.
     if let Some(d) = dissem.clone() {
-        view.set_plan_source(roles::plan_source(d));
+        view.set_plan_source(roles::plan_source(d.clone()));
+        if config.role == Role::Learner {
+            view.set_forwarding_source(Arc::new(move || d.forwarding_view()));
+        }
     }
     // The role: the learner trains and publishes; a worker installs snapshots, generates and
     // serves pulls. Both need the swarm's learner key (the dissemination engine).
@@ -177,9 +199,11 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     let feeder = {
         let client = client.clone();
         let state = state.clone();
+        let dissem = dissem.clone();
         tokio::spawn(async move {
             let mut poll = tokio::time::interval(INSTALL_POLL.min(interval));
             let mut sent: Option<(std::time::Instant, Option<u64>)> = None;
+            let mut signed: Vec<p2p::DeliveryReceipt> = Vec::new();
             loop {
                 poll.tick().await;
                 let (installed_version, mu) = probe();
@@ -188,6 +212,10 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
                 if !due {
                     continue;
                 }
+                // A chain child's delivery receipts, signed with the node key (each signed
+                // once: an unchanged receipt keeps its signature).
+                let due_receipts = dissem.as_ref().map(|d| d.receipts()).unwrap_or_default();
+                signed = sign_receipts(due_receipts, signed, &state);
                 let pending = roles::attacks::pending_claim(
                     &state.misbehave,
                     state.trajectories.pending().unwrap_or(0),
@@ -198,6 +226,7 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
                     pending,
                     availability: 1.0,
                     device: Some(crate::state::device_report(&state.device)),
+                    receipts: signed.clone(),
                     ..Default::default()
                 };
                 metrics::gauge!("node_pending_groups").set(pending as f64);
@@ -253,6 +282,29 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     }
     let _ = tokio::time::timeout(std::time::Duration::from_secs(3), drain).await;
     result.and(role_result)
+}
+
+/// `due`, signed with the node key; a receipt already signed in `before` with the same
+/// content keeps that signature.
+fn sign_receipts(
+    due: Vec<p2p::DeliveryReceipt>,
+    before: Vec<p2p::DeliveryReceipt>,
+    state: &NodeState,
+) -> Vec<p2p::DeliveryReceipt> {
+    due.into_iter()
+        .map(|r| {
+            let again = before.iter().find(|b| {
+                p2p::DeliveryReceipt {
+                    sig: String::new(),
+                    ..(*b).clone()
+                } == r
+            });
+            match again {
+                Some(b) => b.clone(),
+                None => r.sign(state.key.seed(), &state.config.swarm_id),
+            }
+        })
+        .collect()
 }
 
 /// Writes `<data_dir>/node.addr.json` once the swarm reports its first listen address (the

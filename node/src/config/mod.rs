@@ -138,6 +138,10 @@ pub struct BroadcastConfig {
     /// (half the bytes on every hop; workers load it into their model's dtype). The learner
     /// always trains and checkpoints in f32.
     pub dtype: SnapshotDtype,
+    /// Versions per plan epoch: at the first version of each the learner re-draws the chain
+    /// seats among workers of similar score, so that no seat is held for a whole run
+    /// (`docs/broadcast.md`, "Seats").
+    pub plan_epoch: u64,
 }
 
 impl Default for BroadcastConfig {
@@ -146,6 +150,7 @@ impl Default for BroadcastConfig {
             mode: BroadcastMode::Chain,
             worker_mbps: 100.0,
             dtype: SnapshotDtype::F32,
+            plan_epoch: control::seats::EPOCH_VERSIONS,
         }
     }
 }

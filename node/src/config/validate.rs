@@ -140,6 +140,15 @@ impl NodeConfig {
                 format!("{} is outside 10..=60000", l.pull_interval_ms),
             );
         }
+        if !(1..=1_000_000).contains(&self.broadcast.plan_epoch) {
+            bad(
+                "broadcast.plan_epoch",
+                format!(
+                    "{} is outside 1..=1000000 (versions)",
+                    self.broadcast.plan_epoch
+                ),
+            );
+        }
         if !(self.broadcast.worker_mbps.is_finite() && self.broadcast.worker_mbps > 0.0) {
             bad(
                 "broadcast.worker_mbps",

@@ -202,6 +202,7 @@ pub fn spam_heartbeat(
         reachability: None,
         addrs: Vec::new(),
         device: None,
+        receipts: Vec::new(),
     }
 }
 

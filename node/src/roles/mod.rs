@@ -27,12 +27,17 @@ use crate::config::NodeConfig;
 /// `j`, position `k`, 0 = receives from the learner).
 pub type PlanSource = Arc<dyn Fn() -> Option<Vec<Vec<String>>> + Send + Sync>;
 
+/// The learner's forwarding accounts (`dissemination::ForwardingView`) for `/status`.
+pub type ForwardingSource = Arc<dyn Fn() -> dissemination::ForwardingView + Send + Sync>;
+
 /// The role's section of the `/status` object, replaced as the role makes progress, and where
-/// the status view reads the current plan from.
+/// the status view reads the current plan (and, on the learner, its forwarding accounts)
+/// from.
 #[derive(Clone, Default)]
 pub struct RoleView(
     Arc<RwLock<Option<RoleSection>>>,
     Arc<RwLock<Option<PlanSource>>>,
+    Arc<RwLock<Option<ForwardingSource>>>,
 );
 
 /// The plan source of a dissemination engine: the chains of its newest accepted plan (the
@@ -54,6 +59,18 @@ impl RoleView {
         if let Ok(mut g) = self.1.write() {
             *g = Some(source);
         }
+    }
+
+    pub fn set_forwarding_source(&self, source: ForwardingSource) {
+        if let Ok(mut g) = self.2.write() {
+            *g = Some(source);
+        }
+    }
+
+    /// The learner's forwarding accounts, if a source is set.
+    pub fn forwarding(&self) -> Option<dissemination::ForwardingView> {
+        let source = self.2.read().ok()?.clone()?;
+        Some(source())
     }
 
     /// The chains of the current plan, if a plan source is set and a plan is known.

@@ -77,6 +77,13 @@ impl Service {
             device: self.local.device.clone(),
             reachability: Some(self.nat.reachability()),
             addrs: self.dial_hints(),
+            receipts: self
+                .local
+                .receipts
+                .iter()
+                .take(crate::receipt::MAX_HEARTBEAT_RECEIPTS)
+                .cloned()
+                .collect(),
         };
         let topic = IdentTopic::new(TopicKind::Heartbeat.topic_name(&self.cfg.swarm_id));
         match self

@@ -1,13 +1,16 @@
 //! The learner's publisher: hands the newest snapshot the training thread produced to the
 //! dissemination engine, and measures each broadcast's T_bcast from the workers' install
-//! reports (the rule is `control::capacity::broadcast_done`).
+//! reports (the rule is `control::capacity::broadcast_done`). A version that does not complete
+//! is not dropped from the measure: it counts as a lower bound (`≥ t`,
+//! `control::capacity::t_bcast_estimate`) — frozen when the learner stops waiting for it,
+//! growing while it is in flight — so a starving swarm never shows the last good median.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use control::capacity::broadcast_done;
+use control::capacity::{broadcast_done, t_bcast_estimate, BcastEstimate, BcastSample};
 use dissemination::Disseminator;
 use tokio::sync::watch;
 
@@ -23,8 +26,9 @@ pub(super) struct PublishStats {
     snapshots: AtomicU64,
     /// Published versions whose T_bcast is still being measured, with their publish time.
     in_flight: Mutex<Vec<(u64, Instant)>>,
-    /// The last [`RECENT_BCAST`] T_bcast measurements (seconds).
-    t_bcast: Mutex<VecDeque<f64>>,
+    /// The last [`RECENT_BCAST`] T_bcast measurements: exact, or lower bounds of versions
+    /// given up (more than [`RECENT_BCAST`] newer ones in flight).
+    t_bcast: Mutex<VecDeque<BcastSample>>,
 }
 
 impl Default for PublishStats {
@@ -48,12 +52,28 @@ impl PublishStats {
         self.snapshots.load(Ordering::Relaxed)
     }
 
-    /// Median of the recent T_bcast measurements and how many there are.
-    pub fn t_bcast(&self) -> (Option<f64>, usize) {
-        match self.t_bcast.lock() {
-            Ok(t) => (super::median(t.iter().copied()), t.len()),
-            Err(_) => (None, 0),
+    /// The T_bcast estimate from the recent measurements, and how many there are. Versions
+    /// still in flight count too, as lower bounds, once they have taken longer than the
+    /// estimate without them: until then they say nothing about it (every broadcast is in
+    /// flight for a while), after that they are what it must show.
+    pub fn t_bcast(&self) -> (Option<BcastEstimate>, usize) {
+        let mut samples: Vec<BcastSample> = match self.t_bcast.lock() {
+            Ok(t) => t.iter().copied().collect(),
+            Err(_) => return (None, 0),
+        };
+        let so_far = t_bcast_estimate(&samples).map_or(0.0, |e| e.secs);
+        if let Ok(f) = self.in_flight.lock() {
+            samples.extend(
+                f.iter()
+                    .map(|(_, at)| at.elapsed().as_secs_f64())
+                    .filter(|&secs| secs > so_far)
+                    .map(|secs| BcastSample {
+                        secs,
+                        lower_bound: true,
+                    }),
+            );
         }
+        (t_bcast_estimate(&samples), samples.len())
     }
 
     /// Ends the T_bcast measurement of every in-flight version the active workers (their
@@ -69,8 +89,12 @@ impl PublishStats {
             let secs = at.elapsed().as_secs_f64();
             metrics::histogram!("learner_t_bcast_seconds").record(secs);
             tracing::debug!(version = v, secs, "snapshot broadcast complete");
+            let exact = BcastSample {
+                secs,
+                lower_bound: false,
+            };
             if let Ok(mut t) = self.t_bcast.lock() {
-                push_recent(&mut t, secs, RECENT_BCAST);
+                push_recent(&mut t, exact, RECENT_BCAST);
             }
             false
         });
@@ -79,9 +103,24 @@ impl PublishStats {
     fn record(&self, version: u64, started: Instant) {
         if let Ok(mut f) = self.in_flight.lock() {
             f.push((version, started));
-            // Versions nobody installs (no workers yet) are not measured forever.
+            // Versions not installed while many newer ones were published are not measured
+            // forever: each leaves its age as a lower bound.
             let excess = f.len().saturating_sub(RECENT_BCAST);
-            f.drain(..excess);
+            for (v, at) in f.drain(..excess) {
+                let secs = at.elapsed().as_secs_f64();
+                tracing::debug!(
+                    version = v,
+                    secs,
+                    "broadcast given up unfinished: T_bcast ≥ secs"
+                );
+                if let Ok(mut t) = self.t_bcast.lock() {
+                    let bound = BcastSample {
+                        secs,
+                        lower_bound: true,
+                    };
+                    push_recent(&mut t, bound, RECENT_BCAST);
+                }
+            }
         }
         self.published.store(version, Ordering::Relaxed);
         self.snapshots.fetch_add(1, Ordering::Relaxed);
