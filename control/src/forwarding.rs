@@ -10,13 +10,14 @@
 //! [`Ledger`], which decides ([`Decision`]).
 //!
 //! **Verdicts.** *Silent*: the parent said nothing at all — no hello for this version or a
-//! newer one, no byte — although it had accepted the version (it reported installing it)
-//! well before the child's report. *Slow*: bytes came, at less than [`SLOW_FRACTION`] of the
-//! planned per-worker bandwidth `B̂w` over the time the child needed them. *Excused*: the
-//! parent did not hold the version in time (its own parent is to blame, and its own receipt
-//! says so), or it spoke only for a newer version (a plan that raced a newer one). An honest
-//! slow link always sends its hello (a few hundred bytes, not paced) and some bytes, so it is
-//! at worst *slow*: never silent.
+//! newer one, no byte — although it held the version (it reported installing it) before the
+//! child stopped needing it. *Slow*: bytes came, at less than [`SLOW_FRACTION`] of the
+//! planned per-worker bandwidth `B̂w` over the time the child needed them, although the parent
+//! held the version early enough to send all of it at `B̂w` in that time. *Excused*: the parent
+//! did not hold the version in time (its own parent is to blame, and its own receipt says so),
+//! or it spoke only for a newer version (a plan that raced a newer one). An honest slow link
+//! always sends its hello (a few hundred bytes, not paced) and some bytes, so it is at worst
+//! *slow*: never silent.
 //!
 //! **Attribution by moving the child.** A child that lags — a slow or silent delivery — could
 //! be the parent's fault (it does not send) or the child's (its downlink is broken, or it lies
@@ -90,9 +91,19 @@ pub struct Expectation {
     pub bytes_per_s: f64,
     /// The snapshot's chunk size in bytes (a store-and-forward hop holds one chunk back).
     pub chunk_bytes: u64,
-    /// The parent had reported installing this version (or a newer one) in good time before
-    /// the child's report arrived.
-    pub parent_held: bool,
+    /// When the learner heard the parent report installing this version (or a newer one), in
+    /// ms after it published the version; `None`: not (yet). The child's times count from its
+    /// acceptance of the manifest, a gossip hop after publication: the parent's time is the
+    /// later of the two clocks' readings, so the comparison favours the parent.
+    pub parent_held_ms: Option<u64>,
+}
+
+impl Expectation {
+    /// Whether the parent held the version `slack_ms` before `end_ms`.
+    fn held_by(&self, end_ms: u64, slack_ms: u64) -> bool {
+        self.parent_held_ms
+            .is_some_and(|h| h.saturating_add(slack_ms) <= end_ms)
+    }
 }
 
 /// The learner's reading of one delivery.
@@ -114,32 +125,39 @@ pub fn judge(d: &Delivery, e: &Expectation) -> Verdict {
     if d.wanted == 0 {
         return Verdict::OnTime;
     }
-    if !e.parent_held {
-        return Verdict::Excused;
-    }
-    if d.bytes == 0 {
-        return match (d.hello, d.spoke) {
-            // Said hello for this version and sent nothing: a stall, judged by rate below.
-            (true, _) => Verdict::Slow,
+    let per_s = |bytes: u64| {
+        if e.bytes_per_s > 0.0 {
+            bytes as f64 / e.bytes_per_s
+        } else {
+            0.0
+        }
+    };
+    // Silence needs only that the parent held the version before the child's need ended: its
+    // hello goes out when it accepts the manifest, before it holds anything.
+    if d.bytes == 0 && !d.hello {
+        return match (d.spoke, e.held_by(d.end_ms, 0)) {
             // Spoke only for a newer version: its plan for this one raced the next.
-            (false, true) => Verdict::Excused,
-            (false, false) => Verdict::Silent,
+            (true, _) | (false, false) => Verdict::Excused,
+            (false, true) => Verdict::Silent,
         };
     }
-    // The rate over the time the child needed the bytes: from the first chunk to the end of
-    // its need, plus one chunk time (a store-and-forward hop's first chunk is one chunk late).
-    // A parent that sends one chunk and stalls has its chunk spread over the whole wait.
-    let chunk_s = if e.bytes_per_s > 0.0 {
-        e.chunk_bytes as f64 / e.bytes_per_s
-    } else {
-        0.0
-    };
+    // The rate over the time the child needed the bytes: from the first chunk (the hello, if
+    // none came) to the end of its need, plus one chunk time (a store-and-forward hop's first
+    // chunk is one chunk late). A parent that sends one chunk and stalls has its chunk spread
+    // over the whole wait.
+    let chunk_s = per_s(e.chunk_bytes);
     let span_s = d.end_ms.saturating_sub(d.first_ms.unwrap_or(0)) as f64 / 1e3 + chunk_s;
     let rate = d.bytes.min(d.wanted) as f64 / span_s.max(1e-3);
-    if rate < SLOW_FRACTION * e.bytes_per_s {
+    if rate >= SLOW_FRACTION * e.bytes_per_s {
+        return Verdict::OnTime;
+    }
+    // Slow is the parent's doing only if it held the version early enough to send all that
+    // was wanted at B̂w before the child's need ended; a parent fed late forwards late.
+    let slack_ms = ((per_s(d.wanted) + chunk_s) * 1e3) as u64;
+    if e.held_by(d.end_ms, slack_ms) {
         Verdict::Slow
     } else {
-        Verdict::OnTime
+        Verdict::Excused
     }
 }
 
@@ -333,6 +351,17 @@ impl<P: Clone + Ord> Ledger<P> {
             .iter()
             .filter(|(_, (until, _))| *until > version)
             .map(|(p, _)| p.clone())
+            .collect()
+    }
+
+    /// Parents under suspicion: a child lagged under them twice in a row, and they have not
+    /// been cleared or convicted yet. The plan gives each a child (another one) so that the
+    /// next versions tell ([`crate::seats`]).
+    pub fn suspects(&self) -> BTreeSet<P> {
+        self.failed_children
+            .keys()
+            .filter(|p| !self.excluded.contains(*p))
+            .cloned()
             .collect()
     }
 

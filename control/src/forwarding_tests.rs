@@ -1,11 +1,11 @@
 use super::*;
 
-/// B̂w = 100 Mbit/s, 64 KiB chunks.
+/// B̂w = 100 Mbit/s, 64 KiB chunks; the parent held the version from publication on, or never.
 fn expect(parent_held: bool) -> Expectation {
     Expectation {
         bytes_per_s: 12.5e6,
         chunk_bytes: 64 << 10,
-        parent_held,
+        parent_held_ms: parent_held.then_some(0),
     }
 }
 
@@ -52,17 +52,36 @@ fn verdicts_follow_bytes_rate_and_whether_the_parent_held_the_version() {
         ..silent
     };
     assert_eq!(judge(&stalled, &e), Verdict::Slow);
+    // The parent held the version only 40 ms before the child's need ended: not enough to
+    // send 1.25 MB at B̂w, so its slowness is excused; its silence is not.
+    let late = Expectation {
+        parent_held_ms: Some(4960),
+        ..e
+    };
+    assert_eq!(judge(&stalled, &late), Verdict::Excused);
+    assert_eq!(judge(&silent, &late), Verdict::Silent);
+    // Held only after the child's need ended: silence is excused too.
+    let after = Expectation {
+        parent_held_ms: Some(5001),
+        ..e
+    };
+    assert_eq!(judge(&silent, &after), Verdict::Excused);
     // A hello only for a newer version: its plan for this one raced the next.
     let raced = Delivery {
         spoke: true,
         ..silent
     };
     assert_eq!(judge(&raced, &e), Verdict::Excused);
-    // The parent did not hold the version itself: whatever came, not its doing.
+    // The parent did not hold the version itself: no silence or slowness is its doing…
     assert_eq!(judge(&silent, &expect(false)), Verdict::Excused);
     assert_eq!(
         judge(&delivery(65_536, Some(5), 5005), &expect(false)),
         Verdict::Excused
+    );
+    // … but what it delivered well is on time all the same.
+    assert_eq!(
+        judge(&delivery(1_250_000, Some(5), 105), &expect(false)),
+        Verdict::OnTime
     );
     // Nothing was wanted (the child held every chunk already).
     let nothing = Delivery {
@@ -112,6 +131,7 @@ fn a_silent_parent_is_separated_from_its_child_then_struck_when_a_second_child_s
         }]
     );
     assert_eq!(l.separated(3), [(p("bad"), p("c1"))]);
+    assert_eq!(l.suspects(), [p("bad")].into(), "to be given another child");
     // One child's word is not enough: nothing else yet.
     assert!(l.excluded().is_empty() && l.demoted(3).is_empty());
     // Moved: `c1` under `good` is fine, `bad`'s new child `c2` gets nothing either.
@@ -128,6 +148,7 @@ fn a_silent_parent_is_separated_from_its_child_then_struck_when_a_second_child_s
         }
     );
     assert!(l.excluded().contains("bad"));
+    assert!(l.suspects().is_empty());
     assert_eq!(l.fault_of(&p("bad"), 5), Some(Fault::SilentParent));
     // Excluded: what its children say about it no longer matters.
     assert!(lag_twice(&mut l, 5, "bad", "c3", Verdict::Silent).is_empty());
@@ -179,7 +200,9 @@ fn a_child_that_lags_under_two_parents_is_at_fault_and_no_longer_believed() {
     let mut l = Ledger::default();
     lag_twice(&mut l, 1, "p1", "liar", Verdict::Silent);
     // `p1` serves another child well: cleared.
+    assert!(l.suspects().contains("p1"));
     assert!(l.observe(3, &p("p1"), &p("c2"), Verdict::OnTime).is_empty());
+    assert!(l.suspects().is_empty());
     let out = lag_twice(&mut l, 3, "p2", "liar", Verdict::Silent);
     assert_eq!(
         out.last(),

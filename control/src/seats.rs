@@ -55,6 +55,9 @@ pub struct Seating<P> {
     pub demoted: BTreeSet<P>,
     /// Fetch-only whatever their score.
     pub excluded: BTreeSet<P>,
+    /// Parents under suspicion: each gets a seat with a child when one can be had
+    /// ([`give_children`]).
+    pub suspects: BTreeSet<P>,
 }
 
 impl<P> Default for Seating<P> {
@@ -64,6 +67,7 @@ impl<P> Default for Seating<P> {
             separated: Vec::new(),
             demoted: BTreeSet::new(),
             excluded: BTreeSet::new(),
+            suspects: BTreeSet::new(),
         }
     }
 }
@@ -86,6 +90,7 @@ pub fn seat<P: Clone + Ord + std::hash::Hash>(
     };
     let mut plan = replan_after(&live, params, &order, &s.demoted);
     let relay_only: HashSet<P> = live.iter().filter(|w| w.2).map(|w| w.0.clone()).collect();
+    give_children(&mut plan, &s.suspects, &relay_only);
     separate(&mut plan, &s.separated, &relay_only);
     plan.fetch_only.extend(out.into_iter().map(|w| w.0));
     plan.fetch_only.sort();
@@ -129,10 +134,58 @@ pub fn drawn_order<P: Clone + Ord>(
     out
 }
 
+/// Gives every suspect parent a child: one at a chain's tail swaps places with the nearest
+/// worker before it in rank order that has a child (not another suspect, never a relay-only
+/// one). Attribution moves the *child* of a suspect edge; the parent must have another child
+/// for its next versions to tell whether it is at fault. If the swap seats it over a child it
+/// is separated from, [`separate`] — which runs next and never swaps a child with its own
+/// parent — moves that child on.
+pub fn give_children<P: Clone + Ord + std::hash::Hash>(
+    plan: &mut ChainPlan<P>,
+    suspects: &BTreeSet<P>,
+    relay_only: &HashSet<P>,
+) {
+    for s in suspects {
+        if relay_only.contains(s) {
+            continue;
+        }
+        let Some((j, k)) = (0..plan.chains.len()).find_map(|j| {
+            let k = plan.chains[j].iter().position(|x| x == s)?;
+            Some((j, k))
+        }) else {
+            continue;
+        };
+        if k + 1 < plan.chains[j].len() {
+            continue;
+        }
+        let seats = rank_seats(plan);
+        let at = seats.iter().position(|&x| x == (j, k)).unwrap_or(0);
+        let swap = seats[..at].iter().rev().copied().find(|&(j2, k2)| {
+            let other = &plan.chains[j2][k2];
+            k2 + 1 < plan.chains[j2].len()
+                && !suspects.contains(other)
+                && !relay_only.contains(other)
+        });
+        if let Some((j2, k2)) = swap {
+            let other = std::mem::replace(&mut plan.chains[j2][k2], s.clone());
+            plan.chains[j][k] = other;
+        }
+    }
+}
+
+/// Every seat of `plan` in rank order: first hops, then second hops, and so on.
+fn rank_seats<P: Clone + Eq + std::hash::Hash>(plan: &ChainPlan<P>) -> Vec<(usize, usize)> {
+    (0..plan.max_len())
+        .flat_map(|k| (0..plan.chains.len()).map(move |j| (j, k)))
+        .filter(|&(j, k)| k < plan.chains[j].len())
+        .collect()
+}
+
 /// Seats no child under a parent it is separated from: the child swaps places with the nearest
-/// forwarder after it in rank order (else before it; never a relay-only one) with which
-/// neither seat is separated; when there is none it becomes fetch-only (it fetches from
-/// holders; nobody waits for it).
+/// worker after it in rank order (else before it; never its parent there, never a relay-only
+/// one) with which neither seat is separated — the parent keeps its seat and gets another
+/// child; when there is none the child becomes fetch-only (it fetches from holders; nobody
+/// waits for it).
 pub fn separate<P: Clone + Ord + std::hash::Hash>(
     plan: &mut ChainPlan<P>,
     pairs: &[(P, P)],
@@ -168,11 +221,10 @@ pub fn separate<P: Clone + Ord + std::hash::Hash>(
         let Some((j, k)) = violation else { return };
         let child = plan.chains[j][k].clone();
         // Seats in rank order, from the child's own on: first those after it (the suspect
-        // child moves back, not up), then those before it, nearest first.
-        let seats: Vec<(usize, usize)> = (0..plan.max_len())
-            .flat_map(|k2| (0..plan.chains.len()).map(move |j2| (j2, k2)))
-            .filter(|&(j2, k2)| k2 < plan.chains[j2].len())
-            .collect();
+        // child moves back, not up), then those before it, nearest first; never its parent's
+        // (a parent and child that trade places leave the parent without a child to tell).
+        let mut seats = rank_seats(plan);
+        seats.retain(|&s| s != (j, k - 1));
         let at = seats.iter().position(|&s| s == (j, k)).unwrap_or(0);
         let mut order = seats[at + 1..]
             .iter()

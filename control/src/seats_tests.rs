@@ -83,6 +83,25 @@ fn a_draw_keeps_clearly_different_scores_in_order() {
     }
 }
 
+/// A suspect parent gets a child, and not the one it is separated from.
+#[test]
+fn a_suspect_parent_is_given_another_child() {
+    let w = ws(&[95.0, 90.0, 85.0]);
+    let p = one_chain();
+    // The draw put the suspect `w02` at the tail; it had failed `w01`.
+    let s = Seating {
+        separated: vec![("w02".into(), "w01".into())],
+        suspects: ["w02".to_string()].into(),
+        ..Seating::default()
+    };
+    let plan = seat(&w, &p, None, &s);
+    let placement = plan.placement(&"w02".to_string());
+    let Some(Placement::Chain { child: Some(c), .. }) = placement else {
+        panic!("{plan:?}");
+    };
+    assert_eq!(c, "w00", "{plan:?}");
+}
+
 #[test]
 fn demoted_workers_end_chains_and_excluded_ones_fetch_only() {
     let w = ws(&[95.0, 90.0, 85.0, 80.0]);
@@ -108,6 +127,13 @@ fn a_separated_child_moves_to_another_parent() {
     };
     let after = seat(&w, &p, Some(&before), &s);
     assert_eq!(after.chains, [vec!["w00", "w02", "w01"]]);
+    // The child at the tail: it moves up past its parent, which keeps a child.
+    let s = Seating {
+        separated: vec![("w01".into(), "w02".into())],
+        ..Seating::default()
+    };
+    let after = seat(&w, &p, Some(&before), &s);
+    assert_eq!(after.chains, [vec!["w02", "w01", "w00"]]);
     // Separated both ways from its neighbours with no seat left: fetch-only.
     let s = Seating {
         separated: vec![
@@ -145,6 +171,7 @@ fn every_seating_respects_its_rules() {
             separated: separated.clone(),
             demoted: (0..rng.next() % 3).map(|_| pick(&mut rng)).collect(),
             excluded: (0..rng.next() % 2).map(|_| pick(&mut rng)).collect(),
+            suspects: (0..rng.next() % 3).map(|_| pick(&mut rng)).collect(),
         };
         let p = PlanParams {
             learner_mbps: [100.0, 200.0, 300.0][case % 3],

@@ -5,9 +5,10 @@
 //! A record is opened when the child accepts a version's manifest, follows the plan's parent
 //! for that version, counts the hello and the verified chunk bytes that parent pushed, and is
 //! closed when the child installs the version or gives it up for a newer one. Its receipt is
-//! issued once the record is closed and the horizon (the stall timeout) has passed since acceptance — an
-//! honest parent, however slow its link, has said hello by then — or at three horizons
-//! whatever its state.
+//! issued once the record is closed and the parent has said hello (for this version or a newer
+//! one), or the horizon (half the stall timeout) has passed since acceptance — an honest
+//! parent sends its hello when it accepts the manifest, before any data and unpaced, so
+//! however slow its link it has said it by then — or at three horizons whatever its state.
 //!
 //! Owns: the records and when a receipt is due. Must not touch: signing (the node's key is
 //! the node's: `node` signs what [`Records::receipts`] returns), the wire, the verdict.
@@ -115,6 +116,13 @@ impl Records {
         }
     }
 
+    /// Whether the planned parent's hello for `version` arrived.
+    pub(crate) fn has_hello(&self, version: u64) -> bool {
+        self.by_version
+            .get(&version)
+            .is_some_and(|r| r.hello.is_some())
+    }
+
     /// A verified chunk of `len` bytes of `version` arrived on `peer`'s push at `now`.
     pub(crate) fn chunk(&mut self, version: u64, peer: PeerId, len: u64, now: Instant) {
         if let Some(r) = self
@@ -148,15 +156,16 @@ impl Records {
             .filter_map(|(&version, r)| {
                 let parent = r.parent?;
                 let age = now.saturating_duration_since(r.accepted);
-                let due = (r.end.is_some() && age >= self.horizon) || age >= self.horizon * 3;
-                if !due {
-                    return None;
-                }
                 // Spoke: a hello for this or a newer version from the same parent.
                 let spoke = self
                     .by_version
                     .range(version..)
                     .any(|(_, n)| n.parent == Some(parent) && n.hello.is_some());
+                let due =
+                    (r.end.is_some() && (spoke || age >= self.horizon)) || age >= self.horizon * 3;
+                if !due {
+                    return None;
+                }
                 let (end, installed) = r.end.unwrap_or((now, false));
                 Some(DeliveryReceipt {
                     v: RECEIPT_VERSION,
@@ -203,11 +212,8 @@ mod tests {
         assert!(r.receipts(t0 + ms(50)).is_empty(), "not closed, not due");
         let rec = r.ended(4, true, t0 + ms(60)).unwrap();
         assert_eq!((rec.needed, rec.fed_chunks), (4, 2));
-        assert!(
-            r.receipts(t0 + ms(4000)).is_empty(),
-            "closed, before the horizon"
-        );
-        let got = r.receipts(t0 + H);
+        // Closed, and the parent spoke: due at once.
+        let got = r.receipts(t0 + ms(61));
         assert_eq!(got.len(), 1);
         let g = &got[0];
         assert_eq!((g.version, g.wanted, g.bytes), (4, 3000, 2000));
@@ -240,6 +246,13 @@ mod tests {
         let got = r.receipts(t0 + H * 3);
         let old = got.iter().find(|g| g.version == 1).unwrap();
         assert!(!old.hello && old.spoke);
+        // Closed without a word from its parent: due at the horizon, not before.
+        let mut q = Records::new(H);
+        q.accepted(5, t0);
+        q.began(5, Some(peer(1)), 2, 2000);
+        q.ended(5, true, t0);
+        assert!(q.receipts(t0 + H / 2).is_empty());
+        assert_eq!(q.receipts(t0 + H).len(), 1);
     }
 
     #[test]

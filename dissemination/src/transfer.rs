@@ -84,6 +84,8 @@ pub(crate) enum Input {
     /// wait: when versions come faster than that wait, a wait renewed by every new manifest
     /// would never end (a child of a silent parent installed 0 of 151 versions that way).
     Behind(bool),
+    /// Whether the planned parent's hello for this version has arrived.
+    Hello(bool),
     /// The acquirer woke up: decide what to do next.
     Woken(Wake),
 }
@@ -250,7 +252,20 @@ pub(crate) struct Transfer {
     fruitless: u32,
     /// See [`Input::Behind`].
     behind: bool,
+    /// See [`Input::Hello`].
+    hello: bool,
+    /// How long a chain member waits for its parent's hello ([`HELLO_WAIT_SHARE`]).
+    hello_wait: Duration,
 }
+
+/// The share of the stall timeout a chain member waits for its parent's hello before it
+/// repairs: a tenth (500 ms by default). An honest parent sends its hello the moment it
+/// accepts the manifest — a gossip hop after the child did — before it holds a byte, and the
+/// hello is never paced; a parent that has not said it by then is silent or not there, and
+/// waiting the whole stall timeout for it cost its child every version whenever the learner
+/// published faster than that. A repair that starts early because a hello was merely late
+/// costs a batch of chunks fetched twice, nothing more.
+pub(crate) const HELLO_WAIT_SHARE: u32 = 10;
 
 impl Transfer {
     /// A transfer of a snapshot of `chunks` chunks, nothing held yet; `stall` is how long a
@@ -268,6 +283,8 @@ impl Transfer {
             newer: false,
             fruitless: 0,
             behind: false,
+            hello: false,
+            hello_wait: stall / HELLO_WAIT_SHARE,
         }
     }
 
@@ -277,10 +294,17 @@ impl Transfer {
         self
     }
 
-    /// Whether this transfer goes on although a newer manifest was accepted: it is
-    /// fetch-only, has stored chunks of its own, and its repairs still find them.
+    /// Whether this transfer goes on although a newer manifest was accepted: it fetches
+    /// everything itself (fetch-only, or behind: its feed is not waited for), has stored
+    /// chunks of its own, and its repairs still find them.
     pub(crate) fn keeps_going(&self) -> bool {
-        self.feed == Feed::FetchOnly && self.stored > 0 && self.fruitless < MAX_FRUITLESS_REPAIRS
+        let fetching = self.feed == Feed::FetchOnly || self.feed_ignored();
+        fetching && self.stored > 0 && self.fruitless < MAX_FRUITLESS_REPAIRS
+    }
+
+    /// A chain member that does not wait for its parent: it is behind.
+    fn feed_ignored(&self) -> bool {
+        matches!(self.feed, Feed::Parent { .. }) && self.behind
     }
 
     /// A running fetch-only transfer that has stored chunks: newer transfers of this node
@@ -325,6 +349,8 @@ impl Transfer {
             Feed::FetchOnly => self.stall / 4,
             // Repairing at once: look again as often as a fetch-only node.
             Feed::Parent { .. } if self.behind => self.stall / 4,
+            // No word from the parent yet: wait for its hello only ([`HELLO_WAIT_SHARE`]).
+            Feed::Parent { .. } if !self.hello && self.stored == 0 => self.hello_wait,
             Feed::Parent { position } if self.stored == 0 => self.stall.saturating_add(
                 self.hop
                     .saturating_mul(position.min(u32::MAX as usize) as u32),
@@ -387,6 +413,10 @@ impl Transfer {
             Input::Superseded | Input::Ended => self.stop(),
             Input::Behind(behind) => {
                 self.behind = behind;
+                Vec::new()
+            }
+            Input::Hello(hello) => {
+                self.hello = hello;
                 Vec::new()
             }
             Input::Newer => {
@@ -490,6 +520,7 @@ mod tests {
         let fed = |position| Feed::Parent { position };
         let mut t = Transfer::new(62, STALL).with_hop(hop);
         t.apply(Input::Plan(fed(0)));
+        t.apply(Input::Hello(true));
         assert_eq!(t.stall_wait(), STALL, "a first hop waits the stall timeout");
         t.apply(Input::Plan(fed(10)));
         assert_eq!(t.stall_wait(), STALL + hop * 10);
@@ -611,6 +642,7 @@ mod tests {
     fn a_stall_or_an_ended_stream_triggers_repair_for_a_chain_member() {
         let mut t = Transfer::new(3, STALL);
         t.apply(Input::Plan(Feed::Parent { position: 0 }));
+        t.apply(Input::Hello(true));
         assert_eq!(t.stall_wait(), STALL);
         held(&mut t, 0);
         assert_eq!(t.apply(Input::Woken(Wake::Stored)), []);
@@ -700,6 +732,7 @@ mod tests {
         assert_eq!(t.apply(Input::Woken(Wake::Check)), [Action::Repair]);
         let mut chain = Transfer::new(2, STALL).with_hop(HOP_MARGIN);
         chain.apply(Input::Plan(Feed::Parent { position: 3 }));
+        chain.apply(Input::Hello(true));
         assert_eq!(chain.apply(Input::Woken(Wake::Check)), []);
         assert!(chain.stall_wait() > STALL);
         chain.apply(Input::Behind(true));
@@ -709,6 +742,38 @@ mod tests {
         let mut unplanned = Transfer::new(2, STALL);
         unplanned.apply(Input::Behind(true));
         assert_eq!(unplanned.apply(Input::Woken(Wake::Check)), []);
+    }
+
+    /// A parent gets a tenth of the stall timeout to say hello; once it has, the whole stall
+    /// wait (and the hops above) for its first chunk.
+    #[test]
+    fn a_parent_that_says_nothing_is_waited_for_only_briefly() {
+        let mut t = Transfer::new(4, STALL).with_hop(HOP_MARGIN);
+        t.apply(Input::Plan(Feed::Parent { position: 2 }));
+        assert_eq!(t.stall_wait(), STALL / HELLO_WAIT_SHARE);
+        assert_eq!(t.apply(Input::Woken(Wake::Timer)), [Action::Repair]);
+        t.apply(Input::Hello(true));
+        assert_eq!(t.stall_wait(), STALL + HOP_MARGIN * 2);
+        // A first chunk came without a hello (a push from before a restart): a live feed.
+        let mut u = Transfer::new(4, STALL);
+        u.apply(Input::Plan(Feed::Parent { position: 0 }));
+        held(&mut u, 0);
+        assert_eq!(u.stall_wait(), STALL);
+    }
+
+    /// A chain member repairing at once (behind) completes its version past a newer manifest,
+    /// as a fetch-only node does; one waiting for its push yields.
+    #[test]
+    fn a_behind_chain_member_finishes_its_version() {
+        let mut t = Transfer::new(3, STALL);
+        t.apply(Input::Plan(Feed::Parent { position: 1 }));
+        t.apply(Input::Behind(true));
+        held(&mut t, 2);
+        assert!(t.has_priority());
+        assert_eq!(t.apply(Input::Newer), []);
+        held(&mut t, 0);
+        held(&mut t, 1);
+        assert_eq!(t.apply(Input::Woken(Wake::Check)), [Action::Install]);
     }
 
     /// Who is behind (`behind`): a skipped version behind any feed; a parent that failed the

@@ -272,16 +272,26 @@ pub(crate) fn status(admin: &str) -> Option<Value> {
 }
 
 /// The end of an install measure: the learner has stopped publishing (`max_steps`); waits up
-/// to [`SETTLE_LIMIT`] for every worker of `admins` to install its newest version, then takes
-/// the counters.
-pub(crate) fn settle_installs(learner: &str, admins: &[String], installs: &mut InstallWatch) {
+/// to [`SETTLE_LIMIT`] for every worker of `admins` to install its newest version (handing
+/// each learner status read meanwhile to `seen`: a verdict may still land), then takes the
+/// counters.
+pub(crate) fn settle_installs(
+    learner: &str,
+    admins: &[String],
+    installs: &mut InstallWatch,
+    mut seen: impl FnMut(&Value),
+) {
     let Some(ls) = status(learner) else { return };
     let newest = ls["learner"]["published_version"].as_u64();
     let _ = harness::wait_for(SETTLE_LIMIT, Duration::from_millis(500), || {
+        if let Some(ls) = status(learner) {
+            seen(&ls);
+        }
         let at = |a: &String| status(a).and_then(|s| s["version"].as_u64());
         Ok(admins.iter().all(|a| at(a) >= newest).then_some(()))
     });
     if let Some(ls) = status(learner) {
+        seen(&ls);
         installs.sample(&ls, admins, true);
     }
 }
@@ -329,7 +339,7 @@ fn forwards(a: Attack) -> bool {
 }
 
 /// Plan epoch (versions) of the forwarding runs.
-const FORWARDING_EPOCH: u64 = 3;
+const FORWARDING_EPOCH: u64 = 6;
 /// Chunk size (KiB) of the forwarding runs.
 const FORWARDING_CHUNK_KIB: u32 = 64;
 
@@ -508,7 +518,16 @@ fn run_once(
         }
     }
     if !learner_crashed {
-        settle_installs(&laddr.admin, &honest_admins, &mut installs);
+        settle_installs(&laddr.admin, &honest_admins, &mut installs, |ls| {
+            let honest_status: Vec<Value> =
+                honest_admins.iter().filter_map(|a| status(a)).collect();
+            let trained = http_get(&laddr.admin, "/metrics")
+                .map(|m| trained_by_producer(&m))
+                .unwrap_or_default();
+            for w in &mut watches {
+                observe(w, ls, &honest_status, &trained);
+            }
+        });
     }
     let unclean = fleet.stop(harness::STOP_GRACE);
     if !unclean.is_empty() {
@@ -673,12 +692,16 @@ pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
     };
     let mut attacks = Vec::new();
     let mut rewards = Vec::new();
-    for (k, batch) in s.attacks.chunks(s.batch).enumerate() {
+    // A forwarding attack runs alone: two attackers in one chain would starve the honest
+    // workers between them, and the install ratio would no longer be any one attack's.
+    let (fwd, other): (Vec<Attack>, Vec<Attack>) = s.attacks.iter().partition(|a| forwards(**a));
+    let batches: Vec<&[Attack]> = other.chunks(s.batch).chain(fwd.chunks(1)).collect();
+    for (k, batch) in batches.iter().enumerate() {
         let names: Vec<&str> = batch.iter().map(|a| a.name()).collect();
         eprintln!(
             "adversary: run {} of {}: {}",
             k + 1,
-            s.attacks.len().div_ceil(s.batch),
+            batches.len(),
             names.join(", ")
         );
         let r = harness::in_run_dir("tn-adversary-", |root| run_once(bin, root, s, batch))?;

@@ -122,7 +122,7 @@ fn run_once(bin: &Path, root: &Path, s: &Settings) -> anyhow::Result<Value> {
             break ls;
         }
     };
-    settle_installs(&laddr.admin, &admins, &mut installs);
+    settle_installs(&laddr.admin, &admins, &mut installs, |_| {});
     let learner = status(&laddr.admin).unwrap_or(last);
     let (mut strikes, mut bans, mut seen) = strikes_seen(&learner, "learner");
     let mut rows = Vec::new();

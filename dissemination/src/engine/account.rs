@@ -27,19 +27,6 @@ use super::Disseminator;
 /// Published versions whose plans and install reports are kept for judging receipts.
 const KEEP_VERSIONS: usize = 16;
 
-/// How long before a child's receipt arrived its parent must have reported holding the
-/// version for silence or slowness to be its doing: one second plus two chunk times at
-/// `B̂w` (a store-and-forward hop holds a chunk back, and the install report travels by
-/// gossip).
-fn grace(chunk_bytes: u64, bytes_per_s: f64) -> Duration {
-    let chunk_s = if bytes_per_s > 0.0 {
-        chunk_bytes as f64 / bytes_per_s
-    } else {
-        0.0
-    };
-    Duration::from_secs(1) + Duration::from_secs_f64((2.0 * chunk_s).min(60.0))
-}
-
 /// How long the bytes of a receipt took: from the first chunk to the last, plus one chunk
 /// time at `B̂w` (the first chunk's own).
 fn transfer_time(r: &DeliveryReceipt, chunk_bytes: u64, bytes_per_s: f64) -> Duration {
@@ -58,6 +45,7 @@ fn transfer_time(r: &DeliveryReceipt, chunk_bytes: u64, bytes_per_s: f64) -> Dur
 /// One published version as the learner planned it.
 #[derive(Debug)]
 struct Published {
+    at: Instant,
     chunk_bytes: u64,
     /// Each worker's parent in the plan as first signed (`None`: the learner).
     first: HashMap<PeerId, Option<PeerId>>,
@@ -88,6 +76,7 @@ impl Accounts {
                 self.versions.insert(
                     version,
                     Published {
+                        at: Instant::now(),
                         chunk_bytes,
                         first: parents.clone(),
                         last: parents,
@@ -120,7 +109,6 @@ impl Accounts {
         r: &DeliveryReceipt,
         swarm_id: &str,
         bytes_per_s: f64,
-        now: Instant,
     ) -> Option<(PeerId, Verdict, u64)> {
         if self.judged.contains(&(r.version, child)) {
             return None;
@@ -141,12 +129,11 @@ impl Accounts {
         }
         self.judged.insert((r.version, child));
         self.judged_total += 1;
-        let grace = grace(p.chunk_bytes, bytes_per_s);
-        let parent_held = self
+        let parent_held_ms = self
             .held
             .get(&parent)
             .and_then(|h| h.get(&r.version))
-            .is_some_and(|&t| t + grace <= now);
+            .map(|&t| t.saturating_duration_since(p.at).as_millis() as u64);
         let d = Delivery {
             wanted: r.wanted,
             bytes: r.bytes,
@@ -158,7 +145,7 @@ impl Accounts {
         let e = Expectation {
             bytes_per_s,
             chunk_bytes: p.chunk_bytes,
-            parent_held,
+            parent_held_ms,
         };
         Some((parent, judge(&d, &e), p.chunk_bytes))
     }
@@ -222,8 +209,7 @@ impl Disseminator {
             }
             for r in &hb.receipts {
                 let swarm = &self.inner.cfg.swarm_id;
-                let Some((parent, verdict, chunk)) = acc.judge(peer, r, swarm, bytes_per_s, now)
-                else {
+                let Some((parent, verdict, chunk)) = acc.judge(peer, r, swarm, bytes_per_s) else {
                     continue;
                 };
                 debug!(child = %peer, %parent, version = r.version, ?verdict, "delivery judged");
@@ -236,15 +222,12 @@ impl Disseminator {
         // ECHO scores get the transfer (bytes and time), as a first hop's does from the
         // learner's own pushes. Without it only first hops would ever be measured by the
         // learner, and they would keep the best scores — and the heads of the chains — for
-        // good. A silent delivery is a failed transfer of the parent's.
+        // good. Silence is left to the ledger: a failed transfer would rank the suspect at a
+        // tail, where it has no child to tell whether it is at fault.
         for (parent, verdict, bytes, time) in scored {
-            match verdict {
-                Verdict::OnTime | Verdict::Slow => {
-                    self.credit(parent, bytes, time).await;
-                    self.credit(peer, bytes, time).await;
-                }
-                Verdict::Silent => self.charge(parent).await,
-                Verdict::Excused => {}
+            if matches!(verdict, Verdict::OnTime | Verdict::Slow) {
+                self.credit(parent, bytes, time).await;
+                self.credit(peer, bytes, time).await;
             }
         }
         for d in decisions {
@@ -292,6 +275,7 @@ impl Disseminator {
             separated: ledger.separated(version),
             demoted: ledger.demoted(version),
             excluded: ledger.excluded().clone(),
+            suspects: ledger.suspects(),
         }
     }
 

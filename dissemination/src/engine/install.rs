@@ -237,6 +237,7 @@ impl Disseminator {
                     behind(feed, st.installed, skipped, distrusted),
                 )
             };
+            let hello = self.lock().deliveries.has_hello(version);
             let missing: Vec<usize> = if superseded {
                 Vec::new()
             } else {
@@ -266,6 +267,7 @@ impl Disseminator {
                     t.apply(Input::Missing { indices: missing });
                     t.apply(Input::Plan(feed));
                     t.apply(Input::Behind(behind));
+                    t.apply(Input::Hello(hello));
                     if newer {
                         actions.extend(t.apply(Input::Newer));
                     }

@@ -378,7 +378,8 @@ struct Inner {
     learner: PeerId,
     events: mpsc::UnboundedSender<DisseminationEvent>,
     state: Mutex<State>,
-    /// Bumped after every chunk stored (pushes waiting for chunks to forward watch it).
+    /// Bumped after every chunk stored (pushes waiting for chunks to forward watch it), and
+    /// when a parent's hello arrives (acquirers waiting for it look again).
     stored: watch::Sender<u64>,
     /// Bumped when a chunk stream ends (complete, broken or corrupt): acquirers re-check at
     /// once and repair instead of waiting for the stall timeout.
@@ -467,9 +468,9 @@ impl Disseminator {
             client,
             store,
             events: tx,
-            // A receipt waits a stall timeout after acceptance: an honest parent's hello is
-            // there by then, however slow its link (`crate::delivery`).
-            state: Mutex::new(State::new(cfg_stall)),
+            // A receipt of silence waits half a stall timeout after acceptance: an honest
+            // parent's hello is there by then, however slow its link (`crate::delivery`).
+            state: Mutex::new(State::new(cfg_stall / 2)),
             stored: watch::channel(0).0,
             kick: watch::channel(0).0,
             counters: AtomicCounters::default(),

@@ -539,11 +539,13 @@ impl Disseminator {
             s.flush().await.map_err(io)
         })
         .await?;
-        // What this parent was asked for, for the delivery receipt (`crate::delivery`).
+        // What this parent was asked for, for the delivery receipt (`crate::delivery`); the
+        // acquirer, which waits only briefly for a hello, looks again.
         let wanted = (0..n).filter(|&i| !held[i]).map(|i| m.chunk_len(i)).sum();
         self.lock()
             .deliveries
             .hello(m.version, peer, wanted, Instant::now());
+        self.inner.stored.send_modify(|_| {});
         let started = Instant::now();
         let mut bytes_in = 0u64;
         // One chunk is verified (and stored, and copied into the assembly) while the next one
