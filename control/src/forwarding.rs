@@ -207,6 +207,8 @@ pub struct Ledger<P> {
     distrusted: BTreeSet<P>,
     /// Verdicts seen, per kind.
     verdicts: BTreeMap<Verdict, u64>,
+    /// Parents with at least one delivery judged (not excused).
+    tested: BTreeSet<P>,
 }
 
 impl<P> Default for Ledger<P> {
@@ -220,6 +222,7 @@ impl<P> Default for Ledger<P> {
             excluded: BTreeSet::new(),
             distrusted: BTreeSet::new(),
             verdicts: BTreeMap::new(),
+            tested: BTreeSet::new(),
         }
     }
 }
@@ -231,6 +234,9 @@ impl<P: Clone + Ord> Ledger<P> {
         *self.verdicts.entry(v).or_default() += 1;
         if self.distrusted.contains(child) || self.excluded.contains(parent) || parent == child {
             return Vec::new();
+        }
+        if v != Verdict::Excused {
+            self.tested.insert(parent.clone());
         }
         let edge = (parent.clone(), child.clone());
         match v {
@@ -365,6 +371,11 @@ impl<P: Clone + Ord> Ledger<P> {
             .collect()
     }
 
+    /// Whether a delivery of `peer`'s as a parent was ever judged (not excused).
+    pub fn tested(&self, peer: &P) -> bool {
+        self.tested.contains(peer)
+    }
+
     /// Workers excluded from forwarding for the run (silent parents).
     pub fn excluded(&self) -> &BTreeSet<P> {
         &self.excluded
@@ -413,6 +424,7 @@ impl<P: Clone + Ord> Ledger<P> {
             .retain(|p, (until, _)| keep(p) && *until > version);
         self.excluded.retain(|p| keep(p));
         self.distrusted.retain(|p| keep(p));
+        self.tested.retain(|p| keep(p));
     }
 }
 

@@ -226,7 +226,10 @@ fn a_transient_lag_or_an_excused_version_holds_nothing_against_anyone() {
     let mut l = Ledger::default();
     assert!(l.observe(1, &p("a"), &p("b"), Verdict::Silent).is_empty());
     assert_eq!(l.lag(&p("a"), &p("b")), 1);
+    assert!(l.tested(&p("a")) && !l.tested(&p("b")));
     // Excused versions neither count nor reset.
+    assert!(l.observe(2, &p("c"), &p("b"), Verdict::Excused).is_empty());
+    assert!(!l.tested(&p("c")), "an excused delivery tests nobody");
     assert!(l.observe(2, &p("a"), &p("b"), Verdict::Excused).is_empty());
     assert_eq!(l.lag(&p("a"), &p("b")), 1);
     assert!(l.observe(3, &p("a"), &p("b"), Verdict::OnTime).is_empty());
@@ -234,7 +237,7 @@ fn a_transient_lag_or_an_excused_version_holds_nothing_against_anyone() {
     assert!(l.observe(4, &p("a"), &p("b"), Verdict::Silent).is_empty());
     assert!(l.separated(5).is_empty());
     assert_eq!(l.verdicts()[&Verdict::Silent], 2);
-    assert_eq!(l.verdicts()[&Verdict::Excused], 1);
+    assert_eq!(l.verdicts()[&Verdict::Excused], 2);
 }
 
 #[test]

@@ -9,9 +9,12 @@
 //! ([`PlanParams::epoch_versions`] versions; [`EPOCH_VERSIONS`] by default): workers are
 //! ranked by the plan's rules, cut into bands of similar score (each band holds the workers
 //! within the margin of its best one, of the same class), and each band is shuffled with a
-//! seed only the learner knows ([`drawn_order`]). Within an epoch the order stands as
-//! before, so parent–child pairs and their push sessions survive score noise. Why whole
-//! epochs and not every version: a new pair starts cold (`docs/netlab.md`, "Push sessions").
+//! seed only the learner knows ([`drawn_order`]) — workers whose forwarding the learner has
+//! never judged first, so that every worker is seen forwarding within a few epochs (a tail
+//! forwards to nobody, and a worker that never forwards can never be caught not forwarding).
+//! Within an epoch the order stands as before, so parent–child pairs and their push sessions
+//! survive score noise. Why whole epochs and not every version: a new pair starts cold
+//! (`docs/netlab.md`, "Push sessions").
 //!
 //! **Accountability** (`crate::forwarding`): workers found slow are *demoted* (ranked after
 //! every other forwarder, so they end chains), workers found silent are *excluded* (fetch-only
@@ -58,6 +61,8 @@ pub struct Seating<P> {
     /// Parents under suspicion: each gets a seat with a child when one can be had
     /// ([`give_children`]).
     pub suspects: BTreeSet<P>,
+    /// Workers whose forwarding was never judged: a draw puts them first in their band.
+    pub untested: BTreeSet<P>,
 }
 
 impl<P> Default for Seating<P> {
@@ -68,6 +73,7 @@ impl<P> Default for Seating<P> {
             demoted: BTreeSet::new(),
             excluded: BTreeSet::new(),
             suspects: BTreeSet::new(),
+            untested: BTreeSet::new(),
         }
     }
 }
@@ -85,7 +91,7 @@ pub fn seat<P: Clone + Ord + std::hash::Hash>(
         .cloned()
         .partition(|w| s.excluded.contains(&w.0));
     let order = match s.redraw {
-        Some(seed) => drawn_order(&live, params, seed),
+        Some(seed) => drawn_order(&live, params, seed, &s.untested),
         None => prev.map(ChainPlan::rank_order).unwrap_or_default(),
     };
     let mut plan = replan_after(&live, params, &order, &s.demoted);
@@ -99,12 +105,14 @@ pub fn seat<P: Clone + Ord + std::hash::Hash>(
 
 /// A seeded rank order (module docs): the plan's rule-2 order (class, then score, then peer
 /// id), cut into bands of one class whose scores lie within [`REPLAN_MARGIN`] of the band's
-/// best, each band shuffled by `seed`. Given to the ranking as the previous order, it stands:
-/// no worker of a band outscores another of it by more than the margin.
+/// best, each band shuffled by `seed` with its `untested` workers first. Given to the ranking
+/// as the previous order, it stands: no worker of a band outscores another of it by more than
+/// the margin.
 pub fn drawn_order<P: Clone + Ord>(
     workers: &[(P, f64, bool)],
     params: &PlanParams,
     seed: u64,
+    untested: &BTreeSet<P>,
 ) -> Vec<P> {
     let class = |score: f64| u8::from(score < params.degraded_below);
     let mut ws: Vec<(P, f64)> = workers.iter().map(|w| (w.0.clone(), w.1)).collect();
@@ -123,12 +131,14 @@ pub fn drawn_order<P: Clone + Ord>(
             .find(|&j| class(ws[j].1) != c || ws[j].1 < top - REPLAN_MARGIN)
             .unwrap_or(ws.len());
         let mut band: Vec<P> = ws[i..end].iter().map(|w| w.0.clone()).collect();
-        // Fisher–Yates.
+        // Fisher–Yates, then the untested ones first (a stable partition).
         for k in (1..band.len()).rev() {
             let j = (rng.next() % (k as u64 + 1)) as usize;
             band.swap(k, j);
         }
-        out.extend(band);
+        let (first, rest): (Vec<P>, Vec<P>) = band.into_iter().partition(|p| untested.contains(p));
+        out.extend(first);
+        out.extend(rest);
         i = end;
     }
     out

@@ -6,7 +6,7 @@
 //! for that version, counts the hello and the verified chunk bytes that parent pushed, and is
 //! closed when the child installs the version or gives it up for a newer one. Its receipt is
 //! issued once the record is closed and the parent has said hello (for this version or a newer
-//! one), or the horizon (half the stall timeout) has passed since acceptance — an honest
+//! one), or the horizon (a quarter of the stall timeout) has passed since acceptance — an honest
 //! parent sends its hello when it accepts the manifest, before any data and unpaced, so
 //! however slow its link it has said it by then — or at three horizons whatever its state.
 //!

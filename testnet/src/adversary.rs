@@ -213,7 +213,7 @@ fn rejection_counters(learner: &Value) -> Value {
 }
 
 /// `learner_groups_trained_total{producer="…"}` of a Prometheus text page, per producer.
-fn trained_by_producer(metrics: &str) -> BTreeMap<String, u64> {
+pub(crate) fn trained_by_producer(metrics: &str) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
     for line in metrics.lines() {
         let Some(rest) = line.strip_prefix("learner_groups_trained_total{") else {
@@ -339,7 +339,7 @@ fn forwards(a: Attack) -> bool {
 }
 
 /// Plan epoch (versions) of the forwarding runs.
-const FORWARDING_EPOCH: u64 = 6;
+const FORWARDING_EPOCH: u64 = 4;
 /// Chunk size (KiB) of the forwarding runs.
 const FORWARDING_CHUNK_KIB: u32 = 64;
 

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde_json::{json, Value};
 
-use crate::adversary::{settle_installs, status, InstallWatch};
+use crate::adversary::{http_get, settle_installs, status, trained_by_producer, InstallWatch};
 use crate::harness::{self, Fleet, Role, START_LIMIT};
 
 /// What to run.
@@ -124,6 +124,9 @@ fn run_once(bin: &Path, root: &Path, s: &Settings) -> anyhow::Result<Value> {
     };
     settle_installs(&laddr.admin, &admins, &mut installs, |_| {});
     let learner = status(&laddr.admin).unwrap_or(last);
+    let trained = http_get(&laddr.admin, "/metrics")
+        .map(|m| trained_by_producer(&m))
+        .unwrap_or_default();
     let (mut strikes, mut bans, mut seen) = strikes_seen(&learner, "learner");
     let mut rows = Vec::new();
     for (i, admin) in admins.iter().enumerate() {
@@ -146,6 +149,7 @@ fn run_once(bin: &Path, root: &Path, s: &Settings) -> anyhow::Result<Value> {
             "install_lag": row.map(|r| r["install_lag"].clone()),
             "score": row.map(|r| r["score"].clone()),
             "demoted": learner["forwarding"]["demoted"][id],
+            "groups_trained": trained.get(id),
         }));
     }
     let unclean = fleet.stop(harness::STOP_GRACE);

@@ -276,6 +276,7 @@ impl Disseminator {
             demoted: ledger.demoted(version),
             excluded: ledger.excluded().clone(),
             suspects: ledger.suspects(),
+            untested: live.iter().filter(|p| !ledger.tested(p)).copied().collect(),
         }
     }
 

@@ -468,9 +468,10 @@ impl Disseminator {
             client,
             store,
             events: tx,
-            // A receipt of silence waits half a stall timeout after acceptance: an honest
-            // parent's hello is there by then, however slow its link (`crate::delivery`).
-            state: Mutex::new(State::new(cfg_stall / 2)),
+            // A receipt of silence waits a quarter of the stall timeout after acceptance: an
+            // honest parent's hello is there by then, however slow its link
+            // (`crate::delivery`).
+            state: Mutex::new(State::new(cfg_stall / 4)),
             stored: watch::channel(0).0,
             kick: watch::channel(0).0,
             counters: AtomicCounters::default(),
