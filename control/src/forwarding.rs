@@ -12,8 +12,8 @@
 //! **Verdicts.** *Silent*: the parent said nothing at all — no hello for this version or a
 //! newer one, no byte — although it held the version (it reported installing it) before the
 //! child stopped needing it. *Slow*: bytes came, at less than [`SLOW_FRACTION`] of the
-//! planned per-worker bandwidth `B̂w` over the time the child needed them, although the parent
-//! held the version early enough to send all of it at `B̂w` in that time. *Excused*: the parent
+//! planned per-worker bandwidth `B̂w` over the push (or a hello came and nothing else),
+//! although the parent held the whole version for most of that time. *Excused*: the parent
 //! did not hold the version in time (its own parent is to blame, and its own receipt says so),
 //! or it spoke only for a newer version (a plan that raced a newer one). An honest slow link
 //! always sends its hello (a few hundred bytes, not paced) and some bytes, so it is at worst
@@ -75,10 +75,11 @@ pub struct Delivery {
     pub bytes: u64,
     /// The parent sent a hello for this version, or for a newer one, before the report.
     pub spoke: bool,
-    /// The parent sent a hello for this very version.
-    pub hello: bool,
-    /// First chunk from the parent.
+    /// The parent's hello for this very version.
+    pub hello_ms: Option<u64>,
+    /// First and last chunk from the parent.
     pub first_ms: Option<u64>,
+    pub last_ms: Option<u64>,
     /// When the child stopped needing the version's bytes: it installed the version, or gave
     /// it up for a newer one (or, if neither, when it reported).
     pub end_ms: u64,
@@ -125,36 +126,36 @@ pub fn judge(d: &Delivery, e: &Expectation) -> Verdict {
     if d.wanted == 0 {
         return Verdict::OnTime;
     }
-    let per_s = |bytes: u64| {
-        if e.bytes_per_s > 0.0 {
-            bytes as f64 / e.bytes_per_s
-        } else {
-            0.0
-        }
-    };
     // Silence needs only that the parent held the version before the child's need ended: its
     // hello goes out when it accepts the manifest, before it holds anything.
-    if d.bytes == 0 && !d.hello {
+    if d.bytes == 0 && d.hello_ms.is_none() {
         return match (d.spoke, e.held_by(d.end_ms, 0)) {
             // Spoke only for a newer version: its plan for this one raced the next.
             (true, _) | (false, false) => Verdict::Excused,
             (false, true) => Verdict::Silent,
         };
     }
-    // The rate over the time the child needed the bytes: from the first chunk (the hello, if
-    // none came) to the end of its need, plus one chunk time (a store-and-forward hop's first
-    // chunk is one chunk late). A parent that sends one chunk and stalls has its chunk spread
-    // over the whole wait.
-    let chunk_s = per_s(e.chunk_bytes);
-    let span_s = d.end_ms.saturating_sub(d.first_ms.unwrap_or(0)) as f64 / 1e3 + chunk_s;
+    // The push's window: from its first chunk (its hello, if no chunk came) to its last chunk
+    // or the end of the child's need, whichever is later — a push that goes on after the child
+    // repaired the rest is judged on all it sent, and one that sends a chunk and stalls has
+    // that chunk spread over the whole wait. Plus one chunk time: a store-and-forward hop's
+    // first chunk is a chunk late.
+    let chunk_s = if e.bytes_per_s > 0.0 {
+        e.chunk_bytes as f64 / e.bytes_per_s
+    } else {
+        0.0
+    };
+    let start = d.first_ms.or(d.hello_ms).unwrap_or(0);
+    let stop = d.last_ms.unwrap_or(0).max(d.end_ms).max(start);
+    let span_s = (stop - start) as f64 / 1e3 + chunk_s;
     let rate = d.bytes.min(d.wanted) as f64 / span_s.max(1e-3);
     if rate >= SLOW_FRACTION * e.bytes_per_s {
         return Verdict::OnTime;
     }
-    // Slow is the parent's doing only if it held the version early enough to send all that
-    // was wanted at B̂w before the child's need ended; a parent fed late forwards late.
-    let slack_ms = ((per_s(d.wanted) + chunk_s) * 1e3) as u64;
-    if e.held_by(d.end_ms, slack_ms) {
+    // Slow is the parent's doing only if it held the whole version for most of the window:
+    // a parent fed slowly forwards slowly (store-and-forward), and is held only when it had
+    // every byte by the window's middle.
+    if e.held_by(start + (stop - start) / 2, 0) {
         Verdict::Slow
     } else {
         Verdict::Excused

@@ -9,14 +9,16 @@ fn expect(parent_held: bool) -> Expectation {
     }
 }
 
-/// 1.25 MB wanted, `bytes` of it from the parent between `first_ms` and `end_ms`.
+/// 1.25 MB wanted, `bytes` of it from the parent from `first_ms` on; the child stopped needing
+/// it (and the push ended) at `end_ms`.
 fn delivery(bytes: u64, first_ms: Option<u64>, end_ms: u64) -> Delivery {
     Delivery {
         wanted: 1_250_000,
         bytes,
         spoke: first_ms.is_some(),
-        hello: first_ms.is_some(),
+        hello_ms: first_ms.map(|_| 1),
         first_ms,
+        last_ms: first_ms.map(|_| end_ms),
         end_ms,
     }
 }
@@ -35,9 +37,19 @@ fn verdicts_follow_bytes_rate_and_whether_the_parent_held_the_version() {
         Verdict::Slow
     );
     // One chunk, then nothing until the child repaired the rest 5 s later.
-    assert_eq!(judge(&delivery(65_536, Some(5), 5005), &e), Verdict::Slow);
+    let stall = Delivery {
+        last_ms: Some(5),
+        ..delivery(65_536, Some(5), 5005)
+    };
+    assert_eq!(judge(&stall, &e), Verdict::Slow);
     // Half delivered at B̂w when the child met the push with its own repair: on time.
     assert_eq!(judge(&delivery(625_000, Some(5), 60), &e), Verdict::OnTime);
+    // The child repaired everything in 0.3 s; the parent's push went on, at a tenth of B̂w.
+    let crawl = Delivery {
+        last_ms: Some(1005),
+        ..delivery(1_250_000, Some(5), 300)
+    };
+    assert_eq!(judge(&crawl, &e), Verdict::Slow);
     // Not a word.
     let silent = Delivery {
         wanted: 1_250_000,
@@ -47,18 +59,19 @@ fn verdicts_follow_bytes_rate_and_whether_the_parent_held_the_version() {
     assert_eq!(judge(&silent, &e), Verdict::Silent);
     // A hello and then nothing: a stall, not silence.
     let stalled = Delivery {
-        hello: true,
+        hello_ms: Some(2),
         spoke: true,
         ..silent
     };
     assert_eq!(judge(&stalled, &e), Verdict::Slow);
-    // The parent held the version only 40 ms before the child's need ended: not enough to
-    // send 1.25 MB at B̂w, so its slowness is excused; its silence is not.
+    // The parent held the version only late in the window: it was fed slowly itself, so its
+    // slowness is excused; its silence is not.
     let late = Expectation {
         parent_held_ms: Some(4960),
         ..e
     };
     assert_eq!(judge(&stalled, &late), Verdict::Excused);
+    assert_eq!(judge(&crawl, &late), Verdict::Excused);
     assert_eq!(judge(&silent, &late), Verdict::Silent);
     // Held only after the child's need ended: silence is excused too.
     let after = Expectation {

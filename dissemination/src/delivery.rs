@@ -5,10 +5,11 @@
 //! A record is opened when the child accepts a version's manifest, follows the plan's parent
 //! for that version, counts the hello and the verified chunk bytes that parent pushed, and is
 //! closed when the child installs the version or gives it up for a newer one. Its receipt is
-//! issued once the record is closed and the parent has said hello (for this version or a newer
-//! one), or the horizon (a quarter of the stall timeout) has passed since acceptance — an honest
-//! parent sends its hello when it accepts the manifest, before any data and unpaced, so
-//! however slow its link it has said it by then — or at three horizons whatever its state.
+//! issued once the record is closed and the parent's push of the version is over — or, if the
+//! parent said nothing, once the horizon (a quarter of the stall timeout) has passed since
+//! acceptance: an honest parent sends its hello when it accepts the manifest, before any data
+//! and unpaced, so however slow its link it has said it by then (at once if it said hello for
+//! a newer version) — and at three horizons whatever its state.
 //!
 //! Owns: the records and when a receipt is due. Must not touch: signing (the node's key is
 //! the node's: `node` signs what [`Records::receipts`] returns), the wire, the verdict.
@@ -34,6 +35,8 @@ pub(crate) struct Record {
     /// Bytes the child asked the parent for in its reply to the hello.
     wanted_at_hello: Option<u64>,
     hello: Option<Instant>,
+    /// The parent's push of this version ended (its end frame, or the stream broke).
+    push_done: bool,
     pub(crate) fed_chunks: usize,
     bytes: u64,
     first: Option<Instant>,
@@ -50,6 +53,7 @@ impl Record {
             wanted_at_start: 0,
             wanted_at_hello: None,
             hello: None,
+            push_done: false,
             fed_chunks: 0,
             bytes: 0,
             first: None,
@@ -116,6 +120,17 @@ impl Records {
         }
     }
 
+    /// The planned parent `peer`'s push of `version` ended (complete or broken).
+    pub(crate) fn push_ended(&mut self, version: u64, peer: PeerId) {
+        if let Some(r) = self
+            .by_version
+            .get_mut(&version)
+            .filter(|r| r.parent == Some(peer))
+        {
+            r.push_done = true;
+        }
+    }
+
     /// Whether the planned parent's hello for `version` arrived.
     pub(crate) fn has_hello(&self, version: u64) -> bool {
         self.by_version
@@ -161,8 +176,15 @@ impl Records {
                     .by_version
                     .range(version..)
                     .any(|(_, n)| n.parent == Some(parent) && n.hello.is_some());
-                let due =
-                    (r.end.is_some() && (spoke || age >= self.horizon)) || age >= self.horizon * 3;
+                // Once the child is done with the version: when the parent's push is over (a
+                // slow push is judged on all it sent), or at the horizon if it said nothing
+                // (at once if it spoke for a newer version); at three horizons in any case.
+                let settled = if r.hello.is_some() {
+                    r.push_done
+                } else {
+                    spoke || age >= self.horizon
+                };
+                let due = (r.end.is_some() && settled) || age >= self.horizon * 3;
                 if !due {
                     return None;
                 }
@@ -173,8 +195,8 @@ impl Records {
                     parent: parent.to_string(),
                     wanted: r.wanted_at_hello.unwrap_or(r.wanted_at_start),
                     bytes: r.bytes,
-                    hello: r.hello.is_some(),
                     spoke,
+                    hello_ms: r.hello.map(|t| ms(r, t)),
                     first_ms: r.first.map(|t| ms(r, t)),
                     last_ms: r.last.map(|t| ms(r, t)),
                     end_ms: ms(r, end),
@@ -212,13 +234,17 @@ mod tests {
         assert!(r.receipts(t0 + ms(50)).is_empty(), "not closed, not due");
         let rec = r.ended(4, true, t0 + ms(60)).unwrap();
         assert_eq!((rec.needed, rec.fed_chunks), (4, 2));
-        // Closed, and the parent spoke: due at once.
+        assert!(r.receipts(t0 + ms(61)).is_empty(), "the push goes on");
+        r.push_ended(4, peer(2));
+        assert!(r.receipts(t0 + ms(61)).is_empty(), "another peer's push");
+        r.push_ended(4, peer(1));
         let got = r.receipts(t0 + ms(61));
         assert_eq!(got.len(), 1);
         let g = &got[0];
         assert_eq!((g.version, g.wanted, g.bytes), (4, 3000, 2000));
         assert_eq!((g.first_ms, g.last_ms, g.end_ms), (Some(20), Some(40), 60));
-        assert!(g.hello && g.spoke && g.installed);
+        assert!(g.spoke && g.installed);
+        assert_eq!(g.hello_ms, Some(10));
         assert_eq!(g.parent, peer(1).to_string());
     }
 
@@ -237,7 +263,7 @@ mod tests {
         assert_eq!(got.len(), 1);
         let g = &got[0];
         assert_eq!((g.version, g.wanted, g.bytes), (1, 2000, 0));
-        assert!(!g.hello && !g.spoke && !g.installed);
+        assert!(g.hello_ms.is_none() && !g.spoke && !g.installed);
         assert_eq!(g.end_ms, (H * 3).as_millis() as u64);
         // A hello only for a newer version from the same parent: it spoke.
         r.accepted(3, t0);
@@ -245,7 +271,7 @@ mod tests {
         r.hello(3, peer(1), 2000, t0);
         let got = r.receipts(t0 + H * 3);
         let old = got.iter().find(|g| g.version == 1).unwrap();
-        assert!(!old.hello && old.spoke);
+        assert!(old.hello_ms.is_none() && old.spoke);
         // Closed without a word from its parent: due at the horizon, not before.
         let mut q = Records::new(H);
         q.accepted(5, t0);

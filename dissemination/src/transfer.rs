@@ -302,9 +302,10 @@ impl Transfer {
         fetching && self.stored > 0 && self.fruitless < MAX_FRUITLESS_REPAIRS
     }
 
-    /// A chain member that does not wait for its parent: it is behind.
+    /// A chain member that does not wait for its parent: it is behind, or its parent never
+    /// said hello (whatever it stored, it fetched).
     fn feed_ignored(&self) -> bool {
-        matches!(self.feed, Feed::Parent { .. }) && self.behind
+        matches!(self.feed, Feed::Parent { .. }) && (self.behind || !self.hello)
     }
 
     /// A running fetch-only transfer that has stored chunks: newer transfers of this node
@@ -421,7 +422,8 @@ impl Transfer {
             }
             Input::Newer => {
                 self.newer = true;
-                if self.keeps_going() {
+                // A complete transfer installs all the same (its wake comes next).
+                if self.keeps_going() || self.is_complete() {
                     Vec::new()
                 } else {
                     self.stop()
@@ -433,7 +435,9 @@ impl Transfer {
                 } else {
                     self.fruitless = 0;
                 }
-                if self.newer && !self.keeps_going() {
+                // A transfer the repair completed installs (on its next wake) even if
+                // superseded meanwhile: its chunks are all here.
+                if self.newer && !self.keeps_going() && !self.is_complete() {
                     self.stop()
                 } else {
                     Vec::new()
@@ -717,6 +721,7 @@ mod tests {
 
         let mut chain = Transfer::new(3, STALL);
         chain.apply(Input::Plan(Feed::Parent { position: 0 }));
+        chain.apply(Input::Hello(true));
         held(&mut chain, 0);
         assert_eq!(chain.apply(Input::Newer), [Action::Stop]);
     }
@@ -761,12 +766,14 @@ mod tests {
         assert_eq!(u.stall_wait(), STALL);
     }
 
-    /// A chain member repairing at once (behind) completes its version past a newer manifest,
-    /// as a fetch-only node does; one waiting for its push yields.
+    /// A chain member fetching its version itself (behind, or its parent never said hello)
+    /// completes it past a newer manifest, as a fetch-only node does; one fed by its parent's
+    /// push yields.
     #[test]
-    fn a_behind_chain_member_finishes_its_version() {
+    fn a_chain_member_fetching_for_itself_finishes_its_version() {
         let mut t = Transfer::new(3, STALL);
         t.apply(Input::Plan(Feed::Parent { position: 1 }));
+        t.apply(Input::Hello(true));
         t.apply(Input::Behind(true));
         held(&mut t, 2);
         assert!(t.has_priority());
@@ -774,6 +781,24 @@ mod tests {
         held(&mut t, 0);
         held(&mut t, 1);
         assert_eq!(t.apply(Input::Woken(Wake::Check)), [Action::Install]);
+        let mut silent_parent = Transfer::new(2, STALL);
+        silent_parent.apply(Input::Plan(Feed::Parent { position: 1 }));
+        held(&mut silent_parent, 0);
+        assert_eq!(silent_parent.apply(Input::Newer), []);
+        let mut pushed = Transfer::new(2, STALL);
+        pushed.apply(Input::Plan(Feed::Parent { position: 1 }));
+        pushed.apply(Input::Hello(true));
+        held(&mut pushed, 0);
+        assert_eq!(pushed.apply(Input::Newer), [Action::Stop]);
+        // A transfer complete when a newer manifest comes installs all the same.
+        let mut done = Transfer::new(2, STALL);
+        done.apply(Input::Plan(Feed::Parent { position: 1 }));
+        done.apply(Input::Hello(true));
+        held(&mut done, 0);
+        held(&mut done, 1);
+        assert_eq!(done.apply(Input::Repaired { fetched: 1 }), []);
+        assert_eq!(done.apply(Input::Newer), []);
+        assert_eq!(done.apply(Input::Woken(Wake::Check)), [Action::Install]);
     }
 
     /// Who is behind (`behind`): a skipped version behind any feed; a parent that failed the

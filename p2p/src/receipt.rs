@@ -45,11 +45,11 @@ pub struct DeliveryReceipt {
     pub wanted: u64,
     /// Verified chunk bytes received on the parent's push ("nothing" is 0).
     pub bytes: u64,
-    /// The parent's hello for this version arrived.
-    pub hello: bool,
     /// A hello from the parent for this version or a newer one arrived before the receipt.
     pub spoke: bool,
-    /// First and last chunk from the parent.
+    /// The parent's hello for this version ("nothing": absent), first and last chunk from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hello_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -78,15 +78,11 @@ impl DeliveryReceipt {
         for n in [self.version, self.wanted, self.bytes, self.end_ms] {
             b.extend_from_slice(&n.to_le_bytes());
         }
-        for t in [self.first_ms, self.last_ms] {
+        for t in [self.hello_ms, self.first_ms, self.last_ms] {
             b.push(u8::from(t.is_some()));
             b.extend_from_slice(&t.unwrap_or(0).to_le_bytes());
         }
-        b.extend([
-            u8::from(self.hello),
-            u8::from(self.spoke),
-            u8::from(self.installed),
-        ]);
+        b.extend([u8::from(self.spoke), u8::from(self.installed)]);
         b
     }
 
@@ -135,7 +131,12 @@ impl DeliveryReceipt {
                 "receipt signature is not 64 bytes of hex".into(),
             ));
         }
-        let times = [self.first_ms, self.last_ms, Some(self.end_ms)];
+        let times = [
+            self.hello_ms,
+            self.first_ms,
+            self.last_ms,
+            Some(self.end_ms),
+        ];
         if times.iter().flatten().any(|&t| t > MAX_MS) {
             return Err(MessageError::Invalid("receipt time beyond a day".into()));
         }
@@ -159,8 +160,8 @@ mod tests {
             parent: crate::peer_id_from_seed([2; 32]).to_string(),
             wanted: 1 << 20,
             bytes: 1 << 19,
-            hello: true,
             spoke: true,
+            hello_ms: Some(3),
             first_ms: Some(12),
             last_ms: Some(80),
             end_ms: 95,
@@ -183,7 +184,7 @@ mod tests {
                 ..r.clone()
             },
             DeliveryReceipt {
-                hello: false,
+                hello_ms: None,
                 ..r.clone()
             },
             DeliveryReceipt {

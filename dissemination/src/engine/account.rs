@@ -138,8 +138,9 @@ impl Accounts {
             wanted: r.wanted,
             bytes: r.bytes,
             spoke: r.spoke,
-            hello: r.hello,
+            hello_ms: r.hello_ms,
             first_ms: r.first_ms,
+            last_ms: r.last_ms,
             end_ms: r.end_ms,
         };
         let e = Expectation {

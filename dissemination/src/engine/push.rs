@@ -483,7 +483,11 @@ impl Disseminator {
                 Err(e) => return Err(e),
             };
             first = false;
-            let go_on = self.receive_transfer(peer, &mut s, &hello).await?;
+            let done = self.receive_transfer(peer, &mut s, &hello).await;
+            if let Ok(h) = StreamHello::decode(&hello) {
+                self.lock().deliveries.push_ended(h.version, peer);
+            }
+            let go_on = done?;
             self.inner.kick.send_modify(|k| *k += 1);
             if !go_on {
                 return Ok(());
