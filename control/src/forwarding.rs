@@ -208,8 +208,8 @@ pub struct Ledger<P> {
     distrusted: BTreeSet<P>,
     /// Verdicts seen, per kind.
     verdicts: BTreeMap<Verdict, u64>,
-    /// Parents with at least one delivery judged (not excused).
-    tested: BTreeSet<P>,
+    /// The newest version of a delivery judged (not excused) of each parent.
+    tested: BTreeMap<P, u64>,
 }
 
 impl<P> Default for Ledger<P> {
@@ -223,7 +223,7 @@ impl<P> Default for Ledger<P> {
             excluded: BTreeSet::new(),
             distrusted: BTreeSet::new(),
             verdicts: BTreeMap::new(),
-            tested: BTreeSet::new(),
+            tested: BTreeMap::new(),
         }
     }
 }
@@ -237,7 +237,8 @@ impl<P: Clone + Ord> Ledger<P> {
             return Vec::new();
         }
         if v != Verdict::Excused {
-            self.tested.insert(parent.clone());
+            let last = self.tested.entry(parent.clone()).or_insert(version);
+            *last = (*last).max(version);
         }
         let edge = (parent.clone(), child.clone());
         match v {
@@ -270,11 +271,17 @@ impl<P: Clone + Ord> Ledger<P> {
                 if lag.versions < LAG_VERSIONS {
                     return Vec::new();
                 }
+                // The evidence against the edge accumulates while the plans already signed
+                // keep it (a separation takes effect only in the next one).
                 let lag = self.edges.remove(&edge).unwrap_or_default();
-                self.failed_children
+                let held = self
+                    .failed_children
                     .entry(parent.clone())
                     .or_default()
-                    .insert(child.clone(), lag);
+                    .entry(child.clone())
+                    .or_default();
+                held.versions += lag.versions;
+                held.silent += lag.silent;
                 self.failed_parents
                     .entry(child.clone())
                     .or_default()
@@ -372,9 +379,10 @@ impl<P: Clone + Ord> Ledger<P> {
             .collect()
     }
 
-    /// Whether a delivery of `peer`'s as a parent was ever judged (not excused).
-    pub fn tested(&self, peer: &P) -> bool {
-        self.tested.contains(peer)
+    /// The newest version of a delivery of `peer`'s as a parent that was judged (not
+    /// excused); `None`: never.
+    pub fn last_tested(&self, peer: &P) -> Option<u64> {
+        self.tested.get(peer).copied()
     }
 
     /// Workers excluded from forwarding for the run (silent parents).
@@ -425,7 +433,7 @@ impl<P: Clone + Ord> Ledger<P> {
             .retain(|p, (until, _)| keep(p) && *until > version);
         self.excluded.retain(|p| keep(p));
         self.distrusted.retain(|p| keep(p));
-        self.tested.retain(|p| keep(p));
+        self.tested.retain(|p, _| keep(p));
     }
 }
 

@@ -151,20 +151,25 @@ fn a_silent_parent_is_separated_from_its_child_then_struck_when_a_second_child_s
     assert!(l
         .observe(3, &p("good"), &p("c1"), Verdict::OnTime)
         .is_empty());
-    let out = lag_twice(&mut l, 3, "bad", "c2", Verdict::Silent);
+    // A plan signed before the separation still seats `c1` under it: the evidence grows.
+    let more = l.observe(3, &p("bad"), &p("c1"), Verdict::Silent);
+    assert!(more.is_empty(), "{more:?}");
+    let more = l.observe(4, &p("bad"), &p("c1"), Verdict::Silent);
+    assert_eq!(more.len(), 1, "separated again, nothing more: {more:?}");
+    let out = lag_twice(&mut l, 5, "bad", "c2", Verdict::Silent);
     assert_eq!(out.len(), 2, "{out:?}");
     assert_eq!(
         out[1],
         Decision::Strike {
             peer: p("bad"),
-            count: 4
+            count: 6
         }
     );
     assert!(l.excluded().contains("bad"));
     assert!(l.suspects().is_empty());
-    assert_eq!(l.fault_of(&p("bad"), 5), Some(Fault::SilentParent));
+    assert_eq!(l.fault_of(&p("bad"), 7), Some(Fault::SilentParent));
     // Excluded: what its children say about it no longer matters.
-    assert!(lag_twice(&mut l, 5, "bad", "c3", Verdict::Silent).is_empty());
+    assert!(lag_twice(&mut l, 7, "bad", "c3", Verdict::Silent).is_empty());
 }
 
 #[test]
@@ -239,10 +244,17 @@ fn a_transient_lag_or_an_excused_version_holds_nothing_against_anyone() {
     let mut l = Ledger::default();
     assert!(l.observe(1, &p("a"), &p("b"), Verdict::Silent).is_empty());
     assert_eq!(l.lag(&p("a"), &p("b")), 1);
-    assert!(l.tested(&p("a")) && !l.tested(&p("b")));
+    assert_eq!(
+        (l.last_tested(&p("a")), l.last_tested(&p("b"))),
+        (Some(1), None)
+    );
     // Excused versions neither count nor reset.
     assert!(l.observe(2, &p("c"), &p("b"), Verdict::Excused).is_empty());
-    assert!(!l.tested(&p("c")), "an excused delivery tests nobody");
+    assert_eq!(
+        l.last_tested(&p("c")),
+        None,
+        "an excused delivery tests nobody"
+    );
     assert!(l.observe(2, &p("a"), &p("b"), Verdict::Excused).is_empty());
     assert_eq!(l.lag(&p("a"), &p("b")), 1);
     assert!(l.observe(3, &p("a"), &p("b"), Verdict::OnTime).is_empty());

@@ -75,7 +75,7 @@ fn equal_workers_take_turns_at_the_head() {
 fn a_draw_keeps_clearly_different_scores_in_order() {
     let w = ws(&[99.0, 80.0, 79.0, 78.0, 20.0]);
     for seed in 0..50 {
-        let order = drawn_order(&w, &PlanParams::default(), seed, &BTreeSet::new());
+        let order = drawn_order(&w, &PlanParams::default(), seed, &BTreeMap::new());
         assert_eq!(order[0], "w00");
         assert_eq!(order[4], "w04");
         let mid: BTreeSet<&String> = order[1..4].iter().collect();
@@ -102,19 +102,21 @@ fn a_suspect_parent_is_given_another_child() {
     assert_eq!(c, "w00", "{plan:?}");
 }
 
-/// A draw seats the workers never seen forwarding first within their band.
+/// A draw seats the workers never (or least recently) seen forwarding first within their
+/// band: over epochs every worker forwards.
 #[test]
-fn untested_workers_are_drawn_into_forwarding_seats() {
+fn the_least_recently_tested_are_drawn_into_forwarding_seats() {
     let w = ws(&[90.0, 90.0, 90.0, 90.0]);
     for seed in 0..50 {
         let s = Seating {
             redraw: Some(seed),
-            untested: ["w03".to_string(), "w01".to_string()].into(),
+            last_tested: [("w00".to_string(), 7), ("w02".to_string(), 9)].into(),
             ..Seating::default()
         };
         let plan = seat(&w, &one_chain(), None, &s);
         let first: BTreeSet<&str> = plan.chains[0][..2].iter().map(String::as_str).collect();
         assert_eq!(first, ["w01", "w03"].into(), "{plan:?}");
+        assert_eq!(plan.chains[0][2..], ["w00", "w02"], "{plan:?}");
     }
 }
 
@@ -188,7 +190,9 @@ fn every_seating_respects_its_rules() {
             demoted: (0..rng.next() % 3).map(|_| pick(&mut rng)).collect(),
             excluded: (0..rng.next() % 2).map(|_| pick(&mut rng)).collect(),
             suspects: (0..rng.next() % 3).map(|_| pick(&mut rng)).collect(),
-            untested: (0..rng.next() % 3).map(|_| pick(&mut rng)).collect(),
+            last_tested: (0..rng.next() % 3)
+                .map(|_| (pick(&mut rng), rng.next() % 10))
+                .collect(),
         };
         let p = PlanParams {
             learner_mbps: [100.0, 200.0, 300.0][case % 3],

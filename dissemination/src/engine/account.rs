@@ -277,7 +277,10 @@ impl Disseminator {
             demoted: ledger.demoted(version),
             excluded: ledger.excluded().clone(),
             suspects: ledger.suspects(),
-            untested: live.iter().filter(|p| !ledger.tested(p)).copied().collect(),
+            last_tested: live
+                .iter()
+                .filter_map(|p| Some((*p, ledger.last_tested(p)?)))
+                .collect(),
         }
     }
 

@@ -314,6 +314,8 @@ struct State {
     /// Its presence means an acquirer was started for that version.
     transfers: HashMap<u64, Transfer>,
     pushing: HashSet<(u64, PeerId)>,
+    /// The newest version a push to each child was started for (older ones end early).
+    newest_push: HashMap<PeerId, u64>,
     /// Chunk streams kept open to children between versions.
     sessions: session::Sessions<PeerId, libp2p::Stream>,
     /// Payloads being put together, per version being acquired (taken by the install).
@@ -340,6 +342,7 @@ impl State {
             installed: None,
             transfers: HashMap::new(),
             pushing: HashSet::new(),
+            newest_push: HashMap::new(),
             sessions: Default::default(),
             assemblies: HashMap::new(),
             tasks: Vec::new(),

@@ -41,6 +41,10 @@ enum PushEnd {
     Refused,
     /// This node's own parent stalled: nothing new to forward for `push_idle_timeout`.
     Stalled,
+    /// A push of a newer version to the same child began: this one ended early (the child
+    /// confirmed what it got), so that a slow link carries the newest version, not a queue of
+    /// old ones.
+    Superseded,
 }
 
 /// How far a push got: chunk bytes sent, and whether the child answered the hello.
@@ -204,7 +208,14 @@ impl Disseminator {
                 .collect()
         };
         for (v, child) in targets {
-            self.lock().pushing.insert((v, child));
+            {
+                let mut st = self.lock();
+                st.pushing.insert((v, child));
+                let newest = st.newest_push.entry(child).or_insert(v);
+                *newest = (*newest).max(v);
+            }
+            // Older pushes to this child look again, and end (`PushEnd::Superseded`).
+            self.inner.stored.send_modify(|_| {});
             let me = self.clone();
             let h = tokio::spawn(async move {
                 if let Err(e) = me.push(v, child).await {
@@ -283,7 +294,7 @@ impl Disseminator {
                 );
             }
             match &end {
-                Ok(PushEnd::Confirmed) => {
+                Ok(PushEnd::Confirmed | PushEnd::Superseded) => {
                     self.credit(child, progress.sent, started.elapsed()).await
                 }
                 Ok(PushEnd::Refused | PushEnd::Stalled) => {}
@@ -298,7 +309,7 @@ impl Disseminator {
                 ) => self.charge(child).await,
                 Err(_) => {}
             }
-            if matches!(end, Ok(PushEnd::Confirmed)) {
+            if matches!(end, Ok(PushEnd::Confirmed | PushEnd::Superseded)) {
                 self.keep_session(child, s);
             } else {
                 let _ = tokio::time::timeout(limit, s.close()).await;
@@ -311,7 +322,7 @@ impl Disseminator {
                     peer: child,
                     reason: format!("reported a failed transfer of v{version}"),
                 }),
-                PushEnd::Confirmed | PushEnd::Refused => Ok(()),
+                PushEnd::Confirmed | PushEnd::Refused | PushEnd::Superseded => Ok(()),
             };
         }
     }
@@ -382,8 +393,17 @@ impl Disseminator {
         let mut pending: Vec<usize> = (0..n).filter(|&i| !wire::bit(&held, i)).collect();
         let mut rx = self.inner.stored.subscribe();
         let sending = Sending::start(&self.inner.sending);
+        let superseded = || {
+            let st = self.lock();
+            st.newest_push.get(&child).is_some_and(|&v| v > version)
+        };
+        let mut ended_early = false;
         while !pending.is_empty() {
             rx.borrow_and_update();
+            if superseded() {
+                ended_early = true;
+                break;
+            }
             let mut done = Vec::new();
             for &i in &pending {
                 let h = &m.chunk_hashes[i];
@@ -432,11 +452,11 @@ impl Disseminator {
                 .map_err(|e| chunk_frame_err(child, e))
         })
         .await?;
-        debug!(%child, version, ?status, "push complete");
-        Ok(if status == [STATUS_OK] {
-            PushEnd::Confirmed
-        } else {
-            PushEnd::ChildFailed
+        debug!(%child, version, ?status, ended_early, "push complete");
+        Ok(match (status == [STATUS_OK], ended_early) {
+            (false, _) => PushEnd::ChildFailed,
+            (true, false) => PushEnd::Confirmed,
+            (true, true) => PushEnd::Superseded,
         })
     }
 
