@@ -112,7 +112,7 @@ pub const REPLAN_MARGIN: f64 = 5.0;
 
 /// Builds the plan for `workers` given as `(peer, score)`.
 pub fn plan_chains<P: Clone + Ord>(workers: &[(P, f64)], params: &PlanParams) -> ChainPlan<P> {
-    plan_chains_after(workers, params, &[], &BTreeSet::new())
+    plan_chains_after(workers, params, &[], &BTreeSet::new(), REPLAN_MARGIN)
 }
 
 /// [`plan_chains`] that keeps the rank order `prev` (the previous plan's
@@ -122,6 +122,7 @@ fn plan_chains_after<P: Clone + Ord>(
     params: &PlanParams,
     prev: &[P],
     demoted: &BTreeSet<P>,
+    margin: f64,
 ) -> ChainPlan<P> {
     let mut forwarders: Vec<(P, f64)> = Vec::new();
     let mut fetch_only = Vec::new();
@@ -134,7 +135,7 @@ fn plan_chains_after<P: Clone + Ord>(
         }
     }
     fetch_only.sort();
-    let order = rank(forwarders, params, prev, demoted);
+    let order = rank(forwarders, params, prev, demoted, margin);
     let n = n_chains(params.learner_mbps, params.worker_mbps).min(order.len());
     let mut chains: Vec<Vec<P>> = vec![Vec::new(); n];
     for (k, w) in order.into_iter().enumerate() {
@@ -155,6 +156,7 @@ fn rank<P: Clone + Ord>(
     params: &PlanParams,
     prev: &[P],
     demoted: &BTreeSet<P>,
+    margin: f64,
 ) -> Vec<P> {
     let class_of = |w: &(P, f64)| {
         if demoted.contains(&w.0) {
@@ -190,7 +192,7 @@ fn rank<P: Clone + Ord>(
         // The worker scoring `top` itself qualifies, so there is always one.
         let i = pending
             .iter()
-            .position(|w| w.2 == best && w.1 >= top - REPLAN_MARGIN)
+            .position(|w| w.2 == best && w.1 >= top - margin)
             .unwrap_or(0);
         out.push(pending.remove(i).0);
     }
@@ -208,23 +210,25 @@ pub fn replan<P: Clone + Ord>(
     prev: Option<&ChainPlan<P>>,
 ) -> ChainPlan<P> {
     let prev = prev.map(ChainPlan::rank_order).unwrap_or_default();
-    replan_after(workers, params, &prev, &BTreeSet::new())
+    replan_after(workers, params, &prev, &BTreeSet::new(), REPLAN_MARGIN)
 }
 
-/// [`replan`] after the rank order `prev`, with `demoted` workers ranked after every other
-/// forwarder of their kind (direct or relay-only).
+/// [`replan`] after the rank order `prev`, which stands unless a worker outscores an earlier
+/// one by more than `margin`, with `demoted` workers ranked after every other forwarder of
+/// their kind (direct or relay-only).
 pub(crate) fn replan_after<P: Clone + Ord>(
     workers: &[(P, f64, bool)],
     params: &PlanParams,
     prev: &[P],
     demoted: &BTreeSet<P>,
+    margin: f64,
 ) -> ChainPlan<P> {
     let direct: Vec<(P, f64)> = workers
         .iter()
         .filter(|w| !w.2)
         .map(|w| (w.0.clone(), w.1))
         .collect();
-    let mut plan = plan_chains_after(&direct, params, prev, demoted);
+    let mut plan = plan_chains_after(&direct, params, prev, demoted, margin);
     let mut relayed: Vec<(P, f64)> = Vec::new();
     for w in workers.iter().filter(|w| w.2) {
         if w.1 > params.exclude_below {
@@ -234,7 +238,7 @@ pub(crate) fn replan_after<P: Clone + Ord>(
         }
     }
     // Best first, ties by peer id (every node computes the same plan); degraded ones last.
-    let relayed = rank(relayed, params, prev, demoted);
+    let relayed = rank(relayed, params, prev, demoted, margin);
     let n_ch = n_chains(params.learner_mbps, params.worker_mbps);
     // Chains whose tail may still take a relay-only worker (none has one yet).
     let mut open: Vec<usize> = (0..plan.chains.len()).collect();

@@ -8,7 +8,7 @@
 //! chain). So the learner re-draws the seats at the first version of every *plan epoch*
 //! ([`PlanParams::epoch_versions`] versions; [`EPOCH_VERSIONS`] by default): workers are
 //! ranked by the plan's rules, cut into bands of similar score (each band holds the workers
-//! within the margin of its best one, of the same class), and each band is shuffled with a
+//! within [`DRAW_MARGIN`] of its best one, of the same class), and each band is shuffled with a
 //! seed only the learner knows ([`drawn_order`]) — and then ordered by when the learner last
 //! judged the worker's forwarding, least recently (or never) first, so that every worker is
 //! seen forwarding every few epochs (a tail forwards to nobody, and a worker that never
@@ -30,6 +30,15 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use crate::plan::{replan_after, ChainPlan, PlanParams, REPLAN_MARGIN};
+
+/// Score points within which workers count as similar for a draw: 20, wider than the plan's
+/// [`REPLAN_MARGIN`]. Scores spread with a worker's record as much as with its speed — the
+/// Stability term alone (15 points) separates a worker with ten judged transfers from one
+/// with three — and a band as narrow as the margin left the workers the plan measured least
+/// (a chain's tail forwards nothing) at the tails for good. Twenty points still keep a worker
+/// more than a factor of ten slower than another (Speed is 10 points per decade) from being
+/// drawn past it by chance alone.
+pub const DRAW_MARGIN: f64 = 20.0;
 
 /// Default versions per plan epoch. At κ = 2 and a step a second a seat lasts about 16 s, so
 /// a worker that holds a chain's head by chance (or by its key) gives it up within seconds;
@@ -96,7 +105,12 @@ pub fn seat<P: Clone + Ord + std::hash::Hash>(
         Some(seed) => drawn_order(&live, params, seed, &s.last_tested),
         None => prev.map(ChainPlan::rank_order).unwrap_or_default(),
     };
-    let mut plan = replan_after(&live, params, &order, &s.demoted);
+    let margin = if s.redraw.is_some() {
+        DRAW_MARGIN
+    } else {
+        REPLAN_MARGIN
+    };
+    let mut plan = replan_after(&live, params, &order, &s.demoted, margin);
     let relay_only: HashSet<P> = live.iter().filter(|w| w.2).map(|w| w.0.clone()).collect();
     give_children(&mut plan, &s.suspects, &relay_only);
     separate(&mut plan, &s.separated, &relay_only);
@@ -106,7 +120,7 @@ pub fn seat<P: Clone + Ord + std::hash::Hash>(
 }
 
 /// A seeded rank order (module docs): the plan's rule-2 order (class, then score, then peer
-/// id), cut into bands of one class whose scores lie within [`REPLAN_MARGIN`] of the band's
+/// id), cut into bands of one class whose scores lie within [`DRAW_MARGIN`] of the band's
 /// best, each band shuffled by `seed` and then stably sorted by `last_tested` (never judged
 /// first, then the least recently judged). Given to the ranking as the previous order, it
 /// stands: no worker of a band outscores another of it by more than the margin.
@@ -130,7 +144,7 @@ pub fn drawn_order<P: Clone + Ord>(
     while i < ws.len() {
         let (top, c) = (ws[i].1, class(ws[i].1));
         let end = (i..ws.len())
-            .find(|&j| class(ws[j].1) != c || ws[j].1 < top - REPLAN_MARGIN)
+            .find(|&j| class(ws[j].1) != c || ws[j].1 < top - DRAW_MARGIN)
             .unwrap_or(ws.len());
         let mut band: Vec<P> = ws[i..end].iter().map(|w| w.0.clone()).collect();
         // Fisher–Yates, then the least recently judged first (a stable sort: the shuffle

@@ -301,6 +301,8 @@ const SETTLE_LIMIT: Duration = Duration::from_secs(20);
 
 /// One run: a learner, two honest workers and one malicious worker per `attacks`.
 struct RunResult {
+    /// Per honest worker: groups it produced, groups of it the learner trained.
+    honest_groups: Vec<(Option<u64>, Option<u64>)>,
     /// Versions the honest workers installed / versions published while they ran.
     honest_install_ratio: Option<f64>,
     /// Groups the learner trained, all producers.
@@ -452,9 +454,14 @@ fn run_once(
         bad.push((fleet.start_with_env(bin, &name, &c, &[], &env)?, c, *a));
     }
     let mut honest_admins = Vec::new();
+    let mut honest_ids = Vec::new();
     for (i, c) in &honest {
-        honest_admins.push(fleet.wait_addresses(*i, c, START_LIMIT)?.admin);
+        let f = fleet.wait_addresses(*i, c, START_LIMIT)?;
+        honest_admins.push(f.admin);
+        honest_ids.push(f.peer_id);
     }
+    // Per honest worker: groups produced (its status) and trained (the learner's counter).
+    let mut honest_groups = vec![(None::<u64>, None::<u64>); honest.len()];
     let mut watches = Vec::new();
     for (i, c, a) in &bad {
         let f = fleet.wait_addresses(*i, c, START_LIMIT)?;
@@ -492,6 +499,13 @@ fn run_once(
         }
         installs.sample(&ls, &honest_admins, false);
         trained_all = trained.values().sum::<u64>().max(trained_all);
+        for (g, (st, id)) in honest_groups
+            .iter_mut()
+            .zip(honest_status.iter().zip(&honest_ids))
+        {
+            g.0 = st["rollout"]["groups"].as_u64().or(g.0);
+            g.1 = trained.get(id).copied().or(g.1);
+        }
         if let Some(r) = &mut restart {
             r.sample(&honest_admins[0]);
         }
@@ -534,6 +548,7 @@ fn run_once(
         eprintln!("adversary: nodes that did not stop cleanly: {unclean:?}");
     }
     Ok(RunResult {
+        honest_groups,
         honest_install_ratio: installs.ratio(),
         trained_all,
         workers: honest.len() + bad.len(),
@@ -759,6 +774,9 @@ fn run_json(name: &str, r: &RunResult) -> Value {
         "replay": r.replay,
         "honest_install_ratio": r.honest_install_ratio,
         "groups_trained_all": r.trained_all,
+        "honest_workers": r.honest_groups.iter().map(|(p, t)| json!({
+            "groups_produced": p, "groups_trained": t
+        })).collect::<Vec<_>>(),
         "workers": r.watches.iter().map(|w| w.report(0)).collect::<Vec<_>>(),
     })
 }

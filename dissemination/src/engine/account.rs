@@ -219,14 +219,15 @@ impl Disseminator {
                 scored.push((parent, verdict, r.bytes, time));
             }
         }
-        // What a child received measures its parent's uplink and its own downlink: both ends'
+        // A delivery on time measures its parent's uplink and its child's downlink: both ends'
         // ECHO scores get the transfer (bytes and time), as a first hop's does from the
         // learner's own pushes. Without it only first hops would ever be measured by the
         // learner, and they would keep the best scores — and the heads of the chains — for
-        // good. Silence is left to the ledger: a failed transfer would rank the suspect at a
-        // tail, where it has no child to tell whether it is at fault.
+        // good. A lagging one is left to the ledger, which attributes it by moving the child:
+        // scored at once, it would rank parent or child (whichever is at fault) at a tail,
+        // where the parent has no child to tell.
         for (parent, verdict, bytes, time) in scored {
-            if matches!(verdict, Verdict::OnTime | Verdict::Slow) {
+            if verdict == Verdict::OnTime {
                 self.credit(parent, bytes, time).await;
                 self.credit(peer, bytes, time).await;
             }

@@ -109,6 +109,8 @@ impl Disseminator {
             st.plan = Some(signed.clone());
         }
         debug!(version = p.version, seq = p.seq, "plan accepted");
+        // Acquirers that waited without a plan learn how they are fed now.
+        self.inner.stored.send_modify(|_| {});
         self.start_forwarding();
         Validation::Accept
     }

@@ -171,6 +171,7 @@ impl Disseminator {
             new_chunks = stats.new_chunks,
             "publishing snapshot"
         );
+        debug!(version, chains = ?plan.plan.chains, fetch_only = ?plan.plan.fetch_only, "plan");
         for (topic, bytes) in [
             (TopicKind::Snapshots, manifest.encode()),
             (TopicKind::Plans, plan.encode()),
