@@ -11,7 +11,7 @@
 //!
 //! **Verdicts.** *Silent*: the parent said nothing at all — no hello for this version or a
 //! newer one, no byte — although it held the version (it reported installing it) before the
-//! child stopped needing it. *Slow*: bytes came, at less than [`SLOW_FRACTION`] of the
+//! child reported. *Slow*: bytes came, at less than [`SLOW_FRACTION`] of the
 //! planned per-worker bandwidth `B̂w` over the push (or a hello came and nothing else),
 //! although the parent held the whole version for most of that time. *Excused*: the parent
 //! did not hold the version in time (its own parent is to blame, and its own receipt says so),
@@ -97,6 +97,8 @@ pub struct Expectation {
     /// acceptance of the manifest, a gossip hop after publication: the parent's time is the
     /// later of the two clocks' readings, so the comparison favours the parent.
     pub parent_held_ms: Option<u64>,
+    /// When the learner received the receipt, in ms after it published the version.
+    pub received_ms: u64,
 }
 
 impl Expectation {
@@ -126,10 +128,13 @@ pub fn judge(d: &Delivery, e: &Expectation) -> Verdict {
     if d.wanted == 0 {
         return Verdict::OnTime;
     }
-    // Silence needs only that the parent held the version before the child's need ended: its
-    // hello goes out when it accepts the manifest, before it holds anything.
+    // Silence needs only that the parent held the version before the child reported: its
+    // hello goes out when it accepts the manifest, before it holds anything, so one that had
+    // installed the version had said hello long before (the child reports at least a quarter
+    // of a stall timeout after it accepted the manifest; it may well have stopped needing the
+    // version earlier, fetching it from others).
     if d.bytes == 0 && d.hello_ms.is_none() {
-        return match (d.spoke, e.held_by(d.end_ms, 0)) {
+        return match (d.spoke, e.held_by(e.received_ms, 0)) {
             // Spoke only for a newer version: its plan for this one raced the next.
             (true, _) | (false, false) => Verdict::Excused,
             (false, true) => Verdict::Silent,

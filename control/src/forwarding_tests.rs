@@ -6,6 +6,7 @@ fn expect(parent_held: bool) -> Expectation {
         bytes_per_s: 12.5e6,
         chunk_bytes: 64 << 10,
         parent_held_ms: parent_held.then_some(0),
+        received_ms: 6000,
     }
 }
 
@@ -73,12 +74,23 @@ fn verdicts_follow_bytes_rate_and_whether_the_parent_held_the_version() {
     assert_eq!(judge(&stalled, &late), Verdict::Excused);
     assert_eq!(judge(&crawl, &late), Verdict::Excused);
     assert_eq!(judge(&silent, &late), Verdict::Silent);
-    // Held only after the child's need ended: silence is excused too.
+    // Held only after the child reported: silence is excused too.
     let after = Expectation {
-        parent_held_ms: Some(5001),
+        parent_held_ms: Some(6001),
         ..e
     };
     assert_eq!(judge(&silent, &after), Verdict::Excused);
+    // Held after the child stopped needing the version (it fetched it from others at once),
+    // but before it reported: silent all the same — the hello was due at acceptance.
+    let early = Delivery {
+        end_ms: 200,
+        ..silent
+    };
+    let held = Expectation {
+        parent_held_ms: Some(900),
+        ..e
+    };
+    assert_eq!(judge(&early, &held), Verdict::Silent);
     // A hello only for a newer version: its plan for this one raced the next.
     let raced = Delivery {
         spoke: true,

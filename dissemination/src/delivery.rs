@@ -131,6 +131,13 @@ impl Records {
         }
     }
 
+    /// Bytes the planned parent pushed of `version`, and how long ago its first chunk came.
+    pub(crate) fn fed(&self, version: u64, now: Instant) -> (u64, Option<Duration>) {
+        self.by_version.get(&version).map_or((0, None), |r| {
+            (r.bytes, r.first.map(|f| now.saturating_duration_since(f)))
+        })
+    }
+
     /// Whether the planned parent's hello for `version` arrived.
     pub(crate) fn has_hello(&self, version: u64) -> bool {
         self.by_version

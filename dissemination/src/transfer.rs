@@ -169,7 +169,8 @@ pub(crate) const MAX_FRUITLESS_REPAIRS: u32 = 3;
 /// Whether a node is behind for a transfer of `version` (see [`Input::Behind`]): `installed`
 /// is its newest installed version, `older_accepted` whether it accepted a manifest older than
 /// `version` and newer than `installed` (a version it skipped), `distrusted` whether the
-/// parent feeding it failed its last version ([`FeedStanding::distrusts`]).
+/// parent feeding it failed its last version ([`FeedStanding::distrusts`]) or is feeding this
+/// one too slowly ([`slow_feed`]).
 ///
 /// **Patience per node, not per version.** Each version's transfer gives its parent one stall
 /// wait (the stall timeout, plus the hops above for the first chunk). A newer manifest ends a
@@ -193,6 +194,29 @@ pub(crate) fn behind(
         Feed::Parent { .. } => older_accepted || distrusted,
         Feed::FetchOnly => installed.is_none() || older_accepted,
     }
+}
+
+/// Whether a parent's push is too slow to wait for: since its first chunk, at least three
+/// chunk times at the planned rate `B̂w` (and 200 ms) have passed and it delivered `bytes` at
+/// under a third of `B̂w`. The node then repairs the rest at once, from the back, while the
+/// push goes on from the front; it does not wait for a stall (a trickle is no stall) nor lose
+/// the version to the next one. An honest parent fed slowly itself looks the same, and its
+/// child is right not to wait for it either.
+pub(crate) fn slow_feed(
+    bytes: u64,
+    since_first_chunk: Option<Duration>,
+    chunk_bytes: u64,
+    bytes_per_s: f64,
+) -> bool {
+    let Some(t) = since_first_chunk else {
+        return false;
+    };
+    if !(bytes_per_s.is_finite() && bytes_per_s > 0.0) {
+        return false;
+    }
+    let chunk_s = chunk_bytes as f64 / bytes_per_s;
+    let t = t.as_secs_f64();
+    t >= (3.0 * chunk_s).max(0.2) && (bytes as f64) < t * bytes_per_s / 3.0
 }
 
 /// Share of the chunks a version needed that its parent must deliver to keep this node's
@@ -259,13 +283,13 @@ pub(crate) struct Transfer {
 }
 
 /// The share of the stall timeout a chain member waits for its parent's hello before it
-/// repairs: a tenth (500 ms by default). An honest parent sends its hello the moment it
+/// repairs: a twentieth (250 ms by default). An honest parent sends its hello the moment it
 /// accepts the manifest — a gossip hop after the child did — before it holds a byte, and the
 /// hello is never paced; a parent that has not said it by then is silent or not there, and
 /// waiting the whole stall timeout for it cost its child every version whenever the learner
 /// published faster than that. A repair that starts early because a hello was merely late
 /// costs a batch of chunks fetched twice, nothing more.
-pub(crate) const HELLO_WAIT_SHARE: u32 = 10;
+pub(crate) const HELLO_WAIT_SHARE: u32 = 20;
 
 impl Transfer {
     /// A transfer of a snapshot of `chunks` chunks, nothing held yet; `stall` is how long a
@@ -799,6 +823,27 @@ mod tests {
         assert_eq!(done.apply(Input::Repaired { fetched: 1 }), []);
         assert_eq!(done.apply(Input::Newer), []);
         assert_eq!(done.apply(Input::Woken(Wake::Check)), [Action::Install]);
+    }
+
+    /// A push under a third of B̂w, measured from its first chunk after three chunk times, is
+    /// not waited for.
+    #[test]
+    fn a_trickling_push_is_not_waited_for() {
+        let (chunk, bw) = (64 << 10, 12.5e6); // 5 ms a chunk at B̂w
+        let ms = Duration::from_millis;
+        assert!(
+            !slow_feed(0, None, chunk, bw),
+            "no chunk yet: the stall rules apply"
+        );
+        assert!(
+            !slow_feed(65_536, Some(ms(100)), chunk, bw),
+            "too early to tell"
+        );
+        // 400 ms at a tenth of B̂w: 500 kB.
+        assert!(slow_feed(500_000, Some(ms(400)), chunk, bw));
+        // 400 ms at half of B̂w: 2.5 MB.
+        assert!(!slow_feed(2_500_000, Some(ms(400)), chunk, bw));
+        assert!(!slow_feed(1, Some(ms(400)), chunk, 0.0), "no planned rate");
     }
 
     /// Who is behind (`behind`): a skipped version behind any feed; a parent that failed the

@@ -147,6 +147,7 @@ impl Accounts {
             bytes_per_s,
             chunk_bytes: p.chunk_bytes,
             parent_held_ms,
+            received_ms: p.at.elapsed().as_millis() as u64,
         };
         Some((parent, judge(&d, &e), p.chunk_bytes))
     }

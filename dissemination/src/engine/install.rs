@@ -20,7 +20,7 @@ use tracing::{debug, info, warn};
 use super::{blocking, lock, DisseminationEvent, Disseminator, SharedAssembly};
 use crate::assembly::Assembly;
 use crate::error::Result;
-use crate::transfer::{behind, hop_allowance, Action, Feed, Input, Transfer, Wake};
+use crate::transfer::{behind, hop_allowance, slow_feed, Action, Feed, Input, Transfer, Wake};
 
 impl Disseminator {
     /// Checks one received chunk against the manifest and stores it. `Ok(false)`: corrupt —
@@ -230,7 +230,14 @@ impl Disseminator {
                     .manifests
                     .keys()
                     .any(|&k| k < version && st.installed.is_none_or(|i| k > i));
-                let distrusted = st.feed.distrusts(parent.as_ref());
+                let (fed, since_first) = st.deliveries.fed(version, std::time::Instant::now());
+                let slow = slow_feed(
+                    fed,
+                    since_first,
+                    m.chunk_size.into(),
+                    mbps_to_bytes_per_s(self.inner.cfg.plan.worker_mbps),
+                );
+                let distrusted = st.feed.distrusts(parent.as_ref()) || slow;
                 (
                     st.installed.is_some_and(|i| i >= version),
                     st.manifest_version.is_some_and(|v| v > version),
