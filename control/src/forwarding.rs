@@ -213,8 +213,6 @@ pub struct Ledger<P> {
     distrusted: BTreeSet<P>,
     /// Verdicts seen, per kind.
     verdicts: BTreeMap<Verdict, u64>,
-    /// The newest version of a delivery judged (not excused) of each parent.
-    tested: BTreeMap<P, u64>,
 }
 
 impl<P> Default for Ledger<P> {
@@ -228,7 +226,6 @@ impl<P> Default for Ledger<P> {
             excluded: BTreeSet::new(),
             distrusted: BTreeSet::new(),
             verdicts: BTreeMap::new(),
-            tested: BTreeMap::new(),
         }
     }
 }
@@ -240,10 +237,6 @@ impl<P: Clone + Ord> Ledger<P> {
         *self.verdicts.entry(v).or_default() += 1;
         if self.distrusted.contains(child) || self.excluded.contains(parent) || parent == child {
             return Vec::new();
-        }
-        if v != Verdict::Excused {
-            let last = self.tested.entry(parent.clone()).or_insert(version);
-            *last = (*last).max(version);
         }
         let edge = (parent.clone(), child.clone());
         match v {
@@ -377,17 +370,12 @@ impl<P: Clone + Ord> Ledger<P> {
     /// been cleared or convicted yet. The plan gives each a child (another one) so that the
     /// next versions tell ([`crate::seats`]).
     pub fn suspects(&self) -> BTreeSet<P> {
+        // A demoted or excluded parent has had its test: it ends a chain, or does not forward.
         self.failed_children
             .keys()
-            .filter(|p| !self.excluded.contains(*p))
+            .filter(|p| !self.excluded.contains(*p) && !self.demoted.contains_key(*p))
             .cloned()
             .collect()
-    }
-
-    /// The newest version of a delivery of `peer`'s as a parent that was judged (not
-    /// excused); `None`: never.
-    pub fn last_tested(&self, peer: &P) -> Option<u64> {
-        self.tested.get(peer).copied()
     }
 
     /// Workers excluded from forwarding for the run (silent parents).
@@ -438,7 +426,6 @@ impl<P: Clone + Ord> Ledger<P> {
             .retain(|p, (until, _)| keep(p) && *until > version);
         self.excluded.retain(|p| keep(p));
         self.distrusted.retain(|p| keep(p));
-        self.tested.retain(|p, _| keep(p));
     }
 }
 

@@ -9,10 +9,10 @@
 //! ([`PlanParams::epoch_versions`] versions; [`EPOCH_VERSIONS`] by default): workers are
 //! ranked by the plan's rules, cut into bands of similar score (each band holds the workers
 //! within [`DRAW_MARGIN`] of its best one, of the same class), and each band is shuffled with a
-//! seed only the learner knows ([`drawn_order`]) — and then ordered by when the learner last
-//! judged the worker's forwarding, least recently (or never) first, so that every worker is
-//! seen forwarding every few epochs (a tail forwards to nobody, and a worker that never
-//! forwards can never be caught not forwarding).
+//! seed only the learner knows ([`drawn_order`]) — and then ordered by when the worker last
+//! had a child in a plan, least recently (or never) first, so that forwarding seats rotate
+//! and every worker is seen forwarding every few epochs (a tail forwards to nobody, and a
+//! worker that never forwards can never be caught not forwarding).
 //! Within an epoch the order stands as before, so parent–child pairs and their push sessions
 //! survive score noise. Why whole epochs and not every version: a new pair starts cold
 //! (`docs/netlab.md`, "Push sessions").
@@ -71,9 +71,9 @@ pub struct Seating<P> {
     /// Parents under suspicion: each gets a seat with a child when one can be had
     /// ([`give_children`]).
     pub suspects: BTreeSet<P>,
-    /// The version of each worker's newest judged delivery as a parent (absent: never): a
-    /// draw puts the least recently judged first in their band.
-    pub last_tested: BTreeMap<P, u64>,
+    /// The version of each worker's newest plan seat with a child (absent: never): a draw
+    /// puts the least recently seated first in their band.
+    pub last_parent: BTreeMap<P, u64>,
 }
 
 impl<P> Default for Seating<P> {
@@ -84,7 +84,7 @@ impl<P> Default for Seating<P> {
             demoted: BTreeSet::new(),
             excluded: BTreeSet::new(),
             suspects: BTreeSet::new(),
-            last_tested: BTreeMap::new(),
+            last_parent: BTreeMap::new(),
         }
     }
 }
@@ -102,7 +102,7 @@ pub fn seat<P: Clone + Ord + std::hash::Hash>(
         .cloned()
         .partition(|w| s.excluded.contains(&w.0));
     let order = match s.redraw {
-        Some(seed) => drawn_order(&live, params, seed, &s.last_tested),
+        Some(seed) => drawn_order(&live, params, seed, &s.last_parent),
         None => prev.map(ChainPlan::rank_order).unwrap_or_default(),
     };
     let margin = if s.redraw.is_some() {
@@ -121,14 +121,14 @@ pub fn seat<P: Clone + Ord + std::hash::Hash>(
 
 /// A seeded rank order (module docs): the plan's rule-2 order (class, then score, then peer
 /// id), cut into bands of one class whose scores lie within [`DRAW_MARGIN`] of the band's
-/// best, each band shuffled by `seed` and then stably sorted by `last_tested` (never judged
-/// first, then the least recently judged). Given to the ranking as the previous order, it
-/// stands: no worker of a band outscores another of it by more than the margin.
+/// best, each band shuffled by `seed` and then stably sorted by `last_parent` (never seated
+/// with a child first, then the least recently). Given to the ranking as the previous order,
+/// it stands: no worker of a band outscores another of it by more than the margin.
 pub fn drawn_order<P: Clone + Ord>(
     workers: &[(P, f64, bool)],
     params: &PlanParams,
     seed: u64,
-    last_tested: &BTreeMap<P, u64>,
+    last_parent: &BTreeMap<P, u64>,
 ) -> Vec<P> {
     let class = |score: f64| u8::from(score < params.degraded_below);
     let mut ws: Vec<(P, f64)> = workers.iter().map(|w| (w.0.clone(), w.1)).collect();
@@ -147,13 +147,13 @@ pub fn drawn_order<P: Clone + Ord>(
             .find(|&j| class(ws[j].1) != c || ws[j].1 < top - DRAW_MARGIN)
             .unwrap_or(ws.len());
         let mut band: Vec<P> = ws[i..end].iter().map(|w| w.0.clone()).collect();
-        // Fisher–Yates, then the least recently judged first (a stable sort: the shuffle
-        // orders the ties).
+        // Fisher–Yates, then the least recently seated with a child first (a stable sort:
+        // the shuffle orders the ties).
         for k in (1..band.len()).rev() {
             let j = (rng.next() % (k as u64 + 1)) as usize;
             band.swap(k, j);
         }
-        band.sort_by_key(|p| last_tested.get(p).copied());
+        band.sort_by_key(|p| last_parent.get(p).copied());
         out.extend(band);
         i = end;
     }

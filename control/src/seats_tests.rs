@@ -102,15 +102,15 @@ fn a_suspect_parent_is_given_another_child() {
     assert_eq!(c, "w00", "{plan:?}");
 }
 
-/// A draw seats the workers never (or least recently) seen forwarding first within their
+/// A draw seats the workers never (or least recently) seated with a child first within their
 /// band: over epochs every worker forwards.
 #[test]
-fn the_least_recently_tested_are_drawn_into_forwarding_seats() {
+fn forwarding_seats_rotate() {
     let w = ws(&[90.0, 90.0, 90.0, 90.0]);
     for seed in 0..50 {
         let s = Seating {
             redraw: Some(seed),
-            last_tested: [("w00".to_string(), 7), ("w02".to_string(), 9)].into(),
+            last_parent: [("w00".to_string(), 7), ("w02".to_string(), 9)].into(),
             ..Seating::default()
         };
         let plan = seat(&w, &one_chain(), None, &s);
@@ -190,7 +190,7 @@ fn every_seating_respects_its_rules() {
             demoted: (0..rng.next() % 3).map(|_| pick(&mut rng)).collect(),
             excluded: (0..rng.next() % 2).map(|_| pick(&mut rng)).collect(),
             suspects: (0..rng.next() % 3).map(|_| pick(&mut rng)).collect(),
-            last_tested: (0..rng.next() % 3)
+            last_parent: (0..rng.next() % 3)
                 .map(|_| (pick(&mut rng), rng.next() % 10))
                 .collect(),
         };

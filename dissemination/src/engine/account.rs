@@ -64,12 +64,17 @@ pub(super) struct Accounts {
     judged_total: u64,
     refused: u64,
     silent_strikes: BTreeMap<PeerId, u64>,
+    /// The version of each worker's newest plan seat with a child (seats rotate by it).
+    last_parent: HashMap<PeerId, u64>,
 }
 
 impl Accounts {
     /// The learner signed `plan` for `version` (its first plan when new, else a re-signed one).
     pub(super) fn planned(&mut self, version: u64, chunk_bytes: u64, plan: &ChainPlan<PeerId>) {
         let parents = plan.parents();
+        for p in parents.values().flatten() {
+            self.last_parent.insert(*p, version);
+        }
         match self.versions.get_mut(&version) {
             Some(p) => p.last = parents,
             None => {
@@ -271,6 +276,7 @@ impl Disseminator {
             .then(|| self.seat_seed(epoch(version, epoch_versions)))
             .flatten();
         let mut st = self.lock();
+        st.accounts.last_parent.retain(|p, _| live.contains(p));
         let ledger = &mut st.accounts.ledger;
         ledger.retain(version, |p| live.contains(p));
         Seating {
@@ -279,9 +285,12 @@ impl Disseminator {
             demoted: ledger.demoted(version),
             excluded: ledger.excluded().clone(),
             suspects: ledger.suspects(),
-            last_tested: live
+            last_parent: st
+                .accounts
+                .last_parent
                 .iter()
-                .filter_map(|p| Some((*p, ledger.last_tested(p)?)))
+                .filter(|(p, _)| live.contains(p))
+                .map(|(p, v)| (*p, *v))
                 .collect(),
         }
     }
