@@ -399,14 +399,14 @@ impl Disseminator {
             st.newest_push.get(&child).is_some_and(|&v| v > version)
         };
         let mut ended_early = false;
-        while !pending.is_empty() {
+        while !pending.is_empty() && !ended_early {
             rx.borrow_and_update();
-            if superseded() {
-                ended_early = true;
-                break;
-            }
             let mut done = Vec::new();
             for &i in &pending {
+                if superseded() {
+                    ended_early = true;
+                    break;
+                }
                 let h = &m.chunk_hashes[i];
                 if !self.inner.store.has_chunk(h)? {
                     continue;
@@ -428,7 +428,7 @@ impl Disseminator {
                 done.push(i);
             }
             pending.retain(|i| !done.contains(i));
-            if done.is_empty() {
+            if done.is_empty() && !ended_early {
                 within(limit, "flushing chunks", child, async {
                     s.flush().await.map_err(io)
                 })
