@@ -3,6 +3,7 @@
 mod admin;
 mod cli;
 mod durability;
+mod forwarding;
 mod learning;
 mod relay;
 mod scheduler;

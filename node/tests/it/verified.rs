@@ -24,6 +24,18 @@ const LIMIT: Duration = Duration::from_secs(240);
 
 /// A rollout worker bootstrapping from `learner` that carries out `attacks`.
 fn bad_worker(root: &Path, swarm: &str, learner: &Node, attacks: &str) -> Node {
+    misbehaving_worker(root, swarm, learner, attacks, WORKER)
+}
+
+/// A rollout worker `bad` bootstrapping from `learner`, with the TOML `sections` after its
+/// `[network]` table, that carries out `attacks`.
+pub(crate) fn misbehaving_worker(
+    root: &Path,
+    swarm: &str,
+    learner: &Node,
+    attacks: &str,
+    sections: &str,
+) -> Node {
     let name = "bad";
     let data = root.join(name);
     std::fs::create_dir_all(&data).unwrap();
@@ -34,7 +46,7 @@ fn bad_worker(root: &Path, swarm: &str, learner: &Node, attacks: &str) -> Node {
         format!(
             "role = \"rollout\"\nswarm_id = \"{swarm}\"\ndata_dir = \"{}\"\n\
              learner_public_key = \"{}\"\n\n[network]\nmdns = false\nautonat = false\n\
-             heartbeat_interval_ms = 300\nbootstrap = [\"{}\"]\n\n{WORKER}",
+             heartbeat_interval_ms = 300\nbootstrap = [\"{}\"]\n\n{sections}",
             data.display(),
             learner.key.public_key,
             learner.addr()
