@@ -197,8 +197,8 @@ pub(crate) fn behind(
 }
 
 /// Whether a parent's push is too slow to wait for: since its first chunk, at least three
-/// chunk times at the planned rate `B̂w` (and 200 ms) have passed and it delivered `bytes` at
-/// under a third of `B̂w`. The node then repairs the rest at once, from the back, while the
+/// chunk times at the planned rate `B̂w` (and `min`: the hello wait, a twentieth of the stall
+/// timeout) have passed and it delivered `bytes` at under a third of `B̂w`. The node then repairs the rest at once, from the back, while the
 /// push goes on from the front; it does not wait for a stall (a trickle is no stall) nor lose
 /// the version to the next one. An honest parent fed slowly itself looks the same, and its
 /// child is right not to wait for it either.
@@ -207,6 +207,7 @@ pub(crate) fn slow_feed(
     since_first_chunk: Option<Duration>,
     chunk_bytes: u64,
     bytes_per_s: f64,
+    min: Duration,
 ) -> bool {
     let Some(t) = since_first_chunk else {
         return false;
@@ -216,7 +217,7 @@ pub(crate) fn slow_feed(
     }
     let chunk_s = chunk_bytes as f64 / bytes_per_s;
     let t = t.as_secs_f64();
-    t >= (3.0 * chunk_s).max(0.2) && (bytes as f64) < t * bytes_per_s / 3.0
+    t >= (3.0 * chunk_s).max(min.as_secs_f64()) && (bytes as f64) < t * bytes_per_s / 3.0
 }
 
 /// Share of the chunks a version needed that its parent must deliver to keep this node's
@@ -831,19 +832,20 @@ mod tests {
     fn a_trickling_push_is_not_waited_for() {
         let (chunk, bw) = (64 << 10, 12.5e6); // 5 ms a chunk at B̂w
         let ms = Duration::from_millis;
-        assert!(
-            !slow_feed(0, None, chunk, bw),
-            "no chunk yet: the stall rules apply"
-        );
-        assert!(
-            !slow_feed(65_536, Some(ms(100)), chunk, bw),
-            "too early to tell"
-        );
+        let min = STALL / HELLO_WAIT_SHARE;
+        let slow = |bytes, since| slow_feed(bytes, since, chunk, bw, min);
+        assert!(!slow(0, None), "no chunk yet: the stall rules apply");
+        assert!(!slow(65_536, Some(ms(100))), "too early to tell");
         // 400 ms at a tenth of B̂w: 500 kB.
-        assert!(slow_feed(500_000, Some(ms(400)), chunk, bw));
+        assert!(slow(500_000, Some(ms(400))));
         // 400 ms at half of B̂w: 2.5 MB.
-        assert!(!slow_feed(2_500_000, Some(ms(400)), chunk, bw));
-        assert!(!slow_feed(1, Some(ms(400)), chunk, 0.0), "no planned rate");
+        assert!(!slow(2_500_000, Some(ms(400))));
+        assert!(
+            !slow_feed(1, Some(ms(400)), chunk, 0.0, min),
+            "no planned rate"
+        );
+        // A long stall timeout (a configuration that keeps repair out) waits longer.
+        assert!(!slow_feed(500_000, Some(ms(400)), chunk, bw, ms(30_000)));
     }
 
     /// Who is behind (`behind`): a skipped version behind any feed; a parent that failed the

@@ -263,16 +263,18 @@ impl Disseminator {
     }
 
     /// Learner: what the plan for `version` adds to the ranking rules — the epoch's seat
-    /// draw when a new epoch begins (`prev`: the previous plan's version), and the ledger's
-    /// separations, demotions and exclusions; the ledger first forgets workers not in `live`.
+    /// draw when a new epoch begins (`prev`: the previous plan's version) and `draw` allows
+    /// it, and the ledger's separations, demotions and exclusions; the ledger first forgets
+    /// workers not in `live`.
     pub(super) fn seating(
         &self,
         version: u64,
         prev: Option<u64>,
         live: &[PeerId],
+        draw: bool,
     ) -> Seating<PeerId> {
         let epoch_versions = self.inner.cfg.plan.epoch_versions;
-        let redraw = redraws(version, prev, epoch_versions)
+        let redraw = (draw && redraws(version, prev, epoch_versions))
             .then(|| self.seat_seed(epoch(version, epoch_versions)))
             .flatten();
         let mut st = self.lock();

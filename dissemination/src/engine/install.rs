@@ -20,7 +20,9 @@ use tracing::{debug, info, warn};
 use super::{blocking, lock, DisseminationEvent, Disseminator, SharedAssembly};
 use crate::assembly::Assembly;
 use crate::error::Result;
-use crate::transfer::{behind, hop_allowance, slow_feed, Action, Feed, Input, Transfer, Wake};
+use crate::transfer::{
+    behind, hop_allowance, slow_feed, Action, Feed, Input, Transfer, Wake, HELLO_WAIT_SHARE,
+};
 
 impl Disseminator {
     /// Checks one received chunk against the manifest and stores it. `Ok(false)`: corrupt —
@@ -236,6 +238,7 @@ impl Disseminator {
                     since_first,
                     m.chunk_size.into(),
                     mbps_to_bytes_per_s(self.inner.cfg.plan.worker_mbps),
+                    self.inner.cfg.stall_timeout / HELLO_WAIT_SHARE,
                 );
                 let distrusted = st.feed.distrusts(parent.as_ref()) || slow;
                 (

@@ -69,9 +69,9 @@ pub(super) fn chunk_frame_err(peer: PeerId, e: std::io::Error) -> DisseminationE
 }
 
 impl Disseminator {
-    /// Learner: publish `payload` as snapshot `version` to `workers` (`(peer, score)`; the
-    /// peer table's active rollout workers when `None`). Returns once the pushes to the first
-    /// hops are started. The chunks are pushed from slices of `payload` (no copy); their files
+    /// Learner: publish `payload` as snapshot `version` to `workers` (`(peer, score)`, ranked
+    /// as given: no seat draw; the peer table's active rollout workers when `None`). Returns
+    /// once the pushes to the first hops are started. The chunks are pushed from slices of `payload` (no copy); their files
     /// are written behind.
     pub async fn publish(
         &self,
@@ -107,6 +107,8 @@ impl Disseminator {
             })
             .await?
         };
+        // A list given by the caller is ranked as given: no seat draw.
+        let draw = workers.is_none();
         // (peer, score, relay-only): a worker whose heartbeats say it is reachable only
         // through a relay ends a chain and never forwards (`control::plan`).
         let workers: Vec<(PeerId, f64, bool)> = match workers {
@@ -133,7 +135,8 @@ impl Disseminator {
             BroadcastMode::Chain => {
                 let prev = self.lock().plan.as_ref().map(|p| p.plan.clone());
                 let live: Vec<PeerId> = workers.iter().map(|w| w.0).collect();
-                let seating = self.seating(version, prev.as_ref().map(|p| p.version), &live);
+                let prev_version = prev.as_ref().map(|p| p.version);
+                let seating = self.seating(version, prev_version, &live, draw);
                 let prev = prev.map(|p| p.to_plan());
                 seat(&workers, &cfg.plan, prev.as_ref(), &seating)
             }
