@@ -54,10 +54,8 @@ pub fn path(data_dir: &Path) -> PathBuf {
 
 /// Writes `f` atomically.
 pub fn write(data_dir: &Path, f: &AddrFile) -> std::io::Result<()> {
-    let tmp = data_dir.join(format!(".node.addr.json.{}", f.pid));
     let text = serde_json::to_vec_pretty(f).map_err(std::io::Error::other)?;
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path(data_dir))
+    storage::write_atomic(&path(data_dir), &text)
 }
 
 /// The address file of the node with process id `pid`, if it has written it (`None` while it

@@ -46,9 +46,15 @@ pub enum RolloutError {
     /// The trajectory store failed.
     #[error(transparent)]
     Storage(#[from] StorageError),
-    /// Bad engine configuration.
+    /// Bad engine configuration (or a file it names holds something else).
     #[error("invalid rollout config: {0}")]
     Config(String),
+    /// A file of the engine (the group counter) could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
     /// A snapshot older than (or equal to) the installed one was offered.
     #[error("snapshot version {offered} is not newer than the installed version {installed}")]
     StaleVersion {
@@ -422,7 +428,7 @@ impl RolloutEngine {
         let prompt_tokens = self.tokenizer.encode_prompt(&prompt.text)?;
         let mut params = self.cfg.sampling.clone();
         params.stop_tokens = self.stop_tokens.clone();
-        let created = storage::now_unix_ms();
+        let created = storage::unix_ms();
         let completions = match self.cfg.path {
             GenerationPath::Infer => {
                 let model = self.infer_model(&installed)?;
@@ -443,7 +449,7 @@ impl RolloutEngine {
                 &mut rng,
             )?,
         };
-        let finished = storage::now_unix_ms();
+        let finished = storage::unix_ms();
         let mut samples = Vec::with_capacity(completions.len());
         for (k, c) in completions.into_iter().enumerate() {
             let text = self.tokenizer.decode(&c.tokens)?;

@@ -314,6 +314,7 @@ impl Disseminator {
                 return Ok(());
             }
             st.installed = Some(version);
+            self.inner.installed.send_replace(Some(version));
             st.accepted_at
                 .get(&version)
                 .map_or(Duration::ZERO, |t| t.elapsed())

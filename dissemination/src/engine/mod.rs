@@ -169,14 +169,10 @@ impl DisseminationConfig {
 
 /// Default [`DisseminationConfig::read_timeout`].
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) use p2p::framing::frame_deadline;
 /// Slowest transfer rate a frame deadline allows for: a frame of `n` bytes may take
-/// `read_timeout + n / MIN_RATE_BYTES_PER_S` (a large chunk on a slow link is not a stall).
-pub const MIN_RATE_BYTES_PER_S: u64 = 1 << 20;
-
-/// The deadline for moving a frame of up to `max` bytes.
-pub(crate) fn frame_deadline(base: Duration, max: u64) -> Duration {
-    base + Duration::from_secs(max / MIN_RATE_BYTES_PER_S)
-}
+/// `read_timeout + n / MIN_RATE_BYTES_PER_S` (`p2p::framing::frame_deadline`).
+pub use p2p::framing::MIN_RATE_BYTES_PER_S;
 
 /// `fut` within `limit`, or [`DisseminationError::Timeout`] naming `what` and `peer`.
 pub(crate) async fn within<T>(
@@ -327,6 +323,9 @@ struct Inner {
     state: Mutex<State>,
     /// Bumped after every chunk stored (pushes waiting for chunks to forward watch it).
     stored: watch::Sender<u64>,
+    /// The newest installed version, for whoever waits on installs
+    /// ([`Disseminator::installed_changes`]).
+    installed: watch::Sender<Option<u64>>,
     /// Bumped when a chunk stream ends (complete, broken or corrupt): acquirers re-check at
     /// once and repair instead of waiting for the stall timeout.
     kick: watch::Sender<u64>,
@@ -415,6 +414,7 @@ impl Disseminator {
             events: tx,
             state: Mutex::new(State::default()),
             stored: watch::channel(0).0,
+            installed: watch::channel(None).0,
             kick: watch::channel(0).0,
             counters: AtomicCounters::default(),
             replay,
@@ -592,6 +592,12 @@ impl Disseminator {
     /// The newest installed version.
     pub fn installed_version(&self) -> Option<u64> {
         self.lock().installed
+    }
+
+    /// Changes with every install (the newest installed version): wait on it instead of
+    /// polling [`Disseminator::installed_version`].
+    pub fn installed_changes(&self) -> watch::Receiver<Option<u64>> {
+        self.inner.installed.subscribe()
     }
 
     /// The newest accepted plan.

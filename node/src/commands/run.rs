@@ -8,7 +8,7 @@ use anyhow::Context;
 use crate::admin;
 use crate::cli::RunArgs;
 use crate::config::Role;
-use crate::roles::{self, Probe, RoleView};
+use crate::roles::{self, Probe, RoleView, VersionChanges};
 use crate::state::{
     dissemination_config, load_config, open_state, service_config, NodeState, NODE_VERSION,
 };
@@ -51,9 +51,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     tracing::info!("stopped cleanly");
     Ok(())
 }
-
-/// How often the heartbeat feeder looks for a newly installed snapshot.
-const INSTALL_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Runs the network service and the admin endpoint until Ctrl-C / SIGTERM.
 async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
@@ -132,7 +129,8 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
         anyhow::Ok(match (config.role, dissem.clone()) {
             (Role::Rollout, Some(d)) if bench.sink => {
                 drop(installs.take());
-                RunningRole::BenchSink(roles::bench::sink_probe(&d))
+                let (probe, changes) = roles::bench::sink_probe(&d);
+                RunningRole::BenchSink(probe, changes)
             }
             (Role::Learner, Some(d)) => {
                 drop(installs.take()); // a learner installs nothing
@@ -172,22 +170,24 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     let probe = role
         .as_ref()
         .map_or_else(|| -> Probe { Arc::new(|| (None, 0.0)) }, RunningRole::probe);
+    let mut changes = role
+        .as_ref()
+        .map_or(VersionChanges::Never, RunningRole::version_changes);
     // Test-only network attacks (`crate::misbehave`); none for an honest node.
     let attack_tasks = roles::attacks::spawn(&state, &client, probe.clone(), replay_recorder);
     let feeder = {
         let client = client.clone();
         let state = state.clone();
         tokio::spawn(async move {
-            let mut poll = tokio::time::interval(INSTALL_POLL.min(interval));
-            let mut sent: Option<(std::time::Instant, Option<u64>)> = None;
+            let mut tick = tokio::time::interval(interval);
             loop {
-                poll.tick().await;
-                let (installed_version, mu) = probe();
-                let due =
-                    sent.is_none_or(|(at, v)| at.elapsed() >= interval || v != installed_version);
-                if !due {
-                    continue;
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    // A new version is reported at once, and the next refresh is a full
+                    // interval later.
+                    _ = changes.changed() => tick.reset(),
                 }
+                let (installed_version, mu) = probe();
                 let pending = roles::attacks::pending_claim(
                     &state.misbehave,
                     state.trajectories.pending().unwrap_or(0),
@@ -204,7 +204,6 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
                 if client.set_local_status(local).await.is_err() {
                     break;
                 }
-                sent = Some((std::time::Instant::now(), installed_version));
             }
         })
     };
@@ -319,7 +318,7 @@ enum RunningRole {
     Learner(roles::learner::LearnerRole),
     Rollout(roles::rollout::RolloutRole),
     BenchPublisher(Option<tokio::task::JoinHandle<anyhow::Result<()>>>),
-    BenchSink(Probe),
+    BenchSink(Probe, VersionChanges),
 }
 
 impl RunningRole {
@@ -328,7 +327,17 @@ impl RunningRole {
             RunningRole::Learner(l) => l.probe(),
             RunningRole::Rollout(r) => r.probe(),
             RunningRole::BenchPublisher(_) => Arc::new(|| (None, 0.0)),
-            RunningRole::BenchSink(p) => p.clone(),
+            RunningRole::BenchSink(p, _) => p.clone(),
+        }
+    }
+
+    /// Where the probe's version changes come from (see [`VersionChanges`]).
+    fn version_changes(&self) -> VersionChanges {
+        match self {
+            RunningRole::Learner(l) => l.version_changes(),
+            RunningRole::Rollout(r) => r.version_changes(),
+            RunningRole::BenchPublisher(_) => VersionChanges::Never,
+            RunningRole::BenchSink(_, c) => c.clone(),
         }
     }
 
@@ -364,7 +373,7 @@ impl RunningRole {
                     Err(e) => tracing::error!(error = %e, "bench task failed"),
                 }
             }
-            RunningRole::BenchSink(_) => std::future::pending().await,
+            RunningRole::BenchSink(..) => std::future::pending().await,
         }
     }
 
@@ -378,7 +387,7 @@ impl RunningRole {
                 }
                 Ok(())
             }
-            RunningRole::BenchSink(_) => Ok(()),
+            RunningRole::BenchSink(..) => Ok(()),
         }
     }
 }

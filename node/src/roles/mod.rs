@@ -76,21 +76,32 @@ impl RoleView {
 /// What a role contributes to its node's heartbeat: the version it works with and μ.
 pub type Probe = Arc<dyn Fn() -> (Option<u64>, f64) + Send + Sync>;
 
-/// The connected rollout workers of a network status: whom the learner pulls from, schedules
-/// and plans chains over.
-pub fn rollout_workers(net: &p2p::NetworkStatus) -> impl Iterator<Item = &p2p::PeerStatus> {
-    net.peers
-        .iter()
-        .filter(|p| p.connected && !p.banned && p.role == Some(p2p::Role::Rollout))
+/// Where a role's version changes come from (an install, a publication), so the heartbeat
+/// feeder reports a new version at once — the install report that ends T_bcast — instead of
+/// polling the [`Probe`].
+#[derive(Clone)]
+pub enum VersionChanges {
+    /// A worker's policy slot: every install.
+    Slot(tokio::sync::watch::Receiver<Option<Arc<::rollout::InstalledPolicy>>>),
+    /// A version watch (the learner's publications, a benchmark sink's installs).
+    Version(tokio::sync::watch::Receiver<Option<u64>>),
+    /// A role whose version never changes.
+    Never,
 }
 
-/// The installed versions of the connected, active rollout workers: the population whose
-/// install reports end a broadcast's T_bcast.
-pub fn active_installs(net: &p2p::NetworkStatus) -> Vec<Option<u64>> {
-    rollout_workers(net)
-        .filter(|p| p.active)
-        .map(|p| p.installed_version)
-        .collect()
+impl VersionChanges {
+    /// Resolves at the next change; never, once its source is gone.
+    pub async fn changed(&mut self) {
+        let gone = match self {
+            VersionChanges::Slot(r) => r.changed().await.is_err(),
+            VersionChanges::Version(r) => r.changed().await.is_err(),
+            VersionChanges::Never => true,
+        };
+        if gone {
+            *self = VersionChanges::Never;
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 /// Builds the configured policy and tokenizer on `device` (the learner's initial weights; a

@@ -113,6 +113,11 @@ impl RolloutRole {
         Arc::new(move || (slot.version(), stats.snapshot().mu))
     }
 
+    /// Every install into the policy slot.
+    pub fn version_changes(&self) -> super::VersionChanges {
+        super::VersionChanges::Slot(self.slot.subscribe())
+    }
+
     /// True once the generation thread has exited (a storage error ends it): the node's
     /// watchdog then stops the node rather than let it heartbeat a rate it no longer produces.
     pub fn engine_stopped(&self) -> bool {

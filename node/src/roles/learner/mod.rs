@@ -6,7 +6,8 @@
 //!   snapshot to the publisher, checkpoints every N steps and at shutdown, and appends one
 //!   JSON line per step to `<data_dir>/metrics/steps.jsonl`;
 //! - the **publisher** task ([`publisher`]) hands the newest snapshot to the dissemination
-//!   engine and measures T_bcast; it never blocks training (a snapshot superseded before it
+//!   engine and measures T_bcast from the workers' install reports (woken by each change of
+//!   the peer view, `p2p::Client::peer_changes`); it never blocks training (a snapshot superseded before it
 //!   was published is skipped);
 //! - the **puller** task ([`puller`]) keeps the buffer topped up: it leases groups from the
 //!   rollout workers with the pull protocol, in proportion to what their heartbeats say they
@@ -90,6 +91,11 @@ impl LearnerRole {
     pub fn probe(&self) -> Probe {
         let s = self.shared.clone();
         Arc::new(move || (s.publish.published(), 0.0))
+    }
+
+    /// Every publication (the probe's version).
+    pub fn version_changes(&self) -> super::VersionChanges {
+        super::VersionChanges::Version(self.shared.publish.subscribe())
     }
 
     /// Resolves when the training thread ends on its own (an error).
@@ -187,7 +193,13 @@ pub async fn start(
         )));
     }
     tasks.extend([
-        tokio::spawn(publisher::run(dissem, config_hash, snap_rx, shared.clone())),
+        tokio::spawn(publisher::run(
+            dissem,
+            client.clone(),
+            config_hash,
+            snap_rx,
+            shared.clone(),
+        )),
         tokio::spawn(puller::run(
             client.clone(),
             state.trajectories.clone(),

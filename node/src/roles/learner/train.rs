@@ -283,14 +283,10 @@ fn count_trained_producers(
 /// or [`MAX_FAILED_STEPS`] failures in a row (whatever fails every batch is not the data).
 /// `None`: the batch is to blame, quarantine it and go on.
 fn local_fault(e: &LearnerError, failed_steps: u32) -> Option<String> {
-    let text = e.to_string().to_ascii_lowercase();
     if matches!(e, LearnerError::Io(_)) {
         return Some("training stopped: local I/O fault".into());
     }
-    if ["out of memory", "failed to allocate", "memory allocation"]
-        .iter()
-        .any(|w| text.contains(w))
-    {
+    if e.is_out_of_memory() {
         return Some("training stopped: out of memory".into());
     }
     (failed_steps >= MAX_FAILED_STEPS).then(|| {
@@ -355,9 +351,7 @@ pub(super) fn quarantine(dir: &Path, g: &TrajectoryGroup, reason: &str) -> std::
     std::fs::create_dir_all(dir)?;
     let id = hex::encode(g.group_id);
     std::fs::write(dir.join(format!("{id}.bin")), g.encode())?;
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    let now_ms = storage::unix_ms();
     let meta = json!({
         "group_id": id, "producer": g.producer, "reason": reason, "quarantined_unix_ms": now_ms,
         "version": g.version, "task_id": g.task_id, "prompt_id": g.prompt_id,
@@ -512,8 +506,11 @@ mod tests {
         assert!(local_fault(&data, MAX_FAILED_STEPS).is_some());
         let io = LearnerError::Io(std::io::Error::other("disk gone"));
         assert!(local_fault(&io, 1).unwrap().contains("I/O"));
-        let oom = LearnerError::Invalid("CUDA out of memory".into());
+        let oom = LearnerError::Policy(policy::PolicyError::DoesNotFit("16 GiB > 8 GiB".into()));
         assert!(local_fault(&oom, 1).unwrap().contains("memory"));
+        // A message that merely mentions memory is not an out-of-memory error.
+        let text = LearnerError::Invalid("CUDA out of memory".into());
+        assert_eq!(local_fault(&text, 1), None);
     }
 
     #[test]
