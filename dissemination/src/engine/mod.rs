@@ -103,8 +103,9 @@ impl std::str::FromStr for BroadcastMode {
     }
 }
 
-/// Deliberate misbehaviour, for tests of the verification and repair paths only: never set
-/// outside tests.
+/// Deliberate misbehaviour, for tests of the verification and repair paths only: compiled
+/// only with the `adversary` feature.
+#[cfg(feature = "adversary")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
     /// Flip one byte of every chunk this node pushes or serves.
@@ -143,6 +144,7 @@ pub struct DisseminationConfig {
     /// `DATA_DIR/replay.state`); `None` keeps them in memory only.
     pub replay_path: Option<PathBuf>,
     /// Test-only misbehaviour (the `corrupt_chunks` attack is `Fault::CorruptOutgoing`).
+    #[cfg(feature = "adversary")]
     pub fault: Option<Fault>,
 }
 
@@ -162,6 +164,7 @@ impl DisseminationConfig {
             session_idle_timeout: session::DEFAULT_SESSION_IDLE_TIMEOUT,
             read_timeout: DEFAULT_READ_TIMEOUT,
             replay_path: None,
+            #[cfg(feature = "adversary")]
             fault: None,
         }
     }
@@ -515,6 +518,7 @@ impl Disseminator {
                 blocking(move || store.get_chunk(&hash)).await?
             }
         };
+        #[cfg(feature = "adversary")]
         if self.inner.cfg.fault == Some(Fault::CorruptOutgoing) {
             let mut v = bytes.to_vec();
             v[0] ^= 0xff;

@@ -91,10 +91,15 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     // Snapshot dissemination: runs whenever the swarm's learner key is known (the
     // learner itself, or a worker configured with `learner_public_key`).
     let (dissem, mut installs) = match dissemination_config(config, &state.key)? {
-        Some(mut dcfg) => {
-            if state.misbehave.has(crate::misbehave::Attack::CorruptChunks) {
-                dcfg.fault = Some(dissemination::Fault::CorruptOutgoing);
-            }
+        Some(dcfg) => {
+            #[cfg(feature = "adversary")]
+            let dcfg = dissemination::DisseminationConfig {
+                fault: state
+                    .misbehave
+                    .has(crate::misbehave::Attack::CorruptChunks)
+                    .then_some(dissemination::Fault::CorruptOutgoing),
+                ..dcfg
+            };
             let (d, rx) =
                 dissemination::Disseminator::start(dcfg, client.clone(), state.chunks.clone())
                     .context("starting snapshot dissemination")?;

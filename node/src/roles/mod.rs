@@ -8,6 +8,11 @@
 //! carries through [`Probe`]; it never touches the swarm directly (only through the
 //! `p2p::Client` handle and the dissemination engine).
 
+#[cfg(feature = "adversary")]
+pub mod attacks;
+/// Without the `adversary` feature the attack hooks do nothing (`attacks_off.rs`).
+#[cfg(not(feature = "adversary"))]
+#[path = "attacks_off.rs"]
 pub mod attacks;
 pub mod bench;
 pub mod learner;

@@ -15,9 +15,10 @@
 //!   counter `<data_dir>/rollout.seq`, and answers the prompt assigned to (this peer, its
 //!   number) by the seed of the swarm id and the learner's key (`tasks::assign`): what the
 //!   learner checks (`docs/security.md`, "Verified rollouts").
-//! - **Test-only attacks.** With `ECHO_NODE_MISBEHAVE` naming group attacks ([`GROUP_ATTACKS`])
-//!   the finished group is corrupted just before it is stored ([`tamper`]), so what the
-//!   learner pulls is really bad; with several, group `seq` gets attack `seq mod k`.
+//! - **Test-only attacks** (only in a build with the `adversary` feature). With
+//!   `ECHO_NODE_MISBEHAVE` naming group attacks (`GROUP_ATTACKS`) the finished group is
+//!   corrupted just before it is stored (`tamper`), so what the learner pulls is really bad;
+//!   with several, group `seq` gets attack `seq mod k`.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -30,11 +31,14 @@ use tokio::sync::mpsc;
 
 use super::{build_model, build_task, Probe, RoleView};
 use crate::api::{RoleSection, RolloutStatus};
+#[cfg(feature = "adversary")]
 use crate::misbehave::Attack;
 use crate::state::NodeState;
+#[cfg(feature = "adversary")]
 use storage::TrajectoryGroup;
 
 /// The attacks carried out on the groups a worker produces.
+#[cfg(feature = "adversary")]
 pub const GROUP_ATTACKS: [Attack; 6] = [
     Attack::InflatedReward,
     Attack::ForgedLogprobs,
@@ -47,6 +51,7 @@ pub const GROUP_ATTACKS: [Attack; 6] = [
 /// Corrupts a finished group with `attack` (test only); `vocab` and `context` are the model's.
 /// Log-prob, token and length changes keep the group schema-valid (it must be stored and
 /// served): only the learner's own checks can refuse it.
+#[cfg(feature = "adversary")]
 pub fn tamper(attack: Attack, g: &mut TrajectoryGroup, vocab: usize, context: usize) {
     // Some attacks need a token to work on.
     if g.samples[0].response_tokens.is_empty() {
@@ -84,6 +89,7 @@ pub fn tamper(attack: Attack, g: &mut TrajectoryGroup, vocab: usize, context: us
 /// The seal hook of a misbehaving worker: tamper with group `seq` by attack `seq mod k`, then
 /// sign it (with a fresh key for `bad_signature`, with the node key otherwise: the lie is the
 /// worker's own).
+#[cfg(feature = "adversary")]
 fn attack_hook(attacks: Vec<Attack>, vocab: usize, context: usize) -> rollout::SealHook {
     Box::new(move |g, key| {
         let attack = attacks[(g.seq % attacks.len() as u64) as usize];
@@ -162,6 +168,7 @@ pub async fn start(
     let need = policy::memory::worker_bytes(policy.config(), gen_dtype, r.group_size, context);
     super::check_memory("the rollout worker", need, &state.device)?;
     let slot = PolicySlot::new(policy.config().clone(), policy.device().clone());
+    #[cfg(feature = "adversary")]
     let (vocab, max_context) = (
         policy.config().vocab_size,
         policy.config().max_position_embeddings,
@@ -224,14 +231,17 @@ pub async fn start(
     .with_signer(state.key.clone())
     .with_seq_file(&config.data_dir.join("rollout.seq"))
     .context("opening the group counter")?;
-    let attacks: Vec<Attack> = GROUP_ATTACKS
-        .into_iter()
-        .filter(|a| state.misbehave.has(*a))
-        .collect();
-    let engine = if attacks.is_empty() {
-        engine
-    } else {
-        engine.with_seal_hook(attack_hook(attacks, vocab, max_context))
+    #[cfg(feature = "adversary")]
+    let engine = {
+        let attacks: Vec<Attack> = GROUP_ATTACKS
+            .into_iter()
+            .filter(|a| state.misbehave.has(*a))
+            .collect();
+        if attacks.is_empty() {
+            engine
+        } else {
+            engine.with_seal_hook(attack_hook(attacks, vocab, max_context))
+        }
     };
     let stats = engine.stats();
     let standby = engine.standby_flag();
@@ -289,6 +299,7 @@ pub async fn start(
     let store = state.trajectories.clone();
     let control = client.stream_control();
     let serve_opts = pull::ServeOptions {
+        #[cfg(feature = "adversary")]
         testing_oversized_answer: state
             .misbehave
             .has(crate::misbehave::Attack::OversizedAnswer),
