@@ -81,7 +81,7 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     )
     .await?;
     tracing::info!(admin = %bound, "admin endpoint: /, /status, /metrics");
-    let addr_writer = tokio::spawn(write_addr_file(
+    let addr_writer = tokio::spawn(crate::addr_file::write_when_listening(
         client.clone(),
         config.data_dir.clone(),
         state.peer_id.clone(),
@@ -117,7 +117,7 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     // The role: the learner trains and publishes; a worker installs snapshots, generates and
     // serves pulls. Both need the swarm's learner key (the dissemination engine).
     // A signal during the role's start-up (model build, warm start) still stops cleanly.
-    let shutdown = shutdown_signal();
+    let shutdown = roles::shutdown_signal();
     tokio::pin!(shutdown);
     let starting = async {
         if let (Role::Learner, Some(d), Some(plan)) = (config.role, dissem.clone(), bench.publish) {
@@ -218,7 +218,7 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     // gossip is left unjudged: Ignore, not forwarded, no penalty.
     let drain = match dissem.clone() {
         Some(d) => tokio::spawn(dissemination::drive(d, client.clone(), events)),
-        None => tokio::spawn(ignore_role_gossip(client.clone(), events)),
+        None => tokio::spawn(roles::ignore_role_gossip(client.clone(), events)),
     };
 
     let mut service = service;
@@ -257,41 +257,6 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     }
     let _ = tokio::time::timeout(std::time::Duration::from_secs(3), drain).await;
     result.and(role_result)
-}
-
-/// Writes `<data_dir>/node.addr.json` once the swarm reports its first listen address (the
-/// ports actually bound, also when the config asks for port 0).
-pub(crate) async fn write_addr_file(
-    client: p2p::Client,
-    data_dir: std::path::PathBuf,
-    peer_id: String,
-    admin: std::net::SocketAddr,
-) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while std::time::Instant::now() < deadline {
-        match client.listen_addrs().await {
-            Ok(addrs) if !addrs.is_empty() => {
-                let f = crate::addr_file::AddrFile {
-                    format: crate::addr_file::FORMAT,
-                    pid: std::process::id(),
-                    peer_id,
-                    admin: admin.to_string(),
-                    listen: addrs.iter().map(ToString::to_string).collect(),
-                };
-                match crate::addr_file::write(&data_dir, &f) {
-                    Ok(()) => tracing::info!(
-                        file = %crate::addr_file::path(&data_dir).display(),
-                        "listening; addresses written"
-                    ),
-                    Err(e) => tracing::warn!(error = %e, "writing the address file"),
-                }
-                return;
-            }
-            Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
-            Err(_) => return,
-        }
-    }
-    tracing::warn!("no listen address within 30 s: the address file is not written");
 }
 
 /// The hidden benchmark flags of `run` (testnet `broadcast`).
@@ -393,51 +358,6 @@ impl RunningRole {
                 Ok(())
             }
             RunningRole::BenchSink(..) => Ok(()),
-        }
-    }
-}
-
-/// Resolves on Ctrl-C (SIGINT) or SIGTERM.
-pub async fn shutdown_signal() -> anyhow::Result<()> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
-        tokio::select! {
-            r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    tokio::signal::ctrl_c()
-        .await
-        .context("waiting for Ctrl-C")?;
-    Ok(())
-}
-
-/// Drains a node's domain events when no role judges Snapshots / Plans gossip (a worker without
-/// a learner key, a relay): every such message gets `Ignore` — not forwarded, no penalty — so
-/// gossipsub does not wait for a verdict.
-pub(crate) async fn ignore_role_gossip(
-    client: p2p::Client,
-    mut events: tokio::sync::mpsc::Receiver<p2p::Event>,
-) {
-    while let Some(ev) = events.recv().await {
-        if let p2p::Event::Gossip {
-            message_id,
-            propagation_source,
-            source,
-            ..
-        } = ev
-        {
-            let _ = client
-                .report_validation(
-                    message_id,
-                    propagation_source,
-                    source,
-                    p2p::Validation::Ignore,
-                )
-                .await;
         }
     }
 }

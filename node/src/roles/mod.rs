@@ -153,3 +153,48 @@ pub fn build_task(config: &NodeConfig) -> anyhow::Result<Arc<dyn tasks::Task>> {
     tasks::build_task(&config.task.name, &config.task.params)
         .with_context(|| format!("building task `{}`", config.task.name))
 }
+
+/// Resolves on Ctrl-C (SIGINT) or SIGTERM.
+pub async fn shutdown_signal() -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for Ctrl-C")?;
+    Ok(())
+}
+
+/// Drains a node's domain events when no role judges Snapshots / Plans gossip (a worker without
+/// a learner key, a relay): every such message gets `Ignore` — not forwarded, no penalty — so
+/// gossipsub does not wait for a verdict.
+pub async fn ignore_role_gossip(
+    client: p2p::Client,
+    mut events: tokio::sync::mpsc::Receiver<p2p::Event>,
+) {
+    while let Some(ev) = events.recv().await {
+        if let p2p::Event::Gossip {
+            message_id,
+            propagation_source,
+            source,
+            ..
+        } = ev
+        {
+            let _ = client
+                .report_validation(
+                    message_id,
+                    propagation_source,
+                    source,
+                    p2p::Validation::Ignore,
+                )
+                .await;
+        }
+    }
+}

@@ -30,6 +30,7 @@
 //! snapshot it ever published (the manifests in its chunk store), so versions keep growing
 //! and workers accept the next snapshot.
 
+mod ctx;
 mod publisher;
 mod puller;
 pub mod spot;
@@ -208,7 +209,7 @@ pub async fn start(
         )),
     ]);
     let (done_tx, finished) = tokio::sync::oneshot::channel();
-    let ctx = train::TrainCtx {
+    let ctx = ctx::TrainCtx {
         trainer,
         weights_version,
         buffer: state.trajectories.clone(),
@@ -218,10 +219,13 @@ pub async fn start(
         cfg: state.config.learner.clone(),
         snapshot_dtype: state.config.broadcast.dtype.dtype(),
         is_banned: {
+            // The group names its producer as text: compared with the banned peers' ids
+            // written out, never parsed back.
             Box::new(move |producer: &str| {
-                producer
-                    .parse::<p2p::PeerId>()
-                    .is_ok_and(|p| client.is_banned(&p))
+                client
+                    .banned_peers()
+                    .iter()
+                    .any(|p| p.to_string() == producer)
             })
         },
         ckpt_dir: state.config.checkpoint_dir(),

@@ -13,22 +13,19 @@
 //! [`on_quarantined`] (the hook for the peer penalty). Only a local fault (I/O, memory) or
 //! [`MAX_FAILED_STEPS`] failed steps in a row end it, with a message saying which.
 
-use std::collections::{BTreeMap, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use learner::{LearnerError, StepStats, Trainer, Verdict};
 use serde_json::json;
-use storage::{TrajectoryGroup, TrajectoryStore};
+use storage::TrajectoryGroup;
 use tokio::sync::watch;
 
-use super::{push_recent, Shared, Snapshot};
-use crate::config::LearnerConfig;
-use crate::roles::RoleView;
+use super::ctx::{Totals, TrainCtx};
+use super::{push_recent, Snapshot};
 use journal::Journal;
 
 mod journal;
@@ -48,49 +45,6 @@ pub(super) const MAX_FAILED_STEPS: u32 = 3;
 /// Quarantined groups kept on disk at most; past it they are counted and logged only, so a
 /// hostile peer cannot fill the learner's disk.
 const MAX_QUARANTINE_FILES: u64 = 1000;
-
-pub(super) struct TrainCtx {
-    pub trainer: Trainer,
-    /// The version the trainer's weights stand at (below `trainer.version()` only when a
-    /// restart could not read its newest published snapshot back): journaled batches of
-    /// steps up to it are in the weights.
-    pub weights_version: u64,
-    pub buffer: Arc<TrajectoryStore>,
-    pub shared: Arc<Shared>,
-    pub snap_tx: watch::Sender<Snapshot>,
-    pub view: RoleView,
-    pub cfg: LearnerConfig,
-    /// The dtype snapshots are shipped in (`broadcast.dtype`).
-    pub snapshot_dtype: policy::DType,
-    /// Whether a producer (base58 peer id) is banned now (`p2p::Client::is_banned`).
-    pub is_banned: Box<dyn Fn(&str) -> bool + Send>,
-    pub ckpt_dir: PathBuf,
-    pub steps_log: PathBuf,
-}
-
-/// Running totals behind the `/status` learner section.
-#[derive(Default)]
-pub(super) struct Totals {
-    pub steps: u64,
-    pub idle_s: f64,
-    pub train_s: f64,
-    pub recent_train_s: VecDeque<f64>,
-    pub staleness: BTreeMap<u64, u64>,
-    pub staleness_max: u64,
-    pub dropped_stale: u64,
-    pub dropped_zero: u64,
-    pub dropped_other: u64,
-    /// Groups of producers banned after they were pulled, dropped untrained.
-    pub dropped_banned: u64,
-    /// Groups quarantined (never trained) since start.
-    pub quarantined: u64,
-    pub reward_first: Option<f64>,
-    /// Rewards of the last [`RECENT_REWARDS`] steps.
-    pub recent_rewards: VecDeque<f64>,
-    /// Producers with their own `learner_groups_trained_total` series (at most
-    /// [`MAX_PRODUCER_SERIES`]; the rest count under `producer="other"`).
-    pub producer_series: std::collections::HashSet<String>,
-}
 
 impl Totals {
     fn add(&mut self, st: &StepStats, idle: f64) {
