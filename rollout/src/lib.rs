@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use storage::{Sample, StorageError, TrajectoryGroup, TrajectoryStore};
 use tasks::{Task, TaskError};
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 pub mod seq;
 mod stats;
@@ -515,11 +516,11 @@ impl RolloutEngine {
         })
     }
 
-    /// Runs [`Self::step`] until `stop` is set, sleeping `idle_poll` while paused or without a
+    /// Runs [`Self::step`] until `stop` is cancelled, sleeping `idle_poll` while paused or without a
     /// policy. A group that fails for a model or task reason is skipped and counted
     /// ([`StatsSnapshot::errors`]); a storage error ends the loop. Blocking: run it on its own thread (see [`Self::spawn`]).
-    pub fn run_blocking(&mut self, stop: &AtomicBool) -> Result<(), RolloutError> {
-        while !stop.load(Ordering::Relaxed) {
+    pub fn run_blocking(&mut self, stop: &CancellationToken) -> Result<(), RolloutError> {
+        while !stop.is_cancelled() {
             match self.step() {
                 Ok(StepOutcome::Produced { .. }) => {}
                 Ok(StepOutcome::Paused { .. } | StepOutcome::NoPolicy | StepOutcome::Standby) => {
@@ -540,7 +541,7 @@ impl RolloutEngine {
 
     /// Runs the engine on a dedicated OS thread; [`RunningEngine::stop`] ends it.
     pub fn spawn(mut self) -> Result<RunningEngine, RolloutError> {
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = CancellationToken::new();
         let flag = stop.clone();
         let handle = std::thread::Builder::new()
             .name("rollout".into())
@@ -553,14 +554,14 @@ impl RolloutEngine {
 /// An engine running on its own thread (from [`RolloutEngine::spawn`]).
 #[derive(Debug)]
 pub struct RunningEngine {
-    stop: Arc<AtomicBool>,
+    stop: CancellationToken,
     handle: std::thread::JoinHandle<Result<(), RolloutError>>,
 }
 
 impl RunningEngine {
     /// Asks the engine to stop after its current group and waits for it; returns its result.
     pub fn stop(self) -> Result<(), RolloutError> {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.cancel();
         self.handle
             .join()
             .map_err(|_| RolloutError::Config("rollout thread panicked".into()))?

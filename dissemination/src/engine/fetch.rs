@@ -185,12 +185,11 @@ impl Disseminator {
             st.last_catch_up = Some(now);
         }
         let me = self.clone();
-        let h = tokio::spawn(async move {
+        self.spawn(async move {
             if let Err(e) = me.request_manifest(peer).await {
                 debug!(%peer, error = %e, "catch-up request failed");
             }
         });
-        self.track(h);
     }
 
     /// Opens a chunk-fetch stream to `peer`, giving up after `limit`.

@@ -54,7 +54,8 @@ use p2p::{Client, PeerId, TokenBucket, TransferEvent};
 use storage::replay::ReplayState;
 use storage::{ChunkStore, Hash, PublishStats, SignedManifest};
 use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use crate::assembly::Assembly;
@@ -293,7 +294,6 @@ struct State {
     sessions: session::Sessions<PeerId, libp2p::Stream>,
     /// Payloads being put together, per version being acquired (taken by the install).
     assemblies: HashMap<u64, SharedAssembly>,
-    tasks: Vec<JoinHandle<()>>,
 }
 
 type SharedAssembly = Arc<Mutex<Option<Assembly>>>;
@@ -326,6 +326,9 @@ struct Inner {
     state: Mutex<State>,
     /// Bumped after every chunk stored (pushes waiting for chunks to forward watch it).
     stored: watch::Sender<u64>,
+    /// The engine's tasks, and the token that stops them all ([`Disseminator::shutdown`]).
+    tasks: TaskTracker,
+    cancel: CancellationToken,
     /// The newest installed version, for whoever waits on installs
     /// ([`Disseminator::installed_changes`]).
     installed: watch::Sender<Option<u64>>,
@@ -417,6 +420,8 @@ impl Disseminator {
             events: tx,
             state: Mutex::new(State::default()),
             stored: watch::channel(0).0,
+            tasks: TaskTracker::new(),
+            cancel: CancellationToken::new(),
             installed: watch::channel(None).0,
             kick: watch::channel(0).0,
             counters: AtomicCounters::default(),
@@ -428,7 +433,7 @@ impl Disseminator {
         // are served has the extra ones dropped (an honest parent pushes one version at a
         // time, an honest fetcher asks a few holders).
         let push_slots = p2p::stream_limits::StreamSlots::default();
-        let t1 = tokio::spawn(async move {
+        d.spawn(async move {
             let mut pushes = pushes;
             while let Some((peer, stream)) = pushes.next().await {
                 let Some(slot) = push_slots.try_acquire(peer) else {
@@ -438,7 +443,7 @@ impl Disseminator {
                     continue;
                 };
                 let me2 = me.clone();
-                let h = tokio::spawn(async move {
+                me.spawn(async move {
                     let _slot = slot;
                     match me2.receive_push(peer, stream).await {
                         Ok(()) => {}
@@ -458,12 +463,11 @@ impl Disseminator {
                     }
                     me2.inner.kick.send_modify(|k| *k += 1);
                 });
-                me.track(h);
             }
         });
         let me = d.clone();
         let fetch_slots = p2p::stream_limits::StreamSlots::default();
-        let t2 = tokio::spawn(async move {
+        d.spawn(async move {
             let mut fetches = fetches;
             while let Some((peer, stream)) = fetches.next().await {
                 let Some(slot) = fetch_slots.try_acquire(peer) else {
@@ -473,17 +477,14 @@ impl Disseminator {
                     continue;
                 };
                 let me2 = me.clone();
-                let h = tokio::spawn(async move {
+                me.spawn(async move {
                     let _slot = slot;
                     if let Err(e) = me2.serve_fetch(peer, stream).await {
                         debug!(%peer, error = %e, "chunk fetch ended with an error");
                     }
                 });
-                me.track(h);
             }
         });
-        d.track(t1);
-        d.track(t2);
         Ok((d, rx))
     }
 
@@ -491,10 +492,13 @@ impl Disseminator {
         lock(&self.inner.state)
     }
 
-    fn track(&self, h: JoinHandle<()>) {
-        let mut st = self.lock();
-        st.tasks.retain(|t| !t.is_finished());
-        st.tasks.push(h);
+    /// Runs `fut` as one of the engine's tasks: stopped at its next await once the engine
+    /// shuts down ([`Disseminator::shutdown`]), and awaited by [`Disseminator::stopped`].
+    fn spawn(&self, fut: impl Future<Output = ()> + Send + 'static) {
+        let cancel = self.inner.cancel.clone();
+        self.inner.tasks.spawn(async move {
+            cancel.run_until_cancelled(fut).await;
+        });
     }
 
     fn emit(&self, ev: DisseminationEvent) {
@@ -568,11 +572,16 @@ impl Disseminator {
         self.inner.cfg.signing_key.is_some()
     }
 
-    /// Stops every task of the engine (streams in flight are dropped).
+    /// Stops every task of the engine at its next await (streams in flight are dropped);
+    /// [`Disseminator::stopped`] resolves once all have ended.
     pub fn shutdown(&self) {
-        for t in self.lock().tasks.drain(..) {
-            t.abort();
-        }
+        self.inner.cancel.cancel();
+        self.inner.tasks.close();
+    }
+
+    /// Resolves once every task of the engine has ended (after [`Disseminator::shutdown`]).
+    pub async fn stopped(&self) {
+        self.inner.tasks.wait().await;
     }
 
     pub fn counters(&self) -> BroadcastCounters {

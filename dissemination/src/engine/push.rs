@@ -194,12 +194,11 @@ impl Disseminator {
         for (v, child) in targets {
             self.lock().pushing.insert((v, child));
             let me = self.clone();
-            let h = tokio::spawn(async move {
+            self.spawn(async move {
                 if let Err(e) = me.push(v, child).await {
                     info!(%child, version = v, error = %e, "push ended early");
                 }
             });
-            self.track(h);
         }
     }
 

@@ -81,7 +81,9 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     )
     .await?;
     tracing::info!(admin = %bound, "admin endpoint: /, /status, /metrics");
-    let addr_writer = tokio::spawn(crate::addr_file::write_when_listening(
+    // The node's own tasks (address file, heartbeat feeder): stopped and awaited at shutdown.
+    let tasks = roles::Tasks::default();
+    tasks.spawn(crate::addr_file::write_when_listening(
         client.clone(),
         config.data_dir.clone(),
         state.peer_id.clone(),
@@ -180,10 +182,10 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
         .map_or(VersionChanges::Never, RunningRole::version_changes);
     // Test-only network attacks (`crate::misbehave`); none for an honest node.
     let attack_tasks = roles::attacks::spawn(&state, &client, probe.clone(), replay_recorder);
-    let feeder = {
+    {
         let client = client.clone();
         let state = state.clone();
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             let mut tick = tokio::time::interval(interval);
             loop {
                 tokio::select! {
@@ -210,8 +212,8 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
                     break;
                 }
             }
-        })
-    };
+        });
+    }
     // Domain events: Snapshots / Plans gossip gets the dissemination engine's verdict (Reject:
     // bad signature or garbage; Ignore: an old version), departed forwarders are excised, late
     // joiners catch up (`dissemination::drive`). Without an engine (no learner key) such
@@ -234,8 +236,9 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
         },
     };
     tracing::info!("shutting down");
-    for t in &attack_tasks {
+    for t in attack_tasks {
         t.abort();
+        let _ = t.await;
     }
     let role_result = match role {
         Some(r) => r.shutdown().await,
@@ -248,12 +251,12 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     if !service.is_finished() {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(5), &mut service).await;
     }
-    feeder.abort();
+    tasks.stop().await;
     admin_task.abort();
-    addr_writer.abort();
     crate::addr_file::remove(&config.data_dir);
     if let Some(d) = &dissem {
         d.shutdown();
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(3), d.stopped()).await;
     }
     let _ = tokio::time::timeout(std::time::Duration::from_secs(3), drain).await;
     result.and(role_result)

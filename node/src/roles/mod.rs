@@ -78,6 +78,31 @@ impl RoleView {
     }
 }
 
+/// The tasks of a role or of `run`: spawned under one cancellation token, stopped together,
+/// and awaited — a clean stop ends every task, none is left running or merely aborted.
+#[derive(Clone, Default)]
+pub struct Tasks {
+    tracker: tokio_util::task::TaskTracker,
+    cancel: tokio_util::sync::CancellationToken,
+}
+
+impl Tasks {
+    /// Runs `fut` until it ends or [`Tasks::stop`] cancels it (at its next await).
+    pub fn spawn(&self, fut: impl std::future::Future<Output = ()> + Send + 'static) {
+        let cancel = self.cancel.clone();
+        self.tracker.spawn(async move {
+            cancel.run_until_cancelled(fut).await;
+        });
+    }
+
+    /// Cancels every task and waits until all have ended.
+    pub async fn stop(&self) {
+        self.cancel.cancel();
+        self.tracker.close();
+        self.tracker.wait().await;
+    }
+}
+
 /// What a role contributes to its node's heartbeat: the version it works with and μ.
 pub type Probe = Arc<dyn Fn() -> (Option<u64>, f64) + Send + Sync>;
 

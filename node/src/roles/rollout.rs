@@ -108,7 +108,7 @@ pub struct RolloutRole {
     engine: Option<RunningEngine>,
     slot: PolicySlot,
     stats: Arc<rollout::RolloutStats>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    tasks: super::Tasks,
 }
 
 impl RolloutRole {
@@ -132,9 +132,7 @@ impl RolloutRole {
 
     /// Stops the engine (after its current group) and the tasks.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
-        for t in &self.tasks {
-            t.abort();
-        }
+        self.tasks.stop().await;
         let engine = self.engine.take();
         tokio::task::spawn_blocking(move || engine.map(|e| e.stop()).transpose())
             .await
@@ -247,11 +245,11 @@ pub async fn start(
     let standby = engine.standby_flag();
     let engine = engine.spawn().context("starting the rollout engine")?;
 
-    let mut tasks = Vec::new();
+    let tasks = super::Tasks::default();
     if let Some(mut rx) = installs {
         let slot = slot.clone();
         let standby = standby.clone();
-        tasks.push(tokio::spawn(async move {
+        tasks.spawn(async move {
             while let Some(ev) = rx.recv().await {
                 match ev {
                     DisseminationEvent::Installed {
@@ -294,7 +292,7 @@ pub async fn start(
                     DisseminationEvent::Progress { .. } => {}
                 }
             }
-        }));
+        });
     }
     let store = state.trajectories.clone();
     let control = client.stream_control();
@@ -305,15 +303,15 @@ pub async fn start(
             .has(crate::misbehave::Attack::OversizedAnswer),
         ..pull::ServeOptions::default()
     };
-    tasks.push(tokio::spawn(async move {
+    tasks.spawn(async move {
         if let Err(e) = pull::serve_with(control, store, learner, serve_opts).await {
             tracing::error!(error = %e, "the pull server stopped");
         }
-    }));
+    });
     {
         let (slot, stats, store) = (slot.clone(), stats.clone(), state.trajectories.clone());
         let standby = standby.clone();
-        tasks.push(tokio::spawn(async move {
+        tasks.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tick.tick().await;
@@ -334,7 +332,7 @@ pub async fn start(
                 metrics::gauge!("rollout_mu_groups_per_s").set(s.mu);
                 metrics::gauge!("rollout_groups_total").set(s.groups as f64);
             }
-        }));
+        });
     }
     Ok(RolloutRole {
         engine: Some(engine),

@@ -39,7 +39,7 @@ mod train;
 pub mod verify;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -57,7 +57,8 @@ const NONE: u64 = u64::MAX;
 
 /// What the training thread, the publisher, the puller and `/status` share.
 struct Shared {
-    stop: AtomicBool,
+    /// Cancelled to stop the learner: the training thread checkpoints and ends.
+    stop: tokio_util::sync::CancellationToken,
     /// The staleness window of the running trainer (see the module doc).
     window: Window,
     /// The trainer's current version v.
@@ -83,7 +84,7 @@ type Snapshot = Option<(u64, bytes::Bytes)>;
 pub struct LearnerRole {
     shared: Arc<Shared>,
     thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    tasks: super::Tasks,
     finished: tokio::sync::oneshot::Receiver<()>,
 }
 
@@ -106,7 +107,7 @@ impl LearnerRole {
 
     /// Stops training (checkpointing first), the puller and the publisher.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
-        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.stop.cancel();
         let thread = self.thread.take();
         let r = tokio::task::spawn_blocking(move || match thread {
             Some(t) => t
@@ -116,9 +117,7 @@ impl LearnerRole {
         })
         .await
         .context("joining the training thread")?;
-        for t in &self.tasks {
-            t.abort();
-        }
+        self.tasks.stop().await;
         r
     }
 }
@@ -142,7 +141,7 @@ pub async fn start(
         "learner window"
     );
     let shared = Arc::new(Shared {
-        stop: AtomicBool::new(false),
+        stop: tokio_util::sync::CancellationToken::new(),
         window,
         version: AtomicU64::new(trainer.version()),
         pruned: AtomicU64::new(0),
@@ -180,10 +179,10 @@ pub async fn start(
     tracing::info!(layers = ?verifier.layer_names(), "verification of pulled groups");
     let (snap_tx, snap_rx) = watch::channel::<Snapshot>(None);
     let config_hash = trainer.policy().config().hash();
-    let mut tasks = Vec::new();
+    let tasks = super::Tasks::default();
     if let Some(sched) = shared.scheduler.clone() {
         let s = shared.clone();
-        tasks.push(tokio::spawn(super::scheduler::run(
+        tasks.spawn(super::scheduler::run(
             client.clone(),
             dissem.clone(),
             sched,
@@ -191,23 +190,21 @@ pub async fn start(
                 let m = s.mu_target_milli.load(Ordering::Relaxed);
                 (m != NONE).then(|| m as f64 / 1000.0)
             },
-        )));
+        ));
     }
-    tasks.extend([
-        tokio::spawn(publisher::run(
-            dissem,
-            client.clone(),
-            config_hash,
-            snap_rx,
-            shared.clone(),
-        )),
-        tokio::spawn(puller::run(
-            client.clone(),
-            state.trajectories.clone(),
-            shared.clone(),
-            puller::PullSettings::of(&state.config, Arc::new(verifier)),
-        )),
-    ]);
+    tasks.spawn(publisher::run(
+        dissem,
+        client.clone(),
+        config_hash,
+        snap_rx,
+        shared.clone(),
+    ));
+    tasks.spawn(puller::run(
+        client.clone(),
+        state.trajectories.clone(),
+        shared.clone(),
+        puller::PullSettings::of(&state.config, Arc::new(verifier)),
+    ));
     let (done_tx, finished) = tokio::sync::oneshot::channel();
     let ctx = ctx::TrainCtx {
         trainer,

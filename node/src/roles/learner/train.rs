@@ -90,7 +90,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
     }
     c.trainer.mark_consumed(restored.consumed);
     publish(&c.trainer, c.snapshot_dtype, &c.snap_tx)?;
-    while !c.shared.stop.load(Ordering::Relaxed) {
+    while !c.shared.stop.is_cancelled() {
         if c.cfg.max_steps > 0 && c.trainer.version() >= c.cfg.max_steps {
             super::status::update(&c, &totals, last.as_ref(), true);
             std::thread::sleep(Duration::from_millis(100));
@@ -322,7 +322,7 @@ fn gather(
     last: Option<&(StepStats, f64)>,
 ) -> anyhow::Result<Option<(Vec<TrajectoryGroup>, Vec<u64>)>> {
     let b = c.cfg.groups_per_step;
-    let stop = || c.shared.stop.load(Ordering::Relaxed);
+    let stop = || c.shared.stop.is_cancelled();
     let floor = c.shared.window.floor(c.trainer.version());
     let pruned = c.buffer.prune_below(floor)?;
     c.shared.pruned.fetch_add(pruned, Ordering::Relaxed);
