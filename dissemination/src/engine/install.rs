@@ -137,12 +137,11 @@ impl Disseminator {
             st.deliveries.accepted(version, std::time::Instant::now());
         }
         let me = self.clone();
-        let h = tokio::spawn(async move {
+        self.spawn(async move {
             if let Err(e) = me.acquire(version).await {
                 warn!(version, error = %e, "snapshot acquisition failed");
             }
         });
-        self.track(h);
     }
 
     pub(super) async fn acquire(&self, version: u64) -> Result<()> {
@@ -351,6 +350,7 @@ impl Disseminator {
                 return Ok(());
             }
             st.installed = Some(version);
+            self.inner.installed.send_replace(Some(version));
             st.accepted_at
                 .get(&version)
                 .map_or(Duration::ZERO, |t| t.elapsed())

@@ -3,11 +3,16 @@
 mod admin;
 mod cli;
 mod durability;
+/// A forwarder that stalls mid-run (an attack: needs the `adversary` feature).
+#[cfg(feature = "adversary")]
 mod forwarding;
 mod learning;
 mod relay;
 mod scheduler;
 mod swarm;
+/// Malicious workers: only a binary built with the `adversary` feature has attack code (on in
+/// `cargo test --workspace`, where `testnet` enables it; or `--features adversary`).
+#[cfg(feature = "adversary")]
 mod verified;
 
 /// Sends SIGTERM to a child process (a node stops cleanly on it).
