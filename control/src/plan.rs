@@ -57,6 +57,12 @@ pub struct PlanParams {
     pub epoch_versions: u64,
 }
 
+/// Default versions per plan epoch (`crate::seats` re-draws the seats at each epoch's first
+/// version). At κ = 2 and a step a second a seat lasts about 16 s, so a worker that holds a
+/// chain's head by chance (or by its key) gives it up within seconds; the push sessions of the
+/// pairs that change start cold once per epoch instead of once per version.
+pub const EPOCH_VERSIONS: u64 = 8;
+
 impl Default for PlanParams {
     fn default() -> Self {
         PlanParams {
@@ -64,7 +70,7 @@ impl Default for PlanParams {
             worker_mbps: 100.0,
             degraded_below: 40.0,
             exclude_below: 10.0,
-            epoch_versions: crate::seats::EPOCH_VERSIONS,
+            epoch_versions: EPOCH_VERSIONS,
         }
     }
 }

@@ -40,11 +40,8 @@ use crate::plan::{replan_after, ChainPlan, PlanParams, REPLAN_MARGIN};
 /// drawn past it by chance alone.
 pub const DRAW_MARGIN: f64 = 20.0;
 
-/// Default versions per plan epoch. At κ = 2 and a step a second a seat lasts about 16 s, so
-/// a worker that holds a chain's head by chance (or by its key) gives it up within seconds;
-/// the push sessions of the pairs that change start cold once per epoch instead of once per
-/// version.
-pub const EPOCH_VERSIONS: u64 = 8;
+/// Default versions per plan epoch (defined with [`PlanParams`]).
+pub use crate::plan::EPOCH_VERSIONS;
 
 /// The plan epoch of `version`.
 pub fn epoch(version: u64, epoch_versions: u64) -> u64 {
