@@ -180,6 +180,7 @@ impl PeerEntry {
             strikes_by_reason: self.strikes.by_reason(),
             reachability: hb.and_then(|h| h.reachability),
             connection: None,
+            admission: hb.and_then(|h| h.admission.clone()),
         }
     }
 }

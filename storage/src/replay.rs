@@ -291,7 +291,7 @@ impl ReplayState {
 
 /// Write to a temporary file beside `path`, fsync it, rename it over `path`, fsync the
 /// directory.
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
     let tmp = path.with_extension("state.tmp");
     let io = |p: &Path| {

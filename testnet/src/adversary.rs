@@ -24,7 +24,13 @@
 //!   corrupting chunks by its children still has its verified groups trained);
 //! - `learner_crashes`: learner processes that exited during a run;
 //! - `reward_clean` / `reward_attacked`: the learner's final `reward_recent` in the clean run
-//!   and the mean over the attacked runs.
+//!   and the mean over the attacked runs;
+//! - `groups_trained`: the learner's trained groups of all the attacker's identities (a
+//!   `sybil_rekey` worker that wiped its identity is started again on its data dir and comes
+//!   back under a new key; `identities` counts them), `share_of_trained`: that over all groups
+//!   the learner trained in the run, `forged_trained`: how many of the groups the attacker
+//!   lists as forged (`misbehave.forged`) appear among the learner's trained groups
+//!   (`steps.jsonl`).
 //!
 //! Owns the schedule, the measurements and the report. Must not start, signal or stop
 //! processes itself: it asks [`crate::harness::Fleet`] to.
@@ -81,6 +87,16 @@ struct Watch {
     /// What the learner's peer table last showed of the worker's claims.
     claimed_pending: Option<u64>,
     heartbeats_seen: Option<u64>,
+    /// Earlier identities (re-keyed): their trained groups at the end of their life, and the
+    /// part of it trained after the learner banned them.
+    past_trained: u64,
+    past_trained_after_ban: u64,
+    identities: u64,
+    /// All groups the learner trained in the run, and which of the attacker's forged groups
+    /// it trained (filled at the end).
+    run_trained: Option<u64>,
+    forged: Option<u64>,
+    forged_trained: Option<u64>,
 }
 
 impl Watch {
@@ -90,17 +106,47 @@ impl Watch {
         }
     }
 
+    /// Trained after the learner banned this identity (`None`: not banned by the learner).
+    fn trained_after_ban_now(&self) -> Option<u64> {
+        match (self.trained_at_ban, self.trained_end) {
+            (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+            (Some(_), None) => Some(0),
+            _ => None,
+        }
+    }
+
+    /// The worker came back under a new key (`peer_id`, `admin`): what the old identity got
+    /// is kept, the per-identity figures start over.
+    fn rekeyed(&mut self, peer_id: String, admin: String) {
+        if let Some(n) = self.trained_after_ban_now() {
+            self.past_trained_after_ban += n;
+        }
+        self.past_trained += self.trained_end.unwrap_or(0);
+        self.identities += 1;
+        self.peer_id = peer_id;
+        self.admin = admin;
+        self.trained_at_ban = None;
+        self.trained_end = None;
+    }
+
+    fn groups_trained(&self) -> u64 {
+        self.past_trained + self.trained_end.unwrap_or(0)
+    }
+
     fn report(&self, batch: usize) -> Value {
+        let trained_after_ban = match self.trained_after_ban_now() {
+            Some(n) => Some(n + self.past_trained_after_ban),
+            None if self.past_trained_after_ban > 0 || self.identities > 1 => {
+                Some(self.past_trained_after_ban)
+            }
+            None => None,
+        };
         json!({
             "attack": self.attack,
             "detected": !self.evidence.is_empty(),
             "banned": self.banned,
             "groups_until_ban": self.groups_until_ban,
-            "trained_after_ban": match (self.trained_at_ban, self.trained_end) {
-                (Some(a), Some(b)) => Some(b.saturating_sub(a)),
-                (Some(_), None) => Some(0),
-                _ => None,
-            },
+            "trained_after_ban": trained_after_ban,
             "ban_reason": self.ban_reason,
             "banned_by": self.banned_by,
             "strikes": self.strikes,
@@ -110,7 +156,14 @@ impl Watch {
             "groups_left_store": self.groups_left,
             "claimed_pending": self.claimed_pending,
             "heartbeats_seen_by_learner": self.heartbeats_seen,
-            "groups_trained": self.trained_end,
+            "groups_trained": self.groups_trained(),
+            "share_of_trained": self
+                .run_trained
+                .filter(|t| *t > 0)
+                .map(|t| self.groups_trained() as f64 / t as f64),
+            "identities": self.identities.max(1),
+            "groups_forged": self.forged,
+            "forged_trained": self.forged_trained,
             "run": batch,
         })
     }
@@ -351,6 +404,7 @@ fn run_once(
             attack: a.name().into(),
             peer_id: f.peer_id,
             admin: f.admin,
+            identities: 1,
             ..Watch::default()
         });
     }
@@ -377,6 +431,8 @@ fn run_once(
         for w in &mut watches {
             observe(w, &ls, &honest_status, &trained);
         }
+        rekey_restarts(&mut fleet, bin, &mut bad, &mut watches)?;
+        let run_trained: u64 = trained.values().sum();
         if let Some(r) = &mut restart {
             r.sample(&honest_admins[0]);
         }
@@ -389,6 +445,9 @@ fn run_once(
             )?);
         }
         last_learner = ls["learner"].clone();
+        for w in &mut watches {
+            w.run_trained = Some(run_trained);
+        }
         if version >= s.steps {
             break;
         }
@@ -405,6 +464,12 @@ fn run_once(
     if !unclean.is_empty() {
         eprintln!("adversary: nodes that did not stop cleanly: {unclean:?}");
     }
+    let trained_ids = trained_group_ids(&ldir);
+    for (w, (_, c, _)) in watches.iter_mut().zip(&bad) {
+        let forged = forged_group_ids(&c.data_dir);
+        w.forged = Some(forged.len() as u64);
+        w.forged_trained = Some(forged.intersection(&trained_ids).count() as u64);
+    }
     Ok(RunResult {
         watches,
         learner_crashed,
@@ -416,6 +481,61 @@ fn run_once(
         pruned: last_learner["groups_pruned"].as_u64(),
         replay: restart.map(|r| r.report()),
     })
+}
+
+/// Starts again every `sybil_rekey` worker that exited after wiping its identity (it comes
+/// back under a new key on the same data dir), and points its watch at the new identity.
+fn rekey_restarts(
+    fleet: &mut Fleet,
+    bin: &Path,
+    bad: &mut [(usize, NodeConfig, Attack)],
+    watches: &mut [Watch],
+) -> anyhow::Result<()> {
+    for ((i, c, a), w) in bad.iter_mut().zip(watches.iter_mut()) {
+        let rekeyed = fleet
+            .exit_status(*i)
+            .is_some_and(|s| s.code() == Some(echo_node::misbehave::REKEY_EXIT_CODE));
+        if !rekeyed {
+            continue;
+        }
+        // Its exit was the attack, not a failure.
+        fleet.kill(*i);
+        let name = format!("bad-{a}-{}", w.identities + 1);
+        *i = fleet.start_with_env(bin, &name, c, &[], &[(ENV_VAR, a.name())])?;
+        let f = fleet.wait_addresses(*i, c, START_LIMIT)?;
+        eprintln!("adversary: {a} came back as {} (identity {})", f.peer_id, w.identities + 1);
+        w.rekeyed(f.peer_id, f.admin);
+    }
+    Ok(())
+}
+
+/// The ids (hex) of the groups the learner trained (`<data_dir>/metrics/steps.jsonl`).
+fn trained_group_ids(learner_dir: &Path) -> std::collections::BTreeSet<String> {
+    let text = std::fs::read_to_string(learner_dir.join("metrics").join("steps.jsonl"))
+        .unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .flat_map(|v| {
+            v["trained_groups"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|x| x.as_str().map(String::from))
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// The ids (hex) of the groups a misbehaving worker forged (`misbehave.forged`).
+fn forged_group_ids(data_dir: &Path) -> std::collections::BTreeSet<String> {
+    std::fs::read_to_string(data_dir.join(echo_node::misbehave::FORGED_FILE))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
 }
 
 /// Updates what is known about one malicious worker from this second's statuses.

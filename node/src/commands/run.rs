@@ -64,6 +64,20 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     let svc_learner = svc.learner;
     let (client, events, service) =
         p2p::start(state.key.seed(), svc, &mut registry).context("starting the network service")?;
+    // Bans survive a restart: those of the previous run go back to the service first, and
+    // every new one is written down (`crate::admission`).
+    let ban_file = crate::admission::open_ban_file(&config.data_dir)?;
+    crate::admission::restore_bans(&client, &ban_file).await;
+    let ban_recorder = tokio::spawn(crate::admission::record_bans(client.clone(), ban_file));
+    // A worker's admission credential (ticket, proof of work), gossiped in its heartbeats.
+    let credential = if config.role == Role::Rollout {
+        let (c, peer) = (config.clone(), state.peer_id.clone());
+        tokio::task::spawn_blocking(move || crate::admission::credential(&c, &peer))
+            .await
+            .context("joining the admission credential")??
+    } else {
+        None
+    };
     // Test-only: a `replay_after_restart` node records the signed gossip it sees.
     let (events, replay_recorder) = roles::attacks::tap(&state.misbehave, events);
     let view = RoleView::default();
@@ -198,6 +212,7 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
                     pending,
                     availability: 1.0,
                     device: Some(crate::state::device_report(&state.device)),
+                    admission: credential.clone(),
                     ..Default::default()
                 };
                 metrics::gauge!("node_pending_groups").set(pending as f64);
@@ -245,6 +260,7 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(5), &mut service).await;
     }
     feeder.abort();
+    ban_recorder.abort();
     admin_task.abort();
     addr_writer.abort();
     crate::addr_file::remove(&config.data_dir);

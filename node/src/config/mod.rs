@@ -7,6 +7,7 @@
 //! The types are `Serialize` too: `echo-node demo` and the testnet harness write node configs
 //! with `toml` from these structs, so a key renamed here is renamed for them.
 
+mod admission;
 mod validate;
 mod verification;
 
@@ -16,6 +17,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use learner::Objective;
+pub use admission::{AdmissionConfig, AdmissionMode};
 pub use verification::VerificationConfig;
 
 /// What a node does in the swarm: `learner`, `rollout`, or `relay` (a relay / bootstrap node:
@@ -64,6 +66,10 @@ pub struct NodeConfig {
     /// What the learner verifies of pulled groups (read by the learner).
     #[serde(default)]
     pub verification: VerificationConfig,
+    /// Which workers the learner pulls from and the batch shares of new ones (learner); the
+    /// credential a worker presents (rollout).
+    #[serde(default)]
+    pub admission: AdmissionConfig,
 }
 
 /// How the scheduler ranks workers for activation.
@@ -390,6 +396,7 @@ impl NodeConfig {
             broadcast: BroadcastConfig::default(),
             scheduler: SchedulerConfig::default(),
             verification: VerificationConfig::default(),
+            admission: AdmissionConfig::default(),
         }
     }
 

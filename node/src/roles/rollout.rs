@@ -17,7 +17,10 @@
 //!   learner checks (`docs/security.md`, "Verified rollouts").
 //! - **Test-only attacks.** With `ECHO_NODE_MISBEHAVE` naming group attacks ([`GROUP_ATTACKS`])
 //!   the finished group is corrupted just before it is stored ([`tamper`]), so what the
-//!   learner pulls is really bad; with several, group `seq` gets attack `seq mod k`.
+//!   learner pulls is really bad; with several, group `seq` gets attack `seq mod k`. The
+//!   `late_liar` and `sybil_rekey` workers forge log-probs only from a number of honest groups
+//!   on ([`forges`]); every forged group's id is listed in `<data_dir>/misbehave.forged`. A
+//!   `backlog_inflation` worker keeps far more groups pending than configured.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -35,14 +38,27 @@ use crate::state::NodeState;
 use storage::TrajectoryGroup;
 
 /// The attacks carried out on the groups a worker produces.
-pub const GROUP_ATTACKS: [Attack; 6] = [
+pub const GROUP_ATTACKS: [Attack; 8] = [
     Attack::InflatedReward,
     Attack::ForgedLogprobs,
     Attack::InvalidLogprob,
     Attack::OutOfVocab,
     Attack::Overlong,
     Attack::BadSignature,
+    Attack::LateLiar,
+    Attack::SybilRekey,
 ];
+
+/// Whether group `seq` of a worker carrying out `attack` is tampered with: always, except
+/// for the honest prefix of `late_liar` and `sybil_rekey` (which then forge log-probs).
+pub fn forges(attack: Attack, seq: u64) -> bool {
+    use crate::misbehave::{LATE_LIAR_HONEST_GROUPS, SYBIL_HONEST_GROUPS};
+    match attack {
+        Attack::LateLiar => seq >= LATE_LIAR_HONEST_GROUPS,
+        Attack::SybilRekey => seq >= SYBIL_HONEST_GROUPS,
+        _ => true,
+    }
+}
 
 /// Corrupts a finished group with `attack` (test only); `vocab` and `context` are the model's.
 /// Log-prob, token and length changes keep the group schema-valid (it must be stored and
@@ -57,7 +73,7 @@ pub fn tamper(attack: Attack, g: &mut TrajectoryGroup, vocab: usize, context: us
     }
     match attack {
         Attack::InflatedReward => g.samples.iter_mut().for_each(|s| s.reward = 1.0),
-        Attack::ForgedLogprobs => g.samples.iter_mut().for_each(|s| {
+        Attack::ForgedLogprobs | Attack::LateLiar | Attack::SybilRekey => g.samples.iter_mut().for_each(|s| {
             s.sampler_logprobs
                 .iter_mut()
                 .for_each(|lp| *lp = (*lp + 0.5).min(0.0))
@@ -81,19 +97,36 @@ pub fn tamper(attack: Attack, g: &mut TrajectoryGroup, vocab: usize, context: us
     }
 }
 
-/// The seal hook of a misbehaving worker: tamper with group `seq` by attack `seq mod k`, then
-/// sign it (with a fresh key for `bad_signature`, with the node key otherwise: the lie is the
-/// worker's own).
-fn attack_hook(attacks: Vec<Attack>, vocab: usize, context: usize) -> rollout::SealHook {
+/// The seal hook of a misbehaving worker: tamper with group `seq` by attack `seq mod k` (when
+/// [`forges`] says so; the id goes to `forged_file`), then sign it (with a fresh key for
+/// `bad_signature`, with the node key otherwise: the lie is the worker's own).
+fn attack_hook(
+    attacks: Vec<Attack>,
+    vocab: usize,
+    context: usize,
+    forged_file: std::path::PathBuf,
+) -> rollout::SealHook {
     Box::new(move |g, key| {
         let attack = attacks[(g.seq % attacks.len() as u64) as usize];
-        tamper(attack, g, vocab, context);
+        let forged = forges(attack, g.seq);
+        if forged {
+            tamper(attack, g, vocab, context);
+        }
         if attack == Attack::BadSignature {
             g.sign(storage::NodeKey::generate().signing_key());
         } else {
             g.sign(key.signing_key());
         }
-        tracing::warn!(%attack, seq = g.seq, "TEST-ONLY: stored a corrupted group");
+        if forged {
+            use std::io::Write;
+            let line = format!("{}\n", hex::encode(g.group_id));
+            let _ = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&forged_file)
+                .and_then(|mut f| f.write_all(line.as_bytes()));
+            tracing::warn!(%attack, seq = g.seq, "TEST-ONLY: stored a corrupted group");
+        }
     })
 }
 
@@ -199,7 +232,11 @@ pub async fn start(
         RolloutConfig {
             group_size: r.group_size,
             sampling,
-            max_pending_groups: config.storage.max_pending_groups,
+            max_pending_groups: if state.misbehave.has(Attack::BacklogInflation) {
+                crate::misbehave::BACKLOG_PENDING
+            } else {
+                config.storage.max_pending_groups
+            },
             seed,
             producer: state.peer_id.clone(),
             idle_poll: Duration::from_millis(20),
@@ -226,7 +263,8 @@ pub async fn start(
     let engine = if attacks.is_empty() {
         engine
     } else {
-        engine.with_seal_hook(attack_hook(attacks, vocab, max_context))
+        let forged_file = config.data_dir.join(crate::misbehave::FORGED_FILE);
+        engine.with_seal_hook(attack_hook(attacks, vocab, max_context, forged_file))
     };
     let stats = engine.stats();
     let standby = engine.standby_flag();

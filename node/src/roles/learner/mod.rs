@@ -8,10 +8,13 @@
 //! - the **publisher** task ([`publisher`]) hands the newest snapshot to the dissemination
 //!   engine and measures T_bcast; it never blocks training (a snapshot superseded before it
 //!   was published is skipped);
-//! - the **puller** task ([`puller`]) keeps the buffer topped up: it leases groups from the
-//!   rollout workers with the pull protocol, in proportion to what their heartbeats say they
-//!   hold, verifies every group before it is stored ([`verify`]: producer signature, assigned
-//!   prompt, recomputed rewards) and strikes the workers whose groups fail.
+//! - the **puller** task ([`puller`]) keeps the buffer topped up: it pulls from the admitted
+//!   rollout workers ([`crate::admission`]) with the pull protocol, within each worker's
+//!   credit and share ([`shares`]), runs every group through the one verification pipeline
+//!   before it is stored ([`verify`]: structure, producer signature, assigned prompt,
+//!   recomputed rewards, the log-prob spot check at the worker's check rate), penalises the
+//!   workers whose groups fail (one table: strike, or ban at once on proof) and drops the
+//!   buffered groups of a banned worker.
 //!
 //! [`status`] turns their figures into the `learner` section of `/status`.
 //!
@@ -31,19 +34,20 @@
 
 mod publisher;
 mod puller;
+mod shares;
 pub mod spot;
 mod status;
 mod train;
 pub mod verify;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::Context;
 use dissemination::Disseminator;
-use learner::{Trainer, Window};
+use learner::{Pipeline, Trainer, Window};
 use storage::ChunkStore;
 use tokio::sync::watch;
 
@@ -72,6 +76,12 @@ struct Shared {
     /// or found none to take. Waiting for the next tick instead left the learner idle for up
     /// to `pull_interval_ms` after each version bump had expired part of the buffer.
     pull_wake: tokio::sync::Notify,
+    /// The one verification pipeline: it verifies what the puller stores, re-wraps what the
+    /// training thread takes from the buffer, and keeps the workers' verified histories.
+    pipeline: Arc<Pipeline>,
+    /// Admitted, active workers past probation (the puller counts them; the batch quota
+    /// reads them).
+    established_active: AtomicUsize,
 }
 
 /// A snapshot waiting to be published.
@@ -134,7 +144,11 @@ pub async fn start(
         version = trainer.version(),
         "learner window"
     );
+    let pipeline = Arc::new(build_pipeline(&state, &trainer)?);
+    tracing::info!(stages = ?pipeline.stage_names(), probation = ?pipeline.probation(), "verification of pulled groups");
     let shared = Arc::new(Shared {
+        pipeline: pipeline.clone(),
+        established_active: AtomicUsize::new(0),
         stop: AtomicBool::new(false),
         window,
         version: AtomicU64::new(trainer.version()),
@@ -149,28 +163,6 @@ pub async fn start(
             )))
         }),
     });
-    let mut verifier =
-        verify::Verifier::for_learner(&state.config, &state.key.verifying_key().to_bytes())
-            .context("building the learner's verification layers")?;
-    let v = &state.config.verification;
-    if v.spot_check_fraction > 0.0 || v.spot_check_first_groups > 0 {
-        // Last: the only layer that runs the model.
-        verifier = verifier.with_layer(
-            spot::SpotChecker::new(
-                spot::SpotSettings {
-                    fraction: v.spot_check_fraction,
-                    first_groups: u32::try_from(v.spot_check_first_groups).unwrap_or(u32::MAX),
-                    temperature: trainer.config().temperature,
-                    ..Default::default()
-                },
-                state.chunks.clone(),
-                trainer.policy().config().clone(),
-                state.device.clone(),
-            )
-            .context("building the log-prob spot checker")?,
-        );
-    }
-    tracing::info!(layers = ?verifier.layer_names(), "verification of pulled groups");
     let (snap_tx, snap_rx) = watch::channel::<Snapshot>(None);
     let config_hash = trainer.policy().config().hash();
     let mut tasks = Vec::new();
@@ -192,7 +184,7 @@ pub async fn start(
             client.clone(),
             state.trajectories.clone(),
             shared.clone(),
-            puller::PullSettings::of(&state.config, Arc::new(verifier)),
+            puller::PullSettings::of(&state.config, &state.key.verifying_key().to_bytes()),
         )),
     ]);
     let (done_tx, finished) = tokio::sync::oneshot::channel();
@@ -205,6 +197,9 @@ pub async fn start(
         view,
         cfg: state.config.learner.clone(),
         snapshot_dtype: state.config.broadcast.dtype.dtype(),
+        caps: state.config.admission.caps(),
+        admission: state.config.admission.clone(),
+        rewards_recomputed: state.config.verification.recompute_rewards,
         is_banned: {
             Box::new(move |producer: &str| {
                 producer
@@ -232,6 +227,32 @@ pub async fn start(
         tasks,
         finished,
     })
+}
+
+/// The one verification pipeline of this learner: the stages `[verification]` switches on,
+/// structure checked against the model's limits, and the log-prob spot check last (the only
+/// stage that runs the model, so it sees only groups every cheaper stage passed).
+fn build_pipeline(state: &NodeState, trainer: &Trainer) -> anyhow::Result<Pipeline> {
+    let limits = puller::group_limits(&state.config);
+    let key = state.key.verifying_key().to_bytes();
+    let mut pipeline = verify::pipeline_for_learner(&state.config, &key, limits)
+        .context("building the learner's verification stages")?;
+    let v = &state.config.verification;
+    if v.spot_check_fraction > 0.0 || v.spot_check_first_groups > 0 {
+        pipeline = pipeline.with_stage(
+            spot::SpotChecker::new(
+                spot::SpotSettings {
+                    temperature: trainer.config().temperature,
+                    ..Default::default()
+                },
+                state.chunks.clone(),
+                trainer.policy().config().clone(),
+                state.device.clone(),
+            )
+            .context("building the log-prob spot checker")?,
+        );
+    }
+    Ok(pipeline)
 }
 
 /// The last checkpoint, or a fresh model (warm-started on the task when configured), moved
