@@ -55,9 +55,10 @@ pub enum Attack {
 
 /// Honest groups of each `sybil_rekey` identity before it forges.
 pub const SYBIL_HONEST_GROUPS: u64 = 2;
-/// Honest groups of a `late_liar` before it forges: past the default probation (16) by 8, so
-/// its check rate has fallen to 16 / (16 + 8) = 2/3 when it turns.
-pub const LATE_LIAR_HONEST_GROUPS: u64 = 24;
+/// Honest groups of a `late_liar` before it forges: past the default probation (16) by 4, so
+/// its check rate has fallen to 16 / (16 + 4) = 0.8 when it turns (a run of the scenario
+/// pulls a few dozen groups per worker, so it must turn early to be seen turning).
+pub const LATE_LIAR_HONEST_GROUPS: u64 = 20;
 /// Groups a `backlog_inflation` worker keeps pending.
 pub const BACKLOG_PENDING: u64 = 1024;
 /// How much more than it holds a `backlog_inflation` worker claims.

@@ -91,6 +91,7 @@ fn heartbeat() -> impl Strategy<Value = Heartbeat> {
                 device,
                 reachability: None,
                 addrs: Vec::new(),
+                admission: None,
             },
         )
 }
@@ -373,6 +374,7 @@ fn floats_survive_json_exactly() {
         device: None,
         reachability: None,
         addrs: Vec::new(),
+        admission: None,
     };
     assert_eq!(
         Heartbeat::decode(&h.encode(), SWARM)

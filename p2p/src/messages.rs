@@ -428,6 +428,28 @@ mod tests {
             device: None,
             reachability: None,
             addrs: Vec::new(),
+            admission: None,
+        }
+    }
+
+    #[test]
+    fn admission_credentials_travel_as_bounded_hex() {
+        let ok = Heartbeat {
+            admission: Some("45ac".repeat(100)),
+            ..hb()
+        };
+        let back = Heartbeat::decode(&ok.encode(), "s").unwrap();
+        assert_eq!(back.admission, ok.admission);
+        assert!(!String::from_utf8(hb().encode()).unwrap().contains("admission"));
+        for bad in ["zz".to_string(), "a".repeat(MAX_HEARTBEAT_ADMISSION_BYTES + 1)] {
+            let h = Heartbeat {
+                admission: Some(bad),
+                ..hb()
+            };
+            assert!(matches!(
+                Heartbeat::decode(&h.encode(), "s"),
+                Err(MessageError::Invalid(_))
+            ));
         }
     }
 

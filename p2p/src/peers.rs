@@ -219,6 +219,7 @@ mod tests {
             device: None,
             reachability: None,
             addrs: Vec::new(),
+            admission: None,
         }
     }
 

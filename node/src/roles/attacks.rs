@@ -291,6 +291,10 @@ mod tests {
         assert_eq!(pending_claim(&other, 7), 7);
         let bad = Misbehaviour::parse("pending_inflation").unwrap();
         assert_eq!(pending_claim(&bad, 7), u64::MAX);
+        // A backlog claim stays below the heartbeat's limit: a lie nothing can refuse.
+        let backlog = Misbehaviour::parse("backlog_inflation").unwrap();
+        assert_eq!(pending_claim(&backlog, 7), 7 * crate::misbehave::BACKLOG_CLAIM_FACTOR);
+        assert_eq!(pending_claim(&backlog, u64::MAX), p2p::MAX_PENDING_CLAIM);
     }
 
     #[test]

@@ -333,7 +333,17 @@ fn every_test_only_group_attack_is_caught_where_it_should_be() {
         (Attack::OutOfVocab, Some("token_out_of_vocab")),
         (Attack::Overlong, Some("too_long")),
         (Attack::BadSignature, None),
+        // Forged log-probs too (once past their honest prefix).
+        (Attack::LateLiar, None),
+        (Attack::SybilRekey, None),
     ];
+    use crate::misbehave::{LATE_LIAR_HONEST_GROUPS, SYBIL_HONEST_GROUPS};
+    use crate::roles::rollout::forges;
+    assert!(!forges(Attack::LateLiar, LATE_LIAR_HONEST_GROUPS - 1));
+    assert!(forges(Attack::LateLiar, LATE_LIAR_HONEST_GROUPS));
+    assert!(!forges(Attack::SybilRekey, SYBIL_HONEST_GROUPS - 1));
+    assert!(forges(Attack::SybilRekey, SYBIL_HONEST_GROUPS));
+    assert!(forges(Attack::InflatedReward, 0));
     for (seq, (attack, want)) in cases.into_iter().enumerate() {
         let mut g = honest(&w, seq as u64);
         assert_eq!(full(&g), None, "{attack}: the honest group passes");
