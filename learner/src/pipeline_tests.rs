@@ -71,7 +71,9 @@ fn the_chain_runs_in_order_and_stops_at_the_first_refusal() {
     assert_eq!(e.reason(), "group_size");
     let e = pipe.verify(W, 4, group(3, 6, 4, 8)).unwrap_err();
     assert_eq!(e.reason(), "inadmissible");
-    let e = pipe.verify("12D3KooWother", 0, group(3, 7, 4, 8)).unwrap_err();
+    let e = pipe
+        .verify("12D3KooWother", 0, group(3, 7, 4, 8))
+        .unwrap_err();
     assert_eq!(e.reason(), "forged_producer");
     assert_eq!(calls.load(Ordering::Relaxed), 1);
     let e = pipe.verify(W, 0, group(3, 2, 4, 8)).unwrap_err();

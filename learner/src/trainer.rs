@@ -43,11 +43,11 @@ use policy::Policy;
 use serde::{Deserialize, Serialize};
 use storage::TrajectoryGroup;
 
-use crate::pipeline::Verified;
 use crate::loss::{
     group_advantages, group_loss, is_zero_advantage, variance, GroupInput, LossConfig,
 };
 use crate::optim::{AdamW, AdamWConfig};
+use crate::pipeline::Verified;
 use crate::{LearnerError, Result};
 
 /// The learner's configuration (persisted in checkpoints).

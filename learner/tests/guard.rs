@@ -7,9 +7,9 @@
 
 use candle_core::Device;
 use learner::{AdamWConfig, LossConfig, Objective, Pipeline, Trainer, TrainerConfig, Verified};
-use storage::record::GroupLimits;
 use policy::{GenerationPath, ModelConfig, Policy, SamplingParams};
 use rand::SeedableRng;
+use storage::record::GroupLimits;
 use storage::{Sample, TrajectoryGroup};
 
 const T: f32 = 0.9;
@@ -160,7 +160,9 @@ fn groups_the_model_cannot_take_never_reach_the_trainer() {
 #[test]
 fn an_overflowing_group_is_quarantined_and_the_good_ones_train() {
     let mut t = trainer(Objective::Grpo);
-    let mut batch: Vec<_> = (1..=3).map(|s| verified(&t, group(t.policy(), s))).collect();
+    let mut batch: Vec<_> = (1..=3)
+        .map(|s| verified(&t, group(t.policy(), s)))
+        .collect();
     let bad = verified(&t, poisoned(&t, "logprob", 9));
     batch.insert(1, bad.clone());
     let st = t

@@ -15,8 +15,8 @@ use std::time::Instant;
 
 use echo_node::roles::learner::verify::{PromptLayer, RewardLayer, SignatureLayer};
 use learner::Pipeline;
-use storage::record::GroupLimits;
 use policy::Tokenizer;
+use storage::record::GroupLimits;
 use storage::{NodeKey, Sample, TrajectoryGroup};
 
 const SWARM: &str = "bench";

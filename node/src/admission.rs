@@ -70,7 +70,12 @@ fn solved_work(config: &NodeConfig, peer_id: &str) -> anyhow::Result<u64> {
     tracing::info!(bits, "solving the admission proof of work");
     let n = solve_work(&config.swarm_id, peer_id, bits, 0)
         .context("no nonce proves the admission work")?;
-    tracing::info!(bits, nonce = n, secs = t0.elapsed().as_secs_f64(), "admission proof of work solved");
+    tracing::info!(
+        bits,
+        nonce = n,
+        secs = t0.elapsed().as_secs_f64(),
+        "admission proof of work solved"
+    );
     std::fs::write(&path, format!("{bits} {n}\n"))
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(n)
@@ -130,8 +135,10 @@ impl Gate {
         if self.cache.len() >= MAX_CACHED {
             self.cache.clear();
         }
-        self.cache
-            .insert(peer.to_string(), (credential.map(String::from), verdict.clone()));
+        self.cache.insert(
+            peer.to_string(),
+            (credential.map(String::from), verdict.clone()),
+        );
         verdict.map(|_| ())
     }
 
@@ -149,7 +156,10 @@ impl Gate {
                 .work_nonce
                 .is_some_and(|n| check_work(&self.swarm_id, peer, n, self.pow_bits));
             if !ok {
-                return Err(format!("no proof of {} bits of work on its peer id", self.pow_bits));
+                return Err(format!(
+                    "no proof of {} bits of work on its peer id",
+                    self.pow_bits
+                ));
             }
         }
         if self.mode != AdmissionMode::Ticket {
@@ -254,7 +264,10 @@ mod tests {
     #[test]
     fn tickets_admit_their_peer_until_they_expire() {
         let learner = NodeKey::generate();
-        let mut gate = Gate::new(&config(AdmissionMode::Ticket, 0), learner.verifying_key().to_bytes());
+        let mut gate = Gate::new(
+            &config(AdmissionMode::Ticket, 0),
+            learner.verifying_key().to_bytes(),
+        );
         let t = Ticket::issue(learner.signing_key(), "adm", "12D3a", 1000, 1).unwrap();
         let cred = Credential {
             ticket: Some(t),
@@ -262,7 +275,10 @@ mod tests {
         }
         .to_hex();
         assert_eq!(gate.admits("12D3a", Some(&cred), 1000), Ok(()));
-        assert!(gate.admits("12D3b", Some(&cred), 1000).is_err(), "another peer");
+        assert!(
+            gate.admits("12D3b", Some(&cred), 1000).is_err(),
+            "another peer"
+        );
         assert!(gate.admits("12D3a", None, 1000).is_err());
         assert!(gate.admits("12D3a", Some("zz"), 1000).is_err());
         // Cached, and the cache still expires the ticket.

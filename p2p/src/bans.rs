@@ -120,7 +120,10 @@ mod tests {
             .into_iter()
             .filter(|r| r.bans_at_once())
             .collect();
-        assert_eq!(at_once, [OversizedAnswer, CorruptChunk, Replay, ForgedMessage]);
+        assert_eq!(
+            at_once,
+            [OversizedAnswer, CorruptChunk, Replay, ForgedMessage]
+        );
         for r in StrikeReason::ALL {
             assert_eq!(StrikeReason::from_name(r.as_str()), Some(r));
         }

@@ -440,8 +440,13 @@ mod tests {
         };
         let back = Heartbeat::decode(&ok.encode(), "s").unwrap();
         assert_eq!(back.admission, ok.admission);
-        assert!(!String::from_utf8(hb().encode()).unwrap().contains("admission"));
-        for bad in ["zz".to_string(), "a".repeat(MAX_HEARTBEAT_ADMISSION_BYTES + 1)] {
+        assert!(!String::from_utf8(hb().encode())
+            .unwrap()
+            .contains("admission"));
+        for bad in [
+            "zz".to_string(),
+            "a".repeat(MAX_HEARTBEAT_ADMISSION_BYTES + 1),
+        ] {
             let h = Heartbeat {
                 admission: Some(bad),
                 ..hb()

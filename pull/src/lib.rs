@@ -387,7 +387,8 @@ pub async fn pull_on<S: AsyncRead + AsyncWrite + Unpin>(
         budget = budget.saturating_sub(bytes.len() as u64);
         out.received += 1;
         out.bytes += bytes.len() as u64;
-        match TrajectoryGroup::decode(&bytes).map_err(|e| GroupRejection::Malformed(e.to_string())) {
+        match TrajectoryGroup::decode(&bytes).map_err(|e| GroupRejection::Malformed(e.to_string()))
+        {
             Ok(g) => valid.push(g),
             Err(why) => {
                 tracing::warn!(%worker, reason = why.reason(), detail = %why, "worker sent a group the learner refuses");
@@ -459,11 +460,7 @@ pub async fn pull_on<S: AsyncRead + AsyncWrite + Unpin>(
 /// This crate's admission of one decoded group from `worker` (base58): admissible version,
 /// then [`check_group`] against the request's limits. A learner with a verification pipeline
 /// runs the same two checks as its pipeline's first stage instead.
-pub fn admit(
-    g: &TrajectoryGroup,
-    worker: &str,
-    req: &PullRequest,
-) -> Result<(), GroupRejection> {
+pub fn admit(g: &TrajectoryGroup, worker: &str, req: &PullRequest) -> Result<(), GroupRejection> {
     if g.version < req.v_min {
         return Err(GroupRejection::Inadmissible {
             version: g.version,

@@ -340,7 +340,10 @@ mod tests {
         let nonce = solve_work("s", "12D3peer", 12, 0).unwrap();
         assert!(check_work("s", "12D3peer", nonce, 12));
         assert!(leading_zero_bits(&work_hash("s", "12D3peer", nonce)) >= 12);
-        assert!(!(0..nonce).any(|n| check_work("s", "12D3peer", n, 12)), "the first");
+        assert!(
+            !(0..nonce).any(|n| check_work("s", "12D3peer", n, 12)),
+            "the first"
+        );
         // The same nonce proves nothing for another peer or swarm (deterministic: these
         // hashes are fixed); 0 bits is no work at all.
         assert!(!check_work("s", "12D3other", nonce, 12));

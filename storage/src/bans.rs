@@ -110,17 +110,17 @@ impl BanFile {
 
     /// The bans, oldest first.
     pub fn entries(&self) -> Vec<BanEntry> {
-        self.entries
-            .lock()
-            .map(|e| e.clone())
-            .unwrap_or_default()
+        self.entries.lock().map(|e| e.clone()).unwrap_or_default()
     }
 
     /// Adds a ban (a peer already listed keeps its first entry) and rewrites the file.
     /// Returns whether it was new.
     pub fn record(&self, entry: BanEntry) -> Result<bool> {
         if entry.peer_id.len() > MAX_ID || entry.reason.len() > MAX_ID {
-            return Err(StorageError::invalid("ban entry", "peer id or reason too long"));
+            return Err(StorageError::invalid(
+                "ban entry",
+                "peer id or reason too long",
+            ));
         }
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         if entries.iter().any(|e| e.peer_id == entry.peer_id) {

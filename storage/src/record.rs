@@ -415,7 +415,9 @@ pub fn check_group(
         return Err(GroupRejection::Malformed("empty prompt".into()));
     }
     if let Some(i) = g.samples.iter().position(|s| s.response_tokens.is_empty()) {
-        return Err(GroupRejection::Malformed(format!("sample {i}: empty response")));
+        return Err(GroupRejection::Malformed(format!(
+            "sample {i}: empty response"
+        )));
     }
     if limits.group_size != 0 && g.samples.len() != limits.group_size {
         return Err(GroupRejection::GroupSize {

@@ -115,7 +115,12 @@ fn a_caught_producers_groups_are_removed_and_counted_as_rejected() {
     assert_eq!((c.rejected_stored, c.pending()), (3, 1));
     assert!(s.check_invariant().unwrap().holds());
     assert_eq!(s.ack(l.id).unwrap(), 0);
-    let left: Vec<String> = s.scan(0, 10).unwrap().into_iter().map(|(_, g)| g.producer).collect();
+    let left: Vec<String> = s
+        .scan(0, 10)
+        .unwrap()
+        .into_iter()
+        .map(|(_, g)| g.producer)
+        .collect();
     assert_eq!(left, ["good"]);
     assert!(s.check_invariant().unwrap().holds());
 }

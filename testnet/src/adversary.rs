@@ -503,7 +503,11 @@ fn rekey_restarts(
         let name = format!("bad-{a}-{}", w.identities + 1);
         *i = fleet.start_with_env(bin, &name, c, &[], &[(ENV_VAR, a.name())])?;
         let f = fleet.wait_addresses(*i, c, START_LIMIT)?;
-        eprintln!("adversary: {a} came back as {} (identity {})", f.peer_id, w.identities + 1);
+        eprintln!(
+            "adversary: {a} came back as {} (identity {})",
+            f.peer_id,
+            w.identities + 1
+        );
         w.rekeyed(f.peer_id, f.admin);
     }
     Ok(())

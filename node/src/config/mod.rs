@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use learner::Objective;
 pub use admission::{AdmissionConfig, AdmissionMode};
+pub use learner::Objective;
 pub use verification::VerificationConfig;
 
 /// What a node does in the swarm: `learner`, `rollout`, or `relay` (a relay / bootstrap node:

@@ -68,7 +68,9 @@ async fn rekey_when_banned(client: p2p::Client, state: Arc<NodeState>, learner: 
     let (mut met, mut cut_since) = (false, None::<std::time::Instant>);
     loop {
         tick.tick().await;
-        let Ok(net) = client.status().await else { return };
+        let Ok(net) = client.status().await else {
+            return;
+        };
         let connected = net
             .peers
             .iter()
@@ -293,7 +295,10 @@ mod tests {
         assert_eq!(pending_claim(&bad, 7), u64::MAX);
         // A backlog claim stays below the heartbeat's limit: a lie nothing can refuse.
         let backlog = Misbehaviour::parse("backlog_inflation").unwrap();
-        assert_eq!(pending_claim(&backlog, 7), 7 * crate::misbehave::BACKLOG_CLAIM_FACTOR);
+        assert_eq!(
+            pending_claim(&backlog, 7),
+            7 * crate::misbehave::BACKLOG_CLAIM_FACTOR
+        );
         assert_eq!(pending_claim(&backlog, u64::MAX), p2p::MAX_PENDING_CLAIM);
     }
 

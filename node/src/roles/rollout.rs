@@ -73,11 +73,13 @@ pub fn tamper(attack: Attack, g: &mut TrajectoryGroup, vocab: usize, context: us
     }
     match attack {
         Attack::InflatedReward => g.samples.iter_mut().for_each(|s| s.reward = 1.0),
-        Attack::ForgedLogprobs | Attack::LateLiar | Attack::SybilRekey => g.samples.iter_mut().for_each(|s| {
-            s.sampler_logprobs
-                .iter_mut()
-                .for_each(|lp| *lp = (*lp + 0.5).min(0.0))
-        }),
+        Attack::ForgedLogprobs | Attack::LateLiar | Attack::SybilRekey => {
+            g.samples.iter_mut().for_each(|s| {
+                s.sampler_logprobs
+                    .iter_mut()
+                    .for_each(|lp| *lp = (*lp + 0.5).min(0.0))
+            })
+        }
         Attack::InvalidLogprob => g.samples[0].sampler_logprobs[0] = -1e4,
         Attack::OutOfVocab => {
             let s = &mut g.samples[0];

@@ -253,12 +253,7 @@ pub(super) async fn run(
                 .gate
                 .admits(&p.peer_id, p.admission.as_deref(), now_s)
             {
-                Ok(()) => workers.push((
-                    id,
-                    p.pending.unwrap_or(0),
-                    p.mu.unwrap_or(0.0),
-                    p.active,
-                )),
+                Ok(()) => workers.push((id, p.pending.unwrap_or(0), p.mu.unwrap_or(0.0), p.active)),
                 Err(why) => shared.pulls.with_admission(|a| {
                     if a.refused.len() < MAX_VIEW_PEERS || a.refused.contains_key(&p.peer_id) {
                         a.refused.insert(p.peer_id.clone(), why);
@@ -422,10 +417,13 @@ fn credits(
         active,
         established,
     );
-    let share = control::admission::pull_share(settings.target, settings.caps.max_peer_share, active);
+    let share =
+        control::admission::pull_share(settings.target, settings.caps.max_peer_share, active);
     for (w, ((peer, _, _), (_, cut))) in idle.iter().zip(by_ledger.iter().zip(&caps)) {
         if *cut && w.1 > share.saturating_mul(4) {
-            shared.pulls.with_admission(|a| bump(&mut a.backlog_capped, peer, 1));
+            shared
+                .pulls
+                .with_admission(|a| bump(&mut a.backlog_capped, peer, 1));
             metrics::counter!("learner_backlog_capped_total").increment(1);
         }
     }

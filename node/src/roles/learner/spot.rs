@@ -293,7 +293,11 @@ impl SpotChecker {
                 self.count(&c.mismatches, "mismatch");
                 let proof = report.max_abs_diff >= PROOF_FACTOR * self.rule.tolerance;
                 Err(GroupRejection::Unverified {
-                    reason: if proof { REASON_FORGED } else { REASON_MISMATCH },
+                    reason: if proof {
+                        REASON_FORGED
+                    } else {
+                        REASON_MISMATCH
+                    },
                     detail: format!(
                         "max |Δ log-prob| {} at sample {} token {} > tolerance {} (version {})",
                         report.max_abs_diff,

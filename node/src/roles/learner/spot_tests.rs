@@ -109,8 +109,7 @@ fn store_with_snapshots(dir: &std::path::Path) -> (Arc<ChunkStore>, Vec<u8>, Vec
 fn honest_groups_pass_and_forged_log_probs_fail() {
     let dir = tempfile::tempdir().unwrap();
     let (store, v2, v4) = store_with_snapshots(dir.path());
-    let checker =
-        SpotChecker::new(settings(), store, ModelConfig::tiny(), Device::Cpu).unwrap();
+    let checker = SpotChecker::new(settings(), store, ModelConfig::tiny(), Device::Cpu).unwrap();
     // f32 and bf16 snapshots: the learner loads the very bytes the worker installed.
     let honest2 = worker_group(&v2, 2, 1);
     let honest4 = worker_group(&v4, 4, 2);
@@ -139,18 +138,13 @@ fn honest_groups_pass_and_forged_log_probs_fail() {
 fn claimed_versions_are_checked_against_the_published_ones() {
     let dir = tempfile::tempdir().unwrap();
     let (store, v2, _) = store_with_snapshots(dir.path());
-    let checker =
-        SpotChecker::new(settings(), store, ModelConfig::tiny(), Device::Cpu).unwrap();
+    let checker = SpotChecker::new(settings(), store, ModelConfig::tiny(), Device::Cpu).unwrap();
     let honest = worker_group(&v2, 2, 3);
     // 3 lies between held versions and 5 after the newest: never published, forged claims.
     for v in [3, 5] {
         let mut g = honest.clone();
         g.version = v;
-        assert_eq!(
-            reason(run(&checker, &g)),
-            REASON_UNPUBLISHED,
-            "v{v}"
-        );
+        assert_eq!(reason(run(&checker, &g)), REASON_UNPUBLISHED, "v{v}");
     }
     // 0 was published and collected: unavailable, not the worker's fault.
     let mut old = honest.clone();
@@ -165,18 +159,16 @@ fn claimed_versions_are_checked_against_the_published_ones() {
 fn only_drawn_groups_are_recomputed() {
     let dir = tempfile::tempdir().unwrap();
     let (store, v2, _) = store_with_snapshots(dir.path());
-    let checker = SpotChecker::with_key(
-        settings(),
-        store,
-        ModelConfig::tiny(),
-        Device::Cpu,
-        [7; 32],
-    )
-    .unwrap();
+    let checker =
+        SpotChecker::with_key(settings(), store, ModelConfig::tiny(), Device::Cpu, [7; 32])
+            .unwrap();
     let mut forged = worker_group(&v2, 2, 4);
     forged.samples[0].sampler_logprobs[0] -= 0.5;
     // Rate 1 (probation): checked; rate 0: never; in between, by the keyed draw of the id.
-    assert_eq!(reason(checker.check(&forged, 1.0).map(|_| ())), REASON_FORGED);
+    assert_eq!(
+        reason(checker.check(&forged, 1.0).map(|_| ())),
+        REASON_FORGED
+    );
     assert_eq!(checker.check(&forged, 0.0), Ok(false));
     let drawn = learner::spot_check::selected_by_fraction(&forged.group_id, &[7; 32], 0.5);
     assert_eq!(checker.check(&forged, 0.5).is_err(), drawn);
@@ -188,8 +180,7 @@ fn only_drawn_groups_are_recomputed() {
 fn groups_the_model_cannot_take_are_rejected_not_panics() {
     let dir = tempfile::tempdir().unwrap();
     let (store, v2, _) = store_with_snapshots(dir.path());
-    let checker =
-        SpotChecker::new(settings(), store, ModelConfig::tiny(), Device::Cpu).unwrap();
+    let checker = SpotChecker::new(settings(), store, ModelConfig::tiny(), Device::Cpu).unwrap();
     let honest = worker_group(&v2, 2, 5);
     let mut oov = honest.clone();
     oov.samples[0].response_tokens[0] = u32::MAX;

@@ -130,7 +130,10 @@ fn admission(c: &TrainCtx) -> AdmissionStatus {
     let s = &c.shared;
     let view = s.pulls.admission();
     let mut evidence: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
-    for (kind, m) in [("skipped", &view.skipped), ("backlog_capped", &view.backlog_capped)] {
+    for (kind, m) in [
+        ("skipped", &view.skipped),
+        ("backlog_capped", &view.backlog_capped),
+    ] {
         for (peer, n) in m.iter().filter(|(_, n)| **n > 0) {
             evidence
                 .entry(peer.clone())

@@ -308,7 +308,11 @@ fn record_checked_rewards(t: &mut Totals, batch: &[Verified<TrajectoryGroup>], t
         let c = g.checks();
         if c.sampling_checked && c.rewards_recomputed && trained.contains(&hex::encode(g.group_id))
         {
-            push_recent(&mut t.recent_checked, f64::from(g.mean_reward()), RECENT_CHECKED);
+            push_recent(
+                &mut t.recent_checked,
+                f64::from(g.mean_reward()),
+                RECENT_CHECKED,
+            );
         }
     }
 }

@@ -81,7 +81,9 @@ impl pull::GroupVerifier for PullVerifier {
         req: &pull::PullRequest,
         group: &TrajectoryGroup,
     ) -> Result<(), GroupRejection> {
-        self.0.check(&worker.to_base58(), req.v_min, group).map(|_| ())
+        self.0
+            .check(&worker.to_base58(), req.v_min, group)
+            .map(|_| ())
     }
 }
 
@@ -128,23 +130,40 @@ pub const PENALTIES: &[(&str, Option<StrikeReason>, bool)] = &[
     (STALE_SEQ, None, false),
     ("untrainable", None, false),
     ("malformed", Some(StrikeReason::InvalidGroup), false),
-    ("token_out_of_vocab", Some(StrikeReason::InvalidGroup), false),
+    (
+        "token_out_of_vocab",
+        Some(StrikeReason::InvalidGroup),
+        false,
+    ),
     ("too_long", Some(StrikeReason::InvalidGroup), false),
-    ("logprob_out_of_range", Some(StrikeReason::InvalidGroup), false),
+    (
+        "logprob_out_of_range",
+        Some(StrikeReason::InvalidGroup),
+        false,
+    ),
     ("group_size", Some(StrikeReason::InvalidGroup), false),
     ("forged_producer", Some(StrikeReason::InvalidGroup), false),
-    ("unpublished_version", Some(StrikeReason::InvalidGroup), false),
+    (
+        "unpublished_version",
+        Some(StrikeReason::InvalidGroup),
+        false,
+    ),
     ("bad_signature", Some(StrikeReason::BadSignature), false),
     ("wrong_prompt", Some(StrikeReason::WrongPrompt), false),
     ("reward_mismatch", Some(StrikeReason::RewardMismatch), false),
-    ("logprob_mismatch", Some(StrikeReason::LogprobMismatch), false),
+    (
+        "logprob_mismatch",
+        Some(StrikeReason::LogprobMismatch),
+        false,
+    ),
     ("logprob_forged", Some(StrikeReason::LogprobMismatch), true),
 ];
 
 /// The penalty of a rejection `reason` ([`PENALTIES`]).
 pub fn penalty(reason: &str) -> Penalty {
     let row = PENALTIES.iter().find(|(r, _, _)| *r == reason);
-    let (strike, ban_at_once) = row.map_or((Some(StrikeReason::InvalidGroup), false), |r| (r.1, r.2));
+    let (strike, ban_at_once) =
+        row.map_or((Some(StrikeReason::InvalidGroup), false), |r| (r.1, r.2));
     Penalty {
         strike,
         ban_at_once,

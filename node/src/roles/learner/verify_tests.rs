@@ -105,7 +105,12 @@ fn honest_groups_pass_every_layer() {
     let (v, w) = (verifier(), worker(1));
     assert_eq!(
         v.stage_names(),
-        ["structure", "bad_signature", "wrong_prompt", "reward_mismatch"]
+        [
+            "structure",
+            "bad_signature",
+            "wrong_prompt",
+            "reward_mismatch"
+        ]
     );
     for seq in 0..20 {
         let g = honest(&w, seq);
@@ -252,8 +257,14 @@ fn rejections_map_to_penalties_in_one_table() {
     let strike = |r| penalty(r).strike;
     assert_eq!(strike("bad_signature"), Some(StrikeReason::BadSignature));
     assert_eq!(strike("wrong_prompt"), Some(StrikeReason::WrongPrompt));
-    assert_eq!(strike("reward_mismatch"), Some(StrikeReason::RewardMismatch));
-    assert_eq!(strike("logprob_mismatch"), Some(StrikeReason::LogprobMismatch));
+    assert_eq!(
+        strike("reward_mismatch"),
+        Some(StrikeReason::RewardMismatch)
+    );
+    assert_eq!(
+        strike("logprob_mismatch"),
+        Some(StrikeReason::LogprobMismatch)
+    );
     for r in [
         "malformed",
         "token_out_of_vocab",
@@ -297,7 +308,12 @@ fn the_config_selects_the_stages() {
     };
     assert_eq!(
         names(&c),
-        ["structure", "bad_signature", "wrong_prompt", "reward_mismatch"]
+        [
+            "structure",
+            "bad_signature",
+            "wrong_prompt",
+            "reward_mismatch"
+        ]
     );
     c.verification.signatures = false;
     c.verification.recompute_rewards = false;
