@@ -23,7 +23,7 @@ const WORKER: &str = "[storage]\nmax_pending_groups = 8\n[rollout]\ngroup_size =
 const LIMIT: Duration = Duration::from_secs(240);
 
 /// A rollout worker bootstrapping from `learner` that carries out `attacks`.
-fn bad_worker(root: &Path, swarm: &str, learner: &Node, attacks: &str) -> Node {
+pub(crate) fn bad_worker(root: &Path, swarm: &str, learner: &Node, attacks: &str) -> Node {
     let name = "bad";
     let data = root.join(name);
     std::fs::create_dir_all(&data).unwrap();

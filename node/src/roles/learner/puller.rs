@@ -270,11 +270,15 @@ pub(super) async fn run(
             .pulls
             .mu_pool_milli
             .store((mu_pool * 1000.0) as u64, Ordering::Relaxed);
-        // Workers that delivered verified groups share the buffer; one whose groups are all
-        // refused (or a standby that generates nothing) does not shrink the others' part.
+        // The workers sharing the buffer: active and not shown bad (one whose groups were all
+        // refused does not shrink the others' part; a new one counts, so that an established
+        // worker's backlog cannot fill the buffer before the newcomer is ever pulled).
         let active = workers
             .iter()
-            .filter(|w| w.3 && shared.pipeline.history(&w.0.to_base58()).accepted > 0)
+            .filter(|w| {
+                let h = shared.pipeline.history(&w.0.to_base58());
+                w.3 && (h.accepted > 0 || h.rejected == 0)
+            })
             .count();
         let established = workers
             .iter()
@@ -288,7 +292,7 @@ pub(super) async fn run(
         // window are deleted by the training thread before each batch.
         let version = shared.version.load(Ordering::Relaxed);
         let v_min = window.floor(version);
-        let buffered = buffered_view(&buffer, &shared, &settings, version, established);
+        let buffered = buffered_view(&buffer, &shared, &settings, version, active, established);
         let need = settings
             .target
             .saturating_sub(buffered.usable)
@@ -353,17 +357,19 @@ fn buffered_view(
     shared: &Shared,
     settings: &PullSettings,
     version: u64,
+    active: usize,
     established: usize,
 ) -> super::shares::BufferView {
     let from = shared.window.buffered_from(version);
     match buffer.scan(from, super::shares::SCAN_LIMIT) {
         Ok(groups) => {
-            let groups: Vec<_> = groups.into_iter().rev().map(|(_, g)| g).collect();
+            let groups: Vec<_> = groups.into_iter().map(|(_, g)| g).collect();
             super::shares::view(
                 &groups,
                 &shared.pipeline,
                 settings.caps,
                 settings.target,
+                active,
                 established,
             )
         }

@@ -8,21 +8,22 @@
 
 use std::collections::HashMap;
 
-use control::admission::{batch_quota, compose_batch, pull_share, Candidate, ShareCaps};
+use control::admission::{pull_share, Candidate, ShareCaps};
 use learner::Pipeline;
 use storage::TrajectoryGroup;
 
 /// Groups of the buffer scanned at most per look (a buffer holds a few batches).
 pub(super) const SCAN_LIMIT: usize = 4096;
 
-/// The buffer as the puller sees it: per producer, and what a batch of `target` could use.
+/// The buffer as the puller sees it: per producer, and what counts towards its target.
 #[derive(Debug, Default)]
 pub(super) struct BufferView {
     /// Buffered groups (from the floor of the next step) per producer.
     pub by_producer: HashMap<String, u64>,
     /// Of those, the groups of producers on probation.
     pub probation: u64,
-    /// Groups a composition of `target` under the share quota would take.
+    /// Groups that count towards the target: each worker's up to its share, the probation
+    /// workers' together up to theirs.
     pub usable: u64,
 }
 
@@ -52,32 +53,53 @@ pub(super) fn established_offering(c: &[Candidate]) -> usize {
     peers.len()
 }
 
-/// Reads `groups` (the buffered ones, newest first) into a [`BufferView`] for a buffer of
-/// `target` groups.
+/// The probation part of a buffer of `target` groups: ⌊probation_share·target⌋ (at least 1)
+/// once an established worker is active, else all of it.
+fn probation_room(caps: ShareCaps, target: u64, established_active: usize) -> u64 {
+    if established_active == 0 {
+        return target;
+    }
+    let share = if caps.probation_share.is_finite() {
+        caps.probation_share.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    ((share * target as f64).floor() as u64).max(1)
+}
+
+/// Reads `groups` (the buffered ones) into a [`BufferView`] for a buffer of `target` groups
+/// shared by `active` workers: each worker's groups count up to its share of the buffer
+/// ([`pull_share`]), the probation workers' together up to the probation part. What a worker
+/// holds beyond its share does not count towards the target, so the puller keeps asking the
+/// others (a worker with a large backlog cannot fill the buffer and starve new workers of the
+/// pulls that verify them).
 pub(super) fn view(
     groups: &[TrajectoryGroup],
     pipeline: &Pipeline,
     caps: ShareCaps,
     target: u64,
+    active: usize,
     established_active: usize,
 ) -> BufferView {
-    let mut index = HashMap::new();
-    let cands = candidates(groups.iter(), pipeline, &mut index);
-    let quota = batch_quota(
-        target as usize,
-        caps,
-        established_active,
-        established_offering(&cands),
-    );
-    let usable = compose_batch(&cands, target as usize, quota, &[]).len() as u64;
-    let mut out = BufferView {
-        usable,
-        ..BufferView::default()
-    };
-    for (g, c) in groups.iter().zip(&cands) {
+    let mut out = BufferView::default();
+    let mut probation_peers = HashMap::new();
+    for g in groups {
         *out.by_producer.entry(g.producer.clone()).or_default() += 1;
-        out.probation += u64::from(c.probation);
+        if pipeline.on_probation(&g.producer) {
+            out.probation += 1;
+            probation_peers.insert(g.producer.clone(), ());
+        }
     }
+    let share = pull_share(target, caps.max_peer_share, active);
+    let (mut established, mut probation) = (0u64, 0u64);
+    for (peer, n) in &out.by_producer {
+        if probation_peers.contains_key(peer) {
+            probation += (*n).min(share);
+        } else {
+            established += (*n).min(share);
+        }
+    }
+    out.usable = established + probation.min(probation_room(caps, target, established_active));
     out
 }
 
@@ -96,14 +118,9 @@ pub(super) fn pull_caps(
     established_active: usize,
 ) -> Vec<(u64, bool)> {
     let share = pull_share(target, caps.max_peer_share, active);
-    let mut probation_room = if established_active == 0 {
-        u64::MAX
-    } else {
-        let p = (caps.probation_share.clamp(0.0, 1.0) * target as f64).floor() as u64;
-        p.max(1)
-            .saturating_sub(buffered.probation)
-            .saturating_sub(probation_in_flight)
-    };
+    let mut probation_room = probation_room(caps, target, established_active)
+        .saturating_sub(buffered.probation)
+        .saturating_sub(probation_in_flight);
     idle.iter()
         .map(|(peer, credit, probation)| {
             let held = buffered.by_producer.get(peer).copied().unwrap_or(0);
@@ -151,9 +168,11 @@ mod tests {
         let mut groups: Vec<_> = (0..8).map(|s| by("a", s)).collect();
         groups.push(by("b", 9));
         let caps = ShareCaps::default();
-        let v = view(&groups, &p, caps, 8, 2);
-        // Quota for 8: 4 per worker; a's other 4 are not usable.
+        let v = view(&groups, &p, caps, 8, 2, 2);
+        // Share of 8 for 2 workers: 4 each; a's other 4 do not count.
         assert_eq!((v.usable, v.by_producer["a"], v.probation), (5, 8, 0));
+        let lone = view(&groups, &p, caps, 8, 1, 1);
+        assert_eq!(lone.usable, 9, "a lone worker's groups all count");
         let idle = vec![("a".to_string(), 8, false), ("b".to_string(), 8, false)];
         let c = pull_caps(&idle, &v, 0, caps, 8, 2, 2);
         assert_eq!(c, vec![(0, true), (3, true)]);
@@ -163,8 +182,13 @@ mod tests {
     fn probation_workers_share_one_room_unless_nobody_is_established() {
         let p = pipeline(&["a"]);
         let caps = ShareCaps::default();
+        let groups = vec![by("new1", 1), by("new2", 2), by("new2", 3)];
+        let v = view(&groups, &p, caps, 8, 4, 1);
+        assert_eq!(v.probation, 3);
+        // Probation part of 8: 2 groups, all of new1's and new2's together.
+        assert_eq!(v.usable, 2);
         let groups = vec![by("new1", 1)];
-        let v = view(&groups, &p, caps, 8, 1);
+        let v = view(&groups, &p, caps, 8, 4, 1);
         assert_eq!(v.probation, 1);
         let idle = vec![
             ("new1".to_string(), 1, true),
