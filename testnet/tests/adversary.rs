@@ -194,10 +194,16 @@ fn new_identities_and_a_late_liar_stay_within_their_bounds() {
         assert_eq!(a["strikes"], 1, "proof bans at once: {a}");
     }
     let sybil = &v["attacks"][0];
-    assert!(sybil["share_of_trained"].as_f64().unwrap() <= 0.25, "{sybil}");
+    assert!(
+        sybil["share_of_trained"].as_f64().unwrap() <= 0.25,
+        "{sybil}"
+    );
     assert_eq!(sybil["forged_trained"], 0, "{sybil}");
     let liar = &v["attacks"][1];
-    assert!(liar["groups_forged"].as_u64().unwrap() >= 1, "it turned: {liar}");
+    assert!(
+        liar["groups_forged"].as_u64().unwrap() >= 1,
+        "it turned: {liar}"
+    );
     assert!(liar["forged_trained"].as_u64().unwrap() <= 3, "{liar}");
 }
 
