@@ -17,9 +17,8 @@
 //! Owns: these decisions and files. Must not touch: the formats (`storage::admission`,
 //! `storage::bans`), the pull or the strike rules.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
-use std::time::Duration;
 
 use anyhow::Context;
 use storage::admission::{check_work, solve_work, Credential, Ticket};
@@ -174,7 +173,7 @@ impl Gate {
 
 /// Seconds since the Unix epoch.
 pub fn now_unix_s() -> u64 {
-    storage::now_unix_ms() / 1000
+    storage::unix_ms() / 1000
 }
 
 /// Hands the bans of a previous run back to the network service.
@@ -198,37 +197,34 @@ pub async fn restore_bans(client: &p2p::Client, file: &BanFile) -> usize {
     n
 }
 
-/// How often the ban list is compared with the service's.
-const BAN_POLL: Duration = Duration::from_secs(1);
-
-/// Writes every new ban of the network service to `file`, until the service stops.
+/// Writes every new ban of the network service to `file`, until the service stops: woken
+/// by each change of the peer view (a ban is one), never polling.
 pub async fn record_bans(client: p2p::Client, file: BanFile) {
-    let mut tick = tokio::time::interval(BAN_POLL);
-    let mut known: BTreeMap<String, ()> = file
-        .entries()
-        .into_iter()
-        .map(|e| (e.peer_id, ()))
-        .collect();
+    let mut changes = client.peer_changes();
+    let mut known: BTreeSet<String> = file.entries().into_iter().map(|e| e.peer_id).collect();
     loop {
-        tick.tick().await;
+        // The ban reason is shown only in the status view: read from there, by peer id.
         let Ok(net) = client.status().await else {
             return;
         };
         for p in net.peers.iter().filter(|p| p.banned) {
-            if known.contains_key(&p.peer_id) {
+            if known.contains(&p.peer_id) {
                 continue;
             }
             let entry = BanEntry {
                 peer_id: p.peer_id.clone(),
                 reason: p.ban_reason.clone().unwrap_or_else(|| "unknown".into()),
-                banned_unix_ms: storage::now_unix_ms(),
+                banned_unix_ms: storage::unix_ms(),
             };
             match file.record(entry) {
                 Ok(_) => {
-                    known.insert(p.peer_id.clone(), ());
+                    known.insert(p.peer_id.clone());
                 }
                 Err(e) => tracing::warn!(error = %e, "could not persist a ban"),
             }
+        }
+        if changes.changed().await.is_err() {
+            return;
         }
     }
 }

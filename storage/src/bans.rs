@@ -129,7 +129,8 @@ impl BanFile {
         entries.push(entry);
         let excess = entries.len().saturating_sub(MAX_PERSISTED_BANS);
         entries.drain(..excess);
-        crate::replay::write_atomically(&self.path, &encode(&entries))?;
+        crate::fs::write_atomic(&self.path, &encode(&entries))
+            .map_err(|e| StorageError::io(&self.path, e))?;
         Ok(true)
     }
 }

@@ -187,6 +187,23 @@ fn peer_evidence(status: &Value, peer: &str, observer: &str) -> Vec<String> {
     out
 }
 
+/// Strikes against the honest workers `honest_ids` (peer ids): for each, the most any of the
+/// `tables` (status documents: the learner's, the honest workers') records, summed. An honest
+/// worker must never be struck; a non-zero figure is a false positive of some check.
+fn honest_strikes(tables: &[&Value], honest_ids: &[String]) -> u64 {
+    honest_ids
+        .iter()
+        .map(|id| {
+            tables
+                .iter()
+                .filter_map(|t| peer_row(t, id))
+                .filter_map(|row| row["strikes"].as_u64())
+                .max()
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
 fn peer_row<'a>(status: &'a Value, peer: &str) -> Option<&'a Value> {
     status["peers"]
         .as_array()?
@@ -303,6 +320,8 @@ struct RunResult {
     replay: Option<Value>,
     pulled: Option<u64>,
     pruned: Option<u64>,
+    /// Strikes against the honest workers ([`honest_strikes`], the most seen during the run).
+    honest_strikes: u64,
 }
 
 fn honest_env() -> [(&'static str, &'static str); 1] {
@@ -393,10 +412,13 @@ fn run_once(
         let env = [(ENV_VAR, a.name())];
         bad.push((fleet.start_with_env(bin, &name, &c, &[], &env)?, c, *a));
     }
-    let mut honest_admins = Vec::new();
+    let (mut honest_admins, mut honest_ids) = (Vec::new(), Vec::new());
     for (i, c) in &honest {
-        honest_admins.push(fleet.wait_addresses(*i, c, START_LIMIT)?.admin);
+        let f = fleet.wait_addresses(*i, c, START_LIMIT)?;
+        honest_admins.push(f.admin);
+        honest_ids.push(f.peer_id);
     }
+    let mut struck_honest = 0u64;
     let mut watches = Vec::new();
     for (i, c, a) in &bad {
         let f = fleet.wait_addresses(*i, c, START_LIMIT)?;
@@ -428,6 +450,8 @@ fn run_once(
             .map(|m| trained_by_producer(&m))
             .unwrap_or_default();
         let honest_status: Vec<Value> = honest_admins.iter().filter_map(|a| status(a)).collect();
+        let tables: Vec<&Value> = std::iter::once(&ls).chain(&honest_status).collect();
+        struck_honest = struck_honest.max(honest_strikes(&tables, &honest_ids));
         for w in &mut watches {
             observe(w, &ls, &honest_status, &trained);
         }
@@ -480,6 +504,7 @@ fn run_once(
         pulled: last_learner["groups_pulled"].as_u64(),
         pruned: last_learner["groups_pruned"].as_u64(),
         replay: restart.map(|r| r.report()),
+        honest_strikes: struck_honest,
     })
 }
 
@@ -662,13 +687,14 @@ pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
     );
     std::fs::create_dir_all(out)?;
     let mut runs = Vec::new();
-    let mut crashes = 0u64;
+    let (mut crashes, mut honest_struck) = (0u64, 0u64);
     let reward_clean = if s.no_clean {
         None
     } else {
         eprintln!("adversary: clean run (honest workers only)");
         let r = harness::in_run_dir("tn-adversary-clean-", |root| run_once(bin, root, s, &[]))?;
         crashes += u64::from(r.learner_crashed);
+        honest_struck += r.honest_strikes;
         runs.push(run_json("clean", &r));
         r.reward
     };
@@ -684,6 +710,7 @@ pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
         );
         let r = harness::in_run_dir("tn-adversary-", |root| run_once(bin, root, s, batch))?;
         crashes += u64::from(r.learner_crashed);
+        honest_struck += r.honest_strikes;
         rewards.extend(r.reward);
         attacks.extend(r.watches.iter().map(|w| {
             let mut a = w.report(k);
@@ -699,6 +726,7 @@ pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
     let summary = json!({
         "attacks": attacks,
         "learner_crashes": crashes,
+        "honest_strikes": honest_struck,
         "reward_clean": reward_clean,
         "reward_attacked": reward_attacked,
         "steps": s.steps,
@@ -717,6 +745,7 @@ fn run_json(name: &str, r: &RunResult) -> Value {
         "steps_reached": r.steps,
         "timed_out": r.timed_out,
         "learner_crashed": r.learner_crashed,
+        "honest_strikes": r.honest_strikes,
         "reward": r.reward,
         "learner_rejections": r.rejections,
         "learner_groups_pulled": r.pulled,
@@ -729,6 +758,17 @@ fn run_json(name: &str, r: &RunResult) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn honest_strikes_take_the_worst_table_per_honest_worker() {
+        let learner = json!({"peers": [
+            {"peer_id": "h0", "strikes": 1}, {"peer_id": "bad", "strikes": 3}, {"peer_id": "h1"}
+        ]});
+        let w0 = json!({"peers": [{"peer_id": "h1", "strikes": 2}, {"peer_id": "h0", "strikes": 0}]});
+        let ids = ["h0".to_string(), "h1".to_string()];
+        assert_eq!(honest_strikes(&[&learner, &w0], &ids), 3, "h0: 1, h1: 2; bad not counted");
+        assert_eq!(honest_strikes(&[&json!({})], &ids), 0);
+    }
 
     #[test]
     fn evidence_is_read_from_whatever_fields_the_peer_table_has() {

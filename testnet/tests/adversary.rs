@@ -80,6 +80,8 @@ fn assert_shape(v: &Value, attacks: &[&str]) {
         }
     }
     assert!(v["learner_crashes"].is_u64(), "{v}");
+    // No check may strike an honest worker, whatever the attackers beside it do.
+    assert_eq!(v["honest_strikes"], 0, "{v}");
     assert!(v["reward_attacked"].is_number(), "{v}");
     assert!(v.get("reward_clean").is_some(), "{v}");
 }

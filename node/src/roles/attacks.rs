@@ -57,6 +57,16 @@ pub fn pending_claim(m: &Misbehaviour, real: u64) -> u64 {
     }
 }
 
+/// The pending groups a worker keeps before it pauses: far more than configured under
+/// `backlog_inflation`, so that its real backlog stands behind its inflated claim.
+pub fn pending_limit(m: &Misbehaviour, configured: u64) -> u64 {
+    if m.has(Attack::BacklogInflation) {
+        crate::misbehave::BACKLOG_PENDING
+    } else {
+        configured
+    }
+}
+
 /// How long a `sybil_rekey` worker waits, disconnected from the learner, before it takes
 /// itself for banned and re-keys.
 pub const REKEY_AFTER: Duration = Duration::from_secs(4);
@@ -179,7 +189,7 @@ pub fn spawn(
         tasks.push(tokio::spawn(async move {
             let period = (interval / SPAM_FACTOR).max(Duration::from_millis(1));
             let mut tick = tokio::time::interval(period);
-            let started = unix_ms();
+            let started = storage::unix_ms();
             let mut seq = 0u64;
             let mut sent = 0u64;
             loop {
@@ -247,7 +257,7 @@ pub fn spam_heartbeat(
     started_unix_ms: u64,
     seq: u64,
 ) -> p2p::Heartbeat {
-    let now = unix_ms();
+    let now = storage::unix_ms();
     p2p::Heartbeat {
         v: p2p::messages::HEARTBEAT_VERSION,
         swarm_id: state.config.swarm_id.clone(),
@@ -273,12 +283,6 @@ pub fn spam_heartbeat(
         device: None,
         admission: None,
     }
-}
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]

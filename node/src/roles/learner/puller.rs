@@ -38,7 +38,6 @@ use storage::TrajectoryStore;
 use super::Shared;
 use crate::admission::Gate;
 use crate::config::NodeConfig;
-use crate::roles::{active_installs, rollout_workers};
 
 /// One pull from one worker gives up after this long (its lease on the worker expires). Every
 /// read of the pull already has its own deadline (`pull::READ_TIMEOUT`); this bounds a peer
@@ -241,31 +240,33 @@ pub(super) async fn run(
             }
             continue;
         }
-        let Ok(net) = client.status().await else {
+        let Ok(workers) = client.workers().await else {
             return;
         };
-        drop_banned(&net, &mut banned, &buffer, &shared).await;
+        drop_banned(&client, &mut banned, &buffer, &shared).await;
         let now_s = crate::admission::now_unix_s();
-        let mut workers: Vec<(p2p::PeerId, u64, f64, bool)> = Vec::new();
-        for p in rollout_workers(&net) {
-            let Ok(id) = p.peer_id.parse() else { continue };
-            match settings
-                .gate
-                .admits(&p.peer_id, p.admission.as_deref(), now_s)
-            {
-                Ok(()) => workers.push((id, p.pending.unwrap_or(0), p.mu.unwrap_or(0.0), p.active)),
+        let mut admitted: Vec<(p2p::PeerId, u64, f64, bool)> = Vec::new();
+        for p in &workers {
+            let id = p.peer.to_base58();
+            match settings.gate.admits(&id, p.admission.as_deref(), now_s) {
+                Ok(()) => admitted.push((
+                    p.peer,
+                    p.pending.unwrap_or(0),
+                    p.mu.unwrap_or(0.0),
+                    p.active,
+                )),
                 Err(why) => shared.pulls.with_admission(|a| {
-                    if a.refused.len() < MAX_VIEW_PEERS || a.refused.contains_key(&p.peer_id) {
-                        a.refused.insert(p.peer_id.clone(), why);
+                    if a.refused.len() < MAX_VIEW_PEERS || a.refused.contains_key(&id) {
+                        a.refused.insert(id, why);
                     }
                 }),
             }
         }
+        let workers = admitted;
         // Workers that left (or were banned) are forgotten: the ledger stays as large as the
         // set of workers.
         ledger.retain(|p| workers.iter().any(|w| w.0 == *p) || busy.contains(p));
         let mu_pool: f64 = workers.iter().map(|w| w.2).sum();
-        shared.publish.measure(&active_installs(&net));
         shared
             .pulls
             .mu_pool_milli
@@ -439,19 +440,17 @@ fn credits(
 /// Drops the buffered groups of workers banned since the last look (by whatever part of the
 /// node banned them) and forgets their histories.
 async fn drop_banned(
-    net: &p2p::NetworkStatus,
-    seen: &mut HashSet<String>,
+    client: &p2p::Client,
+    seen: &mut HashSet<p2p::PeerId>,
     buffer: &Arc<TrajectoryStore>,
     shared: &Shared,
 ) {
-    let new: Vec<String> = net
-        .peers
-        .iter()
-        .filter(|p| p.banned && !seen.contains(&p.peer_id))
-        .map(|p| p.peer_id.clone())
-        .collect();
-    for peer in new {
-        seen.insert(peer.clone());
+    let mut new = client.banned_peers();
+    new.retain(|p| !seen.contains(p));
+    for id in new {
+        seen.insert(id);
+        // Groups name their producer written out (base58), as does the pipeline's history.
+        let peer = id.to_base58();
         shared.pipeline.forget(&peer);
         let b = buffer.clone();
         let p = peer.clone();

@@ -328,6 +328,7 @@ fn the_config_selects_the_stages() {
     assert_eq!(v.probation(), c.verification.probation());
 }
 
+#[cfg(feature = "adversary")]
 #[test]
 fn every_test_only_group_attack_is_caught_where_it_should_be() {
     use crate::misbehave::Attack;
