@@ -764,9 +764,14 @@ mod tests {
         let learner = json!({"peers": [
             {"peer_id": "h0", "strikes": 1}, {"peer_id": "bad", "strikes": 3}, {"peer_id": "h1"}
         ]});
-        let w0 = json!({"peers": [{"peer_id": "h1", "strikes": 2}, {"peer_id": "h0", "strikes": 0}]});
+        let w0 =
+            json!({"peers": [{"peer_id": "h1", "strikes": 2}, {"peer_id": "h0", "strikes": 0}]});
         let ids = ["h0".to_string(), "h1".to_string()];
-        assert_eq!(honest_strikes(&[&learner, &w0], &ids), 3, "h0: 1, h1: 2; bad not counted");
+        assert_eq!(
+            honest_strikes(&[&learner, &w0], &ids),
+            3,
+            "h0: 1, h1: 2; bad not counted"
+        );
         assert_eq!(honest_strikes(&[&json!({})], &ids), 0);
     }
 
