@@ -142,6 +142,8 @@ fn a_ticket_swarm_trains_only_the_admitted_worker() {
     learner.kill();
 }
 
+/// Needs a malicious worker: only with the `adversary` feature.
+#[cfg(feature = "adversary")]
 #[test]
 fn forged_log_probs_ban_at_once_and_the_ban_survives_a_learner_restart() {
     let tmp = tempfile::tempdir().unwrap();
