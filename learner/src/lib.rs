@@ -2,7 +2,8 @@
 //! admissible trajectory groups, checkpoints and publication of snapshots.
 //!
 //! Owns: the RL objectives ([`loss`]), the optimiser ([`optim`]), the training core with its
-//! admission rules and checkpoints ([`trainer`]), the log-prob spot checks of pulled groups
+//! admission rules and checkpoints ([`trainer`]) and its micro-batched gradients (passes of a
+//! bounded number of tokens, gradients summed), the log-prob spot checks of pulled groups
 //! ([`spot_check`]).
 //! Must not touch: the network (it has no `p2p` dependency: the node's learner role pulls,
 //! publishes and feeds this crate groups), or on-disk formats of the trajectory store (those
@@ -13,6 +14,7 @@
 
 mod checkpoint;
 pub mod loss;
+mod microbatch;
 pub mod optim;
 pub mod spot_check;
 pub mod trainer;

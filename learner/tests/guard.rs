@@ -25,7 +25,9 @@ fn small_policy(seed: u64) -> Policy {
     Policy::new_random(&cfg, seed, &Device::Cpu).unwrap()
 }
 
-fn trainer(objective: Objective) -> Trainer {
+/// A trainer whose passes hold at most `budget` padded tokens (0 = one pass; 8 splits every
+/// group of this file into single rows).
+fn trainer(objective: Objective, budget: usize) -> Trainer {
     let cfg = TrainerConfig {
         loss: LossConfig {
             objective,
@@ -40,6 +42,7 @@ fn trainer(objective: Objective) -> Trainer {
         kappa: None,
         groups_per_step: 4,
         group_size: 4,
+        micro_batch_tokens: budget,
     };
     Trainer::new(small_policy(1), cfg).unwrap()
 }
@@ -127,14 +130,14 @@ fn poisoned(t: &Trainer, kind: &str, seed: u64) -> TrajectoryGroup {
 
 #[test]
 fn a_bad_group_is_quarantined_and_the_good_ones_train() {
-    for kind in ["logprob", "vocab", "context"] {
-        let mut t = trainer(Objective::Grpo);
+    for (kind, budget) in [("logprob", 0), ("logprob", 8), ("vocab", 0), ("context", 0)] {
+        let mut t = trainer(Objective::Grpo, budget);
         let mut batch: Vec<TrajectoryGroup> = (1..=3).map(|s| group(t.policy(), s)).collect();
         let bad = poisoned(&t, kind, 9);
         batch.insert(1, bad.clone());
-        let st = t
-            .train_step(&batch)
-            .unwrap_or_else(|e| panic!("{kind}: a bad group failed the step: {e}"));
+        let st = t.train_step(&batch).unwrap_or_else(|e| {
+            panic!("{kind}, budget {budget}: a bad group failed the step: {e}")
+        });
         assert!(st.stepped, "{kind}: the good groups train");
         assert_eq!(st.version, 1);
         assert_eq!(st.groups_used, 3, "{kind}");
@@ -158,22 +161,24 @@ fn an_overflowing_ratio_never_reaches_the_weights_under_any_objective() {
         Objective::Gspo,
         Objective::Gepo,
     ] {
-        let mut t = trainer(objective);
-        let batch = vec![group(t.policy(), 1), poisoned(&t, "logprob", 2)];
-        let st = t
-            .train_step(&batch)
-            .unwrap_or_else(|e| panic!("{objective:?}: {e}"));
-        assert!(st.stepped, "{objective:?}");
-        assert!(
-            st.loss.is_finite() && st.grad_norm.is_finite() && weights_finite(&t),
-            "{objective:?}: {st:?}"
-        );
+        for budget in [0, 8] {
+            let mut t = trainer(objective, budget);
+            let batch = vec![group(t.policy(), 1), poisoned(&t, "logprob", 2)];
+            let st = t
+                .train_step(&batch)
+                .unwrap_or_else(|e| panic!("{objective:?}: {e}"));
+            assert!(st.stepped, "{objective:?}");
+            assert!(
+                st.loss.is_finite() && st.grad_norm.is_finite() && weights_finite(&t),
+                "{objective:?}, budget {budget}: {st:?}"
+            );
+        }
     }
 }
 
 #[test]
 fn a_batch_of_only_bad_groups_takes_no_step_and_reports_them() {
-    let mut t = trainer(Objective::Grpo);
+    let mut t = trainer(Objective::Grpo, 8);
     let batch = vec![
         poisoned(&t, "logprob", 1),
         poisoned(&t, "vocab", 2),

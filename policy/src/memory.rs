@@ -280,7 +280,9 @@ mod tests {
         let need = learner_bytes(&q, false, 10_240) as f64 / (1u64 << 30) as f64;
         assert!(e.contains(&format!("needs {need:.2} GiB")), "{e}");
         assert!(e.contains("70.00 GiB free"), "{e}");
-        assert!(e.contains("micro_batch_tokens to at most"), "{e}");
+        // The figures docs/gpu.md quotes.
+        assert!(e.contains("micro_batch_tokens to at most 1984"), "{e}");
+        assert!(e.contains("1192.23 GiB of activations"), "{e}");
         let e = check_learner_fit(&q, false, 1024, 1 << 30, 0)
             .unwrap_err()
             .to_string();

@@ -467,7 +467,7 @@ impl RolloutEngine {
                 )?
             }
             path => policy::generate(
-                &self.device_policy(&installed)?,
+                &*self.device_policy(&installed)?,
                 &prompt_tokens,
                 self.cfg.group_size,
                 &params,
