@@ -60,9 +60,11 @@ pub struct InferSpec {
     /// Weights and activations of the decoder layers: F32, BF16 (CUDA only) or F16.
     pub dtype: DType,
     /// Run the final RMSNorm and the output projection (`lm_head`) in f32 even when `dtype`
-    /// is half precision: the logits then carry no half-precision rounding of their own (the
-    /// largest single source of log-prob error at a 150 k vocabulary, `docs/gpu.md`), at the
-    /// price of an f32 copy of the output projection (`vocab · hidden · 4` bytes).
+    /// is half precision: the logits then carry no half-precision rounding of their own, at
+    /// the price of an f32 copy of the output projection (`vocab · hidden · 4` bytes) and an
+    /// f32 matmul. Off by default: measured in f16 on the CPU it lowered the mean log-prob
+    /// spread of a briefly trained model but not its maximum, which the decoder layers'
+    /// rounding sets (`docs/gpu.md`, "Half precision and the f32 head").
     pub f32_head: bool,
     /// Where the prepared weights live. The policy may live elsewhere (e.g. a snapshot decoded
     /// into host memory): tensors are converted where the policy is, then copied over, so the
@@ -71,12 +73,11 @@ pub struct InferSpec {
 }
 
 impl InferSpec {
-    /// The default for `device`: [`default_dtype`] with an f32 head in half precision.
+    /// The default for `device`: [`default_dtype`], no f32 head.
     pub fn for_device(device: &Device) -> Self {
-        let dtype = default_dtype(device);
         InferSpec {
-            dtype,
-            f32_head: dtype != DType::F32,
+            dtype: default_dtype(device),
+            f32_head: false,
             device: device.clone(),
         }
     }

@@ -392,8 +392,7 @@ impl RolloutEngine {
     }
 
     /// The inference-path model of `installed`, converted once per installed version on the
-    /// slot's device ([`InferSpec::for_device`]: bf16 with an f32 head on CUDA, f32 on the
-    /// CPU). Converted in host memory, then copied: the device never holds the f32 weights.
+    /// slot's device ([`InferSpec::for_device`]: bf16 on CUDA, f32 on the CPU). Converted in host memory, then copied: the device never holds the f32 weights.
     fn infer_model(
         &mut self,
         installed: &InstalledPolicy,
