@@ -360,5 +360,8 @@ fn summarize(
         "kl_sampler_learner_mean": mean(steps.iter().filter_map(|s| s["stats"]["kl_sampler_learner"].as_f64())),
         "invariant_holds": invariant_ok,
         "clean_exit": not_clean.is_empty(),
+        // The learner's strikes and bans against its workers (honest workers get none).
+        "strikes": status.network.counters.strikes,
+        "bans": status.network.counters.bans,
     })
 }
