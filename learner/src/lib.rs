@@ -14,7 +14,6 @@
 
 mod checkpoint;
 pub mod loss;
-mod microbatch;
 pub mod optim;
 pub mod spot_check;
 pub mod trainer;

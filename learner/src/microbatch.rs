@@ -31,7 +31,7 @@ use candle_core::{Tensor, Var};
 use storage::TrajectoryGroup;
 
 use crate::loss::{group_loss, GroupInput};
-use crate::trainer::Trainer;
+use super::Trainer;
 use crate::Result;
 
 /// A group the step trains on, with its advantages.

@@ -41,9 +41,14 @@ use serde::{Deserialize, Serialize};
 use storage::TrajectoryGroup;
 
 use crate::loss::{group_advantages, is_zero_advantage, variance, LossConfig};
-use crate::microbatch::{GroupTerms, Used};
 use crate::optim::{AdamW, AdamWConfig};
 use crate::{LearnerError, Result};
+use microbatch::{GroupTerms, Used};
+
+// The micro-batched gradient is part of the trainer (it extends `Trainer`), so it is a child
+// module: the file sits beside this one.
+#[path = "microbatch.rs"]
+mod microbatch;
 
 /// The learner's configuration (persisted in checkpoints).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -499,7 +504,7 @@ impl Trainer {
     }
 
     /// Losses, backward and the optimiser step over `used`, in passes of at most
-    /// `micro_batch_tokens` tokens (`crate::microbatch`); groups with a non-finite loss or
+    /// `micro_batch_tokens` tokens (`microbatch`); groups with a non-finite loss or
     /// gradient are quarantined and the step runs on the rest. Returns whether a step was
     /// taken.
     fn optimise(&mut self, used: &[Used<'_>], st: &mut StepStats) -> Result<bool> {
