@@ -30,8 +30,8 @@ use candle_core::backprop::GradStore;
 use candle_core::{Tensor, Var};
 use storage::TrajectoryGroup;
 
-use crate::loss::{group_loss, GroupInput};
 use super::Trainer;
+use crate::loss::{group_loss, GroupInput};
 use crate::Result;
 
 /// A group the step trains on, with its advantages.
