@@ -2,7 +2,8 @@
 //! admissible trajectory groups, checkpoints and publication of snapshots.
 //!
 //! Owns: the RL objectives ([`loss`]), the optimiser ([`optim`]), the training core with its
-//! admission rules and checkpoints ([`trainer`]), the one verification pipeline of pulled
+//! admission rules and checkpoints ([`trainer`]) and its micro-batched gradients (passes of a
+//! bounded number of tokens, gradients summed), the one verification pipeline of pulled
 //! groups whose [`Verified`] output is all a trainer takes ([`pipeline`]), the log-prob spot
 //! checks of pulled groups ([`spot_check`]).
 //! Must not touch: the network (it has no `p2p` dependency: the node's learner role pulls,

@@ -33,7 +33,7 @@ pub use candle_nn;
 pub use config::{Arch, ModelConfig};
 pub use device::{DeviceChoice, DeviceInfo};
 pub use error::{PolicyError, Result};
-pub use infer::InferModel;
+pub use infer::{InferModel, InferSpec};
 pub use model::{KvCache, Qwen3};
 pub use sampling::{
     batch_response_logprobs, response_logprobs, token_logprobs, Completion, GenerationPath,

@@ -16,7 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use policy::{
-    Device, GenerationPath, InferModel, ModelConfig, Policy, PolicyError, SamplingParams, Tokenizer,
+    Device, GenerationPath, InferModel, InferSpec, ModelConfig, Policy, PolicyError,
+    SamplingParams, Tokenizer,
 };
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
@@ -71,7 +72,8 @@ pub enum RolloutError {
 pub struct InstalledPolicy {
     /// Snapshot version.
     pub version: u64,
-    /// The model built from the snapshot's weights.
+    /// The model built from the snapshot's weights (f32; in host memory when the slot's
+    /// device is a GPU, see [`PolicySlot::install_bytes`]).
     pub policy: Arc<Policy>,
 }
 
@@ -99,8 +101,15 @@ impl PolicySlot {
         &self.config
     }
 
+    /// The device the engine generates on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
     /// Decodes a snapshot payload (safetensors bytes, config hash checked) and installs it.
-    /// Versions must increase.
+    /// Versions must increase. The f32 weights are decoded into host memory: on a GPU only
+    /// the engine's prepared model (bf16 weights for the inference path) occupies the device,
+    /// not a second, f32 copy next to it.
     pub fn install_bytes(&self, version: u64, bytes: &[u8]) -> Result<(), RolloutError> {
         if let Some(cur) = self.version() {
             if version <= cur {
@@ -110,7 +119,7 @@ impl PolicySlot {
                 });
             }
         }
-        let policy = Policy::from_safetensors_bytes(&self.config, bytes, &self.device)?;
+        let policy = Policy::from_safetensors_bytes(&self.config, bytes, &Device::Cpu)?;
         self.install(version, Arc::new(policy))
     }
 
@@ -245,6 +254,9 @@ pub struct RolloutEngine {
     standby: Arc<AtomicBool>,
     /// The inference-path weights of the installed version (built once per snapshot).
     infer: Option<(u64, Arc<InferModel>)>,
+    /// The installed version's f32 policy on the slot's device, for the training-forward
+    /// paths (`batched`, `sequential`) when the slot decodes into host memory.
+    on_device: Option<(u64, Arc<Policy>)>,
     /// The producer's key: every group is signed with it (unsigned when `None`).
     signer: Option<storage::NodeKey>,
     /// Replaces signing (test-only attacks).
@@ -311,6 +323,7 @@ impl RolloutEngine {
             seq: 0,
             standby: Arc::new(AtomicBool::new(false)),
             infer: None,
+            on_device: None,
             signer: None,
             seal: None,
             seq_file: None,
@@ -385,8 +398,8 @@ impl RolloutEngine {
         out
     }
 
-    /// The inference-path model of `installed`, converted once per installed version (in the
-    /// device's default dtype: bf16 on CUDA, f32 on the CPU).
+    /// The inference-path model of `installed`, converted once per installed version on the
+    /// slot's device ([`InferSpec::for_device`]: bf16 on CUDA, f32 on the CPU). Converted in host memory, then copied: the device never holds the f32 weights.
     fn infer_model(
         &mut self,
         installed: &InstalledPolicy,
@@ -398,9 +411,27 @@ impl RolloutEngine {
         }
         // Drop the previous version's copy before converting the new one (peak memory).
         self.infer = None;
-        let model = Arc::new(InferModel::from_policy(&installed.policy)?);
+        let spec = InferSpec::for_device(self.slot.device());
+        let model = Arc::new(InferModel::build(&installed.policy, &spec)?);
         self.infer = Some((installed.version, model.clone()));
         Ok(model)
+    }
+
+    /// `installed`'s f32 policy on the slot's device (the training-forward paths).
+    fn device_policy(&mut self, installed: &InstalledPolicy) -> Result<Arc<Policy>, RolloutError> {
+        let device = self.slot.device();
+        if installed.policy.device().same_device(device) {
+            return Ok(installed.policy.clone());
+        }
+        if let Some((version, p)) = &self.on_device {
+            if *version == installed.version {
+                return Ok(p.clone());
+            }
+        }
+        self.on_device = None;
+        let p = Arc::new(installed.policy.to_device(device)?);
+        self.on_device = Some((installed.version, p.clone()));
+        Ok(p)
     }
 
     /// Generates the next group under the currently installed version, signed (see
@@ -442,7 +473,7 @@ impl RolloutEngine {
                 )?
             }
             path => policy::generate(
-                &installed.policy,
+                &*self.device_policy(&installed)?,
                 &prompt_tokens,
                 self.cfg.group_size,
                 &params,

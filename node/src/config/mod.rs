@@ -245,6 +245,9 @@ pub struct LearnerConfig {
     pub groups_per_step: usize,
     /// n: samples per group the learner expects (the workers' `rollout.group_size`).
     pub group_size: usize,
+    /// Padded tokens per forward/backward pass: a step is micro-batched into passes of at
+    /// most this many tokens, gradients summed (bounds activation memory; 0 = one pass).
+    pub micro_batch_tokens: usize,
     pub lr: f64,
     /// Weight β of the KL penalty to the initial (warm-started) policy; 0 = off.
     pub kl_beta: f64,
@@ -283,6 +286,7 @@ impl Default for LearnerConfig {
             kappa: None,
             groups_per_step: 4,
             group_size: 16,
+            micro_batch_tokens: 4096,
             lr: 1e-3,
             kl_beta: 0.05,
             clip_eps: 0.2,
@@ -480,6 +484,7 @@ impl LearnerConfig {
             kappa,
             groups_per_step: self.groups_per_step,
             group_size: self.group_size,
+            micro_batch_tokens: self.micro_batch_tokens,
         })
     }
 

@@ -187,11 +187,12 @@ pub async fn start(
     view: RoleView,
 ) -> anyhow::Result<RolloutRole> {
     let config = &state.config;
-    let (policy, tokenizer) = build_model(config, &state.device)?;
+    // The f32 weights stay in host memory (snapshots decode there too): the device holds only
+    // the inference path's prepared copy.
+    let (policy, tokenizer) = build_model(config, &policy::Device::Cpu)?;
     let task = build_task(config)?;
     // Generation: weights in the inference path's dtype (bf16 on a GPU) plus the KV cache of
-    // one group of n rows; prompts are budgeted at 1024 tokens. The f32 weights the slot also
-    // keeps are resident already (just loaded), so the device's free memory counts them.
+    // one group of n rows; prompts are budgeted at 1024 tokens.
     let r = &config.rollout;
     let gen_dtype = if state.device.is_cuda() {
         policy::DType::BF16
@@ -201,7 +202,7 @@ pub async fn start(
     let context = (1024 + r.max_new_tokens).min(policy.config().max_position_embeddings);
     let need = policy::memory::worker_bytes(policy.config(), gen_dtype, r.group_size, context);
     super::check_memory("the rollout worker", need, &state.device)?;
-    let slot = PolicySlot::new(policy.config().clone(), policy.device().clone());
+    let slot = PolicySlot::new(policy.config().clone(), state.device.clone());
     #[cfg(feature = "adversary")]
     let (vocab, max_context) = (
         policy.config().vocab_size,

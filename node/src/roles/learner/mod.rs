@@ -276,17 +276,28 @@ fn restore_or_init(state: &NodeState) -> anyhow::Result<(Trainer, u64)> {
     let ckpt = config.checkpoint_dir();
     let wanted = config.learner.trainer_config()?;
     let mut trainer = if ckpt.join("LATEST").exists() {
-        let t = Trainer::load(&ckpt, &state.device)
+        let mut t = Trainer::load(&ckpt, &state.device)
             .with_context(|| format!("restoring the checkpoint in {}", ckpt.display()))?;
         tracing::info!(version = t.version(), dir = %ckpt.display(), "resumed from checkpoint");
         warn_ignored_settings(&wanted, t.config());
+        // How a step is cut into passes depends on this run's device, not the checkpoint's.
+        t.set_micro_batch_tokens(wanted.micro_batch_tokens);
         t
     } else {
         let (policy, tokenizer) = build_model(config, &state.device)?;
-        // Gradients and AdamW's moments (and the KL reference) come on top of the weights
-        // just loaded; refuse now, with the numbers, rather than fail mid-run.
+        // Gradients, AdamW's moments, the KL reference and the activations of one pass come
+        // on top of the weights just loaded; refuse now, with the numbers, rather than fail
+        // mid-run.
         let weights = 4 * policy.config().num_params();
-        let need = policy::memory::learner_bytes(policy.config(), wanted.loss.kl_beta > 0.0);
+        let (kl, tokens) = (
+            wanted.loss.kl_beta > 0.0,
+            wanted.tokens_per_pass(policy.config()),
+        );
+        let need = policy::memory::learner_bytes(policy.config(), kl, tokens);
+        let free = policy::device::describe(&state.device).memory_free_bytes;
+        if free > 0 {
+            policy::memory::check_learner_fit(policy.config(), kl, tokens, free, weights)?;
+        }
         super::check_memory("the learner", need.saturating_sub(weights), &state.device)?;
         if config.learner.warm_start_steps > 0 {
             let task = build_task(config)?;
