@@ -40,10 +40,14 @@ pub enum Attack {
     ReplayAfterRestart,
     /// Sign groups with another key (or not at all).
     BadSignature,
+    /// Report an episode's return one chip higher than the environment paid.
+    ForgedReturn,
+    /// Edit an observation inside an episode's trajectory (what the environment said).
+    ForgedObservation,
 }
 
 impl Attack {
-    pub const ALL: [Attack; 11] = [
+    pub const ALL: [Attack; 13] = [
         Attack::InflatedReward,
         Attack::ForgedLogprobs,
         Attack::InvalidLogprob,
@@ -55,6 +59,8 @@ impl Attack {
         Attack::CorruptChunks,
         Attack::ReplayAfterRestart,
         Attack::BadSignature,
+        Attack::ForgedReturn,
+        Attack::ForgedObservation,
     ];
 
     pub fn name(self) -> &'static str {
@@ -70,6 +76,8 @@ impl Attack {
             Attack::CorruptChunks => "corrupt_chunks",
             Attack::ReplayAfterRestart => "replay_after_restart",
             Attack::BadSignature => "bad_signature",
+            Attack::ForgedReturn => "forged_return",
+            Attack::ForgedObservation => "forged_observation",
         }
     }
 }

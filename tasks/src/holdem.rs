@@ -196,17 +196,18 @@ impl Environment for Holdem {
     }
 
     fn reset(&self, seed: u64) -> Result<Start, TaskError> {
-        // A walk (the opponent folds before the agent ever acts) has no decision to learn
-        // from: the seed's next deal is played instead (`docs/environments.md`).
-        for deal in 0..64u64 {
-            let mut cards = game::deck();
-            cards.shuffle(&mut crate::util::item_rng("holdem/deck", deal, seed));
-            let stack = self.params.stack_bb as f32 * BB;
+        // A walk (the opponent, as dealer, folds before the agent ever acts) has no decision
+        // to learn from: the same deal is played with the agent as the dealer, who acts
+        // first (`docs/environments.md`).
+        let mut cards = game::deck();
+        cards.shuffle(&mut crate::util::item_rng("holdem/deck", 0, seed));
+        let stack = self.params.stack_bb as f32 * BB;
+        for seat in [self.seat(seed), 0] {
             let mut hand = Hand {
                 game: Game::new(&cards, stack, self.limit),
-                seat: self.seat(seed),
-                seed: seed ^ deal.rotate_left(48),
-                opponent: self.opponent(seed, deal),
+                seat,
+                seed,
+                opponent: self.opponent(seed),
                 since: Vec::new(),
                 opponent_turns: Vec::new(),
             };
@@ -223,13 +224,13 @@ impl Environment for Holdem {
         }
         Err(TaskError::Generation {
             task: NAME.into(),
-            reason: format!("64 deals of seed {seed} ended before the agent acted"),
+            reason: format!("seed {seed}: the hand ended before the agent acted"),
         })
     }
 }
 
 impl Holdem {
-    fn opponent(&self, seed: u64, deal: u64) -> Opponent {
+    fn opponent(&self, seed: u64) -> Opponent {
         match self.params.opponent.as_str() {
             "calling" => Opponent::Calling,
             "all-in" => Opponent::AllIn,
@@ -237,7 +238,7 @@ impl Holdem {
                 Some(p) => Opponent::Model(p.clone()),
                 None => Opponent::Calling,
             },
-            _ => Opponent::Random(crate::util::item_rng("holdem/opponent", deal, seed)),
+            _ => Opponent::Random(crate::util::item_rng("holdem/opponent", 0, seed)),
         }
     }
 }

@@ -2,6 +2,7 @@
 
 mod demo;
 mod doctor;
+mod eval;
 mod export;
 mod inspect;
 mod keygen;
@@ -19,5 +20,6 @@ pub fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Demo(args) => demo::demo(&args),
         Command::Doctor(args) => doctor::doctor(&args),
         Command::Export(args) => export::export(&args),
+        Command::Eval(args) => eval::eval(&args),
     }
 }

@@ -3,6 +3,7 @@
 mod admin;
 mod cli;
 mod durability;
+mod envs;
 mod learning;
 mod relay;
 mod scheduler;

@@ -22,8 +22,15 @@ const LEARNER: &str = "[learner]\nwarm_start_steps = 10\ngroup_size = 4\ngroups_
 const WORKER: &str = "[storage]\nmax_pending_groups = 8\n[rollout]\ngroup_size = 4\n";
 const LIMIT: Duration = Duration::from_secs(240);
 
-/// A rollout worker bootstrapping from `learner` that carries out `attacks`.
-fn bad_worker(root: &Path, swarm: &str, learner: &Node, attacks: &str) -> Node {
+/// A rollout worker bootstrapping from `learner` that carries out `attacks`; `sections` are
+/// its config's tables after `[network]`.
+pub(crate) fn bad_worker(
+    root: &Path,
+    swarm: &str,
+    learner: &Node,
+    attacks: &str,
+    sections: &str,
+) -> Node {
     let name = "bad";
     let data = root.join(name);
     std::fs::create_dir_all(&data).unwrap();
@@ -34,7 +41,7 @@ fn bad_worker(root: &Path, swarm: &str, learner: &Node, attacks: &str) -> Node {
         format!(
             "role = \"rollout\"\nswarm_id = \"{swarm}\"\ndata_dir = \"{}\"\n\
              learner_public_key = \"{}\"\n\n[network]\nmdns = false\nautonat = false\n\
-             heartbeat_interval_ms = 300\nbootstrap = [\"{}\"]\n\n{WORKER}",
+             heartbeat_interval_ms = 300\nbootstrap = [\"{}\"]\n\n{sections}",
             data.display(),
             learner.key.public_key,
             learner.addr()
@@ -66,7 +73,7 @@ fn bad_worker(root: &Path, swarm: &str, learner: &Node, attacks: &str) -> Node {
 }
 
 /// The learner's `pull_groups_rejected_total{reason="…"}`.
-fn rejected(learner: &Node, reason: &str) -> u64 {
+pub(crate) fn rejected(learner: &Node, reason: &str) -> u64 {
     let body = http_get(&learner.admin, "/metrics").body;
     let series = format!("pull_groups_rejected_total{{reason=\"{reason}\"}}");
     body.lines()
@@ -76,7 +83,7 @@ fn rejected(learner: &Node, reason: &str) -> u64 {
 }
 
 /// A peer's entry in the learner's status.
-fn peer(status: &Value, peer_id: &str) -> Option<Value> {
+pub(crate) fn peer(status: &Value, peer_id: &str) -> Option<Value> {
     status["peers"]
         .as_array()?
         .iter()
@@ -94,7 +101,7 @@ fn expect_refused_and_struck(swarm: &str, attacks: &str, reasons: &[&str], steps
     let tmp = tempfile::tempdir().unwrap();
     let (mut learner, mut honest) =
         Node::learner_and_workers(tmp.path(), swarm, &learner_config, 1, WORKER);
-    let mut bad = bad_worker(tmp.path(), swarm, &learner, attacks);
+    let mut bad = bad_worker(tmp.path(), swarm, &learner, attacks, WORKER);
     let bad_id = bad.key.peer_id.clone();
     bad.wait_ready();
     for r in reasons {
@@ -181,7 +188,13 @@ fn an_oversized_pull_answer_is_struck_and_training_goes_on() {
     let tmp = tempfile::tempdir().unwrap();
     let (mut learner, mut honest) =
         Node::learner_and_workers(tmp.path(), "it-oversized", LEARNER, 1, WORKER);
-    let mut bad = bad_worker(tmp.path(), "it-oversized", &learner, "oversized_answer");
+    let mut bad = bad_worker(
+        tmp.path(),
+        "it-oversized",
+        &learner,
+        "oversized_answer",
+        WORKER,
+    );
     let bad_id = bad.key.peer_id.clone();
     bad.wait_ready();
     let banned = wait_for("the oversized answerer's ban", LIMIT, || {

@@ -105,6 +105,7 @@ pub(super) fn update(c: &TrainCtx, t: &Totals, last: Option<&(StepStats, f64)>, 
         reward_recent: (!t.recent_rewards.is_empty())
             .then(|| t.recent_rewards.iter().sum::<f64>() / t.recent_rewards.len() as f64),
         last_step,
+        curve: t.curve.clone(),
     };
     c.view.set(RoleSection::Learner(Box::new(status)));
 }
