@@ -83,6 +83,7 @@ pub struct EvalArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+}
 
 #[derive(Debug, Args)]
 pub struct DemoArgs {

@@ -80,7 +80,8 @@ fn load(checkpoint: Option<&Path>, export: Option<&Path>) -> anyhow::Result<Load
     }
     let cfg_path = dir.join("config.json");
     let cfg = policy::ModelConfig::from_hf_json(
-        &std::fs::read_to_string(&cfg_path).with_context(|| format!("reading {}", cfg_path.display()))?,
+        &std::fs::read_to_string(&cfg_path)
+            .with_context(|| format!("reading {}", cfg_path.display()))?,
     )?;
     if cfg.vocab_size != byte_vocab {
         bail!("{} has no tokenizer.json", dir.display());
@@ -112,7 +113,10 @@ fn env_for(
     if task == "holdem" && opponent == "model" {
         let hp: tasks::holdem::HoldemParams =
             tasks::parse_params("holdem", &p).context("holdem parameters")?;
-        return Ok(Arc::new(tasks::holdem::Holdem::with_model_opponent(hp, frozen()?)?));
+        return Ok(Arc::new(tasks::holdem::Holdem::with_model_opponent(
+            hp,
+            frozen()?,
+        )?));
     }
     Ok(tasks::env::build_env(task, &p)?)
 }

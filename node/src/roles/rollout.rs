@@ -76,9 +76,14 @@ pub fn tamper(attack: Attack, g: &mut TrajectoryGroup, vocab: usize, context: us
         // observations (one-turn episodes) gets a forged return instead.
         Attack::ForgedObservation => {
             let forged = g.samples.iter_mut().any(|s| {
-                let obs: Vec<usize> = (0..s.loss_mask.len()).filter(|&i| s.loss_mask[i] == 0).collect();
+                let obs: Vec<usize> = (0..s.loss_mask.len())
+                    .filter(|&i| s.loss_mask[i] == 0)
+                    .collect();
                 let first = obs.first().copied();
-                let other = obs.iter().copied().find(|&i| Some(s.response_tokens[i]) != first.map(|f| s.response_tokens[f]));
+                let other = obs
+                    .iter()
+                    .copied()
+                    .find(|&i| Some(s.response_tokens[i]) != first.map(|f| s.response_tokens[f]));
                 match (first, other) {
                     (Some(f), Some(o)) => {
                         s.response_tokens.swap(f, o);

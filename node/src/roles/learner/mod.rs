@@ -29,12 +29,12 @@
 //! snapshot it ever published (the manifests in its chunk store), so versions keep growing
 //! and workers accept the next snapshot.
 
+pub mod envs;
 mod publisher;
 mod puller;
 pub mod spot;
 mod status;
 mod train;
-pub mod envs;
 pub mod verify;
 
 use std::collections::VecDeque;

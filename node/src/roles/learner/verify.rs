@@ -130,7 +130,8 @@ fn model_context(config: &NodeConfig) -> anyhow::Result<usize> {
         return Ok(policy::ModelConfig::tiny().max_position_embeddings);
     }
     let path = std::path::Path::new(&config.model.source).join("config.json");
-    let json = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let json =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     Ok(policy::ModelConfig::from_hf_json(&json)?.max_position_embeddings)
 }
 
@@ -441,13 +442,23 @@ pub fn check_replay(
         context,
     };
     for (i, s) in group.samples.iter().enumerate() {
-        let played =
-            rollout::episode::replay(spec, seed, &group.prompt_tokens, &s.response_tokens, s.reward)
-                .map_err(|e| format!("sample {i}: {e}"))?;
+        let played = rollout::episode::replay(
+            spec,
+            seed,
+            &group.prompt_tokens,
+            &s.response_tokens,
+            s.reward,
+        )
+        .map_err(|e| format!("sample {i}: {e}"))?;
         if s.loss_mask != played.mask() {
-            return Err(format!("sample {i}: the loss mask is not the assistant's tokens"));
+            return Err(format!(
+                "sample {i}: the loss mask is not the assistant's tokens"
+            ));
         }
-        let text = chat.tokenizer().decode(&s.response_tokens).unwrap_or_default();
+        let text = chat
+            .tokenizer()
+            .decode(&s.response_tokens)
+            .unwrap_or_default();
         if text != s.response_text {
             return Err(format!(
                 "sample {i}: response text is not the decoding of its tokens"

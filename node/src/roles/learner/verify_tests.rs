@@ -412,9 +412,8 @@ fn rewards_of_every_built_in_task_are_recomputed() {
 /// An honest kuhn-poker group of scripted two-turn episodes where possible, assigned to
 /// (`w`, `seq`), with the prompt layer's and the replay layer's views.
 fn kuhn_group(w: &Worker, seq: u64) -> (TrajectoryGroup, PromptLayer, ReplayLayer) {
-    let env =
-        tasks::env::build_env("kuhn-poker", &serde_json::json!({"opponent": "always-bet"}))
-            .unwrap();
+    let env = tasks::env::build_env("kuhn-poker", &serde_json::json!({"opponent": "always-bet"}))
+        .unwrap();
     let chat = Arc::new(Chat::for_model(Tokenizer::byte(), None, true).unwrap());
     let budget = Budget::of(&env.metadata());
     let context = policy::ModelConfig::tiny().max_position_embeddings;
@@ -432,7 +431,11 @@ fn kuhn_group(w: &Worker, seq: u64) -> (TrajectoryGroup, PromptLayer, ReplayLaye
         let (mut d, p, tokens) = rollout::episode::Driver::start(spec, index).unwrap();
         prompt = (p.id, p.text, tokens);
         for a in actions {
-            if d.next_turn().is_none() || d.finish_turn(&chat.action_tokens(a).unwrap()).unwrap().is_none() {
+            if d.next_turn().is_none()
+                || d.finish_turn(&chat.action_tokens(a).unwrap())
+                    .unwrap()
+                    .is_none()
+            {
                 break;
             }
         }
@@ -440,7 +443,11 @@ fn kuhn_group(w: &Worker, seq: u64) -> (TrajectoryGroup, PromptLayer, ReplayLaye
         samples.push(Sample {
             trajectory_id: [k as u8 + 1; 16],
             reward: ep.ret,
-            sampler_logprobs: ep.mask().iter().map(|&m| if m == 1 { -0.5 } else { 0.0 }).collect(),
+            sampler_logprobs: ep
+                .mask()
+                .iter()
+                .map(|&m| if m == 1 { -0.5 } else { 0.0 })
+                .collect(),
             loss_mask: ep.mask(),
             response_text: chat.tokenizer().decode(&ep.tokens).unwrap(),
             response_tokens: ep.tokens,
