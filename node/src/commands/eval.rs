@@ -62,8 +62,9 @@ fn load(checkpoint: Option<&Path>, export: Option<&Path>) -> anyhow::Result<Load
         if t.policy().config().vocab_size != byte_vocab {
             bail!("a checkpoint of a Hugging Face model has no tokenizer: export it and pass --export");
         }
+        let bytes = t.policy().to_safetensors_bytes()?;
         return Ok(Loaded {
-            policy: t.policy().clone(),
+            policy: Policy::from_safetensors_bytes(t.policy().config(), &bytes, &Device::Cpu)?,
             tokenizer: Tokenizer::byte(),
             folder: None,
         });
