@@ -40,11 +40,30 @@ pub use error::{PolicyError, Result};
 pub use infer::InferModel;
 pub use model::{KvCache, Qwen3};
 pub use sampling::{
-    batch_response_logprobs, generate, response_logprobs, token_logprobs, Completion,
-    GenerationPath, SamplingParams,
+    batch_response_logprobs, response_logprobs, token_logprobs, Completion, GenerationPath,
+    SamplingParams,
 };
 pub use tokenizer::{ByteTokenizer, Tokenizer};
 pub use weights::{snapshot_config_hash, Policy, META_CONFIG_HASH};
+
+/// Generates `n` completions of `prompt` with the chosen path: the inference path
+/// ([`GenerationPath::Infer`], `infer`) or the training forward (`sampling`). Callers that
+/// generate repeatedly under one snapshot should build the [`InferModel`] once and call
+/// `infer::generate` (the rollout engine does).
+pub fn generate(
+    policy: &Policy,
+    prompt: &[u32],
+    n: usize,
+    params: &SamplingParams,
+    path: GenerationPath,
+    rng: &mut impl rand::Rng,
+) -> Result<Vec<Completion>> {
+    if path == GenerationPath::Infer {
+        let model = InferModel::from_policy(policy)?;
+        return infer::generate(&model, prompt, n, params, rng);
+    }
+    sampling::generate(policy, prompt, n, params, path, rng)
+}
 
 /// The embedded default: [`ModelConfig::tiny`] with randomly initialised weights (`seed`) and
 /// the byte tokenizer, on the CPU.

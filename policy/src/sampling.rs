@@ -94,7 +94,9 @@ pub enum GenerationPath {
     Sequential,
 }
 
-/// Generates `n` completions of `prompt` with the chosen path.
+/// Generates `n` completions of `prompt` on the training forward ([`GenerationPath::Batched`]
+/// or [`GenerationPath::Sequential`]; `Infer` is taken as `Batched` here). [`crate::generate`]
+/// dispatches every path, the inference one included.
 pub fn generate(
     policy: &Policy,
     prompt: &[u32],
@@ -103,12 +105,6 @@ pub fn generate(
     path: GenerationPath,
     rng: &mut impl Rng,
 ) -> Result<Vec<Completion>> {
-    if path == GenerationPath::Infer {
-        // Callers that generate repeatedly under one snapshot should build the `InferModel`
-        // once and call `infer::generate` (the rollout engine does).
-        let model = crate::infer::InferModel::from_policy(policy)?;
-        return crate::infer::generate(&model, prompt, n, params, rng);
-    }
     params.validate()?;
     if n == 0 {
         return Ok(Vec::new());

@@ -4,7 +4,7 @@ use super::*;
 use policy::{Device, InferModel, ModelConfig, Policy, Tokenizer};
 
 fn kuhn(opponent: &str) -> std::sync::Arc<dyn Environment> {
-    tasks::env::build_env("kuhn-poker", &serde_json::json!({ "opponent": opponent })).unwrap()
+    tasks::build_env("kuhn-poker", &serde_json::json!({ "opponent": opponent })).unwrap()
 }
 
 fn chat() -> Chat {

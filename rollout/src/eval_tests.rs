@@ -6,7 +6,7 @@ use policy::{Device, ModelConfig, Tokenizer};
 use tasks::env::Budget;
 
 fn kuhn(opponent: &str) -> Arc<dyn Environment> {
-    tasks::env::build_env("kuhn-poker", &serde_json::json!({ "opponent": opponent })).unwrap()
+    tasks::build_env("kuhn-poker", &serde_json::json!({ "opponent": opponent })).unwrap()
 }
 
 fn spec<'a>(env: &'a dyn Environment, chat: &'a Chat) -> Spec<'a> {
@@ -139,7 +139,7 @@ fn exact_evaluation_agrees_with_sampled_episodes() {
         e.illegal_mass
     );
     // No exact evaluator for a game without one.
-    let holdem = tasks::env::build_env("holdem", &serde_json::Value::Null).unwrap();
+    let holdem = tasks::build_env("holdem", &serde_json::Value::Null).unwrap();
     assert!(exact(&policy, &chat, holdem.as_ref(), 1.0)
         .unwrap()
         .is_none());

@@ -28,6 +28,7 @@ use storage::{Sample, StorageError, TrajectoryGroup, TrajectoryStore};
 use tasks::env::{Budget, Environment, TaskEnv};
 use tasks::{Task, TaskError};
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 pub mod episode;
 pub mod eval;
@@ -56,9 +57,15 @@ pub enum RolloutError {
     /// The trajectory store failed.
     #[error(transparent)]
     Storage(#[from] StorageError),
-    /// Bad engine configuration.
+    /// Bad engine configuration (or a file it names holds something else).
     #[error("invalid rollout config: {0}")]
     Config(String),
+    /// A file of the engine (the group counter) could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
     /// A snapshot older than (or equal to) the installed one was offered.
     #[error("snapshot version {offered} is not newer than the installed version {installed}")]
     StaleVersion {
@@ -464,7 +471,7 @@ impl RolloutEngine {
         }
         let mut params = self.cfg.sampling.clone();
         params.stop_tokens = self.stop_tokens.clone();
-        let created = storage::now_unix_ms();
+        let created = storage::unix_ms();
         let (prompt, prompt_tokens, samples) = match task {
             Some(task) => self.single_turn(&task, &installed, index, &params, &mut rng, seq)?,
             None => self.episodes(&installed, index, &params, &mut rng, seq)?,
@@ -512,7 +519,7 @@ impl RolloutEngine {
                 rng,
             )?,
         };
-        let finished = storage::now_unix_ms();
+        let finished = storage::unix_ms();
         let mut samples = Vec::with_capacity(completions.len());
         for (k, c) in completions.into_iter().enumerate() {
             let text = self.chat.tokenizer().decode(&c.tokens)?;
@@ -557,7 +564,7 @@ impl RolloutEngine {
         let n = self.cfg.group_size;
         let (prompt, prompt_tokens, played) =
             episode::play_group(spec, model, seed, n, params, rng)?;
-        let finished = storage::now_unix_ms();
+        let finished = storage::unix_ms();
         let mut samples = Vec::with_capacity(played.len());
         for (k, ep) in played.into_iter().enumerate() {
             samples.push(Sample {
@@ -607,11 +614,11 @@ impl RolloutEngine {
         })
     }
 
-    /// Runs [`Self::step`] until `stop` is set, sleeping `idle_poll` while paused or without a
+    /// Runs [`Self::step`] until `stop` is cancelled, sleeping `idle_poll` while paused or without a
     /// policy. A group that fails for a model or task reason is skipped and counted
     /// ([`StatsSnapshot::errors`]); a storage error ends the loop. Blocking: run it on its own thread (see [`Self::spawn`]).
-    pub fn run_blocking(&mut self, stop: &AtomicBool) -> Result<(), RolloutError> {
-        while !stop.load(Ordering::Relaxed) {
+    pub fn run_blocking(&mut self, stop: &CancellationToken) -> Result<(), RolloutError> {
+        while !stop.is_cancelled() {
             match self.step() {
                 Ok(StepOutcome::Produced { .. }) => {}
                 Ok(StepOutcome::Paused { .. } | StepOutcome::NoPolicy | StepOutcome::Standby) => {
@@ -632,7 +639,7 @@ impl RolloutEngine {
 
     /// Runs the engine on a dedicated OS thread; [`RunningEngine::stop`] ends it.
     pub fn spawn(mut self) -> Result<RunningEngine, RolloutError> {
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = CancellationToken::new();
         let flag = stop.clone();
         let handle = std::thread::Builder::new()
             .name("rollout".into())
@@ -645,14 +652,14 @@ impl RolloutEngine {
 /// An engine running on its own thread (from [`RolloutEngine::spawn`]).
 #[derive(Debug)]
 pub struct RunningEngine {
-    stop: Arc<AtomicBool>,
+    stop: CancellationToken,
     handle: std::thread::JoinHandle<Result<(), RolloutError>>,
 }
 
 impl RunningEngine {
     /// Asks the engine to stop after its current group and waits for it; returns its result.
     pub fn stop(self) -> Result<(), RolloutError> {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.cancel();
         self.handle
             .join()
             .map_err(|_| RolloutError::Config("rollout thread panicked".into()))?

@@ -331,35 +331,6 @@ impl Budget {
     }
 }
 
-/// Builds an environment from its parameters (a JSON object; `null` = defaults).
-pub type EnvBuilder = fn(&serde_json::Value) -> Result<Arc<dyn Environment>, TaskError>;
-
-/// Built-in multi-turn environments by name. Adding one: a new module plus one line here.
-pub const ENV_REGISTRY: &[(&str, EnvBuilder)] = &[
-    ("kuhn-poker", |p| {
-        Ok(Arc::new(crate::kuhn::Kuhn::from_params(p)?))
-    }),
-    ("holdem", |p| {
-        Ok(Arc::new(crate::holdem::Holdem::from_params(p)?))
-    }),
-];
-
-/// Builds the environment `name`: a multi-turn one from [`ENV_REGISTRY`], or a single-turn
-/// task from [`crate::REGISTRY`] as a one-step [`TaskEnv`].
-pub fn build_env(
-    name: &str,
-    params: &serde_json::Value,
-) -> Result<Arc<dyn Environment>, TaskError> {
-    if let Some((_, b)) = ENV_REGISTRY.iter().find(|(n, _)| *n == name) {
-        return b(params);
-    }
-    match crate::build_task(name, params) {
-        Ok(task) => Ok(Arc::new(TaskEnv::new(task))),
-        Err(TaskError::UnknownTask(_)) => Err(TaskError::UnknownTask(name.to_string())),
-        Err(e) => Err(e),
-    }
-}
-
 #[cfg(test)]
 #[path = "env_tests.rs"]
 mod tests;

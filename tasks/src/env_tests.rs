@@ -1,4 +1,5 @@
 use super::*;
+use crate::build_env;
 
 #[test]
 fn tasks_are_one_step_environments_with_the_same_rewards() {

@@ -289,7 +289,7 @@ fn demo_task(args: &DemoArgs) -> anyhow::Result<crate::config::TaskConfig> {
         params,
         ..Default::default()
     };
-    let env = tasks::env::build_env(&task.name, &task.params)?;
+    let env = tasks::build_env(&task.name, &task.params)?;
     task.budget(env.as_ref())?;
     Ok(task)
 }

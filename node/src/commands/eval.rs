@@ -119,7 +119,7 @@ fn env_for(
             frozen()?,
         )?));
     }
-    Ok(tasks::env::build_env(task, &p)?)
+    Ok(tasks::build_env(task, &p)?)
 }
 
 pub fn eval(args: &EvalArgs) -> anyhow::Result<()> {

@@ -113,7 +113,7 @@ impl NodeConfig {
                 ),
             );
         }
-        match tasks::env::build_env(&self.task.name, &self.task.params) {
+        match tasks::build_env(&self.task.name, &self.task.params) {
             Ok(env) => {
                 if let Err(e) = self.task.budget(env.as_ref()) {
                     bad("task", e.to_string());

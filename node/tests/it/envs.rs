@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::swarm::{http_get, wait_for, Node};
-use crate::verified::{bad_worker, peer, rejected};
+use crate::swarm::{http_get, peer, rejected, wait_for, Node};
 
 const TASK: &str = "[task]\nname = \"kuhn-poker\"\nparams = { opponent = \"always-bet\" }\n";
 /// Generous: a learner's warm start, first evaluation and the first strikes take minutes on
@@ -88,6 +87,8 @@ fn a_learner_and_two_workers_train_on_kuhn_poker_with_replayed_episodes() {
     learner.kill();
 }
 
+/// Attack code (the forging worker) exists only in a build with the `adversary` feature.
+#[cfg(feature = "adversary")]
 #[test]
 fn a_worker_forging_returns_or_observations_is_struck_and_never_trained() {
     let tmp = tempfile::tempdir().unwrap();
@@ -95,7 +96,7 @@ fn a_worker_forging_returns_or_observations_is_struck_and_never_trained() {
     let learner_config = format!("ban_after_strikes = 4\n{}", learner_sections());
     let (mut learner, mut honest) =
         Node::learner_and_workers(tmp.path(), swarm, &learner_config, 1, &worker_sections());
-    let mut bad = bad_worker(
+    let mut bad = crate::verified::bad_worker(
         tmp.path(),
         swarm,
         &learner,

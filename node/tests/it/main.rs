@@ -8,6 +8,9 @@ mod learning;
 mod relay;
 mod scheduler;
 mod swarm;
+/// Malicious workers: only a binary built with the `adversary` feature has attack code (on in
+/// `cargo test --workspace`, where `testnet` enables it; or `--features adversary`).
+#[cfg(feature = "adversary")]
 mod verified;
 
 /// Sends SIGTERM to a child process (a node stops cleanly on it).

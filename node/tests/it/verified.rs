@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::swarm::{http_get, keygen, wait_for, Node, BIN};
+use crate::swarm::{keygen, peer, rejected, wait_for, Node, BIN};
 
 /// Small, fast training: groups of 4 samples, 2 groups a step, after a short supervised warm
 /// start. Without it the untrained model rarely scores: a group whose samples all get the same
@@ -70,25 +70,6 @@ pub(crate) fn bad_worker(
         key,
         listen_arg: "/ip4/127.0.0.1/tcp/0".into(),
     }
-}
-
-/// The learner's `pull_groups_rejected_total{reason="…"}`.
-pub(crate) fn rejected(learner: &Node, reason: &str) -> u64 {
-    let body = http_get(&learner.admin, "/metrics").body;
-    let series = format!("pull_groups_rejected_total{{reason=\"{reason}\"}}");
-    body.lines()
-        .find_map(|l| l.strip_prefix(&series))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
-}
-
-/// A peer's entry in the learner's status.
-pub(crate) fn peer(status: &Value, peer_id: &str) -> Option<Value> {
-    status["peers"]
-        .as_array()?
-        .iter()
-        .find(|p| p["peer_id"] == peer_id)
-        .cloned()
 }
 
 /// Waits until the learner refused at least one group of `bad` for each of `reasons`, struck

@@ -293,6 +293,7 @@ fn the_config_selects_the_layers() {
     assert_eq!(reason(&v, &w, &honest(&w, 11)), None);
 }
 
+#[cfg(feature = "adversary")]
 #[test]
 fn every_test_only_group_attack_is_caught_where_it_should_be() {
     use crate::misbehave::Attack;
@@ -412,7 +413,7 @@ fn rewards_of_every_built_in_task_are_recomputed() {
 /// An honest kuhn-poker group of scripted two-turn episodes where possible, assigned to
 /// (`w`, `seq`), with the prompt layer's and the replay layer's views.
 fn kuhn_group(w: &Worker, seq: u64) -> (TrajectoryGroup, PromptLayer, ReplayLayer) {
-    let env = tasks::env::build_env("kuhn-poker", &serde_json::json!({"opponent": "always-bet"}))
+    let env = tasks::build_env("kuhn-poker", &serde_json::json!({"opponent": "always-bet"}))
         .unwrap();
     let chat = Arc::new(Chat::for_model(Tokenizer::byte(), None, true).unwrap());
     let budget = Budget::of(&env.metadata());
