@@ -313,8 +313,15 @@ fn a_group_is_the_episodes_of_one_initial_state() {
         ..RolloutConfig::default()
     };
     let slot = PolicySlot::new(ModelConfig::tiny(), Device::Cpu);
-    let mut e = RolloutEngine::for_env(cfg, env.clone(), Chat::for_model(Tokenizer::byte(), None, true).unwrap(), budget, store.clone(), slot)
-        .unwrap();
+    let mut e = RolloutEngine::for_env(
+        cfg,
+        env.clone(),
+        Chat::for_model(Tokenizer::byte(), None, true).unwrap(),
+        budget,
+        store.clone(),
+        slot,
+    )
+    .unwrap();
     e.slot().install(1, policy(1)).unwrap();
     for _ in 0..6 {
         assert!(matches!(e.step().unwrap(), StepOutcome::Produced { .. }));
@@ -325,7 +332,12 @@ fn a_group_is_the_episodes_of_one_initial_state() {
         budget,
         context: ModelConfig::tiny().max_position_embeddings,
     };
-    let groups: Vec<TrajectoryGroup> = store.scan(0, 100).unwrap().into_iter().map(|(_, g)| g).collect();
+    let groups: Vec<TrajectoryGroup> = store
+        .scan(0, 100)
+        .unwrap()
+        .into_iter()
+        .map(|(_, g)| g)
+        .collect();
     assert_eq!(groups.len(), 6);
     let mut seeds = std::collections::HashSet::new();
     for g in &groups {
@@ -344,7 +356,9 @@ fn a_group_is_the_episodes_of_one_initial_state() {
             .find(|&o| env.reset(o).unwrap().prompt.text != env.reset(seed).unwrap().prompt.text)
             .unwrap();
         let s = &g.samples[0];
-        assert!(episode::replay(spec, other, &g.prompt_tokens, &s.response_tokens, s.reward).is_err());
+        assert!(
+            episode::replay(spec, other, &g.prompt_tokens, &s.response_tokens, s.reward).is_err()
+        );
     }
     assert!(seeds.len() > 1, "groups draw their own deals: {seeds:?}");
 }

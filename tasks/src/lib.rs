@@ -189,12 +189,8 @@ pub type EnvBuilder = fn(&serde_json::Value) -> Result<Arc<dyn env::Environment>
 
 /// Built-in multi-turn environments by name. Adding one: a new module plus one line here.
 pub const ENV_REGISTRY: &[(&str, EnvBuilder)] = &[
-    ("kuhn-poker", |p| {
-        Ok(Arc::new(kuhn::Kuhn::from_params(p)?))
-    }),
-    ("holdem", |p| {
-        Ok(Arc::new(holdem::Holdem::from_params(p)?))
-    }),
+    ("kuhn-poker", |p| Ok(Arc::new(kuhn::Kuhn::from_params(p)?))),
+    ("holdem", |p| Ok(Arc::new(holdem::Holdem::from_params(p)?))),
 ];
 
 /// Builds the environment `name`: a multi-turn one from [`ENV_REGISTRY`], or a single-turn

@@ -106,7 +106,7 @@ fn a_worker_forging_returns_or_observations_is_struck_and_never_trained() {
     let bad_id = bad.key.peer_id.clone();
     bad.wait_ready();
     let struck = wait_for("the forging worker's ban", LIMIT, || {
-        let p = peer(&learner.status()?, &bad_id)?;
+        let p = peer(&learner.status()?, &bad_id)?.clone();
         (p["banned"] == true).then_some(p)
     });
     assert_eq!(struck["ban_reason"], "reward_mismatch", "{struck}");

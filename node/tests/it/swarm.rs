@@ -337,7 +337,8 @@ fn wait_heartbeats(node: &mut Node, n: u64) {
     });
 }
 
-fn peer<'a>(status: &'a Value, peer_id: &str) -> Option<&'a Value> {
+/// A peer's entry in a node's status.
+pub(crate) fn peer<'a>(status: &'a Value, peer_id: &str) -> Option<&'a Value> {
     status["peers"]
         .as_array()?
         .iter()
@@ -829,13 +830,4 @@ pub(crate) fn rejected(learner: &Node, reason: &str) -> u64 {
         .find_map(|l| l.strip_prefix(&series))
         .and_then(|v| v.trim().parse::<f64>().ok())
         .map_or(0, |v| v as u64)
-}
-
-/// A peer's entry in the learner's status.
-pub(crate) fn peer(status: &Value, peer_id: &str) -> Option<Value> {
-    status["peers"]
-        .as_array()?
-        .iter()
-        .find(|p| p["peer_id"] == peer_id)
-        .cloned()
 }

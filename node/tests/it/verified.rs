@@ -10,8 +10,6 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use serde_json::Value;
-
 use crate::swarm::{keygen, peer, rejected, wait_for, Node, BIN};
 
 /// Small, fast training: groups of 4 samples, 2 groups a step, after a short supervised warm
@@ -94,7 +92,7 @@ fn expect_refused_and_struck(swarm: &str, attacks: &str, reasons: &[&str], steps
     // Each refused group is a strike; past `ban_after_strikes` the worker is banned for
     // the run, for one of the reasons its groups were refused.
     let struck = wait_for("the bad worker's ban", LIMIT, || {
-        let p = peer(&learner.status()?, &bad_id)?;
+        let p = peer(&learner.status()?, &bad_id)?.clone();
         let n = 4 * reasons.len() as u64;
         (p["banned"] == true && p["strikes"].as_u64()? >= n && p["failures"].as_u64()? >= n)
             .then_some(p)
@@ -179,7 +177,7 @@ fn an_oversized_pull_answer_is_struck_and_training_goes_on() {
     let bad_id = bad.key.peer_id.clone();
     bad.wait_ready();
     let banned = wait_for("the oversized answerer's ban", LIMIT, || {
-        let p = peer(&learner.status()?, &bad_id)?;
+        let p = peer(&learner.status()?, &bad_id)?.clone();
         (p["banned"] == true).then_some(p)
     });
     assert_eq!(banned["ban_reason"], "oversized_answer", "{banned}");

@@ -413,8 +413,8 @@ fn rewards_of_every_built_in_task_are_recomputed() {
 /// An honest kuhn-poker group of scripted two-turn episodes where possible, assigned to
 /// (`w`, `seq`), with the prompt layer's and the replay layer's views.
 fn kuhn_group(w: &Worker, seq: u64) -> (TrajectoryGroup, PromptLayer, ReplayLayer) {
-    let env = tasks::build_env("kuhn-poker", &serde_json::json!({"opponent": "always-bet"}))
-        .unwrap();
+    let env =
+        tasks::build_env("kuhn-poker", &serde_json::json!({"opponent": "always-bet"})).unwrap();
     let chat = Arc::new(Chat::for_model(Tokenizer::byte(), None, true).unwrap());
     let budget = Budget::of(&env.metadata());
     let context = policy::ModelConfig::tiny().max_position_embeddings;
