@@ -168,6 +168,11 @@ pub fn compare(group: &TrajectoryGroup, recomputed: &[Vec<f32>]) -> Result<SpotR
             )));
         }
         for (j, (&q, &p)) in s.sampler_logprobs.iter().zip(row).enumerate() {
+            // Only sampled tokens have a sampler log-prob: a multi-turn episode's observation
+            // tokens (loss mask 0) were not sampled.
+            if s.loss_mask.get(j) == Some(&0) {
+                continue;
+            }
             let d = (q - p).abs();
             // NaN compares false: map it to +∞ so that it is the worst, never ignored.
             let d = if d.is_finite() { d } else { f32::INFINITY };

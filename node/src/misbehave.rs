@@ -54,6 +54,10 @@ pub enum Attack {
     /// and claim [`BACKLOG_CLAIM_FACTOR`]× what it holds in heartbeats (below the claim
     /// limit, so not malformed).
     BacklogInflation,
+    /// Report an episode's return one chip higher than the environment paid.
+    ForgedReturn,
+    /// Edit an observation inside an episode's trajectory (what the environment said).
+    ForgedObservation,
 }
 
 /// Honest groups of each `sybil_rekey` identity before it forges.
@@ -73,7 +77,7 @@ pub const REKEY_EXIT_CODE: i32 = 75;
 pub const FORGED_FILE: &str = "misbehave.forged";
 
 impl Attack {
-    pub const ALL: [Attack; 14] = [
+    pub const ALL: [Attack; 16] = [
         Attack::InflatedReward,
         Attack::ForgedLogprobs,
         Attack::InvalidLogprob,
@@ -88,6 +92,8 @@ impl Attack {
         Attack::SybilRekey,
         Attack::LateLiar,
         Attack::BacklogInflation,
+        Attack::ForgedReturn,
+        Attack::ForgedObservation,
     ];
 
     pub fn name(self) -> &'static str {
@@ -106,6 +112,8 @@ impl Attack {
             Attack::SybilRekey => "sybil_rekey",
             Attack::LateLiar => "late_liar",
             Attack::BacklogInflation => "backlog_inflation",
+            Attack::ForgedReturn => "forged_return",
+            Attack::ForgedObservation => "forged_observation",
         }
     }
 }

@@ -128,6 +128,20 @@ impl InferCache {
         }
     }
 
+    /// An independent copy with its own buffers (the cache is written in place, so a plain
+    /// clone would share them): prefill once, then continue several episodes from it.
+    pub fn deep_copy(&self) -> Result<Self> {
+        Ok(InferCache {
+            layers: self
+                .layers
+                .iter()
+                .map(|(k, v)| Ok((k.copy()?, v.copy()?)))
+                .collect::<Result<Vec<_>>>()?,
+            len: self.len,
+            capacity: self.capacity,
+        })
+    }
+
     /// Repeats a batch-1 cache `n` times (prefill the prompt once, decode `n` samples).
     pub fn repeat_batch(&mut self, n: usize) -> Result<()> {
         crate::model::repeat_kv_rows(self.layers.iter_mut(), n)

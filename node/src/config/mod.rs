@@ -200,13 +200,25 @@ impl Default for ModelConfig {
     }
 }
 
-/// `[task]`: a built-in task (`arith`, `jsonl-math`, `knights-knaves`) and its parameters.
+/// `[task]`: a built-in task (`arith`, `jsonl-math`, `knights-knaves`) or multi-turn
+/// environment (`kuhn-poker`, `holdem`) and its parameters.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TaskConfig {
     pub name: String,
     /// Task parameters, e.g. `{ max_operand = 9, ops = "+" }` (see docs/tasks.md).
     pub params: serde_json::Value,
+    /// Multi-turn environments: most agent turns per episode (default: the environment's).
+    /// Learner and workers must agree on the three budgets (the learner replays episodes
+    /// with them; docs/environments.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_turns: Option<u32>,
+    /// Most tokens the model samples in one turn (default: the environment's suggestion).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_turn_tokens: Option<usize>,
+    /// Most tokens of an episode after its first prompt (turns and observations together).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_episode_tokens: Option<usize>,
 }
 
 impl Default for TaskConfig {
@@ -214,7 +226,26 @@ impl Default for TaskConfig {
         TaskConfig {
             name: "arith".into(),
             params: serde_json::json!({}),
+            max_turns: None,
+            max_turn_tokens: None,
+            max_episode_tokens: None,
         }
+    }
+}
+
+impl TaskConfig {
+    /// The episode budget of `env` with this section's overrides.
+    pub fn budget(
+        &self,
+        env: &dyn tasks::env::Environment,
+    ) -> Result<tasks::env::Budget, tasks::TaskError> {
+        let meta = env.metadata();
+        tasks::env::Budget::of(&meta).with(
+            &meta,
+            self.max_turns,
+            self.max_turn_tokens,
+            self.max_episode_tokens,
+        )
     }
 }
 

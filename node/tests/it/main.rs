@@ -4,6 +4,7 @@ mod admin;
 mod admission;
 mod cli;
 mod durability;
+mod envs;
 mod learning;
 mod relay;
 mod scheduler;

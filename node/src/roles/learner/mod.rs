@@ -34,6 +34,7 @@
 //! and workers accept the next snapshot.
 
 mod ctx;
+pub mod envs;
 mod publisher;
 mod puller;
 mod shares;
@@ -53,7 +54,7 @@ use learner::{Pipeline, Trainer, Window};
 use storage::ChunkStore;
 use tokio::sync::watch;
 
-use super::{build_model, build_task, Probe, RoleView};
+use super::{build_model, Probe, RoleView};
 use crate::state::NodeState;
 
 /// "None" in the atomics below.
@@ -198,6 +199,8 @@ pub async fn start(
         puller::PullSettings::of(&state.config, &state.key.verifying_key().to_bytes()),
     ));
     let (done_tx, finished) = tokio::sync::oneshot::channel();
+    let exact = envs::Evaluator::for_learner(&state.config, trainer.config().temperature)
+        .context("building the exact evaluator")?;
     let ctx = ctx::TrainCtx {
         trainer,
         weights_version,
@@ -222,6 +225,7 @@ pub async fn start(
         },
         ckpt_dir: state.config.checkpoint_dir(),
         steps_log: state.config.data_dir.join("metrics").join("steps.jsonl"),
+        exact,
     };
     let thread = std::thread::Builder::new()
         .name("learner".into())
@@ -300,16 +304,20 @@ fn restore_or_init(state: &NodeState) -> anyhow::Result<(Trainer, u64)> {
         }
         super::check_memory("the learner", need.saturating_sub(weights), &state.device)?;
         if config.learner.warm_start_steps > 0 {
-            let task = build_task(config)?;
+            let env = super::build_env(config)?;
             let t0 = Instant::now();
-            let w = learner::warm_start_on_task(
-                &policy,
-                &tokenizer,
-                task.as_ref(),
-                config.learner.warm_start_steps,
-                config.model.seed,
-            )
-            .context("supervised warm start")?;
+            let w = match env.as_task() {
+                Some(task) => learner::warm_start_on_task(
+                    &policy,
+                    &tokenizer,
+                    task.as_ref(),
+                    config.learner.warm_start_steps,
+                    config.model.seed,
+                )
+                .context("supervised warm start")?,
+                None => envs::warm_start(config, &policy, &tokenizer, env.as_ref())
+                    .context("supervised warm start on scripted play")?,
+            };
             tracing::info!(
                 steps = w.steps,
                 examples = w.examples,
