@@ -209,7 +209,12 @@ fn micro_batched_gradients_match_the_single_batch() {
 #[test]
 fn a_micro_batched_step_trains_like_one_pass() {
     let p = policy();
-    let groups = [group(&p, 5, 4), group(&p, 6, 8), group(&p, 7, 4)];
+    // Re-wrapped as verified (the pipeline's checks are not what this test is about).
+    let pipe = crate::Pipeline::new(crate::pipeline::limits_of(p.config(), 0));
+    let groups: Vec<_> = [group(&p, 5, 4), group(&p, 6, 8), group(&p, 7, 4)]
+        .into_iter()
+        .map(|g| pipe.from_own_buffer(g))
+        .collect();
     let (mut one, mut many) = (trainer(0), trainer(12));
     let a = one.train_step(&groups).unwrap();
     let b = many.train_step(&groups).unwrap();
