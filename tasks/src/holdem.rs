@@ -238,7 +238,7 @@ impl Holdem {
                 Some(p) => Opponent::Model(p.clone()),
                 None => Opponent::Calling,
             },
-            _ => Opponent::Random(crate::util::item_rng("holdem/opponent", 0, seed)),
+            _ => Opponent::Random(Box::new(crate::util::item_rng("holdem/opponent", 0, seed))),
         }
     }
 }
@@ -246,7 +246,7 @@ impl Holdem {
 enum Opponent {
     Calling,
     AllIn,
-    Random(rand::rngs::StdRng),
+    Random(Box<rand::rngs::StdRng>),
     Model(Arc<dyn TextPolicy>),
 }
 

@@ -104,7 +104,7 @@ pub fn ev_p1(p1: &Strategy, p2: &Strategy) -> f64 {
         let w = win(c1, c2);
         let (bet, call) = (p1.p(0, c1, 0), p1.p(0, c1, 1));
         let (q_bet, q_call) = (p2.p(1, c2, 0), p2.p(1, c2, 1));
-        let check = (1.0 - q_bet) * w + q_bet * ((1.0 - call) * -1.0 + call * 2.0 * w);
+        let check = (1.0 - q_bet) * w + q_bet * (-(1.0 - call) + call * 2.0 * w);
         let bet_v = (1.0 - q_call) + q_call * 2.0 * w;
         total += (1.0 - bet) * check + bet * bet_v;
     }
@@ -121,7 +121,7 @@ pub fn best_response_p1(p2: &Strategy) -> f64 {
         for c2 in others {
             let w = win(c1, c2);
             let (q_bet, q_call) = (p2.p(1, c2, 0), p2.p(1, c2, 1));
-            fold += q_bet * -1.0;
+            fold -= q_bet;
             call += q_bet * 2.0 * w;
             check_rest += (1.0 - q_bet) * w;
             bet += (1.0 - q_call) + q_call * 2.0 * w;
@@ -142,7 +142,7 @@ pub fn best_response_p2(p1: &Strategy) -> f64 {
             let reach_check = 1.0 - p_bet;
             check += reach_check * w2;
             bet += reach_check * ((1.0 - p_call) + p_call * 2.0 * w2);
-            fold += p_bet * -1.0;
+            fold -= p_bet;
             call += p_bet * 2.0 * w2;
         }
         total += check.max(bet) + fold.max(call);
@@ -263,7 +263,7 @@ pub fn observation(seat: usize, card: usize, h: usize) -> String {
 
 /// The two legal words at history `h` of `seat`: (passive, aggressive).
 fn words(seat: usize, h: usize) -> (&'static str, &'static str) {
-    if (seat == 0 && h == 0) || (seat == 1 && h == 0) {
+    if seat <= 1 && h == 0 {
         ("check", "bet")
     } else {
         ("fold", "call")
