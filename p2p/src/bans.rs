@@ -116,23 +116,18 @@ mod tests {
     #[test]
     fn only_proof_of_misbehaviour_bans_at_once() {
         use StrikeReason::*;
-        let all = [
-            InvalidGroup,
-            RewardMismatch,
-            LogprobMismatch,
-            BadSignature,
-            WrongPrompt,
-            OversizedAnswer,
-            CorruptChunk,
-            StreamViolation,
-            Untrainable,
-            HeartbeatFlood,
-            Replay,
-            BadMessage,
-            SilentForwarding,
-        ];
-        let at_once: Vec<_> = all.into_iter().filter(|r| r.bans_at_once()).collect();
-        assert_eq!(at_once, [OversizedAnswer, CorruptChunk, Replay]);
+        let at_once: Vec<_> = StrikeReason::ALL
+            .into_iter()
+            .filter(|r| r.bans_at_once())
+            .collect();
+        assert_eq!(
+            at_once,
+            [OversizedAnswer, CorruptChunk, Replay, ForgedMessage]
+        );
+        for r in StrikeReason::ALL {
+            assert_eq!(StrikeReason::from_name(r.as_str()), Some(r));
+        }
+        assert_eq!(StrikeReason::from_name("nonsense"), None);
     }
 
     #[test]

@@ -91,6 +91,8 @@ fn heartbeat() -> impl Strategy<Value = Heartbeat> {
                 device,
                 reachability: None,
                 addrs: Vec::new(),
+                receipts: Vec::new(),
+                admission: None,
             },
         )
 }
@@ -373,6 +375,8 @@ fn floats_survive_json_exactly() {
         device: None,
         reachability: None,
         addrs: Vec::new(),
+        receipts: Vec::new(),
+        admission: None,
     };
     assert_eq!(
         Heartbeat::decode(&h.encode(), SWARM)

@@ -169,6 +169,7 @@ impl PeerEntry {
             cost_per_hour: hb.map(|h| h.cost_per_hour),
             score: self.stats.components(now).score,
             reachability: hb.and_then(|h| h.reachability),
+            admission: hb.and_then(|h| h.admission.clone()),
         }
     }
 
@@ -214,6 +215,7 @@ impl PeerEntry {
             reachability: hb.and_then(|h| h.reachability),
             connection: None,
             install_lag: None,
+            admission: hb.and_then(|h| h.admission.clone()),
         }
     }
 }
@@ -253,6 +255,7 @@ mod tests {
             reachability: None,
             addrs: Vec::new(),
             receipts: Vec::new(),
+            admission: None,
         }
     }
 

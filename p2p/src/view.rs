@@ -36,6 +36,9 @@ pub struct PeerView {
     pub score: f64,
     /// How peers can reach it, as its heartbeats report.
     pub reachability: Option<Reachability>,
+    /// The admission credential its heartbeats carry (hex; unchecked: the learner's gate
+    /// decides on it).
+    pub admission: Option<String>,
 }
 
 impl PeerView {
@@ -81,6 +84,7 @@ mod tests {
             cost_per_hour: None,
             score: 0.0,
             reachability: None,
+            admission: None,
         }
     }
 

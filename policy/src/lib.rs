@@ -4,7 +4,9 @@
 //! candle-nn variables with Hugging Face weight names ([`model`]), its configuration and config
 //! hash ([`config`]), weights ⇄ safetensors snapshot payload ([`Policy`]), tokenizers
 //! ([`tokenizer`]), KV-cache sampling with log-probs ([`sampling`]), loading a local Hugging
-//! Face folder ([`hf`]) and the supervised warm-start helper ([`sft`]); device selection
+//! Face folder ([`hf`]) and the supervised warm-start helper ([`sft`]); chat templates and the
+//! turn-aware masks of multi-turn episodes ([`chat`]), generation that carries its KV cache
+//! from turn to turn ([`session`]); device selection
 //! ([`device`]), memory-fit arithmetic ([`memory`]) and the gradient-free generation path with
 //! fused kernels and half-precision weights ([`infer`]).
 //!
@@ -13,6 +15,7 @@
 //!
 //! The CPU build is the default; `--features cuda` only forwards to candle's CUDA backend.
 
+pub mod chat;
 pub mod config;
 pub mod device;
 pub mod error;
@@ -21,6 +24,7 @@ pub mod infer;
 pub mod memory;
 pub mod model;
 pub mod sampling;
+pub mod session;
 pub mod sft;
 pub mod tokenizer;
 pub mod weights;
@@ -33,7 +37,7 @@ pub use candle_nn;
 pub use config::{Arch, ModelConfig};
 pub use device::{DeviceChoice, DeviceInfo};
 pub use error::{PolicyError, Result};
-pub use infer::InferModel;
+pub use infer::{InferModel, InferSpec};
 pub use model::{KvCache, Qwen3};
 pub use sampling::{
     batch_response_logprobs, response_logprobs, token_logprobs, Completion, GenerationPath,

@@ -113,8 +113,13 @@ impl NodeConfig {
                 ),
             );
         }
-        if let Err(e) = tasks::build_task(&self.task.name, &self.task.params) {
-            bad("task", e.to_string());
+        match tasks::build_env(&self.task.name, &self.task.params) {
+            Ok(env) => {
+                if let Err(e) = self.task.budget(env.as_ref()) {
+                    bad("task", e.to_string());
+                }
+            }
+            Err(e) => bad("task", e.to_string()),
         }
         let l = &self.learner;
         if self.role == Role::Learner {
@@ -185,6 +190,9 @@ impl NodeConfig {
         }
         for (k, p) in self.verification.validate() {
             bad(&format!("verification.{k}"), p);
+        }
+        for (k, p) in self.admission.validate(&self.network.allow_list) {
+            bad(&format!("admission.{k}"), p);
         }
         let r = &self.rollout;
         if !(1..=storage::record::limits::MAX_SAMPLES).contains(&r.group_size) {

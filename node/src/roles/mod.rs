@@ -196,6 +196,29 @@ pub fn build_task(config: &NodeConfig) -> anyhow::Result<Arc<dyn tasks::Task>> {
         .with_context(|| format!("building task `{}`", config.task.name))
 }
 
+/// The configured task or environment, as an environment (a task is a one-step one).
+pub fn build_env(config: &NodeConfig) -> anyhow::Result<Arc<dyn tasks::env::Environment>> {
+    tasks::build_env(&config.task.name, &config.task.params)
+        .with_context(|| format!("building task `{}`", config.task.name))
+}
+
+/// How the configured model renders `env`'s conversations: the single-turn prompt template
+/// for a one-step environment; for a multi-turn one, the `chat_template` of the model's
+/// Hugging Face folder, or the embedded model's built-in template.
+pub fn build_chat(
+    config: &NodeConfig,
+    tokenizer: Tokenizer,
+    env: &dyn tasks::env::Environment,
+) -> anyhow::Result<policy::chat::Chat> {
+    let multi = env.metadata().is_multi_turn();
+    let hf = if multi && config.model.source != "embedded" {
+        policy::chat::hf_chat_template(std::path::Path::new(&config.model.source))?
+    } else {
+        None
+    };
+    Ok(policy::chat::Chat::for_model(tokenizer, hf, multi)?)
+}
+
 /// Resolves on Ctrl-C (SIGINT) or SIGTERM.
 pub async fn shutdown_signal() -> anyhow::Result<()> {
     #[cfg(unix)]

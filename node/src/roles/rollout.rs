@@ -18,7 +18,10 @@
 //! - **Test-only attacks** (only in a build with the `adversary` feature). With
 //!   `ECHO_NODE_MISBEHAVE` naming group attacks (`GROUP_ATTACKS`) the finished group is
 //!   corrupted just before it is stored (`tamper`), so what the learner pulls is really bad;
-//!   with several, group `seq` gets attack `seq mod k`.
+//!   with several, group `seq` gets attack `seq mod k`. The `late_liar` and `sybil_rekey`
+//!   workers forge log-probs only from a number of honest groups on (`forges`); every forged
+//!   group's id is listed in `<data_dir>/misbehave.forged`. A `backlog_inflation` worker
+//!   keeps far more groups pending than configured (`roles::attacks::pending_limit`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -29,7 +32,7 @@ use dissemination::DisseminationEvent;
 use rollout::{PolicySlot, RolloutConfig, RolloutEngine, RunningEngine};
 use tokio::sync::mpsc;
 
-use super::{build_model, build_task, Probe, RoleView};
+use super::{build_chat, build_env, build_model, Probe, RoleView};
 use crate::api::{RoleSection, RolloutStatus};
 #[cfg(feature = "adversary")]
 use crate::misbehave::Attack;
@@ -39,14 +42,30 @@ use storage::TrajectoryGroup;
 
 /// The attacks carried out on the groups a worker produces.
 #[cfg(feature = "adversary")]
-pub const GROUP_ATTACKS: [Attack; 6] = [
+pub const GROUP_ATTACKS: [Attack; 10] = [
     Attack::InflatedReward,
     Attack::ForgedLogprobs,
     Attack::InvalidLogprob,
     Attack::OutOfVocab,
     Attack::Overlong,
     Attack::BadSignature,
+    Attack::LateLiar,
+    Attack::SybilRekey,
+    Attack::ForgedReturn,
+    Attack::ForgedObservation,
 ];
+
+/// Whether group `seq` of a worker carrying out `attack` is tampered with: always, except
+/// for the honest prefix of `late_liar` and `sybil_rekey` (which then forge log-probs).
+#[cfg(feature = "adversary")]
+pub fn forges(attack: Attack, seq: u64) -> bool {
+    use crate::misbehave::{LATE_LIAR_HONEST_GROUPS, SYBIL_HONEST_GROUPS};
+    match attack {
+        Attack::LateLiar => seq >= LATE_LIAR_HONEST_GROUPS,
+        Attack::SybilRekey => seq >= SYBIL_HONEST_GROUPS,
+        _ => true,
+    }
+}
 
 /// Corrupts a finished group with `attack` (test only); `vocab` and `context` are the model's.
 /// Log-prob, token and length changes keep the group schema-valid (it must be stored and
@@ -62,16 +81,44 @@ pub fn tamper(attack: Attack, g: &mut TrajectoryGroup, vocab: usize, context: us
     }
     match attack {
         Attack::InflatedReward => g.samples.iter_mut().for_each(|s| s.reward = 1.0),
-        Attack::ForgedLogprobs => g.samples.iter_mut().for_each(|s| {
-            s.sampler_logprobs
-                .iter_mut()
-                .for_each(|lp| *lp = (*lp + 0.5).min(0.0))
-        }),
+        Attack::ForgedLogprobs | Attack::LateLiar | Attack::SybilRekey => {
+            g.samples.iter_mut().for_each(|s| {
+                s.sampler_logprobs
+                    .iter_mut()
+                    .for_each(|lp| *lp = (*lp + 0.5).min(0.0))
+            })
+        }
         Attack::InvalidLogprob => g.samples[0].sampler_logprobs[0] = -1e4,
         Attack::OutOfVocab => {
             let s = &mut g.samples[0];
             let last = s.response_tokens.len() - 1;
             s.response_tokens[last] = u32::try_from(vocab).unwrap_or(u32::MAX);
+        }
+        Attack::ForgedReturn => g.samples[0].reward += 1.0,
+        // The first observation token (loss mask 0) of an episode becomes another token of
+        // the same observation: the story the environment told is changed. A group without
+        // observations (one-turn episodes) gets a forged return instead.
+        Attack::ForgedObservation => {
+            let forged = g.samples.iter_mut().any(|s| {
+                let obs: Vec<usize> = (0..s.loss_mask.len())
+                    .filter(|&i| s.loss_mask[i] == 0)
+                    .collect();
+                let first = obs.first().copied();
+                let other = obs
+                    .iter()
+                    .copied()
+                    .find(|&i| Some(s.response_tokens[i]) != first.map(|f| s.response_tokens[f]));
+                match (first, other) {
+                    (Some(f), Some(o)) => {
+                        s.response_tokens.swap(f, o);
+                        true
+                    }
+                    _ => false,
+                }
+            });
+            if !forged {
+                g.samples[0].reward += 1.0;
+            }
         }
         Attack::Overlong => {
             let s = &mut g.samples[0];
@@ -86,20 +133,37 @@ pub fn tamper(attack: Attack, g: &mut TrajectoryGroup, vocab: usize, context: us
     }
 }
 
-/// The seal hook of a misbehaving worker: tamper with group `seq` by attack `seq mod k`, then
-/// sign it (with a fresh key for `bad_signature`, with the node key otherwise: the lie is the
-/// worker's own).
+/// The seal hook of a misbehaving worker: tamper with group `seq` by attack `seq mod k` (when
+/// [`forges`] says so; the id goes to `forged_file`), then sign it (with a fresh key for
+/// `bad_signature`, with the node key otherwise: the lie is the worker's own).
 #[cfg(feature = "adversary")]
-fn attack_hook(attacks: Vec<Attack>, vocab: usize, context: usize) -> rollout::SealHook {
+fn attack_hook(
+    attacks: Vec<Attack>,
+    vocab: usize,
+    context: usize,
+    forged_file: std::path::PathBuf,
+) -> rollout::SealHook {
     Box::new(move |g, key| {
         let attack = attacks[(g.seq % attacks.len() as u64) as usize];
-        tamper(attack, g, vocab, context);
+        let forged = forges(attack, g.seq);
+        if forged {
+            tamper(attack, g, vocab, context);
+        }
         if attack == Attack::BadSignature {
             g.sign(storage::NodeKey::generate().signing_key());
         } else {
             g.sign(key.signing_key());
         }
-        tracing::warn!(%attack, seq = g.seq, "TEST-ONLY: stored a corrupted group");
+        if forged {
+            use std::io::Write;
+            let line = format!("{}\n", hex::encode(g.group_id));
+            let _ = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&forged_file)
+                .and_then(|mut f| f.write_all(line.as_bytes()));
+            tracing::warn!(%attack, seq = g.seq, "TEST-ONLY: stored a corrupted group");
+        }
     })
 }
 
@@ -151,21 +215,28 @@ pub async fn start(
     view: RoleView,
 ) -> anyhow::Result<RolloutRole> {
     let config = &state.config;
-    let (policy, tokenizer) = build_model(config, &state.device)?;
-    let task = build_task(config)?;
+    // The f32 weights stay in host memory (snapshots decode there too): the device holds only
+    // the inference path's prepared copy.
+    let (policy, tokenizer) = build_model(config, &policy::Device::Cpu)?;
+    let env = build_env(config)?;
+    let budget = config.task.budget(env.as_ref())?;
     // Generation: weights in the inference path's dtype (bf16 on a GPU) plus the KV cache of
-    // one group of n rows; prompts are budgeted at 1024 tokens. The f32 weights the slot also
-    // keeps are resident already (just loaded), so the device's free memory counts them.
+    // one group of n rows; prompts are budgeted at 1024 tokens.
     let r = &config.rollout;
     let gen_dtype = if state.device.is_cuda() {
         policy::DType::BF16
     } else {
         policy::DType::F32
     };
-    let context = (1024 + r.max_new_tokens).min(policy.config().max_position_embeddings);
+    let new_tokens = if env.metadata().is_multi_turn() {
+        budget.max_episode_tokens
+    } else {
+        r.max_new_tokens
+    };
+    let context = (1024 + new_tokens).min(policy.config().max_position_embeddings);
     let need = policy::memory::worker_bytes(policy.config(), gen_dtype, r.group_size, context);
     super::check_memory("the rollout worker", need, &state.device)?;
-    let slot = PolicySlot::new(policy.config().clone(), policy.device().clone());
+    let slot = PolicySlot::new(policy.config().clone(), state.device.clone());
     #[cfg(feature = "adversary")]
     let (vocab, max_context) = (
         policy.config().vocab_size,
@@ -205,11 +276,15 @@ pub async fn start(
             .as_deref()
             .context("a rollout worker needs learner_public_key")?,
     )?;
-    let engine = RolloutEngine::new(
+    let chat = build_chat(config, tokenizer, env.as_ref())?;
+    let engine = RolloutEngine::for_env(
         RolloutConfig {
             group_size: r.group_size,
             sampling,
-            max_pending_groups: config.storage.max_pending_groups,
+            max_pending_groups: super::attacks::pending_limit(
+                &state.misbehave,
+                config.storage.max_pending_groups,
+            ),
             seed,
             producer: state.peer_id.clone(),
             idle_poll: Duration::from_millis(20),
@@ -220,8 +295,9 @@ pub async fn start(
             )),
             ..RolloutConfig::default()
         },
-        task,
-        tokenizer,
+        env,
+        chat,
+        budget,
         state.trajectories.clone(),
         slot.clone(),
     )
@@ -238,7 +314,8 @@ pub async fn start(
         if attacks.is_empty() {
             engine
         } else {
-            engine.with_seal_hook(attack_hook(attacks, vocab, max_context))
+            let forged_file = config.data_dir.join(crate::misbehave::FORGED_FILE);
+            engine.with_seal_hook(attack_hook(attacks, vocab, max_context, forged_file))
         }
     };
     let stats = engine.stats();

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::swarm::{wait_for, Node};
-use crate::verified::misbehaving_worker;
+use crate::verified::bad_worker;
 
 /// One chain, 64-KiB chunks (the tiny model is some forty of them), seats re-drawn every plan
 /// (κ = 2, an epoch of two versions), small steps after a short warm start (without one the
@@ -41,7 +41,7 @@ fn a_forwarder_that_stalls_mid_run_costs_its_children_nothing_and_is_banned() {
     let swarm = "it-forwarding";
     let (mut learner, mut honest) =
         Node::learner_and_workers(tmp.path(), swarm, LEARNER, 2, WORKER);
-    let mut bad = misbehaving_worker(tmp.path(), swarm, &learner, "silent_after_honest", WORKER);
+    let mut bad = bad_worker(tmp.path(), swarm, &learner, "silent_after_honest", WORKER);
     bad.wait_ready();
     let bad_id = bad.key.peer_id.clone();
     // The staller is seen silent over a child (a judged receipt of nothing); note the newest

@@ -1,11 +1,13 @@
 //! The integration-test binary of `echo-node`: real processes, loopback only, bounded waits.
 
 mod admin;
+mod admission;
 mod cli;
 mod durability;
 /// A forwarder that stalls mid-run (an attack: needs the `adversary` feature).
 #[cfg(feature = "adversary")]
 mod forwarding;
+mod envs;
 mod learning;
 mod relay;
 mod scheduler;

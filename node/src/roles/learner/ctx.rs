@@ -27,11 +27,19 @@ pub(super) struct TrainCtx {
     pub cfg: LearnerConfig,
     /// The dtype snapshots are shipped in (`broadcast.dtype`).
     pub snapshot_dtype: policy::DType,
+    /// The share limits of a batch (`[admission]`).
+    pub caps: control::admission::ShareCaps,
+    /// `[admission]`, for status.
+    pub admission: crate::config::AdmissionConfig,
+    /// Whether every trained reward was recomputed (`verification.recompute_rewards`).
+    pub rewards_recomputed: bool,
     /// Whether a producer (its peer id as the group names it) is banned now
     /// (`p2p::Client::banned_peers`).
     pub is_banned: Box<dyn Fn(&str) -> bool + Send>,
     pub ckpt_dir: PathBuf,
     pub steps_log: PathBuf,
+    /// The exact evaluator of the environment, run on every published version.
+    pub exact: Option<super::envs::Evaluator>,
 }
 
 /// Running totals behind the `/status` learner section.
@@ -53,7 +61,12 @@ pub(super) struct Totals {
     pub reward_first: Option<f64>,
     /// Rewards of the last `train::RECENT_REWARDS` steps.
     pub recent_rewards: VecDeque<f64>,
+    /// Mean rewards of the last `train::RECENT_CHECKED` trained groups whose sampled tokens
+    /// and log-probs were checked and whose rewards were recomputed (fully verified groups).
+    pub recent_checked: VecDeque<f64>,
     /// Producers with their own `learner_groups_trained_total` series (at most
     /// `train::MAX_PRODUCER_SERIES`; the rest count under `producer="other"`).
     pub producer_series: std::collections::HashSet<String>,
+    /// What the admin page draws.
+    pub curve: crate::api::Curve,
 }

@@ -9,10 +9,13 @@
 //!   engine and measures T_bcast from the workers' install reports (woken by each change of
 //!   the peer view, `p2p::Client::peer_changes`); it never blocks training (a snapshot superseded before it
 //!   was published is skipped);
-//! - the **puller** task ([`puller`]) keeps the buffer topped up: it leases groups from the
-//!   rollout workers with the pull protocol, in proportion to what their heartbeats say they
-//!   hold, verifies every group before it is stored ([`verify`]: producer signature, assigned
-//!   prompt, recomputed rewards) and strikes the workers whose groups fail.
+//! - the **puller** task ([`puller`]) keeps the buffer topped up: it pulls from the admitted
+//!   rollout workers ([`crate::admission`]) with the pull protocol, within each worker's
+//!   credit and share ([`shares`]), runs every group through the one verification pipeline
+//!   before it is stored ([`verify`]: structure, producer signature, assigned prompt,
+//!   recomputed rewards, the log-prob spot check at the worker's check rate), penalises the
+//!   workers whose groups fail (one table: strike, or ban at once on proof) and drops the
+//!   buffered groups of a banned worker.
 //!
 //! [`status`] turns their figures into the `learner` section of `/status`.
 //!
@@ -31,25 +34,27 @@
 //! and workers accept the next snapshot.
 
 mod ctx;
+pub mod envs;
 mod publisher;
 mod puller;
+mod shares;
 pub mod spot;
 mod status;
 mod train;
 pub mod verify;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::Context;
 use dissemination::Disseminator;
-use learner::{Trainer, Window};
+use learner::{Pipeline, Trainer, Window};
 use storage::ChunkStore;
 use tokio::sync::watch;
 
-use super::{build_model, build_task, Probe, RoleView};
+use super::{build_model, Probe, RoleView};
 use crate::state::NodeState;
 
 /// "None" in the atomics below.
@@ -75,6 +80,12 @@ struct Shared {
     /// or found none to take. Waiting for the next tick instead left the learner idle for up
     /// to `pull_interval_ms` after each version bump had expired part of the buffer.
     pull_wake: tokio::sync::Notify,
+    /// The one verification pipeline: it verifies what the puller stores, re-wraps what the
+    /// training thread takes from the buffer, and keeps the workers' verified histories.
+    pipeline: Arc<Pipeline>,
+    /// Admitted, active workers past probation (the puller counts them; the batch quota
+    /// reads them).
+    established_active: AtomicUsize,
 }
 
 /// A snapshot waiting to be published.
@@ -140,7 +151,11 @@ pub async fn start(
         version = trainer.version(),
         "learner window"
     );
+    let pipeline = Arc::new(build_pipeline(&state, &trainer)?);
+    tracing::info!(stages = ?pipeline.stage_names(), probation = ?pipeline.probation(), "verification of pulled groups");
     let shared = Arc::new(Shared {
+        pipeline: pipeline.clone(),
+        established_active: AtomicUsize::new(0),
         stop: tokio_util::sync::CancellationToken::new(),
         window,
         version: AtomicU64::new(trainer.version()),
@@ -155,28 +170,6 @@ pub async fn start(
             )))
         }),
     });
-    let mut verifier =
-        verify::Verifier::for_learner(&state.config, &state.key.verifying_key().to_bytes())
-            .context("building the learner's verification layers")?;
-    let v = &state.config.verification;
-    if v.spot_check_fraction > 0.0 || v.spot_check_first_groups > 0 {
-        // Last: the only layer that runs the model.
-        verifier = verifier.with_layer(
-            spot::SpotChecker::new(
-                spot::SpotSettings {
-                    fraction: v.spot_check_fraction,
-                    first_groups: u32::try_from(v.spot_check_first_groups).unwrap_or(u32::MAX),
-                    temperature: trainer.config().temperature,
-                    ..Default::default()
-                },
-                state.chunks.clone(),
-                trainer.policy().config().clone(),
-                state.device.clone(),
-            )
-            .context("building the log-prob spot checker")?,
-        );
-    }
-    tracing::info!(layers = ?verifier.layer_names(), "verification of pulled groups");
     let (snap_tx, snap_rx) = watch::channel::<Snapshot>(None);
     let config_hash = trainer.policy().config().hash();
     let tasks = super::Tasks::default();
@@ -203,9 +196,11 @@ pub async fn start(
         client.clone(),
         state.trajectories.clone(),
         shared.clone(),
-        puller::PullSettings::of(&state.config, Arc::new(verifier)),
+        puller::PullSettings::of(&state.config, &state.key.verifying_key().to_bytes()),
     ));
     let (done_tx, finished) = tokio::sync::oneshot::channel();
+    let exact = envs::Evaluator::for_learner(&state.config, trainer.config().temperature)
+        .context("building the exact evaluator")?;
     let ctx = ctx::TrainCtx {
         trainer,
         weights_version,
@@ -215,6 +210,9 @@ pub async fn start(
         view,
         cfg: state.config.learner.clone(),
         snapshot_dtype: state.config.broadcast.dtype.dtype(),
+        caps: state.config.admission.caps(),
+        admission: state.config.admission.clone(),
+        rewards_recomputed: state.config.verification.recompute_rewards,
         is_banned: {
             // The group names its producer as text: compared with the banned peers' ids
             // written out, never parsed back.
@@ -227,6 +225,7 @@ pub async fn start(
         },
         ckpt_dir: state.config.checkpoint_dir(),
         steps_log: state.config.data_dir.join("metrics").join("steps.jsonl"),
+        exact,
     };
     let thread = std::thread::Builder::new()
         .name("learner".into())
@@ -247,6 +246,32 @@ pub async fn start(
     })
 }
 
+/// The one verification pipeline of this learner: the stages `[verification]` switches on,
+/// structure checked against the model's limits, and the log-prob spot check last (the only
+/// stage that runs the model, so it sees only groups every cheaper stage passed).
+fn build_pipeline(state: &NodeState, trainer: &Trainer) -> anyhow::Result<Pipeline> {
+    let limits = puller::group_limits(&state.config);
+    let key = state.key.verifying_key().to_bytes();
+    let mut pipeline = verify::pipeline_for_learner(&state.config, &key, limits)
+        .context("building the learner's verification stages")?;
+    let v = &state.config.verification;
+    if v.spot_check_fraction > 0.0 || v.spot_check_first_groups > 0 {
+        pipeline = pipeline.with_stage(
+            spot::SpotChecker::new(
+                spot::SpotSettings {
+                    temperature: trainer.config().temperature,
+                    ..Default::default()
+                },
+                state.chunks.clone(),
+                trainer.policy().config().clone(),
+                state.device.clone(),
+            )
+            .context("building the log-prob spot checker")?,
+        );
+    }
+    Ok(pipeline)
+}
+
 /// The last checkpoint, or a fresh model (warm-started on the task when configured), moved
 /// on to the newest snapshot published after it ([`resume_at_published`]). Also returns the
 /// version the weights stand at, for the journal.
@@ -255,29 +280,44 @@ fn restore_or_init(state: &NodeState) -> anyhow::Result<(Trainer, u64)> {
     let ckpt = config.checkpoint_dir();
     let wanted = config.learner.trainer_config()?;
     let mut trainer = if ckpt.join("LATEST").exists() {
-        let t = Trainer::load(&ckpt, &state.device)
+        let mut t = Trainer::load(&ckpt, &state.device)
             .with_context(|| format!("restoring the checkpoint in {}", ckpt.display()))?;
         tracing::info!(version = t.version(), dir = %ckpt.display(), "resumed from checkpoint");
         warn_ignored_settings(&wanted, t.config());
+        // How a step is cut into passes depends on this run's device, not the checkpoint's.
+        t.set_micro_batch_tokens(wanted.micro_batch_tokens);
         t
     } else {
         let (policy, tokenizer) = build_model(config, &state.device)?;
-        // Gradients and AdamW's moments (and the KL reference) come on top of the weights
-        // just loaded; refuse now, with the numbers, rather than fail mid-run.
+        // Gradients, AdamW's moments, the KL reference and the activations of one pass come
+        // on top of the weights just loaded; refuse now, with the numbers, rather than fail
+        // mid-run.
         let weights = 4 * policy.config().num_params();
-        let need = policy::memory::learner_bytes(policy.config(), wanted.loss.kl_beta > 0.0);
+        let (kl, tokens) = (
+            wanted.loss.kl_beta > 0.0,
+            wanted.tokens_per_pass(policy.config()),
+        );
+        let need = policy::memory::learner_bytes(policy.config(), kl, tokens);
+        let free = policy::device::describe(&state.device).memory_free_bytes;
+        if free > 0 {
+            policy::memory::check_learner_fit(policy.config(), kl, tokens, free, weights)?;
+        }
         super::check_memory("the learner", need.saturating_sub(weights), &state.device)?;
         if config.learner.warm_start_steps > 0 {
-            let task = build_task(config)?;
+            let env = super::build_env(config)?;
             let t0 = Instant::now();
-            let w = learner::warm_start_on_task(
-                &policy,
-                &tokenizer,
-                task.as_ref(),
-                config.learner.warm_start_steps,
-                config.model.seed,
-            )
-            .context("supervised warm start")?;
+            let w = match env.as_task() {
+                Some(task) => learner::warm_start_on_task(
+                    &policy,
+                    &tokenizer,
+                    task.as_ref(),
+                    config.learner.warm_start_steps,
+                    config.model.seed,
+                )
+                .context("supervised warm start")?,
+                None => envs::warm_start(config, &policy, &tokenizer, env.as_ref())
+                    .context("supervised warm start on scripted play")?,
+            };
             tracing::info!(
                 steps = w.steps,
                 examples = w.examples,

@@ -1,11 +1,14 @@
 //! The learner's log-prob spot checks of pulled groups (`docs/security.md`, "Log-prob spot
-//! checks"), as a [`pull::GroupVerifier`]: for a sampled fraction of groups (and every new
-//! producer's first groups) the sampled tokens' log-probs are recomputed under the snapshot
-//! version the group claims and compared with the reported ones.
+//! checks"), the last stage of the verification pipeline (`learner::Pipeline`): for a drawn
+//! fraction of groups — the worker's check rate, 1 on probation, lower with a long verified
+//! history (`control::admission::check_rate`) — the sampled tokens' log-probs are
+//! recomputed under the snapshot version the group claims and compared with the reported
+//! ones.
 //!
-//! Owns: the [`SpotChecker`] — the sampler and the rule of `learner::spot_check`, a small
-//! cache of models by version loaded from the node's chunk store, and the check of the claimed
-//! version against the versions this learner published.
+//! Owns: the [`SpotChecker`] — the draw by a secret key and the rule of `learner::spot_check`,
+//! a small cache of models by version loaded from the node's chunk store, the proof-level
+//! grade of a mismatch, and the check of the claimed version against the versions this
+//! learner published.
 //! Must not touch: the pull protocol, the chunk store's contents (read only) or the peer's
 //! penalty (the puller strikes the peer for every rejection the verifier returns).
 //!
@@ -25,34 +28,38 @@
 //! - **Local faults are not the peer's**: a snapshot that fails to load, or a tensor error, is
 //!   logged and counted ([`SpotStats::errors`]); the group passes.
 //! - A group the model cannot take (token id outside the vocabulary, too long) is refused as
-//!   a `logprob_mismatch` (the pull guard's limits normally refuse it first).
+//!   a `logprob_mismatch` (the pipeline's structure stage normally refuses it first).
+//! - **Proof.** A mismatch of at least [`PROOF_FACTOR`] × the tolerance is no numeric spread
+//!   — at the default tolerance 0.1 nats, twenty times the largest honest spread measured
+//!   even for a half-precision worker — but a forgery: refused as `logprob_forged`, which
+//!   bans at once (the penalty table, `verify.rs`).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use learner::spot_check::{
-    SpotRule, SpotSampler, DEFAULT_FIRST_GROUPS, DEFAULT_FRACTION, DEFAULT_TOLERANCE,
-};
-use learner::LearnerError;
+use learner::spot_check::{selected_by_fraction, SpotRule, DEFAULT_TOLERANCE};
+use learner::{Checks, LearnerError, StageInput};
 use policy::{Device, ModelConfig, Policy};
 use storage::record::GroupRejection;
 use storage::{ChunkStore, TrajectoryGroup};
 
 /// Stable rejection reasons (the keys of the puller's per-reason counts).
 pub const REASON_MISMATCH: &str = "logprob_mismatch";
+/// A mismatch of at least [`PROOF_FACTOR`] × the tolerance.
+pub const REASON_FORGED: &str = "logprob_forged";
 pub const REASON_UNPUBLISHED: &str = "unpublished_version";
+
+/// A difference of this many tolerances is proof of a forgery (see the module doc).
+pub const PROOF_FACTOR: f32 = 100.0;
 
 /// Models kept loaded by default (the two newest versions groups were checked under).
 pub const DEFAULT_CACHED_VERSIONS: usize = 2;
 
-/// The spot checker's settings (`[verification]` keys and the learner's temperature).
+/// The spot checker's settings (the learner's temperature; which groups are checked is the
+/// pipeline's check rate).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SpotSettings {
-    /// Fraction of groups checked (`verification.spot_check_fraction`).
-    pub fraction: f64,
-    /// A producer's first groups always checked (`verification.spot_check_first_groups`).
-    pub first_groups: u32,
     /// Bound on `max |reported − recomputed|` (see `learner::spot_check`).
     pub tolerance: f32,
     /// The log-prob temperature (`learner.temperature`, equal to the workers' one).
@@ -64,8 +71,6 @@ pub struct SpotSettings {
 impl Default for SpotSettings {
     fn default() -> Self {
         SpotSettings {
-            fraction: DEFAULT_FRACTION,
-            first_groups: DEFAULT_FIRST_GROUPS,
             tolerance: DEFAULT_TOLERANCE,
             temperature: 1.0,
             cached_versions: DEFAULT_CACHED_VERSIONS,
@@ -78,7 +83,7 @@ impl Default for SpotSettings {
 pub struct SpotStats {
     /// Groups recomputed and compared.
     pub checked: u64,
-    /// Of those, failed (rejected as `logprob_mismatch`).
+    /// Of those, failed (rejected as `logprob_mismatch` or `logprob_forged`).
     pub mismatches: u64,
     /// Groups refused for naming a version the learner never published.
     pub unpublished: u64,
@@ -110,11 +115,12 @@ enum Held {
     Never,
 }
 
-/// The learner's log-prob spot checker (a [`pull::GroupVerifier`]).
+/// The learner's log-prob spot checker (a [`learner::Stage`]).
 pub struct SpotChecker {
     settings: SpotSettings,
     rule: SpotRule,
-    sampler: Mutex<SpotSampler>,
+    /// Draws the checked groups; secret to this learner.
+    key: [u8; 32],
     chunks: Arc<ChunkStore>,
     model: ModelConfig,
     device: Device,
@@ -134,7 +140,7 @@ impl std::fmt::Debug for SpotChecker {
 
 impl SpotChecker {
     /// A checker reading snapshots of `model` from `chunks`, recomputing on `device`. The
-    /// sampler's key is drawn at random (it must stay secret to this learner).
+    /// key that draws the checked groups is random (it must stay secret to this learner).
     pub fn new(
         settings: SpotSettings,
         chunks: Arc<ChunkStore>,
@@ -144,7 +150,7 @@ impl SpotChecker {
         Self::with_key(settings, chunks, model, device, rand::random())
     }
 
-    /// [`SpotChecker::new`] with a given sampler key (tests).
+    /// [`SpotChecker::new`] with a given draw key (tests).
     pub fn with_key(
         settings: SpotSettings,
         chunks: Arc<ChunkStore>,
@@ -159,11 +165,7 @@ impl SpotChecker {
         );
         Ok(SpotChecker {
             rule: SpotRule::new(settings.tolerance)?,
-            sampler: Mutex::new(SpotSampler::new(
-                settings.fraction,
-                settings.first_groups,
-                key,
-            )?),
+            key,
             settings,
             chunks,
             model,
@@ -236,17 +238,16 @@ impl SpotChecker {
         metrics::counter!("learner_spot_checks_total", "result" => result).increment(1);
     }
 
-    /// The check of `group` pulled from `producer` (base58 peer id); blocking (runs a forward
-    /// when the group is selected). See the module doc for the rules.
-    pub fn check(&self, producer: &str, group: &TrajectoryGroup) -> Result<(), GroupRejection> {
+    /// The check of `group`, drawn with probability `rate` (the worker's check rate);
+    /// blocking (runs a forward when drawn). `Ok(true)` when it was recomputed and passed.
+    /// See the module doc for the rules.
+    pub fn check(&self, group: &TrajectoryGroup, rate: f64) -> Result<bool, GroupRejection> {
         let c = &self.counters;
         match self.held(group.version) {
             Ok(Held::Yes) => {}
             Ok(Held::Gone) => {
-                // Not drawn through the sampler: such a group must not use up one of its
-                // producer's always-checked first groups.
                 self.count(&c.skipped_unavailable, "skipped_unavailable");
-                return Ok(());
+                return Ok(false);
             }
             Ok(Held::Never) => {
                 self.count(&c.unpublished, "unpublished_version");
@@ -258,23 +259,23 @@ impl SpotChecker {
             Err(e) => {
                 tracing::warn!(error = %e, "spot check: reading the snapshot index failed");
                 self.count(&c.errors, "error");
-                return Ok(());
+                return Ok(false);
             }
         }
-        if !self.selected(producer, group) {
-            return Ok(());
+        if !selected_by_fraction(&group.group_id, &self.key, rate) {
+            return Ok(false);
         }
         let policy = match self.model_of(group.version) {
             Ok(Some(p)) => p,
             Ok(None) => {
                 self.count(&c.skipped_unavailable, "skipped_unavailable");
-                return Ok(());
+                return Ok(false);
             }
             Err(e) => {
                 tracing::warn!(version = group.version, error = %format!("{e:#}"),
                     "spot check: loading the snapshot failed");
                 self.count(&c.errors, "error");
-                return Ok(());
+                return Ok(false);
             }
         };
         match self.rule.check(&policy, group, self.settings.temperature) {
@@ -285,13 +286,18 @@ impl SpotChecker {
                     max_abs_diff = report.max_abs_diff,
                     "spot check passed"
                 );
-                Ok(())
+                Ok(true)
             }
             Ok((report, false)) => {
                 c.checked.fetch_add(1, Ordering::Relaxed);
                 self.count(&c.mismatches, "mismatch");
+                let proof = report.max_abs_diff >= PROOF_FACTOR * self.rule.tolerance;
                 Err(GroupRejection::Unverified {
-                    reason: REASON_MISMATCH,
+                    reason: if proof {
+                        REASON_FORGED
+                    } else {
+                        REASON_MISMATCH
+                    },
                     detail: format!(
                         "max |Δ log-prob| {} at sample {} token {} > tolerance {} (version {})",
                         report.max_abs_diff,
@@ -313,34 +319,21 @@ impl SpotChecker {
             Err(e) => {
                 tracing::warn!(error = %e, "spot check: recomputation failed");
                 self.count(&c.errors, "error");
-                Ok(())
+                Ok(false)
             }
         }
     }
-
-    fn selected(&self, producer: &str, group: &TrajectoryGroup) -> bool {
-        self.sampler
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .select(producer, &group.group_id)
-            .is_checked()
-    }
 }
 
-/// The spot check as the last of the learner's verification layers (the only one that runs
-/// the model, so it sees only groups every cheaper layer passed).
-impl super::verify::Layer for SpotChecker {
+/// The spot check as the last stage of the learner's pipeline (the only one that runs the
+/// model, so it sees only groups every cheaper stage passed).
+impl learner::Stage for SpotChecker {
     fn name(&self) -> &'static str {
         REASON_MISMATCH
     }
-    fn check(&self, worker: &p2p::PeerId, group: &TrajectoryGroup) -> Result<(), GroupRejection> {
-        SpotChecker::check(self, &worker.to_base58(), group)
-    }
-}
-
-impl pull::GroupVerifier for SpotChecker {
-    fn verify(&self, worker: &p2p::PeerId, group: &TrajectoryGroup) -> Result<(), GroupRejection> {
-        self.check(&worker.to_base58(), group)
+    fn check(&self, input: &StageInput<'_>, checks: &mut Checks) -> Result<(), GroupRejection> {
+        checks.sampling_checked = SpotChecker::check(self, input.group, input.check_rate)?;
+        Ok(())
     }
 }
 
