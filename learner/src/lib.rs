@@ -3,7 +3,8 @@
 //!
 //! Owns: the RL objectives ([`loss`]), the optimiser ([`optim`]), the training core with its
 //! admission rules and checkpoints ([`trainer`]), the log-prob spot checks of pulled groups
-//! ([`spot_check`]).
+//! ([`spot_check`]) with their check that each token is the canonical sampling rule's draw
+//! ([`verdict`]), and the learner-owned loss masks ([`mask`]).
 //! Must not touch: the network (it has no `p2p` dependency: the node's learner role pulls,
 //! publishes and feeds this crate groups), or on-disk formats of the trajectory store (those
 //! belong to `storage`). The staleness window is [`control::Window`], re-exported here.
@@ -13,16 +14,20 @@
 
 mod checkpoint;
 pub mod loss;
+pub mod mask;
 pub mod optim;
 pub mod spot_check;
 pub mod trainer;
+pub mod verdict;
 pub mod warm;
 
 pub use control::Window;
 pub use loss::{group_advantages, group_loss, GroupInput, LossConfig, LossOutput, Objective};
+pub use mask::{MaskRule, ResponseTokens};
 pub use optim::{AdamW, AdamWConfig, OptimStep};
 pub use spot_check::{SpotReport, SpotRule, SpotSampler};
 pub use trainer::{StepStats, Trainer, TrainerConfig, Verdict};
+pub use verdict::{CheckReport, CheckSettings, SpotVerdict, WorkerDtype};
 pub use warm::{warm_start_on_task, WarmReport};
 
 /// Errors of the learner layer.

@@ -32,6 +32,7 @@
 //!   checkpointed); a group containing one of them is refused as a duplicate.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::{DType, Tensor};
@@ -43,6 +44,7 @@ use storage::TrajectoryGroup;
 use crate::loss::{
     group_advantages, group_loss, is_zero_advantage, variance, GroupInput, LossConfig,
 };
+use crate::mask::{MaskRule, ResponseTokens};
 use crate::optim::{AdamW, AdamWConfig};
 use crate::{LearnerError, Result};
 
@@ -236,6 +238,8 @@ pub struct Trainer {
     pub(crate) opt: AdamW,
     pub(crate) version: u64,
     pub(crate) consumed: HashSet<[u8; 16]>,
+    /// The rule the loss masks are derived by (the masks a group carries are never used).
+    pub(crate) masks: Arc<dyn MaskRule>,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -275,7 +279,14 @@ impl Trainer {
             opt,
             version: 0,
             consumed: HashSet::new(),
+            masks: Arc::new(ResponseTokens),
         })
+    }
+
+    /// Derives loss masks with `rule` instead of [`ResponseTokens`] (a multi-turn
+    /// environment's turn-aware rule). Not checkpointed: set it again after [`Trainer::load`].
+    pub fn set_mask_rule(&mut self, rule: Arc<dyn MaskRule>) {
+        self.masks = rule;
     }
 
     /// The configuration.
@@ -368,6 +379,9 @@ impl Trainer {
         let model = self.policy.config();
         if let Some(why) = malformed(g, model.vocab_size, model.max_position_embeddings) {
             return why;
+        }
+        if let Some(why) = (0..g.samples.len()).find_map(|i| self.masks.mask(g, i).err()) {
+            return bad(format!("no loss mask can be derived: {why}"));
         }
         if g.samples
             .iter()
@@ -566,14 +580,12 @@ impl Trainer {
                 .max()
                 .unwrap_or(1);
             let (mut q, mut m) = (Vec::with_capacity(n * len), Vec::with_capacity(n * len));
-            for s in &g.samples {
+            for (i, s) in g.samples.iter().enumerate() {
+                // The learner's own mask (admission refused groups it cannot derive).
+                let mask = self.masks.mask(g, i).unwrap_or_default();
                 for j in 0..len {
                     q.push(s.sampler_logprobs.get(j).copied().unwrap_or(0.0));
-                    m.push(
-                        s.loss_mask
-                            .get(j)
-                            .map_or(0.0, |&b| f32::from(u8::from(b != 0))),
-                    );
+                    m.push(mask.get(j).map_or(0.0, |&b| f32::from(u8::from(b != 0))));
                 }
             }
             let q = Tensor::from_vec(q, (n, len), &dev)?;
@@ -643,10 +655,8 @@ fn malformed(g: &TrajectoryGroup, vocab: usize, context: usize) -> Option<Verdic
                 g.prompt_tokens.len() + n
             )));
         }
-        if s.sampler_logprobs.len() != n || s.loss_mask.len() != n {
-            return Some(bad(
-                "sampler log-probs / loss mask do not match the response length",
-            ));
+        if s.sampler_logprobs.len() != n {
+            return Some(bad("sampler log-probs do not match the response length"));
         }
         if !s.reward.is_finite() || s.sampler_logprobs.iter().any(|x| !x.is_finite()) {
             return Some(bad("non-finite reward or log-prob"));

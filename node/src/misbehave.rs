@@ -40,10 +40,18 @@ pub enum Attack {
     ReplayAfterRestart,
     /// Sign groups with another key (or not at all).
     BadSignature,
+    /// Write the responses it wants (not sampled) and report their true log-probs under the
+    /// installed policy: every number is consistent, no token is drawn.
+    ForcedTokens,
+    /// Honest tokens, log-probs and rewards, but loss masks of its own choosing.
+    MaskPoisoning,
+    /// Sample with the first snapshot it installed, forever, and report log-probs recomputed
+    /// under the version it claims (the installed one).
+    StaleVersion,
 }
 
 impl Attack {
-    pub const ALL: [Attack; 11] = [
+    pub const ALL: [Attack; 14] = [
         Attack::InflatedReward,
         Attack::ForgedLogprobs,
         Attack::InvalidLogprob,
@@ -55,6 +63,9 @@ impl Attack {
         Attack::CorruptChunks,
         Attack::ReplayAfterRestart,
         Attack::BadSignature,
+        Attack::ForcedTokens,
+        Attack::MaskPoisoning,
+        Attack::StaleVersion,
     ];
 
     pub fn name(self) -> &'static str {
@@ -70,6 +81,9 @@ impl Attack {
             Attack::CorruptChunks => "corrupt_chunks",
             Attack::ReplayAfterRestart => "replay_after_restart",
             Attack::BadSignature => "bad_signature",
+            Attack::ForcedTokens => "forced_tokens",
+            Attack::MaskPoisoning => "mask_poisoning",
+            Attack::StaleVersion => "stale_version",
         }
     }
 }

@@ -129,9 +129,14 @@ mod tests {
             HeartbeatFlood,
             Replay,
             BadMessage,
+            MaskMismatch,
+            TokenNotDrawn,
         ];
         let at_once: Vec<_> = all.into_iter().filter(|r| r.bans_at_once()).collect();
-        assert_eq!(at_once, [OversizedAnswer, CorruptChunk, Replay]);
+        assert_eq!(
+            at_once,
+            [OversizedAnswer, CorruptChunk, Replay, TokenNotDrawn]
+        );
     }
 
     #[test]

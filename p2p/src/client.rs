@@ -242,6 +242,12 @@ pub enum StrikeReason {
     Replay,
     /// A gossip message that failed validation (by the service or by the role's `Reject`).
     BadMessage,
+    /// A group whose loss mask is not the one the learner derives from its tokens.
+    MaskMismatch,
+    /// A spot-checked token that the canonical sampling rule does not draw from the uniform
+    /// the learner prescribed, beyond the numeric margin: a written response, or samples of
+    /// another version than claimed. No honest sampler produces one, so it bans at once.
+    TokenNotDrawn,
 }
 
 impl StrikeReason {
@@ -252,12 +258,17 @@ impl StrikeReason {
     /// ([`StrikeReason::CorruptChunk`]: a node sends only chunks it verified on arrival and
     /// verifies again on every disk read, and the transport authenticates every byte in
     /// flight, so only a node that alters chunks — or whose memory is failing, which makes
-    /// it as harmful — sends one). These ban at the first strike; the other reasons may come
-    /// from a slow link, a numeric spread or a version skew and wait for the threshold.
+    /// it as harmful — sends one), or a sampled token the sampling rule did not draw
+    /// ([`StrikeReason::TokenNotDrawn`]: the margin covers every honest numeric spread). These
+    /// ban at the first strike; the other reasons may come from a slow link, a numeric spread
+    /// or a version skew and wait for the threshold.
     pub fn bans_at_once(self) -> bool {
         matches!(
             self,
-            StrikeReason::Replay | StrikeReason::OversizedAnswer | StrikeReason::CorruptChunk
+            StrikeReason::Replay
+                | StrikeReason::OversizedAnswer
+                | StrikeReason::CorruptChunk
+                | StrikeReason::TokenNotDrawn
         )
     }
 
@@ -275,6 +286,8 @@ impl StrikeReason {
             StrikeReason::HeartbeatFlood => "heartbeat_flood",
             StrikeReason::Replay => "replay",
             StrikeReason::BadMessage => "bad_message",
+            StrikeReason::MaskMismatch => "mask_mismatch",
+            StrikeReason::TokenNotDrawn => "token_not_drawn",
         }
     }
 }

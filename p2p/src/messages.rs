@@ -90,11 +90,19 @@ pub struct DeviceReport {
     /// CUDA compute capability (`"9.0"`), absent on a CPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compute_capability: Option<String>,
+    /// The dtype a rollout worker samples in (`f32`, `f16`, `bf16`; absent for other roles and
+    /// in heartbeats of older nodes). The learner judges the worker's groups with that dtype's
+    /// numeric tolerance; claiming a wider one buys a worker only that wider (still bounded)
+    /// margin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<String>,
 }
 
 impl DeviceReport {
     /// Device kinds a heartbeat may name.
     pub const KINDS: [&'static str; 2] = ["cpu", "cuda"];
+    /// Sampling dtypes a heartbeat may name.
+    pub const DTYPES: [&'static str; 3] = ["f32", "f16", "bf16"];
 
     fn check(&self) -> Result<(), MessageError> {
         if !Self::KINDS.contains(&self.kind.as_str()) {
@@ -106,6 +114,13 @@ impl DeviceReport {
         check_str("device.name", &self.name, 128)?;
         if let Some(cc) = &self.compute_capability {
             check_str("device.compute_capability", cc, 16)?;
+        }
+        if let Some(d) = &self.dtype {
+            if !Self::DTYPES.contains(&d.as_str()) {
+                return Err(MessageError::Invalid(format!(
+                    "device dtype `{d}` is not f32, f16 or bf16"
+                )));
+            }
         }
         if self.memory_free_bytes > self.memory_total_bytes {
             return Err(MessageError::Invalid(
@@ -360,6 +375,7 @@ mod tests {
                 memory_total_bytes: 85_000_000_000,
                 memory_free_bytes: 80_000_000_000,
                 compute_capability: Some("9.0".into()),
+                dtype: Some("bf16".into()),
             }),
             ..hb()
         };
@@ -445,6 +461,7 @@ mod tests {
             memory_total_bytes: 85_000_000_000,
             memory_free_bytes: 80_000_000_000,
             compute_capability: Some("9.0".into()),
+            dtype: Some("bf16".into()),
         };
         let h = Heartbeat {
             device: Some(gpu.clone()),
@@ -472,6 +489,10 @@ mod tests {
             },
             DeviceReport {
                 name: "bad\u{7}name".into(),
+                ..gpu.clone()
+            },
+            DeviceReport {
+                dtype: Some("f8".into()),
                 ..gpu.clone()
             },
         ] {

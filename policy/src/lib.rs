@@ -3,7 +3,8 @@
 //! Owns: one trainable implementation of the Qwen3 architecture (Qwen2 as a variant) on
 //! candle-nn variables with Hugging Face weight names ([`model`]), its configuration and config
 //! hash ([`config`]), weights ⇄ safetensors snapshot payload ([`Policy`]), tokenizers
-//! ([`tokenizer`]), KV-cache sampling with log-probs ([`sampling`]), loading a local Hugging
+//! ([`tokenizer`]), KV-cache sampling with log-probs ([`sampling`]) by the canonical, checkable
+//! sampling rule ([`rule`]) from prescribed uniforms ([`draw`]), loading a local Hugging
 //! Face folder ([`hf`]) and the supervised warm-start helper ([`sft`]); device selection
 //! ([`device`]), memory-fit arithmetic ([`memory`]) and the gradient-free generation path with
 //! fused kernels and half-precision weights ([`infer`]).
@@ -15,11 +16,13 @@
 
 pub mod config;
 pub mod device;
+pub mod draw;
 pub mod error;
 pub mod hf;
 pub mod infer;
 pub mod memory;
 pub mod model;
+pub mod rule;
 pub mod sampling;
 pub mod sft;
 pub mod tokenizer;
@@ -32,12 +35,13 @@ pub use candle_core::{DType, Device, Tensor, Var};
 pub use candle_nn;
 pub use config::{Arch, ModelConfig};
 pub use device::{DeviceChoice, DeviceInfo};
+pub use draw::{Draws, SampleStream};
 pub use error::{PolicyError, Result};
 pub use infer::InferModel;
 pub use model::{KvCache, Qwen3};
 pub use sampling::{
-    batch_response_logprobs, generate, response_logprobs, token_logprobs, Completion,
-    GenerationPath, SamplingParams,
+    batch_response_logits, batch_response_logprobs, generate, generate_with, response_logprobs,
+    token_logprobs, Completion, GenerationPath, SamplingParams,
 };
 pub use tokenizer::{ByteTokenizer, Tokenizer};
 pub use weights::{snapshot_config_hash, Policy, META_CONFIG_HASH};

@@ -16,7 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use policy::{
-    Device, GenerationPath, InferModel, ModelConfig, Policy, PolicyError, SamplingParams, Tokenizer,
+    Device, Draws, GenerationPath, InferModel, ModelConfig, Policy, PolicyError, SamplingParams,
+    Tokenizer,
 };
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
@@ -182,6 +183,9 @@ pub struct RolloutConfig {
     /// learner recomputes. `None`: prompts drawn from `seed` (local use and tests).
     #[serde(default)]
     pub assignment_seed: Option<[u8; 32]>,
+    /// The inference path's dtype (`None`: the device's default, bf16 on CUDA, f32 on the CPU).
+    #[serde(skip)]
+    pub infer_dtype: Option<policy::DType>,
 }
 
 impl Default for RolloutConfig {
@@ -198,6 +202,7 @@ impl Default for RolloutConfig {
             id_nonce: None,
             max_groups_per_s: 0.0,
             assignment_seed: None,
+            infer_dtype: None,
         }
     }
 }
@@ -378,8 +383,8 @@ impl RolloutEngine {
         out
     }
 
-    /// The inference-path model of `installed`, converted once per installed version (in the
-    /// device's default dtype: bf16 on CUDA, f32 on the CPU).
+    /// The inference-path model of `installed`, converted once per installed version (in
+    /// `infer_dtype`, by default the device's: bf16 on CUDA, f32 on the CPU).
     fn infer_model(
         &mut self,
         installed: &InstalledPolicy,
@@ -391,7 +396,11 @@ impl RolloutEngine {
         }
         // Drop the previous version's copy before converting the new one (peak memory).
         self.infer = None;
-        let model = Arc::new(InferModel::from_policy(&installed.policy)?);
+        let dtype = self
+            .cfg
+            .infer_dtype
+            .unwrap_or_else(|| policy::infer::default_dtype(installed.policy.device()));
+        let model = Arc::new(InferModel::new(&installed.policy, dtype)?);
         self.infer = Some((installed.version, model.clone()));
         Ok(model)
     }
@@ -422,26 +431,22 @@ impl RolloutEngine {
         let prompt_tokens = self.tokenizer.encode_prompt(&prompt.text)?;
         let mut params = self.cfg.sampling.clone();
         params.stop_tokens = self.stop_tokens.clone();
+        // The uniforms: prescribed by the assignment seed (the learner checks every token
+        // against them), or drawn from the group's seed for local use.
+        let n = self.cfg.group_size;
+        let draws = match &self.cfg.assignment_seed {
+            Some(seed) => Draws::prescribed(seed, &self.cfg.producer, seq, n),
+            None => Draws::from_rng(&mut rng, n),
+        };
         let created = storage::now_unix_ms();
         let completions = match self.cfg.path {
             GenerationPath::Infer => {
                 let model = self.infer_model(&installed)?;
-                policy::infer::generate(
-                    &model,
-                    &prompt_tokens,
-                    self.cfg.group_size,
-                    &params,
-                    &mut rng,
-                )?
+                policy::infer::generate_with(&model, &prompt_tokens, &params, &draws)?
             }
-            path => policy::generate(
-                &installed.policy,
-                &prompt_tokens,
-                self.cfg.group_size,
-                &params,
-                path,
-                &mut rng,
-            )?,
+            path => {
+                policy::generate_with(&installed.policy, &prompt_tokens, &params, path, &draws)?
+            }
         };
         let finished = storage::now_unix_ms();
         let mut samples = Vec::with_capacity(completions.len());

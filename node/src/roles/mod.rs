@@ -10,6 +10,7 @@
 
 pub mod attacks;
 pub mod bench;
+pub mod forge;
 pub mod learner;
 pub mod relay;
 pub mod rollout;
@@ -136,4 +137,11 @@ pub fn check_memory(what: &str, need: u64, device: &policy::Device) -> anyhow::R
 pub fn build_task(config: &NodeConfig) -> anyhow::Result<Arc<dyn tasks::Task>> {
     tasks::build_task(&config.task.name, &config.task.params)
         .with_context(|| format!("building task `{}`", config.task.name))
+}
+
+/// The rule the learner derives loss masks (and sampled positions) by for the configured
+/// task: every response token for single-turn tasks. A multi-turn environment plugs its
+/// turn-aware rule in here.
+pub fn mask_rule(_config: &NodeConfig) -> Arc<dyn learner::MaskRule> {
+    Arc::new(learner::ResponseTokens)
 }

@@ -35,14 +35,20 @@ use crate::state::NodeState;
 use storage::TrajectoryGroup;
 
 /// The attacks carried out on the groups a worker produces.
-pub const GROUP_ATTACKS: [Attack; 6] = [
+pub const GROUP_ATTACKS: [Attack; 9] = [
     Attack::InflatedReward,
     Attack::ForgedLogprobs,
     Attack::InvalidLogprob,
     Attack::OutOfVocab,
     Attack::Overlong,
     Attack::BadSignature,
+    Attack::MaskPoisoning,
+    Attack::ForcedTokens,
+    Attack::StaleVersion,
 ];
+
+/// The group attacks that need the model ([`super::forge`]).
+const MODEL_ATTACKS: [Attack; 2] = [Attack::ForcedTokens, Attack::StaleVersion];
 
 /// Corrupts a finished group with `attack` (test only); `vocab` and `context` are the model's.
 /// Log-prob, token and length changes keep the group schema-valid (it must be stored and
@@ -63,6 +69,10 @@ pub fn tamper(attack: Attack, g: &mut TrajectoryGroup, vocab: usize, context: us
                 .for_each(|lp| *lp = (*lp + 0.5).min(0.0))
         }),
         Attack::InvalidLogprob => g.samples[0].sampler_logprobs[0] = -1e4,
+        // Honest tokens, log-probs and rewards: only which tokens are trained is chosen.
+        Attack::MaskPoisoning => g.samples.iter_mut().for_each(|s| {
+            s.loss_mask.iter_mut().step_by(2).for_each(|m| *m = 0);
+        }),
         Attack::OutOfVocab => {
             let s = &mut g.samples[0];
             let last = s.response_tokens.len() - 1;
@@ -81,13 +91,25 @@ pub fn tamper(attack: Attack, g: &mut TrajectoryGroup, vocab: usize, context: us
     }
 }
 
-/// The seal hook of a misbehaving worker: tamper with group `seq` by attack `seq mod k`, then
-/// sign it (with a fresh key for `bad_signature`, with the node key otherwise: the lie is the
-/// worker's own).
-fn attack_hook(attacks: Vec<Attack>, vocab: usize, context: usize) -> rollout::SealHook {
+/// The seal hook of a misbehaving worker: tamper with group `seq` by attack `seq mod k` (the
+/// model-aware ones through `forger`), then sign it (with a fresh key for `bad_signature`,
+/// with the node key otherwise: the lie is the worker's own).
+fn attack_hook(
+    attacks: Vec<Attack>,
+    vocab: usize,
+    context: usize,
+    mut forger: Option<super::forge::Forger>,
+) -> rollout::SealHook {
     Box::new(move |g, key| {
         let attack = attacks[(g.seq % attacks.len() as u64) as usize];
-        tamper(attack, g, vocab, context);
+        match forger.as_mut().filter(|_| MODEL_ATTACKS.contains(&attack)) {
+            Some(f) => match f.forge(attack, g) {
+                Ok(true) => {}
+                Ok(false) => return g.sign(key.signing_key()), // honest this once
+                Err(e) => tracing::warn!(%attack, error = %format!("{e:#}"), "forging failed"),
+            },
+            None => tamper(attack, g, vocab, context),
+        }
         if attack == Attack::BadSignature {
             g.sign(storage::NodeKey::generate().signing_key());
         } else {
@@ -148,11 +170,7 @@ pub async fn start(
     // one group of n rows; prompts are budgeted at 1024 tokens. The f32 weights the slot also
     // keeps are resident already (just loaded), so the device's free memory counts them.
     let r = &config.rollout;
-    let gen_dtype = if state.device.is_cuda() {
-        policy::DType::BF16
-    } else {
-        policy::DType::F32
-    };
+    let gen_dtype = r.dtype.resolve(&state.device);
     let context = (1024 + r.max_new_tokens).min(policy.config().max_position_embeddings);
     let need = policy::memory::worker_bytes(policy.config(), gen_dtype, r.group_size, context);
     super::check_memory("the rollout worker", need, &state.device)?;
@@ -195,6 +213,21 @@ pub async fn start(
             .as_deref()
             .context("a rollout worker needs learner_public_key")?,
     )?;
+    let assignment_seed = tasks::assign::assignment_seed(&config.swarm_id, &learner_key.to_bytes());
+    let forger = MODEL_ATTACKS
+        .iter()
+        .any(|a| state.misbehave.has(*a))
+        .then(|| {
+            let mut params = sampling.clone();
+            params.stop_tokens = tokenizer.eos_ids();
+            super::forge::Forger::new(
+                slot.clone(),
+                task.clone(),
+                tokenizer.clone(),
+                assignment_seed,
+                params,
+            )
+        });
     let engine = RolloutEngine::new(
         RolloutConfig {
             group_size: r.group_size,
@@ -204,10 +237,8 @@ pub async fn start(
             producer: state.peer_id.clone(),
             idle_poll: Duration::from_millis(20),
             max_groups_per_s: r.max_groups_per_s,
-            assignment_seed: Some(tasks::assign::assignment_seed(
-                &config.swarm_id,
-                &learner_key.to_bytes(),
-            )),
+            assignment_seed: Some(assignment_seed),
+            infer_dtype: Some(r.dtype.resolve(&state.device)),
             ..RolloutConfig::default()
         },
         task,
@@ -226,7 +257,7 @@ pub async fn start(
     let engine = if attacks.is_empty() {
         engine
     } else {
-        engine.with_seal_hook(attack_hook(attacks, vocab, max_context))
+        engine.with_seal_hook(attack_hook(attacks, vocab, max_context, forger))
     };
     let stats = engine.stats();
     let standby = engine.standby_flag();

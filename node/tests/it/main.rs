@@ -4,6 +4,7 @@ mod admin;
 mod cli;
 mod durability;
 mod learning;
+mod proven;
 mod relay;
 mod scheduler;
 mod swarm;

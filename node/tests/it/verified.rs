@@ -18,13 +18,24 @@ use crate::swarm::{http_get, keygen, wait_for, Node, BIN};
 /// start. Without it the untrained model rarely scores: a group whose samples all get the same
 /// reward has zero advantage and trains nothing, so a step needed tens of groups, and three
 /// steps took from 30 s to past the 240-s limit on a loaded CI machine (1–3 s with it).
-const LEARNER: &str = "[learner]\nwarm_start_steps = 10\ngroup_size = 4\ngroups_per_step = 2\n";
-const WORKER: &str = "[storage]\nmax_pending_groups = 8\n[rollout]\ngroup_size = 4\n";
-const LIMIT: Duration = Duration::from_secs(240);
+pub(crate) const LEARNER: &str =
+    "[learner]\nwarm_start_steps = 10\ngroup_size = 4\ngroups_per_step = 2\n";
+pub(crate) const WORKER: &str = "[storage]\nmax_pending_groups = 8\n[rollout]\ngroup_size = 4\n";
+pub(crate) const LIMIT: Duration = Duration::from_secs(240);
 
 /// A rollout worker bootstrapping from `learner` that carries out `attacks`.
 fn bad_worker(root: &Path, swarm: &str, learner: &Node, attacks: &str) -> Node {
-    let name = "bad";
+    bad_worker_named(root, "bad", swarm, learner, attacks)
+}
+
+/// [`bad_worker`] in `root/name`.
+pub(crate) fn bad_worker_named(
+    root: &Path,
+    name: &str,
+    swarm: &str,
+    learner: &Node,
+    attacks: &str,
+) -> Node {
     let data = root.join(name);
     std::fs::create_dir_all(&data).unwrap();
     let key = keygen(&data);
@@ -66,7 +77,7 @@ fn bad_worker(root: &Path, swarm: &str, learner: &Node, attacks: &str) -> Node {
 }
 
 /// The learner's `pull_groups_rejected_total{reason="…"}`.
-fn rejected(learner: &Node, reason: &str) -> u64 {
+pub(crate) fn rejected(learner: &Node, reason: &str) -> u64 {
     let body = http_get(&learner.admin, "/metrics").body;
     let series = format!("pull_groups_rejected_total{{reason=\"{reason}\"}}");
     body.lines()
@@ -76,7 +87,7 @@ fn rejected(learner: &Node, reason: &str) -> u64 {
 }
 
 /// A peer's entry in the learner's status.
-fn peer(status: &Value, peer_id: &str) -> Option<Value> {
+pub(crate) fn peer(status: &Value, peer_id: &str) -> Option<Value> {
     status["peers"]
         .as_array()?
         .iter()

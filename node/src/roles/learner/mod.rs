@@ -153,21 +153,42 @@ pub async fn start(
         verify::Verifier::for_learner(&state.config, &state.key.verifying_key().to_bytes())
             .context("building the learner's verification layers")?;
     let v = &state.config.verification;
+    let dtypes = spot::WorkerDtypes::default();
     if v.spot_check_fraction > 0.0 || v.spot_check_first_groups > 0 {
         // Last: the only layer that runs the model.
+        let per = |d: &crate::config::PerDtype| learner::verdict::ByDtype {
+            f32: d.f32,
+            f16: d.f16,
+            bf16: d.bf16,
+        };
+        let tol = per(&v.logprob_tolerance);
         verifier = verifier.with_layer(
             spot::SpotChecker::new(
                 spot::SpotSettings {
                     fraction: v.spot_check_fraction,
                     first_groups: u32::try_from(v.spot_check_first_groups).unwrap_or(u32::MAX),
+                    tolerance: learner::verdict::ByDtype {
+                        f32: tol.f32 as f32,
+                        f16: tol.f16 as f32,
+                        bf16: tol.bf16 as f32,
+                    },
+                    margin: per(&v.sampling_margin),
                     temperature: trainer.config().temperature,
+                    top_p: state.config.learner.top_p,
+                    check_sampling: v.check_sampling,
+                    seed: tasks::assign::assignment_seed(
+                        &state.config.swarm_id,
+                        &state.key.verifying_key().to_bytes(),
+                    ),
                     ..Default::default()
                 },
                 state.chunks.clone(),
                 trainer.policy().config().clone(),
                 state.device.clone(),
             )
-            .context("building the log-prob spot checker")?,
+            .context("building the log-prob spot checker")?
+            .with_worker_dtypes(dtypes.clone())
+            .with_mask_rule(super::mask_rule(&state.config)),
         );
     }
     tracing::info!(layers = ?verifier.layer_names(), "verification of pulled groups");
@@ -192,7 +213,7 @@ pub async fn start(
             client.clone(),
             state.trajectories.clone(),
             shared.clone(),
-            puller::PullSettings::of(&state.config, Arc::new(verifier)),
+            puller::PullSettings::of(&state.config, Arc::new(verifier)).with_dtypes(dtypes),
         )),
     ]);
     let (done_tx, finished) = tokio::sync::oneshot::channel();
@@ -276,6 +297,7 @@ fn restore_or_init(state: &NodeState) -> anyhow::Result<(Trainer, u64)> {
         }
         Trainer::new(policy, wanted).context("creating the trainer")?
     };
+    trainer.set_mask_rule(super::mask_rule(config));
     let weights = resume_at_published(&mut trainer, &state.chunks)?;
     // Buffer leases of a previous run are void (only this thread leases the buffer).
     for l in state.trajectories.leases()? {

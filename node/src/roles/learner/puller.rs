@@ -45,6 +45,8 @@ pub(super) struct PullSettings {
     limits: GroupLimits,
     /// The verification layers run on every group that passes `limits`.
     verifier: Arc<dyn pull::GroupVerifier>,
+    /// Where the spot check reads each worker's sampling dtype; refreshed every round.
+    dtypes: super::spot::WorkerDtypes,
 }
 
 impl PullSettings {
@@ -55,7 +57,14 @@ impl PullSettings {
             lease_ttl: Duration::from_secs(config.storage.lease_ttl_s),
             limits: group_limits(config),
             verifier,
+            dtypes: super::spot::WorkerDtypes::default(),
         }
+    }
+
+    /// Refreshes `dtypes` from the workers' heartbeats every round.
+    pub fn with_dtypes(mut self, dtypes: super::spot::WorkerDtypes) -> Self {
+        self.dtypes = dtypes;
+        self
     }
 }
 
@@ -182,6 +191,9 @@ pub(super) async fn run(
         let Ok(net) = client.status().await else {
             return;
         };
+        settings
+            .dtypes
+            .refresh(rollout_workers(&net).map(|p| (p.peer_id.as_str(), p.device.as_ref())));
         let workers: Vec<(p2p::PeerId, u64, f64)> = rollout_workers(&net)
             .filter_map(|p| {
                 Some((

@@ -1,13 +1,18 @@
-//! The learner's log-prob spot checks of pulled groups (`docs/security.md`, "Log-prob spot
-//! checks"), as a [`pull::GroupVerifier`]: for a sampled fraction of groups (and every new
-//! producer's first groups) the sampled tokens' log-probs are recomputed under the snapshot
-//! version the group claims and compared with the reported ones.
+//! The learner's spot checks of pulled groups (`docs/security.md`, "Log-prob spot checks" and
+//! "Checkable sampling"), as a [`pull::GroupVerifier`]: for a sampled fraction of groups (and
+//! every new producer's first groups) one teacher-forced forward under the snapshot version
+//! the group claims recomputes the sampled tokens' log-probs and checks that each token is the
+//! one the canonical sampling rule draws for the uniform the learner prescribes
+//! (`learner::verdict`), with the tolerance and margin of the dtype the worker's heartbeats
+//! report ([`WorkerDtypes`]).
 //!
-//! Owns: the [`SpotChecker`] — the sampler and the rule of `learner::spot_check`, a small
-//! cache of models by version loaded from the node's chunk store, and the check of the claimed
-//! version against the versions this learner published.
+//! Owns: the [`SpotChecker`] — the sampler and the rules of `learner::spot_check` and
+//! `learner::verdict`, a small cache of models by version loaded from the node's chunk store,
+//! the check of the claimed version against the versions this learner published, and the set
+//! of producers caught with a token the rule did not draw.
 //! Must not touch: the pull protocol, the chunk store's contents (read only) or the peer's
-//! penalty (the puller strikes the peer for every rejection the verifier returns).
+//! penalty (the puller strikes the peer for every rejection the verifier returns; a
+//! `token_not_drawn` strike bans at once).
 //!
 //! ## Rules
 //! - **Unpublished versions are refused, every group.** An honest worker only generates
@@ -26,15 +31,24 @@
 //!   logged and counted ([`SpotStats::errors`]); the group passes.
 //! - A group the model cannot take (token id outside the vocabulary, too long) is refused as
 //!   a `logprob_mismatch` (the pull guard's limits normally refuse it first).
+//! - **Proof ends the check of a producer**: once a group of a producer holds a token the
+//!   rule did not draw (`token_not_drawn`), every later group of that producer is refused for
+//!   the same reason, checked or not — so the rest of the very pull that caught it is never
+//!   stored (the ban follows at the puller's first strike).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use learner::spot_check::{
-    SpotRule, SpotSampler, DEFAULT_FIRST_GROUPS, DEFAULT_FRACTION, DEFAULT_TOLERANCE,
+    SpotRule, SpotSampler, DEFAULT_FIRST_GROUPS, DEFAULT_FRACTION, MAX_TRACKED_PEERS,
 };
-use learner::LearnerError;
+use learner::verdict::{
+    ByDtype, CheckReport, CheckSettings, SpotVerdict, WorkerDtype, DEFAULT_MARGIN,
+    DEFAULT_TOLERANCE,
+};
+use learner::{LearnerError, MaskRule, ResponseTokens};
+use policy::rule::RuleParams;
 use policy::{Device, ModelConfig, Policy};
 use storage::record::GroupRejection;
 use storage::{ChunkStore, TrajectoryGroup};
@@ -42,21 +56,32 @@ use storage::{ChunkStore, TrajectoryGroup};
 /// Stable rejection reasons (the keys of the puller's per-reason counts).
 pub const REASON_MISMATCH: &str = "logprob_mismatch";
 pub const REASON_UNPUBLISHED: &str = "unpublished_version";
+/// A sampled token the canonical rule does not draw from its prescribed uniform: proof.
+pub const REASON_NOT_DRAWN: &str = "token_not_drawn";
 
 /// Models kept loaded by default (the two newest versions groups were checked under).
 pub const DEFAULT_CACHED_VERSIONS: usize = 2;
 
-/// The spot checker's settings (`[verification]` keys and the learner's temperature).
+/// The spot checker's settings (`[verification]` keys and the learner's sampling rule).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SpotSettings {
     /// Fraction of groups checked (`verification.spot_check_fraction`).
     pub fraction: f64,
     /// A producer's first groups always checked (`verification.spot_check_first_groups`).
     pub first_groups: u32,
-    /// Bound on `max |reported − recomputed|` (see `learner::spot_check`).
-    pub tolerance: f32,
-    /// The log-prob temperature (`learner.temperature`, equal to the workers' one).
+    /// Bound on `max |reported − recomputed|` per worker dtype
+    /// (`verification.logprob_tolerance`).
+    pub tolerance: ByDtype<f32>,
+    /// Margin δ of the draw check per worker dtype (`verification.sampling_margin`).
+    pub margin: ByDtype<f64>,
+    /// The log-prob and sampling temperature (`learner.temperature`, the workers' one).
     pub temperature: f32,
+    /// The workers' nucleus mass (`learner.top_p`).
+    pub top_p: f32,
+    /// Check the draws (`verification.check_sampling`).
+    pub check_sampling: bool,
+    /// The run's assignment seed, from which every uniform derives.
+    pub seed: [u8; 32],
     /// Models kept loaded.
     pub cached_versions: usize,
 }
@@ -67,9 +92,60 @@ impl Default for SpotSettings {
             fraction: DEFAULT_FRACTION,
             first_groups: DEFAULT_FIRST_GROUPS,
             tolerance: DEFAULT_TOLERANCE,
+            margin: DEFAULT_MARGIN,
             temperature: 1.0,
+            top_p: 1.0,
+            check_sampling: true,
+            seed: [0; 32],
             cached_versions: DEFAULT_CACHED_VERSIONS,
         }
+    }
+}
+
+/// The sampling dtype each rollout worker's heartbeats report, by peer id (base58): the
+/// puller refreshes it every round from its peer table. A worker without a report is judged
+/// as an f32 sampler on a CPU and a bf16 one on CUDA (the defaults of `rollout.dtype`).
+#[derive(Debug, Clone, Default)]
+pub struct WorkerDtypes(Arc<RwLock<HashMap<String, WorkerDtype>>>);
+
+impl WorkerDtypes {
+    /// Replaces the map with `workers`' reports (the current peer table: bounded by it).
+    pub fn refresh<'a>(
+        &self,
+        workers: impl IntoIterator<Item = (&'a str, Option<&'a p2p::DeviceReport>)>,
+    ) {
+        let map = workers
+            .into_iter()
+            .map(|(peer, d)| (peer.to_string(), dtype_of(d)))
+            .collect();
+        if let Ok(mut m) = self.0.write() {
+            *m = map;
+        }
+    }
+
+    /// The dtype `producer` samples in (f32 when unknown).
+    pub fn get(&self, producer: &str) -> WorkerDtype {
+        self.0
+            .read()
+            .ok()
+            .and_then(|m| m.get(producer).copied())
+            .unwrap_or(WorkerDtype::F32)
+    }
+}
+
+/// The dtype a heartbeat's device report names (see [`WorkerDtypes`]).
+pub fn dtype_of(report: Option<&p2p::DeviceReport>) -> WorkerDtype {
+    match report {
+        Some(d) => d
+            .dtype
+            .as_deref()
+            .and_then(WorkerDtype::parse)
+            .unwrap_or(if d.kind == "cuda" {
+                WorkerDtype::Bf16
+            } else {
+                WorkerDtype::F32
+            }),
+        None => WorkerDtype::F32,
     }
 }
 
@@ -78,8 +154,10 @@ impl Default for SpotSettings {
 pub struct SpotStats {
     /// Groups recomputed and compared.
     pub checked: u64,
-    /// Of those, failed (rejected as `logprob_mismatch`).
+    /// Of those, failed on a log-prob beyond tolerance (rejected as `logprob_mismatch`).
     pub mismatches: u64,
+    /// Of those, holding a token the rule did not draw (rejected as `token_not_drawn`).
+    pub not_drawn: u64,
     /// Groups refused for naming a version the learner never published.
     pub unpublished: u64,
     /// Groups left unchecked because their version's weights are gone (older than every held
@@ -95,6 +173,7 @@ pub struct SpotStats {
 struct Counters {
     checked: AtomicU64,
     mismatches: AtomicU64,
+    not_drawn: AtomicU64,
     unpublished: AtomicU64,
     skipped_unavailable: AtomicU64,
     errors: AtomicU64,
@@ -113,8 +192,11 @@ enum Held {
 /// The learner's log-prob spot checker (a [`pull::GroupVerifier`]).
 pub struct SpotChecker {
     settings: SpotSettings,
-    rule: SpotRule,
     sampler: Mutex<SpotSampler>,
+    dtypes: WorkerDtypes,
+    masks: Arc<dyn MaskRule>,
+    /// Producers caught with a token the rule did not draw (bounded; see the module doc).
+    condemned: Mutex<HashSet<String>>,
     chunks: Arc<ChunkStore>,
     model: ModelConfig,
     device: Device,
@@ -157,13 +239,31 @@ impl SpotChecker {
             "spot-check temperature must be > 0, got {}",
             settings.temperature
         );
+        anyhow::ensure!(
+            settings.top_p > 0.0 && settings.top_p <= 1.0,
+            "spot-check top_p must be in (0, 1], got {}",
+            settings.top_p
+        );
+        let t = settings.tolerance;
+        for tolerance in [t.f32, t.f16, t.bf16] {
+            SpotRule::new(tolerance)?;
+        }
+        let m = settings.margin;
+        anyhow::ensure!(
+            [m.f32, m.f16, m.bf16]
+                .iter()
+                .all(|d| d.is_finite() && *d >= 0.0),
+            "sampling margins must be finite and >= 0, got {m:?}"
+        );
         Ok(SpotChecker {
-            rule: SpotRule::new(settings.tolerance)?,
             sampler: Mutex::new(SpotSampler::new(
                 settings.fraction,
                 settings.first_groups,
                 key,
             )?),
+            dtypes: WorkerDtypes::default(),
+            masks: Arc::new(ResponseTokens),
+            condemned: Mutex::new(HashSet::new()),
             settings,
             chunks,
             model,
@@ -173,6 +273,19 @@ impl SpotChecker {
         })
     }
 
+    /// Judges each producer with the dtype `dtypes` reports for it (default: f32 for all).
+    pub fn with_worker_dtypes(mut self, dtypes: WorkerDtypes) -> Self {
+        self.dtypes = dtypes;
+        self
+    }
+
+    /// Derives sampled positions with `rule` (default: every response token; a multi-turn
+    /// environment supplies its turn-aware rule).
+    pub fn with_mask_rule(mut self, rule: Arc<dyn MaskRule>) -> Self {
+        self.masks = rule;
+        self
+    }
+
     /// The counts so far.
     pub fn stats(&self) -> SpotStats {
         let c = &self.counters;
@@ -180,6 +293,7 @@ impl SpotChecker {
         SpotStats {
             checked: get(&c.checked),
             mismatches: get(&c.mismatches),
+            not_drawn: get(&c.not_drawn),
             unpublished: get(&c.unpublished),
             skipped_unavailable: get(&c.skipped_unavailable),
             errors: get(&c.errors),
@@ -240,6 +354,12 @@ impl SpotChecker {
     /// when the group is selected). See the module doc for the rules.
     pub fn check(&self, producer: &str, group: &TrajectoryGroup) -> Result<(), GroupRejection> {
         let c = &self.counters;
+        if self.is_condemned(producer) {
+            return Err(GroupRejection::Unverified {
+                reason: REASON_NOT_DRAWN,
+                detail: "this producer already sent a token the sampling rule did not draw".into(),
+            });
+        }
         match self.held(group.version) {
             Ok(Held::Yes) => {}
             Ok(Held::Gone) => {
@@ -277,31 +397,20 @@ impl SpotChecker {
                 return Ok(());
             }
         };
-        match self.rule.check(&policy, group, self.settings.temperature) {
-            Ok((report, true)) => {
-                self.count(&c.checked, "pass");
-                tracing::debug!(
-                    version = group.version,
-                    max_abs_diff = report.max_abs_diff,
-                    "spot check passed"
-                );
-                Ok(())
-            }
-            Ok((report, false)) => {
-                c.checked.fetch_add(1, Ordering::Relaxed);
-                self.count(&c.mismatches, "mismatch");
-                Err(GroupRejection::Unverified {
-                    reason: REASON_MISMATCH,
-                    detail: format!(
-                        "max |Δ log-prob| {} at sample {} token {} > tolerance {} (version {})",
-                        report.max_abs_diff,
-                        report.worst_sample,
-                        report.worst_token,
-                        self.rule.tolerance,
-                        group.version
-                    ),
-                })
-            }
+        let dtype = self.dtypes.get(producer);
+        let s = &self.settings;
+        let settings = CheckSettings {
+            rule: RuleParams {
+                temperature: s.temperature,
+                top_p: s.top_p,
+            },
+            tolerance: s.tolerance.of(dtype),
+            delta: s.margin.of(dtype),
+            seed: s.seed,
+            check_draws: s.check_sampling,
+        };
+        match learner::verdict::check_group(&policy, group, &settings, self.masks.as_ref()) {
+            Ok(report) => self.judge(producer, group, dtype, &settings, &report),
             Err(LearnerError::Invalid(why)) => {
                 c.checked.fetch_add(1, Ordering::Relaxed);
                 self.count(&c.mismatches, "mismatch");
@@ -315,6 +424,98 @@ impl SpotChecker {
                 self.count(&c.errors, "error");
                 Ok(())
             }
+        }
+    }
+
+    /// The penalty-free outcome of a check: pass, or the rejection its verdict calls for.
+    fn judge(
+        &self,
+        producer: &str,
+        group: &TrajectoryGroup,
+        dtype: WorkerDtype,
+        settings: &CheckSettings,
+        report: &CheckReport,
+    ) -> Result<(), GroupRejection> {
+        let c = &self.counters;
+        let v = group.version;
+        match report.verdict(settings.tolerance) {
+            SpotVerdict::Pass => {
+                self.count(&c.checked, "pass");
+                tracing::debug!(
+                    version = v,
+                    dtype = dtype.name(),
+                    max_abs_diff = report.logprobs.max_abs_diff,
+                    worst_draw_excess = report.worst_draw.map(|w| w.excess),
+                    "spot check passed"
+                );
+                Ok(())
+            }
+            SpotVerdict::LogprobDrift => {
+                c.checked.fetch_add(1, Ordering::Relaxed);
+                self.count(&c.mismatches, "mismatch");
+                let r = &report.logprobs;
+                Err(GroupRejection::Unverified {
+                    reason: REASON_MISMATCH,
+                    detail: format!(
+                        "max |Δ log-prob| {} at sample {} token {} > tolerance {} for a {} \
+                         sampler (version {v})",
+                        r.max_abs_diff,
+                        r.worst_sample,
+                        r.worst_token,
+                        settings.tolerance,
+                        dtype.name()
+                    ),
+                })
+            }
+            SpotVerdict::NotDrawn => {
+                c.checked.fetch_add(1, Ordering::Relaxed);
+                self.count(&c.not_drawn, "not_drawn");
+                self.condemn(producer);
+                let detail =
+                    match report.worst_draw {
+                        Some(w) => {
+                            format!(
+                        "{} of {} sampled tokens are not the rule's draw; sample {} token {} \
+                         (id {}, p {:.3e}): uniform {:.6} outside [{:.6}, {:.6}]{} with margin \
+                         {} for a {} sampler (version {v})",
+                        report.not_drawn,
+                        report.draws_checked,
+                        w.sample,
+                        w.token,
+                        w.token_id,
+                        w.window.p,
+                        w.uniform,
+                        w.window.lower,
+                        w.window.upper,
+                        if w.window.in_nucleus { "" } else { ", outside every honest nucleus" },
+                        settings.delta,
+                        dtype.name()
+                    )
+                        }
+                        None => "a sampled token is not the rule's draw".into(),
+                    };
+                tracing::warn!(producer, %detail, "spot check: proof of tokens not drawn by the rule");
+                Err(GroupRejection::Unverified {
+                    reason: REASON_NOT_DRAWN,
+                    detail,
+                })
+            }
+        }
+    }
+
+    fn is_condemned(&self, producer: &str) -> bool {
+        self.condemned
+            .lock()
+            .map(|s| s.contains(producer))
+            .unwrap_or(false)
+    }
+
+    fn condemn(&self, producer: &str) {
+        if let Ok(mut s) = self.condemned.lock() {
+            if s.len() >= MAX_TRACKED_PEERS {
+                s.clear(); // the caught are banned by then; forgetting only costs re-checks
+            }
+            s.insert(producer.to_string());
         }
     }
 

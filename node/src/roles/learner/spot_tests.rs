@@ -1,5 +1,4 @@
 use pull::GroupVerifier;
-use rand::SeedableRng;
 use storage::{NodeKey, Sample, SignedManifest, SnapshotManifest};
 
 use super::*;
@@ -25,26 +24,38 @@ fn publish(store: &ChunkStore, key: &NodeKey, version: u64, payload: Vec<u8>) {
     store.retain().unwrap();
 }
 
-/// A worker's group: the snapshot bytes installed as a policy, sampled on the inference path
-/// (what the rollout engine runs), the sampler's log-probs reported as they are.
-fn worker_group(snapshot: &[u8], version: u64, seed: u64) -> TrajectoryGroup {
+/// The run's assignment seed in these tests.
+const SEED: [u8; 32] = [42; 32];
+/// The producer every test group names (the signature layer, not this one, ties it to the
+/// peer pulled from).
+const PRODUCER: &str = "worker";
+
+/// A worker's group number `seq`: the snapshot bytes installed as a policy, sampled on the
+/// inference path in `dtype` (what the rollout engine runs) with the prescribed uniforms, the
+/// sampler's log-probs reported as they are.
+fn worker_group_in(
+    snapshot: &[u8],
+    version: u64,
+    seq: u64,
+    dtype: policy::DType,
+) -> TrajectoryGroup {
     let policy =
         Policy::from_safetensors_bytes(&ModelConfig::tiny(), snapshot, &Device::Cpu).unwrap();
-    let model = policy::InferModel::from_policy(&policy).unwrap();
+    let model = policy::InferModel::new(&policy, dtype).unwrap();
     let prompt = policy::ByteTokenizer.encode_prompt("3+4=");
     let params = policy::SamplingParams {
         temperature: T,
         ..policy::SamplingParams::new(6, vec![])
     };
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let out = policy::infer::generate(&model, &prompt, 4, &params, &mut rng).unwrap();
+    let draws = policy::Draws::prescribed(&SEED, PRODUCER, seq, 4);
+    let out = policy::infer::generate_with(&model, &prompt, &params, &draws).unwrap();
     TrajectoryGroup {
-        group_id: [seed as u8; 16],
+        group_id: [seq as u8; 16],
         task_id: "arith".into(),
         prompt_id: "34".into(),
         version,
-        producer: String::new(),
-        seq: 0,
+        producer: PRODUCER.into(),
+        seq,
         signature: None,
         prompt_text: "3+4=".into(),
         prompt_tokens: prompt,
@@ -65,11 +76,16 @@ fn worker_group(snapshot: &[u8], version: u64, seed: u64) -> TrajectoryGroup {
     }
 }
 
+fn worker_group(snapshot: &[u8], version: u64, seq: u64) -> TrajectoryGroup {
+    worker_group_in(snapshot, version, seq, policy::DType::F32)
+}
+
 fn settings(fraction: f64, first_groups: u32) -> SpotSettings {
     SpotSettings {
         fraction,
         first_groups,
         temperature: T,
+        seed: SEED,
         ..SpotSettings::default()
     }
 }
@@ -122,12 +138,17 @@ fn honest_groups_pass_and_forged_log_probs_fail() {
         assert_eq!(reason(r.clone()), REASON_MISMATCH, "+{delta}");
         assert!(r.unwrap_err().to_string().contains("sample 1 token 2"));
     }
-    // Honest log-probs of another version's weights do not pass as this version's.
+    // Samples and log-probs of another version's weights do not pass as this version's:
+    // its tokens are not the rule's draws under these weights (proof, which outranks the
+    // log-prob drift), and the producer is condemned.
     let mut wrong = honest4.clone();
     wrong.version = 2;
-    assert_eq!(reason(checker.verify(&peer, &wrong)), REASON_MISMATCH);
+    assert_eq!(reason(checker.verify(&peer, &wrong)), REASON_NOT_DRAWN);
     let s = checker.stats();
-    assert_eq!((s.checked, s.mismatches, s.errors), (5, 3, 0));
+    assert_eq!(
+        (s.checked, s.mismatches, s.not_drawn, s.errors),
+        (5, 2, 1, 0)
+    );
     // Versions 2 and 4 loaded once each, then served from the cache.
     assert_eq!(s.loads, 2);
 }
@@ -220,4 +241,98 @@ fn the_model_cache_is_bounded() {
     }
     // 2 loaded, reused, evicted by 4, loaded again.
     assert_eq!(checker.stats().loads, 3);
+}
+
+/// A worker that writes its responses and reports their true log-probs: every log-prob
+/// matches, no token is the rule's draw. Proof: the group is refused as `token_not_drawn`, and
+/// so is every later group of that producer, checked or not (the rest of its pull).
+#[test]
+fn written_responses_are_proof_and_condemn_their_producer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, v2, _) = store_with_snapshots(dir.path());
+    let policy = Policy::from_safetensors_bytes(&ModelConfig::tiny(), &v2, &Device::Cpu).unwrap();
+    let checker =
+        SpotChecker::new(settings(0.0, 1), store, ModelConfig::tiny(), Device::Cpu).unwrap();
+    let (bad, good) = (p2p::PeerId::random(), p2p::PeerId::random());
+    let mut forced = worker_group(&v2, 2, 0);
+    let want = policy::ByteTokenizer.encode("7777").unwrap();
+    for s in &mut forced.samples {
+        s.sampler_logprobs =
+            policy::response_logprobs(&policy, &forced.prompt_tokens, &want, T).unwrap();
+        s.loss_mask = vec![1; want.len()];
+        s.response_tokens = want.clone();
+    }
+    let r = checker.verify(&bad, &forced);
+    assert_eq!(reason(r.clone()), REASON_NOT_DRAWN);
+    assert!(r.unwrap_err().to_string().contains("not the rule's draw"));
+    // Its next group is honest and beyond its first groups (fraction 0): refused all the same.
+    assert_eq!(
+        reason(checker.verify(&bad, &worker_group(&v2, 2, 1))),
+        REASON_NOT_DRAWN
+    );
+    // Another peer is not affected.
+    assert_eq!(
+        reason(checker.verify(&good, &worker_group(&v2, 2, 2))),
+        "ok"
+    );
+    let s = checker.stats();
+    assert_eq!((s.checked, s.not_drawn, s.mismatches), (2, 1, 0));
+    // With the draw check off, the same group passes: log-probs alone cannot tell.
+    let (store, _, _) = store_with_snapshots(&dir.path().join("b"));
+    let blind = SpotChecker::new(
+        SpotSettings {
+            check_sampling: false,
+            ..settings(1.0, 0)
+        },
+        store,
+        ModelConfig::tiny(),
+        Device::Cpu,
+    )
+    .unwrap();
+    assert_eq!(reason(blind.verify(&bad, &forced)), "ok");
+}
+
+/// A worker sampling in f16 is judged with the f16 tolerance and margin its heartbeat names;
+/// without a report it is judged as f32 and refused.
+#[test]
+fn half_precision_workers_are_judged_by_their_reported_dtype() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, v2, _) = store_with_snapshots(dir.path());
+    let dtypes = WorkerDtypes::default();
+    // Tight f32 limits (an f16 spread exceeds them), the default f16 ones.
+    let mut tight = settings(1.0, 0);
+    tight.tolerance.f32 = 1e-6;
+    tight.margin.f32 = 1e-9;
+    let checker = SpotChecker::new(tight, store, ModelConfig::tiny(), Device::Cpu)
+        .unwrap()
+        .with_worker_dtypes(dtypes.clone());
+    let peer = p2p::PeerId::random();
+    let id = peer.to_base58();
+    let report = p2p::DeviceReport {
+        kind: "cpu".into(),
+        dtype: Some("f16".into()),
+        ..Default::default()
+    };
+    dtypes.refresh([(id.as_str(), Some(&report))]);
+    assert_eq!(dtypes.get(&id), WorkerDtype::F16);
+    for seq in 0..8 {
+        let g = worker_group_in(&v2, 2, seq, policy::DType::F16);
+        assert_eq!(reason(checker.verify(&peer, &g)), "ok", "seq {seq}");
+    }
+    // Forgotten (no heartbeat): the f32 limits, which the f16 spread exceeds.
+    dtypes.refresh([]);
+    let refused = (0..8)
+        .filter(|&seq| {
+            let g = worker_group_in(&v2, 2, seq, policy::DType::F16);
+            reason(checker.verify(&peer, &g)) != "ok"
+        })
+        .count();
+    assert!(refused > 0);
+    // What a heartbeat without a dtype means: bf16 on CUDA, f32 otherwise.
+    let gpu = p2p::DeviceReport {
+        kind: "cuda".into(),
+        ..Default::default()
+    };
+    assert_eq!(dtype_of(Some(&gpu)), WorkerDtype::Bf16);
+    assert_eq!(dtype_of(None), WorkerDtype::F32);
 }

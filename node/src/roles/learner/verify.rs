@@ -12,8 +12,10 @@
 //!    another group ([`STALE_SEQ`], without a strike, for a `seq` older than it remembers).
 //! 3. [`RewardLayer`] (`reward_mismatch`): every sample's reward, recomputed by the task from
 //!    the decoded response tokens, equals the reported one within [`REWARD_TOLERANCE`].
+//! 4. [`MaskLayer`] (`mask_mismatch`): every sample's loss mask is the one the learner derives
+//!    from the tokens (`learner::mask`; the trainer trains on the derived mask only).
 //!
-//! More layers (the log-prob spot check, `logprob_mismatch`) are appended with
+//! More layers (the spot check: `logprob_mismatch`, `token_not_drawn`) are appended with
 //! [`Verifier::with_layer`]. Owns: the layers and the reason → strike mapping. Must not touch:
 //! the pull protocol, the store, the swarm (the puller strikes).
 
@@ -82,7 +84,7 @@ impl Verifier {
                 out = out.with_layer(RewardLayer { task, tokenizer });
             }
         }
-        Ok(out)
+        Ok(out.with_layer(MaskLayer(super::super::mask_rule(config))))
     }
 }
 
@@ -116,6 +118,8 @@ pub fn strike_reason(reason: &str) -> Option<StrikeReason> {
         "wrong_prompt" => StrikeReason::WrongPrompt,
         "reward_mismatch" => StrikeReason::RewardMismatch,
         "logprob_mismatch" => StrikeReason::LogprobMismatch,
+        "mask_mismatch" => StrikeReason::MaskMismatch,
+        super::spot::REASON_NOT_DRAWN => StrikeReason::TokenNotDrawn,
         // The schema and limit checks of `check_group`, and any future layer without its own.
         _ => StrikeReason::InvalidGroup,
     })
@@ -361,6 +365,19 @@ impl Layer for RewardLayer {
     }
     fn check(&self, _: &PeerId, group: &TrajectoryGroup) -> Result<(), GroupRejection> {
         check_rewards(self.task.as_ref(), &self.tokenizer, group).map_err(|(r, d)| reject(r, d))
+    }
+}
+
+/// `mask_mismatch`: the sent loss masks are the learner's own (see `learner::mask`).
+pub struct MaskLayer(pub Arc<dyn learner::MaskRule>);
+
+impl Layer for MaskLayer {
+    fn name(&self) -> &'static str {
+        "mask_mismatch"
+    }
+    fn check(&self, _: &PeerId, group: &TrajectoryGroup) -> Result<(), GroupRejection> {
+        learner::mask::check_masks(self.0.as_ref(), group)
+            .map_err(|e| reject(self.name(), format!("seq {}: {e}", group.seq)))
     }
 }
 

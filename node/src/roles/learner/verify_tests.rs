@@ -78,6 +78,7 @@ fn verifier() -> Verifier {
             task: task(),
             tokenizer: tok,
         })
+        .with_layer(MaskLayer(Arc::new(learner::ResponseTokens)))
 }
 
 fn reason(v: &Verifier, w: &Worker, g: &TrajectoryGroup) -> Option<&'static str> {
@@ -97,7 +98,12 @@ fn honest_groups_pass_every_layer() {
     let (v, w) = (verifier(), worker(1));
     assert_eq!(
         v.layer_names(),
-        ["bad_signature", "wrong_prompt", "reward_mismatch"]
+        [
+            "bad_signature",
+            "wrong_prompt",
+            "reward_mismatch",
+            "mask_mismatch"
+        ]
     );
     for seq in 0..20 {
         let g = honest(&w, seq);
@@ -255,6 +261,14 @@ fn rejections_map_to_strikes() {
         strike_reason("logprob_mismatch"),
         Some(StrikeReason::LogprobMismatch)
     );
+    assert_eq!(
+        strike_reason("mask_mismatch"),
+        Some(StrikeReason::MaskMismatch)
+    );
+    // Proof-level: a token the sampling rule did not draw bans at once.
+    let s = strike_reason("token_not_drawn").unwrap();
+    assert_eq!(s, StrikeReason::TokenNotDrawn);
+    assert!(s.bans_at_once());
     for r in [
         "malformed",
         "token_out_of_vocab",
@@ -279,13 +293,19 @@ fn the_config_selects_the_layers() {
     let names = |c: &NodeConfig| Verifier::for_learner(c, &[9; 32]).unwrap().layer_names();
     assert_eq!(
         names(&c),
-        ["bad_signature", "wrong_prompt", "reward_mismatch"]
+        [
+            "bad_signature",
+            "wrong_prompt",
+            "reward_mismatch",
+            "mask_mismatch"
+        ]
     );
     c.verification.signatures = false;
     c.verification.recompute_rewards = false;
-    assert_eq!(names(&c), ["wrong_prompt"]);
+    assert_eq!(names(&c), ["wrong_prompt", "mask_mismatch"]);
     c.verification.assigned_prompts = false;
-    assert!(names(&c).is_empty());
+    // The learner owns the loss mask: its check is never switched off.
+    assert_eq!(names(&c), ["mask_mismatch"]);
     // The learner's prompt layer agrees with a worker configured with its key.
     let c = NodeConfig::new(crate::config::Role::Learner, SWARM, "d".into());
     let v = Verifier::for_learner(&c, &[9; 32]).unwrap();
@@ -319,6 +339,7 @@ fn every_test_only_group_attack_is_caught_where_it_should_be() {
         (Attack::OutOfVocab, Some("token_out_of_vocab")),
         (Attack::Overlong, Some("too_long")),
         (Attack::BadSignature, None),
+        (Attack::MaskPoisoning, Some("mask_mismatch")),
     ];
     for (seq, (attack, want)) in cases.into_iter().enumerate() {
         let mut g = honest(&w, seq as u64);
