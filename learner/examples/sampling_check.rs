@@ -74,12 +74,20 @@ fn honest(s: &Setup, model: &InferModel, seq: u64, rng: &mut impl Rng) -> Result
     })
 }
 
-/// Per forced-token kind: (forced, detected).
+/// Per forced-token kind: tokens forced, of those equal to the rule's own draw (the forger
+/// wrote what the rule draws: not a forgery), and detected.
+#[derive(Default, Clone, Copy)]
+struct Kind {
+    forced: u64,
+    same: u64,
+    detected: u64,
+}
+
 #[derive(Default)]
 struct Forced {
-    likely: (u64, u64),
-    argmax: (u64, u64),
-    uniform: (u64, u64),
+    likely: Kind,
+    argmax: Kind,
+    uniform: Kind,
     p_likely: f64,
 }
 
@@ -105,6 +113,8 @@ fn force(
         let row = l.get(j)?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
         let u =
             policy::SampleStream::prescribed(&SEED, PRODUCER, g.seq, i as u64).uniform(j as u64);
+        // A plausible token (drawn from the model with the forger's own randomness), the most
+        // probable one, and any token of the vocabulary.
         let likely = policy::rule::draw(&row, rule, rng.gen())?.token;
         let argmax = row
             .iter()
@@ -114,25 +124,63 @@ fn force(
         let uniform = rng.gen_range(0..row.len() as u32);
         let rows = l.get(j)?.unsqueeze(0)?.repeat((3, 1))?;
         let w = token_windows(&rows, &[likely, argmax, uniform], rule, margins)?;
-        for ((acc, tok), w) in [&mut acc.likely, &mut acc.argmax, &mut acc.uniform]
+        for ((k, tok), w) in [&mut acc.likely, &mut acc.argmax, &mut acc.uniform]
             .into_iter()
             .zip([likely, argmax, uniform])
             .zip(&w)
         {
-            if tok != honest_tok {
-                acc.0 += 1;
-                acc.1 += u64::from(!w.admits(u));
-            }
+            k.forced += 1;
+            k.same += u64::from(tok == honest_tok);
+            k.detected += u64::from(!w.admits(u));
         }
-        if likely != honest_tok {
-            acc.p_likely += w[0].p;
-        }
+        acc.p_likely += w[0].p;
     }
     Ok(())
 }
 
-fn rate((n, d): (u64, u64)) -> serde_json::Value {
-    serde_json::json!({"forced": n, "detected": d, "rate": d as f64 / n.max(1) as f64})
+/// The largest difference between a worker's and the learner's CDF bounds of each sampled
+/// token of `g` (zero margins): the worker's logits from its own path (`model`, one row at a
+/// time), the learner's from its f32 training forward. What the margin δ must cover.
+fn cdf_spread(
+    policy: &Policy,
+    model: &InferModel,
+    g: &TrajectoryGroup,
+    rule: RuleParams,
+) -> Result<f64> {
+    let pairs: Vec<(&[u32], &[u32])> = g
+        .samples
+        .iter()
+        .map(|s| (g.prompt_tokens.as_slice(), s.response_tokens.as_slice()))
+        .collect();
+    let learner = policy::batch_response_logits(policy, &pairs)?;
+    let zero = Margins::new(0.0, 0.0);
+    let mut worst = 0f64;
+    for (s, l) in g.samples.iter().zip(&learner) {
+        let mut cache = model.new_cache(1, g.prompt_tokens.len() + s.response_tokens.len())?;
+        let ids = policy::Tensor::new(g.prompt_tokens.as_slice(), model.device())?.unsqueeze(0)?;
+        let mut rows = vec![model.forward_last(&ids, &mut cache)?];
+        for &t in &s.response_tokens[..s.response_tokens.len() - 1] {
+            let ids = policy::Tensor::new(&[t], model.device())?.unsqueeze(0)?;
+            rows.push(model.forward_last(&ids, &mut cache)?);
+        }
+        let worker = policy::Tensor::cat(&rows, 0)?;
+        let a = token_windows(&worker, &s.response_tokens, rule, zero)?;
+        let b = token_windows(l, &s.response_tokens, rule, zero)?;
+        for (a, b) in a.iter().zip(&b) {
+            worst = worst
+                .max((a.lower - b.lower).abs())
+                .max((a.upper - b.upper).abs());
+        }
+    }
+    Ok(worst)
+}
+
+fn rate(k: Kind) -> serde_json::Value {
+    serde_json::json!({
+        "forced": k.forced, "same_as_rule": k.same, "detected": k.detected,
+        "rate": k.detected as f64 / k.forced.max(1) as f64,
+        "rate_when_different": k.detected as f64 / (k.forced - k.same).max(1) as f64,
+    })
 }
 
 fn main() -> Result<()> {
@@ -194,7 +242,7 @@ fn main() -> Result<()> {
     // Honest groups: the verdict at the configured margins; the spread at zero margins.
     let (mut verdicts, mut tokens, mut max_lp, mut max_excess_0, mut worst_excess) =
         ([0u64; 3], 0usize, 0f32, 0f64, 0f64);
-    let (mut t_check, mut t_gen) = (0f64, 0f64);
+    let (mut t_check, mut t_gen, mut t_lp) = (0f64, 0f64, 0f64);
     let mut forced = Forced::default();
     let margins = Margins::new(settings.tolerance, settings.delta);
     for seq in 0..groups {
@@ -213,8 +261,10 @@ fn main() -> Result<()> {
             SpotVerdict::NotDrawn => 2,
         }] += 1;
         if seq < spread_groups {
-            let r0 = check_group(&policy, &g, &zero, &ResponseTokens)?;
-            max_excess_0 = max_excess_0.max(r0.worst_draw.map_or(0.0, |w| w.excess));
+            max_excess_0 = max_excess_0.max(cdf_spread(&policy, &model, &g, settings.rule)?);
+            let t0 = Instant::now();
+            check_group(&policy, &g, &logprobs_only, &ResponseTokens)?;
+            t_lp += t0.elapsed().as_secs_f64();
         }
         if seq < forced_groups {
             force(&policy, &g, settings.rule, margins, &mut forced, &mut rng)?;
@@ -235,7 +285,7 @@ fn main() -> Result<()> {
         stale_caught_tokens += r.not_drawn;
         stale_groups_caught += u64::from(r.verdict(settings.tolerance) == SpotVerdict::NotDrawn);
     }
-    let p_likely = forced.p_likely / forced.likely.0.max(1) as f64;
+    let p_likely = forced.p_likely / forced.likely.forced.max(1) as f64;
     println!(
         "{}",
         serde_json::json!({
@@ -260,6 +310,7 @@ fn main() -> Result<()> {
                 "token_rate": stale_caught_tokens as f64 / stale_tokens.max(1) as f64,
             },
             "check_ms_per_group": t_check * 1e3 / groups.max(1) as f64,
+            "logprob_check_only_ms_per_group": t_lp * 1e3 / spread_groups.min(groups).max(1) as f64,
             "generate_ms_per_group": t_gen * 1e3 / groups.max(1) as f64,
         })
     );

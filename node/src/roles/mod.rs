@@ -142,6 +142,6 @@ pub fn build_task(config: &NodeConfig) -> anyhow::Result<Arc<dyn tasks::Task>> {
 /// The rule the learner derives loss masks (and sampled positions) by for the configured
 /// task: every response token for single-turn tasks. A multi-turn environment plugs its
 /// turn-aware rule in here.
-pub fn mask_rule(_config: &NodeConfig) -> Arc<dyn learner::MaskRule> {
-    Arc::new(learner::ResponseTokens)
+pub fn mask_rule(_config: &NodeConfig) -> Arc<dyn ::learner::MaskRule> {
+    Arc::new(::learner::ResponseTokens)
 }

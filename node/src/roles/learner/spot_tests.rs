@@ -215,7 +215,10 @@ fn groups_the_model_cannot_take_are_rejected_not_panics() {
     }
     assert!(SpotChecker::new(
         SpotSettings {
-            tolerance: 0.0,
+            tolerance: learner::verdict::ByDtype {
+                f32: 0.0,
+                ..DEFAULT_TOLERANCE
+            },
             ..settings(1.0, 0)
         },
         Arc::new(ChunkStore::open(&dir.path().join("other"), 1).unwrap()),
@@ -255,7 +258,7 @@ fn written_responses_are_proof_and_condemn_their_producer() {
         SpotChecker::new(settings(0.0, 1), store, ModelConfig::tiny(), Device::Cpu).unwrap();
     let (bad, good) = (p2p::PeerId::random(), p2p::PeerId::random());
     let mut forced = worker_group(&v2, 2, 0);
-    let want = policy::ByteTokenizer.encode("7777").unwrap();
+    let want = policy::ByteTokenizer.encode("7777");
     for s in &mut forced.samples {
         s.sampler_logprobs =
             policy::response_logprobs(&policy, &forced.prompt_tokens, &want, T).unwrap();
