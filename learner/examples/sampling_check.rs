@@ -232,9 +232,8 @@ fn main() -> Result<()> {
         seed: SEED,
         check_draws: true,
     };
-    let zero = CheckSettings {
-        tolerance: 0.0,
-        delta: 0.0,
+    let logprobs_only = CheckSettings {
+        check_draws: false,
         ..settings
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);

@@ -22,10 +22,11 @@
 //! The reported log-prob is `log softmax(l / T)[t]` over the *full* vocabulary (`T = 0`: at
 //! temperature 1), before truncation — the quantity the learner recomputes.
 //!
-//! **Implementation** ([`draw`], [`draw_rows`]): the weights in f32, their sums in f64 in a
-//! fixed order, the nucleus threshold by partial selection (`select_nth_unstable` on growing
-//! prefixes, never a full sort of the vocabulary), rows in parallel. Deterministic: the same
-//! logits and `u` give the same token on every path of this build.
+//! **Implementation** ([`draw`], [`draw_rows`]): the weights in f32 with a libm-free `exp`
+//! (the same bits on every platform; the loop vectorises), their sums in f64 in a fixed order,
+//! the nucleus threshold by a mass-weighted quickselect (never a sort of the vocabulary), the
+//! walk skipping whole blocks by their sums, rows in parallel. Deterministic: the same logits
+//! and `u` give the same token on every path.
 //!
 //! **The check** ([`token_windows`]): from the learner's own logits, for each reported token,
 //! the interval of uniforms for which an honest worker — whose probabilities differ from the
@@ -127,16 +128,19 @@ fn draw_with(
     e: &mut Vec<f32>,
     work: &mut Vec<f32>,
 ) -> Result<Drawn> {
-    let mut max = f32::NEG_INFINITY;
-    let mut arg = 0usize;
-    for (i, &x) in logits.iter().enumerate() {
-        if x.is_nan() || x == f32::INFINITY {
-            return Err(PolicyError::Sampling(format!("logit {i} is {x}")));
-        }
-        if x > max {
-            max = x;
-            arg = i;
-        }
+    // One branch-free pass (it vectorises): the maximum, and whether any logit is NaN or +∞.
+    let (mut max, mut bad) = (f32::NEG_INFINITY, false);
+    for &x in logits {
+        bad |= !(x < f32::INFINITY);
+        max = if x > max { x } else { max };
+    }
+    if bad {
+        let (i, x) = logits
+            .iter()
+            .enumerate()
+            .find(|(_, x)| !(**x < f32::INFINITY))
+            .map_or((0, f32::NAN), |(i, x)| (i, *x));
+        return Err(PolicyError::Sampling(format!("logit {i} is {x}")));
     }
     if max == f32::NEG_INFINITY {
         return Err(PolicyError::Sampling("no finite logit".into()));
@@ -148,10 +152,13 @@ fn draw_with(
     };
     let inv_t = 1.0 / t;
     e.clear();
-    e.extend(logits.iter().map(|&x| ((x - max) * inv_t).exp()));
-    let z: f64 = e.iter().map(|&x| f64::from(x)).sum();
+    e.extend(logits.iter().map(|&x| exp_nonpos((x - max) * inv_t)));
+    // Block sums: Z, and (without truncation) the skips of the inverse-CDF walk below.
+    let mut blocks: Vec<f64> = e.chunks(WALK_BLOCK).map(sum_f64).collect();
+    let z: f64 = blocks.iter().sum();
     let logprob = |tok: usize| (f64::from((logits[tok] - max) * inv_t) - z.ln()) as f32;
     if rule.temperature == 0.0 {
+        let arg = logits.iter().position(|&x| x == max).unwrap_or(0);
         return Ok(Drawn {
             token: arg as u32,
             logprob: logprob(arg),
@@ -162,60 +169,162 @@ fn draw_with(
     } else {
         0.0
     };
-    let kept = |x: f32| x > 0.0 && x >= tau;
-    let mass: f64 = if tau > 0.0 {
-        e.iter().filter(|&&x| kept(x)).map(|&x| f64::from(x)).sum()
-    } else {
-        z
-    };
-    let target = u * mass;
-    let (mut cum, mut last) = (0f64, arg);
-    for (i, &x) in e.iter().enumerate() {
-        if kept(x) {
-            cum += f64::from(x);
-            last = i;
-            if cum > target {
-                return Ok(Drawn {
-                    token: i as u32,
-                    logprob: logprob(i),
-                });
+    // Inverse CDF over the kept weights (e ≥ τ; zero weights add nothing) in id order: whole
+    // blocks are skipped by their sums, the block that crosses `u · M` is walked token by token.
+    if tau > 0.0 {
+        blocks = e.chunks(WALK_BLOCK).map(|b| masked_sum(b, tau)).collect();
+    }
+    let target = u * blocks.iter().sum::<f64>();
+    let mut cum = 0f64;
+    for (bi, (block, &s)) in e.chunks(WALK_BLOCK).zip(&blocks).enumerate() {
+        if cum + s <= target {
+            cum += s;
+            continue;
+        }
+        for (k, &x) in block.iter().enumerate() {
+            if x > 0.0 && x >= tau {
+                cum += f64::from(x);
+                if cum > target {
+                    let tok = bi * WALK_BLOCK + k;
+                    return Ok(Drawn {
+                        token: tok as u32,
+                        logprob: logprob(tok),
+                    });
+                }
             }
         }
     }
     // `u · M` at the very top, rounded past the sum: the last kept token.
+    let last = e.iter().rposition(|&x| x > 0.0 && x >= tau).unwrap_or(0);
     Ok(Drawn {
         token: last as u32,
         logprob: logprob(last),
     })
 }
 
+/// Tokens per block of the inverse-CDF walk.
+const WALK_BLOCK: usize = 256;
+/// Independent partial sums of [`sum_f64`].
+const LANES: usize = 8;
+
+/// `e^x` for `x ≤ 0` in f32 arithmetic alone (Cephes' `expf`: range reduction by `ln 2`, a
+/// degree-6 polynomial, the exponent set from the bits): no libm call, so a row's loop
+/// vectorises and every platform computes the same bits. Relative error below 3·10⁻⁷;
+/// 0 below −87 (where f32 `exp` leaves the normal range) and for −∞.
+#[inline(always)]
+fn exp_nonpos(x: f32) -> f32 {
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // 1.5 · 2²³: adding it rounds to the nearest integer, which its low bits then hold.
+    const ROUND: f32 = 12_582_912.0;
+    let xc = x.max(-87.0);
+    let t = xc * std::f32::consts::LOG2_E + ROUND;
+    let n = t - ROUND;
+    let ni = (t.to_bits() as i32).wrapping_sub(0x4B40_0000);
+    let r = (xc - n * LN2_HI) - n * LN2_LO;
+    let p = (((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r
+        + 4.166_579_6e-2)
+        * r
+        + 1.666_666_5e-1)
+        * r
+        + 5.000_000_1e-1)
+        * (r * r)
+        + r
+        + 1.0;
+    let scale = f32::from_bits(((ni + 127) << 23) as u32);
+    if x < -87.0 {
+        0.0
+    } else {
+        p * scale
+    }
+}
+
+/// `Σ xs` in f64 in a fixed order ([`LANES`] interleaved partial sums, combined pairwise):
+/// deterministic, and the loop vectorises.
+fn sum_f64(xs: &[f32]) -> f64 {
+    masked_sum(xs, f32::NEG_INFINITY)
+}
+
+/// `Σ_{x ≥ floor} x` in f64, in the fixed order of [`sum_f64`].
+fn masked_sum(xs: &[f32], floor: f32) -> f64 {
+    let mut acc = [0f64; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    for c in &mut chunks {
+        for k in 0..LANES {
+            acc[k] += if c[k] >= floor { f64::from(c[k]) } else { 0.0 };
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for &x in chunks.remainder() {
+        if x >= floor {
+            s += f64::from(x);
+        }
+    }
+    s
+}
+
 /// The nucleus threshold `τ` of the module doc for weights `e` and `target = top_p · Z`: the
-/// largest weights are taken in descending order until their sum reaches `target`, found by
-/// partial selection on growing blocks (64, 256, 1024, … weights), never sorting the whole
-/// vocabulary. When rounding keeps the sum below `target`, every token is in (τ = 0).
+/// largest weight `τ` with `Σ_{e_j ≥ τ} e_j ≥ target`, by a mass-weighted quickselect — a
+/// three-way partition around a pivot, then only the side that holds `τ` is kept (expected
+/// linear time; no sort of the vocabulary). When rounding keeps the sum below `target`, every
+/// token is in (τ = 0).
 fn nucleus_threshold(e: &[f32], target: f64, work: &mut Vec<f32>) -> f32 {
     work.clear();
-    work.extend_from_slice(e);
+    work.extend(e.iter().copied().filter(|&x| x > 0.0));
     let desc = |a: &f32, b: &f32| b.total_cmp(a);
-    let (mut done, mut block, mut cum) = (0usize, 64usize, 0f64);
-    while done < work.len() {
-        let rest = &mut work[done..];
-        let take = block.min(rest.len());
-        if take < rest.len() {
-            rest.select_nth_unstable_by(take - 1, desc);
-        }
-        let head = &mut rest[..take];
-        head.sort_unstable_by(desc);
-        for &x in head.iter() {
-            cum += f64::from(x);
-            if cum >= target {
-                return x;
+    let mut s = &mut work[..];
+    // The mass of the weights known to be above the slice `s`.
+    let mut above = 0f64;
+    let mut rounds = 0;
+    loop {
+        rounds += 1;
+        if s.len() <= 64 || rounds > 64 {
+            s.sort_unstable_by(desc);
+            for &x in s.iter() {
+                above += f64::from(x);
+                if above >= target {
+                    return x;
+                }
             }
+            return 0.0;
         }
-        done += take;
-        block = block.saturating_mul(4);
+        let pivot = median3(s[0], s[s.len() / 2], s[s.len() - 1]);
+        let (gt, eq) = partition3(s, pivot);
+        let m_gt = sum_f64(&s[..gt]);
+        if above + m_gt >= target {
+            s = &mut s[..gt];
+            continue;
+        }
+        let m_eq = sum_f64(&s[gt..gt + eq]);
+        if above + m_gt + m_eq >= target {
+            return pivot;
+        }
+        above += m_gt + m_eq;
+        s = &mut s[gt + eq..];
     }
-    0.0
+}
+
+fn median3(a: f32, b: f32, c: f32) -> f32 {
+    a.max(b).min(a.min(b).max(c))
+}
+
+/// Reorders `s` as `[> pivot | = pivot | < pivot]` and returns the lengths of the first two.
+fn partition3(s: &mut [f32], pivot: f32) -> (usize, usize) {
+    let (mut lt, mut i, mut gt) = (0usize, 0usize, s.len());
+    // Invariant: s[..lt] > pivot, s[lt..i] = pivot, s[gt..] < pivot.
+    while i < gt {
+        if s[i] > pivot {
+            s.swap(lt, i);
+            lt += 1;
+            i += 1;
+        } else if s[i] < pivot {
+            gt -= 1;
+            s.swap(i, gt);
+        } else {
+            i += 1;
+        }
+    }
+    (lt, i - lt)
 }
 
 /// The check's margins (see the module doc).

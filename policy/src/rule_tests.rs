@@ -95,7 +95,7 @@ fn bad_logits_are_errors() {
     assert!(draw_rows(&[0.0; 5], 2, T1, &[0.5, 0.5]).is_err());
 }
 
-/// The reference the partial selection must equal: a full sort.
+/// The reference the quickselect must equal: a full sort.
 fn threshold_by_sorting(e: &[f32], target: f64) -> f32 {
     let mut s = e.to_vec();
     s.sort_by(|a, b| b.total_cmp(a));
@@ -110,7 +110,7 @@ fn threshold_by_sorting(e: &[f32], target: f64) -> f32 {
 }
 
 #[test]
-fn partial_selection_finds_the_same_threshold_as_a_full_sort() {
+fn quickselect_finds_the_same_threshold_as_a_full_sort() {
     let mut r = rng(1);
     let mut work = Vec::new();
     for case in 0..300 {
@@ -127,6 +127,20 @@ fn partial_selection_finds_the_same_threshold_as_a_full_sort() {
             "case {case}"
         );
     }
+}
+
+#[test]
+fn the_libm_free_exp_is_accurate_and_zero_past_the_normal_range() {
+    let mut worst = 0f64;
+    for k in 0..=200_000 {
+        let x = -87.0 * k as f32 / 200_000.0;
+        let want = f64::from(x).exp();
+        worst = worst.max((f64::from(exp_nonpos(x)) - want).abs() / want);
+    }
+    assert!(worst < 3e-7, "relative error {worst}");
+    assert_eq!(exp_nonpos(0.0), 1.0);
+    assert_eq!(exp_nonpos(-87.5), 0.0);
+    assert_eq!(exp_nonpos(f32::NEG_INFINITY), 0.0);
 }
 
 #[test]
