@@ -6,8 +6,12 @@
 //!
 //! ```text
 //! cargo run -j2 -p learner --example sampling_check -- [--warm 60] [--groups 10000]
-//!     [--dtype f32|f16] [--top-p 1.0] [--spread-groups 1000] [--forced-groups 500]
+//!     [--dtype f32|f16|bf16] [--top-p 1.0] [--spread-groups 1000] [--forced-groups 500]
+//!     [--device cpu|cuda]
 //! ```
+//!
+//! On a GPU (`--features cuda`, `--device cuda --dtype bf16`) the same measurement gives the
+//! bf16 figures: the worker samples in bf16 on the GPU, the learner recomputes in f32 there.
 //!
 //! Setting (the demo's): the embedded tiny model warm-started for `--warm` supervised steps
 //! on `arith` (sharper than random weights, whose spread is several times smaller), groups of
@@ -188,6 +192,7 @@ fn main() -> Result<()> {
     let (mut warm, mut groups, mut spread_groups, mut forced_groups) =
         (60usize, 10_000u64, 1000u64, 500u64);
     let (mut dtype, mut top_p) = (WorkerDtype::F32, 1.0f32);
+    let mut device = policy::DeviceChoice::Cpu;
     while let Some(a) = args.next() {
         let mut val = || args.next().with_context(|| format!("{a} needs a value"));
         match a.as_str() {
@@ -196,17 +201,17 @@ fn main() -> Result<()> {
             "--spread-groups" => spread_groups = val()?.parse()?,
             "--forced-groups" => forced_groups = val()?.parse()?,
             "--top-p" => top_p = val()?.parse()?,
-            "--dtype" => {
-                dtype = WorkerDtype::parse(&val()?).context("--dtype f32|f16")?;
-                anyhow::ensure!(dtype != WorkerDtype::Bf16, "bf16 inference needs CUDA");
-            }
+            "--dtype" => dtype = WorkerDtype::parse(&val()?).context("--dtype f32|f16|bf16")?,
+            "--device" => device = val()?.parse()?,
             other => bail!("unknown argument {other}"),
         }
     }
-    let (policy, tok) = policy::embedded_default(0)?;
+    let device = policy::device::select(device)?;
+    let tok = Tokenizer::byte();
+    let policy = Policy::new_random(&policy::ModelConfig::tiny(), 0, &device)?;
     let task = tasks::build_task("arith", &serde_json::Value::Null)?;
     // The stale worker's weights: the same model after half the warm start.
-    let (old, _) = policy::embedded_default(0)?;
+    let old = Policy::new_random(&policy::ModelConfig::tiny(), 0, &device)?;
     if warm > 0 {
         learner::warm_start_on_task(&old, &tok, task.as_ref(), warm / 2, 0)?;
         learner::warm_start_on_task(&policy, &tok, task.as_ref(), warm, 0)?;
@@ -219,10 +224,10 @@ fn main() -> Result<()> {
     let setup = Setup { task, tok, params };
     let model = InferModel::new(
         &policy,
-        if dtype == WorkerDtype::F16 {
-            DType::F16
-        } else {
-            DType::F32
+        match dtype {
+            WorkerDtype::F32 => DType::F32,
+            WorkerDtype::F16 => DType::F16,
+            WorkerDtype::Bf16 => DType::BF16,
         },
     )?;
     let settings = CheckSettings {
@@ -289,6 +294,7 @@ fn main() -> Result<()> {
         "{}",
         serde_json::json!({
             "model": "tiny", "warm_start_steps": warm, "dtype": dtype.name(), "top_p": top_p,
+            "device": policy::device::describe(&device).name,
             "temperature": T, "group_size": N, "new_tokens": NEW_TOKENS,
             "tolerance": settings.tolerance, "margin": settings.delta,
             "honest": {
