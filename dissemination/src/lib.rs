@@ -24,8 +24,10 @@ pub mod plan_msg;
 mod transfer;
 pub mod wire;
 
+#[cfg(feature = "adversary")]
+pub use engine::Fault;
 pub use engine::{
-    BroadcastCounters, BroadcastMode, DisseminationConfig, DisseminationEvent, Disseminator, Fault,
+    BroadcastCounters, BroadcastMode, DisseminationConfig, DisseminationEvent, Disseminator,
     PublishReport, DEFAULT_READ_TIMEOUT, DEFAULT_SESSION_IDLE_TIMEOUT, MIN_RATE_BYTES_PER_S,
 };
 pub use error::{DisseminationError, Result};

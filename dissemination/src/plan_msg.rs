@@ -102,7 +102,7 @@ impl PlanMessage {
             swarm_id: swarm_id.to_string(),
             version,
             seq,
-            created_unix_ms: storage::now_unix_ms(),
+            created_unix_ms: storage::unix_ms(),
             learner_key: learner_key.to_bytes(),
             chains: plan.chains.clone(),
             fetch_only: plan.fetch_only.clone(),

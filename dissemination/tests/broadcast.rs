@@ -6,8 +6,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "adversary")]
+use dissemination::Fault;
 use dissemination::{
-    BroadcastCounters, DisseminationConfig, DisseminationEvent, Disseminator, Fault, PlanMessage,
+    BroadcastCounters, DisseminationConfig, DisseminationEvent, Disseminator, PlanMessage,
     SignedPlan,
 };
 use ed25519_dalek::SigningKey;
@@ -251,10 +253,13 @@ async fn chain_mode_16mb_to_7_workers_then_delta_republish() {
     shutdown([learner]).await;
 }
 
+/// Needs the test-only `Fault` (the `adversary` feature: on in `cargo test --workspace`,
+/// where `testnet` enables it, or with `--features adversary`).
+#[cfg(feature = "adversary")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_corrupting_forwarder_is_bypassed_and_penalised() {
     // One chain (B0 = B̂w): bad → w1 → w2; the bad worker corrupts everything it sends.
-    let (learner, mut workers) = one_chain(3, |k, c| {
+    let (learner, mut workers) = one_chain(3, |k, c: &mut DisseminationConfig| {
         if k == 0 {
             c.fault = Some(Fault::CorruptOutgoing);
         }

@@ -83,10 +83,7 @@ impl Trainer {
         std::fs::rename(&tmp, &final_dir)?;
         sync_dir(dir)?;
         at("renamed")?;
-        let latest_tmp = dir.join(".LATEST.tmp");
-        write_synced(&latest_tmp, name.as_bytes())?;
-        std::fs::rename(&latest_tmp, dir.join("LATEST"))?;
-        sync_dir(dir)?;
+        storage::write_atomic(&dir.join("LATEST"), name.as_bytes())?;
         at("switched")?;
         for e in std::fs::read_dir(dir)? {
             let e = e?;
@@ -180,8 +177,7 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {
-    std::fs::File::open(dir)?.sync_all()?;
-    Ok(())
+    Ok(storage::fs::sync_dir(dir)?)
 }
 
 #[cfg(test)]

@@ -45,4 +45,15 @@ pub enum LearnerError {
     Invalid(String),
 }
 
+impl LearnerError {
+    /// Whether the device ran out of memory (by variant: [`policy::PolicyError::is_out_of_memory`]).
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            LearnerError::Tensor(e) => policy::error::candle_out_of_memory(e),
+            LearnerError::Policy(e) => e.is_out_of_memory(),
+            _ => false,
+        }
+    }
+}
+
 pub type Result<T, E = LearnerError> = std::result::Result<T, E>;

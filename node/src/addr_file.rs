@@ -54,10 +54,8 @@ pub fn path(data_dir: &Path) -> PathBuf {
 
 /// Writes `f` atomically.
 pub fn write(data_dir: &Path, f: &AddrFile) -> std::io::Result<()> {
-    let tmp = data_dir.join(format!(".node.addr.json.{}", f.pid));
     let text = serde_json::to_vec_pretty(f).map_err(std::io::Error::other)?;
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path(data_dir))
+    storage::write_atomic(&path(data_dir), &text)
 }
 
 /// The address file of the node with process id `pid`, if it has written it (`None` while it
@@ -72,6 +70,41 @@ pub fn remove(data_dir: &Path) {
     if read(data_dir, std::process::id()).is_some() {
         let _ = std::fs::remove_file(path(data_dir));
     }
+}
+
+/// Writes `<data_dir>/node.addr.json` once the swarm reports its first listen address (the
+/// ports actually bound, also when the config asks for port 0).
+pub(crate) async fn write_when_listening(
+    client: p2p::Client,
+    data_dir: std::path::PathBuf,
+    peer_id: String,
+    admin: std::net::SocketAddr,
+) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
+        match client.listen_addrs().await {
+            Ok(addrs) if !addrs.is_empty() => {
+                let f = AddrFile {
+                    format: FORMAT,
+                    pid: std::process::id(),
+                    peer_id,
+                    admin: admin.to_string(),
+                    listen: addrs.iter().map(ToString::to_string).collect(),
+                };
+                match write(&data_dir, &f) {
+                    Ok(()) => tracing::info!(
+                        file = %path(&data_dir).display(),
+                        "listening; addresses written"
+                    ),
+                    Err(e) => tracing::warn!(error = %e, "writing the address file"),
+                }
+                return;
+            }
+            Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+            Err(_) => return,
+        }
+    }
+    tracing::warn!("no listen address within 30 s: the address file is not written");
 }
 
 #[cfg(test)]

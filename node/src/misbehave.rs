@@ -1,10 +1,13 @@
 //! Test-only misbehaviour switches: how the adversarial testnet scenario and the multi-process
 //! tests turn a real `echo-node run` process into a malicious worker.
 //!
-//! Hidden on purpose: there is no config key or CLI flag. A process misbehaves only when the
-//! environment variable [`ENV_VAR`] names one or more attacks (comma-separated), and it says so
-//! at start with a warning on every log line's level. An operator never sets it; the
-//! `testnet adversary` scenario and `node/tests` do.
+//! Hidden on purpose: there is no config key or CLI flag. A process misbehaves only when it
+//! was built with the `adversary` cargo feature (off by default; `testnet` and the attack
+//! tests turn it on) **and** the environment variable [`ENV_VAR`] names one or more attacks
+//! (comma-separated); it says so at start with a warning. A default build has no attack code:
+//! given the variable, it checks the names, logs that it ignores them, and runs honestly
+//! ([`Misbehaviour::from_setting`]). An operator never sets it; the `testnet adversary`
+//! scenario and `node/tests` do.
 //!
 //! Owns: the attack names and their parsing. Must not touch: how each attack is carried out
 //! (the role that produces or serves the data checks [`Misbehaviour::has`] at its one hook).
@@ -128,9 +131,29 @@ impl Misbehaviour {
     /// misspells an attack must not silently run an honest node.
     pub fn from_env() -> Result<Self, String> {
         match std::env::var(ENV_VAR) {
-            Ok(v) => Self::parse(&v),
+            Ok(v) => Self::from_setting(&v),
             Err(_) => Ok(Self::default()),
         }
+    }
+
+    /// The attacks a value of [`ENV_VAR`] switches on: those it names in a build with the
+    /// `adversary` feature; none in a default build, which says so (a warning) and runs
+    /// honestly. Bad names are an error in both.
+    pub fn from_setting(list: &str) -> Result<Self, String> {
+        let m = Self::parse(list)?;
+        if !cfg!(feature = "adversary") && !m.is_honest() {
+            tracing::warn!(
+                "{ENV_VAR} is set, but this build has no attack code (built without the \
+                 `adversary` feature): ignored, the node runs honestly"
+            );
+            return Ok(Self::default());
+        }
+        Ok(m)
+    }
+
+    /// Whether this build can carry out attacks at all (the `adversary` feature).
+    pub const fn can_attack() -> bool {
+        cfg!(feature = "adversary")
     }
 
     pub fn has(&self, a: Attack) -> bool {
@@ -161,5 +184,26 @@ mod tests {
         assert!(Misbehaviour::parse("").unwrap().is_honest());
         let e = Misbehaviour::parse("inflated_rewards").unwrap_err();
         assert!(e.contains("unknown attack `inflated_rewards`"), "{e}");
+    }
+
+    /// Compiled only without the `adversary` feature (`cargo test -p echo-node --lib
+    /// misbehave`, a step of `.ci/run`): the release build cannot be made malicious by the
+    /// environment variable.
+    #[cfg(not(feature = "adversary"))]
+    #[test]
+    fn a_default_build_ignores_the_switch() {
+        assert!(!Misbehaviour::can_attack());
+        let all: Vec<&str> = Attack::ALL.iter().map(|a| a.name()).collect();
+        let m = Misbehaviour::from_setting(&all.join(",")).unwrap();
+        assert!(m.is_honest(), "no attack is switched on: {m:?}");
+        assert!(Misbehaviour::from_setting("inflated_rewards").is_err());
+    }
+
+    #[cfg(feature = "adversary")]
+    #[test]
+    fn an_adversary_build_switches_on_what_the_variable_names() {
+        assert!(Misbehaviour::can_attack());
+        let m = Misbehaviour::from_setting("corrupt_chunks").unwrap();
+        assert!(m.has(Attack::CorruptChunks));
     }
 }

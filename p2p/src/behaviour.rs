@@ -66,6 +66,19 @@ pub(crate) struct Behaviour {
     pub(crate) stream: libp2p_stream::Behaviour,
 }
 
+impl crate::reachability::AsNatEvent for BehaviourEvent {
+    fn as_nat_event(&self) -> crate::reachability::NatEvent<'_> {
+        use crate::reachability::NatEvent;
+        match self {
+            BehaviourEvent::Autonat(e) => NatEvent::Autonat(e),
+            BehaviourEvent::Relay(e) => NatEvent::RelayClient(e),
+            BehaviourEvent::Dcutr(e) => NatEvent::Dcutr(e),
+            BehaviourEvent::RelayServer(e) => NatEvent::RelayServer(e),
+            _ => NatEvent::Other,
+        }
+    }
+}
+
 /// The Kademlia protocol of a swarm (`/echo-swarm/<swarm_id>/kad/1.0.0`): one DHT per swarm, so
 /// nodes of different swarms never fill each other's routing tables.
 pub(crate) fn kad_protocol(swarm_id: &str) -> Result<StreamProtocol, P2pError> {

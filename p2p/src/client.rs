@@ -11,7 +11,7 @@ use std::sync::{Arc, RwLock};
 use libp2p::gossipsub::MessageId;
 use libp2p::{Multiaddr, PeerId};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::config::NetworkConfig;
 use crate::congestion::SocketRegistry;
@@ -20,6 +20,7 @@ use crate::messages::{Heartbeat, LocalStatus, ScoreTable};
 use crate::role::Role;
 use crate::score::{ScoreComponents, TransferEvent};
 use crate::topics::TopicKind;
+use crate::view::PeerView;
 
 /// The role's verdict on a message delivered as [`Event::Gossip`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -301,6 +302,7 @@ impl std::fmt::Display for StrikeReason {
 /// What a [`Client`] asks of the service task.
 pub(crate) enum Command {
     Status(oneshot::Sender<NetworkStatus>),
+    Peers(oneshot::Sender<Vec<PeerView>>),
     ListenAddrs(oneshot::Sender<Vec<Multiaddr>>),
     Dial(Multiaddr, oneshot::Sender<Result<(), P2pError>>),
     /// Dial `peer` by id from a new local port unless connected or being dialed; replies
@@ -347,6 +349,7 @@ pub struct Client {
     stream: libp2p_stream::Control,
     banned: BanView,
     sockets: SocketRegistry,
+    changes: watch::Receiver<u64>,
 }
 
 impl std::fmt::Debug for Client {
@@ -365,6 +368,7 @@ impl Client {
         stream: libp2p_stream::Control,
         banned: BanView,
         sockets: SocketRegistry,
+        changes: watch::Receiver<u64>,
     ) -> Self {
         Client {
             tx,
@@ -373,6 +377,7 @@ impl Client {
             stream,
             banned,
             sockets,
+            changes,
         }
     }
 
@@ -448,9 +453,29 @@ impl Client {
         rx.await.map_err(|_| P2pError::ServiceStopped)
     }
 
-    /// The node's view of the swarm (peer table with scores, counters).
+    /// The node's view of the swarm for people: the admin endpoint's `/status` (peer ids as
+    /// text, every counter). Roles decide on [`Client::peers`] / [`Client::workers`] instead.
     pub async fn status(&self) -> Result<NetworkStatus, P2pError> {
         self.ask(Command::Status).await
+    }
+
+    /// Every peer in the table, typed ([`PeerView`]), in no particular order.
+    pub async fn peers(&self) -> Result<Vec<PeerView>, P2pError> {
+        self.ask(Command::Peers).await
+    }
+
+    /// The rollout workers by the one rule ([`PeerView::is_worker`]).
+    pub async fn workers(&self) -> Result<Vec<PeerView>, P2pError> {
+        let mut peers = self.peers().await?;
+        peers.retain(PeerView::is_worker);
+        Ok(peers)
+    }
+
+    /// Changes whenever the peer view may have: a heartbeat arrived, a peer connected,
+    /// disconnected or was banned. Wait on it (`changed()`) and read [`Client::peers`] /
+    /// [`Client::workers`] again, instead of polling. Closed once the service stops.
+    pub fn peer_changes(&self) -> watch::Receiver<u64> {
+        self.changes.clone()
     }
 
     /// Addresses the node listens on (resolved ports).

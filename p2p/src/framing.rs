@@ -3,19 +3,95 @@
 //! that many body bytes. What a body contains is each protocol's business (they all use the
 //! `storage::codec` encoding); the byte layouts are specified in `docs/protocol.md`.
 //!
-//! Owns: reading and writing frames, and the rule that a length is checked against the
+//! Owns: reading and writing frames, the deadline a frame of a given size gets
+//! ([`frame_deadline`]), and the rule that a length is checked against the
 //! caller's maximum *before* anything is allocated, so a peer cannot make a node allocate
 //! more than the protocol allows. Must not touch: body encodings, protocol names, policy.
 //!
-//! Errors are `std::io::Error`s: `InvalidData` when the peer broke the framing (a length above
-//! the maximum, a varint longer than 10 bytes or not minimally encoded), `UnexpectedEof` when
-//! the stream ended inside a frame. No input makes these functions panic.
+//! Reads fail with a typed [`FrameError`]: [`FrameError::TooLarge`] when the length is above
+//! the caller's maximum (the peer sent more than the protocol allows), [`FrameError::Malformed`]
+//! when the length is not a valid varint (longer than 10 bytes, not minimally encoded,
+//! overflowing), [`FrameError::Io`] when the stream failed or ended inside a frame
+//! (`UnexpectedEof`). Callers decide on the variant, never on the message. No input makes
+//! these functions panic.
 
 use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use std::io;
 
 /// Longest varint accepted for a frame length: 10 bytes hold any `u64`.
 pub const MAX_LENGTH_BYTES: usize = 10;
+
+/// Slowest transfer rate a frame deadline allows for: a frame of `n` bytes may take the
+/// protocol's base deadline plus `n / MIN_RATE_BYTES_PER_S` seconds (a large frame on a slow
+/// link is not a stalled peer). Shared by every bulk stream protocol.
+pub const MIN_RATE_BYTES_PER_S: u64 = 1 << 20;
+
+/// The deadline for moving one frame of up to `max` bytes: `base`, plus the time `max` bytes
+/// take at [`MIN_RATE_BYTES_PER_S`].
+pub fn frame_deadline(base: std::time::Duration, max: u64) -> std::time::Duration {
+    base + std::time::Duration::from_secs(max / MIN_RATE_BYTES_PER_S)
+}
+
+/// Why a frame could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// The frame's length is above the caller's maximum: nothing was allocated.
+    #[error("{what} frame of {len} bytes exceeds the limit of {max}")]
+    TooLarge { what: String, len: u64, max: usize },
+    /// The length is not a valid varint: the peer broke the framing.
+    #[error("{what} frame length: {reason}")]
+    Malformed { what: String, reason: String },
+    /// The stream failed, or ended inside a frame (`UnexpectedEof`).
+    #[error("{what} frame: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl FrameError {
+    /// `InvalidData` when the peer broke the framing ([`FrameError::TooLarge`],
+    /// [`FrameError::Malformed`]), the I/O error's own kind otherwise.
+    pub fn kind(&self) -> io::ErrorKind {
+        match self {
+            FrameError::TooLarge { .. } | FrameError::Malformed { .. } => {
+                io::ErrorKind::InvalidData
+            }
+            FrameError::Io { source, .. } => source.kind(),
+        }
+    }
+
+    /// Whether the peer broke the framing (rather than the stream failing).
+    pub fn is_violation(&self) -> bool {
+        !matches!(self, FrameError::Io { .. })
+    }
+
+    fn io(what: &str, source: io::Error) -> Self {
+        FrameError::Io {
+            what: what.to_string(),
+            source,
+        }
+    }
+
+    fn malformed(what: &str, reason: impl Into<String>) -> Self {
+        FrameError::Malformed {
+            what: what.to_string(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// For callers that fold a framing failure into their I/O errors: the kind is kept
+/// ([`FrameError::kind`]), the typed error is the source.
+impl From<FrameError> for io::Error {
+    fn from(e: FrameError) -> Self {
+        match e {
+            FrameError::Io { source, .. } => source,
+            e => io::Error::new(e.kind(), e),
+        }
+    }
+}
 
 /// Writes `body` as one frame (length, then body). Does not flush.
 pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, body: &[u8]) -> io::Result<()> {
@@ -31,11 +107,14 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
     r: &mut R,
     max: usize,
     what: &str,
-) -> io::Result<Vec<u8>> {
+) -> Result<Vec<u8>, FrameError> {
     try_read_frame(r, max, what).await?.ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            format!("stream ended before a {what} frame"),
+        FrameError::io(
+            what,
+            io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "stream ended before the frame",
+            ),
         )
     })
 }
@@ -46,60 +125,62 @@ pub async fn try_read_frame<R: AsyncRead + Unpin>(
     r: &mut R,
     max: usize,
     what: &str,
-) -> io::Result<Option<Vec<u8>>> {
+) -> Result<Option<Vec<u8>>, FrameError> {
     let Some(len) = read_length(r, what).await? else {
         return Ok(None);
     };
     // Checked before allocating: `len` comes from the peer.
     if len > max as u64 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("{what} frame of {len} bytes exceeds the limit of {max}"),
-        ));
+        return Err(FrameError::TooLarge {
+            what: what.to_string(),
+            len,
+            max,
+        });
     }
     let mut body = vec![0u8; len as usize];
     r.read_exact(&mut body)
         .await
-        .map_err(|e| io::Error::new(e.kind(), format!("{what} frame truncated: {e}")))?;
+        .map_err(|e| FrameError::io(what, io::Error::new(e.kind(), format!("truncated: {e}"))))?;
     Ok(Some(body))
 }
 
 /// The varint length, read one byte at a time (never past the frame's length) and decoded by
 /// `unsigned_varint`; `None` at a clean end of stream before the first byte.
-async fn read_length<R: AsyncRead + Unpin>(r: &mut R, what: &str) -> io::Result<Option<u64>> {
+async fn read_length<R: AsyncRead + Unpin>(
+    r: &mut R,
+    what: &str,
+) -> Result<Option<u64>, FrameError> {
     let mut buf = [0u8; MAX_LENGTH_BYTES];
     for i in 0..MAX_LENGTH_BYTES {
-        let n = r.read(&mut buf[i..=i]).await?;
+        let n = r
+            .read(&mut buf[i..=i])
+            .await
+            .map_err(|e| FrameError::io(what, e))?;
         if n == 0 {
             if i == 0 {
                 return Ok(None);
             }
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!("{what} frame length truncated after {i} bytes"),
+            return Err(FrameError::io(
+                what,
+                io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("length truncated after {i} bytes"),
+                ),
             ));
         }
         if unsigned_varint::decode::is_last(buf[i]) {
             // `unsigned_varint` drops the bits of a 10th byte above the 64th silently.
             if i == MAX_LENGTH_BYTES - 1 && buf[i] > 1 {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("{what} frame length overflows u64"),
-                ));
+                return Err(FrameError::malformed(what, "overflows u64"));
             }
             return unsigned_varint::decode::u64(&buf[..=i])
                 .map(|(len, _)| Some(len))
-                .map_err(|e| {
-                    io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!("{what} frame length: {e}"),
-                    )
-                });
+                .map_err(|e| FrameError::malformed(what, e.to_string()));
         }
     }
-    Err(io::Error::new(
-        io::ErrorKind::InvalidData,
-        format!("{what} frame length is longer than {MAX_LENGTH_BYTES} bytes"),
+    Err(FrameError::malformed(
+        what,
+        format!("longer than {MAX_LENGTH_BYTES} bytes"),
     ))
 }
 
@@ -140,11 +221,17 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
-        assert!(err.to_string().contains("exceeds"), "{err}");
+        assert!(
+            matches!(err, FrameError::TooLarge { len, max, .. } if len == u64::MAX / 2 && max == 1 << 20),
+            "{err}"
+        );
         let err = read_frame(&mut Cursor::new(framed(&[1, 2, 3]).await), 2, "t")
             .await
             .unwrap_err();
-        assert!(err.to_string().contains("exceeds"), "{err}");
+        assert!(
+            matches!(err, FrameError::TooLarge { len: 3, max: 2, .. }),
+            "{err}"
+        );
     }
 
     #[tokio::test]

@@ -2,7 +2,8 @@
 //!
 //! Owns: the one task that drives the libp2p `Swarm` ([`service`]) and the behaviours it runs
 //! (`behaviour`: transport, discovery, gossipsub and its scoring parameters); the typed
-//! [`Client`] handle, its commands and the [`Event`]s roles receive ([`client`]); the gossip
+//! [`Client`] handle, its commands and the [`Event`]s roles receive ([`client`]); the typed peer
+//! view roles decide on and the one rule for who is a worker ([`view`]); the gossip
 //! topics ([`topics`]) and message formats ([`messages`]); the peer table (`peers`); the
 //! ECHO-2 peer score ([`score`]); strikes and bans (`bans`, [`Client::strike`],
 //! [`Client::is_banned`]); the per-source heartbeat rate limit (`hbgate`); inbound connection
@@ -43,6 +44,7 @@ pub mod service;
 pub mod stream_limits;
 pub mod topics;
 pub mod transport;
+pub mod view;
 
 pub use bans::MAX_BANS;
 pub use behaviour::{IDENTIFY_PROTOCOL, MAX_GOSSIP_BYTES};
@@ -65,6 +67,7 @@ pub use score::{PeerStats, ScoreComponents, TransferEvent};
 pub use service::{start, Started};
 pub use topics::{parse_topic, TopicKind};
 pub use transport::{load_psk, psk_file_contents};
+pub use view::{active_installs, PeerView};
 
 /// The peer id in a multiaddr's trailing `/p2p/<id>`, if any.
 pub fn peer_id_of(addr: &Multiaddr) -> Option<PeerId> {

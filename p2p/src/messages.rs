@@ -344,13 +344,6 @@ impl ScoreTable {
     }
 }
 
-/// Milliseconds since the Unix epoch.
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,6 +18,7 @@ use crate::hbgate::HeartbeatGate;
 use crate::messages::{Heartbeat, ScoreEntry};
 use crate::role::Role;
 use crate::score::PeerStats;
+use crate::view::PeerView;
 
 /// A peer is active while its last heartbeat is at most this many heartbeat intervals old:
 /// one or two lost heartbeats do not take a peer out of the active set.
@@ -137,8 +138,42 @@ impl PeerEntry {
         })
     }
 
-    /// The peer's row in the status view; active while not banned and the last heartbeat is
-    /// at most [`ALIVE_HEARTBEAT_INTERVALS`] × `heartbeat_interval` old.
+    /// Active while not banned and the last heartbeat is at most
+    /// [`ALIVE_HEARTBEAT_INTERVALS`] × `heartbeat_interval` old.
+    fn is_active(&self, now: Instant, heartbeat_interval: Duration) -> bool {
+        let alive = heartbeat_interval * ALIVE_HEARTBEAT_INTERVALS;
+        self.ban.is_none()
+            && self
+                .heartbeat
+                .as_ref()
+                .is_some_and(|(_, t)| now.duration_since(*t) <= alive)
+    }
+
+    /// The peer's typed row ([`PeerView`]) for the roles.
+    pub(crate) fn view(
+        &self,
+        peer: &PeerId,
+        now: Instant,
+        heartbeat_interval: Duration,
+    ) -> PeerView {
+        let hb = self.heartbeat.as_ref().map(|(h, _)| h);
+        PeerView {
+            peer: *peer,
+            role: hb.map(|h| h.role),
+            active: self.is_active(now, heartbeat_interval),
+            connected: self.connected,
+            banned: self.ban.is_some(),
+            installed_version: hb.and_then(|h| h.installed_version),
+            pending: hb.map(|h| h.pending),
+            mu: hb.map(|h| h.mu),
+            cost_per_hour: hb.map(|h| h.cost_per_hour),
+            score: self.stats.components(now).score,
+            reachability: hb.and_then(|h| h.reachability),
+            device: hb.and_then(|h| h.device.clone()),
+        }
+    }
+
+    /// The peer's row in the status view (active as in [`PeerEntry::view`]).
     pub(crate) fn status(
         &self,
         peer: &PeerId,
@@ -146,7 +181,6 @@ impl PeerEntry {
         heartbeat_interval: Duration,
         gossip_score: Option<f64>,
     ) -> PeerStatus {
-        let alive = heartbeat_interval * ALIVE_HEARTBEAT_INTERVALS;
         let hb = self.heartbeat.as_ref().map(|(h, _)| h);
         let age = self.heartbeat.as_ref().map(|(_, t)| now.duration_since(*t));
         PeerStatus {
@@ -161,7 +195,7 @@ impl PeerEntry {
             mu: hb.map(|h| h.mu),
             cost_per_hour: hb.map(|h| h.cost_per_hour),
             pending: hb.map(|h| h.pending),
-            active: self.ban.is_none() && age.is_some_and(|a| a <= alive),
+            active: self.is_active(now, heartbeat_interval),
             connected: self.connected,
             node_version: hb.map(|h| h.node_version.clone()),
             agent_version: self.agent.clone(),

@@ -15,7 +15,20 @@ use libp2p::swarm::{ConnectionId, SwarmEvent};
 use libp2p::{autonat, dcutr, relay, PeerId};
 use serde::{Deserialize, Serialize};
 
-use crate::behaviour::BehaviourEvent;
+/// The NAT-traversal events [`NatTracker`] reads, borrowed from the service's behaviour
+/// event (which implements [`AsNatEvent`]; this module does not know the behaviour type).
+pub(crate) enum NatEvent<'a> {
+    Autonat(&'a autonat::Event),
+    RelayClient(&'a relay::client::Event),
+    Dcutr(&'a dcutr::Event),
+    RelayServer(&'a relay::Event),
+    Other,
+}
+
+/// A behaviour event seen as a [`NatEvent`].
+pub(crate) trait AsNatEvent {
+    fn as_nat_event(&self) -> NatEvent<'_>;
+}
 
 /// How other peers can reach a node (wire spelling lowercase: `"public"`, `"holepunch"`,
 /// `"relayed"`, `"unknown"`).
@@ -219,7 +232,7 @@ impl NatTracker {
     }
 
     /// Feeds one swarm event (called by the service for every event, before it handles it).
-    pub(crate) fn observe(&mut self, ev: &SwarmEvent<BehaviourEvent>) {
+    pub(crate) fn observe<B: AsNatEvent>(&mut self, ev: &SwarmEvent<B>) {
         match ev {
             SwarmEvent::ConnectionEstablished {
                 peer_id,
@@ -258,7 +271,7 @@ impl NatTracker {
                     self.drop_reservation(a);
                 }
             }
-            SwarmEvent::Behaviour(b) => self.observe_behaviour(b),
+            SwarmEvent::Behaviour(b) => self.observe_behaviour(b.as_nat_event()),
             _ => {}
         }
     }
@@ -270,22 +283,22 @@ impl NatTracker {
         }
     }
 
-    fn observe_behaviour(&mut self, ev: &BehaviourEvent) {
+    fn observe_behaviour(&mut self, ev: NatEvent<'_>) {
         match ev {
-            BehaviourEvent::Autonat(autonat::Event::StatusChanged { new, .. }) => {
+            NatEvent::Autonat(autonat::Event::StatusChanged { new, .. }) => {
                 self.autonat = match new {
                     autonat::NatStatus::Public(_) => NatVerdict::Public,
                     autonat::NatStatus::Private => NatVerdict::Private,
                     autonat::NatStatus::Unknown => NatVerdict::Unknown,
                 };
             }
-            BehaviourEvent::Relay(relay::client::Event::ReservationReqAccepted {
+            NatEvent::RelayClient(relay::client::Event::ReservationReqAccepted {
                 relay_peer_id,
                 ..
             }) => {
                 self.reservations.insert(*relay_peer_id);
             }
-            BehaviourEvent::Dcutr(dcutr::Event {
+            NatEvent::Dcutr(dcutr::Event {
                 remote_peer_id,
                 result,
             }) => match result {
@@ -301,7 +314,7 @@ impl NatTracker {
                     metrics::counter!("p2p_holepunch_total", "result" => "failed").increment(1);
                 }
             },
-            BehaviourEvent::RelayServer(ev) => self.observe_relay_server(ev),
+            NatEvent::RelayServer(ev) => self.observe_relay_server(ev),
             _ => {}
         }
     }

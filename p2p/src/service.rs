@@ -35,10 +35,11 @@ use crate::client::{
 use crate::config::NetworkConfig;
 use crate::error::P2pError;
 use crate::membership::{self, Intervals};
-use crate::messages::{unix_ms, LocalStatus, ScoreTable};
+use crate::messages::{LocalStatus, ScoreTable};
 use crate::peers::{self, PeerEntry};
 use crate::role::Role;
 use crate::topics::TopicKind;
+use storage::unix_ms;
 
 mod bans;
 mod gossip;
@@ -90,6 +91,7 @@ pub fn start(
     let (ev_tx, ev_rx) = mpsc::channel(CHANNEL_CAPACITY);
     let stream = swarm.behaviour().stream.new_control();
     let ban_view = BanView::default();
+    let (changes, changes_rx) = tokio::sync::watch::channel(0u64);
     let client = Client::new(
         cmd_tx,
         local_peer_id,
@@ -97,6 +99,7 @@ pub fn start(
         stream,
         ban_view.clone(),
         sockets,
+        changes_rx,
     );
     let quic = cfg.network.quic_enabled();
     let nat = crate::reachability::NatTracker::new(behaviour::runs_relay_server(&cfg));
@@ -112,6 +115,7 @@ pub fn start(
         cfg,
         commands: cmd_rx,
         events: ev_tx,
+        changes,
         libp2p_metrics,
         peers: HashMap::new(),
         bootstrap,
@@ -269,6 +273,8 @@ struct Service {
     cfg: ServiceConfig,
     commands: mpsc::Receiver<Command>,
     events: mpsc::Sender<Event>,
+    /// Bumped whenever the peer view may have changed (`Client::peer_changes`).
+    changes: tokio::sync::watch::Sender<u64>,
     libp2p_metrics: Metrics,
     peers: HashMap<PeerId, PeerEntry>,
     bootstrap: Vec<(PeerId, Multiaddr)>,
@@ -325,6 +331,17 @@ impl Service {
     }
 
     fn emit(&mut self, ev: Event) {
+        // The peer view changed: wake whoever waits on it (`Client::peer_changes`), also
+        // when the event itself is dropped below.
+        if matches!(
+            ev,
+            Event::PeerConnected(_)
+                | Event::PeerDisconnected(_)
+                | Event::Heartbeat { .. }
+                | Event::PeerBanned { .. }
+        ) {
+            self.changes.send_modify(|n| *n = n.wrapping_add(1));
+        }
         if self.events.try_send(ev).is_err() {
             self.counters.events_dropped += 1;
         }
@@ -532,6 +549,11 @@ impl Service {
                     .record_transfer(&event, Instant::now());
             }
             Command::Strike { peer, reason } => self.strike(peer, reason),
+            Command::Peers(reply) => {
+                let now = Instant::now();
+                let iv = self.intervals.alive;
+                let _ = reply.send(self.peers.iter().map(|(p, e)| e.view(p, now, iv)).collect());
+            }
             Command::Shutdown => {}
         }
     }

@@ -87,7 +87,9 @@ fn best_of(reps: usize, mut f: impl FnMut()) -> (f64, f64) {
             f();
             (t.elapsed().as_secs_f64(), process_cpu_s() - c)
         })
-        .fold((f64::INFINITY, f64::INFINITY), |a, b| (a.0.min(b.0), a.1.min(b.1)))
+        .fold((f64::INFINITY, f64::INFINITY), |a, b| {
+            (a.0.min(b.0), a.1.min(b.1))
+        })
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

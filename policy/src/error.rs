@@ -55,5 +55,46 @@ pub enum PolicyError {
     Sampling(String),
 }
 
+impl PolicyError {
+    /// Whether the device ran out of memory: the model did not fit
+    /// ([`PolicyError::DoesNotFit`]) or a tensor operation failed to allocate
+    /// ([`candle_out_of_memory`]). Classified by variant, never by message.
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            PolicyError::DoesNotFit(_) => true,
+            PolicyError::Candle(e) => candle_out_of_memory(e),
+            _ => false,
+        }
+    }
+}
+
+/// Whether a candle error is a failed device allocation: on CUDA the driver's
+/// `CUDA_ERROR_OUT_OF_MEMORY` or cuBLAS's `CUBLAS_STATUS_ALLOC_FAILED`, through candle's
+/// backtrace and context wrappers. (A failed host allocation aborts the process: there is no
+/// CPU variant to classify.)
+pub fn candle_out_of_memory(e: &candle_core::Error) -> bool {
+    use candle_core::Error as E;
+    match e {
+        E::WithBacktrace { inner, .. } | E::Context { inner, .. } | E::WithPath { inner, .. } => {
+            candle_out_of_memory(inner)
+        }
+        #[cfg(feature = "cuda")]
+        E::Cuda(b) => {
+            use candle_core::cuda_backend::cudarc::{cublas, driver};
+            use candle_core::cuda_backend::CudaError;
+            match b.downcast_ref::<CudaError>() {
+                Some(CudaError::Cuda(d)) => d.0 == driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+                Some(CudaError::Cublas(c)) => {
+                    c.0 == cublas::sys::cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED
+                }
+                _ => b
+                    .downcast_ref::<driver::DriverError>()
+                    .is_some_and(|d| d.0 == driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY),
+            }
+        }
+        _ => false,
+    }
+}
+
 /// Result alias for this crate.
 pub type Result<T, E = PolicyError> = std::result::Result<T, E>;

@@ -58,7 +58,7 @@ fn same_samples_as_the_training_forward_decoder() {
         stop_tokens: (0..260).filter(|t| t % 9 == 0).collect(),
     };
     for prompt in PROMPTS {
-        let fast = sampling::generate(
+        let fast = crate::generate(
             &policy,
             prompt,
             6,

@@ -40,11 +40,44 @@ pub use error::{PolicyError, Result};
 pub use infer::InferModel;
 pub use model::{KvCache, Qwen3};
 pub use sampling::{
-    batch_response_logits, batch_response_logprobs, generate, generate_with, response_logprobs,
-    token_logprobs, Completion, GenerationPath, SamplingParams,
+    batch_response_logits, batch_response_logprobs, response_logprobs, token_logprobs, Completion,
+    GenerationPath, SamplingParams,
 };
 pub use tokenizer::{ByteTokenizer, Tokenizer};
 pub use weights::{snapshot_config_hash, Policy, META_CONFIG_HASH};
+
+/// Generates `n` completions of `prompt` with the chosen path, the uniforms drawn from `rng`
+/// ([`Draws::from_rng`]: the same rng state gives the same tokens on every path).
+pub fn generate(
+    policy: &Policy,
+    prompt: &[u32],
+    n: usize,
+    params: &SamplingParams,
+    path: GenerationPath,
+    rng: &mut impl rand::Rng,
+) -> Result<Vec<Completion>> {
+    generate_with(policy, prompt, params, path, &Draws::from_rng(rng, n))
+}
+
+/// Generates one completion of `prompt` per row of `draws` with the chosen path: the inference
+/// path ([`GenerationPath::Infer`], `infer`) or the training forward (`sampling`). Row `r`'s
+/// tokens are decided by its uniforms through the canonical rule ([`rule`]); with prescribed
+/// draws ([`Draws::prescribed`]) the learner can check every token. Callers that generate
+/// repeatedly under one snapshot should build the [`InferModel`] once and call
+/// `infer::generate_with` (the rollout engine does).
+pub fn generate_with(
+    policy: &Policy,
+    prompt: &[u32],
+    params: &SamplingParams,
+    path: GenerationPath,
+    draws: &Draws,
+) -> Result<Vec<Completion>> {
+    if path == GenerationPath::Infer {
+        let model = InferModel::from_policy(policy)?;
+        return infer::generate_with(&model, prompt, params, draws);
+    }
+    sampling::generate_with(policy, prompt, params, path, draws)
+}
 
 /// The embedded default: [`ModelConfig::tiny`] with randomly initialised weights (`seed`) and
 /// the byte tokenizer, on the CPU.

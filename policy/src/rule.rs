@@ -222,8 +222,7 @@ fn exp_nonpos(x: f32) -> f32 {
     let n = t - ROUND;
     let ni = (t.to_bits() as i32).wrapping_sub(0x4B40_0000);
     let r = (xc - n * LN2_HI) - n * LN2_LO;
-    let p = (((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r
-        + 4.166_579_6e-2)
+    let p = (((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2)
         * r
         + 1.666_666_5e-1)
         * r

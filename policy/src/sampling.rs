@@ -106,8 +106,10 @@ pub enum GenerationPath {
     Sequential,
 }
 
-/// Generates `n` completions of `prompt` with the chosen path, the uniforms drawn from `rng`
-/// ([`Draws::from_rng`]: the same rng state gives the same uniforms on every path).
+/// Generates `n` completions of `prompt` on the training forward ([`GenerationPath::Batched`]
+/// or [`GenerationPath::Sequential`]; `Infer` is taken as `Batched` here), the uniforms drawn
+/// from `rng` ([`Draws::from_rng`]: the same rng state gives the same uniforms on every path).
+/// [`crate::generate`] dispatches every path, the inference one included.
 pub fn generate(
     policy: &Policy,
     prompt: &[u32],
@@ -119,9 +121,10 @@ pub fn generate(
     generate_with(policy, prompt, params, path, &Draws::from_rng(rng, n))
 }
 
-/// Generates one completion of `prompt` per row of `draws` with the chosen path: row `r`'s
-/// tokens are decided by its uniforms through the canonical rule ([`crate::rule`]). With
-/// prescribed draws ([`Draws::prescribed`]) the learner can check every token.
+/// Generates one completion of `prompt` per row of `draws` on the training forward (`Infer` is
+/// taken as `Batched`; [`crate::generate_with`] dispatches every path): row `r`'s tokens are
+/// decided by its uniforms through the canonical rule ([`crate::rule`]). With prescribed draws
+/// ([`Draws::prescribed`]) the learner can check every token.
 pub fn generate_with(
     policy: &Policy,
     prompt: &[u32],
@@ -129,12 +132,6 @@ pub fn generate_with(
     path: GenerationPath,
     draws: &Draws,
 ) -> Result<Vec<Completion>> {
-    if path == GenerationPath::Infer {
-        // Callers that generate repeatedly under one snapshot should build the `InferModel`
-        // once and call `infer::generate_with` (the rollout engine does).
-        let model = crate::infer::InferModel::from_policy(policy)?;
-        return crate::infer::generate_with(&model, prompt, params, draws);
-    }
     let max_new = check_request(params, prompt, draws, policy.config())?;
     if draws.is_empty() {
         return Ok(Vec::new());

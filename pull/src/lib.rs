@@ -39,6 +39,7 @@ use std::time::Duration;
 
 use futures::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use libp2p::StreamProtocol;
+use p2p::framing::frame_deadline;
 use p2p::{PeerId, StrikeReason};
 use storage::record::{check_group, GroupLimits, GroupRejection};
 use storage::{TrajectoryGroup, TrajectoryStore};
@@ -57,8 +58,8 @@ pub const TRAJECTORY_PULL: StreamProtocol =
 /// Default deadline for one message (read or write) on a pull stream, and for opening it.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Floor of the transfer rate a deadline allows for a large frame: a frame of `n` bytes may
-/// take `READ_TIMEOUT + n / MIN_RATE_BYTES_PER_S`.
-pub const MIN_RATE_BYTES_PER_S: u64 = 1 << 20;
+/// take `READ_TIMEOUT + n / MIN_RATE_BYTES_PER_S` (`p2p::framing::frame_deadline`).
+pub use p2p::framing::MIN_RATE_BYTES_PER_S;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PullError {
@@ -116,12 +117,6 @@ impl PullError {
     }
 }
 
-/// Deadline for moving one frame of up to `max` bytes: `base`, plus the time `max` bytes take
-/// at [`MIN_RATE_BYTES_PER_S`] (a large frame on a slow link is not a stalled peer).
-pub(crate) fn frame_deadline(base: Duration, max: usize) -> Duration {
-    base + Duration::from_secs(max as u64 / MIN_RATE_BYTES_PER_S)
-}
-
 /// Reads one message of at most `max` bytes within `limit` (plus the rate allowance).
 pub(crate) async fn read_within<R: AsyncRead + Unpin>(
     r: &mut R,
@@ -129,7 +124,7 @@ pub(crate) async fn read_within<R: AsyncRead + Unpin>(
     limit: Duration,
     what: &'static str,
 ) -> Result<Option<Message>, PullError> {
-    let after = frame_deadline(limit, max);
+    let after = frame_deadline(limit, max as u64);
     tokio::time::timeout(after, read_message_bounded(r, max))
         .await
         .map_err(|_| PullError::Timeout { what, after })?
@@ -145,7 +140,7 @@ pub(crate) async fn write_within<W: AsyncWrite + Unpin>(
         Message::Group { bytes } => bytes.len(),
         _ => 0,
     };
-    let after = frame_deadline(limit, size);
+    let after = frame_deadline(limit, size as u64);
     tokio::time::timeout(after, write_message(w, msg))
         .await
         .map_err(|_| PullError::Timeout {

@@ -25,7 +25,8 @@ pub struct ServeOptions {
     /// Deadline for each message from the learner (longer after a lease: its time to live).
     pub read_timeout: Duration,
     /// Test-only attack (`oversized_answer`): after a lease's groups, send one group more than
-    /// the lease announced. Never set outside tests.
+    /// the lease announced. Only in a build with the `adversary` feature.
+    #[cfg(feature = "adversary")]
     #[doc(hidden)]
     pub testing_oversized_answer: bool,
 }
@@ -34,6 +35,7 @@ impl Default for ServeOptions {
     fn default() -> Self {
         ServeOptions {
             read_timeout: READ_TIMEOUT,
+            #[cfg(feature = "adversary")]
             testing_oversized_answer: false,
         }
     }
@@ -59,6 +61,7 @@ pub async fn serve_with(
     let mut incoming = control
         .accept(TRAJECTORY_PULL)
         .map_err(|_| PullError::AlreadyServed)?;
+    #[cfg(feature = "adversary")]
     if opts.testing_oversized_answer {
         tracing::warn!("TEST ATTACK: this worker answers pulls with more groups than leased");
     }
@@ -129,6 +132,7 @@ async fn handle(
                             let msg = Message::Group { bytes: g.encode() };
                             write_within(stream, &msg, limit).await?;
                         }
+                        #[cfg(feature = "adversary")]
                         if opts.testing_oversized_answer {
                             if let Some((_, g)) = lease.groups.first() {
                                 let msg = Message::Group { bytes: g.encode() };

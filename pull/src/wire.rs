@@ -9,7 +9,7 @@
 //! allocated; trailing bytes in a body are an error.
 
 use futures::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use p2p::framing;
+use p2p::framing::{self, FrameError};
 use storage::codec::{Reader, Writer};
 
 use crate::PullError;
@@ -166,21 +166,11 @@ pub async fn read_message_bounded<R: AsyncRead + Unpin>(
         Ok(Some(body)) => Message::decode(&body).map(Some),
         Ok(None) => Ok(None),
         // A length above the bound: the peer sent more than was asked for.
-        Err(e) if e.kind() == std::io::ErrorKind::InvalidData && is_over_limit(&e) => {
-            Err(PullError::OversizedAnswer(e.to_string()))
-        }
+        Err(e @ FrameError::TooLarge { .. }) => Err(PullError::OversizedAnswer(e.to_string())),
         // A malformed length: the peer broke the protocol.
-        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
-            Err(PullError::Protocol(e.to_string()))
-        }
-        Err(e) => Err(e.into()),
+        Err(e @ FrameError::Malformed { .. }) => Err(PullError::Protocol(e.to_string())),
+        Err(e) => Err(std::io::Error::from(e).into()),
     }
-}
-
-/// Whether a framing error is a length above the caller's maximum (`p2p::framing` says
-/// "exceeds the limit"; a test below pins it).
-fn is_over_limit(e: &std::io::Error) -> bool {
-    e.to_string().contains("exceeds the limit")
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use storage::{Sample, StorageError, TrajectoryGroup, TrajectoryStore};
 use tasks::{Task, TaskError};
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 pub mod seq;
 mod stats;
@@ -47,9 +48,15 @@ pub enum RolloutError {
     /// The trajectory store failed.
     #[error(transparent)]
     Storage(#[from] StorageError),
-    /// Bad engine configuration.
+    /// Bad engine configuration (or a file it names holds something else).
     #[error("invalid rollout config: {0}")]
     Config(String),
+    /// A file of the engine (the group counter) could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
     /// A snapshot older than (or equal to) the installed one was offered.
     #[error("snapshot version {offered} is not newer than the installed version {installed}")]
     StaleVersion {
@@ -438,7 +445,7 @@ impl RolloutEngine {
             Some(seed) => Draws::prescribed(seed, &self.cfg.producer, seq, n),
             None => Draws::from_rng(&mut rng, n),
         };
-        let created = storage::now_unix_ms();
+        let created = storage::unix_ms();
         let completions = match self.cfg.path {
             GenerationPath::Infer => {
                 let model = self.infer_model(&installed)?;
@@ -448,7 +455,7 @@ impl RolloutEngine {
                 policy::generate_with(&installed.policy, &prompt_tokens, &params, path, &draws)?
             }
         };
-        let finished = storage::now_unix_ms();
+        let finished = storage::unix_ms();
         let mut samples = Vec::with_capacity(completions.len());
         for (k, c) in completions.into_iter().enumerate() {
             let text = self.tokenizer.decode(&c.tokens)?;
@@ -514,11 +521,11 @@ impl RolloutEngine {
         })
     }
 
-    /// Runs [`Self::step`] until `stop` is set, sleeping `idle_poll` while paused or without a
+    /// Runs [`Self::step`] until `stop` is cancelled, sleeping `idle_poll` while paused or without a
     /// policy. A group that fails for a model or task reason is skipped and counted
     /// ([`StatsSnapshot::errors`]); a storage error ends the loop. Blocking: run it on its own thread (see [`Self::spawn`]).
-    pub fn run_blocking(&mut self, stop: &AtomicBool) -> Result<(), RolloutError> {
-        while !stop.load(Ordering::Relaxed) {
+    pub fn run_blocking(&mut self, stop: &CancellationToken) -> Result<(), RolloutError> {
+        while !stop.is_cancelled() {
             match self.step() {
                 Ok(StepOutcome::Produced { .. }) => {}
                 Ok(StepOutcome::Paused { .. } | StepOutcome::NoPolicy | StepOutcome::Standby) => {
@@ -539,7 +546,7 @@ impl RolloutEngine {
 
     /// Runs the engine on a dedicated OS thread; [`RunningEngine::stop`] ends it.
     pub fn spawn(mut self) -> Result<RunningEngine, RolloutError> {
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = CancellationToken::new();
         let flag = stop.clone();
         let handle = std::thread::Builder::new()
             .name("rollout".into())
@@ -552,14 +559,14 @@ impl RolloutEngine {
 /// An engine running on its own thread (from [`RolloutEngine::spawn`]).
 #[derive(Debug)]
 pub struct RunningEngine {
-    stop: Arc<AtomicBool>,
+    stop: CancellationToken,
     handle: std::thread::JoinHandle<Result<(), RolloutError>>,
 }
 
 impl RunningEngine {
     /// Asks the engine to stop after its current group and waits for it; returns its result.
     pub fn stop(self) -> Result<(), RolloutError> {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.cancel();
         self.handle
             .join()
             .map_err(|_| RolloutError::Config("rollout thread panicked".into()))?

@@ -8,7 +8,6 @@
 //! rename). A restart resumes at the last reserved end, skipping at most one block's unused
 //! numbers (gaps are harmless; reuse is not). File format: one line `echo-rollout-seq v1 <next>`.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::RolloutError;
@@ -37,11 +36,11 @@ impl SeqFile {
                 ))
             })?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
-            Err(e) => {
-                return Err(RolloutError::Config(format!(
-                    "cannot read {}: {e}",
-                    path.display()
-                )))
+            Err(source) => {
+                return Err(RolloutError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                })
             }
         };
         Ok(SeqFile {
@@ -69,21 +68,12 @@ fn parse(text: &str) -> Option<u64> {
 }
 
 fn write_durably(path: &Path, next: u64) -> Result<(), RolloutError> {
-    let err =
-        |e: std::io::Error| RolloutError::Config(format!("cannot write {}: {e}", path.display()));
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(err)?;
-    f.write_all(format!("{HEADER} {next}\n").as_bytes())
-        .and_then(|()| f.sync_all())
-        .map_err(err)?;
-    std::fs::rename(&tmp, path).map_err(err)?;
-    if let Some(dir) = path.parent() {
-        // The rename itself is durable once the directory is synced.
-        if let Ok(d) = std::fs::File::open(dir) {
-            let _ = d.sync_all();
+    storage::write_atomic(path, format!("{HEADER} {next}\n").as_bytes()).map_err(|source| {
+        RolloutError::Io {
+            path: path.to_path_buf(),
+            source,
         }
-    }
-    Ok(())
+    })
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ pub mod codec;
 #[cfg(test)]
 mod decoder_props;
 pub mod error;
+pub mod fs;
 mod hot;
 pub mod keys;
 pub mod manifest;
@@ -27,12 +28,7 @@ pub use manifest::{hash_bytes, Hash, SignedManifest, SnapshotManifest};
 pub use record::{Sample, TrajectoryGroup};
 pub use trajectory::{Counters, GroupKey, InvariantReport, Lease, TrajectoryStore};
 
-/// Milliseconds since the Unix epoch (0 if the clock is before it).
-pub fn now_unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+pub use fs::{unix_ms, write_atomic};
 
 /// The layout of a node's data directory (see `docs/storage.md`).
 #[derive(Debug, Clone)]

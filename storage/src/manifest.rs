@@ -77,7 +77,7 @@ impl SnapshotManifest {
             chunk_size,
             chunk_hashes,
             root_hash: hash_bytes(payload),
-            created_unix_ms: crate::now_unix_ms(),
+            created_unix_ms: crate::unix_ms(),
             learner_key: learner_key.to_bytes(),
         };
         m.check()?;

@@ -281,36 +281,13 @@ impl ReplayState {
         let verdict = f(&mut next);
         if verdict == Freshness::New {
             if let Some(path) = &self.path {
-                write_atomically(path, &next.encode())?;
+                crate::fs::write_atomic(path, &next.encode())
+                    .map_err(|e| StorageError::io(path, e))?;
             }
             *cur = next;
         }
         Ok(verdict)
     }
-}
-
-/// Write to a temporary file beside `path`, fsync it, rename it over `path`, fsync the
-/// directory.
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let tmp = path.with_extension("state.tmp");
-    let io = |p: &Path| {
-        let p = p.to_path_buf();
-        move |e| StorageError::io(p, e)
-    };
-    {
-        let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
-        f.write_all(bytes).map_err(io(&tmp))?;
-        f.sync_all().map_err(io(&tmp))?;
-    }
-    std::fs::rename(&tmp, path).map_err(io(path))?;
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        // Makes the rename durable; not every platform can open a directory (best effort).
-        if let Ok(d) = std::fs::File::open(dir) {
-            let _ = d.sync_all();
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

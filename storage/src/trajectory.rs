@@ -293,14 +293,14 @@ impl TrajectoryStore {
     /// Leases up to `max` unleased groups with `version ≥ v_min`, oldest first, for `ttl`.
     /// Expired leases are reclaimed first. Returns `None` when nothing is available.
     pub fn lease(&self, v_min: u64, max: usize, ttl: Duration) -> Result<Option<Lease>> {
-        self.lease_at(v_min, max, ttl, crate::now_unix_ms())
+        self.lease_at(v_min, max, ttl, crate::unix_ms())
     }
 
     /// [`Self::lease`], newest version first: what a consumer with more admissible groups than
     /// it can use takes, so that it trains on the freshest ones and the oldest age out (rather
     /// than training on groups about to expire while fresher ones wait and expire in turn).
     pub fn lease_newest(&self, v_min: u64, max: usize, ttl: Duration) -> Result<Option<Lease>> {
-        self.lease_ordered_at(v_min, max, ttl, crate::now_unix_ms(), true)
+        self.lease_ordered_at(v_min, max, ttl, crate::unix_ms(), true)
     }
 
     /// [`Self::lease`] with an explicit clock (tests).

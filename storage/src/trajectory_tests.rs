@@ -59,7 +59,7 @@ fn newest_first_leases_take_the_freshest_admissible_groups() {
         "v2 is below v_min"
     );
     assert_eq!(
-        s.lease_at(0, 10, TTL, crate::now_unix_ms())
+        s.lease_at(0, 10, TTL, crate::unix_ms())
             .unwrap()
             .unwrap()
             .groups

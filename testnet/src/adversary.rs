@@ -22,6 +22,9 @@
 //!   `/metrics`) at the end less its value when the *learner's* ban was first seen (null when
 //!   only workers banned the peer: training is the learner's, and a forwarder caught
 //!   corrupting chunks by its children still has its verified groups trained);
+//! - `groups_trained` / `share_of_trained`: the malicious worker's
+//!   `learner_groups_trained_total{producer}` at the end of the run (0 when the learner's page
+//!   has series but none for it) and its share of the groups trained from every producer;
 //! - `learner_crashes`: learner processes that exited during a run;
 //! - `reward_clean` / `reward_attacked`: the learner's final `reward_recent` in the clean run
 //!   and the mean over the attacked runs.
@@ -75,6 +78,8 @@ struct Watch {
     groups_until_ban: Option<u64>,
     trained_at_ban: Option<u64>,
     trained_end: Option<u64>,
+    /// Groups the learner trained from every producer, when `trained_end` was last read.
+    trained_all: Option<u64>,
     groups_produced: Option<u64>,
     /// Last `groups − pending` the worker reported.
     groups_left: Option<u64>,
@@ -111,6 +116,10 @@ impl Watch {
             "claimed_pending": self.claimed_pending,
             "heartbeats_seen_by_learner": self.heartbeats_seen,
             "groups_trained": self.trained_end,
+            "share_of_trained": match (self.trained_end, self.trained_all) {
+                (Some(mine), Some(all)) if all > 0 => Some(mine as f64 / all as f64),
+                _ => None,
+            },
             "run": batch,
         })
     }
@@ -428,8 +437,15 @@ fn observe(w: &mut Watch, learner: &Value, honest: &[Value], trained: &BTreeMap<
             w.groups_left = Some(g.saturating_sub(r["pending"].as_u64().unwrap_or(0)));
         }
     }
-    let mine = trained.get(&w.peer_id).copied();
-    w.trained_end = mine.or(w.trained_end);
+    // A producer the learner never trained has no series: 0 once the page lists any.
+    let mine = trained
+        .get(&w.peer_id)
+        .copied()
+        .or_else(|| (!trained.is_empty()).then_some(0));
+    if mine.is_some() {
+        w.trained_end = mine;
+        w.trained_all = Some(trained.values().sum());
+    }
     for e in peer_evidence(learner, &w.peer_id, "learner") {
         w.note(e);
     }

@@ -46,7 +46,7 @@ impl Disseminator {
         let request = within(limit, "a fetch request", peer, async {
             read_frame(&mut s, MAX_FETCH_REQUEST_BYTES, "fetch request")
                 .await
-                .map_err(io)
+                .map_err(|e| io(e.into()))
         })
         .await?;
         let hashes = match FetchRequest::decode(&request) {
@@ -185,12 +185,11 @@ impl Disseminator {
             st.last_catch_up = Some(now);
         }
         let me = self.clone();
-        let h = tokio::spawn(async move {
+        self.spawn(async move {
             if let Err(e) = me.request_manifest(peer).await {
                 debug!(%peer, error = %e, "catch-up request failed");
             }
         });
-        self.track(h);
     }
 
     /// Opens a chunk-fetch stream to `peer`, giving up after `limit`.
@@ -224,7 +223,7 @@ impl Disseminator {
         let answer = within(deadline, "a catch-up answer", peer, async {
             read_frame(&mut s, MAX_CATCH_UP_BYTES, "catch-up answer")
                 .await
-                .map_err(io)
+                .map_err(|e| io(e.into()))
         })
         .await?;
         let _ = tokio::time::timeout(limit, s.close()).await;
@@ -355,22 +354,12 @@ impl Disseminator {
         let mut seen = HashSet::new();
         candidates.retain(|c| *c != self.inner.local && !bad.contains(c) && seen.insert(*c));
         let (mut connected, mut complete) = (HashSet::new(), HashSet::new());
-        for p in self
-            .inner
-            .client
-            .status()
-            .await
-            .map(|st| st.peers)
-            .unwrap_or_default()
-        {
-            let Ok(id) = p.peer_id.parse::<PeerId>() else {
-                continue;
-            };
+        for p in self.inner.client.peers().await.unwrap_or_default() {
             if p.connected {
-                connected.insert(id);
+                connected.insert(p.peer);
             }
             if p.installed_version.is_some_and(|v| v >= version) {
-                complete.insert(id);
+                complete.insert(p.peer);
             }
         }
         let spread = spread_offset(&self.inner.local, version);

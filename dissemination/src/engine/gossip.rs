@@ -178,7 +178,7 @@ impl Disseminator {
         let signed = ActivationOrder {
             swarm_id: self.inner.cfg.swarm_id.clone(),
             seq,
-            created_unix_ms: storage::now_unix_ms(),
+            created_unix_ms: storage::unix_ms(),
             learner_key: self.inner.cfg.learner_key.to_bytes(),
             active,
             standby,
@@ -242,7 +242,7 @@ impl Disseminator {
                 &self.inner.cfg.learner_key,
                 &plan,
             );
-            msg.created_unix_ms = storage::now_unix_ms();
+            msg.created_unix_ms = storage::unix_ms();
             match msg.sign(&key) {
                 Ok(s) => {
                     st.plan = Some(s.clone());

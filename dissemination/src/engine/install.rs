@@ -134,12 +134,11 @@ impl Disseminator {
                 .insert(version, Transfer::new(chunks, stall).with_hop(hop));
         }
         let me = self.clone();
-        let h = tokio::spawn(async move {
+        self.spawn(async move {
             if let Err(e) = me.acquire(version).await {
                 warn!(version, error = %e, "snapshot acquisition failed");
             }
         });
-        self.track(h);
     }
 
     pub(super) async fn acquire(&self, version: u64) -> Result<()> {
@@ -314,6 +313,7 @@ impl Disseminator {
                 return Ok(());
             }
             st.installed = Some(version);
+            self.inner.installed.send_replace(Some(version));
             st.accepted_at
                 .get(&version)
                 .map_or(Duration::ZERO, |t| t.elapsed())

@@ -54,7 +54,8 @@ use p2p::{Client, PeerId, TokenBucket, TransferEvent};
 use storage::replay::ReplayState;
 use storage::{ChunkStore, Hash, PublishStats, SignedManifest};
 use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use crate::assembly::Assembly;
@@ -103,8 +104,9 @@ impl std::str::FromStr for BroadcastMode {
     }
 }
 
-/// Deliberate misbehaviour, for tests of the verification and repair paths only: never set
-/// outside tests.
+/// Deliberate misbehaviour, for tests of the verification and repair paths only: compiled
+/// only with the `adversary` feature.
+#[cfg(feature = "adversary")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
     /// Flip one byte of every chunk this node pushes or serves.
@@ -143,6 +145,7 @@ pub struct DisseminationConfig {
     /// `DATA_DIR/replay.state`); `None` keeps them in memory only.
     pub replay_path: Option<PathBuf>,
     /// Test-only misbehaviour (the `corrupt_chunks` attack is `Fault::CorruptOutgoing`).
+    #[cfg(feature = "adversary")]
     pub fault: Option<Fault>,
 }
 
@@ -162,6 +165,7 @@ impl DisseminationConfig {
             session_idle_timeout: session::DEFAULT_SESSION_IDLE_TIMEOUT,
             read_timeout: DEFAULT_READ_TIMEOUT,
             replay_path: None,
+            #[cfg(feature = "adversary")]
             fault: None,
         }
     }
@@ -169,14 +173,10 @@ impl DisseminationConfig {
 
 /// Default [`DisseminationConfig::read_timeout`].
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) use p2p::framing::frame_deadline;
 /// Slowest transfer rate a frame deadline allows for: a frame of `n` bytes may take
-/// `read_timeout + n / MIN_RATE_BYTES_PER_S` (a large chunk on a slow link is not a stall).
-pub const MIN_RATE_BYTES_PER_S: u64 = 1 << 20;
-
-/// The deadline for moving a frame of up to `max` bytes.
-pub(crate) fn frame_deadline(base: Duration, max: u64) -> Duration {
-    base + Duration::from_secs(max / MIN_RATE_BYTES_PER_S)
-}
+/// `read_timeout + n / MIN_RATE_BYTES_PER_S` (`p2p::framing::frame_deadline`).
+pub use p2p::framing::MIN_RATE_BYTES_PER_S;
 
 /// `fut` within `limit`, or [`DisseminationError::Timeout`] naming `what` and `peer`.
 pub(crate) async fn within<T>(
@@ -294,7 +294,6 @@ struct State {
     sessions: session::Sessions<PeerId, libp2p::Stream>,
     /// Payloads being put together, per version being acquired (taken by the install).
     assemblies: HashMap<u64, SharedAssembly>,
-    tasks: Vec<JoinHandle<()>>,
 }
 
 type SharedAssembly = Arc<Mutex<Option<Assembly>>>;
@@ -327,6 +326,12 @@ struct Inner {
     state: Mutex<State>,
     /// Bumped after every chunk stored (pushes waiting for chunks to forward watch it).
     stored: watch::Sender<u64>,
+    /// The engine's tasks, and the token that stops them all ([`Disseminator::shutdown`]).
+    tasks: TaskTracker,
+    cancel: CancellationToken,
+    /// The newest installed version, for whoever waits on installs
+    /// ([`Disseminator::installed_changes`]).
+    installed: watch::Sender<Option<u64>>,
     /// Bumped when a chunk stream ends (complete, broken or corrupt): acquirers re-check at
     /// once and repair instead of waiting for the stall timeout.
     kick: watch::Sender<u64>,
@@ -415,6 +420,9 @@ impl Disseminator {
             events: tx,
             state: Mutex::new(State::default()),
             stored: watch::channel(0).0,
+            tasks: TaskTracker::new(),
+            cancel: CancellationToken::new(),
+            installed: watch::channel(None).0,
             kick: watch::channel(0).0,
             counters: AtomicCounters::default(),
             replay,
@@ -425,7 +433,7 @@ impl Disseminator {
         // are served has the extra ones dropped (an honest parent pushes one version at a
         // time, an honest fetcher asks a few holders).
         let push_slots = p2p::stream_limits::StreamSlots::default();
-        let t1 = tokio::spawn(async move {
+        d.spawn(async move {
             let mut pushes = pushes;
             while let Some((peer, stream)) = pushes.next().await {
                 let Some(slot) = push_slots.try_acquire(peer) else {
@@ -435,7 +443,7 @@ impl Disseminator {
                     continue;
                 };
                 let me2 = me.clone();
-                let h = tokio::spawn(async move {
+                me.spawn(async move {
                     let _slot = slot;
                     match me2.receive_push(peer, stream).await {
                         Ok(()) => {}
@@ -455,12 +463,11 @@ impl Disseminator {
                     }
                     me2.inner.kick.send_modify(|k| *k += 1);
                 });
-                me.track(h);
             }
         });
         let me = d.clone();
         let fetch_slots = p2p::stream_limits::StreamSlots::default();
-        let t2 = tokio::spawn(async move {
+        d.spawn(async move {
             let mut fetches = fetches;
             while let Some((peer, stream)) = fetches.next().await {
                 let Some(slot) = fetch_slots.try_acquire(peer) else {
@@ -470,17 +477,14 @@ impl Disseminator {
                     continue;
                 };
                 let me2 = me.clone();
-                let h = tokio::spawn(async move {
+                me.spawn(async move {
                     let _slot = slot;
                     if let Err(e) = me2.serve_fetch(peer, stream).await {
                         debug!(%peer, error = %e, "chunk fetch ended with an error");
                     }
                 });
-                me.track(h);
             }
         });
-        d.track(t1);
-        d.track(t2);
         Ok((d, rx))
     }
 
@@ -488,10 +492,13 @@ impl Disseminator {
         lock(&self.inner.state)
     }
 
-    fn track(&self, h: JoinHandle<()>) {
-        let mut st = self.lock();
-        st.tasks.retain(|t| !t.is_finished());
-        st.tasks.push(h);
+    /// Runs `fut` as one of the engine's tasks: stopped at its next await once the engine
+    /// shuts down ([`Disseminator::shutdown`]), and awaited by [`Disseminator::stopped`].
+    fn spawn(&self, fut: impl Future<Output = ()> + Send + 'static) {
+        let cancel = self.inner.cancel.clone();
+        self.inner.tasks.spawn(async move {
+            cancel.run_until_cancelled(fut).await;
+        });
     }
 
     fn emit(&self, ev: DisseminationEvent) {
@@ -515,6 +522,7 @@ impl Disseminator {
                 blocking(move || store.get_chunk(&hash)).await?
             }
         };
+        #[cfg(feature = "adversary")]
         if self.inner.cfg.fault == Some(Fault::CorruptOutgoing) {
             let mut v = bytes.to_vec();
             v[0] ^= 0xff;
@@ -564,11 +572,16 @@ impl Disseminator {
         self.inner.cfg.signing_key.is_some()
     }
 
-    /// Stops every task of the engine (streams in flight are dropped).
+    /// Stops every task of the engine at its next await (streams in flight are dropped);
+    /// [`Disseminator::stopped`] resolves once all have ended.
     pub fn shutdown(&self) {
-        for t in self.lock().tasks.drain(..) {
-            t.abort();
-        }
+        self.inner.cancel.cancel();
+        self.inner.tasks.close();
+    }
+
+    /// Resolves once every task of the engine has ended (after [`Disseminator::shutdown`]).
+    pub async fn stopped(&self) {
+        self.inner.tasks.wait().await;
     }
 
     pub fn counters(&self) -> BroadcastCounters {
@@ -592,6 +605,12 @@ impl Disseminator {
     /// The newest installed version.
     pub fn installed_version(&self) -> Option<u64> {
         self.lock().installed
+    }
+
+    /// Changes with every install (the newest installed version): wait on it instead of
+    /// polling [`Disseminator::installed_version`].
+    pub fn installed_changes(&self) -> watch::Receiver<Option<u64>> {
+        self.inner.installed.subscribe()
     }
 
     /// The newest accepted plan.

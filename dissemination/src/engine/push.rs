@@ -13,7 +13,7 @@ use std::time::Instant;
 use control::plan::{replan, ChainPlan, Placement};
 use control::units::mbps_to_bytes_per_s;
 use futures::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use p2p::framing::{read_frame, write_frame};
+use p2p::framing::{read_frame, write_frame, FrameError};
 use p2p::{PeerId, TopicKind, Validation};
 use storage::{Hash, SignedManifest, SnapshotManifest};
 use tokio::task::JoinHandle;
@@ -49,23 +49,26 @@ struct Progress {
     replied: bool,
 }
 
-/// A framing error on a chunk frame: `InvalidData` (a length above the manifest's chunk
-/// length, a malformed varint) means the sender broke the protocol — charged like a wrong
-/// index; anything else is the stream failing.
-pub(super) fn chunk_frame_err(peer: PeerId, e: std::io::Error) -> DisseminationError {
-    if e.kind() == std::io::ErrorKind::InvalidData {
+/// A framing error on a chunk frame: a length above the manifest's chunk length or a
+/// malformed varint ([`FrameError::is_violation`]) means the sender broke the protocol —
+/// charged like a wrong index; anything else is the stream failing.
+pub(super) fn chunk_frame_err(peer: PeerId, e: FrameError) -> DisseminationError {
+    if e.is_violation() {
         DisseminationError::Protocol {
             peer,
             reason: e.to_string(),
         }
     } else {
-        DisseminationError::Io { peer, source: e }
+        DisseminationError::Io {
+            peer,
+            source: e.into(),
+        }
     }
 }
 
 impl Disseminator {
     /// Learner: publish `payload` as snapshot `version` to `workers` (`(peer, score)`; the
-    /// peer table's active rollout workers when `None`). Returns once the pushes to the first
+    /// active workers of `p2p::Client::workers` when `None`). Returns once the pushes to the first
     /// hops are started. The chunks are pushed from slices of `payload` (no copy); their files
     /// are written behind.
     pub async fn publish(
@@ -109,15 +112,11 @@ impl Disseminator {
             None => self
                 .inner
                 .client
-                .status()
+                .workers()
                 .await?
-                .peers
                 .into_iter()
-                .filter(|p| p.active && p.role == Some(p2p::Role::Rollout))
-                .filter_map(|p| {
-                    let relay_only = p.reachability.is_some_and(|r| r.relay_only());
-                    Some((p.peer_id.parse().ok()?, p.score.score, relay_only))
-                })
+                .filter(|w| w.active)
+                .map(|w| (w.peer, w.score, w.relay_only()))
                 .collect(),
         };
         let plan: ChainPlan<PeerId> = match cfg.mode {
@@ -195,12 +194,11 @@ impl Disseminator {
         for (v, child) in targets {
             self.lock().pushing.insert((v, child));
             let me = self.clone();
-            let h = tokio::spawn(async move {
+            self.spawn(async move {
                 if let Err(e) = me.push(v, child).await {
                     info!(%child, version = v, error = %e, "push ended early");
                 }
             });
-            self.track(h);
         }
     }
 

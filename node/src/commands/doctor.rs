@@ -16,7 +16,7 @@
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use p2p::multiaddr::Protocol;
@@ -302,9 +302,7 @@ fn device_check(config: &NodeConfig) -> Check {
 }
 
 fn clock_check() -> Check {
-    let now = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let now = storage::unix_ms() / 1000;
     let status = judge_clock(now);
     check(
         "clock",

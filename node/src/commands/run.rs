@@ -8,7 +8,7 @@ use anyhow::Context;
 use crate::admin;
 use crate::cli::RunArgs;
 use crate::config::Role;
-use crate::roles::{self, Probe, RoleView};
+use crate::roles::{self, Probe, RoleView, VersionChanges};
 use crate::state::{
     dissemination_config, load_config, open_state, service_config, NodeState, NODE_VERSION,
 };
@@ -52,9 +52,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// How often the heartbeat feeder looks for a newly installed snapshot.
-const INSTALL_POLL: std::time::Duration = std::time::Duration::from_millis(50);
-
 /// Runs the network service and the admin endpoint until Ctrl-C / SIGTERM.
 async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     let config = &state.config;
@@ -84,7 +81,9 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     )
     .await?;
     tracing::info!(admin = %bound, "admin endpoint: /, /status, /metrics");
-    let addr_writer = tokio::spawn(write_addr_file(
+    // The node's own tasks (address file, heartbeat feeder): stopped and awaited at shutdown.
+    let tasks = roles::Tasks::default();
+    tasks.spawn(crate::addr_file::write_when_listening(
         client.clone(),
         config.data_dir.clone(),
         state.peer_id.clone(),
@@ -94,10 +93,15 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     // Snapshot dissemination: runs whenever the swarm's learner key is known (the
     // learner itself, or a worker configured with `learner_public_key`).
     let (dissem, mut installs) = match dissemination_config(config, &state.key)? {
-        Some(mut dcfg) => {
-            if state.misbehave.has(crate::misbehave::Attack::CorruptChunks) {
-                dcfg.fault = Some(dissemination::Fault::CorruptOutgoing);
-            }
+        Some(dcfg) => {
+            #[cfg(feature = "adversary")]
+            let dcfg = dissemination::DisseminationConfig {
+                fault: state
+                    .misbehave
+                    .has(crate::misbehave::Attack::CorruptChunks)
+                    .then_some(dissemination::Fault::CorruptOutgoing),
+                ..dcfg
+            };
             let (d, rx) =
                 dissemination::Disseminator::start(dcfg, client.clone(), state.chunks.clone())
                     .context("starting snapshot dissemination")?;
@@ -115,7 +119,7 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     // The role: the learner trains and publishes; a worker installs snapshots, generates and
     // serves pulls. Both need the swarm's learner key (the dissemination engine).
     // A signal during the role's start-up (model build, warm start) still stops cleanly.
-    let shutdown = shutdown_signal();
+    let shutdown = roles::shutdown_signal();
     tokio::pin!(shutdown);
     let starting = async {
         if let (Role::Learner, Some(d), Some(plan)) = (config.role, dissem.clone(), bench.publish) {
@@ -132,7 +136,8 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
         anyhow::Ok(match (config.role, dissem.clone()) {
             (Role::Rollout, Some(d)) if bench.sink => {
                 drop(installs.take());
-                RunningRole::BenchSink(roles::bench::sink_probe(&d))
+                let (probe, changes) = roles::bench::sink_probe(&d);
+                RunningRole::BenchSink(probe, changes)
             }
             (Role::Learner, Some(d)) => {
                 drop(installs.take()); // a learner installs nothing
@@ -172,22 +177,24 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     let probe = role
         .as_ref()
         .map_or_else(|| -> Probe { Arc::new(|| (None, 0.0)) }, RunningRole::probe);
+    let mut changes = role
+        .as_ref()
+        .map_or(VersionChanges::Never, RunningRole::version_changes);
     // Test-only network attacks (`crate::misbehave`); none for an honest node.
     let attack_tasks = roles::attacks::spawn(&state, &client, probe.clone(), replay_recorder);
-    let feeder = {
+    {
         let client = client.clone();
         let state = state.clone();
-        tokio::spawn(async move {
-            let mut poll = tokio::time::interval(INSTALL_POLL.min(interval));
-            let mut sent: Option<(std::time::Instant, Option<u64>)> = None;
+        tasks.spawn(async move {
+            let mut tick = tokio::time::interval(interval);
             loop {
-                poll.tick().await;
-                let (installed_version, mu) = probe();
-                let due =
-                    sent.is_none_or(|(at, v)| at.elapsed() >= interval || v != installed_version);
-                if !due {
-                    continue;
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    // A new version is reported at once, and the next refresh is a full
+                    // interval later.
+                    _ = changes.changed() => tick.reset(),
                 }
+                let (installed_version, mu) = probe();
                 let pending = roles::attacks::pending_claim(
                     &state.misbehave,
                     state.trajectories.pending().unwrap_or(0),
@@ -211,17 +218,16 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
                 if client.set_local_status(local).await.is_err() {
                     break;
                 }
-                sent = Some((std::time::Instant::now(), installed_version));
             }
-        })
-    };
+        });
+    }
     // Domain events: Snapshots / Plans gossip gets the dissemination engine's verdict (Reject:
     // bad signature or garbage; Ignore: an old version), departed forwarders are excised, late
     // joiners catch up (`dissemination::drive`). Without an engine (no learner key) such
     // gossip is left unjudged: Ignore, not forwarded, no penalty.
     let drain = match dissem.clone() {
         Some(d) => tokio::spawn(dissemination::drive(d, client.clone(), events)),
-        None => tokio::spawn(ignore_role_gossip(client.clone(), events)),
+        None => tokio::spawn(roles::ignore_role_gossip(client.clone(), events)),
     };
 
     let mut service = service;
@@ -237,8 +243,9 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
         },
     };
     tracing::info!("shutting down");
-    for t in &attack_tasks {
+    for t in attack_tasks {
         t.abort();
+        let _ = t.await;
     }
     let role_result = match role {
         Some(r) => r.shutdown().await,
@@ -251,50 +258,15 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     if !service.is_finished() {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(5), &mut service).await;
     }
-    feeder.abort();
+    tasks.stop().await;
     admin_task.abort();
-    addr_writer.abort();
     crate::addr_file::remove(&config.data_dir);
     if let Some(d) = &dissem {
         d.shutdown();
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(3), d.stopped()).await;
     }
     let _ = tokio::time::timeout(std::time::Duration::from_secs(3), drain).await;
     result.and(role_result)
-}
-
-/// Writes `<data_dir>/node.addr.json` once the swarm reports its first listen address (the
-/// ports actually bound, also when the config asks for port 0).
-pub(crate) async fn write_addr_file(
-    client: p2p::Client,
-    data_dir: std::path::PathBuf,
-    peer_id: String,
-    admin: std::net::SocketAddr,
-) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while std::time::Instant::now() < deadline {
-        match client.listen_addrs().await {
-            Ok(addrs) if !addrs.is_empty() => {
-                let f = crate::addr_file::AddrFile {
-                    format: crate::addr_file::FORMAT,
-                    pid: std::process::id(),
-                    peer_id,
-                    admin: admin.to_string(),
-                    listen: addrs.iter().map(ToString::to_string).collect(),
-                };
-                match crate::addr_file::write(&data_dir, &f) {
-                    Ok(()) => tracing::info!(
-                        file = %crate::addr_file::path(&data_dir).display(),
-                        "listening; addresses written"
-                    ),
-                    Err(e) => tracing::warn!(error = %e, "writing the address file"),
-                }
-                return;
-            }
-            Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
-            Err(_) => return,
-        }
-    }
-    tracing::warn!("no listen address within 30 s: the address file is not written");
 }
 
 /// The hidden benchmark flags of `run` (testnet `broadcast`).
@@ -326,7 +298,7 @@ enum RunningRole {
     Learner(roles::learner::LearnerRole),
     Rollout(roles::rollout::RolloutRole),
     BenchPublisher(Option<tokio::task::JoinHandle<anyhow::Result<()>>>),
-    BenchSink(Probe),
+    BenchSink(Probe, VersionChanges),
 }
 
 impl RunningRole {
@@ -335,7 +307,17 @@ impl RunningRole {
             RunningRole::Learner(l) => l.probe(),
             RunningRole::Rollout(r) => r.probe(),
             RunningRole::BenchPublisher(_) => Arc::new(|| (None, 0.0)),
-            RunningRole::BenchSink(p) => p.clone(),
+            RunningRole::BenchSink(p, _) => p.clone(),
+        }
+    }
+
+    /// Where the probe's version changes come from (see [`VersionChanges`]).
+    fn version_changes(&self) -> VersionChanges {
+        match self {
+            RunningRole::Learner(l) => l.version_changes(),
+            RunningRole::Rollout(r) => r.version_changes(),
+            RunningRole::BenchPublisher(_) => VersionChanges::Never,
+            RunningRole::BenchSink(_, c) => c.clone(),
         }
     }
 
@@ -371,7 +353,7 @@ impl RunningRole {
                     Err(e) => tracing::error!(error = %e, "bench task failed"),
                 }
             }
-            RunningRole::BenchSink(_) => std::future::pending().await,
+            RunningRole::BenchSink(..) => std::future::pending().await,
         }
     }
 
@@ -385,52 +367,7 @@ impl RunningRole {
                 }
                 Ok(())
             }
-            RunningRole::BenchSink(_) => Ok(()),
-        }
-    }
-}
-
-/// Resolves on Ctrl-C (SIGINT) or SIGTERM.
-pub async fn shutdown_signal() -> anyhow::Result<()> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
-        tokio::select! {
-            r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    tokio::signal::ctrl_c()
-        .await
-        .context("waiting for Ctrl-C")?;
-    Ok(())
-}
-
-/// Drains a node's domain events when no role judges Snapshots / Plans gossip (a worker without
-/// a learner key, a relay): every such message gets `Ignore` — not forwarded, no penalty — so
-/// gossipsub does not wait for a verdict.
-pub(crate) async fn ignore_role_gossip(
-    client: p2p::Client,
-    mut events: tokio::sync::mpsc::Receiver<p2p::Event>,
-) {
-    while let Some(ev) = events.recv().await {
-        if let p2p::Event::Gossip {
-            message_id,
-            propagation_source,
-            source,
-            ..
-        } = ev
-        {
-            let _ = client
-                .report_validation(
-                    message_id,
-                    propagation_source,
-                    source,
-                    p2p::Validation::Ignore,
-                )
-                .await;
+            RunningRole::BenchSink(..) => Ok(()),
         }
     }
 }

@@ -125,7 +125,7 @@ pub fn spawn(
         tasks.push(tokio::spawn(async move {
             let period = (interval / SPAM_FACTOR).max(Duration::from_millis(1));
             let mut tick = tokio::time::interval(period);
-            let started = unix_ms();
+            let started = storage::unix_ms();
             let mut seq = 0u64;
             let mut sent = 0u64;
             loop {
@@ -178,7 +178,7 @@ pub fn spam_heartbeat(
     started_unix_ms: u64,
     seq: u64,
 ) -> p2p::Heartbeat {
-    let now = unix_ms();
+    let now = storage::unix_ms();
     p2p::Heartbeat {
         v: p2p::messages::HEARTBEAT_VERSION,
         swarm_id: state.config.swarm_id.clone(),
@@ -203,12 +203,6 @@ pub fn spam_heartbeat(
         addrs: Vec::new(),
         device: None,
     }
-}
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]

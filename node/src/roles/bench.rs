@@ -22,9 +22,10 @@ use control::capacity::broadcast_done;
 use dissemination::Disseminator;
 use rand::RngCore;
 
-use super::{active_installs, Probe, RoleView};
+use super::{Probe, RoleView, VersionChanges};
 use crate::api::{BenchRound, BenchStatus, RoleSection};
 use crate::state::NodeState;
+use p2p::active_installs;
 
 /// What the learner-side benchmark is asked to do.
 #[derive(Debug, Clone, Copy)]
@@ -38,10 +39,11 @@ pub struct BenchPlan {
 const JOIN_LIMIT: Duration = Duration::from_secs(180);
 const ROUND_LIMIT: Duration = Duration::from_secs(600);
 
-/// A worker's probe: the version the dissemination engine installed.
-pub fn sink_probe(d: &Disseminator) -> Probe {
+/// A worker's probe: the version the dissemination engine installed, and its changes.
+pub fn sink_probe(d: &Disseminator) -> (Probe, VersionChanges) {
+    let changes = VersionChanges::Version(d.installed_changes());
     let d = d.clone();
-    Arc::new(move || (d.installed_version(), 0.0))
+    (Arc::new(move || (d.installed_version(), 0.0)), changes)
 }
 
 /// Runs the benchmark as a task; returns when all rounds are done (the node keeps serving).
@@ -64,18 +66,19 @@ pub async fn run_publisher(
     };
     show(&rounds, "joining");
     let t_join = Instant::now();
+    let mut changes = client.peer_changes();
     loop {
-        let net = client.status().await?;
-        if active_installs(&net).len() >= plan.workers {
+        let joined = active_installs(&client.peers().await?).len();
+        if joined >= plan.workers {
             break;
         }
         anyhow::ensure!(
             t_join.elapsed() < JOIN_LIMIT,
-            "only {} of {} workers joined within {JOIN_LIMIT:?}",
-            active_installs(&net).len(),
+            "only {joined} of {} workers joined within {JOIN_LIMIT:?}",
             plan.workers
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The next heartbeat or connection (or a second, to check the limit).
+        let _ = tokio::time::timeout(Duration::from_secs(1), changes.changed()).await;
     }
     tracing::info!(
         workers = plan.workers,
@@ -110,7 +113,7 @@ pub async fn run_publisher(
                 t0.elapsed() < ROUND_LIMIT,
                 "round {r}: not every worker installed within {ROUND_LIMIT:?}"
             );
-            let installs = active_installs(&client.status().await?);
+            let installs = active_installs(&client.peers().await?);
             if t_q.is_none() && broadcast_done(&installs, version) {
                 t_q = Some(t0.elapsed().as_secs_f64());
             }
@@ -119,7 +122,9 @@ pub async fn run_publisher(
             {
                 t_all = Some(t0.elapsed().as_secs_f64());
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            // Install reports arrive as heartbeats: wait for the next change of the peer
+            // view (or a second, to check the limit).
+            let _ = tokio::time::timeout(Duration::from_secs(1), changes.changed()).await;
         }
         let after = dissem.counters();
         let chains: Vec<usize> = report.plan.plan.chains.iter().map(Vec::len).collect();

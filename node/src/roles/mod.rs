@@ -8,8 +8,14 @@
 //! carries through [`Probe`]; it never touches the swarm directly (only through the
 //! `p2p::Client` handle and the dissemination engine).
 
+#[cfg(feature = "adversary")]
+pub mod attacks;
+/// Without the `adversary` feature the attack hooks do nothing (`attacks_off.rs`).
+#[cfg(not(feature = "adversary"))]
+#[path = "attacks_off.rs"]
 pub mod attacks;
 pub mod bench;
+#[cfg(feature = "adversary")]
 pub mod forge;
 pub mod learner;
 pub mod relay;
@@ -74,24 +80,60 @@ impl RoleView {
     }
 }
 
+/// The tasks of a role or of `run`: spawned under one cancellation token, stopped together,
+/// and awaited — a clean stop ends every task, none is left running or merely aborted.
+#[derive(Clone, Default)]
+pub struct Tasks {
+    tracker: tokio_util::task::TaskTracker,
+    cancel: tokio_util::sync::CancellationToken,
+}
+
+impl Tasks {
+    /// Runs `fut` until it ends or [`Tasks::stop`] cancels it (at its next await).
+    pub fn spawn(&self, fut: impl std::future::Future<Output = ()> + Send + 'static) {
+        let cancel = self.cancel.clone();
+        self.tracker.spawn(async move {
+            cancel.run_until_cancelled(fut).await;
+        });
+    }
+
+    /// Cancels every task and waits until all have ended.
+    pub async fn stop(&self) {
+        self.cancel.cancel();
+        self.tracker.close();
+        self.tracker.wait().await;
+    }
+}
+
 /// What a role contributes to its node's heartbeat: the version it works with and μ.
 pub type Probe = Arc<dyn Fn() -> (Option<u64>, f64) + Send + Sync>;
 
-/// The connected rollout workers of a network status: whom the learner pulls from, schedules
-/// and plans chains over.
-pub fn rollout_workers(net: &p2p::NetworkStatus) -> impl Iterator<Item = &p2p::PeerStatus> {
-    net.peers
-        .iter()
-        .filter(|p| p.connected && !p.banned && p.role == Some(p2p::Role::Rollout))
+/// Where a role's version changes come from (an install, a publication), so the heartbeat
+/// feeder reports a new version at once — the install report that ends T_bcast — instead of
+/// polling the [`Probe`].
+#[derive(Clone)]
+pub enum VersionChanges {
+    /// A worker's policy slot: every install.
+    Slot(tokio::sync::watch::Receiver<Option<Arc<::rollout::InstalledPolicy>>>),
+    /// A version watch (the learner's publications, a benchmark sink's installs).
+    Version(tokio::sync::watch::Receiver<Option<u64>>),
+    /// A role whose version never changes.
+    Never,
 }
 
-/// The installed versions of the connected, active rollout workers: the population whose
-/// install reports end a broadcast's T_bcast.
-pub fn active_installs(net: &p2p::NetworkStatus) -> Vec<Option<u64>> {
-    rollout_workers(net)
-        .filter(|p| p.active)
-        .map(|p| p.installed_version)
-        .collect()
+impl VersionChanges {
+    /// Resolves at the next change; never, once its source is gone.
+    pub async fn changed(&mut self) {
+        let gone = match self {
+            VersionChanges::Slot(r) => r.changed().await.is_err(),
+            VersionChanges::Version(r) => r.changed().await.is_err(),
+            VersionChanges::Never => true,
+        };
+        if gone {
+            *self = VersionChanges::Never;
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 /// Builds the configured policy and tokenizer on `device` (the learner's initial weights; a
@@ -144,4 +186,49 @@ pub fn build_task(config: &NodeConfig) -> anyhow::Result<Arc<dyn tasks::Task>> {
 /// turn-aware rule in here.
 pub fn mask_rule(_config: &NodeConfig) -> Arc<dyn ::learner::MaskRule> {
     Arc::new(::learner::ResponseTokens)
+}
+
+/// Resolves on Ctrl-C (SIGINT) or SIGTERM.
+pub async fn shutdown_signal() -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for Ctrl-C")?;
+    Ok(())
+}
+
+/// Drains a node's domain events when no role judges Snapshots / Plans gossip (a worker without
+/// a learner key, a relay): every such message gets `Ignore` — not forwarded, no penalty — so
+/// gossipsub does not wait for a verdict.
+pub async fn ignore_role_gossip(
+    client: p2p::Client,
+    mut events: tokio::sync::mpsc::Receiver<p2p::Event>,
+) {
+    while let Some(ev) = events.recv().await {
+        if let p2p::Event::Gossip {
+            message_id,
+            propagation_source,
+            source,
+            ..
+        } = ev
+        {
+            let _ = client
+                .report_validation(
+                    message_id,
+                    propagation_source,
+                    source,
+                    p2p::Validation::Ignore,
+                )
+                .await;
+        }
+    }
 }

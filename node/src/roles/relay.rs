@@ -77,19 +77,16 @@ async fn serve(config: &NodeConfig, seed: [u8; 32], peer_id: String) -> anyhow::
     )
     .await?;
     tracing::info!(admin = %bound, "admin endpoint: /, /status, /metrics");
-    let addr_writer = tokio::spawn(crate::commands::run::write_addr_file(
+    let addr_writer = tokio::spawn(crate::addr_file::write_when_listening(
         client.clone(),
         config.data_dir.clone(),
         peer_id,
         bound,
     ));
     // No role here judges snapshot or plan gossip.
-    let drain = tokio::spawn(crate::commands::run::ignore_role_gossip(
-        client.clone(),
-        events,
-    ));
+    let drain = tokio::spawn(super::ignore_role_gossip(client.clone(), events));
     let result = tokio::select! {
-        r = crate::commands::run::shutdown_signal() => r,
+        r = super::shutdown_signal() => r,
         r = &mut service => r
             .context("network service task failed")
             .and_then(|_| anyhow::bail!("the network service stopped unexpectedly")),

@@ -15,9 +15,10 @@
 //!   counter `<data_dir>/rollout.seq`, and answers the prompt assigned to (this peer, its
 //!   number) by the seed of the swarm id and the learner's key (`tasks::assign`): what the
 //!   learner checks (`docs/security.md`, "Verified rollouts").
-//! - **Test-only attacks.** With `ECHO_NODE_MISBEHAVE` naming group attacks ([`GROUP_ATTACKS`])
-//!   the finished group is corrupted just before it is stored ([`tamper`]), so what the
-//!   learner pulls is really bad; with several, group `seq` gets attack `seq mod k`.
+//! - **Test-only attacks** (only in a build with the `adversary` feature). With
+//!   `ECHO_NODE_MISBEHAVE` naming group attacks (`GROUP_ATTACKS`) the finished group is
+//!   corrupted just before it is stored (`tamper`), so what the learner pulls is really bad;
+//!   with several, group `seq` gets attack `seq mod k`.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -30,11 +31,14 @@ use tokio::sync::mpsc;
 
 use super::{build_model, build_task, Probe, RoleView};
 use crate::api::{RoleSection, RolloutStatus};
+#[cfg(feature = "adversary")]
 use crate::misbehave::Attack;
 use crate::state::NodeState;
+#[cfg(feature = "adversary")]
 use storage::TrajectoryGroup;
 
 /// The attacks carried out on the groups a worker produces.
+#[cfg(feature = "adversary")]
 pub const GROUP_ATTACKS: [Attack; 9] = [
     Attack::InflatedReward,
     Attack::ForgedLogprobs,
@@ -48,11 +52,13 @@ pub const GROUP_ATTACKS: [Attack; 9] = [
 ];
 
 /// The group attacks that need the model ([`super::forge`]).
+#[cfg(feature = "adversary")]
 const MODEL_ATTACKS: [Attack; 2] = [Attack::ForcedTokens, Attack::StaleVersion];
 
 /// Corrupts a finished group with `attack` (test only); `vocab` and `context` are the model's.
 /// Log-prob, token and length changes keep the group schema-valid (it must be stored and
 /// served): only the learner's own checks can refuse it.
+#[cfg(feature = "adversary")]
 pub fn tamper(attack: Attack, g: &mut TrajectoryGroup, vocab: usize, context: usize) {
     // Some attacks need a token to work on.
     if g.samples[0].response_tokens.is_empty() {
@@ -94,6 +100,7 @@ pub fn tamper(attack: Attack, g: &mut TrajectoryGroup, vocab: usize, context: us
 /// The seal hook of a misbehaving worker: tamper with group `seq` by attack `seq mod k` (the
 /// model-aware ones through `forger`), then sign it (with a fresh key for `bad_signature`,
 /// with the node key otherwise: the lie is the worker's own).
+#[cfg(feature = "adversary")]
 fn attack_hook(
     attacks: Vec<Attack>,
     vocab: usize,
@@ -124,7 +131,7 @@ pub struct RolloutRole {
     engine: Option<RunningEngine>,
     slot: PolicySlot,
     stats: Arc<rollout::RolloutStats>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    tasks: super::Tasks,
 }
 
 impl RolloutRole {
@@ -135,6 +142,11 @@ impl RolloutRole {
         Arc::new(move || (slot.version(), stats.snapshot().mu))
     }
 
+    /// Every install into the policy slot.
+    pub fn version_changes(&self) -> super::VersionChanges {
+        super::VersionChanges::Slot(self.slot.subscribe())
+    }
+
     /// True once the generation thread has exited (a storage error ends it): the node's
     /// watchdog then stops the node rather than let it heartbeat a rate it no longer produces.
     pub fn engine_stopped(&self) -> bool {
@@ -143,9 +155,7 @@ impl RolloutRole {
 
     /// Stops the engine (after its current group) and the tasks.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
-        for t in &self.tasks {
-            t.abort();
-        }
+        self.tasks.stop().await;
         let engine = self.engine.take();
         tokio::task::spawn_blocking(move || engine.map(|e| e.stop()).transpose())
             .await
@@ -175,6 +185,7 @@ pub async fn start(
     let need = policy::memory::worker_bytes(policy.config(), gen_dtype, r.group_size, context);
     super::check_memory("the rollout worker", need, &state.device)?;
     let slot = PolicySlot::new(policy.config().clone(), policy.device().clone());
+    #[cfg(feature = "adversary")]
     let (vocab, max_context) = (
         policy.config().vocab_size,
         policy.config().max_position_embeddings,
@@ -214,6 +225,7 @@ pub async fn start(
             .context("a rollout worker needs learner_public_key")?,
     )?;
     let assignment_seed = tasks::assign::assignment_seed(&config.swarm_id, &learner_key.to_bytes());
+    #[cfg(feature = "adversary")]
     let forger = MODEL_ATTACKS
         .iter()
         .any(|a| state.misbehave.has(*a))
@@ -250,24 +262,27 @@ pub async fn start(
     .with_signer(state.key.clone())
     .with_seq_file(&config.data_dir.join("rollout.seq"))
     .context("opening the group counter")?;
-    let attacks: Vec<Attack> = GROUP_ATTACKS
-        .into_iter()
-        .filter(|a| state.misbehave.has(*a))
-        .collect();
-    let engine = if attacks.is_empty() {
-        engine
-    } else {
-        engine.with_seal_hook(attack_hook(attacks, vocab, max_context, forger))
+    #[cfg(feature = "adversary")]
+    let engine = {
+        let attacks: Vec<Attack> = GROUP_ATTACKS
+            .into_iter()
+            .filter(|a| state.misbehave.has(*a))
+            .collect();
+        if attacks.is_empty() {
+            engine
+        } else {
+            engine.with_seal_hook(attack_hook(attacks, vocab, max_context, forger))
+        }
     };
     let stats = engine.stats();
     let standby = engine.standby_flag();
     let engine = engine.spawn().context("starting the rollout engine")?;
 
-    let mut tasks = Vec::new();
+    let tasks = super::Tasks::default();
     if let Some(mut rx) = installs {
         let slot = slot.clone();
         let standby = standby.clone();
-        tasks.push(tokio::spawn(async move {
+        tasks.spawn(async move {
             while let Some(ev) = rx.recv().await {
                 match ev {
                     DisseminationEvent::Installed {
@@ -310,25 +325,26 @@ pub async fn start(
                     DisseminationEvent::Progress { .. } => {}
                 }
             }
-        }));
+        });
     }
     let store = state.trajectories.clone();
     let control = client.stream_control();
     let serve_opts = pull::ServeOptions {
+        #[cfg(feature = "adversary")]
         testing_oversized_answer: state
             .misbehave
             .has(crate::misbehave::Attack::OversizedAnswer),
         ..pull::ServeOptions::default()
     };
-    tasks.push(tokio::spawn(async move {
+    tasks.spawn(async move {
         if let Err(e) = pull::serve_with(control, store, learner, serve_opts).await {
             tracing::error!(error = %e, "the pull server stopped");
         }
-    }));
+    });
     {
         let (slot, stats, store) = (slot.clone(), stats.clone(), state.trajectories.clone());
         let standby = standby.clone();
-        tasks.push(tokio::spawn(async move {
+        tasks.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tick.tick().await;
@@ -349,7 +365,7 @@ pub async fn start(
                 metrics::gauge!("rollout_mu_groups_per_s").set(s.mu);
                 metrics::gauge!("rollout_groups_total").set(s.groups as f64);
             }
-        }));
+        });
     }
     Ok(RolloutRole {
         engine: Some(engine),

@@ -21,16 +21,15 @@ use std::time::{Duration, Instant};
 
 use crate::api::SchedulerStatus;
 use crate::config::{Ranking, SchedulerConfig};
-use crate::roles::rollout_workers;
 use control::capacity::{Scheduler, SchedulerConfig as Hysteresis, WorkerInfo};
 use dissemination::Disseminator;
 
 pub const TICK: Duration = Duration::from_millis(500);
 
-/// One worker as the scheduler sees it.
+/// One worker as the scheduler sees it (`Id`: its peer id; tests use names).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Candidate {
-    pub id: String,
+pub struct Candidate<Id = p2p::PeerId> {
+    pub id: Id,
     pub cost_per_hour: f64,
     /// Groups per second (0 = not measured yet).
     pub mu: f64,
@@ -39,10 +38,10 @@ pub struct Candidate {
 
 /// Fixed policy: the `k` cheapest available workers — measured ones by ρ = c/μ first, then
 /// unmeasured ones by cost, ties by id — are active; every other worker is on standby.
-pub fn fixed_selection(cands: &[Candidate], k: usize) -> (Vec<String>, Vec<String>) {
-    let mut avail: Vec<&Candidate> = cands.iter().filter(|c| c.available).collect();
+pub fn fixed_selection<Id: Clone + Ord>(cands: &[Candidate<Id>], k: usize) -> (Vec<Id>, Vec<Id>) {
+    let mut avail: Vec<&Candidate<Id>> = cands.iter().filter(|c| c.available).collect();
     avail.sort_by(|a, b| {
-        let key = |c: &Candidate| {
+        let key = |c: &Candidate<Id>| {
             if c.mu > 0.0 {
                 (0, c.cost_per_hour / c.mu)
             } else {
@@ -54,7 +53,7 @@ pub fn fixed_selection(cands: &[Candidate], k: usize) -> (Vec<String>, Vec<Strin
             .then(ka.1.total_cmp(&kb.1))
             .then(a.id.cmp(&b.id))
     });
-    let active: Vec<String> = avail.iter().take(k).map(|c| c.id.clone()).collect();
+    let active: Vec<Id> = avail.iter().take(k).map(|c| c.id.clone()).collect();
     let standby = cands
         .iter()
         .filter(|c| !active.contains(&c.id))
@@ -64,11 +63,14 @@ pub fn fixed_selection(cands: &[Candidate], k: usize) -> (Vec<String>, Vec<Strin
 }
 
 /// Ablation baseline: `k` available workers in a fixed pseudo-random order (BLAKE3 of the
-/// peer id; stable across ticks, so the choice does not flap), ignoring cost and μ.
-pub fn random_selection(cands: &[Candidate], k: usize) -> (Vec<String>, Vec<String>) {
-    let mut avail: Vec<&Candidate> = cands.iter().filter(|c| c.available).collect();
-    avail.sort_by_key(|c| *blake3::hash(c.id.as_bytes()).as_bytes());
-    let active: Vec<String> = avail.iter().take(k).map(|c| c.id.clone()).collect();
+/// peer id's text; stable across ticks, so the choice does not flap), ignoring cost and μ.
+pub fn random_selection<Id: Clone + PartialEq + std::fmt::Display>(
+    cands: &[Candidate<Id>],
+    k: usize,
+) -> (Vec<Id>, Vec<Id>) {
+    let mut avail: Vec<&Candidate<Id>> = cands.iter().filter(|c| c.available).collect();
+    avail.sort_by_cached_key(|c| *blake3::hash(c.id.to_string().as_bytes()).as_bytes());
+    let active: Vec<Id> = avail.iter().take(k).map(|c| c.id.clone()).collect();
     let standby = cands
         .iter()
         .filter(|c| !active.contains(&c.id))
@@ -78,12 +80,12 @@ pub fn random_selection(cands: &[Candidate], k: usize) -> (Vec<String>, Vec<Stri
 }
 
 /// The scheduler's state between ticks.
-pub struct State {
+pub struct State<Id = p2p::PeerId> {
     cfg: SchedulerConfig,
-    hysteresis: Scheduler<String>,
+    hysteresis: Scheduler<Id>,
     seeded: bool,
     started: Instant,
-    last: Option<(Vec<String>, Vec<String>)>,
+    last: Option<(Vec<Id>, Vec<Id>)>,
     last_sent: Option<Instant>,
     last_seq: u64,
     orders: u64,
@@ -91,7 +93,7 @@ pub struct State {
     view: SchedulerStatus,
 }
 
-impl State {
+impl<Id: Clone + Ord + std::fmt::Display> State<Id> {
     pub fn new(cfg: SchedulerConfig) -> Self {
         let hysteresis = Scheduler::new(Hysteresis {
             release_margin: cfg.release_margin,
@@ -118,9 +120,9 @@ impl State {
     /// Decides active / standby for this tick (`mu_target` in groups/s when known).
     pub fn decide(
         &mut self,
-        cands: &[Candidate],
+        cands: &[Candidate<Id>],
         mu_target: Option<f64>,
-    ) -> (Vec<String>, Vec<String>) {
+    ) -> (Vec<Id>, Vec<Id>) {
         if let Some(k) = self.cfg.active_workers {
             return if self.cfg.ranking == Ranking::Random {
                 random_selection(cands, k)
@@ -141,7 +143,7 @@ impl State {
                 .collect();
             return (active, standby);
         };
-        let measured: Vec<WorkerInfo<String>> = cands
+        let measured: Vec<WorkerInfo<Id>> = cands
             .iter()
             .filter(|c| c.mu > 0.0)
             .map(|c| WorkerInfo {
@@ -163,8 +165,8 @@ impl State {
         }
         self.hysteresis
             .tick(self.started.elapsed().as_secs_f64(), &measured, target);
-        let chosen: BTreeSet<&String> = self.hysteresis.active().iter().collect();
-        let (active, standby): (Vec<&Candidate>, Vec<&Candidate>) = cands
+        let chosen: BTreeSet<&Id> = self.hysteresis.active().iter().collect();
+        let (active, standby): (Vec<&Candidate<Id>>, Vec<&Candidate<Id>>) = cands
             .iter()
             .partition(|c| c.available && (chosen.contains(&c.id) || c.mu <= 0.0));
         (
@@ -184,12 +186,13 @@ pub async fn run(
     let mut tick = tokio::time::interval(TICK);
     loop {
         tick.tick().await;
-        let Ok(net) = client.status().await else {
+        let Ok(workers) = client.workers().await else {
             return;
         };
-        let cands: Vec<Candidate> = rollout_workers(&net)
+        let cands: Vec<Candidate> = workers
+            .iter()
             .map(|p| Candidate {
-                id: p.peer_id.clone(),
+                id: p.peer,
                 cost_per_hour: p.cost_per_hour.unwrap_or(0.0),
                 mu: p.mu.unwrap_or(0.0),
                 available: p.active,
@@ -207,14 +210,14 @@ pub async fn run(
             if changed {
                 tracing::info!(?active, ?standby, "scheduler: new activation order");
             }
-            let seq = (storage::now_unix_ms()).max(st.last_seq + 1);
+            let seq = (storage::unix_ms()).max(st.last_seq + 1);
             if send {
                 st.last_seq = seq;
                 st.last_sent = Some(Instant::now());
                 st.orders += 1;
             }
             st.last = Some((active.clone(), standby.clone()));
-            let sum = |ids: &[String], f: fn(&Candidate) -> f64| -> f64 {
+            let sum = |ids: &[p2p::PeerId], f: fn(&Candidate) -> f64| -> f64 {
                 cands.iter().filter(|c| ids.contains(&c.id)).map(f).sum()
             };
             st.view = SchedulerStatus {
@@ -229,8 +232,8 @@ pub async fn run(
                 ),
                 ranking: Some(st.cfg.ranking),
                 active_workers: st.cfg.active_workers,
-                active: active.clone(),
-                standby: standby.clone(),
+                active: active.iter().map(ToString::to_string).collect(),
+                standby: standby.iter().map(ToString::to_string).collect(),
                 active_cost_per_hour: sum(&active, |c| c.cost_per_hour),
                 active_mu: sum(&active, |c| c.mu),
                 mu_target: target,
@@ -239,11 +242,7 @@ pub async fn run(
             (send, seq, active, standby)
         };
         if send {
-            let parse = |ids: Vec<String>| ids.iter().filter_map(|i| i.parse().ok()).collect();
-            if let Err(e) = dissem
-                .publish_order(seq, parse(active), parse(standby))
-                .await
-            {
+            if let Err(e) = dissem.publish_order(seq, active, standby).await {
                 tracing::debug!(error = %e, "activation order not gossiped");
             }
         }
@@ -254,7 +253,7 @@ pub async fn run(
 mod tests {
     use super::*;
 
-    fn c(id: &str, cost: f64, mu: f64, available: bool) -> Candidate {
+    fn c(id: &str, cost: f64, mu: f64, available: bool) -> Candidate<String> {
         Candidate {
             id: id.into(),
             cost_per_hour: cost,
@@ -291,7 +290,7 @@ mod tests {
 
     #[test]
     fn random_ranking_ignores_cost_but_is_stable() {
-        let cands: Vec<Candidate> = (0..6)
+        let cands: Vec<Candidate<String>> = (0..6)
             .map(|i| c(&format!("w{i}"), f64::from(i), 1.0, true))
             .collect();
         let (a, _) = random_selection(&cands, 3);

@@ -4,10 +4,16 @@ mod admin;
 mod cli;
 mod durability;
 mod learning;
+/// Proven rollouts: an honest f16 worker next to forced-token and mask-poisoning workers
+/// (shares `verified`'s set-up, so built with it).
+#[cfg(feature = "adversary")]
 mod proven;
 mod relay;
 mod scheduler;
 mod swarm;
+/// Malicious workers: only a binary built with the `adversary` feature has attack code (on in
+/// `cargo test --workspace`, where `testnet` enables it; or `--features adversary`).
+#[cfg(feature = "adversary")]
 mod verified;
 
 /// Sends SIGTERM to a child process (a node stops cleanly on it).

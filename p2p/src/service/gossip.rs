@@ -21,11 +21,11 @@ use crate::client::{Event, StrikeReason, Validation};
 use crate::error::MessageError;
 use crate::hbgate::HeartbeatVerdict;
 use crate::messages::{
-    unix_ms, Heartbeat, ScoreTable, HEARTBEAT_VERSION, MAX_HEARTBEAT_ADDRS,
-    MAX_HEARTBEAT_ADDR_BYTES,
+    Heartbeat, ScoreTable, HEARTBEAT_VERSION, MAX_HEARTBEAT_ADDRS, MAX_HEARTBEAT_ADDR_BYTES,
 };
 use crate::peers::Arrival;
 use crate::topics::{parse_topic, TopicKind};
+use storage::unix_ms;
 
 impl Service {
     /// A role's verdict on an [`Event::Gossip`] message: passed on to gossipsub, and a

@@ -6,7 +6,8 @@
 //!   snapshot to the publisher, checkpoints every N steps and at shutdown, and appends one
 //!   JSON line per step to `<data_dir>/metrics/steps.jsonl`;
 //! - the **publisher** task ([`publisher`]) hands the newest snapshot to the dissemination
-//!   engine and measures T_bcast; it never blocks training (a snapshot superseded before it
+//!   engine and measures T_bcast from the workers' install reports (woken by each change of
+//!   the peer view, `p2p::Client::peer_changes`); it never blocks training (a snapshot superseded before it
 //!   was published is skipped);
 //! - the **puller** task ([`puller`]) keeps the buffer topped up: it leases groups from the
 //!   rollout workers with the pull protocol, in proportion to what their heartbeats say they
@@ -29,6 +30,7 @@
 //! snapshot it ever published (the manifests in its chunk store), so versions keep growing
 //! and workers accept the next snapshot.
 
+mod ctx;
 mod publisher;
 mod puller;
 pub mod spot;
@@ -37,7 +39,7 @@ mod train;
 pub mod verify;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -55,7 +57,8 @@ const NONE: u64 = u64::MAX;
 
 /// What the training thread, the publisher, the puller and `/status` share.
 struct Shared {
-    stop: AtomicBool,
+    /// Cancelled to stop the learner: the training thread checkpoints and ends.
+    stop: tokio_util::sync::CancellationToken,
     /// The staleness window of the running trainer (see the module doc).
     window: Window,
     /// The trainer's current version v.
@@ -81,7 +84,7 @@ type Snapshot = Option<(u64, bytes::Bytes)>;
 pub struct LearnerRole {
     shared: Arc<Shared>,
     thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    tasks: super::Tasks,
     finished: tokio::sync::oneshot::Receiver<()>,
 }
 
@@ -92,6 +95,11 @@ impl LearnerRole {
         Arc::new(move || (s.publish.published(), 0.0))
     }
 
+    /// Every publication (the probe's version).
+    pub fn version_changes(&self) -> super::VersionChanges {
+        super::VersionChanges::Version(self.shared.publish.subscribe())
+    }
+
     /// Resolves when the training thread ends on its own (an error).
     pub async fn failed(&mut self) {
         let _ = (&mut self.finished).await;
@@ -99,7 +107,7 @@ impl LearnerRole {
 
     /// Stops training (checkpointing first), the puller and the publisher.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
-        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.stop.cancel();
         let thread = self.thread.take();
         let r = tokio::task::spawn_blocking(move || match thread {
             Some(t) => t
@@ -109,9 +117,7 @@ impl LearnerRole {
         })
         .await
         .context("joining the training thread")?;
-        for t in &self.tasks {
-            t.abort();
-        }
+        self.tasks.stop().await;
         r
     }
 }
@@ -135,7 +141,7 @@ pub async fn start(
         "learner window"
     );
     let shared = Arc::new(Shared {
-        stop: AtomicBool::new(false),
+        stop: tokio_util::sync::CancellationToken::new(),
         window,
         version: AtomicU64::new(trainer.version()),
         pruned: AtomicU64::new(0),
@@ -194,10 +200,10 @@ pub async fn start(
     tracing::info!(layers = ?verifier.layer_names(), "verification of pulled groups");
     let (snap_tx, snap_rx) = watch::channel::<Snapshot>(None);
     let config_hash = trainer.policy().config().hash();
-    let mut tasks = Vec::new();
+    let tasks = super::Tasks::default();
     if let Some(sched) = shared.scheduler.clone() {
         let s = shared.clone();
-        tasks.push(tokio::spawn(super::scheduler::run(
+        tasks.spawn(super::scheduler::run(
             client.clone(),
             dissem.clone(),
             sched,
@@ -205,19 +211,23 @@ pub async fn start(
                 let m = s.mu_target_milli.load(Ordering::Relaxed);
                 (m != NONE).then(|| m as f64 / 1000.0)
             },
-        )));
+        ));
     }
-    tasks.extend([
-        tokio::spawn(publisher::run(dissem, config_hash, snap_rx, shared.clone())),
-        tokio::spawn(puller::run(
-            client.clone(),
-            state.trajectories.clone(),
-            shared.clone(),
-            puller::PullSettings::of(&state.config, Arc::new(verifier)).with_dtypes(dtypes),
-        )),
-    ]);
+    tasks.spawn(publisher::run(
+        dissem,
+        client.clone(),
+        config_hash,
+        snap_rx,
+        shared.clone(),
+    ));
+    tasks.spawn(puller::run(
+        client.clone(),
+        state.trajectories.clone(),
+        shared.clone(),
+        puller::PullSettings::of(&state.config, Arc::new(verifier)).with_dtypes(dtypes),
+    ));
     let (done_tx, finished) = tokio::sync::oneshot::channel();
-    let ctx = train::TrainCtx {
+    let ctx = ctx::TrainCtx {
         trainer,
         weights_version,
         buffer: state.trajectories.clone(),
@@ -227,10 +237,13 @@ pub async fn start(
         cfg: state.config.learner.clone(),
         snapshot_dtype: state.config.broadcast.dtype.dtype(),
         is_banned: {
+            // The group names its producer as text: compared with the banned peers' ids
+            // written out, never parsed back.
             Box::new(move |producer: &str| {
-                producer
-                    .parse::<p2p::PeerId>()
-                    .is_ok_and(|p| client.is_banned(&p))
+                client
+                    .banned_peers()
+                    .iter()
+                    .any(|p| p.to_string() == producer)
             })
         },
         ckpt_dir: state.config.checkpoint_dir(),

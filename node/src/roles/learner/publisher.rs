@@ -1,6 +1,8 @@
 //! The learner's publisher: hands the newest snapshot the training thread produced to the
 //! dissemination engine, and measures each broadcast's T_bcast from the workers' install
-//! reports (the rule is `control::capacity::broadcast_done`).
+//! reports (the rule is `control::capacity::broadcast_done`): it wakes at each change of the
+//! peer view (`p2p::Client::peer_changes`: a heartbeat, a connection, a ban), so a
+//! measurement ends with the heartbeat that completes it.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,6 +22,8 @@ const RECENT_BCAST: usize = 16;
 pub(super) struct PublishStats {
     /// The newest published version ([`NONE`] before the first).
     published: AtomicU64,
+    /// The same, for the heartbeat feeder to wait on.
+    published_tx: watch::Sender<Option<u64>>,
     snapshots: AtomicU64,
     /// Published versions whose T_bcast is still being measured, with their publish time.
     in_flight: Mutex<Vec<(u64, Instant)>>,
@@ -31,6 +35,7 @@ impl Default for PublishStats {
     fn default() -> Self {
         PublishStats {
             published: AtomicU64::new(NONE),
+            published_tx: watch::channel(None).0,
             snapshots: AtomicU64::new(0),
             in_flight: Mutex::new(Vec::new()),
             t_bcast: Mutex::new(VecDeque::new()),
@@ -42,6 +47,11 @@ impl PublishStats {
     pub fn published(&self) -> Option<u64> {
         let p = self.published.load(Ordering::Relaxed);
         (p != NONE).then_some(p)
+    }
+
+    /// Changes with every publication.
+    pub fn subscribe(&self) -> watch::Receiver<Option<u64>> {
+        self.published_tx.subscribe()
     }
 
     pub fn snapshots(&self) -> u64 {
@@ -58,7 +68,7 @@ impl PublishStats {
 
     /// Ends the T_bcast measurement of every in-flight version the active workers (their
     /// installed versions in `installed`) have installed.
-    pub fn measure(&self, installed: &[Option<u64>]) {
+    fn measure(&self, installed: &[Option<u64>]) {
         let Ok(mut in_flight) = self.in_flight.lock() else {
             return;
         };
@@ -84,16 +94,51 @@ impl PublishStats {
             f.drain(..excess);
         }
         self.published.store(version, Ordering::Relaxed);
+        self.published_tx.send_replace(Some(version));
         self.snapshots.fetch_add(1, Ordering::Relaxed);
     }
 }
 
-/// Publishes the newest snapshot handed over by the training thread.
+/// Publishes the newest snapshot handed over by the training thread, and measures each
+/// published version's T_bcast as the workers' install reports arrive.
 pub(super) async fn run(
     dissem: Disseminator,
+    client: p2p::Client,
+    config_hash: [u8; 32],
+    rx: watch::Receiver<Snapshot>,
+    shared: Arc<Shared>,
+) {
+    tokio::join!(
+        publish(dissem, &client, config_hash, rx, &shared),
+        measure(&client, &shared)
+    );
+}
+
+/// Ends T_bcast measurements: at every change of the peer view (a heartbeat carries a
+/// worker's installed version) while a version is in flight.
+async fn measure(client: &p2p::Client, shared: &Shared) {
+    let mut changes = client.peer_changes();
+    while changes.changed().await.is_ok() {
+        let in_flight = shared.publish.in_flight.lock().is_ok_and(|f| !f.is_empty());
+        if in_flight && measure_now(client, shared).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// One T_bcast check against the peer view as it is now.
+async fn measure_now(client: &p2p::Client, shared: &Shared) -> Result<(), p2p::P2pError> {
+    let peers = client.peers().await?;
+    shared.publish.measure(&p2p::active_installs(&peers));
+    Ok(())
+}
+
+async fn publish(
+    dissem: Disseminator,
+    client: &p2p::Client,
     config_hash: [u8; 32],
     mut rx: watch::Receiver<Snapshot>,
-    shared: Arc<Shared>,
+    shared: &Shared,
 ) {
     let mut published = None::<u64>;
     while rx.changed().await.is_ok() {
@@ -111,6 +156,8 @@ pub(super) async fn run(
             Ok(report) => {
                 published = Some(version);
                 shared.publish.record(version, t0);
+                // Workers that installed while the pushes started end it at once.
+                let _ = measure_now(client, shared).await;
                 metrics::counter!("learner_snapshots_published_total").increment(1);
                 metrics::gauge!("learner_published_version").set(version as f64);
                 tracing::info!(

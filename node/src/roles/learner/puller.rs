@@ -27,7 +27,6 @@ use storage::TrajectoryStore;
 
 use super::Shared;
 use crate::config::NodeConfig;
-use crate::roles::{active_installs, rollout_workers};
 
 /// One pull from one worker gives up after this long (its lease on the worker expires). Every
 /// read of the pull already has its own deadline (`pull::READ_TIMEOUT`); this bounds a peer
@@ -188,26 +187,20 @@ pub(super) async fn run(
             record_outcome(&shared, &client, peer, r).await;
             continue;
         }
-        let Ok(net) = client.status().await else {
+        let Ok(workers) = client.workers().await else {
             return;
         };
         settings
             .dtypes
-            .refresh(rollout_workers(&net).map(|p| (p.peer_id.as_str(), p.device.as_ref())));
-        let workers: Vec<(p2p::PeerId, u64, f64)> = rollout_workers(&net)
-            .filter_map(|p| {
-                Some((
-                    p.peer_id.parse().ok()?,
-                    p.pending.unwrap_or(0),
-                    p.mu.unwrap_or(0.0),
-                ))
-            })
+            .refresh(workers.iter().map(|p| (p.peer, p.device.as_ref())));
+        let workers: Vec<(p2p::PeerId, u64, f64)> = workers
+            .iter()
+            .map(|p| (p.peer, p.pending.unwrap_or(0), p.mu.unwrap_or(0.0)))
             .collect();
         // Workers that left (or were banned) are forgotten: the ledger stays as large as the
         // set of workers.
         ledger.retain(|p| workers.iter().any(|w| w.0 == *p) || busy.contains(p));
         let mu_pool: f64 = workers.iter().map(|w| w.2).sum();
-        shared.publish.measure(&active_installs(&net));
         shared
             .pulls
             .mu_pool_milli

@@ -112,7 +112,7 @@ impl WorkerDtypes {
     /// Replaces the map with `workers`' reports (the current peer table: bounded by it).
     pub fn refresh<'a>(
         &self,
-        workers: impl IntoIterator<Item = (&'a str, Option<&'a p2p::DeviceReport>)>,
+        workers: impl IntoIterator<Item = (p2p::PeerId, Option<&'a p2p::DeviceReport>)>,
     ) {
         let map = workers
             .into_iter()

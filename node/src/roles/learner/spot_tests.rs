@@ -316,7 +316,7 @@ fn half_precision_workers_are_judged_by_their_reported_dtype() {
         dtype: Some("f16".into()),
         ..Default::default()
     };
-    dtypes.refresh([(id.as_str(), Some(&report))]);
+    dtypes.refresh([(peer, Some(&report))]);
     assert_eq!(dtypes.get(&id), WorkerDtype::F16);
     for seq in 0..8 {
         let g = worker_group_in(&v2, 2, seq, policy::DType::F16);

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use control::capacity::{self, Requirement, GAMMA};
 use learner::StepStats;
 
-use super::train::{Totals, TrainCtx};
+use super::ctx::{Totals, TrainCtx};
 use super::NONE;
 use crate::api::{LastStep, LearnerStatus, RoleSection};
 use crate::config::LearnerMode;

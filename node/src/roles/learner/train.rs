@@ -13,22 +13,19 @@
 //! [`on_quarantined`] (the hook for the peer penalty). Only a local fault (I/O, memory) or
 //! [`MAX_FAILED_STEPS`] failed steps in a row end it, with a message saying which.
 
-use std::collections::{BTreeMap, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use learner::{LearnerError, StepStats, Trainer, Verdict};
 use serde_json::json;
-use storage::{TrajectoryGroup, TrajectoryStore};
+use storage::TrajectoryGroup;
 use tokio::sync::watch;
 
-use super::{push_recent, Shared, Snapshot};
-use crate::config::LearnerConfig;
-use crate::roles::RoleView;
+use super::ctx::{Totals, TrainCtx};
+use super::{push_recent, Snapshot};
 use journal::Journal;
 
 mod journal;
@@ -48,49 +45,6 @@ pub(super) const MAX_FAILED_STEPS: u32 = 3;
 /// Quarantined groups kept on disk at most; past it they are counted and logged only, so a
 /// hostile peer cannot fill the learner's disk.
 const MAX_QUARANTINE_FILES: u64 = 1000;
-
-pub(super) struct TrainCtx {
-    pub trainer: Trainer,
-    /// The version the trainer's weights stand at (below `trainer.version()` only when a
-    /// restart could not read its newest published snapshot back): journaled batches of
-    /// steps up to it are in the weights.
-    pub weights_version: u64,
-    pub buffer: Arc<TrajectoryStore>,
-    pub shared: Arc<Shared>,
-    pub snap_tx: watch::Sender<Snapshot>,
-    pub view: RoleView,
-    pub cfg: LearnerConfig,
-    /// The dtype snapshots are shipped in (`broadcast.dtype`).
-    pub snapshot_dtype: policy::DType,
-    /// Whether a producer (base58 peer id) is banned now (`p2p::Client::is_banned`).
-    pub is_banned: Box<dyn Fn(&str) -> bool + Send>,
-    pub ckpt_dir: PathBuf,
-    pub steps_log: PathBuf,
-}
-
-/// Running totals behind the `/status` learner section.
-#[derive(Default)]
-pub(super) struct Totals {
-    pub steps: u64,
-    pub idle_s: f64,
-    pub train_s: f64,
-    pub recent_train_s: VecDeque<f64>,
-    pub staleness: BTreeMap<u64, u64>,
-    pub staleness_max: u64,
-    pub dropped_stale: u64,
-    pub dropped_zero: u64,
-    pub dropped_other: u64,
-    /// Groups of producers banned after they were pulled, dropped untrained.
-    pub dropped_banned: u64,
-    /// Groups quarantined (never trained) since start.
-    pub quarantined: u64,
-    pub reward_first: Option<f64>,
-    /// Rewards of the last [`RECENT_REWARDS`] steps.
-    pub recent_rewards: VecDeque<f64>,
-    /// Producers with their own `learner_groups_trained_total` series (at most
-    /// [`MAX_PRODUCER_SERIES`]; the rest count under `producer="other"`).
-    pub producer_series: std::collections::HashSet<String>,
-}
 
 impl Totals {
     fn add(&mut self, st: &StepStats, idle: f64) {
@@ -136,7 +90,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
     }
     c.trainer.mark_consumed(restored.consumed);
     publish(&c.trainer, c.snapshot_dtype, &c.snap_tx)?;
-    while !c.shared.stop.load(Ordering::Relaxed) {
+    while !c.shared.stop.is_cancelled() {
         if c.cfg.max_steps > 0 && c.trainer.version() >= c.cfg.max_steps {
             super::status::update(&c, &totals, last.as_ref(), true);
             std::thread::sleep(Duration::from_millis(100));
@@ -283,14 +237,10 @@ fn count_trained_producers(
 /// or [`MAX_FAILED_STEPS`] failures in a row (whatever fails every batch is not the data).
 /// `None`: the batch is to blame, quarantine it and go on.
 fn local_fault(e: &LearnerError, failed_steps: u32) -> Option<String> {
-    let text = e.to_string().to_ascii_lowercase();
     if matches!(e, LearnerError::Io(_)) {
         return Some("training stopped: local I/O fault".into());
     }
-    if ["out of memory", "failed to allocate", "memory allocation"]
-        .iter()
-        .any(|w| text.contains(w))
-    {
+    if e.is_out_of_memory() {
         return Some("training stopped: out of memory".into());
     }
     (failed_steps >= MAX_FAILED_STEPS).then(|| {
@@ -355,9 +305,7 @@ pub(super) fn quarantine(dir: &Path, g: &TrajectoryGroup, reason: &str) -> std::
     std::fs::create_dir_all(dir)?;
     let id = hex::encode(g.group_id);
     std::fs::write(dir.join(format!("{id}.bin")), g.encode())?;
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    let now_ms = storage::unix_ms();
     let meta = json!({
         "group_id": id, "producer": g.producer, "reason": reason, "quarantined_unix_ms": now_ms,
         "version": g.version, "task_id": g.task_id, "prompt_id": g.prompt_id,
@@ -374,7 +322,7 @@ fn gather(
     last: Option<&(StepStats, f64)>,
 ) -> anyhow::Result<Option<(Vec<TrajectoryGroup>, Vec<u64>)>> {
     let b = c.cfg.groups_per_step;
-    let stop = || c.shared.stop.load(Ordering::Relaxed);
+    let stop = || c.shared.stop.is_cancelled();
     let floor = c.shared.window.floor(c.trainer.version());
     let pruned = c.buffer.prune_below(floor)?;
     c.shared.pruned.fetch_add(pruned, Ordering::Relaxed);
@@ -512,8 +460,11 @@ mod tests {
         assert!(local_fault(&data, MAX_FAILED_STEPS).is_some());
         let io = LearnerError::Io(std::io::Error::other("disk gone"));
         assert!(local_fault(&io, 1).unwrap().contains("I/O"));
-        let oom = LearnerError::Invalid("CUDA out of memory".into());
+        let oom = LearnerError::Policy(policy::PolicyError::DoesNotFit("16 GiB > 8 GiB".into()));
         assert!(local_fault(&oom, 1).unwrap().contains("memory"));
+        // A message that merely mentions memory is not an out-of-memory error.
+        let text = LearnerError::Invalid("CUDA out of memory".into());
+        assert_eq!(local_fault(&text, 1), None);
     }
 
     #[test]

@@ -119,7 +119,7 @@ pub fn strike_reason(reason: &str) -> Option<StrikeReason> {
         "reward_mismatch" => StrikeReason::RewardMismatch,
         "logprob_mismatch" => StrikeReason::LogprobMismatch,
         "mask_mismatch" => StrikeReason::MaskMismatch,
-        super::spot::REASON_NOT_DRAWN => StrikeReason::TokenNotDrawn,
+        "token_not_drawn" => StrikeReason::TokenNotDrawn,
         // The schema and limit checks of `check_group`, and any future layer without its own.
         _ => StrikeReason::InvalidGroup,
     })

@@ -313,6 +313,7 @@ fn the_config_selects_the_layers() {
     assert_eq!(reason(&v, &w, &honest(&w, 11)), None);
 }
 
+#[cfg(feature = "adversary")]
 #[test]
 fn every_test_only_group_attack_is_caught_where_it_should_be() {
     use crate::misbehave::Attack;

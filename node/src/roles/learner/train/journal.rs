@@ -20,7 +20,6 @@
 //! without its step, is restored). Must not touch: the checkpoint itself, the buffer's
 //! accounting beyond `put_groups` (a restored group counts as produced again).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use storage::{TrajectoryGroup, TrajectoryStore};
@@ -69,14 +68,8 @@ impl Journal {
             bytes.extend_from_slice(&rec);
         }
         let name = format!("batch-{:020}-step-{step:020}.bin", self.next);
-        let tmp = self.dir.join(format!(".{name}.tmp"));
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
-        f.sync_all()?;
-        drop(f);
         let path = self.dir.join(name);
-        std::fs::rename(&tmp, &path)?;
-        sync_dir(&self.dir)?;
+        storage::write_atomic(&path, &bytes)?;
         self.next += 1;
         self.last = Some(path);
         Ok(())
@@ -101,7 +94,7 @@ impl Journal {
         for b in &all {
             std::fs::remove_file(&b.path)?;
         }
-        sync_dir(&self.dir)?;
+        storage::fs::sync_dir(&self.dir)?;
         Ok(all.len())
     }
 
@@ -208,10 +201,6 @@ fn read_batch(path: &Path) -> anyhow::Result<Vec<TrajectoryGroup>> {
         rest = tail;
     }
     Ok(groups)
-}
-
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]

@@ -1,0 +1,40 @@
+//! The network-layer attack hooks of a build without the `adversary` feature: they do
+//! nothing. The heartbeat feeder and `run` call the same functions in every build; only a
+//! build with the feature has the attacks behind them (`roles/attacks.rs`), so a default
+//! binary cannot be made malicious by an environment variable (`crate::misbehave`).
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::Probe;
+use crate::misbehave::Misbehaviour;
+use crate::state::NodeState;
+
+/// Nothing is recorded in a default build.
+#[derive(Clone, Default)]
+pub struct Recorder;
+
+/// The true pending count.
+pub fn pending_claim(_: &Misbehaviour, real: u64) -> u64 {
+    real
+}
+
+/// `events`, untouched.
+pub fn tap(
+    _: &Misbehaviour,
+    events: mpsc::Receiver<p2p::Event>,
+) -> (mpsc::Receiver<p2p::Event>, Option<Recorder>) {
+    (events, None)
+}
+
+/// No tasks.
+pub fn spawn(
+    _: &Arc<NodeState>,
+    _: &p2p::Client,
+    _: Probe,
+    _: Option<Recorder>,
+) -> Vec<JoinHandle<()>> {
+    Vec::new()
+}
