@@ -182,7 +182,7 @@ fn forged_logprobs_are_drift_and_the_wrong_version_is_not_drawn() {
 #[test]
 fn an_f16_worker_passes_with_the_f16_margins() {
     let p = small_policy(5);
-    let (tol, delta) = (5e-2, 2e-2);
+    let (tol, delta) = (DEFAULT_TOLERANCE.f16, DEFAULT_MARGIN.f16);
     for top_p in [1.0, 0.9] {
         let s = settings(top_p, tol, delta);
         for seq in 0..6 {
