@@ -131,14 +131,14 @@ fn draw_with(
     // One branch-free pass (it vectorises): the maximum, and whether any logit is NaN or +∞.
     let (mut max, mut bad) = (f32::NEG_INFINITY, false);
     for &x in logits {
-        bad |= !(x < f32::INFINITY);
+        bad |= x.is_nan() | (x == f32::INFINITY);
         max = if x > max { x } else { max };
     }
     if bad {
         let (i, x) = logits
             .iter()
             .enumerate()
-            .find(|(_, x)| !(**x < f32::INFINITY))
+            .find(|(_, x)| x.is_nan() || **x == f32::INFINITY)
             .map_or((0, f32::NAN), |(i, x)| (i, *x));
         return Err(PolicyError::Sampling(format!("logit {i} is {x}")));
     }
@@ -226,7 +226,7 @@ fn exp_nonpos(x: f32) -> f32 {
         * r
         + 1.666_666_5e-1)
         * r
-        + 5.000_000_1e-1)
+        + 0.5)
         * (r * r)
         + r
         + 1.0;
