@@ -2,12 +2,14 @@
 //! without any I/O: forwarding-chain planning ([`plan`], ECHO-2 §4.2 / App. C.3), capacity
 //! provisioning and broadcast completion ([`capacity`], ECHO-2 §3.3–3.4, App. B, C.2), the
 //! staleness window ([`window`], ECHO-2 Algorithm 1), how a pull shortfall is split over
-//! workers, bounded by what each was observed to deliver ([`pulls`]) and the units of rates
-//! and chunk sizes ([`units`]).
+//! workers, bounded by what each was observed to deliver ([`pulls`]), probation, check rates
+//! and batch shares of workers by their verified history ([`admission`]) and the units of
+//! rates and chunk sizes ([`units`]).
 //!
 //! Owns: the arithmetic and the rules. Must not touch: the network, clocks, stores — callers
 //! pass measured values and the current time in, and carry decisions out.
 
+pub mod admission;
 pub mod capacity;
 pub mod plan;
 pub mod pulls;

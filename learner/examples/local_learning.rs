@@ -190,6 +190,7 @@ fn main() -> Result<()> {
         group_size: a.group_size,
     };
     let kappa = cfg.kappa();
+    let pipeline = learner::Pipeline::new(learner::pipeline::limits_of(policy.config(), 0));
     let mut trainer = Trainer::new(policy, cfg)?;
     let dir = tempfile::tempdir()?;
     let store = Arc::new(TrajectoryStore::open(dir.path())?);
@@ -289,6 +290,11 @@ fn main() -> Result<()> {
             }
         }
         let idle = t_wait.elapsed().as_secs_f64();
+        // Through the verification pipeline's structure stage, as a node's learner does.
+        let hand: Vec<_> = hand
+            .into_iter()
+            .map(|g| pipeline.verify(&g.producer.clone(), 0, g))
+            .collect::<Result<_, _>>()?;
         let st = trainer.train_step(&hand)?;
         for id in leases {
             store.ack(id)?;

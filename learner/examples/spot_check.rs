@@ -215,6 +215,11 @@ fn main() -> Result<()> {
         for g in &mut batch {
             g.version = trainer.version();
         }
+        let pipeline = learner::Pipeline::new(learner::pipeline::limits_of(policy.config(), N));
+        let batch: Vec<_> = batch
+            .into_iter()
+            .map(|g| pipeline.verify(&g.producer.clone(), 0, g))
+            .collect::<Result<_, _>>()?;
         let st = trainer.train_step(&batch)?;
         anyhow::ensure!(st.stepped, "the step did not train: {st:?}");
         if step > 0 {

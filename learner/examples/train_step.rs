@@ -91,6 +91,7 @@ fn main() -> Result<()> {
         ..TrainerConfig::default()
     };
     tc.loss.kl_beta = if kl { 0.05 } else { 0.0 };
+    let pipeline = learner::Pipeline::new(learner::pipeline::limits_of(policy.config(), 0));
     let mut trainer = Trainer::new(policy, tc)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let vocab = cfg.vocab_size as u32;
@@ -124,6 +125,10 @@ fn main() -> Result<()> {
                 signature: None,
             })
             .collect();
+        let batch: Vec<_> = batch
+            .into_iter()
+            .map(|g| pipeline.verify("bench", 0, g))
+            .collect::<Result<_, _>>()?;
         let t0 = Instant::now();
         let st = trainer.train_step(&batch)?;
         anyhow::ensure!(st.stepped, "the step did not train: {st:?}");

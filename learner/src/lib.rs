@@ -2,9 +2,10 @@
 //! admissible trajectory groups, checkpoints and publication of snapshots.
 //!
 //! Owns: the RL objectives ([`loss`]), the optimiser ([`optim`]), the training core with its
-//! admission rules and checkpoints ([`trainer`]), the log-prob spot checks of pulled groups
-//! ([`spot_check`]) with their check that each token is the canonical sampling rule's draw
-//! ([`verdict`]), and the learner-owned loss masks ([`mask`]).
+//! admission rules and checkpoints ([`trainer`]), the one verification pipeline of pulled
+//! groups whose [`Verified`] output is all a trainer takes ([`pipeline`]), the log-prob spot
+//! checks of pulled groups ([`spot_check`]) with their check that each token is the canonical
+//! sampling rule's draw ([`verdict`]), and the learner-owned loss masks ([`mask`]).
 //! Must not touch: the network (it has no `p2p` dependency: the node's learner role pulls,
 //! publishes and feeds this crate groups), or on-disk formats of the trajectory store (those
 //! belong to `storage`). The staleness window is [`control::Window`], re-exported here.
@@ -16,6 +17,7 @@ mod checkpoint;
 pub mod loss;
 pub mod mask;
 pub mod optim;
+pub mod pipeline;
 pub mod spot_check;
 pub mod trainer;
 pub mod verdict;
@@ -25,6 +27,7 @@ pub use control::Window;
 pub use loss::{group_advantages, group_loss, GroupInput, LossConfig, LossOutput, Objective};
 pub use mask::{MaskRule, ResponseTokens};
 pub use optim::{AdamW, AdamWConfig, OptimStep};
+pub use pipeline::{Checks, Pipeline, Stage, StageInput, Verified};
 pub use spot_check::{SpotReport, SpotRule, SpotSampler};
 pub use trainer::{StepStats, Trainer, TrainerConfig, Verdict};
 pub use verdict::{CheckReport, CheckSettings, SpotVerdict, WorkerDtype};

@@ -21,13 +21,16 @@
 //!   (B groups of n samples each).
 //! - **Zero-advantage groups** (all rewards equal) carry no signal: they are dropped and
 //!   counted (as in the throughput-matching analysis of asynchronous RL, `docs/learner.md`); their trajectory ids still count as consumed.
-//! - **Bad data never fails a step.** Every byte of a group comes from an untrusted peer. A
-//!   group the model cannot take (token id outside the vocabulary, prompt + response beyond the
-//!   context, non-finite numbers) is refused before the forward; a group whose loss or
-//!   gradient turns out non-finite (e.g. a sampler log-prob of −1e4 makes the importance ratio
-//!   `exp(ℓ − q)` overflow) is excluded before the optimiser step. Both are returned in
-//!   [`StepStats::quarantined`] (with the producer, for the caller's penalty), never trained and
-//!   not marked consumed; the step goes on with the remaining groups, or takes no step at all.
+//! - **Verified input only.** A step takes [`Verified`] groups: every byte of a group comes
+//!   from an untrusted peer, and the one verification pipeline ([`crate::pipeline`]) has
+//!   checked its structure against the model's limits (vocabulary, context, lengths, finite
+//!   numbers) and every verification layer — the trainer does not check those again. It only
+//!   refuses a group verified under limits larger than its own model's.
+//! - **Bad numbers never fail a step.** A group whose loss or gradient turns out non-finite
+//!   (e.g. a sampler log-prob far below any real one makes the importance ratio `exp(ℓ − q)`
+//!   overflow) is excluded before the optimiser step, returned in [`StepStats::quarantined`]
+//!   (with the producer, for the caller), never trained and not marked consumed; the step
+//!   goes on with the remaining groups, or takes no step at all.
 //! - **Exactly once.** The ids of every trajectory the learner consumed are remembered (and
 //!   checkpointed); a group containing one of them is refused as a duplicate.
 
@@ -46,6 +49,7 @@ use crate::loss::{
 };
 use crate::mask::{MaskRule, ResponseTokens};
 use crate::optim::{AdamW, AdamWConfig};
+use crate::pipeline::Verified;
 use crate::{LearnerError, Result};
 
 /// The learner's configuration (persisted in checkpoints).
@@ -146,7 +150,7 @@ pub enum Verdict {
     Future,
     /// Contains a trajectory id the learner has already consumed.
     Duplicate,
-    /// Malformed for training (empty, mismatched log-prob/mask lengths, non-finite values).
+    /// Verified under limits (vocabulary, context) larger than this trainer's model.
     Invalid(String),
 }
 
@@ -191,9 +195,9 @@ pub struct StepStats {
     pub groups_future: usize,
     /// Groups refused as already consumed.
     pub groups_duplicate: usize,
-    /// Groups refused as malformed.
+    /// Groups refused as verified for another model ([`Verdict::Invalid`]).
     pub groups_invalid: usize,
-    /// Groups that could not be trained (malformed, or a non-finite loss or gradient): never
+    /// Groups that could not be trained (another model's, or a non-finite loss or gradient): never
     /// trained, to be kept for inspection and charged to their producer by the caller.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub quarantined: Vec<Quarantined>,
@@ -374,11 +378,16 @@ impl Trainer {
         self.consumed.len()
     }
 
-    /// Classifies a group against the current version (admission rule, duplicates, shape).
-    pub fn classify(&self, g: &TrajectoryGroup) -> Verdict {
+    /// Classifies a verified group against the current version (admission rule, duplicates)
+    /// and this model (the limits it was verified under).
+    pub fn classify(&self, g: &Verified<TrajectoryGroup>) -> Verdict {
         let model = self.policy.config();
-        if let Some(why) = malformed(g, model.vocab_size, model.max_position_embeddings) {
-            return why;
+        let l = g.limits();
+        if l.vocab_size > model.vocab_size || l.max_context > model.max_position_embeddings {
+            return bad(format!(
+                "verified for vocabulary {} and context {}, the model has {} and {}",
+                l.vocab_size, l.max_context, model.vocab_size, model.max_position_embeddings
+            ));
         }
         if let Some(why) = (0..g.samples.len()).find_map(|i| self.masks.mask(g, i).err()) {
             return bad(format!("no loss mask can be derived: {why}"));
@@ -400,8 +409,8 @@ impl Trainer {
 
     /// One step of Algorithm 1 on `groups` (normally B groups = R trajectories, assembled by
     /// the caller from leased, admissible groups):
-    /// 1. refuse inadmissible (stale / future), duplicate and malformed groups (counted; the
-    ///    malformed ones quarantined);
+    /// 1. refuse inadmissible (stale / future), duplicate groups and groups verified for
+    ///    another model (counted; the latter quarantined);
     /// 2. drop zero-advantage groups (counted; their ids count as consumed);
     /// 3. learner log-probs of all remaining samples in one batched forward
     ///    ([`policy::batch_response_logprobs`] at the configured temperature);
@@ -413,7 +422,7 @@ impl Trainer {
     /// With no usable group, nothing is trained and the version does not move
     /// (`stepped = false`). Bad data is never an `Err`: an error means a local fault (or a
     /// bug), and leaves the trainer unchanged.
-    pub fn train_step(&mut self, groups: &[TrajectoryGroup]) -> Result<StepStats> {
+    pub fn train_step(&mut self, groups: &[Verified<TrajectoryGroup>]) -> Result<StepStats> {
         let t0 = Instant::now();
         let mut st = StepStats::default();
         let mut admitted: Vec<&TrajectoryGroup> = Vec::new();
@@ -626,43 +635,6 @@ struct GroupTerms {
     coefficients: Vec<f64>,
     clip_fraction: f64,
     kl: f64,
-}
-
-/// What the model cannot take: the forward would fail (empty sequences, token ids past the
-/// embedding table, sequences past the position limit) or the loss would be meaningless.
-fn malformed(g: &TrajectoryGroup, vocab: usize, context: usize) -> Option<Verdict> {
-    if g.samples.is_empty() {
-        return Some(bad("group without samples"));
-    }
-    if g.prompt_tokens.is_empty() {
-        return Some(bad("empty prompt"));
-    }
-    let in_vocab = |t: &[u32]| t.iter().all(|&t| (t as usize) < vocab);
-    if !in_vocab(&g.prompt_tokens) {
-        return Some(bad(format!("prompt token id ≥ vocabulary size {vocab}")));
-    }
-    for s in &g.samples {
-        let n = s.response_tokens.len();
-        if n == 0 {
-            return Some(bad("empty response"));
-        }
-        if !in_vocab(&s.response_tokens) {
-            return Some(bad(format!("response token id ≥ vocabulary size {vocab}")));
-        }
-        if g.prompt_tokens.len().saturating_add(n) > context {
-            return Some(bad(format!(
-                "{} prompt + response tokens > context {context}",
-                g.prompt_tokens.len() + n
-            )));
-        }
-        if s.sampler_logprobs.len() != n {
-            return Some(bad("sampler log-probs do not match the response length"));
-        }
-        if !s.reward.is_finite() || s.sampler_logprobs.iter().any(|x| !x.is_finite()) {
-            return Some(bad("non-finite reward or log-prob"));
-        }
-    }
-    None
 }
 
 #[cfg(test)]

@@ -1,12 +1,15 @@
-//! Hostile groups reaching the trainer: a step never fails because of data. A group with a
-//! sampler log-prob of −1e4 (the importance ratio overflows), a token id outside the
-//! vocabulary or a sequence beyond the context is quarantined; the step trains on the good
-//! groups; a batch of only bad groups takes no step and reports them.
+//! Hostile groups and the trainer: a token id outside the vocabulary or a sequence beyond the
+//! context never reaches it (the verification pipeline refuses them, and a trainer takes
+//! only `Verified` groups); a group whose numbers overflow the objective (a sampler log-prob
+//! of −1e4 makes the importance ratio overflow; a pipeline whose log-prob floor lets it
+//! through) is quarantined, the step trains on the good groups, and a batch of only such
+//! groups takes no step and reports them.
 
 use candle_core::Device;
-use learner::{AdamWConfig, LossConfig, Objective, Trainer, TrainerConfig};
+use learner::{AdamWConfig, LossConfig, Objective, Pipeline, Trainer, TrainerConfig, Verified};
 use policy::{GenerationPath, ModelConfig, Policy, SamplingParams};
 use rand::SeedableRng;
+use storage::record::GroupLimits;
 use storage::{Sample, TrajectoryGroup};
 
 const T: f32 = 0.9;
@@ -107,7 +110,21 @@ fn weights_finite(t: &Trainer) -> bool {
     })
 }
 
-/// The three kinds of poison, each applied to group `seed`.
+/// A pipeline for `t`'s model whose log-prob floor lets the overflow through to the trainer.
+fn lax_pipeline(t: &Trainer) -> Pipeline {
+    Pipeline::new(GroupLimits {
+        logprob_floor: f32::MIN,
+        ..learner::pipeline::limits_of(t.policy().config(), 4)
+    })
+}
+
+fn verified(t: &Trainer, g: TrajectoryGroup) -> Verified<TrajectoryGroup> {
+    lax_pipeline(t)
+        .verify(&g.producer.clone(), 0, g)
+        .expect("verified")
+}
+
+/// One kind of poison applied to group `seed`.
 fn poisoned(t: &Trainer, kind: &str, seed: u64) -> TrajectoryGroup {
     let mut g = group(t.policy(), seed);
     let s = &mut g.samples[0];
@@ -126,28 +143,43 @@ fn poisoned(t: &Trainer, kind: &str, seed: u64) -> TrajectoryGroup {
 }
 
 #[test]
-fn a_bad_group_is_quarantined_and_the_good_ones_train() {
-    for kind in ["logprob", "vocab", "context"] {
-        let mut t = trainer(Objective::Grpo);
-        let mut batch: Vec<TrajectoryGroup> = (1..=3).map(|s| group(t.policy(), s)).collect();
-        let bad = poisoned(&t, kind, 9);
-        batch.insert(1, bad.clone());
-        let st = t
-            .train_step(&batch)
-            .unwrap_or_else(|e| panic!("{kind}: a bad group failed the step: {e}"));
-        assert!(st.stepped, "{kind}: the good groups train");
-        assert_eq!(st.version, 1);
-        assert_eq!(st.groups_used, 3, "{kind}");
-        assert_eq!(st.quarantined.len(), 1, "{kind}: {:?}", st.quarantined);
-        assert_eq!(st.quarantined[0].group_id, bad.group_id);
-        assert_eq!(st.quarantined[0].producer, "worker-9");
-        assert!(st.loss.is_finite() && weights_finite(&t), "{kind}");
-        assert!(
-            !t.has_consumed(&bad.samples[0].trajectory_id),
-            "{kind}: a quarantined group is not consumed"
-        );
-        assert!(t.has_consumed(&batch[0].samples[0].trajectory_id));
+fn groups_the_model_cannot_take_never_reach_the_trainer() {
+    let t = trainer(Objective::Grpo);
+    let strict = Pipeline::new(learner::pipeline::limits_of(t.policy().config(), 4));
+    for (kind, reason) in [
+        ("vocab", "token_out_of_vocab"),
+        ("context", "too_long"),
+        ("logprob", "logprob_out_of_range"),
+    ] {
+        let g = poisoned(&t, kind, 9);
+        let e = strict.verify("worker-9", 0, g).unwrap_err();
+        assert_eq!(e.reason(), reason, "{kind}");
     }
+}
+
+#[test]
+fn an_overflowing_group_is_quarantined_and_the_good_ones_train() {
+    let mut t = trainer(Objective::Grpo);
+    let mut batch: Vec<_> = (1..=3)
+        .map(|s| verified(&t, group(t.policy(), s)))
+        .collect();
+    let bad = verified(&t, poisoned(&t, "logprob", 9));
+    batch.insert(1, bad.clone());
+    let st = t
+        .train_step(&batch)
+        .unwrap_or_else(|e| panic!("a bad group failed the step: {e}"));
+    assert!(st.stepped, "the good groups train");
+    assert_eq!(st.version, 1);
+    assert_eq!(st.groups_used, 3);
+    assert_eq!(st.quarantined.len(), 1, "{:?}", st.quarantined);
+    assert_eq!(st.quarantined[0].group_id, bad.group_id);
+    assert_eq!(st.quarantined[0].producer, "worker-9");
+    assert!(st.loss.is_finite() && weights_finite(&t));
+    assert!(
+        !t.has_consumed(&bad.samples[0].trajectory_id),
+        "a quarantined group is not consumed"
+    );
+    assert!(t.has_consumed(&batch[0].samples[0].trajectory_id));
 }
 
 #[test]
@@ -159,7 +191,10 @@ fn an_overflowing_ratio_never_reaches_the_weights_under_any_objective() {
         Objective::Gepo,
     ] {
         let mut t = trainer(objective);
-        let batch = vec![group(t.policy(), 1), poisoned(&t, "logprob", 2)];
+        let batch = vec![
+            verified(&t, group(t.policy(), 1)),
+            verified(&t, poisoned(&t, "logprob", 2)),
+        ];
         let st = t
             .train_step(&batch)
             .unwrap_or_else(|e| panic!("{objective:?}: {e}"));
@@ -174,11 +209,9 @@ fn an_overflowing_ratio_never_reaches_the_weights_under_any_objective() {
 #[test]
 fn a_batch_of_only_bad_groups_takes_no_step_and_reports_them() {
     let mut t = trainer(Objective::Grpo);
-    let batch = vec![
-        poisoned(&t, "logprob", 1),
-        poisoned(&t, "vocab", 2),
-        poisoned(&t, "context", 3),
-    ];
+    let batch: Vec<_> = (1..=3)
+        .map(|s| verified(&t, poisoned(&t, "logprob", s)))
+        .collect();
     let st = t.train_step(&batch).expect("no error for bad data");
     assert!(!st.stepped);
     assert_eq!(t.version(), 0);
@@ -189,6 +222,6 @@ fn a_batch_of_only_bad_groups_takes_no_step_and_reports_them() {
     assert_eq!(ids, want);
     assert_eq!(t.consumed_len(), 0);
     // The trainer is still fine: a good batch trains afterwards.
-    let st = t.train_step(&[group(t.policy(), 4)]).unwrap();
+    let st = t.train_step(&[verified(&t, group(t.policy(), 4))]).unwrap();
     assert!(st.stepped && weights_finite(&t));
 }

@@ -13,9 +13,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use echo_node::roles::learner::verify::{PromptLayer, RewardLayer, SignatureLayer, Verifier};
+use echo_node::roles::learner::verify::{PromptLayer, RewardLayer, SignatureLayer};
+use learner::Pipeline;
 use policy::Tokenizer;
-use pull::GroupVerifier;
+use storage::record::GroupLimits;
 use storage::{NodeKey, Sample, TrajectoryGroup};
 
 const SWARM: &str = "bench";
@@ -68,12 +69,13 @@ fn group(key: &NodeKey, producer: &str, seq: u64, n: usize, len: usize) -> Traje
 }
 
 /// Median milliseconds per group of `v` over `groups` (each pass verifies every group once).
-fn ms_per_group(v: &Verifier, peer: &p2p::PeerId, groups: &[TrajectoryGroup]) -> f64 {
+fn ms_per_group(v: &Pipeline, peer: &p2p::PeerId, groups: &[TrajectoryGroup]) -> f64 {
+    let peer = peer.to_base58();
     let mut passes: Vec<f64> = (0..7)
         .map(|_| {
             let t0 = Instant::now();
             for g in groups {
-                v.verify(peer, g).expect("an honest group verifies");
+                v.check(&peer, 0, g).expect("an honest group verifies");
             }
             t0.elapsed().as_secs_f64() * 1e3 / groups.len() as f64
         })
@@ -95,17 +97,19 @@ fn main() {
             .collect();
         // A fresh prompt layer per pass would re-admit; a repeated group is admitted as a
         // repeat (same seq, same group id), which costs the same lookup.
-        let sig = Verifier::default().with_layer(SignatureLayer);
-        let prompt =
-            Verifier::default().with_layer(PromptLayer::new(task.clone(), tok.clone(), seed));
-        let reward = Verifier::default().with_layer(RewardLayer {
+        // Each stage behind the pipeline's own structure stage; `structure_ms` is that alone.
+        let pipe = || Pipeline::new(GroupLimits::PERMISSIVE);
+        let structure = pipe();
+        let sig = pipe().with_stage(SignatureLayer);
+        let prompt = pipe().with_stage(PromptLayer::new(task.clone(), tok.clone(), seed));
+        let reward = pipe().with_stage(RewardLayer {
             task: task.clone(),
             tokenizer: tok.clone(),
         });
-        let all = Verifier::default()
-            .with_layer(SignatureLayer)
-            .with_layer(PromptLayer::new(task.clone(), tok.clone(), seed))
-            .with_layer(RewardLayer {
+        let all = pipe()
+            .with_stage(SignatureLayer)
+            .with_stage(PromptLayer::new(task.clone(), tok.clone(), seed))
+            .with_stage(RewardLayer {
                 task: task.clone(),
                 tokenizer: tok.clone(),
             });
@@ -115,6 +119,7 @@ fn main() {
                 "samples": n,
                 "response_tokens": len,
                 "bytes": groups[0].encode().len(),
+                "structure_ms": ms_per_group(&structure, &peer, &groups),
                 "signature_ms": ms_per_group(&sig, &peer, &groups),
                 "prompt_ms": ms_per_group(&prompt, &peer, &groups),
                 "reward_ms": ms_per_group(&reward, &peer, &groups),
@@ -122,4 +127,20 @@ fn main() {
             })
         );
     }
+    // The admission proof of work: hashes per second on one core, and the expected cost of
+    // one identity (2^bits hashes) at a few difficulties.
+    let n = 1u64 << 20;
+    let t0 = Instant::now();
+    let found = (0..n)
+        .filter(|&k| storage::admission::check_work(SWARM, &producer, k, 16))
+        .count();
+    let rate = n as f64 / t0.elapsed().as_secs_f64();
+    let cost: serde_json::Map<String, serde_json::Value> = [16u32, 20, 24, 28]
+        .iter()
+        .map(|b| (format!("{b}_bits_s"), ((1u64 << b) as f64 / rate).into()))
+        .collect();
+    println!(
+        "{}",
+        serde_json::json!({"pow_hashes_per_s": rate, "pow_found_16_bits": found, "identity_cost": cost})
+    );
 }

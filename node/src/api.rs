@@ -105,7 +105,62 @@ pub struct LearnerStatus {
     pub reward_first: Option<f64>,
     /// Mean reward over the last 20 steps.
     pub reward_recent: Option<f64>,
+    /// Where the rewards of `reward_first` / `reward_recent` come from: `recomputed` (the
+    /// learner recomputed every trained sample's reward from its response,
+    /// `verification.recompute_rewards`) or `reported` (the workers' claims, not verified).
+    pub reward_basis: String,
+    /// Mean reward of the last (at most 64) trained groups that were fully verified: rewards
+    /// recomputed and sampled tokens and log-probs checked under the claimed version — the
+    /// figure no unchecked group can move. `null` before the first.
+    pub reward_recent_checked: Option<f64>,
+    /// How many groups `reward_recent_checked` averages.
+    pub reward_checked_groups: usize,
+    /// Buffered groups of banned workers, dropped untrained (counted as rejected).
+    pub groups_rejected_after_ban: u64,
+    /// Admission, probation and shares (`docs/security.md`, "Probation and admission").
+    pub admission: AdmissionStatus,
     pub last_step: Option<LastStep>,
+}
+
+/// The learner's admission figures.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AdmissionStatus {
+    /// `open`, `allow_list` or `ticket`.
+    pub mode: String,
+    /// Proof of work asked of each peer id (bits; 0 = none).
+    pub pow_bits: u32,
+    /// N: a worker's first N accepted groups are all checked (probation).
+    pub probation_groups: u64,
+    pub max_peer_share: f64,
+    pub probation_share: f64,
+    /// Admitted active workers past probation.
+    pub established_workers: usize,
+    /// Workers not admitted, and why.
+    pub refused: BTreeMap<String, String>,
+    /// Evidence against workers, per peer id (non-zero counters only): `skipped` group
+    /// numbers (withheld groups), `backlog_capped` pulls where a claimed backlog beyond four
+    /// times its buffer share met the share cap.
+    pub evidence: BTreeMap<String, BTreeMap<String, u64>>,
+    /// What the verification pipeline verified of each worker.
+    pub workers: Vec<WorkerStanding>,
+}
+
+/// One worker's verified history.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WorkerStanding {
+    pub peer_id: String,
+    /// Groups that passed every stage.
+    pub accepted: u64,
+    /// Groups refused by a stage.
+    pub rejected: u64,
+    /// Group numbers it skipped for good.
+    pub skipped: u64,
+    /// Still on probation (every group checked, the probation share applies).
+    pub probation: bool,
+    /// Fraction of its next groups that get the full check.
+    pub check_rate: f64,
 }
 
 /// The figures of the learner's most recent step.

@@ -31,6 +31,9 @@ pub enum Command {
     Keygen(KeygenArgs),
     /// Start a node in the role its config names.
     Run(RunArgs),
+    /// Write an admission ticket for PEER_ID, signed with the learner's key: the worker's
+    /// `admission.ticket` in a swarm whose learner runs `admission.mode = "ticket"`.
+    Admit(AdmitArgs),
     /// Show what a node's stores hold (the node must not be running on that data dir).
     Inspect(InspectArgs),
     /// Ask a running node's admin endpoint for its view of the swarm (peers, scores).
@@ -138,6 +141,24 @@ pub struct KeygenArgs {
     #[arg(long)]
     pub out: PathBuf,
     /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct AdmitArgs {
+    /// The worker's peer id (base58, as `echo-node keygen` prints it).
+    pub peer_id: String,
+    /// How long the ticket admits the worker, in hours (1 ..= 8784).
+    #[arg(long)]
+    pub hours: u64,
+    /// The learner's config (its data dir holds the key that signs).
+    #[arg(long, short)]
+    pub config: PathBuf,
+    /// Also write the ticket (hex, one line) to this file.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print one JSON object instead of the bare ticket.
     #[arg(long)]
     pub json: bool,
 }

@@ -7,11 +7,13 @@
 //! - [`roles`]: what a running node does — the learner (training thread, publisher, puller)
 //!   and the rollout worker;
 //! - [`admin`]: the loopback admin endpoint (`/`, `/status`, `/metrics`);
+//! - [`admission`]: admission credentials, the learner's admission gate, persisted bans;
 //! - [`state`]: the resolved config and opened stores a running node shares;
 //! - [`config`], [`api`], [`cli`], [`logging`]: the contracts and plumbing.
 
 pub mod addr_file;
 pub mod admin;
+pub mod admission;
 pub mod api;
 pub mod cli;
 pub mod commands;

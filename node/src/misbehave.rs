@@ -43,6 +43,17 @@ pub enum Attack {
     ReplayAfterRestart,
     /// Sign groups with another key (or not at all).
     BadSignature,
+    /// Forge log-probs from its [`SYBIL_HONEST_GROUPS`]-th group on; once banned, come back
+    /// under a fresh key (wipe key, counter and store, exit [`REKEY_EXIT_CODE`]; the harness
+    /// restarts it).
+    SybilRekey,
+    /// Honest for its first [`LATE_LIAR_HONEST_GROUPS`] groups (past probation), then forge
+    /// log-probs on every group.
+    LateLiar,
+    /// Hoard: keep up to [`BACKLOG_PENDING`] groups instead of `storage.max_pending_groups`,
+    /// and claim [`BACKLOG_CLAIM_FACTOR`]× what it holds in heartbeats (below the claim
+    /// limit, so not malformed).
+    BacklogInflation,
     /// Write the responses it wants (not sampled) and report their true log-probs under the
     /// installed policy: every number is consistent, no token is drawn.
     ForcedTokens,
@@ -53,8 +64,24 @@ pub enum Attack {
     StaleVersion,
 }
 
+/// Honest groups of each `sybil_rekey` identity before it forges.
+pub const SYBIL_HONEST_GROUPS: u64 = 2;
+/// Honest groups of a `late_liar` before it forges: past the default probation (16) by 4, so
+/// its check rate has fallen to 16 / (16 + 4) = 0.8 when it turns (a run of the scenario
+/// pulls a few dozen groups per worker, so it must turn early to be seen turning).
+pub const LATE_LIAR_HONEST_GROUPS: u64 = 20;
+/// Groups a `backlog_inflation` worker keeps pending.
+pub const BACKLOG_PENDING: u64 = 1024;
+/// How much more than it holds a `backlog_inflation` worker claims.
+pub const BACKLOG_CLAIM_FACTOR: u64 = 64;
+/// Exit status of a `sybil_rekey` worker that noticed its ban and wiped its identity.
+pub const REKEY_EXIT_CODE: i32 = 75;
+/// File (in the data dir) where a misbehaving worker lists the ids (hex) of the groups it
+/// forged, one per line, so the scenario can count how many were trained.
+pub const FORGED_FILE: &str = "misbehave.forged";
+
 impl Attack {
-    pub const ALL: [Attack; 14] = [
+    pub const ALL: [Attack; 17] = [
         Attack::InflatedReward,
         Attack::ForgedLogprobs,
         Attack::InvalidLogprob,
@@ -66,6 +93,9 @@ impl Attack {
         Attack::CorruptChunks,
         Attack::ReplayAfterRestart,
         Attack::BadSignature,
+        Attack::SybilRekey,
+        Attack::LateLiar,
+        Attack::BacklogInflation,
         Attack::ForcedTokens,
         Attack::MaskPoisoning,
         Attack::StaleVersion,
@@ -84,6 +114,9 @@ impl Attack {
             Attack::CorruptChunks => "corrupt_chunks",
             Attack::ReplayAfterRestart => "replay_after_restart",
             Attack::BadSignature => "bad_signature",
+            Attack::SybilRekey => "sybil_rekey",
+            Attack::LateLiar => "late_liar",
+            Attack::BacklogInflation => "backlog_inflation",
             Attack::ForcedTokens => "forced_tokens",
             Attack::MaskPoisoning => "mask_poisoning",
             Attack::StaleVersion => "stale_version",

@@ -116,27 +116,24 @@ mod tests {
     #[test]
     fn only_proof_of_misbehaviour_bans_at_once() {
         use StrikeReason::*;
-        let all = [
-            InvalidGroup,
-            RewardMismatch,
-            LogprobMismatch,
-            BadSignature,
-            WrongPrompt,
-            OversizedAnswer,
-            CorruptChunk,
-            StreamViolation,
-            Untrainable,
-            HeartbeatFlood,
-            Replay,
-            BadMessage,
-            MaskMismatch,
-            TokenNotDrawn,
-        ];
-        let at_once: Vec<_> = all.into_iter().filter(|r| r.bans_at_once()).collect();
+        let at_once: Vec<_> = StrikeReason::ALL
+            .into_iter()
+            .filter(|r| r.bans_at_once())
+            .collect();
         assert_eq!(
             at_once,
-            [OversizedAnswer, CorruptChunk, Replay, TokenNotDrawn]
+            [
+                OversizedAnswer,
+                CorruptChunk,
+                Replay,
+                ForgedMessage,
+                TokenNotDrawn
+            ]
         );
+        for r in StrikeReason::ALL {
+            assert_eq!(StrikeReason::from_name(r.as_str()), Some(r));
+        }
+        assert_eq!(StrikeReason::from_name("nonsense"), None);
     }
 
     #[test]

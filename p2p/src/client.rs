@@ -167,6 +167,10 @@ pub struct PeerStatus {
     /// How this node is connected to it now (`direct`, `holepunched`, `relayed`).
     #[serde(default)]
     pub connection: Option<crate::reachability::ConnectionKind>,
+    /// The admission credential of its last heartbeat ([`crate::Heartbeat::admission`]),
+    /// for the learner's admission check; not shown in status.
+    #[serde(default, skip_serializing)]
+    pub admission: Option<String>,
 }
 
 /// Counters of the network service since start.
@@ -239,8 +243,12 @@ pub enum StrikeReason {
     /// Heartbeats faster than the rate limit allows.
     HeartbeatFlood,
     /// A manifest, plan or order (messages only the learner authors) published by another
-    /// peer: a replay or a forgery. No honest node does this, so it bans at once.
+    /// peer, byte for byte one the learner published: a replay. No honest node does this,
+    /// so it bans at once.
     Replay,
+    /// A message only the learner may author, published by another peer, that is not one the
+    /// learner published (a forgery, or garbage on the learner's topics). Bans at once.
+    ForgedMessage,
     /// A gossip message that failed validation (by the service or by the role's `Reject`).
     BadMessage,
     /// A group whose loss mask is not the one the learner derives from its tokens.
@@ -267,10 +275,35 @@ impl StrikeReason {
         matches!(
             self,
             StrikeReason::Replay
+                | StrikeReason::ForgedMessage
                 | StrikeReason::OversizedAnswer
                 | StrikeReason::CorruptChunk
                 | StrikeReason::TokenNotDrawn
         )
+    }
+
+    /// Every reason, in declaration order.
+    pub const ALL: [StrikeReason; 15] = [
+        StrikeReason::InvalidGroup,
+        StrikeReason::RewardMismatch,
+        StrikeReason::LogprobMismatch,
+        StrikeReason::BadSignature,
+        StrikeReason::WrongPrompt,
+        StrikeReason::OversizedAnswer,
+        StrikeReason::CorruptChunk,
+        StrikeReason::StreamViolation,
+        StrikeReason::Untrainable,
+        StrikeReason::HeartbeatFlood,
+        StrikeReason::Replay,
+        StrikeReason::ForgedMessage,
+        StrikeReason::BadMessage,
+        StrikeReason::MaskMismatch,
+        StrikeReason::TokenNotDrawn,
+    ];
+
+    /// The reason named `name` ([`StrikeReason::as_str`]), e.g. from a persisted ban list.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.as_str() == name)
     }
 
     pub fn as_str(self) -> &'static str {
@@ -286,6 +319,7 @@ impl StrikeReason {
             StrikeReason::Untrainable => "untrainable",
             StrikeReason::HeartbeatFlood => "heartbeat_flood",
             StrikeReason::Replay => "replay",
+            StrikeReason::ForgedMessage => "forged_message",
             StrikeReason::BadMessage => "bad_message",
             StrikeReason::MaskMismatch => "mask_mismatch",
             StrikeReason::TokenNotDrawn => "token_not_drawn",
@@ -327,6 +361,11 @@ pub(crate) enum Command {
     },
     /// Evidence of misbehaviour by `peer` (see [`StrikeReason`]).
     Strike {
+        peer: PeerId,
+        reason: StrikeReason,
+    },
+    /// A strike that bans at once ([`Client::ban`]).
+    Ban {
         peer: PeerId,
         reason: StrikeReason,
     },
@@ -538,6 +577,13 @@ impl Client {
     /// the command channel is bounded like every other command.
     pub async fn strike(&self, peer: PeerId, reason: StrikeReason) -> Result<(), P2pError> {
         self.send(Command::Strike { peer, reason }).await
+    }
+
+    /// Counts one strike for `reason` and bans `peer` at once, whatever its count: for
+    /// evidence the caller knows no honest node produces (a proof-level verification
+    /// failure), and to restore the bans of a previous run. Never this node or the learner.
+    pub async fn ban(&self, peer: PeerId, reason: StrikeReason) -> Result<(), P2pError> {
+        self.send(Command::Ban { peer, reason }).await
     }
 
     /// Whether `peer` is banned for the run. Cheap (a shared set behind a read lock, no

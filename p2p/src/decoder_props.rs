@@ -93,6 +93,7 @@ fn heartbeat() -> impl Strategy<Value = Heartbeat> {
                 device,
                 reachability: None,
                 addrs: Vec::new(),
+                admission: None,
             },
         )
 }
@@ -375,6 +376,7 @@ fn floats_survive_json_exactly() {
         device: None,
         reachability: None,
         addrs: Vec::new(),
+        admission: None,
     };
     assert_eq!(
         Heartbeat::decode(&h.encode(), SWARM)

@@ -21,6 +21,7 @@
 //!
 //! Wire formats, topics, limits and protocol names: `docs/protocol.md`.
 
+mod authored;
 mod backoff;
 mod bans;
 mod behaviour;

@@ -45,6 +45,7 @@ fn heartbeat(seq: u64) -> Heartbeat {
         device: None,
         reachability: None,
         addrs: Vec::new(),
+        admission: None,
     }
 }
 

@@ -75,7 +75,17 @@ pub struct Heartbeat {
     /// peer id, so a wrong hint costs one failed dial.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub addrs: Vec<String>,
+    /// The sender's admission credential (hex, at most [`MAX_HEARTBEAT_ADMISSION_BYTES`]):
+    /// an expiring learner-signed ticket for its peer id and/or a proof of work on it, which
+    /// a learner admitting only such workers checks before it pulls from the sender
+    /// (`docs/protocol.md`, "Admission"). Opaque to this crate; absent when the node has none
+    /// (and in heartbeats of older nodes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<String>,
 }
+
+/// Longest `admission` field of a heartbeat.
+pub const MAX_HEARTBEAT_ADMISSION_BYTES: usize = 1024;
 
 /// The compute device a node runs its model on, as its heartbeats report it. Self-reported:
 /// shown in `status` and usable as a scheduling filter, never trusted for correctness.
@@ -142,6 +152,9 @@ pub struct LocalStatus {
     pub receive_rate_bps: f64,
     #[serde(default)]
     pub device: Option<DeviceReport>,
+    /// The admission credential gossiped in heartbeats ([`Heartbeat::admission`]).
+    #[serde(default)]
+    pub admission: Option<String>,
 }
 
 fn check_num(field: &'static str, x: f64, max: f64) -> Result<(), MessageError> {
@@ -211,6 +224,14 @@ impl Heartbeat {
         check_num("receive_rate_bps", hb.receive_rate_bps, 1e15)?;
         if let Some(d) = &hb.device {
             d.check()?;
+        }
+        if let Some(a) = &hb.admission {
+            if a.len() > MAX_HEARTBEAT_ADMISSION_BYTES || !a.bytes().all(|b| b.is_ascii_hexdigit())
+            {
+                return Err(MessageError::Invalid(format!(
+                    "admission: not hex of at most {MAX_HEARTBEAT_ADMISSION_BYTES} characters"
+                )));
+            }
         }
         if hb.addrs.len() > MAX_HEARTBEAT_ADDRS {
             return Err(MessageError::Invalid(format!(
@@ -416,6 +437,33 @@ mod tests {
             device: None,
             reachability: None,
             addrs: Vec::new(),
+            admission: None,
+        }
+    }
+
+    #[test]
+    fn admission_credentials_travel_as_bounded_hex() {
+        let ok = Heartbeat {
+            admission: Some("45ac".repeat(100)),
+            ..hb()
+        };
+        let back = Heartbeat::decode(&ok.encode(), "s").unwrap();
+        assert_eq!(back.admission, ok.admission);
+        assert!(!String::from_utf8(hb().encode())
+            .unwrap()
+            .contains("admission"));
+        for bad in [
+            "zz".to_string(),
+            "a".repeat(MAX_HEARTBEAT_ADMISSION_BYTES + 1),
+        ] {
+            let h = Heartbeat {
+                admission: Some(bad),
+                ..hb()
+            };
+            assert!(matches!(
+                Heartbeat::decode(&h.encode(), "s"),
+                Err(MessageError::Invalid(_))
+            ));
         }
     }
 

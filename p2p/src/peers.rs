@@ -170,6 +170,7 @@ impl PeerEntry {
             score: self.stats.components(now).score,
             reachability: hb.and_then(|h| h.reachability),
             device: hb.and_then(|h| h.device.clone()),
+            admission: hb.and_then(|h| h.admission.clone()),
         }
     }
 
@@ -214,6 +215,7 @@ impl PeerEntry {
             strikes_by_reason: self.strikes.by_reason(),
             reachability: hb.and_then(|h| h.reachability),
             connection: None,
+            admission: hb.and_then(|h| h.admission.clone()),
         }
     }
 }
@@ -252,6 +254,7 @@ mod tests {
             device: None,
             reachability: None,
             addrs: Vec::new(),
+            admission: None,
         }
     }
 

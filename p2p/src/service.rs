@@ -38,7 +38,7 @@ use crate::membership::{self, Intervals};
 use crate::messages::{LocalStatus, ScoreTable};
 use crate::peers::{self, PeerEntry};
 use crate::role::Role;
-use crate::topics::TopicKind;
+use crate::topics::{parse_topic, TopicKind};
 use storage::unix_ms;
 
 mod bans;
@@ -131,6 +131,7 @@ pub fn start(
         kad_protocol,
         bans: BanList::new(MAX_BANS),
         ban_view,
+        authored: Default::default(),
     };
     service.dial_bootstrap();
     metrics::gauge!("p2p_banned_peers").set(0.0);
@@ -293,6 +294,8 @@ struct Service {
     /// Peers banned for the run (bounded); mirrored in `ban_view` for the clients.
     bans: BanList,
     ban_view: BanView,
+    /// Digests of what the learner published on its own topics (replay or forgery).
+    authored: crate::authored::Authored,
     /// Reachability and connection kinds (`reachability`), fed every swarm event.
     nat: crate::reachability::NatTracker,
     /// Listeners through relays (`circuit`).
@@ -525,6 +528,13 @@ impl Service {
                 }
             }
             Command::Publish { topic, data, reply } => {
+                let learner_only = matches!(
+                    parse_topic(&topic),
+                    Ok((_, TopicKind::Snapshots | TopicKind::Plans))
+                );
+                if learner_only && self.cfg.learner == Some(*self.swarm.local_peer_id()) {
+                    self.authored.record(&data);
+                }
                 let r = self
                     .swarm
                     .behaviour_mut()
@@ -549,6 +559,7 @@ impl Service {
                     .record_transfer(&event, Instant::now());
             }
             Command::Strike { peer, reason } => self.strike(peer, reason),
+            Command::Ban { peer, reason } => self.strike_and_ban(peer, reason),
             Command::Peers(reply) => {
                 let now = Instant::now();
                 let iv = self.intervals.alive;

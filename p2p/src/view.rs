@@ -40,6 +40,9 @@ pub struct PeerView {
     /// The device and sampling dtype its heartbeats report (self-reported: the learner picks
     /// the spot-check tolerance of that dtype by it).
     pub device: Option<DeviceReport>,
+    /// The admission credential its heartbeats carry (hex; unchecked: the learner's gate
+    /// decides on it).
+    pub admission: Option<String>,
 }
 
 impl PeerView {
@@ -86,6 +89,7 @@ mod tests {
             score: 0.0,
             reachability: None,
             device: None,
+            admission: None,
         }
     }
 

@@ -410,13 +410,14 @@ async fn invalid_gossip_messages_are_strikes_that_ban_their_author() {
     .expect("test timed out");
 }
 
-/// Manifests, plans and orders are authored by the learner only: the same bytes re-published
-/// by another peer (a replay of old learner-signed messages) are rejected before any role sees
-/// them, and their author is struck and banned.
+/// Manifests, plans and orders are authored by the learner only: a message on those topics
+/// authored by another peer is rejected before any role sees it, and its author is struck and
+/// banned at once — for `replay` when the bytes are a message the learner published, for
+/// `forged_message` otherwise (garbage, a forgery).
 #[tokio::test]
 async fn snapshot_and_plan_messages_not_authored_by_the_learner_ban_their_author() {
     tokio::time::timeout(Duration::from_secs(120), async {
-        let learner = PeerId::random();
+        let learner = p2p::peer_id_from_seed([43; 32]);
         let with_learner = |bootstrap| {
             let mut c = config(bootstrap);
             c.learner = Some(learner);
@@ -424,28 +425,54 @@ async fn snapshot_and_plan_messages_not_authored_by_the_learner_ban_their_author
         };
         let a = Node::start(43, with_learner(vec![]));
         let boot = a.bootstrap_addr().await;
-        let b = Node::start(44, with_learner(vec![boot]));
-        let pb = b.client.local_peer_id();
-        wait_for("a to hear b", || sees(&a.client, pb)).await;
-        // Until a's subscription has reached b, b has nobody to send it to. One message is
-        // enough: a bans b at the first (and then b has nobody left to publish to).
-        wait_for("b to publish on a learner-only topic", || async {
-            b.client
-                .publish_raw(TopicKind::Snapshots.topic_name("p2p-test"), vec![7; 8])
+        let b = Node::start(44, with_learner(vec![boot.clone()]));
+        let c = Node::start(45, with_learner(vec![boot]));
+        let (pb, pc) = (b.client.local_peer_id(), c.client.local_peer_id());
+        wait_for("a to hear b and c", || async {
+            (sees(&a.client, pb).await.is_some() && sees(&a.client, pc).await.is_some())
+                .then_some(())
+        })
+        .await;
+        let topic = TopicKind::Snapshots.topic_name("p2p-test");
+        let manifest = b"a learner-signed manifest".to_vec();
+        // The learner publishes; its subscribers must be known to it first.
+        wait_for("the learner to publish", || async {
+            a.client
+                .publish_raw(topic.clone(), manifest.clone())
                 .await
                 .ok()
         })
         .await;
-        let r = wait_for("a to ban b for messages it may not author", || async {
+        // b re-publishes the learner's bytes: a replay.
+        wait_for("b to replay", || async {
+            b.client
+                .publish_raw(topic.clone(), manifest.clone())
+                .await
+                .ok()
+        })
+        .await;
+        let r = wait_for("a to ban b", || async {
             row(&a.client, pb).await.filter(|r| r.banned)
         })
         .await;
         // Unambiguous evidence: banned at the first such message, not the third.
         assert_eq!(r.ban_reason.as_deref(), Some("replay"));
         assert_eq!(r.strikes_by_reason["replay"], 1, "{r:?}");
-        assert!(a.client.is_banned(&pb));
+        // c publishes bytes the learner never did: a forgery, named as such.
+        wait_for("c to publish garbage", || async {
+            c.client.publish_raw(topic.clone(), vec![7; 8]).await.ok()
+        })
+        .await;
+        let r = wait_for("a to ban c", || async {
+            row(&a.client, pc).await.filter(|r| r.banned)
+        })
+        .await;
+        assert_eq!(r.ban_reason.as_deref(), Some("forged_message"));
+        assert_eq!(r.strikes_by_reason["forged_message"], 1, "{r:?}");
+        assert!(a.client.is_banned(&pb) && a.client.is_banned(&pc));
         a.stop().await;
         b.stop().await;
+        c.stop().await;
     })
     .await
     .expect("test timed out");

@@ -4,12 +4,13 @@
 //! 1. `Pull{v_min, max, ttl}` → the worker prunes what fell below `v_min` (the learner's
 //!    window; counted as discarded-stale), *leases* up to `max` groups with `v ≥ v_min`
 //!    (`TrajectoryStore::lease`) and streams them.
-//! 2. The learner decodes and checks every group completely ([`storage::record::check_group`]
-//!    against the [`GroupLimits`] of its request: schema, vocabulary, context, log-prob floor,
-//!    group size, and that the producer is the peer pulled from), writes the valid ones to its
-//!    own sled buffer with `put_groups_dedup` (durable, deduplicated by trajectory id), and
-//!    only then sends `Ack{lease}`; the worker deletes the leased groups
-//!    (`TrajectoryStore::ack`).
+//! 2. The learner decodes every group and hands it to its [`GroupVerifier`] — the learner's
+//!    one verification pipeline, or [`NoVerification`]: this crate's own admission
+//!    ([`admit`]: admissible version, then [`storage::record::check_group`] against the
+//!    [`GroupLimits`] of the request: schema, vocabulary, context, log-prob floor, group size,
+//!    and that the producer is the peer pulled from) —, writes the accepted ones to its own
+//!    sled buffer with `put_groups_dedup` (durable, deduplicated by trajectory id), and only
+//!    then sends `Ack{lease}`; the worker deletes the leased groups (`TrajectoryStore::ack`).
 //!
 //! If the learner dies before acking, the lease expires and the groups are pulled again; the
 //! learner's dedup keeps them from entering its buffer twice. If the worker dies, its groups
@@ -158,21 +159,33 @@ async fn blocking<T: Send + 'static>(
         .map_err(PullError::from)
 }
 
-/// The learner's verification of a group that passed [`check_group`], run on a blocking
-/// thread before the group is stored (it may recompute rewards or log-probs). A rejection is
-/// reported per reason in [`PullOutcome::rejected`]; the group is neither stored nor trained,
-/// but it is acked like an invalid one (the worker must not offer it again).
+/// The learner's verification of every decoded group, run on a blocking thread before the
+/// group is stored (it may recompute rewards or log-probs): the whole chain, admission by the
+/// request's `v_min` and limits included. A rejection is reported per reason in
+/// [`PullOutcome::rejected`]; the group is neither stored nor trained, but it is acked like
+/// every other (the worker must not offer it again).
 pub trait GroupVerifier: Send + Sync {
-    fn verify(&self, worker: &PeerId, group: &TrajectoryGroup) -> Result<(), GroupRejection>;
+    fn verify(
+        &self,
+        worker: &PeerId,
+        req: &PullRequest,
+        group: &TrajectoryGroup,
+    ) -> Result<(), GroupRejection>;
 }
 
-/// Accepts every group that passed [`check_group`] (what [`pull`] uses).
+/// This crate's own admission only ([`admit`]; what [`pull`] uses): a caller without a
+/// verification pipeline of its own.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct NoVerification;
 
 impl GroupVerifier for NoVerification {
-    fn verify(&self, _: &PeerId, _: &TrajectoryGroup) -> Result<(), GroupRejection> {
-        Ok(())
+    fn verify(
+        &self,
+        worker: &PeerId,
+        req: &PullRequest,
+        group: &TrajectoryGroup,
+    ) -> Result<(), GroupRejection> {
+        admit(group, &worker.to_base58(), req)
     }
 }
 
@@ -226,8 +239,8 @@ pub async fn pull(
     pull_verified(client, worker, buffer, req, Arc::new(NoVerification)).await
 }
 
-/// [`pull`] with the learner's [`GroupVerifier`] run over the groups that pass
-/// [`check_group`], before they are stored.
+/// [`pull`] with the learner's [`GroupVerifier`] run over every decoded group before it is
+/// stored.
 pub async fn pull_verified(
     client: &p2p::Client,
     worker: PeerId,
@@ -369,10 +382,8 @@ pub async fn pull_on<S: AsyncRead + AsyncWrite + Unpin>(
         budget = budget.saturating_sub(bytes.len() as u64);
         out.received += 1;
         out.bytes += bytes.len() as u64;
-        let checked = TrajectoryGroup::decode(&bytes)
-            .map_err(|e| GroupRejection::Malformed(e.to_string()))
-            .and_then(|g| admit(g, worker, &req));
-        match checked {
+        match TrajectoryGroup::decode(&bytes).map_err(|e| GroupRejection::Malformed(e.to_string()))
+        {
             Ok(g) => valid.push(g),
             Err(why) => {
                 tracing::warn!(%worker, reason = why.reason(), detail = %why, "worker sent a group the learner refuses");
@@ -388,7 +399,7 @@ pub async fn pull_on<S: AsyncRead + AsyncWrite + Unpin>(
     let checked = out.invalid as u64;
     let (keys, unverified) = blocking(move || {
         let mut unverified = Vec::new();
-        valid.retain(|g| match verifier.verify(&peer, g) {
+        valid.retain(|g| match verifier.verify(&peer, &req, g) {
             Ok(()) => true,
             Err(why) => {
                 unverified.push(why);
@@ -441,18 +452,15 @@ pub async fn pull_on<S: AsyncRead + AsyncWrite + Unpin>(
     Ok(out)
 }
 
-/// Admission of one decoded group from `worker`: admissible version, then [`check_group`].
-fn admit(
-    g: TrajectoryGroup,
-    worker: &str,
-    req: &PullRequest,
-) -> Result<TrajectoryGroup, GroupRejection> {
+/// This crate's admission of one decoded group from `worker` (base58): admissible version,
+/// then [`check_group`] against the request's limits. A learner with a verification pipeline
+/// runs the same two checks as its pipeline's first stage instead.
+pub fn admit(g: &TrajectoryGroup, worker: &str, req: &PullRequest) -> Result<(), GroupRejection> {
     if g.version < req.v_min {
         return Err(GroupRejection::Inadmissible {
             version: g.version,
             v_min: req.v_min,
         });
     }
-    check_group(&g, &req.limits, worker)?;
-    Ok(g)
+    check_group(g, &req.limits, worker)
 }

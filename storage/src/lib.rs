@@ -2,12 +2,15 @@
 //!
 //! Owns every on-disk format of a node's data directory: the trajectory store (groups of
 //! rollouts with lease/ack pulls and staleness pruning), the content-addressed chunk store
-//! with snapshot manifests, the signed-manifest format, and the node key file. Formats are
+//! with snapshot manifests, the signed-manifest format, the node key file, admission tickets
+//! and credentials, and the persisted ban list. Formats are
 //! versioned and specified in `docs/storage.md`.
 //!
 //! Must not touch: the network, the model, or policy decisions (which version is admissible,
 //! whom to pull from). Callers pass those in (`v_min`, `ttl`, `keep`).
 
+pub mod admission;
+pub mod bans;
 pub mod chunks;
 pub mod codec;
 #[cfg(test)]

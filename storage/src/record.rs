@@ -398,7 +398,8 @@ impl GroupRejection {
 }
 
 /// The learner's full check of a group received from `peer` (its base58 id): the schema,
-/// then every limit of `limits`, then that the group names `peer` as its producer (a worker
+/// non-empty prompt and responses (what the training forward needs), then every limit of
+/// `limits`, then that the group names `peer` as its producer (a worker
 /// must not be able to pass its groups off as another's, or the penalty for bad data lands
 /// on the wrong peer). Pure; cost linear in the group's tokens, no allocation on success.
 pub fn check_group(
@@ -408,6 +409,16 @@ pub fn check_group(
 ) -> std::result::Result<(), GroupRejection> {
     g.validate()
         .map_err(|e| GroupRejection::Malformed(e.to_string()))?;
+    // A model cannot take an empty sequence; an honest worker's response holds at least its
+    // stop token.
+    if g.prompt_tokens.is_empty() {
+        return Err(GroupRejection::Malformed("empty prompt".into()));
+    }
+    if let Some(i) = g.samples.iter().position(|s| s.response_tokens.is_empty()) {
+        return Err(GroupRejection::Malformed(format!(
+            "sample {i}: empty response"
+        )));
+    }
     if limits.group_size != 0 && g.samples.len() != limits.group_size {
         return Err(GroupRejection::GroupSize {
             got: g.samples.len(),

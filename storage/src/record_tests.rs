@@ -169,6 +169,14 @@ fn each_limit_has_its_own_rejection() {
     let mut g = base();
     g.samples[0].reward = f32::INFINITY;
     assert_eq!(reason(&g), Some("malformed"));
+    let mut g = base();
+    g.prompt_tokens.clear();
+    assert_eq!(reason(&g), Some("malformed"), "empty prompt");
+    let mut g = base();
+    g.samples[3].response_tokens.clear();
+    g.samples[3].sampler_logprobs.clear();
+    g.samples[3].loss_mask.clear();
+    assert_eq!(reason(&g), Some("malformed"), "empty response");
     let g = base();
     let e = check_group(&g, &limits(), "12D3KooWother").unwrap_err();
     assert_eq!(e.reason(), "forged_producer");

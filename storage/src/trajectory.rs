@@ -13,7 +13,9 @@
 //! Every mutation is one sled transaction over the trees it touches, so counters and records
 //! never disagree, and mutating calls return only after `flush` — a record whose `put_group`
 //! returned `Ok` survives a `kill -9`. The accounting invariant
-//! `produced = consumed + discarded_stale + pending` therefore holds across any crash.
+//! `produced = consumed + discarded_stale + rejected_stored + pending` therefore holds across
+//! any crash (`rejected_stored`: groups removed after they were stored because their producer
+//! was caught, [`TrajectoryStore::reject_producer`]; 0 on a worker).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -38,6 +40,7 @@ const K_REJECTED: &[u8] = b"rejected_invalid";
 const K_NEXT_SEQ: &[u8] = b"next_seq";
 const K_NEXT_LEASE: &[u8] = b"next_lease";
 const K_DUPLICATES: &[u8] = b"duplicates";
+const K_REJECTED_STORED: &[u8] = b"rejected_stored";
 
 /// Key of a stored group: where it sits in the version-ordered scan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -83,6 +86,9 @@ pub struct Counters {
     pub rejected_invalid: u64,
     /// Groups refused by [`TrajectoryStore::put_groups_dedup`] as already seen (never stored).
     pub duplicates: u64,
+    /// Groups deleted after they were stored, untrained, because their producer was caught
+    /// ([`TrajectoryStore::reject_producer`]).
+    pub rejected_stored: u64,
 }
 
 impl Counters {
@@ -90,6 +96,7 @@ impl Counters {
         self.produced
             .saturating_sub(self.consumed)
             .saturating_sub(self.discarded_stale)
+            .saturating_sub(self.rejected_stored)
     }
 }
 
@@ -113,7 +120,10 @@ pub struct InvariantReport {
 impl InvariantReport {
     pub fn holds(&self) -> bool {
         self.counters.produced
-            == self.counters.consumed + self.counters.discarded_stale + self.stored
+            == self.counters.consumed
+                + self.counters.discarded_stale
+                + self.counters.rejected_stored
+                + self.stored
     }
 }
 
@@ -349,6 +359,16 @@ impl TrajectoryStore {
         if picked.is_empty() {
             return Ok(None);
         }
+        self.lease_locked(picked, ttl, now_ms).map(Some)
+    }
+
+    /// Records a lease of `picked` (unleased groups; the caller holds the write lock).
+    fn lease_locked(
+        &self,
+        picked: Vec<(GroupKey, TrajectoryGroup)>,
+        ttl: Duration,
+        now_ms: u64,
+    ) -> Result<Lease> {
         let expires = now_ms.saturating_add(ttl.as_millis() as u64);
         let mut record = Vec::with_capacity(8 + 16 * picked.len());
         record.extend_from_slice(&expires.to_be_bytes());
@@ -371,11 +391,85 @@ impl TrajectoryStore {
             })
             .map_err(tx_err)?;
         self.db.flush()?;
-        Ok(Some(Lease {
+        Ok(Lease {
             id,
             expires_unix_ms: expires,
             groups: picked,
-        }))
+        })
+    }
+
+    /// Leases the unleased groups with `version ≥ v_min` that `select` picks, for `ttl`:
+    /// `select` sees them newest first (at most `limit`) and returns the indices it wants, in
+    /// any order. Candidates and lease are taken under one lock, so nothing changes in
+    /// between. Returns `None` when nothing is picked. What a consumer uses that composes its
+    /// batch by a rule over the groups' contents (the learner's shares per producer).
+    pub fn lease_selected(
+        &self,
+        v_min: u64,
+        limit: usize,
+        ttl: Duration,
+        select: impl FnOnce(&[(GroupKey, TrajectoryGroup)]) -> Vec<usize>,
+    ) -> Result<Option<Lease>> {
+        let _g = self.lock();
+        let now_ms = crate::unix_ms();
+        self.reclaim_expired(now_ms)?;
+        let start = GroupKey {
+            version: v_min,
+            seq: 0,
+        }
+        .to_bytes();
+        let mut candidates = Vec::new();
+        for kv in self.groups.range(start..).rev() {
+            if candidates.len() >= limit {
+                break;
+            }
+            let (k, v) = kv?;
+            if !self.leased.contains_key(&k)? {
+                candidates.push((GroupKey::from_slice(&k)?, decode_stored(&v)?));
+            }
+        }
+        let mut picked: Vec<usize> = select(&candidates);
+        picked.sort_unstable();
+        picked.dedup();
+        picked.retain(|&i| i < candidates.len());
+        if picked.is_empty() {
+            return Ok(None);
+        }
+        let mut taken: Vec<Option<(GroupKey, TrajectoryGroup)>> =
+            candidates.into_iter().map(Some).collect();
+        let picked: Vec<(GroupKey, TrajectoryGroup)> =
+            picked.iter().filter_map(|&i| taken[i].take()).collect();
+        self.lease_locked(picked, ttl, now_ms).map(Some)
+    }
+
+    /// Deletes every stored group `producer` made (leased or not), untrained, and counts them
+    /// in `rejected_stored`: the learner's answer to a producer caught forging (its groups
+    /// not yet trained are not trusted any more). Returns how many. Decodes every stored
+    /// group: meant for a learner's buffer (a few batches), not a worker's backlog.
+    pub fn reject_producer(&self, producer: &str) -> Result<u64> {
+        let _g = self.lock();
+        let mut keys = Vec::new();
+        for kv in self.groups.iter() {
+            let (k, v) = kv?;
+            if decode_stored(&v)?.producer == producer {
+                keys.push(k);
+            }
+        }
+        let n = (&self.groups, &self.leased, &self.meta)
+            .transaction(|(gt, lt, mt)| {
+                let mut n = 0;
+                for k in &keys {
+                    if gt.remove(k)?.is_some() {
+                        n += 1;
+                    }
+                    lt.remove(k)?;
+                }
+                tx_add(mt, K_REJECTED_STORED, n)?;
+                Ok(n)
+            })
+            .map_err(tx_err)?;
+        self.db.flush()?;
+        Ok(n)
     }
 
     /// Deletes the groups of a lease (they reached the learner). Returns how many were deleted;
@@ -515,6 +609,7 @@ impl TrajectoryStore {
             discarded_stale: get(K_DISCARDED)?,
             rejected_invalid: get(K_REJECTED)?,
             duplicates: get(K_DUPLICATES)?,
+            rejected_stored: get(K_REJECTED_STORED)?,
         })
     }
 

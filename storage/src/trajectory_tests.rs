@@ -70,6 +70,62 @@ fn newest_first_leases_take_the_freshest_admissible_groups() {
 }
 
 #[test]
+fn selected_leases_take_exactly_the_groups_picked_newest_first() {
+    let (_d, s) = open();
+    for (v, seed) in [(1, 1), (2, 2), (3, 3), (4, 4)] {
+        s.put_group(&group(v, seed, 2, 3)).unwrap();
+    }
+    let mut seen = Vec::new();
+    let l = s
+        .lease_selected(2, 10, TTL, |c| {
+            seen = c.iter().map(|(k, _)| k.version).collect();
+            vec![2, 0, 0, 99]
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen, [4, 3, 2], "newest first, from v_min");
+    let mut got: Vec<u64> = l.groups.iter().map(|(k, _)| k.version).collect();
+    got.sort_unstable();
+    assert_eq!(got, [2, 4], "duplicates and out-of-range indices ignored");
+    // Leased groups are not offered again; nothing picked is no lease.
+    let again = s.lease_selected(0, 10, TTL, |c| {
+        assert_eq!(c.len(), 2);
+        vec![]
+    });
+    assert!(again.unwrap().is_none());
+    assert_eq!(s.ack(l.id).unwrap(), 2);
+    assert!(s.check_invariant().unwrap().holds());
+}
+
+#[test]
+fn a_caught_producers_groups_are_removed_and_counted_as_rejected() {
+    let (_d, s) = open();
+    let by = |seed, producer: &str| TrajectoryGroup {
+        producer: producer.into(),
+        ..group(3, seed, 2, 3)
+    };
+    s.put_groups(&[by(1, "bad"), by(2, "good"), by(3, "bad"), by(4, "bad")])
+        .unwrap();
+    // One of its groups is out on a lease (a batch being gathered): removed too, and the
+    // ack later counts only what is left.
+    let l = s.lease(0, 1, TTL).unwrap().unwrap();
+    assert_eq!(s.reject_producer("bad").unwrap(), 3);
+    assert_eq!(s.reject_producer("bad").unwrap(), 0);
+    let c = s.counters().unwrap();
+    assert_eq!((c.rejected_stored, c.pending()), (3, 1));
+    assert!(s.check_invariant().unwrap().holds());
+    assert_eq!(s.ack(l.id).unwrap(), 0);
+    let left: Vec<String> = s
+        .scan(0, 10)
+        .unwrap()
+        .into_iter()
+        .map(|(_, g)| g.producer)
+        .collect();
+    assert_eq!(left, ["good"]);
+    assert!(s.check_invariant().unwrap().holds());
+}
+
+#[test]
 fn lease_ack_deletes_and_counts() {
     let (_d, s) = open();
     let batch: Vec<_> = (0..5).map(|i| group(1 + i / 3, i, 2, 3)).collect();

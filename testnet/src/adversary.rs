@@ -22,12 +22,15 @@
 //!   `/metrics`) at the end less its value when the *learner's* ban was first seen (null when
 //!   only workers banned the peer: training is the learner's, and a forwarder caught
 //!   corrupting chunks by its children still has its verified groups trained);
-//! - `groups_trained` / `share_of_trained`: the malicious worker's
-//!   `learner_groups_trained_total{producer}` at the end of the run (0 when the learner's page
-//!   has series but none for it) and its share of the groups trained from every producer;
 //! - `learner_crashes`: learner processes that exited during a run;
 //! - `reward_clean` / `reward_attacked`: the learner's final `reward_recent` in the clean run
-//!   and the mean over the attacked runs.
+//!   and the mean over the attacked runs;
+//! - `groups_trained`: the learner's trained groups of all the attacker's identities (a
+//!   `sybil_rekey` worker that wiped its identity is started again on its data dir and comes
+//!   back under a new key; `identities` counts them), `share_of_trained`: that over all groups
+//!   the learner trained in the run, `forged_trained`: how many of the groups the attacker
+//!   lists as forged (`misbehave.forged`) appear among the learner's trained groups
+//!   (`steps.jsonl`).
 //!
 //! Owns the schedule, the measurements and the report. Must not start, signal or stop
 //! processes itself: it asks [`crate::harness::Fleet`] to.
@@ -78,14 +81,22 @@ struct Watch {
     groups_until_ban: Option<u64>,
     trained_at_ban: Option<u64>,
     trained_end: Option<u64>,
-    /// Groups the learner trained from every producer, when `trained_end` was last read.
-    trained_all: Option<u64>,
     groups_produced: Option<u64>,
     /// Last `groups − pending` the worker reported.
     groups_left: Option<u64>,
     /// What the learner's peer table last showed of the worker's claims.
     claimed_pending: Option<u64>,
     heartbeats_seen: Option<u64>,
+    /// Earlier identities (re-keyed): their trained groups at the end of their life, and the
+    /// part of it trained after the learner banned them.
+    past_trained: u64,
+    past_trained_after_ban: u64,
+    identities: u64,
+    /// All groups the learner trained in the run, and which of the attacker's forged groups
+    /// it trained (filled at the end).
+    run_trained: Option<u64>,
+    forged: Option<u64>,
+    forged_trained: Option<u64>,
 }
 
 impl Watch {
@@ -95,17 +106,47 @@ impl Watch {
         }
     }
 
+    /// Trained after the learner banned this identity (`None`: not banned by the learner).
+    fn trained_after_ban_now(&self) -> Option<u64> {
+        match (self.trained_at_ban, self.trained_end) {
+            (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+            (Some(_), None) => Some(0),
+            _ => None,
+        }
+    }
+
+    /// The worker came back under a new key (`peer_id`, `admin`): what the old identity got
+    /// is kept, the per-identity figures start over.
+    fn rekeyed(&mut self, peer_id: String, admin: String) {
+        if let Some(n) = self.trained_after_ban_now() {
+            self.past_trained_after_ban += n;
+        }
+        self.past_trained += self.trained_end.unwrap_or(0);
+        self.identities += 1;
+        self.peer_id = peer_id;
+        self.admin = admin;
+        self.trained_at_ban = None;
+        self.trained_end = None;
+    }
+
+    fn groups_trained(&self) -> u64 {
+        self.past_trained + self.trained_end.unwrap_or(0)
+    }
+
     fn report(&self, batch: usize) -> Value {
+        let trained_after_ban = match self.trained_after_ban_now() {
+            Some(n) => Some(n + self.past_trained_after_ban),
+            None if self.past_trained_after_ban > 0 || self.identities > 1 => {
+                Some(self.past_trained_after_ban)
+            }
+            None => None,
+        };
         json!({
             "attack": self.attack,
             "detected": !self.evidence.is_empty(),
             "banned": self.banned,
             "groups_until_ban": self.groups_until_ban,
-            "trained_after_ban": match (self.trained_at_ban, self.trained_end) {
-                (Some(a), Some(b)) => Some(b.saturating_sub(a)),
-                (Some(_), None) => Some(0),
-                _ => None,
-            },
+            "trained_after_ban": trained_after_ban,
             "ban_reason": self.ban_reason,
             "banned_by": self.banned_by,
             "strikes": self.strikes,
@@ -115,11 +156,14 @@ impl Watch {
             "groups_left_store": self.groups_left,
             "claimed_pending": self.claimed_pending,
             "heartbeats_seen_by_learner": self.heartbeats_seen,
-            "groups_trained": self.trained_end,
-            "share_of_trained": match (self.trained_end, self.trained_all) {
-                (Some(mine), Some(all)) if all > 0 => Some(mine as f64 / all as f64),
-                _ => None,
-            },
+            "groups_trained": self.groups_trained(),
+            "share_of_trained": self
+                .run_trained
+                .filter(|t| *t > 0)
+                .map(|t| self.groups_trained() as f64 / t as f64),
+            "identities": self.identities.max(1),
+            "groups_forged": self.forged,
+            "forged_trained": self.forged_trained,
             "run": batch,
         })
     }
@@ -141,6 +185,23 @@ fn peer_evidence(status: &Value, peer: &str, observer: &str) -> Vec<String> {
         }
     }
     out
+}
+
+/// Strikes against the honest workers `honest_ids` (peer ids): for each, the most any of the
+/// `tables` (status documents: the learner's, the honest workers') records, summed. An honest
+/// worker must never be struck; a non-zero figure is a false positive of some check.
+fn honest_strikes(tables: &[&Value], honest_ids: &[String]) -> u64 {
+    honest_ids
+        .iter()
+        .map(|id| {
+            tables
+                .iter()
+                .filter_map(|t| peer_row(t, id))
+                .filter_map(|row| row["strikes"].as_u64())
+                .max()
+                .unwrap_or(0)
+        })
+        .sum()
 }
 
 fn peer_row<'a>(status: &'a Value, peer: &str) -> Option<&'a Value> {
@@ -259,6 +320,8 @@ struct RunResult {
     replay: Option<Value>,
     pulled: Option<u64>,
     pruned: Option<u64>,
+    /// Strikes against the honest workers ([`honest_strikes`], the most seen during the run).
+    honest_strikes: u64,
 }
 
 fn honest_env() -> [(&'static str, &'static str); 1] {
@@ -349,10 +412,13 @@ fn run_once(
         let env = [(ENV_VAR, a.name())];
         bad.push((fleet.start_with_env(bin, &name, &c, &[], &env)?, c, *a));
     }
-    let mut honest_admins = Vec::new();
+    let (mut honest_admins, mut honest_ids) = (Vec::new(), Vec::new());
     for (i, c) in &honest {
-        honest_admins.push(fleet.wait_addresses(*i, c, START_LIMIT)?.admin);
+        let f = fleet.wait_addresses(*i, c, START_LIMIT)?;
+        honest_admins.push(f.admin);
+        honest_ids.push(f.peer_id);
     }
+    let mut struck_honest = 0u64;
     let mut watches = Vec::new();
     for (i, c, a) in &bad {
         let f = fleet.wait_addresses(*i, c, START_LIMIT)?;
@@ -360,6 +426,7 @@ fn run_once(
             attack: a.name().into(),
             peer_id: f.peer_id,
             admin: f.admin,
+            identities: 1,
             ..Watch::default()
         });
     }
@@ -383,9 +450,13 @@ fn run_once(
             .map(|m| trained_by_producer(&m))
             .unwrap_or_default();
         let honest_status: Vec<Value> = honest_admins.iter().filter_map(|a| status(a)).collect();
+        let tables: Vec<&Value> = std::iter::once(&ls).chain(&honest_status).collect();
+        struck_honest = struck_honest.max(honest_strikes(&tables, &honest_ids));
         for w in &mut watches {
             observe(w, &ls, &honest_status, &trained);
         }
+        rekey_restarts(&mut fleet, bin, &mut bad, &mut watches)?;
+        let run_trained: u64 = trained.values().sum();
         if let Some(r) = &mut restart {
             r.sample(&honest_admins[0]);
         }
@@ -398,6 +469,9 @@ fn run_once(
             )?);
         }
         last_learner = ls["learner"].clone();
+        for w in &mut watches {
+            w.run_trained = Some(run_trained);
+        }
         if version >= s.steps {
             break;
         }
@@ -414,6 +488,12 @@ fn run_once(
     if !unclean.is_empty() {
         eprintln!("adversary: nodes that did not stop cleanly: {unclean:?}");
     }
+    let trained_ids = trained_group_ids(&ldir);
+    for (w, (_, c, _)) in watches.iter_mut().zip(&bad) {
+        let forged = forged_group_ids(&c.data_dir);
+        w.forged = Some(forged.len() as u64);
+        w.forged_trained = Some(forged.intersection(&trained_ids).count() as u64);
+    }
     Ok(RunResult {
         watches,
         learner_crashed,
@@ -424,7 +504,67 @@ fn run_once(
         pulled: last_learner["groups_pulled"].as_u64(),
         pruned: last_learner["groups_pruned"].as_u64(),
         replay: restart.map(|r| r.report()),
+        honest_strikes: struck_honest,
     })
+}
+
+/// Starts again every `sybil_rekey` worker that exited after wiping its identity (it comes
+/// back under a new key on the same data dir), and points its watch at the new identity.
+fn rekey_restarts(
+    fleet: &mut Fleet,
+    bin: &Path,
+    bad: &mut [(usize, NodeConfig, Attack)],
+    watches: &mut [Watch],
+) -> anyhow::Result<()> {
+    for ((i, c, a), w) in bad.iter_mut().zip(watches.iter_mut()) {
+        let rekeyed = fleet
+            .exit_status(*i)
+            .is_some_and(|s| s.code() == Some(echo_node::misbehave::REKEY_EXIT_CODE));
+        if !rekeyed {
+            continue;
+        }
+        // Its exit was the attack, not a failure.
+        fleet.kill(*i);
+        let name = format!("bad-{a}-{}", w.identities + 1);
+        *i = fleet.start_with_env(bin, &name, c, &[], &[(ENV_VAR, a.name())])?;
+        let f = fleet.wait_addresses(*i, c, START_LIMIT)?;
+        eprintln!(
+            "adversary: {a} came back as {} (identity {})",
+            f.peer_id,
+            w.identities + 1
+        );
+        w.rekeyed(f.peer_id, f.admin);
+    }
+    Ok(())
+}
+
+/// The ids (hex) of the groups the learner trained (`<data_dir>/metrics/steps.jsonl`).
+fn trained_group_ids(learner_dir: &Path) -> std::collections::BTreeSet<String> {
+    let text = std::fs::read_to_string(learner_dir.join("metrics").join("steps.jsonl"))
+        .unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .flat_map(|v| {
+            v["trained_groups"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|x| x.as_str().map(String::from))
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// The ids (hex) of the groups a misbehaving worker forged (`misbehave.forged`).
+fn forged_group_ids(data_dir: &Path) -> std::collections::BTreeSet<String> {
+    std::fs::read_to_string(data_dir.join(echo_node::misbehave::FORGED_FILE))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
 }
 
 /// Updates what is known about one malicious worker from this second's statuses.
@@ -442,10 +582,7 @@ fn observe(w: &mut Watch, learner: &Value, honest: &[Value], trained: &BTreeMap<
         .get(&w.peer_id)
         .copied()
         .or_else(|| (!trained.is_empty()).then_some(0));
-    if mine.is_some() {
-        w.trained_end = mine;
-        w.trained_all = Some(trained.values().sum());
-    }
+    w.trained_end = mine.or(w.trained_end);
     for e in peer_evidence(learner, &w.peer_id, "learner") {
         w.note(e);
     }
@@ -554,13 +691,14 @@ pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
     );
     std::fs::create_dir_all(out)?;
     let mut runs = Vec::new();
-    let mut crashes = 0u64;
+    let (mut crashes, mut honest_struck) = (0u64, 0u64);
     let reward_clean = if s.no_clean {
         None
     } else {
         eprintln!("adversary: clean run (honest workers only)");
         let r = harness::in_run_dir("tn-adversary-clean-", |root| run_once(bin, root, s, &[]))?;
         crashes += u64::from(r.learner_crashed);
+        honest_struck += r.honest_strikes;
         runs.push(run_json("clean", &r));
         r.reward
     };
@@ -576,6 +714,7 @@ pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
         );
         let r = harness::in_run_dir("tn-adversary-", |root| run_once(bin, root, s, batch))?;
         crashes += u64::from(r.learner_crashed);
+        honest_struck += r.honest_strikes;
         rewards.extend(r.reward);
         attacks.extend(r.watches.iter().map(|w| {
             let mut a = w.report(k);
@@ -591,6 +730,7 @@ pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
     let summary = json!({
         "attacks": attacks,
         "learner_crashes": crashes,
+        "honest_strikes": honest_struck,
         "reward_clean": reward_clean,
         "reward_attacked": reward_attacked,
         "steps": s.steps,
@@ -609,6 +749,7 @@ fn run_json(name: &str, r: &RunResult) -> Value {
         "steps_reached": r.steps,
         "timed_out": r.timed_out,
         "learner_crashed": r.learner_crashed,
+        "honest_strikes": r.honest_strikes,
         "reward": r.reward,
         "learner_rejections": r.rejections,
         "learner_groups_pulled": r.pulled,
@@ -621,6 +762,22 @@ fn run_json(name: &str, r: &RunResult) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn honest_strikes_take_the_worst_table_per_honest_worker() {
+        let learner = json!({"peers": [
+            {"peer_id": "h0", "strikes": 1}, {"peer_id": "bad", "strikes": 3}, {"peer_id": "h1"}
+        ]});
+        let w0 =
+            json!({"peers": [{"peer_id": "h1", "strikes": 2}, {"peer_id": "h0", "strikes": 0}]});
+        let ids = ["h0".to_string(), "h1".to_string()];
+        assert_eq!(
+            honest_strikes(&[&learner, &w0], &ids),
+            3,
+            "h0: 1, h1: 2; bad not counted"
+        );
+        assert_eq!(honest_strikes(&[&json!({})], &ids), 0);
+    }
 
     #[test]
     fn evidence_is_read_from_whatever_fields_the_peer_table_has() {

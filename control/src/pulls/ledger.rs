@@ -7,7 +7,9 @@
 //! claim is only an upper bound: the credit is `min(claimed, observed)`, where `observed` is an
 //! estimate the learner keeps from what the worker actually delivered:
 //!
-//! - a new worker starts optimistic, at one pull's worth ([`LedgerParams::initial`]);
+//! - a new worker starts at one group ([`LedgerParams::initial`]): a fresh identity costs an
+//!   attacker nothing, so what it has not shown it delivers is not credited (probation,
+//!   `crate::admission`); an honest worker doubles its way up with full pulls;
 //! - a pull that comes back full (delivered = asked) moves the estimate towards *twice* what
 //!   was asked (the worker may hold more: multiplicative growth, as a transport's slow start),
 //!   a partial one towards what was delivered, an empty one towards 0 — an exponentially
@@ -17,6 +19,8 @@
 //!   gets no credit at all;
 //! - the estimate never falls below [`LedgerParams::floor`] groups, so a worker that was empty
 //!   for a while is still probed and can grow back by delivering;
+//! - sequence numbers a worker skipped for good (`crate::admission::SeqGaps`: it withheld
+//!   groups it had made) come off its estimate one for one ([`PullLedger::record_skipped`]);
 //! - a worker with a pull in flight gets no credit (one pull per worker at a time), and no
 //!   pull asks for more than [`LedgerParams::max_groups_per_pull`].
 //!
@@ -53,8 +57,8 @@ impl Default for LedgerParams {
     fn default() -> Self {
         LedgerParams {
             max_groups_per_pull: 64,
-            // One group-batch: a new worker is asked for a modest pull first.
-            initial: 8.0,
+            // A new identity is credited one group: probation (`crate::admission`).
+            initial: 1.0,
             alpha: 0.5,
             floor: 1.0,
             backoff: Duration::from_secs(1),
@@ -166,6 +170,14 @@ impl<K: Hash + Eq + Clone> PullLedger<K> {
         r.retry_at = Some(now + wait);
     }
 
+    /// `peer` skipped `n` of its group numbers for good (withheld groups it made): each
+    /// counts as a group it did not deliver, taken off its estimate (never below the floor).
+    pub fn record_skipped(&mut self, peer: K, n: u64) {
+        let p = self.params;
+        let r = self.entry(peer);
+        r.estimate = (r.estimate - n as f64).max(p.floor.max(0.0));
+    }
+
     /// Keeps only the records of peers `keep` says are still workers (the others left or were
     /// banned): the ledger is as large as the current set of workers.
     pub fn retain(&mut self, mut keep: impl FnMut(&K) -> bool) {
@@ -227,12 +239,41 @@ mod tests {
     }
 
     #[test]
-    fn a_new_peer_starts_at_one_batch_and_the_claim_bounds_the_credit() {
-        let l = ledger();
+    fn a_new_peer_starts_at_one_group_and_the_claim_bounds_the_credit() {
+        let mut l = ledger();
         let now = Instant::now();
-        assert_eq!(l.credit(&"new", u64::MAX, now), 8);
-        assert_eq!(l.credit(&"new", 3, now), 3, "never more than claimed");
+        assert_eq!(
+            l.credit(&"new", u64::MAX, now),
+            1,
+            "credit 1, whatever it claims"
+        );
         assert_eq!(l.credit(&"new", 0, now), 0);
+        // Full pulls double their way up.
+        let mut credits = vec![];
+        for _ in 0..5 {
+            let c = l.credit(&"new", 1000, now);
+            credits.push(c);
+            l.started("new", c);
+            l.record_delivery("new", c, c);
+        }
+        assert_eq!(credits, [1, 2, 3, 5, 8]);
+        assert_eq!(l.credit(&"new", 3, now), 3, "never more than claimed");
+    }
+
+    #[test]
+    fn skipped_numbers_come_off_the_credit() {
+        let mut l = ledger();
+        let now = Instant::now();
+        for _ in 0..6 {
+            let c = l.credit(&"w", 1000, now);
+            l.started("w", c);
+            l.record_delivery("w", c, c);
+        }
+        let before = l.credit(&"w", 1000, now);
+        l.record_skipped("w", 4);
+        assert_eq!(l.credit(&"w", 1000, now), before - 4);
+        l.record_skipped("w", u64::MAX);
+        assert_eq!(l.credit(&"w", 1000, now), 1, "never below the floor");
     }
 
     #[test]
@@ -282,7 +323,7 @@ mod tests {
         let mut l = ledger();
         let now = Instant::now();
         let mut credits = vec![];
-        for _ in 0..10 {
+        for _ in 0..12 {
             let c = l.credit(&"w", 1000, now);
             credits.push(c);
             l.started("w", c);
@@ -305,7 +346,11 @@ mod tests {
 
     #[test]
     fn a_failing_peer_backs_off_and_recovers_by_delivering() {
-        let mut l = ledger();
+        // A worker credited a batch (8 groups) before it fails.
+        let mut l = PullLedger::new(LedgerParams {
+            initial: 8.0,
+            ..LedgerParams::default()
+        });
         let t0 = Instant::now();
         l.started("w", 8);
         l.record_failure("w", t0);
@@ -339,9 +384,9 @@ mod tests {
         l.started("w", 8);
         assert_eq!(l.credit(&"w", 100, now), 0);
         l.record_delivery("w", 8, 8);
-        assert!(l.credit(&"w", 100, now) > 8);
+        assert!(l.credit(&"w", 100, now) > 1);
         l.forget(&"w");
-        assert_eq!(l.credit(&"w", 100, now), 8, "forgotten: a new peer again");
+        assert_eq!(l.credit(&"w", 100, now), 1, "forgotten: a new peer again");
     }
 
     #[test]

@@ -360,5 +360,10 @@ fn summarize(
         "kl_sampler_learner_mean": mean(steps.iter().filter_map(|s| s["stats"]["kl_sampler_learner"].as_f64())),
         "invariant_holds": invariant_ok,
         "clean_exit": not_clean.is_empty(),
+        // Every worker of the demo is honest: any strike or ban is a false positive.
+        "strikes": status.network.counters.strikes,
+        "bans": status.network.counters.bans,
+        "reward_basis": l.reward_basis,
+        "reward_recent_checked": l.reward_recent_checked,
     })
 }

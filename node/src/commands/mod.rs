@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+mod admit;
 mod demo;
 mod doctor;
 mod export;
@@ -13,6 +14,7 @@ use crate::cli::Command;
 pub fn dispatch(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Keygen(args) => keygen::keygen(&args),
+        Command::Admit(args) => admit::admit(&args),
         Command::Run(args) => run::run(args),
         Command::Inspect(args) => inspect::inspect(args),
         Command::Status(args) => status::status(&args),

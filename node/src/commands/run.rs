@@ -61,6 +61,19 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     let svc_learner = svc.learner;
     let (client, events, service) =
         p2p::start(state.key.seed(), svc, &mut registry).context("starting the network service")?;
+    // Bans survive a restart: those of the previous run go back to the service first, and
+    // every new one is written down (`crate::admission`).
+    let ban_file = crate::admission::open_ban_file(&config.data_dir)?;
+    crate::admission::restore_bans(&client, &ban_file).await;
+    // A worker's admission credential (ticket, proof of work), gossiped in its heartbeats.
+    let credential = if config.role == Role::Rollout {
+        let (c, peer) = (config.clone(), state.peer_id.clone());
+        tokio::task::spawn_blocking(move || crate::admission::credential(&c, &peer))
+            .await
+            .context("joining the admission credential")??
+    } else {
+        None
+    };
     // Test-only: a `replay_after_restart` node records the signed gossip it sees.
     let (events, replay_recorder) = roles::attacks::tap(&state.misbehave, events);
     let view = RoleView::default();
@@ -81,8 +94,10 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     )
     .await?;
     tracing::info!(admin = %bound, "admin endpoint: /, /status, /metrics");
-    // The node's own tasks (address file, heartbeat feeder): stopped and awaited at shutdown.
+    // The node's own tasks (address file, ban recorder, heartbeat feeder): stopped and
+    // awaited at shutdown.
     let tasks = roles::Tasks::default();
+    tasks.spawn(crate::admission::record_bans(client.clone(), ban_file));
     tasks.spawn(crate::addr_file::write_when_listening(
         client.clone(),
         config.data_dir.clone(),
@@ -212,6 +227,7 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
                         }),
                         ..crate::state::device_report(&state.device)
                     }),
+                    admission: credential.clone(),
                     ..Default::default()
                 };
                 metrics::gauge!("node_pending_groups").set(pending as f64);

@@ -140,9 +140,12 @@ pub fn render(st: &NodeStatus) -> String {
             num(l.t_bcast_s, 2),
         ));
         out.push_str(&format!(
-            "         steps {}  reward (last 20) {}  Δmax observed {} / bound {} (eq. 7), {} (eq. 12)  snapshots {}\n",
+            "         steps {}  reward (last 20, {}) {}  fully verified {} ({} groups)  Δmax observed {} / bound {} (eq. 7), {} (eq. 12)  snapshots {}\n",
             l.steps,
+            l.reward_basis,
             num(l.reward_recent, 3),
+            num(l.reward_recent_checked, 3),
+            l.reward_checked_groups,
             l.staleness_max,
             opt(l.delta_max_bound),
             opt(l.delta_max_bound_under_overlap),

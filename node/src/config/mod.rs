@@ -7,6 +7,7 @@
 //! The types are `Serialize` too: `echo-node demo` and the testnet harness write node configs
 //! with `toml` from these structs, so a key renamed here is renamed for them.
 
+mod admission;
 mod validate;
 mod verification;
 
@@ -15,6 +16,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use admission::{AdmissionConfig, AdmissionMode};
 pub use learner::Objective;
 pub use verification::{PerDtype, VerificationConfig};
 
@@ -64,6 +66,10 @@ pub struct NodeConfig {
     /// What the learner verifies of pulled groups (read by the learner).
     #[serde(default)]
     pub verification: VerificationConfig,
+    /// Which workers the learner pulls from and the batch shares of new ones (learner); the
+    /// credential a worker presents (rollout).
+    #[serde(default)]
+    pub admission: AdmissionConfig,
 }
 
 /// How the scheduler ranks workers for activation.
@@ -431,6 +437,7 @@ impl NodeConfig {
             broadcast: BroadcastConfig::default(),
             scheduler: SchedulerConfig::default(),
             verification: VerificationConfig::default(),
+            admission: AdmissionConfig::default(),
         }
     }
 

@@ -177,6 +177,9 @@ impl NodeConfig {
         for (k, p) in self.verification.validate() {
             bad(&format!("verification.{k}"), p);
         }
+        for (k, p) in self.admission.validate(&self.network.allow_list) {
+            bad(&format!("admission.{k}"), p);
+        }
         let r = &self.rollout;
         if !(1..=storage::record::limits::MAX_SAMPLES).contains(&r.group_size) {
             bad(

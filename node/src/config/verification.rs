@@ -17,11 +17,18 @@ pub struct VerificationConfig {
     /// Recompute every sample's reward from the prompt and the decoded response; refuse the
     /// group when one differs by more than 1e-6.
     pub recompute_rewards: bool,
-    /// Fraction of groups whose sampled-token log-probs are recomputed under the claimed
-    /// version (0 = none, 1 = every group).
+    /// The lowest fraction of a worker's groups whose sampled tokens and log-probs are
+    /// recomputed under the claimed version, reached after a long verified history (0 = none
+    /// past probation, 1 = every group).
     pub spot_check_fraction: f64,
-    /// A newly seen worker's first groups are all spot-checked.
+    /// Probation: a newly seen worker's first groups are all spot-checked (and held until
+    /// checked), and the probation share of a batch applies to it until it has this many
+    /// accepted groups.
     pub spot_check_first_groups: u64,
+    /// After probation the check rate is `max(spot_check_fraction, c / (c + h))` with `h`
+    /// the worker's accepted groups past probation and `c` this value (the rate halves
+    /// after `c` groups).
+    pub spot_check_decay_groups: f64,
     /// Check in every spot check that each sampled token is the one the canonical sampling
     /// rule draws for the uniform the learner prescribes (`docs/security.md`, "Checkable
     /// sampling"). Off only for workers whose samplers do not follow the rule.
@@ -58,8 +65,9 @@ impl Default for VerificationConfig {
             signatures: true,
             assigned_prompts: true,
             recompute_rewards: true,
-            spot_check_fraction: 0.05,
-            spot_check_first_groups: 4,
+            spot_check_fraction: control::admission::DEFAULT_FLOOR_RATE,
+            spot_check_first_groups: control::admission::DEFAULT_PROBATION_GROUPS,
+            spot_check_decay_groups: control::admission::DEFAULT_DECAY_GROUPS,
             check_sampling: true,
             logprob_tolerance: PerDtype {
                 f32: f64::from(learner::verdict::DEFAULT_TOLERANCE.f32),
@@ -102,7 +110,22 @@ impl VerificationConfig {
             .check("logprob_tolerance", 1.0, &mut problems);
         self.sampling_margin
             .check("sampling_margin", 0.5, &mut problems);
+        if !(self.spot_check_decay_groups.is_finite() && self.spot_check_decay_groups >= 0.0) {
+            problems.push((
+                "spot_check_decay_groups".into(),
+                format!("{} must be a number >= 0", self.spot_check_decay_groups),
+            ));
+        }
         problems
+    }
+
+    /// The probation and check-rate rule these keys describe.
+    pub fn probation(&self) -> control::admission::ProbationParams {
+        control::admission::ProbationParams {
+            probation_groups: self.spot_check_first_groups,
+            floor_rate: self.spot_check_fraction,
+            decay_groups: self.spot_check_decay_groups,
+        }
     }
 }
 
@@ -132,7 +155,7 @@ mod tests {
         assert!(c.verification.signatures && c.verification.assigned_prompts);
         assert!(c.verification.recompute_rewards);
         assert_eq!(c.verification.spot_check_fraction, 0.05);
-        assert_eq!(c.verification.spot_check_first_groups, 4);
+        assert_eq!(c.verification.spot_check_first_groups, 16);
         let c = NodeConfig::parse(&format!(
             "{HEAD}[verification]\nsignatures = false\nspot_check_fraction = 1.0\n"
         ))

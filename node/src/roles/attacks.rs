@@ -5,6 +5,12 @@
 //! - `pending_inflation`: every heartbeat claims `pending = u64::MAX` ([`pending_claim`], the
 //!   one hook in the heartbeat feeder) — a scheduler or puller that trusts the claim would
 //!   keep pulling from (or favouring) this worker.
+//! - `backlog_inflation` (its claim part): heartbeats claim 64× the groups held, below the
+//!   claim limit ([`pending_claim`]); the rollout role keeps the large backlog itself.
+//! - `sybil_rekey` (its re-key part): once the learner has been unreachable for
+//!   [`REKEY_AFTER`] (its ban closes every connection), the worker wipes its identity — key,
+//!   group counter, store, proof of work — and exits with `REKEY_EXIT_CODE`; the harness
+//!   starts it again, and it comes back under a fresh key ([`spawn`]).
 //! - `heartbeat_spam`: well-formed, correctly encoded heartbeats published about 50 times per
 //!   heartbeat interval ([`spawn`]) on top of the service's own ones.
 //! - `replay_after_restart`: every learner-signed message seen on the snapshot and plan
@@ -43,8 +49,66 @@ const REPLAY_EVERY_INTERVALS: u32 = 1;
 pub fn pending_claim(m: &Misbehaviour, real: u64) -> u64 {
     if m.has(Attack::PendingInflation) {
         u64::MAX
+    } else if m.has(Attack::BacklogInflation) {
+        real.saturating_mul(crate::misbehave::BACKLOG_CLAIM_FACTOR)
+            .clamp(1, p2p::MAX_PENDING_CLAIM)
     } else {
         real
+    }
+}
+
+/// The pending groups a worker keeps before it pauses: far more than configured under
+/// `backlog_inflation`, so that its real backlog stands behind its inflated claim.
+pub fn pending_limit(m: &Misbehaviour, configured: u64) -> u64 {
+    if m.has(Attack::BacklogInflation) {
+        crate::misbehave::BACKLOG_PENDING
+    } else {
+        configured
+    }
+}
+
+/// How long a `sybil_rekey` worker waits, disconnected from the learner, before it takes
+/// itself for banned and re-keys.
+pub const REKEY_AFTER: Duration = Duration::from_secs(4);
+
+/// The `sybil_rekey` watch: once connected to the learner and then cut off for
+/// [`REKEY_AFTER`], wipe this node's identity and exit.
+async fn rekey_when_banned(client: p2p::Client, state: Arc<NodeState>, learner: p2p::PeerId) {
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let (mut met, mut cut_since) = (false, None::<std::time::Instant>);
+    loop {
+        tick.tick().await;
+        let Ok(net) = client.status().await else {
+            return;
+        };
+        let connected = net
+            .peers
+            .iter()
+            .any(|p| p.peer_id == learner.to_base58() && p.connected);
+        if connected {
+            met = true;
+            cut_since = None;
+            continue;
+        }
+        if !met {
+            continue;
+        }
+        let since = *cut_since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() < REKEY_AFTER {
+            continue;
+        }
+        let dir = &state.config.data_dir;
+        tracing::warn!("sybil_rekey: cut off from the learner, wiping this identity to come back under a new key");
+        for f in [
+            state.config.key_path(),
+            dir.join("rollout.seq"),
+            dir.join(crate::admission::WORK_FILE),
+        ] {
+            let _ = std::fs::remove_file(f);
+        }
+        // The store's groups carry the old producer id; a new identity starts empty.
+        let _ = std::fs::remove_dir_all(dir.join("trajectories"));
+        std::process::exit(crate::misbehave::REKEY_EXIT_CODE);
     }
 }
 
@@ -144,6 +208,21 @@ pub fn spawn(
             }
         }));
     }
+    if m.has(Attack::SybilRekey) {
+        if let Some(learner) = state
+            .config
+            .learner_public_key
+            .as_deref()
+            .and_then(|k| storage::keys::parse_public_key(k).ok())
+            .and_then(|k| p2p::peer_id_from_public(k.to_bytes()).ok())
+        {
+            tasks.push(tokio::spawn(rekey_when_banned(
+                client.clone(),
+                state.clone(),
+                learner,
+            )));
+        }
+    }
     if let Some(rec) = recorder {
         let client = client.clone();
         tasks.push(tokio::spawn(async move {
@@ -202,6 +281,7 @@ pub fn spam_heartbeat(
         reachability: None,
         addrs: Vec::new(),
         device: None,
+        admission: None,
     }
 }
 
@@ -217,6 +297,13 @@ mod tests {
         assert_eq!(pending_claim(&other, 7), 7);
         let bad = Misbehaviour::parse("pending_inflation").unwrap();
         assert_eq!(pending_claim(&bad, 7), u64::MAX);
+        // A backlog claim stays below the heartbeat's limit: a lie nothing can refuse.
+        let backlog = Misbehaviour::parse("backlog_inflation").unwrap();
+        assert_eq!(
+            pending_claim(&backlog, 7),
+            7 * crate::misbehave::BACKLOG_CLAIM_FACTOR
+        );
+        assert_eq!(pending_claim(&backlog, u64::MAX), p2p::MAX_PENDING_CLAIM);
     }
 
     #[test]

@@ -21,6 +21,11 @@ pub fn pending_claim(_: &Misbehaviour, real: u64) -> u64 {
     real
 }
 
+/// The configured limit of pending groups.
+pub fn pending_limit(_: &Misbehaviour, configured: u64) -> u64 {
+    configured
+}
+
 /// `events`, untouched.
 pub fn tap(
     _: &Misbehaviour,

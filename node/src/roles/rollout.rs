@@ -18,7 +18,10 @@
 //! - **Test-only attacks** (only in a build with the `adversary` feature). With
 //!   `ECHO_NODE_MISBEHAVE` naming group attacks (`GROUP_ATTACKS`) the finished group is
 //!   corrupted just before it is stored (`tamper`), so what the learner pulls is really bad;
-//!   with several, group `seq` gets attack `seq mod k`.
+//!   with several, group `seq` gets attack `seq mod k`. The `late_liar` and `sybil_rekey`
+//!   workers forge log-probs only from a number of honest groups on (`forges`); every forged
+//!   group's id is listed in `<data_dir>/misbehave.forged`. A `backlog_inflation` worker
+//!   keeps far more groups pending than configured (`roles::attacks::pending_limit`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -39,13 +42,15 @@ use storage::TrajectoryGroup;
 
 /// The attacks carried out on the groups a worker produces.
 #[cfg(feature = "adversary")]
-pub const GROUP_ATTACKS: [Attack; 9] = [
+pub const GROUP_ATTACKS: [Attack; 11] = [
     Attack::InflatedReward,
     Attack::ForgedLogprobs,
     Attack::InvalidLogprob,
     Attack::OutOfVocab,
     Attack::Overlong,
     Attack::BadSignature,
+    Attack::LateLiar,
+    Attack::SybilRekey,
     Attack::MaskPoisoning,
     Attack::ForcedTokens,
     Attack::StaleVersion,
@@ -54,6 +59,18 @@ pub const GROUP_ATTACKS: [Attack; 9] = [
 /// The group attacks that need the model ([`super::forge`]).
 #[cfg(feature = "adversary")]
 const MODEL_ATTACKS: [Attack; 2] = [Attack::ForcedTokens, Attack::StaleVersion];
+
+/// Whether group `seq` of a worker carrying out `attack` is tampered with: always, except
+/// for the honest prefix of `late_liar` and `sybil_rekey` (which then forge log-probs).
+#[cfg(feature = "adversary")]
+pub fn forges(attack: Attack, seq: u64) -> bool {
+    use crate::misbehave::{LATE_LIAR_HONEST_GROUPS, SYBIL_HONEST_GROUPS};
+    match attack {
+        Attack::LateLiar => seq >= LATE_LIAR_HONEST_GROUPS,
+        Attack::SybilRekey => seq >= SYBIL_HONEST_GROUPS,
+        _ => true,
+    }
+}
 
 /// Corrupts a finished group with `attack` (test only); `vocab` and `context` are the model's.
 /// Log-prob, token and length changes keep the group schema-valid (it must be stored and
@@ -69,11 +86,13 @@ pub fn tamper(attack: Attack, g: &mut TrajectoryGroup, vocab: usize, context: us
     }
     match attack {
         Attack::InflatedReward => g.samples.iter_mut().for_each(|s| s.reward = 1.0),
-        Attack::ForgedLogprobs => g.samples.iter_mut().for_each(|s| {
-            s.sampler_logprobs
-                .iter_mut()
-                .for_each(|lp| *lp = (*lp + 0.5).min(0.0))
-        }),
+        Attack::ForgedLogprobs | Attack::LateLiar | Attack::SybilRekey => {
+            g.samples.iter_mut().for_each(|s| {
+                s.sampler_logprobs
+                    .iter_mut()
+                    .for_each(|lp| *lp = (*lp + 0.5).min(0.0))
+            })
+        }
         Attack::InvalidLogprob => g.samples[0].sampler_logprobs[0] = -1e4,
         // Honest tokens, log-probs and rewards: only which tokens are trained is chosen.
         Attack::MaskPoisoning => g.samples.iter_mut().for_each(|s| {
@@ -97,32 +116,49 @@ pub fn tamper(attack: Attack, g: &mut TrajectoryGroup, vocab: usize, context: us
     }
 }
 
-/// The seal hook of a misbehaving worker: tamper with group `seq` by attack `seq mod k` (the
-/// model-aware ones through `forger`), then sign it (with a fresh key for `bad_signature`,
-/// with the node key otherwise: the lie is the worker's own).
+/// The seal hook of a misbehaving worker: tamper with group `seq` by attack `seq mod k` (when
+/// [`forges`] says so, the model-aware ones through `forger`; the id goes to `forged_file`),
+/// then sign it (with a fresh key for `bad_signature`, with the node key otherwise: the lie is
+/// the worker's own).
 #[cfg(feature = "adversary")]
 fn attack_hook(
     attacks: Vec<Attack>,
     vocab: usize,
     context: usize,
     mut forger: Option<super::forge::Forger>,
+    forged_file: std::path::PathBuf,
 ) -> rollout::SealHook {
     Box::new(move |g, key| {
         let attack = attacks[(g.seq % attacks.len() as u64) as usize];
-        match forger.as_mut().filter(|_| MODEL_ATTACKS.contains(&attack)) {
-            Some(f) => match f.forge(attack, g) {
-                Ok(true) => {}
-                Ok(false) => return g.sign(key.signing_key()), // honest this once
-                Err(e) => tracing::warn!(%attack, error = %format!("{e:#}"), "forging failed"),
-            },
-            None => tamper(attack, g, vocab, context),
+        let mut forged = forges(attack, g.seq);
+        if forged {
+            match forger.as_mut().filter(|_| MODEL_ATTACKS.contains(&attack)) {
+                Some(f) => match f.forge(attack, g) {
+                    Ok(true) => {}
+                    Ok(false) => return g.sign(key.signing_key()), // honest this once
+                    Err(e) => {
+                        tracing::warn!(%attack, error = %format!("{e:#}"), "forging failed");
+                        forged = false;
+                    }
+                },
+                None => tamper(attack, g, vocab, context),
+            }
         }
         if attack == Attack::BadSignature {
             g.sign(storage::NodeKey::generate().signing_key());
         } else {
             g.sign(key.signing_key());
         }
-        tracing::warn!(%attack, seq = g.seq, "TEST-ONLY: stored a corrupted group");
+        if forged {
+            use std::io::Write;
+            let line = format!("{}\n", hex::encode(g.group_id));
+            let _ = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&forged_file)
+                .and_then(|mut f| f.write_all(line.as_bytes()));
+            tracing::warn!(%attack, seq = g.seq, "TEST-ONLY: stored a corrupted group");
+        }
     })
 }
 
@@ -244,7 +280,10 @@ pub async fn start(
         RolloutConfig {
             group_size: r.group_size,
             sampling,
-            max_pending_groups: config.storage.max_pending_groups,
+            max_pending_groups: super::attacks::pending_limit(
+                &state.misbehave,
+                config.storage.max_pending_groups,
+            ),
             seed,
             producer: state.peer_id.clone(),
             idle_poll: Duration::from_millis(20),
@@ -271,7 +310,14 @@ pub async fn start(
         if attacks.is_empty() {
             engine
         } else {
-            engine.with_seal_hook(attack_hook(attacks, vocab, max_context, forger))
+            let forged_file = config.data_dir.join(crate::misbehave::FORGED_FILE);
+            engine.with_seal_hook(attack_hook(
+                attacks,
+                vocab,
+                max_context,
+                forger,
+                forged_file,
+            ))
         }
     };
     let stats = engine.stats();

@@ -1,6 +1,7 @@
 //! The integration-test binary of `echo-node`: real processes, loopback only, bounded waits.
 
 mod admin;
+mod admission;
 mod cli;
 mod durability;
 mod learning;

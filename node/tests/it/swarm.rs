@@ -159,7 +159,7 @@ impl Node {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn launch(
+    pub(crate) fn launch(
         root: &Path,
         name: &str,
         role: &str,

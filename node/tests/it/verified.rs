@@ -24,7 +24,7 @@ pub(crate) const WORKER: &str = "[storage]\nmax_pending_groups = 8\n[rollout]\ng
 pub(crate) const LIMIT: Duration = Duration::from_secs(240);
 
 /// A rollout worker bootstrapping from `learner` that carries out `attacks`.
-fn bad_worker(root: &Path, swarm: &str, learner: &Node, attacks: &str) -> Node {
+pub(crate) fn bad_worker(root: &Path, swarm: &str, learner: &Node, attacks: &str) -> Node {
     bad_worker_named(root, "bad", swarm, learner, attacks)
 }
 

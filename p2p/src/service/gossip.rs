@@ -77,6 +77,7 @@ impl Service {
             device: self.local.device.clone(),
             reachability: Some(self.nat.reachability()),
             addrs: self.dial_hints(),
+            admission: self.local.admission.clone(),
         };
         let topic = IdentTopic::new(TopicKind::Heartbeat.topic_name(&self.cfg.swarm_id));
         match self
@@ -170,7 +171,8 @@ impl Service {
             },
             // Only the learner signs manifests, plans and orders, and only it publishes them
             // (others forward, which keeps the learner as the author): a message authored by
-            // anyone else is a replay or a forgery, whatever the signature inside says.
+            // anyone else is a replay or a forgery, whatever the signature inside says
+            // (`authored`: which of the two).
             TopicKind::Snapshots | TopicKind::Plans => match self.cfg.learner {
                 Some(l) if l != source => {
                     warn!(peer = %source, via = %propagation_source, ?kind, "message only the learner may author: a replay or a forgery");
@@ -184,7 +186,14 @@ impl Service {
                         );
                     self.counters.messages_rejected += 1;
                     metrics::counter!("p2p_messages_rejected_total").increment(1);
-                    self.strike_and_ban(source, StrikeReason::Replay);
+                    // The reason says what happened: the learner's own bytes again (a
+                    // replay), or bytes it never published (a forgery, or garbage).
+                    let reason = if self.authored.contains(&msg.data) {
+                        StrikeReason::Replay
+                    } else {
+                        StrikeReason::ForgedMessage
+                    };
+                    self.strike_and_ban(source, reason);
                     let error = MessageError::Unauthorised(source);
                     self.emit(Event::Rejected {
                         peer: source,
@@ -192,7 +201,12 @@ impl Service {
                         error,
                     });
                 }
-                _ => self.hand_to_role(kind, propagation_source, id, msg),
+                learner => {
+                    if learner == Some(source) {
+                        self.authored.record(&msg.data);
+                    }
+                    self.hand_to_role(kind, propagation_source, id, msg)
+                }
             },
         }
     }

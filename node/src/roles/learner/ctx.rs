@@ -27,6 +27,12 @@ pub(super) struct TrainCtx {
     pub cfg: LearnerConfig,
     /// The dtype snapshots are shipped in (`broadcast.dtype`).
     pub snapshot_dtype: policy::DType,
+    /// The share limits of a batch (`[admission]`).
+    pub caps: control::admission::ShareCaps,
+    /// `[admission]`, for status.
+    pub admission: crate::config::AdmissionConfig,
+    /// Whether every trained reward was recomputed (`verification.recompute_rewards`).
+    pub rewards_recomputed: bool,
     /// Whether a producer (its peer id as the group names it) is banned now
     /// (`p2p::Client::banned_peers`).
     pub is_banned: Box<dyn Fn(&str) -> bool + Send>,
@@ -53,6 +59,9 @@ pub(super) struct Totals {
     pub reward_first: Option<f64>,
     /// Rewards of the last `train::RECENT_REWARDS` steps.
     pub recent_rewards: VecDeque<f64>,
+    /// Mean rewards of the last `train::RECENT_CHECKED` trained groups whose sampled tokens
+    /// and log-probs were checked and whose rewards were recomputed (fully verified groups).
+    pub recent_checked: VecDeque<f64>,
     /// Producers with their own `learner_groups_trained_total` series (at most
     /// `train::MAX_PRODUCER_SERIES`; the rest count under `producer="other"`).
     pub producer_series: std::collections::HashSet<String>,

@@ -9,10 +9,13 @@
 //!   engine and measures T_bcast from the workers' install reports (woken by each change of
 //!   the peer view, `p2p::Client::peer_changes`); it never blocks training (a snapshot superseded before it
 //!   was published is skipped);
-//! - the **puller** task ([`puller`]) keeps the buffer topped up: it leases groups from the
-//!   rollout workers with the pull protocol, in proportion to what their heartbeats say they
-//!   hold, verifies every group before it is stored ([`verify`]: producer signature, assigned
-//!   prompt, recomputed rewards) and strikes the workers whose groups fail.
+//! - the **puller** task ([`puller`]) keeps the buffer topped up: it pulls from the admitted
+//!   rollout workers ([`crate::admission`]) with the pull protocol, within each worker's
+//!   credit and share ([`shares`]), runs every group through the one verification pipeline
+//!   before it is stored ([`verify`]: structure, producer signature, assigned prompt,
+//!   recomputed rewards, the log-prob spot check at the worker's check rate), penalises the
+//!   workers whose groups fail (one table: strike, or ban at once on proof) and drops the
+//!   buffered groups of a banned worker.
 //!
 //! [`status`] turns their figures into the `learner` section of `/status`.
 //!
@@ -33,19 +36,20 @@
 mod ctx;
 mod publisher;
 mod puller;
+mod shares;
 pub mod spot;
 mod status;
 mod train;
 pub mod verify;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::Context;
 use dissemination::Disseminator;
-use learner::{Trainer, Window};
+use learner::{Pipeline, Trainer, Window};
 use storage::ChunkStore;
 use tokio::sync::watch;
 
@@ -75,6 +79,12 @@ struct Shared {
     /// or found none to take. Waiting for the next tick instead left the learner idle for up
     /// to `pull_interval_ms` after each version bump had expired part of the buffer.
     pull_wake: tokio::sync::Notify,
+    /// The one verification pipeline: it verifies what the puller stores, re-wraps what the
+    /// training thread takes from the buffer, and keeps the workers' verified histories.
+    pipeline: Arc<Pipeline>,
+    /// Admitted, active workers past probation (the puller counts them; the batch quota
+    /// reads them).
+    established_active: AtomicUsize,
 }
 
 /// A snapshot waiting to be published.
@@ -140,7 +150,12 @@ pub async fn start(
         version = trainer.version(),
         "learner window"
     );
+    let dtypes = spot::WorkerDtypes::default();
+    let pipeline = Arc::new(build_pipeline(&state, &trainer, &dtypes)?);
+    tracing::info!(stages = ?pipeline.stage_names(), probation = ?pipeline.probation(), "verification of pulled groups");
     let shared = Arc::new(Shared {
+        pipeline: pipeline.clone(),
+        established_active: AtomicUsize::new(0),
         stop: tokio_util::sync::CancellationToken::new(),
         window,
         version: AtomicU64::new(trainer.version()),
@@ -155,49 +170,6 @@ pub async fn start(
             )))
         }),
     });
-    let mut verifier =
-        verify::Verifier::for_learner(&state.config, &state.key.verifying_key().to_bytes())
-            .context("building the learner's verification layers")?;
-    let v = &state.config.verification;
-    let dtypes = spot::WorkerDtypes::default();
-    if v.spot_check_fraction > 0.0 || v.spot_check_first_groups > 0 {
-        // Last: the only layer that runs the model.
-        let per = |d: &crate::config::PerDtype| learner::verdict::ByDtype {
-            f32: d.f32,
-            f16: d.f16,
-            bf16: d.bf16,
-        };
-        let tol = per(&v.logprob_tolerance);
-        verifier = verifier.with_layer(
-            spot::SpotChecker::new(
-                spot::SpotSettings {
-                    fraction: v.spot_check_fraction,
-                    first_groups: u32::try_from(v.spot_check_first_groups).unwrap_or(u32::MAX),
-                    tolerance: learner::verdict::ByDtype {
-                        f32: tol.f32 as f32,
-                        f16: tol.f16 as f32,
-                        bf16: tol.bf16 as f32,
-                    },
-                    margin: per(&v.sampling_margin),
-                    temperature: trainer.config().temperature,
-                    top_p: state.config.learner.top_p,
-                    check_sampling: v.check_sampling,
-                    seed: tasks::assign::assignment_seed(
-                        &state.config.swarm_id,
-                        &state.key.verifying_key().to_bytes(),
-                    ),
-                    ..Default::default()
-                },
-                state.chunks.clone(),
-                trainer.policy().config().clone(),
-                state.device.clone(),
-            )
-            .context("building the log-prob spot checker")?
-            .with_worker_dtypes(dtypes.clone())
-            .with_mask_rule(super::mask_rule(&state.config)),
-        );
-    }
-    tracing::info!(layers = ?verifier.layer_names(), "verification of pulled groups");
     let (snap_tx, snap_rx) = watch::channel::<Snapshot>(None);
     let config_hash = trainer.policy().config().hash();
     let tasks = super::Tasks::default();
@@ -224,7 +196,8 @@ pub async fn start(
         client.clone(),
         state.trajectories.clone(),
         shared.clone(),
-        puller::PullSettings::of(&state.config, Arc::new(verifier)).with_dtypes(dtypes),
+        puller::PullSettings::of(&state.config, &state.key.verifying_key().to_bytes())
+            .with_dtypes(dtypes),
     ));
     let (done_tx, finished) = tokio::sync::oneshot::channel();
     let ctx = ctx::TrainCtx {
@@ -236,6 +209,9 @@ pub async fn start(
         view,
         cfg: state.config.learner.clone(),
         snapshot_dtype: state.config.broadcast.dtype.dtype(),
+        caps: state.config.admission.caps(),
+        admission: state.config.admission.clone(),
+        rewards_recomputed: state.config.verification.recompute_rewards,
         is_banned: {
             // The group names its producer as text: compared with the banned peers' ids
             // written out, never parsed back.
@@ -266,6 +242,52 @@ pub async fn start(
         tasks,
         finished,
     })
+}
+
+/// The one verification pipeline of this learner: the stages `[verification]` switches on,
+/// structure checked against the model's limits, and the log-prob spot check last (the only
+/// stage that runs the model, so it sees only groups every cheaper stage passed), judging each
+/// worker by the sampling dtype `dtypes` reports for it.
+fn build_pipeline(
+    state: &NodeState,
+    trainer: &Trainer,
+    dtypes: &spot::WorkerDtypes,
+) -> anyhow::Result<Pipeline> {
+    let limits = puller::group_limits(&state.config);
+    let key = state.key.verifying_key().to_bytes();
+    let mut pipeline = verify::pipeline_for_learner(&state.config, &key, limits)
+        .context("building the learner's verification stages")?;
+    let v = &state.config.verification;
+    if v.spot_check_fraction > 0.0 || v.spot_check_first_groups > 0 {
+        pipeline = pipeline.with_stage(
+            spot::SpotChecker::new(
+                spot::SpotSettings {
+                    tolerance: learner::verdict::ByDtype {
+                        f32: v.logprob_tolerance.f32 as f32,
+                        f16: v.logprob_tolerance.f16 as f32,
+                        bf16: v.logprob_tolerance.bf16 as f32,
+                    },
+                    margin: learner::verdict::ByDtype {
+                        f32: v.sampling_margin.f32,
+                        f16: v.sampling_margin.f16,
+                        bf16: v.sampling_margin.bf16,
+                    },
+                    temperature: trainer.config().temperature,
+                    top_p: state.config.learner.top_p,
+                    check_sampling: v.check_sampling,
+                    seed: tasks::assign::assignment_seed(&state.config.swarm_id, &key),
+                    ..Default::default()
+                },
+                state.chunks.clone(),
+                trainer.policy().config().clone(),
+                state.device.clone(),
+            )
+            .context("building the log-prob spot checker")?
+            .with_worker_dtypes(dtypes.clone())
+            .with_mask_rule(super::mask_rule(&state.config)),
+        );
+    }
+    Ok(pipeline)
 }
 
 /// The last checkpoint, or a fresh model (warm-started on the task when configured), moved

@@ -9,23 +9,34 @@
 //! is slow to answer (installing a snapshot, overloaded) holds back only its own share, not the
 //! next round of pulls from the others.
 //!
-//! Every pull carries the learner's [`GroupLimits`] (its model's vocabulary and context, the
-//! log-prob floor, the group size) and its verification layers ([`super::verify`]):
-//! `pull::pull_verified` stores only groups that pass both and that name the worker as their
-//! producer, and reports the others per reason. Every refused group is a strike against the
-//! worker ([`super::verify::strike_reason`]), and so is a lease larger than asked for.
+//! Only admitted workers are pulled from ([`crate::admission::Gate`]: open, allow-list or
+//! ticket, and the proof of work when asked). A worker's credit is also cut to its share of
+//! the buffer, and the workers on probation together to theirs ([`super::shares`]); the
+//! buffered groups that count towards the target are those a batch under the share quota
+//! could use.
+//!
+//! Every decoded group runs the one verification pipeline ([`super::verify::PullVerifier`])
+//! before it is stored; the refused ones are reported per reason and penalised by the one
+//! table ([`super::verify::penalty`]): a strike per group, or a ban at once on proof. A lease
+//! larger than asked for is a strike too. When a worker is banned (for whatever reason, by
+//! whichever part of the node) its groups still in the buffer are dropped untrained and
+//! counted as rejected (`TrajectoryStore::reject_producer`), and it is forgotten: if it comes
+//! back under the same key it starts on probation again. Group numbers a worker skipped for
+//! good come off its credit.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use control::admission::ShareCaps;
 use control::pulls::{allocate_capped, LedgerParams, PullLedger};
 use futures::stream::{FuturesUnordered, StreamExt};
 use storage::record::GroupLimits;
 use storage::TrajectoryStore;
 
 use super::Shared;
+use crate::admission::Gate;
 use crate::config::NodeConfig;
 
 /// One pull from one worker gives up after this long (its lease on the worker expires). Every
@@ -40,22 +51,24 @@ pub(super) struct PullSettings {
     interval: Duration,
     /// Lease time asked of the workers.
     lease_ttl: Duration,
-    /// What a pulled group must satisfy to be stored.
+    /// The limits of the pull request (its byte budget; the pipeline checks structure).
     limits: GroupLimits,
-    /// The verification layers run on every group that passes `limits`.
-    verifier: Arc<dyn pull::GroupVerifier>,
+    caps: ShareCaps,
+    gate: Gate,
     /// Where the spot check reads each worker's sampling dtype; refreshed every round.
     dtypes: super::spot::WorkerDtypes,
 }
 
 impl PullSettings {
-    pub fn of(config: &NodeConfig, verifier: Arc<dyn pull::GroupVerifier>) -> Self {
+    /// For a learner whose public key is `learner_key`.
+    pub fn of(config: &NodeConfig, learner_key: &[u8; 32]) -> Self {
         PullSettings {
             target: config.learner.buffer_target(),
             interval: Duration::from_millis(config.learner.pull_interval_ms),
             lease_ttl: Duration::from_secs(config.storage.lease_ttl_s),
             limits: group_limits(config),
-            verifier,
+            caps: config.admission.caps(),
+            gate: Gate::new(config, *learner_key),
             dtypes: super::spot::WorkerDtypes::default(),
         }
     }
@@ -71,7 +84,7 @@ impl PullSettings {
 /// log-prob floor, `learner.group_size`. When the model's configuration cannot be read here,
 /// vocabulary and context are left unchecked at pull time (the trainer checks them again
 /// against the model it runs, and quarantines what it cannot take).
-fn group_limits(config: &NodeConfig) -> GroupLimits {
+pub(super) fn group_limits(config: &NodeConfig) -> GroupLimits {
     let model = if config.model.source == "embedded" {
         Ok(policy::ModelConfig::tiny())
     } else {
@@ -108,6 +121,31 @@ pub(super) struct PullStats {
     /// Seconds from opening to acknowledging, of the last [`RECENT_PULLS`] pulls that did not
     /// fail: the pull round trip (`status`'s `pull_round_trip_s`).
     recent: Mutex<std::collections::VecDeque<f64>>,
+    /// Buffered groups of banned workers, dropped untrained (`rejected_stored`).
+    rejected_after_ban: AtomicU64,
+    /// What the admission and share rules did, per worker (for status).
+    admission: Mutex<AdmissionView>,
+}
+
+/// The puller's admission figures, per worker (at most [`MAX_VIEW_PEERS`] each).
+#[derive(Debug, Default, Clone)]
+pub(super) struct AdmissionView {
+    /// Workers not admitted, and why.
+    pub refused: BTreeMap<String, String>,
+    /// Pulls where a worker claimed a backlog of more than four times its share of the buffer
+    /// and the share cut its credit: evidence of an inflated backlog.
+    pub backlog_capped: BTreeMap<String, u64>,
+    /// Group numbers each worker skipped for good (withheld groups).
+    pub skipped: BTreeMap<String, u64>,
+}
+
+/// Workers an [`AdmissionView`] map keeps at most.
+const MAX_VIEW_PEERS: usize = 1024;
+
+fn bump(m: &mut BTreeMap<String, u64>, peer: &str, n: u64) {
+    if m.len() < MAX_VIEW_PEERS || m.contains_key(peer) {
+        *m.entry(peer.to_string()).or_default() += n;
+    }
 }
 
 /// How many pull round trips [`PullStats`] keeps.
@@ -119,6 +157,20 @@ impl PullStats {
     }
     pub fn errors(&self) -> u64 {
         self.pull_errors.load(Ordering::Relaxed)
+    }
+
+    pub fn rejected_after_ban(&self) -> u64 {
+        self.rejected_after_ban.load(Ordering::Relaxed)
+    }
+
+    pub fn admission(&self) -> AdmissionView {
+        self.admission.lock().map(|a| a.clone()).unwrap_or_default()
+    }
+
+    fn with_admission(&self, f: impl FnOnce(&mut AdmissionView)) {
+        if let Ok(mut a) = self.admission.lock() {
+            f(&mut a);
+        }
     }
 
     pub fn mu_pool(&self) -> f64 {
@@ -157,7 +209,7 @@ pub(super) async fn run(
     client: p2p::Client,
     buffer: Arc<TrajectoryStore>,
     shared: Arc<Shared>,
-    settings: PullSettings,
+    mut settings: PullSettings,
 ) {
     let window = shared.window;
     let mut tick = tokio::time::interval(settings.interval);
@@ -168,6 +220,9 @@ pub(super) async fn run(
     let mut asked = 0u64;
     let mut round = 0usize;
     let mut ledger = PullLedger::new(LedgerParams::default());
+    let verifier: Arc<dyn pull::GroupVerifier> =
+        Arc::new(super::verify::PullVerifier(shared.pipeline.clone()));
+    let mut banned = HashSet::new();
     loop {
         let done: Option<Done> = tokio::select! {
             _ = tick.tick() => None,
@@ -185,6 +240,13 @@ pub(super) async fn run(
                 Err(_) => ledger.record_failure(peer, Instant::now()),
             }
             record_outcome(&shared, &client, peer, r).await;
+            for (p, n) in shared.pipeline.take_new_skips() {
+                shared.pulls.with_admission(|a| bump(&mut a.skipped, &p, n));
+                metrics::counter!("learner_seq_skipped_total").increment(n);
+                if let Ok(p) = p.parse() {
+                    ledger.record_skipped(p, n);
+                }
+            }
             continue;
         }
         let Ok(workers) = client.workers().await else {
@@ -193,10 +255,26 @@ pub(super) async fn run(
         settings
             .dtypes
             .refresh(workers.iter().map(|p| (p.peer, p.device.as_ref())));
-        let workers: Vec<(p2p::PeerId, u64, f64)> = workers
-            .iter()
-            .map(|p| (p.peer, p.pending.unwrap_or(0), p.mu.unwrap_or(0.0)))
-            .collect();
+        drop_banned(&client, &mut banned, &buffer, &shared).await;
+        let now_s = crate::admission::now_unix_s();
+        let mut admitted: Vec<(p2p::PeerId, u64, f64, bool)> = Vec::new();
+        for p in &workers {
+            let id = p.peer.to_base58();
+            match settings.gate.admits(&id, p.admission.as_deref(), now_s) {
+                Ok(()) => admitted.push((
+                    p.peer,
+                    p.pending.unwrap_or(0),
+                    p.mu.unwrap_or(0.0),
+                    p.active,
+                )),
+                Err(why) => shared.pulls.with_admission(|a| {
+                    if a.refused.len() < MAX_VIEW_PEERS || a.refused.contains_key(&id) {
+                        a.refused.insert(id, why);
+                    }
+                }),
+            }
+        }
+        let workers = admitted;
         // Workers that left (or were banned) are forgotten: the ledger stays as large as the
         // set of workers.
         ledger.retain(|p| workers.iter().any(|w| w.0 == *p) || busy.contains(p));
@@ -205,42 +283,60 @@ pub(super) async fn run(
             .pulls
             .mu_pool_milli
             .store((mu_pool * 1000.0) as u64, Ordering::Relaxed);
-        // Only groups still admissible after the next step count as buffered; those that fell
-        // out of the window are deleted by the training thread before each batch.
+        // The workers sharing the buffer: active and not shown bad (one whose groups were all
+        // refused does not shrink the others' part; a new one counts, so that an established
+        // worker's backlog cannot fill the buffer before the newcomer is ever pulled).
+        let active = workers
+            .iter()
+            .filter(|w| {
+                let h = shared.pipeline.history(&w.0.to_base58());
+                w.3 && (h.accepted > 0 || h.rejected == 0)
+            })
+            .count();
+        let established = workers
+            .iter()
+            .filter(|w| w.3 && !shared.pipeline.on_probation(&w.0.to_base58()))
+            .count();
+        shared
+            .established_active
+            .store(established, Ordering::Relaxed);
+        // Only groups still admissible after the next step count as buffered, and of those
+        // only what a batch under the share quota could use; those that fell out of the
+        // window are deleted by the training thread before each batch.
         let version = shared.version.load(Ordering::Relaxed);
         let v_min = window.floor(version);
-        let pending = buffer
-            .pending_from(window.buffered_from(version))
-            .unwrap_or(settings.target);
+        let buffered = buffered_view(&buffer, &shared, &settings, version, active, established);
         let need = settings
             .target
-            .saturating_sub(pending)
+            .saturating_sub(buffered.usable)
             .saturating_sub(asked);
-        let idle: Vec<&(p2p::PeerId, u64, f64)> =
+        let idle: Vec<&(p2p::PeerId, u64, f64, bool)> =
             workers.iter().filter(|w| !busy.contains(&w.0)).collect();
         if need == 0 || idle.is_empty() {
             continue;
         }
-        // What a worker claims (`pending`) is only an upper bound: its credit is what the
-        // learner saw it deliver ([`PullLedger`]); a claim of u64::MAX buys nothing. The +1
-        // tolerates a heartbeat that lags the worker's outbox.
-        let now = Instant::now();
-        let credits: Vec<u64> = idle
-            .iter()
-            .map(|w| ledger.credit(&w.0, w.1.saturating_add(1), now))
-            .collect();
+        let credits = credits(
+            &idle,
+            &ledger,
+            &buffered,
+            &busy,
+            &shared,
+            &settings,
+            active,
+            established,
+        );
         round = round.wrapping_add(1);
         let shares = allocate_capped(need, &credits, round);
         if let Ok(mut last) = shared.pulls.last.lock() {
             *last = Some((version, v_min));
         }
-        for (&&(peer, _, _), max_groups) in idle.iter().zip(shares) {
+        for (&&(peer, _, _, _), max_groups) in idle.iter().zip(shares) {
             if max_groups == 0 {
                 continue;
             }
             let client = client.clone();
             let buffer = buffer.clone();
-            let verifier = settings.verifier.clone();
+            let verifier = verifier.clone();
             let req = pull::PullRequest {
                 v_min,
                 max_groups,
@@ -267,6 +363,126 @@ pub(super) async fn run(
     }
 }
 
+/// The buffer by producer, for the next step's floor (a failed read counts as full: no pull
+/// this round).
+fn buffered_view(
+    buffer: &TrajectoryStore,
+    shared: &Shared,
+    settings: &PullSettings,
+    version: u64,
+    active: usize,
+    established: usize,
+) -> super::shares::BufferView {
+    let from = shared.window.buffered_from(version);
+    match buffer.scan(from, super::shares::SCAN_LIMIT) {
+        Ok(groups) => {
+            let groups: Vec<_> = groups.into_iter().map(|(_, g)| g).collect();
+            super::shares::view(
+                &groups,
+                &shared.pipeline,
+                settings.caps,
+                settings.target,
+                active,
+                established,
+            )
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the buffer");
+            super::shares::BufferView {
+                usable: settings.target,
+                ..Default::default()
+            }
+        }
+    }
+}
+
+/// Each idle worker's credit for the next pull: what it claims (`pending`) is only an upper
+/// bound — the learner's observation of its deliveries bounds it ([`PullLedger`]; a claim of
+/// u64::MAX buys nothing; the +1 tolerates a heartbeat that lags the worker's outbox) — and
+/// its share of the buffer bounds that ([`super::shares::pull_caps`]).
+#[allow(clippy::too_many_arguments)]
+fn credits(
+    idle: &[&(p2p::PeerId, u64, f64, bool)],
+    ledger: &PullLedger<p2p::PeerId>,
+    buffered: &super::shares::BufferView,
+    busy: &HashSet<p2p::PeerId>,
+    shared: &Shared,
+    settings: &PullSettings,
+    active: usize,
+    established: usize,
+) -> Vec<u64> {
+    let now = Instant::now();
+    let pipeline = &shared.pipeline;
+    let by_ledger: Vec<(String, u64, bool)> = idle
+        .iter()
+        .map(|w| {
+            let peer = w.0.to_base58();
+            let credit = ledger.credit(&w.0, w.1.saturating_add(1), now);
+            let probation = pipeline.on_probation(&peer);
+            (peer, credit, probation)
+        })
+        .collect();
+    let probation_in_flight: u64 = busy
+        .iter()
+        .filter(|p| pipeline.on_probation(&p.to_base58()))
+        .filter_map(|p| ledger.record(p).and_then(|r| r.in_flight))
+        .sum();
+    let caps = super::shares::pull_caps(
+        &by_ledger,
+        buffered,
+        probation_in_flight,
+        settings.caps,
+        settings.target,
+        active,
+        established,
+    );
+    let share =
+        control::admission::pull_share(settings.target, settings.caps.max_peer_share, active);
+    for (w, ((peer, _, _), (_, cut))) in idle.iter().zip(by_ledger.iter().zip(&caps)) {
+        if *cut && w.1 > share.saturating_mul(4) {
+            shared
+                .pulls
+                .with_admission(|a| bump(&mut a.backlog_capped, peer, 1));
+            metrics::counter!("learner_backlog_capped_total").increment(1);
+        }
+    }
+    caps.into_iter().map(|c| c.0).collect()
+}
+
+/// Drops the buffered groups of workers banned since the last look (by whatever part of the
+/// node banned them) and forgets their histories.
+async fn drop_banned(
+    client: &p2p::Client,
+    seen: &mut HashSet<p2p::PeerId>,
+    buffer: &Arc<TrajectoryStore>,
+    shared: &Shared,
+) {
+    let mut new = client.banned_peers();
+    new.retain(|p| !seen.contains(p));
+    for id in new {
+        seen.insert(id);
+        // Groups name their producer written out (base58), as does the pipeline's history.
+        let peer = id.to_base58();
+        shared.pipeline.forget(&peer);
+        let b = buffer.clone();
+        let p = peer.clone();
+        match tokio::task::spawn_blocking(move || b.reject_producer(&p)).await {
+            Ok(Ok(n)) => {
+                if n > 0 {
+                    tracing::warn!(%peer, groups = n, "a banned worker's buffered groups dropped untrained");
+                }
+                shared
+                    .pulls
+                    .rejected_after_ban
+                    .fetch_add(n, Ordering::Relaxed);
+                metrics::counter!("learner_groups_rejected_after_ban_total").increment(n);
+            }
+            Ok(Err(e)) => tracing::warn!(%peer, error = %e, "dropping a banned worker's groups"),
+            Err(e) => tracing::warn!(%peer, error = %e, "dropping a banned worker's groups"),
+        }
+    }
+}
+
 async fn record_outcome(
     shared: &Shared,
     client: &p2p::Client,
@@ -288,12 +504,23 @@ async fn record_outcome(
                 metrics::counter!("learner_groups_rejected_total").increment(out.invalid as u64);
                 tracing::warn!(%peer, invalid = out.invalid, reasons = ?out.rejected, "worker sent groups the learner refuses");
             }
-            // One strike per refused group, for the reason it was refused.
+            // The one table: one strike per refused group for the reason it was refused, or,
+            // on proof, a ban at once (its buffered groups are dropped at the next look).
             for (reason, count) in &out.rejected {
-                if let Some(s) = super::verify::strike_reason(reason) {
-                    for _ in 0..*count {
-                        strike(s).await;
+                let p = super::verify::penalty(reason);
+                match p.strike {
+                    Some(s) if p.ban_at_once => {
+                        tracing::warn!(%peer, %reason, "proof of forgery: banned at once");
+                        if let Err(e) = client.ban(peer, s).await {
+                            tracing::debug!(%peer, error = %e, "ban not recorded");
+                        }
                     }
+                    Some(s) => {
+                        for _ in 0..*count {
+                            strike(s).await;
+                        }
+                    }
+                    None => {}
                 }
             }
         }

@@ -1,18 +1,20 @@
-//! The learner's spot checks of pulled groups (`docs/security.md`, "Log-prob spot checks" and
-//! "Checkable sampling"), as a [`pull::GroupVerifier`]: for a sampled fraction of groups (and
-//! every new producer's first groups) one teacher-forced forward under the snapshot version
-//! the group claims recomputes the sampled tokens' log-probs and checks that each token is the
+//! The learner's spot checks of pulled groups (`docs/security.md`, "Log-prob spot checks"
+//! and "Checkable sampling"), the last stage of the verification pipeline
+//! (`learner::Pipeline`): for a drawn fraction of groups — the worker's check rate, 1 on
+//! probation, lower with a long verified history (`control::admission::check_rate`) — one
+//! teacher-forced forward under the snapshot version the group claims recomputes the sampled
+//! tokens' log-probs, compares them with the reported ones, and checks that each token is the
 //! one the canonical sampling rule draws for the uniform the learner prescribes
 //! (`learner::verdict`), with the tolerance and margin of the dtype the worker's heartbeats
 //! report ([`WorkerDtypes`]).
 //!
-//! Owns: the [`SpotChecker`] — the sampler and the rules of `learner::spot_check` and
-//! `learner::verdict`, a small cache of models by version loaded from the node's chunk store,
-//! the check of the claimed version against the versions this learner published, and the set
-//! of producers caught with a token the rule did not draw.
+//! Owns: the [`SpotChecker`] — the draw by a secret key and the rules of `learner::spot_check`
+//! and `learner::verdict`, a small cache of models by version loaded from the node's chunk
+//! store, the proof-level grade of a mismatch, the check of the claimed version against the
+//! versions this learner published, and the set of producers caught with a token the rule did
+//! not draw.
 //! Must not touch: the pull protocol, the chunk store's contents (read only) or the peer's
-//! penalty (the puller strikes the peer for every rejection the verifier returns; a
-//! `token_not_drawn` strike bans at once).
+//! penalty (the puller strikes the peer for every rejection the verifier returns).
 //!
 //! ## Rules
 //! - **Unpublished versions are refused, every group.** An honest worker only generates
@@ -30,24 +32,26 @@
 //! - **Local faults are not the peer's**: a snapshot that fails to load, or a tensor error, is
 //!   logged and counted ([`SpotStats::errors`]); the group passes.
 //! - A group the model cannot take (token id outside the vocabulary, too long) is refused as
-//!   a `logprob_mismatch` (the pull guard's limits normally refuse it first).
-//! - **Proof ends the check of a producer**: once a group of a producer holds a token the
-//!   rule did not draw (`token_not_drawn`), every later group of that producer is refused for
-//!   the same reason, checked or not — so the rest of the very pull that caught it is never
-//!   stored (the ban follows at the puller's first strike).
+//!   a `logprob_mismatch` (the pipeline's structure stage normally refuses it first).
+//! - **Proof.** A mismatch of at least [`PROOF_FACTOR`] × the tolerance is no numeric spread
+//!   — at the default tolerance 0.1 nats, twenty times the largest honest spread measured
+//!   even for a half-precision worker — but a forgery: refused as `logprob_forged`, which
+//!   bans at once (the penalty table, `verify.rs`).
+//! - **A token the rule did not draw is proof** (`token_not_drawn`, banned at once: the
+//!   margin covers every honest numeric spread). It ends the check of a producer: every later
+//!   group of that producer is refused for the same reason, checked or not — so the rest of
+//!   the very pull that caught it is never stored.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use learner::spot_check::{
-    SpotRule, SpotSampler, DEFAULT_FIRST_GROUPS, DEFAULT_FRACTION, MAX_TRACKED_PEERS,
-};
+use learner::spot_check::{selected_by_fraction, SpotRule, MAX_TRACKED_PEERS};
 use learner::verdict::{
     ByDtype, CheckReport, CheckSettings, SpotVerdict, WorkerDtype, DEFAULT_MARGIN,
     DEFAULT_TOLERANCE,
 };
-use learner::{LearnerError, MaskRule, ResponseTokens};
+use learner::{Checks, LearnerError, MaskRule, ResponseTokens, StageInput};
 use policy::rule::RuleParams;
 use policy::{Device, ModelConfig, Policy};
 use storage::record::GroupRejection;
@@ -55,20 +59,22 @@ use storage::{ChunkStore, TrajectoryGroup};
 
 /// Stable rejection reasons (the keys of the puller's per-reason counts).
 pub const REASON_MISMATCH: &str = "logprob_mismatch";
+/// A mismatch of at least [`PROOF_FACTOR`] × the tolerance.
+pub const REASON_FORGED: &str = "logprob_forged";
 pub const REASON_UNPUBLISHED: &str = "unpublished_version";
 /// A sampled token the canonical rule does not draw from its prescribed uniform: proof.
 pub const REASON_NOT_DRAWN: &str = "token_not_drawn";
 
+/// A difference of this many tolerances is proof of a forgery (see the module doc).
+pub const PROOF_FACTOR: f32 = 100.0;
+
 /// Models kept loaded by default (the two newest versions groups were checked under).
 pub const DEFAULT_CACHED_VERSIONS: usize = 2;
 
-/// The spot checker's settings (`[verification]` keys and the learner's sampling rule).
+/// The spot checker's settings (`[verification]` keys and the learner's sampling rule; which
+/// groups are checked is the pipeline's check rate).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SpotSettings {
-    /// Fraction of groups checked (`verification.spot_check_fraction`).
-    pub fraction: f64,
-    /// A producer's first groups always checked (`verification.spot_check_first_groups`).
-    pub first_groups: u32,
     /// Bound on `max |reported − recomputed|` per worker dtype
     /// (`verification.logprob_tolerance`).
     pub tolerance: ByDtype<f32>,
@@ -89,8 +95,6 @@ pub struct SpotSettings {
 impl Default for SpotSettings {
     fn default() -> Self {
         SpotSettings {
-            fraction: DEFAULT_FRACTION,
-            first_groups: DEFAULT_FIRST_GROUPS,
             tolerance: DEFAULT_TOLERANCE,
             margin: DEFAULT_MARGIN,
             temperature: 1.0,
@@ -154,7 +158,8 @@ pub fn dtype_of(report: Option<&p2p::DeviceReport>) -> WorkerDtype {
 pub struct SpotStats {
     /// Groups recomputed and compared.
     pub checked: u64,
-    /// Of those, failed on a log-prob beyond tolerance (rejected as `logprob_mismatch`).
+    /// Of those, failed on a log-prob beyond tolerance (rejected as `logprob_mismatch` or
+    /// `logprob_forged`).
     pub mismatches: u64,
     /// Of those, holding a token the rule did not draw (rejected as `token_not_drawn`).
     pub not_drawn: u64,
@@ -189,10 +194,11 @@ enum Held {
     Never,
 }
 
-/// The learner's log-prob spot checker (a [`pull::GroupVerifier`]).
+/// The learner's log-prob spot checker (a [`learner::Stage`]).
 pub struct SpotChecker {
     settings: SpotSettings,
-    sampler: Mutex<SpotSampler>,
+    /// Draws the checked groups; secret to this learner.
+    key: [u8; 32],
     dtypes: WorkerDtypes,
     masks: Arc<dyn MaskRule>,
     /// Producers caught with a token the rule did not draw (bounded; see the module doc).
@@ -216,7 +222,7 @@ impl std::fmt::Debug for SpotChecker {
 
 impl SpotChecker {
     /// A checker reading snapshots of `model` from `chunks`, recomputing on `device`. The
-    /// sampler's key is drawn at random (it must stay secret to this learner).
+    /// key that draws the checked groups is random (it must stay secret to this learner).
     pub fn new(
         settings: SpotSettings,
         chunks: Arc<ChunkStore>,
@@ -226,7 +232,7 @@ impl SpotChecker {
         Self::with_key(settings, chunks, model, device, rand::random())
     }
 
-    /// [`SpotChecker::new`] with a given sampler key (tests).
+    /// [`SpotChecker::new`] with a given draw key (tests).
     pub fn with_key(
         settings: SpotSettings,
         chunks: Arc<ChunkStore>,
@@ -256,11 +262,7 @@ impl SpotChecker {
             "sampling margins must be finite and >= 0, got {m:?}"
         );
         Ok(SpotChecker {
-            sampler: Mutex::new(SpotSampler::new(
-                settings.fraction,
-                settings.first_groups,
-                key,
-            )?),
+            key,
             dtypes: WorkerDtypes::default(),
             masks: Arc::new(ResponseTokens),
             condemned: Mutex::new(HashSet::new()),
@@ -350,9 +352,15 @@ impl SpotChecker {
         metrics::counter!("learner_spot_checks_total", "result" => result).increment(1);
     }
 
-    /// The check of `group` pulled from `producer` (base58 peer id); blocking (runs a forward
-    /// when the group is selected). See the module doc for the rules.
-    pub fn check(&self, producer: &str, group: &TrajectoryGroup) -> Result<(), GroupRejection> {
+    /// The check of `group` pulled from `producer` (base58 peer id), drawn with probability
+    /// `rate` (the worker's check rate); blocking (runs a forward when drawn). `Ok(true)` when
+    /// it was recomputed and passed. See the module doc for the rules.
+    pub fn check(
+        &self,
+        producer: &str,
+        group: &TrajectoryGroup,
+        rate: f64,
+    ) -> Result<bool, GroupRejection> {
         let c = &self.counters;
         if self.is_condemned(producer) {
             return Err(GroupRejection::Unverified {
@@ -363,10 +371,8 @@ impl SpotChecker {
         match self.held(group.version) {
             Ok(Held::Yes) => {}
             Ok(Held::Gone) => {
-                // Not drawn through the sampler: such a group must not use up one of its
-                // producer's always-checked first groups.
                 self.count(&c.skipped_unavailable, "skipped_unavailable");
-                return Ok(());
+                return Ok(false);
             }
             Ok(Held::Never) => {
                 self.count(&c.unpublished, "unpublished_version");
@@ -378,23 +384,23 @@ impl SpotChecker {
             Err(e) => {
                 tracing::warn!(error = %e, "spot check: reading the snapshot index failed");
                 self.count(&c.errors, "error");
-                return Ok(());
+                return Ok(false);
             }
         }
-        if !self.selected(producer, group) {
-            return Ok(());
+        if !selected_by_fraction(&group.group_id, &self.key, rate) {
+            return Ok(false);
         }
         let policy = match self.model_of(group.version) {
             Ok(Some(p)) => p,
             Ok(None) => {
                 self.count(&c.skipped_unavailable, "skipped_unavailable");
-                return Ok(());
+                return Ok(false);
             }
             Err(e) => {
                 tracing::warn!(version = group.version, error = %format!("{e:#}"),
                     "spot check: loading the snapshot failed");
                 self.count(&c.errors, "error");
-                return Ok(());
+                return Ok(false);
             }
         };
         let dtype = self.dtypes.get(producer);
@@ -410,7 +416,9 @@ impl SpotChecker {
             check_draws: s.check_sampling,
         };
         match learner::verdict::check_group(&policy, group, &settings, self.masks.as_ref()) {
-            Ok(report) => self.judge(producer, group, dtype, &settings, &report),
+            Ok(report) => self
+                .judge(producer, group, dtype, &settings, &report)
+                .map(|()| true),
             Err(LearnerError::Invalid(why)) => {
                 c.checked.fetch_add(1, Ordering::Relaxed);
                 self.count(&c.mismatches, "mismatch");
@@ -422,7 +430,7 @@ impl SpotChecker {
             Err(e) => {
                 tracing::warn!(error = %e, "spot check: recomputation failed");
                 self.count(&c.errors, "error");
-                Ok(())
+                Ok(false)
             }
         }
     }
@@ -454,8 +462,13 @@ impl SpotChecker {
                 c.checked.fetch_add(1, Ordering::Relaxed);
                 self.count(&c.mismatches, "mismatch");
                 let r = &report.logprobs;
+                let proof = r.max_abs_diff >= PROOF_FACTOR * settings.tolerance;
                 Err(GroupRejection::Unverified {
-                    reason: REASON_MISMATCH,
+                    reason: if proof {
+                        REASON_FORGED
+                    } else {
+                        REASON_MISMATCH
+                    },
                     detail: format!(
                         "max |Δ log-prob| {} at sample {} token {} > tolerance {} for a {} \
                          sampler (version {v})",
@@ -518,30 +531,18 @@ impl SpotChecker {
             s.insert(producer.to_string());
         }
     }
-
-    fn selected(&self, producer: &str, group: &TrajectoryGroup) -> bool {
-        self.sampler
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .select(producer, &group.group_id)
-            .is_checked()
-    }
 }
 
-/// The spot check as the last of the learner's verification layers (the only one that runs
-/// the model, so it sees only groups every cheaper layer passed).
-impl super::verify::Layer for SpotChecker {
+/// The spot check as the last stage of the learner's pipeline (the only one that runs the
+/// model, so it sees only groups every cheaper stage passed).
+impl learner::Stage for SpotChecker {
     fn name(&self) -> &'static str {
         REASON_MISMATCH
     }
-    fn check(&self, worker: &p2p::PeerId, group: &TrajectoryGroup) -> Result<(), GroupRejection> {
-        SpotChecker::check(self, &worker.to_base58(), group)
-    }
-}
-
-impl pull::GroupVerifier for SpotChecker {
-    fn verify(&self, worker: &p2p::PeerId, group: &TrajectoryGroup) -> Result<(), GroupRejection> {
-        self.check(&worker.to_base58(), group)
+    fn check(&self, input: &StageInput<'_>, checks: &mut Checks) -> Result<(), GroupRejection> {
+        checks.sampling_checked =
+            SpotChecker::check(self, input.worker, input.group, input.check_rate)?;
+        Ok(())
     }
 }
 

@@ -1,4 +1,3 @@
-use pull::GroupVerifier;
 use storage::{NodeKey, Sample, SignedManifest, SnapshotManifest};
 
 use super::*;
@@ -80,14 +79,27 @@ fn worker_group(snapshot: &[u8], version: u64, seq: u64) -> TrajectoryGroup {
     worker_group_in(snapshot, version, seq, policy::DType::F32)
 }
 
-fn settings(fraction: f64, first_groups: u32) -> SpotSettings {
+fn settings() -> SpotSettings {
     SpotSettings {
-        fraction,
-        first_groups,
         temperature: T,
         seed: SEED,
         ..SpotSettings::default()
     }
+}
+
+/// The check of a group drawn for sure (rate 1).
+fn run(c: &SpotChecker, g: &TrajectoryGroup) -> Result<(), GroupRejection> {
+    c.check(PRODUCER, g, 1.0).map(|_| ())
+}
+
+/// The check of a group pulled from `peer` at check rate `rate`.
+fn from(
+    c: &SpotChecker,
+    peer: &p2p::PeerId,
+    g: &TrajectoryGroup,
+    rate: f64,
+) -> Result<(), GroupRejection> {
+    c.check(&peer.to_base58(), g, rate).map(|_| ())
 }
 
 fn reason(r: Result<(), GroupRejection>) -> &'static str {
@@ -123,19 +135,18 @@ fn store_with_snapshots(dir: &std::path::Path) -> (Arc<ChunkStore>, Vec<u8>, Vec
 fn honest_groups_pass_and_forged_log_probs_fail() {
     let dir = tempfile::tempdir().unwrap();
     let (store, v2, v4) = store_with_snapshots(dir.path());
-    let checker =
-        SpotChecker::new(settings(1.0, 0), store, ModelConfig::tiny(), Device::Cpu).unwrap();
-    let peer = p2p::PeerId::random();
+    let checker = SpotChecker::new(settings(), store, ModelConfig::tiny(), Device::Cpu).unwrap();
     // f32 and bf16 snapshots: the learner loads the very bytes the worker installed.
     let honest2 = worker_group(&v2, 2, 1);
     let honest4 = worker_group(&v4, 4, 2);
-    assert_eq!(reason(checker.verify(&peer, &honest2)), "ok");
-    assert_eq!(reason(checker.verify(&peer, &honest4)), "ok");
-    for delta in [0.5f32, 0.05] {
+    assert_eq!(reason(run(&checker, &honest2)), "ok");
+    assert_eq!(reason(run(&checker, &honest4)), "ok");
+    // A difference within a hundred tolerances may be numeric; beyond, it is proof.
+    for (delta, why) in [(0.5f32, REASON_FORGED), (0.05, REASON_MISMATCH)] {
         let mut g = honest2.clone();
-        g.samples[1].sampler_logprobs[2] += delta;
-        let r = checker.verify(&peer, &g);
-        assert_eq!(reason(r.clone()), REASON_MISMATCH, "+{delta}");
+        g.samples[1].sampler_logprobs[2] -= delta;
+        let r = run(&checker, &g);
+        assert_eq!(reason(r.clone()), why, "-{delta}");
         assert!(r.unwrap_err().to_string().contains("sample 1 token 2"));
     }
     // Samples and log-probs of another version's weights do not pass as this version's:
@@ -143,7 +154,7 @@ fn honest_groups_pass_and_forged_log_probs_fail() {
     // log-prob drift), and the producer is condemned.
     let mut wrong = honest4.clone();
     wrong.version = 2;
-    assert_eq!(reason(checker.verify(&peer, &wrong)), REASON_NOT_DRAWN);
+    assert_eq!(reason(run(&checker, &wrong)), REASON_NOT_DRAWN);
     let s = checker.stats();
     assert_eq!(
         (s.checked, s.mismatches, s.not_drawn, s.errors),
@@ -157,52 +168,53 @@ fn honest_groups_pass_and_forged_log_probs_fail() {
 fn claimed_versions_are_checked_against_the_published_ones() {
     let dir = tempfile::tempdir().unwrap();
     let (store, v2, _) = store_with_snapshots(dir.path());
-    let checker =
-        SpotChecker::new(settings(1.0, 0), store, ModelConfig::tiny(), Device::Cpu).unwrap();
-    let peer = p2p::PeerId::random();
+    let checker = SpotChecker::new(settings(), store, ModelConfig::tiny(), Device::Cpu).unwrap();
     let honest = worker_group(&v2, 2, 3);
     // 3 lies between held versions and 5 after the newest: never published, forged claims.
     for v in [3, 5] {
         let mut g = honest.clone();
         g.version = v;
-        assert_eq!(
-            reason(checker.verify(&peer, &g)),
-            REASON_UNPUBLISHED,
-            "v{v}"
-        );
+        assert_eq!(reason(run(&checker, &g)), REASON_UNPUBLISHED, "v{v}");
     }
     // 0 was published and collected: unavailable, not the worker's fault.
     let mut old = honest.clone();
     old.version = 0;
     old.samples[0].sampler_logprobs[0] += 1.0;
-    assert_eq!(reason(checker.verify(&peer, &old)), "ok");
+    assert_eq!(reason(run(&checker, &old)), "ok");
     let s = checker.stats();
     assert_eq!((s.unpublished, s.skipped_unavailable, s.checked), (2, 1, 0));
 }
 
 #[test]
-fn only_sampled_and_first_groups_are_recomputed() {
+fn only_drawn_groups_are_recomputed() {
     let dir = tempfile::tempdir().unwrap();
     let (store, v2, _) = store_with_snapshots(dir.path());
     let checker =
-        SpotChecker::new(settings(0.0, 1), store, ModelConfig::tiny(), Device::Cpu).unwrap();
+        SpotChecker::with_key(settings(), store, ModelConfig::tiny(), Device::Cpu, [7; 32])
+            .unwrap();
     let mut forged = worker_group(&v2, 2, 4);
-    forged.samples[0].sampler_logprobs[0] += 0.5;
-    let (a, b) = (p2p::PeerId::random(), p2p::PeerId::random());
-    // Each new peer's first group is checked; with fraction 0 nothing after it is.
-    assert_eq!(reason(checker.verify(&a, &forged)), REASON_MISMATCH);
-    assert_eq!(reason(checker.verify(&a, &forged)), "ok");
-    assert_eq!(reason(checker.verify(&b, &forged)), REASON_MISMATCH);
-    assert_eq!(checker.stats().checked, 2);
+    forged.samples[0].sampler_logprobs[0] -= 0.5;
+    // Rate 1 (probation): checked; rate 0: never; in between, by the keyed draw of the id.
+    assert_eq!(
+        reason(checker.check(PRODUCER, &forged, 1.0).map(|_| ())),
+        REASON_FORGED
+    );
+    assert_eq!(checker.check(PRODUCER, &forged, 0.0), Ok(false));
+    let drawn = learner::spot_check::selected_by_fraction(&forged.group_id, &[7; 32], 0.5);
+    assert_eq!(checker.check(PRODUCER, &forged, 0.5).is_err(), drawn);
+    let honest = worker_group(&v2, 2, 8);
+    assert_eq!(
+        checker.check(PRODUCER, &honest, 1.0),
+        Ok(true),
+        "checked and passed"
+    );
 }
 
 #[test]
 fn groups_the_model_cannot_take_are_rejected_not_panics() {
     let dir = tempfile::tempdir().unwrap();
     let (store, v2, _) = store_with_snapshots(dir.path());
-    let checker =
-        SpotChecker::new(settings(1.0, 0), store, ModelConfig::tiny(), Device::Cpu).unwrap();
-    let peer = p2p::PeerId::random();
+    let checker = SpotChecker::new(settings(), store, ModelConfig::tiny(), Device::Cpu).unwrap();
     let honest = worker_group(&v2, 2, 5);
     let mut oov = honest.clone();
     oov.samples[0].response_tokens[0] = u32::MAX;
@@ -211,7 +223,7 @@ fn groups_the_model_cannot_take_are_rejected_not_panics() {
     let mut empty = honest;
     empty.samples.clear();
     for g in [oov, long, empty] {
-        assert_eq!(reason(checker.verify(&peer, &g)), REASON_MISMATCH);
+        assert_eq!(reason(run(&checker, &g)), REASON_MISMATCH);
     }
     assert!(SpotChecker::new(
         SpotSettings {
@@ -219,7 +231,7 @@ fn groups_the_model_cannot_take_are_rejected_not_panics() {
                 f32: 0.0,
                 ..DEFAULT_TOLERANCE
             },
-            ..settings(1.0, 0)
+            ..settings()
         },
         Arc::new(ChunkStore::open(&dir.path().join("other"), 1).unwrap()),
         ModelConfig::tiny(),
@@ -234,13 +246,12 @@ fn the_model_cache_is_bounded() {
     let (store, v2, v4) = store_with_snapshots(dir.path());
     let one = SpotSettings {
         cached_versions: 1,
-        ..settings(1.0, 0)
+        ..settings()
     };
     let checker = SpotChecker::new(one, store, ModelConfig::tiny(), Device::Cpu).unwrap();
-    let peer = p2p::PeerId::random();
     let (g2, g4) = (worker_group(&v2, 2, 6), worker_group(&v4, 4, 7));
     for g in [&g2, &g2, &g4, &g2] {
-        assert_eq!(reason(checker.verify(&peer, g)), "ok");
+        assert_eq!(reason(run(&checker, g)), "ok");
     }
     // 2 loaded, reused, evicted by 4, loaded again.
     assert_eq!(checker.stats().loads, 3);
@@ -254,8 +265,7 @@ fn written_responses_are_proof_and_condemn_their_producer() {
     let dir = tempfile::tempdir().unwrap();
     let (store, v2, _) = store_with_snapshots(dir.path());
     let policy = Policy::from_safetensors_bytes(&ModelConfig::tiny(), &v2, &Device::Cpu).unwrap();
-    let checker =
-        SpotChecker::new(settings(0.0, 1), store, ModelConfig::tiny(), Device::Cpu).unwrap();
+    let checker = SpotChecker::new(settings(), store, ModelConfig::tiny(), Device::Cpu).unwrap();
     let (bad, good) = (p2p::PeerId::random(), p2p::PeerId::random());
     let mut forced = worker_group(&v2, 2, 0);
     let want = policy::ByteTokenizer.encode("7777");
@@ -265,17 +275,17 @@ fn written_responses_are_proof_and_condemn_their_producer() {
         s.loss_mask = vec![1; want.len()];
         s.response_tokens = want.clone();
     }
-    let r = checker.verify(&bad, &forced);
+    let r = from(&checker, &bad, &forced, 1.0);
     assert_eq!(reason(r.clone()), REASON_NOT_DRAWN);
     assert!(r.unwrap_err().to_string().contains("not the rule's draw"));
-    // Its next group is honest and beyond its first groups (fraction 0): refused all the same.
+    // Its next group is honest and not drawn (rate 0): refused all the same.
     assert_eq!(
-        reason(checker.verify(&bad, &worker_group(&v2, 2, 1))),
+        reason(from(&checker, &bad, &worker_group(&v2, 2, 1), 0.0)),
         REASON_NOT_DRAWN
     );
     // Another peer is not affected.
     assert_eq!(
-        reason(checker.verify(&good, &worker_group(&v2, 2, 2))),
+        reason(from(&checker, &good, &worker_group(&v2, 2, 2), 1.0)),
         "ok"
     );
     let s = checker.stats();
@@ -285,14 +295,14 @@ fn written_responses_are_proof_and_condemn_their_producer() {
     let blind = SpotChecker::new(
         SpotSettings {
             check_sampling: false,
-            ..settings(1.0, 0)
+            ..settings()
         },
         store,
         ModelConfig::tiny(),
         Device::Cpu,
     )
     .unwrap();
-    assert_eq!(reason(blind.verify(&bad, &forced)), "ok");
+    assert_eq!(reason(from(&blind, &bad, &forced, 1.0)), "ok");
 }
 
 /// A worker sampling in f16 is judged with the f16 tolerance and margin its heartbeat names;
@@ -303,7 +313,7 @@ fn half_precision_workers_are_judged_by_their_reported_dtype() {
     let (store, v2, _) = store_with_snapshots(dir.path());
     let dtypes = WorkerDtypes::default();
     // Tight f32 limits (an f16 spread exceeds them), the default f16 ones.
-    let mut tight = settings(1.0, 0);
+    let mut tight = settings();
     tight.tolerance.f32 = 1e-6;
     tight.margin.f32 = 1e-9;
     let checker = SpotChecker::new(tight, store, ModelConfig::tiny(), Device::Cpu)
@@ -320,14 +330,14 @@ fn half_precision_workers_are_judged_by_their_reported_dtype() {
     assert_eq!(dtypes.get(&id), WorkerDtype::F16);
     for seq in 0..8 {
         let g = worker_group_in(&v2, 2, seq, policy::DType::F16);
-        assert_eq!(reason(checker.verify(&peer, &g)), "ok", "seq {seq}");
+        assert_eq!(reason(from(&checker, &peer, &g, 1.0)), "ok", "seq {seq}");
     }
     // Forgotten (no heartbeat): the f32 limits, which the f16 spread exceeds.
     dtypes.refresh([]);
     let refused = (0..8)
         .filter(|&seq| {
             let g = worker_group_in(&v2, 2, seq, policy::DType::F16);
-            reason(checker.verify(&peer, &g)) != "ok"
+            reason(from(&checker, &peer, &g, 1.0)) != "ok"
         })
         .count();
     assert!(refused > 0);

@@ -9,7 +9,9 @@ use learner::StepStats;
 
 use super::ctx::{Totals, TrainCtx};
 use super::NONE;
-use crate::api::{LastStep, LearnerStatus, RoleSection};
+use std::collections::BTreeMap;
+
+use crate::api::{AdmissionStatus, LastStep, LearnerStatus, RoleSection, WorkerStanding};
 use crate::config::LearnerMode;
 
 /// Recomputes the learner's status and publishes it to the role view (and μ_target to the
@@ -102,9 +104,68 @@ pub(super) fn update(c: &TrainCtx, t: &Totals, last: Option<&(StepStats, f64)>, 
         staleness_histogram: t.staleness.clone(),
         staleness_max: t.staleness_max,
         reward_first: t.reward_first,
-        reward_recent: (!t.recent_rewards.is_empty())
-            .then(|| t.recent_rewards.iter().sum::<f64>() / t.recent_rewards.len() as f64),
+        reward_recent: mean(&t.recent_rewards),
+        reward_basis: if c.rewards_recomputed {
+            "recomputed"
+        } else {
+            "reported"
+        }
+        .into(),
+        reward_recent_checked: mean(&t.recent_checked),
+        reward_checked_groups: t.recent_checked.len(),
+        groups_rejected_after_ban: s.pulls.rejected_after_ban(),
+        admission: admission(c),
         last_step,
     };
     c.view.set(RoleSection::Learner(Box::new(status)));
+}
+
+fn mean(xs: &std::collections::VecDeque<f64>) -> Option<f64> {
+    (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64)
+}
+
+/// The admission section: the rules in force, the puller's figures, the pipeline's
+/// histories.
+fn admission(c: &TrainCtx) -> AdmissionStatus {
+    let s = &c.shared;
+    let view = s.pulls.admission();
+    let mut evidence: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+    for (kind, m) in [
+        ("skipped", &view.skipped),
+        ("backlog_capped", &view.backlog_capped),
+    ] {
+        for (peer, n) in m.iter().filter(|(_, n)| **n > 0) {
+            evidence
+                .entry(peer.clone())
+                .or_default()
+                .insert(kind.into(), *n);
+        }
+    }
+    let probation = s.pipeline.probation();
+    let mut workers: Vec<WorkerStanding> = s
+        .pipeline
+        .histories()
+        .into_iter()
+        .map(|(peer, h)| WorkerStanding {
+            probation: control::admission::on_probation(&probation, h.accepted),
+            check_rate: control::admission::check_rate(&probation, h.accepted),
+            peer_id: peer,
+            accepted: h.accepted,
+            rejected: h.rejected,
+            skipped: h.skipped,
+        })
+        .collect();
+    workers.sort_by(|a, b| b.accepted.cmp(&a.accepted).then(a.peer_id.cmp(&b.peer_id)));
+    workers.truncate(256);
+    AdmissionStatus {
+        mode: c.admission.mode.as_str().into(),
+        pow_bits: c.admission.pow_bits,
+        probation_groups: probation.probation_groups,
+        max_peer_share: c.caps.max_peer_share,
+        probation_share: c.caps.probation_share,
+        established_workers: s.established_active.load(Ordering::Relaxed),
+        refused: view.refused,
+        evidence,
+        workers,
+    }
 }

@@ -7,6 +7,12 @@
 //! the journal still holds back into its buffer, so a `kill -9` between checkpoints loses no
 //! acknowledged group (it is trained again from the checkpoint's state).
 //!
+//! Batches are composed under the share quota (`control::admission::compose_batch`): no
+//! worker fills more than its share, the workers on probation together no more than theirs.
+//! The groups come out of the learner's own buffer, which holds only groups the verification
+//! pipeline accepted; they are handed to the trainer as `Verified` (re-wrapped by the
+//! pipeline, not checked again).
+//!
 //! Bad data never ends this thread: groups the trainer could not train (see
 //! `learner::Trainer::train_step`) are *quarantined* — kept under `<data_dir>/quarantine/`
 //! for inspection, counted, never trained, and their producers handed to
@@ -19,7 +25,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use learner::{LearnerError, StepStats, Trainer, Verdict};
+use learner::{LearnerError, StepStats, Trainer, Verdict, Verified};
 use serde_json::json;
 use storage::TrajectoryGroup;
 use tokio::sync::watch;
@@ -34,6 +40,8 @@ mod journal;
 const BUFFER_LEASE_TTL: Duration = Duration::from_secs(120);
 /// Steps averaged in the status' `reward_recent`.
 const RECENT_REWARDS: usize = 20;
+/// Fully verified groups averaged in the status' `reward_recent_checked`.
+pub(super) const RECENT_CHECKED: usize = 64;
 /// Steps whose T_train the median is taken over.
 const RECENT_STEPS: usize = 32;
 /// Consecutive training steps failing with an error (not bad data, which the trainer
@@ -129,12 +137,16 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
         }
         let idle = t_wait.elapsed().as_secs_f64();
         c.shared.pull_wake.notify_one();
-        let admitted: Vec<[u8; 16]> = hand
+        let batch: Vec<Verified<TrajectoryGroup>> = hand
+            .iter()
+            .map(|g| c.shared.pipeline.from_own_buffer(g.clone()))
+            .collect();
+        let admitted: Vec<[u8; 16]> = batch
             .iter()
             .filter(|g| c.trainer.classify(g) == Verdict::Admitted)
             .map(|g| g.group_id)
             .collect();
-        let st = match c.trainer.train_step(&hand) {
+        let st = match c.trainer.train_step(&batch) {
             Ok(st) => {
                 failed_steps = 0;
                 st
@@ -172,6 +184,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
             .collect();
         if st.stepped {
             count_trained_producers(&mut totals, &hand, &admitted, &st);
+            record_checked_rewards(&mut totals, &batch, &trained);
         }
         totals.add(&st, idle);
         if !st.stepped {
@@ -179,7 +192,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
             continue;
         }
         c.shared.version.store(st.version, Ordering::Relaxed);
-        export_step_metrics(&st, &totals);
+        export_step_metrics(&st, &totals, c.rewards_recomputed);
         let published = c.trainer.should_publish();
         if published {
             publish(&c.trainer, c.snapshot_dtype, &c.snap_tx)?;
@@ -230,6 +243,22 @@ fn count_trained_producers(
             "other".to_string()
         };
         metrics::counter!("learner_groups_trained_total", "producer" => label).increment(1);
+    }
+}
+
+/// Keeps the mean rewards of the trained groups that were fully verified (tokens and
+/// log-probs checked, rewards recomputed): what `reward_recent_checked` averages.
+fn record_checked_rewards(t: &mut Totals, batch: &[Verified<TrajectoryGroup>], trained: &[String]) {
+    for g in batch {
+        let c = g.checks();
+        if c.sampling_checked && c.rewards_recomputed && trained.contains(&hex::encode(g.group_id))
+        {
+            push_recent(
+                &mut t.recent_checked,
+                f64::from(g.mean_reward()),
+                RECENT_CHECKED,
+            );
+        }
     }
 }
 
@@ -344,11 +373,16 @@ fn gather(
             }
         }
         // Freshest first: with more admissible groups than a step uses, the oldest age out
-        // instead of every group aging towards the staleness limit (docs/learner.md).
-        match c
-            .buffer
-            .lease_newest(floor, b - hand.len(), BUFFER_LEASE_TTL)?
-        {
+        // instead of every group aging towards the staleness limit (docs/learner.md); within
+        // the share quota.
+        let established = c.shared.established_active.load(Ordering::Relaxed);
+        let lease = c.buffer.lease_selected(
+            floor,
+            super::shares::SCAN_LIMIT,
+            BUFFER_LEASE_TTL,
+            |cands| compose(c, &hand, cands, b, established),
+        )?;
+        match lease {
             Some(l) => {
                 leases.push(l.id);
                 hand.extend(l.groups.into_iter().map(|(_, g)| g));
@@ -370,6 +404,30 @@ fn gather(
     Ok(Some((hand, leases)))
 }
 
+/// Which of `cands` (newest first) join the batch `hand` of `b` groups: the share quota of
+/// `control::admission`, counting what `hand` already holds.
+fn compose(
+    c: &TrainCtx,
+    hand: &[TrajectoryGroup],
+    cands: &[(storage::GroupKey, TrajectoryGroup)],
+    b: usize,
+    established_active: usize,
+) -> Vec<usize> {
+    use control::admission::{batch_quota, compose_batch};
+    let mut index = std::collections::HashMap::new();
+    let p = &c.shared.pipeline;
+    let taken = super::shares::candidates(hand.iter(), p, &mut index);
+    let offered = super::shares::candidates(cands.iter().map(|(_, g)| g), p, &mut index);
+    let all: Vec<_> = taken.iter().chain(&offered).copied().collect();
+    let quota = batch_quota(
+        b,
+        c.caps,
+        established_active,
+        super::shares::established_offering(&all),
+    );
+    compose_batch(&offered, b - hand.len(), quota, &taken)
+}
+
 /// Splits a batch into the groups to train and those whose producer is banned.
 fn without_banned(
     hand: Vec<TrajectoryGroup>,
@@ -379,12 +437,19 @@ fn without_banned(
 }
 
 /// The step's figures as Prometheus series (the dashboard in `docs/grafana/` plots them).
-fn export_step_metrics(st: &StepStats, t: &Totals) {
+/// The reward says where it comes from (`basis`: recomputed by the learner, or reported by
+/// the workers); `learner_reward_checked_mean` averages fully verified groups only.
+fn export_step_metrics(st: &StepStats, t: &Totals, recomputed: bool) {
     let busy = t.idle_s + t.train_s;
     metrics::gauge!("learner_version").set(st.version as f64);
     metrics::gauge!("learner_bubble_ratio").set(if busy > 0.0 { t.idle_s / busy } else { 0.0 });
     metrics::histogram!("learner_t_train_seconds").record(st.t_train_s);
-    metrics::gauge!("learner_reward_mean").set(st.reward_mean);
+    let basis = if recomputed { "recomputed" } else { "reported" };
+    metrics::gauge!("learner_reward_mean", "basis" => basis).set(st.reward_mean);
+    if !t.recent_checked.is_empty() {
+        let m = t.recent_checked.iter().sum::<f64>() / t.recent_checked.len() as f64;
+        metrics::gauge!("learner_reward_checked_mean").set(m);
+    }
     metrics::gauge!("learner_staleness_max").set(st.staleness_max as f64);
     metrics::counter!("learner_groups_dropped_stale_total").increment(st.groups_stale as u64);
     metrics::counter!("learner_groups_dropped_zero_advantage_total")

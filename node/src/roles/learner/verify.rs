@@ -1,30 +1,36 @@
-//! The learner's verification of pulled groups (`docs/security.md`, "Verified rollouts"): an
-//! ordered list of [`Layer`]s run by the pull protocol ([`pull::pull_verified`]) on every
-//! group that passed `storage::record::check_group`, before the group is stored. The first
-//! layer that refuses a group names the reason; the puller turns it into a strike
-//! ([`strike_reason`]).
+//! The learner's verification of pulled groups (`docs/security.md`, "One verification
+//! pipeline"): the node's stages of the one chain (`learner::Pipeline`), the chain built from
+//! `[verification]`, its plug into the pull protocol ([`PullVerifier`]), and the one table
+//! from a rejection to its penalty ([`penalty`]).
 //!
-//! Layers, cheapest first:
+//! The chain, in order (the first refusal names the reason):
+//! 0. the pipeline's own first stage (`structure`): admissible version, schema, non-empty
+//!    sequences, vocabulary, context, log-prob floor, group size, producer = the peer pulled
+//!    from (`storage::record::check_group`);
 //! 1. [`SignatureLayer`] (`bad_signature`): the group is signed by the key of the peer it was
-//!    pulled from, which is also its `producer`.
+//!    pulled from;
 //! 2. [`PromptLayer`] (`wrong_prompt`): its prompt (id, text and tokens) is the one assigned
 //!    to (producer, `seq`) by `tasks::assign`, and the worker has not used that `seq` for
-//!    another group ([`STALE_SEQ`], without a strike, for a `seq` older than it remembers).
+//!    another group ([`STALE_SEQ`], without a strike, for a `seq` older than it remembers);
 //! 3. [`RewardLayer`] (`reward_mismatch`): every sample's reward, recomputed by the task from
-//!    the decoded response tokens, equals the reported one within [`REWARD_TOLERANCE`].
+//!    the decoded response tokens, equals the reported one within [`REWARD_TOLERANCE`];
 //! 4. [`MaskLayer`] (`mask_mismatch`): every sample's loss mask is the one the learner derives
-//!    from the tokens (`learner::mask`; the trainer trains on the derived mask only).
+//!    from the tokens (`learner::mask`; the trainer trains on the derived mask only);
+//! 5. the spot check (`super::spot`), at the worker's check rate, appended by the learner
+//!    role: log-probs recomputed under the claimed version (`logprob_mismatch` /
+//!    `logprob_forged`) and each sampled token the canonical sampling rule's draw for the
+//!    uniform the learner prescribes (`token_not_drawn`).
 //!
-//! More layers (the spot check: `logprob_mismatch`, `token_not_drawn`) are appended with
-//! [`Verifier::with_layer`]. Owns: the layers and the reason → strike mapping. Must not touch:
-//! the pull protocol, the store, the swarm (the puller strikes).
+//! Owns: these stages, the chain's assembly and the reason → penalty table. Must not touch:
+//! the pull protocol, the store, the swarm (the puller strikes and bans).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
+use learner::{Checks, Pipeline, Stage, StageInput};
 use p2p::{PeerId, StrikeReason};
 use policy::Tokenizer;
-use storage::record::GroupRejection;
+use storage::record::{GroupLimits, GroupRejection};
 use storage::TrajectoryGroup;
 use tasks::Task;
 
@@ -39,58 +45,49 @@ pub const SEQ_WINDOW: usize = 8192;
 /// Workers whose sequence numbers are remembered; past it the ledger forgets one.
 pub const MAX_TRACKED_WORKERS: usize = 1024;
 
-/// One verification step. `check` must be pure apart from its own bookkeeping, never panic,
-/// and return `GroupRejection::Unverified` with the layer's stable reason on refusal.
-pub trait Layer: Send + Sync {
-    /// The stable reason of this layer's rejections (a metrics label, a strike reason).
-    fn name(&self) -> &'static str;
-    fn check(&self, worker: &PeerId, group: &TrajectoryGroup) -> Result<(), GroupRejection>;
-}
-
-/// The learner's ordered verification layers; plugs into [`pull::pull_verified`].
-#[derive(Default)]
-pub struct Verifier {
-    layers: Vec<Box<dyn Layer>>,
-}
-
-impl Verifier {
-    /// Appends `layer` (it runs after the ones already present).
-    pub fn with_layer(mut self, layer: impl Layer + 'static) -> Self {
-        self.layers.push(Box::new(layer));
-        self
+/// The learner's pipeline of the stages `[verification]` switches on (the spot check is
+/// appended by the caller: it needs the chunk store), for a learner whose public key is
+/// `learner_key` (the assignment seed derives from it and the swarm id), checking structure
+/// against `limits` (its model's), with the probation rule of `[verification]`.
+pub fn pipeline_for_learner(
+    config: &NodeConfig,
+    learner_key: &[u8; 32],
+    limits: GroupLimits,
+) -> anyhow::Result<Pipeline> {
+    let v = &config.verification;
+    let mut out = Pipeline::with_probation(limits, v.probation());
+    if v.signatures {
+        out = out.with_stage(SignatureLayer);
     }
-
-    /// The layers' names, in order.
-    pub fn layer_names(&self) -> Vec<&'static str> {
-        self.layers.iter().map(|l| l.name()).collect()
-    }
-
-    /// The layers `[verification]` switches on, for a learner whose public key is
-    /// `learner_key` (the assignment seed derives from it and the swarm id).
-    pub fn for_learner(config: &NodeConfig, learner_key: &[u8; 32]) -> anyhow::Result<Self> {
-        let v = &config.verification;
-        let mut out = Verifier::default();
-        if v.signatures {
-            out = out.with_layer(SignatureLayer);
+    if v.assigned_prompts || v.recompute_rewards {
+        let task = super::super::build_task(config)?;
+        let tokenizer = Arc::new(learner_tokenizer(config)?);
+        if v.assigned_prompts {
+            let seed = tasks::assign::assignment_seed(&config.swarm_id, learner_key);
+            out = out.with_stage(PromptLayer::new(task.clone(), tokenizer.clone(), seed));
         }
-        if v.assigned_prompts || v.recompute_rewards {
-            let task = super::super::build_task(config)?;
-            let tokenizer = Arc::new(learner_tokenizer(config)?);
-            if v.assigned_prompts {
-                let seed = tasks::assign::assignment_seed(&config.swarm_id, learner_key);
-                out = out.with_layer(PromptLayer::new(task.clone(), tokenizer.clone(), seed));
-            }
-            if v.recompute_rewards {
-                out = out.with_layer(RewardLayer { task, tokenizer });
-            }
+        if v.recompute_rewards {
+            out = out.with_stage(RewardLayer { task, tokenizer });
         }
-        Ok(out.with_layer(MaskLayer(super::super::mask_rule(config))))
     }
+    Ok(out.with_stage(MaskLayer(super::super::mask_rule(config))))
 }
 
-impl pull::GroupVerifier for Verifier {
-    fn verify(&self, worker: &PeerId, group: &TrajectoryGroup) -> Result<(), GroupRejection> {
-        self.layers.iter().try_for_each(|l| l.check(worker, group))
+/// The pipeline as the pull protocol's verifier: every decoded group runs the whole chain
+/// (with the pull's `v_min`) before it is stored.
+#[derive(Clone)]
+pub struct PullVerifier(pub Arc<Pipeline>);
+
+impl pull::GroupVerifier for PullVerifier {
+    fn verify(
+        &self,
+        worker: &PeerId,
+        req: &pull::PullRequest,
+        group: &TrajectoryGroup,
+    ) -> Result<(), GroupRejection> {
+        self.0
+            .check(&worker.to_base58(), req.v_min, group)
+            .map(|_| ())
     }
 }
 
@@ -109,20 +106,79 @@ fn learner_tokenizer(config: &NodeConfig) -> anyhow::Result<Tokenizer> {
 /// struck — an honest worker holding many groups may have one pulled that late.
 pub const STALE_SEQ: &str = "stale_seq";
 
-/// The strike a rejection reason earns (`None`: not the worker's fault, e.g. a group that
-/// aged out of the window in transit, or of the sequence-number window).
-pub fn strike_reason(reason: &str) -> Option<StrikeReason> {
-    Some(match reason {
-        "inadmissible" | STALE_SEQ => return None,
-        "bad_signature" => StrikeReason::BadSignature,
-        "wrong_prompt" => StrikeReason::WrongPrompt,
-        "reward_mismatch" => StrikeReason::RewardMismatch,
-        "logprob_mismatch" => StrikeReason::LogprobMismatch,
-        "mask_mismatch" => StrikeReason::MaskMismatch,
-        "token_not_drawn" => StrikeReason::TokenNotDrawn,
-        // The schema and limit checks of `check_group`, and any future layer without its own.
-        _ => StrikeReason::InvalidGroup,
-    })
+/// What a rejection costs the worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Penalty {
+    /// The strike it earns (`None`: not the worker's fault).
+    pub strike: Option<StrikeReason>,
+    /// Proof no honest worker can produce, whatever the network or numerics did: the worker
+    /// is banned at once, and its buffered groups not yet trained are dropped.
+    pub ban_at_once: bool,
+}
+
+/// The one table from a rejection reason (every stage's, the pull protocol's) to its penalty,
+/// with the reason for each row:
+/// - `inadmissible`, `stale_seq`: no strike (aged out in transit; an old number pulled late);
+/// - `unpublished_version` and the structure reasons (`malformed`, `token_out_of_vocab`,
+///   `too_long`, `logprob_out_of_range`, `group_size`, `forged_producer`): `invalid_group`;
+/// - `bad_signature`, `wrong_prompt`, `reward_mismatch`, `logprob_mismatch`: their own
+///   strike, three to a ban (`network.ban_after_strikes`): a mis-configured or out-of-date
+///   honest worker can produce them;
+/// - `logprob_forged` (a log-prob at least a hundred tolerances off, `super::spot`):
+///   `logprob_mismatch`, banned at once;
+/// - `mask_mismatch` (a loss mask other than the learner's own): its strike, three to a ban;
+/// - `token_not_drawn` (a spot-checked token the canonical sampling rule does not draw from
+///   the prescribed uniform beyond the dtype's margin, `super::spot`): banned at once — the
+///   margin covers every honest numeric spread, so only a written response or another
+///   version's samples produce it;
+/// - `untrainable` (the trainer's numeric guard quarantined a group every stage passed): no
+///   strike — nothing shows that the worker lied;
+/// - any other reason (a stage added later without a row): `invalid_group`.
+pub const PENALTIES: &[(&str, Option<StrikeReason>, bool)] = &[
+    ("inadmissible", None, false),
+    (STALE_SEQ, None, false),
+    ("untrainable", None, false),
+    ("malformed", Some(StrikeReason::InvalidGroup), false),
+    (
+        "token_out_of_vocab",
+        Some(StrikeReason::InvalidGroup),
+        false,
+    ),
+    ("too_long", Some(StrikeReason::InvalidGroup), false),
+    (
+        "logprob_out_of_range",
+        Some(StrikeReason::InvalidGroup),
+        false,
+    ),
+    ("group_size", Some(StrikeReason::InvalidGroup), false),
+    ("forged_producer", Some(StrikeReason::InvalidGroup), false),
+    (
+        "unpublished_version",
+        Some(StrikeReason::InvalidGroup),
+        false,
+    ),
+    ("bad_signature", Some(StrikeReason::BadSignature), false),
+    ("wrong_prompt", Some(StrikeReason::WrongPrompt), false),
+    ("reward_mismatch", Some(StrikeReason::RewardMismatch), false),
+    (
+        "logprob_mismatch",
+        Some(StrikeReason::LogprobMismatch),
+        false,
+    ),
+    ("logprob_forged", Some(StrikeReason::LogprobMismatch), true),
+    ("mask_mismatch", Some(StrikeReason::MaskMismatch), false),
+    ("token_not_drawn", Some(StrikeReason::TokenNotDrawn), true),
+];
+
+/// The penalty of a rejection `reason` ([`PENALTIES`]).
+pub fn penalty(reason: &str) -> Penalty {
+    let row = PENALTIES.iter().find(|(r, _, _)| *r == reason);
+    let (strike, ban_at_once) =
+        row.map_or((Some(StrikeReason::InvalidGroup), false), |r| (r.1, r.2));
+    Penalty {
+        strike,
+        ban_at_once,
+    }
 }
 
 fn reject(reason: &'static str, detail: impl Into<String>) -> GroupRejection {
@@ -146,18 +202,23 @@ pub fn peer_public_key(peer: &PeerId) -> Option<[u8; 32]> {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SignatureLayer;
 
-impl Layer for SignatureLayer {
+impl Stage for SignatureLayer {
     fn name(&self) -> &'static str {
         "bad_signature"
     }
-    fn check(&self, worker: &PeerId, group: &TrajectoryGroup) -> Result<(), GroupRejection> {
-        if group.producer != worker.to_base58() {
+    fn check(&self, input: &StageInput<'_>, _: &mut Checks) -> Result<(), GroupRejection> {
+        let group = input.group;
+        if group.producer != input.worker {
             return Err(reject(
                 self.name(),
                 format!("producer {:?} is not the peer pulled from", group.producer),
             ));
         }
-        let key = peer_public_key(worker)
+        let key = input
+            .worker
+            .parse::<PeerId>()
+            .ok()
+            .and_then(|p| peer_public_key(&p))
             .ok_or_else(|| reject(self.name(), "the peer id does not embed an ed25519 key"))?;
         group
             .verify_signature(&key)
@@ -228,16 +289,17 @@ pub fn check_assigned_prompt(
     Ok(())
 }
 
-impl Layer for PromptLayer {
+impl Stage for PromptLayer {
     fn name(&self) -> &'static str {
         "wrong_prompt"
     }
-    fn check(&self, worker: &PeerId, group: &TrajectoryGroup) -> Result<(), GroupRejection> {
+    fn check(&self, input: &StageInput<'_>, _: &mut Checks) -> Result<(), GroupRejection> {
+        let group = input.group;
         check_assigned_prompt(self.task.as_ref(), &self.tokenizer, &self.seed, group)
             .map_err(|d| reject(self.name(), d))?;
         let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
         ledger
-            .admit(worker, group.seq, group.group_id)
+            .admit(input.worker, group.seq, group.group_id)
             .map_err(|e| match e {
                 SeqRefusal::Reused(seq) => {
                     reject(self.name(), format!("seq {seq} reused for another group"))
@@ -270,7 +332,7 @@ pub enum SeqRefusal {
 /// trainer's consumed-id record).
 #[derive(Debug, Default)]
 pub struct SeqLedger {
-    workers: HashMap<PeerId, WorkerSeqs>,
+    workers: HashMap<String, WorkerSeqs>,
 }
 
 #[derive(Debug, Default)]
@@ -282,18 +344,13 @@ struct WorkerSeqs {
 
 impl SeqLedger {
     /// Records `seq` → `group_id` for `worker`, or says why it is refused.
-    pub fn admit(
-        &mut self,
-        worker: &PeerId,
-        seq: u64,
-        group_id: [u8; 16],
-    ) -> Result<(), SeqRefusal> {
+    pub fn admit(&mut self, worker: &str, seq: u64, group_id: [u8; 16]) -> Result<(), SeqRefusal> {
         if !self.workers.contains_key(worker) && self.workers.len() >= MAX_TRACKED_WORKERS {
-            if let Some(k) = self.workers.keys().next().copied() {
+            if let Some(k) = self.workers.keys().next().cloned() {
                 self.workers.remove(&k);
             }
         }
-        let w = self.workers.entry(*worker).or_default();
+        let w = self.workers.entry(worker.to_string()).or_default();
         if seq < w.floor {
             return Err(SeqRefusal::BelowWindow {
                 seq,
@@ -359,23 +416,27 @@ pub fn check_rewards(
     Ok(())
 }
 
-impl Layer for RewardLayer {
+impl Stage for RewardLayer {
     fn name(&self) -> &'static str {
         "reward_mismatch"
     }
-    fn check(&self, _: &PeerId, group: &TrajectoryGroup) -> Result<(), GroupRejection> {
-        check_rewards(self.task.as_ref(), &self.tokenizer, group).map_err(|(r, d)| reject(r, d))
+    fn check(&self, input: &StageInput<'_>, checks: &mut Checks) -> Result<(), GroupRejection> {
+        check_rewards(self.task.as_ref(), &self.tokenizer, input.group)
+            .map_err(|(r, d)| reject(r, d))?;
+        checks.rewards_recomputed = true;
+        Ok(())
     }
 }
 
 /// `mask_mismatch`: the sent loss masks are the learner's own (see `learner::mask`).
 pub struct MaskLayer(pub Arc<dyn learner::MaskRule>);
 
-impl Layer for MaskLayer {
+impl Stage for MaskLayer {
     fn name(&self) -> &'static str {
         "mask_mismatch"
     }
-    fn check(&self, _: &PeerId, group: &TrajectoryGroup) -> Result<(), GroupRejection> {
+    fn check(&self, input: &StageInput<'_>, _: &mut Checks) -> Result<(), GroupRejection> {
+        let group = input.group;
         learner::mask::check_masks(self.0.as_ref(), group)
             .map_err(|e| reject(self.name(), format!("seq {}: {e}", group.seq)))
     }

@@ -1,7 +1,6 @@
 //! Tests of the learner's verification layers on real groups of the `arith` task.
 
 use super::*;
-use pull::GroupVerifier;
 use storage::{NodeKey, Sample};
 
 const SWARM: &str = "verify-test";
@@ -69,20 +68,29 @@ fn honest(w: &Worker, seq: u64) -> TrajectoryGroup {
     g
 }
 
-fn verifier() -> Verifier {
+/// The node's stages behind a pipeline checking structure against `limits`.
+fn verifier_with(limits: GroupLimits) -> Pipeline {
     let tok = Arc::new(Tokenizer::byte());
-    Verifier::default()
-        .with_layer(SignatureLayer)
-        .with_layer(PromptLayer::new(task(), tok.clone(), seed()))
-        .with_layer(RewardLayer {
+    Pipeline::new(limits)
+        .with_stage(SignatureLayer)
+        .with_stage(PromptLayer::new(task(), tok.clone(), seed()))
+        .with_stage(RewardLayer {
             task: task(),
             tokenizer: tok,
         })
-        .with_layer(MaskLayer(Arc::new(learner::ResponseTokens)))
+        .with_stage(MaskLayer(Arc::new(learner::ResponseTokens)))
 }
 
-fn reason(v: &Verifier, w: &Worker, g: &TrajectoryGroup) -> Option<&'static str> {
-    v.verify(&w.peer, g).err().map(|e| e.reason())
+fn verifier() -> Pipeline {
+    verifier_with(GroupLimits::PERMISSIVE)
+}
+
+fn check(v: &Pipeline, w: &Worker, g: &TrajectoryGroup) -> Result<Checks, GroupRejection> {
+    v.check(&w.peer.to_base58(), 0, g)
+}
+
+fn reason(v: &Pipeline, w: &Worker, g: &TrajectoryGroup) -> Option<&'static str> {
+    check(v, w, g).err().map(|e| e.reason())
 }
 
 /// Applies `edit` and re-signs with the worker's own key (a worker lying consistently).
@@ -97,8 +105,9 @@ fn edited(w: &Worker, seq: u64, edit: impl FnOnce(&mut TrajectoryGroup)) -> Traj
 fn honest_groups_pass_every_layer() {
     let (v, w) = (verifier(), worker(1));
     assert_eq!(
-        v.layer_names(),
+        v.stage_names(),
         [
+            "structure",
             "bad_signature",
             "wrong_prompt",
             "reward_mismatch",
@@ -111,7 +120,8 @@ fn honest_groups_pass_every_layer() {
             g.samples[0].reward > g.samples[1].reward,
             "one right answer"
         );
-        assert_eq!(reason(&v, &w, &g), None, "seq {seq}");
+        let checks = check(&v, &w, &g).unwrap_or_else(|e| panic!("seq {seq}: {e}"));
+        assert!(checks.rewards_recomputed && !checks.sampling_checked);
     }
     // A repeated pull of the same group (lost ack) is not a reuse.
     assert_eq!(reason(&v, &w, &honest(&w, 3)), None);
@@ -133,9 +143,10 @@ fn signatures_must_be_the_pulled_peers() {
     let mut g = honest(&w, 0);
     g.samples[1].reward = 1.0; // altered after signing
     assert_eq!(reason(&v, &w, &g), Some("bad_signature"));
-    // A valid group of `other`, relayed by `w`: the producer is not the pulled peer.
+    // A valid group of `other`, relayed by `w`: the producer is not the pulled peer (the
+    // structure stage, first in the chain, says so).
     let g = honest(&other, 0);
-    assert_eq!(reason(&v, &w, &g), Some("bad_signature"));
+    assert_eq!(reason(&v, &w, &g), Some("forged_producer"));
     assert_eq!(reason(&v, &other, &g), None);
 }
 
@@ -195,7 +206,7 @@ fn a_sequence_number_is_used_once() {
 #[test]
 fn the_seq_ledger_is_bounded_and_refuses_what_it_forgot() {
     let mut l = SeqLedger::default();
-    let p = worker(1).peer;
+    let p = worker(1).peer.to_base58();
     for s in 0..(SEQ_WINDOW as u64 + 10) {
         l.admit(&p, s, [1; 16]).unwrap();
     }
@@ -207,7 +218,7 @@ fn the_seq_ledger_is_bounded_and_refuses_what_it_forgot() {
     assert!(l.admit(&p, top, [1; 16]).is_ok());
     assert_eq!(l.admit(&p, top, [2; 16]), Err(SeqRefusal::Reused(top)));
     for _ in 0..(MAX_TRACKED_WORKERS + 5) {
-        l.admit(&PeerId::random(), 0, [0; 16]).unwrap();
+        l.admit(&PeerId::random().to_base58(), 0, [0; 16]).unwrap();
     }
     assert!(l.workers.len() <= MAX_TRACKED_WORKERS);
 }
@@ -216,7 +227,7 @@ fn the_seq_ledger_is_bounded_and_refuses_what_it_forgot() {
 fn rewards_are_recomputed() {
     let (v, w) = (verifier(), worker(1));
     let g = edited(&w, 0, |g| g.samples[1].reward = 1.0);
-    let e = v.verify(&w.peer, &g).unwrap_err();
+    let e = check(&v, &w, &g).unwrap_err();
     assert_eq!(e.reason(), "reward_mismatch");
     assert!(e.to_string().contains("recomputed"), "{e}");
     let g = edited(&w, 0, |g| g.samples[0].reward -= 1e-3);
@@ -235,7 +246,7 @@ fn rewards_are_recomputed() {
     });
     assert_eq!(reason(&v, &w, &g), Some("reward_mismatch"));
     // An unknown prompt id cannot be scored (with the prompt layer off).
-    let rewards_only = Verifier::default().with_layer(RewardLayer {
+    let rewards_only = Pipeline::new(GroupLimits::PERMISSIVE).with_stage(RewardLayer {
         task: task(),
         tokenizer: Arc::new(Tokenizer::byte()),
     });
@@ -244,31 +255,20 @@ fn rewards_are_recomputed() {
 }
 
 #[test]
-fn rejections_map_to_strikes() {
+fn rejections_map_to_penalties_in_one_table() {
+    let strike = |r| penalty(r).strike;
+    assert_eq!(strike("bad_signature"), Some(StrikeReason::BadSignature));
+    assert_eq!(strike("wrong_prompt"), Some(StrikeReason::WrongPrompt));
     assert_eq!(
-        strike_reason("bad_signature"),
-        Some(StrikeReason::BadSignature)
-    );
-    assert_eq!(
-        strike_reason("wrong_prompt"),
-        Some(StrikeReason::WrongPrompt)
-    );
-    assert_eq!(
-        strike_reason("reward_mismatch"),
+        strike("reward_mismatch"),
         Some(StrikeReason::RewardMismatch)
     );
     assert_eq!(
-        strike_reason("logprob_mismatch"),
+        strike("logprob_mismatch"),
         Some(StrikeReason::LogprobMismatch)
     );
-    assert_eq!(
-        strike_reason("mask_mismatch"),
-        Some(StrikeReason::MaskMismatch)
-    );
-    // Proof-level: a token the sampling rule did not draw bans at once.
-    let s = strike_reason("token_not_drawn").unwrap();
-    assert_eq!(s, StrikeReason::TokenNotDrawn);
-    assert!(s.bans_at_once());
+    assert_eq!(strike("mask_mismatch"), Some(StrikeReason::MaskMismatch));
+    assert!(!penalty("mask_mismatch").ban_at_once);
     for r in [
         "malformed",
         "token_out_of_vocab",
@@ -276,24 +276,52 @@ fn rejections_map_to_strikes() {
         "logprob_out_of_range",
         "group_size",
         "forged_producer",
+        "unpublished_version",
+        "a_stage_without_a_row",
     ] {
-        assert_eq!(strike_reason(r), Some(StrikeReason::InvalidGroup), "{r}");
+        assert_eq!(strike(r), Some(StrikeReason::InvalidGroup), "{r}");
+        assert!(!penalty(r).ban_at_once, "{r}");
     }
-    assert_eq!(strike_reason("inadmissible"), None);
+    assert_eq!(strike("inadmissible"), None);
+    assert_eq!(strike(STALE_SEQ), None, "an honest worker's late group");
+    assert_eq!(strike("untrainable"), None);
+    // Proof bans at once, under the strike that names what happened.
     assert_eq!(
-        strike_reason(STALE_SEQ),
-        None,
-        "an honest worker's late group"
+        penalty(super::super::spot::REASON_FORGED),
+        Penalty {
+            strike: Some(StrikeReason::LogprobMismatch),
+            ban_at_once: true
+        }
     );
+    // Proof-level: a token the sampling rule did not draw bans at once.
+    assert_eq!(
+        penalty(super::super::spot::REASON_NOT_DRAWN),
+        Penalty {
+            strike: Some(StrikeReason::TokenNotDrawn),
+            ban_at_once: true
+        }
+    );
+    let at_once: Vec<&str> = PENALTIES.iter().filter(|r| r.2).map(|r| r.0).collect();
+    assert_eq!(at_once, ["logprob_forged", "token_not_drawn"]);
+    // Every row once.
+    let mut names: Vec<&str> = PENALTIES.iter().map(|r| r.0).collect();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), PENALTIES.len());
 }
 
 #[test]
-fn the_config_selects_the_layers() {
+fn the_config_selects_the_stages() {
     let mut c = NodeConfig::new(crate::config::Role::Learner, SWARM, "d".into());
-    let names = |c: &NodeConfig| Verifier::for_learner(c, &[9; 32]).unwrap().layer_names();
+    let names = |c: &NodeConfig| {
+        pipeline_for_learner(c, &[9; 32], GroupLimits::PERMISSIVE)
+            .unwrap()
+            .stage_names()
+    };
     assert_eq!(
         names(&c),
         [
+            "structure",
             "bad_signature",
             "wrong_prompt",
             "reward_mismatch",
@@ -302,22 +330,23 @@ fn the_config_selects_the_layers() {
     );
     c.verification.signatures = false;
     c.verification.recompute_rewards = false;
-    assert_eq!(names(&c), ["wrong_prompt", "mask_mismatch"]);
+    assert_eq!(names(&c), ["structure", "wrong_prompt", "mask_mismatch"]);
     c.verification.assigned_prompts = false;
     // The learner owns the loss mask: its check is never switched off.
-    assert_eq!(names(&c), ["mask_mismatch"]);
-    // The learner's prompt layer agrees with a worker configured with its key.
+    assert_eq!(names(&c), ["structure", "mask_mismatch"]);
+    // The learner's prompt stage agrees with a worker configured with its key.
     let c = NodeConfig::new(crate::config::Role::Learner, SWARM, "d".into());
-    let v = Verifier::for_learner(&c, &[9; 32]).unwrap();
+    let v = pipeline_for_learner(&c, &[9; 32], GroupLimits::PERMISSIVE).unwrap();
     let w = worker(3);
     assert_eq!(reason(&v, &w, &honest(&w, 11)), None);
+    assert_eq!(v.probation(), c.verification.probation());
 }
 
 #[cfg(feature = "adversary")]
 #[test]
 fn every_test_only_group_attack_is_caught_where_it_should_be() {
     use crate::misbehave::Attack;
-    use storage::record::{check_group, GroupLimits, DEFAULT_LOGPROB_FLOOR};
+    use storage::record::DEFAULT_LOGPROB_FLOOR;
     let model = policy::ModelConfig::tiny();
     let limits = GroupLimits {
         vocab_size: model.vocab_size,
@@ -325,13 +354,8 @@ fn every_test_only_group_attack_is_caught_where_it_should_be() {
         logprob_floor: DEFAULT_LOGPROB_FLOOR,
         group_size: 2,
     };
-    let (v, w) = (verifier(), worker(1));
-    let full = |g: &TrajectoryGroup| {
-        check_group(g, &limits, &w.peer.to_base58())
-            .and_then(|()| v.verify(&w.peer, g))
-            .err()
-            .map(|e| e.reason())
-    };
+    let (v, w) = (verifier_with(limits), worker(1));
+    let full = |g: &TrajectoryGroup| reason(&v, &w, g);
     let cases = [
         (Attack::InflatedReward, Some("reward_mismatch")),
         // In range: only the log-prob spot check can tell (not one of these layers).
@@ -341,7 +365,17 @@ fn every_test_only_group_attack_is_caught_where_it_should_be() {
         (Attack::Overlong, Some("too_long")),
         (Attack::BadSignature, None),
         (Attack::MaskPoisoning, Some("mask_mismatch")),
+        // Forged log-probs too (once past their honest prefix).
+        (Attack::LateLiar, None),
+        (Attack::SybilRekey, None),
     ];
+    use crate::misbehave::{LATE_LIAR_HONEST_GROUPS, SYBIL_HONEST_GROUPS};
+    use crate::roles::rollout::forges;
+    assert!(!forges(Attack::LateLiar, LATE_LIAR_HONEST_GROUPS - 1));
+    assert!(forges(Attack::LateLiar, LATE_LIAR_HONEST_GROUPS));
+    assert!(!forges(Attack::SybilRekey, SYBIL_HONEST_GROUPS - 1));
+    assert!(forges(Attack::SybilRekey, SYBIL_HONEST_GROUPS));
+    assert!(forges(Attack::InflatedReward, 0));
     for (seq, (attack, want)) in cases.into_iter().enumerate() {
         let mut g = honest(&w, seq as u64);
         assert_eq!(full(&g), None, "{attack}: the honest group passes");

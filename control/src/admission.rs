@@ -1,0 +1,374 @@
+//! Probation and shares: how much the learner checks, and how much it trains, of a worker
+//! it does not know yet (`docs/security.md`, "Probation and admission").
+//!
+//! Identities are cheap: a banned worker comes back under a fresh key. What a fresh key can
+//! take is therefore bounded by rules that depend only on what the learner *verified* of that
+//! key, never on what it claims:
+//!
+//! - **Probation** ([`on_probation`]): a worker's first [`ProbationParams::probation_groups`]
+//!   accepted groups are all checked in full (the log-prob and sampling check, the costliest
+//!   layer), and each is held until its check is done (the learner verifies before it
+//!   stores). Its pull credit starts at one group (`PullLedger`'s initial estimate).
+//! - **Check rate** ([`check_rate`]): after probation the fraction of a worker's groups that
+//!   are checked falls with its verified history `h` (accepted groups past probation) as
+//!   `max(floor, c / (c + h))`. A worker that lies after an honest history of `h` groups is
+//!   caught at its first checked lie, so the lies it gets accepted before that are
+//!   geometrically distributed with parameter `check_rate(h)`: [`forged_bound`] gives the
+//!   number it stays below with a chosen confidence. Buying a lower rate costs honest work
+//!   (`h` grows only with accepted groups), and the floor keeps every peer checked.
+//! - **Shares of a batch** ([`batch_quota`], [`compose_batch`]): no single worker fills more
+//!   than `max_peer_share` of a batch, whatever backlog it claims, and the workers on
+//!   probation together no more than `probation_share`. Liveness comes first where only one
+//!   source exists: when no *established* worker (past probation) is active the batch may be
+//!   filled from probation workers (a swarm that is just starting), and when only `k`
+//!   established workers offer groups right now each may give `⌈B/k⌉` (the learner does not
+//!   idle to enforce a share no one else can fill; the puller keeps each worker's part of the
+//!   buffer within its share, so this happens only when the others have nothing buffered).
+//!   The probation share is never relaxed while an established worker is active.
+//! - **Dense numbering** ([`SeqGaps`]): a worker numbers its groups 0, 1, 2, … and knows each
+//!   group before it sends it, so it could withhold the ones it dislikes. Numbers it skips
+//!   are counted (after a horizon that tolerates out-of-order pulls) and reported; the caller
+//!   takes them off the worker's pull credit.
+//!
+//! Pure: no I/O, no clock; callers pass counts in and carry decisions out.
+
+use std::collections::{BTreeSet, HashMap};
+use std::hash::Hash;
+
+/// The probation and check-rate rule.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProbationParams {
+    /// N: a worker's first N accepted groups are all checked, and it is on probation until
+    /// it has N.
+    pub probation_groups: u64,
+    /// The lowest check rate, reached after a long verified history.
+    pub floor_rate: f64,
+    /// c: the history (in accepted groups past probation) over which the rate halves from 1.
+    pub decay_groups: f64,
+}
+
+/// Default N. Chosen from the measured cost of one full check: 4.9 ms against a training step
+/// of 90 ms on the demo's shape (2 CPU cores; `docs/security.md`, "Cost of verification"),
+/// so one identity's probation costs the learner 16 × 4.9 ≈ 78 ms, less than one training
+/// step, once. The ratio of a check to a step is roughly independent of the model size (one
+/// forward over one group against forward, reference forward and backward over B groups),
+/// so the same N holds for larger models.
+pub const DEFAULT_PROBATION_GROUPS: u64 = 16;
+/// Default floor of the check rate (the old flat spot-check fraction).
+pub const DEFAULT_FLOOR_RATE: f64 = 0.05;
+/// Default c: the rate is 1/2 after 16 accepted groups past probation, 1/4 after 48, and
+/// reaches the 5 % floor after 304.
+pub const DEFAULT_DECAY_GROUPS: f64 = 16.0;
+
+impl Default for ProbationParams {
+    fn default() -> Self {
+        ProbationParams {
+            probation_groups: DEFAULT_PROBATION_GROUPS,
+            floor_rate: DEFAULT_FLOOR_RATE,
+            decay_groups: DEFAULT_DECAY_GROUPS,
+        }
+    }
+}
+
+/// Whether a worker with `accepted` verified groups is still on probation.
+pub fn on_probation(p: &ProbationParams, accepted: u64) -> bool {
+    accepted < p.probation_groups
+}
+
+/// The fraction of a worker's next groups that get the full check, after `accepted` verified
+/// groups: 1 on probation, then `max(floor, c / (c + h))` with `h = accepted − N`. Always in
+/// `[0, 1]`; hostile parameters (NaN, negative) fall back to checking everything.
+pub fn check_rate(p: &ProbationParams, accepted: u64) -> f64 {
+    if on_probation(p, accepted) {
+        return 1.0;
+    }
+    let floor = if p.floor_rate.is_finite() {
+        p.floor_rate.clamp(0.0, 1.0)
+    } else {
+        1.0
+    };
+    if !(p.decay_groups.is_finite() && p.decay_groups > 0.0) {
+        return floor;
+    }
+    let h = (accepted - p.probation_groups) as f64;
+    (p.decay_groups / (p.decay_groups + h)).clamp(floor, 1.0)
+}
+
+/// How many lies a worker checked at `rate` gets accepted before the first one is checked
+/// (and it is caught), with probability at least `confidence`: the smallest `k` with
+/// `(1 − rate)^k ≤ 1 − confidence`. 0 at rate 1 (every group checked); `u64::MAX` at rate 0.
+/// At the 5 % floor and 95 % confidence: 59.
+pub fn forged_bound(rate: f64, confidence: f64) -> u64 {
+    if !(rate.is_finite() && confidence.is_finite()) || rate <= 0.0 {
+        return u64::MAX;
+    }
+    if rate >= 1.0 || confidence <= 0.0 {
+        return 0;
+    }
+    let miss = 1.0 - confidence.min(1.0 - 1e-12);
+    let k = (miss.ln() / (1.0 - rate).ln()).ceil();
+    if k.is_finite() && k >= 0.0 {
+        k as u64
+    } else {
+        u64::MAX
+    }
+}
+
+/// What the learner verified of one worker.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeerHistory {
+    /// Groups that passed every verification layer.
+    pub accepted: u64,
+    /// Groups refused by a layer.
+    pub rejected: u64,
+    /// Sequence numbers it skipped for good ([`SeqGaps`]).
+    pub skipped: u64,
+}
+
+/// The histories of the workers the learner verified groups of, at most `cap` of them.
+/// Forgetting is always safe: a forgotten worker is new again (on probation, fully checked),
+/// so when the map is full it is cleared rather than trimmed by some order a worker could
+/// steer.
+#[derive(Debug, Clone)]
+pub struct Standings<K> {
+    params: ProbationParams,
+    peers: HashMap<K, PeerHistory>,
+    cap: usize,
+}
+
+/// Workers whose history [`Standings`] keeps at most.
+pub const MAX_STANDINGS: usize = 65_536;
+
+impl<K: Hash + Eq + Clone> Standings<K> {
+    pub fn new(params: ProbationParams) -> Self {
+        Self::with_cap(params, MAX_STANDINGS)
+    }
+
+    pub fn with_cap(params: ProbationParams, cap: usize) -> Self {
+        Standings {
+            params,
+            peers: HashMap::new(),
+            cap: cap.max(1),
+        }
+    }
+
+    pub fn params(&self) -> &ProbationParams {
+        &self.params
+    }
+
+    fn entry(&mut self, peer: &K) -> &mut PeerHistory {
+        if !self.peers.contains_key(peer) && self.peers.len() >= self.cap {
+            self.peers.clear();
+        }
+        self.peers.entry(peer.clone()).or_default()
+    }
+
+    /// The history of `peer` (all zero for a worker never seen).
+    pub fn history(&self, peer: &K) -> PeerHistory {
+        self.peers.get(peer).copied().unwrap_or_default()
+    }
+
+    pub fn record_accepted(&mut self, peer: &K) {
+        let e = self.entry(peer);
+        e.accepted = e.accepted.saturating_add(1);
+    }
+
+    pub fn record_rejected(&mut self, peer: &K) {
+        let e = self.entry(peer);
+        e.rejected = e.rejected.saturating_add(1);
+    }
+
+    pub fn record_skipped(&mut self, peer: &K, n: u64) {
+        if n > 0 {
+            let e = self.entry(peer);
+            e.skipped = e.skipped.saturating_add(n);
+        }
+    }
+
+    pub fn on_probation(&self, peer: &K) -> bool {
+        on_probation(&self.params, self.history(peer).accepted)
+    }
+
+    /// The check rate of `peer`'s next group ([`check_rate`]).
+    pub fn rate(&self, peer: &K) -> f64 {
+        check_rate(&self.params, self.history(peer).accepted)
+    }
+
+    /// Drops `peer` (banned: if it ever comes back it starts over).
+    pub fn forget(&mut self, peer: &K) {
+        self.peers.remove(peer);
+    }
+
+    /// Every worker's history.
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &PeerHistory)> {
+        self.peers.iter()
+    }
+}
+
+/// The share limits of a batch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ShareCaps {
+    /// Most of a batch one worker may fill, in (0, 1].
+    pub max_peer_share: f64,
+    /// Most of a batch the workers on probation may fill together, in [0, 1].
+    pub probation_share: f64,
+}
+
+impl Default for ShareCaps {
+    fn default() -> Self {
+        ShareCaps {
+            max_peer_share: 0.5,
+            probation_share: 0.25,
+        }
+    }
+}
+
+/// Groups per batch: at most `per_peer` from one worker and `probation` from all workers on
+/// probation together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchQuota {
+    pub per_peer: usize,
+    pub probation: usize,
+}
+
+/// The quota of a batch of `b` groups when `established_active` workers past probation are
+/// active and `established_offering` of them have groups to offer now (see the module doc):
+/// - per worker `⌈max_peer_share·b⌉` (at least 1), raised to `⌈b/k⌉` when only
+///   `k = established_offering` established workers can supply (a swarm of one or two
+///   workers must still fill its batches);
+/// - all probation workers together `⌊probation_share·b⌋`, or the whole batch while no
+///   established worker is active (a swarm that is just starting has only new workers).
+pub fn batch_quota(
+    b: usize,
+    caps: ShareCaps,
+    established_active: usize,
+    established_offering: usize,
+) -> BatchQuota {
+    let share = |s: f64, round_up: bool| -> usize {
+        if !s.is_finite() || s <= 0.0 {
+            return 0;
+        }
+        let x = s.min(1.0) * b as f64;
+        let n = if round_up { x.ceil() } else { x.floor() };
+        (n as usize).min(b)
+    };
+    let liveness = b.div_ceil(established_offering.max(1));
+    let per_peer = share(caps.max_peer_share, true).max(1).max(liveness).min(b);
+    let probation = if established_active == 0 {
+        b
+    } else {
+        share(caps.probation_share, false)
+    };
+    BatchQuota {
+        per_peer,
+        probation,
+    }
+}
+
+/// One group the learner could put in a batch: its worker (an index the caller assigns) and
+/// whether that worker is on probation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Candidate {
+    pub peer: usize,
+    pub probation: bool,
+}
+
+/// Picks up to `want` of `candidates` (in the caller's order of preference: freshest first)
+/// without exceeding `quota`, counting `taken` (groups already in the batch) against it.
+/// Returns the indices picked, in order.
+pub fn compose_batch(
+    candidates: &[Candidate],
+    want: usize,
+    quota: BatchQuota,
+    taken: &[Candidate],
+) -> Vec<usize> {
+    let mut per_peer: HashMap<usize, usize> = HashMap::new();
+    let mut probation = 0usize;
+    for t in taken {
+        *per_peer.entry(t.peer).or_default() += 1;
+        probation += usize::from(t.probation);
+    }
+    let mut out = Vec::new();
+    for (i, c) in candidates.iter().enumerate() {
+        if out.len() >= want {
+            break;
+        }
+        let n = per_peer.entry(c.peer).or_default();
+        if *n >= quota.per_peer || (c.probation && probation >= quota.probation) {
+            continue;
+        }
+        *n += 1;
+        probation += usize::from(c.probation);
+        out.push(i);
+    }
+    out
+}
+
+/// Largest part of a buffer of `target` groups one worker's pulls may hold (buffered plus
+/// asked in flight): `⌈max_peer_share·target⌉`, at least 1, or all of it when it is the only
+/// active worker. Keeps the buffer mixed so that [`compose_batch`] rarely has to relax.
+pub fn pull_share(target: u64, max_peer_share: f64, active_workers: usize) -> u64 {
+    if active_workers <= 1 || !max_peer_share.is_finite() || max_peer_share >= 1.0 {
+        return target;
+    }
+    ((max_peer_share.max(0.0) * target as f64).ceil() as u64).clamp(1, target.max(1))
+}
+
+/// Numbers below the highest seen that are still missing more than this far behind it are
+/// counted as skipped: pulls serve the freshest groups first, so numbers arrive out of order
+/// within a few leases, never hundreds behind.
+pub const SKIP_HORIZON: u64 = 256;
+/// Open gaps remembered per worker; a jump beyond it counts the excess as skipped at once.
+pub const MAX_OPEN_GAPS: usize = 4096;
+
+/// The gaps in one worker's group numbers, as the learner sees them arrive.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SeqGaps {
+    highest: Option<u64>,
+    open: BTreeSet<u64>,
+    skipped: u64,
+}
+
+impl SeqGaps {
+    /// Records number `seq`; returns how many numbers became skipped for good with it.
+    /// Numbers before the first one seen are not counted (the learner may meet a worker
+    /// mid-sequence, after its own restart).
+    pub fn see(&mut self, seq: u64) -> u64 {
+        let Some(high) = self.highest else {
+            self.highest = Some(seq);
+            return 0;
+        };
+        let mut newly = 0u64;
+        if seq > high {
+            let jump = seq - high - 1;
+            let room = (MAX_OPEN_GAPS - self.open.len().min(MAX_OPEN_GAPS)) as u64;
+            let kept = jump.min(room);
+            // The numbers right below `seq` are the likeliest to come late; keep those open.
+            self.open.extend((seq - kept)..seq);
+            newly += jump - kept;
+            self.highest = Some(seq);
+        } else {
+            self.open.remove(&seq);
+        }
+        let limit = self.highest.unwrap_or(0).saturating_sub(SKIP_HORIZON);
+        let keep = self.open.split_off(&limit);
+        newly += self.open.len() as u64;
+        self.open = keep;
+        self.skipped = self.skipped.saturating_add(newly);
+        newly
+    }
+
+    /// Numbers skipped for good so far.
+    pub fn skipped(&self) -> u64 {
+        self.skipped
+    }
+
+    /// Numbers below the highest seen and still missing (may yet arrive).
+    pub fn open(&self) -> u64 {
+        self.open.len() as u64
+    }
+}
+
+#[cfg(test)]
+#[path = "admission_tests.rs"]
+mod tests;

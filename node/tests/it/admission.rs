@@ -1,0 +1,190 @@
+//! Admission and graded response across real processes (`docs/security.md`, "Probation and
+//! admission", "Graded response"):
+//! - a learner in `ticket` mode pulls only from the worker presenting a ticket that
+//!   `echo-node admit` wrote for its peer id; the other worker is refused (and not struck);
+//! - a worker forging log-probs is banned at its first checked group (proof), and the ban
+//!   survives a restart of the learner.
+//!
+//! Every wait polls against a deadline; children are killed and reaped on drop.
+
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::swarm::{http_get, keygen, wait_for, Node, BIN};
+
+const LEARNER: &str = "[learner]\nwarm_start_steps = 10\ngroup_size = 4\ngroups_per_step = 2\n";
+const WORKER: &str = "[storage]\nmax_pending_groups = 8\n[rollout]\ngroup_size = 4\n";
+const LIMIT: Duration = Duration::from_secs(240);
+
+/// The learner's `learner_groups_trained_total{producer="…"}`.
+fn trained(learner: &Node, producer: &str) -> u64 {
+    let body = http_get(&learner.admin, "/metrics").body;
+    let series = format!("learner_groups_trained_total{{producer=\"{producer}\"}}");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+fn peer(status: &Value, peer_id: &str) -> Option<Value> {
+    status["peers"]
+        .as_array()?
+        .iter()
+        .find(|p| p["peer_id"] == peer_id)
+        .cloned()
+}
+
+/// `echo-node admit PEER --hours H --config C --json`: the ticket (hex), or the error text.
+fn admit(peer: &str, hours: &str, config: &std::path::Path) -> Result<String, String> {
+    let out = Command::new(BIN)
+        .args(["admit", peer, "--hours", hours, "--json", "--config"])
+        .arg(config)
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["peer_id"], peer);
+    Ok(v["ticket"].as_str().unwrap().to_string())
+}
+
+#[test]
+fn a_ticket_swarm_trains_only_the_admitted_worker() {
+    let tmp = tempfile::tempdir().unwrap();
+    let swarm = "it-ticket";
+    let mut learner = Node::start_full(
+        tmp.path(),
+        "learner",
+        "learner",
+        swarm,
+        None,
+        "",
+        &format!("{LEARNER}[admission]\nmode = \"ticket\"\n"),
+    );
+    learner.wait_ready();
+    let boot = format!("bootstrap = [\"{}\"]", learner.addr());
+    let lpk = learner.key.public_key.clone();
+    // The admitted worker: its key first, then its ticket, then its config.
+    let dir = tmp.path().join("admitted");
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = keygen(&dir);
+    let ticket = admit(&key.peer_id, "2", &learner.config).unwrap();
+    // Refused: a config that is not a learner's, and a nonsense duration.
+    let not_learner = tmp.path().join("rollout.toml");
+    std::fs::write(
+        &not_learner,
+        format!("role = \"rollout\"\nswarm_id = \"{swarm}\"\ndata_dir = \"x\"\n"),
+    )
+    .unwrap();
+    assert!(admit(&key.peer_id, "2", &not_learner)
+        .unwrap_err()
+        .contains("learner"));
+    assert!(admit(&key.peer_id, "0", &learner.config)
+        .unwrap_err()
+        .contains("--hours"));
+    let mut admitted = Node::launch(
+        tmp.path(),
+        "admitted",
+        "rollout",
+        swarm,
+        Some(&lpk),
+        &boot,
+        &format!("{WORKER}[admission]\nticket = \"{ticket}\"\n"),
+        key,
+    );
+    let mut stranger = Node::start_full(
+        tmp.path(),
+        "stranger",
+        "rollout",
+        swarm,
+        Some(&lpk),
+        &boot,
+        WORKER,
+    );
+    admitted.wait_ready();
+    let stranger_id = stranger.wait_ready()["peer_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let admitted_id = admitted.key.peer_id.clone();
+    let status = wait_for("three learner steps", LIMIT, || {
+        let s = learner.status()?;
+        (s["learner"]["version"].as_u64()? >= 3).then_some(s)
+    });
+    // The stranger is known to the learner (it heartbeats) and produces groups, but none of
+    // them is pulled or trained; it is not struck for lacking a ticket.
+    let refused = &status["learner"]["admission"]["refused"][&stranger_id];
+    assert!(
+        refused.as_str().unwrap_or_default().contains("ticket"),
+        "{}",
+        status["learner"]["admission"]
+    );
+    assert_eq!(status["learner"]["admission"]["mode"], "ticket");
+    assert!(trained(&learner, &admitted_id) > 0);
+    assert_eq!(trained(&learner, &stranger_id), 0);
+    let s = peer(&status, &stranger_id).expect("the stranger is a peer");
+    assert_eq!(s["strikes"].as_u64(), Some(0), "{s}");
+    // It does produce groups; they stay on its disk.
+    wait_for("the stranger's groups", LIMIT, || {
+        let st = stranger.status()?;
+        (st["rollout"]["groups"].as_u64()? > 0).then_some(())
+    });
+    wait_for("another learner step", LIMIT, || {
+        let s = learner.status()?;
+        (s["learner"]["version"].as_u64()? > status["learner"]["version"].as_u64()?).then_some(())
+    });
+    assert_eq!(trained(&learner, &stranger_id), 0);
+    admitted.kill();
+    stranger.kill();
+    learner.kill();
+}
+
+/// Needs a malicious worker: only with the `adversary` feature.
+#[cfg(feature = "adversary")]
+#[test]
+fn forged_log_probs_ban_at_once_and_the_ban_survives_a_learner_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let swarm = "it-proof";
+    let (mut learner, mut honest) =
+        Node::learner_and_workers(tmp.path(), swarm, LEARNER, 1, WORKER);
+    let mut bad = crate::verified::bad_worker(tmp.path(), swarm, &learner, "forged_logprobs");
+    let bad_id = bad.key.peer_id.clone();
+    bad.wait_ready();
+    // Every group of a new identity is checked: the first forged one is proof.
+    let banned = wait_for("the forger's ban", LIMIT, || {
+        let p = peer(&learner.status()?, &bad_id)?;
+        (p["banned"] == true).then_some(p)
+    });
+    assert_eq!(banned["ban_reason"], "logprob_mismatch", "{banned}");
+    assert_eq!(banned["strikes"], 1, "banned at once: {banned}");
+    assert_eq!(trained(&learner, &bad_id), 0);
+    // Restart the learner on its data dir (same address): the ban is restored before the
+    // forger can be pulled from again.
+    crate::sigterm(learner.child.as_ref().unwrap());
+    let _ = learner.child.as_mut().unwrap().wait();
+    learner.child = None;
+    learner.listen_arg = learner.listen.clone().unwrap();
+    learner.spawn();
+    let again = wait_for("the restored ban", LIMIT, || {
+        let p = peer(&learner.status()?, &bad_id)?;
+        (p["banned"] == true).then_some(p)
+    });
+    assert_eq!(again["ban_reason"], "logprob_mismatch", "{again}");
+    let status = wait_for("training after the restart", LIMIT, || {
+        let s = learner.status()?;
+        (s["learner"]["steps"].as_u64()? >= 2).then_some(s)
+    });
+    assert_eq!(trained(&learner, &bad_id), 0);
+    let h = peer(&status, &honest[0].key.peer_id).expect("the honest worker is a peer");
+    assert_eq!(
+        (h["strikes"].as_u64(), h["banned"].as_bool()),
+        (Some(0), Some(false)),
+        "{h}"
+    );
+    honest[0].kill();
+    bad.kill();
+    learner.kill();
+}
