@@ -325,14 +325,26 @@ fn bad_configs_are_refused() {
 #[test]
 fn sent_loss_masks_are_ignored_and_the_rule_decides() {
     let source = small_policy(21);
-    let groups = [group(&source, 0, 1, false), group(&source, 0, 2, false)];
-    let mut poisoned = groups.clone();
-    for g in &mut poisoned {
+    let raw = [
+        raw_group(&source, 0, 1, false),
+        raw_group(&source, 0, 2, false),
+    ];
+    let mut bad = raw.clone();
+    for g in &mut bad {
         for s in &mut g.samples {
             s.loss_mask.iter_mut().step_by(2).for_each(|m| *m = 0);
         }
     }
-    let weights = |gs: &[TrajectoryGroup], rule: Option<Arc<dyn MaskRule>>| {
+    // Through the structure stage only (the mask stage would refuse the poisoned masks).
+    let verify = |gs: [TrajectoryGroup; 2]| {
+        gs.map(|g| {
+            Pipeline::new(limits(&source))
+                .verify("test", 0, g)
+                .expect("valid structure")
+        })
+    };
+    let (groups, poisoned) = (verify(raw), verify(bad));
+    let weights = |gs: &[Verified<TrajectoryGroup>], rule: Option<Arc<dyn MaskRule>>| {
         let mut t = Trainer::new(small_policy(22), cfg(Objective::Grpo, 3)).unwrap();
         if let Some(r) = rule {
             t.set_mask_rule(r);
