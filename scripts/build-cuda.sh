@@ -20,5 +20,13 @@ target_dir=$(cargo metadata --format-version 1 --no-deps \
   | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 bin="$target_dir/release/echo-node"
 echo "built $bin"
-echo "needs (NEEDED): $(readelf -d "$bin" | sed -nE 's/.*\(NEEDED\).*\[(.*)\]/\1/p' | tr '\n' ' ')"
+needed=$(readelf -d "$bin" | sed -nE 's/.*\(NEEDED\).*\[(.*)\]/\1/p' | tr '\n' ' ')
+echo "needs (NEEDED): $needed"
+# One binary for CPU and GPU hosts: the CUDA libraries are opened at run time, never linked.
+# A CUDA library here means the cudarc patch (third_party/cudarc) or the static cudart
+# (cuda-env.sh's LIBRARY_PATH) stopped applying: the binary would not start without a GPU.
+if grep -qE 'lib(cuda|cudart|cublas|cublasLt|curand|nvrtc)\.so' <<<"$needed"; then
+  echo "build-cuda: $bin links a CUDA library; it must load them at run time (docs/gpu.md)" >&2
+  exit 1
+fi
 echo "run it on a GPU host with: scripts/run-on-gpu.sh $bin run --device cuda ..."

@@ -13,14 +13,19 @@
 #                        linker (cudarc reads the first set of these, so all point at the same root)
 #   CUDARC_CUDA_VERSION  13000 = CUDA 13.0, the same answer nvcc gives, stated so that no other
 #                        nvcc on PATH can change it
+#   LIBRARY_PATH         the toolkit's lib/static: candle-kernels' `-lcudart` links the static
+#                        CUDA runtime (no CUDA library is recorded as NEEDED)
 #   CUDA_COMPUTE_CAP     the GPU generation the kernels are compiled for; 90 (sm_90) = H100/H200.
 #                        No nvidia-smi here to ask, so it must be given. Override it before
 #                        sourcing for another GPU (80 = A100, 89 = L4/L40S/RTX 4090, 86 = A10/RTX 3090).
+# It also unpacks cudarc into third_party/cudarc (scripts/cudarc-dynload.sh): the `cuda` build
+# opens the CUDA libraries at run time, so the same binary starts on a CPU-only host.
 # The stub driver library in lib/stubs/ is for the linker only and is deliberately not added to
 # LD_LIBRARY_PATH: binaries run on a GPU host through scripts/run-on-gpu.sh.
 
 _echo_cuda_scripts=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-if _echo_cuda_root=$("$_echo_cuda_scripts/cuda-install.sh" | tail -n 1) && [ -x "$_echo_cuda_root/bin/nvcc" ]; then
+if _echo_cuda_root=$("$_echo_cuda_scripts/cuda-install.sh" | tail -n 1) && [ -x "$_echo_cuda_root/bin/nvcc" ] \
+  && "$_echo_cuda_scripts/cudarc-dynload.sh"; then
   case ":$PATH:" in
     *":$_echo_cuda_root/bin:"*) ;;
     *) export PATH="$_echo_cuda_root/bin:$PATH" ;;
@@ -31,6 +36,11 @@ if _echo_cuda_root=$("$_echo_cuda_scripts/cuda-install.sh" | tail -n 1) && [ -x 
   export CUDA_TOOLKIT_ROOT_DIR="$_echo_cuda_root"
   export CUDARC_CUDA_VERSION=13000
   export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}"
+  # `-lcudart` (candle-kernels) resolves to the static runtime: no CUDA library is NEEDED.
+  case ":${LIBRARY_PATH:-}:" in
+    *":$_echo_cuda_root/lib/static:"*) ;;
+    *) export LIBRARY_PATH="$_echo_cuda_root/lib/static${LIBRARY_PATH:+:$LIBRARY_PATH}" ;;
+  esac
   # bindgen_cuda runs one nvcc per CPU it sees unless told; keep it to the cargo job count.
   export RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-${CARGO_BUILD_JOBS:-2}}"
   echo "cuda-env: CUDA 13.0 at $_echo_cuda_root, CUDA_COMPUTE_CAP=$CUDA_COMPUTE_CAP" >&2

@@ -31,8 +31,19 @@ STAMP=$BASE/installed
 
 log() { echo "cuda-install: $*" >&2; }
 
+# The CUDA runtime as a static library under the name the linker looks for (`-lcudart`).
+# candle-kernels links its MoE kernels against cudart; linked statically, the binary records
+# no CUDA library as NEEDED and starts on a host without one (cudart's static build opens the
+# driver itself, when first called). `cuda-env.sh` puts this directory on LIBRARY_PATH, and
+# nothing else of the toolkit, so the linker cannot pick the shared libcudart instead.
+static_cudart() {
+  mkdir -p "$CU/lib/static"
+  ln -sf ../libcudart_static.a "$CU/lib/static/libcudart.a"
+}
+
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "${WHEELS[*]}" ] && [ -x "$CU/bin/nvcc" ] \
   && [ -f "$CU/lib/stubs/libcuda.so" ]; then
+  static_cudart
   log "toolchain present in $CU"
   echo "$CU"
   exit 0
@@ -77,6 +88,8 @@ gcc -E -P -I "$CU/include" "$CU/include/cuda.h" \
 gcc -shared -fPIC -fno-builtin -w -o "$CU/lib/stubs/libcuda.so" -Wl,-soname,libcuda.so.1 \
   "$BASE/libcuda_stub.c"
 log "driver stub: $(grep -c . "$BASE/libcuda_stub.c") symbols, $(readelf -d "$CU/lib/stubs/libcuda.so" | grep -o 'SONAME.*')"
+
+static_cudart
 
 "$CU/bin/nvcc" --version | grep -q 'release 13.0' || { log "nvcc is not CUDA 13.0"; exit 1; }
 echo "${WHEELS[*]}" >"$STAMP"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs a `cuda` build of echo-node (scripts/build-cuda.sh) on a GPU host: finds the NVIDIA driver
-# and the CUDA 13 libraries the binary was linked against, puts their directories on
+# and the CUDA 13 libraries the binary opens at run time, puts their directories on
 # LD_LIBRARY_PATH and execs the binary with the remaining arguments.
 #
 #   scripts/run-on-gpu.sh path/to/echo-node run --device cuda ...
@@ -21,20 +21,10 @@ if [ ! -f "$bin" ] || [ ! -x "$bin" ]; then echo "run-on-gpu: not an executable:
 
 say() { echo "run-on-gpu: $*" >&2; }
 
-# The CUDA libraries the binary records (its NEEDED entries); the usual set if readelf is absent.
-needed=()
-if command -v readelf >/dev/null; then
-  while IFS= read -r lib; do needed+=("$lib"); done < <(readelf -d "$bin" \
-    | sed -nE 's/.*\(NEEDED\).*\[(lib(cuda|cudart|cublas|cublasLt|curand|nvrtc|cudnn|nccl)\.so[.0-9]*)\]/\1/p')
-fi
-if [ ${#needed[@]} -eq 0 ]; then
-  needed=(libcuda.so.1 libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libnvrtc.so.13)
-fi
-# cuBLAS loads cuBLASLt itself (its own NEEDED entry), so the binary does not name it.
-case " ${needed[*]} " in
-  *" libcublasLt.so.13 "*) ;;
-  *" libcublas.so.13 "*) needed+=(libcublasLt.so.13) ;;
-esac
+# The CUDA libraries a `cuda` build opens at run time (it records none as NEEDED: the same
+# binary starts on a CPU-only host, docs/gpu.md): the driver, cuBLAS (which loads cuBLASLt
+# itself) and cuRAND. The CUDA runtime is linked in statically; NVRTC is never reached.
+needed=(libcuda.so.1 libcublas.so.13 libcublasLt.so.13 libcurand.so.10)
 
 # Candidate directories, in order of preference: the driver first, so that a toolkit's copy of
 # a compat libcuda never shadows the one matching the kernel module.
@@ -94,15 +84,14 @@ if [ -n "$driver" ]; then
 fi
 if [ ${#missing[@]} -gt 0 ]; then
   say "missing: ${missing[*]}"
-  say "install the CUDA 13 libraries (e.g. scripts/cuda-install.sh, or the nvidia-cublas,"
-  say "nvidia-curand, nvidia-cuda-nvrtc and nvidia-cuda-runtime 13.x wheels) or add their directory to LD_LIBRARY_PATH"
+  say "install the CUDA 13 libraries (e.g. scripts/cuda-install.sh, or the nvidia-cublas and"
+  say "nvidia-curand 13.x wheels) or add their directory to LD_LIBRARY_PATH"
   exit 1
 fi
 
 export LD_LIBRARY_PATH="$ldp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 say "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 if [ "$check_only" = 1 ]; then
-  ldd "$bin" | grep -E 'lib(cuda|cudart|cublas|cublasLt|curand|nvrtc)\.so' >&2 || true
   exit 0
 fi
 exec "$bin" "$@"

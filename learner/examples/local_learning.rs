@@ -188,6 +188,7 @@ fn main() -> Result<()> {
         kappa: a.kappa,
         groups_per_step: a.groups,
         group_size: a.group_size,
+        micro_batch_tokens: TrainerConfig::default().micro_batch_tokens,
     };
     let kappa = cfg.kappa();
     let pipeline = learner::Pipeline::new(learner::pipeline::limits_of(policy.config(), 0));

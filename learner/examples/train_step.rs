@@ -5,7 +5,7 @@
 //! ```text
 //! cargo run --release -p learner --example train_step -- \
 //!     [--device cpu|cuda|cuda:N] [--shape tiny|small|qwen3-0.6b] [--groups 4] [--group-size 8] \
-//!     [--prompt-len 32] [--response-len 64] [--steps 5] [--kl]
+//!     [--prompt-len 32] [--response-len 64] [--steps 5] [--kl] [--micro-batch-tokens 4096]
 //! # on a GPU host, with a binary built by scripts/build-cuda.sh's environment:
 //! cargo run --release -p learner --features cuda --example train_step -- --device cuda --shape qwen3-0.6b
 //! ```
@@ -14,7 +14,10 @@
 //! (so no group has all-equal rewards), sampler log-probs set to the learner's own at step 0's
 //! weights' scale (a constant: the ratio is not 1, which changes no cost). The learner keeps
 //! f32 master weights on the device. Prints one JSON line: median and every step's time, tokens
-//! per second (prompt + response tokens of the batch / step time).
+//! per second (prompt + response tokens of the batch / step time), the memory the memory model
+//! predicts for the configuration (`policy::memory::learner_bytes`) and, on the CPU, the
+//! process's peak resident memory (`VmHWM`; on a GPU `scripts/gpu-smoke.sh` samples the
+//! device's memory while this runs).
 
 use std::time::Instant;
 
@@ -48,14 +51,20 @@ fn shape(name: &str) -> Result<ModelConfig> {
 }
 
 fn device(name: &str) -> Result<Device> {
-    match name {
-        "cpu" => Ok(Device::Cpu),
-        "cuda" => Device::new_cuda(0).context("opening cuda:0 (built with --features cuda?)"),
-        s => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
-            Some(Ok(n)) => Device::new_cuda(n).with_context(|| format!("opening cuda:{n}")),
-            _ => bail!("unknown --device {s} (cpu, cuda, cuda:N)"),
-        },
-    }
+    let choice: policy::DeviceChoice = name.parse()?;
+    Ok(policy::device::select(choice)?)
+}
+
+/// Peak resident memory of this process (`VmHWM` of `/proc/self/status`), bytes; 0 if unknown.
+fn peak_rss() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
 }
 
 fn main() -> Result<()> {
@@ -63,6 +72,7 @@ fn main() -> Result<()> {
     let (mut dev, mut shape_name, mut groups, mut n) =
         ("cpu".to_string(), "tiny".to_string(), 4, 8);
     let (mut prompt_len, mut response_len, mut steps, mut kl) = (32usize, 64usize, 5usize, false);
+    let mut micro = TrainerConfig::default().micro_batch_tokens;
     while let Some(a) = args.next() {
         let mut val = || args.next().with_context(|| format!("{a} needs a value"));
         match a.as_str() {
@@ -74,6 +84,7 @@ fn main() -> Result<()> {
             "--response-len" => response_len = val()?.parse()?,
             "--steps" => steps = val()?.parse()?,
             "--kl" => kl = true,
+            "--micro-batch-tokens" => micro = val()?.parse()?,
             other => bail!("unknown argument {other}"),
         }
     }
@@ -88,9 +99,11 @@ fn main() -> Result<()> {
         groups_per_step: groups,
         group_size: n,
         temperature: 1.0,
+        micro_batch_tokens: micro,
         ..TrainerConfig::default()
     };
     tc.loss.kl_beta = if kl { 0.05 } else { 0.0 };
+    let predicted = policy::memory::learner_bytes(&cfg, kl, tc.tokens_per_pass(&cfg));
     let pipeline = learner::Pipeline::new(learner::pipeline::limits_of(policy.config(), 0));
     let mut trainer = Trainer::new(policy, tc)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
@@ -143,9 +156,11 @@ fn main() -> Result<()> {
     println!(
         "{}",
         serde_json::json!({
-            "device": dev, "shape": shape_name, "params": cfg.num_params(),
+            "device": if device.is_cuda() { "cuda" } else { "cpu" },
+            "shape": shape_name, "params": cfg.num_params(),
             "groups": groups, "group_size": n, "prompt_len": prompt_len,
-            "response_len": response_len, "kl": kl,
+            "response_len": response_len, "kl": kl, "micro_batch_tokens": micro,
+            "predicted_bytes": predicted, "host_peak_rss_bytes": peak_rss(),
             "step_ms_median": median * 1e3,
             "step_ms": times.iter().map(|t| t * 1e3).collect::<Vec<_>>(),
             "tokens_per_s": tokens as f64 / median,

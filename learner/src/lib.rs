@@ -2,7 +2,8 @@
 //! admissible trajectory groups, checkpoints and publication of snapshots.
 //!
 //! Owns: the RL objectives ([`loss`]), the optimiser ([`optim`]), the training core with its
-//! admission rules and checkpoints ([`trainer`]), the one verification pipeline of pulled
+//! admission rules and checkpoints ([`trainer`]) and its micro-batched gradients (passes of a
+//! bounded number of tokens, gradients summed), the one verification pipeline of pulled
 //! groups whose [`Verified`] output is all a trainer takes ([`pipeline`]), the log-prob spot
 //! checks of pulled groups ([`spot_check`]) with their check that each token is the canonical
 //! sampling rule's draw ([`verdict`]), and the learner-owned loss masks ([`mask`]).

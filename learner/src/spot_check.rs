@@ -92,8 +92,8 @@ pub fn check_shape(group: &TrajectoryGroup, vocab: usize, context: usize) -> Res
 
 /// The log-prob of every sampled response token of `group` under `policy` at `temperature`
 /// (the rollout's log-prob temperature): one teacher-forced, right-padded forward over all the
-/// group's samples ([`policy::batch_response_logprobs`], the trainer's own computation), no
-/// gradient taken. Entry `[i][j]` aligns with `group.samples[i].sampler_logprobs[j]`.
+/// group's samples ([`policy::batch_response_logprobs`], the trainer's own computation), on
+/// the policy's no-grad view (no op graph is recorded). Entry `[i][j]` aligns with `group.samples[i].sampler_logprobs[j]`.
 ///
 /// A group the model cannot take (see [`check_shape`]) is an [`LearnerError::Invalid`], never a
 /// panic.
@@ -114,8 +114,8 @@ pub fn recompute_logprobs(
         .iter()
         .map(|s| (group.prompt_tokens.as_slice(), s.response_tokens.as_slice()))
         .collect();
-    let (lp, _mask) = policy::batch_response_logprobs(policy, &pairs, temperature)?;
-    let rows = lp.detach().to_dtype(DType::F32)?.to_vec2::<f32>()?;
+    let (lp, _mask) = policy::batch_response_logprobs(&policy.no_grad()?, &pairs, temperature)?;
+    let rows = lp.to_dtype(DType::F32)?.to_vec2::<f32>()?;
     Ok(rows
         .into_iter()
         .zip(&group.samples)
@@ -168,6 +168,11 @@ pub fn compare(group: &TrajectoryGroup, recomputed: &[Vec<f32>]) -> Result<SpotR
             )));
         }
         for (j, (&q, &p)) in s.sampler_logprobs.iter().zip(row).enumerate() {
+            // Only sampled tokens have a sampler log-prob: a multi-turn episode's observation
+            // tokens (loss mask 0) were not sampled.
+            if s.loss_mask.get(j) == Some(&0) {
+                continue;
+            }
             let d = (q - p).abs();
             // NaN compares false: map it to +∞ so that it is the worst, never ignored.
             let d = if d.is_finite() { d } else { f32::INFINITY };

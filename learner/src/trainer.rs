@@ -38,19 +38,23 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use candle_core::{DType, Tensor};
+use candle_core::backprop::GradStore;
 use control::Window;
 use policy::Policy;
 use serde::{Deserialize, Serialize};
 use storage::TrajectoryGroup;
 
-use crate::loss::{
-    group_advantages, group_loss, is_zero_advantage, variance, GroupInput, LossConfig,
-};
+use crate::loss::{group_advantages, is_zero_advantage, variance, LossConfig};
 use crate::mask::{MaskRule, ResponseTokens};
 use crate::optim::{AdamW, AdamWConfig};
 use crate::pipeline::Verified;
 use crate::{LearnerError, Result};
+use microbatch::{GroupTerms, Used};
+
+// The micro-batched gradient is part of the trainer (it extends `Trainer`), so it is a child
+// module: the file sits beside this one.
+#[path = "microbatch.rs"]
+mod microbatch;
 
 /// The learner's configuration (persisted in checkpoints).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -70,6 +74,16 @@ pub struct TrainerConfig {
     pub groups_per_step: usize,
     /// Samples per group (n); groups of another size are still accepted.
     pub group_size: usize,
+    /// Padded tokens (rows × longest prompt + response) per forward/backward pass: a step's
+    /// groups are micro-batched into passes of at most this many tokens and their gradients
+    /// summed, which bounds the activation memory (`policy::memory::learner_bytes`). A group
+    /// larger than this is split by rows. 0 = the whole step in one pass.
+    #[serde(default = "default_micro_batch_tokens")]
+    pub micro_batch_tokens: usize,
+}
+
+fn default_micro_batch_tokens() -> usize {
+    4096
 }
 
 impl Default for TrainerConfig {
@@ -82,6 +96,7 @@ impl Default for TrainerConfig {
             kappa: None,
             groups_per_step: 16,
             group_size: 8,
+            micro_batch_tokens: default_micro_batch_tokens(),
         }
     }
 }
@@ -98,6 +113,16 @@ impl TrainerConfig {
     /// puller and the pull leases all read.
     pub fn window(&self) -> Window {
         Window::new(self.staleness)
+    }
+
+    /// Padded tokens of the learner's largest forward/backward pass for `model`: the budget,
+    /// or with none the whole step at full context. What the memory check counts.
+    pub fn tokens_per_pass(&self, model: &policy::ModelConfig) -> usize {
+        if self.micro_batch_tokens > 0 {
+            self.micro_batch_tokens
+        } else {
+            self.batch_trajectories() * model.max_position_embeddings
+        }
     }
 
     /// R = B × n: trajectories per step.
@@ -303,6 +328,12 @@ impl Trainer {
         &self.policy
     }
 
+    /// Changes the micro-batch budget ([`TrainerConfig::micro_batch_tokens`]): how a step is
+    /// cut into passes, which changes its memory, not what it computes.
+    pub fn set_micro_batch_tokens(&mut self, tokens: usize) {
+        self.cfg.micro_batch_tokens = tokens;
+    }
+
     /// The optimiser (e.g. to change the learning rate).
     pub fn optimizer_mut(&mut self) -> &mut AdamW {
         &mut self.opt
@@ -412,11 +443,12 @@ impl Trainer {
     /// 1. refuse inadmissible (stale / future), duplicate groups and groups verified for
     ///    another model (counted; the latter quarantined);
     /// 2. drop zero-advantage groups (counted; their ids count as consumed);
-    /// 3. learner log-probs of all remaining samples in one batched forward
-    ///    ([`policy::batch_response_logprobs`] at the configured temperature);
-    /// 4. the objective per group ([`group_loss`]), averaged over groups; backward; global-norm
-    ///    clipping; AdamW — groups whose loss or gradient is non-finite are quarantined and
-    ///    left out first;
+    /// 3. learner log-probs of the remaining samples in batched forwards of at most
+    ///    `micro_batch_tokens` padded tokens ([`policy::batch_response_logprobs`] at the
+    ///    configured temperature);
+    /// 4. the objective per group ([`crate::group_loss`]), averaged over groups; backward per
+    ///    pass, gradients summed; global-norm clipping; AdamW — groups whose loss or gradient
+    ///    is non-finite are quarantined and left out first;
     /// 5. `v += 1`.
     ///
     /// With no usable group, nothing is trained and the version does not move
@@ -458,7 +490,7 @@ impl Trainer {
             st.reward_mean = rewards.iter().sum::<f64>() / rewards.len() as f64;
             st.reward_std = variance(&rewards).sqrt();
         }
-        let mut used: Vec<(&TrajectoryGroup, Vec<f32>)> = Vec::new();
+        let mut used: Vec<Used<'_>> = Vec::new();
         for g in &admitted {
             let delta = self.version - g.version;
             *st.staleness_histogram.entry(delta).or_default() += 1;
@@ -494,62 +526,57 @@ impl Trainer {
         Ok(st)
     }
 
-    /// Losses, backward and the optimiser step over `used`; groups with a non-finite loss or
-    /// gradient are quarantined and the step runs on the rest. Returns whether a step was taken.
-    fn optimise(
-        &mut self,
-        used: &[(&TrajectoryGroup, Vec<f32>)],
-        st: &mut StepStats,
-    ) -> Result<bool> {
-        let terms = self.group_terms(used)?;
-        let values = Tensor::stack(&terms.iter().map(|t| t.loss.clone()).collect::<Vec<_>>(), 0)?
-            .to_dtype(DType::F64)?
-            .to_vec1::<f64>()?;
-        let mut keep: Vec<usize> = Vec::with_capacity(used.len());
-        for (i, v) in values.iter().enumerate() {
-            if v.is_finite() {
-                keep.push(i);
-            } else {
-                st.quarantined
-                    .push(Quarantined::of(used[i].0, format!("non-finite loss {v}")));
+    /// Losses, backward and the optimiser step over `used`, in passes of at most
+    /// `micro_batch_tokens` tokens (`microbatch`); groups with a non-finite loss or
+    /// gradient are quarantined and the step runs on the rest. Returns whether a step was
+    /// taken.
+    fn optimise(&mut self, used: &[Used<'_>], st: &mut StepStats) -> Result<bool> {
+        let mut keep: Vec<usize> = (0..used.len()).collect();
+        let mut batch = self.batch_gradient(used, &keep, keep.len())?;
+        // Groups whose own loss is not finite are not in the gradient: quarantine them and
+        // rescale the sum to the mean over the rest.
+        let finite: Vec<usize> = (0..keep.len())
+            .filter(|&j| batch.terms[j].loss.is_finite())
+            .collect();
+        if finite.len() < keep.len() {
+            for (j, &i) in keep.iter().enumerate() {
+                let v = batch.terms[j].loss;
+                if !v.is_finite() {
+                    st.quarantined
+                        .push(Quarantined::of(used[i].0, format!("non-finite loss {v}")));
+                }
             }
-        }
-        // At most two passes: the whole kept batch, then (after isolating the groups whose own
-        // gradient is non-finite) the rest.
-        for pass in 0..2 {
-            if keep.is_empty() {
+            if finite.is_empty() {
                 return Ok(false);
             }
-            let kept: Vec<Tensor> = keep.iter().map(|&i| terms[i].loss.clone()).collect();
-            let loss = Tensor::stack(&kept, 0)?.mean_all()?;
-            let grads = loss.backward()?;
-            let norm = self.opt.grad_norm(&grads)?;
-            if norm.is_finite() {
-                let step = self.opt.step(&grads)?;
-                st.loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            let scale = keep.len() as f64 / finite.len() as f64;
+            batch.grads = batch
+                .grads
+                .map(|g| scale_grads(g, &self.policy.vars()?, scale))
+                .transpose()?;
+            batch.terms = finite.iter().map(|&j| batch.terms[j].clone()).collect();
+            keep = finite.iter().map(|&j| keep[j]).collect();
+        }
+        // At most two gradients: the whole kept batch, then (after isolating the groups whose
+        // own gradient is non-finite, one group at a time) the rest.
+        for pass in 0..2 {
+            let Some(grads) = &batch.grads else {
+                return Ok(false);
+            };
+            if self.opt.grad_norm(grads)?.is_finite() {
+                let step = self.opt.step(grads)?;
                 st.grad_norm = step.grad_norm;
-                let (mut coefs, mut clipped, mut kl, mut tokens) = (Vec::new(), 0.0, 0.0, 0.0);
-                for &i in &keep {
-                    let t = &terms[i];
-                    clipped += t.clip_fraction * t.tokens;
-                    kl += t.kl * t.tokens;
-                    tokens += t.tokens;
-                    coefs.extend_from_slice(&t.coefficients);
-                    st.trajectories_used += used[i].0.samples.len();
-                }
-                st.groups_used = keep.len();
-                st.importance_weight_variance = variance(&coefs);
-                if tokens > 0.0 {
-                    st.clip_fraction = clipped / tokens;
-                    st.kl_sampler_learner = kl / tokens;
-                }
+                self.record_terms(used, &keep, &batch.terms, st);
                 return Ok(true);
             }
-            // Find the culprits: each group's own gradient (rare path, one backward per group).
             let mut clean = Vec::with_capacity(keep.len());
             for &i in &keep {
-                let g = terms[i].loss.backward()?;
-                if self.opt.grad_norm(&g)?.is_finite() && pass == 0 {
+                let one = self.batch_gradient(used, &[i], 1)?;
+                let ok = match &one.grads {
+                    Some(g) => self.opt.grad_norm(g)?.is_finite(),
+                    None => false,
+                };
+                if ok && pass == 0 {
                     clean.push(i);
                 } else {
                     st.quarantined
@@ -557,84 +584,48 @@ impl Trainer {
                 }
             }
             keep = clean;
+            if keep.is_empty() {
+                return Ok(false);
+            }
+            batch = self.batch_gradient(used, &keep, keep.len())?;
         }
         Ok(false)
     }
 
-    /// The objective of each group of `used` (one batched forward for all of them).
-    fn group_terms(&self, used: &[(&TrajectoryGroup, Vec<f32>)]) -> Result<Vec<GroupTerms>> {
-        let dev = self.policy.device().clone();
-        let pairs: Vec<(&[u32], &[u32])> = used
-            .iter()
-            .flat_map(|(g, _)| {
-                g.samples
-                    .iter()
-                    .map(|s| (g.prompt_tokens.as_slice(), s.response_tokens.as_slice()))
-            })
-            .collect();
-        let t = self.cfg.temperature;
-        let (lp, _) = policy::batch_response_logprobs(&self.policy, &pairs, t)?;
-        let ref_lp = match &self.reference {
-            Some(r) => Some(policy::batch_response_logprobs(r, &pairs, t)?.0.detach()),
-            None => None,
-        };
-        let mut terms = Vec::with_capacity(used.len());
-        let mut row = 0;
-        for (g, adv) in used {
-            let n = g.samples.len();
-            let len = g
-                .samples
-                .iter()
-                .map(|s| s.response_tokens.len())
-                .max()
-                .unwrap_or(1);
-            let (mut q, mut m) = (Vec::with_capacity(n * len), Vec::with_capacity(n * len));
-            for (i, s) in g.samples.iter().enumerate() {
-                // The learner's own mask (admission refused groups it cannot derive).
-                let mask = self.masks.mask(g, i).unwrap_or_default();
-                for j in 0..len {
-                    q.push(s.sampler_logprobs.get(j).copied().unwrap_or(0.0));
-                    m.push(mask.get(j).map_or(0.0, |&b| f32::from(u8::from(b != 0))));
-                }
-            }
-            let q = Tensor::from_vec(q, (n, len), &dev)?;
-            let m = Tensor::from_vec(m, (n, len), &dev)?;
-            let a = Tensor::from_vec(adv.clone(), n, &dev)?;
-            let p = lp.narrow(0, row, n)?.narrow(1, 0, len)?;
-            let r = match &ref_lp {
-                Some(r) => Some(r.narrow(0, row, n)?.narrow(1, 0, len)?),
-                None => None,
-            };
-            row += n;
-            let out = group_loss(
-                &self.cfg.loss,
-                &GroupInput {
-                    learner_logp: &p,
-                    sampler_logp: &q,
-                    mask: &m,
-                    advantages: &a,
-                    ref_logp: r.as_ref(),
-                },
-            )?;
-            terms.push(GroupTerms {
-                tokens: f64::from(m.sum_all()?.to_scalar::<f32>()?),
-                loss: out.loss,
-                coefficients: out.coefficients,
-                clip_fraction: out.clip_fraction,
-                kl: out.kl_sampler_learner,
-            });
+    /// The step's loss and drift statistics from the trained groups' terms.
+    fn record_terms(
+        &self,
+        used: &[Used<'_>],
+        keep: &[usize],
+        terms: &[GroupTerms],
+        st: &mut StepStats,
+    ) {
+        let (mut coefs, mut clipped, mut kl, mut tokens) = (Vec::new(), 0.0, 0.0, 0.0);
+        for (t, &i) in terms.iter().zip(keep) {
+            clipped += t.clip_fraction * t.tokens;
+            kl += t.kl * t.tokens;
+            tokens += t.tokens;
+            coefs.extend_from_slice(&t.coefficients);
+            st.trajectories_used += used[i].0.samples.len();
         }
-        Ok(terms)
+        st.loss = terms.iter().map(|t| t.loss).sum::<f64>() / terms.len().max(1) as f64;
+        st.groups_used = keep.len();
+        st.importance_weight_variance = variance(&coefs);
+        if tokens > 0.0 {
+            st.clip_fraction = clipped / tokens;
+            st.kl_sampler_learner = kl / tokens;
+        }
     }
 }
 
-/// One group's share of a step.
-struct GroupTerms {
-    loss: Tensor,
-    tokens: f64,
-    coefficients: Vec<f64>,
-    clip_fraction: f64,
-    kl: f64,
+/// `grads · scale`, variable by variable.
+fn scale_grads(mut grads: GradStore, vars: &[candle_core::Var], scale: f64) -> Result<GradStore> {
+    for v in vars {
+        if let Some(g) = grads.remove(v.as_tensor()) {
+            grads.insert(v.as_tensor(), g.affine(scale, 0.0)?);
+        }
+    }
+    Ok(grads)
 }
 
 #[cfg(test)]

@@ -44,6 +44,7 @@ fn cfg(objective: Objective, staleness: u64) -> TrainerConfig {
         kappa: None,
         groups_per_step: 2,
         group_size: 4,
+        micro_batch_tokens: 0,
     }
 }
 

@@ -28,7 +28,9 @@ fn small_policy(seed: u64) -> Policy {
     Policy::new_random(&cfg, seed, &Device::Cpu).unwrap()
 }
 
-fn trainer(objective: Objective) -> Trainer {
+/// A trainer whose passes hold at most `budget` padded tokens (0 = one pass; 8 splits every
+/// group of this file into single rows).
+fn trainer(objective: Objective, budget: usize) -> Trainer {
     let cfg = TrainerConfig {
         loss: LossConfig {
             objective,
@@ -43,6 +45,7 @@ fn trainer(objective: Objective) -> Trainer {
         kappa: None,
         groups_per_step: 4,
         group_size: 4,
+        micro_batch_tokens: budget,
     };
     Trainer::new(small_policy(1), cfg).unwrap()
 }
@@ -144,7 +147,7 @@ fn poisoned(t: &Trainer, kind: &str, seed: u64) -> TrajectoryGroup {
 
 #[test]
 fn groups_the_model_cannot_take_never_reach_the_trainer() {
-    let t = trainer(Objective::Grpo);
+    let t = trainer(Objective::Grpo, 0);
     let strict = Pipeline::new(learner::pipeline::limits_of(t.policy().config(), 4));
     for (kind, reason) in [
         ("vocab", "token_out_of_vocab"),
@@ -159,7 +162,7 @@ fn groups_the_model_cannot_take_never_reach_the_trainer() {
 
 #[test]
 fn an_overflowing_group_is_quarantined_and_the_good_ones_train() {
-    let mut t = trainer(Objective::Grpo);
+    let mut t = trainer(Objective::Grpo, 0);
     let mut batch: Vec<_> = (1..=3)
         .map(|s| verified(&t, group(t.policy(), s)))
         .collect();
@@ -190,25 +193,27 @@ fn an_overflowing_ratio_never_reaches_the_weights_under_any_objective() {
         Objective::Gspo,
         Objective::Gepo,
     ] {
-        let mut t = trainer(objective);
-        let batch = vec![
-            verified(&t, group(t.policy(), 1)),
-            verified(&t, poisoned(&t, "logprob", 2)),
-        ];
-        let st = t
-            .train_step(&batch)
-            .unwrap_or_else(|e| panic!("{objective:?}: {e}"));
-        assert!(st.stepped, "{objective:?}");
-        assert!(
-            st.loss.is_finite() && st.grad_norm.is_finite() && weights_finite(&t),
-            "{objective:?}: {st:?}"
-        );
+        for budget in [0, 8] {
+            let mut t = trainer(objective, budget);
+            let batch = vec![
+                verified(&t, group(t.policy(), 1)),
+                verified(&t, poisoned(&t, "logprob", 2)),
+            ];
+            let st = t
+                .train_step(&batch)
+                .unwrap_or_else(|e| panic!("{objective:?}: {e}"));
+            assert!(st.stepped, "{objective:?}");
+            assert!(
+                st.loss.is_finite() && st.grad_norm.is_finite() && weights_finite(&t),
+                "{objective:?}, budget {budget}: {st:?}"
+            );
+        }
     }
 }
 
 #[test]
 fn a_batch_of_only_bad_groups_takes_no_step_and_reports_them() {
-    let mut t = trainer(Objective::Grpo);
+    let mut t = trainer(Objective::Grpo, 8);
     let batch: Vec<_> = (1..=3)
         .map(|s| verified(&t, poisoned(&t, "logprob", s)))
         .collect();

@@ -120,6 +120,56 @@ pub struct LearnerStatus {
     /// Admission, probation and shares (`docs/security.md`, "Probation and admission").
     pub admission: AdmissionStatus,
     pub last_step: Option<LastStep>,
+    /// The run's curves (reward per step; exact evaluation per published version).
+    #[serde(default)]
+    pub curve: Curve,
+}
+
+/// Most points kept per curve: past it every other point is dropped (the whole run keeps
+/// its shape at half the resolution; the newest point is always kept).
+pub const CURVE_POINTS: usize = 1000;
+
+/// What the admin page draws over the run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Curve {
+    /// (step, mean reward of the step).
+    pub reward: Vec<(u64, f64)>,
+    /// The exact evaluation of each published version (environments with an exact
+    /// evaluator: Kuhn poker).
+    pub eval: Vec<EvalPoint>,
+    /// The opponent the evaluation is against.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub opponent: Option<String>,
+}
+
+impl Curve {
+    /// Appends to a curve, thinning it past [`CURVE_POINTS`].
+    pub fn push<T>(points: &mut Vec<T>, p: T) {
+        if points.len() >= CURVE_POINTS {
+            let mut i = 0;
+            points.retain(|_| {
+                i += 1;
+                i % 2 == 1
+            });
+        }
+        points.push(p);
+    }
+}
+
+/// The exact figures of one published version.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct EvalPoint {
+    pub version: u64,
+    /// Expected return per episode against the environment's opponent.
+    pub ev: f64,
+    /// The best response's value against that opponent.
+    pub best_response: f64,
+    /// What a best-responding opponent wins against the policy (0 at an equilibrium).
+    pub exploitability: f64,
+    /// Mean probability of an output that is no legal action.
+    #[serde(default)]
+    pub illegal_mass: f64,
 }
 
 /// The learner's admission figures.

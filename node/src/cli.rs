@@ -47,6 +47,45 @@ pub enum Command {
     /// Write a learner checkpoint as a Hugging Face folder (config.json, model.safetensors,
     /// tokenizer.json when the model is the embedded one).
     Export(ExportArgs),
+    /// A checkpoint or exported folder against an environment's opponents: mean return ±
+    /// standard error per opponent, and the exact figures of games that have them (Kuhn).
+    Eval(EvalArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// The task or environment (`kuhn-poker`, `holdem`, or a single-turn task).
+    #[arg(long)]
+    pub task: String,
+    /// Its parameters as a JSON object (e.g. '{"betting": "limit"}'); --opponent sets the
+    /// opponent.
+    #[arg(long, default_value = "{}")]
+    pub params: String,
+    /// A learner checkpoint directory (`<data_dir>/checkpoints`).
+    #[arg(long, conflicts_with = "export", required_unless_present = "export")]
+    pub checkpoint: Option<PathBuf>,
+    /// A Hugging Face folder (`echo-node export` output or a Qwen2/Qwen3 folder).
+    #[arg(long)]
+    pub export: Option<PathBuf>,
+    /// Opponents (comma-separated; default: all of the environment's). Holdem's `model` is a
+    /// frozen copy of the evaluated policy, or of --opponent-model.
+    #[arg(long, value_delimiter = ',')]
+    pub opponent: Vec<String>,
+    /// Episodes per opponent.
+    #[arg(long, default_value_t = 200)]
+    pub episodes: u64,
+    /// The frozen policy in holdem's `model` seat: a checkpoint directory or a folder.
+    #[arg(long)]
+    pub opponent_model: Option<PathBuf>,
+    /// Sampling temperature (also the temperature of the exact evaluation's log-probs).
+    #[arg(long, default_value_t = 1.2)]
+    pub temperature: f32,
+    /// The first episode's seed (episodes use seeds seed..seed+N; sampling is seeded by it).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -54,6 +93,13 @@ pub struct DemoArgs {
     /// Rollout worker processes (1..=16).
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
+    /// The task or environment to train on (e.g. `arith`, `kuhn-poker`).
+    #[arg(long, default_value = "arith")]
+    pub task: String,
+    /// Its parameters as a JSON object (default: the demo's choice for the task; for
+    /// `kuhn-poker` the `always-bet` opponent).
+    #[arg(long)]
+    pub task_params: Option<String>,
     /// Learner steps before the demo stops.
     #[arg(long, default_value_t = 400)]
     pub steps: u64,

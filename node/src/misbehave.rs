@@ -62,6 +62,10 @@ pub enum Attack {
     /// Sample with the first snapshot it installed, forever, and report log-probs recomputed
     /// under the version it claims (the installed one).
     StaleVersion,
+    /// Report an episode's return one chip higher than the environment paid.
+    ForgedReturn,
+    /// Edit an observation inside an episode's trajectory (what the environment said).
+    ForgedObservation,
 }
 
 /// Honest groups of each `sybil_rekey` identity before it forges.
@@ -81,7 +85,7 @@ pub const REKEY_EXIT_CODE: i32 = 75;
 pub const FORGED_FILE: &str = "misbehave.forged";
 
 impl Attack {
-    pub const ALL: [Attack; 17] = [
+    pub const ALL: [Attack; 19] = [
         Attack::InflatedReward,
         Attack::ForgedLogprobs,
         Attack::InvalidLogprob,
@@ -99,6 +103,8 @@ impl Attack {
         Attack::ForcedTokens,
         Attack::MaskPoisoning,
         Attack::StaleVersion,
+        Attack::ForgedReturn,
+        Attack::ForgedObservation,
     ];
 
     pub fn name(self) -> &'static str {
@@ -120,6 +126,8 @@ impl Attack {
             Attack::ForcedTokens => "forced_tokens",
             Attack::MaskPoisoning => "mask_poisoning",
             Attack::StaleVersion => "stale_version",
+            Attack::ForgedReturn => "forged_return",
+            Attack::ForgedObservation => "forged_observation",
         }
     }
 }

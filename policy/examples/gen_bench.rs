@@ -17,13 +17,19 @@
 //! default), `--shape tiny|small|qwen3-0.6b` (tiny; `small` is Qwen3-shaped: the 151,936-token
 //! vocabulary with 4 layers of width 256), `--batch 1,8,16`, `--new-tokens 32`,
 //! `--prompt-len 16`, `--paths infer,batched` (which paths to time), `--check-samples N`
-//! (how many samples of the largest batch to compare, default all; 0 skips the check).
+//! (how many samples of the largest batch to compare, default all; 0 skips the check),
+//! `--f32-head true|false` (final norm and output projection in f32 with a half-precision
+//! dtype; default false, as `InferSpec::for_device`), `--warm-start STEPS` (supervised steps
+//! on byte-level two-digit additions first, `tiny` shape only: a trained model's peaked
+//! distributions show the half-precision spread that random weights hide), `--json` (one JSON
+//! line with every figure at the end, for `scripts/gpu-smoke.sh`).
 
 use std::time::Instant;
 
+use policy::sft::{warm_start, SftExample, WarmStart};
 use policy::{
-    device, infer, response_logprobs, Arch, DType, DeviceChoice, GenerationPath, InferModel,
-    ModelConfig, Policy, SamplingParams,
+    device, infer, response_logprobs, Arch, ByteTokenizer, DType, DeviceChoice, GenerationPath,
+    InferModel, InferSpec, ModelConfig, Policy, SamplingParams,
 };
 use rand::SeedableRng;
 
@@ -55,6 +61,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut prompt_len = 16usize;
     let mut paths = vec![GenerationPath::Infer, GenerationPath::Batched];
     let mut check: Option<usize> = None;
+    let mut f32_head: Option<bool> = None;
+    let mut warm = 0usize;
+    let mut json = false;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -79,6 +88,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--new-tokens" => new_tokens = val()?.parse()?,
             "--prompt-len" => prompt_len = val()?.parse()?,
             "--check-samples" => check = Some(val()?.parse()?),
+            "--f32-head" => f32_head = Some(val()?.parse()?),
+            "--warm-start" => warm = val()?.parse()?,
+            "--json" => json = true,
             "--paths" => {
                 paths = val()?
                     .split(',')
@@ -95,22 +107,49 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dev = device::select(device_choice)?;
     let info = device::describe(&dev);
     let cfg = shape(&shape_name);
-    let dtype = dtype.unwrap_or_else(|| infer::default_dtype(&dev));
+    let mut spec = InferSpec::for_device(&dev);
+    if let Some(d) = dtype {
+        spec.dtype = d;
+    }
+    if let Some(h) = f32_head {
+        spec.f32_head = h;
+    }
+    let dtype = spec.dtype;
     println!(
-        "device {} ({}, cc {}), shape {shape_name} ({} params), inference dtype {dtype:?}, \
-         prompt {prompt_len}, new tokens {new_tokens}",
+        "device {} ({}, cc {}), shape {shape_name} ({} params), inference dtype {dtype:?} \
+         (f32 head: {}), prompt {prompt_len}, new tokens {new_tokens}",
         info.kind,
         info.name,
         info.compute_capability.as_deref().unwrap_or("-"),
-        cfg.num_params()
+        cfg.num_params(),
+        spec.f32_head
     );
     let t0 = Instant::now();
     let policy = Policy::new_random(&cfg, 0, &dev)?;
-    let model = InferModel::new(&policy, dtype)?;
+    if warm > 0 {
+        let losses = warm_start(
+            &policy,
+            &additions(),
+            &WarmStart {
+                steps: warm,
+                ..WarmStart::default()
+            },
+        )?;
+        println!(
+            "warm start: {warm} steps, loss {:.3} -> {:.3}",
+            losses[0],
+            losses[losses.len() - 1]
+        );
+    }
+    let model = InferModel::build(&policy, &spec)?;
     println!("weights ready in {:.2}s", t0.elapsed().as_secs_f64());
-    let prompt: Vec<u32> = (0..prompt_len)
-        .map(|i| (i * 7919 % cfg.vocab_size.min(256)) as u32)
-        .collect();
+    let prompt: Vec<u32> = if warm > 0 {
+        ByteTokenizer.encode_prompt("37+45=") // what the warm start taught
+    } else {
+        (0..prompt_len)
+            .map(|i| (i * 7919 % cfg.vocab_size.min(256)) as u32)
+            .collect()
+    };
     let params = SamplingParams::new(new_tokens, vec![]);
     let run =
         |path: GenerationPath, n: usize, new: usize| -> policy::Result<Vec<policy::Completion>> {
@@ -122,6 +161,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         };
     let mut last = Vec::new();
+    let mut rates = Vec::new();
     for &path in &paths {
         // Warm-up: kernel loading, allocator, BLAS handles.
         run(path, 1, 2)?;
@@ -134,12 +174,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "path {path:?} batch {n}: {toks} tokens in {secs:.3}s = {:.1} tokens/s",
                 toks as f64 / secs
             );
+            rates.push(serde_json::json!({
+                "path": format!("{path:?}").to_lowercase(), "batch": n,
+                "tokens": toks, "secs": secs, "tokens_per_s": toks as f64 / secs,
+            }));
             if path == GenerationPath::Infer {
                 last = out;
             }
         }
     }
     let k = check.unwrap_or(last.len()).min(last.len());
+    let mut spread = serde_json::Value::Null;
     if k > 0 {
         let (mut worst, mut sum, mut count) = (0f32, 0f64, 0usize);
         for c in &last[..k] {
@@ -156,6 +201,38 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
              {count} tokens: max |Δ| = {worst:.3e}, mean |Δ| = {:.3e}",
             sum / count.max(1) as f64
         );
+        spread = serde_json::json!({
+            "samples": k, "tokens": count, "max_abs": worst, "mean_abs": sum / count.max(1) as f64,
+        });
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "device": info.kind, "device_name": info.name, "shape": shape_name,
+                "params": cfg.num_params(), "dtype": format!("{dtype:?}").to_lowercase(),
+                "f32_head": spec.f32_head, "warm_start_steps": warm, "prompt_len": prompt_len,
+                "new_tokens": new_tokens, "throughput": rates, "logprob_spread": spread,
+            })
+        );
     }
     Ok(())
+}
+
+/// Byte-level two-digit additions (`BOS "a+b=" SEP` → the sum and EOS): something a tiny
+/// model learns in a few dozen steps, so that its next-token distributions become peaked.
+fn additions() -> Vec<SftExample> {
+    let tok = ByteTokenizer;
+    let mut out = Vec::new();
+    for a in (0..100).step_by(7) {
+        for b in (0..100).step_by(3) {
+            let mut target: Vec<u32> = format!("{}", a + b).bytes().map(u32::from).collect();
+            target.push(ByteTokenizer::EOS);
+            out.push(SftExample {
+                prompt: tok.encode_prompt(&format!("{a}+{b}=")),
+                target,
+            });
+        }
+    }
+    out
 }

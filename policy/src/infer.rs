@@ -54,14 +54,47 @@ struct Layer {
     down: Tensor,
 }
 
+/// How to prepare an [`InferModel`]: the dtype of the weights and activations, whether the
+/// final norm and the output projection run in f32, and the device.
+#[derive(Debug, Clone)]
+pub struct InferSpec {
+    /// Weights and activations of the decoder layers: F32, BF16 (CUDA only) or F16.
+    pub dtype: DType,
+    /// Run the final RMSNorm and the output projection (`lm_head`) in f32 even when `dtype`
+    /// is half precision: the logits then carry no half-precision rounding of their own, at
+    /// the price of an f32 copy of the output projection (`vocab · hidden · 4` bytes) and an
+    /// f32 matmul. Off by default: measured in f16 on the CPU it lowered the mean log-prob
+    /// spread of a briefly trained model but not its maximum, which the decoder layers'
+    /// rounding sets (`docs/gpu.md`, "Half precision and the f32 head").
+    pub f32_head: bool,
+    /// Where the prepared weights live. The policy may live elsewhere (e.g. a snapshot decoded
+    /// into host memory): tensors are converted where the policy is, then copied over, so the
+    /// f32 weights never occupy this device.
+    pub device: Device,
+}
+
+impl InferSpec {
+    /// The default for `device`: [`default_dtype`], no f32 head.
+    pub fn for_device(device: &Device) -> Self {
+        InferSpec {
+            dtype: default_dtype(device),
+            f32_head: false,
+            device: device.clone(),
+        }
+    }
+}
+
 /// A policy's weights prepared for generation (no gradients) in one dtype on one device.
 #[derive(Debug, Clone)]
 pub struct InferModel {
     cfg: ModelConfig,
     dtype: DType,
     device: Device,
+    /// Embedding table used for lookups (in `dtype`, or the f32 `lm_head` itself when tied
+    /// and `f32_head`).
     embed: Tensor,
     layers: Vec<Layer>,
+    /// Final norm and output projection, in f32 when the spec asks for an f32 head.
     norm: Tensor,
     lm_head: Tensor,
     /// `[max_position_embeddings, head_dim / 2]` RoPE tables (rotate-half layout).
@@ -96,6 +129,20 @@ impl InferCache {
         }
     }
 
+    /// An independent copy with its own buffers (the cache is written in place, so a plain
+    /// clone would share them): prefill once, then continue several episodes from it.
+    pub fn deep_copy(&self) -> Result<Self> {
+        Ok(InferCache {
+            layers: self
+                .layers
+                .iter()
+                .map(|(k, v)| Ok((k.copy()?, v.copy()?)))
+                .collect::<Result<Vec<_>>>()?,
+            len: self.len,
+            capacity: self.capacity,
+        })
+    }
+
     /// Repeats a batch-1 cache `n` times (prefill the prompt once, decode `n` samples).
     pub fn repeat_batch(&mut self, n: usize) -> Result<()> {
         crate::model::repeat_kv_rows(self.layers.iter_mut(), n)
@@ -126,23 +173,34 @@ impl InferCache {
 }
 
 impl InferModel {
-    /// Prepares `policy`'s current weights in [`default_dtype`] for its device.
+    /// Prepares `policy`'s current weights with [`InferSpec::for_device`] of its device.
     pub fn from_policy(policy: &Policy) -> Result<Self> {
-        Self::new(policy, default_dtype(policy.device()))
+        Self::build(policy, &InferSpec::for_device(policy.device()))
     }
 
     /// Prepares `policy`'s current weights in `dtype` (F32, BF16 or F16; BF16 on CUDA only) on
-    /// the policy's device.
+    /// the policy's device, every tensor in `dtype` (no f32 head).
+    pub fn new(policy: &Policy, dtype: DType) -> Result<Self> {
+        let spec = InferSpec {
+            dtype,
+            f32_head: false,
+            device: policy.device().clone(),
+        };
+        Self::build(policy, &spec)
+    }
+
+    /// Prepares `policy`'s current weights as `spec` says.
     /// Later changes to the policy's variables are not guaranteed to be seen: build a new one
     /// per snapshot.
-    pub fn new(policy: &Policy, dtype: DType) -> Result<Self> {
+    pub fn build(policy: &Policy, spec: &InferSpec) -> Result<Self> {
+        let dtype = spec.dtype;
         if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
             return Err(PolicyError::Weights(format!(
                 "the inference path runs in f32, bf16 or f16, not {dtype:?}"
             )));
         }
         let cfg = policy.config().clone();
-        let device = policy.device().clone();
+        let device = spec.device.clone();
         if dtype == DType::BF16 && device.is_cpu() {
             // candle 0.9's CPU backend has no bf16 matmul.
             return Err(PolicyError::Weights(
@@ -156,12 +214,16 @@ impl InferModel {
             .into_iter()
             .map(|(n, v)| (n, v.as_tensor().clone()))
             .collect();
-        let get = |name: &str| -> Result<Tensor> {
+        // Converted (and stacked) where the policy lives, then copied: the device receives
+        // only the prepared tensors.
+        let get_as = |name: &str, dtype: DType| -> Result<Tensor> {
             let t = vars
                 .get(name)
                 .ok_or_else(|| PolicyError::Weights(format!("missing tensor {name}")))?;
             Ok(t.detach().to_dtype(dtype)?)
         };
+        let get = |name: &str| get_as(name, dtype);
+        let to_dev = |t: Tensor| -> Result<Tensor> { Ok(t.to_device(&device)?) };
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{i}");
@@ -195,32 +257,38 @@ impl InferModel {
                 (None, None)
             };
             layers.push(Layer {
-                ln1: get(&format!("{p}.input_layernorm.weight"))?,
-                qkv,
-                qkv_bias,
-                q_norm,
-                k_norm,
-                o: get(&format!("{a}.o_proj.weight"))?,
-                ln2: get(&format!("{p}.post_attention_layernorm.weight"))?,
-                gate_up: Tensor::cat(
+                ln1: to_dev(get(&format!("{p}.input_layernorm.weight"))?)?,
+                qkv: to_dev(qkv)?,
+                qkv_bias: qkv_bias.map(to_dev).transpose()?,
+                q_norm: q_norm.map(to_dev).transpose()?,
+                k_norm: k_norm.map(to_dev).transpose()?,
+                o: to_dev(get(&format!("{a}.o_proj.weight"))?)?,
+                ln2: to_dev(get(&format!("{p}.post_attention_layernorm.weight"))?)?,
+                gate_up: to_dev(Tensor::cat(
                     &[
                         get(&format!("{p}.mlp.gate_proj.weight"))?,
                         get(&format!("{p}.mlp.up_proj.weight"))?,
                     ],
                     0,
-                )?,
-                down: get(&format!("{p}.mlp.down_proj.weight"))?,
+                )?)?,
+                down: to_dev(get(&format!("{p}.mlp.down_proj.weight"))?)?,
             });
         }
-        let embed = get("model.embed_tokens.weight")?;
-        let lm_head = if cfg.tie_word_embeddings {
-            embed.clone()
+        let head_dtype = if spec.f32_head { DType::F32 } else { dtype };
+        let lm_head = to_dev(if cfg.tie_word_embeddings {
+            get_as("model.embed_tokens.weight", head_dtype)?
         } else {
-            get("lm_head.weight")?
+            get_as("lm_head.weight", head_dtype)?
+        })?;
+        // Tied: one table serves both; lookups are cast to `dtype` row by row.
+        let embed = if cfg.tie_word_embeddings {
+            lm_head.clone()
+        } else {
+            to_dev(get("model.embed_tokens.weight")?)?
         };
         let (cos, sin) = rope_tables(&cfg, &device, dtype)?;
         Ok(InferModel {
-            norm: get("model.norm.weight")?,
+            norm: to_dev(get_as("model.norm.weight", head_dtype)?)?,
             cfg,
             dtype,
             device,
@@ -331,7 +399,10 @@ impl InferModel {
             None
         };
         let scale = 1.0 / (hd as f64).sqrt();
-        let mut x = self.embed.index_select(&ids.flatten_all()?, 0)?; // [b·t, h]
+        let mut x = self
+            .embed
+            .index_select(&ids.flatten_all()?, 0)? // [b·t, h]
+            .to_dtype(self.dtype)?;
         for (i, l) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &l.ln1, eps)?;
             let mut qkv = h.matmul(&l.qkv.t()?)?;
@@ -385,8 +456,9 @@ impl InferModel {
         } else {
             x
         };
-        let last = rms_norm(&last, &self.norm, eps)?;
-        Ok(last.matmul(&self.lm_head.t()?)?)
+        // The head runs in its own dtype (f32 with an f32 head), the logits always come out f32.
+        let last = rms_norm(&last.to_dtype(self.norm.dtype())?, &self.norm, eps)?;
+        Ok(last.matmul(&self.lm_head.t()?)?.to_dtype(DType::F32)?)
     }
 }
 

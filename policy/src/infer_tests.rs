@@ -177,3 +177,65 @@ fn refuses_bad_inputs() {
     .unwrap();
     assert!(out.iter().all(|c| c.tokens.len() == 6));
 }
+
+/// The inference path records no gradient graph: its weights are detached copies, so neither
+/// the logits nor the preallocated cache it writes in place carry an op.
+#[test]
+fn inference_path_records_no_graph() {
+    let policy = tiny(5);
+    for spec in [
+        InferSpec::for_device(&Device::Cpu),
+        InferSpec {
+            dtype: DType::F16,
+            f32_head: true,
+            device: Device::Cpu,
+        },
+    ] {
+        let model = InferModel::build(&policy, &spec).unwrap();
+        let mut cache = model.new_cache(1, 16).unwrap();
+        let ids = Tensor::new(&[[1u32, 2, 3, 4]], &Device::Cpu).unwrap();
+        let logits = model.forward_last(&ids, &mut cache).unwrap();
+        assert!(!logits.track_op());
+        cache.repeat_batch(2).unwrap();
+        let next = Tensor::new(&[[5u32], [6]], &Device::Cpu).unwrap();
+        assert!(!model.forward_last(&next, &mut cache).unwrap().track_op());
+        assert!(cache
+            .layers
+            .iter()
+            .all(|(k, v)| !k.track_op() && !v.track_op()));
+    }
+}
+
+/// An f32 head in f32 is the f32 model; in f16 it runs and stays close to the training
+/// forward (the spread with and without it is measured by `examples/gen_bench.rs`).
+#[test]
+fn f32_head_options() {
+    let policy = tiny(7);
+    let prompt = [10u32, 20, 30, 40];
+    let response = [50u32, 60, 70, 80, 90];
+    let plain = InferModel::new(&policy, DType::F32).unwrap();
+    let spec = InferSpec {
+        dtype: DType::F32,
+        f32_head: true,
+        device: Device::Cpu,
+    };
+    let head = InferModel::build(&policy, &spec).unwrap();
+    assert_eq!(
+        response_logprobs(&plain, &prompt, &response, 1.0).unwrap(),
+        response_logprobs(&head, &prompt, &response, 1.0).unwrap()
+    );
+    let reference = sampling::response_logprobs(&policy, &prompt, &response, 1.0).unwrap();
+    let half = InferModel::build(
+        &policy,
+        &InferSpec {
+            dtype: DType::F16,
+            ..spec
+        },
+    )
+    .unwrap();
+    assert_eq!(half.dtype(), DType::F16);
+    let lp = response_logprobs(&half, &prompt, &response, 1.0).unwrap();
+    for (a, b) in lp.iter().zip(&reference) {
+        assert!((a - b).abs() < 0.1, "{a} vs {b}");
+    }
+}

@@ -5,7 +5,9 @@
 //! hash ([`config`]), weights ⇄ safetensors snapshot payload ([`Policy`]), tokenizers
 //! ([`tokenizer`]), KV-cache sampling with log-probs ([`sampling`]) by the canonical, checkable
 //! sampling rule ([`rule`]) from prescribed uniforms ([`draw`]), loading a local Hugging
-//! Face folder ([`hf`]) and the supervised warm-start helper ([`sft`]); device selection
+//! Face folder ([`hf`]) and the supervised warm-start helper ([`sft`]); chat templates and the
+//! turn-aware masks of multi-turn episodes ([`chat`]), generation that carries its KV cache
+//! from turn to turn ([`session`]); device selection
 //! ([`device`]), memory-fit arithmetic ([`memory`]) and the gradient-free generation path with
 //! fused kernels and half-precision weights ([`infer`]).
 //!
@@ -14,6 +16,7 @@
 //!
 //! The CPU build is the default; `--features cuda` only forwards to candle's CUDA backend.
 
+pub mod chat;
 pub mod config;
 pub mod device;
 pub mod draw;
@@ -24,6 +27,7 @@ pub mod memory;
 pub mod model;
 pub mod rule;
 pub mod sampling;
+pub mod session;
 pub mod sft;
 pub mod tokenizer;
 pub mod weights;
@@ -37,7 +41,7 @@ pub use config::{Arch, ModelConfig};
 pub use device::{DeviceChoice, DeviceInfo};
 pub use draw::{Draws, SampleStream};
 pub use error::{PolicyError, Result};
-pub use infer::InferModel;
+pub use infer::{InferModel, InferSpec};
 pub use model::{KvCache, Qwen3};
 pub use sampling::{
     batch_response_logits, batch_response_logprobs, response_logprobs, token_logprobs, Completion,

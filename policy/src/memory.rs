@@ -1,8 +1,9 @@
 //! How many bytes a learner or a rollout worker needs on its device, as pure functions of the
 //! model shape, so a node can refuse a role it cannot hold before allocating anything.
 //!
-//! Owns: the byte formulas ([`learner_bytes`], [`worker_bytes`]) and the fit check with an
-//! actionable message ([`check_fit`]).
+//! Owns: the byte formulas ([`learner_bytes`] with its [`activation_bytes_per_token`],
+//! [`worker_bytes`]), the fit checks with actionable messages ([`check_fit`],
+//! [`check_learner_fit`]) and the largest learner pass that fits ([`max_tokens_per_pass`]).
 //!
 //! Must not touch: devices or I/O — the caller passes the free memory it measured
 //! ([`crate::device::describe`]). The CUDA context itself (a few hundred MiB) and allocator
@@ -15,18 +16,129 @@ use crate::error::{PolicyError, Result};
 
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// Bytes the learner holds for training, all in f32 (P = [`ModelConfig::num_params`]):
+/// Bytes the learner's training state holds, all in f32 (P = [`ModelConfig::num_params`]):
 ///
-/// `4·P` weights + `4·P` gradients + `8·P` AdamW first and second moments (Loshchilov &
-/// Hutter, "Decoupled Weight Decay Regularization") = `16·P`, plus `4·P` for a frozen
-/// reference copy when the loss has a KL penalty (`with_reference`).
-///
-/// Activations of the training forward/backward are not included: they scale with the
-/// micro-batch (tokens per step) and are bounded by the learner's batch settings.
-pub fn learner_bytes(cfg: &ModelConfig, with_reference: bool) -> u64 {
+/// `4·P` weights + `4·P` gradients of the pass + `4·P` their running sum over the passes of
+/// a micro-batched step + `8·P` AdamW first and second moments (Loshchilov & Hutter,
+/// "Decoupled Weight Decay Regularization") = `20·P`, plus `4·P` for a frozen reference copy
+/// when the loss has a KL penalty (`with_reference`).
+pub fn learner_state_bytes(cfg: &ModelConfig, with_reference: bool) -> u64 {
     let p = cfg.num_params();
-    let per_param = if with_reference { 20 } else { 16 };
+    let per_param = if with_reference { 24 } else { 20 };
     p.saturating_mul(per_param)
+}
+
+/// Bytes one training token costs between the forward and the end of the backward, in f32,
+/// for sequences of `seq_len` tokens: what candle's autograd keeps alive. Counted from the
+/// training forward's elementary-op path (`crate::model`), which is what a GPU runs (the
+/// CPU's fused kernels keep less, so this is an upper bound there). Every op's output that a
+/// later op consumes stays alive until the backward ends; views (reshape, narrow, transpose)
+/// share storage and cost nothing. In values per token, with d = hidden, q = heads·head_dim,
+/// kv = kv_heads·head_dim, i = intermediate, H = heads, s = `seq_len`, V = vocabulary:
+///
+/// - per layer `10·d + 11.5·q + 11.5·kv + 4·i + 6·H·s`: the two RMSNorms (x², x/rms, ·w:
+///   3·d each), the two residual sums and the o/down projections (4·d); q: its projection,
+///   q-norm (3), the head transpose, RoPE (neg of half, cat, two products, sum: 4.5), the
+///   attention output and its transpose back (11.5·q, the same for the keys and values less
+///   the output: 11.5·kv); SwiGLU's gate, up, silu and product (4·i); and the attention
+///   scores of every head against the s keys — product, scaled, masked, shifted, exp,
+///   normalised (6·H·s, the quadratic term);
+/// - outside the layers `d` (embedding) `+ 3·d` (final norm) `+ 5·V` (logits, divided by the
+///   temperature, and log-softmax's shifted, exp and result rows);
+/// - the backward's working set on top: one layer's gradients and two vocabulary-wide rows
+///   (the logits' gradient and its predecessor).
+///
+/// The Qwen3-0.6B shape at s = 320: 12.9 MB per token of activations, plus 2.6 MB of
+/// backward working set.
+pub fn activation_bytes_per_token(cfg: &ModelConfig, seq_len: usize) -> u64 {
+    let (forward, backward) = activation_values_per_token(cfg, seq_len);
+    4 * (forward + backward)
+}
+
+/// The f32 values per token that [`activation_bytes_per_token`] counts: those the forward
+/// keeps for the backward, and the backward's working set.
+pub(crate) fn activation_values_per_token(cfg: &ModelConfig, seq_len: usize) -> (u64, u64) {
+    let [d, q, kv, i, h, v, s] = [
+        cfg.hidden_size,
+        cfg.num_attention_heads * cfg.head_dim,
+        cfg.num_key_value_heads * cfg.head_dim,
+        cfg.intermediate_size,
+        cfg.num_attention_heads,
+        cfg.vocab_size,
+        seq_len,
+    ]
+    .map(|x| x as u64);
+    // Twice the per-layer count, to keep the halves of 11.5 in integers.
+    let layer2 = 20 * d + 23 * q + 23 * kv + 8 * i + 12 * h * s;
+    let layers = cfg.num_hidden_layers as u64 * layer2 / 2;
+    let outside = 4 * d + 5 * v;
+    let backward = layer2 / 2 + 2 * v;
+    (layers + outside, backward)
+}
+
+/// Bytes of the learner: its training state ([`learner_state_bytes`]) plus the activations
+/// of one pass of `tokens_per_pass` padded tokens (the micro-batch budget), counted for the
+/// worst case of a single sequence filling the pass (up to the model's context), since the
+/// attention scores grow with the square of a sequence's length.
+pub fn learner_bytes(cfg: &ModelConfig, with_reference: bool, tokens_per_pass: usize) -> u64 {
+    let seq = tokens_per_pass.min(cfg.max_position_embeddings);
+    let act = activation_bytes_per_token(cfg, seq).saturating_mul(tokens_per_pass as u64);
+    learner_state_bytes(cfg, with_reference).saturating_add(act)
+}
+
+/// The largest `tokens_per_pass` whose [`learner_bytes`] fits in `free` bytes (0 when not
+/// even the training state fits). The need grows with the pass, so a binary search finds it.
+pub fn max_tokens_per_pass(cfg: &ModelConfig, with_reference: bool, free: u64) -> usize {
+    let fits = |t: usize| learner_bytes(cfg, with_reference, t) <= free;
+    if !fits(1) {
+        return 0;
+    }
+    let (mut lo, mut hi) = (1usize, 1usize << 32);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
+}
+
+/// `Ok` when the learner with passes of `tokens_per_pass` tokens fits on a device with
+/// `free` bytes free and `resident` bytes of it already loaded (the weights, when the check
+/// runs after loading them); otherwise an error with both figures (the need split into state
+/// and activations) and the largest pass that would fit (the `micro_batch_tokens` to set).
+pub fn check_learner_fit(
+    cfg: &ModelConfig,
+    with_reference: bool,
+    tokens_per_pass: usize,
+    free: u64,
+    resident: u64,
+) -> Result<()> {
+    let need = learner_bytes(cfg, with_reference, tokens_per_pass);
+    let available = free.saturating_add(resident);
+    if need <= available {
+        return Ok(());
+    }
+    let state = learner_state_bytes(cfg, with_reference);
+    let gib = |b: u64| b as f64 / GIB;
+    let hint = match max_tokens_per_pass(cfg, with_reference, available) {
+        0 => "not even the weights, gradients and optimiser state fit: pick a device with more \
+              memory or a smaller model"
+            .to_string(),
+        t => format!("set the learner's micro_batch_tokens to at most {t}"),
+    };
+    Err(PolicyError::DoesNotFit(format!(
+        "the learner needs {:.2} GiB ({:.2} GiB of weights, gradients and optimiser state + \
+         {:.2} GiB of activations for passes of {tokens_per_pass} tokens) but the device has \
+         {:.2} GiB free (+ {:.2} GiB already loaded); {hint}",
+        gib(need),
+        gib(state),
+        gib(need - state),
+        gib(free),
+        gib(resident)
+    )))
 }
 
 /// Bytes a rollout worker needs to generate `batch` sequences of up to `context` tokens with
@@ -44,8 +156,8 @@ pub fn learner_bytes(cfg: &ModelConfig, with_reference: bool) -> u64 {
 ///     scores and their softmax for every head, the SwiGLU gate/up/product, and the residual,
 ///     normalised, query/key/value and attention-output rows.
 ///
-/// The rollout slot also keeps the f32 `Policy` a snapshot decodes into (`4·P`) on the same
-/// device; callers that hold it there add `learner`-style `4·P` themselves.
+/// The rollout slot decodes a snapshot into f32 weights in host memory and copies only the
+/// prepared weights to a GPU, so nothing else of the model is on the device.
 pub fn worker_bytes(cfg: &ModelConfig, dtype: DType, batch: usize, context: usize) -> u64 {
     let s = dtype.size_in_bytes() as u64;
     let (b, t) = (batch as u64, context as u64);
@@ -103,18 +215,78 @@ mod tests {
     }
 
     #[test]
-    fn learner_bytes_by_hand() {
-        assert_eq!(learner_bytes(&ModelConfig::tiny(), false), 9_987_072);
-        assert_eq!(learner_bytes(&ModelConfig::tiny(), true), 12_483_840);
-        // 8.88 GiB without, 11.10 GiB with the reference copy.
+    fn learner_state_bytes_by_hand() {
+        assert_eq!(learner_state_bytes(&ModelConfig::tiny(), false), 12_483_840);
+        assert_eq!(learner_state_bytes(&ModelConfig::tiny(), true), 14_980_608);
+        // 11.10 GiB without, 13.32 GiB with the reference copy.
         assert_eq!(
-            learner_bytes(&ModelConfig::qwen3_0_6b(), false),
-            9_536_798_720
-        );
-        assert_eq!(
-            learner_bytes(&ModelConfig::qwen3_0_6b(), true),
+            learner_state_bytes(&ModelConfig::qwen3_0_6b(), false),
             11_920_998_400
         );
+        assert_eq!(
+            learner_state_bytes(&ModelConfig::qwen3_0_6b(), true),
+            14_305_198_080
+        );
+    }
+
+    #[test]
+    fn activations_by_hand() {
+        // Qwen3-0.6B at s = 320, values per token:
+        // layer 10·1024 + 11.5·2048 + 11.5·1024 + 4·3072 + 6·16·320 = 88,576; × 28 = 2,480,128
+        // outside 4·1024 + 5·151,936 = 763,776; backward 88,576 + 2·151,936 = 392,448
+        // (2,480,128 + 763,776 + 392,448) · 4 bytes = 14,545,408 (13.0 MB + 1.6 MB).
+        let q = ModelConfig::qwen3_0_6b();
+        assert_eq!(activation_bytes_per_token(&q, 320), 14_545_408);
+        // The attention term is the only one that grows with the sequence: 28 · 6 · 16 · 4
+        // bytes per token per position, plus the backward's one layer (6 · 16 · 4).
+        assert_eq!(
+            activation_bytes_per_token(&q, 321) - activation_bytes_per_token(&q, 320),
+            29 * 6 * 16 * 4
+        );
+        // A pass of 1,024 tokens counts sequences of 1,024 (the worst case), capped at the
+        // context for the whole-batch case.
+        assert_eq!(
+            learner_bytes(&q, false, 1024),
+            learner_state_bytes(&q, false) + 1024 * activation_bytes_per_token(&q, 1024)
+        );
+        let tiny = ModelConfig::tiny();
+        assert_eq!(
+            learner_bytes(&tiny, false, 10_000),
+            learner_state_bytes(&tiny, false) + 10_000 * activation_bytes_per_token(&tiny, 256)
+        );
+    }
+
+    #[test]
+    fn largest_pass_that_fits() {
+        let q = ModelConfig::qwen3_0_6b();
+        let free = 78 << 30; // an H100's usable memory
+        let t = max_tokens_per_pass(&q, true, free);
+        assert!(learner_bytes(&q, true, t) <= free);
+        assert!(learner_bytes(&q, true, t + 1) > free);
+        assert!((1_000..3_000).contains(&t), "{t}");
+        // Not even the state fits: 0.
+        assert_eq!(max_tokens_per_pass(&q, false, 10 << 30), 0);
+    }
+
+    #[test]
+    fn learner_fit_check_names_both_figures_and_the_fix() {
+        let q = ModelConfig::qwen3_0_6b();
+        let weights = 4 * q.num_params();
+        assert!(check_learner_fit(&q, false, 1024, 60 << 30, weights).is_ok());
+        // The documented 4 × 8 × 320-token step in one pass does not fit an 80 GB card.
+        let e = check_learner_fit(&q, false, 4 * 8 * 320, 70 << 30, weights)
+            .unwrap_err()
+            .to_string();
+        let need = learner_bytes(&q, false, 10_240) as f64 / (1u64 << 30) as f64;
+        assert!(e.contains(&format!("needs {need:.2} GiB")), "{e}");
+        assert!(e.contains("70.00 GiB free"), "{e}");
+        // The figures docs/gpu.md quotes.
+        assert!(e.contains("micro_batch_tokens to at most 1984"), "{e}");
+        assert!(e.contains("1192.23 GiB of activations"), "{e}");
+        let e = check_learner_fit(&q, false, 1024, 1 << 30, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not even the weights"), "{e}");
     }
 
     #[test]

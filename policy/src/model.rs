@@ -20,6 +20,8 @@ mod kv_rows;
 pub(crate) use kv_rows::{repeat_kv_rows, select_kv_rows};
 #[cfg(test)]
 mod fused_tests;
+#[cfg(test)]
+mod memory_tests;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -79,6 +81,8 @@ pub fn param_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
 /// Looks weights up by name in a map of variables; never creates one silently.
 struct Weights<'a> {
     vars: &'a HashMap<String, Var>,
+    /// Hand out detached views (same storage, no gradient tracking): see [`Qwen3::build_frozen`].
+    frozen: bool,
 }
 
 impl Weights<'_> {
@@ -93,7 +97,11 @@ impl Weights<'_> {
                 var.dims()
             )));
         }
-        Ok(var.as_tensor().clone())
+        Ok(if self.frozen {
+            var.as_tensor().detach()
+        } else {
+            var.as_tensor().clone()
+        })
     }
 
     fn linear(&self, prefix: &str, out_dim: usize, in_dim: usize, bias: bool) -> Result<Linear> {
@@ -276,6 +284,16 @@ impl KvCache {
     pub fn select_rows(&mut self, rows: &[u32]) -> Result<()> {
         select_kv_rows(self.layers.iter_mut().flatten(), rows)
     }
+
+    /// Whether any cached key or value records an op graph (it must not: see
+    /// [`Qwen3::forward_cached`]).
+    #[cfg(test)]
+    pub(crate) fn carries_graph(&self) -> bool {
+        self.layers
+            .iter()
+            .flatten()
+            .any(|(k, v)| k.track_op() || v.track_op())
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -342,7 +360,10 @@ impl Attention {
                     Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?),
                     None => (k, v),
                 };
-                *slot = Some((k.clone(), v.clone()));
+                // The cache keeps detached tensors. Generation differentiates nothing, and a
+                // cached K/V that kept its op graph would keep every earlier copy of the cache
+                // and every step's activations alive: memory quadratic in the length.
+                *slot = Some((k.detach(), v.detach()));
                 (k, v)
             }
             None => (k, v),
@@ -423,8 +444,31 @@ impl Qwen3 {
         vars: &HashMap<String, Var>,
         device: &Device,
     ) -> Result<Self> {
+        Self::build_with(
+            cfg,
+            Weights {
+                vars,
+                frozen: false,
+            },
+            device,
+        )
+    }
+
+    /// The same module over detached views of the variables: it shares their storage (so it
+    /// sees every optimiser update) but no op it runs records a gradient graph. For forwards
+    /// whose result is never differentiated — generation with the training forward, the KL
+    /// reference, spot checks — whose graph would otherwise keep every activation alive until
+    /// the result is dropped.
+    pub(crate) fn build_frozen(
+        cfg: &ModelConfig,
+        vars: &HashMap<String, Var>,
+        device: &Device,
+    ) -> Result<Self> {
+        Self::build_with(cfg, Weights { vars, frozen: true }, device)
+    }
+
+    fn build_with(cfg: &ModelConfig, w: Weights<'_>, device: &Device) -> Result<Self> {
         cfg.validate()?;
-        let w = Weights { vars };
         let h = cfg.hidden_size;
         let norm = |name: &str, size: usize| -> Result<RmsNorm> {
             Ok(RmsNorm {
@@ -505,7 +549,8 @@ impl Qwen3 {
     }
 
     /// Incremental forward: appends `ids` `[b, t]` after the `cache.len()` cached positions
-    /// and returns logits `[b, t, vocab]` for the new positions.
+    /// and returns logits `[b, t, vocab]` for the new positions. For generation: the cache
+    /// keeps detached keys and values (no gradient flows into earlier positions).
     pub fn forward_cached(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
         if cache.layers.len() != self.layers.len() {
             return Err(PolicyError::Sampling(format!(

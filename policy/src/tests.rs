@@ -140,6 +140,34 @@ fn cached_forward_matches_full_forward() {
     }
 }
 
+/// Generation never needs gradients: a KV cache that kept the op graph of its keys and values
+/// would keep every earlier copy and every step's activations alive (memory quadratic in the
+/// length). After a prefill, decode steps, a batch repeat and a row selection, no cached
+/// tensor records an op.
+#[test]
+fn kv_cache_holds_detached_tensors() {
+    let cfg = small(Arch::Qwen3, true);
+    let p = perturbed(&cfg, 2);
+    let ids = Tensor::new(&[257u32, 10, 20, 30], &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let mut cache = p.new_cache();
+    let logits = p.model().forward_cached(&ids, &mut cache).unwrap();
+    // The weights are variables: the step's own output does record its graph.
+    assert!(logits.track_op());
+    assert!(!cache.carries_graph(), "prefill left a graph in the cache");
+    cache.repeat_batch(3).unwrap();
+    for step in 0..4u32 {
+        let next = Tensor::new(&[[40 + step], [50 + step], [60 + step]], &Device::Cpu).unwrap();
+        p.model().forward_cached_last(&next, &mut cache).unwrap();
+        assert!(!cache.carries_graph(), "decode step {step} left a graph");
+    }
+    cache.select_rows(&[2, 0]).unwrap();
+    assert!(!cache.carries_graph());
+    assert_eq!(cache.len(), 8);
+}
+
 fn check_logprobs(cfg: &ModelConfig, path: GenerationPath, params: &SamplingParams) {
     let p = perturbed(cfg, 3);
     let prompt = ByteTokenizer.encode_prompt("12+34=");
@@ -633,4 +661,35 @@ fn f16_payloads_load_and_other_dtypes_are_refused() {
     let bytes = crate::weights::write_safetensors(&ints, "U8", &cfg.hash_hex()).unwrap();
     let e = Policy::from_safetensors_bytes(&cfg, &bytes, &Device::Cpu).unwrap_err();
     assert!(e.to_string().contains("F32, BF16 or F16"), "{e}");
+}
+
+/// The no-grad view computes the same logits bit for bit without recording a graph, and sees
+/// later updates of the variables (shared storage).
+#[test]
+fn no_grad_view_shares_weights_without_a_graph() {
+    let cfg = small(Arch::Qwen3, true);
+    let p = perturbed(&cfg, 4);
+    let view = p.no_grad().unwrap();
+    let ids = Tensor::new(&[[257u32, 10, 20, 30]], &Device::Cpu).unwrap();
+    let tracked = p.forward(&ids).unwrap();
+    let free = view.forward(&ids).unwrap();
+    assert!(tracked.track_op());
+    assert!(!free.track_op());
+    assert_eq!(
+        tracked.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        free.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    );
+    let (name, var) = p.named_vars().unwrap().remove(0);
+    var.set(&(var.as_tensor() * 2.0).unwrap()).unwrap();
+    let after = view.forward(&ids).unwrap();
+    assert_eq!(
+        after.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        p.forward(&ids)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap(),
+        "{name}: the view must see the update"
+    );
 }

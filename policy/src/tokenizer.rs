@@ -175,6 +175,24 @@ impl Tokenizer {
         }
     }
 
+    /// The id of the token whose text is exactly `text` (special tokens such as
+    /// `<|im_start|>`); `None` for the byte tokenizer, which has no named tokens.
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        match self {
+            Tokenizer::Byte(_) => None,
+            Tokenizer::Hf(t) => t.inner.token_to_id(text),
+        }
+    }
+
+    /// The vocabulary text of token `id` (e.g. `<|im_end|>`); `None` for the byte
+    /// tokenizer's special tokens and for unknown ids.
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        match self {
+            Tokenizer::Byte(_) => None,
+            Tokenizer::Hf(t) => t.inner.id_to_token(id),
+        }
+    }
+
     /// Id used to fill rows that have finished in batched generation.
     pub fn pad_id(&self) -> u32 {
         match self {

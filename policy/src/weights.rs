@@ -238,6 +238,41 @@ impl Policy {
         &self.model
     }
 
+    /// A copy of the weights on `device` (f32 variables): e.g. a snapshot decoded in host
+    /// memory, moved to the GPU that trains or samples with the training forward.
+    pub fn to_device(&self, device: &Device) -> Result<Policy> {
+        let tensors = self
+            .named_vars()?
+            .into_iter()
+            .map(|(name, var)| (name, var.as_tensor().detach()))
+            .collect();
+        Policy::from_tensors(&self.cfg, tensors, device)
+    }
+
+    /// The same policy whose forward records no gradient graph: its module runs on detached
+    /// views of the same variables (shared storage, so it sees every optimiser update; no
+    /// copy). For forwards nobody differentiates — the KL reference, spot checks, generation —
+    /// which with the trainable module would keep every activation alive until their result
+    /// is dropped (candle has no global no-grad switch; a graph is recorded whenever an input
+    /// is a variable). Its [`Policy::vars`] are the trainable ones: train this policy, not
+    /// the view.
+    pub fn no_grad(&self) -> Result<Policy> {
+        let model = {
+            let data = self
+                .varmap
+                .data()
+                .lock()
+                .map_err(|_| PolicyError::Weights("variable map lock poisoned".into()))?;
+            Qwen3::build_frozen(&self.cfg, &data, &self.device)?
+        };
+        Ok(Policy {
+            cfg: self.cfg.clone(),
+            varmap: self.varmap.clone(),
+            model,
+            device: self.device.clone(),
+        })
+    }
+
     /// Full-sequence forward: `ids` `[b, t]` u32 → logits `[b, t, vocab]`.
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         self.model.forward(ids)

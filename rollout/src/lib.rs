@@ -2,7 +2,10 @@
 //! trajectory groups in the local [`storage::TrajectoryStore`].
 //!
 //! Owns: the installed-policy slot ([`PolicySlot`], updated by the node when a snapshot
-//! installs), the generate → reward → record → sign → `put_group` loop ([`RolloutEngine`]),
+//! installs), the generate → reward → record → sign → `put_group` loop ([`RolloutEngine`])
+//! for single-turn tasks and for multi-turn environments (whole episodes with the KV cache
+//! carried across turns, their replay by the learner and scripted play: [`episode`];
+//! exact and sampled evaluation of a policy in an environment: [`eval`]),
 //! the producer's self-regulation (pause while pending groups exceed a cap), the throughput
 //! estimate μ_i ([`RolloutStats`]) reported in heartbeats, and the worker's side of verified
 //! rollouts: the durable group counter ([`seq::SeqFile`]), the assigned prompt of each group
@@ -15,17 +18,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use policy::chat::Chat;
 use policy::{
-    Device, Draws, GenerationPath, InferModel, ModelConfig, Policy, PolicyError, SamplingParams,
-    Tokenizer,
+    Device, Draws, GenerationPath, InferModel, InferSpec, ModelConfig, Policy, PolicyError,
+    SamplingParams, Tokenizer,
 };
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use storage::{Sample, StorageError, TrajectoryGroup, TrajectoryStore};
+use tasks::env::{Budget, Environment, TaskEnv};
 use tasks::{Task, TaskError};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+pub mod episode;
+pub mod eval;
 pub mod seq;
 mod stats;
 
@@ -42,6 +49,9 @@ pub enum RolloutError {
     /// Model loading or generation failed.
     #[error(transparent)]
     Policy(#[from] PolicyError),
+    /// An episode of a multi-turn environment failed.
+    #[error(transparent)]
+    Episode(#[from] episode::EpisodeError),
     /// The task failed to produce a prompt.
     #[error(transparent)]
     Task(#[from] TaskError),
@@ -72,7 +82,8 @@ pub enum RolloutError {
 pub struct InstalledPolicy {
     /// Snapshot version.
     pub version: u64,
-    /// The model built from the snapshot's weights.
+    /// The model built from the snapshot's weights (f32; in host memory when the slot's
+    /// device is a GPU, see [`PolicySlot::install_bytes`]).
     pub policy: Arc<Policy>,
 }
 
@@ -100,8 +111,15 @@ impl PolicySlot {
         &self.config
     }
 
+    /// The device the engine generates on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
     /// Decodes a snapshot payload (safetensors bytes, config hash checked) and installs it.
-    /// Versions must increase.
+    /// Versions must increase. The f32 weights are decoded into host memory: on a GPU only
+    /// the engine's prepared model (bf16 weights for the inference path) occupies the device,
+    /// not a second, f32 copy next to it.
     pub fn install_bytes(&self, version: u64, bytes: &[u8]) -> Result<(), RolloutError> {
         if let Some(cur) = self.version() {
             if version <= cur {
@@ -111,7 +129,7 @@ impl PolicySlot {
                 });
             }
         }
-        let policy = Policy::from_safetensors_bytes(&self.config, bytes, &self.device)?;
+        let policy = Policy::from_safetensors_bytes(&self.config, bytes, &Device::Cpu)?;
         self.install(version, Arc::new(policy))
     }
 
@@ -238,8 +256,12 @@ pub enum StepOutcome {
 /// Generates groups under the installed policy and writes them to the store.
 pub struct RolloutEngine {
     cfg: RolloutConfig,
-    task: Arc<dyn Task>,
-    tokenizer: Tokenizer,
+    /// What the engine plays: a single-turn task (a [`TaskEnv`]) or a multi-turn environment.
+    env: Arc<dyn Environment>,
+    /// The tokenizer and the template that renders the environment's conversations.
+    chat: Chat,
+    /// Bounds of a multi-turn episode.
+    budget: Budget,
     store: Arc<TrajectoryStore>,
     slot: PolicySlot,
     stats: Arc<RolloutStats>,
@@ -250,6 +272,9 @@ pub struct RolloutEngine {
     standby: Arc<AtomicBool>,
     /// The inference-path weights of the installed version (built once per snapshot).
     infer: Option<(u64, Arc<InferModel>)>,
+    /// The installed version's f32 policy on the slot's device, for the training-forward
+    /// paths (`batched`, `sequential`) when the slot decodes into host memory.
+    on_device: Option<(u64, Arc<Policy>)>,
     /// The producer's key: every group is signed with it (unsigned when `None`).
     signer: Option<storage::NodeKey>,
     /// Replaces signing (test-only attacks).
@@ -262,14 +287,15 @@ impl std::fmt::Debug for RolloutEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RolloutEngine")
             .field("cfg", &self.cfg)
-            .field("task", &self.task.name())
+            .field("env", &self.env.name())
             .field("seq", &self.seq)
             .finish()
     }
 }
 
 impl RolloutEngine {
-    /// A new engine; `seq` (the group counter the per-group seeds derive from) starts at 0.
+    /// A new engine for a single-turn task; `seq` (the group counter the per-group seeds
+    /// derive from) starts at 0.
     pub fn new(
         cfg: RolloutConfig,
         task: Arc<dyn Task>,
@@ -277,6 +303,23 @@ impl RolloutEngine {
         store: Arc<TrajectoryStore>,
         slot: PolicySlot,
     ) -> Result<Self, RolloutError> {
+        let env: Arc<dyn Environment> = Arc::new(TaskEnv::new(task));
+        let budget = Budget::of(&env.metadata());
+        let chat = Chat::for_model(tokenizer, None, false)?;
+        Self::for_env(cfg, env, chat, budget, store, slot)
+    }
+
+    /// A new engine for environment `env` (a single-turn task through [`TaskEnv`], or a
+    /// multi-turn environment whose conversations `chat` renders and `budget` bounds).
+    pub fn for_env(
+        cfg: RolloutConfig,
+        env: Arc<dyn Environment>,
+        chat: Chat,
+        budget: Budget,
+        store: Arc<TrajectoryStore>,
+        slot: PolicySlot,
+    ) -> Result<Self, RolloutError> {
+        let tokenizer = chat.tokenizer();
         if cfg.group_size == 0 || cfg.group_size > storage::record::limits::MAX_SAMPLES {
             return Err(RolloutError::Config(format!(
                 "group_size must be in 1..={}",
@@ -298,6 +341,14 @@ impl RolloutEngine {
                 slot.model_config().vocab_size
             )));
         }
+        if env.metadata().is_multi_turn()
+            && !cfg.sampling.stop_tokens.is_empty()
+            && cfg.sampling.stop_tokens != chat.stop_tokens()
+        {
+            return Err(RolloutError::Config(
+                "multi-turn episodes end turns at the tokenizer's stop tokens".into(),
+            ));
+        }
         let stop_tokens = if cfg.sampling.stop_tokens.is_empty() {
             tokenizer.eos_ids()
         } else {
@@ -306,8 +357,9 @@ impl RolloutEngine {
         let nonce = cfg.id_nonce.unwrap_or_else(rand::random);
         Ok(RolloutEngine {
             cfg,
-            task,
-            tokenizer,
+            env,
+            chat,
+            budget,
             store,
             slot,
             stats: Arc::new(RolloutStats::default()),
@@ -316,6 +368,7 @@ impl RolloutEngine {
             seq: 0,
             standby: Arc::new(AtomicBool::new(false)),
             infer: None,
+            on_device: None,
             signer: None,
             seal: None,
             seq_file: None,
@@ -390,8 +443,10 @@ impl RolloutEngine {
         out
     }
 
-    /// The inference-path model of `installed`, converted once per installed version (in
-    /// `infer_dtype`, by default the device's: bf16 on CUDA, f32 on the CPU).
+    /// The inference-path model of `installed`, converted once per installed version on the
+    /// slot's device ([`InferSpec::for_device`]: bf16 on CUDA, f32 on the CPU, unless
+    /// `infer_dtype` says otherwise). Converted in host memory, then copied: the device never
+    /// holds the f32 weights.
     fn infer_model(
         &mut self,
         installed: &InstalledPolicy,
@@ -403,13 +458,30 @@ impl RolloutEngine {
         }
         // Drop the previous version's copy before converting the new one (peak memory).
         self.infer = None;
-        let dtype = self
-            .cfg
-            .infer_dtype
-            .unwrap_or_else(|| policy::infer::default_dtype(installed.policy.device()));
-        let model = Arc::new(InferModel::new(&installed.policy, dtype)?);
+        let mut spec = InferSpec::for_device(self.slot.device());
+        if let Some(dtype) = self.cfg.infer_dtype {
+            spec.dtype = dtype;
+        }
+        let model = Arc::new(InferModel::build(&installed.policy, &spec)?);
         self.infer = Some((installed.version, model.clone()));
         Ok(model)
+    }
+
+    /// `installed`'s f32 policy on the slot's device (the training-forward paths).
+    fn device_policy(&mut self, installed: &InstalledPolicy) -> Result<Arc<Policy>, RolloutError> {
+        let device = self.slot.device();
+        if installed.policy.device().same_device(device) {
+            return Ok(installed.policy.clone());
+        }
+        if let Some((version, p)) = &self.on_device {
+            if *version == installed.version {
+                return Ok(p.clone());
+            }
+        }
+        self.on_device = None;
+        let p = Arc::new(installed.policy.to_device(device)?);
+        self.on_device = Some((installed.version, p.clone()));
+        Ok(p)
     }
 
     /// Generates the next group under the currently installed version, signed (see
@@ -424,55 +496,38 @@ impl RolloutEngine {
         seed.update(&self.cfg.seed.to_le_bytes());
         seed.update(&seq.to_le_bytes());
         let mut rng = rand::rngs::StdRng::from_seed(*seed.finalize().as_bytes());
+        let task = self.env.as_task().cloned();
+        let states = self.env.metadata().num_initial_states;
         // Drawn in every case, so the sampling stream that follows is the same either way.
-        let mut index = self.task.sample_index(&mut rng);
+        let mut index = match &task {
+            Some(t) => t.sample_index(&mut rng),
+            None => match states {
+                Some(n) => rng.gen_range(0..n.max(1)),
+                None => rng.gen(),
+            },
+        };
         if let Some(assigned) = &self.cfg.assignment_seed {
-            index = tasks::assign::assigned_index(
-                self.task.as_ref(),
-                assigned,
-                &self.cfg.producer,
-                seq,
-            );
+            index = tasks::assign::index_for(states, assigned, &self.cfg.producer, seq);
         }
-        let prompt = self.task.prompt(index)?;
-        let prompt_tokens = self.tokenizer.encode_prompt(&prompt.text)?;
         let mut params = self.cfg.sampling.clone();
         params.stop_tokens = self.stop_tokens.clone();
-        // The uniforms: prescribed by the assignment seed (the learner checks every token
-        // against them), or drawn from the group's seed for local use.
-        let n = self.cfg.group_size;
-        let draws = match &self.cfg.assignment_seed {
-            Some(seed) => Draws::prescribed(seed, &self.cfg.producer, seq, n),
-            None => Draws::from_rng(&mut rng, n),
-        };
         let created = storage::unix_ms();
-        let completions = match self.cfg.path {
-            GenerationPath::Infer => {
-                let model = self.infer_model(&installed)?;
-                policy::infer::generate_with(&model, &prompt_tokens, &params, &draws)?
+        let (prompt, prompt_tokens, samples) = match task {
+            Some(task) => {
+                // The uniforms: prescribed by the assignment seed (the learner checks every
+                // token against them), or drawn from the group's seed for local use.
+                let n = self.cfg.group_size;
+                let draws = match &self.cfg.assignment_seed {
+                    Some(seed) => Draws::prescribed(seed, &self.cfg.producer, seq, n),
+                    None => Draws::from_rng(&mut rng, n),
+                };
+                self.single_turn(&task, &installed, index, &params, &draws, seq)?
             }
-            path => {
-                policy::generate_with(&installed.policy, &prompt_tokens, &params, path, &draws)?
-            }
+            None => self.episodes(&installed, index, &params, &mut rng, seq)?,
         };
-        let finished = storage::unix_ms();
-        let mut samples = Vec::with_capacity(completions.len());
-        for (k, c) in completions.into_iter().enumerate() {
-            let text = self.tokenizer.decode(&c.tokens)?;
-            let reward = self.task.reward(&prompt, &text);
-            samples.push(Sample {
-                trajectory_id: self.id(seq, k as u64),
-                loss_mask: vec![1; c.tokens.len()],
-                response_tokens: c.tokens,
-                response_text: text,
-                reward: reward.value,
-                sampler_logprobs: c.logprobs,
-                finished_unix_ms: finished,
-            });
-        }
         let mut group = TrajectoryGroup {
             group_id: self.id(seq, u64::MAX),
-            task_id: self.task.name().to_string(),
+            task_id: self.env.name().to_string(),
             prompt_id: prompt.id,
             version: installed.version,
             seq,
@@ -485,6 +540,97 @@ impl RolloutEngine {
         };
         self.seal(&mut group);
         Ok(Some(group))
+    }
+
+    /// `n` completions of prompt `index` of a single-turn task, each rewarded by the task.
+    fn single_turn(
+        &mut self,
+        task: &Arc<dyn Task>,
+        installed: &InstalledPolicy,
+        index: u64,
+        params: &SamplingParams,
+        draws: &Draws,
+        seq: u64,
+    ) -> Result<(tasks::Prompt, Vec<u32>, Vec<Sample>), RolloutError> {
+        let prompt = task.prompt(index)?;
+        let prompt_tokens = self.chat.tokenizer().encode_prompt(&prompt.text)?;
+        let completions = match self.cfg.path {
+            GenerationPath::Infer => {
+                let model = self.infer_model(installed)?;
+                policy::infer::generate_with(&model, &prompt_tokens, params, draws)?
+            }
+            path => policy::generate_with(
+                &*self.device_policy(installed)?,
+                &prompt_tokens,
+                params,
+                path,
+                draws,
+            )?,
+        };
+        let finished = storage::unix_ms();
+        let mut samples = Vec::with_capacity(completions.len());
+        for (k, c) in completions.into_iter().enumerate() {
+            let text = self.chat.tokenizer().decode(&c.tokens)?;
+            let reward = task.reward(&prompt, &text);
+            samples.push(Sample {
+                trajectory_id: self.id(seq, k as u64),
+                loss_mask: vec![1; c.tokens.len()],
+                response_tokens: c.tokens,
+                response_text: text,
+                reward: reward.value,
+                sampler_logprobs: c.logprobs,
+                finished_unix_ms: finished,
+            });
+        }
+        Ok((prompt, prompt_tokens, samples))
+    }
+
+    /// `n` episodes of a multi-turn environment from initial state `seed` (ECHO-2 Eq. 21's
+    /// group: one initial state), each sample's reward its return.
+    fn episodes(
+        &mut self,
+        installed: &InstalledPolicy,
+        seed: u64,
+        params: &SamplingParams,
+        rng: &mut rand::rngs::StdRng,
+        seq: u64,
+    ) -> Result<(tasks::Prompt, Vec<u32>, Vec<Sample>), RolloutError> {
+        let (infer, train);
+        let model = if matches!(self.cfg.path, GenerationPath::Infer) {
+            infer = self.infer_model(installed)?;
+            policy::session::Model::Infer(&infer)
+        } else {
+            // The training-forward paths run on the slot's device (decoded in host memory).
+            train = self.device_policy(installed)?;
+            policy::session::Model::Train(&train)
+        };
+        let spec = episode::Spec {
+            env: self.env.as_ref(),
+            chat: &self.chat,
+            budget: self.budget,
+            context: self.slot.model_config().max_position_embeddings,
+        };
+        let n = self.cfg.group_size;
+        // TODO(sampling): episodes still draw their uniforms from the group's rng, not from
+        // prescribed `Draws` (`policy::session` has no draws-driven decode yet), so the
+        // learner cannot check their tokens (`token_not_drawn`); its spot check skips the
+        // token check for multi-turn environments until it does.
+        let (prompt, prompt_tokens, played) =
+            episode::play_group(spec, model, seed, n, params, rng)?;
+        let finished = storage::unix_ms();
+        let mut samples = Vec::with_capacity(played.len());
+        for (k, ep) in played.into_iter().enumerate() {
+            samples.push(Sample {
+                trajectory_id: self.id(seq, k as u64),
+                loss_mask: ep.mask(),
+                response_text: self.chat.tokenizer().decode(&ep.tokens)?,
+                response_tokens: ep.tokens,
+                reward: ep.ret,
+                sampler_logprobs: ep.logprobs,
+                finished_unix_ms: finished,
+            });
+        }
+        Ok((prompt, prompt_tokens, samples))
     }
 
     /// One iteration: nothing on standby; pause if the store is over its cap, otherwise generate a group under

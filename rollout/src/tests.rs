@@ -303,3 +303,75 @@ fn groups_are_signed_assigned_and_numbered_durably() {
     assert_eq!(g.samples[0].reward, 1.0);
     assert!(g.verify_signature(&public).is_err());
 }
+
+/// ECHO-2 App. F, Eq. 21: a group is the episodes of one initial state. Every episode of a
+/// group the engine produces replays from the group's seed (its `prompt_id`: the same deal,
+/// hidden cards included) with its reported return, and groups of different seeds hold
+/// different deals, so group-normalised advantages compare like with like.
+#[test]
+fn a_group_is_the_episodes_of_one_initial_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(TrajectoryStore::open(dir.path()).unwrap());
+    let env = tasks::build_env("kuhn-poker", &serde_json::json!({"opponent": "random"})).unwrap();
+    let chat = Chat::for_model(Tokenizer::byte(), None, true).unwrap();
+    let budget = Budget::of(&env.metadata());
+    let mut sampling = SamplingParams::new(8, Vec::new());
+    sampling.temperature = 1.0;
+    let cfg = RolloutConfig {
+        group_size: 4,
+        sampling,
+        seed: 9,
+        producer: "12D3KooWtest".into(),
+        id_nonce: Some([7; 16]),
+        ..RolloutConfig::default()
+    };
+    let slot = PolicySlot::new(ModelConfig::tiny(), Device::Cpu);
+    let mut e = RolloutEngine::for_env(
+        cfg,
+        env.clone(),
+        Chat::for_model(Tokenizer::byte(), None, true).unwrap(),
+        budget,
+        store.clone(),
+        slot,
+    )
+    .unwrap();
+    e.slot().install(1, policy(1)).unwrap();
+    for _ in 0..6 {
+        assert!(matches!(e.step().unwrap(), StepOutcome::Produced { .. }));
+    }
+    let spec = episode::Spec {
+        env: env.as_ref(),
+        chat: &chat,
+        budget,
+        context: ModelConfig::tiny().max_position_embeddings,
+    };
+    let groups: Vec<TrajectoryGroup> = store
+        .scan(0, 100)
+        .unwrap()
+        .into_iter()
+        .map(|(_, g)| g)
+        .collect();
+    assert_eq!(groups.len(), 6);
+    let mut seeds = std::collections::HashSet::new();
+    for g in &groups {
+        assert_eq!(g.task_id, "kuhn-poker");
+        let seed: u64 = g.prompt_id.parse().unwrap();
+        seeds.insert(seed);
+        for s in &g.samples {
+            let r = episode::replay(spec, seed, &g.prompt_tokens, &s.response_tokens, s.reward)
+                .expect("every episode of the group is a hand of the group's deal");
+            assert_eq!(r.ret, s.reward);
+            assert_eq!(r.mask(), s.loss_mask);
+        }
+        // Another deal is another initial state: its first observation differs, or its
+        // hidden card gives another return, so the group's episodes would not replay there.
+        let other = (0..64u64)
+            .find(|&o| env.reset(o).unwrap().prompt.text != env.reset(seed).unwrap().prompt.text)
+            .unwrap();
+        let s = &g.samples[0];
+        assert!(
+            episode::replay(spec, other, &g.prompt_tokens, &s.response_tokens, s.reward).is_err()
+        );
+    }
+    assert!(seeds.len() > 1, "groups draw their own deals: {seeds:?}");
+}

@@ -2,16 +2,23 @@
 //!
 //! Owns: the [`Task`] trait, the built-in tasks ([`arith`], [`jsonl_math`],
 //! [`knights_knaves`]), the registry ([`build_task`]) and the prompt assignment of rollout
-//! workers ([`assign`]). Must not touch: models, tokenizers,
-//! storage or networking — a task sees prompt text and completion text only.
+//! workers ([`assign`]); the multi-turn [`env::Environment`] interface, the one adapter that
+//! makes every task a one-step environment ([`env::TaskEnv`]), the built-in environments
+//! ([`kuhn`] with its exact evaluator, [`holdem`]) and their registry ([`build_env`]).
+//! Must not touch: models, tokenizers, storage or networking — a task or an environment
+//! sees text only.
 //!
 //! Adding a task is one self-contained file implementing [`Task`] plus one line in
-//! [`REGISTRY`]; see `docs/tasks.md`.
+//! [`REGISTRY`]; adding an environment, one file implementing [`env::Environment`] plus one
+//! line in [`ENV_REGISTRY`]; see `docs/tasks.md` and `docs/environments.md`.
 
 pub mod arith;
 pub mod assign;
+pub mod env;
+pub mod holdem;
 pub mod jsonl_math;
 pub mod knights_knaves;
+pub mod kuhn;
 pub mod util;
 
 use std::sync::Arc;
@@ -23,7 +30,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, thiserror::Error)]
 pub enum TaskError {
     /// Unknown task name in a config.
-    #[error("unknown task {0:?} (built in: {list})", list = REGISTRY.iter().map(|r| r.0).collect::<Vec<_>>().join(", "))]
+    #[error("unknown task {0:?} (built in: {list})", list = REGISTRY.iter().map(|r| r.0).chain(ENV_REGISTRY.iter().map(|r| r.0)).collect::<Vec<_>>().join(", "))]
     UnknownTask(String),
     /// A task parameter is missing or invalid.
     #[error("task {task}: invalid parameter: {reason}")]
@@ -175,6 +182,31 @@ pub fn build_task(name: &str, params: &serde_json::Value) -> Result<Arc<dyn Task
         .find(|(n, _)| *n == name)
         .map(|(_, b)| b(params))
         .unwrap_or_else(|| Err(TaskError::UnknownTask(name.to_string())))
+}
+
+/// Builds an environment from its parameters (a JSON object; `null` = defaults).
+pub type EnvBuilder = fn(&serde_json::Value) -> Result<Arc<dyn env::Environment>, TaskError>;
+
+/// Built-in multi-turn environments by name. Adding one: a new module plus one line here.
+pub const ENV_REGISTRY: &[(&str, EnvBuilder)] = &[
+    ("kuhn-poker", |p| Ok(Arc::new(kuhn::Kuhn::from_params(p)?))),
+    ("holdem", |p| Ok(Arc::new(holdem::Holdem::from_params(p)?))),
+];
+
+/// Builds the environment `name`: a multi-turn one from [`ENV_REGISTRY`], or a single-turn
+/// task from [`REGISTRY`] as a one-step [`env::TaskEnv`].
+pub fn build_env(
+    name: &str,
+    params: &serde_json::Value,
+) -> Result<Arc<dyn env::Environment>, TaskError> {
+    if let Some((_, b)) = ENV_REGISTRY.iter().find(|(n, _)| *n == name) {
+        return b(params);
+    }
+    match build_task(name, params) {
+        Ok(task) => Ok(Arc::new(env::TaskEnv::new(task))),
+        Err(TaskError::UnknownTask(_)) => Err(TaskError::UnknownTask(name.to_string())),
+        Err(e) => Err(e),
+    }
 }
 
 /// Deserialises task parameters, with a clear error naming the task.

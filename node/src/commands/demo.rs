@@ -1,7 +1,8 @@
 //! `echo-node demo [--workers N] [--steps K] [--json]`: the one-command local swarm.
 //!
-//! Writes a learner config and N worker configs (embedded model, `arith` task) under a
-//! temporary directory, starts each as its own `echo-node run` process on 127.0.0.1, follows
+//! Writes a learner config and N worker configs (embedded model, `--task`, default `arith`;
+//! `kuhn-poker` trains against the exploitable `always-bet` opponent) under a temporary
+//! directory, starts each as its own `echo-node run` process on 127.0.0.1, follows
 //! the learner through its admin endpoint, and once the learner has taken K steps stops every
 //! node with SIGTERM and prints a summary computed from the learner's `metrics/steps.jsonl`.
 //! Every child is killed if the demo itself fails.
@@ -117,6 +118,7 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
         }
     };
     let exe = std::env::current_exe().context("locating the echo-node binary")?;
+    let task = demo_task(args)?;
 
     // The learner's key is the swarm's authority; workers are told its public key.
     let learner_dir = root.join("learner");
@@ -124,6 +126,7 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     let (key, _) = storage::NodeKey::load_or_create(&learner_dir.join("node.key"))?;
     let mut learner = NodeConfig::new(Role::Learner, SWARM, learner_dir.clone());
     learner.network = demo_network();
+    learner.task = task.clone();
     learner.model.device = args.device;
     learner.broadcast.dtype = args.snapshot_dtype;
     let l = &mut learner.learner;
@@ -146,6 +149,7 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
         let mut w = NodeConfig::new(Role::Rollout, SWARM, root.join(format!("worker-{i}")));
         w.learner_public_key = Some(key.public_hex());
         w.network = demo_network();
+        w.task = task.clone();
         w.model.device = args.device;
         w.network.bootstrap = vec![bootstrap.clone()];
         w.storage.max_pending_groups = 4;
@@ -155,9 +159,10 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     }
     let progress = Progress::new(args);
     progress.say(format!(
-        "echo-node demo: 1 learner + {} rollout workers on 127.0.0.1 (embedded model, task arith), \
+        "echo-node demo: 1 learner + {} rollout workers on 127.0.0.1 (embedded model, task {}), \
          {} steps, {} mode, {}, S = {}; data and logs in {}",
         args.workers,
+        task.name,
         args.steps,
         mode_name(args.mode),
         args.objective,
@@ -227,6 +232,10 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     summary["device"] = json!(args.device.to_string());
     summary["snapshot_dtype"] = json!(args.snapshot_dtype);
     summary["worker_groups_per_s"] = json!(args.worker_groups_per_s);
+    summary["task"] = json!(task.name);
+    if let Some(e) = eval_summary(&crate::roles::learner::envs::eval_log(&learner_dir))? {
+        summary["eval"] = e;
+    }
     if args.json {
         println!("{summary}");
     } else {
@@ -243,6 +252,20 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
             summary["staleness_max"],
             if invariant_ok { "holds" } else { "VIOLATED" },
         );
+        if let Some(e) = summary.get("eval") {
+            println!(
+                "exact EV against `{}`: {:+.4} (v{}) -> {:+.4} (v{}); best response {:+.4}; \
+                 exploitability {:.4} -> {:.4}",
+                e["opponent"].as_str().unwrap_or("?"),
+                e["start"].as_f64().unwrap_or(f64::NAN),
+                e["version_start"],
+                e["end"].as_f64().unwrap_or(f64::NAN),
+                e["version_end"],
+                e["best_response"].as_f64().unwrap_or(f64::NAN),
+                e["exploitability_start"].as_f64().unwrap_or(f64::NAN),
+                e["exploitability_end"].as_f64().unwrap_or(f64::NAN),
+            );
+        }
     }
     if !not_clean.is_empty() {
         bail!("nodes did not exit cleanly: {}", not_clean.join(", "));
@@ -252,6 +275,41 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
         "the trajectory accounting invariant does not hold"
     );
     Ok(())
+}
+
+/// The demo's `[task]`: `--task` with `--task-params`, or the demo's defaults for it.
+fn demo_task(args: &DemoArgs) -> anyhow::Result<crate::config::TaskConfig> {
+    let params = match (&args.task_params, args.task.as_str()) {
+        (Some(p), _) => serde_json::from_str(p).context("--task-params is not JSON")?,
+        (None, "kuhn-poker") => json!({ "opponent": "always-bet" }),
+        (None, _) => json!({}),
+    };
+    let task = crate::config::TaskConfig {
+        name: args.task.clone(),
+        params,
+        ..Default::default()
+    };
+    let env = tasks::build_env(&task.name, &task.params)?;
+    task.budget(env.as_ref())?;
+    Ok(task)
+}
+
+/// `{"opponent", "start", "end", "best_response"}`: the exact expected values of the first
+/// and last evaluated versions (environments with an exact evaluator; `None` otherwise).
+fn eval_summary(path: &Path) -> anyhow::Result<Option<Value>> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let lines = read_steps(path)?;
+    let (Some(first), Some(last)) = (lines.first(), lines.last()) else {
+        return Ok(None);
+    };
+    Ok(Some(json!({
+        "opponent": last["opponent"], "start": first["ev"], "end": last["ev"],
+        "best_response": last["best_response"], "exploitability_start": first["exploitability"],
+        "exploitability_end": last["exploitability"], "version_start": first["version"],
+        "version_end": last["version"], "versions_evaluated": lines.len(),
+    })))
 }
 
 fn mode_name(m: crate::config::LearnerMode) -> &'static str {

@@ -3,6 +3,7 @@
 mod admit;
 mod demo;
 mod doctor;
+mod eval;
 mod export;
 mod inspect;
 mod keygen;
@@ -21,5 +22,6 @@ pub fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Demo(args) => demo::demo(&args),
         Command::Doctor(args) => doctor::doctor(&args),
         Command::Export(args) => export::export(&args),
+        Command::Eval(args) => eval::eval(&args),
     }
 }

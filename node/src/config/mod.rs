@@ -200,13 +200,25 @@ impl Default for ModelConfig {
     }
 }
 
-/// `[task]`: a built-in task (`arith`, `jsonl-math`, `knights-knaves`) and its parameters.
+/// `[task]`: a built-in task (`arith`, `jsonl-math`, `knights-knaves`) or multi-turn
+/// environment (`kuhn-poker`, `holdem`) and its parameters.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TaskConfig {
     pub name: String,
     /// Task parameters, e.g. `{ max_operand = 9, ops = "+" }` (see docs/tasks.md).
     pub params: serde_json::Value,
+    /// Multi-turn environments: most agent turns per episode (default: the environment's).
+    /// Learner and workers must agree on the three budgets (the learner replays episodes
+    /// with them; docs/environments.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_turns: Option<u32>,
+    /// Most tokens the model samples in one turn (default: the environment's suggestion).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_turn_tokens: Option<usize>,
+    /// Most tokens of an episode after its first prompt (turns and observations together).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_episode_tokens: Option<usize>,
 }
 
 impl Default for TaskConfig {
@@ -214,7 +226,26 @@ impl Default for TaskConfig {
         TaskConfig {
             name: "arith".into(),
             params: serde_json::json!({}),
+            max_turns: None,
+            max_turn_tokens: None,
+            max_episode_tokens: None,
         }
+    }
+}
+
+impl TaskConfig {
+    /// The episode budget of `env` with this section's overrides.
+    pub fn budget(
+        &self,
+        env: &dyn tasks::env::Environment,
+    ) -> Result<tasks::env::Budget, tasks::TaskError> {
+        let meta = env.metadata();
+        tasks::env::Budget::of(&meta).with(
+            &meta,
+            self.max_turns,
+            self.max_turn_tokens,
+            self.max_episode_tokens,
+        )
     }
 }
 
@@ -245,6 +276,9 @@ pub struct LearnerConfig {
     pub groups_per_step: usize,
     /// n: samples per group the learner expects (the workers' `rollout.group_size`).
     pub group_size: usize,
+    /// Padded tokens per forward/backward pass: a step is micro-batched into passes of at
+    /// most this many tokens, gradients summed (bounds activation memory; 0 = one pass).
+    pub micro_batch_tokens: usize,
     pub lr: f64,
     /// Weight β of the KL penalty to the initial (warm-started) policy; 0 = off.
     pub kl_beta: f64,
@@ -286,6 +320,7 @@ impl Default for LearnerConfig {
             kappa: None,
             groups_per_step: 4,
             group_size: 16,
+            micro_batch_tokens: 4096,
             lr: 1e-3,
             kl_beta: 0.05,
             clip_eps: 0.2,
@@ -521,6 +556,7 @@ impl LearnerConfig {
             kappa,
             groups_per_step: self.groups_per_step,
             group_size: self.group_size,
+            micro_batch_tokens: self.micro_batch_tokens,
         })
     }
 

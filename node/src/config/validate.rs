@@ -113,8 +113,13 @@ impl NodeConfig {
                 ),
             );
         }
-        if let Err(e) = tasks::build_task(&self.task.name, &self.task.params) {
-            bad("task", e.to_string());
+        match tasks::build_env(&self.task.name, &self.task.params) {
+            Ok(env) => {
+                if let Err(e) = self.task.budget(env.as_ref()) {
+                    bad("task", e.to_string());
+                }
+            }
+            Err(e) => bad("task", e.to_string()),
         }
         let l = &self.learner;
         if self.role == Role::Learner {

@@ -182,10 +182,44 @@ pub fn build_task(config: &NodeConfig) -> anyhow::Result<Arc<dyn tasks::Task>> {
 }
 
 /// The rule the learner derives loss masks (and sampled positions) by for the configured
-/// task: every response token for single-turn tasks. A multi-turn environment plugs its
-/// turn-aware rule in here.
-pub fn mask_rule(_config: &NodeConfig) -> Arc<dyn ::learner::MaskRule> {
-    Arc::new(::learner::ResponseTokens)
+/// task: every response token for single-turn tasks; for a multi-turn environment, the
+/// assistant's tokens of the replayed episode.
+pub fn mask_rule(config: &NodeConfig) -> anyhow::Result<Arc<dyn ::learner::MaskRule>> {
+    let env = build_env(config)?;
+    if env.as_task().is_some() {
+        return Ok(Arc::new(::learner::ResponseTokens));
+    }
+    let tokenizer = learner::verify::learner_tokenizer(config)?;
+    let chat = Arc::new(build_chat(config, tokenizer, env.as_ref())?);
+    Ok(Arc::new(learner::verify::EpisodeMask {
+        budget: config.task.budget(env.as_ref())?,
+        context: learner::verify::model_context(config)?,
+        env,
+        chat,
+    }))
+}
+
+/// The configured task or environment, as an environment (a task is a one-step one).
+pub fn build_env(config: &NodeConfig) -> anyhow::Result<Arc<dyn tasks::env::Environment>> {
+    tasks::build_env(&config.task.name, &config.task.params)
+        .with_context(|| format!("building task `{}`", config.task.name))
+}
+
+/// How the configured model renders `env`'s conversations: the single-turn prompt template
+/// for a one-step environment; for a multi-turn one, the `chat_template` of the model's
+/// Hugging Face folder, or the embedded model's built-in template.
+pub fn build_chat(
+    config: &NodeConfig,
+    tokenizer: Tokenizer,
+    env: &dyn tasks::env::Environment,
+) -> anyhow::Result<policy::chat::Chat> {
+    let multi = env.metadata().is_multi_turn();
+    let hf = if multi && config.model.source != "embedded" {
+        policy::chat::hf_chat_template(std::path::Path::new(&config.model.source))?
+    } else {
+        None
+    };
+    Ok(policy::chat::Chat::for_model(tokenizer, hf, multi)?)
 }
 
 /// Resolves on Ctrl-C (SIGINT) or SIGTERM.

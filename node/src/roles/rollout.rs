@@ -32,7 +32,7 @@ use dissemination::DisseminationEvent;
 use rollout::{PolicySlot, RolloutConfig, RolloutEngine, RunningEngine};
 use tokio::sync::mpsc;
 
-use super::{build_model, build_task, Probe, RoleView};
+use super::{build_chat, build_env, build_model, Probe, RoleView};
 use crate::api::{RoleSection, RolloutStatus};
 #[cfg(feature = "adversary")]
 use crate::misbehave::Attack;
@@ -42,7 +42,7 @@ use storage::TrajectoryGroup;
 
 /// The attacks carried out on the groups a worker produces.
 #[cfg(feature = "adversary")]
-pub const GROUP_ATTACKS: [Attack; 11] = [
+pub const GROUP_ATTACKS: [Attack; 13] = [
     Attack::InflatedReward,
     Attack::ForgedLogprobs,
     Attack::InvalidLogprob,
@@ -54,6 +54,8 @@ pub const GROUP_ATTACKS: [Attack; 11] = [
     Attack::MaskPoisoning,
     Attack::ForcedTokens,
     Attack::StaleVersion,
+    Attack::ForgedReturn,
+    Attack::ForgedObservation,
 ];
 
 /// The group attacks that need the model ([`super::forge`]).
@@ -102,6 +104,32 @@ pub fn tamper(attack: Attack, g: &mut TrajectoryGroup, vocab: usize, context: us
             let s = &mut g.samples[0];
             let last = s.response_tokens.len() - 1;
             s.response_tokens[last] = u32::try_from(vocab).unwrap_or(u32::MAX);
+        }
+        Attack::ForgedReturn => g.samples[0].reward += 1.0,
+        // The first observation token (loss mask 0) of an episode becomes another token of
+        // the same observation: the story the environment told is changed. A group without
+        // observations (one-turn episodes) gets a forged return instead.
+        Attack::ForgedObservation => {
+            let forged = g.samples.iter_mut().any(|s| {
+                let obs: Vec<usize> = (0..s.loss_mask.len())
+                    .filter(|&i| s.loss_mask[i] == 0)
+                    .collect();
+                let first = obs.first().copied();
+                let other = obs
+                    .iter()
+                    .copied()
+                    .find(|&i| Some(s.response_tokens[i]) != first.map(|f| s.response_tokens[f]));
+                match (first, other) {
+                    (Some(f), Some(o)) => {
+                        s.response_tokens.swap(f, o);
+                        true
+                    }
+                    _ => false,
+                }
+            });
+            if !forged {
+                g.samples[0].reward += 1.0;
+            }
         }
         Attack::Overlong => {
             let s = &mut g.samples[0];
@@ -210,17 +238,24 @@ pub async fn start(
     view: RoleView,
 ) -> anyhow::Result<RolloutRole> {
     let config = &state.config;
-    let (policy, tokenizer) = build_model(config, &state.device)?;
-    let task = build_task(config)?;
+    // The f32 weights stay in host memory (snapshots decode there too): the device holds only
+    // the inference path's prepared copy.
+    let (policy, tokenizer) = build_model(config, &policy::Device::Cpu)?;
+    let env = build_env(config)?;
+    let budget = config.task.budget(env.as_ref())?;
     // Generation: weights in the inference path's dtype (bf16 on a GPU) plus the KV cache of
-    // one group of n rows; prompts are budgeted at 1024 tokens. The f32 weights the slot also
-    // keeps are resident already (just loaded), so the device's free memory counts them.
+    // one group of n rows; prompts are budgeted at 1024 tokens.
     let r = &config.rollout;
     let gen_dtype = r.dtype.resolve(&state.device);
-    let context = (1024 + r.max_new_tokens).min(policy.config().max_position_embeddings);
+    let new_tokens = if env.metadata().is_multi_turn() {
+        budget.max_episode_tokens
+    } else {
+        r.max_new_tokens
+    };
+    let context = (1024 + new_tokens).min(policy.config().max_position_embeddings);
     let need = policy::memory::worker_bytes(policy.config(), gen_dtype, r.group_size, context);
     super::check_memory("the rollout worker", need, &state.device)?;
-    let slot = PolicySlot::new(policy.config().clone(), policy.device().clone());
+    let slot = PolicySlot::new(policy.config().clone(), state.device.clone());
     #[cfg(feature = "adversary")]
     let (vocab, max_context) = (
         policy.config().vocab_size,
@@ -265,18 +300,22 @@ pub async fn start(
     let forger = MODEL_ATTACKS
         .iter()
         .any(|a| state.misbehave.has(*a))
-        .then(|| {
+        .then_some(())
+        // The model-aware forgeries are of single-turn groups.
+        .and(env.as_task().cloned())
+        .map(|task| {
             let mut params = sampling.clone();
             params.stop_tokens = tokenizer.eos_ids();
             super::forge::Forger::new(
                 slot.clone(),
-                task.clone(),
+                task,
                 tokenizer.clone(),
                 assignment_seed,
                 params,
             )
         });
-    let engine = RolloutEngine::new(
+    let chat = build_chat(config, tokenizer, env.as_ref())?;
+    let engine = RolloutEngine::for_env(
         RolloutConfig {
             group_size: r.group_size,
             sampling,
@@ -292,8 +331,9 @@ pub async fn start(
             infer_dtype: Some(r.dtype.resolve(&state.device)),
             ..RolloutConfig::default()
         },
-        task,
-        tokenizer,
+        env,
+        chat,
+        budget,
         state.trajectories.clone(),
         slot.clone(),
     )

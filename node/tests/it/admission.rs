@@ -150,7 +150,13 @@ fn forged_log_probs_ban_at_once_and_the_ban_survives_a_learner_restart() {
     let swarm = "it-proof";
     let (mut learner, mut honest) =
         Node::learner_and_workers(tmp.path(), swarm, LEARNER, 1, WORKER);
-    let mut bad = crate::verified::bad_worker(tmp.path(), swarm, &learner, "forged_logprobs");
+    let mut bad = crate::verified::bad_worker(
+        tmp.path(),
+        swarm,
+        &learner,
+        "forged_logprobs",
+        crate::verified::WORKER,
+    );
     let bad_id = bad.key.peer_id.clone();
     bad.wait_ready();
     // Every group of a new identity is checked: the first forged one is proof.

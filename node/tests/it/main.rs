@@ -4,6 +4,7 @@ mod admin;
 mod admission;
 mod cli;
 mod durability;
+mod envs;
 mod learning;
 /// Proven rollouts: an honest f16 worker next to forced-token and mask-poisoning workers
 /// (shares `verified`'s set-up, so built with it).

@@ -8,8 +8,8 @@
 
 use serde_json::Value;
 
-use crate::swarm::{http_get, wait_for, Node};
-use crate::verified::{bad_worker_named, peer, rejected, LEARNER, LIMIT, WORKER};
+use crate::swarm::{http_get, peer, rejected, wait_for, Node};
+use crate::verified::{bad_worker_named, LEARNER, LIMIT, WORKER};
 
 /// The learner's `learner_groups_trained_total{producer="…"}` (0 when absent).
 fn trained(learner: &Node, producer: &str) -> u64 {
@@ -75,8 +75,22 @@ fn forced_tokens_and_poisoned_masks_are_banned_before_a_group_trains() {
     let tmp = tempfile::tempdir().unwrap();
     let (mut learner, mut honest) =
         Node::learner_and_workers(tmp.path(), "it-proven", LEARNER, 1, WORKER);
-    let mut forced = bad_worker_named(tmp.path(), "forced", "it-proven", &learner, "forced_tokens");
-    let mut masks = bad_worker_named(tmp.path(), "masks", "it-proven", &learner, "mask_poisoning");
+    let mut forced = bad_worker_named(
+        tmp.path(),
+        "forced",
+        "it-proven",
+        &learner,
+        "forced_tokens",
+        WORKER,
+    );
+    let mut masks = bad_worker_named(
+        tmp.path(),
+        "masks",
+        "it-proven",
+        &learner,
+        "mask_poisoning",
+        WORKER,
+    );
     let (forced_id, masks_id) = (forced.key.peer_id.clone(), masks.key.peer_id.clone());
     forced.wait_ready();
     masks.wait_ready();
@@ -85,7 +99,7 @@ fn forced_tokens_and_poisoned_masks_are_banned_before_a_group_trains() {
         (&masks_id, "mask_mismatch"),
     ] {
         let p = wait_for(&format!("the {reason} ban"), LIMIT, || {
-            let p = peer(&learner.status()?, id)?;
+            let p = peer(&learner.status()?, id).cloned()?;
             (p["banned"] == true).then_some(p)
         });
         assert_eq!(p["ban_reason"], reason, "{p}");

@@ -337,7 +337,8 @@ fn wait_heartbeats(node: &mut Node, n: u64) {
     });
 }
 
-fn peer<'a>(status: &'a Value, peer_id: &str) -> Option<&'a Value> {
+/// A peer's entry in a node's status.
+pub(crate) fn peer<'a>(status: &'a Value, peer_id: &str) -> Option<&'a Value> {
     status["peers"]
         .as_array()?
         .iter()
@@ -819,4 +820,14 @@ fn discovery_16_nodes_measurement() {
         .unwrap()
         .to_string();
     println!("worker with 15 peers: idle CPU {cpu:.2} % of one core; {rss}");
+}
+
+/// The learner's `pull_groups_rejected_total{reason="…"}`.
+pub(crate) fn rejected(learner: &Node, reason: &str) -> u64 {
+    let body = http_get(&learner.admin, "/metrics").body;
+    let series = format!("pull_groups_rejected_total{{reason=\"{reason}\"}}");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
 }

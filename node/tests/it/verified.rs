@@ -10,9 +10,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use serde_json::Value;
-
-use crate::swarm::{http_get, keygen, wait_for, Node, BIN};
+use crate::swarm::{keygen, peer, rejected, wait_for, Node, BIN};
 
 /// Small, fast training: groups of 4 samples, 2 groups a step, after a short supervised warm
 /// start. Without it the untrained model rarely scores: a group whose samples all get the same
@@ -23,9 +21,16 @@ pub(crate) const LEARNER: &str =
 pub(crate) const WORKER: &str = "[storage]\nmax_pending_groups = 8\n[rollout]\ngroup_size = 4\n";
 pub(crate) const LIMIT: Duration = Duration::from_secs(240);
 
-/// A rollout worker bootstrapping from `learner` that carries out `attacks`.
-pub(crate) fn bad_worker(root: &Path, swarm: &str, learner: &Node, attacks: &str) -> Node {
-    bad_worker_named(root, "bad", swarm, learner, attacks)
+/// A rollout worker bootstrapping from `learner` that carries out `attacks`; `sections` are
+/// its config's tables after `[network]`.
+pub(crate) fn bad_worker(
+    root: &Path,
+    swarm: &str,
+    learner: &Node,
+    attacks: &str,
+    sections: &str,
+) -> Node {
+    bad_worker_named(root, "bad", swarm, learner, attacks, sections)
 }
 
 /// [`bad_worker`] in `root/name`.
@@ -35,6 +40,7 @@ pub(crate) fn bad_worker_named(
     swarm: &str,
     learner: &Node,
     attacks: &str,
+    sections: &str,
 ) -> Node {
     let data = root.join(name);
     std::fs::create_dir_all(&data).unwrap();
@@ -45,7 +51,7 @@ pub(crate) fn bad_worker_named(
         format!(
             "role = \"rollout\"\nswarm_id = \"{swarm}\"\ndata_dir = \"{}\"\n\
              learner_public_key = \"{}\"\n\n[network]\nmdns = false\nautonat = false\n\
-             heartbeat_interval_ms = 300\nbootstrap = [\"{}\"]\n\n{WORKER}",
+             heartbeat_interval_ms = 300\nbootstrap = [\"{}\"]\n\n{sections}",
             data.display(),
             learner.key.public_key,
             learner.addr()
@@ -76,25 +82,6 @@ pub(crate) fn bad_worker_named(
     }
 }
 
-/// The learner's `pull_groups_rejected_total{reason="…"}`.
-pub(crate) fn rejected(learner: &Node, reason: &str) -> u64 {
-    let body = http_get(&learner.admin, "/metrics").body;
-    let series = format!("pull_groups_rejected_total{{reason=\"{reason}\"}}");
-    body.lines()
-        .find_map(|l| l.strip_prefix(&series))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
-}
-
-/// A peer's entry in the learner's status.
-pub(crate) fn peer(status: &Value, peer_id: &str) -> Option<Value> {
-    status["peers"]
-        .as_array()?
-        .iter()
-        .find(|p| p["peer_id"] == peer_id)
-        .cloned()
-}
-
 /// Waits until the learner refused at least one group of `bad` for each of `reasons`, struck
 /// it that often, and trained `steps` steps; then checks the honest worker was never struck.
 fn expect_refused_and_struck(swarm: &str, attacks: &str, reasons: &[&str], steps: u64) {
@@ -105,7 +92,7 @@ fn expect_refused_and_struck(swarm: &str, attacks: &str, reasons: &[&str], steps
     let tmp = tempfile::tempdir().unwrap();
     let (mut learner, mut honest) =
         Node::learner_and_workers(tmp.path(), swarm, &learner_config, 1, WORKER);
-    let mut bad = bad_worker(tmp.path(), swarm, &learner, attacks);
+    let mut bad = bad_worker(tmp.path(), swarm, &learner, attacks, WORKER);
     let bad_id = bad.key.peer_id.clone();
     bad.wait_ready();
     for r in reasons {
@@ -117,7 +104,7 @@ fn expect_refused_and_struck(swarm: &str, attacks: &str, reasons: &[&str], steps
     // Each refused group is a strike; past `ban_after_strikes` the worker is banned for
     // the run, for one of the reasons its groups were refused.
     let struck = wait_for("the bad worker's ban", LIMIT, || {
-        let p = peer(&learner.status()?, &bad_id)?;
+        let p = peer(&learner.status()?, &bad_id)?.clone();
         let n = 4 * reasons.len() as u64;
         (p["banned"] == true && p["strikes"].as_u64()? >= n && p["failures"].as_u64()? >= n)
             .then_some(p)
@@ -192,11 +179,17 @@ fn an_oversized_pull_answer_is_struck_and_training_goes_on() {
     let tmp = tempfile::tempdir().unwrap();
     let (mut learner, mut honest) =
         Node::learner_and_workers(tmp.path(), "it-oversized", LEARNER, 1, WORKER);
-    let mut bad = bad_worker(tmp.path(), "it-oversized", &learner, "oversized_answer");
+    let mut bad = bad_worker(
+        tmp.path(),
+        "it-oversized",
+        &learner,
+        "oversized_answer",
+        WORKER,
+    );
     let bad_id = bad.key.peer_id.clone();
     bad.wait_ready();
     let banned = wait_for("the oversized answerer's ban", LIMIT, || {
-        let p = peer(&learner.status()?, &bad_id)?;
+        let p = peer(&learner.status()?, &bad_id)?.clone();
         (p["banned"] == true).then_some(p)
     });
     assert_eq!(banned["ban_reason"], "oversized_answer", "{banned}");

@@ -38,6 +38,8 @@ pub(super) struct TrainCtx {
     pub is_banned: Box<dyn Fn(&str) -> bool + Send>,
     pub ckpt_dir: PathBuf,
     pub steps_log: PathBuf,
+    /// The exact evaluator of the environment, run on every published version.
+    pub exact: Option<super::envs::Evaluator>,
 }
 
 /// Running totals behind the `/status` learner section.
@@ -65,4 +67,6 @@ pub(super) struct Totals {
     /// Producers with their own `learner_groups_trained_total` series (at most
     /// `train::MAX_PRODUCER_SERIES`; the rest count under `producer="other"`).
     pub producer_series: std::collections::HashSet<String>,
+    /// What the admin page draws.
+    pub curve: crate::api::Curve,
 }

@@ -34,6 +34,7 @@
 //! and workers accept the next snapshot.
 
 mod ctx;
+pub mod envs;
 mod publisher;
 mod puller;
 mod shares;
@@ -53,7 +54,7 @@ use learner::{Pipeline, Trainer, Window};
 use storage::ChunkStore;
 use tokio::sync::watch;
 
-use super::{build_model, build_task, Probe, RoleView};
+use super::{build_model, Probe, RoleView};
 use crate::state::NodeState;
 
 /// "None" in the atomics below.
@@ -200,6 +201,8 @@ pub async fn start(
             .with_dtypes(dtypes),
     ));
     let (done_tx, finished) = tokio::sync::oneshot::channel();
+    let exact = envs::Evaluator::for_learner(&state.config, trainer.config().temperature)
+        .context("building the exact evaluator")?;
     let ctx = ctx::TrainCtx {
         trainer,
         weights_version,
@@ -224,6 +227,7 @@ pub async fn start(
         },
         ckpt_dir: state.config.checkpoint_dir(),
         steps_log: state.config.data_dir.join("metrics").join("steps.jsonl"),
+        exact,
     };
     let thread = std::thread::Builder::new()
         .name("learner".into())
@@ -274,7 +278,11 @@ fn build_pipeline(
                     },
                     temperature: trainer.config().temperature,
                     top_p: state.config.learner.top_p,
-                    check_sampling: v.check_sampling,
+                    // TODO(sampling): episodes are not generated from prescribed uniforms
+                    // yet (`rollout`'s `episodes`): their tokens are checked for single-turn
+                    // tasks only.
+                    check_sampling: v.check_sampling
+                        && super::build_env(&state.config)?.as_task().is_some(),
                     seed: tasks::assign::assignment_seed(&state.config.swarm_id, &key),
                     ..Default::default()
                 },
@@ -284,7 +292,7 @@ fn build_pipeline(
             )
             .context("building the log-prob spot checker")?
             .with_worker_dtypes(dtypes.clone())
-            .with_mask_rule(super::mask_rule(&state.config)),
+            .with_mask_rule(super::mask_rule(&state.config)?),
         );
     }
     Ok(pipeline)
@@ -298,29 +306,44 @@ fn restore_or_init(state: &NodeState) -> anyhow::Result<(Trainer, u64)> {
     let ckpt = config.checkpoint_dir();
     let wanted = config.learner.trainer_config()?;
     let mut trainer = if ckpt.join("LATEST").exists() {
-        let t = Trainer::load(&ckpt, &state.device)
+        let mut t = Trainer::load(&ckpt, &state.device)
             .with_context(|| format!("restoring the checkpoint in {}", ckpt.display()))?;
         tracing::info!(version = t.version(), dir = %ckpt.display(), "resumed from checkpoint");
         warn_ignored_settings(&wanted, t.config());
+        // How a step is cut into passes depends on this run's device, not the checkpoint's.
+        t.set_micro_batch_tokens(wanted.micro_batch_tokens);
         t
     } else {
         let (policy, tokenizer) = build_model(config, &state.device)?;
-        // Gradients and AdamW's moments (and the KL reference) come on top of the weights
-        // just loaded; refuse now, with the numbers, rather than fail mid-run.
+        // Gradients, AdamW's moments, the KL reference and the activations of one pass come
+        // on top of the weights just loaded; refuse now, with the numbers, rather than fail
+        // mid-run.
         let weights = 4 * policy.config().num_params();
-        let need = policy::memory::learner_bytes(policy.config(), wanted.loss.kl_beta > 0.0);
+        let (kl, tokens) = (
+            wanted.loss.kl_beta > 0.0,
+            wanted.tokens_per_pass(policy.config()),
+        );
+        let need = policy::memory::learner_bytes(policy.config(), kl, tokens);
+        let free = policy::device::describe(&state.device).memory_free_bytes;
+        if free > 0 {
+            policy::memory::check_learner_fit(policy.config(), kl, tokens, free, weights)?;
+        }
         super::check_memory("the learner", need.saturating_sub(weights), &state.device)?;
         if config.learner.warm_start_steps > 0 {
-            let task = build_task(config)?;
+            let env = super::build_env(config)?;
             let t0 = Instant::now();
-            let w = learner::warm_start_on_task(
-                &policy,
-                &tokenizer,
-                task.as_ref(),
-                config.learner.warm_start_steps,
-                config.model.seed,
-            )
-            .context("supervised warm start")?;
+            let w = match env.as_task() {
+                Some(task) => learner::warm_start_on_task(
+                    &policy,
+                    &tokenizer,
+                    task.as_ref(),
+                    config.learner.warm_start_steps,
+                    config.model.seed,
+                )
+                .context("supervised warm start")?,
+                None => envs::warm_start(config, &policy, &tokenizer, env.as_ref())
+                    .context("supervised warm start on scripted play")?,
+            };
             tracing::info!(
                 steps = w.steps,
                 examples = w.examples,
@@ -332,7 +355,7 @@ fn restore_or_init(state: &NodeState) -> anyhow::Result<(Trainer, u64)> {
         }
         Trainer::new(policy, wanted).context("creating the trainer")?
     };
-    trainer.set_mask_rule(super::mask_rule(config));
+    trainer.set_mask_rule(super::mask_rule(config)?);
     let weights = resume_at_published(&mut trainer, &state.chunks)?;
     // Buffer leases of a previous run are void (only this thread leases the buffer).
     for l in state.trajectories.leases()? {

@@ -116,6 +116,7 @@ pub(super) fn update(c: &TrainCtx, t: &Totals, last: Option<&(StepStats, f64)>, 
         groups_rejected_after_ban: s.pulls.rejected_after_ban(),
         admission: admission(c),
         last_step,
+        curve: t.curve.clone(),
     };
     c.view.set(RoleSection::Learner(Box::new(status)));
 }

@@ -72,6 +72,17 @@ impl Totals {
         self.staleness_max = self.staleness_max.max(st.staleness_max);
         self.reward_first.get_or_insert(st.reward_mean);
         push_recent(&mut self.recent_rewards, st.reward_mean, RECENT_REWARDS);
+        crate::api::Curve::push(&mut self.curve.reward, (st.version, st.reward_mean));
+    }
+
+    /// Evaluates the version just published, if the environment has an exact evaluator.
+    fn evaluate(&mut self, c: &TrainCtx) {
+        if let Some(e) = &c.exact {
+            if let Some(p) = e.evaluate(c.trainer.policy(), c.trainer.version()) {
+                self.curve.opponent.get_or_insert_with(|| e.opponent());
+                crate::api::Curve::push(&mut self.curve.eval, p);
+            }
+        }
     }
 }
 
@@ -98,6 +109,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
     }
     c.trainer.mark_consumed(restored.consumed);
     publish(&c.trainer, c.snapshot_dtype, &c.snap_tx)?;
+    totals.evaluate(&c);
     while !c.shared.stop.is_cancelled() {
         if c.cfg.max_steps > 0 && c.trainer.version() >= c.cfg.max_steps {
             super::status::update(&c, &totals, last.as_ref(), true);
@@ -196,6 +208,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
         let published = c.trainer.should_publish();
         if published {
             publish(&c.trainer, c.snapshot_dtype, &c.snap_tx)?;
+            totals.evaluate(&c);
         }
         if st.version % c.cfg.checkpoint_every == 0 {
             c.trainer.save(&c.ckpt_dir).context("checkpoint")?;

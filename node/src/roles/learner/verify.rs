@@ -13,9 +13,13 @@
 //!    to (producer, `seq`) by `tasks::assign`, and the worker has not used that `seq` for
 //!    another group ([`STALE_SEQ`], without a strike, for a `seq` older than it remembers);
 //! 3. [`RewardLayer`] (`reward_mismatch`): every sample's reward, recomputed by the task from
-//!    the decoded response tokens, equals the reported one within [`REWARD_TOLERANCE`];
+//!    the decoded response tokens, equals the reported one within [`REWARD_TOLERANCE`].
+//!    For a multi-turn environment, [`ReplayLayer`] (`replay_mismatch`) instead replays every
+//!    episode from its decoded actions: the observations in the trajectory must be the
+//!    environment's own, the return the replayed one, the loss mask the assistant tokens;
 //! 4. [`MaskLayer`] (`mask_mismatch`): every sample's loss mask is the one the learner derives
-//!    from the tokens (`learner::mask`; the trainer trains on the derived mask only);
+//!    from the tokens (`learner::mask`; [`EpisodeMask`] for a multi-turn environment; the
+//!    trainer trains on the derived mask only);
 //! 5. the spot check (`super::spot`), at the worker's check rate, appended by the learner
 //!    role: log-probs recomputed under the claimed version (`logprob_mismatch` /
 //!    `logprob_forged`) and each sampled token the canonical sampling rule's draw for the
@@ -29,9 +33,11 @@ use std::sync::{Arc, Mutex};
 
 use learner::{Checks, Pipeline, Stage, StageInput};
 use p2p::{PeerId, StrikeReason};
+use policy::chat::Chat;
 use policy::Tokenizer;
 use storage::record::{GroupLimits, GroupRejection};
 use storage::TrajectoryGroup;
+use tasks::env::{Budget, Environment, TaskEnv};
 use tasks::Task;
 
 use crate::config::NodeConfig;
@@ -60,17 +66,33 @@ pub fn pipeline_for_learner(
         out = out.with_stage(SignatureLayer);
     }
     if v.assigned_prompts || v.recompute_rewards {
-        let task = super::super::build_task(config)?;
+        let env = super::super::build_env(config)?;
         let tokenizer = Arc::new(learner_tokenizer(config)?);
+        let chat = Arc::new(super::super::build_chat(
+            config,
+            (*tokenizer).clone(),
+            env.as_ref(),
+        )?);
         if v.assigned_prompts {
             let seed = tasks::assign::assignment_seed(&config.swarm_id, learner_key);
-            out = out.with_stage(PromptLayer::new(task.clone(), tokenizer.clone(), seed));
+            out = out.with_stage(PromptLayer::for_env(env.clone(), chat.clone(), seed));
         }
         if v.recompute_rewards {
-            out = out.with_stage(RewardLayer { task, tokenizer });
+            out = match env.as_task() {
+                Some(task) => out.with_stage(RewardLayer {
+                    task: task.clone(),
+                    tokenizer,
+                }),
+                None => out.with_stage(ReplayLayer {
+                    budget: config.task.budget(env.as_ref())?,
+                    context: model_context(config)?,
+                    env,
+                    chat,
+                }),
+            };
         }
     }
-    Ok(out.with_stage(MaskLayer(super::super::mask_rule(config))))
+    Ok(out.with_stage(MaskLayer(super::super::mask_rule(config)?)))
 }
 
 /// The pipeline as the pull protocol's verifier: every decoded group runs the whole chain
@@ -92,13 +114,25 @@ impl pull::GroupVerifier for PullVerifier {
 }
 
 /// The tokenizer of the configured model, without loading its weights.
-fn learner_tokenizer(config: &NodeConfig) -> anyhow::Result<Tokenizer> {
+pub(crate) fn learner_tokenizer(config: &NodeConfig) -> anyhow::Result<Tokenizer> {
     use anyhow::Context;
     if config.model.source == "embedded" {
         return Ok(Tokenizer::byte());
     }
     let path = std::path::Path::new(&config.model.source).join("tokenizer.json");
     Tokenizer::from_file(&path, &[]).with_context(|| format!("loading {}", path.display()))
+}
+
+/// The configured model's context length, without loading its weights.
+pub(crate) fn model_context(config: &NodeConfig) -> anyhow::Result<usize> {
+    use anyhow::Context;
+    if config.model.source == "embedded" {
+        return Ok(policy::ModelConfig::tiny().max_position_embeddings);
+    }
+    let path = std::path::Path::new(&config.model.source).join("config.json");
+    let json =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(policy::ModelConfig::from_hf_json(&json)?.max_position_embeddings)
 }
 
 /// Reason of a group whose sequence number is below the ones the learner still remembers for
@@ -122,7 +156,7 @@ pub struct Penalty {
 /// - `unpublished_version` and the structure reasons (`malformed`, `token_out_of_vocab`,
 ///   `too_long`, `logprob_out_of_range`, `group_size`, `forged_producer`): `invalid_group`;
 /// - `bad_signature`, `wrong_prompt`, `reward_mismatch`, `logprob_mismatch`: their own
-///   strike, three to a ban (`network.ban_after_strikes`): a mis-configured or out-of-date
+///   strike (`replay_mismatch`, an episode that does not replay, is a `reward_mismatch`), three to a ban (`network.ban_after_strikes`): a mis-configured or out-of-date
 ///   honest worker can produce them;
 /// - `logprob_forged` (a log-prob at least a hundred tolerances off, `super::spot`):
 ///   `logprob_mismatch`, banned at once;
@@ -160,6 +194,7 @@ pub const PENALTIES: &[(&str, Option<StrikeReason>, bool)] = &[
     ("bad_signature", Some(StrikeReason::BadSignature), false),
     ("wrong_prompt", Some(StrikeReason::WrongPrompt), false),
     ("reward_mismatch", Some(StrikeReason::RewardMismatch), false),
+    (REPLAY_MISMATCH, Some(StrikeReason::RewardMismatch), false),
     (
         "logprob_mismatch",
         Some(StrikeReason::LogprobMismatch),
@@ -226,20 +261,27 @@ impl Stage for SignatureLayer {
     }
 }
 
-/// `wrong_prompt`: the prompt assigned to (producer, seq), and a sequence number not used
-/// before for another group.
+/// `wrong_prompt`: the prompt (for an environment: the initial state) assigned to
+/// (producer, seq), and a sequence number not used before for another group.
 pub struct PromptLayer {
-    task: Arc<dyn Task>,
-    tokenizer: Arc<Tokenizer>,
+    env: Arc<dyn Environment>,
+    chat: Arc<Chat>,
     seed: [u8; 32],
     ledger: Mutex<SeqLedger>,
 }
 
 impl PromptLayer {
+    /// The layer of a single-turn task.
     pub fn new(task: Arc<dyn Task>, tokenizer: Arc<Tokenizer>, seed: [u8; 32]) -> Self {
+        let chat = Chat::new((*tokenizer).clone(), policy::chat::Template::Prompt);
+        Self::for_env(Arc::new(TaskEnv::new(task)), Arc::new(chat), seed)
+    }
+
+    /// The layer of an environment whose prompts `chat` renders.
+    pub fn for_env(env: Arc<dyn Environment>, chat: Arc<Chat>, seed: [u8; 32]) -> Self {
         PromptLayer {
-            task,
-            tokenizer,
+            env,
+            chat,
             seed,
             ledger: Mutex::new(SeqLedger::default()),
         }
@@ -249,22 +291,24 @@ impl PromptLayer {
 /// The pure part of [`PromptLayer`]: is `group`'s prompt the one assigned to its producer and
 /// sequence number? Compares task, prompt id, prompt text and prompt tokens.
 pub fn check_assigned_prompt(
-    task: &dyn Task,
-    tokenizer: &Tokenizer,
+    env: &dyn Environment,
+    chat: &Chat,
     seed: &[u8; 32],
     group: &TrajectoryGroup,
 ) -> Result<(), String> {
-    if group.task_id != task.name() {
+    if group.task_id != env.name() {
         return Err(format!(
             "task {:?}, the swarm trains {:?}",
             group.task_id,
-            task.name()
+            env.name()
         ));
     }
-    let index = tasks::assign::assigned_index(task, seed, &group.producer, group.seq);
-    let prompt = task
-        .prompt(index)
-        .map_err(|e| format!("assigned prompt {index}: {e}"))?;
+    let states = env.metadata().num_initial_states;
+    let index = tasks::assign::index_for(states, seed, &group.producer, group.seq);
+    let prompt = env
+        .reset(index)
+        .map_err(|e| format!("assigned prompt {index}: {e}"))?
+        .prompt;
     if prompt.id != group.prompt_id {
         return Err(format!(
             "seq {} answers prompt {:?}, assigned {:?}",
@@ -277,8 +321,8 @@ pub fn check_assigned_prompt(
             group.seq
         ));
     }
-    let tokens = tokenizer
-        .encode_prompt(&prompt.text)
+    let tokens = chat
+        .open(env.system_prompt().as_deref(), &prompt.text)
         .map_err(|e| format!("tokenizing the assigned prompt: {e}"))?;
     if tokens != group.prompt_tokens {
         return Err(format!(
@@ -295,7 +339,7 @@ impl Stage for PromptLayer {
     }
     fn check(&self, input: &StageInput<'_>, _: &mut Checks) -> Result<(), GroupRejection> {
         let group = input.group;
-        check_assigned_prompt(self.task.as_ref(), &self.tokenizer, &self.seed, group)
+        check_assigned_prompt(self.env.as_ref(), &self.chat, &self.seed, group)
             .map_err(|d| reject(self.name(), d))?;
         let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
         ledger
@@ -442,6 +486,128 @@ impl Stage for MaskLayer {
     }
 }
 
+/// Reason of [`ReplayLayer`]'s rejections.
+pub const REPLAY_MISMATCH: &str = "replay_mismatch";
+
+/// `replay_mismatch`: every episode of a multi-turn environment replays from its decoded
+/// actions (`rollout::episode::replay`): the trajectory's observations are the environment's
+/// own, the return is the replayed Σ r_t, the loss mask covers the assistant's tokens
+/// exactly, and the text is the decoding of the tokens. Budgets and context are the ones the
+/// workers play with (the swarm's `[task]` section and model).
+pub struct ReplayLayer {
+    pub env: Arc<dyn Environment>,
+    pub chat: Arc<Chat>,
+    pub budget: Budget,
+    pub context: usize,
+}
+
+/// The pure part of [`ReplayLayer`]: `Err(detail)` for the first sample that does not replay.
+pub fn check_replay(
+    env: &dyn Environment,
+    chat: &Chat,
+    budget: Budget,
+    context: usize,
+    group: &TrajectoryGroup,
+) -> Result<(), String> {
+    if group.task_id != env.name() {
+        return Err(format!("task {:?} is not the swarm's", group.task_id));
+    }
+    let seed = env
+        .seed_of(&group.prompt_id)
+        .ok_or_else(|| format!("{:?} is no initial state", group.prompt_id))?;
+    let spec = rollout::episode::Spec {
+        env,
+        chat,
+        budget,
+        context,
+    };
+    for (i, s) in group.samples.iter().enumerate() {
+        let played = rollout::episode::replay(
+            spec,
+            seed,
+            &group.prompt_tokens,
+            &s.response_tokens,
+            s.reward,
+        )
+        .map_err(|e| format!("sample {i}: {e}"))?;
+        if s.loss_mask != played.mask() {
+            return Err(format!(
+                "sample {i}: the loss mask is not the assistant's tokens"
+            ));
+        }
+        let text = chat
+            .tokenizer()
+            .decode(&s.response_tokens)
+            .unwrap_or_default();
+        if text != s.response_text {
+            return Err(format!(
+                "sample {i}: response text is not the decoding of its tokens"
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl Stage for ReplayLayer {
+    fn name(&self) -> &'static str {
+        REPLAY_MISMATCH
+    }
+    fn check(&self, input: &StageInput<'_>, checks: &mut Checks) -> Result<(), GroupRejection> {
+        check_replay(
+            self.env.as_ref(),
+            &self.chat,
+            self.budget,
+            self.context,
+            input.group,
+        )
+        .map_err(|d| reject(REPLAY_MISMATCH, d))?;
+        // Replaying recomputes every episode's return: the reward figures it feeds are verified.
+        checks.rewards_recomputed = true;
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 #[path = "verify_tests.rs"]
 mod tests;
+
+/// The multi-turn mask rule: replays the episode (`rollout::episode::replay`) and takes its
+/// assistant-token mask; a sample that does not replay has no mask (`Err`).
+pub struct EpisodeMask {
+    pub env: Arc<dyn Environment>,
+    pub chat: Arc<Chat>,
+    pub budget: Budget,
+    pub context: usize,
+}
+
+impl learner::MaskRule for EpisodeMask {
+    fn name(&self) -> &'static str {
+        "episode_assistant_tokens"
+    }
+
+    fn mask(&self, group: &TrajectoryGroup, sample: usize) -> Result<Vec<u8>, String> {
+        let s = group
+            .samples
+            .get(sample)
+            .ok_or_else(|| format!("no sample {sample}"))?;
+        let seed = self
+            .env
+            .seed_of(&group.prompt_id)
+            .ok_or_else(|| format!("{:?} is no initial state", group.prompt_id))?;
+        let spec = rollout::episode::Spec {
+            env: self.env.as_ref(),
+            chat: &self.chat,
+            budget: self.budget,
+            context: self.context,
+        };
+        rollout::episode::replay(
+            spec,
+            seed,
+            &group.prompt_tokens,
+            &s.response_tokens,
+            s.reward,
+        )
+        .map(|p| p.mask())
+        .map_err(|e| e.to_string())
+    }
+}

@@ -89,6 +89,17 @@ fn check(v: &Pipeline, w: &Worker, g: &TrajectoryGroup) -> Result<Checks, GroupR
     v.check(&w.peer.to_base58(), 0, g)
 }
 
+/// Runs one stage alone on `g` from `w` (at check rate 1).
+fn stage(s: &dyn Stage, w: &Worker, g: &TrajectoryGroup) -> Result<(), GroupRejection> {
+    let worker = w.peer.to_base58();
+    let input = StageInput {
+        worker: &worker,
+        group: g,
+        check_rate: 1.0,
+    };
+    s.check(&input, &mut Checks::default())
+}
+
 fn reason(v: &Pipeline, w: &Worker, g: &TrajectoryGroup) -> Option<&'static str> {
     check(v, w, g).err().map(|e| e.reason())
 }
@@ -463,4 +474,113 @@ fn rewards_of_every_built_in_task_are_recomputed() {
             assert_eq!(e.0, "reward_mismatch", "{}: {e:?}", task.name());
         }
     }
+}
+
+/// An honest kuhn-poker group of scripted two-turn episodes where possible, assigned to
+/// (`w`, `seq`), with the prompt layer's and the replay layer's views.
+fn kuhn_group(w: &Worker, seq: u64) -> (TrajectoryGroup, PromptLayer, ReplayLayer) {
+    let env =
+        tasks::build_env("kuhn-poker", &serde_json::json!({"opponent": "always-bet"})).unwrap();
+    let chat = Arc::new(Chat::for_model(Tokenizer::byte(), None, true).unwrap());
+    let budget = Budget::of(&env.metadata());
+    let context = policy::ModelConfig::tiny().max_position_embeddings;
+    let states = env.metadata().num_initial_states;
+    let index = tasks::assign::index_for(states, &seed(), &w.peer.to_base58(), seq);
+    let spec = rollout::episode::Spec {
+        env: env.as_ref(),
+        chat: &chat,
+        budget,
+        context,
+    };
+    let mut samples = Vec::new();
+    let mut prompt = (String::new(), String::new(), Vec::new());
+    for (k, actions) in [["check", "call"], ["bet", "call"]].iter().enumerate() {
+        let (mut d, p, tokens) = rollout::episode::Driver::start(spec, index).unwrap();
+        prompt = (p.id, p.text, tokens);
+        for a in actions {
+            if d.next_turn().is_none()
+                || d.finish_turn(&chat.action_tokens(a).unwrap())
+                    .unwrap()
+                    .is_none()
+            {
+                break;
+            }
+        }
+        let ep = d.finish();
+        samples.push(Sample {
+            trajectory_id: [k as u8 + 1; 16],
+            reward: ep.ret,
+            sampler_logprobs: ep
+                .mask()
+                .iter()
+                .map(|&m| if m == 1 { -0.5 } else { 0.0 })
+                .collect(),
+            loss_mask: ep.mask(),
+            response_text: chat.tokenizer().decode(&ep.tokens).unwrap(),
+            response_tokens: ep.tokens,
+            finished_unix_ms: 0,
+        });
+    }
+    let mut g = TrajectoryGroup {
+        group_id: [seq as u8; 16],
+        task_id: "kuhn-poker".into(),
+        prompt_id: prompt.0,
+        version: 1,
+        seq,
+        producer: w.peer.to_base58(),
+        prompt_text: prompt.1,
+        prompt_tokens: prompt.2,
+        created_unix_ms: 0,
+        samples,
+        signature: None,
+    };
+    g.sign(w.key.signing_key());
+    let prompts = PromptLayer::for_env(env.clone(), chat.clone(), seed());
+    let replay = ReplayLayer {
+        env,
+        chat,
+        budget,
+        context,
+    };
+    (g, prompts, replay)
+}
+
+#[test]
+fn environment_groups_are_replayed_and_forgeries_refused() {
+    let w = worker(3);
+    // A seq whose hand gives the agent two turns when it checks (player 1).
+    let (seq, (g, prompts, replay)) = (0..64u64)
+        .map(|s| (s, kuhn_group(&w, s)))
+        .find(|(_, (g, _, _))| g.samples[0].loss_mask.contains(&0))
+        .unwrap();
+    let _ = seq;
+    assert!(stage(&prompts, &w, &g).is_ok());
+    assert!(stage(&replay, &w, &g).is_ok(), "an honest group replays");
+    let refused = |g: &TrajectoryGroup| match stage(&replay, &w, g) {
+        Err(GroupRejection::Unverified { reason, detail }) => {
+            assert_eq!(reason, REPLAY_MISMATCH);
+            assert_eq!(penalty(reason).strike, Some(StrikeReason::RewardMismatch));
+            detail
+        }
+        other => panic!("not refused: {other:?}"),
+    };
+    let mut forged = g.clone();
+    forged.samples[0].reward += 1.0;
+    assert!(refused(&forged).contains("reported return"));
+    let mut forged = g.clone();
+    let s = &mut forged.samples[0];
+    let i = s.loss_mask.iter().position(|&m| m == 0).unwrap();
+    s.response_tokens[i] ^= 1;
+    s.response_text = Tokenizer::byte().decode(&s.response_tokens).unwrap();
+    assert!(refused(&forged).contains("observation"));
+    let mut forged = g.clone();
+    forged.samples[0].loss_mask.iter_mut().for_each(|m| *m = 1);
+    assert!(refused(&forged).contains("loss mask"));
+    let mut forged = g.clone();
+    forged.prompt_id = "x".into();
+    assert!(refused(&forged).contains("initial state"));
+    // The prompt layer checks the rendered initial state too.
+    let mut other = g.clone();
+    other.prompt_tokens.push(65);
+    assert!(stage(&prompts, &w, &other).is_err());
 }
