@@ -128,6 +128,15 @@ impl Draws {
         }
     }
 
+    /// Row `row` alone, `offset` positions further along its stream (a later turn of a
+    /// multi-turn episode: `offset` is the number of tokens the sample drew before).
+    pub fn row_from(&self, row: usize, offset: u64) -> Draws {
+        let (stream, start) = &self.rows[row];
+        Draws {
+            rows: vec![(stream.clone(), start + offset)],
+        }
+    }
+
     /// The uniform of row `row`'s `step`-th token of this call.
     pub fn uniform(&self, row: usize, step: usize) -> f64 {
         let (stream, start) = &self.rows[row];

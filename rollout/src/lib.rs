@@ -511,19 +511,17 @@ impl RolloutEngine {
         }
         let mut params = self.cfg.sampling.clone();
         params.stop_tokens = self.stop_tokens.clone();
+        // The uniforms: prescribed by the assignment seed (the learner can check every
+        // token against them), or drawn from the group's seed for local use.
+        let n = self.cfg.group_size;
+        let draws = match &self.cfg.assignment_seed {
+            Some(seed) => Draws::prescribed(seed, &self.cfg.producer, seq, n),
+            None => Draws::from_rng(&mut rng, n),
+        };
         let created = storage::unix_ms();
         let (prompt, prompt_tokens, samples) = match task {
-            Some(task) => {
-                // The uniforms: prescribed by the assignment seed (the learner checks every
-                // token against them), or drawn from the group's seed for local use.
-                let n = self.cfg.group_size;
-                let draws = match &self.cfg.assignment_seed {
-                    Some(seed) => Draws::prescribed(seed, &self.cfg.producer, seq, n),
-                    None => Draws::from_rng(&mut rng, n),
-                };
-                self.single_turn(&task, &installed, index, &params, &draws, seq)?
-            }
-            None => self.episodes(&installed, index, &params, &mut rng, seq)?,
+            Some(task) => self.single_turn(&task, &installed, index, &params, &draws, seq)?,
+            None => self.episodes(&installed, index, &params, &draws, seq)?,
         };
         let mut group = TrajectoryGroup {
             group_id: self.id(seq, u64::MAX),
@@ -592,7 +590,7 @@ impl RolloutEngine {
         installed: &InstalledPolicy,
         seed: u64,
         params: &SamplingParams,
-        rng: &mut rand::rngs::StdRng,
+        draws: &Draws,
         seq: u64,
     ) -> Result<(tasks::Prompt, Vec<u32>, Vec<Sample>), RolloutError> {
         let (infer, train);
@@ -610,13 +608,12 @@ impl RolloutEngine {
             budget: self.budget,
             context: self.slot.model_config().max_position_embeddings,
         };
-        let n = self.cfg.group_size;
-        // TODO(sampling): episodes still draw their uniforms from the group's rng, not from
-        // prescribed `Draws` (`policy::session` has no draws-driven decode yet), so the
-        // learner cannot check their tokens (`token_not_drawn`); its spot check skips the
-        // token check for multi-turn environments until it does.
+        // The canonical rule with the group's draws: sample k's j-th sampled token (across
+        // turns) uses row k's uniform j.
+        // TODO(sampling): the learner does not check episode tokens yet (its spot check runs
+        // the token check for single-turn tasks only).
         let (prompt, prompt_tokens, played) =
-            episode::play_group(spec, model, seed, n, params, rng)?;
+            episode::play_group(spec, model, seed, params, draws)?;
         let finished = storage::unix_ms();
         let mut samples = Vec::with_capacity(played.len());
         for (k, ep) in played.into_iter().enumerate() {
