@@ -94,6 +94,7 @@ fn heartbeat() -> impl Strategy<Value = Heartbeat> {
                 reachability: None,
                 addrs: Vec::new(),
                 admission: None,
+                install_age_ms: None,
             },
         )
 }
@@ -377,6 +378,7 @@ fn floats_survive_json_exactly() {
         reachability: None,
         addrs: Vec::new(),
         admission: None,
+        install_age_ms: None,
     };
     assert_eq!(
         Heartbeat::decode(&h.encode(), SWARM)

@@ -46,6 +46,7 @@ fn heartbeat(seq: u64) -> Heartbeat {
         reachability: None,
         addrs: Vec::new(),
         admission: None,
+        install_age_ms: None,
     }
 }
 

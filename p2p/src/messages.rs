@@ -82,7 +82,17 @@ pub struct Heartbeat {
     /// (and in heartbeats of older nodes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<String>,
+    /// Milliseconds between the sender's install of `installed_version` and this heartbeat
+    /// (its own clock, so no clock skew enters). Install reports can be held back by up to
+    /// half an interval (`hbgate`, sender pacing); the learner subtracts this age to time
+    /// T_bcast from the install itself. Absent from older nodes; used at most
+    /// [`MAX_INSTALL_AGE_MS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub install_age_ms: Option<u64>,
 }
+
+/// The largest install age a receiver takes into account (a larger one counts as this).
+pub const MAX_INSTALL_AGE_MS: u64 = 60_000;
 
 /// Longest `admission` field of a heartbeat.
 pub const MAX_HEARTBEAT_ADMISSION_BYTES: usize = 1024;
@@ -438,6 +448,7 @@ mod tests {
             reachability: None,
             addrs: Vec::new(),
             admission: None,
+            install_age_ms: None,
         }
     }
 

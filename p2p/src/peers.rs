@@ -171,6 +171,14 @@ impl PeerEntry {
             reachability: hb.and_then(|h| h.reachability),
             device: hb.and_then(|h| h.device.clone()),
             admission: hb.and_then(|h| h.admission.clone()),
+            installed_at: self.heartbeat.as_ref().and_then(|(h, arrived)| {
+                h.installed_version?;
+                let age = h
+                    .install_age_ms
+                    .unwrap_or(0)
+                    .min(crate::messages::MAX_INSTALL_AGE_MS);
+                arrived.checked_sub(Duration::from_millis(age))
+            }),
         }
     }
 
@@ -255,6 +263,7 @@ mod tests {
             reachability: None,
             addrs: Vec::new(),
             admission: None,
+            install_age_ms: None,
         }
     }
 

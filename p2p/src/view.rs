@@ -43,6 +43,10 @@ pub struct PeerView {
     /// The admission credential its heartbeats carry (hex; unchecked: the learner's gate
     /// decides on it).
     pub admission: Option<String>,
+    /// When it installed `installed_version`, on this node's clock: the arrival of the
+    /// heartbeat that reported it less the install age it states (`Heartbeat::install_age_ms`,
+    /// at most a minute). None before an install report.
+    pub installed_at: Option<std::time::Instant>,
 }
 
 impl PeerView {
@@ -59,6 +63,17 @@ impl PeerView {
     pub fn relay_only(&self) -> bool {
         self.reachability.is_some_and(Reachability::relay_only)
     }
+}
+
+/// The installed versions of the active workers among `peers` and when they installed them:
+/// the population whose install reports end a broadcast's T_bcast
+/// (`control::capacity::broadcast_done`, `broadcast_completed_at`).
+pub fn active_install_times(peers: &[PeerView]) -> Vec<(Option<u64>, Option<std::time::Instant>)> {
+    peers
+        .iter()
+        .filter(|p| p.is_worker() && p.active)
+        .map(|p| (p.installed_version, p.installed_at))
+        .collect()
 }
 
 /// The installed versions of the active workers among `peers`: the population whose install
@@ -90,6 +105,7 @@ mod tests {
             reachability: None,
             device: None,
             admission: None,
+            installed_at: None,
         }
     }
 

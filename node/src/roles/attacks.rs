@@ -282,6 +282,7 @@ pub fn spam_heartbeat(
         addrs: Vec::new(),
         device: None,
         admission: None,
+        install_age_ms: None,
     }
 }
 
