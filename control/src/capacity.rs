@@ -87,6 +87,31 @@ pub fn t_bcast_estimate(samples: &[BcastSample]) -> Option<BcastEstimate> {
     })
 }
 
+/// When the broadcast of `version` ended ([`broadcast_done`]'s rule): the install time of the
+/// `⌈n/γ⌉`-th worker to hold it, from `(installed version, when installed)` per active worker.
+/// None while not done, or when a needed install time is unknown (an older node): the caller
+/// then takes the time it noticed. A worker holding a newer version counts with that
+/// version's install time — later than its install of `version`, so the figure stays an upper
+/// bound. Generic over the clock (`Instant` in the node, numbers in tests).
+pub fn broadcast_completed_at<T: Ord + Copy>(
+    installed: &[(Option<u64>, Option<T>)],
+    version: u64,
+) -> Option<T> {
+    let versions: Vec<Option<u64>> = installed.iter().map(|(v, _)| *v).collect();
+    if !broadcast_done(&versions, version) {
+        return None;
+    }
+    let need = ((installed.len() as f64) / GAMMA).ceil().max(1.0) as usize;
+    let mut times = Vec::with_capacity(installed.len());
+    for (v, t) in installed {
+        if v.is_some_and(|v| v >= version) {
+            times.push((*t)?);
+        }
+    }
+    times.sort_unstable();
+    times.get(need - 1).copied()
+}
+
 /// Result of the capacity requirement (eq. 2).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Requirement {
@@ -393,6 +418,28 @@ mod tests {
         // Only an unfinished version so far.
         let e = t_bcast_estimate(&[at_least(1.5), exact(f64::NAN)]).unwrap();
         assert_eq!((e.secs, e.lower_bound), (1.5, true));
+    }
+
+    #[test]
+    fn broadcast_completion_is_the_install_time_of_the_needed_worker() {
+        // n = 4 → ⌈4/1.1⌉ = 4 workers needed.
+        let w = |v: u64, t: u32| (Some(v), Some(t));
+        assert_eq!(
+            broadcast_completed_at(&[w(3, 10), w(3, 30), w(3, 20), (Some(2), Some(5))], 3),
+            None
+        );
+        assert_eq!(
+            broadcast_completed_at(&[w(3, 10), w(3, 30), w(3, 20), w(4, 25)], 3),
+            Some(30)
+        );
+        // n = 11 → 10 needed: the tenth earliest install, whatever order the reports came in.
+        let mut many: Vec<_> = (0..11u32).map(|k| w(7, 100 - k)).collect();
+        many.swap(0, 5);
+        assert_eq!(broadcast_completed_at(&many, 7), Some(99));
+        // An install time unknown (an older node) among those needed: not computable.
+        let mut old = vec![w(3, 10), w(3, 12)];
+        old.push((Some(3), None));
+        assert_eq!(broadcast_completed_at(&old, 3), None);
     }
 
     #[test]

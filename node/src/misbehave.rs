@@ -61,6 +61,14 @@ pub enum Attack {
     /// and claim [`BACKLOG_CLAIM_FACTOR`]× what it holds in heartbeats (below the claim
     /// limit, so not malformed).
     BacklogInflation,
+    /// Write the responses it wants (not sampled) and report their true log-probs under the
+    /// installed policy: every number is consistent, no token is drawn.
+    ForcedTokens,
+    /// Honest tokens, log-probs and rewards, but loss masks of its own choosing.
+    MaskPoisoning,
+    /// Sample with the first snapshot it installed, forever, and report log-probs recomputed
+    /// under the version it claims (the installed one).
+    StaleVersion,
     /// Report an episode's return one chip higher than the environment paid.
     ForgedReturn,
     /// Edit an observation inside an episode's trajectory (what the environment said).
@@ -86,7 +94,7 @@ pub const REKEY_EXIT_CODE: i32 = 75;
 pub const FORGED_FILE: &str = "misbehave.forged";
 
 impl Attack {
-    pub const ALL: [Attack; 19] = [
+    pub const ALL: [Attack; 22] = [
         Attack::InflatedReward,
         Attack::ForgedLogprobs,
         Attack::InvalidLogprob,
@@ -104,6 +112,9 @@ impl Attack {
         Attack::SybilRekey,
         Attack::LateLiar,
         Attack::BacklogInflation,
+        Attack::ForcedTokens,
+        Attack::MaskPoisoning,
+        Attack::StaleVersion,
         Attack::ForgedReturn,
         Attack::ForgedObservation,
     ];
@@ -127,6 +138,9 @@ impl Attack {
             Attack::SybilRekey => "sybil_rekey",
             Attack::LateLiar => "late_liar",
             Attack::BacklogInflation => "backlog_inflation",
+            Attack::ForcedTokens => "forced_tokens",
+            Attack::MaskPoisoning => "mask_poisoning",
+            Attack::StaleVersion => "stale_version",
             Attack::ForgedReturn => "forged_return",
             Attack::ForgedObservation => "forged_observation",
         }

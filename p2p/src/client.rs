@@ -260,6 +260,12 @@ pub enum StrikeReason {
     /// hello — as the signed receipts of two different children showed (the learner's
     /// attribution, `control::forwarding`): one strike per silent version in the evidence.
     SilentForwarding,
+    /// A group whose loss mask is not the one the learner derives from its tokens.
+    MaskMismatch,
+    /// A spot-checked token that the canonical sampling rule does not draw from the uniform
+    /// the learner prescribed, beyond the numeric margin: a written response, or samples of
+    /// another version than claimed. No honest sampler produces one, so it bans at once.
+    TokenNotDrawn,
 }
 
 impl StrikeReason {
@@ -270,8 +276,10 @@ impl StrikeReason {
     /// ([`StrikeReason::CorruptChunk`]: a node sends only chunks it verified on arrival and
     /// verifies again on every disk read, and the transport authenticates every byte in
     /// flight, so only a node that alters chunks — or whose memory is failing, which makes
-    /// it as harmful — sends one). These ban at the first strike; the other reasons may come
-    /// from a slow link, a numeric spread or a version skew and wait for the threshold.
+    /// it as harmful — sends one), or a sampled token the sampling rule did not draw
+    /// ([`StrikeReason::TokenNotDrawn`]: the margin covers every honest numeric spread). These
+    /// ban at the first strike; the other reasons may come from a slow link, a numeric spread
+    /// or a version skew and wait for the threshold.
     pub fn bans_at_once(self) -> bool {
         matches!(
             self,
@@ -279,11 +287,12 @@ impl StrikeReason {
                 | StrikeReason::ForgedMessage
                 | StrikeReason::OversizedAnswer
                 | StrikeReason::CorruptChunk
+                | StrikeReason::TokenNotDrawn
         )
     }
 
     /// Every reason, in declaration order.
-    pub const ALL: [StrikeReason; 14] = [
+    pub const ALL: [StrikeReason; 16] = [
         StrikeReason::InvalidGroup,
         StrikeReason::RewardMismatch,
         StrikeReason::LogprobMismatch,
@@ -298,6 +307,8 @@ impl StrikeReason {
         StrikeReason::ForgedMessage,
         StrikeReason::BadMessage,
         StrikeReason::SilentForwarding,
+        StrikeReason::MaskMismatch,
+        StrikeReason::TokenNotDrawn,
     ];
 
     /// The reason named `name` ([`StrikeReason::as_str`]), e.g. from a persisted ban list.
@@ -321,6 +332,8 @@ impl StrikeReason {
             StrikeReason::ForgedMessage => "forged_message",
             StrikeReason::BadMessage => "bad_message",
             StrikeReason::SilentForwarding => "silent_forwarding",
+            StrikeReason::MaskMismatch => "mask_mismatch",
+            StrikeReason::TokenNotDrawn => "token_not_drawn",
         }
     }
 }

@@ -70,7 +70,7 @@ pub use score::{PeerStats, ScoreComponents, TransferEvent};
 pub use service::{start, Started};
 pub use topics::{parse_topic, TopicKind};
 pub use transport::{load_psk, psk_file_contents};
-pub use view::{active_installs, PeerView};
+pub use view::{active_install_times, active_installs, PeerView};
 
 /// The peer id in a multiaddr's trailing `/p2p/<id>`, if any.
 pub fn peer_id_of(addr: &Multiaddr) -> Option<PeerId> {

@@ -47,6 +47,7 @@ fn heartbeat(seq: u64) -> Heartbeat {
         addrs: Vec::new(),
         receipts: Vec::new(),
         admission: None,
+        install_age_ms: None,
     }
 }
 

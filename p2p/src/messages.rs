@@ -88,7 +88,17 @@ pub struct Heartbeat {
     /// (and in heartbeats of older nodes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<String>,
+    /// Milliseconds between the sender's install of `installed_version` and this heartbeat
+    /// (its own clock, so no clock skew enters). Install reports can be held back by up to
+    /// half an interval (`hbgate`, sender pacing); the learner subtracts this age to time
+    /// T_bcast from the install itself. Absent from older nodes; used at most
+    /// [`MAX_INSTALL_AGE_MS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub install_age_ms: Option<u64>,
 }
+
+/// The largest install age a receiver takes into account (a larger one counts as this).
+pub const MAX_INSTALL_AGE_MS: u64 = 60_000;
 
 /// Longest `admission` field of a heartbeat.
 pub const MAX_HEARTBEAT_ADMISSION_BYTES: usize = 1024;
@@ -106,11 +116,19 @@ pub struct DeviceReport {
     /// CUDA compute capability (`"9.0"`), absent on a CPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compute_capability: Option<String>,
+    /// The dtype a rollout worker samples in (`f32`, `f16`, `bf16`; absent for other roles and
+    /// in heartbeats of older nodes). The learner judges the worker's groups with that dtype's
+    /// numeric tolerance; claiming a wider one buys a worker only that wider (still bounded)
+    /// margin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<String>,
 }
 
 impl DeviceReport {
     /// Device kinds a heartbeat may name.
     pub const KINDS: [&'static str; 2] = ["cpu", "cuda"];
+    /// Sampling dtypes a heartbeat may name.
+    pub const DTYPES: [&'static str; 3] = ["f32", "f16", "bf16"];
 
     fn check(&self) -> Result<(), MessageError> {
         if !Self::KINDS.contains(&self.kind.as_str()) {
@@ -122,6 +140,13 @@ impl DeviceReport {
         check_str("device.name", &self.name, 128)?;
         if let Some(cc) = &self.compute_capability {
             check_str("device.compute_capability", cc, 16)?;
+        }
+        if let Some(d) = &self.dtype {
+            if !Self::DTYPES.contains(&d.as_str()) {
+                return Err(MessageError::Invalid(format!(
+                    "device dtype `{d}` is not f32, f16 or bf16"
+                )));
+            }
         }
         if self.memory_free_bytes > self.memory_total_bytes {
             return Err(MessageError::Invalid(
@@ -397,6 +422,7 @@ mod tests {
                 memory_total_bytes: 85_000_000_000,
                 memory_free_bytes: 80_000_000_000,
                 compute_capability: Some("9.0".into()),
+                dtype: Some("bf16".into()),
             }),
             receipts: (0..crate::receipt::MAX_HEARTBEAT_RECEIPTS as u64)
                 .map(|v| {
@@ -466,6 +492,7 @@ mod tests {
             addrs: Vec::new(),
             receipts: Vec::new(),
             admission: None,
+            install_age_ms: None,
         }
     }
 
@@ -530,6 +557,7 @@ mod tests {
             memory_total_bytes: 85_000_000_000,
             memory_free_bytes: 80_000_000_000,
             compute_capability: Some("9.0".into()),
+            dtype: Some("bf16".into()),
         };
         let h = Heartbeat {
             device: Some(gpu.clone()),
@@ -557,6 +585,10 @@ mod tests {
             },
             DeviceReport {
                 name: "bad\u{7}name".into(),
+                ..gpu.clone()
+            },
+            DeviceReport {
+                dtype: Some("f8".into()),
                 ..gpu.clone()
             },
         ] {

@@ -720,7 +720,11 @@ fn observe(w: &mut Watch, learner: &Value, honest: &[Value], trained: &BTreeMap<
             w.groups_left = Some(g.saturating_sub(r["pending"].as_u64().unwrap_or(0)));
         }
     }
-    let mine = trained.get(&w.peer_id).copied();
+    // A producer the learner never trained has no series: 0 once the page lists any.
+    let mine = trained
+        .get(&w.peer_id)
+        .copied()
+        .or_else(|| (!trained.is_empty()).then_some(0));
     w.trained_end = mine.or(w.trained_end);
     for e in peer_evidence(learner, &w.peer_id, "learner") {
         w.note(e);

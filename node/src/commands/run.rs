@@ -245,7 +245,14 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
                     mu,
                     pending,
                     availability: 1.0,
-                    device: Some(crate::state::device_report(&state.device)),
+                    device: Some(p2p::DeviceReport {
+                        // What the learner judges a worker's numeric spread by.
+                        dtype: (state.config.role == Role::Rollout).then(|| {
+                            let d = state.config.rollout.dtype.report(&state.device);
+                            d.to_string()
+                        }),
+                        ..crate::state::device_report(&state.device)
+                    }),
                     receipts: signed.clone(),
                     admission: credential.clone(),
                     ..Default::default()

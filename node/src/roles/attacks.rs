@@ -283,6 +283,7 @@ pub fn spam_heartbeat(
         device: None,
         receipts: Vec::new(),
         admission: None,
+        install_age_ms: None,
     }
 }
 

@@ -15,6 +15,8 @@ pub mod attacks;
 #[path = "attacks_off.rs"]
 pub mod attacks;
 pub mod bench;
+#[cfg(feature = "adversary")]
+pub mod forge;
 pub mod learner;
 pub mod relay;
 pub mod rollout;
@@ -194,6 +196,24 @@ pub fn check_memory(what: &str, need: u64, device: &policy::Device) -> anyhow::R
 pub fn build_task(config: &NodeConfig) -> anyhow::Result<Arc<dyn tasks::Task>> {
     tasks::build_task(&config.task.name, &config.task.params)
         .with_context(|| format!("building task `{}`", config.task.name))
+}
+
+/// The rule the learner derives loss masks (and sampled positions) by for the configured
+/// task: every response token for single-turn tasks; for a multi-turn environment, the
+/// assistant's tokens of the replayed episode.
+pub fn mask_rule(config: &NodeConfig) -> anyhow::Result<Arc<dyn ::learner::MaskRule>> {
+    let env = build_env(config)?;
+    if env.as_task().is_some() {
+        return Ok(Arc::new(::learner::ResponseTokens));
+    }
+    let tokenizer = learner::verify::learner_tokenizer(config)?;
+    let chat = Arc::new(build_chat(config, tokenizer, env.as_ref())?);
+    Ok(Arc::new(learner::verify::EpisodeMask {
+        budget: config.task.budget(env.as_ref())?,
+        context: learner::verify::model_context(config)?,
+        env,
+        chat,
+    }))
 }
 
 /// The configured task or environment, as an environment (a task is a one-step one).

@@ -58,6 +58,8 @@ impl Service {
     }
 
     pub(super) fn publish_heartbeat(&mut self) {
+        let now = Instant::now();
+        self.pacer.sent(now);
         self.seq += 1;
         let hb = Heartbeat {
             v: HEARTBEAT_VERSION,
@@ -85,6 +87,11 @@ impl Service {
                 .cloned()
                 .collect(),
             admission: self.local.admission.clone(),
+            install_age_ms: self
+                .local
+                .installed_version
+                .and(self.pacer.install_age(now))
+                .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         };
         let topic = IdentTopic::new(TopicKind::Heartbeat.topic_name(&self.cfg.swarm_id));
         match self

@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use control::capacity::{broadcast_done, t_bcast_estimate, BcastEstimate, BcastSample};
+use control::capacity::{
+    broadcast_completed_at, broadcast_done, t_bcast_estimate, BcastEstimate, BcastSample,
+};
 use dissemination::Disseminator;
 use tokio::sync::watch;
 
@@ -87,16 +89,21 @@ impl PublishStats {
     }
 
     /// Ends the T_bcast measurement of every in-flight version the active workers (their
-    /// installed versions in `installed`) have installed.
-    fn measure(&self, installed: &[Option<u64>]) {
+    /// installed versions and install times in `installed`) have installed. The end is the
+    /// install time the reports state (`broadcast_completed_at`: a held-back report states
+    /// its age), or now when one is unknown; never before the publication, never after now.
+    fn measure(&self, installed: &[(Option<u64>, Option<Instant>)]) {
         let Ok(mut in_flight) = self.in_flight.lock() else {
             return;
         };
+        let versions: Vec<Option<u64>> = installed.iter().map(|(v, _)| *v).collect();
+        let now = Instant::now();
         in_flight.retain(|(v, at)| {
-            if !broadcast_done(installed, *v) {
+            if !broadcast_done(&versions, *v) {
                 return true;
             }
-            let secs = at.elapsed().as_secs_f64();
+            let end = broadcast_completed_at(installed, *v).map_or(now, |t| t.clamp(*at, now));
+            let secs = end.duration_since(*at).as_secs_f64();
             metrics::histogram!("learner_t_bcast_seconds").record(secs);
             tracing::debug!(version = v, secs, "snapshot broadcast complete");
             let exact = BcastSample {
@@ -168,7 +175,7 @@ async fn measure(client: &p2p::Client, shared: &Shared) {
 /// One T_bcast check against the peer view as it is now.
 async fn measure_now(client: &p2p::Client, shared: &Shared) -> Result<(), p2p::P2pError> {
     let peers = client.peers().await?;
-    shared.publish.measure(&p2p::active_installs(&peers));
+    shared.publish.measure(&p2p::active_install_times(&peers));
     Ok(())
 }
 
