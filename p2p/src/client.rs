@@ -77,10 +77,11 @@ impl ServiceConfig {
 pub enum Event {
     PeerConnected(PeerId),
     PeerDisconnected(PeerId),
-    /// A valid heartbeat (already recorded in the peer table).
+    /// A valid heartbeat (already recorded in the peer table). Boxed: with its receipts it
+    /// is the largest event by far.
     Heartbeat {
         peer: PeerId,
-        heartbeat: Heartbeat,
+        heartbeat: Box<Heartbeat>,
     },
     /// A valid score table from the learner.
     ScoreTable {

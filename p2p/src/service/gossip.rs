@@ -300,7 +300,7 @@ impl Service {
         }
         self.emit(Event::Heartbeat {
             peer: source,
-            heartbeat: hb,
+            heartbeat: Box::new(hb),
         });
     }
 
