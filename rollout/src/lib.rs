@@ -609,9 +609,7 @@ impl RolloutEngine {
             context: self.slot.model_config().max_position_embeddings,
         };
         // The canonical rule with the group's draws: sample k's j-th sampled token (across
-        // turns) uses row k's uniform j.
-        // TODO(sampling): the learner does not check episode tokens yet (its spot check runs
-        // the token check for single-turn tasks only).
+        // turns) uses row k's uniform j — what the learner's draw check draws again.
         let (prompt, prompt_tokens, played) =
             episode::play_group(spec, model, seed, params, draws)?;
         let finished = storage::unix_ms();

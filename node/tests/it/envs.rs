@@ -51,7 +51,7 @@ fn a_learner_and_two_workers_train_on_kuhn_poker_with_replayed_episodes() {
         (s["learner"]["version"].as_u64()? >= 4).then_some(s)
     });
     // Both workers' groups replayed (observations, returns, masks) and passed the log-prob
-    // spot check on every group: nobody was struck.
+    // and draw checks on every group: nobody was struck.
     let mut trained_total = 0;
     for w in &workers {
         let p = peer(&status, &w.key.peer_id).expect("a worker is a peer");
@@ -61,6 +61,9 @@ fn a_learner_and_two_workers_train_on_kuhn_poker_with_replayed_episodes() {
     assert!(trained_total >= 8, "4 steps of 2 groups: {trained_total}");
     assert_eq!(rejected(&learner, "replay_mismatch"), 0);
     assert_eq!(rejected(&learner, "logprob_mismatch"), 0);
+    // Every sampled token of every episode (all groups are checked) was the canonical rule's
+    // draw from its prescribed uniform, across the turns.
+    assert_eq!(rejected(&learner, "token_not_drawn"), 0);
     // Every trained sample is an episode: its reward is a chip count of Kuhn poker.
     let l = &status["learner"];
     let reward = l["last_step"]["reward_mean"].as_f64().unwrap();

@@ -278,11 +278,10 @@ fn build_pipeline(
                     },
                     temperature: trainer.config().temperature,
                     top_p: state.config.learner.top_p,
-                    // TODO(sampling): episodes are not generated from prescribed uniforms
-                    // yet (`rollout`'s `episodes`): their tokens are checked for single-turn
-                    // tasks only.
-                    check_sampling: v.check_sampling
-                        && super::build_env(&state.config)?.as_task().is_some(),
+                    // Episodes too: a worker draws sample k's j-th sampled token (across
+                    // turns) from row k's uniform j, and the mask the learner derives by
+                    // replay marks exactly those tokens (`verdict::check_group`).
+                    check_sampling: v.check_sampling,
                     seed: tasks::assign::assignment_seed(&state.config.swarm_id, &key),
                     ..Default::default()
                 },
