@@ -12,7 +12,8 @@
 //! one word: `check` or `bet` when nothing is owed, `fold` or `call` facing a bet. Anything
 //! else is an illegal action and counts as the passive one (check, or fold). Rewards are 0
 //! until the hand ends, then the agent's net chip change (±1 or ±2), so the return (Eq. 20)
-//! is the chips won.
+//! is the chips won — less [`KuhnParams::illegal_penalty`] per illegal action when that
+//! reward shaping is on.
 //!
 //! **Exact evaluation.** The agent has 12 information sets (its seat × its card × the
 //! betting so far). Given the probability of the aggressive action (bet or call) at each,

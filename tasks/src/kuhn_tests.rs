@@ -195,7 +195,9 @@ fn an_illegal_action_pays_the_shaping_penalty_on_top_of_the_passive_outcome() {
             observation,
             reward: reward - by,
         },
-        Step::Done { reward } => Step::Done { reward: reward - by },
+        Step::Done { reward } => Step::Done {
+            reward: reward - by,
+        },
     };
     let (lo, hi) = shaped.metadata().return_range;
     for seed in 0..200u64 {
