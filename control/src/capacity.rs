@@ -43,6 +43,75 @@ pub fn broadcast_done(installed: &[Option<u64>], version: u64) -> bool {
         >= need.max(1)
 }
 
+/// One T_bcast measurement of a published version, in seconds: exact (⌈n/γ⌉ of the active
+/// workers installed it, or a newer one), or a *lower bound* — the version had not completed
+/// when it was given up (superseded long enough that the learner stopped waiting) or when the
+/// estimate was read (still in flight): its T_bcast is at least `secs`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BcastSample {
+    pub secs: f64,
+    pub lower_bound: bool,
+}
+
+/// An estimate of T_bcast ([`t_bcast_estimate`]): `lower_bound` means the true median is at
+/// least `secs`, and every figure derived from it (μ_min, μ_target, the Δ_max bounds) is a
+/// bound in the same direction.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BcastEstimate {
+    pub secs: f64,
+    pub lower_bound: bool,
+}
+
+/// The median of recent T_bcast samples, counting a lower bound at its value (the upper
+/// median for an even count). Why not the median of the completed ones only: versions that
+/// never complete are exactly the slow ones, and leaving them out shows the last good median
+/// however long the swarm has been starving (0.15 s on screen while a worker was 232 versions
+/// behind). A lower bound is never above its true value, so the median of the samples is
+/// never above the true median; it is exact only when no lower bound sorts at or below it
+/// (otherwise that sample's true value may lie above it and move the median up), and is then
+/// flagged a lower bound. `None` without samples.
+pub fn t_bcast_estimate(samples: &[BcastSample]) -> Option<BcastEstimate> {
+    let mut v: Vec<BcastSample> = samples
+        .iter()
+        .copied()
+        .filter(|s| s.secs.is_finite() && s.secs >= 0.0)
+        .collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(|a, b| a.secs.total_cmp(&b.secs));
+    let i = v.len() / 2;
+    Some(BcastEstimate {
+        secs: v[i].secs,
+        lower_bound: v[..=i].iter().any(|s| s.lower_bound),
+    })
+}
+
+/// When the broadcast of `version` ended ([`broadcast_done`]'s rule): the install time of the
+/// `⌈n/γ⌉`-th worker to hold it, from `(installed version, when installed)` per active worker.
+/// None while not done, or when a needed install time is unknown (an older node): the caller
+/// then takes the time it noticed. A worker holding a newer version counts with that
+/// version's install time — later than its install of `version`, so the figure stays an upper
+/// bound. Generic over the clock (`Instant` in the node, numbers in tests).
+pub fn broadcast_completed_at<T: Ord + Copy>(
+    installed: &[(Option<u64>, Option<T>)],
+    version: u64,
+) -> Option<T> {
+    let versions: Vec<Option<u64>> = installed.iter().map(|(v, _)| *v).collect();
+    if !broadcast_done(&versions, version) {
+        return None;
+    }
+    let need = ((installed.len() as f64) / GAMMA).ceil().max(1.0) as usize;
+    let mut times = Vec::with_capacity(installed.len());
+    for (v, t) in installed {
+        if v.is_some_and(|v| v >= version) {
+            times.push((*t)?);
+        }
+    }
+    times.sort_unstable();
+    times.get(need - 1).copied()
+}
+
 /// Result of the capacity requirement (eq. 2).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Requirement {
@@ -307,6 +376,71 @@ impl<P: Clone + Ord> Scheduler<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn exact(secs: f64) -> BcastSample {
+        BcastSample {
+            secs,
+            lower_bound: false,
+        }
+    }
+
+    fn at_least(secs: f64) -> BcastSample {
+        BcastSample {
+            secs,
+            lower_bound: true,
+        }
+    }
+
+    #[test]
+    fn t_bcast_counts_unfinished_versions_as_lower_bounds() {
+        assert_eq!(t_bcast_estimate(&[]), None);
+        let e = t_bcast_estimate(&[exact(0.2), exact(0.1), exact(0.3)]).unwrap();
+        assert_eq!(
+            e,
+            BcastEstimate {
+                secs: 0.2,
+                lower_bound: false
+            }
+        );
+        // Versions that never completed: the median moves up to them and says "at least".
+        let starving = [exact(0.15), exact(0.14), at_least(9.0), at_least(40.0)];
+        let e = t_bcast_estimate(&starving).unwrap();
+        assert_eq!(e.secs, 9.0);
+        assert!(e.lower_bound);
+        // A short-lived lower bound below the median taints it: its true value may be above.
+        let e = t_bcast_estimate(&[at_least(0.05), exact(0.2), exact(0.3)]).unwrap();
+        assert_eq!(e.secs, 0.2);
+        assert!(e.lower_bound);
+        // A lower bound above the median cannot move it.
+        let e = t_bcast_estimate(&[exact(0.1), exact(0.2), at_least(5.0)]).unwrap();
+        assert_eq!(e.secs, 0.2);
+        assert!(!e.lower_bound);
+        // Only an unfinished version so far.
+        let e = t_bcast_estimate(&[at_least(1.5), exact(f64::NAN)]).unwrap();
+        assert_eq!((e.secs, e.lower_bound), (1.5, true));
+    }
+
+    #[test]
+    fn broadcast_completion_is_the_install_time_of_the_needed_worker() {
+        // n = 4 → ⌈4/1.1⌉ = 4 workers needed.
+        let w = |v: u64, t: u32| (Some(v), Some(t));
+        assert_eq!(
+            broadcast_completed_at(&[w(3, 10), w(3, 30), w(3, 20), (Some(2), Some(5))], 3),
+            None
+        );
+        assert_eq!(
+            broadcast_completed_at(&[w(3, 10), w(3, 30), w(3, 20), w(4, 25)], 3),
+            Some(30)
+        );
+        // n = 11 → 10 needed: the tenth earliest install, whatever order the reports came in.
+        let mut many: Vec<_> = (0..11u32).map(|k| w(7, 100 - k)).collect();
+        many.swap(0, 5);
+        assert_eq!(broadcast_completed_at(&many, 7), Some(99));
+        // An install time unknown (an older node) among those needed: not computable.
+        let mut old = vec![w(3, 10), w(3, 12)];
+        old.push((Some(3), None));
+        assert_eq!(broadcast_completed_at(&old, 3), None);
+    }
 
     #[test]
     fn broadcast_ends_when_a_fraction_one_over_gamma_installed() {

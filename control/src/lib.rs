@@ -1,5 +1,8 @@
 //! The swarm's decision rules as pure functions, with their rationale next to them and tests
-//! without any I/O: forwarding-chain planning ([`plan`], ECHO-2 §4.2 / App. C.3), capacity
+//! without any I/O: forwarding-chain planning ([`plan`], ECHO-2 §4.2 / App. C.3) and its
+//! seats ([`seats`]: re-drawn each plan epoch, with the accountability decisions applied),
+//! accountable forwarding ([`forwarding`]: what a child's receipt says of its parent, who is
+//! at fault), capacity
 //! provisioning and broadcast completion ([`capacity`], ECHO-2 §3.3–3.4, App. B, C.2), the
 //! staleness window ([`window`], ECHO-2 Algorithm 1), how a pull shortfall is split over
 //! workers, bounded by what each was observed to deliver ([`pulls`]), probation, check rates
@@ -11,8 +14,10 @@
 
 pub mod admission;
 pub mod capacity;
+pub mod forwarding;
 pub mod plan;
 pub mod pulls;
+pub mod seats;
 pub mod units;
 pub mod window;
 

@@ -36,7 +36,7 @@
 //! than a pair that keeps its push session (`docs/netlab.md`). Without a previous plan (or
 //! with a margin of 0) the order is exactly rules 2–3.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::Hash;
 
 use crate::units::mbps_to_bytes_per_s;
@@ -52,7 +52,16 @@ pub struct PlanParams {
     pub degraded_below: f64,
     /// Workers scoring at or below this do not forward (fetch-only).
     pub exclude_below: f64,
+    /// Versions per plan epoch: at the first version of each epoch the learner re-draws the
+    /// chain seats (`crate::seats`).
+    pub epoch_versions: u64,
 }
+
+/// Default versions per plan epoch (`crate::seats` re-draws the seats at each epoch's first
+/// version). At κ = 2 and a step a second a seat lasts about 16 s, so a worker that holds a
+/// chain's head by chance (or by its key) gives it up within seconds; the push sessions of the
+/// pairs that change start cold once per epoch instead of once per version.
+pub const EPOCH_VERSIONS: u64 = 8;
 
 impl Default for PlanParams {
     fn default() -> Self {
@@ -61,6 +70,7 @@ impl Default for PlanParams {
             worker_mbps: 100.0,
             degraded_below: 40.0,
             exclude_below: 10.0,
+            epoch_versions: EPOCH_VERSIONS,
         }
     }
 }
@@ -108,7 +118,7 @@ pub const REPLAN_MARGIN: f64 = 5.0;
 
 /// Builds the plan for `workers` given as `(peer, score)`.
 pub fn plan_chains<P: Clone + Ord>(workers: &[(P, f64)], params: &PlanParams) -> ChainPlan<P> {
-    plan_chains_after(workers, params, &[])
+    plan_chains_after(workers, params, &[], &BTreeSet::new(), REPLAN_MARGIN)
 }
 
 /// [`plan_chains`] that keeps the rank order `prev` (the previous plan's
@@ -117,6 +127,8 @@ fn plan_chains_after<P: Clone + Ord>(
     workers: &[(P, f64)],
     params: &PlanParams,
     prev: &[P],
+    demoted: &BTreeSet<P>,
+    margin: f64,
 ) -> ChainPlan<P> {
     let mut forwarders: Vec<(P, f64)> = Vec::new();
     let mut fetch_only = Vec::new();
@@ -129,7 +141,7 @@ fn plan_chains_after<P: Clone + Ord>(
         }
     }
     fetch_only.sort();
-    let order = rank(forwarders, params, prev);
+    let order = rank(forwarders, params, prev, demoted, margin);
     let n = n_chains(params.learner_mbps, params.worker_mbps).min(order.len());
     let mut chains: Vec<Vec<P>> = vec![Vec::new(); n];
     for (k, w) in order.into_iter().enumerate() {
@@ -138,17 +150,36 @@ fn plan_chains_after<P: Clone + Ord>(
     ChainPlan { chains, fetch_only }
 }
 
-/// Rule 2's order: healthy before degraded, then by score descending, then by peer id — but
+/// Rule 2's order: healthy before degraded before `demoted` (`crate::forwarding`: workers
+/// whose forwarding was found slow), then by score descending, then by peer id — but
 /// starting from `prev` (its members in its order, newcomers after them in rule 2's order),
 /// and each next place goes to the first remaining worker that no remaining worker beats:
 /// none is of a better class, and none of its class scores more than [`REPLAN_MARGIN`] above
 /// it. With `prev` empty the first remaining worker is always the best one, so the result is
 /// rule 2's order exactly.
-fn rank<P: Clone + Ord>(mut forwarders: Vec<(P, f64)>, params: &PlanParams, prev: &[P]) -> Vec<P> {
-    let class = |score: f64| u8::from(score < params.degraded_below);
+fn rank<P: Clone + Ord>(
+    forwarders: Vec<(P, f64)>,
+    params: &PlanParams,
+    prev: &[P],
+    demoted: &BTreeSet<P>,
+    margin: f64,
+) -> Vec<P> {
+    let class_of = |w: &(P, f64)| {
+        if demoted.contains(&w.0) {
+            2u8
+        } else {
+            u8::from(w.1 < params.degraded_below)
+        }
+    };
+    let mut forwarders: Vec<(P, f64, u8)> = forwarders
+        .into_iter()
+        .map(|w| {
+            let c = class_of(&w);
+            (w.0, w.1, c)
+        })
+        .collect();
     forwarders.sort_by(|a, b| {
-        class(a.1)
-            .cmp(&class(b.1))
+        a.2.cmp(&b.2)
             .then(b.1.partial_cmp(&a.1).unwrap_or(std::cmp::Ordering::Equal))
             .then(a.0.cmp(&b.0))
     });
@@ -158,16 +189,16 @@ fn rank<P: Clone + Ord>(mut forwarders: Vec<(P, f64)>, params: &PlanParams, prev
     pending.sort_by_key(|w| at.get(&w.0).copied().unwrap_or(usize::MAX));
     let mut out = Vec::with_capacity(pending.len());
     while !pending.is_empty() {
-        let best = pending.iter().map(|w| class(w.1)).min().unwrap_or(0);
+        let best = pending.iter().map(|w| w.2).min().unwrap_or(0);
         let top = pending
             .iter()
-            .filter(|w| class(w.1) == best)
+            .filter(|w| w.2 == best)
             .map(|w| w.1)
             .fold(f64::NEG_INFINITY, f64::max);
         // The worker scoring `top` itself qualifies, so there is always one.
         let i = pending
             .iter()
-            .position(|w| class(w.1) == best && w.1 >= top - REPLAN_MARGIN)
+            .position(|w| w.2 == best && w.1 >= top - margin)
             .unwrap_or(0);
         out.push(pending.remove(i).0);
     }
@@ -185,12 +216,25 @@ pub fn replan<P: Clone + Ord>(
     prev: Option<&ChainPlan<P>>,
 ) -> ChainPlan<P> {
     let prev = prev.map(ChainPlan::rank_order).unwrap_or_default();
+    replan_after(workers, params, &prev, &BTreeSet::new(), REPLAN_MARGIN)
+}
+
+/// [`replan`] after the rank order `prev`, which stands unless a worker outscores an earlier
+/// one by more than `margin`, with `demoted` workers ranked after every other forwarder of
+/// their kind (direct or relay-only).
+pub(crate) fn replan_after<P: Clone + Ord>(
+    workers: &[(P, f64, bool)],
+    params: &PlanParams,
+    prev: &[P],
+    demoted: &BTreeSet<P>,
+    margin: f64,
+) -> ChainPlan<P> {
     let direct: Vec<(P, f64)> = workers
         .iter()
         .filter(|w| !w.2)
         .map(|w| (w.0.clone(), w.1))
         .collect();
-    let mut plan = plan_chains_after(&direct, params, &prev);
+    let mut plan = plan_chains_after(&direct, params, prev, demoted, margin);
     let mut relayed: Vec<(P, f64)> = Vec::new();
     for w in workers.iter().filter(|w| w.2) {
         if w.1 > params.exclude_below {
@@ -200,7 +244,7 @@ pub fn replan<P: Clone + Ord>(
         }
     }
     // Best first, ties by peer id (every node computes the same plan); degraded ones last.
-    let relayed = rank(relayed, params, &prev);
+    let relayed = rank(relayed, params, prev, demoted, margin);
     let n_ch = n_chains(params.learner_mbps, params.worker_mbps);
     // Chains whose tail may still take a relay-only worker (none has one yet).
     let mut open: Vec<usize> = (0..plan.chains.len()).collect();

@@ -7,7 +7,9 @@
 //! Owns: the signed chain-plan message ([`plan_msg`]), the signed activation order
 //! ([`order_msg`], the scheduler's decisions travel on the same authenticated path), the
 //! chunk-stream and chunk-fetch protocols — names and message bodies ([`wire`]) — the
-//! per-version transfer state machine (`transfer`) and the per-node engine ([`engine`]). Must
+//! per-version transfer state machine (`transfer`), what a child records of its parent's
+//! deliveries (`delivery`, the source of its receipts), the learner's accounting of its
+//! forwarders (`engine::account`) and the per-node engine ([`engine`]). Must
 //! not touch: the swarm (only through `p2p::Client`), framing (`p2p::framing`), on-disk formats
 //! (`storage`), the planning rules (`control::plan`), the model (payloads are opaque bytes;
 //! installation hands them to the role).
@@ -17,6 +19,7 @@
 mod assembly;
 #[cfg(test)]
 mod decoder_props;
+mod delivery;
 pub mod engine;
 pub mod error;
 pub mod order_msg;
@@ -28,7 +31,8 @@ pub mod wire;
 pub use engine::Fault;
 pub use engine::{
     BroadcastCounters, BroadcastMode, DisseminationConfig, DisseminationEvent, Disseminator,
-    PublishReport, DEFAULT_READ_TIMEOUT, DEFAULT_SESSION_IDLE_TIMEOUT, MIN_RATE_BYTES_PER_S,
+    ForwardingView, PublishReport, DEFAULT_READ_TIMEOUT, DEFAULT_SESSION_IDLE_TIMEOUT,
+    MIN_RATE_BYTES_PER_S,
 };
 pub use error::{DisseminationError, Result};
 pub use order_msg::{ActivationOrder, SignedOrder};
@@ -67,6 +71,7 @@ pub async fn drive(
                 if let Some(v) = heartbeat.installed_version {
                     d.catch_up(peer, Some(v));
                 }
+                d.observe_heartbeat(peer, &heartbeat).await;
             }
             p2p::Event::Rejected { peer, topic, error } => {
                 tracing::debug!(%peer, ?topic, %error, "rejected message");

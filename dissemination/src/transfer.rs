@@ -77,11 +77,15 @@ pub(crate) enum Input {
     /// The engine's acquirer for this version returned (installed, stopped, or failed): the
     /// transfer is over whatever its state said.
     Ended,
-    /// Whether this node is behind: it has installed nothing yet, or it skipped an accepted
-    /// version since its last install. A behind fetch-only node repairs at once instead of
-    /// first giving holders one wait to catch up: when versions come faster than that wait,
-    /// it would otherwise never start a single fetch.
+    /// Whether this node is behind (the engine's reading, [`behind`]): it skipped an accepted
+    /// version since its last install, or — fed by a parent — that parent failed it on its
+    /// last version ([`FeedStanding`]), or — fetch-only — it has installed nothing yet. A
+    /// behind node repairs at once, whatever feeds it, instead of first giving its feed a
+    /// wait: when versions come faster than that wait, a wait renewed by every new manifest
+    /// would never end (a child of a silent parent installed 0 of 151 versions that way).
     Behind(bool),
+    /// Whether the planned parent's hello for this version has arrived.
+    Hello(bool),
     /// The acquirer woke up: decide what to do next.
     Woken(Wake),
 }
@@ -162,6 +166,98 @@ pub(crate) fn hop_allowance(chunk_bytes: u64, hop_bytes_per_s: f64) -> Duration 
 /// gives up (the chunks are no longer held by anyone it can reach).
 pub(crate) const MAX_FRUITLESS_REPAIRS: u32 = 3;
 
+/// Whether a node is behind for a transfer of `version` (see [`Input::Behind`]): `installed`
+/// is its newest installed version, `older_accepted` whether it accepted a manifest older than
+/// `version` and newer than `installed` (a version it skipped), `distrusted` whether the
+/// parent feeding it failed its last version ([`FeedStanding::distrusts`]) or is feeding this
+/// one too slowly ([`slow_feed`]).
+///
+/// **Patience per node, not per version.** Each version's transfer gives its parent one stall
+/// wait (the stall timeout, plus the hops above for the first chunk). A newer manifest ends a
+/// parent-fed transfer; the next one starts *behind* — the node skipped a version — and
+/// repairs at once from any holder, so a new manifest never renews the wait. And a parent
+/// that failed this node's last version (delivered under a quarter of what it needed) is
+/// not waited for again until it delivers, or the plan names another. The bound: a node whose
+/// parent stops delivering loses at most **one** version to it — the one it was waiting
+/// for, if a newer one is published during that one wait — and waits at most one stall wait
+/// (`stall_timeout + position × hop allowance`) per parent; from then on it fetches every
+/// version from holders at once, while the learner moves it under another parent
+/// (`control::forwarding`).
+pub(crate) fn behind(
+    feed: Feed,
+    installed: Option<u64>,
+    older_accepted: bool,
+    distrusted: bool,
+) -> bool {
+    match feed {
+        Feed::Unplanned => false,
+        Feed::Parent { .. } => older_accepted || distrusted,
+        Feed::FetchOnly => installed.is_none() || older_accepted,
+    }
+}
+
+/// Whether a parent's push is too slow to wait for: since its first chunk, at least three
+/// chunk times at the planned rate `B̂w` (and `min`: the hello wait, a twentieth of the stall
+/// timeout) have passed and it delivered `bytes` at under a third of `B̂w`. The node then repairs the rest at once, from the back, while the
+/// push goes on from the front; it does not wait for a stall (a trickle is no stall) nor lose
+/// the version to the next one. An honest parent fed slowly itself looks the same, and its
+/// child is right not to wait for it either.
+pub(crate) fn slow_feed(
+    bytes: u64,
+    since_first_chunk: Option<Duration>,
+    chunk_bytes: u64,
+    bytes_per_s: f64,
+    min: Duration,
+) -> bool {
+    let Some(t) = since_first_chunk else {
+        return false;
+    };
+    if !(bytes_per_s.is_finite() && bytes_per_s > 0.0) {
+        return false;
+    }
+    let chunk_s = chunk_bytes as f64 / bytes_per_s;
+    let t = t.as_secs_f64();
+    t >= (3.0 * chunk_s).max(min.as_secs_f64()) && (bytes as f64) < t * bytes_per_s / 3.0
+}
+
+/// Share of the chunks a version needed that its parent must deliver to keep this node's
+/// trust: a quarter. An honest parent whose push meets this node's own repair in the middle
+/// delivers about half; one that trickles a chunk per version to look alive delivers a
+/// sliver.
+pub(crate) const FED_SHARE: f64 = 0.25;
+
+/// Which parent failed this node on its last version, if any (see [`behind`]). The learner is
+/// never held here: its uplink is the trust root's, and a first hop that repaired at once
+/// would only ask the learner twice for the same chunks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct FeedStanding {
+    failed: Option<PeerId>,
+}
+
+impl FeedStanding {
+    /// A version ended (installed, or given up for a newer one): `parent` was the planned
+    /// parent (`None`: the learner, or nobody), `needed` chunks were missing when it began,
+    /// `fed` of them came on that parent's push.
+    pub(crate) fn ended(&mut self, parent: Option<PeerId>, needed: usize, fed: usize) {
+        let Some(parent) = parent else { return };
+        if needed == 0 {
+            return;
+        }
+        if fed as f64 >= FED_SHARE * needed as f64 {
+            if self.failed == Some(parent) {
+                self.failed = None;
+            }
+        } else {
+            self.failed = Some(parent);
+        }
+    }
+
+    /// Whether `parent` failed this node's last version it fed.
+    pub(crate) fn distrusts(&self, parent: Option<&PeerId>) -> bool {
+        parent.is_some() && self.failed.as_ref() == parent
+    }
+}
+
 /// One version's transfer state.
 #[derive(Debug)]
 pub(crate) struct Transfer {
@@ -181,7 +277,20 @@ pub(crate) struct Transfer {
     fruitless: u32,
     /// See [`Input::Behind`].
     behind: bool,
+    /// See [`Input::Hello`].
+    hello: bool,
+    /// How long a chain member waits for its parent's hello ([`HELLO_WAIT_SHARE`]).
+    hello_wait: Duration,
 }
+
+/// The share of the stall timeout a chain member waits for its parent's hello before it
+/// repairs: a twentieth (250 ms by default). An honest parent sends its hello the moment it
+/// accepts the manifest — a gossip hop after the child did — before it holds a byte, and the
+/// hello is never paced; a parent that has not said it by then is silent or not there, and
+/// waiting the whole stall timeout for it cost its child every version whenever the learner
+/// published faster than that. A repair that starts early because a hello was merely late
+/// costs a batch of chunks fetched twice, nothing more.
+pub(crate) const HELLO_WAIT_SHARE: u32 = 20;
 
 impl Transfer {
     /// A transfer of a snapshot of `chunks` chunks, nothing held yet; `stall` is how long a
@@ -199,6 +308,8 @@ impl Transfer {
             newer: false,
             fruitless: 0,
             behind: false,
+            hello: false,
+            hello_wait: stall / HELLO_WAIT_SHARE,
         }
     }
 
@@ -208,10 +319,18 @@ impl Transfer {
         self
     }
 
-    /// Whether this transfer goes on although a newer manifest was accepted: it is
-    /// fetch-only, has stored chunks of its own, and its repairs still find them.
+    /// Whether this transfer goes on although a newer manifest was accepted: it fetches
+    /// everything itself (fetch-only, or behind: its feed is not waited for), has stored
+    /// chunks of its own, and its repairs still find them.
     pub(crate) fn keeps_going(&self) -> bool {
-        self.feed == Feed::FetchOnly && self.stored > 0 && self.fruitless < MAX_FRUITLESS_REPAIRS
+        let fetching = self.feed == Feed::FetchOnly || self.feed_ignored();
+        fetching && self.stored > 0 && self.fruitless < MAX_FRUITLESS_REPAIRS
+    }
+
+    /// A chain member that does not wait for its parent: it is behind, or its parent never
+    /// said hello (whatever it stored, it fetched).
+    fn feed_ignored(&self) -> bool {
+        matches!(self.feed, Feed::Parent { .. }) && (self.behind || !self.hello)
     }
 
     /// A running fetch-only transfer that has stored chunks: newer transfers of this node
@@ -254,6 +373,10 @@ impl Transfer {
     pub(crate) fn stall_wait(&self) -> Duration {
         match self.feed {
             Feed::FetchOnly => self.stall / 4,
+            // Repairing at once: look again as often as a fetch-only node.
+            Feed::Parent { .. } if self.behind => self.stall / 4,
+            // No word from the parent yet: wait for its hello only ([`HELLO_WAIT_SHARE`]).
+            Feed::Parent { .. } if !self.hello && self.stored == 0 => self.hello_wait,
             Feed::Parent { position } if self.stored == 0 => self.stall.saturating_add(
                 self.hop
                     .saturating_mul(position.min(u32::MAX as usize) as u32),
@@ -318,9 +441,14 @@ impl Transfer {
                 self.behind = behind;
                 Vec::new()
             }
+            Input::Hello(hello) => {
+                self.hello = hello;
+                Vec::new()
+            }
             Input::Newer => {
                 self.newer = true;
-                if self.keeps_going() {
+                // A complete transfer installs all the same (its wake comes next).
+                if self.keeps_going() || self.is_complete() {
                     Vec::new()
                 } else {
                     self.stop()
@@ -332,7 +460,9 @@ impl Transfer {
                 } else {
                     self.fruitless = 0;
                 }
-                if self.newer && !self.keeps_going() {
+                // A transfer the repair completed installs (on its next wake) even if
+                // superseded meanwhile: its chunks are all here.
+                if self.newer && !self.keeps_going() && !self.is_complete() {
                     self.stop()
                 } else {
                     Vec::new()
@@ -352,7 +482,8 @@ impl Transfer {
 
     /// The acquirer's decision on waking: stop if superseded, install if complete, repair
     /// after a stall (no chunk within the wait, or the stream ended) — and always when
-    /// fetch-only, since nothing will be pushed — otherwise keep waiting.
+    /// fetch-only, since nothing will be pushed, or behind ([`behind`]) — otherwise keep
+    /// waiting.
     fn woken(&mut self, wake: Wake) -> Vec<Action> {
         match self.phase {
             Phase::Stopped => return vec![Action::Stop],
@@ -367,10 +498,14 @@ impl Transfer {
             return self.stop();
         }
         // Repair only after a wait: the feed (or the last repair) gets one wait to deliver,
-        // even when fetch-only — unless this node is behind and fetch-only.
+        // even when fetch-only — unless this node is behind.
         let stalled = matches!(wake, Wake::StreamEnded | Wake::Timer);
-        let fetch_only = self.feed == Feed::FetchOnly && (wake != Wake::Check || self.behind);
-        if stalled || fetch_only {
+        let at_once = match self.feed {
+            Feed::FetchOnly => wake != Wake::Check || self.behind,
+            Feed::Parent { .. } => self.behind,
+            Feed::Unplanned => false,
+        };
+        if stalled || at_once {
             vec![Action::Repair]
         } else {
             Vec::new()
@@ -414,6 +549,7 @@ mod tests {
         let fed = |position| Feed::Parent { position };
         let mut t = Transfer::new(62, STALL).with_hop(hop);
         t.apply(Input::Plan(fed(0)));
+        t.apply(Input::Hello(true));
         assert_eq!(t.stall_wait(), STALL, "a first hop waits the stall timeout");
         t.apply(Input::Plan(fed(10)));
         assert_eq!(t.stall_wait(), STALL + hop * 10);
@@ -535,6 +671,7 @@ mod tests {
     fn a_stall_or_an_ended_stream_triggers_repair_for_a_chain_member() {
         let mut t = Transfer::new(3, STALL);
         t.apply(Input::Plan(Feed::Parent { position: 0 }));
+        t.apply(Input::Hello(true));
         assert_eq!(t.stall_wait(), STALL);
         held(&mut t, 0);
         assert_eq!(t.apply(Input::Woken(Wake::Stored)), []);
@@ -609,23 +746,150 @@ mod tests {
 
         let mut chain = Transfer::new(3, STALL);
         chain.apply(Input::Plan(Feed::Parent { position: 0 }));
+        chain.apply(Input::Hello(true));
         held(&mut chain, 0);
         assert_eq!(chain.apply(Input::Newer), [Action::Stop]);
     }
 
-    /// A fetch-only node that is behind repairs at once; one that is up to date first gives
-    /// holders one wait.
+    /// A node that is behind repairs at once, whatever feeds it; one that is up to date first
+    /// gives its feed one wait.
     #[test]
-    fn a_behind_fetch_only_node_repairs_without_waiting() {
+    fn a_behind_node_repairs_without_waiting_whatever_feeds_it() {
         let mut t = Transfer::new(2, STALL);
         t.apply(Input::Plan(Feed::FetchOnly));
         assert_eq!(t.apply(Input::Woken(Wake::Check)), []);
         t.apply(Input::Behind(true));
         assert_eq!(t.apply(Input::Woken(Wake::Check)), [Action::Repair]);
-        let mut chain = Transfer::new(2, STALL);
-        chain.apply(Input::Plan(Feed::Parent { position: 0 }));
-        chain.apply(Input::Behind(true));
+        let mut chain = Transfer::new(2, STALL).with_hop(HOP_MARGIN);
+        chain.apply(Input::Plan(Feed::Parent { position: 3 }));
+        chain.apply(Input::Hello(true));
         assert_eq!(chain.apply(Input::Woken(Wake::Check)), []);
+        assert!(chain.stall_wait() > STALL);
+        chain.apply(Input::Behind(true));
+        assert_eq!(chain.apply(Input::Woken(Wake::Check)), [Action::Repair]);
+        assert_eq!(chain.stall_wait(), STALL / 4, "and keeps looking");
+        // Without a plan nobody is behind: wait for the push the plan will announce.
+        let mut unplanned = Transfer::new(2, STALL);
+        unplanned.apply(Input::Behind(true));
+        assert_eq!(unplanned.apply(Input::Woken(Wake::Check)), []);
+    }
+
+    /// A parent gets a tenth of the stall timeout to say hello; once it has, the whole stall
+    /// wait (and the hops above) for its first chunk.
+    #[test]
+    fn a_parent_that_says_nothing_is_waited_for_only_briefly() {
+        let mut t = Transfer::new(4, STALL).with_hop(HOP_MARGIN);
+        t.apply(Input::Plan(Feed::Parent { position: 2 }));
+        assert_eq!(t.stall_wait(), STALL / HELLO_WAIT_SHARE);
+        assert_eq!(t.apply(Input::Woken(Wake::Timer)), [Action::Repair]);
+        t.apply(Input::Hello(true));
+        assert_eq!(t.stall_wait(), STALL + HOP_MARGIN * 2);
+        // A first chunk came without a hello (a push from before a restart): a live feed.
+        let mut u = Transfer::new(4, STALL);
+        u.apply(Input::Plan(Feed::Parent { position: 0 }));
+        held(&mut u, 0);
+        assert_eq!(u.stall_wait(), STALL);
+    }
+
+    /// A chain member fetching its version itself (behind, or its parent never said hello)
+    /// completes it past a newer manifest, as a fetch-only node does; one fed by its parent's
+    /// push yields.
+    #[test]
+    fn a_chain_member_fetching_for_itself_finishes_its_version() {
+        let mut t = Transfer::new(3, STALL);
+        t.apply(Input::Plan(Feed::Parent { position: 1 }));
+        t.apply(Input::Hello(true));
+        t.apply(Input::Behind(true));
+        held(&mut t, 2);
+        assert!(t.has_priority());
+        assert_eq!(t.apply(Input::Newer), []);
+        held(&mut t, 0);
+        held(&mut t, 1);
+        assert_eq!(t.apply(Input::Woken(Wake::Check)), [Action::Install]);
+        let mut silent_parent = Transfer::new(2, STALL);
+        silent_parent.apply(Input::Plan(Feed::Parent { position: 1 }));
+        held(&mut silent_parent, 0);
+        assert_eq!(silent_parent.apply(Input::Newer), []);
+        let mut pushed = Transfer::new(2, STALL);
+        pushed.apply(Input::Plan(Feed::Parent { position: 1 }));
+        pushed.apply(Input::Hello(true));
+        held(&mut pushed, 0);
+        assert_eq!(pushed.apply(Input::Newer), [Action::Stop]);
+        // A transfer complete when a newer manifest comes installs all the same.
+        let mut done = Transfer::new(2, STALL);
+        done.apply(Input::Plan(Feed::Parent { position: 1 }));
+        done.apply(Input::Hello(true));
+        held(&mut done, 0);
+        held(&mut done, 1);
+        assert_eq!(done.apply(Input::Repaired { fetched: 1 }), []);
+        assert_eq!(done.apply(Input::Newer), []);
+        assert_eq!(done.apply(Input::Woken(Wake::Check)), [Action::Install]);
+    }
+
+    /// A push under a third of B̂w, measured from its first chunk after three chunk times, is
+    /// not waited for.
+    #[test]
+    fn a_trickling_push_is_not_waited_for() {
+        let (chunk, bw) = (64 << 10, 12.5e6); // 5 ms a chunk at B̂w
+        let ms = Duration::from_millis;
+        let min = STALL / HELLO_WAIT_SHARE;
+        let slow = |bytes, since| slow_feed(bytes, since, chunk, bw, min);
+        assert!(!slow(0, None), "no chunk yet: the stall rules apply");
+        assert!(!slow(65_536, Some(ms(100))), "too early to tell");
+        // 400 ms at a tenth of B̂w: 500 kB.
+        assert!(slow(500_000, Some(ms(400))));
+        // 400 ms at half of B̂w: 2.5 MB.
+        assert!(!slow(2_500_000, Some(ms(400))));
+        assert!(
+            !slow_feed(1, Some(ms(400)), chunk, 0.0, min),
+            "no planned rate"
+        );
+        // A long stall timeout (a configuration that keeps repair out) waits longer.
+        assert!(!slow_feed(500_000, Some(ms(400)), chunk, bw, ms(30_000)));
+    }
+
+    /// Who is behind (`behind`): a skipped version behind any feed; a parent that failed the
+    /// last version; a fetch-only node with nothing installed.
+    #[test]
+    fn behind_is_a_skipped_version_or_a_failed_parent() {
+        let fed = Feed::Parent { position: 1 };
+        assert!(!behind(fed, None, false, false), "a first version: wait");
+        assert!(!behind(fed, Some(4), false, false));
+        assert!(behind(fed, Some(4), true, false), "skipped a version");
+        assert!(behind(fed, Some(4), false, true), "its parent failed it");
+        assert!(behind(Feed::FetchOnly, None, false, false));
+        assert!(!behind(Feed::FetchOnly, Some(4), false, false));
+        assert!(behind(Feed::FetchOnly, Some(4), true, false));
+        assert!(!behind(Feed::Unplanned, None, true, true));
+    }
+
+    /// Patience per node: a parent that failed a version is not waited for again; it earns
+    /// trust back by delivering a quarter of a version, or a new parent starts trusted.
+    #[test]
+    fn a_parent_that_failed_a_version_is_not_waited_for_until_it_delivers() {
+        let (p, q) = (peer(1), peer(2));
+        let mut f = FeedStanding::default();
+        assert!(!f.distrusts(Some(&p)));
+        f.ended(Some(p), 16, 0);
+        assert!(f.distrusts(Some(&p)));
+        assert!(!f.distrusts(Some(&q)), "another parent starts trusted");
+        assert!(!f.distrusts(None));
+        // Nothing needed: no evidence either way.
+        f.ended(Some(p), 0, 0);
+        assert!(f.distrusts(Some(&p)));
+        // One chunk of sixteen to look alive is not delivering.
+        f.ended(Some(p), 16, 1);
+        assert!(f.distrusts(Some(&p)));
+        // Meeting this node's own repair in the middle is.
+        f.ended(Some(p), 16, 7);
+        assert!(!f.distrusts(Some(&p)));
+        // The learner is never held: a first hop ends with `None`.
+        f.ended(None, 16, 0);
+        assert!(!f.distrusts(Some(&p)));
+        // Another parent failing replaces the record; the old one is trusted again.
+        f.ended(Some(p), 16, 0);
+        f.ended(Some(q), 16, 0);
+        assert!(f.distrusts(Some(&q)) && !f.distrusts(Some(&p)));
     }
 
     /// A superseded fetch-only transfer whose holders no longer answer gives up after

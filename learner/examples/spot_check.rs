@@ -2,7 +2,8 @@
 //! "Log-prob spot checks"): the honest spread between the rollout engine's sampler log-probs
 //! (the inference path with its KV cache) and the learner's recomputation (teacher-forced
 //! training forward), whether one-token forgeries are caught at the default tolerance, and
-//! the cost of one check against one training step in the demo's setting.
+//! the cost of one check (log-probs alone, and with the draw check of `learner::verdict`)
+//! against one training step in the demo's setting.
 //!
 //! ```text
 //! cargo run -j2 -p learner --example spot_check -- [--warm 60] [--groups 40] [--reps 15]
@@ -18,6 +19,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use learner::spot_check::{compare, recompute_logprobs, SpotRule, DEFAULT_TOLERANCE};
+use learner::verdict::{check_group, CheckSettings, SpotVerdict};
+use learner::ResponseTokens;
 use learner::{LossConfig, Objective, Trainer, TrainerConfig};
 use policy::{DType, Device, InferModel, Policy, SamplingParams, Tokenizer};
 use rand::{Rng, SeedableRng};
@@ -27,6 +30,8 @@ use tasks::Task;
 const T: f32 = 1.2;
 const N: usize = 16;
 const B: usize = 4;
+/// The assignment seed the prescribed uniforms derive from.
+const SEED: [u8; 32] = [5; 32];
 
 fn group(
     model: &InferModel,
@@ -41,14 +46,16 @@ fn group(
         temperature: T,
         ..SamplingParams::new(new_tokens, tok.eos_ids())
     };
-    let out = policy::infer::generate(model, &prompt, N, &params, rng)?;
+    let seq = rng.gen::<u64>();
+    let draws = policy::Draws::prescribed(&SEED, "bench", seq, N);
+    let out = policy::infer::generate_with(model, &prompt, &params, &draws)?;
     Ok(TrajectoryGroup {
         group_id: rng.gen(),
         task_id: "arith".into(),
         prompt_id: p.id.clone(),
         version: 0,
         producer: "bench".into(),
-        seq: 0,
+        seq,
         signature: None,
         prompt_text: p.text.clone(),
         prompt_tokens: prompt,
@@ -146,17 +153,36 @@ fn main() -> Result<()> {
     let spread_long = spread(&policy, &long, &deltas)?;
     let spread_f16 = spread(&policy, &half, &deltas)?;
 
-    // Cost of one check (demo group: 16 samples, 6 new tokens), of loading a snapshot, and of
-    // one training step (B = 4 such groups).
+    // Cost of one check (demo group: 16 samples, 6 new tokens) — the log-probs alone, and the
+    // full verdict with the draw check of every token — of loading a snapshot, and of one
+    // training step (B = 4 such groups).
     let rule = SpotRule::default();
-    let mut t_check = Vec::new();
+    let full = CheckSettings {
+        rule: policy::rule::RuleParams {
+            temperature: T,
+            top_p: 1.0,
+        },
+        tolerance: DEFAULT_TOLERANCE,
+        delta: learner::verdict::DEFAULT_MARGIN.f32,
+        seed: SEED,
+        check_draws: true,
+    };
+    let (mut t_check, mut t_full) = (Vec::new(), Vec::new());
     for g in short.iter().cycle().take(reps + 1) {
         let t0 = Instant::now();
         let (_, ok) = rule.check(&policy, g, T)?;
         t_check.push(t0.elapsed().as_secs_f64());
         anyhow::ensure!(ok, "an honest group failed");
+        let t0 = Instant::now();
+        let r = check_group(&policy, g, &full, &ResponseTokens)?;
+        t_full.push(t0.elapsed().as_secs_f64());
+        anyhow::ensure!(
+            r.verdict(full.tolerance) == SpotVerdict::Pass,
+            "an honest group failed: {r:?}"
+        );
     }
     t_check.remove(0); // warm-up
+    t_full.remove(0);
     let bytes = policy.to_safetensors_bytes()?;
     let mut t_load = Vec::new();
     for _ in 0..reps {
@@ -201,6 +227,7 @@ fn main() -> Result<()> {
         }
     }
     let (check_ms, load_ms, train_ms) = (median_ms(t_check), median_ms(t_load), median_ms(t_train));
+    let full_ms = median_ms(t_full);
     let fraction = learner::spot_check::DEFAULT_FRACTION;
     // Expected checks per step: fraction × B groups pulled per step.
     let per_step_ms = fraction * B as f64 * check_ms;
@@ -213,6 +240,8 @@ fn main() -> Result<()> {
             "spread_f32_64_tokens": spread_long,
             "spread_f16_6_tokens": spread_f16,
             "check_ms_median": check_ms,
+            "check_with_draws_ms_median": full_ms,
+            "check_with_draws_fraction_of_train_step": full_ms / train_ms,
             "snapshot_load_ms_median": load_ms,
             "train_step_ms_median": train_ms,
             "groups_per_step": B, "group_size": N, "fraction": fraction,

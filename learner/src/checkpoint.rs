@@ -153,6 +153,7 @@ impl Trainer {
             opt,
             version: meta.version,
             consumed,
+            masks: std::sync::Arc::new(crate::mask::ResponseTokens),
         })
     }
 }

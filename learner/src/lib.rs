@@ -5,7 +5,8 @@
 //! admission rules and checkpoints ([`trainer`]) and its micro-batched gradients (passes of a
 //! bounded number of tokens, gradients summed), the one verification pipeline of pulled
 //! groups whose [`Verified`] output is all a trainer takes ([`pipeline`]), the log-prob spot
-//! checks of pulled groups ([`spot_check`]).
+//! checks of pulled groups ([`spot_check`]) with their check that each token is the canonical
+//! sampling rule's draw ([`verdict`]), and the learner-owned loss masks ([`mask`]).
 //! Must not touch: the network (it has no `p2p` dependency: the node's learner role pulls,
 //! publishes and feeds this crate groups), or on-disk formats of the trajectory store (those
 //! belong to `storage`). The staleness window is [`control::Window`], re-exported here.
@@ -15,18 +16,22 @@
 
 mod checkpoint;
 pub mod loss;
+pub mod mask;
 pub mod optim;
 pub mod pipeline;
 pub mod spot_check;
 pub mod trainer;
+pub mod verdict;
 pub mod warm;
 
 pub use control::Window;
 pub use loss::{group_advantages, group_loss, GroupInput, LossConfig, LossOutput, Objective};
+pub use mask::{MaskRule, ResponseTokens};
 pub use optim::{AdamW, AdamWConfig, OptimStep};
 pub use pipeline::{Checks, Pipeline, Stage, StageInput, Verified};
 pub use spot_check::{SpotReport, SpotRule, SpotSampler};
 pub use trainer::{StepStats, Trainer, TrainerConfig, Verdict};
+pub use verdict::{CheckReport, CheckSettings, SpotVerdict, WorkerDtype};
 pub use warm::{warm_start_on_task, WarmReport};
 
 /// Errors of the learner layer.

@@ -257,14 +257,13 @@ impl Trainer {
         let n = g.samples.len();
         let len = longest_response(g);
         let (mut q, mut m) = (Vec::with_capacity(n * len), Vec::with_capacity(n * len));
-        for s in &g.samples {
+        for (i, s) in g.samples.iter().enumerate() {
+            // The learner's own mask (admission refused groups it cannot derive); the mask
+            // a group carries is never used.
+            let mask = self.masks.mask(g, i).unwrap_or_default();
             for j in 0..len {
                 q.push(s.sampler_logprobs.get(j).copied().unwrap_or(0.0));
-                m.push(
-                    s.loss_mask
-                        .get(j)
-                        .map_or(0.0, |&b| f32::from(u8::from(b != 0))),
-                );
+                m.push(mask.get(j).map_or(0.0, |&b| f32::from(u8::from(b != 0))));
             }
         }
         let q = Tensor::from_vec(q, (n, len), dev)?;

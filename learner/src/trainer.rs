@@ -35,6 +35,7 @@
 //!   checkpointed); a group containing one of them is refused as a duplicate.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::backprop::GradStore;
@@ -44,6 +45,7 @@ use serde::{Deserialize, Serialize};
 use storage::TrajectoryGroup;
 
 use crate::loss::{group_advantages, is_zero_advantage, variance, LossConfig};
+use crate::mask::{MaskRule, ResponseTokens};
 use crate::optim::{AdamW, AdamWConfig};
 use crate::pipeline::Verified;
 use crate::{LearnerError, Result};
@@ -265,6 +267,8 @@ pub struct Trainer {
     pub(crate) opt: AdamW,
     pub(crate) version: u64,
     pub(crate) consumed: HashSet<[u8; 16]>,
+    /// The rule the loss masks are derived by (the masks a group carries are never used).
+    pub(crate) masks: Arc<dyn MaskRule>,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -304,7 +308,14 @@ impl Trainer {
             opt,
             version: 0,
             consumed: HashSet::new(),
+            masks: Arc::new(ResponseTokens),
         })
+    }
+
+    /// Derives loss masks with `rule` instead of [`ResponseTokens`] (a multi-turn
+    /// environment's turn-aware rule). Not checkpointed: set it again after [`Trainer::load`].
+    pub fn set_mask_rule(&mut self, rule: Arc<dyn MaskRule>) {
+        self.masks = rule;
     }
 
     /// The configuration.
@@ -408,6 +419,9 @@ impl Trainer {
                 "verified for vocabulary {} and context {}, the model has {} and {}",
                 l.vocab_size, l.max_context, model.vocab_size, model.max_position_embeddings
             ));
+        }
+        if let Some(why) = (0..g.samples.len()).find_map(|i| self.masks.mask(g, i).err()) {
+            return bad(format!("no loss mask can be derived: {why}"));
         }
         if g.samples
             .iter()

@@ -319,3 +319,51 @@ fn bad_configs_are_refused() {
     assert!(c.validate().is_err());
     assert!(Trainer::load(Path::new("/nonexistent/echo-swarm-ckpt"), &Device::Cpu).is_err());
 }
+
+/// The learner owns the loss mask: the masks a group carries are never used, so poisoned
+/// ones train exactly what honest ones train; a turn-aware rule set on the trainer does
+/// change what is trained.
+#[test]
+fn sent_loss_masks_are_ignored_and_the_rule_decides() {
+    let source = small_policy(21);
+    let raw = [
+        raw_group(&source, 0, 1, false),
+        raw_group(&source, 0, 2, false),
+    ];
+    let mut bad = raw.clone();
+    for g in &mut bad {
+        for s in &mut g.samples {
+            s.loss_mask.iter_mut().step_by(2).for_each(|m| *m = 0);
+        }
+    }
+    // Through the structure stage only (the mask stage would refuse the poisoned masks).
+    let verify = |gs: [TrajectoryGroup; 2]| {
+        gs.map(|g| {
+            Pipeline::new(limits(&source))
+                .verify("test", 0, g)
+                .expect("valid structure")
+        })
+    };
+    let (groups, poisoned) = (verify(raw), verify(bad));
+    let weights = |gs: &[Verified<TrajectoryGroup>], rule: Option<Arc<dyn MaskRule>>| {
+        let mut t = Trainer::new(small_policy(22), cfg(Objective::Grpo, 3)).unwrap();
+        if let Some(r) = rule {
+            t.set_mask_rule(r);
+        }
+        assert!(t.train_step(gs).unwrap().stepped);
+        t.snapshot_bytes().unwrap()
+    };
+    let honest = weights(&groups, None);
+    assert_eq!(honest, weights(&poisoned, None));
+    struct FirstTokenOnly;
+    impl MaskRule for FirstTokenOnly {
+        fn name(&self) -> &'static str {
+            "first_token_only"
+        }
+        fn mask(&self, g: &TrajectoryGroup, i: usize) -> std::result::Result<Vec<u8>, String> {
+            let n = g.samples[i].response_tokens.len();
+            Ok((0..n).map(|j| u8::from(j == 0)).collect())
+        }
+    }
+    assert_ne!(honest, weights(&groups, Some(Arc::new(FirstTokenOnly))));
+}

@@ -54,6 +54,7 @@ pub fn node_status(
         learner: None,
         rollout: None,
         bench: None,
+        forwarding: None,
     };
     match role {
         Some(RoleSection::Learner(l)) => st.learner = Some(*l),
@@ -80,7 +81,11 @@ async fn status(State(s): State<AdminState>) -> Response {
         Ok(mut net) => {
             let chains = s.role_view.chains();
             crate::api::fill_chain_positions(&mut net.peers, chains.as_deref());
-            axum::Json(node_status(net, s.node_version, s.role_view.get())).into_response()
+            let version = net.local.installed_version;
+            crate::api::fill_install_lag(&mut net.peers, version);
+            let mut st = node_status(net, s.node_version, s.role_view.get());
+            st.forwarding = s.role_view.forwarding();
+            axum::Json(st).into_response()
         }
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,

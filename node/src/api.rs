@@ -26,6 +26,10 @@ pub struct NodeStatus {
     /// The broadcast benchmark (testnet `broadcast`), when running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bench: Option<BenchStatus>,
+    /// The learner's accounting of its forwarders: receipts judged, verdicts, demotions,
+    /// exclusions, separations (`docs/broadcast.md`, "Accountable forwarding").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forwarding: Option<dissemination::ForwardingView>,
 }
 
 /// The role's section of [`NodeStatus`], replaced as the role makes progress.
@@ -61,8 +65,13 @@ pub struct LearnerStatus {
     pub train_s: f64,
     /// Median step time over the recent steps.
     pub t_train_s: Option<f64>,
-    /// Median broadcast time (until a fraction 1/γ of the active workers installed).
+    /// Median broadcast time (until a fraction 1/γ of the active workers installed), counting
+    /// unfinished versions as lower bounds (`control::capacity::t_bcast_estimate`).
     pub t_bcast_s: Option<f64>,
+    /// `t_bcast_s` is a lower bound (`≥`): some version had not completed when measured. Then
+    /// `mu_min` and `mu_target` are lower bounds too, and the `delta_max_bound*` figures are
+    /// lower bounds of the bounds.
+    pub t_bcast_lower_bound: bool,
     pub t_bcast_samples: usize,
     /// Σ μ_i over the connected workers (groups/s).
     pub mu_pool: f64,
@@ -299,6 +308,18 @@ pub struct BenchRound {
     pub fetch_only: usize,
     pub learner_pushed_bytes: u64,
     pub learner_served_bytes: u64,
+}
+
+/// Fills each rollout worker's `install_lag`: versions its installed snapshot trails
+/// `version` (this node's: the learner's newest published, a worker's installed).
+pub fn fill_install_lag(peers: &mut [p2p::PeerStatus], version: Option<u64>) {
+    for p in peers.iter_mut() {
+        if p.role == Some(p2p::Role::Rollout) {
+            p.install_lag = version
+                .zip(p.installed_version)
+                .map(|(v, i)| v.saturating_sub(i));
+        }
+    }
 }
 
 /// Fills each peer's `chain` and `position` from the current plan's `chains` (peer ids;

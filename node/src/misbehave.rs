@@ -43,6 +43,13 @@ pub enum Attack {
     ReplayAfterRestart,
     /// Sign groups with another key (or not at all).
     BadSignature,
+    /// Install every snapshot, pass none on: no push to its chain child, fetches declined.
+    SilentForwarder,
+    /// Forward honestly for the first [`SILENT_AFTER_INSTALLS`] installs, then as
+    /// `silent_forwarder`.
+    SilentAfterHonest,
+    /// Push and serve snapshot chunks at a tenth of the planned per-worker bandwidth B̂w.
+    SlowForwarder,
     /// Forge log-probs from its [`SYBIL_HONEST_GROUPS`]-th group on; once banned, come back
     /// under a fresh key (wipe key, counter and store, exit [`REKEY_EXIT_CODE`]; the harness
     /// restarts it).
@@ -54,12 +61,22 @@ pub enum Attack {
     /// and claim [`BACKLOG_CLAIM_FACTOR`]× what it holds in heartbeats (below the claim
     /// limit, so not malformed).
     BacklogInflation,
+    /// Write the responses it wants (not sampled) and report their true log-probs under the
+    /// installed policy: every number is consistent, no token is drawn.
+    ForcedTokens,
+    /// Honest tokens, log-probs and rewards, but loss masks of its own choosing.
+    MaskPoisoning,
+    /// Sample with the first snapshot it installed, forever, and report log-probs recomputed
+    /// under the version it claims (the installed one).
+    StaleVersion,
     /// Report an episode's return one chip higher than the environment paid.
     ForgedReturn,
     /// Edit an observation inside an episode's trajectory (what the environment said).
     ForgedObservation,
 }
 
+/// Installs after which a `silent_after_honest` worker stops forwarding.
+pub const SILENT_AFTER_INSTALLS: u64 = 4;
 /// Honest groups of each `sybil_rekey` identity before it forges.
 pub const SYBIL_HONEST_GROUPS: u64 = 2;
 /// Honest groups of a `late_liar` before it forges: past the default probation (16) by 4, so
@@ -77,7 +94,7 @@ pub const REKEY_EXIT_CODE: i32 = 75;
 pub const FORGED_FILE: &str = "misbehave.forged";
 
 impl Attack {
-    pub const ALL: [Attack; 16] = [
+    pub const ALL: [Attack; 22] = [
         Attack::InflatedReward,
         Attack::ForgedLogprobs,
         Attack::InvalidLogprob,
@@ -89,9 +106,15 @@ impl Attack {
         Attack::CorruptChunks,
         Attack::ReplayAfterRestart,
         Attack::BadSignature,
+        Attack::SilentForwarder,
+        Attack::SilentAfterHonest,
+        Attack::SlowForwarder,
         Attack::SybilRekey,
         Attack::LateLiar,
         Attack::BacklogInflation,
+        Attack::ForcedTokens,
+        Attack::MaskPoisoning,
+        Attack::StaleVersion,
         Attack::ForgedReturn,
         Attack::ForgedObservation,
     ];
@@ -109,9 +132,15 @@ impl Attack {
             Attack::CorruptChunks => "corrupt_chunks",
             Attack::ReplayAfterRestart => "replay_after_restart",
             Attack::BadSignature => "bad_signature",
+            Attack::SilentForwarder => "silent_forwarder",
+            Attack::SilentAfterHonest => "silent_after_honest",
+            Attack::SlowForwarder => "slow_forwarder",
             Attack::SybilRekey => "sybil_rekey",
             Attack::LateLiar => "late_liar",
             Attack::BacklogInflation => "backlog_inflation",
+            Attack::ForcedTokens => "forced_tokens",
+            Attack::MaskPoisoning => "mask_poisoning",
+            Attack::StaleVersion => "stale_version",
             Attack::ForgedReturn => "forged_return",
             Attack::ForgedObservation => "forged_observation",
         }

@@ -145,6 +145,7 @@ pub fn dissemination_config(
     d.uplink_mbps = net.uplink_mbps;
     // B̂w assumed per worker (a worker's own `uplink_mbps` caps what it really sends).
     d.plan.worker_mbps = config.broadcast.worker_mbps;
+    d.plan.epoch_versions = config.broadcast.plan_epoch;
     d.mode = config.broadcast.mode;
     // Acceptance marks that survive a restart (old learner-signed messages stay refused).
     d.replay_path = Some(config.data_dir.join(storage::replay::REPLAY_FILE_NAME));
@@ -177,5 +178,6 @@ pub fn device_report(device: &policy::Device) -> p2p::DeviceReport {
         memory_total_bytes: d.memory_total_bytes,
         memory_free_bytes: d.memory_free_bytes.min(d.memory_total_bytes),
         compute_capability: d.compute_capability,
+        dtype: None,
     }
 }

@@ -122,7 +122,13 @@ mod tests {
             .collect();
         assert_eq!(
             at_once,
-            [OversizedAnswer, CorruptChunk, Replay, ForgedMessage]
+            [
+                OversizedAnswer,
+                CorruptChunk,
+                Replay,
+                ForgedMessage,
+                TokenNotDrawn
+            ]
         );
         for r in StrikeReason::ALL {
             assert_eq!(StrikeReason::from_name(r.as_str()), Some(r));

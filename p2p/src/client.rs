@@ -77,10 +77,11 @@ impl ServiceConfig {
 pub enum Event {
     PeerConnected(PeerId),
     PeerDisconnected(PeerId),
-    /// A valid heartbeat (already recorded in the peer table).
+    /// A valid heartbeat (already recorded in the peer table). Boxed: with its receipts it
+    /// is the largest event by far.
     Heartbeat {
         peer: PeerId,
-        heartbeat: Heartbeat,
+        heartbeat: Box<Heartbeat>,
     },
     /// A valid score table from the learner.
     ScoreTable {
@@ -167,6 +168,11 @@ pub struct PeerStatus {
     /// How this node is connected to it now (`direct`, `holepunched`, `relayed`).
     #[serde(default)]
     pub connection: Option<crate::reachability::ConnectionKind>,
+    /// Versions this rollout worker's installed snapshot trails the version this node works
+    /// with (the learner: the newest it published); filled by the node's status view,
+    /// `null` when either is unknown.
+    #[serde(default)]
+    pub install_lag: Option<u64>,
     /// The admission credential of its last heartbeat ([`crate::Heartbeat::admission`]),
     /// for the learner's admission check; not shown in status.
     #[serde(default, skip_serializing)]
@@ -251,6 +257,16 @@ pub enum StrikeReason {
     ForgedMessage,
     /// A gossip message that failed validation (by the service or by the role's `Reject`).
     BadMessage,
+    /// A chain parent that held a snapshot version and sent its child nothing — not even a
+    /// hello — as the signed receipts of two different children showed (the learner's
+    /// attribution, `control::forwarding`): one strike per silent version in the evidence.
+    SilentForwarding,
+    /// A group whose loss mask is not the one the learner derives from its tokens.
+    MaskMismatch,
+    /// A spot-checked token that the canonical sampling rule does not draw from the uniform
+    /// the learner prescribed, beyond the numeric margin: a written response, or samples of
+    /// another version than claimed. No honest sampler produces one, so it bans at once.
+    TokenNotDrawn,
 }
 
 impl StrikeReason {
@@ -261,8 +277,10 @@ impl StrikeReason {
     /// ([`StrikeReason::CorruptChunk`]: a node sends only chunks it verified on arrival and
     /// verifies again on every disk read, and the transport authenticates every byte in
     /// flight, so only a node that alters chunks — or whose memory is failing, which makes
-    /// it as harmful — sends one). These ban at the first strike; the other reasons may come
-    /// from a slow link, a numeric spread or a version skew and wait for the threshold.
+    /// it as harmful — sends one), or a sampled token the sampling rule did not draw
+    /// ([`StrikeReason::TokenNotDrawn`]: the margin covers every honest numeric spread). These
+    /// ban at the first strike; the other reasons may come from a slow link, a numeric spread
+    /// or a version skew and wait for the threshold.
     pub fn bans_at_once(self) -> bool {
         matches!(
             self,
@@ -270,11 +288,12 @@ impl StrikeReason {
                 | StrikeReason::ForgedMessage
                 | StrikeReason::OversizedAnswer
                 | StrikeReason::CorruptChunk
+                | StrikeReason::TokenNotDrawn
         )
     }
 
     /// Every reason, in declaration order.
-    pub const ALL: [StrikeReason; 13] = [
+    pub const ALL: [StrikeReason; 16] = [
         StrikeReason::InvalidGroup,
         StrikeReason::RewardMismatch,
         StrikeReason::LogprobMismatch,
@@ -288,6 +307,9 @@ impl StrikeReason {
         StrikeReason::Replay,
         StrikeReason::ForgedMessage,
         StrikeReason::BadMessage,
+        StrikeReason::SilentForwarding,
+        StrikeReason::MaskMismatch,
+        StrikeReason::TokenNotDrawn,
     ];
 
     /// The reason named `name` ([`StrikeReason::as_str`]), e.g. from a persisted ban list.
@@ -310,6 +332,9 @@ impl StrikeReason {
             StrikeReason::Replay => "replay",
             StrikeReason::ForgedMessage => "forged_message",
             StrikeReason::BadMessage => "bad_message",
+            StrikeReason::SilentForwarding => "silent_forwarding",
+            StrikeReason::MaskMismatch => "mask_mismatch",
+            StrikeReason::TokenNotDrawn => "token_not_drawn",
         }
     }
 }

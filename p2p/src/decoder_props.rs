@@ -39,14 +39,16 @@ fn device() -> impl Strategy<Value = DeviceReport> {
         any::<u64>(),
         any::<u64>(),
         proptest::option::of(printable(4)),
+        proptest::option::of(prop::sample::select(DeviceReport::DTYPES.to_vec())),
     )
         .prop_map(
-            |(kind, name, total, free, compute_capability)| DeviceReport {
+            |(kind, name, total, free, compute_capability, dtype)| DeviceReport {
                 kind: kind.into(),
                 name,
                 memory_total_bytes: total,
                 memory_free_bytes: free % total.saturating_add(1),
                 compute_capability,
+                dtype: dtype.map(Into::into),
             },
         )
 }
@@ -91,7 +93,9 @@ fn heartbeat() -> impl Strategy<Value = Heartbeat> {
                 device,
                 reachability: None,
                 addrs: Vec::new(),
+                receipts: Vec::new(),
                 admission: None,
+                install_age_ms: None,
             },
         )
 }
@@ -374,7 +378,9 @@ fn floats_survive_json_exactly() {
         device: None,
         reachability: None,
         addrs: Vec::new(),
+        receipts: Vec::new(),
         admission: None,
+        install_age_ms: None,
     };
     assert_eq!(
         Heartbeat::decode(&h.encode(), SWARM)

@@ -16,8 +16,16 @@
 //!   spammer a ban after `ban_after_strikes` windows while an honest node that merely
 //!   restarted or jittered never gets near the bound.
 //!
-//! Owns: [`HeartbeatGate`] and its verdicts. Must not touch: decoding (done before), the peer
-//! table or gossipsub (the service applies the verdict).
+//! - **Sender pacing.** The sending side keeps to the same rule ([`HeartbeatPacer`]): an
+//!   install report goes out at once only if half its own interval has passed since its last
+//!   heartbeat; otherwise it is held until then (the latest version, once). On a fast learner
+//!   (a version every 0.1 s on a GPU) reporting every install at once sent ten heartbeats a
+//!   second, which every receiver's flood rule struck until honest workers were banned.
+//!   Paced, a node sends at most two heartbeats per interval (its tick and one report between
+//!   ticks), half the flood bound, and an install is reported at most `T/2` late.
+//!
+//! Owns: [`HeartbeatGate`] and [`HeartbeatPacer`]. Must not touch: decoding (done before), the
+//! peer table or gossipsub (the service applies the verdict and publishes).
 
 use std::time::{Duration, Instant};
 
@@ -97,6 +105,49 @@ impl HeartbeatGate {
             return true;
         }
         false
+    }
+}
+
+/// The sending side's half of the rule: when this node's install report may go out.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct HeartbeatPacer {
+    last_sent: Option<Instant>,
+    /// When the installed version last changed (heartbeats report its age).
+    installed_at: Option<Instant>,
+    /// An install is waiting to be reported.
+    pending: bool,
+}
+
+impl HeartbeatPacer {
+    /// A snapshot was installed at `now`: true to publish a heartbeat now, false when it is
+    /// held until [`due`](Self::due) (`interval` is this node's own heartbeat interval).
+    pub(crate) fn install(&mut self, now: Instant, interval: Duration) -> bool {
+        self.installed_at = Some(now);
+        let free = self
+            .last_sent
+            .is_none_or(|t| now.saturating_duration_since(t) >= interval / 2);
+        self.pending = !free;
+        free
+    }
+
+    /// When a held install report is due, if one is held.
+    pub(crate) fn due(&self, interval: Duration) -> Option<Instant> {
+        match (self.pending, self.last_sent) {
+            (true, Some(t)) => Some(t + interval / 2),
+            _ => None,
+        }
+    }
+
+    /// How long ago the installed version changed, as of `now` (a heartbeat's
+    /// `install_age_ms`).
+    pub(crate) fn install_age(&self, now: Instant) -> Option<Duration> {
+        self.installed_at.map(|t| now.saturating_duration_since(t))
+    }
+
+    /// A heartbeat (tick or report) was published at `now`: it carries the latest version.
+    pub(crate) fn sent(&mut self, now: Instant) {
+        self.last_sent = Some(now);
+        self.pending = false;
     }
 }
 
@@ -189,5 +240,87 @@ mod tests {
         for k in 0..per_window * 5 {
             assert_ne!(g.check(t0 + step * k, T, false), Flood, "arrival {k}");
         }
+    }
+
+    /// The sending node of `installs` (instants of installs) with ticks every `T`: the
+    /// instants it publishes at, paced or (the old rule) every install at once.
+    fn sends(installs: &[Instant], t0: Instant, end: Instant, paced: bool) -> Vec<(Instant, bool)> {
+        let mut p = HeartbeatPacer::default();
+        let mut out = Vec::new();
+        let mut next_tick = t0;
+        let mut i = 0;
+        loop {
+            // The earliest of: the next tick, a held report falling due, the next install.
+            let due = p.due(T);
+            let install = installs.get(i).copied();
+            let now = [Some(next_tick), due, install]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap();
+            if now > end {
+                return out;
+            }
+            if Some(now) == install {
+                i += 1;
+                if !paced || p.install(now, T) {
+                    p.sent(now);
+                    out.push((now, true));
+                }
+            } else if Some(now) == due {
+                p.sent(now);
+                out.push((now, true));
+            } else {
+                p.sent(now);
+                out.push((now, false));
+                next_tick = now + T;
+            }
+        }
+    }
+
+    #[test]
+    fn a_paced_fast_installer_is_never_a_flood_and_reports_within_half_an_interval() {
+        let t0 = Instant::now();
+        let end = t0 + T * 200;
+        // A version every 90 ms (the demo learner on one H200), then bursts and pauses.
+        let mut installs: Vec<Instant> = (1..2000u32).map(|k| t0 + T * k / 11).collect();
+        installs.extend((0..50u32).map(|k| t0 + T * 190 + Duration::from_millis(u64::from(k))));
+        let out = sends(&installs, t0, end, true);
+        let mut g = HeartbeatGate::default();
+        for (k, &(at, report)) in out.iter().enumerate() {
+            assert_ne!(
+                g.check(at, T, report),
+                Flood,
+                "heartbeat {k} at {:?}",
+                at - t0
+            );
+        }
+        // Every install is covered by a heartbeat sent no later than T/2 after it.
+        for &i in &installs {
+            assert!(
+                out.iter().any(|&(at, _)| at >= i && at <= i + T / 2),
+                "install at {:?} reported late",
+                i - t0
+            );
+        }
+        // At most two heartbeats in any interval.
+        for w in out.windows(3) {
+            assert!(w[2].0 - w[0].0 >= T / 2, "three heartbeats within T/2");
+        }
+    }
+
+    #[test]
+    fn reporting_every_install_at_once_is_struck_as_a_flood() {
+        // The rule the pacer replaced: the receivers' gate strikes it (what banned honest
+        // GPU workers in the demo).
+        let t0 = Instant::now();
+        let installs: Vec<Instant> = (1..200u32).map(|k| t0 + T * k / 11).collect();
+        let out = sends(&installs, t0, t0 + T * 18, false);
+        let mut g = HeartbeatGate::default();
+        let floods = out
+            .iter()
+            .filter(|&&(at, r)| g.check(at, T, r) == Flood)
+            .count();
+        assert!(floods >= 2, "{floods} flood windows");
     }
 }

@@ -8,7 +8,7 @@
 //! ECHO-2 peer score ([`score`]); strikes and bans (`bans`, [`Client::strike`],
 //! [`Client::is_banned`]); the per-source heartbeat rate limit (`hbgate`); inbound connection
 //! limits; stream rate limits ([`ratelimit`]); reachability and NAT traversal bookkeeping
-//! ([`reachability`]); listening through relays ([`circuit`]); the heartbeat interval scaled
+//! ([`reachability`]); delivery receipts carried in heartbeats ([`receipt`]); listening through relays ([`circuit`]); the heartbeat interval scaled
 //! to the swarm size, forgetting and the peer-table cap ([`membership`]); the `[network]`
 //! config.
 //!
@@ -39,6 +39,7 @@ pub mod messages;
 mod peers;
 pub mod ratelimit;
 pub mod reachability;
+pub mod receipt;
 pub mod role;
 pub mod score;
 pub mod service;
@@ -63,12 +64,13 @@ pub use messages::{
 };
 pub use ratelimit::TokenBucket;
 pub use reachability::{ConnectionKind, NatStatus, Reachability, RelayServerStatus};
+pub use receipt::{DeliveryReceipt, MAX_HEARTBEAT_RECEIPTS, RECEIPT_VERSION};
 pub use role::Role;
 pub use score::{PeerStats, ScoreComponents, TransferEvent};
 pub use service::{start, Started};
 pub use topics::{parse_topic, TopicKind};
 pub use transport::{load_psk, psk_file_contents};
-pub use view::{active_installs, PeerView};
+pub use view::{active_install_times, active_installs, PeerView};
 
 /// The peer id in a multiaddr's trailing `/p2p/<id>`, if any.
 pub fn peer_id_of(addr: &Multiaddr) -> Option<PeerId> {

@@ -45,7 +45,9 @@ fn heartbeat(seq: u64) -> Heartbeat {
         device: None,
         reachability: None,
         addrs: Vec::new(),
+        receipts: Vec::new(),
         admission: None,
+        install_age_ms: None,
     }
 }
 

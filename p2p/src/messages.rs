@@ -75,6 +75,12 @@ pub struct Heartbeat {
     /// peer id, so a wrong hint costs one failed dial.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub addrs: Vec<String>,
+    /// Signed delivery receipts of a chain child: what its planned parent delivered of its
+    /// newest versions (at most [`crate::receipt::MAX_HEARTBEAT_RECEIPTS`]; absent in
+    /// heartbeats of older nodes and of nodes fed by the learner itself). The learner judges
+    /// forwarders by them (`docs/broadcast.md`, "Accountable forwarding").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub receipts: Vec<crate::receipt::DeliveryReceipt>,
     /// The sender's admission credential (hex, at most [`MAX_HEARTBEAT_ADMISSION_BYTES`]):
     /// an expiring learner-signed ticket for its peer id and/or a proof of work on it, which
     /// a learner admitting only such workers checks before it pulls from the sender
@@ -82,7 +88,17 @@ pub struct Heartbeat {
     /// (and in heartbeats of older nodes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<String>,
+    /// Milliseconds between the sender's install of `installed_version` and this heartbeat
+    /// (its own clock, so no clock skew enters). Install reports can be held back by up to
+    /// half an interval (`hbgate`, sender pacing); the learner subtracts this age to time
+    /// T_bcast from the install itself. Absent from older nodes; used at most
+    /// [`MAX_INSTALL_AGE_MS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub install_age_ms: Option<u64>,
 }
+
+/// The largest install age a receiver takes into account (a larger one counts as this).
+pub const MAX_INSTALL_AGE_MS: u64 = 60_000;
 
 /// Longest `admission` field of a heartbeat.
 pub const MAX_HEARTBEAT_ADMISSION_BYTES: usize = 1024;
@@ -100,11 +116,19 @@ pub struct DeviceReport {
     /// CUDA compute capability (`"9.0"`), absent on a CPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compute_capability: Option<String>,
+    /// The dtype a rollout worker samples in (`f32`, `f16`, `bf16`; absent for other roles and
+    /// in heartbeats of older nodes). The learner judges the worker's groups with that dtype's
+    /// numeric tolerance; claiming a wider one buys a worker only that wider (still bounded)
+    /// margin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<String>,
 }
 
 impl DeviceReport {
     /// Device kinds a heartbeat may name.
     pub const KINDS: [&'static str; 2] = ["cpu", "cuda"];
+    /// Sampling dtypes a heartbeat may name.
+    pub const DTYPES: [&'static str; 3] = ["f32", "f16", "bf16"];
 
     fn check(&self) -> Result<(), MessageError> {
         if !Self::KINDS.contains(&self.kind.as_str()) {
@@ -116,6 +140,13 @@ impl DeviceReport {
         check_str("device.name", &self.name, 128)?;
         if let Some(cc) = &self.compute_capability {
             check_str("device.compute_capability", cc, 16)?;
+        }
+        if let Some(d) = &self.dtype {
+            if !Self::DTYPES.contains(&d.as_str()) {
+                return Err(MessageError::Invalid(format!(
+                    "device dtype `{d}` is not f32, f16 or bf16"
+                )));
+            }
         }
         if self.memory_free_bytes > self.memory_total_bytes {
             return Err(MessageError::Invalid(
@@ -137,6 +168,10 @@ pub struct LocalStatus {
     pub receive_rate_bps: f64,
     #[serde(default)]
     pub device: Option<DeviceReport>,
+    /// Signed delivery receipts to carry (the newest first; trimmed to
+    /// [`crate::receipt::MAX_HEARTBEAT_RECEIPTS`]).
+    #[serde(default)]
+    pub receipts: Vec<crate::receipt::DeliveryReceipt>,
     /// The admission credential gossiped in heartbeats ([`Heartbeat::admission`]).
     #[serde(default)]
     pub admission: Option<String>,
@@ -181,7 +216,7 @@ impl Heartbeat {
                 max: MAX_HEARTBEAT_BYTES,
             });
         }
-        let hb: Heartbeat =
+        let mut hb: Heartbeat =
             serde_json::from_slice(bytes).map_err(|e| MessageError::Schema(e.to_string()))?;
         if hb.v != HEARTBEAT_VERSION {
             return Err(MessageError::Version {
@@ -223,6 +258,19 @@ impl Heartbeat {
                 "{} addresses, at most {MAX_HEARTBEAT_ADDRS}",
                 hb.addrs.len()
             )));
+        }
+        if hb.receipts.len() > crate::receipt::MAX_HEARTBEAT_RECEIPTS {
+            return Err(MessageError::Invalid(format!(
+                "{} receipts, at most {}",
+                hb.receipts.len(),
+                crate::receipt::MAX_HEARTBEAT_RECEIPTS
+            )));
+        }
+        // A receipt of another version is skipped, not refused (`crate::receipt`).
+        hb.receipts
+            .retain(|r| r.v == crate::receipt::RECEIPT_VERSION);
+        for r in &hb.receipts {
+            r.check()?;
         }
         for a in &hb.addrs {
             check_str("addrs", a, MAX_HEARTBEAT_ADDR_BYTES)?;
@@ -374,11 +422,32 @@ mod tests {
                 memory_total_bytes: 85_000_000_000,
                 memory_free_bytes: 80_000_000_000,
                 compute_capability: Some("9.0".into()),
+                dtype: Some("bf16".into()),
             }),
+            receipts: (0..crate::receipt::MAX_HEARTBEAT_RECEIPTS as u64)
+                .map(|v| {
+                    crate::receipt::DeliveryReceipt {
+                        v: crate::receipt::RECEIPT_VERSION,
+                        version: u64::MAX - v,
+                        parent: relay.into(),
+                        wanted: u64::MAX / 2,
+                        bytes: u64::MAX / 2,
+                        spoke: true,
+                        hello_ms: Some(86_400_000),
+                        first_ms: Some(86_400_000),
+                        last_ms: Some(86_400_000),
+                        end_ms: 86_400_000,
+                        installed: true,
+                        sig: String::new(),
+                    }
+                    .sign([9; 32], "s")
+                })
+                .collect(),
             ..hb()
         };
         let bytes = h.encode();
         assert!(bytes.len() < MAX_HEARTBEAT_BYTES, "{}", bytes.len());
+        assert_eq!(Heartbeat::decode(&bytes, "s").unwrap().receipts, h.receipts);
         assert_eq!(Heartbeat::decode(&bytes, "s").unwrap().addrs, full);
         assert!(!String::from_utf8_lossy(&hb().encode()).contains("addrs"));
         let long = format!("/dns4/{}/tcp/1", "a".repeat(MAX_HEARTBEAT_ADDR_BYTES));
@@ -421,7 +490,9 @@ mod tests {
             device: None,
             reachability: None,
             addrs: Vec::new(),
+            receipts: Vec::new(),
             admission: None,
+            install_age_ms: None,
         }
     }
 
@@ -486,6 +557,7 @@ mod tests {
             memory_total_bytes: 85_000_000_000,
             memory_free_bytes: 80_000_000_000,
             compute_capability: Some("9.0".into()),
+            dtype: Some("bf16".into()),
         };
         let h = Heartbeat {
             device: Some(gpu.clone()),
@@ -513,6 +585,10 @@ mod tests {
             },
             DeviceReport {
                 name: "bad\u{7}name".into(),
+                ..gpu.clone()
+            },
+            DeviceReport {
+                dtype: Some("f8".into()),
                 ..gpu.clone()
             },
         ] {

@@ -169,7 +169,16 @@ impl PeerEntry {
             cost_per_hour: hb.map(|h| h.cost_per_hour),
             score: self.stats.components(now).score,
             reachability: hb.and_then(|h| h.reachability),
+            device: hb.and_then(|h| h.device.clone()),
             admission: hb.and_then(|h| h.admission.clone()),
+            installed_at: self.heartbeat.as_ref().and_then(|(h, arrived)| {
+                h.installed_version?;
+                let age = h
+                    .install_age_ms
+                    .unwrap_or(0)
+                    .min(crate::messages::MAX_INSTALL_AGE_MS);
+                arrived.checked_sub(Duration::from_millis(age))
+            }),
         }
     }
 
@@ -214,6 +223,7 @@ impl PeerEntry {
             strikes_by_reason: self.strikes.by_reason(),
             reachability: hb.and_then(|h| h.reachability),
             connection: None,
+            install_lag: None,
             admission: hb.and_then(|h| h.admission.clone()),
         }
     }
@@ -253,7 +263,9 @@ mod tests {
             device: None,
             reachability: None,
             addrs: Vec::new(),
+            receipts: Vec::new(),
             admission: None,
+            install_age_ms: None,
         }
     }
 

@@ -106,6 +106,7 @@ pub fn start(
     let mut service = Service {
         nat,
         circuits,
+        pacer: crate::hbgate::HeartbeatPacer::default(),
         heartbeat_interval: Duration::from_millis(cfg.network.heartbeat_interval_ms),
         intervals: Intervals::for_swarm(
             Duration::from_millis(cfg.network.heartbeat_interval_ms),
@@ -300,6 +301,8 @@ struct Service {
     nat: crate::reachability::NatTracker,
     /// Listeners through relays (`circuit`).
     circuits: CircuitListeners,
+    /// When this node's install reports may go out (`hbgate`: at most one per half interval).
+    pacer: crate::hbgate::HeartbeatPacer,
 }
 
 impl Service {
@@ -312,6 +315,8 @@ impl Service {
         let mut redial = tokio::time::interval(REDIAL_INTERVAL);
         let mut kad_bootstrap = tokio::time::interval(KAD_BOOTSTRAP_INTERVAL);
         loop {
+            let report_due = self.report_due();
+            let report_held = self.pacer.due(self.intervals.send).is_some();
             tokio::select! {
                 ev = self.swarm.select_next_some() => self.on_swarm_event(ev),
                 cmd = self.commands.recv() => match cmd {
@@ -324,6 +329,10 @@ impl Service {
                         heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + t, t);
                         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                     }
+                },
+                // A held install report falls due (`hbgate::HeartbeatPacer`).
+                _ = tokio::time::sleep_until(report_due.into()), if report_held => {
+                    self.publish_heartbeat();
                 },
                 _ = scores.tick() => if self.cfg.role == Role::Learner { self.publish_score_table() },
                 _ = redial.tick() => { self.dial_bootstrap(); self.circuits.tick(&mut self.swarm); self.prune(); },
@@ -376,6 +385,13 @@ impl Service {
 
     /// Recounts the swarm (this node and the peers active under the current alive window)
     /// and recomputes the intervals; returns the new send interval if it changed.
+    /// When the held install report is due (far in the future when none is held).
+    fn report_due(&self) -> Instant {
+        self.pacer
+            .due(self.intervals.send)
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600))
+    }
+
     fn update_intervals(&mut self) -> Option<Duration> {
         let now = Instant::now();
         let alive = self.intervals.alive * peers::ALIVE_HEARTBEAT_INTERVALS;
@@ -520,10 +536,12 @@ impl Service {
             }
             Command::SetLocal(s) => {
                 // A newly installed snapshot is reported at once (the learner measures
-                // T_bcast from these install reports), not at the next heartbeat tick.
+                // T_bcast from these install reports), not at the next heartbeat tick —
+                // unless this node heartbeated less than half an interval ago: then at that
+                // half interval, so that receivers never count a flood (`hbgate`).
                 let installed = s.installed_version != self.local.installed_version;
                 self.local = s;
-                if installed {
+                if installed && self.pacer.install(Instant::now(), self.intervals.send) {
                     self.publish_heartbeat();
                 }
             }

@@ -8,6 +8,7 @@
 
 use libp2p::PeerId;
 
+use crate::messages::DeviceReport;
 use crate::reachability::Reachability;
 use crate::role::Role;
 
@@ -36,9 +37,16 @@ pub struct PeerView {
     pub score: f64,
     /// How peers can reach it, as its heartbeats report.
     pub reachability: Option<Reachability>,
+    /// The device and sampling dtype its heartbeats report (self-reported: the learner picks
+    /// the spot-check tolerance of that dtype by it).
+    pub device: Option<DeviceReport>,
     /// The admission credential its heartbeats carry (hex; unchecked: the learner's gate
     /// decides on it).
     pub admission: Option<String>,
+    /// When it installed `installed_version`, on this node's clock: the arrival of the
+    /// heartbeat that reported it less the install age it states (`Heartbeat::install_age_ms`,
+    /// at most a minute). None before an install report.
+    pub installed_at: Option<std::time::Instant>,
 }
 
 impl PeerView {
@@ -55,6 +63,17 @@ impl PeerView {
     pub fn relay_only(&self) -> bool {
         self.reachability.is_some_and(Reachability::relay_only)
     }
+}
+
+/// The installed versions of the active workers among `peers` and when they installed them:
+/// the population whose install reports end a broadcast's T_bcast
+/// (`control::capacity::broadcast_done`, `broadcast_completed_at`).
+pub fn active_install_times(peers: &[PeerView]) -> Vec<(Option<u64>, Option<std::time::Instant>)> {
+    peers
+        .iter()
+        .filter(|p| p.is_worker() && p.active)
+        .map(|p| (p.installed_version, p.installed_at))
+        .collect()
 }
 
 /// The installed versions of the active workers among `peers`: the population whose install
@@ -84,7 +103,9 @@ mod tests {
             cost_per_hour: None,
             score: 0.0,
             reachability: None,
+            device: None,
             admission: None,
+            installed_at: None,
         }
     }
 

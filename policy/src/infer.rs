@@ -23,8 +23,9 @@ use candle_nn::rotary_emb::rope;
 use rand::Rng;
 
 use crate::config::ModelConfig;
+use crate::draw::Draws;
 use crate::error::{PolicyError, Result};
-use crate::sampling::{Completion, SamplingParams};
+use crate::sampling::{host_logits, Completion, SamplingParams};
 use crate::weights::Policy;
 
 /// The dtype the inference path uses by default on `device`: bf16 on CUDA (tensor cores, half
@@ -341,6 +342,20 @@ impl InferModel {
     /// Appends `ids` (`[b, t]`, u32) after the cached positions and returns the f32 logits of
     /// the last new position of every row, `[b, vocab]`.
     pub fn forward_last(&self, ids: &Tensor, cache: &mut InferCache) -> Result<Tensor> {
+        let max_id = ids.max_all()?.to_dtype(DType::U32)?.to_scalar::<u32>()?;
+        if max_id as usize >= self.cfg.vocab_size {
+            return Err(PolicyError::Sampling(format!(
+                "token id {max_id} is outside the vocabulary ({})",
+                self.cfg.vocab_size
+            )));
+        }
+        Ok(self.forward_native(ids, cache)?.to_dtype(DType::F32)?)
+    }
+
+    /// [`Self::forward_last`] for ids the caller checked on the host (no device round trip for
+    /// the check), with the logits in the model's dtype (half precision crosses the bus at
+    /// half the bytes; [`crate::sampling::host_logits`] widens them on the host).
+    pub(crate) fn forward_native(&self, ids: &Tensor, cache: &mut InferCache) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
         let pos = cache.len;
         if t == 0 {
@@ -358,13 +373,6 @@ impl InferModel {
                 "sequence of {} tokens exceeds max_position_embeddings {}",
                 pos + t,
                 self.cfg.max_position_embeddings
-            )));
-        }
-        let max_id = ids.max_all()?.to_dtype(DType::U32)?.to_scalar::<u32>()?;
-        if max_id as usize >= self.cfg.vocab_size {
-            return Err(PolicyError::Sampling(format!(
-                "token id {max_id} is outside the vocabulary ({})",
-                self.cfg.vocab_size
             )));
         }
         let cfg = &self.cfg;
@@ -477,9 +485,9 @@ fn rope_tables(cfg: &ModelConfig, device: &Device, dtype: DType) -> Result<(Tens
     ))
 }
 
-/// Generates `n` completions of `prompt`: one batch-1 prefill, then `n` rows decoded in
-/// lockstep; rows that emit a stop token leave the batch. Same sampling rules, RNG draws and
-/// log-prob convention as [`crate::sampling::generate`].
+/// Generates `n` completions of `prompt` with uniforms drawn from `rng` (see
+/// [`generate_with`]; the same rng state gives the same uniforms as
+/// [`crate::sampling::generate`]).
 pub fn generate(
     model: &InferModel,
     prompt: &[u32],
@@ -487,37 +495,39 @@ pub fn generate(
     params: &SamplingParams,
     rng: &mut impl Rng,
 ) -> Result<Vec<Completion>> {
-    params.validate()?;
-    if n == 0 {
+    generate_with(model, prompt, params, &Draws::from_rng(rng, n))
+}
+
+/// Generates one completion of `prompt` per row of `draws`: one batch-1 prefill, then the rows
+/// decoded in lockstep; rows that emit a stop token leave the batch. Same canonical rule,
+/// uniforms and log-prob convention as [`crate::sampling::generate_with`].
+pub fn generate_with(
+    model: &InferModel,
+    prompt: &[u32],
+    params: &SamplingParams,
+    draws: &Draws,
+) -> Result<Vec<Completion>> {
+    let max_new = crate::sampling::check_request(params, prompt, draws, &model.cfg)?;
+    if draws.is_empty() {
         return Ok(Vec::new());
     }
-    if prompt.is_empty() {
-        return Err(PolicyError::Sampling("empty prompt".into()));
-    }
-    let ctx = model.cfg.max_position_embeddings;
-    if prompt.len() >= ctx {
-        return Err(PolicyError::Sampling(format!(
-            "prompt of {} tokens leaves no room in a context of {ctx}",
-            prompt.len()
-        )));
-    }
-    let max_new = params.max_new_tokens.min(ctx - prompt.len());
     // The last sampled token is never fed back, so the cache needs prompt + max_new - 1.
     let mut cache = model.new_cache(1, prompt.len() + max_new)?;
     let ids = Tensor::new(prompt, &model.device)?.unsqueeze(0)?;
-    let first = model.forward_last(&ids, &mut cache)?.to_vec2::<f32>()?;
+    let first = host_logits(&model.forward_native(&ids, &mut cache)?)?;
     crate::sampling::decode_rows(
         &mut cache,
-        vec![first[0].clone(); n],
+        first,
         max_new,
         params,
-        rng,
+        draws,
         crate::sampling::RowCache {
             repeat: |c: &mut InferCache, n| c.repeat_batch(n),
             select: |c: &mut InferCache, rows: &[u32]| c.select_rows(rows),
             step: |c: &mut InferCache, last: &[u32]| {
+                // Sampled ids are below the vocabulary by construction: no device-side check.
                 let ids = Tensor::new(last, &model.device)?.unsqueeze(1)?;
-                Ok(model.forward_last(&ids, c)?.to_vec2::<f32>()?)
+                host_logits(&model.forward_native(&ids, c)?)
             },
         },
     )

@@ -3,7 +3,8 @@
 //! Owns: one trainable implementation of the Qwen3 architecture (Qwen2 as a variant) on
 //! candle-nn variables with Hugging Face weight names ([`model`]), its configuration and config
 //! hash ([`config`]), weights ⇄ safetensors snapshot payload ([`Policy`]), tokenizers
-//! ([`tokenizer`]), KV-cache sampling with log-probs ([`sampling`]), loading a local Hugging
+//! ([`tokenizer`]), KV-cache sampling with log-probs ([`sampling`]) by the canonical, checkable
+//! sampling rule ([`rule`]) from prescribed uniforms ([`draw`]), loading a local Hugging
 //! Face folder ([`hf`]) and the supervised warm-start helper ([`sft`]); chat templates and the
 //! turn-aware masks of multi-turn episodes ([`chat`]), generation that carries its KV cache
 //! from turn to turn ([`session`]); device selection
@@ -18,11 +19,13 @@
 pub mod chat;
 pub mod config;
 pub mod device;
+pub mod draw;
 pub mod error;
 pub mod hf;
 pub mod infer;
 pub mod memory;
 pub mod model;
+pub mod rule;
 pub mod sampling;
 pub mod session;
 pub mod sft;
@@ -36,20 +39,19 @@ pub use candle_core::{DType, Device, Tensor, Var};
 pub use candle_nn;
 pub use config::{Arch, ModelConfig};
 pub use device::{DeviceChoice, DeviceInfo};
+pub use draw::{Draws, SampleStream};
 pub use error::{PolicyError, Result};
 pub use infer::{InferModel, InferSpec};
 pub use model::{KvCache, Qwen3};
 pub use sampling::{
-    batch_response_logprobs, response_logprobs, token_logprobs, Completion, GenerationPath,
-    SamplingParams,
+    batch_response_logits, batch_response_logprobs, response_logprobs, token_logprobs, Completion,
+    GenerationPath, SamplingParams,
 };
 pub use tokenizer::{ByteTokenizer, Tokenizer};
 pub use weights::{snapshot_config_hash, Policy, META_CONFIG_HASH};
 
-/// Generates `n` completions of `prompt` with the chosen path: the inference path
-/// ([`GenerationPath::Infer`], `infer`) or the training forward (`sampling`). Callers that
-/// generate repeatedly under one snapshot should build the [`InferModel`] once and call
-/// `infer::generate` (the rollout engine does).
+/// Generates `n` completions of `prompt` with the chosen path, the uniforms drawn from `rng`
+/// ([`Draws::from_rng`]: the same rng state gives the same tokens on every path).
 pub fn generate(
     policy: &Policy,
     prompt: &[u32],
@@ -58,11 +60,27 @@ pub fn generate(
     path: GenerationPath,
     rng: &mut impl rand::Rng,
 ) -> Result<Vec<Completion>> {
+    generate_with(policy, prompt, params, path, &Draws::from_rng(rng, n))
+}
+
+/// Generates one completion of `prompt` per row of `draws` with the chosen path: the inference
+/// path ([`GenerationPath::Infer`], `infer`) or the training forward (`sampling`). Row `r`'s
+/// tokens are decided by its uniforms through the canonical rule ([`rule`]); with prescribed
+/// draws ([`Draws::prescribed`]) the learner can check every token. Callers that generate
+/// repeatedly under one snapshot should build the [`InferModel`] once and call
+/// `infer::generate_with` (the rollout engine does).
+pub fn generate_with(
+    policy: &Policy,
+    prompt: &[u32],
+    params: &SamplingParams,
+    path: GenerationPath,
+    draws: &Draws,
+) -> Result<Vec<Completion>> {
     if path == GenerationPath::Infer {
         let model = InferModel::from_policy(policy)?;
-        return infer::generate(&model, prompt, n, params, rng);
+        return infer::generate_with(&model, prompt, params, draws);
     }
-    sampling::generate(policy, prompt, n, params, path, rng)
+    sampling::generate_with(policy, prompt, params, path, draws)
 }
 
 /// The embedded default: [`ModelConfig::tiny`] with randomly initialised weights (`seed`) and

@@ -1,5 +1,8 @@
-//! Sampling with a KV cache: temperature, top-p, max new tokens, stop tokens, a caller-owned
-//! seeded RNG, `n` samples per prompt (batched), and per-token log-probs of the sampled tokens.
+//! Sampling with a KV cache: temperature, top-p, max new tokens, stop tokens, `n` samples per
+//! prompt (batched), and per-token log-probs of the sampled tokens. Every token is drawn by the
+//! canonical rule ([`crate::rule`]) from a uniform of a [`Draws`] row: prescribed by the
+//! learner ([`Draws::prescribed`]) for rollouts it checks, or from a caller's RNG
+//! ([`generate`]) for local use.
 //!
 //! **Log-prob convention.** The recorded log-prob of a token is `log softmax(logits / T)` over
 //! the *full* vocabulary (T = temperature, or 1 when T = 0, i.e. greedy), before top-p
@@ -10,6 +13,7 @@ use candle_core::{DType, Tensor, D};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
+use crate::draw::Draws;
 use crate::error::{PolicyError, Result};
 use crate::model::log_softmax_last;
 use crate::weights::Policy;
@@ -44,6 +48,14 @@ impl SamplingParams {
             self.temperature
         } else {
             1.0
+        }
+    }
+
+    /// The canonical rule's parameters ([`crate::rule`]).
+    pub fn rule(&self) -> crate::rule::RuleParams {
+        crate::rule::RuleParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
         }
     }
 
@@ -95,8 +107,9 @@ pub enum GenerationPath {
 }
 
 /// Generates `n` completions of `prompt` on the training forward ([`GenerationPath::Batched`]
-/// or [`GenerationPath::Sequential`]; `Infer` is taken as `Batched` here). [`crate::generate`]
-/// dispatches every path, the inference one included.
+/// or [`GenerationPath::Sequential`]; `Infer` is taken as `Batched` here), the uniforms drawn
+/// from `rng` ([`Draws::from_rng`]: the same rng state gives the same uniforms on every path).
+/// [`crate::generate`] dispatches every path, the inference one included.
 pub fn generate(
     policy: &Policy,
     prompt: &[u32],
@@ -105,44 +118,42 @@ pub fn generate(
     path: GenerationPath,
     rng: &mut impl Rng,
 ) -> Result<Vec<Completion>> {
-    params.validate()?;
-    if n == 0 {
+    generate_with(policy, prompt, params, path, &Draws::from_rng(rng, n))
+}
+
+/// Generates one completion of `prompt` per row of `draws` on the training forward (`Infer` is
+/// taken as `Batched`; [`crate::generate_with`] dispatches every path): row `r`'s tokens are
+/// decided by its uniforms through the canonical rule ([`crate::rule`]). With prescribed draws
+/// ([`Draws::prescribed`]) the learner can check every token.
+pub fn generate_with(
+    policy: &Policy,
+    prompt: &[u32],
+    params: &SamplingParams,
+    path: GenerationPath,
+    draws: &Draws,
+) -> Result<Vec<Completion>> {
+    let max_new = check_request(params, prompt, draws, policy.config())?;
+    if draws.is_empty() {
         return Ok(Vec::new());
     }
-    if prompt.is_empty() {
-        return Err(PolicyError::Sampling("empty prompt".into()));
-    }
-    let ctx = policy.config().max_position_embeddings;
-    if prompt.len() >= ctx {
-        return Err(PolicyError::Sampling(format!(
-            "prompt of {} tokens leaves no room in a context of {ctx}",
-            prompt.len()
-        )));
-    }
-    let max_new = params.max_new_tokens.min(ctx - prompt.len());
     // Prefill once (batch 1).
     let mut prefill = policy.new_cache();
     let ids = Tensor::new(prompt, policy.device())?.unsqueeze(0)?;
-    let logits = policy.model().forward_cached_last(&ids, &mut prefill)?;
-    let last = last_row(&logits)?;
-    let first = last
-        .into_iter()
-        .next()
-        .ok_or_else(|| PolicyError::Sampling("no logits".into()))?;
+    let first = host_logits(&policy.model().forward_cached_last(&ids, &mut prefill)?)?;
     match path {
         GenerationPath::Batched | GenerationPath::Infer => {
-            decode_batch(policy, prefill, vec![first; n], max_new, params, rng)
+            decode_batch(policy, prefill, first, max_new, params, draws)
         }
         GenerationPath::Sequential => {
-            let mut out = Vec::with_capacity(n);
-            for _ in 0..n {
+            let mut out = Vec::with_capacity(draws.len());
+            for r in 0..draws.len() {
                 let mut one = decode_batch(
                     policy,
                     prefill.clone(),
-                    vec![first.clone()],
+                    first.clone(),
                     max_new,
                     params,
-                    rng,
+                    &draws.row(r),
                 )?;
                 out.append(&mut one);
             }
@@ -151,63 +162,97 @@ pub fn generate(
     }
 }
 
-/// Decodes `logits.len()` rows in lockstep from a batch-1 cache holding the prompt.
+/// Checks a generation request on the host (no device round trip): sampling parameters, a
+/// non-empty prompt of in-vocabulary ids that leaves room in the context. Returns the number
+/// of tokens that can be generated.
+pub(crate) fn check_request(
+    params: &SamplingParams,
+    prompt: &[u32],
+    draws: &Draws,
+    cfg: &crate::config::ModelConfig,
+) -> Result<usize> {
+    params.validate()?;
+    if draws.is_empty() {
+        return Ok(0);
+    }
+    if prompt.is_empty() {
+        return Err(PolicyError::Sampling("empty prompt".into()));
+    }
+    if let Some(&t) = prompt.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+        return Err(PolicyError::Sampling(format!(
+            "token id {t} is outside the vocabulary ({})",
+            cfg.vocab_size
+        )));
+    }
+    let ctx = cfg.max_position_embeddings;
+    if prompt.len() >= ctx {
+        return Err(PolicyError::Sampling(format!(
+            "prompt of {} tokens leaves no room in a context of {ctx}",
+            prompt.len()
+        )));
+    }
+    Ok(params.max_new_tokens.min(ctx - prompt.len()))
+}
+
+/// Decodes `draws.len()` rows in lockstep from a batch-1 cache holding the prompt.
 fn decode_batch(
     policy: &Policy,
     mut cache: crate::model::KvCache,
-    logits: Vec<Vec<f32>>,
+    first: Vec<f32>,
     max_new: usize,
     params: &SamplingParams,
-    rng: &mut impl Rng,
+    draws: &Draws,
 ) -> Result<Vec<Completion>> {
     decode_rows(
         &mut cache,
-        logits,
+        first,
         max_new,
         params,
-        rng,
+        draws,
         RowCache {
             repeat: |c: &mut crate::model::KvCache, n| c.repeat_batch(n),
             select: |c: &mut crate::model::KvCache, rows: &[u32]| c.select_rows(rows),
             step: |c: &mut crate::model::KvCache, last: &[u32]| {
                 let ids = Tensor::new(last, policy.device())?.unsqueeze(1)?;
-                last_row(&policy.model().forward_cached_last(&ids, c)?)
+                host_logits(&policy.model().forward_cached_last(&ids, c)?)
             },
         },
     )
 }
 
 /// How [`decode_rows`] drives a KV cache: copy the batch-1 prefill to `n` rows, keep only some
-/// rows, and feed one token per row to get the next logits.
+/// rows, and feed one token per row to get the next logits (row-major on the host).
 pub(crate) struct RowCache<R, S, F> {
     pub repeat: R,
     pub select: S,
     pub step: F,
 }
 
-/// The lockstep decode loop both generation paths share: from a batch-1 cache holding the
-/// prompt and the `n` rows' first logits, sample one token per active row per step (the same
-/// RNG draws and log-prob convention for both paths), drop rows that emit a stop token from
-/// the batch, and feed the rest their last token.
+/// The lockstep decode loop every generation path shares: from a batch-1 cache holding the
+/// prompt and its last logits (`first`, one row shared by all rows), draw one token per active
+/// row per step with the canonical rule and that row's next uniform (rows in parallel), drop
+/// rows that emit a stop token from the batch, and feed the rest their last token.
 pub(crate) fn decode_rows<C, R, S, F>(
     cache: &mut C,
-    mut logits: Vec<Vec<f32>>,
+    first: Vec<f32>,
     max_new: usize,
     params: &SamplingParams,
-    rng: &mut impl Rng,
+    draws: &Draws,
     ops: RowCache<R, S, F>,
 ) -> Result<Vec<Completion>>
 where
     R: FnOnce(&mut C, usize) -> Result<()>,
     S: Fn(&mut C, &[u32]) -> Result<()>,
-    F: FnMut(&mut C, &[u32]) -> Result<Vec<Vec<f32>>>,
+    F: FnMut(&mut C, &[u32]) -> Result<Vec<f32>>,
 {
     let RowCache {
         repeat,
         select,
         mut step,
     } = ops;
-    let n = logits.len();
+    let n = draws.len();
+    let vocab = first.len();
+    let rule = params.rule();
     repeat(cache, n)?;
     let mut rows: Vec<Completion> = (0..n)
         .map(|_| Completion {
@@ -217,12 +262,18 @@ where
         })
         .collect();
     let mut active: Vec<usize> = (0..n).collect();
+    let mut logits = first;
     for i in 0..max_new {
-        for (j, &r) in active.iter().enumerate() {
-            let (tok, lp) = sample_token(&logits[j], params, rng)?;
-            rows[r].tokens.push(tok);
-            rows[r].logprobs.push(lp);
-            if params.stop_tokens.contains(&tok) {
+        let uniforms: Vec<f64> = active.iter().map(|&r| draws.uniform(r, i)).collect();
+        let drawn = if i == 0 {
+            crate::rule::draw_shared(&logits, rule, &uniforms)?
+        } else {
+            crate::rule::draw_rows(&logits, vocab, rule, &uniforms)?
+        };
+        for (&r, d) in active.iter().zip(drawn) {
+            rows[r].tokens.push(d.token);
+            rows[r].logprobs.push(d.logprob);
+            if params.stop_tokens.contains(&d.token) {
                 rows[r].stopped = true;
             }
         }
@@ -249,82 +300,31 @@ where
     Ok(rows)
 }
 
-/// Logits of the last position of each row, as host vectors.
-fn last_row(logits: &Tensor) -> Result<Vec<Vec<f32>>> {
-    let t = logits.dim(1)?;
-    Ok(logits
-        .narrow(1, t - 1, 1)?
-        .squeeze(1)?
-        .to_dtype(DType::F32)?
-        .to_vec2::<f32>()?)
-}
-
-/// Samples one token; returns it with its log-prob under `softmax(logits / T)`.
-pub(crate) fn sample_token(
-    logits: &[f32],
-    params: &SamplingParams,
-    rng: &mut impl Rng,
-) -> Result<(u32, f32)> {
-    if logits.iter().any(|x| x.is_nan()) {
-        return Err(PolicyError::Sampling("NaN in logits".into()));
-    }
-    let t = f64::from(params.logprob_temperature());
-    let scaled: Vec<f64> = logits.iter().map(|&x| f64::from(x) / t).collect();
-    let max = scaled.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let sum: f64 = scaled.iter().map(|x| (x - max).exp()).sum();
-    let lse = max + sum.ln();
-    let tok = if params.temperature == 0.0 {
-        scaled
-            .iter()
-            .enumerate()
-            .fold((0usize, f64::NEG_INFINITY), |b, (i, &x)| {
-                if x > b.1 {
-                    (i, x)
-                } else {
-                    b
-                }
-            })
-            .0
+/// The logits of the last position of each row of `logits` (`[b, t, V]` or `[b, V]`) on the
+/// host, row-major. Copied in their own dtype and widened on the host: half-precision logits
+/// (a bf16/f16 `lm_head`) cross the bus at half the bytes of an f32 copy, losslessly.
+pub(crate) fn host_logits(logits: &Tensor) -> Result<Vec<f32>> {
+    let last = if logits.rank() == 3 {
+        let t = logits.dim(1)?;
+        logits.narrow(1, t - 1, 1)?.squeeze(1)?
     } else {
-        let probs: Vec<f64> = scaled.iter().map(|x| (x - lse).exp()).collect();
-        if params.top_p < 1.0 {
-            let mut order: Vec<usize> = (0..probs.len()).collect();
-            order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
-            let mut cum = 0.0;
-            let mut cut = order.len();
-            for (k, &i) in order.iter().enumerate() {
-                cum += probs[i];
-                if cum >= f64::from(params.top_p) {
-                    cut = k + 1;
-                    break;
-                }
-            }
-            let kept = &order[..cut];
-            let mass: f64 = kept.iter().map(|&i| probs[i]).sum();
-            let mut u = rng.gen::<f64>() * mass;
-            let mut pick = kept[kept.len() - 1];
-            for &i in kept {
-                u -= probs[i];
-                if u <= 0.0 {
-                    pick = i;
-                    break;
-                }
-            }
-            pick
-        } else {
-            let mut u = rng.gen::<f64>();
-            let mut pick = probs.len() - 1;
-            for (i, p) in probs.iter().enumerate() {
-                u -= p;
-                if u <= 0.0 {
-                    pick = i;
-                    break;
-                }
-            }
-            pick
-        }
+        logits.clone()
     };
-    Ok((tok as u32, (scaled[tok] - lse) as f32))
+    let flat = last.flatten_all()?;
+    Ok(match flat.dtype() {
+        DType::F32 => flat.to_vec1::<f32>()?,
+        DType::BF16 => flat
+            .to_vec1::<half::bf16>()?
+            .into_iter()
+            .map(f32::from)
+            .collect(),
+        DType::F16 => flat
+            .to_vec1::<half::f16>()?
+            .into_iter()
+            .map(f32::from)
+            .collect(),
+        _ => flat.to_dtype(DType::F32)?.to_vec1::<f32>()?,
+    })
 }
 
 /// Differentiable per-token log-probs: `logits` `[b, t, V]`, `targets` `[b, t]` (u32) →
@@ -363,17 +363,16 @@ pub fn response_logprobs(
         .to_vec1::<f32>()?)
 }
 
-/// Differentiable log-probs of a batch of (prompt, response) pairs from one right-padded
-/// full-sequence forward — the learner's view of rollout samples.
-///
-/// Returns `(logprobs [b, L], mask [b, L])` with `L` the longest response: entry `[i, j]` is
-/// the log-prob of response token `j` of pair `i` (aligned with `Sample::sampler_logprobs`),
-/// and the f32 mask is 1 for real tokens, 0 for padding (whose log-prob is 0).
-pub fn batch_response_logprobs(
-    policy: &Policy,
-    pairs: &[(&[u32], &[u32])],
-    temperature: f32,
-) -> Result<(Tensor, Tensor)> {
+/// The right-padded input of a batch of (prompt, response) pairs: inputs and targets `[b, t]`
+/// (`t` the longest prompt + response − 1), and `L`, the longest response.
+struct Padded {
+    inp: Tensor,
+    tgt: Tensor,
+    mask: Vec<f32>,
+    longest: usize,
+}
+
+fn padded(pairs: &[(&[u32], &[u32])], dev: &candle_core::Device) -> Result<Padded> {
     if pairs.is_empty() {
         return Err(PolicyError::Sampling("empty batch".into()));
     }
@@ -403,17 +402,54 @@ pub fn batch_response_logprobs(
         mask.extend((0..l).map(|j| if j < r.len() { 1f32 } else { 0.0 }));
     }
     let b = pairs.len();
+    Ok(Padded {
+        inp: Tensor::from_vec(inp, (b, t), dev)?,
+        tgt: Tensor::from_vec(tgt, (b, t), dev)?,
+        mask,
+        longest: l,
+    })
+}
+
+/// Differentiable log-probs of a batch of (prompt, response) pairs from one right-padded
+/// full-sequence forward — the learner's view of rollout samples.
+///
+/// Returns `(logprobs [b, L], mask [b, L])` with `L` the longest response: entry `[i, j]` is
+/// the log-prob of response token `j` of pair `i` (aligned with `Sample::sampler_logprobs`),
+/// and the f32 mask is 1 for real tokens, 0 for padding (whose log-prob is 0).
+pub fn batch_response_logprobs(
+    policy: &Policy,
+    pairs: &[(&[u32], &[u32])],
+    temperature: f32,
+) -> Result<(Tensor, Tensor)> {
     let dev = policy.device();
-    let inp = Tensor::from_vec(inp, (b, t), dev)?;
-    let tgt = Tensor::from_vec(tgt, (b, t), dev)?;
+    let Padded {
+        inp,
+        tgt,
+        mask,
+        longest: l,
+    } = padded(pairs, dev)?;
     let lp = token_logprobs(&policy.forward(&inp)?, &tgt, temperature)?; // [b, t]
-    let mut rows = Vec::with_capacity(b);
+    let mut rows = Vec::with_capacity(pairs.len());
     for (i, (p, r)) in pairs.iter().enumerate() {
         let row = lp.get(i)?.narrow(0, p.len() - 1, r.len())?;
         rows.push(row.pad_with_zeros(0, 0, l - r.len())?);
     }
     Ok((
         Tensor::stack(&rows, 0)?,
-        Tensor::from_vec(mask, (b, l), dev)?,
+        Tensor::from_vec(mask, (pairs.len(), l), dev)?,
     ))
+}
+
+/// The logits that predicted each response token of each (prompt, response) pair, from one
+/// right-padded full-sequence forward (the forward of [`batch_response_logprobs`]), detached:
+/// entry `i` is `[len(response_i), V]`, row `j` the logits of response token `j`. What the
+/// learner's spot check needs to check both log-probs and draws (`crate::rule`).
+pub fn batch_response_logits(policy: &Policy, pairs: &[(&[u32], &[u32])]) -> Result<Vec<Tensor>> {
+    let Padded { inp, .. } = padded(pairs, policy.device())?;
+    let logits = policy.forward(&inp)?.detach(); // [b, t, V]
+    pairs
+        .iter()
+        .enumerate()
+        .map(|(i, (p, r))| Ok(logits.get(i)?.narrow(0, p.len() - 1, r.len())?))
+        .collect()
 }

@@ -9,9 +9,9 @@
 //! or the training module's cache). Must not touch: chat rendering or environments (the
 //! rollout engine feeds the tokens).
 
-use candle_core::{DType, Tensor};
-use rand::Rng;
+use candle_core::Tensor;
 
+use crate::draw::Draws;
 use crate::error::{PolicyError, Result};
 use crate::infer::{InferCache, InferModel};
 use crate::model::KvCache;
@@ -107,7 +107,7 @@ impl<'a> Session<'a> {
         let logits = match (&self.model, &mut self.cache) {
             (Model::Infer(m), Cache::Infer(c)) => {
                 let t = Tensor::new(ids.as_slice(), m.device())?.unsqueeze(0)?;
-                m.forward_last(&t, c)?.to_vec2::<f32>()?
+                crate::sampling::host_logits(&m.forward_last(&t, c)?)?
             }
             (Model::Train(p), Cache::Train(c)) => {
                 let t = Tensor::new(ids.as_slice(), p.device())?.unsqueeze(0)?;
@@ -115,18 +115,25 @@ impl<'a> Session<'a> {
             }
             _ => return Err(PolicyError::Sampling("session cache mismatch".into())),
         };
-        self.next = logits.into_iter().next();
+        self.next = Some(logits);
         Ok(())
     }
 
     /// Samples one assistant turn of at most `max_new` tokens from the current position
-    /// (after a [`Self::feed`]); its last token stays pending until the next feed.
+    /// (after a [`Self::feed`]) with the uniforms of `draws`' one row (the canonical rule,
+    /// [`crate::rule`]); its last token stays pending until the next feed.
     pub fn sample(
         &mut self,
         max_new: usize,
         params: &SamplingParams,
-        rng: &mut impl Rng,
+        draws: &Draws,
     ) -> Result<Completion> {
+        if draws.len() != 1 {
+            return Err(PolicyError::Sampling(format!(
+                "a session samples one row, got {} draws",
+                draws.len()
+            )));
+        }
         params.validate()?;
         let first = self
             .next
@@ -141,17 +148,17 @@ impl<'a> Session<'a> {
         let mut out = match &mut self.cache {
             Cache::Infer(c) => crate::sampling::decode_rows(
                 c,
-                vec![first],
+                first,
                 max_new,
                 params,
-                rng,
+                draws,
                 RowCache {
                     repeat: |_: &mut InferCache, _| Ok(()),
                     select: |_: &mut InferCache, _: &[u32]| Ok(()),
                     step: |c: &mut InferCache, last: &[u32]| match model {
                         Model::Infer(m) => {
                             let ids = Tensor::new(last, m.device())?.unsqueeze(1)?;
-                            Ok(m.forward_last(&ids, c)?.to_vec2::<f32>()?)
+                            crate::sampling::host_logits(&m.forward_last(&ids, c)?)
                         }
                         Model::Train(_) => Err(PolicyError::Sampling("cache mismatch".into())),
                     },
@@ -159,10 +166,10 @@ impl<'a> Session<'a> {
             )?,
             Cache::Train(c) => crate::sampling::decode_rows(
                 c,
-                vec![first],
+                first,
                 max_new,
                 params,
-                rng,
+                draws,
                 RowCache {
                     repeat: |_: &mut KvCache, _| Ok(()),
                     select: |_: &mut KvCache, _: &[u32]| Ok(()),
@@ -184,9 +191,9 @@ impl<'a> Session<'a> {
     }
 }
 
-/// Logits `[1, 1, V]` of the training forward's last position as host rows.
-fn last_logits(logits: &Tensor) -> Result<Vec<Vec<f32>>> {
-    Ok(logits.squeeze(1)?.to_dtype(DType::F32)?.to_vec2::<f32>()?)
+/// Logits `[1, 1, V]` of the training forward's last position on the host.
+fn last_logits(logits: &Tensor) -> Result<Vec<f32>> {
+    crate::sampling::host_logits(logits)
 }
 
 #[cfg(test)]

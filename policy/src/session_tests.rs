@@ -11,9 +11,12 @@ fn episode(s: &mut Session<'_>, seed: u64) -> (Vec<u32>, Vec<(usize, f32)>) {
     let mut params = SamplingParams::new(6, vec![ByteTokenizer::EOS]);
     params.temperature = 1.3;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let draws = Draws::from_rng(&mut rng, 1);
     let (mut seq, mut sampled) = (Vec::new(), Vec::new());
     for turn in 0..3 {
-        let c = s.sample(6, &params, &mut rng).unwrap();
+        let c = s
+            .sample(6, &params, &draws.row_from(0, sampled.len() as u64))
+            .unwrap();
         assert_eq!(c.tokens.len(), c.logprobs.len());
         for (t, lp) in c.tokens.iter().zip(&c.logprobs) {
             sampled.push((seq.len(), *lp));
@@ -76,7 +79,7 @@ fn forks_are_independent_and_reproducible() {
             .sample(
                 4,
                 &SamplingParams::new(4, vec![]),
-                &mut rand::rngs::StdRng::seed_from_u64(0)
+                &Draws::from_rng(&mut rand::rngs::StdRng::seed_from_u64(0), 1)
             )
             .is_err(),
         "sampling before any feed is an error"

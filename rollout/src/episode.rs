@@ -25,8 +25,7 @@
 use policy::chat::{assistant_mask, Chat, Message, Role, Segment};
 use policy::session::{Model, Session};
 use policy::sft::SftExample;
-use policy::{PolicyError, SamplingParams};
-use rand::Rng;
+use policy::{Draws, PolicyError, SamplingParams};
 use tasks::env::{Budget, Environment, Episode, Step};
 use tasks::{Prompt, TaskError};
 
@@ -240,32 +239,35 @@ impl<'a> Driver<'a> {
     }
 }
 
-/// Plays `n` episodes from initial state `seed` with `model`, sampling with `params` (its
-/// stop tokens must be the chat's): the prompt is encoded once and every episode continues
-/// from a copy of that cache. Returns the first observation, the prompt tokens and the
-/// episodes.
+/// Plays one episode per row of `draws` from initial state `seed` with `model`, sampling with
+/// `params` (its stop tokens must be the chat's) by the canonical rule: episode `k` draws its
+/// `j`-th sampled token (counted across turns) with row `k`'s uniform at position `j`. The
+/// prompt is encoded once and every episode continues from a copy of that cache. Returns the
+/// first observation, the prompt tokens and the episodes.
 pub fn play_group(
     spec: Spec<'_>,
     model: Model<'_>,
     seed: u64,
-    n: usize,
     params: &SamplingParams,
-    rng: &mut impl Rng,
+    draws: &Draws,
 ) -> Result<(Prompt, Vec<u32>, Vec<Played>), EpisodeError> {
+    let n = draws.len();
     let (first, prompt, prompt_tokens) = Driver::start(spec, seed)?;
     let mut base = Session::new(model, prompt_tokens.len() + first.room)?;
     base.feed(&prompt_tokens)?;
     let mut first = Some(first);
     let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
+    for k in 0..n {
         let mut d = match first.take() {
             Some(d) => d,
             None => Driver::start(spec, seed)?.0,
         };
         let mut session = base.fork()?;
         let mut logprobs = Vec::new();
+        let mut drawn = 0u64;
         while let Some(limit) = d.next_turn() {
-            let c = session.sample(limit, params, rng)?;
+            let c = session.sample(limit, params, &draws.row_from(k, drawn))?;
+            drawn += c.tokens.len() as u64;
             logprobs.extend_from_slice(&c.logprobs);
             match d.finish_turn(&c.tokens)? {
                 Some(obs) => {

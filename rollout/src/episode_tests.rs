@@ -50,8 +50,14 @@ fn played_episodes_replay_with_their_returns_observations_and_masks() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
     let (mut multi, mut legal) = (0, 0);
     for seed in 0..12u64 {
-        let (prompt, prompt_tokens, eps) =
-            play_group(s, Model::Infer(&infer), seed, 4, &params(), &mut rng).unwrap();
+        let (prompt, prompt_tokens, eps) = play_group(
+            s,
+            Model::Infer(&infer),
+            seed,
+            &params(),
+            &Draws::from_rng(&mut rng, 4),
+        )
+        .unwrap();
         assert_eq!(prompt.id, seed.to_string());
         for ep in &eps {
             assert_eq!(ep.tokens.len(), ep.logprobs.len());
@@ -164,8 +170,14 @@ fn budgets_cut_turns_and_episodes_the_same_way_on_both_sides() {
     let policy = Policy::new_random(&ModelConfig::tiny(), 4, &Device::Cpu).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     for seed in 0..8 {
-        let (_, prompt, eps) =
-            play_group(s, Model::Train(&policy), seed, 3, &params(), &mut rng).unwrap();
+        let (_, prompt, eps) = play_group(
+            s,
+            Model::Train(&policy),
+            seed,
+            &params(),
+            &Draws::from_rng(&mut rng, 3),
+        )
+        .unwrap();
         for ep in eps {
             assert!(ep
                 .segments

@@ -147,7 +147,13 @@ pub fn sampled(
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed0);
     let mut returns = Vec::with_capacity(seeds.clone().count());
     for seed in seeds {
-        let (_, _, eps) = play_group(spec, model, seed, 1, params, &mut rng)?;
+        let (_, _, eps) = play_group(
+            spec,
+            model,
+            seed,
+            params,
+            &policy::Draws::from_rng(&mut rng, 1),
+        )?;
         returns.extend(eps.iter().map(|e| f64::from(e.ret)));
         progress(returns.len());
     }
@@ -204,7 +210,8 @@ impl ModelPlayer {
         )?;
         s.feed(&prompt)?;
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let c = s.sample(self.max_turn_tokens, &self.params, &mut rng)?;
+        let draws = policy::Draws::from_rng(&mut rng, 1);
+        let c = s.sample(self.max_turn_tokens, &self.params, &draws)?;
         Ok(self.chat.action_text(&c.tokens)?)
     }
 }

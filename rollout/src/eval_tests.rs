@@ -83,9 +83,14 @@ fn exact_evaluation_agrees_with_sampled_episodes() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     for seed in 0..300u64 {
         let s = spec(env.as_ref(), &chat);
-        let (first, _, eps) =
-            crate::episode::play_group(s, Model::Infer(&infer), seed, 8, &params, &mut rng)
-                .unwrap();
+        let (first, _, eps) = crate::episode::play_group(
+            s,
+            Model::Infer(&infer),
+            seed,
+            &params,
+            &policy::Draws::from_rng(&mut rng, 8),
+        )
+        .unwrap();
         for ep in eps {
             returns.push(f64::from(ep.ret));
             let turn = &ep.tokens[..ep.segments[0].len];

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use policy::chat::Chat;
 use policy::{
-    Device, GenerationPath, InferModel, InferSpec, ModelConfig, Policy, PolicyError,
+    Device, Draws, GenerationPath, InferModel, InferSpec, ModelConfig, Policy, PolicyError,
     SamplingParams, Tokenizer,
 };
 use rand::{Rng, SeedableRng};
@@ -208,6 +208,9 @@ pub struct RolloutConfig {
     /// learner recomputes. `None`: prompts drawn from `seed` (local use and tests).
     #[serde(default)]
     pub assignment_seed: Option<[u8; 32]>,
+    /// The inference path's dtype (`None`: the device's default, bf16 on CUDA, f32 on the CPU).
+    #[serde(skip)]
+    pub infer_dtype: Option<policy::DType>,
 }
 
 impl Default for RolloutConfig {
@@ -224,6 +227,7 @@ impl Default for RolloutConfig {
             id_nonce: None,
             max_groups_per_s: 0.0,
             assignment_seed: None,
+            infer_dtype: None,
         }
     }
 }
@@ -440,7 +444,9 @@ impl RolloutEngine {
     }
 
     /// The inference-path model of `installed`, converted once per installed version on the
-    /// slot's device ([`InferSpec::for_device`]: bf16 on CUDA, f32 on the CPU). Converted in host memory, then copied: the device never holds the f32 weights.
+    /// slot's device ([`InferSpec::for_device`]: bf16 on CUDA, f32 on the CPU, unless
+    /// `infer_dtype` says otherwise). Converted in host memory, then copied: the device never
+    /// holds the f32 weights.
     fn infer_model(
         &mut self,
         installed: &InstalledPolicy,
@@ -452,7 +458,10 @@ impl RolloutEngine {
         }
         // Drop the previous version's copy before converting the new one (peak memory).
         self.infer = None;
-        let spec = InferSpec::for_device(self.slot.device());
+        let mut spec = InferSpec::for_device(self.slot.device());
+        if let Some(dtype) = self.cfg.infer_dtype {
+            spec.dtype = dtype;
+        }
         let model = Arc::new(InferModel::build(&installed.policy, &spec)?);
         self.infer = Some((installed.version, model.clone()));
         Ok(model)
@@ -502,10 +511,17 @@ impl RolloutEngine {
         }
         let mut params = self.cfg.sampling.clone();
         params.stop_tokens = self.stop_tokens.clone();
+        // The uniforms: prescribed by the assignment seed (the learner can check every
+        // token against them), or drawn from the group's seed for local use.
+        let n = self.cfg.group_size;
+        let draws = match &self.cfg.assignment_seed {
+            Some(seed) => Draws::prescribed(seed, &self.cfg.producer, seq, n),
+            None => Draws::from_rng(&mut rng, n),
+        };
         let created = storage::unix_ms();
         let (prompt, prompt_tokens, samples) = match task {
-            Some(task) => self.single_turn(&task, &installed, index, &params, &mut rng, seq)?,
-            None => self.episodes(&installed, index, &params, &mut rng, seq)?,
+            Some(task) => self.single_turn(&task, &installed, index, &params, &draws, seq)?,
+            None => self.episodes(&installed, index, &params, &draws, seq)?,
         };
         let mut group = TrajectoryGroup {
             group_id: self.id(seq, u64::MAX),
@@ -531,7 +547,7 @@ impl RolloutEngine {
         installed: &InstalledPolicy,
         index: u64,
         params: &SamplingParams,
-        rng: &mut rand::rngs::StdRng,
+        draws: &Draws,
         seq: u64,
     ) -> Result<(tasks::Prompt, Vec<u32>, Vec<Sample>), RolloutError> {
         let prompt = task.prompt(index)?;
@@ -539,15 +555,14 @@ impl RolloutEngine {
         let completions = match self.cfg.path {
             GenerationPath::Infer => {
                 let model = self.infer_model(installed)?;
-                policy::infer::generate(&model, &prompt_tokens, self.cfg.group_size, params, rng)?
+                policy::infer::generate_with(&model, &prompt_tokens, params, draws)?
             }
-            path => policy::generate(
+            path => policy::generate_with(
                 &*self.device_policy(installed)?,
                 &prompt_tokens,
-                self.cfg.group_size,
                 params,
                 path,
-                rng,
+                draws,
             )?,
         };
         let finished = storage::unix_ms();
@@ -575,7 +590,7 @@ impl RolloutEngine {
         installed: &InstalledPolicy,
         seed: u64,
         params: &SamplingParams,
-        rng: &mut rand::rngs::StdRng,
+        draws: &Draws,
         seq: u64,
     ) -> Result<(tasks::Prompt, Vec<u32>, Vec<Sample>), RolloutError> {
         let (infer, train);
@@ -593,9 +608,12 @@ impl RolloutEngine {
             budget: self.budget,
             context: self.slot.model_config().max_position_embeddings,
         };
-        let n = self.cfg.group_size;
+        // The canonical rule with the group's draws: sample k's j-th sampled token (across
+        // turns) uses row k's uniform j.
+        // TODO(sampling): the learner does not check episode tokens yet (its spot check runs
+        // the token check for single-turn tasks only).
         let (prompt, prompt_tokens, played) =
-            episode::play_group(spec, model, seed, n, params, rng)?;
+            episode::play_group(spec, model, seed, params, draws)?;
         let finished = storage::unix_ms();
         let mut samples = Vec::with_capacity(played.len());
         for (k, ep) in played.into_iter().enumerate() {

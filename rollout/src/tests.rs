@@ -275,6 +275,19 @@ fn groups_are_signed_assigned_and_numbered_durably() {
         g.verify_signature(&public).unwrap();
         let want = tasks::assign::assigned_index(task.as_ref(), &seed, "12D3KooWtest", g.seq);
         assert_eq!(g.prompt_id, task.prompt(want).unwrap().id, "group {i}");
+        // Every token is the canonical rule's draw from the uniforms prescribed for (seed,
+        // producer, seq, sample): what the learner's spot check recomputes.
+        let model = policy::InferModel::from_policy(&policy(1)).unwrap();
+        let params = SamplingParams::new(4, Tokenizer::byte().eos_ids());
+        let draws = policy::Draws::prescribed(&seed, "12D3KooWtest", g.seq, 2);
+        let again =
+            policy::infer::generate_with(&model, &g.prompt_tokens, &params, &draws).unwrap();
+        let tokens: Vec<&Vec<u32>> = g.samples.iter().map(|s| &s.response_tokens).collect();
+        assert_eq!(
+            tokens,
+            again.iter().map(|c| &c.tokens).collect::<Vec<_>>(),
+            "group {i}"
+        );
     }
     drop(e);
     // A restarted engine continues past every number it used.

@@ -87,6 +87,9 @@ struct Watch {
     /// What the learner's peer table last showed of the worker's claims.
     claimed_pending: Option<u64>,
     heartbeats_seen: Option<u64>,
+    /// The learner's forwarding accounts demoted or excluded it (`forwarding` in its status):
+    /// the fault (`slow_parent`, `silent_parent`, `child`).
+    demoted: Option<String>,
     /// Earlier identities (re-keyed): their trained groups at the end of their life, and the
     /// part of it trained after the learner banned them.
     past_trained: u64,
@@ -133,6 +136,8 @@ impl Watch {
         self.past_trained + self.trained_end.unwrap_or(0)
     }
 
+    /// The row of this attack; `run` adds the run-wide figures (`groups_trained` of all
+    /// producers, honest workers' installs).
     fn report(&self, batch: usize) -> Value {
         let trained_after_ban = match self.trained_after_ban_now() {
             Some(n) => Some(n + self.past_trained_after_ban),
@@ -157,6 +162,7 @@ impl Watch {
             "claimed_pending": self.claimed_pending,
             "heartbeats_seen_by_learner": self.heartbeats_seen,
             "groups_trained": self.groups_trained(),
+            "demoted": self.demoted,
             "share_of_trained": self
                 .run_trained
                 .filter(|t| *t > 0)
@@ -211,6 +217,32 @@ fn peer_row<'a>(status: &'a Value, peer: &str) -> Option<&'a Value> {
         .find(|p| p["peer_id"].as_str() == Some(peer))
 }
 
+/// What the learner's forwarding accounts (`forwarding` in its status) hold against `peer`:
+/// a demotion, an exclusion, silent-forwarding strikes, a separation from a child.
+fn forwarding_evidence(f: &Value, peer: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(fault) = f["demoted"][peer].as_str() {
+        out.push(format!("learner: forwarding demoted ({fault})"));
+    }
+    if f["excluded"]
+        .as_array()
+        .is_some_and(|x| x.iter().any(|p| p.as_str() == Some(peer)))
+    {
+        out.push("learner: forwarding excluded".into());
+    }
+    if let Some(n) = f["silent_strikes"][peer].as_u64().filter(|n| *n > 0) {
+        out.push(format!("learner: silent_forwarding strikes = {n}"));
+    }
+    let separated = f["separated"].as_array().into_iter().flatten();
+    if separated
+        .filter_map(Value::as_array)
+        .any(|pair| pair.first().and_then(Value::as_str) == Some(peer))
+    {
+        out.push("learner: forwarding separated from a child".into());
+    }
+    out
+}
+
 /// Counters in the learner section keyed by `peer` (e.g. rejections per peer), as
 /// `path = n` for the non-zero ones: found by walking the section, whatever it is called.
 fn keyed_counters(v: &Value, peer: &str, path: &str, out: &mut Vec<String>) {
@@ -251,7 +283,7 @@ fn rejection_counters(learner: &Value) -> Value {
 }
 
 /// `learner_groups_trained_total{producer="…"}` of a Prometheus text page, per producer.
-fn trained_by_producer(metrics: &str) -> BTreeMap<String, u64> {
+pub(crate) fn trained_by_producer(metrics: &str) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
     for line in metrics.lines() {
         let Some(rest) = line.strip_prefix("learner_groups_trained_total{") else {
@@ -272,7 +304,7 @@ fn trained_by_producer(metrics: &str) -> BTreeMap<String, u64> {
 }
 
 /// `GET path` on a node's admin endpoint (HTTP/1.0, bounded), the body of a 200 answer.
-fn http_get(admin: &str, path: &str) -> Option<String> {
+pub(crate) fn http_get(admin: &str, path: &str) -> Option<String> {
     let addr = admin.parse().ok()?;
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
@@ -305,12 +337,48 @@ fn newest_complete_snapshot(bin: &Path, data_dir: &Path) -> Option<u64> {
         .max()
 }
 
-fn status(admin: &str) -> Option<Value> {
+pub(crate) fn status(admin: &str) -> Option<Value> {
     serde_json::from_str(&http_get(admin, "/status")?).ok()
 }
 
+/// The end of an install measure: the learner has stopped publishing (`max_steps`); waits up
+/// to [`SETTLE_LIMIT`] for every worker of `admins` to install its newest version (handing
+/// each learner status read meanwhile to `seen`: a verdict may still land), then takes the
+/// counters.
+pub(crate) fn settle_installs(
+    learner: &str,
+    admins: &[String],
+    installs: &mut InstallWatch,
+    mut seen: impl FnMut(&Value),
+) {
+    let Some(ls) = status(learner) else { return };
+    let newest = ls["learner"]["published_version"].as_u64();
+    let _ = harness::wait_for(SETTLE_LIMIT, Duration::from_millis(500), || {
+        if let Some(ls) = status(learner) {
+            seen(&ls);
+        }
+        let at = |a: &String| status(a).and_then(|s| s["version"].as_u64());
+        Ok(admins.iter().all(|a| at(a) >= newest).then_some(()))
+    });
+    if let Some(ls) = status(learner) {
+        seen(&ls);
+        installs.sample(&ls, admins, true);
+    }
+}
+
+/// How long the end of a run waits for the honest workers to install the final version.
+const SETTLE_LIMIT: Duration = Duration::from_secs(20);
+
 /// One run: a learner, two honest workers and one malicious worker per `attacks`.
 struct RunResult {
+    /// Per honest worker: groups it produced, groups of it the learner trained.
+    honest_groups: Vec<(Option<u64>, Option<u64>)>,
+    /// Versions the honest workers installed / versions published while they ran.
+    honest_install_ratio: Option<f64>,
+    /// Groups the learner trained, all producers.
+    trained_all: u64,
+    /// Workers in the run, honest and malicious.
+    workers: usize,
     watches: Vec<Watch>,
     learner_crashed: bool,
     reward: Option<f64>,
@@ -328,38 +396,86 @@ fn honest_env() -> [(&'static str, &'static str); 1] {
     [(ENV_VAR, "")]
 }
 
-/// Keys the corrupting worker so that it heads the chain: workers of equal score are ordered
-/// by peer id, and an ed25519 peer id orders as its public key, so a key below the honest
-/// workers' puts it first (and the learner's pushes keep its score the highest). Without this
-/// it could sit at the chain's tail, where it forwards to nobody and the attack does nothing.
-fn forwarder_key(bin: &Path, dir: &Path, honest: &[String]) -> anyhow::Result<()> {
-    // Lower-case hex of equal length orders as the bytes it encodes.
-    for attempt in 0..64 {
-        let tmp = dir.join(format!(".keygen-{attempt}"));
-        let out = std::process::Command::new(bin)
-            .args(["keygen", "--json", "--out"])
-            .arg(&tmp)
-            .output()
-            .with_context(|| format!("running {}", bin.display()))?;
-        anyhow::ensure!(
-            out.status.success(),
-            "keygen: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: Value = serde_json::from_slice(&out.stdout)?;
-        let (Some(key), Some(file)) = (v["public_key"].as_str(), v["key_file"].as_str()) else {
-            anyhow::bail!("keygen printed no public_key/key_file");
+/// Attacks on what a worker forwards: their runs plan one chain (B0 = B̂w), so that every
+/// worker but the tail has a child to harm, with small chunks (the tiny model's snapshot is
+/// then some forty chunks, and a trickle is a trickle) and plan epochs of
+/// [`FORWARDING_EPOCH`] versions, so that the re-drawn seats put every worker in a forwarding
+/// seat within a run. (Seats are drawn by the learner with a seed of its own: no key puts an
+/// attacker at the head any more.)
+fn forwards(a: Attack) -> bool {
+    matches!(
+        a,
+        Attack::CorruptChunks
+            | Attack::SilentForwarder
+            | Attack::SilentAfterHonest
+            | Attack::SlowForwarder
+    )
+}
+
+/// Plan epoch (versions) of the forwarding runs.
+const FORWARDING_EPOCH: u64 = 4;
+/// Chunk size (KiB) of the forwarding runs.
+const FORWARDING_CHUNK_KIB: u32 = 64;
+
+/// A counter of a Prometheus text page (`name value`, no labels).
+pub(crate) fn counter(metrics: &str, name: &str) -> Option<u64> {
+    metrics.lines().find_map(|l| {
+        let (n, v) = l.split_once(' ')?;
+        (n == name).then(|| v.trim().parse::<f64>().ok().map(|x| x as u64))?
+    })
+}
+
+/// Installs (the dissemination engine's `dissemination_installs_total`) of a node.
+pub(crate) fn installs(admin: &str) -> Option<u64> {
+    counter(
+        &http_get(admin, "/metrics")?,
+        "dissemination_installs_total",
+    )
+}
+
+/// `honest_install_ratio`: versions the honest workers installed over versions published,
+/// from the learner's and each worker's counters at the start and at the end of the measure.
+/// `None` before a start was taken. A worker restarted in between (its counter began again)
+/// is left out.
+#[derive(Debug, Default)]
+pub(crate) struct InstallWatch {
+    start: Option<(u64, Vec<Option<u64>>)>,
+    end: Option<(u64, Vec<Option<u64>>)>,
+    restarted: Vec<usize>,
+}
+
+impl InstallWatch {
+    /// Takes the start once the learner has published and every worker is heard, or the end.
+    pub(crate) fn sample(&mut self, learner: &Value, admins: &[String], end: bool) {
+        let Some(published) = learner["learner"]["snapshots_published"].as_u64() else {
+            return;
         };
-        let file = Path::new(file);
-        if honest.iter().all(|h| key < h.as_str()) {
-            let name = file.file_name().context("key file has no name")?;
-            std::fs::rename(file, dir.join(name))?;
-            std::fs::remove_dir_all(&tmp)?;
-            return Ok(());
+        let counts: Vec<Option<u64>> = admins.iter().map(|a| installs(a)).collect();
+        if end {
+            self.end = Some((published, counts));
+        } else if self.start.is_none() && published > 0 {
+            self.start = Some((published, counts));
         }
-        std::fs::remove_dir_all(&tmp)?;
     }
-    anyhow::bail!("no key below the honest workers' in 64 tries")
+
+    pub(crate) fn restarted(&mut self, worker: usize) {
+        self.restarted.push(worker);
+    }
+
+    pub(crate) fn ratio(&self) -> Option<f64> {
+        let ((p0, i0), (p1, i1)) = (self.start.as_ref()?, self.end.as_ref()?);
+        let published = p1.checked_sub(*p0)?;
+        let (mut got, mut want) = (0u64, 0u64);
+        for (w, (a, b)) in i0.iter().zip(i1).enumerate() {
+            if self.restarted.contains(&w) {
+                continue;
+            }
+            let (Some(a), Some(b)) = (a, b) else { continue };
+            got += b.saturating_sub(*a).min(published);
+            want += published;
+        }
+        (want > 0).then(|| got as f64 / want as f64)
+    }
 }
 
 fn run_once(
@@ -374,11 +490,15 @@ fn run_once(
     let key = harness::keygen(bin, &ldir)?;
     let mut lc = harness::node_config(Role::Learner, swarm, &ldir, HEARTBEAT_MS);
     lc.learner.warm_start_steps = s.warm_start_steps;
-    let corrupt = attacks.contains(&Attack::CorruptChunks);
-    if corrupt {
-        // One chain (B0 = B̂w), so workers forward to each other: a corrupting worker harms,
-        // and can be caught by, only the children it feeds.
+    // Training stops at the run's last step, so the honest workers' installs can be counted
+    // against a final version.
+    lc.learner.max_steps = s.steps;
+    if attacks.iter().any(|a| forwards(*a)) {
+        // One chain (B0 = B̂w), so workers forward to each other: a forwarding attacker harms,
+        // and can be caught through, only the children it feeds.
         lc.network.learner_mbps = lc.broadcast.worker_mbps;
+        lc.storage.chunk_size_kib = FORWARDING_CHUNK_KIB;
+        lc.broadcast.plan_epoch = FORWARDING_EPOCH;
     }
     let mut fleet = Fleet::with_log_filter(&harness::node_log_filter());
     let li = fleet.start_with_env(bin, "learner", &lc, &[], &honest_env())?;
@@ -394,21 +514,14 @@ fn run_once(
         w
     };
     let mut honest = Vec::new();
-    let mut honest_keys = Vec::new();
     for name in ["w0", "w1"] {
         let c = worker(name);
-        if corrupt {
-            honest_keys.push(harness::keygen(bin, &c.data_dir)?);
-        }
         honest.push((fleet.start_with_env(bin, name, &c, &[], &honest_env())?, c));
     }
     let mut bad = Vec::new();
     for a in attacks {
         let name = format!("bad-{a}");
         let c = worker(&name);
-        if *a == Attack::CorruptChunks {
-            forwarder_key(bin, &c.data_dir, &honest_keys)?;
-        }
         let env = [(ENV_VAR, a.name())];
         bad.push((fleet.start_with_env(bin, &name, &c, &[], &env)?, c, *a));
     }
@@ -418,6 +531,8 @@ fn run_once(
         honest_admins.push(f.admin);
         honest_ids.push(f.peer_id);
     }
+    // Per honest worker: groups produced (its status) and trained (the learner's counter).
+    let mut honest_groups = vec![(None::<u64>, None::<u64>); honest.len()];
     let mut struck_honest = 0u64;
     let mut watches = Vec::new();
     for (i, c, a) in &bad {
@@ -432,8 +547,10 @@ fn run_once(
     }
     let replay = attacks.contains(&Attack::ReplayAfterRestart);
     let mut restart: Option<ReplayWatch> = None;
+    let mut installs = InstallWatch::default();
     let (t0, limit) = (Instant::now(), run_limit(s));
     let mut last_learner = Value::Null;
+    let mut trained_all = 0u64;
     let (mut learner_crashed, mut timed_out) = (false, false);
     loop {
         std::thread::sleep(Duration::from_secs(1));
@@ -455,12 +572,22 @@ fn run_once(
         for w in &mut watches {
             observe(w, &ls, &honest_status, &trained);
         }
+        installs.sample(&ls, &honest_admins, false);
+        trained_all = trained.values().sum::<u64>().max(trained_all);
+        for (g, (st, id)) in honest_groups
+            .iter_mut()
+            .zip(honest_status.iter().zip(&honest_ids))
+        {
+            g.0 = st["rollout"]["groups"].as_u64().or(g.0);
+            g.1 = trained.get(id).copied().or(g.1);
+        }
         rekey_restarts(&mut fleet, bin, &mut bad, &mut watches)?;
         let run_trained: u64 = trained.values().sum();
         if let Some(r) = &mut restart {
             r.sample(&honest_admins[0]);
         }
         if replay && restart.is_none() && version >= s.steps / 2 {
+            installs.restarted(0);
             restart = Some(ReplayWatch::restart(
                 &mut fleet,
                 bin,
@@ -484,6 +611,18 @@ fn run_once(
             break;
         }
     }
+    if !learner_crashed {
+        settle_installs(&laddr.admin, &honest_admins, &mut installs, |ls| {
+            let honest_status: Vec<Value> =
+                honest_admins.iter().filter_map(|a| status(a)).collect();
+            let trained = http_get(&laddr.admin, "/metrics")
+                .map(|m| trained_by_producer(&m))
+                .unwrap_or_default();
+            for w in &mut watches {
+                observe(w, ls, &honest_status, &trained);
+            }
+        });
+    }
     let unclean = fleet.stop(harness::STOP_GRACE);
     if !unclean.is_empty() {
         eprintln!("adversary: nodes that did not stop cleanly: {unclean:?}");
@@ -495,6 +634,10 @@ fn run_once(
         w.forged_trained = Some(forged.intersection(&trained_ids).count() as u64);
     }
     Ok(RunResult {
+        honest_groups,
+        honest_install_ratio: installs.ratio(),
+        trained_all,
+        workers: honest.len() + bad.len(),
         watches,
         learner_crashed,
         reward: last_learner["reward_recent"].as_f64(),
@@ -577,7 +720,11 @@ fn observe(w: &mut Watch, learner: &Value, honest: &[Value], trained: &BTreeMap<
             w.groups_left = Some(g.saturating_sub(r["pending"].as_u64().unwrap_or(0)));
         }
     }
-    let mine = trained.get(&w.peer_id).copied();
+    // A producer the learner never trained has no series: 0 once the page lists any.
+    let mine = trained
+        .get(&w.peer_id)
+        .copied()
+        .or_else(|| (!trained.is_empty()).then_some(0));
     w.trained_end = mine.or(w.trained_end);
     for e in peer_evidence(learner, &w.peer_id, "learner") {
         w.note(e);
@@ -591,6 +738,17 @@ fn observe(w: &mut Watch, learner: &Value, honest: &[Value], trained: &BTreeMap<
     keyed_counters(&learner["learner"], &w.peer_id, "", &mut keyed);
     for e in keyed {
         w.note(e);
+    }
+    for e in forwarding_evidence(&learner["forwarding"], &w.peer_id) {
+        w.note(e);
+    }
+    let f = &learner["forwarding"];
+    if let Some(fault) = f["demoted"][&w.peer_id].as_str() {
+        w.demoted = Some(fault.to_string());
+    }
+    let excluded = f["excluded"].as_array();
+    if excluded.is_some_and(|x| x.iter().any(|p| p.as_str() == Some(&w.peer_id))) {
+        w.demoted = Some("silent_parent".into());
     }
     if let Some(row) = peer_row(learner, &w.peer_id) {
         w.strikes = w.strikes.max(row["strikes"].as_u64().unwrap_or(0));
@@ -700,12 +858,16 @@ pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
     };
     let mut attacks = Vec::new();
     let mut rewards = Vec::new();
-    for (k, batch) in s.attacks.chunks(s.batch).enumerate() {
+    // A forwarding attack runs alone: two attackers in one chain would starve the honest
+    // workers between them, and the install ratio would no longer be any one attack's.
+    let (fwd, other): (Vec<Attack>, Vec<Attack>) = s.attacks.iter().partition(|a| forwards(**a));
+    let batches: Vec<&[Attack]> = other.chunks(s.batch).chain(fwd.chunks(1)).collect();
+    for (k, batch) in batches.iter().enumerate() {
         let names: Vec<&str> = batch.iter().map(|a| a.name()).collect();
         eprintln!(
             "adversary: run {} of {}: {}",
             k + 1,
-            s.attacks.len().div_ceil(s.batch),
+            batches.len(),
             names.join(", ")
         );
         let r = harness::in_run_dir("tn-adversary-", |root| run_once(bin, root, s, batch))?;
@@ -717,6 +879,7 @@ pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
             if w.attack == Attack::ReplayAfterRestart.name() {
                 a["replay"] = r.replay.clone().unwrap_or(Value::Null);
             }
+            run_figures(&mut a, w, &r);
             a
         }));
         runs.push(run_json(&names.join(","), &r));
@@ -739,6 +902,16 @@ pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
     Ok(summary)
 }
 
+/// The run-wide figures of an attack's row: its share of the groups trained (with the fair
+/// share, one over the workers of the run) and the honest workers' install ratio.
+fn run_figures(row: &mut Value, w: &Watch, r: &RunResult) {
+    // All identities of a re-keyed worker count ([`Watch::groups_trained`]).
+    let share = (r.trained_all > 0).then(|| w.groups_trained() as f64 / r.trained_all as f64);
+    row["share_of_trained"] = json!(share);
+    row["fair_share"] = json!(1.0 / r.workers.max(1) as f64);
+    row["honest_install_ratio"] = json!(r.honest_install_ratio);
+}
+
 fn run_json(name: &str, r: &RunResult) -> Value {
     json!({
         "attacks": name,
@@ -751,6 +924,11 @@ fn run_json(name: &str, r: &RunResult) -> Value {
         "learner_groups_pulled": r.pulled,
         "learner_groups_pruned": r.pruned,
         "replay": r.replay,
+        "honest_install_ratio": r.honest_install_ratio,
+        "groups_trained_all": r.trained_all,
+        "honest_workers": r.honest_groups.iter().map(|(p, t)| json!({
+            "groups_produced": p, "groups_trained": t
+        })).collect::<Vec<_>>(),
         "workers": r.watches.iter().map(|w| w.report(0)).collect::<Vec<_>>(),
     })
 }

@@ -17,6 +17,7 @@ mod adversary;
 mod broadcast;
 mod chart;
 mod faults;
+mod forwarding;
 mod harness;
 mod learning;
 mod membership;
@@ -231,6 +232,26 @@ enum Scenario {
         /// Directory for `adversary.json` (created if missing).
         #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results/adversary"))]
         out: PathBuf,
+    },
+    /// A clean swarm of workers with different uplinks in one chain (one at a tenth of the
+    /// others by default): strikes and bans counted (the aim: none), demotions, forwarding
+    /// verdicts, the honest install ratio (docs/adversary.md, "Heterogeneous clean run").
+    Forwarding {
+        /// Each worker's uplink cap, Mbit/s (0: none).
+        #[arg(long, value_delimiter = ',', default_value = "40,40,40,4")]
+        uplinks: Vec<f64>,
+        /// B̂w (and B0: one chain), Mbit/s.
+        #[arg(long, default_value_t = 40.0)]
+        worker_mbps: f64,
+        #[arg(long, default_value_t = 30)]
+        steps: u64,
+        #[arg(long, default_value_t = 60)]
+        warm_start_steps: usize,
+        /// Versions per plan epoch (seats re-drawn at each).
+        #[arg(long, default_value_t = 3)]
+        plan_epoch: u64,
+        #[command(flatten)]
+        run: RunOpts,
     },
     /// Chains vs star (T_bcast) and cost-aware vs random activation (cost per step) on a
     /// mixed-price pool.
@@ -514,6 +535,30 @@ fn main() -> anyhow::Result<()> {
             };
             let summary = adversary::run(&harness::node_bin(bin)?, &settings, &out)?;
             print_summary(&summary, json);
+            Ok(())
+        }
+        Scenario::Forwarding {
+            uplinks,
+            worker_mbps,
+            steps,
+            warm_start_steps,
+            plan_epoch,
+            run,
+        } => {
+            anyhow::ensure!(
+                uplinks.iter().all(|u| u.is_finite() && *u >= 0.0),
+                "--uplinks: Mbit/s, 0 for none"
+            );
+            anyhow::ensure!(worker_mbps > 0.0, "--worker-mbps must be > 0");
+            let settings = forwarding::Settings {
+                uplinks,
+                worker_mbps,
+                steps,
+                warm_start_steps,
+                plan_epoch: plan_epoch.max(1),
+            };
+            let summary = forwarding::run(&harness::node_bin(run.bin)?, &settings, &run.out)?;
+            print_summary(&summary, run.json);
             Ok(())
         }
         Scenario::Ablation {

@@ -69,7 +69,7 @@ impl Disseminator {
                 let busy = declines_fetches(
                     self.is_learner(),
                     self.inner.sending.load(Ordering::Relaxed),
-                );
+                ) || self.silent();
                 if busy {
                     declined += 1;
                 }

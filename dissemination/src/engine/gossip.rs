@@ -109,6 +109,8 @@ impl Disseminator {
             st.plan = Some(signed.clone());
         }
         debug!(version = p.version, seq = p.seq, "plan accepted");
+        // Acquirers that waited without a plan learn how they are fed now.
+        self.inner.stored.send_modify(|_| {});
         self.start_forwarding();
         Validation::Accept
     }
@@ -246,6 +248,11 @@ impl Disseminator {
             match msg.sign(&key) {
                 Ok(s) => {
                     st.plan = Some(s.clone());
+                    let chunk = st
+                        .manifests
+                        .get(&cur.plan.version)
+                        .map_or(0, |m| u64::from(m.manifest.chunk_size));
+                    st.accounts.planned(cur.plan.version, chunk, &plan);
                     s
                 }
                 Err(_) => return,

@@ -20,7 +20,9 @@ use tracing::{debug, info, warn};
 use super::{blocking, lock, DisseminationEvent, Disseminator, SharedAssembly};
 use crate::assembly::Assembly;
 use crate::error::Result;
-use crate::transfer::{hop_allowance, Action, Feed, Input, Transfer, Wake};
+use crate::transfer::{
+    behind, hop_allowance, slow_feed, Action, Feed, Input, Transfer, Wake, HELLO_WAIT_SHARE,
+};
 
 impl Disseminator {
     /// Checks one received chunk against the manifest and stores it. `Ok(false)`: corrupt —
@@ -132,6 +134,7 @@ impl Disseminator {
             );
             st.transfers
                 .insert(version, Transfer::new(chunks, stall).with_hop(hop));
+            st.deliveries.accepted(version, std::time::Instant::now());
         }
         let me = self.clone();
         self.spawn(async move {
@@ -146,7 +149,20 @@ impl Disseminator {
             return Ok(());
         };
         let r = self.acquire_manifest(&signed.manifest).await;
-        self.lock().assemblies.remove(&version);
+        {
+            // The version's delivery record closes; whether its parent fed it sets this
+            // node's patience with that parent (`transfer::FeedStanding`).
+            let mut st = self.lock();
+            let installed = st.installed == Some(version);
+            let fed = st
+                .deliveries
+                .ended(version, installed, std::time::Instant::now())
+                .map(|r| (r.parent, r.needed, r.fed_chunks));
+            if let Some((parent, needed, fed)) = fed {
+                st.feed.ended(parent, needed, fed);
+            }
+            st.assemblies.remove(&version);
+        }
         // Whatever ended it (an error included), it no longer holds the fetches of newer
         // transfers back.
         self.apply(version, Input::Ended);
@@ -178,15 +194,18 @@ impl Disseminator {
         .await
     }
 
-    /// How this node receives `version` according to the current plan.
-    fn feed(&self, version: u64) -> Feed {
+    /// How this node receives `version` according to the current plan, and its parent there
+    /// when that is a worker (`None`: the learner, or no parent).
+    fn feed(&self, version: u64) -> (Feed, Option<PeerId>) {
         let st = self.lock();
         match st.plan.as_ref().filter(|p| p.plan.version == version) {
-            None => Feed::Unplanned,
+            None => (Feed::Unplanned, None),
             Some(p) => match p.plan.to_plan().placement(&self.inner.local) {
-                Some(Placement::Chain { position, .. }) => Feed::Parent { position },
+                Some(Placement::Chain {
+                    position, parent, ..
+                }) => (Feed::Parent { position }, parent),
                 // Named fetch-only, or not in the plan at all (a late joiner).
-                _ => Feed::FetchOnly,
+                _ => (Feed::FetchOnly, None),
             },
         }
     }
@@ -204,27 +223,41 @@ impl Disseminator {
             // Chunks stored and streams ended before this point are seen by the checks below.
             rx.borrow_and_update();
             kick.borrow_and_update();
+            let (feed, parent) = self.feed(version);
             let (superseded, newer, behind) = {
                 let st = self.lock();
-                // Behind: nothing installed, or an accepted version between the installed one
-                // and this one was skipped.
-                let behind = match st.installed {
-                    None => true,
-                    Some(i) => st.manifests.keys().any(|&k| k > i && k < version),
-                };
+                // A version accepted after the installed one and before this one: skipped.
+                let skipped = st
+                    .manifests
+                    .keys()
+                    .any(|&k| k < version && st.installed.is_none_or(|i| k > i));
+                let (fed, since_first) = st.deliveries.fed(version, std::time::Instant::now());
+                let slow = slow_feed(
+                    fed,
+                    since_first,
+                    m.chunk_size.into(),
+                    mbps_to_bytes_per_s(self.inner.cfg.plan.worker_mbps),
+                    self.inner.cfg.stall_timeout / HELLO_WAIT_SHARE,
+                );
+                let distrusted = st.feed.distrusts(parent.as_ref()) || slow;
                 (
                     st.installed.is_some_and(|i| i >= version),
                     st.manifest_version.is_some_and(|v| v > version),
-                    behind,
+                    behind(feed, st.installed, skipped, distrusted),
                 )
             };
-            let missing = if superseded {
+            let hello = self.lock().deliveries.has_hello(version);
+            let missing: Vec<usize> = if superseded {
                 Vec::new()
             } else {
                 let missing = self.inner.store.missing_chunks(version)?;
                 missing.into_iter().map(|(i, _)| i).collect()
             };
-            let feed = self.feed(version);
+            {
+                let bytes = missing.iter().map(|&i| m.chunk_len(i)).sum();
+                let mut st = self.lock();
+                st.deliveries.began(version, parent, missing.len(), bytes);
+            }
             let (actions, wait) = {
                 let mut st = self.lock();
                 // An older fetch-only transfer that is still completing has the node's fetches
@@ -243,6 +276,7 @@ impl Disseminator {
                     t.apply(Input::Missing { indices: missing });
                     t.apply(Input::Plan(feed));
                     t.apply(Input::Behind(behind));
+                    t.apply(Input::Hello(hello));
                     if newer {
                         actions.extend(t.apply(Input::Newer));
                     }
@@ -254,6 +288,7 @@ impl Disseminator {
                 (actions, t.stall_wait())
             };
             let mut repaired = false;
+            let mut fruitless = false;
             for action in actions {
                 match action {
                     Action::Stop => return Ok(()),
@@ -268,12 +303,14 @@ impl Disseminator {
                             return Ok(());
                         }
                         repaired = true;
+                        fruitless = n == 0;
                     }
                     Action::Progress { .. } => {}
                 }
             }
-            if repaired {
-                // Look again (complete now?) before waiting.
+            if repaired && !fruitless {
+                // Look again (complete now?) before waiting. After a round that found nothing,
+                // a node that repairs at once (behind) waits first: no holder has more yet.
                 wake = Wake::Check;
                 continue;
             }

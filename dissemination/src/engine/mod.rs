@@ -34,6 +34,7 @@
 //! ([`storage::replay::ReplayState`], `replay_path`), so a restarted node refuses old signed
 //! manifests, plans and orders.
 
+mod account;
 mod fetch;
 mod gossip;
 mod install;
@@ -59,11 +60,13 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use crate::assembly::Assembly;
+use crate::delivery::Records;
 use crate::error::{DisseminationError, Result};
 use crate::plan_msg::SignedPlan;
-use crate::transfer::Transfer;
+use crate::transfer::{FeedStanding, Transfer};
 use crate::wire::{CHUNK_FETCH, CHUNK_STREAM};
 
+pub use account::ForwardingView;
 pub use session::DEFAULT_SESSION_IDLE_TIMEOUT;
 
 /// How the learner sends a snapshot: the node's `broadcast.mode` (`"chain"` or `"star"`) and
@@ -111,6 +114,32 @@ impl std::str::FromStr for BroadcastMode {
 pub enum Fault {
     /// Flip one byte of every chunk this node pushes or serves.
     CorruptOutgoing,
+    /// Install every version but pass nothing on: no push to a child (not even a hello), and
+    /// every fetch answered as if nothing were held.
+    SilentForwarder,
+    /// Forward honestly until this many versions are installed, then as
+    /// [`Fault::SilentForwarder`].
+    SilentAfterInstalls(u64),
+    /// Push and serve chunks at a tenth of the planned per-worker bandwidth `B̂w`.
+    SlowForwarder,
+}
+
+/// The upload cap (Mbit/s, 0 = none) a node runs with: its configured one, or a tenth of
+/// `B̂w` under [`Fault::SlowForwarder`] (whichever is lower).
+fn uplink_cap(cfg: &DisseminationConfig) -> f64 {
+    #[cfg(feature = "adversary")]
+    let slow_forwarder = cfg.fault == Some(Fault::SlowForwarder);
+    #[cfg(not(feature = "adversary"))]
+    let slow_forwarder = false;
+    if !slow_forwarder {
+        return cfg.uplink_mbps;
+    }
+    let slow = cfg.plan.worker_mbps / 10.0;
+    if cfg.uplink_mbps > 0.0 {
+        cfg.uplink_mbps.min(slow)
+    } else {
+        slow
+    }
 }
 
 /// Settings of one node's engine.
@@ -274,7 +303,6 @@ pub struct PublishReport {
     pub stats: PublishStats,
 }
 
-#[derive(Default)]
 struct State {
     /// Newest manifest accepted (version).
     manifest_version: Option<u64>,
@@ -290,10 +318,41 @@ struct State {
     /// Its presence means an acquirer was started for that version.
     transfers: HashMap<u64, Transfer>,
     pushing: HashSet<(u64, PeerId)>,
+    /// The newest version a push to each child was started for (older ones end early).
+    newest_push: HashMap<PeerId, u64>,
     /// Chunk streams kept open to children between versions.
     sessions: session::Sessions<PeerId, libp2p::Stream>,
     /// Payloads being put together, per version being acquired (taken by the install).
     assemblies: HashMap<u64, SharedAssembly>,
+    /// Worker: what each version's planned parent delivered (the receipts' source).
+    deliveries: Records,
+    /// Worker: the parent that failed this node's last version, if any (patience per node).
+    feed: FeedStanding,
+    /// Learner: receipts judged, the attribution ledger, the plans and install reports they
+    /// are judged against.
+    accounts: account::Accounts,
+}
+
+impl State {
+    fn new(receipt_horizon: Duration) -> Self {
+        State {
+            manifest_version: None,
+            manifests: HashMap::new(),
+            accepted_at: HashMap::new(),
+            plan: None,
+            order_seq: None,
+            last_catch_up: None,
+            installed: None,
+            transfers: HashMap::new(),
+            pushing: HashSet::new(),
+            newest_push: HashMap::new(),
+            sessions: Default::default(),
+            assemblies: HashMap::new(),
+            deliveries: Records::new(receipt_horizon),
+            feed: FeedStanding::default(),
+            accounts: Default::default(),
+        }
+    }
 }
 
 type SharedAssembly = Arc<Mutex<Option<Assembly>>>;
@@ -324,7 +383,8 @@ struct Inner {
     learner: PeerId,
     events: mpsc::UnboundedSender<DisseminationEvent>,
     state: Mutex<State>,
-    /// Bumped after every chunk stored (pushes waiting for chunks to forward watch it).
+    /// Bumped after every chunk stored (pushes waiting for chunks to forward watch it), and
+    /// when a parent's hello arrives (acquirers waiting for it look again).
     stored: watch::Sender<u64>,
     /// The engine's tasks, and the token that stops them all ([`Disseminator::shutdown`]).
     tasks: TaskTracker,
@@ -408,8 +468,9 @@ impl Disseminator {
         let fetches = control
             .accept(CHUNK_FETCH)
             .map_err(|e| open_err(client.local_peer_id(), "chunk-fetch", e))?;
+        let cfg_stall = cfg.stall_timeout;
         let inner = Arc::new(Inner {
-            uplink: TokenBucket::from_mbps(cfg.uplink_mbps),
+            uplink: TokenBucket::from_mbps(uplink_cap(&cfg)),
             sending: Default::default(),
             downlink: TokenBucket::from_mbps(cfg.downlink_mbps),
             local: client.local_peer_id(),
@@ -418,7 +479,10 @@ impl Disseminator {
             client,
             store,
             events: tx,
-            state: Mutex::new(State::default()),
+            // A receipt of silence waits a quarter of the stall timeout after acceptance: an
+            // honest parent's hello is there by then, however slow its link
+            // (`crate::delivery`).
+            state: Mutex::new(State::new(cfg_stall / 4)),
             stored: watch::channel(0).0,
             tasks: TaskTracker::new(),
             cancel: CancellationToken::new(),
@@ -531,6 +595,21 @@ impl Disseminator {
         Ok(bytes)
     }
 
+    /// Whether this worker passes nothing on now (the silent test faults; never without the
+    /// `adversary` feature).
+    fn silent(&self) -> bool {
+        #[cfg(feature = "adversary")]
+        return match self.inner.cfg.fault {
+            Some(Fault::SilentForwarder) => true,
+            Some(Fault::SilentAfterInstalls(n)) => {
+                self.inner.counters.installs.load(Ordering::Relaxed) >= n
+            }
+            _ => false,
+        };
+        #[cfg(not(feature = "adversary"))]
+        false
+    }
+
     /// Evidence against `peer` (a strike: a failed transfer in its score, towards a ban).
     async fn strike(&self, peer: PeerId, reason: p2p::StrikeReason) {
         let _ = self.inner.client.strike(peer, reason).await;
@@ -616,5 +695,12 @@ impl Disseminator {
     /// The newest accepted plan.
     pub fn current_plan(&self) -> Option<SignedPlan> {
         self.lock().plan.clone()
+    }
+
+    /// Worker: the delivery receipts due now (newest first, at most
+    /// [`p2p::MAX_HEARTBEAT_RECEIPTS`]), unsigned — the node signs them with its key and
+    /// hands them to its heartbeats (`crate::delivery`).
+    pub fn receipts(&self) -> Vec<p2p::DeliveryReceipt> {
+        self.lock().deliveries.receipts(Instant::now())
     }
 }

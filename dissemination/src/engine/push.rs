@@ -10,7 +10,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use control::plan::{replan, ChainPlan, Placement};
+use control::plan::{ChainPlan, Placement};
+use control::seats::seat;
 use control::units::mbps_to_bytes_per_s;
 use futures::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use p2p::framing::{read_frame, write_frame, FrameError};
@@ -40,6 +41,10 @@ enum PushEnd {
     Refused,
     /// This node's own parent stalled: nothing new to forward for `push_idle_timeout`.
     Stalled,
+    /// A push of a newer version to the same child began: this one ended early (the child
+    /// confirmed what it got), so that a slow link carries the newest version, not a queue of
+    /// old ones.
+    Superseded,
 }
 
 /// How far a push got: chunk bytes sent, and whether the child answered the hello.
@@ -67,9 +72,10 @@ pub(super) fn chunk_frame_err(peer: PeerId, e: FrameError) -> DisseminationError
 }
 
 impl Disseminator {
-    /// Learner: publish `payload` as snapshot `version` to `workers` (`(peer, score)`; the
-    /// active workers of `p2p::Client::workers` when `None`). Returns once the pushes to the first
-    /// hops are started. The chunks are pushed from slices of `payload` (no copy); their files
+    /// Learner: publish `payload` as snapshot `version` to `workers` (`(peer, score)`, ranked
+    /// as given: no seat draw; the active workers of `p2p::Client::workers` when `None`).
+    /// Returns once the pushes to the first hops are started. The chunks are pushed from
+    /// slices of `payload` (no copy); their files
     /// are written behind.
     pub async fn publish(
         &self,
@@ -105,6 +111,8 @@ impl Disseminator {
             })
             .await?
         };
+        // A list given by the caller is ranked as given: no seat draw.
+        let draw = workers.is_none();
         // (peer, score, relay-only): a worker whose heartbeats say it is reachable only
         // through a relay ends a chain and never forwards (`control::plan`).
         let workers: Vec<(PeerId, f64, bool)> = match workers {
@@ -121,10 +129,16 @@ impl Disseminator {
         };
         let plan: ChainPlan<PeerId> = match cfg.mode {
             // Starting from the previous version's plan keeps parent–child pairs (and their
-            // push sessions) while scores only drift (`control::plan`, "Stability").
+            // push sessions) while scores only drift (`control::plan`, "Stability"); a new
+            // plan epoch re-draws the seats, and the forwarding ledger's separations,
+            // demotions and exclusions apply (`control::seats`, `account`).
             BroadcastMode::Chain => {
-                let prev = self.lock().plan.as_ref().map(|p| p.plan.to_plan());
-                replan(&workers, &cfg.plan, prev.as_ref())
+                let prev = self.lock().plan.as_ref().map(|p| p.plan.clone());
+                let live: Vec<PeerId> = workers.iter().map(|w| w.0).collect();
+                let prev_version = prev.as_ref().map(|p| p.version);
+                let seating = self.seating(version, prev_version, &live, draw);
+                let prev = prev.map(|p| p.to_plan());
+                seat(&workers, &cfg.plan, prev.as_ref(), &seating)
             }
             BroadcastMode::Star => {
                 let mut ws: Vec<PeerId> = workers.iter().map(|w| w.0).collect();
@@ -150,6 +164,8 @@ impl Disseminator {
             st.manifests.insert(version, manifest.clone());
             st.accepted_at.insert(version, Instant::now());
             st.plan = Some(plan.clone());
+            let chunk = u64::from(manifest.manifest.chunk_size);
+            st.accounts.planned(version, chunk, &plan.plan.to_plan());
         }
         info!(
             version,
@@ -158,6 +174,7 @@ impl Disseminator {
             new_chunks = stats.new_chunks,
             "publishing snapshot"
         );
+        debug!(version, chains = ?plan.plan.chains, fetch_only = ?plan.plan.fetch_only, "plan");
         for (topic, bytes) in [
             (TopicKind::Snapshots, manifest.encode()),
             (TopicKind::Plans, plan.encode()),
@@ -177,6 +194,9 @@ impl Disseminator {
     /// Starts a push to this node's child(ren) in the current plan for every version it holds
     /// the manifest of — once per `(version, child)`.
     pub(super) fn start_forwarding(&self) {
+        if self.silent() {
+            return;
+        }
         let targets: Vec<(u64, PeerId)> = {
             let st = self.lock();
             let Some(v) = st.plan.as_ref().map(|p| p.plan.version) else {
@@ -192,7 +212,14 @@ impl Disseminator {
                 .collect()
         };
         for (v, child) in targets {
-            self.lock().pushing.insert((v, child));
+            {
+                let mut st = self.lock();
+                st.pushing.insert((v, child));
+                let newest = st.newest_push.entry(child).or_insert(v);
+                *newest = (*newest).max(v);
+            }
+            // Older pushes to this child look again, and end (`PushEnd::Superseded`).
+            self.inner.stored.send_modify(|_| {});
             let me = self.clone();
             self.spawn(async move {
                 if let Err(e) = me.push(v, child).await {
@@ -270,7 +297,7 @@ impl Disseminator {
                 );
             }
             match &end {
-                Ok(PushEnd::Confirmed) => {
+                Ok(PushEnd::Confirmed | PushEnd::Superseded) => {
                     self.credit(child, progress.sent, started.elapsed()).await
                 }
                 Ok(PushEnd::Refused | PushEnd::Stalled) => {}
@@ -285,7 +312,7 @@ impl Disseminator {
                 ) => self.charge(child).await,
                 Err(_) => {}
             }
-            if matches!(end, Ok(PushEnd::Confirmed)) {
+            if matches!(end, Ok(PushEnd::Confirmed | PushEnd::Superseded)) {
                 self.keep_session(child, s);
             } else {
                 let _ = tokio::time::timeout(limit, s.close()).await;
@@ -298,7 +325,7 @@ impl Disseminator {
                     peer: child,
                     reason: format!("reported a failed transfer of v{version}"),
                 }),
-                PushEnd::Confirmed | PushEnd::Refused => Ok(()),
+                PushEnd::Confirmed | PushEnd::Refused | PushEnd::Superseded => Ok(()),
             };
         }
     }
@@ -369,10 +396,19 @@ impl Disseminator {
         let mut pending: Vec<usize> = (0..n).filter(|&i| !wire::bit(&held, i)).collect();
         let mut rx = self.inner.stored.subscribe();
         let sending = Sending::start(&self.inner.sending);
-        while !pending.is_empty() {
+        let superseded = || {
+            let st = self.lock();
+            st.newest_push.get(&child).is_some_and(|&v| v > version)
+        };
+        let mut ended_early = false;
+        while !pending.is_empty() && !ended_early {
             rx.borrow_and_update();
             let mut done = Vec::new();
             for &i in &pending {
+                if superseded() {
+                    ended_early = true;
+                    break;
+                }
                 let h = &m.chunk_hashes[i];
                 if !self.inner.store.has_chunk(h)? {
                     continue;
@@ -394,7 +430,7 @@ impl Disseminator {
                 done.push(i);
             }
             pending.retain(|i| !done.contains(i));
-            if done.is_empty() {
+            if done.is_empty() && !ended_early {
                 within(limit, "flushing chunks", child, async {
                     s.flush().await.map_err(io)
                 })
@@ -419,11 +455,11 @@ impl Disseminator {
                 .map_err(|e| chunk_frame_err(child, e))
         })
         .await?;
-        debug!(%child, version, ?status, "push complete");
-        Ok(if status == [STATUS_OK] {
-            PushEnd::Confirmed
-        } else {
-            PushEnd::ChildFailed
+        debug!(%child, version, ?status, ended_early, "push complete");
+        Ok(match (status == [STATUS_OK], ended_early) {
+            (false, _) => PushEnd::ChildFailed,
+            (true, false) => PushEnd::Confirmed,
+            (true, true) => PushEnd::Superseded,
         })
     }
 
@@ -470,7 +506,11 @@ impl Disseminator {
                 Err(e) => return Err(e),
             };
             first = false;
-            let go_on = self.receive_transfer(peer, &mut s, &hello).await?;
+            let done = self.receive_transfer(peer, &mut s, &hello).await;
+            if let Ok(h) = StreamHello::decode(&hello) {
+                self.lock().deliveries.push_ended(h.version, peer);
+            }
+            let go_on = done?;
             self.inner.kick.send_modify(|k| *k += 1);
             if !go_on {
                 return Ok(());
@@ -526,6 +566,13 @@ impl Disseminator {
             s.flush().await.map_err(io)
         })
         .await?;
+        // What this parent was asked for, for the delivery receipt (`crate::delivery`); the
+        // acquirer, which waits only briefly for a hello, looks again.
+        let wanted = (0..n).filter(|&i| !held[i]).map(|i| m.chunk_len(i)).sum();
+        self.lock()
+            .deliveries
+            .hello(m.version, peer, wanted, Instant::now());
+        self.inner.stored.send_modify(|_| {});
         let started = Instant::now();
         let mut bytes_in = 0u64;
         // One chunk is verified (and stored, and copied into the assembly) while the next one
@@ -591,7 +638,7 @@ impl Disseminator {
             match settle(verifying.replace((len, next))).await? {
                 // Corrupt: drop the stream; the rest comes from elsewhere (repair).
                 Some((_, false)) => break true,
-                Some((l, true)) => bytes_in += self.received(l),
+                Some((l, true)) => bytes_in += self.received(peer, manifest.manifest.version, l),
                 None => {}
             }
         };
@@ -599,7 +646,7 @@ impl Disseminator {
             || match settle(verifying).await? {
                 Some((_, false)) => true,
                 Some((l, true)) => {
-                    bytes_in += self.received(l);
+                    bytes_in += self.received(peer, manifest.manifest.version, l);
                     false
                 }
                 None => false,
@@ -671,8 +718,12 @@ impl Disseminator {
         (self.accept_manifest(&m) == Validation::Accept).then_some(m)
     }
 
-    /// Counts `len` pushed bytes received and verified; returns them.
-    pub(super) fn received(&self, len: u32) -> u64 {
+    /// Counts `len` pushed bytes of `version` received from `peer` and verified (also in the
+    /// version's delivery record); returns them.
+    pub(super) fn received(&self, peer: PeerId, version: u64, len: u32) -> u64 {
+        self.lock()
+            .deliveries
+            .chunk(version, peer, u64::from(len), Instant::now());
         self.count(
             |c| &c.push_received_bytes,
             u64::from(len),

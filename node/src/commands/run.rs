@@ -52,6 +52,26 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The dissemination engine's test fault for the attacks carried out on snapshots (none for
+/// an honest node; `crate::misbehave`).
+#[cfg(feature = "adversary")]
+fn dissemination_fault(m: &crate::misbehave::Misbehaviour) -> Option<dissemination::Fault> {
+    use crate::misbehave::{Attack, SILENT_AFTER_INSTALLS};
+    use dissemination::Fault;
+    [
+        (Attack::CorruptChunks, Fault::CorruptOutgoing),
+        (Attack::SilentForwarder, Fault::SilentForwarder),
+        (
+            Attack::SilentAfterHonest,
+            Fault::SilentAfterInstalls(SILENT_AFTER_INSTALLS),
+        ),
+        (Attack::SlowForwarder, Fault::SlowForwarder),
+    ]
+    .into_iter()
+    .find(|(a, _)| m.has(*a))
+    .map(|(_, f)| f)
+}
+
 /// Runs the network service and the admin endpoint until Ctrl-C / SIGTERM.
 async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     let config = &state.config;
@@ -111,10 +131,7 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
         Some(dcfg) => {
             #[cfg(feature = "adversary")]
             let dcfg = dissemination::DisseminationConfig {
-                fault: state
-                    .misbehave
-                    .has(crate::misbehave::Attack::CorruptChunks)
-                    .then_some(dissemination::Fault::CorruptOutgoing),
+                fault: dissemination_fault(&state.misbehave),
                 ..dcfg
             };
             let (d, rx) =
@@ -129,7 +146,10 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     };
     // `status` peers carry their chain and position in the newest accepted plan.
     if let Some(d) = dissem.clone() {
-        view.set_plan_source(roles::plan_source(d));
+        view.set_plan_source(roles::plan_source(d.clone()));
+        if config.role == Role::Learner {
+            view.set_forwarding_source(Arc::new(move || d.forwarding_view()));
+        }
     }
     // The role: the learner trains and publishes; a worker installs snapshots, generates and
     // serves pulls. Both need the swarm's learner key (the dissemination engine).
@@ -200,8 +220,10 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     {
         let client = client.clone();
         let state = state.clone();
+        let dissem = dissem.clone();
         tasks.spawn(async move {
             let mut tick = tokio::time::interval(interval);
+            let mut signed: Vec<p2p::DeliveryReceipt> = Vec::new();
             loop {
                 tokio::select! {
                     _ = tick.tick() => {}
@@ -210,6 +232,10 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
                     _ = changes.changed() => tick.reset(),
                 }
                 let (installed_version, mu) = probe();
+                // A chain child's delivery receipts, signed with the node key (each signed
+                // once: an unchanged receipt keeps its signature).
+                let due_receipts = dissem.as_ref().map(|d| d.receipts()).unwrap_or_default();
+                signed = sign_receipts(due_receipts, signed, &state);
                 let pending = roles::attacks::pending_claim(
                     &state.misbehave,
                     state.trajectories.pending().unwrap_or(0),
@@ -219,7 +245,15 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
                     mu,
                     pending,
                     availability: 1.0,
-                    device: Some(crate::state::device_report(&state.device)),
+                    device: Some(p2p::DeviceReport {
+                        // What the learner judges a worker's numeric spread by.
+                        dtype: (state.config.role == Role::Rollout).then(|| {
+                            let d = state.config.rollout.dtype.report(&state.device);
+                            d.to_string()
+                        }),
+                        ..crate::state::device_report(&state.device)
+                    }),
+                    receipts: signed.clone(),
                     admission: credential.clone(),
                     ..Default::default()
                 };
@@ -276,6 +310,29 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     }
     let _ = tokio::time::timeout(std::time::Duration::from_secs(3), drain).await;
     result.and(role_result)
+}
+
+/// `due`, signed with the node key; a receipt already signed in `before` with the same
+/// content keeps that signature.
+fn sign_receipts(
+    due: Vec<p2p::DeliveryReceipt>,
+    before: Vec<p2p::DeliveryReceipt>,
+    state: &NodeState,
+) -> Vec<p2p::DeliveryReceipt> {
+    due.into_iter()
+        .map(|r| {
+            let again = before.iter().find(|b| {
+                p2p::DeliveryReceipt {
+                    sig: String::new(),
+                    ..(*b).clone()
+                } == r
+            });
+            match again {
+                Some(b) => b.clone(),
+                None => r.sign(state.key.seed(), &state.config.swarm_id),
+            }
+        })
+        .collect()
 }
 
 /// The hidden benchmark flags of `run` (testnet `broadcast`).

@@ -129,14 +129,16 @@ pub fn render(st: &NodeStatus) -> String {
     let mut standby: &[String] = &[];
     if let Some(l) = &st.learner {
         out.push_str(&format!(
-            "learner: version {}  S {}  κ {}  bubble {:.3}  μ_pool {:.2} / μ_target {}  T_train {} s  T_bcast {} s\n",
+            "learner: version {}  S {}  κ {}  bubble {:.3}  μ_pool {:.2} / μ_target {}{}  T_train {} s  T_bcast {}{} s\n",
             l.version,
             l.staleness,
             l.kappa,
             l.bubble_ratio,
             l.mu_pool,
+            if l.t_bcast_lower_bound { "≥ " } else { "" },
             num(l.mu_target, 2),
             num(l.t_train_s, 2),
+            if l.t_bcast_lower_bound { "≥ " } else { "" },
             num(l.t_bcast_s, 2),
         ));
         out.push_str(&format!(
@@ -177,9 +179,12 @@ pub fn render(st: &NodeStatus) -> String {
             [a, rest @ ..] => format!("{a} (+{})", rest.len()),
         };
         let version = format!(
-            "{} / v{}",
+            "{} / v{}{}",
             p.node_version.as_deref().unwrap_or("-"),
-            opt(p.installed_version)
+            opt(p.installed_version),
+            p.install_lag
+                .filter(|&l| l > 0)
+                .map_or(String::new(), |l| format!(" (−{l})"))
         );
         let s = &p.score;
         t.add_row(vec![

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 pub use admission::{AdmissionConfig, AdmissionMode};
 pub use learner::Objective;
-pub use verification::VerificationConfig;
+pub use verification::{PerDtype, VerificationConfig};
 
 /// What a node does in the swarm: `learner`, `rollout`, or `relay` (a relay / bootstrap node:
 /// circuit relay server, Kademlia and AutoNAT server; no model, no stores). The same type
@@ -144,6 +144,10 @@ pub struct BroadcastConfig {
     /// (half the bytes on every hop; workers load it into their model's dtype). The learner
     /// always trains and checkpoints in f32.
     pub dtype: SnapshotDtype,
+    /// Versions per plan epoch: at the first version of each the learner re-draws the chain
+    /// seats among workers of similar score, so that no seat is held for a whole run
+    /// (`docs/broadcast.md`, "Seats").
+    pub plan_epoch: u64,
 }
 
 impl Default for BroadcastConfig {
@@ -152,6 +156,7 @@ impl Default for BroadcastConfig {
             mode: BroadcastMode::Chain,
             worker_mbps: 100.0,
             dtype: SnapshotDtype::F32,
+            plan_epoch: control::seats::EPOCH_VERSIONS,
         }
     }
 }
@@ -288,6 +293,9 @@ pub struct LearnerConfig {
     pub is_cap: Option<f64>,
     /// Temperature T of the learner's log-probs; must equal `rollout.temperature`.
     pub temperature: f32,
+    /// The workers' nucleus mass, which the spot check's sampling check applies; must equal
+    /// `rollout.top_p`.
+    pub top_p: f32,
     /// Supervised warm-start steps on the task's reference answers before version 0 is
     /// published (0 = off; a restarted learner resumes from its checkpoint instead).
     pub warm_start_steps: usize,
@@ -323,6 +331,7 @@ impl Default for LearnerConfig {
             clip_eps: 0.2,
             is_cap: None,
             temperature: 1.2,
+            top_p: 1.0,
             warm_start_steps: 60,
             checkpoint_every: 50,
             max_steps: 0,
@@ -350,6 +359,42 @@ pub struct RolloutConfig {
     /// Cap on this worker's production in groups/s (0 = none): emulates a slower machine in
     /// a testnet.
     pub max_groups_per_s: f64,
+    /// The dtype the worker samples in: `auto` (bf16 on CUDA, f32 on the CPU), `f32`, `f16`
+    /// or `bf16` (CUDA only). Reported in heartbeats: the learner judges the worker's groups
+    /// with that dtype's tolerance and margin (`[verification]`).
+    pub dtype: SamplingDtype,
+}
+
+/// `rollout.dtype`.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SamplingDtype {
+    #[default]
+    Auto,
+    F32,
+    F16,
+    Bf16,
+}
+
+impl SamplingDtype {
+    /// The dtype generation runs in on `device`.
+    pub fn resolve(self, device: &policy::Device) -> policy::DType {
+        match self {
+            SamplingDtype::Auto => policy::infer::default_dtype(device),
+            SamplingDtype::F32 => policy::DType::F32,
+            SamplingDtype::F16 => policy::DType::F16,
+            SamplingDtype::Bf16 => policy::DType::BF16,
+        }
+    }
+
+    /// The name a heartbeat reports for generation in `dtype` on `device`.
+    pub fn report(self, device: &policy::Device) -> &'static str {
+        match self.resolve(device) {
+            policy::DType::F16 => "f16",
+            policy::DType::BF16 => "bf16",
+            _ => "f32",
+        }
+    }
 }
 
 impl Default for RolloutConfig {
@@ -361,6 +406,7 @@ impl Default for RolloutConfig {
             top_p: 1.0,
             seed: None,
             max_groups_per_s: 0.0,
+            dtype: SamplingDtype::Auto,
         }
     }
 }

@@ -145,6 +145,15 @@ impl NodeConfig {
                 format!("{} is outside 10..=60000", l.pull_interval_ms),
             );
         }
+        if !(1..=1_000_000).contains(&self.broadcast.plan_epoch) {
+            bad(
+                "broadcast.plan_epoch",
+                format!(
+                    "{} is outside 1..=1000000 (versions)",
+                    self.broadcast.plan_epoch
+                ),
+            );
+        }
         if !(self.broadcast.worker_mbps.is_finite() && self.broadcast.worker_mbps > 0.0) {
             bad(
                 "broadcast.worker_mbps",
@@ -216,6 +225,16 @@ impl NodeConfig {
         }
         if !(r.top_p > 0.0 && r.top_p <= 1.0) {
             bad("rollout.top_p", format!("{} is outside (0, 1]", r.top_p));
+        }
+        let top_p = self.learner.top_p;
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            bad("learner.top_p", format!("{top_p} is outside (0, 1]"));
+        }
+        if r.dtype == super::SamplingDtype::Bf16 && self.model.device == policy::DeviceChoice::Cpu {
+            bad(
+                "rollout.dtype",
+                "bf16 sampling needs a CUDA device (the CPU backend has no bf16 matmul); use f32 or f16".into(),
+            );
         }
         if problems.is_empty() {
             Ok(())

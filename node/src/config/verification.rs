@@ -29,6 +29,34 @@ pub struct VerificationConfig {
     /// the worker's accepted groups past probation and `c` this value (the rate halves
     /// after `c` groups).
     pub spot_check_decay_groups: f64,
+    /// Check in every spot check that each sampled token is the one the canonical sampling
+    /// rule draws for the uniform the learner prescribes (`docs/security.md`, "Checkable
+    /// sampling"). Off only for workers whose samplers do not follow the rule.
+    pub check_sampling: bool,
+    /// Bound on `|reported − recomputed|` sampled-token log-prob, per worker sampling dtype
+    /// (its heartbeat says which): an honest worker's numeric spread stays below it.
+    pub logprob_tolerance: PerDtype,
+    /// Margin δ on the cumulative probabilities of the sampling check, per worker dtype.
+    pub sampling_margin: PerDtype,
+}
+
+/// One value per worker sampling dtype (`f32`, `f16`, `bf16`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PerDtype {
+    pub f32: f64,
+    pub f16: f64,
+    pub bf16: f64,
+}
+
+impl PerDtype {
+    fn check(&self, key: &str, max: f64, problems: &mut Vec<(String, String)>) {
+        for (d, v) in [("f32", self.f32), ("f16", self.f16), ("bf16", self.bf16)] {
+            if !(v.is_finite() && v > 0.0 && v <= max) {
+                problems.push((format!("{key}.{d}"), format!("{v} is outside (0, {max}]")));
+            }
+        }
+    }
 }
 
 impl Default for VerificationConfig {
@@ -40,6 +68,17 @@ impl Default for VerificationConfig {
             spot_check_fraction: control::admission::DEFAULT_FLOOR_RATE,
             spot_check_first_groups: control::admission::DEFAULT_PROBATION_GROUPS,
             spot_check_decay_groups: control::admission::DEFAULT_DECAY_GROUPS,
+            check_sampling: true,
+            logprob_tolerance: PerDtype {
+                f32: f64::from(learner::verdict::DEFAULT_TOLERANCE.f32),
+                f16: f64::from(learner::verdict::DEFAULT_TOLERANCE.f16),
+                bf16: f64::from(learner::verdict::DEFAULT_TOLERANCE.bf16),
+            },
+            sampling_margin: PerDtype {
+                f32: learner::verdict::DEFAULT_MARGIN.f32,
+                f16: learner::verdict::DEFAULT_MARGIN.f16,
+                bf16: learner::verdict::DEFAULT_MARGIN.bf16,
+            },
         }
     }
 }
@@ -65,6 +104,12 @@ impl VerificationConfig {
                 format!("{} is above 1000000", self.spot_check_first_groups),
             ));
         }
+        // Wider than these, the checks prove nothing: a log-prob off by 1 is a factor e, and a
+        // margin of 0.5 admits almost any token.
+        self.logprob_tolerance
+            .check("logprob_tolerance", 1.0, &mut problems);
+        self.sampling_margin
+            .check("sampling_margin", 0.5, &mut problems);
         if !(self.spot_check_decay_groups.is_finite() && self.spot_check_decay_groups >= 0.0) {
             problems.push((
                 "spot_check_decay_groups".into(),
@@ -141,6 +186,44 @@ mod tests {
             "{HEAD}[verification]\nrecompute_rewards = \"yes\"\n"
         ));
         assert_eq!(p[0].0, "verification.recompute_rewards");
+    }
+
+    #[test]
+    fn per_dtype_margins_and_the_sampling_rule_parse_and_are_checked() {
+        let c = NodeConfig::parse(&format!(
+            "{HEAD}[learner]\ntop_p = 0.9\n[verification]\ncheck_sampling = false\n\
+             logprob_tolerance = {{ f32 = 1e-4, f16 = 0.02, bf16 = 0.3 }}\n"
+        ))
+        .unwrap();
+        assert!(!c.verification.check_sampling);
+        assert_eq!(c.verification.logprob_tolerance.bf16, 0.3);
+        assert_eq!(
+            c.verification.sampling_margin,
+            VerificationConfig::default().sampling_margin
+        );
+        assert_eq!(c.learner.top_p, 0.9);
+        let p = problems(&format!(
+            "{HEAD}[verification]\nsampling_margin = {{ f32 = 1e-3, f16 = 0.0, bf16 = 0.9 }}\n"
+        ));
+        let keys: Vec<&str> = p.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "verification.sampling_margin.f16",
+                "verification.sampling_margin.bf16"
+            ]
+        );
+        let p = problems(&format!(
+            "{HEAD}[verification]\nlogprob_tolerance = {{ f32 = 1e-3 }}\n"
+        ));
+        assert!(p[0].1.contains("missing field"), "{p:?}");
+        let p = problems(&format!("{HEAD}[learner]\ntop_p = 0\n"));
+        assert_eq!(p[0].0, "learner.top_p");
+        let p = problems(&format!(
+            "{HEAD}[model]\ndevice = \"cpu\"\n[rollout]\ndtype = \"bf16\"\n"
+        ));
+        assert_eq!(p[0].0, "rollout.dtype", "{p:?}");
+        assert!(problems(&format!("{HEAD}[rollout]\ndtype = \"f16\"\n")).is_empty());
     }
 
     #[test]

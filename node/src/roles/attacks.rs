@@ -281,7 +281,9 @@ pub fn spam_heartbeat(
         reachability: None,
         addrs: Vec::new(),
         device: None,
+        receipts: Vec::new(),
         admission: None,
+        install_age_ms: None,
     }
 }
 

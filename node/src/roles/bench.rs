@@ -18,14 +18,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use control::capacity::broadcast_done;
+use control::capacity::{broadcast_completed_at, broadcast_done};
 use dissemination::Disseminator;
 use rand::RngCore;
 
 use super::{Probe, RoleView, VersionChanges};
 use crate::api::{BenchRound, BenchStatus, RoleSection};
 use crate::state::NodeState;
-use p2p::active_installs;
+use p2p::{active_install_times, active_installs};
 
 /// What the learner-side benchmark is asked to do.
 #[derive(Debug, Clone, Copy)]
@@ -113,14 +113,21 @@ pub async fn run_publisher(
                 t0.elapsed() < ROUND_LIMIT,
                 "round {r}: not every worker installed within {ROUND_LIMIT:?}"
             );
-            let installs = active_installs(&client.peers().await?);
+            // Each end is the install time the reports state (a report held back by the
+            // sender's pacing states its age), else the time this loop noticed it.
+            let timed = active_install_times(&client.peers().await?);
+            let installs: Vec<Option<u64>> = timed.iter().map(|(v, _)| *v).collect();
+            let now = Instant::now();
+            let since = |t: Option<Instant>| t.map_or(now, |t| t.clamp(t0, now)) - t0;
             if t_q.is_none() && broadcast_done(&installs, version) {
-                t_q = Some(t0.elapsed().as_secs_f64());
+                t_q = Some(since(broadcast_completed_at(&timed, version)).as_secs_f64());
             }
             if installs.len() >= plan.workers
                 && installs.iter().all(|v| v.is_some_and(|v| v >= version))
             {
-                t_all = Some(t0.elapsed().as_secs_f64());
+                // The last install; unknown when any install time is.
+                let last = timed.iter().map(|(_, t)| *t).collect::<Option<Vec<_>>>();
+                t_all = Some(since(last.and_then(|t| t.into_iter().max())).as_secs_f64());
             }
             // Install reports arrive as heartbeats: wait for the next change of the peer
             // view (or a second, to check the limit).

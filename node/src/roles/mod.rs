@@ -15,6 +15,8 @@ pub mod attacks;
 #[path = "attacks_off.rs"]
 pub mod attacks;
 pub mod bench;
+#[cfg(feature = "adversary")]
+pub mod forge;
 pub mod learner;
 pub mod relay;
 pub mod rollout;
@@ -32,12 +34,17 @@ use crate::config::NodeConfig;
 /// `j`, position `k`, 0 = receives from the learner).
 pub type PlanSource = Arc<dyn Fn() -> Option<Vec<Vec<String>>> + Send + Sync>;
 
+/// The learner's forwarding accounts (`dissemination::ForwardingView`) for `/status`.
+pub type ForwardingSource = Arc<dyn Fn() -> dissemination::ForwardingView + Send + Sync>;
+
 /// The role's section of the `/status` object, replaced as the role makes progress, and where
-/// the status view reads the current plan from.
+/// the status view reads the current plan (and, on the learner, its forwarding accounts)
+/// from.
 #[derive(Clone, Default)]
 pub struct RoleView(
     Arc<RwLock<Option<RoleSection>>>,
     Arc<RwLock<Option<PlanSource>>>,
+    Arc<RwLock<Option<ForwardingSource>>>,
 );
 
 /// The plan source of a dissemination engine: the chains of its newest accepted plan (the
@@ -59,6 +66,18 @@ impl RoleView {
         if let Ok(mut g) = self.1.write() {
             *g = Some(source);
         }
+    }
+
+    pub fn set_forwarding_source(&self, source: ForwardingSource) {
+        if let Ok(mut g) = self.2.write() {
+            *g = Some(source);
+        }
+    }
+
+    /// The learner's forwarding accounts, if a source is set.
+    pub fn forwarding(&self) -> Option<dissemination::ForwardingView> {
+        let source = self.2.read().ok()?.clone()?;
+        Some(source())
     }
 
     /// The chains of the current plan, if a plan source is set and a plan is known.
@@ -177,6 +196,24 @@ pub fn check_memory(what: &str, need: u64, device: &policy::Device) -> anyhow::R
 pub fn build_task(config: &NodeConfig) -> anyhow::Result<Arc<dyn tasks::Task>> {
     tasks::build_task(&config.task.name, &config.task.params)
         .with_context(|| format!("building task `{}`", config.task.name))
+}
+
+/// The rule the learner derives loss masks (and sampled positions) by for the configured
+/// task: every response token for single-turn tasks; for a multi-turn environment, the
+/// assistant's tokens of the replayed episode.
+pub fn mask_rule(config: &NodeConfig) -> anyhow::Result<Arc<dyn ::learner::MaskRule>> {
+    let env = build_env(config)?;
+    if env.as_task().is_some() {
+        return Ok(Arc::new(::learner::ResponseTokens));
+    }
+    let tokenizer = learner::verify::learner_tokenizer(config)?;
+    let chat = Arc::new(build_chat(config, tokenizer, env.as_ref())?);
+    Ok(Arc::new(learner::verify::EpisodeMask {
+        budget: config.task.budget(env.as_ref())?,
+        context: learner::verify::model_context(config)?,
+        env,
+        chat,
+    }))
 }
 
 /// The configured task or environment, as an environment (a task is a one-step one).

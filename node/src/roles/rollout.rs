@@ -42,7 +42,7 @@ use storage::TrajectoryGroup;
 
 /// The attacks carried out on the groups a worker produces.
 #[cfg(feature = "adversary")]
-pub const GROUP_ATTACKS: [Attack; 10] = [
+pub const GROUP_ATTACKS: [Attack; 13] = [
     Attack::InflatedReward,
     Attack::ForgedLogprobs,
     Attack::InvalidLogprob,
@@ -51,9 +51,16 @@ pub const GROUP_ATTACKS: [Attack; 10] = [
     Attack::BadSignature,
     Attack::LateLiar,
     Attack::SybilRekey,
+    Attack::MaskPoisoning,
+    Attack::ForcedTokens,
+    Attack::StaleVersion,
     Attack::ForgedReturn,
     Attack::ForgedObservation,
 ];
+
+/// The group attacks that need the model ([`super::forge`]).
+#[cfg(feature = "adversary")]
+const MODEL_ATTACKS: [Attack; 2] = [Attack::ForcedTokens, Attack::StaleVersion];
 
 /// Whether group `seq` of a worker carrying out `attack` is tampered with: always, except
 /// for the honest prefix of `late_liar` and `sybil_rekey` (which then forge log-probs).
@@ -89,6 +96,10 @@ pub fn tamper(attack: Attack, g: &mut TrajectoryGroup, vocab: usize, context: us
             })
         }
         Attack::InvalidLogprob => g.samples[0].sampler_logprobs[0] = -1e4,
+        // Honest tokens, log-probs and rewards: only which tokens are trained is chosen.
+        Attack::MaskPoisoning => g.samples.iter_mut().for_each(|s| {
+            s.loss_mask.iter_mut().step_by(2).for_each(|m| *m = 0);
+        }),
         Attack::OutOfVocab => {
             let s = &mut g.samples[0];
             let last = s.response_tokens.len() - 1;
@@ -134,20 +145,32 @@ pub fn tamper(attack: Attack, g: &mut TrajectoryGroup, vocab: usize, context: us
 }
 
 /// The seal hook of a misbehaving worker: tamper with group `seq` by attack `seq mod k` (when
-/// [`forges`] says so; the id goes to `forged_file`), then sign it (with a fresh key for
-/// `bad_signature`, with the node key otherwise: the lie is the worker's own).
+/// [`forges`] says so, the model-aware ones through `forger`; the id goes to `forged_file`),
+/// then sign it (with a fresh key for `bad_signature`, with the node key otherwise: the lie is
+/// the worker's own).
 #[cfg(feature = "adversary")]
 fn attack_hook(
     attacks: Vec<Attack>,
     vocab: usize,
     context: usize,
+    mut forger: Option<super::forge::Forger>,
     forged_file: std::path::PathBuf,
 ) -> rollout::SealHook {
     Box::new(move |g, key| {
         let attack = attacks[(g.seq % attacks.len() as u64) as usize];
-        let forged = forges(attack, g.seq);
+        let mut forged = forges(attack, g.seq);
         if forged {
-            tamper(attack, g, vocab, context);
+            match forger.as_mut().filter(|_| MODEL_ATTACKS.contains(&attack)) {
+                Some(f) => match f.forge(attack, g) {
+                    Ok(true) => {}
+                    Ok(false) => return g.sign(key.signing_key()), // honest this once
+                    Err(e) => {
+                        tracing::warn!(%attack, error = %format!("{e:#}"), "forging failed");
+                        forged = false;
+                    }
+                },
+                None => tamper(attack, g, vocab, context),
+            }
         }
         if attack == Attack::BadSignature {
             g.sign(storage::NodeKey::generate().signing_key());
@@ -223,11 +246,7 @@ pub async fn start(
     // Generation: weights in the inference path's dtype (bf16 on a GPU) plus the KV cache of
     // one group of n rows; prompts are budgeted at 1024 tokens.
     let r = &config.rollout;
-    let gen_dtype = if state.device.is_cuda() {
-        policy::DType::BF16
-    } else {
-        policy::DType::F32
-    };
+    let gen_dtype = r.dtype.resolve(&state.device);
     let new_tokens = if env.metadata().is_multi_turn() {
         budget.max_episode_tokens
     } else {
@@ -276,6 +295,25 @@ pub async fn start(
             .as_deref()
             .context("a rollout worker needs learner_public_key")?,
     )?;
+    let assignment_seed = tasks::assign::assignment_seed(&config.swarm_id, &learner_key.to_bytes());
+    #[cfg(feature = "adversary")]
+    let forger = MODEL_ATTACKS
+        .iter()
+        .any(|a| state.misbehave.has(*a))
+        .then_some(())
+        // The model-aware forgeries are of single-turn groups.
+        .and(env.as_task().cloned())
+        .map(|task| {
+            let mut params = sampling.clone();
+            params.stop_tokens = tokenizer.eos_ids();
+            super::forge::Forger::new(
+                slot.clone(),
+                task,
+                tokenizer.clone(),
+                assignment_seed,
+                params,
+            )
+        });
     let chat = build_chat(config, tokenizer, env.as_ref())?;
     let engine = RolloutEngine::for_env(
         RolloutConfig {
@@ -289,10 +327,8 @@ pub async fn start(
             producer: state.peer_id.clone(),
             idle_poll: Duration::from_millis(20),
             max_groups_per_s: r.max_groups_per_s,
-            assignment_seed: Some(tasks::assign::assignment_seed(
-                &config.swarm_id,
-                &learner_key.to_bytes(),
-            )),
+            assignment_seed: Some(assignment_seed),
+            infer_dtype: Some(r.dtype.resolve(&state.device)),
             ..RolloutConfig::default()
         },
         env,
@@ -315,7 +351,13 @@ pub async fn start(
             engine
         } else {
             let forged_file = config.data_dir.join(crate::misbehave::FORGED_FILE);
-            engine.with_seal_hook(attack_hook(attacks, vocab, max_context, forged_file))
+            engine.with_seal_hook(attack_hook(
+                attacks,
+                vocab,
+                max_context,
+                forger,
+                forged_file,
+            ))
         }
     };
     let stats = engine.stats();

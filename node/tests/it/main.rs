@@ -5,7 +5,14 @@ mod admission;
 mod cli;
 mod durability;
 mod envs;
+/// A forwarder that stalls mid-run (an attack: needs the `adversary` feature).
+#[cfg(feature = "adversary")]
+mod forwarding;
 mod learning;
+/// Proven rollouts: an honest f16 worker next to forced-token and mask-poisoning workers
+/// (shares `verified`'s set-up, so built with it).
+#[cfg(feature = "adversary")]
+mod proven;
 mod relay;
 mod scheduler;
 mod swarm;

@@ -16,9 +16,10 @@ use crate::swarm::{keygen, peer, rejected, wait_for, Node, BIN};
 /// start. Without it the untrained model rarely scores: a group whose samples all get the same
 /// reward has zero advantage and trains nothing, so a step needed tens of groups, and three
 /// steps took from 30 s to past the 240-s limit on a loaded CI machine (1–3 s with it).
-const LEARNER: &str = "[learner]\nwarm_start_steps = 10\ngroup_size = 4\ngroups_per_step = 2\n";
+pub(crate) const LEARNER: &str =
+    "[learner]\nwarm_start_steps = 10\ngroup_size = 4\ngroups_per_step = 2\n";
 pub(crate) const WORKER: &str = "[storage]\nmax_pending_groups = 8\n[rollout]\ngroup_size = 4\n";
-const LIMIT: Duration = Duration::from_secs(240);
+pub(crate) const LIMIT: Duration = Duration::from_secs(240);
 
 /// A rollout worker bootstrapping from `learner` that carries out `attacks`; `sections` are
 /// its config's tables after `[network]`.
@@ -29,7 +30,18 @@ pub(crate) fn bad_worker(
     attacks: &str,
     sections: &str,
 ) -> Node {
-    let name = "bad";
+    bad_worker_named(root, "bad", swarm, learner, attacks, sections)
+}
+
+/// [`bad_worker`] in `root/name`.
+pub(crate) fn bad_worker_named(
+    root: &Path,
+    name: &str,
+    swarm: &str,
+    learner: &Node,
+    attacks: &str,
+    sections: &str,
+) -> Node {
     let data = root.join(name);
     std::fs::create_dir_all(&data).unwrap();
     let key = keygen(&data);

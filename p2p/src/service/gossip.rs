@@ -58,6 +58,8 @@ impl Service {
     }
 
     pub(super) fn publish_heartbeat(&mut self) {
+        let now = Instant::now();
+        self.pacer.sent(now);
         self.seq += 1;
         let hb = Heartbeat {
             v: HEARTBEAT_VERSION,
@@ -77,7 +79,19 @@ impl Service {
             device: self.local.device.clone(),
             reachability: Some(self.nat.reachability()),
             addrs: self.dial_hints(),
+            receipts: self
+                .local
+                .receipts
+                .iter()
+                .take(crate::receipt::MAX_HEARTBEAT_RECEIPTS)
+                .cloned()
+                .collect(),
             admission: self.local.admission.clone(),
+            install_age_ms: self
+                .local
+                .installed_version
+                .and(self.pacer.install_age(now))
+                .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         };
         let topic = IdentTopic::new(TopicKind::Heartbeat.topic_name(&self.cfg.swarm_id));
         match self
@@ -286,7 +300,7 @@ impl Service {
         }
         self.emit(Event::Heartbeat {
             peer: source,
-            heartbeat: hb,
+            heartbeat: Box::new(hb),
         });
     }
 

@@ -151,7 +151,8 @@ pub async fn start(
         version = trainer.version(),
         "learner window"
     );
-    let pipeline = Arc::new(build_pipeline(&state, &trainer)?);
+    let dtypes = spot::WorkerDtypes::default();
+    let pipeline = Arc::new(build_pipeline(&state, &trainer, &dtypes)?);
     tracing::info!(stages = ?pipeline.stage_names(), probation = ?pipeline.probation(), "verification of pulled groups");
     let shared = Arc::new(Shared {
         pipeline: pipeline.clone(),
@@ -196,7 +197,8 @@ pub async fn start(
         client.clone(),
         state.trajectories.clone(),
         shared.clone(),
-        puller::PullSettings::of(&state.config, &state.key.verifying_key().to_bytes()),
+        puller::PullSettings::of(&state.config, &state.key.verifying_key().to_bytes())
+            .with_dtypes(dtypes),
     ));
     let (done_tx, finished) = tokio::sync::oneshot::channel();
     let exact = envs::Evaluator::for_learner(&state.config, trainer.config().temperature)
@@ -248,8 +250,13 @@ pub async fn start(
 
 /// The one verification pipeline of this learner: the stages `[verification]` switches on,
 /// structure checked against the model's limits, and the log-prob spot check last (the only
-/// stage that runs the model, so it sees only groups every cheaper stage passed).
-fn build_pipeline(state: &NodeState, trainer: &Trainer) -> anyhow::Result<Pipeline> {
+/// stage that runs the model, so it sees only groups every cheaper stage passed), judging each
+/// worker by the sampling dtype `dtypes` reports for it.
+fn build_pipeline(
+    state: &NodeState,
+    trainer: &Trainer,
+    dtypes: &spot::WorkerDtypes,
+) -> anyhow::Result<Pipeline> {
     let limits = puller::group_limits(&state.config);
     let key = state.key.verifying_key().to_bytes();
     let mut pipeline = verify::pipeline_for_learner(&state.config, &key, limits)
@@ -259,14 +266,33 @@ fn build_pipeline(state: &NodeState, trainer: &Trainer) -> anyhow::Result<Pipeli
         pipeline = pipeline.with_stage(
             spot::SpotChecker::new(
                 spot::SpotSettings {
+                    tolerance: learner::verdict::ByDtype {
+                        f32: v.logprob_tolerance.f32 as f32,
+                        f16: v.logprob_tolerance.f16 as f32,
+                        bf16: v.logprob_tolerance.bf16 as f32,
+                    },
+                    margin: learner::verdict::ByDtype {
+                        f32: v.sampling_margin.f32,
+                        f16: v.sampling_margin.f16,
+                        bf16: v.sampling_margin.bf16,
+                    },
                     temperature: trainer.config().temperature,
+                    top_p: state.config.learner.top_p,
+                    // TODO(sampling): episodes are not generated from prescribed uniforms
+                    // yet (`rollout`'s `episodes`): their tokens are checked for single-turn
+                    // tasks only.
+                    check_sampling: v.check_sampling
+                        && super::build_env(&state.config)?.as_task().is_some(),
+                    seed: tasks::assign::assignment_seed(&state.config.swarm_id, &key),
                     ..Default::default()
                 },
                 state.chunks.clone(),
                 trainer.policy().config().clone(),
                 state.device.clone(),
             )
-            .context("building the log-prob spot checker")?,
+            .context("building the log-prob spot checker")?
+            .with_worker_dtypes(dtypes.clone())
+            .with_mask_rule(super::mask_rule(&state.config)?),
         );
     }
     Ok(pipeline)
@@ -329,6 +355,7 @@ fn restore_or_init(state: &NodeState) -> anyhow::Result<(Trainer, u64)> {
         }
         Trainer::new(policy, wanted).context("creating the trainer")?
     };
+    trainer.set_mask_rule(super::mask_rule(config)?);
     let weights = resume_at_published(&mut trainer, &state.chunks)?;
     // Buffer leases of a previous run are void (only this thread leases the buffer).
     for l in state.trajectories.leases()? {

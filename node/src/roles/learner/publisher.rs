@@ -2,14 +2,19 @@
 //! dissemination engine, and measures each broadcast's T_bcast from the workers' install
 //! reports (the rule is `control::capacity::broadcast_done`): it wakes at each change of the
 //! peer view (`p2p::Client::peer_changes`: a heartbeat, a connection, a ban), so a
-//! measurement ends with the heartbeat that completes it.
+//! measurement ends with the heartbeat that completes it. A version that does not complete
+//! is not dropped from the measure: it counts as a lower bound (`≥ t`,
+//! `control::capacity::t_bcast_estimate`) — frozen when the learner stops waiting for it,
+//! growing while it is in flight — so a starving swarm never shows the last good median.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use control::capacity::broadcast_done;
+use control::capacity::{
+    broadcast_completed_at, broadcast_done, t_bcast_estimate, BcastEstimate, BcastSample,
+};
 use dissemination::Disseminator;
 use tokio::sync::watch;
 
@@ -27,8 +32,9 @@ pub(super) struct PublishStats {
     snapshots: AtomicU64,
     /// Published versions whose T_bcast is still being measured, with their publish time.
     in_flight: Mutex<Vec<(u64, Instant)>>,
-    /// The last [`RECENT_BCAST`] T_bcast measurements (seconds).
-    t_bcast: Mutex<VecDeque<f64>>,
+    /// The last [`RECENT_BCAST`] T_bcast measurements: exact, or lower bounds of versions
+    /// given up (more than [`RECENT_BCAST`] newer ones in flight).
+    t_bcast: Mutex<VecDeque<BcastSample>>,
 }
 
 impl Default for PublishStats {
@@ -58,29 +64,54 @@ impl PublishStats {
         self.snapshots.load(Ordering::Relaxed)
     }
 
-    /// Median of the recent T_bcast measurements and how many there are.
-    pub fn t_bcast(&self) -> (Option<f64>, usize) {
-        match self.t_bcast.lock() {
-            Ok(t) => (super::median(t.iter().copied()), t.len()),
-            Err(_) => (None, 0),
+    /// The T_bcast estimate from the recent measurements, and how many there are. Versions
+    /// still in flight count too, as lower bounds, once they have taken longer than the
+    /// estimate without them: until then they say nothing about it (every broadcast is in
+    /// flight for a while), after that they are what it must show.
+    pub fn t_bcast(&self) -> (Option<BcastEstimate>, usize) {
+        let mut samples: Vec<BcastSample> = match self.t_bcast.lock() {
+            Ok(t) => t.iter().copied().collect(),
+            Err(_) => return (None, 0),
+        };
+        let so_far = t_bcast_estimate(&samples).map_or(0.0, |e| e.secs);
+        if let Ok(f) = self.in_flight.lock() {
+            samples.extend(
+                f.iter()
+                    .map(|(_, at)| at.elapsed().as_secs_f64())
+                    .filter(|&secs| secs > so_far)
+                    .map(|secs| BcastSample {
+                        secs,
+                        lower_bound: true,
+                    }),
+            );
         }
+        (t_bcast_estimate(&samples), samples.len())
     }
 
     /// Ends the T_bcast measurement of every in-flight version the active workers (their
-    /// installed versions in `installed`) have installed.
-    fn measure(&self, installed: &[Option<u64>]) {
+    /// installed versions and install times in `installed`) have installed. The end is the
+    /// install time the reports state (`broadcast_completed_at`: a held-back report states
+    /// its age), or now when one is unknown; never before the publication, never after now.
+    fn measure(&self, installed: &[(Option<u64>, Option<Instant>)]) {
         let Ok(mut in_flight) = self.in_flight.lock() else {
             return;
         };
+        let versions: Vec<Option<u64>> = installed.iter().map(|(v, _)| *v).collect();
+        let now = Instant::now();
         in_flight.retain(|(v, at)| {
-            if !broadcast_done(installed, *v) {
+            if !broadcast_done(&versions, *v) {
                 return true;
             }
-            let secs = at.elapsed().as_secs_f64();
+            let end = broadcast_completed_at(installed, *v).map_or(now, |t| t.clamp(*at, now));
+            let secs = end.duration_since(*at).as_secs_f64();
             metrics::histogram!("learner_t_bcast_seconds").record(secs);
             tracing::debug!(version = v, secs, "snapshot broadcast complete");
+            let exact = BcastSample {
+                secs,
+                lower_bound: false,
+            };
             if let Ok(mut t) = self.t_bcast.lock() {
-                push_recent(&mut t, secs, RECENT_BCAST);
+                push_recent(&mut t, exact, RECENT_BCAST);
             }
             false
         });
@@ -89,9 +120,24 @@ impl PublishStats {
     fn record(&self, version: u64, started: Instant) {
         if let Ok(mut f) = self.in_flight.lock() {
             f.push((version, started));
-            // Versions nobody installs (no workers yet) are not measured forever.
+            // Versions not installed while many newer ones were published are not measured
+            // forever: each leaves its age as a lower bound.
             let excess = f.len().saturating_sub(RECENT_BCAST);
-            f.drain(..excess);
+            for (v, at) in f.drain(..excess) {
+                let secs = at.elapsed().as_secs_f64();
+                tracing::debug!(
+                    version = v,
+                    secs,
+                    "broadcast given up unfinished: T_bcast ≥ secs"
+                );
+                if let Ok(mut t) = self.t_bcast.lock() {
+                    let bound = BcastSample {
+                        secs,
+                        lower_bound: true,
+                    };
+                    push_recent(&mut t, bound, RECENT_BCAST);
+                }
+            }
         }
         self.published.store(version, Ordering::Relaxed);
         self.published_tx.send_replace(Some(version));
@@ -129,7 +175,7 @@ async fn measure(client: &p2p::Client, shared: &Shared) {
 /// One T_bcast check against the peer view as it is now.
 async fn measure_now(client: &p2p::Client, shared: &Shared) -> Result<(), p2p::P2pError> {
     let peers = client.peers().await?;
-    shared.publish.measure(&p2p::active_installs(&peers));
+    shared.publish.measure(&p2p::active_install_times(&peers));
     Ok(())
 }
 

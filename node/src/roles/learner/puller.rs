@@ -55,6 +55,8 @@ pub(super) struct PullSettings {
     limits: GroupLimits,
     caps: ShareCaps,
     gate: Gate,
+    /// Where the spot check reads each worker's sampling dtype; refreshed every round.
+    dtypes: super::spot::WorkerDtypes,
 }
 
 impl PullSettings {
@@ -67,7 +69,14 @@ impl PullSettings {
             limits: group_limits(config),
             caps: config.admission.caps(),
             gate: Gate::new(config, *learner_key),
+            dtypes: super::spot::WorkerDtypes::default(),
         }
+    }
+
+    /// Refreshes `dtypes` from the workers' heartbeats every round.
+    pub fn with_dtypes(mut self, dtypes: super::spot::WorkerDtypes) -> Self {
+        self.dtypes = dtypes;
+        self
     }
 }
 
@@ -243,6 +252,9 @@ pub(super) async fn run(
         let Ok(workers) = client.workers().await else {
             return;
         };
+        settings
+            .dtypes
+            .refresh(workers.iter().map(|p| (p.peer, p.device.as_ref())));
         drop_banned(&client, &mut banned, &buffer, &shared).await;
         let now_s = crate::admission::now_unix_s();
         let mut admitted: Vec<(p2p::PeerId, u64, f64, bool)> = Vec::new();

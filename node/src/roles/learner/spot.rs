@@ -1,14 +1,18 @@
-//! The learner's log-prob spot checks of pulled groups (`docs/security.md`, "Log-prob spot
-//! checks"), the last stage of the verification pipeline (`learner::Pipeline`): for a drawn
-//! fraction of groups — the worker's check rate, 1 on probation, lower with a long verified
-//! history (`control::admission::check_rate`) — the sampled tokens' log-probs are
-//! recomputed under the snapshot version the group claims and compared with the reported
-//! ones.
+//! The learner's spot checks of pulled groups (`docs/security.md`, "Log-prob spot checks"
+//! and "Checkable sampling"), the last stage of the verification pipeline
+//! (`learner::Pipeline`): for a drawn fraction of groups — the worker's check rate, 1 on
+//! probation, lower with a long verified history (`control::admission::check_rate`) — one
+//! teacher-forced forward under the snapshot version the group claims recomputes the sampled
+//! tokens' log-probs, compares them with the reported ones, and checks that each token is the
+//! one the canonical sampling rule draws for the uniform the learner prescribes
+//! (`learner::verdict`), with the tolerance and margin of the dtype the worker's heartbeats
+//! report ([`WorkerDtypes`]).
 //!
-//! Owns: the [`SpotChecker`] — the draw by a secret key and the rule of `learner::spot_check`,
-//! a small cache of models by version loaded from the node's chunk store, the proof-level
-//! grade of a mismatch, and the check of the claimed version against the versions this
-//! learner published.
+//! Owns: the [`SpotChecker`] — the draw by a secret key and the rules of `learner::spot_check`
+//! and `learner::verdict`, a small cache of models by version loaded from the node's chunk
+//! store, the proof-level grade of a mismatch, the check of the claimed version against the
+//! versions this learner published, and the set of producers caught with a token the rule did
+//! not draw.
 //! Must not touch: the pull protocol, the chunk store's contents (read only) or the peer's
 //! penalty (the puller strikes the peer for every rejection the verifier returns).
 //!
@@ -33,13 +37,22 @@
 //!   — at the default tolerance 0.1 nats, twenty times the largest honest spread measured
 //!   even for a half-precision worker — but a forgery: refused as `logprob_forged`, which
 //!   bans at once (the penalty table, `verify.rs`).
+//! - **A token the rule did not draw is proof** (`token_not_drawn`, banned at once: the
+//!   margin covers every honest numeric spread). It ends the check of a producer: every later
+//!   group of that producer is refused for the same reason, checked or not — so the rest of
+//!   the very pull that caught it is never stored.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
-use learner::spot_check::{selected_by_fraction, SpotRule, DEFAULT_TOLERANCE};
-use learner::{Checks, LearnerError, StageInput};
+use learner::spot_check::{selected_by_fraction, SpotRule, MAX_TRACKED_PEERS};
+use learner::verdict::{
+    ByDtype, CheckReport, CheckSettings, SpotVerdict, WorkerDtype, DEFAULT_MARGIN,
+    DEFAULT_TOLERANCE,
+};
+use learner::{Checks, LearnerError, MaskRule, ResponseTokens, StageInput};
+use policy::rule::RuleParams;
 use policy::{Device, ModelConfig, Policy};
 use storage::record::GroupRejection;
 use storage::{ChunkStore, TrajectoryGroup};
@@ -49,6 +62,8 @@ pub const REASON_MISMATCH: &str = "logprob_mismatch";
 /// A mismatch of at least [`PROOF_FACTOR`] × the tolerance.
 pub const REASON_FORGED: &str = "logprob_forged";
 pub const REASON_UNPUBLISHED: &str = "unpublished_version";
+/// A sampled token the canonical rule does not draw from its prescribed uniform: proof.
+pub const REASON_NOT_DRAWN: &str = "token_not_drawn";
 
 /// A difference of this many tolerances is proof of a forgery (see the module doc).
 pub const PROOF_FACTOR: f32 = 100.0;
@@ -56,14 +71,23 @@ pub const PROOF_FACTOR: f32 = 100.0;
 /// Models kept loaded by default (the two newest versions groups were checked under).
 pub const DEFAULT_CACHED_VERSIONS: usize = 2;
 
-/// The spot checker's settings (the learner's temperature; which groups are checked is the
-/// pipeline's check rate).
+/// The spot checker's settings (`[verification]` keys and the learner's sampling rule; which
+/// groups are checked is the pipeline's check rate).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SpotSettings {
-    /// Bound on `max |reported − recomputed|` (see `learner::spot_check`).
-    pub tolerance: f32,
-    /// The log-prob temperature (`learner.temperature`, equal to the workers' one).
+    /// Bound on `max |reported − recomputed|` per worker dtype
+    /// (`verification.logprob_tolerance`).
+    pub tolerance: ByDtype<f32>,
+    /// Margin δ of the draw check per worker dtype (`verification.sampling_margin`).
+    pub margin: ByDtype<f64>,
+    /// The log-prob and sampling temperature (`learner.temperature`, the workers' one).
     pub temperature: f32,
+    /// The workers' nucleus mass (`learner.top_p`).
+    pub top_p: f32,
+    /// Check the draws (`verification.check_sampling`).
+    pub check_sampling: bool,
+    /// The run's assignment seed, from which every uniform derives.
+    pub seed: [u8; 32],
     /// Models kept loaded.
     pub cached_versions: usize,
 }
@@ -72,9 +96,60 @@ impl Default for SpotSettings {
     fn default() -> Self {
         SpotSettings {
             tolerance: DEFAULT_TOLERANCE,
+            margin: DEFAULT_MARGIN,
             temperature: 1.0,
+            top_p: 1.0,
+            check_sampling: true,
+            seed: [0; 32],
             cached_versions: DEFAULT_CACHED_VERSIONS,
         }
+    }
+}
+
+/// The sampling dtype each rollout worker's heartbeats report, by peer id (base58): the
+/// puller refreshes it every round from its peer table. A worker without a report is judged
+/// as an f32 sampler on a CPU and a bf16 one on CUDA (the defaults of `rollout.dtype`).
+#[derive(Debug, Clone, Default)]
+pub struct WorkerDtypes(Arc<RwLock<HashMap<String, WorkerDtype>>>);
+
+impl WorkerDtypes {
+    /// Replaces the map with `workers`' reports (the current peer table: bounded by it).
+    pub fn refresh<'a>(
+        &self,
+        workers: impl IntoIterator<Item = (p2p::PeerId, Option<&'a p2p::DeviceReport>)>,
+    ) {
+        let map = workers
+            .into_iter()
+            .map(|(peer, d)| (peer.to_string(), dtype_of(d)))
+            .collect();
+        if let Ok(mut m) = self.0.write() {
+            *m = map;
+        }
+    }
+
+    /// The dtype `producer` samples in (f32 when unknown).
+    pub fn get(&self, producer: &str) -> WorkerDtype {
+        self.0
+            .read()
+            .ok()
+            .and_then(|m| m.get(producer).copied())
+            .unwrap_or(WorkerDtype::F32)
+    }
+}
+
+/// The dtype a heartbeat's device report names (see [`WorkerDtypes`]).
+pub fn dtype_of(report: Option<&p2p::DeviceReport>) -> WorkerDtype {
+    match report {
+        Some(d) => d
+            .dtype
+            .as_deref()
+            .and_then(WorkerDtype::parse)
+            .unwrap_or(if d.kind == "cuda" {
+                WorkerDtype::Bf16
+            } else {
+                WorkerDtype::F32
+            }),
+        None => WorkerDtype::F32,
     }
 }
 
@@ -83,8 +158,11 @@ impl Default for SpotSettings {
 pub struct SpotStats {
     /// Groups recomputed and compared.
     pub checked: u64,
-    /// Of those, failed (rejected as `logprob_mismatch` or `logprob_forged`).
+    /// Of those, failed on a log-prob beyond tolerance (rejected as `logprob_mismatch` or
+    /// `logprob_forged`).
     pub mismatches: u64,
+    /// Of those, holding a token the rule did not draw (rejected as `token_not_drawn`).
+    pub not_drawn: u64,
     /// Groups refused for naming a version the learner never published.
     pub unpublished: u64,
     /// Groups left unchecked because their version's weights are gone (older than every held
@@ -100,6 +178,7 @@ pub struct SpotStats {
 struct Counters {
     checked: AtomicU64,
     mismatches: AtomicU64,
+    not_drawn: AtomicU64,
     unpublished: AtomicU64,
     skipped_unavailable: AtomicU64,
     errors: AtomicU64,
@@ -118,9 +197,12 @@ enum Held {
 /// The learner's log-prob spot checker (a [`learner::Stage`]).
 pub struct SpotChecker {
     settings: SpotSettings,
-    rule: SpotRule,
     /// Draws the checked groups; secret to this learner.
     key: [u8; 32],
+    dtypes: WorkerDtypes,
+    masks: Arc<dyn MaskRule>,
+    /// Producers caught with a token the rule did not draw (bounded; see the module doc).
+    condemned: Mutex<HashSet<String>>,
     chunks: Arc<ChunkStore>,
     model: ModelConfig,
     device: Device,
@@ -163,9 +245,27 @@ impl SpotChecker {
             "spot-check temperature must be > 0, got {}",
             settings.temperature
         );
+        anyhow::ensure!(
+            settings.top_p > 0.0 && settings.top_p <= 1.0,
+            "spot-check top_p must be in (0, 1], got {}",
+            settings.top_p
+        );
+        let t = settings.tolerance;
+        for tolerance in [t.f32, t.f16, t.bf16] {
+            SpotRule::new(tolerance)?;
+        }
+        let m = settings.margin;
+        anyhow::ensure!(
+            [m.f32, m.f16, m.bf16]
+                .iter()
+                .all(|d| d.is_finite() && *d >= 0.0),
+            "sampling margins must be finite and >= 0, got {m:?}"
+        );
         Ok(SpotChecker {
-            rule: SpotRule::new(settings.tolerance)?,
             key,
+            dtypes: WorkerDtypes::default(),
+            masks: Arc::new(ResponseTokens),
+            condemned: Mutex::new(HashSet::new()),
             settings,
             chunks,
             model,
@@ -175,6 +275,19 @@ impl SpotChecker {
         })
     }
 
+    /// Judges each producer with the dtype `dtypes` reports for it (default: f32 for all).
+    pub fn with_worker_dtypes(mut self, dtypes: WorkerDtypes) -> Self {
+        self.dtypes = dtypes;
+        self
+    }
+
+    /// Derives sampled positions with `rule` (default: every response token; a multi-turn
+    /// environment supplies its turn-aware rule).
+    pub fn with_mask_rule(mut self, rule: Arc<dyn MaskRule>) -> Self {
+        self.masks = rule;
+        self
+    }
+
     /// The counts so far.
     pub fn stats(&self) -> SpotStats {
         let c = &self.counters;
@@ -182,6 +295,7 @@ impl SpotChecker {
         SpotStats {
             checked: get(&c.checked),
             mismatches: get(&c.mismatches),
+            not_drawn: get(&c.not_drawn),
             unpublished: get(&c.unpublished),
             skipped_unavailable: get(&c.skipped_unavailable),
             errors: get(&c.errors),
@@ -238,11 +352,22 @@ impl SpotChecker {
         metrics::counter!("learner_spot_checks_total", "result" => result).increment(1);
     }
 
-    /// The check of `group`, drawn with probability `rate` (the worker's check rate);
-    /// blocking (runs a forward when drawn). `Ok(true)` when it was recomputed and passed.
-    /// See the module doc for the rules.
-    pub fn check(&self, group: &TrajectoryGroup, rate: f64) -> Result<bool, GroupRejection> {
+    /// The check of `group` pulled from `producer` (base58 peer id), drawn with probability
+    /// `rate` (the worker's check rate); blocking (runs a forward when drawn). `Ok(true)` when
+    /// it was recomputed and passed. See the module doc for the rules.
+    pub fn check(
+        &self,
+        producer: &str,
+        group: &TrajectoryGroup,
+        rate: f64,
+    ) -> Result<bool, GroupRejection> {
         let c = &self.counters;
+        if self.is_condemned(producer) {
+            return Err(GroupRejection::Unverified {
+                reason: REASON_NOT_DRAWN,
+                detail: "this producer already sent a token the sampling rule did not draw".into(),
+            });
+        }
         match self.held(group.version) {
             Ok(Held::Yes) => {}
             Ok(Held::Gone) => {
@@ -278,36 +403,22 @@ impl SpotChecker {
                 return Ok(false);
             }
         };
-        match self.rule.check(&policy, group, self.settings.temperature) {
-            Ok((report, true)) => {
-                self.count(&c.checked, "pass");
-                tracing::debug!(
-                    version = group.version,
-                    max_abs_diff = report.max_abs_diff,
-                    "spot check passed"
-                );
-                Ok(true)
-            }
-            Ok((report, false)) => {
-                c.checked.fetch_add(1, Ordering::Relaxed);
-                self.count(&c.mismatches, "mismatch");
-                let proof = report.max_abs_diff >= PROOF_FACTOR * self.rule.tolerance;
-                Err(GroupRejection::Unverified {
-                    reason: if proof {
-                        REASON_FORGED
-                    } else {
-                        REASON_MISMATCH
-                    },
-                    detail: format!(
-                        "max |Δ log-prob| {} at sample {} token {} > tolerance {} (version {})",
-                        report.max_abs_diff,
-                        report.worst_sample,
-                        report.worst_token,
-                        self.rule.tolerance,
-                        group.version
-                    ),
-                })
-            }
+        let dtype = self.dtypes.get(producer);
+        let s = &self.settings;
+        let settings = CheckSettings {
+            rule: RuleParams {
+                temperature: s.temperature,
+                top_p: s.top_p,
+            },
+            tolerance: s.tolerance.of(dtype),
+            delta: s.margin.of(dtype),
+            seed: s.seed,
+            check_draws: s.check_sampling,
+        };
+        match learner::verdict::check_group(&policy, group, &settings, self.masks.as_ref()) {
+            Ok(report) => self
+                .judge(producer, group, dtype, &settings, &report)
+                .map(|()| true),
             Err(LearnerError::Invalid(why)) => {
                 c.checked.fetch_add(1, Ordering::Relaxed);
                 self.count(&c.mismatches, "mismatch");
@@ -323,6 +434,103 @@ impl SpotChecker {
             }
         }
     }
+
+    /// The penalty-free outcome of a check: pass, or the rejection its verdict calls for.
+    fn judge(
+        &self,
+        producer: &str,
+        group: &TrajectoryGroup,
+        dtype: WorkerDtype,
+        settings: &CheckSettings,
+        report: &CheckReport,
+    ) -> Result<(), GroupRejection> {
+        let c = &self.counters;
+        let v = group.version;
+        match report.verdict(settings.tolerance) {
+            SpotVerdict::Pass => {
+                self.count(&c.checked, "pass");
+                tracing::debug!(
+                    version = v,
+                    dtype = dtype.name(),
+                    max_abs_diff = report.logprobs.max_abs_diff,
+                    worst_draw_excess = report.worst_draw.map(|w| w.excess),
+                    "spot check passed"
+                );
+                Ok(())
+            }
+            SpotVerdict::LogprobDrift => {
+                c.checked.fetch_add(1, Ordering::Relaxed);
+                self.count(&c.mismatches, "mismatch");
+                let r = &report.logprobs;
+                let proof = r.max_abs_diff >= PROOF_FACTOR * settings.tolerance;
+                Err(GroupRejection::Unverified {
+                    reason: if proof {
+                        REASON_FORGED
+                    } else {
+                        REASON_MISMATCH
+                    },
+                    detail: format!(
+                        "max |Δ log-prob| {} at sample {} token {} > tolerance {} for a {} \
+                         sampler (version {v})",
+                        r.max_abs_diff,
+                        r.worst_sample,
+                        r.worst_token,
+                        settings.tolerance,
+                        dtype.name()
+                    ),
+                })
+            }
+            SpotVerdict::NotDrawn => {
+                c.checked.fetch_add(1, Ordering::Relaxed);
+                self.count(&c.not_drawn, "not_drawn");
+                self.condemn(producer);
+                let detail =
+                    match report.worst_draw {
+                        Some(w) => {
+                            format!(
+                        "{} of {} sampled tokens are not the rule's draw; sample {} token {} \
+                         (id {}, p {:.3e}): uniform {:.6} outside [{:.6}, {:.6}]{} with margin \
+                         {} for a {} sampler (version {v})",
+                        report.not_drawn,
+                        report.draws_checked,
+                        w.sample,
+                        w.token,
+                        w.token_id,
+                        w.window.p,
+                        w.uniform,
+                        w.window.lower,
+                        w.window.upper,
+                        if w.window.in_nucleus { "" } else { ", outside every honest nucleus" },
+                        settings.delta,
+                        dtype.name()
+                    )
+                        }
+                        None => "a sampled token is not the rule's draw".into(),
+                    };
+                tracing::warn!(producer, %detail, "spot check: proof of tokens not drawn by the rule");
+                Err(GroupRejection::Unverified {
+                    reason: REASON_NOT_DRAWN,
+                    detail,
+                })
+            }
+        }
+    }
+
+    fn is_condemned(&self, producer: &str) -> bool {
+        self.condemned
+            .lock()
+            .map(|s| s.contains(producer))
+            .unwrap_or(false)
+    }
+
+    fn condemn(&self, producer: &str) {
+        if let Ok(mut s) = self.condemned.lock() {
+            if s.len() >= MAX_TRACKED_PEERS {
+                s.clear(); // the caught are banned by then; forgetting only costs re-checks
+            }
+            s.insert(producer.to_string());
+        }
+    }
 }
 
 /// The spot check as the last stage of the learner's pipeline (the only one that runs the
@@ -332,7 +540,8 @@ impl learner::Stage for SpotChecker {
         REASON_MISMATCH
     }
     fn check(&self, input: &StageInput<'_>, checks: &mut Checks) -> Result<(), GroupRejection> {
-        checks.sampling_checked = SpotChecker::check(self, input.group, input.check_rate)?;
+        checks.sampling_checked =
+            SpotChecker::check(self, input.worker, input.group, input.check_rate)?;
         Ok(())
     }
 }

@@ -1,4 +1,3 @@
-use rand::SeedableRng;
 use storage::{NodeKey, Sample, SignedManifest, SnapshotManifest};
 
 use super::*;
@@ -24,26 +23,38 @@ fn publish(store: &ChunkStore, key: &NodeKey, version: u64, payload: Vec<u8>) {
     store.retain().unwrap();
 }
 
-/// A worker's group: the snapshot bytes installed as a policy, sampled on the inference path
-/// (what the rollout engine runs), the sampler's log-probs reported as they are.
-fn worker_group(snapshot: &[u8], version: u64, seed: u64) -> TrajectoryGroup {
+/// The run's assignment seed in these tests.
+const SEED: [u8; 32] = [42; 32];
+/// The producer every test group names (the signature layer, not this one, ties it to the
+/// peer pulled from).
+const PRODUCER: &str = "worker";
+
+/// A worker's group number `seq`: the snapshot bytes installed as a policy, sampled on the
+/// inference path in `dtype` (what the rollout engine runs) with the prescribed uniforms, the
+/// sampler's log-probs reported as they are.
+fn worker_group_in(
+    snapshot: &[u8],
+    version: u64,
+    seq: u64,
+    dtype: policy::DType,
+) -> TrajectoryGroup {
     let policy =
         Policy::from_safetensors_bytes(&ModelConfig::tiny(), snapshot, &Device::Cpu).unwrap();
-    let model = policy::InferModel::from_policy(&policy).unwrap();
+    let model = policy::InferModel::new(&policy, dtype).unwrap();
     let prompt = policy::ByteTokenizer.encode_prompt("3+4=");
     let params = policy::SamplingParams {
         temperature: T,
         ..policy::SamplingParams::new(6, vec![])
     };
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let out = policy::infer::generate(&model, &prompt, 4, &params, &mut rng).unwrap();
+    let draws = policy::Draws::prescribed(&SEED, PRODUCER, seq, 4);
+    let out = policy::infer::generate_with(&model, &prompt, &params, &draws).unwrap();
     TrajectoryGroup {
-        group_id: [seed as u8; 16],
+        group_id: [seq as u8; 16],
         task_id: "arith".into(),
         prompt_id: "34".into(),
         version,
-        producer: String::new(),
-        seq: 0,
+        producer: PRODUCER.into(),
+        seq,
         signature: None,
         prompt_text: "3+4=".into(),
         prompt_tokens: prompt,
@@ -64,16 +75,31 @@ fn worker_group(snapshot: &[u8], version: u64, seed: u64) -> TrajectoryGroup {
     }
 }
 
+fn worker_group(snapshot: &[u8], version: u64, seq: u64) -> TrajectoryGroup {
+    worker_group_in(snapshot, version, seq, policy::DType::F32)
+}
+
 fn settings() -> SpotSettings {
     SpotSettings {
         temperature: T,
+        seed: SEED,
         ..SpotSettings::default()
     }
 }
 
 /// The check of a group drawn for sure (rate 1).
 fn run(c: &SpotChecker, g: &TrajectoryGroup) -> Result<(), GroupRejection> {
-    c.check(g, 1.0).map(|_| ())
+    c.check(PRODUCER, g, 1.0).map(|_| ())
+}
+
+/// The check of a group pulled from `peer` at check rate `rate`.
+fn from(
+    c: &SpotChecker,
+    peer: &p2p::PeerId,
+    g: &TrajectoryGroup,
+    rate: f64,
+) -> Result<(), GroupRejection> {
+    c.check(&peer.to_base58(), g, rate).map(|_| ())
 }
 
 fn reason(r: Result<(), GroupRejection>) -> &'static str {
@@ -123,13 +149,17 @@ fn honest_groups_pass_and_forged_log_probs_fail() {
         assert_eq!(reason(r.clone()), why, "-{delta}");
         assert!(r.unwrap_err().to_string().contains("sample 1 token 2"));
     }
-    // Honest log-probs of another version's weights do not pass as this version's.
+    // Samples and log-probs of another version's weights do not pass as this version's:
+    // its tokens are not the rule's draws under these weights (proof, which outranks the
+    // log-prob drift), and the producer is condemned.
     let mut wrong = honest4.clone();
     wrong.version = 2;
-    let why = reason(run(&checker, &wrong));
-    assert!(why == REASON_MISMATCH || why == REASON_FORGED, "{why}");
+    assert_eq!(reason(run(&checker, &wrong)), REASON_NOT_DRAWN);
     let s = checker.stats();
-    assert_eq!((s.checked, s.mismatches, s.errors), (5, 3, 0));
+    assert_eq!(
+        (s.checked, s.mismatches, s.not_drawn, s.errors),
+        (5, 2, 1, 0)
+    );
     // Versions 2 and 4 loaded once each, then served from the cache.
     assert_eq!(s.loads, 2);
 }
@@ -166,14 +196,18 @@ fn only_drawn_groups_are_recomputed() {
     forged.samples[0].sampler_logprobs[0] -= 0.5;
     // Rate 1 (probation): checked; rate 0: never; in between, by the keyed draw of the id.
     assert_eq!(
-        reason(checker.check(&forged, 1.0).map(|_| ())),
+        reason(checker.check(PRODUCER, &forged, 1.0).map(|_| ())),
         REASON_FORGED
     );
-    assert_eq!(checker.check(&forged, 0.0), Ok(false));
+    assert_eq!(checker.check(PRODUCER, &forged, 0.0), Ok(false));
     let drawn = learner::spot_check::selected_by_fraction(&forged.group_id, &[7; 32], 0.5);
-    assert_eq!(checker.check(&forged, 0.5).is_err(), drawn);
+    assert_eq!(checker.check(PRODUCER, &forged, 0.5).is_err(), drawn);
     let honest = worker_group(&v2, 2, 8);
-    assert_eq!(checker.check(&honest, 1.0), Ok(true), "checked and passed");
+    assert_eq!(
+        checker.check(PRODUCER, &honest, 1.0),
+        Ok(true),
+        "checked and passed"
+    );
 }
 
 #[test]
@@ -193,7 +227,10 @@ fn groups_the_model_cannot_take_are_rejected_not_panics() {
     }
     assert!(SpotChecker::new(
         SpotSettings {
-            tolerance: 0.0,
+            tolerance: learner::verdict::ByDtype {
+                f32: 0.0,
+                ..DEFAULT_TOLERANCE
+            },
             ..settings()
         },
         Arc::new(ChunkStore::open(&dir.path().join("other"), 1).unwrap()),
@@ -218,4 +255,97 @@ fn the_model_cache_is_bounded() {
     }
     // 2 loaded, reused, evicted by 4, loaded again.
     assert_eq!(checker.stats().loads, 3);
+}
+
+/// A worker that writes its responses and reports their true log-probs: every log-prob
+/// matches, no token is the rule's draw. Proof: the group is refused as `token_not_drawn`, and
+/// so is every later group of that producer, checked or not (the rest of its pull).
+#[test]
+fn written_responses_are_proof_and_condemn_their_producer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, v2, _) = store_with_snapshots(dir.path());
+    let policy = Policy::from_safetensors_bytes(&ModelConfig::tiny(), &v2, &Device::Cpu).unwrap();
+    let checker = SpotChecker::new(settings(), store, ModelConfig::tiny(), Device::Cpu).unwrap();
+    let (bad, good) = (p2p::PeerId::random(), p2p::PeerId::random());
+    let mut forced = worker_group(&v2, 2, 0);
+    let want = policy::ByteTokenizer.encode("7777");
+    for s in &mut forced.samples {
+        s.sampler_logprobs =
+            policy::response_logprobs(&policy, &forced.prompt_tokens, &want, T).unwrap();
+        s.loss_mask = vec![1; want.len()];
+        s.response_tokens = want.clone();
+    }
+    let r = from(&checker, &bad, &forced, 1.0);
+    assert_eq!(reason(r.clone()), REASON_NOT_DRAWN);
+    assert!(r.unwrap_err().to_string().contains("not the rule's draw"));
+    // Its next group is honest and not drawn (rate 0): refused all the same.
+    assert_eq!(
+        reason(from(&checker, &bad, &worker_group(&v2, 2, 1), 0.0)),
+        REASON_NOT_DRAWN
+    );
+    // Another peer is not affected.
+    assert_eq!(
+        reason(from(&checker, &good, &worker_group(&v2, 2, 2), 1.0)),
+        "ok"
+    );
+    let s = checker.stats();
+    assert_eq!((s.checked, s.not_drawn, s.mismatches), (2, 1, 0));
+    // With the draw check off, the same group passes: log-probs alone cannot tell.
+    let (store, _, _) = store_with_snapshots(&dir.path().join("b"));
+    let blind = SpotChecker::new(
+        SpotSettings {
+            check_sampling: false,
+            ..settings()
+        },
+        store,
+        ModelConfig::tiny(),
+        Device::Cpu,
+    )
+    .unwrap();
+    assert_eq!(reason(from(&blind, &bad, &forced, 1.0)), "ok");
+}
+
+/// A worker sampling in f16 is judged with the f16 tolerance and margin its heartbeat names;
+/// without a report it is judged as f32 and refused.
+#[test]
+fn half_precision_workers_are_judged_by_their_reported_dtype() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, v2, _) = store_with_snapshots(dir.path());
+    let dtypes = WorkerDtypes::default();
+    // Tight f32 limits (an f16 spread exceeds them), the default f16 ones.
+    let mut tight = settings();
+    tight.tolerance.f32 = 1e-6;
+    tight.margin.f32 = 1e-9;
+    let checker = SpotChecker::new(tight, store, ModelConfig::tiny(), Device::Cpu)
+        .unwrap()
+        .with_worker_dtypes(dtypes.clone());
+    let peer = p2p::PeerId::random();
+    let id = peer.to_base58();
+    let report = p2p::DeviceReport {
+        kind: "cpu".into(),
+        dtype: Some("f16".into()),
+        ..Default::default()
+    };
+    dtypes.refresh([(peer, Some(&report))]);
+    assert_eq!(dtypes.get(&id), WorkerDtype::F16);
+    for seq in 0..8 {
+        let g = worker_group_in(&v2, 2, seq, policy::DType::F16);
+        assert_eq!(reason(from(&checker, &peer, &g, 1.0)), "ok", "seq {seq}");
+    }
+    // Forgotten (no heartbeat): the f32 limits, which the f16 spread exceeds.
+    dtypes.refresh([]);
+    let refused = (0..8)
+        .filter(|&seq| {
+            let g = worker_group_in(&v2, 2, seq, policy::DType::F16);
+            reason(from(&checker, &peer, &g, 1.0)) != "ok"
+        })
+        .count();
+    assert!(refused > 0);
+    // What a heartbeat without a dtype means: bf16 on CUDA, f32 otherwise.
+    let gpu = p2p::DeviceReport {
+        kind: "cuda".into(),
+        ..Default::default()
+    };
+    assert_eq!(dtype_of(Some(&gpu)), WorkerDtype::Bf16);
+    assert_eq!(dtype_of(None), WorkerDtype::F32);
 }

@@ -20,7 +20,11 @@ pub(super) fn update(c: &TrainCtx, t: &Totals, last: Option<&(StepStats, f64)>, 
     let cfg = c.trainer.config();
     let s = &c.shared;
     let busy = t.idle_s + t.train_s;
-    let (t_bcast, t_bcast_samples) = s.publish.t_bcast();
+    let (t_bcast_estimate, t_bcast_samples) = s.publish.t_bcast();
+    // A lower bound makes μ_min (and μ_target, which the scheduler follows) a lower bound and
+    // the Δ_max figures lower bounds of the bounds: flagged with it.
+    let t_bcast = t_bcast_estimate.map(|e| e.secs);
+    let t_bcast_lower_bound = t_bcast_estimate.is_some_and(|e| e.lower_bound);
     let t_train = super::median(t.recent_train_s.iter().copied());
     let mu_pool = s.pulls.mu_pool();
     let round_trips = s.pulls.recent_round_trips();
@@ -77,6 +81,7 @@ pub(super) fn update(c: &TrainCtx, t: &Totals, last: Option<&(StepStats, f64)>, 
         train_s: t.train_s,
         t_train_s: t_train,
         t_bcast_s: t_bcast,
+        t_bcast_lower_bound,
         t_bcast_samples,
         mu_pool,
         mu_min,

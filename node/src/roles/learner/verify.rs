@@ -17,8 +17,13 @@
 //!    For a multi-turn environment, [`ReplayLayer`] (`replay_mismatch`) instead replays every
 //!    episode from its decoded actions: the observations in the trajectory must be the
 //!    environment's own, the return the replayed one, the loss mask the assistant tokens;
-//! 4. the log-prob spot check (`super::spot`, `logprob_mismatch` / `logprob_forged`), at the
-//!    worker's check rate, appended by the learner role.
+//! 4. [`MaskLayer`] (`mask_mismatch`): every sample's loss mask is the one the learner derives
+//!    from the tokens (`learner::mask`; [`EpisodeMask`] for a multi-turn environment; the
+//!    trainer trains on the derived mask only);
+//! 5. the spot check (`super::spot`), at the worker's check rate, appended by the learner
+//!    role: log-probs recomputed under the claimed version (`logprob_mismatch` /
+//!    `logprob_forged`) and each sampled token the canonical sampling rule's draw for the
+//!    uniform the learner prescribes (`token_not_drawn`).
 //!
 //! Owns: these stages, the chain's assembly and the reason → penalty table. Must not touch:
 //! the pull protocol, the store, the swarm (the puller strikes and bans).
@@ -87,7 +92,7 @@ pub fn pipeline_for_learner(
             };
         }
     }
-    Ok(out)
+    Ok(out.with_stage(MaskLayer(super::super::mask_rule(config)?)))
 }
 
 /// The pipeline as the pull protocol's verifier: every decoded group runs the whole chain
@@ -119,7 +124,7 @@ pub(crate) fn learner_tokenizer(config: &NodeConfig) -> anyhow::Result<Tokenizer
 }
 
 /// The configured model's context length, without loading its weights.
-fn model_context(config: &NodeConfig) -> anyhow::Result<usize> {
+pub(crate) fn model_context(config: &NodeConfig) -> anyhow::Result<usize> {
     use anyhow::Context;
     if config.model.source == "embedded" {
         return Ok(policy::ModelConfig::tiny().max_position_embeddings);
@@ -155,6 +160,11 @@ pub struct Penalty {
 ///   honest worker can produce them;
 /// - `logprob_forged` (a log-prob at least a hundred tolerances off, `super::spot`):
 ///   `logprob_mismatch`, banned at once;
+/// - `mask_mismatch` (a loss mask other than the learner's own): its strike, three to a ban;
+/// - `token_not_drawn` (a spot-checked token the canonical sampling rule does not draw from
+///   the prescribed uniform beyond the dtype's margin, `super::spot`): banned at once — the
+///   margin covers every honest numeric spread, so only a written response or another
+///   version's samples produce it;
 /// - `untrainable` (the trainer's numeric guard quarantined a group every stage passed): no
 ///   strike — nothing shows that the worker lied;
 /// - any other reason (a stage added later without a row): `invalid_group`.
@@ -191,6 +201,8 @@ pub const PENALTIES: &[(&str, Option<StrikeReason>, bool)] = &[
         false,
     ),
     ("logprob_forged", Some(StrikeReason::LogprobMismatch), true),
+    ("mask_mismatch", Some(StrikeReason::MaskMismatch), false),
+    ("token_not_drawn", Some(StrikeReason::TokenNotDrawn), true),
 ];
 
 /// The penalty of a rejection `reason` ([`PENALTIES`]).
@@ -460,6 +472,20 @@ impl Stage for RewardLayer {
     }
 }
 
+/// `mask_mismatch`: the sent loss masks are the learner's own (see `learner::mask`).
+pub struct MaskLayer(pub Arc<dyn learner::MaskRule>);
+
+impl Stage for MaskLayer {
+    fn name(&self) -> &'static str {
+        "mask_mismatch"
+    }
+    fn check(&self, input: &StageInput<'_>, _: &mut Checks) -> Result<(), GroupRejection> {
+        let group = input.group;
+        learner::mask::check_masks(self.0.as_ref(), group)
+            .map_err(|e| reject(self.name(), format!("seq {}: {e}", group.seq)))
+    }
+}
+
 /// Reason of [`ReplayLayer`]'s rejections.
 pub const REPLAY_MISMATCH: &str = "replay_mismatch";
 
@@ -544,3 +570,44 @@ impl Stage for ReplayLayer {
 #[cfg(test)]
 #[path = "verify_tests.rs"]
 mod tests;
+
+/// The multi-turn mask rule: replays the episode (`rollout::episode::replay`) and takes its
+/// assistant-token mask; a sample that does not replay has no mask (`Err`).
+pub struct EpisodeMask {
+    pub env: Arc<dyn Environment>,
+    pub chat: Arc<Chat>,
+    pub budget: Budget,
+    pub context: usize,
+}
+
+impl learner::MaskRule for EpisodeMask {
+    fn name(&self) -> &'static str {
+        "episode_assistant_tokens"
+    }
+
+    fn mask(&self, group: &TrajectoryGroup, sample: usize) -> Result<Vec<u8>, String> {
+        let s = group
+            .samples
+            .get(sample)
+            .ok_or_else(|| format!("no sample {sample}"))?;
+        let seed = self
+            .env
+            .seed_of(&group.prompt_id)
+            .ok_or_else(|| format!("{:?} is no initial state", group.prompt_id))?;
+        let spec = rollout::episode::Spec {
+            env: self.env.as_ref(),
+            chat: &self.chat,
+            budget: self.budget,
+            context: self.context,
+        };
+        rollout::episode::replay(
+            spec,
+            seed,
+            &group.prompt_tokens,
+            &s.response_tokens,
+            s.reward,
+        )
+        .map(|p| p.mask())
+        .map_err(|e| e.to_string())
+    }
+}

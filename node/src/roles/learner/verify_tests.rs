@@ -78,6 +78,7 @@ fn verifier_with(limits: GroupLimits) -> Pipeline {
             task: task(),
             tokenizer: tok,
         })
+        .with_stage(MaskLayer(Arc::new(learner::ResponseTokens)))
 }
 
 fn verifier() -> Pipeline {
@@ -120,7 +121,8 @@ fn honest_groups_pass_every_layer() {
             "structure",
             "bad_signature",
             "wrong_prompt",
-            "reward_mismatch"
+            "reward_mismatch",
+            "mask_mismatch"
         ]
     );
     for seq in 0..20 {
@@ -276,6 +278,8 @@ fn rejections_map_to_penalties_in_one_table() {
         strike("logprob_mismatch"),
         Some(StrikeReason::LogprobMismatch)
     );
+    assert_eq!(strike("mask_mismatch"), Some(StrikeReason::MaskMismatch));
+    assert!(!penalty("mask_mismatch").ban_at_once);
     for r in [
         "malformed",
         "token_out_of_vocab",
@@ -300,8 +304,16 @@ fn rejections_map_to_penalties_in_one_table() {
             ban_at_once: true
         }
     );
+    // Proof-level: a token the sampling rule did not draw bans at once.
+    assert_eq!(
+        penalty(super::super::spot::REASON_NOT_DRAWN),
+        Penalty {
+            strike: Some(StrikeReason::TokenNotDrawn),
+            ban_at_once: true
+        }
+    );
     let at_once: Vec<&str> = PENALTIES.iter().filter(|r| r.2).map(|r| r.0).collect();
-    assert_eq!(at_once, ["logprob_forged"]);
+    assert_eq!(at_once, ["logprob_forged", "token_not_drawn"]);
     // Every row once.
     let mut names: Vec<&str> = PENALTIES.iter().map(|r| r.0).collect();
     names.sort_unstable();
@@ -323,14 +335,16 @@ fn the_config_selects_the_stages() {
             "structure",
             "bad_signature",
             "wrong_prompt",
-            "reward_mismatch"
+            "reward_mismatch",
+            "mask_mismatch"
         ]
     );
     c.verification.signatures = false;
     c.verification.recompute_rewards = false;
-    assert_eq!(names(&c), ["structure", "wrong_prompt"]);
+    assert_eq!(names(&c), ["structure", "wrong_prompt", "mask_mismatch"]);
     c.verification.assigned_prompts = false;
-    assert_eq!(names(&c), ["structure"]);
+    // The learner owns the loss mask: its check is never switched off.
+    assert_eq!(names(&c), ["structure", "mask_mismatch"]);
     // The learner's prompt stage agrees with a worker configured with its key.
     let c = NodeConfig::new(crate::config::Role::Learner, SWARM, "d".into());
     let v = pipeline_for_learner(&c, &[9; 32], GroupLimits::PERMISSIVE).unwrap();
@@ -361,6 +375,7 @@ fn every_test_only_group_attack_is_caught_where_it_should_be() {
         (Attack::OutOfVocab, Some("token_out_of_vocab")),
         (Attack::Overlong, Some("too_long")),
         (Attack::BadSignature, None),
+        (Attack::MaskPoisoning, Some("mask_mismatch")),
         // Forged log-probs too (once past their honest prefix).
         (Attack::LateLiar, None),
         (Attack::SybilRekey, None),

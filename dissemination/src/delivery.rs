@@ -1,0 +1,309 @@
+//! What a chain child records of its planned parent's delivery of each version, and the
+//! receipt it issues from that (`p2p::DeliveryReceipt`, `docs/protocol.md`, "Delivery
+//! receipt"; the learner's reading of it is `control::forwarding`).
+//!
+//! A record is opened when the child accepts a version's manifest, follows the plan's parent
+//! for that version, counts the hello and the verified chunk bytes that parent pushed, and is
+//! closed when the child installs the version or gives it up for a newer one. Its receipt is
+//! issued once the record is closed and the parent's push of the version is over — or, if the
+//! parent said nothing, once the horizon (a quarter of the stall timeout) has passed since
+//! acceptance: an honest parent sends its hello when it accepts the manifest, before any data
+//! and unpaced, so however slow its link it has said it by then (at once if it said hello for
+//! a newer version) — and at three horizons whatever its state.
+//!
+//! Owns: the records and when a receipt is due. Must not touch: signing (the node's key is
+//! the node's: `node` signs what [`Records::receipts`] returns), the wire, the verdict.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use p2p::{DeliveryReceipt, PeerId, MAX_HEARTBEAT_RECEIPTS, RECEIPT_VERSION};
+
+/// Versions whose records are kept (the newest).
+const KEEP: usize = 8;
+
+/// One version's delivery from the planned parent.
+#[derive(Debug, Clone)]
+pub(crate) struct Record {
+    accepted: Instant,
+    /// The plan's parent for this version, when it is a worker (first hops' parent is the
+    /// learner, which is not judged by receipts).
+    pub(crate) parent: Option<PeerId>,
+    /// Chunks and bytes missing when the acquisition began.
+    pub(crate) needed: usize,
+    wanted_at_start: u64,
+    /// Bytes the child asked the parent for in its reply to the hello.
+    wanted_at_hello: Option<u64>,
+    hello: Option<Instant>,
+    /// The parent's push of this version ended (its end frame, or the stream broke).
+    push_done: bool,
+    pub(crate) fed_chunks: usize,
+    bytes: u64,
+    first: Option<Instant>,
+    last: Option<Instant>,
+    end: Option<(Instant, bool)>,
+}
+
+impl Record {
+    fn new(accepted: Instant) -> Self {
+        Record {
+            accepted,
+            parent: None,
+            needed: 0,
+            wanted_at_start: 0,
+            wanted_at_hello: None,
+            hello: None,
+            push_done: false,
+            fed_chunks: 0,
+            bytes: 0,
+            first: None,
+            last: None,
+            end: None,
+        }
+    }
+}
+
+/// The records of the newest versions.
+#[derive(Debug)]
+pub(crate) struct Records {
+    by_version: BTreeMap<u64, Record>,
+    horizon: Duration,
+}
+
+impl Records {
+    /// `horizon`: the least time between accepting a version and issuing its receipt.
+    pub(crate) fn new(horizon: Duration) -> Self {
+        Records {
+            by_version: BTreeMap::new(),
+            horizon,
+        }
+    }
+
+    /// The child accepted `version`'s manifest at `now`.
+    pub(crate) fn accepted(&mut self, version: u64, now: Instant) {
+        self.by_version
+            .entry(version)
+            .or_insert_with(|| Record::new(now));
+        while self.by_version.len() > KEEP {
+            self.by_version.pop_first();
+        }
+    }
+
+    /// The acquisition of `version` began with `chunks` chunks (`bytes` bytes) missing, the
+    /// plan naming `parent`. Only the first call counts for what was missing.
+    pub(crate) fn began(
+        &mut self,
+        version: u64,
+        parent: Option<PeerId>,
+        chunks: usize,
+        bytes: u64,
+    ) {
+        if let Some(r) = self.by_version.get_mut(&version) {
+            if r.needed == 0 && r.wanted_at_start == 0 {
+                r.needed = chunks;
+                r.wanted_at_start = bytes;
+            }
+            r.parent = parent;
+        }
+    }
+
+    /// A hello for `version` from `peer` arrived at `now`; the child asked it for `wanted`
+    /// bytes. Counted only from the planned parent.
+    pub(crate) fn hello(&mut self, version: u64, peer: PeerId, wanted: u64, now: Instant) {
+        if let Some(r) = self
+            .by_version
+            .get_mut(&version)
+            .filter(|r| r.parent == Some(peer))
+        {
+            r.hello.get_or_insert(now);
+            r.wanted_at_hello.get_or_insert(wanted);
+        }
+    }
+
+    /// The planned parent `peer`'s push of `version` ended (complete or broken).
+    pub(crate) fn push_ended(&mut self, version: u64, peer: PeerId) {
+        if let Some(r) = self
+            .by_version
+            .get_mut(&version)
+            .filter(|r| r.parent == Some(peer))
+        {
+            r.push_done = true;
+        }
+    }
+
+    /// Bytes the planned parent pushed of `version`, and how long ago its first chunk came.
+    pub(crate) fn fed(&self, version: u64, now: Instant) -> (u64, Option<Duration>) {
+        self.by_version.get(&version).map_or((0, None), |r| {
+            (r.bytes, r.first.map(|f| now.saturating_duration_since(f)))
+        })
+    }
+
+    /// Whether the planned parent's hello for `version` arrived.
+    pub(crate) fn has_hello(&self, version: u64) -> bool {
+        self.by_version
+            .get(&version)
+            .is_some_and(|r| r.hello.is_some())
+    }
+
+    /// A verified chunk of `len` bytes of `version` arrived on `peer`'s push at `now`.
+    pub(crate) fn chunk(&mut self, version: u64, peer: PeerId, len: u64, now: Instant) {
+        if let Some(r) = self
+            .by_version
+            .get_mut(&version)
+            .filter(|r| r.parent == Some(peer))
+        {
+            r.fed_chunks += 1;
+            r.bytes += len;
+            r.first.get_or_insert(now);
+            r.last = Some(now);
+        }
+    }
+
+    /// The child stopped needing `version` at `now` (`installed`, or gave it up). Returns the
+    /// record (the parent and what it fed, for the node's patience).
+    pub(crate) fn ended(&mut self, version: u64, installed: bool, now: Instant) -> Option<&Record> {
+        let r = self.by_version.get_mut(&version)?;
+        r.end.get_or_insert((now, installed));
+        Some(r)
+    }
+
+    /// The receipts due at `now`, newest version first, at most
+    /// [`MAX_HEARTBEAT_RECEIPTS`] (unsigned).
+    pub(crate) fn receipts(&self, now: Instant) -> Vec<DeliveryReceipt> {
+        let ms =
+            |r: &Record, t: Instant| t.saturating_duration_since(r.accepted).as_millis() as u64;
+        self.by_version
+            .iter()
+            .rev()
+            .filter_map(|(&version, r)| {
+                let parent = r.parent?;
+                let age = now.saturating_duration_since(r.accepted);
+                // Spoke: a hello for this or a newer version from the same parent.
+                let spoke = self
+                    .by_version
+                    .range(version..)
+                    .any(|(_, n)| n.parent == Some(parent) && n.hello.is_some());
+                // Once the child is done with the version: when the parent's push is over (a
+                // slow push is judged on all it sent), or at the horizon if it said nothing
+                // (at once if it spoke for a newer version); at three horizons in any case.
+                let settled = if r.hello.is_some() {
+                    r.push_done
+                } else {
+                    spoke || age >= self.horizon
+                };
+                let due = (r.end.is_some() && settled) || age >= self.horizon * 3;
+                if !due {
+                    return None;
+                }
+                let (end, installed) = r.end.unwrap_or((now, false));
+                Some(DeliveryReceipt {
+                    v: RECEIPT_VERSION,
+                    version,
+                    parent: parent.to_string(),
+                    wanted: r.wanted_at_hello.unwrap_or(r.wanted_at_start),
+                    bytes: r.bytes,
+                    spoke,
+                    hello_ms: r.hello.map(|t| ms(r, t)),
+                    first_ms: r.first.map(|t| ms(r, t)),
+                    last_ms: r.last.map(|t| ms(r, t)),
+                    end_ms: ms(r, end),
+                    installed,
+                    sig: String::new(),
+                })
+            })
+            .take(MAX_HEARTBEAT_RECEIPTS)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H: Duration = Duration::from_secs(5);
+
+    fn peer(i: u8) -> PeerId {
+        p2p::peer_id_from_seed([i; 32])
+    }
+
+    #[test]
+    fn a_receipt_counts_the_planned_parents_hello_and_bytes_once_due() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut r = Records::new(H);
+        r.accepted(4, t0);
+        r.began(4, Some(peer(1)), 4, 4000);
+        r.hello(4, peer(1), 3000, t0 + ms(10));
+        // Another peer's push (an old parent, a stranger) is not this parent's delivery.
+        r.chunk(4, peer(2), 1000, t0 + ms(15));
+        r.chunk(4, peer(1), 1000, t0 + ms(20));
+        r.chunk(4, peer(1), 1000, t0 + ms(40));
+        assert!(r.receipts(t0 + ms(50)).is_empty(), "not closed, not due");
+        let rec = r.ended(4, true, t0 + ms(60)).unwrap();
+        assert_eq!((rec.needed, rec.fed_chunks), (4, 2));
+        assert!(r.receipts(t0 + ms(61)).is_empty(), "the push goes on");
+        r.push_ended(4, peer(2));
+        assert!(r.receipts(t0 + ms(61)).is_empty(), "another peer's push");
+        r.push_ended(4, peer(1));
+        let got = r.receipts(t0 + ms(61));
+        assert_eq!(got.len(), 1);
+        let g = &got[0];
+        assert_eq!((g.version, g.wanted, g.bytes), (4, 3000, 2000));
+        assert_eq!((g.first_ms, g.last_ms, g.end_ms), (Some(20), Some(40), 60));
+        assert!(g.spoke && g.installed);
+        assert_eq!(g.hello_ms, Some(10));
+        assert_eq!(g.parent, peer(1).to_string());
+    }
+
+    #[test]
+    fn a_silent_parent_gets_a_receipt_of_nothing_and_the_learner_none() {
+        let t0 = Instant::now();
+        let mut r = Records::new(H);
+        r.accepted(1, t0);
+        r.began(1, Some(peer(1)), 2, 2000);
+        // A first hop: fed by the learner, no receipt.
+        r.accepted(2, t0);
+        r.began(2, None, 2, 2000);
+        // Never closed: due at three horizons all the same.
+        assert!(r.receipts(t0 + H * 2).is_empty());
+        let got = r.receipts(t0 + H * 3);
+        assert_eq!(got.len(), 1);
+        let g = &got[0];
+        assert_eq!((g.version, g.wanted, g.bytes), (1, 2000, 0));
+        assert!(g.hello_ms.is_none() && !g.spoke && !g.installed);
+        assert_eq!(g.end_ms, (H * 3).as_millis() as u64);
+        // A hello only for a newer version from the same parent: it spoke.
+        r.accepted(3, t0);
+        r.began(3, Some(peer(1)), 2, 2000);
+        r.hello(3, peer(1), 2000, t0);
+        let got = r.receipts(t0 + H * 3);
+        let old = got.iter().find(|g| g.version == 1).unwrap();
+        assert!(old.hello_ms.is_none() && old.spoke);
+        // Closed without a word from its parent: due at the horizon, not before.
+        let mut q = Records::new(H);
+        q.accepted(5, t0);
+        q.began(5, Some(peer(1)), 2, 2000);
+        q.ended(5, true, t0);
+        assert!(q.receipts(t0 + H / 2).is_empty());
+        assert_eq!(q.receipts(t0 + H).len(), 1);
+    }
+
+    #[test]
+    fn only_the_newest_versions_are_kept_and_reported() {
+        let t0 = Instant::now();
+        let mut r = Records::new(H);
+        for v in 0..20 {
+            r.accepted(v, t0);
+            r.began(v, Some(peer(1)), 1, 100);
+            r.ended(v, true, t0);
+        }
+        let got = r.receipts(t0 + H);
+        let versions: Vec<u64> = got.iter().map(|g| g.version).collect();
+        assert_eq!(versions, [19, 18, 17]);
+        assert_eq!(
+            r.by_version.keys().next(),
+            Some(&12),
+            "the newest {KEEP} kept"
+        );
+    }
+}
