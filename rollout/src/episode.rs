@@ -339,9 +339,8 @@ pub fn replay(
 /// AdamW rate of a warm start on [`scripted_examples`]. Higher than a single-turn task's
 /// (3e-3): the model must learn which words answer which question (Kuhn poker's
 /// `check`/`bet` vs `fold`/`call`), not only an answer format. On Kuhn poker with the embedded
-/// model, 200 steps at 3e-3 still leave a quarter to a third of the probability on words of the
-/// other question (illegal actions); at 1e-2 they leave a few percent at the decisions scripted
-/// play reaches (docs/environments.md).
+/// model, 200 steps at 3e-3 still leave 12–25 % of the probability on words that are no action
+/// at the decisions scripted play reaches; at 1e-2 they leave 2–3 % (docs/environments.md).
 pub const SCRIPTED_WARM_LR: f64 = 1e-2;
 
 /// Supervised examples of scripted play (the warm start of an environment): episodes from
