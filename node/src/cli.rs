@@ -109,9 +109,10 @@ pub struct DemoArgs {
     /// Keep configs, stores and logs in DIR (default: a temporary directory, removed at exit).
     #[arg(long)]
     pub dir: Option<PathBuf>,
-    /// Supervised warm-start steps before RL (0 = pure RL from random weights).
-    #[arg(long, default_value_t = 60)]
-    pub warm_start_steps: usize,
+    /// Supervised warm-start steps before RL (0 = pure RL from random weights; default 200
+    /// for `kuhn-poker`, whose words must be learned per question, else 60).
+    #[arg(long)]
+    pub warm_start_steps: Option<usize>,
     /// Stop after this many minutes of training even if --steps is not reached (0 = no limit).
     #[arg(long, default_value_t = 0.0)]
     pub minutes: f64,

@@ -336,6 +336,13 @@ pub fn replay(
     Ok(played)
 }
 
+/// AdamW rate of a warm start on [`scripted_examples`]. Higher than a single-turn task's
+/// (3e-3): the model must learn which words answer which question (Kuhn poker's
+/// `check`/`bet` vs `fold`/`call`), not only an answer format. On Kuhn poker with the embedded
+/// model, 200 steps at 3e-3 still leave 12–25 % of the probability on words that are no action
+/// at the decisions scripted play reaches; at 1e-2 they leave 2–3 % (docs/environments.md).
+pub const SCRIPTED_WARM_LR: f64 = 1e-2;
+
 /// Supervised examples of scripted play (the warm start of an environment): episodes from
 /// the seeds `seeds`, each turn the environment's reference action (drawn with `rng`); every
 /// decision is one example — the conversation so far as the prompt, the action's tokens as

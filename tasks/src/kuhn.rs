@@ -12,7 +12,8 @@
 //! one word: `check` or `bet` when nothing is owed, `fold` or `call` facing a bet. Anything
 //! else is an illegal action and counts as the passive one (check, or fold). Rewards are 0
 //! until the hand ends, then the agent's net chip change (±1 or ±2), so the return (Eq. 20)
-//! is the chips won.
+//! is the chips won — less [`KuhnParams::illegal_penalty`] per illegal action when that
+//! reward shaping is on.
 //!
 //! **Exact evaluation.** The agent has 12 information sets (its seat × its card × the
 //! betting so far). Given the probability of the aggressive action (bet or call) at each,
@@ -170,6 +171,13 @@ pub struct KuhnParams {
     pub alpha: f64,
     /// The agent's seat (0: acts first, 1: second); unset: drawn from the seed.
     pub seat: Option<u8>,
+    /// Reward shaping, in [0, 2]: an illegal action still plays as the passive one, and its
+    /// turn's reward is `−illegal_penalty` on top of the chips. 0 (the default) keeps the
+    /// return the chips won. Training needs it (`echo-node demo` sets 1): a word that is no
+    /// action folds like `fold` and is reached by many token paths, so without it RL learns
+    /// to fold by saying anything, and that spreads to the hands that should call. The exact
+    /// evaluator counts chips only.
+    pub illegal_penalty: f64,
 }
 
 impl Default for KuhnParams {
@@ -178,6 +186,7 @@ impl Default for KuhnParams {
             opponent: "equilibrium".into(),
             alpha: 0.0,
             seat: None,
+            illegal_penalty: 0.0,
         }
     }
 }
@@ -215,6 +224,12 @@ impl Kuhn {
         };
         if !(0.0..=1.0 / 3.0 + 1e-12).contains(&params.alpha) {
             return Err(bad(format!("alpha {} is outside [0, 1/3]", params.alpha)));
+        }
+        if !(0.0..=2.0).contains(&params.illegal_penalty) {
+            return Err(bad(format!(
+                "illegal_penalty {} is outside [0, 2]",
+                params.illegal_penalty
+            )));
         }
         if params.seat.is_some_and(|s| s > 1) {
             return Err(bad("seat must be 0 or 1".into()));
@@ -280,6 +295,8 @@ struct Hand {
     opponent: Strategy,
     /// The agent's information-set history index at its pending decision.
     pending: Option<usize>,
+    /// The shaping reward's size for an illegal action ([`KuhnParams::illegal_penalty`]).
+    penalty: f32,
 }
 
 impl Hand {
@@ -347,25 +364,32 @@ impl Episode for Hand {
         let Some(h) = self.pending.take() else {
             return Step::Done { reward: 0.0 };
         };
-        // Exact words only (a bounded comparison): anything else is the passive action.
-        let aggressive = action == words(self.seat, h).1;
+        // Exact words only (a bounded comparison): anything else is the passive action, and
+        // pays the shaping penalty.
+        let (pass, aggr) = words(self.seat, h);
+        let aggressive = action == aggr;
+        let shaping = if aggressive || action == pass {
+            0.0
+        } else {
+            -self.penalty
+        };
         self.push(aggressive);
         match self.advance() {
             Some(observation) => Step::Continue {
                 observation,
-                reward: 0.0,
+                reward: shaping,
             },
             None => Step::Done {
-                reward: self.payoff(),
+                reward: self.payoff() + shaping,
             },
         }
     }
 
     fn truncate(&mut self) -> f32 {
         // The agent gives up the hand: it loses its ante (it has never more in the pot at
-        // one of its decisions).
+        // one of its decisions) and, having said no action, pays the shaping penalty.
         self.pending = None;
-        -1.0
+        -1.0 - self.penalty
     }
 
     fn reference_action(&self, rng: &mut dyn rand::RngCore) -> Option<String> {
@@ -389,7 +413,12 @@ impl Environment for Kuhn {
             ),
             num_initial_states: None,
             max_turns: 2,
-            return_range: (-2.0, 2.0),
+            // At worst a called bet (−2), or two illegal actions each paying the penalty, the
+            // second a fold (−1).
+            return_range: (
+                (-1.0 - 2.0 * self.params.illegal_penalty as f32).min(-2.0),
+                2.0,
+            ),
             suggested_tokens_per_turn: 8,
             params: serde_json::to_value(&self.params).unwrap_or_default(),
         }
@@ -408,6 +437,7 @@ impl Environment for Kuhn {
             history: String::new(),
             opponent: self.opponent,
             pending: None,
+            penalty: self.params.illegal_penalty as f32,
         };
         // The agent acts at least once in every hand (player 2 always gets a decision).
         let text = hand.advance().ok_or_else(|| TaskError::Generation {

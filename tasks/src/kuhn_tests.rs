@@ -173,6 +173,68 @@ fn illegal_actions_are_the_passive_one_and_nothing_panics() {
     }
 }
 
+/// The shaping penalty: an illegal action plays exactly as the passive one (same
+/// observations, same chips) and its turn's reward is lowered by the penalty; legal words
+/// pay nothing; the return stays in the declared range; the exact evaluator counts chips only.
+#[test]
+fn an_illegal_action_pays_the_shaping_penalty_on_top_of_the_passive_outcome() {
+    let params = |p: f64| KuhnParams {
+        opponent: "random".into(),
+        illegal_penalty: p,
+        ..KuhnParams::default()
+    };
+    let (plain, shaped) = (
+        Kuhn::new(params(0.0)).unwrap(),
+        Kuhn::new(params(1.0)).unwrap(),
+    );
+    let lower = |s: Step, by: f32| match s {
+        Step::Continue {
+            observation,
+            reward,
+        } => Step::Continue {
+            observation,
+            reward: reward - by,
+        },
+        Step::Done { reward } => Step::Done {
+            reward: reward - by,
+        },
+    };
+    let (lo, hi) = shaped.metadata().return_range;
+    for seed in 0..200u64 {
+        let seat = plain.deal(seed).0;
+        let h = usize::from(plain.reset(seed).unwrap().prompt.text.contains("bets"));
+        let (pass, aggr) = words(seat, h);
+        for legal in [pass, aggr] {
+            assert_eq!(
+                shaped.reset(seed).unwrap().episode.step(legal),
+                plain.reset(seed).unwrap().episode.step(legal)
+            );
+        }
+        let passive = plain.reset(seed).unwrap().episode.step(pass);
+        for bad in ["", "folds", "raise"] {
+            let x = shaped.reset(seed).unwrap().episode.step(bad);
+            assert_eq!(x, lower(passive.clone(), 1.0), "seed {seed} {bad:?}");
+        }
+        // Illegal words throughout: the worst return, inside the range.
+        let mut ep = shaped.reset(seed).unwrap().episode;
+        let mut ret = 0.0;
+        loop {
+            match ep.step("?") {
+                Step::Continue { reward, .. } => ret += reward,
+                Step::Done { reward } => break ret += reward,
+            }
+        }
+        assert!((lo..=hi).contains(&ret), "{ret} outside {lo}..{hi}");
+        assert_eq!(shaped.reset(seed).unwrap().episode.truncate(), -2.0);
+    }
+    let probs = vec![vec![0.3, 0.5]; 12];
+    assert_eq!(
+        ExactGame::evaluate(&shaped, &probs).unwrap(),
+        ExactGame::evaluate(&plain, &probs).unwrap()
+    );
+    assert!(Kuhn::new(params(-0.5)).is_err() && Kuhn::new(params(f64::NAN)).is_err());
+}
+
 #[test]
 fn returns_stay_in_range_and_truncation_forfeits_the_ante() {
     let env = kuhn("random");

@@ -22,7 +22,7 @@ const WARM_EPISODES: u64 = 2048;
 
 /// Supervised warm start of `policy` on scripted play of the configured multi-turn
 /// environment: every decision of [`WARM_EPISODES`] episodes (reference actions drawn with
-/// the model seed) is one example.
+/// the model seed) is one example, at [`rollout::episode::SCRIPTED_WARM_LR`].
 pub fn warm_start(
     config: &NodeConfig,
     policy: &Policy,
@@ -48,6 +48,7 @@ pub fn warm_start(
     let cfg = policy::sft::WarmStart {
         steps: config.learner.warm_start_steps,
         seed: config.model.seed,
+        lr: rollout::episode::SCRIPTED_WARM_LR,
         ..policy::sft::WarmStart::default()
     };
     let losses = policy::sft::warm_start(policy, &examples, &cfg)?;
