@@ -383,8 +383,6 @@ impl Service {
         }
     }
 
-    /// Recounts the swarm (this node and the peers active under the current alive window)
-    /// and recomputes the intervals; returns the new send interval if it changed.
     /// When the held install report is due (far in the future when none is held).
     fn report_due(&self) -> Instant {
         self.pacer
@@ -392,6 +390,8 @@ impl Service {
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600))
     }
 
+    /// Recounts the swarm (this node and the peers active under the current alive window)
+    /// and recomputes the intervals; returns the new send interval if it changed.
     fn update_intervals(&mut self) -> Option<Duration> {
         let now = Instant::now();
         let alive = self.intervals.alive * peers::ALIVE_HEARTBEAT_INTERVALS;
