@@ -24,6 +24,9 @@ pub mod trainer;
 pub mod verdict;
 pub mod warm;
 
+#[cfg(test)]
+mod test_util;
+
 pub use control::Window;
 pub use loss::{group_advantages, group_loss, GroupInput, LossConfig, LossOutput, Objective};
 pub use mask::{MaskRule, ResponseTokens};

@@ -1,26 +1,11 @@
-use candle_core::Device;
-use policy::{InferModel, ModelConfig, SamplingParams};
+use policy::{InferModel, SamplingParams};
 use rand::SeedableRng;
 use storage::Sample;
 
 use super::*;
+use crate::test_util::small_policy;
 
 const T: f32 = 1.2;
-
-/// A very small Qwen3 over the byte vocabulary: fast in debug builds.
-fn small_policy(seed: u64) -> Policy {
-    let cfg = ModelConfig {
-        hidden_size: 32,
-        intermediate_size: 64,
-        num_hidden_layers: 1,
-        num_attention_heads: 2,
-        num_key_value_heads: 1,
-        head_dim: 16,
-        max_position_embeddings: 64,
-        ..ModelConfig::tiny()
-    };
-    Policy::new_random(&cfg, seed, &Device::Cpu).unwrap()
-}
 
 /// An honest group: sampled with the rollout engine's inference path (KV cache), its
 /// log-probs as the sampler reported them.

@@ -5,29 +5,14 @@ use storage::Sample;
 use std::path::Path;
 
 use candle_core::Device;
-use policy::ModelConfig;
 
 use super::*;
 use crate::loss::Objective;
 use crate::pipeline::Pipeline;
+use crate::test_util::small_policy;
 use storage::record::GroupLimits;
 
 const T: f32 = 0.9;
-
-/// A very small Qwen3 over the byte vocabulary: fast in debug builds.
-fn small_policy(seed: u64) -> Policy {
-    let cfg = ModelConfig {
-        hidden_size: 32,
-        intermediate_size: 64,
-        num_hidden_layers: 1,
-        num_attention_heads: 2,
-        num_key_value_heads: 1,
-        head_dim: 16,
-        max_position_embeddings: 64,
-        ..ModelConfig::tiny()
-    };
-    Policy::new_random(&cfg, seed, &Device::Cpu).unwrap()
-}
 
 fn cfg(objective: Objective, staleness: u64) -> TrainerConfig {
     TrainerConfig {

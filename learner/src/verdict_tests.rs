@@ -1,28 +1,15 @@
-use candle_core::{DType, Device};
+use candle_core::DType;
 use policy::draw::{Draws, SampleStream};
-use policy::{InferModel, ModelConfig, SamplingParams};
+use policy::{InferModel, SamplingParams};
 use storage::Sample;
 
 use super::*;
 use crate::mask::ResponseTokens;
+use crate::test_util::small_policy;
 
 const T: f32 = 1.2;
 const SEED: [u8; 32] = [7; 32];
 const PRODUCER: &str = "worker";
-
-fn small_policy(seed: u64) -> Policy {
-    let cfg = ModelConfig {
-        hidden_size: 32,
-        intermediate_size: 64,
-        num_hidden_layers: 1,
-        num_attention_heads: 2,
-        num_key_value_heads: 1,
-        head_dim: 16,
-        max_position_embeddings: 64,
-        ..ModelConfig::tiny()
-    };
-    Policy::new_random(&cfg, seed, &Device::Cpu).unwrap()
-}
 
 fn params(top_p: f32) -> SamplingParams {
     SamplingParams {
