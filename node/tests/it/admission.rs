@@ -12,21 +12,11 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::swarm::{http_get, keygen, wait_for, Node, BIN};
+use crate::swarm::{keygen, trained, wait_for, Node, BIN};
 
 const LEARNER: &str = "[learner]\nwarm_start_steps = 10\ngroup_size = 4\ngroups_per_step = 2\n";
 const WORKER: &str = "[storage]\nmax_pending_groups = 8\n[rollout]\ngroup_size = 4\n";
 const LIMIT: Duration = Duration::from_secs(240);
-
-/// The learner's `learner_groups_trained_total{producer="…"}`.
-fn trained(learner: &Node, producer: &str) -> u64 {
-    let body = http_get(&learner.admin, "/metrics").body;
-    let series = format!("learner_groups_trained_total{{producer=\"{producer}\"}}");
-    body.lines()
-        .find_map(|l| l.strip_prefix(&series))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
-}
 
 fn peer(status: &Value, peer_id: &str) -> Option<Value> {
     status["peers"]

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::swarm::{http_get, peer, rejected, wait_for, Node};
+use crate::swarm::{peer, rejected, trained, wait_for, Node};
 
 const TASK: &str = "[task]\nname = \"kuhn-poker\"\nparams = { opponent = \"always-bet\" }\n";
 /// Generous: a learner's warm start, first evaluation and the first strikes take minutes on
@@ -24,16 +24,6 @@ fn learner_sections() -> String {
 
 fn worker_sections() -> String {
     format!("{TASK}[storage]\nmax_pending_groups = 8\n[rollout]\ngroup_size = 4\n")
-}
-
-/// The learner's `learner_groups_trained_total{producer="…"}`.
-fn trained(learner: &Node, producer: &str) -> u64 {
-    let body = http_get(&learner.admin, "/metrics").body;
-    let series = format!("learner_groups_trained_total{{producer=\"{producer}\"}}");
-    body.lines()
-        .find_map(|l| l.strip_prefix(&series))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
 }
 
 #[test]

@@ -8,18 +8,8 @@
 
 use serde_json::Value;
 
-use crate::swarm::{http_get, peer, rejected, wait_for, Node};
+use crate::swarm::{http_get, peer, rejected, trained, wait_for, Node};
 use crate::verified::{bad_worker_named, LEARNER, LIMIT, WORKER};
-
-/// The learner's `learner_groups_trained_total{producer="…"}` (0 when absent).
-fn trained(learner: &Node, producer: &str) -> u64 {
-    let body = http_get(&learner.admin, "/metrics").body;
-    let series = format!("learner_groups_trained_total{{producer=\"{producer}\"}}");
-    body.lines()
-        .find_map(|l| l.strip_prefix(&series))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
-}
 
 /// The learner's `learner_spot_checks_total{result="…"}`.
 fn spot_checks(learner: &Node, result: &str) -> u64 {

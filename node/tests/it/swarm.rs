@@ -822,12 +822,27 @@ fn discovery_16_nodes_measurement() {
     println!("worker with 15 peers: idle CPU {cpu:.2} % of one core; {rss}");
 }
 
-/// The learner's `pull_groups_rejected_total{reason="…"}`.
-pub(crate) fn rejected(learner: &Node, reason: &str) -> u64 {
+/// The learner's `learner_groups_trained_total{producer="…"}` (0 when absent).
+pub(crate) fn trained(learner: &Node, producer: &str) -> u64 {
+    counter(
+        learner,
+        &format!("learner_groups_trained_total{{producer=\"{producer}\"}}"),
+    )
+}
+
+/// The value of the learner's counter `series` (name and labels as exported; 0 when absent).
+fn counter(learner: &Node, series: &str) -> u64 {
     let body = http_get(&learner.admin, "/metrics").body;
-    let series = format!("pull_groups_rejected_total{{reason=\"{reason}\"}}");
     body.lines()
-        .find_map(|l| l.strip_prefix(&series))
+        .find_map(|l| l.strip_prefix(series))
         .and_then(|v| v.trim().parse::<f64>().ok())
         .map_or(0, |v| v as u64)
+}
+
+/// The learner's `pull_groups_rejected_total{reason="…"}`.
+pub(crate) fn rejected(learner: &Node, reason: &str) -> u64 {
+    counter(
+        learner,
+        &format!("pull_groups_rejected_total{{reason=\"{reason}\"}}"),
+    )
 }
