@@ -88,6 +88,12 @@ impl Disseminator {
                 .chunks_stored
                 .fetch_add(1, Ordering::Relaxed);
             self.inner.stored.send_modify(|c| *c += 1);
+        } else {
+            self.count(
+                |c| &c.duplicate_bytes,
+                m.chunk_len(index),
+                "dissemination_duplicate_bytes_total",
+            );
         }
         for action in self.apply(m.version, Input::Held { index, new }) {
             if let Action::Progress { stored, total } = action {

@@ -257,6 +257,7 @@ struct AtomicCounters {
     fetched_bytes: AtomicU64,
     served_bytes: AtomicU64,
     chunks_stored: AtomicU64,
+    duplicate_bytes: AtomicU64,
     chunks_rejected: AtomicU64,
     installs: AtomicU64,
     sessions_reused: AtomicU64,
@@ -278,6 +279,11 @@ pub struct BroadcastCounters {
     /// Chunk payload bytes served to fetches.
     pub served_bytes: u64,
     pub chunks_stored: u64,
+    /// Verified chunk bytes (pushed or fetched) this node already held when they arrived: a
+    /// push and a repair fetch that raced for the same chunk, or a push still streaming a
+    /// version the node completed by fetching. Counted in `push_received_bytes` or
+    /// `fetched_bytes` as well.
+    pub duplicate_bytes: u64,
     pub chunks_rejected: u64,
     pub installs: u64,
     /// Pushes sent on a chunk stream kept open from an earlier version (`session`).
@@ -671,6 +677,7 @@ impl Disseminator {
             fetched_bytes: c.fetched_bytes.load(Ordering::Relaxed),
             served_bytes: c.served_bytes.load(Ordering::Relaxed),
             chunks_stored: c.chunks_stored.load(Ordering::Relaxed),
+            duplicate_bytes: c.duplicate_bytes.load(Ordering::Relaxed),
             chunks_rejected: c.chunks_rejected.load(Ordering::Relaxed),
             installs: c.installs.load(Ordering::Relaxed),
             sessions_reused: c.sessions_reused.load(Ordering::Relaxed),
