@@ -18,6 +18,7 @@
 
 pub mod chat;
 pub mod config;
+pub mod delta;
 pub mod device;
 pub mod draw;
 pub mod error;
