@@ -94,9 +94,10 @@ pub fn is_delta(bytes: &[u8]) -> bool {
 /// to delta against (`last_keyframe` is `None`: the first version, or after a restart), when
 /// `keyframe_every` versions have passed since the last keyframe (so a late joiner or a worker
 /// that fell behind never needs more than `keyframe_every − 1` deltas on top of a keyframe),
-/// or when the delta is not smaller than the full payload (a dense update gains nothing and
-/// would only lengthen the chain of dependencies). `keyframe_every` of 0 or 1 means every
-/// version is a keyframe.
+/// or when the delta saves less than a tenth of the full payload: a dense update (every
+/// value changed, as at learning rate 1e-3) gives a delta a few hundred bytes smaller than
+/// the payload, which would save nothing and only lengthen the chain of dependencies.
+/// `keyframe_every` of 0 or 1 means every version is a keyframe.
 pub fn is_keyframe(
     version: u64,
     last_keyframe: Option<u64>,
@@ -109,7 +110,7 @@ pub fn is_keyframe(
         Some(k) => {
             keyframe_every <= 1
                 || version.saturating_sub(k) >= keyframe_every
-                || delta_len >= full_len
+                || delta_len.saturating_mul(10) > full_len.saturating_mul(9)
         }
     }
 }

@@ -162,8 +162,10 @@ fn keyframe_rule() {
     assert!(!is_keyframe(16, Some(1), 16, 10, 100));
     // K versions after the last keyframe.
     assert!(is_keyframe(17, Some(1), 16, 10, 100));
-    // Not smaller than the full payload.
+    // Not smaller than the full payload, or saving less than a tenth of it.
     assert!(is_keyframe(3, Some(1), 16, 100, 100));
+    assert!(is_keyframe(3, Some(1), 16, 91, 100));
+    assert!(!is_keyframe(3, Some(1), 16, 90, 100));
     // K of 0 or 1: always keyframes.
     assert!(is_keyframe(3, Some(2), 1, 1, 100));
     assert!(is_keyframe(3, Some(2), 0, 1, 100));
