@@ -387,7 +387,7 @@ fn gather(
         }
         // Freshest first: with more admissible groups than a step uses, the oldest age out
         // instead of every group aging towards the staleness limit (docs/learner.md); within
-        // the share quota.
+        // the share quota, and fair before fresh across workers (`compose`).
         let established = c.shared.established_active.load(Ordering::Relaxed);
         let lease = c.buffer.lease_selected(
             floor,
@@ -418,7 +418,9 @@ fn gather(
 }
 
 /// Which of `cands` (newest first) join the batch `hand` of `b` groups: the share quota of
-/// `control::admission`, counting what `hand` already holds.
+/// `control::admission`, counting what `hand` already holds, filled one group per worker at a
+/// time (`compose_batch`: each worker's newest first, but no worker a second group while
+/// another still offers its first).
 fn compose(
     c: &TrainCtx,
     hand: &[TrajectoryGroup],
