@@ -150,7 +150,9 @@ fn composition_respects_the_quota_whatever_the_backlog() {
     let q = batch_quota(4, ShareCaps::default(), 2, 2);
     let picked = compose_batch(&cands, 4, q, &[]);
     let by: Vec<usize> = picked.iter().map(|&i| cands[i].peer).collect();
-    assert_eq!(by, [0, 0, 1, 1]);
+    // One group from each worker that offers (the sybils together within the probation
+    // share: one), then worker 0's second; never more than two from worker 0.
+    assert_eq!(by, [0, 0, 1, 2]);
     // A batch short of established groups takes one probation group, never two.
     let cands = [est(0), est(0), est(0), new(2), new(3), new(4)];
     let picked = compose_batch(&cands, 4, q, &[]);
