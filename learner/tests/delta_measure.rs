@@ -50,8 +50,15 @@ fn group(policy: &Policy, version: u64, seed: u64) -> TrajectoryGroup {
     let mut params = SamplingParams::new(6, vec![258]);
     params.temperature = T;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let outs = policy::generate(policy, &prompt, 4, &params, GenerationPath::Batched, &mut rng)
-        .expect("generate");
+    let outs = policy::generate(
+        policy,
+        &prompt,
+        4,
+        &params,
+        GenerationPath::Batched,
+        &mut rng,
+    )
+    .expect("generate");
     let samples = outs
         .into_iter()
         .enumerate()

@@ -59,7 +59,9 @@ pub enum DeltaError {
     #[error("unsupported delta version {0} (this build reads {DELTA_VERSION})")]
     UnsupportedVersion(u16),
     /// The delta was made against another base payload than the one it is applied to.
-    #[error("delta base mismatch: the delta needs base {expected}, the installed payload is {found}")]
+    #[error(
+        "delta base mismatch: the delta needs base {expected}, the installed payload is {found}"
+    )]
     WrongBase {
         /// BLAKE3 (hex) of the base named by the delta.
         expected: String,
@@ -376,7 +378,9 @@ fn apply_tensor(r: &mut Reader<'_>, dst: &mut [u8], numel: usize) -> Result<()> 
             }
             Ok(())
         }
-        other => Err(DeltaError::Malformed(format!("unknown record kind {other}"))),
+        other => Err(DeltaError::Malformed(format!(
+            "unknown record kind {other}"
+        ))),
     }
 }
 
@@ -419,13 +423,19 @@ impl<'a> Reader<'a> {
         Ok(self.take(1, what)?[0])
     }
     fn u16(&mut self, what: &'static str) -> Result<u16> {
-        Ok(u16::from_le_bytes(self.take(2, what)?.try_into().expect("2")))
+        Ok(u16::from_le_bytes(
+            self.take(2, what)?.try_into().expect("2"),
+        ))
     }
     fn u32(&mut self, what: &'static str) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.take(4, what)?.try_into().expect("4")))
+        Ok(u32::from_le_bytes(
+            self.take(4, what)?.try_into().expect("4"),
+        ))
     }
     fn u64(&mut self, what: &'static str) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.take(8, what)?.try_into().expect("8")))
+        Ok(u64::from_le_bytes(
+            self.take(8, what)?.try_into().expect("8"),
+        ))
     }
     /// Unsigned LEB128, at most ten bytes and no overflow past 64 bits.
     fn varint(&mut self, what: &'static str) -> Result<u64> {

@@ -94,7 +94,10 @@ fn wrong_base_is_refused() {
     let (base, new) = pair(&[500, 70], &[0.02, 0.5], 1);
     let (other, _) = pair(&[500, 70], &[0.0, 0.0], 2);
     let d = encode(&base, &new).unwrap();
-    assert!(matches!(apply(&other, &d), Err(DeltaError::WrongBase { .. })));
+    assert!(matches!(
+        apply(&other, &d),
+        Err(DeltaError::WrongBase { .. })
+    ));
     // Applying twice (to the new payload) is a wrong base too.
     assert!(matches!(apply(&new, &d), Err(DeltaError::WrongBase { .. })));
 }
@@ -125,7 +128,8 @@ fn incompatible_payloads_are_typed_errors() {
     let (a, _) = pair(&[100], &[0.0], 5);
     let (b, _) = pair(&[101], &[0.0], 5);
     assert!(matches!(encode(&a, &b), Err(DeltaError::Incompatible(_))));
-    let f32_payload = write_safetensors(&[("t".into(), vec![2], vec![0u8; 8])], "F32", "x").unwrap();
+    let f32_payload =
+        write_safetensors(&[("t".into(), vec![2], vec![0u8; 8])], "F32", "x").unwrap();
     assert!(matches!(
         encode(&f32_payload, &f32_payload),
         Err(DeltaError::Incompatible(_))
@@ -173,7 +177,14 @@ fn keyframe_rule() {
 
 #[test]
 fn varint_lengths() {
-    for (v, n) in [(0u64, 1usize), (127, 1), (128, 2), (16383, 2), (16384, 3), (u64::MAX, 10)] {
+    for (v, n) in [
+        (0u64, 1usize),
+        (127, 1),
+        (128, 2),
+        (16383, 2),
+        (16384, 3),
+        (u64::MAX, 10),
+    ] {
         let mut b = Vec::new();
         put_varint(&mut b, v);
         assert_eq!(b.len(), n);

@@ -467,11 +467,15 @@ mod tests {
         let full = signed(b"weights", &k);
         let bytes = full.encode();
         assert_eq!(bytes[3], MANIFEST_FORMAT, "a full payload keeps format 1");
-        assert_eq!(SignedManifest::decode(&bytes).unwrap().manifest.payload, PayloadKind::Full);
+        assert_eq!(
+            SignedManifest::decode(&bytes).unwrap().manifest.payload,
+            PayloadKind::Full
+        );
         assert_eq!(full.manifest.full_root(), full.manifest.root_hash);
 
-        let mut m = SnapshotManifest::build("swarm", 3, [1; 32], b"delta", 4096, &k.verifying_key())
-            .unwrap();
+        let mut m =
+            SnapshotManifest::build("swarm", 3, [1; 32], b"delta", 4096, &k.verifying_key())
+                .unwrap();
         m.payload = PayloadKind::Delta {
             base_version: 2,
             full_root: [9; 32],
