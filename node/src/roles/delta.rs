@@ -154,6 +154,59 @@ impl DeltaBase {
     }
 }
 
+/// Snapshots a learner's chunk store keeps when it publishes deltas: at least
+/// `keyframe_every + 1`, so that the newest keyframe and every delta after it stay held and
+/// any recent version can be reconstructed from the store (the spot checker's need).
+pub fn learner_keep(keep_snapshots: usize, keyframe_every: Option<u64>) -> usize {
+    match keyframe_every {
+        Some(k) => keep_snapshots.max(usize::try_from(k).unwrap_or(usize::MAX).saturating_add(1)),
+        None => keep_snapshots,
+    }
+}
+
+/// The full payload of `version` from a chunk store that holds full payloads and deltas: the
+/// chain of deltas back to the nearest full payload, applied forward, each result checked
+/// against its signed manifest's full root. `Ok(None)` when a link is no longer held.
+pub fn assemble_full(store: &storage::ChunkStore, version: u64) -> anyhow::Result<Option<Vec<u8>>> {
+    let held = |v: u64| match store.assemble(v) {
+        Ok(b) => Ok(Some(b)),
+        Err(storage::StorageError::NotFound { .. } | storage::StorageError::Incomplete { .. }) => {
+            Ok(None)
+        }
+        Err(e) => Err(anyhow::Error::from(e)),
+    };
+    let mut chain = Vec::new();
+    let mut v = version;
+    loop {
+        let Some(m) = store.manifest(v)? else {
+            return Ok(None);
+        };
+        match m.manifest.payload {
+            PayloadKind::Full => break,
+            PayloadKind::Delta {
+                base_version,
+                full_root,
+            } => {
+                chain.push((v, full_root));
+                v = base_version;
+            }
+        }
+    }
+    let Some(mut cur) = held(v)? else {
+        return Ok(None);
+    };
+    for (v, root) in chain.into_iter().rev() {
+        let Some(d) = held(v)? else {
+            return Ok(None);
+        };
+        cur = delta::apply(&cur, &d)?;
+        if hash_bytes(&cur) != root {
+            anyhow::bail!("delta v{v} does not reconstruct its signed full root");
+        }
+    }
+    Ok(Some(cur))
+}
+
 #[cfg(test)]
 #[path = "delta_tests.rs"]
 mod tests;

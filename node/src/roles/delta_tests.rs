@@ -134,3 +134,35 @@ fn wrong_base_bad_delta_and_root_mismatch_are_refused() {
     let got = worker.full_payload(2, Arc::new(d2.to_vec()), k2).unwrap();
     assert_eq!(&got[..], &vs[1][..]);
 }
+
+/// A learner's chunk store holding a keyframe and the deltas after it rebuilds every
+/// version; a version whose keyframe was collected is unavailable, not wrong.
+#[test]
+fn the_store_rebuilds_delta_versions_from_their_keyframe() {
+    let vs = versions(5, 61);
+    let dir = tempfile::tempdir().unwrap();
+    let store = storage::ChunkStore::open(dir.path(), learner_keep(2, Some(3))).unwrap();
+    let node_key = storage::NodeKey::from_seed([5; 32]);
+    let key = node_key.signing_key();
+    let mut learner = DeltaPublisher::new(3);
+    let mut kinds = Vec::new();
+    for (i, full) in vs.iter().enumerate() {
+        let v = i as u64 + 1;
+        let (payload, kind, _) = learner.prepare(v, full);
+        let mut m =
+            storage::SnapshotManifest::build("s", v, [0; 32], &payload, 4096, &key.verifying_key())
+                .unwrap();
+        m.payload = kind;
+        let signed = m.sign(key).unwrap();
+        store.publish(&signed, &payload).unwrap();
+        store.retain().unwrap();
+        learner.published(v, full.clone(), kind);
+        kinds.push(kind == PayloadKind::Full);
+    }
+    assert_eq!(kinds, [true, false, false, true, false]);
+    // Kept: v2..v5 (keep = 4). v4 is a keyframe, v5 its delta; v2 and v3 lost keyframe v1.
+    assert_eq!(&assemble_full(&store, 5).unwrap().unwrap()[..], &vs[4][..]);
+    assert_eq!(&assemble_full(&store, 4).unwrap().unwrap()[..], &vs[3][..]);
+    assert!(assemble_full(&store, 3).unwrap().is_none());
+    assert!(assemble_full(&store, 1).unwrap().is_none());
+}

@@ -253,7 +253,7 @@ async fn publish(
                     bytes = bytes.len(),
                     full_bytes = full.len(),
                     delta = matches!(kind, PayloadKind::Delta { .. }),
-                    root = root.as_deref().unwrap_or(""),
+                    root = %root.as_deref().unwrap_or(""),
                     chains = report.plan.plan.chains.len(),
                     secs = t0.elapsed().as_secs_f64(),
                     "snapshot published"
