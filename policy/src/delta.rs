@@ -363,7 +363,7 @@ fn apply_tensor(r: &mut Reader<'_>, dst: &mut [u8], numel: usize) -> Result<()> 
                     "bitmap has {set} positions, the record announces {count}"
                 )));
             }
-            if numel % 8 != 0 && bitmap[numel / 8] >> (numel % 8) != 0 {
+            if !numel.is_multiple_of(8) && bitmap[numel / 8] >> (numel % 8) != 0 {
                 return Err(DeltaError::Malformed("bitmap bit past the tensor".into()));
             }
             let mut k = 0;
