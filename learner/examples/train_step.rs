@@ -5,7 +5,8 @@
 //! ```text
 //! cargo run --release -p learner --example train_step -- \
 //!     [--device cpu|cuda|cuda:N] [--shape tiny|small|qwen3-0.6b] [--groups 4] [--group-size 8] \
-//!     [--prompt-len 32] [--response-len 64] [--steps 5] [--kl] [--micro-batch-tokens 4096]
+//!     [--prompt-len 32] [--response-len 64] [--steps 5] [--kl] [--micro-batch-tokens 4096] \
+//!     [--lora-rank R]
 //! # on a GPU host, with a binary built by scripts/build-cuda.sh's environment:
 //! cargo run --release -p learner --features cuda --example train_step -- --device cuda --shape qwen3-0.6b
 //! ```
@@ -17,7 +18,8 @@
 //! per second (prompt + response tokens of the batch / step time), the memory the memory model
 //! predicts for the configuration (`policy::memory::learner_bytes`) and, on the CPU, the
 //! process's peak resident memory (`VmHWM`; on a GPU `scripts/gpu-smoke.sh` samples the
-//! device's memory while this runs).
+//! device's memory while this runs). `--lora-rank R` trains LoRA adapters of rank R (α = 2R,
+//! all seven projections) on the frozen random base instead of every weight.
 
 use std::time::Instant;
 
@@ -73,6 +75,7 @@ fn main() -> Result<()> {
         ("cpu".to_string(), "tiny".to_string(), 4, 8);
     let (mut prompt_len, mut response_len, mut steps, mut kl) = (32usize, 64usize, 5usize, false);
     let mut micro = TrainerConfig::default().micro_batch_tokens;
+    let mut lora_rank = 0usize;
     while let Some(a) = args.next() {
         let mut val = || args.next().with_context(|| format!("{a} needs a value"));
         match a.as_str() {
@@ -85,6 +88,7 @@ fn main() -> Result<()> {
             "--steps" => steps = val()?.parse()?,
             "--kl" => kl = true,
             "--micro-batch-tokens" => micro = val()?.parse()?,
+            "--lora-rank" => lora_rank = val()?.parse()?,
             other => bail!("unknown argument {other}"),
         }
     }
@@ -103,7 +107,19 @@ fn main() -> Result<()> {
         ..TrainerConfig::default()
     };
     tc.loss.kl_beta = if kl { 0.05 } else { 0.0 };
-    let predicted = policy::memory::learner_bytes(&cfg, kl, tc.tokens_per_pass(&cfg));
+    let lora = (lora_rank > 0).then(|| policy::LoraConfig::new(lora_rank, 2.0 * lora_rank as f64));
+    let training = match &lora {
+        Some(lora) => policy::memory::Training::Lora {
+            lora,
+            base_dtype: policy::DType::F32,
+        },
+        None => kl.into(),
+    };
+    let predicted = policy::memory::learner_bytes(&cfg, training, tc.tokens_per_pass(&cfg));
+    let policy = match &lora {
+        Some(l) => policy.with_lora(l, 0)?,
+        None => policy,
+    };
     let pipeline = learner::Pipeline::new(learner::pipeline::limits_of(policy.config(), 0));
     let mut trainer = Trainer::new(policy, tc)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
@@ -160,6 +176,7 @@ fn main() -> Result<()> {
             "shape": shape_name, "params": cfg.num_params(),
             "groups": groups, "group_size": n, "prompt_len": prompt_len,
             "response_len": response_len, "kl": kl, "micro_batch_tokens": micro,
+            "lora_rank": lora_rank,
             "predicted_bytes": predicted, "host_peak_rss_bytes": peak_rss(),
             "step_ms_median": median * 1e3,
             "step_ms": times.iter().map(|t| t * 1e3).collect::<Vec<_>>(),

@@ -72,7 +72,7 @@ impl LoraConfig {
     /// Refuses rank 0, a non-positive or non-finite α, an empty target list, unknown or
     /// repeated target names.
     pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(PolicyError::InvalidConfig(format!("lora: {m}")));
+        let bad = |m: String| Err(PolicyError::InvalidConfig(format!("LoRA {m}")));
         if self.rank == 0 {
             return bad("rank must be at least 1".into());
         }
