@@ -265,17 +265,36 @@ pub fn batch_quota(
     }
 }
 
-/// One group the learner could put in a batch: its worker (an index the caller assigns) and
-/// whether that worker is on probation.
+/// One group the learner could put in a batch: its worker (an index the caller assigns),
+/// whether that worker is on probation, and how many of the learner's recently trained groups
+/// were that worker's (the long-run tie-break of [`compose_batch`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Candidate {
     pub peer: usize,
     pub probation: bool,
+    pub recent: u32,
 }
 
 /// Picks up to `want` of `candidates` (in the caller's order of preference: freshest first)
 /// without exceeding `quota`, counting `taken` (groups already in the batch) against it.
-/// Returns the indices picked, in order.
+/// Returns the indices picked, in ascending order.
+///
+/// Fair before fresh: the batch is filled level by level — first one group from every worker
+/// that offers any (each worker's most preferred), then a second from each, and so on up to
+/// `quota.per_peer` — rather than by walking the preference order alone. Every admissible
+/// group is usable (the staleness window and the importance weights cover its age), but a
+/// pure freshest-first walk hands most of every batch to whichever worker holds each new
+/// version first: the head of a chain, or the parent of a slow subtree, or a forwarder that
+/// slows its children on purpose (`slow_forwarder`, `docs/adversary.md`). Levels bound each
+/// worker to its fair part of a batch whenever the others have groups to offer, and fall back
+/// to the per-peer quota only when they do not.
+///
+/// Within a level the workers with fewer recently trained groups (`Candidate::recent`) go
+/// first, then the preference order: a batch of B groups from k < B workers has B mod k seats
+/// past the even levels, and without the tie-break the freshest worker would take them in
+/// every batch (measured: `slow_forwarder` 0.34 of the trained groups with 3 workers and
+/// B = 4). With it the extra seats rotate, so over a run each worker that keeps offering
+/// groups gets about 1/k of them.
 pub fn compose_batch(
     candidates: &[Candidate],
     want: usize,
@@ -288,19 +307,27 @@ pub fn compose_batch(
         *per_peer.entry(t.peer).or_default() += 1;
         probation += usize::from(t.probation);
     }
+    let mut picked = vec![false; candidates.len()];
+    let mut order: Vec<usize> = (0..candidates.len()).collect();
+    order.sort_by_key(|&i| candidates[i].recent);
     let mut out = Vec::new();
-    for (i, c) in candidates.iter().enumerate() {
-        if out.len() >= want {
-            break;
+    for level in 1..=quota.per_peer {
+        for &i in &order {
+            let c = &candidates[i];
+            if out.len() >= want {
+                break;
+            }
+            let n = per_peer.entry(c.peer).or_default();
+            if picked[i] || *n >= level || (c.probation && probation >= quota.probation) {
+                continue;
+            }
+            *n += 1;
+            probation += usize::from(c.probation);
+            picked[i] = true;
+            out.push(i);
         }
-        let n = per_peer.entry(c.peer).or_default();
-        if *n >= quota.per_peer || (c.probation && probation >= quota.probation) {
-            continue;
-        }
-        *n += 1;
-        probation += usize::from(c.probation);
-        out.push(i);
     }
+    out.sort_unstable();
     out
 }
 

@@ -139,10 +139,12 @@ fn composition_respects_the_quota_whatever_the_backlog() {
     let est = |peer| Candidate {
         peer,
         probation: false,
+        recent: 0,
     };
     let new = |peer| Candidate {
         peer,
         probation: true,
+        recent: 0,
     };
     // Worker 0 holds a huge backlog (freshest first), worker 1 some, three sybils one each.
     let mut cands: Vec<Candidate> = (0..100).map(|_| est(0)).collect();
@@ -150,7 +152,9 @@ fn composition_respects_the_quota_whatever_the_backlog() {
     let q = batch_quota(4, ShareCaps::default(), 2, 2);
     let picked = compose_batch(&cands, 4, q, &[]);
     let by: Vec<usize> = picked.iter().map(|&i| cands[i].peer).collect();
-    assert_eq!(by, [0, 0, 1, 1]);
+    // One group from each worker that offers (the sybils together within the probation
+    // share: one), then worker 0's second; never more than two from worker 0.
+    assert_eq!(by, [0, 0, 1, 2]);
     // A batch short of established groups takes one probation group, never two.
     let cands = [est(0), est(0), est(0), new(2), new(3), new(4)];
     let picked = compose_batch(&cands, 4, q, &[]);
@@ -158,6 +162,42 @@ fn composition_respects_the_quota_whatever_the_backlog() {
     // What is already in the batch counts.
     let picked = compose_batch(&cands, 4, q, &[est(0), new(9)]);
     assert_eq!(picked, [0]);
+    // Fair before fresh: the worker holding the newest versions (a chain head) offers its
+    // groups first, but with others offering it gets its part of the batch, not the quota.
+    let q3 = batch_quota(3, ShareCaps::default(), 3, 3);
+    assert_eq!(q3.per_peer, 2);
+    let mut cands: Vec<Candidate> = (0..10).map(|_| est(0)).collect();
+    cands.extend([est(1), est(2), est(1), est(2)]);
+    let picked = compose_batch(&cands, 3, q3, &[]);
+    let by: Vec<usize> = picked.iter().map(|&i| cands[i].peer).collect();
+    assert_eq!(by, [0, 1, 2], "one each, each worker's freshest");
+    assert_eq!(picked, [0, 10, 11]);
+    // B = 4 from 3 workers: the seat past the even level goes to the worker with the fewest
+    // recently trained groups, not always to the freshest, so it rotates over batches.
+    let q4 = batch_quota(4, ShareCaps::default(), 3, 3);
+    let mut recent = [0u32; 3];
+    let mut total = [0u32; 3];
+    for _ in 0..30 {
+        let cands: Vec<Candidate> = [0, 0, 0, 1, 1, 2, 2]
+            .iter()
+            .map(|&peer| Candidate {
+                peer,
+                probation: false,
+                recent: recent[peer],
+            })
+            .collect();
+        let picked = compose_batch(&cands, 4, q4, &[]);
+        assert_eq!(picked.len(), 4);
+        for &i in &picked {
+            recent[cands[i].peer] += 1;
+            total[cands[i].peer] += 1;
+        }
+    }
+    assert_eq!(total, [40, 40, 40], "each worker a third of 120 groups");
+    // Alone with groups, it still fills up to its quota (liveness).
+    let cands: Vec<Candidate> = (0..10).map(|_| est(0)).chain([est(1)]).collect();
+    let picked = compose_batch(&cands, 3, q3, &[]);
+    assert_eq!(picked, [0, 1, 10]);
     // Property: over random inputs no quota is ever exceeded and nothing is picked twice.
     let mut x = 0x9e3779b97f4a7c15u64;
     let mut next = || {
@@ -176,6 +216,7 @@ fn composition_respects_the_quota_whatever_the_backlog() {
             .map(|_| Candidate {
                 peer: (next() % 6) as usize,
                 probation: next() % 3 == 0,
+                recent: 0,
             })
             .collect();
         let q = batch_quota(b, caps, (next() % 3) as usize, (next() % 4) as usize);
@@ -184,9 +225,22 @@ fn composition_respects_the_quota_whatever_the_backlog() {
         assert!(picked.windows(2).all(|w| w[0] < w[1]));
         let prob = picked.iter().filter(|&&i| cands[i].probation).count();
         assert!(prob <= q.probation, "{q:?} {prob}");
+        let count = |peer| picked.iter().filter(|&&i| cands[i].peer == peer).count();
         for peer in 0..6 {
-            let n = picked.iter().filter(|&&i| cands[i].peer == peer).count();
-            assert!(n <= q.per_peer, "{q:?} peer {peer}: {n}");
+            assert!(
+                count(peer) <= q.per_peer,
+                "{q:?} peer {peer}: {}",
+                count(peer)
+            );
+        }
+        // Levels: a worker has two more groups than another only when that other one had
+        // nothing more it could give (all its candidates picked or barred by probation).
+        for (p, r) in (0..6).flat_map(|p| (0..6).map(move |r| (p, r))) {
+            if count(p) > count(r) + 1 {
+                let left = (0..cands.len())
+                    .any(|i| cands[i].peer == r && !picked.contains(&i) && !cands[i].probation);
+                assert!(!left, "{q:?}: peer {p} {} vs {r} {}", count(p), count(r));
+            }
         }
     }
 }

@@ -209,7 +209,7 @@ enum Scenario {
     /// honest workers, a few attacks per run, plus one clean run: per attack whether it was
     /// detected and banned, and the rewards (docs/adversary.md).
     Adversary {
-        /// Attacks to run (default: all ten).
+        /// Attacks to run (default: every one, `echo_node::misbehave::Attack::ALL`).
         #[arg(long, value_delimiter = ',')]
         attacks: Vec<echo_node::misbehave::Attack>,
         /// Learner steps per run.

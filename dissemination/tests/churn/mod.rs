@@ -215,6 +215,9 @@ async fn a_push_to_a_child_not_reachable_yet_is_tried_again() {
         )
         .await
         .unwrap();
+    // The learner's first open failed (the worker does not exist yet) before it starts: wait
+    // for that, or under load the first try could run only after the worker is up.
+    assert!(counted(&learner, |c| c.push_open_retries, 1).await >= 1);
     // It starts now. Its stall timeout is far beyond the wait for the install, so it installs
     // only if the learner's push reaches it (a repair would fetch from the learner).
     let mut w = start_node(seed, vec![learner.addr.clone()], |c| {
@@ -232,7 +235,6 @@ async fn a_push_to_a_child_not_reachable_yet_is_tried_again() {
         "the child repaired instead"
     );
     assert_eq!(pushed, payload.len() as u64);
-    assert!(learner.d.counters().push_open_retries >= 1);
     shutdown([w]).await;
     shutdown([learner]).await;
 }

@@ -169,12 +169,16 @@ fn forged_log_probs_ban_at_once_and_the_ban_survives_a_learner_restart() {
         (p["banned"] == true).then_some(p)
     });
     assert_eq!(again["ban_reason"], "logprob_mismatch", "{again}");
-    let status = wait_for("training after the restart", LIMIT, || {
+    wait_for("training after the restart", LIMIT, || {
         let s = learner.status()?;
-        (s["learner"]["steps"].as_u64()? >= 2).then_some(s)
+        (s["learner"]["steps"].as_u64()? >= 2).then_some(())
     });
     assert_eq!(trained(&learner, &bad_id), 0);
-    let h = peer(&status, &honest[0].key.peer_id).expect("the honest worker is a peer");
+    // Those steps may have trained groups buffered before the restart (the buffer is durable),
+    // before the honest worker reconnected: wait for it to be a peer again.
+    let h = wait_for("the honest worker back as a peer", LIMIT, || {
+        peer(&learner.status()?, &honest[0].key.peer_id)
+    });
     assert_eq!(
         (h["strikes"].as_u64(), h["banned"].as_bool()),
         (Some(0), Some(false)),

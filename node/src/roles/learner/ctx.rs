@@ -64,6 +64,9 @@ pub(super) struct Totals {
     /// Mean rewards of the last `train::RECENT_CHECKED` trained groups whose sampled tokens
     /// and log-probs were checked and whose rewards were recomputed (fully verified groups).
     pub recent_checked: VecDeque<f64>,
+    /// Producers of the last `train::RECENT_PRODUCERS` trained groups: the long-run tie-break
+    /// of batch composition (`control::admission::compose_batch`).
+    pub recent_producers: VecDeque<String>,
     /// Producers with their own `learner_groups_trained_total` series (at most
     /// `train::MAX_PRODUCER_SERIES`; the rest count under `producer="other"`).
     pub producer_series: std::collections::HashSet<String>,

@@ -27,10 +27,12 @@ pub(super) struct BufferView {
     pub usable: u64,
 }
 
-/// Candidates of a composition: producers numbered in order of appearance.
+/// Candidates of a composition: producers numbered in order of appearance, each with its
+/// count among the recently trained groups (`recent`, by producer).
 pub(super) fn candidates<'a>(
     groups: impl Iterator<Item = &'a TrajectoryGroup>,
     pipeline: &Pipeline,
+    recent: &HashMap<&str, u32>,
     index: &mut HashMap<String, usize>,
 ) -> Vec<Candidate> {
     groups
@@ -40,9 +42,19 @@ pub(super) fn candidates<'a>(
             Candidate {
                 peer,
                 probation: pipeline.on_probation(&g.producer),
+                recent: recent.get(g.producer.as_str()).copied().unwrap_or(0),
             }
         })
         .collect()
+}
+
+/// Groups per producer among `producers` (the recently trained groups' producers).
+pub(super) fn recent_counts(producers: &std::collections::VecDeque<String>) -> HashMap<&str, u32> {
+    let mut n = HashMap::new();
+    for p in producers {
+        *n.entry(p.as_str()).or_default() += 1;
+    }
+    n
 }
 
 /// Distinct established (past probation) producers among `c`.

@@ -234,6 +234,11 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
 /// label set is bounded.
 const MAX_PRODUCER_SERIES: usize = 256;
 
+/// Trained groups remembered by producer for the composition's tie-break: a few dozen
+/// batches, so that the extra seats of a batch rotate among the workers offering groups
+/// without an old imbalance weighing for long.
+pub(super) const RECENT_PRODUCERS: usize = 256;
+
 /// Counts the groups this step trained per producer (`learner_groups_trained_total
 /// {producer}`): what the adversarial scenario reads to see whether a banned peer's groups
 /// were still trained. Admitted and not quarantined is trained (a zero-advantage group counts
@@ -256,6 +261,11 @@ fn count_trained_producers(
             "other".to_string()
         };
         metrics::counter!("learner_groups_trained_total", "producer" => label).increment(1);
+        push_recent(
+            &mut t.recent_producers,
+            g.producer.clone(),
+            RECENT_PRODUCERS,
+        );
     }
 }
 
@@ -372,6 +382,7 @@ fn gather(
     let mut held_since = Instant::now();
     let mut viewed = Instant::now();
     let mut starved = false;
+    let recent = super::shares::recent_counts(&totals.recent_producers);
     while hand.len() < b {
         // Never let a partial batch's leases expire while waiting for the rest: give them
         // back and start over (the groups stay in the buffer).
@@ -387,13 +398,13 @@ fn gather(
         }
         // Freshest first: with more admissible groups than a step uses, the oldest age out
         // instead of every group aging towards the staleness limit (docs/learner.md); within
-        // the share quota.
+        // the share quota, and fair before fresh across workers (`compose`).
         let established = c.shared.established_active.load(Ordering::Relaxed);
         let lease = c.buffer.lease_selected(
             floor,
             super::shares::SCAN_LIMIT,
             BUFFER_LEASE_TTL,
-            |cands| compose(c, &hand, cands, b, established),
+            |cands| compose(c, &hand, cands, b, established, &recent),
         )?;
         match lease {
             Some(l) => {
@@ -418,19 +429,23 @@ fn gather(
 }
 
 /// Which of `cands` (newest first) join the batch `hand` of `b` groups: the share quota of
-/// `control::admission`, counting what `hand` already holds.
+/// `control::admission`, counting what `hand` already holds, filled one group per worker at a
+/// time (`compose_batch`: each worker's newest first, but no worker a second group while
+/// another still offers its first; ties go to the worker with fewer of the `recent` trained
+/// groups).
 fn compose(
     c: &TrainCtx,
     hand: &[TrajectoryGroup],
     cands: &[(storage::GroupKey, TrajectoryGroup)],
     b: usize,
     established_active: usize,
+    recent: &std::collections::HashMap<&str, u32>,
 ) -> Vec<usize> {
     use control::admission::{batch_quota, compose_batch};
     let mut index = std::collections::HashMap::new();
     let p = &c.shared.pipeline;
-    let taken = super::shares::candidates(hand.iter(), p, &mut index);
-    let offered = super::shares::candidates(cands.iter().map(|(_, g)| g), p, &mut index);
+    let taken = super::shares::candidates(hand.iter(), p, recent, &mut index);
+    let offered = super::shares::candidates(cands.iter().map(|(_, g)| g), p, recent, &mut index);
     let all: Vec<_> = taken.iter().chain(&offered).copied().collect();
     let quota = batch_quota(
         b,
