@@ -69,6 +69,20 @@ fn peak_rss() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// CPU time this process has used (user + system, `/proc/self/stat`), seconds; 0 if unknown.
+/// On a CPU shared with other work, the step's CPU time is steadier than its wall time.
+fn cpu_seconds() -> f64 {
+    let ticks = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+            let rest = s.rsplit_once(')')?.1;
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+        });
+    ticks.map_or(0.0, |t| t as f64 / 100.0)
+}
+
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let (mut dev, mut shape_name, mut groups, mut n) =
@@ -125,6 +139,7 @@ fn main() -> Result<()> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let vocab = cfg.vocab_size as u32;
     let mut times = Vec::new();
+    let mut cpu_times = Vec::new();
     // Step 0 warms up (allocations, kernel loading); the rest are timed.
     for step in 0..=steps {
         let batch: Vec<TrajectoryGroup> = (0..groups)
@@ -158,11 +173,12 @@ fn main() -> Result<()> {
             .into_iter()
             .map(|g| pipeline.verify("bench", 0, g))
             .collect::<Result<_, _>>()?;
-        let t0 = Instant::now();
+        let (t0, c0) = (Instant::now(), cpu_seconds());
         let st = trainer.train_step(&batch)?;
         anyhow::ensure!(st.stepped, "the step did not train: {st:?}");
         if step > 0 {
             times.push(t0.elapsed().as_secs_f64());
+            cpu_times.push(cpu_seconds() - c0);
         }
     }
     let mut sorted = times.clone();
@@ -180,6 +196,7 @@ fn main() -> Result<()> {
             "predicted_bytes": predicted, "host_peak_rss_bytes": peak_rss(),
             "step_ms_median": median * 1e3,
             "step_ms": times.iter().map(|t| t * 1e3).collect::<Vec<_>>(),
+            "step_cpu_ms": cpu_times.iter().map(|t| t * 1e3).collect::<Vec<_>>(),
             "tokens_per_s": tokens as f64 / median,
         })
     );

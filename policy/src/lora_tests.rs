@@ -185,6 +185,24 @@ fn gradients_reach_every_adapter_and_no_base_weight() {
                 "base weight {name} got a gradient"
             );
         }
+        // Nor a detached view of one: no weight-shaped gradient is computed at all (candle's
+        // matmul backward would compute one for a detached weight; the frozen linear does not).
+        let weight_shapes: Vec<Vec<usize>> = p
+            .named_vars()
+            .unwrap()
+            .iter()
+            .filter(|(n, _)| {
+                n.ends_with("proj.weight") || n.contains("embed") || n.contains("lm_head")
+            })
+            .flat_map(|(_, v)| [v.dims().to_vec(), v.dims().iter().rev().copied().collect()])
+            .collect();
+        for id in grads.get_ids() {
+            let dims = grads.get_id(*id).unwrap().dims().to_vec();
+            assert!(
+                !weight_shapes.contains(&dims),
+                "a weight-shaped gradient {dims:?}"
+            );
+        }
         let vars = p.vars().unwrap();
         assert_eq!(vars.len(), trainable.len(), "vars() are the adapters");
     }

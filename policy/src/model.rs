@@ -152,6 +152,7 @@ impl Weights<'_> {
         Ok(Proj {
             base: Linear::new(w, b),
             lora,
+            frozen: self.lora.is_some(),
         })
     }
 }
@@ -162,11 +163,25 @@ struct Proj {
     base: Linear,
     /// `A` `[r, in]`, `B` `[out, r]` (as bias-free linears) and the scale α/r.
     lora: Option<(Linear, Linear, f64)>,
+    /// The base weight is frozen (a LoRA model): on the fused CPU path it runs as
+    /// [`cpu_ops::frozen_linear`], whose backward computes no weight gradient.
+    frozen: bool,
 }
 
 impl Proj {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.base.forward(x)?;
+        let y = if self.frozen && cpu_ops::applies(x) {
+            // candle's matmul would compute (and keep) the frozen weight's gradient.
+            {
+                let y = cpu_ops::frozen_linear(x, self.base.weight())?;
+                match self.base.bias() {
+                    Some(b) => y.broadcast_add(b)?,
+                    None => y,
+                }
+            }
+        } else {
+            self.base.forward(x)?
+        };
         match &self.lora {
             None => Ok(y),
             Some((a, b, scale)) => {
@@ -496,7 +511,7 @@ pub struct Qwen3 {
     embed_tokens: Embedding,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
-    lm_head: Linear,
+    lm_head: Proj,
     device: Device,
 }
 
@@ -604,10 +619,14 @@ impl Qwen3 {
                 },
             });
         }
-        let lm_head = if cfg.tie_word_embeddings {
-            Linear::new(embed.clone(), None)
-        } else {
-            Linear::new(w.get("lm_head.weight", &[cfg.vocab_size, h])?, None)
+        let lm_head = Proj {
+            base: if cfg.tie_word_embeddings {
+                Linear::new(embed.clone(), None)
+            } else {
+                Linear::new(w.get("lm_head.weight", &[cfg.vocab_size, h])?, None)
+            },
+            lora: None,
+            frozen: w.lora.is_some(),
         };
         Ok(Qwen3 {
             cfg: cfg.clone(),
