@@ -472,7 +472,7 @@ impl Attention {
         let y = y
             .transpose(1, 2)?
             .reshape((b, t, self.n_heads * self.head_dim))?;
-        Ok(self.o_proj.forward(&y)?)
+        self.o_proj.forward(&y)
     }
 }
 
@@ -492,7 +492,7 @@ impl Mlp {
         } else {
             (g.silu()? * u)?
         };
-        Ok(self.down_proj.forward(&h)?)
+        self.down_proj.forward(&h)
     }
 }
 
@@ -715,6 +715,6 @@ impl Qwen3 {
             x
         };
         let x = self.norm.forward(&x)?;
-        Ok(self.lm_head.forward(&x)?)
+        self.lm_head.forward(&x)
     }
 }
