@@ -9,24 +9,12 @@ use candle_core::{DType, Device, Tensor};
 use super::*;
 use crate::config::{Arch, ModelConfig};
 use crate::infer::InferModel;
+use crate::model::fused_tests::max_abs_diff;
 use crate::weights::Policy;
 
+/// The crate tests' small shape, untied (so `lm_head` is its own weight).
 fn small(arch: Arch) -> ModelConfig {
-    ModelConfig {
-        arch,
-        vocab_size: 260,
-        hidden_size: 32,
-        intermediate_size: 48,
-        num_hidden_layers: 2,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        head_dim: 8,
-        max_position_embeddings: 64,
-        rope_theta: 10_000.0,
-        rms_norm_eps: 1e-6,
-        tie_word_embeddings: false,
-        attention_bias: arch == Arch::Qwen2,
-    }
+    crate::tests::small(arch, false)
 }
 
 fn ids() -> Tensor {
@@ -50,19 +38,6 @@ fn trained_lora(cfg: &ModelConfig, lora: &LoraConfig) -> Policy {
         }
     }
     p
-}
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
 }
 
 #[test]

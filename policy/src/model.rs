@@ -19,7 +19,7 @@ mod cpu_ops;
 mod kv_rows;
 pub(crate) use kv_rows::{repeat_kv_rows, select_kv_rows};
 #[cfg(test)]
-mod fused_tests;
+pub(crate) mod fused_tests;
 #[cfg(test)]
 mod memory_tests;
 
