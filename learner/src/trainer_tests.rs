@@ -475,3 +475,24 @@ fn a_lora_checkpoint_round_trips_onto_its_base_only() {
     b.train_step(&g).unwrap();
     assert_eq!(adapters(&a), adapters(&b));
 }
+
+/// A restarted LoRA learner rebuilds its base from the config and the warm start, and its
+/// checkpoint is accepted only if that base hashes alike: the warm start must be
+/// reproducible bit for bit.
+#[test]
+fn the_warm_started_base_is_reproducible() {
+    let task = tasks::build_task("arith", &serde_json::Value::Null).unwrap();
+    let base = || {
+        let p = small_policy(1);
+        crate::warm::warm_start_on_task(&p, &policy::Tokenizer::byte(), task.as_ref(), 3, 9)
+            .unwrap();
+        p.base_hash_hex().unwrap()
+    };
+    let first = base();
+    assert_ne!(
+        first,
+        small_policy(1).base_hash_hex().unwrap(),
+        "the warm start trained"
+    );
+    assert_eq!(first, base());
+}
