@@ -300,6 +300,48 @@ impl Adapters {
             .map_err(|e| PolicyError::SafeTensors(e.to_string()))?;
         Self::from_tensors(model, &lora, host, device)
     }
+
+    /// The two files of a PEFT adapter folder, for `peft.PeftModel.from_pretrained(base,
+    /// folder)`: `adapter_config.json` (LoRA, r, `lora_alpha`, `target_modules`, no dropout,
+    /// no bias, plain α/r scaling) and `adapter_model.safetensors` (f32, PEFT's names:
+    /// `base_model.model.` + this crate's). Pure; writing them is the caller's. Not yet
+    /// checked against `peft` itself.
+    pub fn to_peft_files(&self, model: &ModelConfig) -> Result<(String, Vec<u8>)> {
+        let config = serde_json::json!({
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "r": self.cfg.rank,
+            "lora_alpha": self.cfg.alpha,
+            "target_modules": self.cfg.targets,
+            "lora_dropout": 0.0,
+            "bias": "none",
+            "fan_in_fan_out": false,
+            "use_rslora": false,
+            "use_dora": false,
+            "inference_mode": true,
+            "base_model_name_or_path": null,
+            "echo_swarm_config_hash": model.hash_hex(),
+        });
+        let mut named = Vec::new();
+        for (name, var) in self.named_vars()? {
+            let data: Vec<u8> = var
+                .as_tensor()
+                .flatten_all()?
+                .to_vec1::<f32>()?
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect();
+            named.push((
+                format!("base_model.model.{name}"),
+                var.dims().to_vec(),
+                data,
+            ));
+        }
+        let weights = crate::weights::write_safetensors(&named, "F32", &model.hash_hex())?;
+        let json = serde_json::to_string_pretty(&config)
+            .map_err(|e| PolicyError::SafeTensors(e.to_string()))?;
+        Ok((json, weights))
+    }
 }
 
 fn lock(varmap: &VarMap) -> Result<std::sync::MutexGuard<'_, HashMap<String, Var>>> {

@@ -352,3 +352,22 @@ fn a_lora_policy_refuses_a_full_snapshot_into_its_base() {
     assert!(p.load_safetensors_bytes(&snap).is_err());
     assert_eq!(p.base_hash_hex().unwrap(), h);
 }
+
+#[test]
+fn peft_files_name_the_config_and_the_tensors_as_peft_does() {
+    let cfg = small(Arch::Qwen3);
+    let lora = LoraConfig::new(2, 5.0);
+    let p = trained_lora(&cfg, &lora);
+    let (json, weights) = p.lora().unwrap().to_peft_files(&cfg).unwrap();
+    let c: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(c["peft_type"], "LORA");
+    assert_eq!(c["r"], 2);
+    assert_eq!(c["lora_alpha"], 5.0);
+    assert_eq!(c["target_modules"].as_array().unwrap().len(), 7);
+    let t = candle_core::safetensors::load_buffer(&weights, &Device::Cpu).unwrap();
+    assert_eq!(t.len(), adapter_shapes(&cfg, &lora).len());
+    for (name, var) in p.trainable_named_vars().unwrap() {
+        let got = &t[&format!("base_model.model.{name}")];
+        assert_eq!(max_abs_diff(got, var.as_tensor()), 0.0, "{name}");
+    }
+}
