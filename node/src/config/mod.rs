@@ -331,6 +331,11 @@ pub struct LearnerConfig {
     /// an honest sampler at temperature ≥ 0.5 over a 150 k vocabulary stays far above it, and
     /// a forged −1e4 would overflow the importance ratio.
     pub logprob_floor: f32,
+    /// LoRA post-training: `lora = { rank = 8, alpha = 16 }` (optional `targets`, default all
+    /// seven projections). The model loaded from `[model]` becomes the frozen base and only
+    /// the adapters train; absent = full fine-tuning (`docs/model.md`, "LoRA").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lora: Option<policy::LoraConfig>,
 }
 
 impl Default for LearnerConfig {
@@ -355,6 +360,7 @@ impl Default for LearnerConfig {
             pull_interval_ms: 100,
             buffer_groups: 0,
             logprob_floor: storage::record::DEFAULT_LOGPROB_FLOOR,
+            lora: None,
         }
     }
 }
@@ -711,6 +717,30 @@ mod tests {
         assert_eq!(p[0].0, "scheduler.ranking");
         let p = problems("role = \"learner\"\nswarm_id = \"x\"\ndata_dir = \"d\"\n[storage]\nchunk_size_kib = 65537\n");
         assert!(p[0].1.contains("4..=65536"), "{p:?}");
+    }
+
+    #[test]
+    fn lora_settings_are_optional_and_validated() {
+        let head = "role = \"learner\"\nswarm_id = \"x\"\ndata_dir = \"d\"\n[learner]\n";
+        assert_eq!(ok(head).learner.lora, None);
+        let c = ok(&format!("{head}lora = {{ rank = 8, alpha = 16 }}\n"));
+        assert_eq!(c.learner.lora, Some(policy::LoraConfig::new(8, 16.0)));
+        let back = NodeConfig::parse(&c.to_toml().unwrap()).unwrap();
+        assert_eq!(back.learner, c.learner);
+        for (bad, needle) in [
+            ("{ rank = 0, alpha = 16 }", "rank must be at least 1"),
+            ("{ rank = 4, alpha = -1 }", "alpha must be positive"),
+            (
+                "{ rank = 4, alpha = 8, targets = [\"qkv\"] }",
+                "unknown target \"qkv\"",
+            ),
+        ] {
+            let p = problems(&format!("{head}lora = {bad}\n"));
+            assert_eq!(p[0].0, "learner.lora", "{p:?}");
+            assert!(p[0].1.contains(needle), "{p:?}");
+        }
+        let p = problems(&format!("{head}lora = {{ rank = 4 }}\n"));
+        assert!(p[0].1.contains("alpha"), "{p:?}");
     }
 
     #[test]

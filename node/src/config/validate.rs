@@ -136,6 +136,9 @@ impl NodeConfig {
                 format!("{} must be in [-10000, 0)", l.logprob_floor),
             );
         }
+        if let Some(Err(e)) = l.lora.as_ref().map(|lora| lora.validate()) {
+            bad("learner.lora", e.to_string());
+        }
         if l.checkpoint_every == 0 {
             bad("learner.checkpoint_every", "must be at least 1".into());
         }
