@@ -3,7 +3,7 @@
 //! Owns: one trainable implementation of the Qwen3 architecture (Qwen2 as a variant) on
 //! candle-nn variables with Hugging Face weight names ([`model`]), its configuration and config
 //! hash ([`config`]), weights ⇄ safetensors snapshot payload ([`Policy`]), tokenizers
-//! ([`tokenizer`]), KV-cache sampling with log-probs ([`sampling`]) by the canonical, checkable
+//! ([`tokenizer`]), sparse bf16 deltas between two snapshot payloads ([`delta`]), KV-cache sampling with log-probs ([`sampling`]) by the canonical, checkable
 //! sampling rule ([`rule`]) from prescribed uniforms ([`draw`]), loading a local Hugging
 //! Face folder ([`hf`]) and the supervised warm-start helper ([`sft`]); chat templates and the
 //! turn-aware masks of multi-turn episodes ([`chat`]), generation that carries its KV cache
@@ -19,6 +19,7 @@
 
 pub mod chat;
 pub mod config;
+pub mod delta;
 pub mod device;
 pub mod draw;
 pub mod error;

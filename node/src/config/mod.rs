@@ -148,6 +148,21 @@ pub struct BroadcastConfig {
     /// seats among workers of similar score, so that no seat is held for a whole run
     /// (`docs/broadcast.md`, "Seats").
     pub plan_epoch: u64,
+    /// With `dtype = "bf16"`: publish each version as a sparse delta against the bf16 payload
+    /// published before it (changed positions + values; `docs/broadcast.md`, "Delta
+    /// snapshots"). Unset = on for bf16; it cannot be on for f32.
+    pub delta: Option<bool>,
+    /// With deltas: a full payload (keyframe) at least every this many versions, so a worker
+    /// that fell behind needs at most this many − 1 deltas; also whenever a delta would not
+    /// be smaller than the full payload.
+    pub keyframe_every: u64,
+}
+
+impl BroadcastConfig {
+    /// Whether the learner publishes deltas (`delta`, defaulting to on for bf16).
+    pub fn delta_enabled(&self) -> bool {
+        self.dtype == SnapshotDtype::Bf16 && self.delta.unwrap_or(true)
+    }
 }
 
 impl Default for BroadcastConfig {
@@ -157,6 +172,8 @@ impl Default for BroadcastConfig {
             worker_mbps: 100.0,
             dtype: SnapshotDtype::F32,
             plan_epoch: control::seats::EPOCH_VERSIONS,
+            delta: None,
+            keyframe_every: 16,
         }
     }
 }
@@ -647,6 +664,23 @@ mod tests {
                 "storage.keep_snapshots"
             ]
         );
+    }
+
+    #[test]
+    fn deltas_default_on_for_bf16_and_are_refused_for_f32() {
+        let base = "role = \"learner\"\nswarm_id = \"x\"\ndata_dir = \"d\"\n[broadcast]\n";
+        assert!(
+            !ok(base).broadcast.delta_enabled(),
+            "f32 ships full payloads"
+        );
+        assert!(ok(&format!("{base}dtype = \"bf16\"\n"))
+            .broadcast
+            .delta_enabled());
+        let off = ok(&format!("{base}dtype = \"bf16\"\ndelta = false\n"));
+        assert!(!off.broadcast.delta_enabled());
+        let p = problems(&format!("{base}delta = true\nkeyframe_every = 0\n"));
+        let keys: Vec<&str> = p.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["broadcast.delta", "broadcast.keyframe_every"]);
     }
 
     #[test]

@@ -157,6 +157,22 @@ impl NodeConfig {
                 ),
             );
         }
+        if self.broadcast.delta == Some(true) && self.broadcast.dtype != super::SnapshotDtype::Bf16
+        {
+            bad(
+                "broadcast.delta",
+                "deltas are bf16 payloads: set broadcast.dtype = \"bf16\"".into(),
+            );
+        }
+        if !(1..=1_000_000).contains(&self.broadcast.keyframe_every) {
+            bad(
+                "broadcast.keyframe_every",
+                format!(
+                    "{} is outside 1..=1000000 (versions)",
+                    self.broadcast.keyframe_every
+                ),
+            );
+        }
         if !(self.broadcast.worker_mbps.is_finite() && self.broadcast.worker_mbps > 0.0) {
             bad(
                 "broadcast.worker_mbps",

@@ -186,12 +186,14 @@ pub async fn start(
             },
         ));
     }
+    let b = &state.config.broadcast;
     tasks.spawn(publisher::run(
         dissem,
         client.clone(),
         config_hash,
         snap_rx,
         shared.clone(),
+        b.delta_enabled().then_some(b.keyframe_every),
     ));
     tasks.spawn(puller::run(
         client.clone(),
