@@ -18,11 +18,11 @@ use std::time::Instant;
 use candle_core::Device;
 use learner::{AdamWConfig, LossConfig, Pipeline, Trainer, TrainerConfig, Verified};
 use policy::delta;
-use policy::{Arch, DType, GenerationPath, ModelConfig, Policy, SamplingParams};
-use rand::SeedableRng;
-use storage::{Sample, TrajectoryGroup};
+use policy::{Arch, DType, ModelConfig, Policy};
+use storage::TrajectoryGroup;
 
-const T: f32 = 0.9;
+mod common;
+use common::{group, T};
 
 fn shape() -> (String, ModelConfig) {
     let name = std::env::var("DELTA_SHAPE").unwrap_or_else(|_| "tiny".into());
@@ -42,57 +42,6 @@ fn shape() -> (String, ModelConfig) {
         _ => ModelConfig::tiny(),
     };
     (name, cfg)
-}
-
-/// A group of 4 samples of `policy` (real sampler log-probs) with rewards 0, 1/3, 2/3, 1.
-fn group(policy: &Policy, version: u64, seed: u64) -> TrajectoryGroup {
-    let prompt: Vec<u32> = vec![257, 49 + (seed % 9) as u32, 43, 50, 61, 259];
-    let mut params = SamplingParams::new(6, vec![258]);
-    params.temperature = T;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let outs = policy::generate(
-        policy,
-        &prompt,
-        4,
-        &params,
-        GenerationPath::Batched,
-        &mut rng,
-    )
-    .expect("generate");
-    let samples = outs
-        .into_iter()
-        .enumerate()
-        .map(|(k, c)| {
-            let mut id = [0u8; 16];
-            id[..8].copy_from_slice(&seed.to_le_bytes());
-            id[8] = k as u8;
-            Sample {
-                trajectory_id: id,
-                loss_mask: vec![1; c.tokens.len()],
-                response_text: String::new(),
-                reward: k as f32 / 3.0,
-                response_tokens: c.tokens,
-                sampler_logprobs: c.logprobs,
-                finished_unix_ms: 0,
-            }
-        })
-        .collect();
-    let mut gid = [0u8; 16];
-    gid[..8].copy_from_slice(&seed.to_le_bytes());
-    gid[15] = 0xff;
-    TrajectoryGroup {
-        group_id: gid,
-        task_id: "measure".into(),
-        prompt_id: format!("p{seed}"),
-        version,
-        seq: 0,
-        producer: "measure".into(),
-        prompt_text: String::new(),
-        prompt_tokens: prompt,
-        created_unix_ms: 0,
-        samples,
-        signature: None,
-    }
 }
 
 /// Fraction of the bf16 values (after the identical headers) whose bits differ.
@@ -136,7 +85,7 @@ fn delta_sizes_on_real_learner_steps() {
         for step in 1..=steps {
             let gs: Vec<Verified<TrajectoryGroup>> = (0..2)
                 .map(|k| {
-                    let g = group(tr.policy(), tr.version(), 100 * step + k);
+                    let g = group(tr.policy(), tr.version(), 100 * step + k, 6);
                     pipeline.verify("measure", 0, g).expect("verified")
                 })
                 .collect();

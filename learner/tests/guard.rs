@@ -7,12 +7,12 @@
 
 use candle_core::Device;
 use learner::{AdamWConfig, LossConfig, Objective, Pipeline, Trainer, TrainerConfig, Verified};
-use policy::{GenerationPath, ModelConfig, Policy, SamplingParams};
-use rand::SeedableRng;
+use policy::{ModelConfig, Policy};
 use storage::record::GroupLimits;
-use storage::{Sample, TrajectoryGroup};
+use storage::TrajectoryGroup;
 
-const T: f32 = 0.9;
+mod common;
+use common::{group, T};
 
 fn small_policy(seed: u64) -> Policy {
     let cfg = ModelConfig {
@@ -50,57 +50,6 @@ fn trainer(objective: Objective, budget: usize) -> Trainer {
     Trainer::new(small_policy(1), cfg).unwrap()
 }
 
-/// A group of 4 real samples of `policy` with rewards 0, 1/3, 2/3, 1.
-fn group(policy: &Policy, seed: u64) -> TrajectoryGroup {
-    let prompt: Vec<u32> = vec![257, 49 + (seed % 9) as u32, 43, 50, 61, 259];
-    let mut params = SamplingParams::new(5, vec![258]);
-    params.temperature = T;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let outs = policy::generate(
-        policy,
-        &prompt,
-        4,
-        &params,
-        GenerationPath::Batched,
-        &mut rng,
-    )
-    .unwrap();
-    let samples = outs
-        .into_iter()
-        .enumerate()
-        .map(|(k, c)| {
-            let mut id = [0u8; 16];
-            id[..8].copy_from_slice(&seed.to_le_bytes());
-            id[8] = k as u8;
-            Sample {
-                trajectory_id: id,
-                loss_mask: vec![1; c.tokens.len()],
-                response_text: String::new(),
-                reward: k as f32 / 3.0,
-                response_tokens: c.tokens,
-                sampler_logprobs: c.logprobs,
-                finished_unix_ms: 0,
-            }
-        })
-        .collect();
-    let mut gid = [0u8; 16];
-    gid[..8].copy_from_slice(&seed.to_le_bytes());
-    gid[15] = 0xff;
-    TrajectoryGroup {
-        group_id: gid,
-        task_id: "test".into(),
-        prompt_id: format!("p{seed}"),
-        version: 0,
-        seq: 0,
-        producer: format!("worker-{seed}"),
-        prompt_text: String::new(),
-        prompt_tokens: prompt,
-        created_unix_ms: 0,
-        samples,
-        signature: None,
-    }
-}
-
 fn weights_finite(t: &Trainer) -> bool {
     t.policy().named_vars().unwrap().iter().all(|(_, v)| {
         v.as_tensor()
@@ -129,7 +78,7 @@ fn verified(t: &Trainer, g: TrajectoryGroup) -> Verified<TrajectoryGroup> {
 
 /// One kind of poison applied to group `seed`.
 fn poisoned(t: &Trainer, kind: &str, seed: u64) -> TrajectoryGroup {
-    let mut g = group(t.policy(), seed);
+    let mut g = group(t.policy(), 0, seed, 5);
     let s = &mut g.samples[0];
     match kind {
         "logprob" => s.sampler_logprobs[0] = -1e4,
@@ -164,7 +113,7 @@ fn groups_the_model_cannot_take_never_reach_the_trainer() {
 fn an_overflowing_group_is_quarantined_and_the_good_ones_train() {
     let mut t = trainer(Objective::Grpo, 0);
     let mut batch: Vec<_> = (1..=3)
-        .map(|s| verified(&t, group(t.policy(), s)))
+        .map(|s| verified(&t, group(t.policy(), 0, s, 5)))
         .collect();
     let bad = verified(&t, poisoned(&t, "logprob", 9));
     batch.insert(1, bad.clone());
@@ -196,7 +145,7 @@ fn an_overflowing_ratio_never_reaches_the_weights_under_any_objective() {
         for budget in [0, 8] {
             let mut t = trainer(objective, budget);
             let batch = vec![
-                verified(&t, group(t.policy(), 1)),
+                verified(&t, group(t.policy(), 0, 1, 5)),
                 verified(&t, poisoned(&t, "logprob", 2)),
             ];
             let st = t
@@ -227,6 +176,8 @@ fn a_batch_of_only_bad_groups_takes_no_step_and_reports_them() {
     assert_eq!(ids, want);
     assert_eq!(t.consumed_len(), 0);
     // The trainer is still fine: a good batch trains afterwards.
-    let st = t.train_step(&[verified(&t, group(t.policy(), 4))]).unwrap();
+    let st = t
+        .train_step(&[verified(&t, group(t.policy(), 0, 4, 5))])
+        .unwrap();
     assert!(st.stepped && weights_finite(&t));
 }

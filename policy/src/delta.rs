@@ -251,17 +251,7 @@ fn encode_tensor(b: &[u8], n: &[u8], numel: usize, out: &mut Vec<u8>) {
 /// base ([`DeltaError::WrongBase`]), a truncated, oversized or out-of-range one, and one whose
 /// result does not hash to the payload it names ([`DeltaError::NotReconstructed`]).
 pub fn apply(base: &[u8], delta: &[u8]) -> Result<Vec<u8>> {
-    let mut r = Reader { buf: delta, pos: 0 };
-    if r.take(4, "magic")? != DELTA_MAGIC {
-        return Err(DeltaError::BadMagic);
-    }
-    let version = r.u16("version")?;
-    if version != DELTA_VERSION {
-        return Err(DeltaError::UnsupportedVersion(version));
-    }
-    if r.u16("reserved")? != 0 {
-        return Err(DeltaError::Malformed("reserved field is not zero".into()));
-    }
+    let mut r = header(delta)?;
     let base_hash: [u8; 32] = r.take(32, "base hash")?.try_into().expect("32 bytes");
     let new_hash: [u8; 32] = r.take(32, "new hash")?.try_into().expect("32 bytes");
     let payload_len = r.u64("payload length")?;
@@ -309,6 +299,12 @@ pub fn apply(base: &[u8], delta: &[u8]) -> Result<Vec<u8>> {
 /// The BLAKE3 (hex) of the base payload a delta names, read from its header without
 /// applying it (so a worker can tell whether it holds the right base before fetching more).
 pub fn base_hash(delta: &[u8]) -> Result<String> {
+    Ok(hex32(header(delta)?.take(32, "base hash")?))
+}
+
+/// Reads a delta's magic, format version and reserved field; returns the reader positioned
+/// at the base hash.
+fn header(delta: &[u8]) -> Result<Reader<'_>> {
     let mut r = Reader { buf: delta, pos: 0 };
     if r.take(4, "magic")? != DELTA_MAGIC {
         return Err(DeltaError::BadMagic);
@@ -317,8 +313,10 @@ pub fn base_hash(delta: &[u8]) -> Result<String> {
     if version != DELTA_VERSION {
         return Err(DeltaError::UnsupportedVersion(version));
     }
-    r.u16("reserved")?;
-    Ok(hex32(r.take(32, "base hash")?))
+    if r.u16("reserved")? != 0 {
+        return Err(DeltaError::Malformed("reserved field is not zero".into()));
+    }
+    Ok(r)
 }
 
 /// Decodes one tensor record into `dst` (the tensor's bytes, pre-filled with the base).

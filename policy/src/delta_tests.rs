@@ -1,5 +1,5 @@
 use super::*;
-use crate::weights::write_safetensors;
+use crate::safetensors_io::write_safetensors;
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 

@@ -29,6 +29,7 @@ pub mod lora;
 pub mod memory;
 pub mod model;
 pub mod rule;
+mod safetensors_io;
 pub mod sampling;
 pub mod session;
 pub mod sft;
@@ -47,12 +48,13 @@ pub use error::{PolicyError, Result};
 pub use infer::{InferModel, InferSpec};
 pub use lora::{Adapters, LoraConfig};
 pub use model::{KvCache, Qwen3};
+pub use safetensors_io::{snapshot_config_hash, META_CONFIG_HASH};
 pub use sampling::{
     batch_response_logits, batch_response_logprobs, response_logprobs, token_logprobs, Completion,
     GenerationPath, SamplingParams,
 };
 pub use tokenizer::{ByteTokenizer, Tokenizer};
-pub use weights::{snapshot_config_hash, Policy, META_CONFIG_HASH};
+pub use weights::Policy;
 
 /// Generates `n` completions of `prompt` with the chosen path, the uniforms drawn from `rng`
 /// ([`Draws::from_rng`]: the same rng state gives the same tokens on every path).

@@ -256,19 +256,13 @@ impl Adapters {
     pub fn to_safetensors_bytes(&self, model: &ModelConfig) -> Result<Vec<u8>> {
         let mut named = Vec::new();
         for (name, var) in self.named_vars()? {
-            let data: Vec<u8> = var
-                .as_tensor()
-                .flatten_all()?
-                .to_vec1::<f32>()?
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect();
+            let data = f32_le_bytes(&var)?;
             named.push((name, var.dims().to_vec(), data));
         }
         let cfg = serde_json::to_string(&self.cfg)
             .map_err(|e| PolicyError::SafeTensors(e.to_string()))?;
         let extra = BTreeMap::from([(META_LORA.to_string(), cfg)]);
-        crate::weights::write_safetensors_meta(&named, "F32", &model.hash_hex(), extra)
+        crate::safetensors_io::write_safetensors_meta(&named, "F32", &model.hash_hex(), extra)
     }
 
     /// Decodes [`Adapters::to_safetensors_bytes`]: the recorded config hash must be `model`'s
@@ -282,7 +276,7 @@ impl Adapters {
             .map_err(|e| PolicyError::SafeTensors(e.to_string()))?;
         let meta = meta.metadata().clone().unwrap_or_default();
         let expected = model.hash_hex();
-        let found = meta.get(crate::weights::META_CONFIG_HASH);
+        let found = meta.get(crate::safetensors_io::META_CONFIG_HASH);
         if found != Some(&expected) {
             return Err(PolicyError::ConfigMismatch {
                 expected,
@@ -324,20 +318,14 @@ impl Adapters {
         });
         let mut named = Vec::new();
         for (name, var) in self.named_vars()? {
-            let data: Vec<u8> = var
-                .as_tensor()
-                .flatten_all()?
-                .to_vec1::<f32>()?
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect();
+            let data = f32_le_bytes(&var)?;
             named.push((
                 format!("base_model.model.{name}"),
                 var.dims().to_vec(),
                 data,
             ));
         }
-        let weights = crate::weights::write_safetensors(&named, "F32", &model.hash_hex())?;
+        let weights = crate::safetensors_io::write_safetensors(&named, "F32", &model.hash_hex())?;
         let json = serde_json::to_string_pretty(&config)
             .map_err(|e| PolicyError::SafeTensors(e.to_string()))?;
         Ok((json, weights))
@@ -419,6 +407,17 @@ pub fn base_hash<'a>(tensors: impl IntoIterator<Item = (&'a str, &'a Tensor)>) -
         h.update(&bytes);
     }
     Ok(*h.finalize().as_bytes())
+}
+
+/// A variable's values as little-endian f32 bytes (safetensors' `F32` layout).
+fn f32_le_bytes(var: &Var) -> Result<Vec<u8>> {
+    Ok(var
+        .as_tensor()
+        .flatten_all()?
+        .to_vec1::<f32>()?
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect())
 }
 
 #[cfg(test)]

@@ -360,7 +360,7 @@ fn snapshot_config_mismatch_and_corruption_are_errors() {
     let e = Policy::from_safetensors_bytes(&cfg, b"garbage", &Device::Cpu).unwrap_err();
     assert!(matches!(e, PolicyError::SafeTensors(_)), "{e}");
     assert_eq!(
-        crate::weights::snapshot_config_hash(&bytes).unwrap(),
+        crate::safetensors_io::snapshot_config_hash(&bytes).unwrap(),
         Some(cfg.hash_hex())
     );
 }
@@ -650,7 +650,7 @@ fn f16_payloads_load_and_other_dtypes_are_refused() {
         f16.push((name.clone(), var.dims().to_vec(), h));
         ints.push((name, var.dims().to_vec(), vec![0u8; t.elem_count()]));
     }
-    let bytes = crate::weights::write_safetensors(&f16, "F16", &cfg.hash_hex()).unwrap();
+    let bytes = crate::safetensors_io::write_safetensors(&f16, "F16", &cfg.hash_hex()).unwrap();
     let q = Policy::from_safetensors_bytes(&cfg, &bytes, &Device::Cpu).unwrap();
     let (a, b) = (
         p.named_vars().unwrap()[0].1.as_tensor().clone(),
@@ -658,7 +658,7 @@ fn f16_payloads_load_and_other_dtypes_are_refused() {
     );
     let diff = (a - b).unwrap().abs().unwrap().max_all().unwrap();
     assert!(diff.to_scalar::<f32>().unwrap() < 1e-3);
-    let bytes = crate::weights::write_safetensors(&ints, "U8", &cfg.hash_hex()).unwrap();
+    let bytes = crate::safetensors_io::write_safetensors(&ints, "U8", &cfg.hash_hex()).unwrap();
     let e = Policy::from_safetensors_bytes(&cfg, &bytes, &Device::Cpu).unwrap_err();
     assert!(e.to_string().contains("F32, BF16 or F16"), "{e}");
 }
