@@ -162,7 +162,7 @@ fn parse_allow_list(list: &[String]) -> Result<HashSet<PeerId>, P2pError> {
 
 /// Subscribes to every topic of the swarm.
 fn subscribe_all(swarm: &mut Swarm<Behaviour>, swarm_id: &str) -> Result<(), P2pError> {
-    for kind in TopicKind::ALL {
+    for &kind in TopicKind::ALL {
         swarm
             .behaviour_mut()
             .gossipsub
