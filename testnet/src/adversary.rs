@@ -445,15 +445,37 @@ pub(crate) struct InstallWatch {
 }
 
 impl InstallWatch {
-    /// Takes the start once the learner has published and every worker is heard, or the end.
+    /// Takes the start, or the end. The start is taken at a quiet moment: the learner has
+    /// published and every worker has installed exactly the version the learner last counted
+    /// as published. The learner counts a version once its publication returns, and workers
+    /// may install it before that; a start taken between the two counted that install but
+    /// not the publication, and read one version short per worker (0.93 in a run where every
+    /// honest worker installed every version). The end is taken by [`settle_installs`], once
+    /// every worker has installed the newest version.
     pub(crate) fn sample(&mut self, learner: &Value, admins: &[String], end: bool) {
         let Some(published) = learner["learner"]["snapshots_published"].as_u64() else {
             return;
         };
-        let counts: Vec<Option<u64>> = admins.iter().map(|a| installs(a)).collect();
+        if !end && (self.start.is_some() || published == 0) {
+            return;
+        }
         if end {
+            let counts = admins.iter().map(|a| installs(a)).collect();
             self.end = Some((published, counts));
-        } else if self.start.is_none() && published > 0 {
+            return;
+        }
+        // Quiet before and after the counters are read: no install can fall between.
+        let newest = learner["learner"]["published_version"].as_u64();
+        let quiet = || {
+            admins.iter().all(|a| {
+                newest.is_some() && status(a).and_then(|s| s["version"].as_u64()) == newest
+            })
+        };
+        if !quiet() {
+            return;
+        }
+        let counts = admins.iter().map(|a| installs(a)).collect();
+        if quiet() {
             self.start = Some((published, counts));
         }
     }
