@@ -5,7 +5,8 @@
 //! ```text
 //! cargo run --release -p learner --example train_step -- \
 //!     [--device cpu|cuda|cuda:N] [--shape tiny|small|qwen3-0.6b] [--groups 4] [--group-size 8] \
-//!     [--prompt-len 32] [--response-len 64] [--steps 5] [--kl] [--micro-batch-tokens 4096]
+//!     [--prompt-len 32] [--response-len 64] [--steps 5] [--kl] [--micro-batch-tokens 4096] \
+//!     [--lora-rank R]
 //! # on a GPU host, with a binary built by scripts/build-cuda.sh's environment:
 //! cargo run --release -p learner --features cuda --example train_step -- --device cuda --shape qwen3-0.6b
 //! ```
@@ -17,7 +18,8 @@
 //! per second (prompt + response tokens of the batch / step time), the memory the memory model
 //! predicts for the configuration (`policy::memory::learner_bytes`) and, on the CPU, the
 //! process's peak resident memory (`VmHWM`; on a GPU `scripts/gpu-smoke.sh` samples the
-//! device's memory while this runs).
+//! device's memory while this runs). `--lora-rank R` trains LoRA adapters of rank R (α = 2R,
+//! all seven projections) on the frozen random base instead of every weight.
 
 use std::time::Instant;
 
@@ -67,12 +69,27 @@ fn peak_rss() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// CPU time this process has used (user + system, `/proc/self/stat`), seconds; 0 if unknown.
+/// On a CPU shared with other work, the step's CPU time is steadier than its wall time.
+fn cpu_seconds() -> f64 {
+    let ticks = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+            let rest = s.rsplit_once(')')?.1;
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+        });
+    ticks.map_or(0.0, |t| t as f64 / 100.0)
+}
+
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let (mut dev, mut shape_name, mut groups, mut n) =
         ("cpu".to_string(), "tiny".to_string(), 4, 8);
     let (mut prompt_len, mut response_len, mut steps, mut kl) = (32usize, 64usize, 5usize, false);
     let mut micro = TrainerConfig::default().micro_batch_tokens;
+    let mut lora_rank = 0usize;
     while let Some(a) = args.next() {
         let mut val = || args.next().with_context(|| format!("{a} needs a value"));
         match a.as_str() {
@@ -85,6 +102,7 @@ fn main() -> Result<()> {
             "--steps" => steps = val()?.parse()?,
             "--kl" => kl = true,
             "--micro-batch-tokens" => micro = val()?.parse()?,
+            "--lora-rank" => lora_rank = val()?.parse()?,
             other => bail!("unknown argument {other}"),
         }
     }
@@ -103,12 +121,25 @@ fn main() -> Result<()> {
         ..TrainerConfig::default()
     };
     tc.loss.kl_beta = if kl { 0.05 } else { 0.0 };
-    let predicted = policy::memory::learner_bytes(&cfg, kl, tc.tokens_per_pass(&cfg));
+    let lora = (lora_rank > 0).then(|| policy::LoraConfig::new(lora_rank, 2.0 * lora_rank as f64));
+    let training = match &lora {
+        Some(lora) => policy::memory::Training::Lora {
+            lora,
+            base_dtype: policy::DType::F32,
+        },
+        None => kl.into(),
+    };
+    let predicted = policy::memory::learner_bytes(&cfg, training, tc.tokens_per_pass(&cfg));
+    let policy = match &lora {
+        Some(l) => policy.with_lora(l, 0)?,
+        None => policy,
+    };
     let pipeline = learner::Pipeline::new(learner::pipeline::limits_of(policy.config(), 0));
     let mut trainer = Trainer::new(policy, tc)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let vocab = cfg.vocab_size as u32;
     let mut times = Vec::new();
+    let mut cpu_times = Vec::new();
     // Step 0 warms up (allocations, kernel loading); the rest are timed.
     for step in 0..=steps {
         let batch: Vec<TrajectoryGroup> = (0..groups)
@@ -142,11 +173,12 @@ fn main() -> Result<()> {
             .into_iter()
             .map(|g| pipeline.verify("bench", 0, g))
             .collect::<Result<_, _>>()?;
-        let t0 = Instant::now();
+        let (t0, c0) = (Instant::now(), cpu_seconds());
         let st = trainer.train_step(&batch)?;
         anyhow::ensure!(st.stepped, "the step did not train: {st:?}");
         if step > 0 {
             times.push(t0.elapsed().as_secs_f64());
+            cpu_times.push(cpu_seconds() - c0);
         }
     }
     let mut sorted = times.clone();
@@ -160,9 +192,11 @@ fn main() -> Result<()> {
             "shape": shape_name, "params": cfg.num_params(),
             "groups": groups, "group_size": n, "prompt_len": prompt_len,
             "response_len": response_len, "kl": kl, "micro_batch_tokens": micro,
+            "lora_rank": lora_rank,
             "predicted_bytes": predicted, "host_peak_rss_bytes": peak_rss(),
             "step_ms_median": median * 1e3,
             "step_ms": times.iter().map(|t| t * 1e3).collect::<Vec<_>>(),
+            "step_cpu_ms": cpu_times.iter().map(|t| t * 1e3).collect::<Vec<_>>(),
             "tokens_per_s": tokens as f64 / median,
         })
     );

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use candle_core::Device;
-use policy::{ModelConfig, Policy};
+use policy::{Adapters, LoraConfig, ModelConfig, Policy};
 use serde::{Deserialize, Serialize};
 
 use crate::optim::AdamW;
@@ -26,7 +26,10 @@ impl Trainer {
     /// Contents: `weights.safetensors` (the snapshot payload), `optimizer.safetensors`
     /// ([`AdamW::state_to_bytes`]), `reference.safetensors` (when KL is on),
     /// `consumed_ids.bin` (16-byte trajectory ids, sorted), `trainer.json` (format, version,
-    /// [`TrainerConfig`], [`ModelConfig`]).
+    /// [`TrainerConfig`], [`ModelConfig`]). A LoRA trainer writes `adapters.safetensors`
+    /// ([`Adapters::to_safetensors_bytes`]) instead of the weights and no reference (it is the
+    /// base), and `trainer.json` adds the [`LoraConfig`] and the base's identity
+    /// ([`Policy::base_hash_hex`]); it is restored with [`Trainer::load_with_base`].
     pub fn save(&self, dir: &Path) -> Result<PathBuf> {
         self.save_observed(dir, &mut |_| Ok(()))
     }
@@ -50,15 +53,27 @@ impl Trainer {
             std::fs::remove_dir_all(&tmp)?;
         }
         std::fs::create_dir(&tmp)?;
-        write_synced(
-            &tmp.join("weights.safetensors"),
-            &self.policy.to_safetensors_bytes()?,
-        )?;
+        let (lora, base_hash) = match self.policy.lora() {
+            Some(a) => {
+                write_synced(
+                    &tmp.join("adapters.safetensors"),
+                    &a.to_safetensors_bytes(self.policy.config())?,
+                )?;
+                (Some(a.config().clone()), Some(self.policy.base_hash_hex()?))
+            }
+            None => {
+                write_synced(
+                    &tmp.join("weights.safetensors"),
+                    &self.policy.to_safetensors_bytes()?,
+                )?;
+                (None, None)
+            }
+        };
         write_synced(
             &tmp.join("optimizer.safetensors"),
             &self.opt.state_to_bytes()?,
         )?;
-        if let Some(r) = &self.reference {
+        if let Some(r) = self.reference.as_ref().filter(|_| lora.is_none()) {
             write_synced(
                 &tmp.join("reference.safetensors"),
                 &r.to_safetensors_bytes()?,
@@ -72,7 +87,9 @@ impl Trainer {
             version: self.version,
             trainer: self.cfg.clone(),
             model: self.policy.config().clone(),
-            has_reference: self.reference.is_some(),
+            has_reference: self.reference.is_some() && lora.is_none(),
+            lora,
+            base_hash,
         };
         let json = serde_json::to_vec_pretty(&meta)
             .map_err(|e| LearnerError::Checkpoint(e.to_string()))?;
@@ -97,25 +114,17 @@ impl Trainer {
         Ok(final_dir)
     }
 
-    /// Restores the checkpoint `dir/LATEST` points to, on `device`.
+    /// Restores the checkpoint `dir/LATEST` points to, on `device`. A LoRA checkpoint holds
+    /// no base and is refused here: restore it with [`Trainer::load_with_base`].
     pub fn load(dir: &Path, device: &Device) -> Result<Self> {
-        let name = std::fs::read_to_string(dir.join("LATEST"))?;
-        let name = name.trim();
-        if !name.starts_with("ckpt-") || name.contains(['/', '\\']) {
+        let (ck, meta) = read_latest(dir)?;
+        if meta.lora.is_some() {
             return Err(LearnerError::Checkpoint(format!(
-                "bad LATEST pointer {name:?}"
+                "{} trains LoRA adapters on base {}: it is restored with that base",
+                ck.display(),
+                meta.base_hash.as_deref().unwrap_or("<unknown>")
             )));
         }
-        let ck = dir.join(name);
-        let meta: CheckpointMeta = serde_json::from_slice(&std::fs::read(ck.join("trainer.json"))?)
-            .map_err(|e| LearnerError::Checkpoint(format!("trainer.json: {e}")))?;
-        if meta.format != CHECKPOINT_FORMAT {
-            return Err(LearnerError::Checkpoint(format!(
-                "unknown checkpoint format {}",
-                meta.format
-            )));
-        }
-        meta.trainer.validate()?;
         let policy = Policy::from_safetensors_bytes(
             &meta.model,
             &std::fs::read(ck.join("weights.safetensors"))?,
@@ -130,7 +139,58 @@ impl Trainer {
         } else {
             None
         };
-        let mut opt = AdamW::new(policy.named_vars()?, meta.trainer.optim)?;
+        Self::restore(&ck, meta, policy, reference)
+    }
+
+    /// Restores the checkpoint `dir/LATEST` points to with `base` as the frozen base of a LoRA
+    /// checkpoint's adapters, on `base`'s device (a full checkpoint loads as in
+    /// [`Trainer::load`]). Refused, naming both hashes, when `base` is not the base the
+    /// adapters were trained on ([`Policy::base_hash_hex`]), or is of another model.
+    pub fn load_with_base(dir: &Path, base: Policy) -> Result<Self> {
+        let (ck, meta) = read_latest(dir)?;
+        let Some(lora) = meta.lora.clone() else {
+            return Self::load(dir, base.device());
+        };
+        if base.config() != &meta.model {
+            return Err(LearnerError::Checkpoint(format!(
+                "{} was trained on a model with config {}, the base has config {}",
+                ck.display(),
+                meta.model.hash_hex(),
+                base.config().hash_hex()
+            )));
+        }
+        let want = meta.base_hash.clone().unwrap_or_default();
+        let have = base.base_hash_hex()?;
+        if want != have {
+            return Err(LearnerError::Checkpoint(format!(
+                "{}: the adapters were trained on base {want}, this base is {have}",
+                ck.display()
+            )));
+        }
+        let adapters = Adapters::from_safetensors_bytes(
+            &meta.model,
+            &std::fs::read(ck.join("adapters.safetensors"))?,
+            base.device(),
+        )?;
+        if adapters.config() != &lora {
+            return Err(LearnerError::Checkpoint(format!(
+                "adapters.safetensors holds {:?}, trainer.json says {lora:?}",
+                adapters.config()
+            )));
+        }
+        let policy = base.with_adapters(adapters)?;
+        let reference = crate::trainer::reference_of(&policy, meta.trainer.loss.kl_beta)?;
+        Self::restore(&ck, meta, policy, reference)
+    }
+
+    /// The optimiser state, consumed ids and bookkeeping of checkpoint `ck` around `policy`.
+    fn restore(
+        ck: &Path,
+        meta: CheckpointMeta,
+        policy: Policy,
+        reference: Option<Policy>,
+    ) -> Result<Self> {
+        let mut opt = AdamW::new(policy.trainable_named_vars()?, meta.trainer.optim)?;
         opt.load_state_bytes(&std::fs::read(ck.join("optimizer.safetensors"))?)?;
         let raw = std::fs::read(ck.join("consumed_ids.bin"))?;
         let chunks = raw.chunks_exact(16);
@@ -158,7 +218,34 @@ impl Trainer {
     }
 }
 
-const CHECKPOINT_FORMAT: u32 = 1;
+/// 2 adds `lora` and `base_hash` (absent in a full fine-tuning checkpoint, so format 1
+/// checkpoints still load).
+const CHECKPOINT_FORMAT: u32 = 2;
+
+/// `dir/LATEST`'s checkpoint folder and its validated `trainer.json`.
+fn read_latest(dir: &Path) -> Result<(PathBuf, CheckpointMeta)> {
+    let name = std::fs::read_to_string(dir.join("LATEST"))?;
+    let name = name.trim();
+    if !name.starts_with("ckpt-") || name.contains(['/', '\\']) {
+        return Err(LearnerError::Checkpoint(format!(
+            "bad LATEST pointer {name:?}"
+        )));
+    }
+    let ck = dir.join(name);
+    let meta: CheckpointMeta = serde_json::from_slice(&std::fs::read(ck.join("trainer.json"))?)
+        .map_err(|e| LearnerError::Checkpoint(format!("trainer.json: {e}")))?;
+    if !(1..=CHECKPOINT_FORMAT).contains(&meta.format) {
+        return Err(LearnerError::Checkpoint(format!(
+            "unknown checkpoint format {}",
+            meta.format
+        )));
+    }
+    meta.trainer.validate()?;
+    if let Some(l) = &meta.lora {
+        l.validate()?;
+    }
+    Ok((ck, meta))
+}
 
 #[derive(Serialize, Deserialize)]
 struct CheckpointMeta {
@@ -167,6 +254,12 @@ struct CheckpointMeta {
     trainer: TrainerConfig,
     model: ModelConfig,
     has_reference: bool,
+    /// The adapters' configuration of a LoRA trainer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lora: Option<LoraConfig>,
+    /// The BLAKE3 identity of a LoRA trainer's frozen base (hex).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    base_hash: Option<String>,
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {

@@ -282,25 +282,36 @@ impl std::fmt::Debug for Trainer {
     }
 }
 
+/// The KL reference of a fresh trainer (`None` when `kl_beta` is 0): a LoRA policy's base
+/// view, or a frozen copy of the full model's current weights.
+pub(crate) fn reference_of(policy: &Policy, kl_beta: f64) -> Result<Option<Policy>> {
+    if kl_beta <= 0.0 {
+        return Ok(None);
+    }
+    if policy.lora().is_some() {
+        return Ok(Some(policy.base_view()?));
+    }
+    Ok(Some(Policy::from_safetensors_bytes(
+        policy.config(),
+        &policy.to_safetensors_bytes()?,
+        policy.device(),
+    )?))
+}
+
 fn bad(msg: impl Into<String>) -> Verdict {
     Verdict::Invalid(msg.into())
 }
 
 impl Trainer {
     /// A trainer at version 0 over `policy`. When `cfg.loss.kl_beta > 0` a frozen copy of
-    /// the current weights becomes the KL reference.
+    /// the current weights becomes the KL reference — or, for a LoRA policy
+    /// ([`Policy::with_lora`]), its base with the adapters off ([`Policy::base_view`]: the
+    /// same storage, no second copy of the model). The optimiser steps
+    /// [`Policy::trainable_named_vars`]: the adapters alone for a LoRA policy.
     pub fn new(policy: Policy, cfg: TrainerConfig) -> Result<Self> {
         cfg.validate()?;
-        let reference = if cfg.loss.kl_beta > 0.0 {
-            Some(Policy::from_safetensors_bytes(
-                policy.config(),
-                &policy.to_safetensors_bytes()?,
-                policy.device(),
-            )?)
-        } else {
-            None
-        };
-        let opt = AdamW::new(policy.named_vars()?, cfg.optim)?;
+        let reference = reference_of(&policy, cfg.loss.kl_beta)?;
+        let opt = AdamW::new(policy.trainable_named_vars()?, cfg.optim)?;
         Ok(Trainer {
             cfg,
             policy,

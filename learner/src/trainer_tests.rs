@@ -352,3 +352,147 @@ fn sent_loss_masks_are_ignored_and_the_rule_decides() {
     }
     assert_ne!(honest, weights(&groups, Some(Arc::new(FirstTokenOnly))));
 }
+
+/// A LoRA trainer over [`small_policy`]`(1)` with a KL penalty.
+fn lora_trainer() -> Trainer {
+    let lora = policy::LoraConfig::new(2, 4.0);
+    let p = small_policy(1).with_lora(&lora, 7).unwrap();
+    let mut c = cfg(Objective::Grpo, 0);
+    c.loss.kl_beta = 0.05;
+    Trainer::new(p, c).unwrap()
+}
+
+/// LoRA: the optimiser holds state for the adapters alone, a step moves them and never the
+/// base, and the KL reference is the base itself (the same storage, no copy).
+#[test]
+fn a_lora_trainer_steps_only_the_adapters_against_the_base() {
+    let mut tr = lora_trainer();
+    let base = tr.policy().base_hash_hex().unwrap();
+    assert_eq!(base, small_policy(1).base_hash_hex().unwrap());
+    let ids = |p: &Policy| -> Vec<candle_core::TensorId> {
+        p.named_vars()
+            .unwrap()
+            .iter()
+            .map(|(_, v)| v.as_tensor().id())
+            .collect()
+    };
+    let reference = tr.reference.as_ref().expect("kl_beta > 0 has a reference");
+    assert_eq!(
+        ids(reference),
+        ids(tr.policy()),
+        "the reference shares the base"
+    );
+    assert!(
+        reference.lora().is_none(),
+        "the reference is the base alone"
+    );
+    let before = tr
+        .policy()
+        .lora()
+        .unwrap()
+        .to_safetensors_bytes(tr.policy().config());
+    let before = before.unwrap();
+    let merged_before = tr.snapshot_bytes().unwrap();
+    for (v, seed) in [(0, 1), (1, 2)] {
+        let g = [
+            group(tr.policy(), v, seed, false),
+            group(tr.policy(), v, seed + 10, false),
+        ];
+        let st = tr.train_step(&g).unwrap();
+        assert!(st.stepped && st.grad_norm > 0.0, "{st:?}");
+    }
+    assert_eq!(tr.policy().base_hash_hex().unwrap(), base, "the base moved");
+    let cfg = tr.policy().config().clone();
+    let after = tr.policy().lora().unwrap().to_safetensors_bytes(&cfg);
+    assert_ne!(after.unwrap(), before, "the adapters did not train");
+    assert_ne!(tr.snapshot_bytes().unwrap(), merged_before);
+    let state = tr.opt.state_to_bytes().unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&state).unwrap();
+    let names: Vec<String> = meta.tensors().keys().cloned().collect();
+    let lora = policy::LoraConfig::new(2, 4.0);
+    assert_eq!(
+        names.len(),
+        2 * policy::lora::adapter_shapes(&cfg, &lora).len()
+    );
+    assert!(names.iter().all(|n| n.contains(".lora_")), "{names:?}");
+}
+
+/// A LoRA checkpoint holds adapters, their optimiser state and the base's identity; it is
+/// restored only onto that base, and a different base is refused naming both hashes.
+#[test]
+fn a_lora_checkpoint_round_trips_onto_its_base_only() {
+    let mut tr = lora_trainer();
+    let g = [
+        group(tr.policy(), 0, 1, false),
+        group(tr.policy(), 0, 2, false),
+    ];
+    assert!(tr.train_step(&g).unwrap().stepped);
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tr.save(tmp.path()).unwrap();
+    assert!(ck.join("adapters.safetensors").exists());
+    assert!(!ck.join("weights.safetensors").exists() && !ck.join("reference.safetensors").exists());
+
+    let err = Trainer::load(tmp.path(), &Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("LoRA") && err.contains(&tr.policy().base_hash_hex().unwrap()),
+        "{err}"
+    );
+    let err = Trainer::load_with_base(tmp.path(), small_policy(2))
+        .unwrap_err()
+        .to_string();
+    let (want, have) = (
+        tr.policy().base_hash_hex().unwrap(),
+        small_policy(2).base_hash_hex().unwrap(),
+    );
+    assert!(err.contains(&want) && err.contains(&have), "{err}");
+
+    let back = Trainer::load_with_base(tmp.path(), small_policy(1)).unwrap();
+    let cfg = tr.policy().config().clone();
+    let adapters = |t: &Trainer| {
+        t.policy()
+            .lora()
+            .unwrap()
+            .to_safetensors_bytes(&cfg)
+            .unwrap()
+    };
+    assert_eq!(adapters(&back), adapters(&tr));
+    assert_eq!(
+        back.opt.state_to_bytes().unwrap(),
+        tr.opt.state_to_bytes().unwrap()
+    );
+    assert_eq!(back.snapshot_bytes().unwrap(), tr.snapshot_bytes().unwrap());
+    assert_eq!(back.version(), 1);
+    assert!(back.reference.as_ref().is_some_and(|r| r.lora().is_none()));
+    // Both continue identically.
+    let (mut a, mut b) = (tr, back);
+    let g = [
+        group(a.policy(), 1, 5, false),
+        group(a.policy(), 1, 6, false),
+    ];
+    a.train_step(&g).unwrap();
+    b.train_step(&g).unwrap();
+    assert_eq!(adapters(&a), adapters(&b));
+}
+
+/// A restarted LoRA learner rebuilds its base from the config and the warm start, and its
+/// checkpoint is accepted only if that base hashes alike: the warm start must be
+/// reproducible bit for bit.
+#[test]
+fn the_warm_started_base_is_reproducible() {
+    let task = tasks::build_task("arith", &serde_json::Value::Null).unwrap();
+    let base = || {
+        let p = small_policy(1);
+        crate::warm::warm_start_on_task(&p, &policy::Tokenizer::byte(), task.as_ref(), 3, 9)
+            .unwrap();
+        p.base_hash_hex().unwrap()
+    };
+    let first = base();
+    assert_ne!(
+        first,
+        small_policy(1).base_hash_hex().unwrap(),
+        "the warm start trained"
+    );
+    assert_eq!(first, base());
+}

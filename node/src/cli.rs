@@ -138,6 +138,11 @@ pub struct DemoArgs {
     /// The dtype snapshots are shipped in (`broadcast.dtype`): f32 or bf16.
     #[arg(long, value_enum, default_value_t = SnapshotDtype::F32)]
     pub snapshot_dtype: SnapshotDtype,
+    /// Train LoRA adapters of this rank on the frozen (warm-started) model instead of every
+    /// weight (0 = full fine-tuning): α = 32 and ten times the learning rate, as "LoRA Without
+    /// Regret" (Thinking Machines, 2025) suggests. Versions still ship as merged snapshots.
+    #[arg(long, default_value_t = 0)]
+    pub lora_rank: usize,
 }
 
 #[derive(Debug, Args)]

@@ -81,9 +81,20 @@ pub fn open_state(config: NodeConfig) -> anyhow::Result<NodeState> {
             data.trajectories().display()
         )
     })?;
+    // A learner publishing deltas keeps its newest keyframe and the deltas since.
+    let keep = match config.role {
+        Role::Learner => crate::roles::delta::learner_keep(
+            config.storage.keep_snapshots,
+            config
+                .broadcast
+                .delta_enabled()
+                .then_some(config.broadcast.keyframe_every),
+        ),
+        _ => config.storage.keep_snapshots,
+    };
     let chunks = ChunkStore::open_with_memory(
         &data.snapshots(),
-        config.storage.keep_snapshots,
+        keep,
         config.storage.chunk_memory_mb << 20,
     )
     .with_context(|| format!("opening chunk store {}", data.snapshots().display()))?;

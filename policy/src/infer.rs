@@ -209,11 +209,10 @@ impl InferModel {
                     .into(),
             ));
         }
-        let vars: HashMap<String, Tensor> = policy
-            .named_vars()?
-            .into_iter()
-            .map(|(n, v)| (n, v.as_tensor().clone()))
-            .collect();
+        // The weights the policy computes with: a LoRA policy's adapters are merged here
+        // (one `W + (α/r)·B·A` per targeted projection at build time), so decoding costs
+        // what the base's does.
+        let vars: HashMap<String, Tensor> = policy.effective_tensors()?;
         // Converted (and stacked) where the policy lives, then copied: the device receives
         // only the prepared tensors.
         let get_as = |name: &str, dtype: DType| -> Result<Tensor> {

@@ -3,13 +3,14 @@
 //! Owns: one trainable implementation of the Qwen3 architecture (Qwen2 as a variant) on
 //! candle-nn variables with Hugging Face weight names ([`model`]), its configuration and config
 //! hash ([`config`]), weights ⇄ safetensors snapshot payload ([`Policy`]), tokenizers
-//! ([`tokenizer`]), KV-cache sampling with log-probs ([`sampling`]) by the canonical, checkable
+//! ([`tokenizer`]), sparse bf16 deltas between two snapshot payloads ([`delta`]), KV-cache sampling with log-probs ([`sampling`]) by the canonical, checkable
 //! sampling rule ([`rule`]) from prescribed uniforms ([`draw`]), loading a local Hugging
 //! Face folder ([`hf`]) and the supervised warm-start helper ([`sft`]); chat templates and the
 //! turn-aware masks of multi-turn episodes ([`chat`]), generation that carries its KV cache
 //! from turn to turn ([`session`]); device selection
 //! ([`device`]), memory-fit arithmetic ([`memory`]) and the gradient-free generation path with
-//! fused kernels and half-precision weights ([`infer`]).
+//! fused kernels and half-precision weights ([`infer`]); low-rank adapters on a frozen base,
+//! their merge into the base and the base's identity ([`lora`]).
 //!
 //! Must not touch: networking, storage, rewards, or the RL loss — those live in `p2p`,
 //! `storage`, `tasks` and `learner`. Nothing here downloads anything.
@@ -18,11 +19,13 @@
 
 pub mod chat;
 pub mod config;
+pub mod delta;
 pub mod device;
 pub mod draw;
 pub mod error;
 pub mod hf;
 pub mod infer;
+pub mod lora;
 pub mod memory;
 pub mod model;
 pub mod rule;
@@ -42,6 +45,7 @@ pub use device::{DeviceChoice, DeviceInfo};
 pub use draw::{Draws, SampleStream};
 pub use error::{PolicyError, Result};
 pub use infer::{InferModel, InferSpec};
+pub use lora::{Adapters, LoraConfig};
 pub use model::{KvCache, Qwen3};
 pub use sampling::{
     batch_response_logits, batch_response_logprobs, response_logprobs, token_logprobs, Completion,

@@ -13,8 +13,67 @@ use candle_core::DType;
 
 use crate::config::ModelConfig;
 use crate::error::{PolicyError, Result};
+use crate::lora::{adapter_params, targeted_projections, LoraConfig};
 
 const GIB: f64 = (1u64 << 30) as f64;
+
+/// What the learner trains, for its memory arithmetic. A `bool` converts to
+/// [`Training::Full`] (`with_reference`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Training<'a> {
+    /// Every weight, in f32; a frozen f32 reference copy when the loss has a KL penalty.
+    Full { with_reference: bool },
+    /// Low-rank adapters (f32) on a frozen base held in `base_dtype`; the KL reference is the
+    /// base itself (no copy).
+    Lora {
+        lora: &'a LoraConfig,
+        base_dtype: DType,
+    },
+}
+
+impl From<bool> for Training<'_> {
+    fn from(with_reference: bool) -> Self {
+        Training::Full { with_reference }
+    }
+}
+
+/// Bytes of the training state ([`learner_state_bytes`] for full fine-tuning). With LoRA:
+/// `P·s` for the frozen base in its dtype (s bytes a value; no gradient, no moments, and it
+/// is the KL reference) plus `20·A` for the A adapter parameters — f32 weights, the pass's
+/// gradients, their running sum and the two AdamW moments, as for full training
+/// ([`crate::lora::adapter_params`]: `r·(in + out)` per targeted projection).
+pub fn training_state_bytes(cfg: &ModelConfig, training: Training<'_>) -> u64 {
+    match training {
+        Training::Full { with_reference } => learner_state_bytes(cfg, with_reference),
+        Training::Lora { lora, base_dtype } => cfg
+            .num_params()
+            .saturating_mul(base_dtype.size_in_bytes() as u64)
+            .saturating_add(adapter_params(cfg, lora).saturating_mul(20)),
+    }
+}
+
+/// [`activation_bytes_per_token`] plus, with LoRA, what the adapters' forward keeps per
+/// token: for each targeted projection the rank-r product `A·x`, the adapter's output and
+/// the sum with the base's output (`r + 2·out` values; the α/r scale is applied to `B`, not
+/// to the activations). An upper bound like the rest: the frozen base's matmul inputs are
+/// kept although only the adapters' gradients need them.
+pub fn training_activation_bytes_per_token(
+    cfg: &ModelConfig,
+    training: Training<'_>,
+    seq_len: usize,
+) -> u64 {
+    let base = activation_bytes_per_token(cfg, seq_len);
+    match training {
+        Training::Full { .. } => base,
+        Training::Lora { lora, .. } => {
+            let extra: u64 = targeted_projections(cfg, lora)
+                .iter()
+                .map(|(_, out, _)| (lora.rank + 2 * out) as u64)
+                .sum();
+            base.saturating_add(4 * extra)
+        }
+    }
+}
 
 /// Bytes the learner's training state holds, all in f32 (P = [`ModelConfig::num_params`]):
 ///
@@ -80,16 +139,29 @@ pub(crate) fn activation_values_per_token(cfg: &ModelConfig, seq_len: usize) -> 
 /// of one pass of `tokens_per_pass` padded tokens (the micro-batch budget), counted for the
 /// worst case of a single sequence filling the pass (up to the model's context), since the
 /// attention scores grow with the square of a sequence's length.
-pub fn learner_bytes(cfg: &ModelConfig, with_reference: bool, tokens_per_pass: usize) -> u64 {
+/// For LoRA ([`Training::Lora`]) the state is [`training_state_bytes`] and the activations
+/// [`training_activation_bytes_per_token`].
+pub fn learner_bytes<'a>(
+    cfg: &ModelConfig,
+    training: impl Into<Training<'a>>,
+    tokens_per_pass: usize,
+) -> u64 {
+    let training = training.into();
     let seq = tokens_per_pass.min(cfg.max_position_embeddings);
-    let act = activation_bytes_per_token(cfg, seq).saturating_mul(tokens_per_pass as u64);
-    learner_state_bytes(cfg, with_reference).saturating_add(act)
+    let act = training_activation_bytes_per_token(cfg, training, seq)
+        .saturating_mul(tokens_per_pass as u64);
+    training_state_bytes(cfg, training).saturating_add(act)
 }
 
 /// The largest `tokens_per_pass` whose [`learner_bytes`] fits in `free` bytes (0 when not
 /// even the training state fits). The need grows with the pass, so a binary search finds it.
-pub fn max_tokens_per_pass(cfg: &ModelConfig, with_reference: bool, free: u64) -> usize {
-    let fits = |t: usize| learner_bytes(cfg, with_reference, t) <= free;
+pub fn max_tokens_per_pass<'a>(
+    cfg: &ModelConfig,
+    training: impl Into<Training<'a>>,
+    free: u64,
+) -> usize {
+    let training = training.into();
+    let fits = |t: usize| learner_bytes(cfg, training, t) <= free;
     if !fits(1) {
         return 0;
     }
@@ -109,21 +181,22 @@ pub fn max_tokens_per_pass(cfg: &ModelConfig, with_reference: bool, free: u64) -
 /// `free` bytes free and `resident` bytes of it already loaded (the weights, when the check
 /// runs after loading them); otherwise an error with both figures (the need split into state
 /// and activations) and the largest pass that would fit (the `micro_batch_tokens` to set).
-pub fn check_learner_fit(
+pub fn check_learner_fit<'a>(
     cfg: &ModelConfig,
-    with_reference: bool,
+    training: impl Into<Training<'a>>,
     tokens_per_pass: usize,
     free: u64,
     resident: u64,
 ) -> Result<()> {
-    let need = learner_bytes(cfg, with_reference, tokens_per_pass);
+    let training = training.into();
+    let need = learner_bytes(cfg, training, tokens_per_pass);
     let available = free.saturating_add(resident);
     if need <= available {
         return Ok(());
     }
-    let state = learner_state_bytes(cfg, with_reference);
+    let state = training_state_bytes(cfg, training);
     let gib = |b: u64| b as f64 / GIB;
-    let hint = match max_tokens_per_pass(cfg, with_reference, available) {
+    let hint = match max_tokens_per_pass(cfg, training, available) {
         0 => "not even the weights, gradients and optimiser state fit: pick a device with more \
               memory or a smaller model"
             .to_string(),
@@ -287,6 +360,67 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("not even the weights"), "{e}");
+    }
+
+    #[test]
+    fn lora_footprint_by_hand() {
+        // Qwen3-0.6B, rank 8 on all seven projections, r·(in + out) each: per layer
+        // q 8·(1024 + 2048) + k, v 2·8·(1024 + 1024) + o 8·(2048 + 1024)
+        // + gate, up 2·8·(1024 + 3072) + down 8·(3072 + 1024) = 180,224.
+        let q = ModelConfig::qwen3_0_6b();
+        let lora = LoraConfig::new(8, 16.0);
+        let per_layer = 8 * (3072 + 2 * 2048 + 3072 + 3 * 4096);
+        assert_eq!(per_layer, 180_224);
+        assert_eq!(adapter_params(&q, &lora), 28 * 180_224);
+        let t = Training::Lora {
+            lora: &lora,
+            base_dtype: DType::BF16,
+        };
+        // base 2·596,049,920 + adapters 20·5,046,272.
+        assert_eq!(training_state_bytes(&q, t), 1_192_099_840 + 100_925_440);
+        // Per token and layer: 7·8 + 2·(2048 + 1024 + 1024 + 1024 + 3072 + 3072 + 1024)
+        // = 56 + 24,576 values, × 28 layers × 4 bytes.
+        assert_eq!(
+            training_activation_bytes_per_token(&q, t, 320) - activation_bytes_per_token(&q, 320),
+            28 * 24_632 * 4
+        );
+        assert_eq!(
+            learner_bytes(&q, t, 1024),
+            training_state_bytes(&q, t) + 1024 * training_activation_bytes_per_token(&q, t, 1024)
+        );
+        // An f32 base on the CPU: 4·P for the base, no reference copy.
+        let cpu = Training::Lora {
+            lora: &lora,
+            base_dtype: DType::F32,
+        };
+        assert!(training_state_bytes(&q, cpu) < learner_state_bytes(&q, true) / 5);
+        assert!(max_tokens_per_pass(&q, t, 78 << 30) > max_tokens_per_pass(&q, true, 78 << 30));
+    }
+
+    /// The 4B and 8B figures `docs/model.md` quotes ("LoRA memory").
+    #[test]
+    fn lora_footprint_of_larger_shapes() {
+        let shape = |h, i, tied| ModelConfig {
+            hidden_size: h,
+            intermediate_size: i,
+            num_hidden_layers: 36,
+            num_attention_heads: 32,
+            tie_word_embeddings: tied,
+            ..ModelConfig::qwen3_0_6b()
+        };
+        let (b4, b8) = (shape(2560, 9728, true), shape(4096, 12288, false));
+        assert_eq!(b4.num_params(), 4_022_468_096);
+        assert_eq!(b8.num_params(), 8_190_735_360);
+        let lora = LoraConfig::new(8, 16.0);
+        assert_eq!(adapter_params(&b4, &lora), 16_515_072);
+        assert_eq!(adapter_params(&b8, &lora), 21_823_488);
+        let bf16 = Training::Lora {
+            lora: &lora,
+            base_dtype: DType::BF16,
+        };
+        assert_eq!(training_state_bytes(&b4, bf16), 8_375_237_632); // 7.80 GiB
+        assert_eq!(training_state_bytes(&b8, bf16), 16_817_940_480); // 15.66 GiB
+        assert_eq!(learner_state_bytes(&b8, true), 196_577_648_640); // 183.08 GiB
     }
 
     #[test]

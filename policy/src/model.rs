@@ -19,7 +19,7 @@ mod cpu_ops;
 mod kv_rows;
 pub(crate) use kv_rows::{repeat_kv_rows, select_kv_rows};
 #[cfg(test)]
-mod fused_tests;
+pub(crate) mod fused_tests;
 #[cfg(test)]
 mod memory_tests;
 
@@ -31,6 +31,7 @@ use candle_nn::{Embedding, Linear};
 
 use crate::config::ModelConfig;
 use crate::error::{PolicyError, Result};
+use crate::lora::LoraConfig;
 
 /// The name and shape of every trainable tensor of a config, in a fixed order.
 pub fn param_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
@@ -78,40 +79,118 @@ pub fn param_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     out
 }
 
+/// The low-rank adapters a module is built with: their variables and configuration.
+pub(crate) struct LoraVars<'a> {
+    pub(crate) vars: &'a HashMap<String, Var>,
+    pub(crate) cfg: &'a LoraConfig,
+}
+
 /// Looks weights up by name in a map of variables; never creates one silently.
 struct Weights<'a> {
     vars: &'a HashMap<String, Var>,
     /// Hand out detached views (same storage, no gradient tracking): see [`Qwen3::build_frozen`].
     frozen: bool,
+    /// Adapters on the targeted projections. With adapters the base weights are always
+    /// detached (frozen base); the adapters follow `frozen`.
+    lora: Option<LoraVars<'a>>,
+}
+
+fn lookup(
+    vars: &HashMap<String, Var>,
+    name: &str,
+    shape: &[usize],
+    detach: bool,
+) -> Result<Tensor> {
+    let var = vars
+        .get(name)
+        .ok_or_else(|| PolicyError::Weights(format!("missing tensor {name}")))?;
+    if var.dims() != shape {
+        return Err(PolicyError::Weights(format!(
+            "tensor {name} has shape {:?}, expected {shape:?}",
+            var.dims()
+        )));
+    }
+    Ok(if detach {
+        var.as_tensor().detach()
+    } else {
+        var.as_tensor().clone()
+    })
 }
 
 impl Weights<'_> {
     fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let var = self
-            .vars
-            .get(name)
-            .ok_or_else(|| PolicyError::Weights(format!("missing tensor {name}")))?;
-        if var.dims() != shape {
-            return Err(PolicyError::Weights(format!(
-                "tensor {name} has shape {:?}, expected {shape:?}",
-                var.dims()
-            )));
-        }
-        Ok(if self.frozen {
-            var.as_tensor().detach()
-        } else {
-            var.as_tensor().clone()
-        })
+        lookup(self.vars, name, shape, self.frozen || self.lora.is_some())
     }
 
-    fn linear(&self, prefix: &str, out_dim: usize, in_dim: usize, bias: bool) -> Result<Linear> {
+    fn linear(&self, prefix: &str, out_dim: usize, in_dim: usize, bias: bool) -> Result<Proj> {
         let w = self.get(&format!("{prefix}.weight"), &[out_dim, in_dim])?;
         let b = if bias {
             Some(self.get(&format!("{prefix}.bias"), &[out_dim])?)
         } else {
             None
         };
-        Ok(Linear::new(w, b))
+        let target = prefix.rsplit('.').next().unwrap_or_default();
+        let lora = match &self.lora {
+            Some(l) if l.cfg.targets(target) => {
+                let r = l.cfg.rank;
+                let a = lookup(
+                    l.vars,
+                    &format!("{prefix}.lora_A.weight"),
+                    &[r, in_dim],
+                    self.frozen,
+                )?;
+                let b = lookup(
+                    l.vars,
+                    &format!("{prefix}.lora_B.weight"),
+                    &[out_dim, r],
+                    self.frozen,
+                )?;
+                Some((Linear::new(a, None), Linear::new(b, None), l.cfg.scale()))
+            }
+            _ => None,
+        };
+        Ok(Proj {
+            base: Linear::new(w, b),
+            lora,
+            frozen: self.lora.is_some(),
+        })
+    }
+}
+
+/// A linear projection, with a low-rank adapter when targeted: `W·x + (α/r)·B·(A·x)`.
+#[derive(Debug, Clone)]
+struct Proj {
+    base: Linear,
+    /// `A` `[r, in]`, `B` `[out, r]` (as bias-free linears) and the scale α/r.
+    lora: Option<(Linear, Linear, f64)>,
+    /// The base weight is frozen (a LoRA model): on the fused CPU path it runs as
+    /// [`cpu_ops::frozen_linear`], whose backward computes no weight gradient.
+    frozen: bool,
+}
+
+impl Proj {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = if self.frozen && cpu_ops::applies(x) {
+            // candle's matmul would compute (and keep) the frozen weight's gradient.
+            {
+                let y = cpu_ops::frozen_linear(x, self.base.weight())?;
+                match self.base.bias() {
+                    Some(b) => y.broadcast_add(b)?,
+                    None => y,
+                }
+            }
+        } else {
+            self.base.forward(x)?
+        };
+        match &self.lora {
+            None => Ok(y),
+            Some((a, b, scale)) => {
+                // The scale goes on B (`[out, r]`, a small tensor) rather than on the
+                // `[tokens, out]` product: one activation fewer kept for the backward.
+                let b = Linear::new(b.weight().affine(*scale, 0.0)?, None);
+                Ok((y + b.forward(&a.forward(x)?)?)?)
+            }
+        }
     }
 }
 
@@ -298,10 +377,10 @@ impl KvCache {
 
 #[derive(Debug, Clone)]
 struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
+    q_proj: Proj,
+    k_proj: Proj,
+    v_proj: Proj,
+    o_proj: Proj,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
     n_heads: usize,
@@ -393,15 +472,15 @@ impl Attention {
         let y = y
             .transpose(1, 2)?
             .reshape((b, t, self.n_heads * self.head_dim))?;
-        Ok(self.o_proj.forward(&y)?)
+        self.o_proj.forward(&y)
     }
 }
 
 #[derive(Debug, Clone)]
 struct Mlp {
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
+    gate_proj: Proj,
+    up_proj: Proj,
+    down_proj: Proj,
 }
 
 impl Mlp {
@@ -413,7 +492,7 @@ impl Mlp {
         } else {
             (g.silu()? * u)?
         };
-        Ok(self.down_proj.forward(&h)?)
+        self.down_proj.forward(&h)
     }
 }
 
@@ -432,16 +511,19 @@ pub struct Qwen3 {
     embed_tokens: Embedding,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
-    lm_head: Linear,
+    lm_head: Proj,
     device: Device,
 }
 
 impl Qwen3 {
     /// Builds the module over existing variables (names as in [`param_shapes`]). The module
     /// shares storage with the variables, so optimiser updates are seen immediately.
+    /// With `lora`, the targeted projections carry its adapters and the base weights are
+    /// detached views: gradients reach the adapters only.
     pub(crate) fn build(
         cfg: &ModelConfig,
         vars: &HashMap<String, Var>,
+        lora: Option<LoraVars<'_>>,
         device: &Device,
     ) -> Result<Self> {
         Self::build_with(
@@ -449,6 +531,7 @@ impl Qwen3 {
             Weights {
                 vars,
                 frozen: false,
+                lora,
             },
             device,
         )
@@ -462,9 +545,18 @@ impl Qwen3 {
     pub(crate) fn build_frozen(
         cfg: &ModelConfig,
         vars: &HashMap<String, Var>,
+        lora: Option<LoraVars<'_>>,
         device: &Device,
     ) -> Result<Self> {
-        Self::build_with(cfg, Weights { vars, frozen: true }, device)
+        Self::build_with(
+            cfg,
+            Weights {
+                vars,
+                frozen: true,
+                lora,
+            },
+            device,
+        )
     }
 
     fn build_with(cfg: &ModelConfig, w: Weights<'_>, device: &Device) -> Result<Self> {
@@ -527,10 +619,14 @@ impl Qwen3 {
                 },
             });
         }
-        let lm_head = if cfg.tie_word_embeddings {
-            Linear::new(embed.clone(), None)
-        } else {
-            Linear::new(w.get("lm_head.weight", &[cfg.vocab_size, h])?, None)
+        let lm_head = Proj {
+            base: if cfg.tie_word_embeddings {
+                Linear::new(embed.clone(), None)
+            } else {
+                Linear::new(w.get("lm_head.weight", &[cfg.vocab_size, h])?, None)
+            },
+            lora: None,
+            frozen: w.lora.is_some(),
         };
         Ok(Qwen3 {
             cfg: cfg.clone(),
@@ -619,6 +715,6 @@ impl Qwen3 {
             x
         };
         let x = self.norm.forward(&x)?;
-        Ok(self.lm_head.forward(&x)?)
+        self.lm_head.forward(&x)
     }
 }

@@ -12,7 +12,7 @@ use crate::sft::{sft_loss, warm_start, SftExample, WarmStart};
 use crate::tokenizer::{ByteTokenizer, Tokenizer};
 use crate::weights::Policy;
 
-fn small(arch: Arch, tied: bool) -> ModelConfig {
+pub(crate) fn small(arch: Arch, tied: bool) -> ModelConfig {
     ModelConfig {
         arch,
         vocab_size: 260,

@@ -9,7 +9,8 @@ use rand::{Rng, SeedableRng};
 
 use crate::config::ModelConfig;
 use crate::error::{PolicyError, Result};
-use crate::model::{param_shapes, KvCache, Qwen3};
+use crate::lora::{self, Adapters, LoraConfig};
+use crate::model::{param_shapes, KvCache, LoraVars, Qwen3};
 
 /// safetensors metadata key holding the hex BLAKE3 config hash.
 pub const META_CONFIG_HASH: &str = "echo_swarm.config_hash";
@@ -19,11 +20,16 @@ pub const META_CONFIG_HASH: &str = "echo_swarm.config_hash";
 /// The learner optimises [`Policy::vars`] (e.g. with `candle_nn::AdamW`); the forward pass sees
 /// updates immediately because the module shares the variables' storage. Rollout workers build
 /// one per installed snapshot with [`Policy::from_safetensors_bytes`].
+///
+/// With low-rank adapters ([`Policy::with_lora`]) the model's weights are a frozen base and
+/// [`Policy::vars`] are the adapters only; every forward (training, cached decoding, the
+/// inference path) computes the adapted model.
 pub struct Policy {
     cfg: ModelConfig,
     varmap: VarMap,
     model: Qwen3,
     device: Device,
+    lora: Option<Adapters>,
 }
 
 impl std::fmt::Debug for Policy {
@@ -101,14 +107,97 @@ impl Policy {
                 .data()
                 .lock()
                 .map_err(|_| PolicyError::Weights("variable map lock poisoned".into()))?;
-            Qwen3::build(cfg, &data, device)?
+            Qwen3::build(cfg, &data, None, device)?
         };
         Ok(Policy {
             cfg: cfg.clone(),
             varmap,
             model,
             device: device.clone(),
+            lora: None,
         })
+    }
+
+    /// This policy as the frozen base of fresh low-rank adapters (`lora`, initialised from
+    /// `seed` by [`Adapters::new_random`]): it computes the same model until the adapters
+    /// train, and [`Policy::vars`] become the adapters.
+    pub fn with_lora(self, lora: &LoraConfig, seed: u64) -> Result<Self> {
+        let adapters = Adapters::new_random(&self.cfg, lora, seed, &self.device)?;
+        self.with_adapters(adapters)
+    }
+
+    /// This policy's weights as the frozen base of `adapters` (replacing any it had).
+    pub fn with_adapters(self, adapters: Adapters) -> Result<Self> {
+        let model = {
+            let data = self.lock()?;
+            let vars = adapters.var_map()?;
+            let lv = LoraVars {
+                vars: &vars,
+                cfg: adapters.config(),
+            };
+            Qwen3::build(&self.cfg, &data, Some(lv), &self.device)?
+        };
+        Ok(Policy {
+            model,
+            lora: Some(adapters),
+            ..self
+        })
+    }
+
+    /// The adapters, for a LoRA policy.
+    pub fn lora(&self) -> Option<&Adapters> {
+        self.lora.as_ref()
+    }
+
+    /// The identity of the model's weights (the frozen base of a LoRA policy):
+    /// [`lora::base_hash`] of [`Policy::named_vars`], hex.
+    pub fn base_hash_hex(&self) -> Result<String> {
+        let vars = self.named_vars()?;
+        let h = lora::base_hash(vars.iter().map(|(n, v)| (n.as_str(), v.as_tensor())))?;
+        Ok(blake3::Hash::from(h).to_hex().to_string())
+    }
+
+    /// The base alone (adapters off) as a gradient-free view sharing this policy's storage:
+    /// the KL reference of a LoRA run, with no second copy of the model. For a policy without
+    /// adapters, the same as [`Policy::no_grad`].
+    pub fn base_view(&self) -> Result<Policy> {
+        let model = Qwen3::build_frozen(&self.cfg, &*self.lock()?, None, &self.device)?;
+        Ok(Policy {
+            cfg: self.cfg.clone(),
+            varmap: self.varmap.clone(),
+            model,
+            device: self.device.clone(),
+            lora: None,
+        })
+    }
+
+    /// The weights this policy computes with, by Hugging Face name: the variables themselves
+    /// (shared storage) without adapters, the base merged with the adapters
+    /// ([`lora::merge`], new tensors) with them.
+    pub fn effective_tensors(&self) -> Result<HashMap<String, Tensor>> {
+        let base: HashMap<String, Tensor> = self
+            .named_vars()?
+            .into_iter()
+            .map(|(n, v)| (n, v.as_tensor().detach()))
+            .collect();
+        match &self.lora {
+            None => Ok(base),
+            Some(a) => {
+                let adapters = a
+                    .named_vars()?
+                    .into_iter()
+                    .map(|(n, v)| (n, v.as_tensor().detach()))
+                    .collect();
+                lora::merge(&base, &adapters, a.config())
+            }
+        }
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, HashMap<String, Var>>> {
+        self.varmap
+            .data()
+            .lock()
+            .map_err(|_| PolicyError::Weights("variable map lock poisoned".into()))
     }
 
     /// Decodes a snapshot payload made by [`Policy::to_safetensors_bytes`] (or `_as`). The
@@ -155,6 +244,8 @@ impl Policy {
     /// bytes; each weight rounded to nearest-even bf16). The learner keeps f32 weights and may
     /// ship bf16 snapshots; loading ([`Policy::from_safetensors_bytes`]) accepts F32, BF16 and
     /// F16 and converts to the model's f32. Deterministic like [`Self::to_safetensors_bytes`].
+    /// A LoRA policy writes its merged weights ([`Policy::effective_tensors`]): the payload is
+    /// the model it computes, which loads as a plain policy.
     pub fn to_safetensors_bytes_as(&self, dtype: DType) -> Result<Vec<u8>> {
         let tag = match dtype {
             DType::F32 => "F32",
@@ -165,10 +256,11 @@ impl Policy {
                 )))
             }
         };
-        let vars = self.named_vars()?;
+        let mut vars: Vec<(String, Tensor)> = self.effective_tensors()?.into_iter().collect();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
         let mut named = Vec::with_capacity(vars.len());
-        for (name, var) in vars {
-            let flat = var.as_tensor().flatten_all()?;
+        for (name, t) in vars {
+            let flat = t.flatten_all()?;
             let data: Vec<u8> = match dtype {
                 DType::BF16 => flat
                     .to_dtype(DType::BF16)?
@@ -183,13 +275,20 @@ impl Policy {
                     .flat_map(|x| x.to_le_bytes())
                     .collect(),
             };
-            named.push((name, var.dims().to_vec(), data));
+            named.push((name, t.dims().to_vec(), data));
         }
         write_safetensors(&named, tag, &self.cfg.hash_hex())
     }
 
     /// Overwrites this policy's variables in place from a snapshot payload (same config).
+    /// Refused for a LoRA policy, whose base is fixed (its identity is recorded with the
+    /// adapters).
     pub fn load_safetensors_bytes(&self, bytes: &[u8]) -> Result<()> {
+        if self.lora.is_some() {
+            return Err(PolicyError::Weights(
+                "a LoRA policy's base is frozen: a full snapshot cannot be loaded into it".into(),
+            ));
+        }
         let other = Self::from_safetensors_bytes(&self.cfg, bytes, &self.device)?;
         let theirs: HashMap<String, Var> = other.named_vars()?.into_iter().collect();
         for (name, var) in self.named_vars()? {
@@ -216,7 +315,9 @@ impl Policy {
         &self.varmap
     }
 
-    /// All trainable variables with their Hugging Face names, sorted by name.
+    /// The model's weight variables with their Hugging Face names, sorted by name: every
+    /// trainable variable without adapters, the frozen base with them
+    /// ([`Policy::trainable_named_vars`] are what an optimiser steps).
     pub fn named_vars(&self) -> Result<Vec<(String, Var)>> {
         let data = self
             .varmap
@@ -228,9 +329,23 @@ impl Policy {
         Ok(v)
     }
 
-    /// All trainable variables (for `candle_nn::AdamW::new`).
+    /// The trainable variables with their names, sorted: the adapters of a LoRA policy
+    /// ([`Adapters::named_vars`]), every weight otherwise.
+    pub fn trainable_named_vars(&self) -> Result<Vec<(String, Var)>> {
+        match &self.lora {
+            Some(a) => a.named_vars(),
+            None => self.named_vars(),
+        }
+    }
+
+    /// All trainable variables (for `candle_nn::AdamW::new`): see
+    /// [`Policy::trainable_named_vars`].
     pub fn vars(&self) -> Result<Vec<Var>> {
-        Ok(self.named_vars()?.into_iter().map(|(_, v)| v).collect())
+        Ok(self
+            .trainable_named_vars()?
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect())
     }
 
     /// The module (full-sequence and cached forward).
@@ -246,7 +361,18 @@ impl Policy {
             .into_iter()
             .map(|(name, var)| (name, var.as_tensor().detach()))
             .collect();
-        Policy::from_tensors(&self.cfg, tensors, device)
+        let p = Policy::from_tensors(&self.cfg, tensors, device)?;
+        match &self.lora {
+            None => Ok(p),
+            Some(a) => {
+                let t = a
+                    .named_vars()?
+                    .into_iter()
+                    .map(|(n, v)| (n, v.as_tensor().detach()))
+                    .collect();
+                p.with_adapters(Adapters::from_tensors(&self.cfg, a.config(), t, device)?)
+            }
+        }
     }
 
     /// The same policy whose forward records no gradient graph: its module runs on detached
@@ -258,18 +384,24 @@ impl Policy {
     /// the view.
     pub fn no_grad(&self) -> Result<Policy> {
         let model = {
-            let data = self
-                .varmap
-                .data()
-                .lock()
-                .map_err(|_| PolicyError::Weights("variable map lock poisoned".into()))?;
-            Qwen3::build_frozen(&self.cfg, &data, &self.device)?
+            let data = self.lock()?;
+            let adapters = self.lora.as_ref().map(|a| a.var_map()).transpose()?;
+            let lv = self
+                .lora
+                .as_ref()
+                .zip(adapters.as_ref())
+                .map(|(a, vars)| LoraVars {
+                    vars,
+                    cfg: a.config(),
+                });
+            Qwen3::build_frozen(&self.cfg, &data, lv, &self.device)?
         };
         Ok(Policy {
             cfg: self.cfg.clone(),
             varmap: self.varmap.clone(),
             model,
             device: self.device.clone(),
+            lora: self.lora.clone(),
         })
     }
 
@@ -301,8 +433,17 @@ pub(crate) fn write_safetensors(
     dtype_tag: &str,
     config_hash: &str,
 ) -> Result<Vec<u8>> {
+    write_safetensors_meta(tensors, dtype_tag, config_hash, BTreeMap::new())
+}
+
+/// [`write_safetensors`] with `extra` metadata entries.
+pub(crate) fn write_safetensors_meta(
+    tensors: &[(String, Vec<usize>, Vec<u8>)],
+    dtype_tag: &str,
+    config_hash: &str,
+    mut meta: BTreeMap<String, String>,
+) -> Result<Vec<u8>> {
     let mut header = BTreeMap::new();
-    let mut meta = BTreeMap::new();
     meta.insert(META_CONFIG_HASH.to_string(), config_hash.to_string());
     // Hugging Face `transformers` only accepts safetensors files tagged with a framework.
     meta.insert("format".to_string(), "pt".to_string());

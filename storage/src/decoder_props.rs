@@ -58,6 +58,14 @@ fn signed_manifest() -> impl Strategy<Value = SignedManifest> {
                         root_hash: root,
                         created_unix_ms: created,
                         learner_key: key.verifying_key().to_bytes(),
+                        payload: if version % 2 == 0 {
+                            crate::manifest::PayloadKind::Full
+                        } else {
+                            crate::manifest::PayloadKind::Delta {
+                                base_version: version - 1,
+                                full_root: root,
+                            }
+                        },
                     }
                     .sign(&key)
                     .expect("the learner signs its own manifest")

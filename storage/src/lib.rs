@@ -27,7 +27,7 @@ pub mod trajectory;
 pub use chunks::{ChunkStore, ChunkStoreStats, GcStats, PublishStats, DEFAULT_MEMORY_BYTES};
 pub use error::{Result, StorageError};
 pub use keys::NodeKey;
-pub use manifest::{hash_bytes, Hash, SignedManifest, SnapshotManifest};
+pub use manifest::{hash_bytes, Hash, PayloadKind, SignedManifest, SnapshotManifest};
 pub use record::{Sample, TrajectoryGroup};
 pub use trajectory::{Counters, GroupKey, InvariantReport, Lease, TrajectoryStore};
 

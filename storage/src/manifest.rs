@@ -9,6 +9,12 @@
 //! hash (32 B), total length (varint), chunk size (varint), chunk count (varint) + hashes
 //! (32 B each), root hash (32 B), created (varint ms), learner public key (32 B). A signed
 //! manifest is that encoding followed by the 64-byte ed25519 signature over it.
+//!
+//! Encoding v2 (a delta payload, [`PayloadKind::Delta`]): the same fields with format `2`,
+//! followed by the payload kind (u8, 1 = delta), the base version (varint) and the BLAKE3
+//! root of the full payload the delta reconstructs (32 B). The chunk hashes and `root_hash`
+//! then describe the delta bytes the chains carry. A full payload is still encoded as v1,
+//! byte for byte as before, so its signature and older readers are unaffected.
 
 use std::ops::Range;
 
@@ -18,7 +24,11 @@ use crate::codec::{Reader, Writer};
 use crate::error::{Result, StorageError};
 
 pub const MANIFEST_MAGIC: &[u8; 3] = b"ESM";
+/// The format of a manifest of a full payload (unchanged since format 1).
 pub const MANIFEST_FORMAT: u8 = 1;
+/// The format of a manifest of a delta payload (adds [`PayloadKind::Delta`]'s fields).
+pub const MANIFEST_FORMAT_DELTA: u8 = 2;
+const KIND_DELTA: u8 = 1;
 /// Smallest and largest allowed chunk sizes.
 pub const MIN_CHUNK_SIZE: u32 = 4 << 10;
 pub const MAX_CHUNK_SIZE: u32 = 64 << 20;
@@ -40,6 +50,17 @@ pub fn hash_hex(h: &Hash) -> String {
     hex::encode(h)
 }
 
+/// What a manifest's payload is: the whole snapshot, or a delta that needs a base.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PayloadKind {
+    /// The whole snapshot payload (`root_hash` is the snapshot's).
+    #[default]
+    Full,
+    /// A sparse delta against the payload of `base_version`; applying it gives a full payload
+    /// whose BLAKE3 is `full_root` (`root_hash` is the delta bytes').
+    Delta { base_version: u64, full_root: Hash },
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnapshotManifest {
     pub swarm_id: String,
@@ -52,6 +73,8 @@ pub struct SnapshotManifest {
     pub created_unix_ms: u64,
     /// The signer's public key; must equal the swarm's learner key to be accepted.
     pub learner_key: [u8; 32],
+    /// Full payload or delta (format 2).
+    pub payload: PayloadKind,
 }
 
 impl SnapshotManifest {
@@ -79,9 +102,19 @@ impl SnapshotManifest {
             root_hash: hash_bytes(payload),
             created_unix_ms: crate::unix_ms(),
             learner_key: learner_key.to_bytes(),
+            payload: PayloadKind::Full,
         };
         m.check()?;
         Ok(m)
+    }
+
+    /// The BLAKE3 of the full snapshot payload this version installs: `root_hash` for a full
+    /// payload, the named reconstructed root for a delta.
+    pub fn full_root(&self) -> Hash {
+        match self.payload {
+            PayloadKind::Full => self.root_hash,
+            PayloadKind::Delta { full_root, .. } => full_root,
+        }
     }
 
     /// Internal consistency: chunk count matches total length and chunk size.
@@ -111,6 +144,17 @@ impl SnapshotManifest {
                 "swarm id must be 1–128 bytes",
             ));
         }
+        if let PayloadKind::Delta { base_version, .. } = self.payload {
+            if base_version >= self.version {
+                return Err(StorageError::invalid(
+                    "manifest",
+                    format!(
+                        "delta v{} names base v{base_version}, not an earlier version",
+                        self.version
+                    ),
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -127,7 +171,10 @@ impl SnapshotManifest {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::with_capacity(200 + 32 * self.chunk_hashes.len());
         w.raw(MANIFEST_MAGIC);
-        w.u8(MANIFEST_FORMAT);
+        w.u8(match self.payload {
+            PayloadKind::Full => MANIFEST_FORMAT,
+            PayloadKind::Delta { .. } => MANIFEST_FORMAT_DELTA,
+        });
         w.str(&self.swarm_id);
         w.varint(self.version);
         w.raw(&self.model_config_hash);
@@ -140,6 +187,15 @@ impl SnapshotManifest {
         w.raw(&self.root_hash);
         w.varint(self.created_unix_ms);
         w.raw(&self.learner_key);
+        if let PayloadKind::Delta {
+            base_version,
+            full_root,
+        } = self.payload
+        {
+            w.u8(KIND_DELTA);
+            w.varint(base_version);
+            w.raw(&full_root);
+        }
         w.into_bytes()
     }
 
@@ -148,7 +204,7 @@ impl SnapshotManifest {
             return Err(r.err("bad magic"));
         }
         let format = r.u8()?;
-        if format != MANIFEST_FORMAT {
+        if format != MANIFEST_FORMAT && format != MANIFEST_FORMAT_DELTA {
             return Err(r.err(format!("unsupported format {format}")));
         }
         let swarm_id = r.string(128, "swarm_id")?;
@@ -161,6 +217,21 @@ impl SnapshotManifest {
         for _ in 0..n {
             chunk_hashes.push(r.array::<32>()?);
         }
+        let root_hash = r.array::<32>()?;
+        let created_unix_ms = r.varint()?;
+        let learner_key = r.array::<32>()?;
+        let payload = if format == MANIFEST_FORMAT_DELTA {
+            let kind = r.u8()?;
+            if kind != KIND_DELTA {
+                return Err(r.err(format!("unknown payload kind {kind}")));
+            }
+            PayloadKind::Delta {
+                base_version: r.varint()?,
+                full_root: r.array::<32>()?,
+            }
+        } else {
+            PayloadKind::Full
+        };
         let m = SnapshotManifest {
             swarm_id,
             version,
@@ -168,9 +239,10 @@ impl SnapshotManifest {
             total_len,
             chunk_size,
             chunk_hashes,
-            root_hash: r.array::<32>()?,
-            created_unix_ms: r.varint()?,
-            learner_key: r.array::<32>()?,
+            root_hash,
+            created_unix_ms,
+            learner_key,
+            payload,
         };
         m.check()
             .map_err(|e| StorageError::decode("manifest", e.to_string()))?;
@@ -387,6 +459,54 @@ mod tests {
         let mut s = signed(&[7u8; 9000], &k);
         s.manifest.chunk_hashes.pop();
         assert!(SignedManifest::decode(&s.encode()).is_err());
+    }
+
+    #[test]
+    fn delta_manifests_round_trip_and_full_ones_stay_format_1() {
+        let k = key(1);
+        let full = signed(b"weights", &k);
+        let bytes = full.encode();
+        assert_eq!(bytes[3], MANIFEST_FORMAT, "a full payload keeps format 1");
+        assert_eq!(
+            SignedManifest::decode(&bytes).unwrap().manifest.payload,
+            PayloadKind::Full
+        );
+        assert_eq!(full.manifest.full_root(), full.manifest.root_hash);
+
+        let mut m =
+            SnapshotManifest::build("swarm", 3, [1; 32], b"delta", 4096, &k.verifying_key())
+                .unwrap();
+        m.payload = PayloadKind::Delta {
+            base_version: 2,
+            full_root: [9; 32],
+        };
+        let s = m.sign(&k).unwrap();
+        let bytes = s.encode();
+        assert_eq!(bytes[3], MANIFEST_FORMAT_DELTA);
+        let back = SignedManifest::decode(&bytes).unwrap();
+        assert_eq!(back, s);
+        back.verify(&k.verifying_key()).unwrap();
+        assert_eq!(back.manifest.full_root(), [9; 32]);
+
+        // The delta fields are signed: changing the base after signing fails verification.
+        let mut t = s.clone();
+        t.manifest.payload = PayloadKind::Delta {
+            base_version: 1,
+            full_root: [9; 32],
+        };
+        assert!(t.verify(&k.verifying_key()).is_err());
+        // A base that is not an earlier version, or an unknown kind byte, does not decode.
+        let mut fwd = s.manifest.clone();
+        fwd.payload = PayloadKind::Delta {
+            base_version: 3,
+            full_root: [0; 32],
+        };
+        assert!(fwd.check().is_err());
+        let mut bad = s.manifest.encode();
+        let kind_at = bad.len() - 1 - 32 - 1;
+        bad[kind_at] = 7;
+        bad.extend_from_slice(&s.signature);
+        assert!(SignedManifest::decode(&bad).is_err());
     }
 
     proptest! {

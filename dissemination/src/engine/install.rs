@@ -337,6 +337,9 @@ impl Disseminator {
                 st.manifests.get(&version).cloned(),
             )
         };
+        let kind = manifest
+            .as_ref()
+            .map_or(storage::PayloadKind::Full, |m| m.manifest.payload);
         let assembled = match (assembly, manifest) {
             (Some(a), Some(m)) => a.finish(&m.manifest),
             _ => None,
@@ -372,6 +375,7 @@ impl Disseminator {
         self.emit(DisseminationEvent::Installed {
             version,
             payload: Arc::new(payload),
+            kind,
             latency,
         });
         // Then keep the newest `keep` snapshots and collect chunks nothing kept references

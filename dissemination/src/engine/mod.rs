@@ -227,6 +227,9 @@ pub enum DisseminationEvent {
     Installed {
         version: u64,
         payload: Arc<Vec<u8>>,
+        /// What `payload` is (the signed manifest's word): the full snapshot, or a delta the
+        /// role applies to the base it holds, checking the named full root before it loads.
+        kind: storage::PayloadKind,
         /// Since the manifest was accepted by this node.
         latency: Duration,
     },

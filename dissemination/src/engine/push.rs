@@ -16,7 +16,7 @@ use control::units::mbps_to_bytes_per_s;
 use futures::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use p2p::framing::{read_frame, write_frame, FrameError};
 use p2p::{PeerId, TopicKind, Validation};
-use storage::{Hash, SignedManifest, SnapshotManifest};
+use storage::{Hash, PayloadKind, SignedManifest, SnapshotManifest};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, trace, warn};
 
@@ -84,6 +84,27 @@ impl Disseminator {
         payload: bytes::Bytes,
         workers: Option<Vec<(PeerId, f64)>>,
     ) -> Result<PublishReport> {
+        self.publish_as(
+            version,
+            model_config_hash,
+            payload,
+            PayloadKind::Full,
+            workers,
+        )
+        .await
+    }
+
+    /// [`Self::publish`] with the payload's kind named in the signed manifest: a
+    /// [`PayloadKind::Delta`] payload travels, is verified per hop and is stored like any
+    /// other; only the receiving role reconstructs the full payload from it.
+    pub async fn publish_as(
+        &self,
+        version: u64,
+        model_config_hash: Hash,
+        payload: bytes::Bytes,
+        kind: PayloadKind,
+        workers: Option<Vec<(PeerId, f64)>>,
+    ) -> Result<PublishReport> {
         let key = self.signing_key()?;
         let cfg = &self.inner.cfg;
         // Hashing the chunks, storing them and collecting old versions take a CPU pass over
@@ -94,15 +115,17 @@ impl Disseminator {
                 (cfg.swarm_id.clone(), cfg.chunk_size, cfg.learner_key);
             let (store, key) = (self.inner.store.clone(), key.clone());
             blocking(move || -> Result<_> {
-                let manifest = SnapshotManifest::build(
+                let mut manifest = SnapshotManifest::build(
                     &swarm_id,
                     version,
                     model_config_hash,
                     &payload,
                     chunk_size,
                     &learner_key,
-                )?
-                .sign(&key)?;
+                )?;
+                manifest.payload = kind;
+                manifest.check()?;
+                let manifest = manifest.sign(&key)?;
                 let stats = store.publish(&manifest, &payload)?;
                 if let Err(e) = store.retain() {
                     warn!(error = %e, "chunk-store garbage collection failed");

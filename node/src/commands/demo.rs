@@ -144,6 +144,10 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     l.objective = args.objective;
     l.staleness = args.staleness;
     l.kappa = args.kappa;
+    if args.lora_rank > 0 {
+        l.lora = Some(policy::LoraConfig::new(args.lora_rank, 32.0));
+        l.lr *= 10.0;
+    }
     let mut fleet = Fleet::default();
     // Every node binds port 0; the learner's bound addresses come back in its address file.
     let i = fleet.start(&exe, "learner", &learner, &[])?;
@@ -241,6 +245,7 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     summary["workers"] = json!(args.workers);
     summary["device"] = json!(args.device.to_string());
     summary["snapshot_dtype"] = json!(args.snapshot_dtype);
+    summary["lora_rank"] = json!(args.lora_rank);
     summary["worker_groups_per_s"] = json!(args.worker_groups_per_s);
     summary["task"] = json!(task.name);
     if let Some(e) = eval_summary(&crate::roles::learner::envs::eval_log(&learner_dir))? {

@@ -148,6 +148,21 @@ pub struct BroadcastConfig {
     /// seats among workers of similar score, so that no seat is held for a whole run
     /// (`docs/broadcast.md`, "Seats").
     pub plan_epoch: u64,
+    /// With `dtype = "bf16"`: publish each version as a sparse delta against the bf16 payload
+    /// published before it (changed positions + values; `docs/broadcast.md`, "Delta
+    /// snapshots"). Unset = on for bf16; it cannot be on for f32.
+    pub delta: Option<bool>,
+    /// With deltas: a full payload (keyframe) at least every this many versions, so a worker
+    /// that fell behind needs at most this many − 1 deltas; also whenever a delta would not
+    /// be smaller than the full payload.
+    pub keyframe_every: u64,
+}
+
+impl BroadcastConfig {
+    /// Whether the learner publishes deltas (`delta`, defaulting to on for bf16).
+    pub fn delta_enabled(&self) -> bool {
+        self.dtype == SnapshotDtype::Bf16 && self.delta.unwrap_or(true)
+    }
 }
 
 impl Default for BroadcastConfig {
@@ -157,6 +172,8 @@ impl Default for BroadcastConfig {
             worker_mbps: 100.0,
             dtype: SnapshotDtype::F32,
             plan_epoch: control::seats::EPOCH_VERSIONS,
+            delta: None,
+            keyframe_every: 16,
         }
     }
 }
@@ -314,6 +331,11 @@ pub struct LearnerConfig {
     /// an honest sampler at temperature ≥ 0.5 over a 150 k vocabulary stays far above it, and
     /// a forged −1e4 would overflow the importance ratio.
     pub logprob_floor: f32,
+    /// LoRA post-training: `lora = { rank = 8, alpha = 16 }` (optional `targets`, default all
+    /// seven projections). The model loaded from `[model]` becomes the frozen base and only
+    /// the adapters train; absent = full fine-tuning (`docs/model.md`, "LoRA").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lora: Option<policy::LoraConfig>,
 }
 
 impl Default for LearnerConfig {
@@ -338,6 +360,7 @@ impl Default for LearnerConfig {
             pull_interval_ms: 100,
             buffer_groups: 0,
             logprob_floor: storage::record::DEFAULT_LOGPROB_FLOOR,
+            lora: None,
         }
     }
 }
@@ -644,6 +667,23 @@ mod tests {
     }
 
     #[test]
+    fn deltas_default_on_for_bf16_and_are_refused_for_f32() {
+        let base = "role = \"learner\"\nswarm_id = \"x\"\ndata_dir = \"d\"\n[broadcast]\n";
+        assert!(
+            !ok(base).broadcast.delta_enabled(),
+            "f32 ships full payloads"
+        );
+        assert!(ok(&format!("{base}dtype = \"bf16\"\n"))
+            .broadcast
+            .delta_enabled());
+        let off = ok(&format!("{base}dtype = \"bf16\"\ndelta = false\n"));
+        assert!(!off.broadcast.delta_enabled());
+        let p = problems(&format!("{base}delta = true\nkeyframe_every = 0\n"));
+        let keys: Vec<&str> = p.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["broadcast.delta", "broadcast.keyframe_every"]);
+    }
+
+    #[test]
     fn written_configs_read_back_to_the_same_value() {
         let mut c = NodeConfig::new(Role::Rollout, "demo", PathBuf::from("/tmp/x y"));
         c.learner_public_key = Some(KEY.into());
@@ -677,6 +717,30 @@ mod tests {
         assert_eq!(p[0].0, "scheduler.ranking");
         let p = problems("role = \"learner\"\nswarm_id = \"x\"\ndata_dir = \"d\"\n[storage]\nchunk_size_kib = 65537\n");
         assert!(p[0].1.contains("4..=65536"), "{p:?}");
+    }
+
+    #[test]
+    fn lora_settings_are_optional_and_validated() {
+        let head = "role = \"learner\"\nswarm_id = \"x\"\ndata_dir = \"d\"\n[learner]\n";
+        assert_eq!(ok(head).learner.lora, None);
+        let c = ok(&format!("{head}lora = {{ rank = 8, alpha = 16 }}\n"));
+        assert_eq!(c.learner.lora, Some(policy::LoraConfig::new(8, 16.0)));
+        let back = NodeConfig::parse(&c.to_toml().unwrap()).unwrap();
+        assert_eq!(back.learner, c.learner);
+        for (bad, needle) in [
+            ("{ rank = 0, alpha = 16 }", "rank must be at least 1"),
+            ("{ rank = 4, alpha = -1 }", "alpha must be positive"),
+            (
+                "{ rank = 4, alpha = 8, targets = [\"qkv\"] }",
+                "unknown target \"qkv\"",
+            ),
+        ] {
+            let p = problems(&format!("{head}lora = {bad}\n"));
+            assert_eq!(p[0].0, "learner.lora", "{p:?}");
+            assert!(p[0].1.contains(needle), "{p:?}");
+        }
+        let p = problems(&format!("{head}lora = {{ rank = 4 }}\n"));
+        assert!(p[0].1.contains("alpha"), "{p:?}");
     }
 
     #[test]

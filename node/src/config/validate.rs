@@ -136,6 +136,9 @@ impl NodeConfig {
                 format!("{} must be in [-10000, 0)", l.logprob_floor),
             );
         }
+        if let Some(Err(e)) = l.lora.as_ref().map(|lora| lora.validate()) {
+            bad("learner.lora", e.to_string());
+        }
         if l.checkpoint_every == 0 {
             bad("learner.checkpoint_every", "must be at least 1".into());
         }
@@ -151,6 +154,22 @@ impl NodeConfig {
                 format!(
                     "{} is outside 1..=1000000 (versions)",
                     self.broadcast.plan_epoch
+                ),
+            );
+        }
+        if self.broadcast.delta == Some(true) && self.broadcast.dtype != super::SnapshotDtype::Bf16
+        {
+            bad(
+                "broadcast.delta",
+                "deltas are bf16 payloads: set broadcast.dtype = \"bf16\"".into(),
+            );
+        }
+        if !(1..=1_000_000).contains(&self.broadcast.keyframe_every) {
+            bad(
+                "broadcast.keyframe_every",
+                format!(
+                    "{} is outside 1..=1000000 (versions)",
+                    self.broadcast.keyframe_every
                 ),
             );
         }

@@ -369,25 +369,42 @@ pub async fn start(
         let slot = slot.clone();
         let standby = standby.clone();
         tasks.spawn(async move {
+            // The full payload installed last: the base of the next delta version.
+            let mut base = super::delta::DeltaBase::default();
             while let Some(ev) = rx.recv().await {
                 match ev {
                     DisseminationEvent::Installed {
                         version,
                         payload,
+                        kind,
                         latency,
                     } => {
                         let slot = slot.clone();
+                        let held = base.clone();
                         let r = tokio::task::spawn_blocking(move || {
-                            slot.install_bytes(version, &payload)
+                            // A delta is applied to the held base and checked against the
+                            // signed full root before anything is loaded.
+                            let full = held.full_payload(version, payload, kind)?;
+                            slot.install_bytes(version, &full)?;
+                            let root = hex::encode(storage::hash_bytes(&full));
+                            anyhow::Ok((full, root))
                         })
                         .await;
                         match r {
-                            Ok(Ok(())) => {
+                            Ok(Ok((full, root))) => {
+                                base.installed(version, full);
                                 metrics::gauge!("node_installed_snapshot_version")
                                     .set(version as f64);
-                                tracing::info!(version, ?latency, "snapshot installed");
+                                tracing::info!(
+                                    version,
+                                    ?latency,
+                                    delta = kind != storage::PayloadKind::Full,
+                                    root = %root,
+                                    "snapshot installed"
+                                );
                             }
                             Ok(Err(e)) => {
+                                metrics::counter!("node_snapshots_refused_total").increment(1);
                                 tracing::warn!(version, error = %e, "snapshot not installed")
                             }
                             Err(e) => tracing::error!(error = %e, "install task failed"),

@@ -3,6 +3,7 @@
 mod admin;
 mod admission;
 mod cli;
+mod deltas;
 mod durability;
 mod envs;
 /// A forwarder that stalls mid-run (an attack: needs the `adversary` feature).

@@ -21,7 +21,7 @@ fn randn(shape: &[usize], seed: u64) -> Tensor {
     Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
 }
 
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+pub(crate) fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
     assert_eq!(a.dims(), b.dims());
     (a - b)
         .unwrap()

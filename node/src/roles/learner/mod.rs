@@ -186,12 +186,14 @@ pub async fn start(
             },
         ));
     }
+    let b = &state.config.broadcast;
     tasks.spawn(publisher::run(
         dissem,
         client.clone(),
         config_hash,
         snap_rx,
         shared.clone(),
+        b.delta_enabled().then_some(b.keyframe_every),
     ));
     tasks.spawn(puller::run(
         client.clone(),
@@ -299,59 +301,44 @@ fn build_pipeline(
 
 /// The last checkpoint, or a fresh model (warm-started on the task when configured), moved
 /// on to the newest snapshot published after it ([`resume_at_published`]). Also returns the
-/// version the weights stand at, for the journal.
+/// version the weights stand at, for the journal. With `[learner] lora` the model is the
+/// frozen base of adapters; a LoRA checkpoint is restored onto the base rebuilt the same way,
+/// and refused (naming both hashes) when that base is not the one it was trained on.
 fn restore_or_init(state: &NodeState) -> anyhow::Result<(Trainer, u64)> {
     let config = &state.config;
     let ckpt = config.checkpoint_dir();
     let wanted = config.learner.trainer_config()?;
+    let lora = config.learner.lora.as_ref();
     let mut trainer = if ckpt.join("LATEST").exists() {
-        let mut t = Trainer::load(&ckpt, &state.device)
-            .with_context(|| format!("restoring the checkpoint in {}", ckpt.display()))?;
+        let restored = match lora {
+            Some(_) => Trainer::load_with_base(&ckpt, fresh_model(state, &wanted)?),
+            None => Trainer::load(&ckpt, &state.device),
+        };
+        let mut t =
+            restored.with_context(|| format!("restoring the checkpoint in {}", ckpt.display()))?;
         tracing::info!(version = t.version(), dir = %ckpt.display(), "resumed from checkpoint");
         warn_ignored_settings(&wanted, t.config());
         // How a step is cut into passes depends on this run's device, not the checkpoint's.
         t.set_micro_batch_tokens(wanted.micro_batch_tokens);
         t
     } else {
-        let (policy, tokenizer) = build_model(config, &state.device)?;
-        // Gradients, AdamW's moments, the KL reference and the activations of one pass come
-        // on top of the weights just loaded; refuse now, with the numbers, rather than fail
-        // mid-run.
-        let weights = 4 * policy.config().num_params();
-        let (kl, tokens) = (
-            wanted.loss.kl_beta > 0.0,
-            wanted.tokens_per_pass(policy.config()),
-        );
-        let need = policy::memory::learner_bytes(policy.config(), kl, tokens);
-        let free = policy::device::describe(&state.device).memory_free_bytes;
-        if free > 0 {
-            policy::memory::check_learner_fit(policy.config(), kl, tokens, free, weights)?;
-        }
-        super::check_memory("the learner", need.saturating_sub(weights), &state.device)?;
-        if config.learner.warm_start_steps > 0 {
-            let env = super::build_env(config)?;
-            let t0 = Instant::now();
-            let w = match env.as_task() {
-                Some(task) => learner::warm_start_on_task(
-                    &policy,
-                    &tokenizer,
-                    task.as_ref(),
-                    config.learner.warm_start_steps,
-                    config.model.seed,
-                )
-                .context("supervised warm start")?,
-                None => envs::warm_start(config, &policy, &tokenizer, env.as_ref())
-                    .context("supervised warm start on scripted play")?,
-            };
-            tracing::info!(
-                steps = w.steps,
-                examples = w.examples,
-                loss_first = w.loss_first,
-                loss_last = w.loss_last,
-                secs = t0.elapsed().as_secs_f64(),
-                "warm start done"
-            );
-        }
+        let policy = fresh_model(state, &wanted)?;
+        let policy = match lora {
+            Some(l) => {
+                let p = policy
+                    .with_lora(l, config.model.seed)
+                    .context("adding LoRA adapters")?;
+                tracing::info!(
+                    rank = l.rank,
+                    alpha = l.alpha,
+                    adapter_params = policy::lora::adapter_params(p.config(), l),
+                    base = %p.base_hash_hex()?,
+                    "training LoRA adapters on a frozen base"
+                );
+                p
+            }
+            None => policy,
+        };
         Trainer::new(policy, wanted).context("creating the trainer")?
     };
     trainer.set_mask_rule(super::mask_rule(config)?);
@@ -361,6 +348,62 @@ fn restore_or_init(state: &NodeState) -> anyhow::Result<(Trainer, u64)> {
         state.trajectories.release(l.id)?;
     }
     Ok((trainer, weights))
+}
+
+/// The model of `[model]` on this node's device, checked against the device's memory for the
+/// learner's footprint (full or LoRA, `policy::memory::Training`), then warm-started on the
+/// task when configured.
+fn fresh_model(
+    state: &NodeState,
+    wanted: &learner::TrainerConfig,
+) -> anyhow::Result<policy::Policy> {
+    let config = &state.config;
+    let (policy, tokenizer) = build_model(config, &state.device)?;
+    // Gradients, AdamW's moments, the KL reference and the activations of one pass come
+    // on top of the weights just loaded; refuse now, with the numbers, rather than fail
+    // mid-run.
+    let weights = 4 * policy.config().num_params();
+    let kl = wanted.loss.kl_beta > 0.0;
+    let tokens = wanted.tokens_per_pass(policy.config());
+    let training = match &config.learner.lora {
+        // The trainable module keeps its frozen base in f32.
+        Some(lora) => policy::memory::Training::Lora {
+            lora,
+            base_dtype: policy::DType::F32,
+        },
+        None => kl.into(),
+    };
+    let need = policy::memory::learner_bytes(policy.config(), training, tokens);
+    let free = policy::device::describe(&state.device).memory_free_bytes;
+    if free > 0 {
+        policy::memory::check_learner_fit(policy.config(), training, tokens, free, weights)?;
+    }
+    super::check_memory("the learner", need.saturating_sub(weights), &state.device)?;
+    if config.learner.warm_start_steps > 0 {
+        let env = super::build_env(config)?;
+        let t0 = Instant::now();
+        let w = match env.as_task() {
+            Some(task) => learner::warm_start_on_task(
+                &policy,
+                &tokenizer,
+                task.as_ref(),
+                config.learner.warm_start_steps,
+                config.model.seed,
+            )
+            .context("supervised warm start")?,
+            None => envs::warm_start(config, &policy, &tokenizer, env.as_ref())
+                .context("supervised warm start on scripted play")?,
+        };
+        tracing::info!(
+            steps = w.steps,
+            examples = w.examples,
+            loss_first = w.loss_first,
+            loss_last = w.loss_last,
+            secs = t0.elapsed().as_secs_f64(),
+            "warm start done"
+        );
+    }
+    Ok(policy)
 }
 
 /// A crash between checkpoints leaves snapshots this learner published after its checkpoint

@@ -18,7 +18,10 @@ use control::capacity::{
 use dissemination::Disseminator;
 use tokio::sync::watch;
 
+use storage::PayloadKind;
+
 use super::{push_recent, Shared, Snapshot, NONE};
+use crate::roles::delta::DeltaPublisher;
 
 /// T_bcast samples kept for the median.
 const RECENT_BCAST: usize = 16;
@@ -147,15 +150,17 @@ impl PublishStats {
 
 /// Publishes the newest snapshot handed over by the training thread, and measures each
 /// published version's T_bcast as the workers' install reports arrive.
+/// `keyframe_every` is `Some` when bf16 versions go out as deltas (`[broadcast] delta`).
 pub(super) async fn run(
     dissem: Disseminator,
     client: p2p::Client,
     config_hash: [u8; 32],
     rx: watch::Receiver<Snapshot>,
     shared: Arc<Shared>,
+    keyframe_every: Option<u64>,
 ) {
     tokio::join!(
-        publish(dissem, &client, config_hash, rx, &shared),
+        publish(dissem, &client, config_hash, rx, &shared, keyframe_every),
         measure(&client, &shared)
     );
 }
@@ -185,22 +190,59 @@ async fn publish(
     config_hash: [u8; 32],
     mut rx: watch::Receiver<Snapshot>,
     shared: &Shared,
+    keyframe_every: Option<u64>,
 ) {
     let mut published = None::<u64>;
+    // The previously published bf16 payload: deltas are taken against what went out, never
+    // against re-rounded weights (versions the watch channel skipped never went out).
+    let mut deltas = keyframe_every.map(DeltaPublisher::new);
     while rx.changed().await.is_ok() {
-        let Some((version, bytes)) = rx.borrow_and_update().clone() else {
+        let Some((version, full)) = rx.borrow_and_update().clone() else {
             continue;
         };
         if published.is_some_and(|p| p >= version) {
             continue;
         }
         let t0 = Instant::now();
+        let (bytes, kind, root) = match deltas.take() {
+            None => (full.clone(), PayloadKind::Full, None),
+            Some(d) => {
+                // Passes over both payloads: off the async workers.
+                let f = full.clone();
+                let k = d.keyframe_every();
+                let done = tokio::task::spawn_blocking(move || {
+                    let p = d.prepare(version, &f);
+                    (d, p)
+                })
+                .await;
+                let (d, (bytes, kind, root)) = done.unwrap_or_else(|_| {
+                    let root = storage::hash_bytes(&full);
+                    (
+                        DeltaPublisher::new(k),
+                        (full.clone(), PayloadKind::Full, root),
+                    )
+                });
+                deltas = Some(d);
+                (bytes, kind, Some(hex::encode(root)))
+            }
+        };
         match dissem
-            .publish(version, config_hash, bytes.clone(), None)
+            .publish_as(version, config_hash, bytes.clone(), kind, None)
             .await
         {
             Ok(report) => {
                 published = Some(version);
+                if let Some(d) = &mut deltas {
+                    d.published(version, full.clone(), kind);
+                    let counter = match kind {
+                        PayloadKind::Full => "learner_snapshot_keyframes_total",
+                        PayloadKind::Delta { .. } => "learner_snapshot_deltas_total",
+                    };
+                    metrics::counter!(counter).increment(1);
+                    metrics::gauge!("learner_snapshot_bytes").set(bytes.len() as f64);
+                    metrics::gauge!("learner_snapshot_delta_ratio")
+                        .set(bytes.len() as f64 / full.len().max(1) as f64);
+                }
                 shared.publish.record(version, t0);
                 // Workers that installed while the pushes started end it at once.
                 let _ = measure_now(client, shared).await;
@@ -209,6 +251,9 @@ async fn publish(
                 tracing::info!(
                     version,
                     bytes = bytes.len(),
+                    full_bytes = full.len(),
+                    delta = matches!(kind, PayloadKind::Delta { .. }),
+                    root = %root.as_deref().unwrap_or(""),
                     chains = report.plan.plan.chains.len(),
                     secs = t0.elapsed().as_secs_f64(),
                     "snapshot published"

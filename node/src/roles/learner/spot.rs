@@ -325,12 +325,9 @@ impl SpotChecker {
                 return Ok(Some(model));
             }
         }
-        let bytes = match self.chunks.assemble(version) {
-            Ok(b) => b,
-            Err(
-                storage::StorageError::NotFound { .. } | storage::StorageError::Incomplete { .. },
-            ) => return Ok(None),
-            Err(e) => return Err(e.into()),
+        // A delta version is rebuilt from its keyframe and the deltas since.
+        let Some(bytes) = crate::roles::delta::assemble_full(&self.chunks, version)? else {
+            return Ok(None);
         };
         // Evict before decoding: at most `cached_versions` models are ever held (plus the
         // snapshot bytes while one is decoded).

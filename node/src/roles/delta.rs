@@ -1,0 +1,212 @@
+//! Delta snapshots at the roles (`docs/broadcast.md`, "Delta snapshots"): the learner's
+//! choice between a keyframe and a sparse bf16 delta against the payload it published last
+//! ([`DeltaPublisher`]), and a worker's reconstruction of the full payload from a delta and
+//! the payload it installed last ([`DeltaBase`]). The codec is `policy::delta`; the dissemination
+//! engine carries a delta's bytes like any payload (chunked, verified per hop, forwarded
+//! before anything is reconstructed), and the signed manifest names the base version and the
+//! BLAKE3 root of the full payload ([`storage::PayloadKind`]).
+
+use std::sync::Arc;
+
+use policy::delta::{self, DeltaError};
+use storage::{hash_bytes, Hash, PayloadKind};
+
+/// The learner's side: what the previously published bf16 payload was, and when the last
+/// keyframe went out.
+pub struct DeltaPublisher {
+    keyframe_every: u64,
+    base: Option<(u64, bytes::Bytes)>,
+    last_keyframe: Option<u64>,
+}
+
+impl DeltaPublisher {
+    pub fn new(keyframe_every: u64) -> Self {
+        DeltaPublisher {
+            keyframe_every,
+            base: None,
+            last_keyframe: None,
+        }
+    }
+
+    pub fn keyframe_every(&self) -> u64 {
+        self.keyframe_every
+    }
+
+    /// What to publish as `version` whose full bf16 payload is `full`: the delta against the
+    /// last published payload and its manifest kind, or `full` itself as a keyframe
+    /// (`policy::delta::is_keyframe`; also when the payloads cannot be delta-coded); with
+    /// the BLAKE3 root of `full`. CPU-bound (passes over both payloads): call it off the
+    /// async workers.
+    pub fn prepare(&self, version: u64, full: &bytes::Bytes) -> (bytes::Bytes, PayloadKind, Hash) {
+        let full_root = hash_bytes(full);
+        let keyframe = (full.clone(), PayloadKind::Full, full_root);
+        let Some((base_version, base)) = &self.base else {
+            return keyframe;
+        };
+        if *base_version >= version {
+            return keyframe;
+        }
+        let d = match delta::encode(base, full) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::info!(version, error = %e, "publishing a keyframe: no delta possible");
+                return keyframe;
+            }
+        };
+        if delta::is_keyframe(
+            version,
+            self.last_keyframe,
+            self.keyframe_every,
+            d.len(),
+            full.len(),
+        ) {
+            return keyframe;
+        }
+        let kind = PayloadKind::Delta {
+            base_version: *base_version,
+            full_root,
+        };
+        (bytes::Bytes::from(d), kind, full_root)
+    }
+
+    /// Records that `version` (full payload `full`) went out as `kind`: it is the next base.
+    pub fn published(&mut self, version: u64, full: bytes::Bytes, kind: PayloadKind) {
+        if kind == PayloadKind::Full {
+            self.last_keyframe = Some(version);
+        }
+        self.base = Some((version, full));
+    }
+}
+
+/// Why a delta version was not installed. Nothing was loaded; the worker stays on the
+/// version it has and installs the next keyframe (or a delta against what it holds).
+#[derive(Debug, thiserror::Error)]
+pub enum DeltaRefused {
+    /// The delta needs a base this worker does not hold (it missed a version, joined late or
+    /// restarted).
+    #[error("delta v{version} needs base v{needed}, this worker holds {held:?}")]
+    NoBase {
+        version: u64,
+        needed: u64,
+        held: Option<u64>,
+    },
+    /// The delta does not decode against the held base, or does not reconstruct what it names.
+    #[error("delta v{version}: {source}")]
+    Delta { version: u64, source: DeltaError },
+    /// The delta reconstructed a payload, but not the one the signed manifest names.
+    #[error("delta v{version} reconstructs root {found}, the manifest names {expected}")]
+    RootMismatch {
+        version: u64,
+        expected: String,
+        found: String,
+    },
+}
+
+/// The worker's side: the full payload it installed last, the base of the next delta.
+#[derive(Default, Clone)]
+pub struct DeltaBase {
+    held: Option<(u64, Arc<Vec<u8>>)>,
+}
+
+impl DeltaBase {
+    /// The full payload of `version` from what the engine delivered: `payload` itself for a
+    /// full payload; for a delta, the delta applied to the held base, accepted only if the
+    /// base is the one the manifest names and the result hashes to the manifest's full root.
+    pub fn full_payload(
+        &self,
+        version: u64,
+        payload: Arc<Vec<u8>>,
+        kind: PayloadKind,
+    ) -> Result<Arc<Vec<u8>>, DeltaRefused> {
+        let (base_version, full_root) = match kind {
+            PayloadKind::Full => return Ok(payload),
+            PayloadKind::Delta {
+                base_version,
+                full_root,
+            } => (base_version, full_root),
+        };
+        let base = match &self.held {
+            Some((v, b)) if *v == base_version => b,
+            other => {
+                return Err(DeltaRefused::NoBase {
+                    version,
+                    needed: base_version,
+                    held: other.as_ref().map(|(v, _)| *v),
+                })
+            }
+        };
+        let full = delta::apply(base, &payload)
+            .map_err(|source| DeltaRefused::Delta { version, source })?;
+        let found = hash_bytes(&full);
+        if found != full_root {
+            return Err(DeltaRefused::RootMismatch {
+                version,
+                expected: hex::encode(full_root),
+                found: hex::encode(found),
+            });
+        }
+        Ok(Arc::new(full))
+    }
+
+    /// Records that `version`'s full payload `full` is installed: the base of the next delta.
+    pub fn installed(&mut self, version: u64, full: Arc<Vec<u8>>) {
+        self.held = Some((version, full));
+    }
+}
+
+/// Snapshots a learner's chunk store keeps when it publishes deltas: at least
+/// `keyframe_every + 1`, so that the newest keyframe and every delta after it stay held and
+/// any recent version can be reconstructed from the store (the spot checker's need).
+pub fn learner_keep(keep_snapshots: usize, keyframe_every: Option<u64>) -> usize {
+    match keyframe_every {
+        Some(k) => keep_snapshots.max(usize::try_from(k).unwrap_or(usize::MAX).saturating_add(1)),
+        None => keep_snapshots,
+    }
+}
+
+/// The full payload of `version` from a chunk store that holds full payloads and deltas: the
+/// chain of deltas back to the nearest full payload, applied forward, each result checked
+/// against its signed manifest's full root. `Ok(None)` when a link is no longer held.
+pub fn assemble_full(store: &storage::ChunkStore, version: u64) -> anyhow::Result<Option<Vec<u8>>> {
+    let held = |v: u64| match store.assemble(v) {
+        Ok(b) => Ok(Some(b)),
+        Err(storage::StorageError::NotFound { .. } | storage::StorageError::Incomplete { .. }) => {
+            Ok(None)
+        }
+        Err(e) => Err(anyhow::Error::from(e)),
+    };
+    let mut chain = Vec::new();
+    let mut v = version;
+    loop {
+        let Some(m) = store.manifest(v)? else {
+            return Ok(None);
+        };
+        match m.manifest.payload {
+            PayloadKind::Full => break,
+            PayloadKind::Delta {
+                base_version,
+                full_root,
+            } => {
+                chain.push((v, full_root));
+                v = base_version;
+            }
+        }
+    }
+    let Some(mut cur) = held(v)? else {
+        return Ok(None);
+    };
+    for (v, root) in chain.into_iter().rev() {
+        let Some(d) = held(v)? else {
+            return Ok(None);
+        };
+        cur = delta::apply(&cur, &d)?;
+        if hash_bytes(&cur) != root {
+            anyhow::bail!("delta v{v} does not reconstruct its signed full root");
+        }
+    }
+    Ok(Some(cur))
+}
+
+#[cfg(test)]
+#[path = "delta_tests.rs"]
+mod tests;

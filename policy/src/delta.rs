@@ -1,0 +1,470 @@
+//! Sparse bf16 deltas between two snapshot payloads (format version [`DELTA_VERSION`]).
+//!
+//! After one RL step at a realistic learning rate most bf16 weights round to the same 16 bits
+//! as before (an Adam step moves a weight by about the learning rate, a bf16 ulp is 2⁻⁸ of
+//! the weight's magnitude), so version v is shipped as the positions whose bf16 bits changed
+//! against the payload published for v − 1, plus their new 16-bit values. The delta is taken
+//! against the previously *published* bf16 bytes, never against re-rounded f32 weights, so
+//! [`apply`] reproduces the new payload bit for bit by construction; it is additionally
+//! checked against the BLAKE3 hashes of both payloads that the delta carries.
+//!
+//! Both payloads must be bf16 safetensors files with byte-identical headers (same tensor
+//! names, shapes, order and metadata: what [`crate::Policy::to_safetensors_bytes_as`] writes
+//! for two versions of one model). The layout, specified in `docs/storage.md`:
+//!
+//! ```text
+//! magic "ESDL" · version u16 LE · reserved u16 (0) · base BLAKE3 [32] · new BLAKE3 [32]
+//! · payload_len u64 LE · n_tensors u32 LE · n_tensors records, in data-offset order:
+//!   kind u8 = 0 unchanged
+//!           | 1 gaps:   count varint · count varints (first position, then gap − 1) · values
+//!           | 2 bitmap: count varint · ⌈numel/8⌉ bytes (bit i = position i, LSB first) · values
+//!           | 3 dense:  numel values
+//!   values = count × u16 LE, the new bf16 bits in position order
+//! ```
+//!
+//! The encoder picks, per tensor, whichever of gaps / bitmap / dense is smallest (gaps win
+//! below roughly one change in ten values, the bitmap above that, dense only when nearly
+//! everything changed). Decoding is hostile-input safe: every count is bounded by the
+//! tensor's element count, every read by the delta's length, and the only allocation is the
+//! output, the size of the (local, trusted) base payload.
+//!
+//! Must not touch: manifests, chunks or the network; which versions are keyframes is the
+//! pure rule [`is_keyframe`], applied by the publisher.
+
+use safetensors::tensor::Dtype;
+
+/// The delta format version written by [`encode`] and the only one [`apply`] accepts.
+pub const DELTA_VERSION: u16 = 1;
+/// The first four bytes of every delta payload.
+pub const DELTA_MAGIC: [u8; 4] = *b"ESDL";
+/// Bytes before the first tensor record.
+const HEADER_LEN: usize = 4 + 2 + 2 + 32 + 32 + 8 + 4;
+
+const KIND_UNCHANGED: u8 = 0;
+const KIND_GAPS: u8 = 1;
+const KIND_BITMAP: u8 = 2;
+const KIND_DENSE: u8 = 3;
+
+/// Why a delta could not be made or applied.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DeltaError {
+    /// The two payloads cannot be delta-coded (not bf16 safetensors, or different headers):
+    /// the publisher ships a keyframe instead.
+    #[error("payloads cannot be delta-coded: {0}")]
+    Incompatible(String),
+    /// The bytes do not start with [`DELTA_MAGIC`].
+    #[error("not a delta payload (bad magic)")]
+    BadMagic,
+    /// A delta of a format version this build does not read.
+    #[error("unsupported delta version {0} (this build reads {DELTA_VERSION})")]
+    UnsupportedVersion(u16),
+    /// The delta was made against another base payload than the one it is applied to.
+    #[error(
+        "delta base mismatch: the delta needs base {expected}, the installed payload is {found}"
+    )]
+    WrongBase {
+        /// BLAKE3 (hex) of the base named by the delta.
+        expected: String,
+        /// BLAKE3 (hex) of the payload it was applied to.
+        found: String,
+    },
+    /// The delta ended before a record it announced.
+    #[error("delta truncated: {0}")]
+    Truncated(&'static str),
+    /// A field of the delta is out of range or inconsistent.
+    #[error("malformed delta: {0}")]
+    Malformed(String),
+    /// The delta decoded but the result is not the payload whose hash it names.
+    #[error("delta does not reconstruct its payload: expected {expected}, got {found}")]
+    NotReconstructed {
+        /// BLAKE3 (hex) the delta names.
+        expected: String,
+        /// BLAKE3 (hex) of what applying it produced.
+        found: String,
+    },
+}
+
+/// Result alias of this module.
+pub type Result<T> = std::result::Result<T, DeltaError>;
+
+/// Whether `bytes` look like a delta payload (start with [`DELTA_MAGIC`]).
+pub fn is_delta(bytes: &[u8]) -> bool {
+    bytes.starts_with(&DELTA_MAGIC)
+}
+
+/// The keyframe rule: version `version` is published as a full payload when there is no base
+/// to delta against (`last_keyframe` is `None`: the first version, or after a restart), when
+/// `keyframe_every` versions have passed since the last keyframe (so a late joiner or a worker
+/// that fell behind never needs more than `keyframe_every − 1` deltas on top of a keyframe),
+/// or when the delta saves less than a tenth of the full payload: a dense update (every
+/// value changed, as at learning rate 1e-3) gives a delta a few hundred bytes smaller than
+/// the payload, which would save nothing and only lengthen the chain of dependencies.
+/// `keyframe_every` of 0 or 1 means every version is a keyframe.
+pub fn is_keyframe(
+    version: u64,
+    last_keyframe: Option<u64>,
+    keyframe_every: u64,
+    delta_len: usize,
+    full_len: usize,
+) -> bool {
+    match last_keyframe {
+        None => true,
+        Some(k) => {
+            keyframe_every <= 1
+                || version.saturating_sub(k) >= keyframe_every
+                || delta_len.saturating_mul(10) > full_len.saturating_mul(9)
+        }
+    }
+}
+
+/// Per-tensor (data start offset in the payload, element count), in data-offset order, of a
+/// bf16 safetensors payload; also the total payload length it implies.
+fn tensor_ranges(payload: &[u8]) -> Result<(usize, Vec<(usize, usize)>)> {
+    let (n, meta) = safetensors::SafeTensors::read_metadata(payload)
+        .map_err(|e| DeltaError::Incompatible(format!("not a safetensors payload: {e}")))?;
+    let data_start = 8 + n;
+    let mut ranges = Vec::new();
+    for (name, info) in meta.tensors() {
+        if info.dtype != Dtype::BF16 {
+            return Err(DeltaError::Incompatible(format!(
+                "tensor {name} is {:?}, deltas need bf16",
+                info.dtype
+            )));
+        }
+        let (s, e) = info.data_offsets;
+        ranges.push((data_start + s, (e - s) / 2));
+    }
+    ranges.sort_unstable();
+    let end = ranges
+        .last()
+        .map_or(data_start, |&(s, numel)| s + 2 * numel);
+    if end != payload.len() {
+        return Err(DeltaError::Incompatible(format!(
+            "payload is {} bytes, its header describes {end}",
+            payload.len()
+        )));
+    }
+    Ok((data_start, ranges))
+}
+
+/// The delta that turns `base` into `new` (both bf16 safetensors payloads with identical
+/// headers). Deterministic. Errors with [`DeltaError::Incompatible`] when the payloads cannot
+/// be delta-coded; the caller then publishes `new` whole.
+pub fn encode(base: &[u8], new: &[u8]) -> Result<Vec<u8>> {
+    let (data_start, ranges) = tensor_ranges(base)?;
+    if new.len() != base.len() || new[..data_start] != base[..data_start] {
+        return Err(DeltaError::Incompatible(
+            "the payload headers differ (other tensors, shapes or config)".into(),
+        ));
+    }
+    let mut out = Vec::with_capacity(HEADER_LEN + 1024);
+    out.extend_from_slice(&DELTA_MAGIC);
+    out.extend_from_slice(&DELTA_VERSION.to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes());
+    out.extend_from_slice(blake3::hash(base).as_bytes());
+    out.extend_from_slice(blake3::hash(new).as_bytes());
+    out.extend_from_slice(&(new.len() as u64).to_le_bytes());
+    let n_tensors = u32::try_from(ranges.len())
+        .map_err(|_| DeltaError::Incompatible("too many tensors".into()))?;
+    out.extend_from_slice(&n_tensors.to_le_bytes());
+    for &(start, numel) in &ranges {
+        let b = &base[start..start + 2 * numel];
+        let n = &new[start..start + 2 * numel];
+        encode_tensor(b, n, numel, &mut out);
+    }
+    Ok(out)
+}
+
+/// Whether element `i` differs between two little-endian u16 arrays.
+#[inline]
+fn differs(b: &[u8], n: &[u8], i: usize) -> bool {
+    b[2 * i] != n[2 * i] || b[2 * i + 1] != n[2 * i + 1]
+}
+
+/// Visits the positions where `b` and `n` differ, in order. Compares eight bytes at a time
+/// and only looks at single elements inside words that differ.
+fn for_each_change(b: &[u8], n: &[u8], numel: usize, mut f: impl FnMut(usize)) {
+    let words = numel / 4;
+    for w in 0..words {
+        let o = 8 * w;
+        if b[o..o + 8] != n[o..o + 8] {
+            for i in 4 * w..4 * w + 4 {
+                if differs(b, n, i) {
+                    f(i);
+                }
+            }
+        }
+    }
+    for i in 4 * words..numel {
+        if differs(b, n, i) {
+            f(i);
+        }
+    }
+}
+
+/// Appends one tensor record: first pass counts the changes and the exact size of the gap
+/// encoding, then the smallest of gaps / bitmap / dense is written in a second pass.
+fn encode_tensor(b: &[u8], n: &[u8], numel: usize, out: &mut Vec<u8>) {
+    let (mut count, mut gap_bytes, mut next) = (0usize, 0usize, 0usize);
+    for_each_change(b, n, numel, |i| {
+        gap_bytes += varint_len((i - next) as u64);
+        next = i + 1;
+        count += 1;
+    });
+    if count == 0 {
+        out.push(KIND_UNCHANGED);
+        return;
+    }
+    let head = varint_len(count as u64);
+    let gaps = head + gap_bytes + 2 * count;
+    let bitmap = head + numel.div_ceil(8) + 2 * count;
+    let dense = 2 * numel;
+    if dense <= gaps.min(bitmap) {
+        out.push(KIND_DENSE);
+        out.extend_from_slice(n);
+        return;
+    }
+    let mut values = Vec::with_capacity(2 * count);
+    if gaps <= bitmap {
+        out.push(KIND_GAPS);
+        put_varint(out, count as u64);
+        let mut next = 0usize;
+        for_each_change(b, n, numel, |i| {
+            put_varint(out, (i - next) as u64);
+            next = i + 1;
+            values.extend_from_slice(&n[2 * i..2 * i + 2]);
+        });
+    } else {
+        out.push(KIND_BITMAP);
+        put_varint(out, count as u64);
+        let at = out.len();
+        out.resize(at + numel.div_ceil(8), 0);
+        for_each_change(b, n, numel, |i| {
+            out[at + i / 8] |= 1 << (i % 8);
+            values.extend_from_slice(&n[2 * i..2 * i + 2]);
+        });
+    }
+    out.extend_from_slice(&values);
+}
+
+/// Applies `delta` to `base`, returning the new payload. Refuses a delta made against another
+/// base ([`DeltaError::WrongBase`]), a truncated, oversized or out-of-range one, and one whose
+/// result does not hash to the payload it names ([`DeltaError::NotReconstructed`]).
+pub fn apply(base: &[u8], delta: &[u8]) -> Result<Vec<u8>> {
+    let mut r = Reader { buf: delta, pos: 0 };
+    if r.take(4, "magic")? != DELTA_MAGIC {
+        return Err(DeltaError::BadMagic);
+    }
+    let version = r.u16("version")?;
+    if version != DELTA_VERSION {
+        return Err(DeltaError::UnsupportedVersion(version));
+    }
+    if r.u16("reserved")? != 0 {
+        return Err(DeltaError::Malformed("reserved field is not zero".into()));
+    }
+    let base_hash: [u8; 32] = r.take(32, "base hash")?.try_into().expect("32 bytes");
+    let new_hash: [u8; 32] = r.take(32, "new hash")?.try_into().expect("32 bytes");
+    let payload_len = r.u64("payload length")?;
+    let n_tensors = r.u32("tensor count")?;
+    let found = blake3::hash(base);
+    if found.as_bytes() != &base_hash {
+        return Err(DeltaError::WrongBase {
+            expected: hex32(&base_hash),
+            found: found.to_hex().to_string(),
+        });
+    }
+    if payload_len != base.len() as u64 {
+        return Err(DeltaError::Malformed(format!(
+            "payload length {payload_len} differs from the base's {}",
+            base.len()
+        )));
+    }
+    let (_, ranges) = tensor_ranges(base).map_err(|e| DeltaError::Malformed(e.to_string()))?;
+    if n_tensors as usize != ranges.len() {
+        return Err(DeltaError::Malformed(format!(
+            "{n_tensors} tensor records for a base with {} tensors",
+            ranges.len()
+        )));
+    }
+    let mut out = base.to_vec();
+    for &(start, numel) in &ranges {
+        apply_tensor(&mut r, &mut out[start..start + 2 * numel], numel)?;
+    }
+    if r.pos != delta.len() {
+        return Err(DeltaError::Malformed(format!(
+            "{} trailing bytes",
+            delta.len() - r.pos
+        )));
+    }
+    let got = blake3::hash(&out);
+    if got.as_bytes() != &new_hash {
+        return Err(DeltaError::NotReconstructed {
+            expected: hex32(&new_hash),
+            found: got.to_hex().to_string(),
+        });
+    }
+    Ok(out)
+}
+
+/// The BLAKE3 (hex) of the base payload a delta names, read from its header without
+/// applying it (so a worker can tell whether it holds the right base before fetching more).
+pub fn base_hash(delta: &[u8]) -> Result<String> {
+    let mut r = Reader { buf: delta, pos: 0 };
+    if r.take(4, "magic")? != DELTA_MAGIC {
+        return Err(DeltaError::BadMagic);
+    }
+    let version = r.u16("version")?;
+    if version != DELTA_VERSION {
+        return Err(DeltaError::UnsupportedVersion(version));
+    }
+    r.u16("reserved")?;
+    Ok(hex32(r.take(32, "base hash")?))
+}
+
+/// Decodes one tensor record into `dst` (the tensor's bytes, pre-filled with the base).
+fn apply_tensor(r: &mut Reader<'_>, dst: &mut [u8], numel: usize) -> Result<()> {
+    match r.u8("record kind")? {
+        KIND_UNCHANGED => Ok(()),
+        KIND_DENSE => {
+            dst.copy_from_slice(r.take(2 * numel, "dense values")?);
+            Ok(())
+        }
+        KIND_GAPS => {
+            let count = r.count(numel)?;
+            // Positions come first, then values: find where the positions end, then walk both.
+            let idx_start = r.pos;
+            for _ in 0..count {
+                r.varint("gap")?;
+            }
+            let mut idx = Reader {
+                buf: &r.buf[idx_start..r.pos],
+                pos: 0,
+            };
+            let values = r.take(2 * count, "values")?;
+            let mut next = 0u64;
+            for k in 0..count {
+                let pos = next
+                    .checked_add(idx.varint("gap")?)
+                    .filter(|&p| p < numel as u64)
+                    .ok_or_else(|| DeltaError::Malformed("position out of range".into()))?
+                    as usize;
+                dst[2 * pos..2 * pos + 2].copy_from_slice(&values[2 * k..2 * k + 2]);
+                next = pos as u64 + 1;
+            }
+            Ok(())
+        }
+        KIND_BITMAP => {
+            let count = r.count(numel)?;
+            let bitmap = r.take(numel.div_ceil(8), "bitmap")?;
+            let values = r.take(2 * count, "values")?;
+            let set: usize = bitmap.iter().map(|b| b.count_ones() as usize).sum();
+            if set != count {
+                return Err(DeltaError::Malformed(format!(
+                    "bitmap has {set} positions, the record announces {count}"
+                )));
+            }
+            if !numel.is_multiple_of(8) && bitmap[numel / 8] >> (numel % 8) != 0 {
+                return Err(DeltaError::Malformed("bitmap bit past the tensor".into()));
+            }
+            let mut k = 0;
+            for (byte_i, &byte) in bitmap.iter().enumerate() {
+                let mut bits = byte;
+                while bits != 0 {
+                    let pos = 8 * byte_i + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    dst[2 * pos..2 * pos + 2].copy_from_slice(&values[2 * k..2 * k + 2]);
+                    k += 1;
+                }
+            }
+            Ok(())
+        }
+        other => Err(DeltaError::Malformed(format!(
+            "unknown record kind {other}"
+        ))),
+    }
+}
+
+fn hex32(h: &[u8]) -> String {
+    h.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// LEB128 length of `v`.
+fn varint_len(v: u64) -> usize {
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
+}
+
+/// Appends `v` as unsigned LEB128.
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// A bounds-checked cursor over the delta bytes.
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8]> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or(DeltaError::Truncated(what))?;
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    fn u8(&mut self, what: &'static str) -> Result<u8> {
+        Ok(self.take(1, what)?[0])
+    }
+    fn u16(&mut self, what: &'static str) -> Result<u16> {
+        Ok(u16::from_le_bytes(
+            self.take(2, what)?.try_into().expect("2"),
+        ))
+    }
+    fn u32(&mut self, what: &'static str) -> Result<u32> {
+        Ok(u32::from_le_bytes(
+            self.take(4, what)?.try_into().expect("4"),
+        ))
+    }
+    fn u64(&mut self, what: &'static str) -> Result<u64> {
+        Ok(u64::from_le_bytes(
+            self.take(8, what)?.try_into().expect("8"),
+        ))
+    }
+    /// Unsigned LEB128, at most ten bytes and no overflow past 64 bits.
+    fn varint(&mut self, what: &'static str) -> Result<u64> {
+        let mut v = 0u64;
+        for shift in (0..70).step_by(7) {
+            let b = self.u8(what)?;
+            if shift == 63 && b > 1 {
+                return Err(DeltaError::Malformed(format!("{what}: varint overflows")));
+            }
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(DeltaError::Malformed(format!("{what}: varint too long")))
+    }
+    /// A change count, which can be neither zero (that record kind is `unchanged`) nor more
+    /// than the tensor's element count.
+    fn count(&mut self, numel: usize) -> Result<usize> {
+        let c = self.varint("count")?;
+        if c == 0 || c > numel as u64 {
+            return Err(DeltaError::Malformed(format!(
+                "change count {c} for a tensor of {numel} values"
+            )));
+        }
+        Ok(c as usize)
+    }
+}
+
+#[cfg(test)]
+#[path = "delta_tests.rs"]
+mod tests;
