@@ -119,12 +119,13 @@ async fn metrics_text(State(s): State<AdminState>) -> Response {
         .into_response()
 }
 
-/// Binds `addr` (must be loopback) and serves until the task is aborted.
+/// Binds `addr` (must be loopback) and serves, as a task of `tasks`, until they are stopped.
 /// Returns the bound address (useful with port 0).
 pub async fn serve(
     addr: SocketAddr,
     state: AdminState,
-) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    tasks: &crate::roles::Tasks,
+) -> anyhow::Result<SocketAddr> {
     anyhow::ensure!(
         addr.ip().is_loopback(),
         "admin endpoint {addr} must be a loopback address"
@@ -138,10 +139,10 @@ pub async fn serve(
         .route("/status", get(status))
         .route("/metrics", get(metrics_text))
         .with_state(state);
-    let handle = tokio::spawn(async move {
+    tasks.spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "admin endpoint stopped");
         }
     });
-    Ok((bound, handle))
+    Ok(bound)
 }

@@ -19,7 +19,20 @@ use std::str::FromStr;
 pub const ENV_VAR: &str = "ECHO_NODE_MISBEHAVE";
 
 /// One attack a malicious worker can carry out (names as in the scenario's JSON).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    strum::Display,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum Attack {
     /// Report reward 1 for every sample.
     InflatedReward,
@@ -94,56 +107,12 @@ pub const REKEY_EXIT_CODE: i32 = 75;
 pub const FORGED_FILE: &str = "misbehave.forged";
 
 impl Attack {
-    pub const ALL: [Attack; 22] = [
-        Attack::InflatedReward,
-        Attack::ForgedLogprobs,
-        Attack::InvalidLogprob,
-        Attack::OutOfVocab,
-        Attack::Overlong,
-        Attack::OversizedAnswer,
-        Attack::PendingInflation,
-        Attack::HeartbeatSpam,
-        Attack::CorruptChunks,
-        Attack::ReplayAfterRestart,
-        Attack::BadSignature,
-        Attack::SilentForwarder,
-        Attack::SilentAfterHonest,
-        Attack::SlowForwarder,
-        Attack::SybilRekey,
-        Attack::LateLiar,
-        Attack::BacklogInflation,
-        Attack::ForcedTokens,
-        Attack::MaskPoisoning,
-        Attack::StaleVersion,
-        Attack::ForgedReturn,
-        Attack::ForgedObservation,
-    ];
+    /// Every attack, in declaration order.
+    pub const ALL: &[Attack] = <Attack as strum::VariantArray>::VARIANTS;
 
+    /// The attack's name (snake_case, as in the scenario's JSON and `ECHO_NODE_MISBEHAVE`).
     pub fn name(self) -> &'static str {
-        match self {
-            Attack::InflatedReward => "inflated_reward",
-            Attack::ForgedLogprobs => "forged_logprobs",
-            Attack::InvalidLogprob => "invalid_logprob",
-            Attack::OutOfVocab => "out_of_vocab",
-            Attack::Overlong => "overlong",
-            Attack::OversizedAnswer => "oversized_answer",
-            Attack::PendingInflation => "pending_inflation",
-            Attack::HeartbeatSpam => "heartbeat_spam",
-            Attack::CorruptChunks => "corrupt_chunks",
-            Attack::ReplayAfterRestart => "replay_after_restart",
-            Attack::BadSignature => "bad_signature",
-            Attack::SilentForwarder => "silent_forwarder",
-            Attack::SilentAfterHonest => "silent_after_honest",
-            Attack::SlowForwarder => "slow_forwarder",
-            Attack::SybilRekey => "sybil_rekey",
-            Attack::LateLiar => "late_liar",
-            Attack::BacklogInflation => "backlog_inflation",
-            Attack::ForcedTokens => "forced_tokens",
-            Attack::MaskPoisoning => "mask_poisoning",
-            Attack::StaleVersion => "stale_version",
-            Attack::ForgedReturn => "forged_return",
-            Attack::ForgedObservation => "forged_observation",
-        }
+        self.into()
     }
 }
 
@@ -151,7 +120,8 @@ impl FromStr for Attack {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         Attack::ALL
-            .into_iter()
+            .iter()
+            .copied()
             .find(|a| a.name() == s.trim())
             .ok_or_else(|| {
                 let names: Vec<&str> = Attack::ALL.iter().map(|a| a.name()).collect();
@@ -160,12 +130,6 @@ impl FromStr for Attack {
                     names.join(", ")
                 )
             })
-    }
-}
-
-impl std::fmt::Display for Attack {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
     }
 }
 
@@ -229,9 +193,43 @@ impl Misbehaviour {
 mod tests {
     use super::*;
 
+    /// The names are the scenario's and the variable's contract: derived, they must still
+    /// read exactly as written here.
+    #[test]
+    fn attack_names_are_pinned() {
+        let names: Vec<String> = Attack::ALL.iter().map(|a| a.to_string()).collect();
+        assert_eq!(
+            names,
+            [
+                "inflated_reward",
+                "forged_logprobs",
+                "invalid_logprob",
+                "out_of_vocab",
+                "overlong",
+                "oversized_answer",
+                "pending_inflation",
+                "heartbeat_spam",
+                "corrupt_chunks",
+                "replay_after_restart",
+                "bad_signature",
+                "silent_forwarder",
+                "silent_after_honest",
+                "slow_forwarder",
+                "sybil_rekey",
+                "late_liar",
+                "backlog_inflation",
+                "forced_tokens",
+                "mask_poisoning",
+                "stale_version",
+                "forged_return",
+                "forged_observation",
+            ]
+        );
+    }
+
     #[test]
     fn names_round_trip_and_bad_names_are_errors() {
-        for a in Attack::ALL {
+        for &a in Attack::ALL {
             assert_eq!(a.name().parse::<Attack>().unwrap(), a);
         }
         let m = Misbehaviour::parse("inflated_reward, heartbeat_spam").unwrap();

@@ -115,13 +115,11 @@ pub fn open_state(config: NodeConfig) -> anyhow::Result<NodeState> {
     })
 }
 
-/// The network service configuration of a node.
-pub fn service_config(
-    config: &NodeConfig,
-    own_peer_id: &str,
-) -> anyhow::Result<p2p::ServiceConfig> {
+/// The network service configuration of a node whose key has `seed` (a learner is its own
+/// swarm's learner: its peer id comes from its key, never from a string).
+pub fn service_config(config: &NodeConfig, seed: [u8; 32]) -> anyhow::Result<p2p::ServiceConfig> {
     let learner = match (config.role, &config.learner_public_key) {
-        (Role::Learner, _) => Some(own_peer_id.parse().context("own peer id")?),
+        (Role::Learner, _) => Some(p2p::peer_id_from_seed(seed)),
         (_, Some(hex_key)) => {
             let bytes = storage::keys::parse_public_key(hex_key).context("learner_public_key")?;
             Some(p2p::peer_id_from_public(bytes.to_bytes())?)

@@ -112,12 +112,57 @@ impl BanList {
 mod tests {
     use super::*;
 
+    /// The names are a contract (ban files, status JSON, metrics labels): derived, they must
+    /// still read exactly as written here, in this order, and serde must agree.
+    #[test]
+    fn the_wire_names_of_the_small_enums_are_pinned() {
+        use crate::{Reachability, Role, TopicKind};
+        let names: Vec<&str> = StrikeReason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "invalid_group",
+                "reward_mismatch",
+                "logprob_mismatch",
+                "bad_signature",
+                "wrong_prompt",
+                "oversized_answer",
+                "corrupt_chunk",
+                "stream_violation",
+                "untrainable",
+                "heartbeat_flood",
+                "replay",
+                "forged_message",
+                "bad_message",
+                "silent_forwarding",
+                "mask_mismatch",
+                "token_not_drawn",
+            ]
+        );
+        for &r in StrikeReason::ALL {
+            assert_eq!(serde_json::to_string(&r).unwrap(), format!("\"{r}\""));
+        }
+        let names: Vec<String> = Role::ALL.iter().map(|r| r.to_string()).collect();
+        assert_eq!(names, ["learner", "rollout", "relay"]);
+        let names: Vec<&str> = Reachability::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(names, ["public", "holepunch", "relayed", "unknown"]);
+        let names: Vec<&str> = TopicKind::ALL.iter().map(|k| k.kind_name()).collect();
+        assert_eq!(names, ["heartbeat", "scores", "snapshots", "plans"]);
+        for &k in TopicKind::ALL {
+            assert_eq!(
+                serde_json::to_string(&k).unwrap(),
+                format!("\"{}\"", k.kind_name())
+            );
+        }
+    }
+
     /// Exactly the evidence no honest node can produce bans at the first strike.
     #[test]
     fn only_proof_of_misbehaviour_bans_at_once() {
         use StrikeReason::*;
         let at_once: Vec<_> = StrikeReason::ALL
-            .into_iter()
+            .iter()
+            .copied()
             .filter(|r| r.bans_at_once())
             .collect();
         assert_eq!(
@@ -130,7 +175,7 @@ mod tests {
                 TokenNotDrawn
             ]
         );
-        for r in StrikeReason::ALL {
+        for &r in StrikeReason::ALL {
             assert_eq!(StrikeReason::from_name(r.as_str()), Some(r));
         }
         assert_eq!(StrikeReason::from_name("nonsense"), None);

@@ -225,8 +225,24 @@ pub struct NetworkStatus {
 /// Why a peer earned a strike: evidence, checked by this node, that the peer sent bad data.
 /// Each strike counts as one failed transfer in the peer's ECHO score; past the configured
 /// threshold the peer is banned for the run (see `docs/security.md`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    strum::Display,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::VariantArray,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum StrikeReason {
     /// A pulled trajectory group failed validation (vocab, context, log-prob floor, size).
     InvalidGroup,
@@ -293,55 +309,16 @@ impl StrikeReason {
     }
 
     /// Every reason, in declaration order.
-    pub const ALL: [StrikeReason; 16] = [
-        StrikeReason::InvalidGroup,
-        StrikeReason::RewardMismatch,
-        StrikeReason::LogprobMismatch,
-        StrikeReason::BadSignature,
-        StrikeReason::WrongPrompt,
-        StrikeReason::OversizedAnswer,
-        StrikeReason::CorruptChunk,
-        StrikeReason::StreamViolation,
-        StrikeReason::Untrainable,
-        StrikeReason::HeartbeatFlood,
-        StrikeReason::Replay,
-        StrikeReason::ForgedMessage,
-        StrikeReason::BadMessage,
-        StrikeReason::SilentForwarding,
-        StrikeReason::MaskMismatch,
-        StrikeReason::TokenNotDrawn,
-    ];
+    pub const ALL: &[StrikeReason] = <StrikeReason as strum::VariantArray>::VARIANTS;
 
     /// The reason named `name` ([`StrikeReason::as_str`]), e.g. from a persisted ban list.
     pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|r| r.as_str() == name)
+        name.parse().ok()
     }
 
+    /// The reason's name (snake_case; the same as its serde name and `Display`).
     pub fn as_str(self) -> &'static str {
-        match self {
-            StrikeReason::InvalidGroup => "invalid_group",
-            StrikeReason::RewardMismatch => "reward_mismatch",
-            StrikeReason::LogprobMismatch => "logprob_mismatch",
-            StrikeReason::BadSignature => "bad_signature",
-            StrikeReason::WrongPrompt => "wrong_prompt",
-            StrikeReason::OversizedAnswer => "oversized_answer",
-            StrikeReason::CorruptChunk => "corrupt_chunk",
-            StrikeReason::StreamViolation => "stream_violation",
-            StrikeReason::Untrainable => "untrainable",
-            StrikeReason::HeartbeatFlood => "heartbeat_flood",
-            StrikeReason::Replay => "replay",
-            StrikeReason::ForgedMessage => "forged_message",
-            StrikeReason::BadMessage => "bad_message",
-            StrikeReason::SilentForwarding => "silent_forwarding",
-            StrikeReason::MaskMismatch => "mask_mismatch",
-            StrikeReason::TokenNotDrawn => "token_not_drawn",
-        }
-    }
-}
-
-impl std::fmt::Display for StrikeReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+        self.into()
     }
 }
 

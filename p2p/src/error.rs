@@ -60,3 +60,10 @@ pub enum RoleError {
     #[error("unknown role `{0}` (expected learner, rollout or relay)")]
     Unknown(String),
 }
+
+impl RoleError {
+    /// The error of parsing `name` as a role.
+    pub(crate) fn unknown(name: &str) -> Self {
+        RoleError::Unknown(name.to_string())
+    }
+}

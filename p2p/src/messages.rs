@@ -525,7 +525,7 @@ mod tests {
     #[test]
     fn reachability_travels_in_heartbeats_and_older_heartbeats_still_decode() {
         use crate::reachability::Reachability;
-        for r in Reachability::ALL {
+        for &r in Reachability::ALL {
             let h = Heartbeat {
                 reachability: Some(r),
                 ..hb()
@@ -655,7 +655,7 @@ mod tests {
 
     #[test]
     fn heartbeat_wire_format_names_the_role_in_lowercase() {
-        for role in Role::ALL {
+        for &role in Role::ALL {
             let h = Heartbeat { role, ..hb() };
             let json = String::from_utf8(h.encode()).unwrap();
             assert!(json.contains(&format!("\"role\":\"{role}\"")), "{json}");

@@ -32,8 +32,22 @@ pub(crate) trait AsNatEvent {
 
 /// How other peers can reach a node (wire spelling lowercase: `"public"`, `"holepunch"`,
 /// `"relayed"`, `"unknown"`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Default,
+    Serialize,
+    Deserialize,
+    strum::Display,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum Reachability {
     /// AutoNAT confirmed a public address: peers dial it directly.
     Public,
@@ -49,20 +63,12 @@ pub enum Reachability {
 }
 
 impl Reachability {
-    pub const ALL: [Reachability; 4] = [
-        Reachability::Public,
-        Reachability::Holepunch,
-        Reachability::Relayed,
-        Reachability::Unknown,
-    ];
+    /// Every class, in declaration order.
+    pub const ALL: &[Reachability] = <Reachability as strum::VariantArray>::VARIANTS;
 
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Reachability::Public => "public",
-            Reachability::Holepunch => "holepunch",
-            Reachability::Relayed => "relayed",
-            Reachability::Unknown => "unknown",
-        }
+    /// The wire spelling (the serde name, and `Display`).
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 
     /// Only relay-only nodes are kept from forwarding: every byte they forward would cross
@@ -70,12 +76,6 @@ impl Reachability {
     /// forwards (older nodes and loopback swarms report nothing).
     pub const fn relay_only(self) -> bool {
         matches!(self, Reachability::Relayed)
-    }
-}
-
-impl std::fmt::Display for Reachability {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -420,7 +420,7 @@ mod tests {
 
     #[test]
     fn only_relayed_is_relay_only_and_the_wire_spelling_is_lowercase() {
-        for r in Reachability::ALL {
+        for &r in Reachability::ALL {
             assert_eq!(r.relay_only(), r == Reachability::Relayed);
             let json = serde_json::to_string(&r).unwrap();
             assert_eq!(json, format!("\"{}\"", r.as_str()));

@@ -3,10 +3,11 @@
 //! event channel). Modelled on rust-libp2p's `examples/file-sharing` and Lighthouse's network
 //! service.
 //!
-//! Owns: [`start`] (build the swarm, listen, dial, spawn the task) and the event loop — swarm
-//! events, client commands, the heartbeat, score-table, re-dial and Kademlia timers; its
-//! gossip half (publishing and validating messages) is in `service/gossip.rs`, strikes and
-//! bans in `service/bans.rs`. Must not touch: behaviour configuration (`behaviour.rs`), topic
+//! Owns: [`start`] (build the swarm, listen, dial, spawn the task) and the event loop — client
+//! commands, the heartbeat, score-table, re-dial and Kademlia timers; the reaction to swarm
+//! and behaviour events is in `service/swarm_events.rs`, dialing in `service/dial.rs`, the
+//! gossip half (publishing and validating messages) in `service/gossip.rs`, strikes and bans
+//! in `service/bans.rs`. Must not touch: behaviour configuration (`behaviour.rs`), topic
 //! names ([`crate::topics`]), the peer-table, ban, rate-limit and membership-scaling rules
 //! (`peers.rs`, `bans.rs`, `hbgate.rs`, `membership.rs`) or what roles do with events.
 
@@ -14,20 +15,19 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use libp2p::gossipsub::{self, IdentTopic};
-use libp2p::metrics::{Metrics, Recorder, Registry};
+use libp2p::gossipsub::IdentTopic;
+use libp2p::metrics::{Metrics, Registry};
 use libp2p::multiaddr::Protocol;
-use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
-use libp2p::swarm::{DialError, ListenError, SwarmEvent};
+use libp2p::swarm::DialError;
 use libp2p::{
-    allow_block_list, autonat, connection_limits, identify, identity::Keypair, kad, mdns,
-    Multiaddr, PeerId, StreamProtocol, Swarm,
+    allow_block_list, connection_limits, identity::Keypair, Multiaddr, PeerId, StreamProtocol,
+    Swarm,
 };
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use crate::bans::{BanList, MAX_BANS};
-use crate::behaviour::{self, Behaviour, BehaviourEvent};
+use crate::behaviour::{self, Behaviour};
 use crate::circuit::CircuitListeners;
 use crate::client::{
     BanView, Client, Command, Event, NetworkCounters, NetworkStatus, PeerStatus, ServiceConfig,
@@ -42,7 +42,9 @@ use crate::topics::{parse_topic, TopicKind};
 use storage::unix_ms;
 
 mod bans;
+mod dial;
 mod gossip;
+mod swarm_events;
 
 /// Capacity of the command and event channels.
 pub const CHANNEL_CAPACITY: usize = 1024;
@@ -162,7 +164,7 @@ fn parse_allow_list(list: &[String]) -> Result<HashSet<PeerId>, P2pError> {
 
 /// Subscribes to every topic of the swarm.
 fn subscribe_all(swarm: &mut Swarm<Behaviour>, swarm_id: &str) -> Result<(), P2pError> {
-    for kind in TopicKind::ALL {
+    for &kind in TopicKind::ALL {
         swarm
             .behaviour_mut()
             .gossipsub
@@ -419,78 +421,6 @@ impl Service {
         None
     }
 
-    fn dial_bootstrap(&mut self) {
-        for (peer, addr) in self.bootstrap.clone() {
-            if peer == *self.swarm.local_peer_id()
-                || self.swarm.is_connected(&peer)
-                || self.bans.contains(&peer)
-            {
-                continue;
-            }
-            let opts = DialOpts::peer_id(peer)
-                .addresses(vec![strip_p2p(&addr)])
-                .build();
-            if let Err(e) = self.swarm.dial(opts) {
-                debug!(%peer, error = %e, "bootstrap dial not started");
-            }
-        }
-    }
-
-    /// Dials a discovered peer unless it is us, already connected, banned, not allow-listed,
-    /// or the node is at `max_peers`.
-    fn maybe_dial(&mut self, peer: PeerId, addrs: Vec<Multiaddr>) {
-        if peer == *self.swarm.local_peer_id()
-            || self.swarm.is_connected(&peer)
-            || self.bans.contains(&peer)
-        {
-            return;
-        }
-        if !self.allow.is_empty() && !self.allow.contains(&peer) {
-            return;
-        }
-        if self.swarm.connected_peers().count() >= self.cfg.network.max_peers as usize {
-            return;
-        }
-        self.dial_from_new_port(peer, addrs);
-    }
-
-    /// Every address this node holds for `peer`: its bootstrap entry, the peer table's
-    /// (connections it dialed, identify) and its last heartbeat's dial hints. Kademlia forgets
-    /// an address after a failed dial; these stay until the peer is forgotten.
-    fn known_addrs(&self, peer: &PeerId) -> Vec<Multiaddr> {
-        let mut out: Vec<Multiaddr> = self
-            .bootstrap
-            .iter()
-            .filter(|(p, _)| p == peer)
-            .map(|(_, a)| strip_p2p(a))
-            .collect();
-        if let Some(e) = self.peers.get(peer) {
-            out.extend(e.dial_addrs());
-        }
-        out.sort();
-        out.dedup();
-        out
-    }
-
-    /// Dials `peer` (at `addrs` and whatever addresses the behaviours know) unless connected
-    /// or already being dialed, from a new local port, not the listening one: two peers that
-    /// learn of each other at the same moment (each other's heartbeat dial hints) dial each
-    /// other at once, and two TCP dials from both listening ports can meet as one
-    /// simultaneous-open connection on which both ends start the Noise handshake as
-    /// initiator ("input error"). Bootstrap dials keep the listening port: behind a NAT, the
-    /// address the bootstrap peer observes for them is the one hole punching needs.
-    fn dial_from_new_port(&mut self, peer: PeerId, addrs: Vec<Multiaddr>) {
-        let opts = DialOpts::peer_id(peer)
-            .condition(PeerCondition::DisconnectedAndNotDialing)
-            .addresses(addrs)
-            .extend_addresses_through_behaviour()
-            .allocate_new_port()
-            .build();
-        if let Err(e) = self.swarm.dial(opts) {
-            debug!(%peer, error = %e, "dial not started");
-        }
-    }
-
     /// Forgets peers that are gone for good ([`PeerEntry::is_gone`]; banned ones are kept).
     fn prune(&mut self) {
         let now = Instant::now();
@@ -621,164 +551,6 @@ impl Service {
             learner_scores: self.learner_scores.clone(),
             reachability: self.nat.reachability(),
             nat: self.nat.status(),
-        }
-    }
-
-    fn on_swarm_event(&mut self, ev: SwarmEvent<BehaviourEvent>) {
-        self.libp2p_metrics.record(&ev);
-        self.nat.observe(&ev);
-        self.circuits.on_swarm_event(&mut self.swarm, &ev);
-        match ev {
-            SwarmEvent::Behaviour(b) => self.on_behaviour_event(b),
-            SwarmEvent::NewListenAddr { address, .. } => {
-                info!(%address, "listening");
-                behaviour::on_new_listen_addr(&mut self.swarm, &self.cfg, &address);
-            }
-            SwarmEvent::ConnectionEstablished {
-                peer_id,
-                endpoint,
-                num_established,
-                ..
-            } => {
-                let e = self.peer(peer_id);
-                e.connected = true;
-                if endpoint.is_dialer() {
-                    e.addrs.insert(strip_p2p(endpoint.get_remote_address()));
-                }
-                if num_established.get() == 1 {
-                    debug!(%peer_id, addr = %endpoint.get_remote_address(), "connected");
-                    if self.bootstrap.iter().any(|(p, _)| *p == peer_id) {
-                        let _ = self.swarm.behaviour_mut().kad.bootstrap();
-                    }
-                    self.emit(Event::PeerConnected(peer_id));
-                }
-            }
-            SwarmEvent::ConnectionClosed {
-                peer_id,
-                num_established: 0,
-                ..
-            } => {
-                if let Some(e) = self.peers.get_mut(&peer_id) {
-                    e.connected = false;
-                }
-                debug!(%peer_id, "disconnected");
-                self.emit(Event::PeerDisconnected(peer_id));
-            }
-            SwarmEvent::IncomingConnectionError {
-                send_back_addr,
-                error,
-                ..
-            } => {
-                if let ListenError::Denied { cause } = &error {
-                    self.count_denied();
-                    let why = denial(cause);
-                    warn!(addr = %send_back_addr, %cause, "inbound connection refused ({why})");
-                } else {
-                    self.count_connection_error();
-                    info!(addr = %send_back_addr, error = %error, "inbound connection failed (wrong pre-shared key or protocol mismatch?)");
-                }
-            }
-            SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
-                if let DialError::Denied { cause } = &error {
-                    if crate::backoff::held_back(cause) {
-                        // Our own gate, not the peer's refusal: expected, and frequent while
-                        // Kademlia queries or the bootstrap redial keep asking.
-                        debug!(peer = ?peer_id, %cause, "dial held back");
-                        return;
-                    }
-                    self.count_denied();
-                    let why = denial(cause);
-                    warn!(peer = ?peer_id, %cause, "outbound connection refused ({why})");
-                } else {
-                    self.count_connection_error();
-                    debug!(peer = ?peer_id, error = %error, "dial failed");
-                }
-            }
-            _ => {}
-        }
-    }
-
-    fn count_denied(&mut self) {
-        self.counters.connections_denied += 1;
-        metrics::counter!("p2p_connections_denied_total").increment(1);
-    }
-
-    fn count_connection_error(&mut self) {
-        self.counters.connection_errors += 1;
-        metrics::counter!("p2p_connection_errors_total").increment(1);
-    }
-
-    fn on_behaviour_event(&mut self, ev: BehaviourEvent) {
-        match ev {
-            BehaviourEvent::Gossipsub(ev) => {
-                self.libp2p_metrics.record(&ev);
-                if let gossipsub::Event::Message {
-                    propagation_source,
-                    message_id,
-                    message,
-                } = ev
-                {
-                    self.on_gossip(propagation_source, message_id, message);
-                }
-            }
-            BehaviourEvent::Identify(ev) => {
-                self.libp2p_metrics.record(&ev);
-                if let identify::Event::Received { peer_id, info, .. } = ev {
-                    self.on_identified(peer_id, info);
-                }
-            }
-            BehaviourEvent::Kad(ev) => {
-                self.libp2p_metrics.record(&ev);
-                if let kad::Event::RoutingUpdated {
-                    peer, addresses, ..
-                } = ev
-                {
-                    self.maybe_dial(peer, addresses.into_vec());
-                }
-            }
-            BehaviourEvent::Mdns(mdns::Event::Discovered(list)) => self.on_mdns_discovered(list),
-            BehaviourEvent::Ping(ev) => self.libp2p_metrics.record(&ev),
-            BehaviourEvent::Dcutr(ev) => self.libp2p_metrics.record(&ev),
-            BehaviourEvent::Relay(ev) => debug!(?ev, "relay client"),
-            BehaviourEvent::Autonat(autonat::Event::StatusChanged { old, new }) => {
-                info!(?old, ?new, "NAT status changed");
-            }
-            _ => {}
-        }
-    }
-
-    /// Identify told us a peer's agent and listen addresses: keep the direct ones, and feed
-    /// all of them to Kademlia if the peer speaks this swarm's DHT.
-    fn on_identified(&mut self, peer_id: PeerId, info: identify::Info) {
-        let speaks_kad = info.protocols.contains(&self.kad_protocol);
-        let e = self.peer(peer_id);
-        e.agent = Some(info.agent_version.clone());
-        e.addrs = info
-            .listen_addrs
-            .iter()
-            .filter(|a| !is_circuit(a))
-            .cloned()
-            .collect();
-        if speaks_kad {
-            for a in &info.listen_addrs {
-                self.swarm
-                    .behaviour_mut()
-                    .kad
-                    .add_address(&peer_id, a.clone());
-            }
-        }
-    }
-
-    fn on_mdns_discovered(&mut self, list: Vec<(PeerId, Multiaddr)>) {
-        let mut by_peer: HashMap<PeerId, Vec<Multiaddr>> = HashMap::new();
-        for (p, a) in list {
-            by_peer.entry(p).or_default().push(a);
-        }
-        for (p, addrs) in by_peer {
-            for a in &addrs {
-                self.swarm.behaviour_mut().kad.add_address(&p, a.clone());
-            }
-            self.maybe_dial(p, addrs);
         }
     }
 }

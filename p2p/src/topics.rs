@@ -16,8 +16,20 @@ use crate::messages::{HEARTBEAT_VERSION, SCORE_TABLE_VERSION};
 const PREFIX: &str = "echo";
 
 /// The gossip topics of a swarm. Names: `echo/<swarm_id>/<kind>/<version>`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::VariantArray,
+)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum TopicKind {
     /// Every node's [`crate::Heartbeat`], validated by the service.
     Heartbeat,
@@ -31,21 +43,12 @@ pub enum TopicKind {
 }
 
 impl TopicKind {
-    pub const ALL: [TopicKind; 4] = [
-        TopicKind::Heartbeat,
-        TopicKind::Scores,
-        TopicKind::Snapshots,
-        TopicKind::Plans,
-    ];
+    /// Every topic, in declaration order.
+    pub const ALL: &[TopicKind] = <TopicKind as strum::VariantArray>::VARIANTS;
 
     /// The `<kind>` segment of the topic name (also the serde spelling).
-    pub const fn kind_name(self) -> &'static str {
-        match self {
-            TopicKind::Heartbeat => "heartbeat",
-            TopicKind::Scores => "scores",
-            TopicKind::Snapshots => "snapshots",
-            TopicKind::Plans => "plans",
-        }
+    pub fn kind_name(self) -> &'static str {
+        self.into()
     }
 
     /// The `<version>` segment: the version of the message format carried on the topic.
@@ -83,10 +86,9 @@ pub fn parse_topic(topic: &str) -> Result<(&str, TopicKind), TopicError> {
         .and_then(|rest| rest.strip_prefix('/'))
         .filter(|s| !s.is_empty())
         .ok_or_else(malformed)?;
-    let kind = TopicKind::ALL
-        .into_iter()
-        .find(|k| k.kind_name() == kind)
-        .ok_or_else(|| TopicError::UnknownKind(kind.to_string()))?;
+    let kind: TopicKind = kind
+        .parse()
+        .map_err(|_| TopicError::UnknownKind(kind.to_string()))?;
     if version != kind.version().to_string() {
         return Err(TopicError::Version {
             kind: kind.kind_name().to_string(),
@@ -104,7 +106,7 @@ mod tests {
     #[test]
     fn every_kind_round_trips() {
         for swarm in ["demo", "a-b_c.1", "x"] {
-            for k in TopicKind::ALL {
+            for &k in TopicKind::ALL {
                 let name = k.topic_name(swarm);
                 assert_eq!(parse_topic(&name), Ok((swarm, k)), "{name}");
             }

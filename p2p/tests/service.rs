@@ -576,6 +576,7 @@ async fn a_stream_open_dials_from_a_new_port() {
             from_new_port,
             "no dial from a new port after the opens: {seen:?} (listening port {listen_port})"
         );
+        // A test's own accept loop: nothing to hand back, it only has to end.
         acceptor.abort();
         b.stop().await;
     })
@@ -631,6 +632,7 @@ async fn a_stream_open_outlives_a_failed_dial_it_waited_for() {
         s.write_all(b"through the second dial").await.unwrap();
         s.close().await.unwrap();
         assert_eq!(received.await.unwrap().1, b"through the second dial");
+        // A test's own accept loop: nothing to hand back, it only has to end.
         relay.abort();
         b.stop().await;
         c.stop().await;

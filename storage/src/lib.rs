@@ -62,18 +62,40 @@ impl DataDir {
 
 /// Opens a sled database, waiting briefly for its file lock: sled's background flusher can
 /// hold the lock for a moment after the previous handle in this process was dropped. A lock
-/// held by another live process is still an error after the wait.
+/// held by another live process is still an error after the wait (sled's own).
 pub(crate) fn open_db(config: sled::Config) -> Result<sled::Db> {
+    let db_file = config.path.join("db");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    loop {
-        match config.open() {
-            Err(sled::Error::Io(e))
-                if e.to_string().contains("could not acquire lock")
-                    && std::time::Instant::now() < deadline =>
-            {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            other => return other.map_err(StorageError::from),
-        }
+    while lock_held(&db_file) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    config.open().map_err(StorageError::from)
+}
+
+/// Whether an open handle (in this process or another) holds sled's exclusive lock on its
+/// `db` file. sled takes an `flock` and reports a held one only in an error's text, so the
+/// lock is probed here with the same call: a contended lock is `WouldBlock`, a typed answer.
+/// A file that does not exist yet is not locked; the probe's own lock ends with its handle.
+fn lock_held(db_file: &std::path::Path) -> bool {
+    use fs2::FileExt;
+    std::fs::File::open(db_file).is_ok_and(
+        |f| matches!(f.try_lock_exclusive(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+    )
+}
+
+#[cfg(test)]
+mod lock_tests {
+    use super::*;
+
+    #[test]
+    fn an_open_store_holds_its_lock_and_a_dropped_one_can_be_reopened() {
+        let dir = tempfile::tempdir().unwrap();
+        let db_file = dir.path().join("db");
+        assert!(!lock_held(&db_file), "no database yet: nothing is locked");
+        let store = TrajectoryStore::open(dir.path()).unwrap();
+        assert!(lock_held(&db_file), "an open store holds the lock");
+        drop(store);
+        // The flusher may still hold the lock for a moment: open_db waits for it.
+        TrajectoryStore::open(dir.path()).expect("reopened after the drop");
     }
 }

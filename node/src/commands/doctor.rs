@@ -411,8 +411,7 @@ async fn probe_network(config: &NodeConfig, wait: Duration) -> anyhow::Result<Ve
     let mut out = Vec::new();
     // A throw-away identity on loopback port 0: the node's own key and ports stay free for it.
     let key = storage::NodeKey::generate();
-    let own = crate::state::peer_id(&key)?;
-    let mut svc = crate::state::service_config(config, &own)?;
+    let mut svc = crate::state::service_config(config, key.seed())?;
     svc.network.listen = vec!["/ip4/127.0.0.1/tcp/0".into()];
     svc.network.mdns = false;
     let mut registry = p2p::Registry::default();

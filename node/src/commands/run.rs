@@ -77,7 +77,7 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     let config = &state.config;
     let prometheus = admin::install_metrics_recorder();
     let mut registry = p2p::Registry::default();
-    let svc = service_config(config, &state.peer_id)?;
+    let svc = service_config(config, state.key.seed())?;
     let svc_learner = svc.learner;
     let (client, events, service) =
         p2p::start(state.key.seed(), svc, &mut registry).context("starting the network service")?;
@@ -102,7 +102,10 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
         .admin
         .parse()
         .with_context(|| format!("network.admin `{}`", config.network.admin))?;
-    let (bound, admin_task) = admin::serve(
+    // The node's own tasks (admin endpoint, address file, ban recorder, heartbeat feeder):
+    // stopped and awaited at shutdown.
+    let tasks = roles::Tasks::default();
+    let bound = admin::serve(
         admin_addr,
         admin::AdminState {
             client: client.clone(),
@@ -111,12 +114,10 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
             node_version: NODE_VERSION,
             role_view: view.clone(),
         },
+        &tasks,
     )
     .await?;
     tracing::info!(admin = %bound, "admin endpoint: /, /status, /metrics");
-    // The node's own tasks (address file, ban recorder, heartbeat feeder): stopped and
-    // awaited at shutdown.
-    let tasks = roles::Tasks::default();
     tasks.spawn(crate::admission::record_bans(client.clone(), ban_file));
     tasks.spawn(crate::addr_file::write_when_listening(
         client.clone(),
@@ -159,14 +160,12 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     let starting = async {
         if let (Role::Learner, Some(d), Some(plan)) = (config.role, dissem.clone(), bench.publish) {
             drop(installs.take());
-            let task = tokio::spawn(roles::bench::run_publisher(
-                state.clone(),
-                client.clone(),
-                d,
-                plan,
-                view.clone(),
-            ));
-            return Ok(RunningRole::BenchPublisher(Some(task)));
+            let stop = tokio_util::sync::CancellationToken::new();
+            let publish =
+                roles::bench::run_publisher(state.clone(), client.clone(), d, plan, view.clone());
+            let token = stop.clone();
+            let task = tokio::spawn(async move { token.run_until_cancelled(publish).await });
+            return Ok(RunningRole::BenchPublisher(Some(task), stop));
         }
         anyhow::Ok(match (config.role, dissem.clone()) {
             (Role::Rollout, Some(d)) if bench.sink => {
@@ -216,7 +215,14 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
         .as_ref()
         .map_or(VersionChanges::Never, RunningRole::version_changes);
     // Test-only network attacks (`crate::misbehave`); none for an honest node.
-    let attack_tasks = roles::attacks::spawn(&state, &client, probe.clone(), replay_recorder);
+    let attack_tasks = roles::Tasks::default();
+    roles::attacks::spawn(
+        &attack_tasks,
+        &state,
+        &client,
+        probe.clone(),
+        replay_recorder,
+    );
     {
         let client = client.clone();
         let state = state.clone();
@@ -286,10 +292,7 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
         },
     };
     tracing::info!("shutting down");
-    for t in attack_tasks {
-        t.abort();
-        let _ = t.await;
-    }
+    attack_tasks.stop().await;
     let role_result = match role {
         Some(r) => r.shutdown().await,
         None => Ok(()),
@@ -302,7 +305,6 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(5), &mut service).await;
     }
     tasks.stop().await;
-    admin_task.abort();
     crate::addr_file::remove(&config.data_dir);
     if let Some(d) = &dissem {
         d.shutdown();
@@ -363,7 +365,11 @@ const ENGINE_WATCH: std::time::Duration = std::time::Duration::from_millis(500);
 enum RunningRole {
     Learner(roles::learner::LearnerRole),
     Rollout(roles::rollout::RolloutRole),
-    BenchPublisher(Option<tokio::task::JoinHandle<anyhow::Result<()>>>),
+    /// The benchmark publisher's task (`None` once it has ended) and its stop signal.
+    BenchPublisher(
+        Option<tokio::task::JoinHandle<Option<anyhow::Result<()>>>>,
+        tokio_util::sync::CancellationToken,
+    ),
     BenchSink(Probe, VersionChanges),
 }
 
@@ -372,7 +378,7 @@ impl RunningRole {
         match self {
             RunningRole::Learner(l) => l.probe(),
             RunningRole::Rollout(r) => r.probe(),
-            RunningRole::BenchPublisher(_) => Arc::new(|| (None, 0.0)),
+            RunningRole::BenchPublisher(..) => Arc::new(|| (None, 0.0)),
             RunningRole::BenchSink(p, _) => p.clone(),
         }
     }
@@ -382,7 +388,7 @@ impl RunningRole {
         match self {
             RunningRole::Learner(l) => l.version_changes(),
             RunningRole::Rollout(r) => r.version_changes(),
-            RunningRole::BenchPublisher(_) => VersionChanges::Never,
+            RunningRole::BenchPublisher(..) => VersionChanges::Never,
             RunningRole::BenchSink(_, c) => c.clone(),
         }
     }
@@ -404,18 +410,22 @@ impl RunningRole {
                 }
                 tokio::time::sleep(ENGINE_WATCH).await;
             },
-            RunningRole::BenchPublisher(task) => {
+            RunningRole::BenchPublisher(task, _) => {
                 let Some(t) = task.as_mut() else {
                     return std::future::pending().await;
                 };
                 let r = t.await;
                 *task = None;
                 match r {
-                    Ok(Ok(())) => {
+                    Ok(Some(Ok(()))) => {
                         tracing::info!("bench: all rounds done");
                         std::future::pending().await
                     }
-                    Ok(Err(e)) => tracing::error!(error = %format!("{e:#}"), "bench failed"),
+                    // Stopped: only shutdown cancels it.
+                    Ok(None) => std::future::pending().await,
+                    Ok(Some(Err(e))) => {
+                        tracing::error!(error = %format!("{e:#}"), "bench failed")
+                    }
                     Err(e) => tracing::error!(error = %e, "bench task failed"),
                 }
             }
@@ -427,9 +437,10 @@ impl RunningRole {
         match self {
             RunningRole::Learner(l) => l.shutdown().await,
             RunningRole::Rollout(r) => r.shutdown().await,
-            RunningRole::BenchPublisher(t) => {
-                if let Some(t) = t {
-                    t.abort();
+            RunningRole::BenchPublisher(task, stop) => {
+                stop.cancel();
+                if let Some(t) = task {
+                    let _ = t.await;
                 }
                 Ok(())
             }

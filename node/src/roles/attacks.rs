@@ -27,12 +27,10 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
-
-use super::Probe;
+use super::{Probe, Tasks};
 use crate::misbehave::{Attack, Misbehaviour};
 use crate::state::NodeState;
+use tokio::sync::mpsc;
 
 /// Heartbeats sent per heartbeat interval by `heartbeat_spam`.
 pub const SPAM_FACTOR: u32 = 50;
@@ -174,19 +172,19 @@ pub fn tap(
 }
 
 /// Starts this node's periodic network attacks (none for an honest node): heartbeat spam and
-/// the replay of `recorder`'s messages. The caller aborts the handles at shutdown.
+/// the replay of `recorder`'s messages, as tasks of `tasks` (the caller stops them at shutdown).
 pub fn spawn(
+    tasks: &Tasks,
     state: &Arc<NodeState>,
     client: &p2p::Client,
     probe: Probe,
     recorder: Option<Recorder>,
-) -> Vec<JoinHandle<()>> {
+) {
     let m = &state.misbehave;
     let interval = Duration::from_millis(state.config.network.heartbeat_interval_ms.max(1));
-    let mut tasks = Vec::new();
     if m.has(Attack::HeartbeatSpam) {
         let (client, state) = (client.clone(), state.clone());
-        tasks.push(tokio::spawn(async move {
+        tasks.spawn(async move {
             let period = (interval / SPAM_FACTOR).max(Duration::from_millis(1));
             let mut tick = tokio::time::interval(period);
             let started = storage::unix_ms();
@@ -206,7 +204,7 @@ pub fn spawn(
                     tracing::warn!(sent, tried = seq, "heartbeat_spam: heartbeats published");
                 }
             }
-        }));
+        });
     }
     if m.has(Attack::SybilRekey) {
         if let Some(learner) = state
@@ -216,16 +214,12 @@ pub fn spawn(
             .and_then(|k| storage::keys::parse_public_key(k).ok())
             .and_then(|k| p2p::peer_id_from_public(k.to_bytes()).ok())
         {
-            tasks.push(tokio::spawn(rekey_when_banned(
-                client.clone(),
-                state.clone(),
-                learner,
-            )));
+            tasks.spawn(rekey_when_banned(client.clone(), state.clone(), learner));
         }
     }
     if let Some(rec) = recorder {
         let client = client.clone();
-        tasks.push(tokio::spawn(async move {
+        tasks.spawn(async move {
             let mut tick = tokio::time::interval(interval * REPLAY_EVERY_INTERVALS);
             let (mut replayed, mut rounds) = (0u64, 0u64);
             loop {
@@ -244,9 +238,8 @@ pub fn spawn(
                     );
                 }
             }
-        }));
+        });
     }
-    tasks
 }
 
 /// A heartbeat that passes every check of `p2p::Heartbeat::decode`: only its rate is wrong.

@@ -5,12 +5,10 @@
 
 use std::sync::Arc;
 
-use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
-
-use super::Probe;
+use super::{Probe, Tasks};
 use crate::misbehave::Misbehaviour;
 use crate::state::NodeState;
+use tokio::sync::mpsc;
 
 /// Nothing is recorded in a default build.
 #[derive(Clone, Default)]
@@ -35,11 +33,4 @@ pub fn tap(
 }
 
 /// No tasks.
-pub fn spawn(
-    _: &Arc<NodeState>,
-    _: &p2p::Client,
-    _: Probe,
-    _: Option<Recorder>,
-) -> Vec<JoinHandle<()>> {
-    Vec::new()
-}
+pub fn spawn(_: &Tasks, _: &Arc<NodeState>, _: &p2p::Client, _: Probe, _: Option<Recorder>) {}

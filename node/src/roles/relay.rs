@@ -57,7 +57,7 @@ pub fn run(config: NodeConfig) -> anyhow::Result<()> {
 async fn serve(config: &NodeConfig, seed: [u8; 32], peer_id: String) -> anyhow::Result<()> {
     let prometheus = admin::install_metrics_recorder();
     let mut registry = p2p::Registry::default();
-    let svc = service_config(config, &peer_id)?;
+    let svc = service_config(config, seed)?;
     let (client, events, mut service) =
         p2p::start(seed, svc, &mut registry).context("starting the network service")?;
     let admin_addr: std::net::SocketAddr = config
@@ -65,7 +65,9 @@ async fn serve(config: &NodeConfig, seed: [u8; 32], peer_id: String) -> anyhow::
         .admin
         .parse()
         .with_context(|| format!("network.admin `{}`", config.network.admin))?;
-    let (bound, admin_task) = admin::serve(
+    // The relay's tasks (admin endpoint, address file, gossip drain): stopped and awaited.
+    let tasks = super::Tasks::default();
+    let bound = admin::serve(
         admin_addr,
         admin::AdminState {
             client: client.clone(),
@@ -74,17 +76,18 @@ async fn serve(config: &NodeConfig, seed: [u8; 32], peer_id: String) -> anyhow::
             node_version: NODE_VERSION,
             role_view: RoleView::default(),
         },
+        &tasks,
     )
     .await?;
     tracing::info!(admin = %bound, "admin endpoint: /, /status, /metrics");
-    let addr_writer = tokio::spawn(crate::addr_file::write_when_listening(
+    tasks.spawn(crate::addr_file::write_when_listening(
         client.clone(),
         config.data_dir.clone(),
         peer_id,
         bound,
     ));
     // No role here judges snapshot or plan gossip.
-    let drain = tokio::spawn(super::ignore_role_gossip(client.clone(), events));
+    tasks.spawn(super::ignore_role_gossip(client.clone(), events));
     let result = tokio::select! {
         r = super::shutdown_signal() => r,
         r = &mut service => r
@@ -96,9 +99,7 @@ async fn serve(config: &NodeConfig, seed: [u8; 32], peer_id: String) -> anyhow::
     if !service.is_finished() {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(5), &mut service).await;
     }
-    admin_task.abort();
-    addr_writer.abort();
-    drain.abort();
+    tasks.stop().await;
     crate::addr_file::remove(&config.data_dir);
     result
 }

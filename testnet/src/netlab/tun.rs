@@ -12,10 +12,10 @@
 
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
 
 use super::emu::{LinkParams, LinkQueue, LinkStats};
 
@@ -43,20 +43,21 @@ impl TunLink {
     }
 }
 
-/// The running forwarder; stops (and returns its statistics) on [`Emulator::stop`] or drop.
+/// The running forwarder; stops (and returns its statistics) on [`Emulator::stop`] or drop:
+/// the one stop signal of the thread is a cancellation token it checks each poll round.
 pub struct Emulator {
-    stop: Arc<AtomicBool>,
+    stop: CancellationToken,
     handle: Option<JoinHandle<std::io::Result<LinkStats>>>,
 }
 
 impl Emulator {
     /// Starts the forwarder thread over `links`.
     pub fn start(links: Vec<TunLink>) -> std::io::Result<Emulator> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
+        let stop = CancellationToken::new();
+        let token = stop.clone();
         let handle = std::thread::Builder::new()
             .name("netlab-emulator".into())
-            .spawn(move || forward(links, &flag))?;
+            .spawn(move || forward(links, &token))?;
         Ok(Emulator {
             stop,
             handle: Some(handle),
@@ -65,7 +66,7 @@ impl Emulator {
 
     /// Stops the thread; returns the totals over every link direction.
     pub fn stop(&mut self) -> std::io::Result<LinkStats> {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.cancel();
         match self.handle.take() {
             Some(h) => h
                 .join()
@@ -110,11 +111,11 @@ fn release(to: &mut File, queue: &mut LinkQueue, now: u64) {
     }
 }
 
-fn forward(mut links: Vec<TunLink>, stop: &AtomicBool) -> std::io::Result<LinkStats> {
+fn forward(mut links: Vec<TunLink>, stop: &CancellationToken) -> std::io::Result<LinkStats> {
     let t0 = Instant::now();
     let now_ns = || u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
     let mut buf = vec![0u8; MAX_PACKET];
-    while !stop.load(Ordering::Relaxed) {
+    while !stop.is_cancelled() {
         let now = now_ns();
         let next = links
             .iter()

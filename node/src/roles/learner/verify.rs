@@ -249,6 +249,9 @@ impl Stage for SignatureLayer {
                 format!("producer {:?} is not the peer pulled from", group.producer),
             ));
         }
+        // The one peer-id parse on the data path: the pipeline (crate `learner`, no libp2p)
+        // names a worker by the producer string the trajectory format carries; its public key
+        // is embedded in the id, so the string is decoded here, where the key is needed.
         let key = input
             .worker
             .parse::<PeerId>()

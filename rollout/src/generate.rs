@@ -1,0 +1,213 @@
+//! Generation of one group: the installed policy's inference model on the slot's device, the
+//! group's deterministic seed and ids, and the two paths that fill it — single-turn samples of
+//! a task's assigned prompt ([`RolloutEngine::single_turn`]) and whole episodes of a
+//! multi-turn environment ([`RolloutEngine::episodes`]).
+//!
+//! Owns: [`RolloutEngine::produce_group`] and its helpers. Must not touch: the loop around it
+//! (pausing, standby, storing: `RolloutEngine::step` in the crate root) or the slot.
+
+use std::sync::Arc;
+
+use policy::{Draws, GenerationPath, InferModel, InferSpec, Policy, SamplingParams};
+use rand::{Rng, SeedableRng};
+use storage::{Sample, TrajectoryGroup};
+use tasks::Task;
+
+use crate::{episode, InstalledPolicy, RolloutEngine, RolloutError};
+
+impl RolloutEngine {
+    fn id(&self, seq: u64, sample: u64) -> [u8; 16] {
+        let mut h = blake3::Hasher::new();
+        h.update(&self.nonce);
+        h.update(&seq.to_le_bytes());
+        h.update(&sample.to_le_bytes());
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&h.finalize().as_bytes()[..16]);
+        out
+    }
+
+    /// The inference-path model of `installed`, converted once per installed version on the
+    /// slot's device ([`InferSpec::for_device`]: bf16 on CUDA, f32 on the CPU, unless
+    /// `infer_dtype` says otherwise). Converted in host memory, then copied: the device never
+    /// holds the f32 weights.
+    fn infer_model(
+        &mut self,
+        installed: &InstalledPolicy,
+    ) -> Result<Arc<InferModel>, RolloutError> {
+        if let Some((version, model)) = &self.infer {
+            if *version == installed.version {
+                return Ok(model.clone());
+            }
+        }
+        // Drop the previous version's copy before converting the new one (peak memory).
+        self.infer = None;
+        let mut spec = InferSpec::for_device(self.slot.device());
+        if let Some(dtype) = self.cfg.infer_dtype {
+            spec.dtype = dtype;
+        }
+        let model = Arc::new(InferModel::build(&installed.policy, &spec)?);
+        self.infer = Some((installed.version, model.clone()));
+        Ok(model)
+    }
+
+    /// `installed`'s f32 policy on the slot's device (the training-forward paths).
+    fn device_policy(&mut self, installed: &InstalledPolicy) -> Result<Arc<Policy>, RolloutError> {
+        let device = self.slot.device();
+        if installed.policy.device().same_device(device) {
+            return Ok(installed.policy.clone());
+        }
+        if let Some((version, p)) = &self.on_device {
+            if *version == installed.version {
+                return Ok(p.clone());
+            }
+        }
+        self.on_device = None;
+        let p = Arc::new(installed.policy.to_device(device)?);
+        self.on_device = Some((installed.version, p.clone()));
+        Ok(p)
+    }
+
+    /// Generates the next group under the currently installed version, signed (see
+    /// [`Self::with_signer`]) but not stored. `None` when no snapshot is installed.
+    pub fn produce_group(&mut self) -> Result<Option<TrajectoryGroup>, RolloutError> {
+        let Some(installed) = self.slot.current() else {
+            return Ok(None);
+        };
+        let seq = self.next_seq()?;
+        let mut seed = blake3::Hasher::new();
+        seed.update(b"echo-swarm/rollout/group");
+        seed.update(&self.cfg.seed.to_le_bytes());
+        seed.update(&seq.to_le_bytes());
+        let mut rng = rand::rngs::StdRng::from_seed(*seed.finalize().as_bytes());
+        let task = self.env.as_task().cloned();
+        let states = self.env.metadata().num_initial_states;
+        // Drawn in every case, so the sampling stream that follows is the same either way.
+        let mut index = match &task {
+            Some(t) => t.sample_index(&mut rng),
+            None => match states {
+                Some(n) => rng.gen_range(0..n.max(1)),
+                None => rng.gen(),
+            },
+        };
+        if let Some(assigned) = &self.cfg.assignment_seed {
+            index = tasks::assign::index_for(states, assigned, &self.cfg.producer, seq);
+        }
+        let mut params = self.cfg.sampling.clone();
+        params.stop_tokens = self.stop_tokens.clone();
+        // The uniforms: prescribed by the assignment seed (the learner can check every
+        // token against them), or drawn from the group's seed for local use.
+        let n = self.cfg.group_size;
+        let draws = match &self.cfg.assignment_seed {
+            Some(seed) => Draws::prescribed(seed, &self.cfg.producer, seq, n),
+            None => Draws::from_rng(&mut rng, n),
+        };
+        let created = storage::unix_ms();
+        let (prompt, prompt_tokens, samples) = match task {
+            Some(task) => self.single_turn(&task, &installed, index, &params, &draws, seq)?,
+            None => self.episodes(&installed, index, &params, &draws, seq)?,
+        };
+        let mut group = TrajectoryGroup {
+            group_id: self.id(seq, u64::MAX),
+            task_id: self.env.name().to_string(),
+            prompt_id: prompt.id,
+            version: installed.version,
+            seq,
+            producer: self.cfg.producer.clone(),
+            prompt_text: prompt.text,
+            prompt_tokens,
+            created_unix_ms: created,
+            samples,
+            signature: None,
+        };
+        self.seal(&mut group);
+        Ok(Some(group))
+    }
+
+    /// `n` completions of prompt `index` of a single-turn task, each rewarded by the task.
+    fn single_turn(
+        &mut self,
+        task: &Arc<dyn Task>,
+        installed: &InstalledPolicy,
+        index: u64,
+        params: &SamplingParams,
+        draws: &Draws,
+        seq: u64,
+    ) -> Result<(tasks::Prompt, Vec<u32>, Vec<Sample>), RolloutError> {
+        let prompt = task.prompt(index)?;
+        let prompt_tokens = self.chat.tokenizer().encode_prompt(&prompt.text)?;
+        let completions = match self.cfg.path {
+            GenerationPath::Infer => {
+                let model = self.infer_model(installed)?;
+                policy::infer::generate_with(&model, &prompt_tokens, params, draws)?
+            }
+            path => policy::generate_with(
+                &*self.device_policy(installed)?,
+                &prompt_tokens,
+                params,
+                path,
+                draws,
+            )?,
+        };
+        let finished = storage::unix_ms();
+        let mut samples = Vec::with_capacity(completions.len());
+        for (k, c) in completions.into_iter().enumerate() {
+            let text = self.chat.tokenizer().decode(&c.tokens)?;
+            let reward = task.reward(&prompt, &text);
+            samples.push(Sample {
+                trajectory_id: self.id(seq, k as u64),
+                loss_mask: vec![1; c.tokens.len()],
+                response_tokens: c.tokens,
+                response_text: text,
+                reward: reward.value,
+                sampler_logprobs: c.logprobs,
+                finished_unix_ms: finished,
+            });
+        }
+        Ok((prompt, prompt_tokens, samples))
+    }
+
+    /// `n` episodes of a multi-turn environment from initial state `seed` (ECHO-2 Eq. 21's
+    /// group: one initial state), each sample's reward its return.
+    fn episodes(
+        &mut self,
+        installed: &InstalledPolicy,
+        seed: u64,
+        params: &SamplingParams,
+        draws: &Draws,
+        seq: u64,
+    ) -> Result<(tasks::Prompt, Vec<u32>, Vec<Sample>), RolloutError> {
+        let (infer, train);
+        let model = if matches!(self.cfg.path, GenerationPath::Infer) {
+            infer = self.infer_model(installed)?;
+            policy::session::Model::Infer(&infer)
+        } else {
+            // The training-forward paths run on the slot's device (decoded in host memory).
+            train = self.device_policy(installed)?;
+            policy::session::Model::Train(&train)
+        };
+        let spec = episode::Spec {
+            env: self.env.as_ref(),
+            chat: &self.chat,
+            budget: self.budget,
+            context: self.slot.model_config().max_position_embeddings,
+        };
+        // The canonical rule with the group's draws: sample k's j-th sampled token (across
+        // turns) uses row k's uniform j — what the learner's draw check draws again.
+        let (prompt, prompt_tokens, played) =
+            episode::play_group(spec, model, seed, params, draws)?;
+        let finished = storage::unix_ms();
+        let mut samples = Vec::with_capacity(played.len());
+        for (k, ep) in played.into_iter().enumerate() {
+            samples.push(Sample {
+                trajectory_id: self.id(seq, k as u64),
+                loss_mask: ep.mask(),
+                response_text: self.chat.tokenizer().decode(&ep.tokens)?,
+                response_tokens: ep.tokens,
+                reward: ep.ret,
+                sampler_logprobs: ep.logprobs,
+                finished_unix_ms: finished,
+            });
+        }
+        Ok((prompt, prompt_tokens, samples))
+    }
+}
