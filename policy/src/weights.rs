@@ -1,7 +1,7 @@
 //! [`Policy`]: the model's variables (a candle `VarMap`), its config, and the snapshot
 //! payload (safetensors bytes carrying the config hash).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
@@ -11,7 +11,7 @@ use crate::config::ModelConfig;
 use crate::error::{PolicyError, Result};
 use crate::lora::{self, Adapters, LoraConfig};
 use crate::model::{param_shapes, KvCache, LoraVars, Qwen3};
-use crate::safetensors_io::{write_safetensors, META_CONFIG_HASH};
+use crate::safetensors_io::{snapshot_config_hash, write_safetensors};
 
 /// A trainable policy: config + variables + the module built over them.
 ///
@@ -232,7 +232,7 @@ impl Policy {
     }
 
     /// The snapshot payload: every variable as little-endian f32 in a safetensors file with
-    /// sorted names and metadata `{format: pt, [`META_CONFIG_HASH`]: hex}`. Deterministic: the same
+    /// sorted names and metadata `{format: pt, [`crate::META_CONFIG_HASH`]: hex}`. Deterministic: the same
     /// weights always give the same bytes.
     pub fn to_safetensors_bytes(&self) -> Result<Vec<u8>> {
         self.to_safetensors_bytes_as(DType::F32)
