@@ -86,6 +86,11 @@ pub struct LearnerStatus {
     pub delta_max_bound_under_overlap: Option<u64>,
     pub published_version: Option<u64>,
     pub snapshots_published: u64,
+    /// The version the weights stood at when this run started (0 for a fresh model): the
+    /// checkpoint's, or the newest published snapshot's read back after it. Journaled steps
+    /// after it were not in the weights and their groups are trained again.
+    #[serde(default)]
+    pub started_from_version: u64,
     pub groups_pulled: u64,
     pub pull_errors: u64,
     /// Median and 90th percentile of the recent pull round trips (opening the stream to the

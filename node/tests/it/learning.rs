@@ -145,6 +145,9 @@ fn a_learner_killed_mid_run_resumes_without_training_a_group_twice() {
     wait_for("the restarted learner to train 6 more steps", limit, || {
         version(&mut learner).filter(|&v| v >= before + 6)
     });
+    let weights = learner.status().unwrap()["learner"]["started_from_version"]
+        .as_u64()
+        .unwrap();
     terminate(&mut learner);
     for w in &mut workers {
         terminate(w);
@@ -156,13 +159,19 @@ fn a_learner_killed_mid_run_resumes_without_training_a_group_twice() {
     // checkpoints every 4 steps), not from scratch.
     let first_after = log[logged_before]["step"].as_u64().unwrap();
     assert!(first_after >= 9, "restarted at step {first_after}");
-    // Steps logged before the kill past that snapshot were rolled back by the crash: their
-    // groups come back from the learner's journal and are trained again. In the history the
-    // model has (the steps up to the snapshot, then the steps after the restart) no group
-    // is trained twice.
+    // Steps logged before the kill past the weights it resumed with were rolled back by the
+    // crash: their groups come back from the learner's journal and are trained again. Those
+    // weights are the newest published snapshot's (`first_after − 1`), or the checkpoint's
+    // when that snapshot was cut short by the kill (then numbered on after it). In the history
+    // the model has (the steps up to those weights, then the steps after the restart) no
+    // group is trained twice.
+    assert!(
+        weights < first_after,
+        "weights {weights}, first step {first_after}"
+    );
     let kept: Vec<Value> = log[..logged_before]
         .iter()
-        .filter(|s| s["step"].as_u64().unwrap() < first_after)
+        .filter(|s| s["step"].as_u64().unwrap() <= weights)
         .chain(&log[logged_before..])
         .cloned()
         .collect();
