@@ -21,8 +21,9 @@ use policy::delta;
 use policy::{Arch, DType, ModelConfig, Policy};
 use storage::TrajectoryGroup;
 
-mod common;
-use common::{group, T};
+#[path = "../src/test_util.rs"]
+mod test_util;
+use test_util::{sampled_group, T};
 
 fn shape() -> (String, ModelConfig) {
     let name = std::env::var("DELTA_SHAPE").unwrap_or_else(|_| "tiny".into());
@@ -85,7 +86,14 @@ fn delta_sizes_on_real_learner_steps() {
         for step in 1..=steps {
             let gs: Vec<Verified<TrajectoryGroup>> = (0..2)
                 .map(|k| {
-                    let g = group(tr.policy(), tr.version(), 100 * step + k, 6);
+                    let g = sampled_group(
+                        tr.policy(),
+                        tr.version(),
+                        100 * step + k,
+                        6,
+                        &format!("worker-{}", 100 * step + k),
+                        false,
+                    );
                     pipeline.verify("measure", 0, g).expect("verified")
                 })
                 .collect();

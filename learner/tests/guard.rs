@@ -5,28 +5,13 @@
 //! through) is quarantined, the step trains on the good groups, and a batch of only such
 //! groups takes no step and reports them.
 
-use candle_core::Device;
 use learner::{AdamWConfig, LossConfig, Objective, Pipeline, Trainer, TrainerConfig, Verified};
-use policy::{ModelConfig, Policy};
 use storage::record::GroupLimits;
 use storage::TrajectoryGroup;
 
-mod common;
-use common::{group, T};
-
-fn small_policy(seed: u64) -> Policy {
-    let cfg = ModelConfig {
-        hidden_size: 32,
-        intermediate_size: 64,
-        num_hidden_layers: 1,
-        num_attention_heads: 2,
-        num_key_value_heads: 1,
-        head_dim: 16,
-        max_position_embeddings: 64,
-        ..ModelConfig::tiny()
-    };
-    Policy::new_random(&cfg, seed, &Device::Cpu).unwrap()
-}
+#[path = "../src/test_util.rs"]
+mod test_util;
+use test_util::{sampled_group, small_policy, T};
 
 /// A trainer whose passes hold at most `budget` padded tokens (0 = one pass; 8 splits every
 /// group of this file into single rows).
@@ -78,7 +63,7 @@ fn verified(t: &Trainer, g: TrajectoryGroup) -> Verified<TrajectoryGroup> {
 
 /// One kind of poison applied to group `seed`.
 fn poisoned(t: &Trainer, kind: &str, seed: u64) -> TrajectoryGroup {
-    let mut g = group(t.policy(), 0, seed, 5);
+    let mut g = sampled_group(t.policy(), 0, seed, 5, &format!("worker-{seed}"), false);
     let s = &mut g.samples[0];
     match kind {
         "logprob" => s.sampler_logprobs[0] = -1e4,
@@ -113,7 +98,12 @@ fn groups_the_model_cannot_take_never_reach_the_trainer() {
 fn an_overflowing_group_is_quarantined_and_the_good_ones_train() {
     let mut t = trainer(Objective::Grpo, 0);
     let mut batch: Vec<_> = (1..=3)
-        .map(|s| verified(&t, group(t.policy(), 0, s, 5)))
+        .map(|s| {
+            verified(
+                &t,
+                sampled_group(t.policy(), 0, s, 5, &format!("worker-{s}"), false),
+            )
+        })
         .collect();
     let bad = verified(&t, poisoned(&t, "logprob", 9));
     batch.insert(1, bad.clone());
@@ -145,7 +135,7 @@ fn an_overflowing_ratio_never_reaches_the_weights_under_any_objective() {
         for budget in [0, 8] {
             let mut t = trainer(objective, budget);
             let batch = vec![
-                verified(&t, group(t.policy(), 0, 1, 5)),
+                verified(&t, sampled_group(t.policy(), 0, 1, 5, "worker-1", false)),
                 verified(&t, poisoned(&t, "logprob", 2)),
             ];
             let st = t
@@ -177,7 +167,10 @@ fn a_batch_of_only_bad_groups_takes_no_step_and_reports_them() {
     assert_eq!(t.consumed_len(), 0);
     // The trainer is still fine: a good batch trains afterwards.
     let st = t
-        .train_step(&[verified(&t, group(t.policy(), 0, 4, 5))])
+        .train_step(&[verified(
+            &t,
+            sampled_group(t.policy(), 0, 4, 5, "worker-4", false),
+        )])
         .unwrap();
     assert!(st.stepped && weights_finite(&t));
 }
