@@ -163,10 +163,16 @@ pub struct ExportArgs {
     /// The learner's checkpoint directory (`<data_dir>/checkpoints`), or a learner config.
     #[arg(long, conflicts_with = "config", required_unless_present = "config")]
     pub checkpoint: Option<PathBuf>,
-    /// Take the checkpoint directory from this learner config.
+    /// Take the checkpoint directory from this learner config (which also rebuilds the base
+    /// of a LoRA checkpoint, as the learner does).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Output folder (created; existing files in it are not overwritten).
+    /// The frozen base of a LoRA checkpoint as a Hugging Face folder (its tokenizer is copied
+    /// too); refused unless it is the base the adapters were trained on.
+    #[arg(long)]
+    pub base: Option<PathBuf>,
+    /// Output folder (created; existing files in it are not overwritten). A LoRA checkpoint
+    /// also writes `peft/` (the PEFT adapter folder) and, unless --base names it, `base/`.
     #[arg(long)]
     pub out: PathBuf,
     /// Print one JSON object instead of text.

@@ -470,6 +470,29 @@ fn tiny_random_qwen3_folder_loads_and_generates() {
     }
 }
 
+/// An export of the embedded model (weights + the byte tokenizer's `tokenizer.json`) is a
+/// valid `model.source`: it loads back to the same tokenizer and the same logits.
+#[test]
+fn embedded_model_export_loads_back_with_the_same_tokenizer_and_logits() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = ModelConfig::tiny();
+    let p = Policy::new_random(&cfg, 21, &Device::Cpu).unwrap();
+    crate::hf::save_hf_dir(&p, dir.path(), Some(crate::ByteTokenizer::EOS)).unwrap();
+    crate::hf::save_byte_tokenizer(dir.path(), cfg.max_position_embeddings).unwrap();
+    let (q, tok) = crate::hf::load_hf_dir(dir.path(), &Device::Cpu).unwrap();
+    assert_eq!(q.config(), &cfg);
+    assert!(matches!(tok, Tokenizer::Byte(_)), "{tok:?}");
+    let prompt = tok.encode_prompt("3+4=").unwrap();
+    assert_eq!(prompt, Tokenizer::byte().encode_prompt("3+4=").unwrap());
+    assert_eq!(tok.eos_ids(), vec![crate::ByteTokenizer::EOS]);
+    let ids = Tensor::new(prompt.as_slice(), &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let want = p.forward(&ids).unwrap().to_vec3::<f32>().unwrap();
+    assert_eq!(q.forward(&ids).unwrap().to_vec3::<f32>().unwrap(), want);
+}
+
 #[test]
 fn hf_folder_missing_or_corrupt_files_are_clear_errors() {
     let load = |d: &std::path::Path| {

@@ -418,6 +418,8 @@ fn summarize(
         "reward_last": mean(rewards[rewards.len() - tenth..].iter().copied()),
         "bubble_ratio": if idle + train > 0.0 { idle / (idle + train) } else { 0.0 },
         "snapshots": l.snapshots_published,
+        "snapshot_bytes_full": l.snapshot_bytes_full,
+        "snapshot_bytes_median": l.snapshot_bytes_median,
         "worker_versions": worker_versions(status),
         "staleness_max": l.staleness_max,
         "staleness_histogram": l.staleness_histogram,
