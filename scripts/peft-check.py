@@ -54,11 +54,11 @@ def main():
     else:
         ids = enc
 
-    merged = AutoModelForCausalLM.from_pretrained(args.export, torch_dtype=torch.float32)
+    merged = AutoModelForCausalLM.from_pretrained(args.export, dtype=torch.float32)
     want = logits(merged, ids)
     out = {"ids": ids, "model_type": merged.config.model_type, "tol": args.tol}
     if "peft" in meta:
-        base = AutoModelForCausalLM.from_pretrained(meta["base"], torch_dtype=torch.float32)
+        base = AutoModelForCausalLM.from_pretrained(meta["base"], dtype=torch.float32)
         base_logits = logits(base, ids)
         model = PeftModel.from_pretrained(base, meta["peft"])
         model.eval()

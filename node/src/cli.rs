@@ -143,6 +143,10 @@ pub struct DemoArgs {
     /// Regret" (Thinking Machines, 2025) suggests. Versions still ship as merged snapshots.
     #[arg(long, default_value_t = 0)]
     pub lora_rank: usize,
+    /// The learner's learning rate (default: `learner.lr`'s default, ten times it with
+    /// --lora-rank).
+    #[arg(long)]
+    pub lr: Option<f64>,
 }
 
 #[derive(Debug, Args)]

@@ -192,8 +192,10 @@ pub fn export(args: &ExportArgs) -> anyhow::Result<()> {
                 dir
             }
         };
+        // Absolute: `peft` resolves these against the working directory, not the export.
         let base_dir = std::path::absolute(&base_dir).unwrap_or(base_dir);
         let peft = args.out.join("peft");
+        let peft = std::path::absolute(&peft).unwrap_or(peft);
         policy::hf::save_peft_dir(adapters, cfg, &peft, base_dir.to_str())
             .with_context(|| format!("writing the PEFT adapter folder {}", peft.display()))?;
         meta["lora"] = json!(lora);
@@ -226,3 +228,7 @@ pub fn export(args: &ExportArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "export_tests.rs"]
+mod tests;
