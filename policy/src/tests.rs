@@ -493,6 +493,31 @@ fn embedded_model_export_loads_back_with_the_same_tokenizer_and_logits() {
     assert_eq!(q.forward(&ids).unwrap().to_vec3::<f32>().unwrap(), want);
 }
 
+/// An export of a model trained from a Hugging Face folder carries that folder's tokenizer
+/// files and stop id, and loads back with the same tokenizer.
+#[test]
+fn copied_tokenizer_files_make_an_export_of_an_hf_model_load_again() {
+    let (src, dst) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    write_tiny_hf_dir(src.path());
+    let (p, tok) = crate::hf::load_hf_dir(src.path(), &Device::Cpu).unwrap();
+    let copied = crate::hf::copy_tokenizer_files(src.path(), dst.path()).unwrap();
+    assert_eq!(copied, vec!["tokenizer.json"]);
+    let eos = crate::hf::first_stop_id(src.path()).unwrap();
+    assert_eq!(eos, Some(2));
+    crate::hf::save_hf_dir(&p, dst.path(), eos).unwrap();
+    let (_, back) = crate::hf::load_hf_dir(dst.path(), &Device::Cpu).unwrap();
+    let text = "what is two plus three ?";
+    assert_eq!(
+        back.encode_prompt(text).unwrap(),
+        tok.encode_prompt(text).unwrap()
+    );
+    assert_eq!(back.eos_ids(), tok.eos_ids());
+    // A folder without a tokenizer.json has nothing to copy: an error naming the file.
+    let empty = tempfile::tempdir().unwrap();
+    let e = crate::hf::copy_tokenizer_files(empty.path(), dst.path()).unwrap_err();
+    assert!(e.to_string().contains("tokenizer.json"), "{e}");
+}
+
 #[test]
 fn hf_folder_missing_or_corrupt_files_are_clear_errors() {
     let load = |d: &std::path::Path| {

@@ -109,6 +109,10 @@ impl ByteTokenizer {
     /// Whether `t` is [`Self::to_hf_json`] (compared in `tokenizers`' own serialisation, so
     /// the file's formatting does not matter).
     fn is_hf_form(t: &tokenizers::Tokenizer) -> bool {
+        // Cheap first: a real model's vocabulary is never serialised for the comparison.
+        if t.get_vocab_size(true) != Self::VOCAB_SIZE {
+            return false;
+        }
         let ours = tokenizers::Tokenizer::from_bytes(ByteTokenizer.to_hf_json().as_bytes());
         match (ours, t.to_string(false)) {
             (Ok(ours), Ok(theirs)) => ours.to_string(false).is_ok_and(|o| o == theirs),
@@ -341,7 +345,7 @@ mod tests {
         {
             assert_eq!(hf.token_to_id(name), Some(id), "{name}");
         }
-        // Every byte value, spaces, controls and multi-byte UTF-8 included.
+        // All of ASCII (controls and spaces included) and multi-byte UTF-8.
         let all: String = (0u8..128).map(char::from).collect::<String>() + " héllo ∑ 😀 1+1=2";
         for text in [all.as_str(), "  two  spaces", "\n\t"] {
             let ids = hf.encode(text, false).unwrap().get_ids().to_vec();

@@ -137,5 +137,8 @@ fn a_lora_checkpoint_exports_merged_model_and_peft_folder_over_its_base() {
         wrong.base_hash_hex().unwrap(),
     );
     assert!(e.contains(&want_hash) && e.contains(&have_hash), "{e}");
-    assert!(!tmp.path().join("out2").exists(), "nothing written on refusal");
+    assert!(
+        !tmp.path().join("out2").exists(),
+        "nothing written on refusal"
+    );
 }
