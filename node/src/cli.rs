@@ -242,6 +242,10 @@ pub struct RunArgs {
     /// Benchmark: snapshots to publish.
     #[arg(long, hide = true, default_value_t = 1)]
     pub bench_rounds: u32,
+    /// Benchmark: publish synthetic bf16 versions as deltas, this percentage of values changed
+    /// per version (a keyframe first).
+    #[arg(long, hide = true, value_parser = parse_pct)]
+    pub bench_delta_changed_pct: Option<f64>,
     /// Benchmark: a worker that only receives snapshots (no model, no generation).
     #[arg(long, hide = true)]
     pub bench_sink: bool,
@@ -288,4 +292,16 @@ pub enum InspectWhat {
         #[arg(long)]
         version: Option<u64>,
     },
+}
+
+/// A percentage in [0, 100] (`--bench-delta-changed-pct`).
+fn parse_pct(s: &str) -> Result<f64, String> {
+    let p: f64 = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not a number: {e}"))?;
+    if (0.0..=100.0).contains(&p) {
+        Ok(p)
+    } else {
+        Err(format!("{p} is not a percentage in [0, 100]"))
+    }
 }

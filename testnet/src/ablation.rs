@@ -109,6 +109,7 @@ pub fn run(
         wan: None,
         quic: false,
         restart_congestion: true,
+        delta_changed_pct: None,
     };
     let bar = crate::progress::bar(4, "ablation runs");
     let mut t = Vec::new();

@@ -125,6 +125,14 @@ enum Scenario {
         /// B0 bucket (it also sets the number of chains).
         #[arg(long)]
         link_caps: bool,
+        /// Publish bf16 snapshots as sparse deltas: the first round is a keyframe of
+        /// --size-mb, each later version differs from the one before in --changed-pct % of
+        /// its values; T_bcast and the bound are the delta rounds'.
+        #[arg(long)]
+        delta: bool,
+        /// With --delta: percentage of bf16 values changed per version.
+        #[arg(long, default_value_t = 1.0, requires = "delta")]
+        changed_pct: f64,
         #[command(flatten)]
         run: RunOpts,
     },
@@ -355,6 +363,8 @@ fn main() -> anyhow::Result<()> {
             quic,
             keep_congestion_state,
             link_caps,
+            delta,
+            changed_pct,
             run: RunOpts { bin, json, out },
         } => {
             if let Some(from) = from {
@@ -389,6 +399,14 @@ fn main() -> anyhow::Result<()> {
                 );
             }
             anyhow::ensure!(rounds >= 1, "--rounds must be >= 1");
+            anyhow::ensure!(
+                (0.0..=100.0).contains(&changed_pct),
+                "--changed-pct must be within 0..=100"
+            );
+            anyhow::ensure!(
+                !delta || rounds >= 2,
+                "--delta needs --rounds >= 2 (the first round is the keyframe)"
+            );
             let bin = harness::node_bin(bin)?;
             let settings = broadcast::Settings {
                 nodes,
@@ -403,6 +421,7 @@ fn main() -> anyhow::Result<()> {
                 wan,
                 quic,
                 restart_congestion: !keep_congestion_state,
+                delta_changed_pct: delta.then_some(changed_pct),
             };
             let summary = broadcast::sweep(&settings, &out, !json)?;
             if json {
