@@ -133,7 +133,13 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     learner.task = task.clone();
     learner.model.device = args.device;
     learner.broadcast.dtype = args.snapshot_dtype;
+    if args.no_delta {
+        learner.broadcast.delta = Some(false);
+    }
     let l = &mut learner.learner;
+    if let Some(lr) = args.lr {
+        l.lr = lr;
+    }
     l.max_steps = args.steps;
     l.warm_start_steps = args
         .warm_start_steps
@@ -246,6 +252,8 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     summary["device"] = json!(args.device.to_string());
     summary["snapshot_dtype"] = json!(args.snapshot_dtype);
     summary["lora_rank"] = json!(args.lora_rank);
+    summary["lr"] = json!(learner.learner.lr);
+    summary["delta"] = json!(learner.broadcast.delta_enabled());
     summary["worker_groups_per_s"] = json!(args.worker_groups_per_s);
     summary["task"] = json!(task.name);
     if let Some(e) = eval_summary(&crate::roles::learner::envs::eval_log(&learner_dir))? {
