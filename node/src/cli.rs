@@ -316,7 +316,9 @@ fn parse_pct(s: &str) -> Result<f64, String> {
 
 /// A learning rate: finite and > 0 (`demo --lr`).
 fn parse_lr(s: &str) -> Result<f64, String> {
-    let lr: f64 = s.parse().map_err(|e| format!("{s:?} is not a number: {e}"))?;
+    let lr: f64 = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not a number: {e}"))?;
     if lr.is_finite() && lr > 0.0 {
         Ok(lr)
     } else {

@@ -19,20 +19,8 @@ pub(crate) const WAIT: Duration = Duration::from_secs(45);
 const QUIET_ROLES: &str =
     "[storage]\nmax_pending_groups = 1\n[learner]\nwarm_start_steps = 0\nmax_steps = 1\n";
 
-/// Polls `f` every 200 ms until it returns `Some`, or panics with `what` after `limit`.
-pub(crate) fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
+/// Polls until a condition holds, or panics with what it waited for (the test kit's).
+pub(crate) use testkit::wait_for;
 
 /// `echo-node inspect WHAT --json` on a stopped node's data dir (`trajectories`,
 /// `snapshots`), parsed; panics with the node's stderr when it fails.
