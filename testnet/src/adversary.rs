@@ -353,7 +353,7 @@ pub(crate) fn settle_installs(
 ) {
     let Some(ls) = status(learner) else { return };
     let newest = ls["learner"]["published_version"].as_u64();
-    let _ = harness::wait_for(SETTLE_LIMIT, Duration::from_millis(500), || {
+    let _ = harness::poll(SETTLE_LIMIT, Duration::from_millis(500), || {
         if let Some(ls) = status(learner) {
             seen(&ls);
         }

@@ -264,7 +264,7 @@ pub fn run_one(s: &Settings, mode: BroadcastMode, n: usize, root: &Path) -> anyh
     // The admin endpoint is on the learner's loopback: in a namespace, ask from inside it.
     let status_bin = at.exes[0].clone();
     let limit = Duration::from_secs(240 + u64::from(s.rounds) * 120);
-    let bench = harness::wait_for(limit, Duration::from_millis(500), || {
+    let bench = harness::poll(limit, Duration::from_millis(500), || {
         fleet.ensure_running()?;
         Ok(harness::read_status(&status_bin, &admin)
             .and_then(|st: NodeStatus| st.bench)

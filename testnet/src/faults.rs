@@ -127,7 +127,7 @@ pub fn run(bin: &Path, active: usize, phase_s: f64, out: &Path) -> anyhow::Resul
     let bar = crate::progress::bar(5, "faults phases");
     bar.set_message("warm-up");
     // Warm-up: training has started and the standby worker is on standby.
-    let ready = harness::wait_for(Duration::from_secs(300), Duration::from_secs(1), || {
+    let ready = harness::poll(Duration::from_secs(300), Duration::from_secs(1), || {
         Ok(read_status(bin, &run.admin)
             .and_then(|st| st.learner)
             .is_some_and(|l| l.version >= 20 && l.scheduler.standby.len() == 1)

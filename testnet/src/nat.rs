@@ -246,7 +246,7 @@ pub fn run(o: &Opts, root: &Path) -> anyhow::Result<Value> {
     let mut published_at: Option<Instant> = None;
     let mut target: Option<u64> = None;
     let mut learner_st = Value::Null;
-    let done = harness::wait_for(o.timeout, Duration::from_millis(500), || {
+    let done = harness::poll(o.timeout, Duration::from_millis(500), || {
         fleet.ensure_running()?;
         let Some(st) = status(&lexe, &laddrs.admin) else {
             return Ok(None);

@@ -76,9 +76,11 @@ impl Node {
     fn terminate(&mut self) -> std::process::ExitStatus {
         crate::sigterm(&self.child);
         let child = &mut self.child;
-        testkit::wait_for("the node to stop after SIGTERM", Duration::from_secs(20), || {
-            child.try_wait().unwrap()
-        })
+        testkit::wait_for(
+            "the node to stop after SIGTERM",
+            Duration::from_secs(20),
+            || child.try_wait().unwrap(),
+        )
     }
 }
 
