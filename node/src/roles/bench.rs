@@ -113,61 +113,28 @@ pub async fn run_publisher(
         }))
     };
     show(&rounds, "joining");
-    let t_join = Instant::now();
     let mut changes = client.peer_changes();
-    loop {
-        let joined = active_installs(&client.peers().await?).len();
-        if joined >= plan.workers {
-            break;
-        }
-        anyhow::ensure!(
-            t_join.elapsed() < JOIN_LIMIT,
-            "only {joined} of {} workers joined within {JOIN_LIMIT:?}",
-            plan.workers
-        );
-        // The next heartbeat or connection (or a second, to check the limit).
-        let _ = tokio::time::timeout(Duration::from_secs(1), changes.changed()).await;
-    }
-    tracing::info!(
-        workers = plan.workers,
-        secs = t_join.elapsed().as_secs_f64(),
-        "bench: all workers joined"
-    );
-    let bytes = (plan.size_mb * 1e6) as usize;
+    wait_for_workers(&client, &mut changes, plan.workers).await?;
     let start_version = state
         .chunks
         .versions()?
         .into_iter()
         .max()
         .map_or(1, |v| v + 1);
-    let mut versions = plan.delta_changed_pct.map(|pct| SyntheticVersions {
-        pct,
-        full: bytes::Bytes::new(),
-        // No keyframe but the first (and any delta that would not save a tenth).
-        deltas: DeltaPublisher::new(u64::MAX),
-    });
+    let mut source = RoundSource {
+        bytes: (plan.size_mb * 1e6) as usize,
+        synthetic: plan.delta_changed_pct.map(|pct| SyntheticVersions {
+            pct,
+            full: bytes::Bytes::new(),
+            // No keyframe but the first (and any delta that would not save a tenth).
+            deltas: DeltaPublisher::new(u64::MAX),
+        }),
+    };
     for r in 0..plan.rounds {
         show(&rounds, "publishing");
         let version = start_version + u64::from(r);
         let t_prepare = Instant::now();
-        let (payload, kind, full_bytes, changed) = match versions.take() {
-            None => {
-                let payload = tokio::task::spawn_blocking(move || {
-                    let mut p = vec![0u8; bytes];
-                    rand::thread_rng().fill_bytes(&mut p);
-                    p
-                })
-                .await?;
-                (payload.into(), storage::PayloadKind::Full, bytes, None)
-            }
-            Some(v) => {
-                let (v, payload, kind, changed) =
-                    tokio::task::spawn_blocking(move || v.next(version, bytes)).await?;
-                let full_bytes = v.full.len();
-                versions = Some(v);
-                (payload, kind, full_bytes, changed)
-            }
-        };
+        let (payload, kind, full_bytes, changed) = source.next(version).await?;
         let prepare_s = t_prepare.elapsed().as_secs_f64();
         let sent = payload.len();
         let before = dissem.counters();
@@ -176,32 +143,9 @@ pub async fn run_publisher(
             .publish_as(version, [0u8; 32], payload, kind, None)
             .await
             .context("bench publish")?;
-        let (mut t_q, mut t_all) = (None, None);
-        while t_all.is_none() {
-            anyhow::ensure!(
-                t0.elapsed() < ROUND_LIMIT,
-                "round {r}: not every worker installed within {ROUND_LIMIT:?}"
-            );
-            // Each end is the install time the reports state (a report held back by the
-            // sender's pacing states its age), else the time this loop noticed it.
-            let timed = active_install_times(&client.peers().await?);
-            let installs: Vec<Option<u64>> = timed.iter().map(|(v, _)| *v).collect();
-            let now = Instant::now();
-            let since = |t: Option<Instant>| t.map_or(now, |t| t.clamp(t0, now)) - t0;
-            if t_q.is_none() && broadcast_done(&installs, version) {
-                t_q = Some(since(broadcast_completed_at(&timed, version)).as_secs_f64());
-            }
-            if installs.len() >= plan.workers
-                && installs.iter().all(|v| v.is_some_and(|v| v >= version))
-            {
-                // The last install; unknown when any install time is.
-                let last = timed.iter().map(|(_, t)| *t).collect::<Option<Vec<_>>>();
-                t_all = Some(since(last.and_then(|t| t.into_iter().max())).as_secs_f64());
-            }
-            // Install reports arrive as heartbeats: wait for the next change of the peer
-            // view (or a second, to check the limit).
-            let _ = tokio::time::timeout(Duration::from_secs(1), changes.changed()).await;
-        }
+        let (t_q, t_all) = time_installs(&client, &mut changes, version, plan.workers, t0)
+            .await
+            .with_context(|| format!("round {r}"))?;
         let after = dissem.counters();
         let chains: Vec<usize> = report.plan.plan.chains.iter().map(Vec::len).collect();
         let row = BenchRound {
@@ -212,7 +156,7 @@ pub async fn run_publisher(
             delta: kind != storage::PayloadKind::Full,
             changed_frac: changed,
             prepare_s,
-            t_bcast_all_s: t_all,
+            t_bcast_all_s: Some(t_all),
             t_bcast_q_s: t_q,
             n_chains: chains.len(),
             chain_lengths: chains,
@@ -233,6 +177,104 @@ pub async fn run_publisher(
     .with_context(|| format!("writing {}", out.display()))?;
     show(&rounds, "done");
     Ok(())
+}
+
+/// Waits until `workers` rollout workers are connected and active (at most [`JOIN_LIMIT`]).
+async fn wait_for_workers(
+    client: &p2p::Client,
+    changes: &mut tokio::sync::watch::Receiver<u64>,
+    workers: usize,
+) -> anyhow::Result<()> {
+    let t_join = Instant::now();
+    loop {
+        let joined = active_installs(&client.peers().await?).len();
+        if joined >= workers {
+            break;
+        }
+        anyhow::ensure!(
+            t_join.elapsed() < JOIN_LIMIT,
+            "only {joined} of {workers} workers joined within {JOIN_LIMIT:?}"
+        );
+        // The next heartbeat or connection (or a second, to check the limit).
+        let _ = tokio::time::timeout(Duration::from_secs(1), changes.changed()).await;
+    }
+    tracing::info!(
+        workers,
+        secs = t_join.elapsed().as_secs_f64(),
+        "bench: all workers joined"
+    );
+    Ok(())
+}
+
+/// Seconds from `t0` until a fraction 1/γ of the active workers (`None` when that end is not
+/// seen before the last) and until all `workers` reported `version` installed, at most
+/// [`ROUND_LIMIT`].
+async fn time_installs(
+    client: &p2p::Client,
+    changes: &mut tokio::sync::watch::Receiver<u64>,
+    version: u64,
+    workers: usize,
+    t0: Instant,
+) -> anyhow::Result<(Option<f64>, f64)> {
+    let mut t_q = None;
+    loop {
+        anyhow::ensure!(
+            t0.elapsed() < ROUND_LIMIT,
+            "not every worker installed within {ROUND_LIMIT:?}"
+        );
+        // Each end is the install time the reports state (a report held back by the
+        // sender's pacing states its age), else the time this loop noticed it.
+        let timed = active_install_times(&client.peers().await?);
+        let installs: Vec<Option<u64>> = timed.iter().map(|(v, _)| *v).collect();
+        let now = Instant::now();
+        let since = |t: Option<Instant>| t.map_or(now, |t| t.clamp(t0, now)) - t0;
+        if t_q.is_none() && broadcast_done(&installs, version) {
+            t_q = Some(since(broadcast_completed_at(&timed, version)).as_secs_f64());
+        }
+        if installs.len() >= workers && installs.iter().all(|v| v.is_some_and(|v| v >= version)) {
+            // The last install; unknown when any install time is.
+            let last = timed.iter().map(|(_, t)| *t).collect::<Option<Vec<_>>>();
+            return Ok((
+                t_q,
+                since(last.and_then(|t| t.into_iter().max())).as_secs_f64(),
+            ));
+        }
+        // Install reports arrive as heartbeats: wait for the next change of the peer view
+        // (or a second, to check the limit).
+        let _ = tokio::time::timeout(Duration::from_secs(1), changes.changed()).await;
+    }
+}
+
+/// Where a round's payload comes from: fresh random bytes, or the next synthetic bf16 version.
+struct RoundSource {
+    bytes: usize,
+    synthetic: Option<SyntheticVersions>,
+}
+
+impl RoundSource {
+    /// The payload to publish as `version`, its kind, the full payload's bytes and the
+    /// fraction of values changed (synthetic versions after the first). Off the async
+    /// workers: making and encoding 64 MB takes a while.
+    async fn next(
+        &mut self,
+        version: u64,
+    ) -> anyhow::Result<(bytes::Bytes, storage::PayloadKind, usize, Option<f64>)> {
+        let bytes = self.bytes;
+        let Some(v) = self.synthetic.take() else {
+            let payload = tokio::task::spawn_blocking(move || {
+                let mut p = vec![0u8; bytes];
+                rand::thread_rng().fill_bytes(&mut p);
+                p
+            })
+            .await?;
+            return Ok((payload.into(), storage::PayloadKind::Full, bytes, None));
+        };
+        let (v, payload, kind, changed) =
+            tokio::task::spawn_blocking(move || v.next(version, bytes)).await?;
+        let full_bytes = v.full.len();
+        self.synthetic = Some(v);
+        Ok((payload, kind, full_bytes, changed))
+    }
 }
 
 /// The synthetic bf16 versions of a delta benchmark: the full payload published last and the
