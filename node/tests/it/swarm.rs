@@ -75,6 +75,8 @@ pub(crate) struct Node {
     pub(crate) key: Key,
     /// `--listen` of the next spawn (port 0 by default; a restart may pin the old address).
     pub(crate) listen_arg: String,
+    /// More arguments of `echo-node run` (e.g. the benchmark roles' hidden flags).
+    pub(crate) run_args: Vec<String>,
 }
 
 impl Node {
@@ -157,6 +159,33 @@ impl Node {
         sections: &str,
         key: Key,
     ) -> Node {
+        let mut node = Node::configure(
+            root,
+            name,
+            role,
+            swarm,
+            learner_pk,
+            network_extra,
+            sections,
+            key,
+        );
+        node.spawn();
+        node
+    }
+
+    /// Writes the node's config (as [`Node::launch`]) without starting it: set `run_args`,
+    /// then [`Node::spawn`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn configure(
+        root: &Path,
+        name: &str,
+        role: &str,
+        swarm: &str,
+        learner_pk: Option<&str>,
+        network_extra: &str,
+        sections: &str,
+        key: Key,
+    ) -> Node {
         let data = root.join(name);
         let learner_line = learner_pk
             .map(|k| format!("learner_public_key = \"{k}\"\n"))
@@ -176,7 +205,7 @@ impl Node {
             ),
         )
         .unwrap();
-        let mut node = Node {
+        Node {
             name: name.to_string(),
             child: None,
             config,
@@ -185,9 +214,8 @@ impl Node {
             listen_arg: "/ip4/127.0.0.1/tcp/0".into(),
             admin: String::new(),
             key,
-        };
-        node.spawn();
-        node
+            run_args: Vec::new(),
+        }
     }
 
     pub(crate) fn spawn(&mut self) {
@@ -200,6 +228,7 @@ impl Node {
             .args(["run", "--config"])
             .arg(&self.config)
             .args(["--listen", &self.listen_arg, "--admin", "127.0.0.1:0"])
+            .args(&self.run_args)
             .env("RUST_LOG", "info,p2p=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
