@@ -119,12 +119,27 @@ const FORWARDING_EPOCH: u64 = 4;
 /// Chunk size (KiB) of the forwarding runs.
 const FORWARDING_CHUNK_KIB: u32 = 64;
 
-fn run_once(
-    bin: &Path,
-    root: &Path,
-    s: &Settings,
-    attacks: &[Attack],
-) -> anyhow::Result<RunResult> {
+/// The processes of one run: the learner, two honest workers and one malicious worker per
+/// attack, started and answering.
+struct Launched {
+    fleet: Fleet,
+    /// The learner's fleet index, admin endpoint and data dir.
+    learner: usize,
+    learner_admin: String,
+    learner_dir: std::path::PathBuf,
+    /// Honest workers (fleet index, config), their admin endpoints and peer ids.
+    honest: Vec<(usize, NodeConfig)>,
+    honest_admins: Vec<String>,
+    honest_ids: Vec<String>,
+    /// Malicious workers (fleet index, config, attack) and what the run watches of each.
+    bad: Vec<(usize, NodeConfig, Attack)>,
+    watches: Vec<Watch>,
+}
+
+/// Starts one run's swarm under `root`: the learner (one chain when an attack forwards), the
+/// honest workers `w0`, `w1`, and `bad-<attack>` per attack with its `ECHO_NODE_MISBEHAVE`;
+/// returns once every node answers.
+fn launch(bin: &Path, root: &Path, s: &Settings, attacks: &[Attack]) -> anyhow::Result<Launched> {
     let swarm = "tn-adversary";
     let ldir = root.join("learner");
     std::fs::create_dir_all(&ldir)?;
@@ -172,9 +187,6 @@ fn run_once(
         honest_admins.push(f.admin);
         honest_ids.push(f.peer_id);
     }
-    // Per honest worker: groups produced (its status) and trained (the learner's counter).
-    let mut honest_groups = vec![(None::<u64>, None::<u64>); honest.len()];
-    let mut struck_honest = 0u64;
     let mut watches = Vec::new();
     for (i, c, a) in &bad {
         let f = fleet.wait_addresses(*i, c, START_LIMIT)?;
@@ -186,6 +198,50 @@ fn run_once(
             ..Watch::default()
         });
     }
+    Ok(Launched {
+        fleet,
+        learner: li,
+        learner_admin: laddr.admin,
+        learner_dir: ldir,
+        honest,
+        honest_admins,
+        honest_ids,
+        bad,
+        watches,
+    })
+}
+
+/// Per malicious worker, how many groups it forged (its own list) and how many of those the
+/// learner trained (its step log), read from the stopped nodes' data dirs.
+fn count_forged(watches: &mut [Watch], bad: &[(usize, NodeConfig, Attack)], learner_dir: &Path) {
+    let trained_ids = trained_group_ids(learner_dir);
+    for (w, (_, c, _)) in watches.iter_mut().zip(bad) {
+        let forged = forged_group_ids(&c.data_dir);
+        w.forged = Some(forged.len() as u64);
+        w.forged_trained = Some(forged.intersection(&trained_ids).count() as u64);
+    }
+}
+
+fn run_once(
+    bin: &Path,
+    root: &Path,
+    s: &Settings,
+    attacks: &[Attack],
+) -> anyhow::Result<RunResult> {
+    let Launched {
+        mut fleet,
+        learner: li,
+        learner_admin,
+        learner_dir: ldir,
+        honest,
+        mut honest_admins,
+        honest_ids,
+        mut bad,
+        mut watches,
+    } = launch(bin, root, s, attacks)?;
+    // Per honest worker: groups produced (its status) and trained (the learner's counter).
+    let mut honest_groups = vec![(None::<u64>, None::<u64>); honest.len()];
+    let mut struck_honest = 0u64;
     let replay = attacks.contains(&Attack::ReplayAfterRestart);
     let mut restart: Option<ReplayWatch> = None;
     let mut installs = InstallWatch::default();
@@ -200,11 +256,11 @@ fn run_once(
             learner_crashed = true;
             break;
         }
-        let Some(ls) = status(&laddr.admin) else {
+        let Some(ls) = status(&learner_admin) else {
             continue;
         };
         let version = ls["learner"]["version"].as_u64().unwrap_or(0);
-        let trained = http_get(&laddr.admin, "/metrics")
+        let trained = http_get(&learner_admin, "/metrics")
             .map(|m| trained_by_producer(&m))
             .unwrap_or_default();
         let honest_status: Vec<Value> = honest_admins.iter().filter_map(|a| status(a)).collect();
@@ -253,10 +309,10 @@ fn run_once(
         }
     }
     if !learner_crashed {
-        settle_installs(&laddr.admin, &honest_admins, &mut installs, |ls| {
+        settle_installs(&learner_admin, &honest_admins, &mut installs, |ls| {
             let honest_status: Vec<Value> =
                 honest_admins.iter().filter_map(|a| status(a)).collect();
-            let trained = http_get(&laddr.admin, "/metrics")
+            let trained = http_get(&learner_admin, "/metrics")
                 .map(|m| trained_by_producer(&m))
                 .unwrap_or_default();
             for w in &mut watches {
@@ -268,12 +324,7 @@ fn run_once(
     if !unclean.is_empty() {
         eprintln!("adversary: nodes that did not stop cleanly: {unclean:?}");
     }
-    let trained_ids = trained_group_ids(&ldir);
-    for (w, (_, c, _)) in watches.iter_mut().zip(&bad) {
-        let forged = forged_group_ids(&c.data_dir);
-        w.forged = Some(forged.len() as u64);
-        w.forged_trained = Some(forged.intersection(&trained_ids).count() as u64);
-    }
+    count_forged(&mut watches, &bad, &ldir);
     Ok(RunResult {
         honest_groups,
         honest_install_ratio: installs.ratio(),
