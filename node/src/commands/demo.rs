@@ -133,6 +133,9 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     learner.task = task.clone();
     learner.model.device = args.device;
     learner.broadcast.dtype = args.snapshot_dtype;
+    if args.no_delta {
+        learner.broadcast.delta = Some(false);
+    }
     let l = &mut learner.learner;
     l.max_steps = args.steps;
     l.warm_start_steps = args
@@ -148,8 +151,8 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
         l.lora = Some(policy::LoraConfig::new(args.lora_rank, 32.0));
         l.lr *= 10.0;
     }
+    // Checked by the parser (finite, > 0).
     if let Some(lr) = args.lr {
-        anyhow::ensure!(lr.is_finite() && lr > 0.0, "--lr must be positive");
         l.lr = lr;
     }
     let mut fleet = Fleet::default();
@@ -251,6 +254,7 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     summary["snapshot_dtype"] = json!(args.snapshot_dtype);
     summary["lora_rank"] = json!(args.lora_rank);
     summary["lr"] = json!(learner.learner.lr);
+    summary["delta"] = json!(learner.broadcast.delta_enabled());
     summary["worker_groups_per_s"] = json!(args.worker_groups_per_s);
     summary["task"] = json!(task.name);
     if let Some(e) = eval_summary(&crate::roles::learner::envs::eval_log(&learner_dir))? {
