@@ -39,6 +39,7 @@ mod fetch;
 mod gossip;
 mod install;
 mod push;
+mod receive;
 mod session;
 
 use std::collections::{HashMap, HashSet};

@@ -1,13 +1,13 @@
-//! Publication and the chunk stream ([`CHUNK_STREAM`], `docs/protocol.md`, "Chunk
-//! stream"): the learner's publish, a node's pushes to its children in the plan (sending each
-//! chunk as soon as it is held: store-and-forward per chunk), and receiving a push.
+//! Publication and the sending end of the chunk stream ([`CHUNK_STREAM`], `docs/protocol.md`,
+//! "Chunk stream"): the learner's publish and a node's pushes to its children in the plan
+//! (sending each chunk as soon as it is held: store-and-forward per chunk). The receiving end
+//! is `receive`.
 //!
-//! Owns: both ends of the chunk stream — its deadlines, the small-hello rule (the child checks
-//! the learner's signature before reading anything large) and the transfer records on both
-//! ends. Must not touch: verification (`install::take_chunk`), acceptance rules (`gossip`),
-//! the plan's ranking (`control::plan`).
+//! Owns: the sending end of the chunk stream — its deadlines, the small hello (the child checks
+//! the learner's signature before reading anything large) and the sending transfer records.
+//! Must not touch: verification (`install::take_chunk`), acceptance rules (`gossip`), the
+//! plan's ranking (`control::plan`).
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use control::plan::{ChainPlan, Placement};
@@ -15,9 +15,8 @@ use control::seats::seat;
 use control::units::mbps_to_bytes_per_s;
 use futures::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use p2p::framing::{read_frame, write_frame, FrameError};
-use p2p::{PeerId, TopicKind, Validation};
+use p2p::{PeerId, TopicKind};
 use storage::{Hash, PayloadKind, SignedManifest, SnapshotManifest};
-use tokio::task::JoinHandle;
 use tracing::{debug, info, trace, warn};
 
 use super::{
@@ -25,10 +24,7 @@ use super::{
 };
 use crate::error::{DisseminationError, Result};
 use crate::plan_msg::{PlanMessage, SignedPlan};
-use crate::wire::{
-    self, Reply, StreamHello, MAX_HELLO_BYTES, MAX_INDEX_BYTES, MAX_STATUS_BYTES, STATUS_FAILED,
-    STATUS_OK,
-};
+use crate::wire::{self, Reply, StreamHello, MAX_STATUS_BYTES, STATUS_OK};
 
 /// How a push ended without a stream error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -484,274 +480,5 @@ impl Disseminator {
             (true, false) => PushEnd::Confirmed,
             (true, true) => PushEnd::Superseded,
         })
-    }
-
-    /// Child side of a chunk stream: one transfer after another — the parent keeps the stream
-    /// open between versions (`session`) — until the parent closes it, no hello comes for
-    /// `session_idle_timeout`, or a transfer ends it (refused, a corrupt chunk). The first
-    /// hello is due within the frame deadline like any frame; a later one may take the idle
-    /// wait, and a session that ends while idle is no failure of the parent's.
-    pub(super) async fn receive_push<S: AsyncRead + AsyncWrite + Unpin>(
-        &self,
-        peer: PeerId,
-        mut s: S,
-    ) -> Result<()> {
-        let limit = self.inner.cfg.read_timeout;
-        let mut first = true;
-        loop {
-            let wait = if first {
-                limit
-            } else {
-                self.inner.cfg.session_idle_timeout
-            };
-            let hello = within(wait, "the stream hello", peer, async {
-                read_frame(&mut s, MAX_HELLO_BYTES, "stream hello")
-                    .await
-                    .map_err(|e| chunk_frame_err(peer, e))
-            })
-            .await;
-            let hello = match hello {
-                Ok(h) => h,
-                Err(e @ (DisseminationError::Io { .. } | DisseminationError::Timeout(_)))
-                    if !first =>
-                {
-                    debug!(%peer, "chunk stream session ended");
-                    if matches!(e, DisseminationError::Timeout(_)) {
-                        self.count(
-                            |c| &c.sessions_ended_idle,
-                            1,
-                            "dissemination_push_sessions_ended_idle_total",
-                        );
-                    }
-                    let _ = tokio::time::timeout(limit, s.close()).await;
-                    return Ok(());
-                }
-                Err(e) => return Err(e),
-            };
-            first = false;
-            let done = self.receive_transfer(peer, &mut s, &hello).await;
-            if let Ok(h) = StreamHello::decode(&hello) {
-                self.lock().deliveries.push_ended(h.version, peer);
-            }
-            let go_on = done?;
-            self.inner.kick.send_modify(|k| *k += 1);
-            if !go_on {
-                return Ok(());
-            }
-        }
-    }
-
-    /// One transfer on a chunk stream, from its hello on: the hello's manifest verified
-    /// (inline, held already, or asked of the learner) before any large frame is read, then
-    /// the bitmap of chunks already held, then each chunk verified and held as it arrives (one
-    /// is verified while the next is read) until the empty header frame, then the status.
-    /// Returns whether the stream stays open for the next version's hello.
-    async fn receive_transfer<S: AsyncRead + AsyncWrite + Unpin>(
-        &self,
-        peer: PeerId,
-        s: &mut S,
-        hello: &[u8],
-    ) -> Result<bool> {
-        let io = |e| DisseminationError::Io { peer, source: e };
-        let limit = self.inner.cfg.read_timeout;
-        let hello = StreamHello::decode(hello).map_err(|e| DisseminationError::Protocol {
-            peer,
-            reason: e.to_string(),
-        })?;
-        let manifest = match self.manifest_of_hello(peer, &hello).await {
-            Some(m) => m,
-            None => {
-                within(limit, "refusing the stream", peer, async {
-                    write_frame(s, &Reply::Refuse.encode()).await.map_err(io)
-                })
-                .await?;
-                let _ = tokio::time::timeout(limit, s.close()).await;
-                return Ok(false);
-            }
-        };
-        if !hello.plan.is_empty() {
-            if let Ok(p) = SignedPlan::decode(&hello.plan) {
-                let _ = self.accept_plan(&p);
-            }
-        }
-        let m = &manifest.manifest;
-        let n = m.chunk_hashes.len();
-        let store = &self.inner.store;
-        let mut held = Vec::with_capacity(n);
-        for h in &m.chunk_hashes {
-            held.push(store.has_chunk(h)?);
-        }
-        let reply = Reply::Accept {
-            held: wire::bitmap(n, |i| held[i]),
-        };
-        within(limit, "sending the reply", peer, async {
-            write_frame(s, &reply.encode()).await.map_err(io)?;
-            s.flush().await.map_err(io)
-        })
-        .await?;
-        // What this parent was asked for, for the delivery receipt (`crate::delivery`); the
-        // acquirer, which waits only briefly for a hello, looks again.
-        let wanted = (0..n).filter(|&i| !held[i]).map(|i| m.chunk_len(i)).sum();
-        self.lock()
-            .deliveries
-            .hello(m.version, peer, wanted, Instant::now());
-        self.inner.stored.send_modify(|_| {});
-        let started = Instant::now();
-        let mut bytes_in = 0u64;
-        // One chunk is verified (and stored, and copied into the assembly) while the next one
-        // is read off the stream.
-        let manifest = Arc::new(manifest.clone());
-        let mut verifying: Option<(u32, JoinHandle<Result<bool>>)> = None;
-        let settle = |v: Option<(u32, JoinHandle<Result<bool>>)>| async move {
-            match v {
-                None => Ok(None),
-                Some((len, h)) => h
-                    .await
-                    .map_err(|e| DisseminationError::Task(e.to_string()))?
-                    .map(|ok| Some((len, ok))),
-            }
-        };
-        // The parent may be waiting for its own parent's next chunk: it has up to
-        // `push_idle_timeout` before it gives up, and this side as long plus the deadline.
-        let header_wait = self.inner.cfg.push_idle_timeout + limit;
-        let corrupt = loop {
-            let header = within(header_wait, "the next chunk header", peer, async {
-                read_frame(s, MAX_INDEX_BYTES, "chunk header")
-                    .await
-                    .map_err(|e| chunk_frame_err(peer, e))
-            })
-            .await?;
-            let index = match wire::decode_index(&header) {
-                Ok(Some(i)) => i,
-                // The empty header: the parent has sent everything.
-                Ok(None) => break false,
-                Err(e) => {
-                    return Err(DisseminationError::Protocol {
-                        peer,
-                        reason: e.to_string(),
-                    })
-                }
-            };
-            let Some(index) = usize::try_from(index).ok().filter(|&i| i < n) else {
-                return Err(DisseminationError::Protocol {
-                    peer,
-                    reason: format!("chunk index {index} of {n}"),
-                });
-            };
-            // Refused before allocating when longer than the manifest's chunk length.
-            let expected = m.chunk_len(index);
-            let buf = within(frame_deadline(limit, expected), "a chunk", peer, async {
-                read_frame(s, expected as usize, "chunk")
-                    .await
-                    .map_err(|e| chunk_frame_err(peer, e))
-            })
-            .await?;
-            let len = buf.len() as u32;
-            if u64::from(len) != expected {
-                return Err(DisseminationError::Protocol {
-                    peer,
-                    reason: format!("chunk {index}: {len} bytes, manifest says {expected}"),
-                });
-            }
-            trace!(%peer, version = m.version, index, "chunk read");
-            self.inner.downlink.acquire(u64::from(len)).await;
-            let (me, m) = (self.clone(), manifest.clone());
-            let next =
-                tokio::spawn(async move { me.take_chunk(peer, &m.manifest, index, buf).await });
-            match settle(verifying.replace((len, next))).await? {
-                // Corrupt: drop the stream; the rest comes from elsewhere (repair).
-                Some((_, false)) => break true,
-                Some((l, true)) => bytes_in += self.received(peer, manifest.manifest.version, l),
-                None => {}
-            }
-        };
-        let corrupt = corrupt
-            || match settle(verifying).await? {
-                Some((_, false)) => true,
-                Some((l, true)) => {
-                    bytes_in += self.received(peer, manifest.manifest.version, l);
-                    false
-                }
-                None => false,
-            };
-        // Tell the parent (best effort: it may be gone); after a corrupt chunk the stream is
-        // dropped, otherwise it stays open for the next version.
-        let status = if corrupt { STATUS_FAILED } else { STATUS_OK };
-        let told = within(limit, "sending the status", peer, async {
-            write_frame(s, &[status]).await.map_err(io)?;
-            if corrupt {
-                s.close().await.map_err(io)
-            } else {
-                s.flush().await.map_err(io)
-            }
-        })
-        .await
-        .is_ok();
-        if !corrupt {
-            self.credit(peer, bytes_in, started.elapsed()).await;
-        }
-        Ok(told && !corrupt)
-    }
-
-    /// The manifest a hello names, verified: the inline one (checked like gossip), the one
-    /// already accepted with that digest, or — when it was too large to inline — the learner's
-    /// answer to a catch-up request for that version (never read from the parent). `None`:
-    /// refuse the stream (forged, another swarm's, older than accepted, unknown).
-    async fn manifest_of_hello(&self, peer: PeerId, hello: &StreamHello) -> Option<SignedManifest> {
-        if !hello.manifest.is_empty() {
-            let Ok(m) = SignedManifest::decode(&hello.manifest) else {
-                self.charge(peer).await;
-                return None;
-            };
-            return match self.accept_manifest(&m) {
-                Validation::Accept if m.manifest.version == hello.version => Some(m),
-                Validation::Reject => {
-                    self.charge(peer).await;
-                    None
-                }
-                _ => None,
-            };
-        }
-        let digest_of = |m: &SignedManifest| *blake3::hash(&m.encode()).as_bytes();
-        {
-            let st = self.lock();
-            if let Some(m) = st.manifests.get(&hello.version) {
-                return (digest_of(m) == hello.digest).then(|| m.clone());
-            }
-            if st.manifest_version.is_some_and(|v| hello.version < v) {
-                return None;
-            }
-        }
-        if self.is_learner() {
-            return None;
-        }
-        let learner = self.inner.learner;
-        let answer = match self.fetch_catch_up(learner, hello.version).await {
-            Ok(a) => a,
-            Err(e) => {
-                let version = hello.version;
-                debug!(%peer, version, error = %e, "no manifest for the hello from the learner");
-                return None;
-            }
-        };
-        let m = SignedManifest::decode(&answer.manifest).ok()?;
-        if m.manifest.version != hello.version || digest_of(&m) != hello.digest {
-            return None;
-        }
-        (self.accept_manifest(&m) == Validation::Accept).then_some(m)
-    }
-
-    /// Counts `len` pushed bytes of `version` received from `peer` and verified (also in the
-    /// version's delivery record); returns them.
-    pub(super) fn received(&self, peer: PeerId, version: u64, len: u32) -> u64 {
-        self.lock()
-            .deliveries
-            .chunk(version, peer, u64::from(len), Instant::now());
-        self.count(
-            |c| &c.push_received_bytes,
-            u64::from(len),
-            "dissemination_push_received_bytes_total",
-        );
-        u64::from(len)
     }
 }
