@@ -140,7 +140,8 @@ pub struct DemoArgs {
     pub snapshot_dtype: SnapshotDtype,
     /// Train LoRA adapters of this rank on the frozen (warm-started) model instead of every
     /// weight (0 = full fine-tuning): α = 32 and ten times the learning rate, as "LoRA Without
-    /// Regret" (Thinking Machines, 2025) suggests. Versions still ship as merged snapshots.
+    /// Regret" (Thinking Machines, 2025) suggests. The warm-started base ships once as version
+    /// 0, then only the adapters.
     #[arg(long, default_value_t = 0)]
     pub lora_rank: usize,
 }

@@ -3,6 +3,7 @@
 mod admin;
 mod admission;
 mod cli;
+mod adapters;
 mod deltas;
 mod durability;
 mod envs;

@@ -831,7 +831,7 @@ pub(crate) fn trained(learner: &Node, producer: &str) -> u64 {
 }
 
 /// The value of the learner's counter `series` (name and labels as exported; 0 when absent).
-fn counter(learner: &Node, series: &str) -> u64 {
+pub(crate) fn counter(learner: &Node, series: &str) -> u64 {
     let body = http_get(&learner.admin, "/metrics").body;
     body.lines()
         .find_map(|l| l.strip_prefix(series))

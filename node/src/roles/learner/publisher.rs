@@ -196,8 +196,11 @@ async fn publish(
     // The previously published bf16 payload: deltas are taken against what went out, never
     // against re-rounded weights (versions the watch channel skipped never went out).
     let mut deltas = keyframe_every.map(DeltaPublisher::new);
+    // The previously published adapter payload (a LoRA run): what a delta would save is
+    // measured, not shipped.
+    let mut last_adapters: Option<bytes::Bytes> = None;
     while rx.changed().await.is_ok() {
-        let Some((version, full)) = rx.borrow_and_update().clone() else {
+        let Some((version, full, kind)) = rx.borrow_and_update().clone() else {
             continue;
         };
         if published.is_some_and(|p| p >= version) {
@@ -205,7 +208,13 @@ async fn publish(
         }
         let t0 = Instant::now();
         let (bytes, kind, root) = match deltas.take() {
-            None => (full.clone(), PayloadKind::Full, None),
+            // Adapters (a LoRA run, published without deltas) carry their own root.
+            None => (
+                full.clone(),
+                kind,
+                matches!(kind, PayloadKind::Adapter { .. })
+                    .then(|| hex::encode(storage::hash_bytes(&full))),
+            ),
             Some(d) => {
                 // Passes over both payloads: off the async workers.
                 let f = full.clone();
@@ -235,13 +244,22 @@ async fn publish(
                 if let Some(d) = &mut deltas {
                     d.published(version, full.clone(), kind);
                     let counter = match kind {
-                        PayloadKind::Full => "learner_snapshot_keyframes_total",
                         PayloadKind::Delta { .. } => "learner_snapshot_deltas_total",
+                        _ => "learner_snapshot_keyframes_total",
                     };
                     metrics::counter!(counter).increment(1);
                     metrics::gauge!("learner_snapshot_bytes").set(bytes.len() as f64);
                     metrics::gauge!("learner_snapshot_delta_ratio")
                         .set(bytes.len() as f64 / full.len().max(1) as f64);
+                }
+                if matches!(kind, PayloadKind::Adapter { .. }) {
+                    let prev = last_adapters.replace(bytes.clone());
+                    if let Some((changed, delta)) = prev
+                        .and_then(|p| crate::roles::adapter::changed_fraction(&p, &bytes))
+                    {
+                        metrics::gauge!("learner_adapter_changed_fraction").set(changed);
+                        tracing::info!(version, changed, delta_ratio = ?delta, "adapter values changed since the last version");
+                    }
                 }
                 shared.publish.record(version, t0);
                 // Workers that installed while the pushes started end it at once.
@@ -253,6 +271,7 @@ async fn publish(
                     bytes = bytes.len(),
                     full_bytes = full.len(),
                     delta = matches!(kind, PayloadKind::Delta { .. }),
+                    adapter = matches!(kind, PayloadKind::Adapter { .. }),
                     root = %root.as_deref().unwrap_or(""),
                     chains = report.plan.plan.chains.len(),
                     secs = t0.elapsed().as_secs_f64(),

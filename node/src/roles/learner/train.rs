@@ -108,7 +108,8 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
         );
     }
     c.trainer.mark_consumed(restored.consumed);
-    publish(&c.trainer, c.snapshot_dtype, &c.snap_tx)?;
+    publish(&c.trainer, c.snapshot_dtype, c.adapters.as_ref(), &c.snap_tx)?;
+    wait_for_base(&c);
     totals.evaluate(&c);
     while !c.shared.stop.is_cancelled() {
         if c.cfg.max_steps > 0 && c.trainer.version() >= c.cfg.max_steps {
@@ -207,7 +208,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
         export_step_metrics(&st, &totals, c.rewards_recomputed);
         let published = c.trainer.should_publish();
         if published {
-            publish(&c.trainer, c.snapshot_dtype, &c.snap_tx)?;
+            publish(&c.trainer, c.snapshot_dtype, c.adapters.as_ref(), &c.snap_tx)?;
             totals.evaluate(&c);
         }
         if st.version % c.cfg.checkpoint_every == 0 {
@@ -496,23 +497,46 @@ fn open_log(path: &Path) -> anyhow::Result<std::fs::File> {
 }
 
 /// Hands the trainer's current weights, in `dtype`, to the publisher (replacing any not yet
-/// published). The trainer itself stays in f32.
+/// published): the whole model, or for a LoRA run (`adapters`) the adapters — the base
+/// itself at its base version. The trainer itself stays in f32.
 fn publish(
     trainer: &Trainer,
     dtype: policy::DType,
+    adapters: Option<&crate::roles::adapter::Shipping>,
     tx: &watch::Sender<Snapshot>,
 ) -> anyhow::Result<()> {
-    let bytes = if dtype == policy::DType::F32 {
-        trainer.snapshot_bytes()
-    } else {
-        trainer
-            .policy()
-            .to_safetensors_bytes_as(dtype)
-            .map_err(learner::LearnerError::from)
-    }
-    .context("serialising the snapshot")?;
-    tx.send_replace(Some((trainer.version(), bytes::Bytes::from(bytes))));
+    let v = trainer.version();
+    let (bytes, kind) = match adapters {
+        Some(s) => s.payload(trainer.policy(), v, dtype)?,
+        None if dtype == policy::DType::F32 => {
+            (trainer.snapshot_bytes()?, storage::PayloadKind::Full)
+        }
+        None => (
+            trainer
+                .policy()
+                .to_safetensors_bytes_as(dtype)
+                .map_err(learner::LearnerError::from)
+                .context("serialising the snapshot")?,
+            storage::PayloadKind::Full,
+        ),
+    };
+    tx.send_replace(Some((v, bytes::Bytes::from(bytes), kind)));
     Ok(())
+}
+
+/// A LoRA run whose base is published as a full version: training waits until that version
+/// went out, so that no adapter version replaces it in the publisher's slot (the watch keeps
+/// only the newest) — without it no worker could install an adapter.
+fn wait_for_base(c: &TrainCtx) {
+    let Some(base) = c.adapters.and_then(|s| s.base_version) else {
+        return;
+    };
+    if c.trainer.version() != base {
+        return;
+    }
+    while !c.shared.stop.is_cancelled() && c.shared.publish.published().is_none_or(|p| p < base) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[cfg(test)]
