@@ -382,14 +382,23 @@ fn an_installed_adapter_version_samples_with_the_learners_logprobs() {
     let learner = trained_lora(&cfg, &lora);
     let base_payload = learner.base_view().unwrap().to_safetensors_bytes().unwrap();
     let adapter_payload = learner.lora().unwrap().to_safetensors_bytes(&cfg).unwrap();
-    assert_eq!(Adapters::stored_dtype(&adapter_payload).unwrap(), DType::F32);
+    assert_eq!(
+        Adapters::stored_dtype(&adapter_payload).unwrap(),
+        DType::F32
+    );
     let base = Policy::from_safetensors_bytes(&cfg, &base_payload, &Device::Cpu).unwrap();
-    assert_eq!(base.base_hash_hex().unwrap(), learner.base_hash_hex().unwrap());
+    assert_eq!(
+        base.base_hash_hex().unwrap(),
+        learner.base_hash_hex().unwrap()
+    );
     let adapters = Adapters::from_safetensors_bytes(&cfg, &adapter_payload, &Device::Cpu).unwrap();
     let installed = base.adapted(adapters).unwrap();
     // The install shares the base's storage: no copy of the model.
     let (b, i) = (base.named_vars().unwrap(), installed.named_vars().unwrap());
-    assert!(b.iter().zip(&i).all(|(x, y)| x.1.as_tensor().id() == y.1.as_tensor().id()));
+    assert!(b
+        .iter()
+        .zip(&i)
+        .all(|(x, y)| x.1.as_tensor().id() == y.1.as_tensor().id()));
     let model = InferModel::from_policy(&installed).unwrap();
     let params = crate::sampling::SamplingParams {
         temperature: 1.0,
@@ -398,7 +407,10 @@ fn an_installed_adapter_version_samples_with_the_learners_logprobs() {
         stop_tokens: vec![],
     };
     let mut worst = 0f32;
-    for (k, prompt) in [&[257u32, 5, 9][..], &[257, 200, 3, 77, 1]].iter().enumerate() {
+    for (k, prompt) in [&[257u32, 5, 9][..], &[257, 200, 3, 77, 1]]
+        .iter()
+        .enumerate()
+    {
         let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(k as u64);
         let out = crate::infer::generate(&model, prompt, 3, &params, &mut rng).unwrap();
         for c in &out {
@@ -433,9 +445,19 @@ fn bf16_adapter_payloads_and_a_rounded_base_agree_with_the_workers_copy() {
     assert!(bytes.len() < a.to_safetensors_bytes(&cfg).unwrap().len() * 6 / 10);
     let back = Adapters::from_safetensors_bytes(&cfg, &bytes, &Device::Cpu).unwrap();
     assert_eq!(back.config(), a.config());
-    for ((n1, v1), (n2, v2)) in a.named_vars().unwrap().iter().zip(back.named_vars().unwrap()) {
+    for ((n1, v1), (n2, v2)) in a
+        .named_vars()
+        .unwrap()
+        .iter()
+        .zip(back.named_vars().unwrap())
+    {
         assert_eq!(n1, &n2);
-        let want = v1.as_tensor().to_dtype(DType::BF16).unwrap().to_dtype(DType::F32).unwrap();
+        let want = v1
+            .as_tensor()
+            .to_dtype(DType::BF16)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap();
         assert_eq!(max_abs_diff(&want, v2.as_tensor()), 0.0, "{n1}");
     }
     assert!(Adapters::stored_dtype(b"not safetensors").is_err());

@@ -11,7 +11,9 @@ use crate::config::ModelConfig;
 use crate::error::{PolicyError, Result};
 use crate::lora::{self, Adapters, LoraConfig};
 use crate::model::{param_shapes, KvCache, LoraVars, Qwen3};
-use crate::safetensors_io::{le_bytes, snapshot_config_hash, snapshot_dtype_tag, write_safetensors};
+use crate::safetensors_io::{
+    le_bytes, snapshot_config_hash, snapshot_dtype_tag, write_safetensors,
+};
 
 /// A trainable policy: config + variables + the module built over them.
 ///

@@ -244,7 +244,13 @@ impl SnapshotManifest {
             return Err(r.err("bad magic"));
         }
         let format = r.u8()?;
-        if ![MANIFEST_FORMAT, MANIFEST_FORMAT_DELTA, MANIFEST_FORMAT_ADAPTER].contains(&format) {
+        if ![
+            MANIFEST_FORMAT,
+            MANIFEST_FORMAT_DELTA,
+            MANIFEST_FORMAT_ADAPTER,
+        ]
+        .contains(&format)
+        {
             return Err(r.err(format!("unsupported format {format}")));
         }
         let swarm_id = r.string(128, "swarm_id")?;

@@ -174,8 +174,9 @@ impl Bases {
         let bad = |source| AdapterRefused::Payload { version, source };
         let dtype = Adapters::stored_dtype(payload).map_err(bad)?;
         let base = self.base(version, base_version, base_hash, dtype)?;
-        let adapters = Adapters::from_safetensors_bytes(base.config(), payload, &policy::Device::Cpu)
-            .map_err(bad)?;
+        let adapters =
+            Adapters::from_safetensors_bytes(base.config(), payload, &policy::Device::Cpu)
+                .map_err(bad)?;
         Ok(base.adapted(adapters).map_err(bad)?)
     }
 
@@ -188,7 +189,8 @@ impl Bases {
     ) -> anyhow::Result<Arc<Policy>> {
         // The named base version from the chunk store when it is not the one installed (a
         // restart, or adapters that overtook their base).
-        if let Some(b) = base_version.filter(|b| self.published.as_ref().is_none_or(|p| p.0 != *b)) {
+        if let Some(b) = base_version.filter(|b| self.published.as_ref().is_none_or(|p| p.0 != *b))
+        {
             if self.chunks.missing_chunks(b).is_ok_and(|m| m.is_empty()) {
                 let bytes = self.chunks.assemble(b)?;
                 let p = Policy::from_safetensors_bytes(&self.model, &bytes, &policy::Device::Cpu)?;
@@ -214,7 +216,8 @@ impl Bases {
                 return Ok(m);
             }
         }
-        let (held, held_from) = held.unwrap_or((hash, format!("the configured model in {dtype:?}")));
+        let (held, held_from) =
+            held.unwrap_or((hash, format!("the configured model in {dtype:?}")));
         Err(AdapterRefused::BaseMismatch {
             version,
             expected: hex::encode(want),

@@ -196,7 +196,10 @@ fn changed_fraction_counts_changed_values_of_one_layout() {
     let l = learner(1);
     let a = l.lora().unwrap();
     let before = a.to_safetensors_bytes_as(l.config(), DType::BF16).unwrap();
-    assert_eq!(changed_fraction(&before, &before), Some((0.0, changed_fraction(&before, &before).unwrap().1)));
+    assert_eq!(
+        changed_fraction(&before, &before),
+        Some((0.0, changed_fraction(&before, &before).unwrap().1))
+    );
     // Change every B by a lot: B's values (half the tensors' rows at rank 4) all change.
     for (name, var) in a.named_vars().unwrap() {
         if name.ends_with("lora_B.weight") {
@@ -212,7 +215,12 @@ fn changed_fraction_counts_changed_values_of_one_layout() {
         .filter(|(n, _)| n.ends_with("lora_B.weight"))
         .map(|(_, v)| v.elem_count())
         .sum();
-    let all: usize = a.named_vars().unwrap().iter().map(|(_, v)| v.elem_count()).sum();
+    let all: usize = a
+        .named_vars()
+        .unwrap()
+        .iter()
+        .map(|(_, v)| v.elem_count())
+        .sum();
     assert!((frac - b_values as f64 / all as f64).abs() < 1e-9, "{frac}");
     assert!(delta.unwrap() > 0.0);
     assert_eq!(changed_fraction(&before, &before[..before.len() - 2]), None);

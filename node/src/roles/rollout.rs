@@ -385,7 +385,8 @@ pub async fn start(
                             // the base their manifest names.
                             let full = held.full_payload(version, payload, kind)?;
                             let mut b = bases.lock().unwrap_or_else(|e| e.into_inner());
-                            let root = super::adapter::install(&slot, &mut b, version, &full, kind)?;
+                            let root =
+                                super::adapter::install(&slot, &mut b, version, &full, kind)?;
                             anyhow::Ok((full, root))
                         })
                         .await;

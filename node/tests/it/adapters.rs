@@ -92,6 +92,11 @@ fn workers_install_adapter_versions_on_the_published_base() {
         },
     );
     let status = learner.status().expect("the learner answers");
+    // The workers' installs first: every version they installed was published before.
+    let installs: Vec<Vec<(u64, bool, String)>> = workers
+        .iter()
+        .map(|w| versions(w, "snapshot installed"))
+        .collect();
     let published: HashMap<u64, (bool, String)> = versions(&learner, "snapshot published")
         .into_iter()
         .map(|(v, a, r)| (v, (a, r)))
@@ -102,9 +107,14 @@ fn workers_install_adapter_versions_on_the_published_base() {
         published.iter().all(|(v, p)| *v == 0 || p.0),
         "{published:?}"
     );
-    for w in &workers {
-        let installed = versions(w, "snapshot installed");
-        assert_eq!(installed.first().map(|i| (i.0, i.1)), Some((0, false)), "{}: {installed:?}", w.name);
+    for (w, installed) in workers.iter_mut().zip(&installs) {
+        w.status().expect("the worker answers");
+        assert_eq!(
+            installed.first().map(|i| (i.0, i.1)),
+            Some((0, false)),
+            "{}: {installed:?}",
+            w.name
+        );
         assert!(
             installed.windows(2).all(|p| p[0].0 < p[1].0),
             "{}: installed versions must increase: {installed:?}",
@@ -113,7 +123,11 @@ fn workers_install_adapter_versions_on_the_published_base() {
         for (v, adapter, root) in installed.iter().filter(|i| i.1) {
             let (was_adapter, sent) = &published[v];
             assert!(*adapter && *was_adapter);
-            assert_eq!(root, sent, "{}: v{v} is not the bytes the learner published", w.name);
+            assert_eq!(
+                root, sent,
+                "{}: v{v} is not the bytes the learner published",
+                w.name
+            );
         }
         assert_eq!(counter(w, "node_adapter_versions_refused_total"), 0);
     }
@@ -135,7 +149,8 @@ fn workers_install_adapter_versions_on_the_published_base() {
 fn a_worker_with_another_base_refuses_adapters_naming_both_hashes() {
     let tmp = tempfile::tempdir().unwrap();
     // No warm start: the base is the configured embedded model (seed 0), not published.
-    let learner_cfg = format!("[learner]\nwarm_start_steps = 0\nmax_steps = 1\n{LORA}");
+    let learner_cfg =
+        format!("[learner]\nwarm_start_steps = 0\nmax_steps = 1\ngroup_size = 4\n{LORA}");
     let (mut learner, mut workers) =
         Node::learner_and_workers(tmp.path(), "it-lora-base", &learner_cfg, 1, WORKER);
     let boot = format!("bootstrap = [\"{}\"]", learner.addr());
@@ -148,19 +163,27 @@ fn a_worker_with_another_base_refuses_adapters_naming_both_hashes() {
         &boot,
         &format!("{WORKER}[model]\nseed = 1\n"),
     );
-    let line = wait_for("the other-base worker to refuse an adapter version", LIMIT, || {
-        let _ = learner.status()?;
-        let _ = other.status()?;
-        logged(&other, "snapshot not installed")
-            .into_iter()
-            .find_map(|f| f.get("_line").cloned())
-    });
-    wait_for("the same-base worker to install an adapter version", LIMIT, || {
-        versions(&workers[0], "snapshot installed")
-            .iter()
-            .any(|v| v.1)
-            .then_some(())
-    });
+    let line = wait_for(
+        "the other-base worker to refuse an adapter version",
+        LIMIT,
+        || {
+            let _ = learner.status()?;
+            let _ = other.status()?;
+            logged(&other, "snapshot not installed")
+                .into_iter()
+                .find_map(|f| f.get("_line").cloned())
+        },
+    );
+    wait_for(
+        "the same-base worker to install an adapter version",
+        LIMIT,
+        || {
+            versions(&workers[0], "snapshot installed")
+                .iter()
+                .any(|v| v.1)
+                .then_some(())
+        },
+    );
     let theirs = logged(&learner, "publishing adapter versions on this base")
         .first()
         .and_then(|f| f.get("base").cloned())
@@ -172,7 +195,11 @@ fn a_worker_with_another_base_refuses_adapters_naming_both_hashes() {
     assert_ne!(theirs, mine);
     assert!(line.contains(&theirs) && line.contains(&mine), "{line}");
     assert!(counter(&other, "node_adapter_versions_refused_total") >= 1);
-    assert_eq!(other.status().unwrap()["version"], serde_json::Value::Null, "nothing installed");
+    assert_eq!(
+        other.status().unwrap()["version"],
+        serde_json::Value::Null,
+        "nothing installed"
+    );
     // Nobody is struck for it: the bytes were the learner's, verified on every hop.
     let status = learner.status().unwrap();
     for id in [&workers[0].key.peer_id, &other.key.peer_id] {

@@ -1,9 +1,9 @@
 //! The integration-test binary of `echo-node`: real processes, loopback only, bounded waits.
 
+mod adapters;
 mod admin;
 mod admission;
 mod cli;
-mod adapters;
 mod deltas;
 mod durability;
 mod envs;

@@ -192,7 +192,9 @@ pub async fn start(
     // (`docs/broadcast.md`, "Adapter snapshots").
     let adapters = shipping(&state.config, &trainer)?;
     if adapters.is_some() && b.delta_enabled() {
-        tracing::info!("a LoRA run publishes adapter versions whole: [broadcast] delta does not apply");
+        tracing::info!(
+            "a LoRA run publishes adapter versions whole: [broadcast] delta does not apply"
+        );
     }
     tasks.spawn(publisher::run(
         dissem,

@@ -254,8 +254,8 @@ async fn publish(
                 }
                 if matches!(kind, PayloadKind::Adapter { .. }) {
                     let prev = last_adapters.replace(bytes.clone());
-                    if let Some((changed, delta)) = prev
-                        .and_then(|p| crate::roles::adapter::changed_fraction(&p, &bytes))
+                    if let Some((changed, delta)) =
+                        prev.and_then(|p| crate::roles::adapter::changed_fraction(&p, &bytes))
                     {
                         metrics::gauge!("learner_adapter_changed_fraction").set(changed);
                         tracing::info!(version, changed, delta_ratio = ?delta, "adapter values changed since the last version");

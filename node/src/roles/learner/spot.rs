@@ -345,9 +345,10 @@ impl SpotChecker {
         while cache.len() >= self.settings.cached_versions.max(1) {
             cache.pop_front();
         }
-        let adapters = self.chunks.manifest(version)?.is_some_and(|m| {
-            matches!(m.manifest.payload, storage::PayloadKind::Adapter { .. })
-        });
+        let adapters = self
+            .chunks
+            .manifest(version)?
+            .is_some_and(|m| matches!(m.manifest.payload, storage::PayloadKind::Adapter { .. }));
         let policy = Arc::new(match (&self.adapter_base, adapters) {
             (Some(base), true) => base.adapted(policy::lora::Adapters::from_safetensors_bytes(
                 &self.model,

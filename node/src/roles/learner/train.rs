@@ -108,7 +108,12 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
         );
     }
     c.trainer.mark_consumed(restored.consumed);
-    publish(&c.trainer, c.snapshot_dtype, c.adapters.as_ref(), &c.snap_tx)?;
+    publish(
+        &c.trainer,
+        c.snapshot_dtype,
+        c.adapters.as_ref(),
+        &c.snap_tx,
+    )?;
     wait_for_base(&c);
     totals.evaluate(&c);
     while !c.shared.stop.is_cancelled() {
@@ -208,7 +213,12 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
         export_step_metrics(&st, &totals, c.rewards_recomputed);
         let published = c.trainer.should_publish();
         if published {
-            publish(&c.trainer, c.snapshot_dtype, c.adapters.as_ref(), &c.snap_tx)?;
+            publish(
+                &c.trainer,
+                c.snapshot_dtype,
+                c.adapters.as_ref(),
+                &c.snap_tx,
+            )?;
             totals.evaluate(&c);
         }
         if st.version % c.cfg.checkpoint_every == 0 {
