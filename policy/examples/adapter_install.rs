@@ -86,7 +86,7 @@ fn main() -> Res<()> {
         infer::generate(&merged, &prompt, batch, &params, &mut rng)?;
         Ok(())
     })?;
-    let mut train_path = |p: &Policy| {
+    let train_path = |p: &Policy| {
         let mut rng = rand::rngs::StdRng::seed_from_u64(0);
         let view = p.no_grad()?;
         rate(&mut || {
