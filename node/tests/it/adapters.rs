@@ -10,40 +10,27 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::swarm::{counter, peer, wait_for, Node};
+use crate::swarm::{counter, log_lines, peer, wait_for, Node};
 
 const LIMIT: Duration = Duration::from_secs(300);
 const LORA: &str = "lora = { rank = 4, alpha = 8 }\n";
 const WORKER: &str = "[storage]\nmax_pending_groups = 8\n[rollout]\ngroup_size = 4\n";
 
-/// The `key=value` fields of each log line of `node` containing `message`, ANSI colours
-/// stripped.
+/// The `key=value` fields of each log line of `node` containing `message` (`_line`: the
+/// whole line).
 fn logged(node: &Node, message: &str) -> Vec<HashMap<String, String>> {
-    let text = std::fs::read_to_string(&node.log).unwrap_or_default();
-    let mut out = Vec::new();
-    for line in text.lines().filter(|l| l.contains(message)) {
-        let mut plain = String::new();
-        let mut esc = false;
-        for c in line.chars() {
-            match (esc, c) {
-                (false, '\u{1b}') => esc = true,
-                (true, 'm') => esc = false,
-                (true, _) => {}
-                (false, c) => plain.push(c),
-            }
-        }
-        let fields: HashMap<String, String> = plain
-            .split_whitespace()
-            .filter_map(|t| t.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.trim_matches('"').to_string()))
-            .collect();
-        out.push(fields);
-        // The whole line too, for messages.
-        out.last_mut()
-            .expect("just pushed")
-            .insert("_line".into(), plain);
-    }
-    out
+    log_lines(node, message)
+        .into_iter()
+        .map(|plain| {
+            let mut fields: HashMap<String, String> = plain
+                .split_whitespace()
+                .filter_map(|t| t.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.trim_matches('"').to_string()))
+                .collect();
+            fields.insert("_line".into(), plain);
+            fields
+        })
+        .collect()
 }
 
 /// `(version, adapter, root)` of each `message` line (installs or publications).

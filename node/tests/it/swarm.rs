@@ -34,6 +34,26 @@ pub(crate) fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Op
     }
 }
 
+/// The lines of `node`'s log containing `message`, ANSI colours stripped.
+pub(crate) fn log_lines(node: &Node, message: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(&node.log).unwrap_or_default();
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| l.contains(message)) {
+        let mut plain = String::new();
+        let mut esc = false;
+        for c in line.chars() {
+            match (esc, c) {
+                (false, '\u{1b}') => esc = true,
+                (true, 'm') => esc = false,
+                (true, _) => {}
+                (false, c) => plain.push(c),
+            }
+        }
+        out.push(plain);
+    }
+    out
+}
+
 /// `echo-node inspect WHAT --json` on a stopped node's data dir (`trajectories`,
 /// `snapshots`), parsed; panics with the node's stderr when it fails.
 pub(crate) fn inspect(data: &Path, what: &str) -> Value {

@@ -252,20 +252,14 @@ async fn publish(
                     metrics::gauge!("learner_snapshot_delta_ratio")
                         .set(bytes.len() as f64 / full.len().max(1) as f64);
                 }
-                if matches!(kind, PayloadKind::Adapter { .. }) {
-                    let prev = last_adapters.replace(bytes.clone());
-                    if let Some((changed, delta)) =
-                        prev.and_then(|p| crate::roles::adapter::changed_fraction(&p, &bytes))
-                    {
-                        metrics::gauge!("learner_adapter_changed_fraction").set(changed);
-                        tracing::info!(version, changed, delta_ratio = ?delta, "adapter values changed since the last version");
-                    }
-                }
                 shared.publish.record(version, t0);
                 // Workers that installed while the pushes started end it at once.
                 let _ = measure_now(client, shared).await;
                 metrics::counter!("learner_snapshots_published_total").increment(1);
                 metrics::gauge!("learner_published_version").set(version as f64);
+                if matches!(kind, PayloadKind::Adapter { .. }) {
+                    measure_adapters(&mut last_adapters, version, &bytes).await;
+                }
                 tracing::info!(
                     version,
                     bytes = bytes.len(),
@@ -280,5 +274,28 @@ async fn publish(
             }
             Err(e) => tracing::warn!(version, error = %e, "publishing the snapshot failed"),
         }
+    }
+}
+
+/// Logs what a delta of adapter version `version` (`bytes`) against the one published before
+/// (`last`, then replaced) would save: the fraction of changed values and the delta's size
+/// (`docs/broadcast.md`, "Deltas of adapters do not pay"). A pass over both payloads and a
+/// trial delta: off the async workers.
+async fn measure_adapters(last: &mut Option<bytes::Bytes>, version: u64, bytes: &bytes::Bytes) {
+    let Some(prev) = last.replace(bytes.clone()) else {
+        return;
+    };
+    let cur = bytes.clone();
+    let measured =
+        tokio::task::spawn_blocking(move || crate::roles::adapter::changed_fraction(&prev, &cur))
+            .await;
+    if let Ok(Some((changed, delta))) = measured {
+        metrics::gauge!("learner_adapter_changed_fraction").set(changed);
+        tracing::info!(
+            version,
+            changed,
+            delta_ratio = ?delta,
+            "adapter values changed since the last version"
+        );
     }
 }

@@ -25,13 +25,12 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use learner::{LearnerError, StepStats, Trainer, Verdict, Verified};
+use learner::{LearnerError, StepStats, Verdict, Verified};
 use serde_json::json;
 use storage::TrajectoryGroup;
-use tokio::sync::watch;
 
 use super::ctx::{Totals, TrainCtx};
-use super::{push_recent, Snapshot};
+use super::push_recent;
 use journal::Journal;
 
 mod journal;
@@ -108,12 +107,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
         );
     }
     c.trainer.mark_consumed(restored.consumed);
-    publish(
-        &c.trainer,
-        c.snapshot_dtype,
-        c.adapters.as_ref(),
-        &c.snap_tx,
-    )?;
+    publish(&c)?;
     wait_for_base(&c);
     totals.evaluate(&c);
     while !c.shared.stop.is_cancelled() {
@@ -213,12 +207,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
         export_step_metrics(&st, &totals, c.rewards_recomputed);
         let published = c.trainer.should_publish();
         if published {
-            publish(
-                &c.trainer,
-                c.snapshot_dtype,
-                c.adapters.as_ref(),
-                &c.snap_tx,
-            )?;
+            publish(&c)?;
             totals.evaluate(&c);
         }
         if st.version % c.cfg.checkpoint_every == 0 {
@@ -506,17 +495,13 @@ fn open_log(path: &Path) -> anyhow::Result<std::fs::File> {
         .with_context(|| format!("opening {}", path.display()))
 }
 
-/// Hands the trainer's current weights, in `dtype`, to the publisher (replacing any not yet
-/// published): the whole model, or for a LoRA run (`adapters`) the adapters — the base
-/// itself at its base version. The trainer itself stays in f32.
-fn publish(
-    trainer: &Trainer,
-    dtype: policy::DType,
-    adapters: Option<&crate::roles::adapter::Shipping>,
-    tx: &watch::Sender<Snapshot>,
-) -> anyhow::Result<()> {
+/// Hands the trainer's current weights, in the snapshot dtype, to the publisher (replacing any
+/// not yet published): the whole model, or for a LoRA run (`c.adapters`) the adapters — the
+/// base itself at its base version. The trainer itself stays in f32.
+fn publish(c: &TrainCtx) -> anyhow::Result<()> {
+    let (trainer, dtype) = (&c.trainer, c.snapshot_dtype);
     let v = trainer.version();
-    let (bytes, kind) = match adapters {
+    let (bytes, kind) = match &c.adapters {
         Some(s) => s.payload(trainer.policy(), v, dtype)?,
         None if dtype == policy::DType::F32 => {
             (trainer.snapshot_bytes()?, storage::PayloadKind::Full)
@@ -530,7 +515,8 @@ fn publish(
             storage::PayloadKind::Full,
         ),
     };
-    tx.send_replace(Some((v, bytes::Bytes::from(bytes), kind)));
+    c.snap_tx
+        .send_replace(Some((v, bytes::Bytes::from(bytes), kind)));
     Ok(())
 }
 
