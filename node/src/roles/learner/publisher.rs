@@ -25,6 +25,8 @@ use crate::roles::delta::DeltaPublisher;
 
 /// T_bcast samples kept for the median.
 const RECENT_BCAST: usize = 16;
+/// Payload sizes kept for the median bytes per version (the last this many versions).
+const RECENT_PAYLOADS: usize = 1024;
 
 /// What the publisher reports.
 pub(super) struct PublishStats {
@@ -38,6 +40,10 @@ pub(super) struct PublishStats {
     /// The last [`RECENT_BCAST`] T_bcast measurements: exact, or lower bounds of versions
     /// given up (more than [`RECENT_BCAST`] newer ones in flight).
     t_bcast: Mutex<VecDeque<BcastSample>>,
+    /// Bytes of the newest full payload in the shipping dtype (what a version costs without
+    /// deltas or adapters), and the bytes each of the last [`RECENT_PAYLOADS`] published
+    /// versions actually put on the chains (full, delta or adapter payload).
+    bytes: Mutex<(Option<u64>, VecDeque<u64>)>,
 }
 
 impl Default for PublishStats {
@@ -48,6 +54,7 @@ impl Default for PublishStats {
             snapshots: AtomicU64::new(0),
             in_flight: Mutex::new(Vec::new()),
             t_bcast: Mutex::new(VecDeque::new()),
+            bytes: Mutex::new((None, VecDeque::new())),
         }
     }
 }
@@ -65,6 +72,28 @@ impl PublishStats {
 
     pub fn snapshots(&self) -> u64 {
         self.snapshots.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of a full snapshot payload, and the median bytes published per version (upper
+    /// median over the last [`RECENT_PAYLOADS`] versions); `None` before the first.
+    pub fn payload_bytes(&self) -> (Option<u64>, Option<u64>) {
+        let Ok(b) = self.bytes.lock() else {
+            return (None, None);
+        };
+        let mut sizes: Vec<u64> = b.1.iter().copied().collect();
+        sizes.sort_unstable();
+        (b.0, sizes.get(sizes.len() / 2).copied())
+    }
+
+    /// Counts one published version: `payload` bytes went out, a full payload is `full`
+    /// (`None`: unchanged, for a LoRA run's adapter versions).
+    fn record_bytes(&self, payload: usize, full: Option<usize>) {
+        if let Ok(mut b) = self.bytes.lock() {
+            if let Some(full) = full {
+                b.0 = Some(full as u64);
+            }
+            push_recent(&mut b.1, payload as u64, RECENT_PAYLOADS);
+        }
     }
 
     /// The T_bcast estimate from the recent measurements, and how many there are. Versions
@@ -252,6 +281,9 @@ async fn publish(
                     metrics::gauge!("learner_snapshot_delta_ratio")
                         .set(bytes.len() as f64 / full.len().max(1) as f64);
                 }
+                // An adapter version is no full payload: the full size stays the base's.
+                let full_len = (!matches!(kind, PayloadKind::Adapter { .. })).then_some(full.len());
+                shared.publish.record_bytes(bytes.len(), full_len);
                 shared.publish.record(version, t0);
                 // Workers that installed while the pushes started end it at once.
                 let _ = measure_now(client, shared).await;
@@ -297,5 +329,29 @@ async fn measure_adapters(last: &mut Option<bytes::Bytes>, version: u64, bytes: 
             delta_ratio = ?delta,
             "adapter values changed since the last version"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_bytes_are_the_full_size_and_the_median_per_version() {
+        let s = PublishStats::default();
+        assert_eq!(s.payload_bytes(), (None, None));
+        // A keyframe then two deltas: the median is a delta's size, the full size the
+        // keyframe's.
+        s.record_bytes(1000, Some(1000));
+        s.record_bytes(120, Some(1000));
+        s.record_bytes(80, Some(1000));
+        assert_eq!(s.payload_bytes(), (Some(1000), Some(120)));
+        for _ in 0..RECENT_PAYLOADS {
+            s.record_bytes(10, Some(1000));
+        }
+        assert_eq!(s.payload_bytes(), (Some(1000), Some(10)));
+        // A LoRA run's adapter versions leave the full size the base's.
+        s.record_bytes(5, None);
+        assert_eq!(s.payload_bytes().0, Some(1000));
     }
 }
