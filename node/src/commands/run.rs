@@ -168,10 +168,9 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
             return Ok(RunningRole::BenchPublisher(Some(task), stop));
         }
         anyhow::Ok(match (config.role, dissem.clone()) {
-            (Role::Rollout, Some(d)) if bench.sink => {
-                drop(installs.take());
-                let (probe, changes) = roles::bench::sink_probe(&d);
-                RunningRole::BenchSink(probe, changes)
+            (Role::Rollout, Some(_)) if bench.sink => {
+                let (probe, changes, tasks) = roles::bench::sink(installs.take());
+                RunningRole::BenchSink(probe, changes, tasks)
             }
             (Role::Learner, Some(d)) => {
                 drop(installs.take()); // a learner installs nothing
@@ -352,6 +351,7 @@ impl Bench {
                     size_mb,
                     workers: args.bench_workers,
                     rounds: args.bench_rounds,
+                    delta_changed_pct: args.bench_delta_changed_pct,
                 }),
             sink: args.bench_sink,
         }
@@ -370,7 +370,7 @@ enum RunningRole {
         Option<tokio::task::JoinHandle<Option<anyhow::Result<()>>>>,
         tokio_util::sync::CancellationToken,
     ),
-    BenchSink(Probe, VersionChanges),
+    BenchSink(Probe, VersionChanges, roles::Tasks),
 }
 
 impl RunningRole {
@@ -379,7 +379,7 @@ impl RunningRole {
             RunningRole::Learner(l) => l.probe(),
             RunningRole::Rollout(r) => r.probe(),
             RunningRole::BenchPublisher(..) => Arc::new(|| (None, 0.0)),
-            RunningRole::BenchSink(p, _) => p.clone(),
+            RunningRole::BenchSink(p, ..) => p.clone(),
         }
     }
 
@@ -389,7 +389,7 @@ impl RunningRole {
             RunningRole::Learner(l) => l.version_changes(),
             RunningRole::Rollout(r) => r.version_changes(),
             RunningRole::BenchPublisher(..) => VersionChanges::Never,
-            RunningRole::BenchSink(_, c) => c.clone(),
+            RunningRole::BenchSink(_, c, _) => c.clone(),
         }
     }
 
@@ -444,7 +444,10 @@ impl RunningRole {
                 }
                 Ok(())
             }
-            RunningRole::BenchSink(..) => Ok(()),
+            RunningRole::BenchSink(_, _, tasks) => {
+                tasks.stop().await;
+                Ok(())
+            }
         }
     }
 }

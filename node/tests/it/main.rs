@@ -3,6 +3,7 @@
 mod adapters;
 mod admin;
 mod admission;
+mod bench;
 mod cli;
 mod deltas;
 mod durability;
