@@ -141,7 +141,8 @@ pub struct DemoArgs {
     /// Train LoRA adapters of this rank on the frozen (warm-started) model instead of every
     /// weight (0 = full fine-tuning): α = 32 and ten times the learning rate, as "LoRA Without
     /// Regret" (Thinking Machines, 2025) suggests (on the embedded task 10× does not learn
-    /// and 1× learns best: `docs/experiments.md`). Versions still ship as merged snapshots.
+    /// and 1× learns best: `docs/experiments.md`). The warm-started base ships once as version
+    /// 0, then only the adapters.
     #[arg(long, default_value_t = 0)]
     pub lora_rank: usize,
     /// The learner's learning rate (default: `learner.lr`'s default, ten times it with

@@ -254,15 +254,49 @@ impl Adapters {
     /// The adapters as a safetensors file: f32, sorted names, metadata carrying the model's
     /// config hash and the [`LoraConfig`] ([`META_LORA`]). Deterministic.
     pub fn to_safetensors_bytes(&self, model: &ModelConfig) -> Result<Vec<u8>> {
+        self.to_safetensors_bytes_as(model, DType::F32)
+    }
+
+    /// [`Adapters::to_safetensors_bytes`] with every tensor stored as `dtype` (F32 or BF16):
+    /// the payload of an adapter version, in the snapshot dtype (`docs/storage.md`).
+    pub fn to_safetensors_bytes_as(&self, model: &ModelConfig, dtype: DType) -> Result<Vec<u8>> {
+        let tag = crate::safetensors_io::snapshot_dtype_tag(dtype)?;
         let mut named = Vec::new();
         for (name, var) in self.named_vars()? {
-            let data = f32_le_bytes(&var)?;
+            let data = crate::safetensors_io::le_bytes(var.as_tensor(), dtype)?;
             named.push((name, var.dims().to_vec(), data));
         }
         let cfg = serde_json::to_string(&self.cfg)
             .map_err(|e| PolicyError::SafeTensors(e.to_string()))?;
         let extra = BTreeMap::from([(META_LORA.to_string(), cfg)]);
-        crate::safetensors_io::write_safetensors_meta(&named, "F32", &model.hash_hex(), extra)
+        crate::safetensors_io::write_safetensors_meta(&named, tag, &model.hash_hex(), extra)
+    }
+
+    /// The dtype an adapter payload stores its tensors in (one for all; F32 or BF16): the
+    /// dtype its base was rounded to. Refuses a file that is not safetensors, holds no
+    /// tensor, or mixes dtypes.
+    pub fn stored_dtype(bytes: &[u8]) -> Result<DType> {
+        let st = safetensors::SafeTensors::deserialize(bytes)
+            .map_err(|e| PolicyError::SafeTensors(e.to_string()))?;
+        let mut found = None;
+        for (name, view) in st.tensors() {
+            let d = match view.dtype() {
+                safetensors::Dtype::F32 => DType::F32,
+                safetensors::Dtype::BF16 => DType::BF16,
+                other => {
+                    return Err(PolicyError::Weights(format!(
+                        "adapter {name} is {other:?}; adapter payloads hold F32 or BF16"
+                    )))
+                }
+            };
+            if found.is_some_and(|f| f != d) {
+                return Err(PolicyError::Weights(
+                    "an adapter payload mixes dtypes".into(),
+                ));
+            }
+            found = Some(d);
+        }
+        found.ok_or_else(|| PolicyError::Weights("an adapter payload holds no tensor".into()))
     }
 
     /// Decodes [`Adapters::to_safetensors_bytes`]: the recorded config hash must be `model`'s
@@ -326,7 +360,7 @@ impl Adapters {
         });
         let mut named = Vec::new();
         for (name, var) in self.named_vars()? {
-            let data = f32_le_bytes(&var)?;
+            let data = crate::safetensors_io::le_bytes(var.as_tensor(), DType::F32)?;
             named.push((
                 format!("base_model.model.{name}"),
                 var.dims().to_vec(),
@@ -415,17 +449,6 @@ pub fn base_hash<'a>(tensors: impl IntoIterator<Item = (&'a str, &'a Tensor)>) -
         h.update(&bytes);
     }
     Ok(*h.finalize().as_bytes())
-}
-
-/// A variable's values as little-endian f32 bytes (safetensors' `F32` layout).
-fn f32_le_bytes(var: &Var) -> Result<Vec<u8>> {
-    Ok(var
-        .as_tensor()
-        .flatten_all()?
-        .to_vec1::<f32>()?
-        .iter()
-        .flat_map(|x| x.to_le_bytes())
-        .collect())
 }
 
 #[cfg(test)]

@@ -422,3 +422,94 @@ fn peft_files_name_the_config_and_the_tensors_as_peft_does() {
         assert_eq!(max_abs_diff(got, var.as_tensor()), 0.0, "{name}");
     }
 }
+
+/// A worker's adapter install: the base from a full snapshot of it, the adapters from their
+/// payload, merged into the inference path. Its sampled log-probs equal the learner's
+/// (the LoRA training forward) within 1e-4 in f32.
+#[test]
+fn an_installed_adapter_version_samples_with_the_learners_logprobs() {
+    let cfg = ModelConfig::tiny();
+    let lora = LoraConfig::new(4, 8.0);
+    let learner = trained_lora(&cfg, &lora);
+    let base_payload = learner.base_view().unwrap().to_safetensors_bytes().unwrap();
+    let adapter_payload = learner.lora().unwrap().to_safetensors_bytes(&cfg).unwrap();
+    assert_eq!(
+        Adapters::stored_dtype(&adapter_payload).unwrap(),
+        DType::F32
+    );
+    let base = Policy::from_safetensors_bytes(&cfg, &base_payload, &Device::Cpu).unwrap();
+    assert_eq!(
+        base.base_hash_hex().unwrap(),
+        learner.base_hash_hex().unwrap()
+    );
+    let adapters = Adapters::from_safetensors_bytes(&cfg, &adapter_payload, &Device::Cpu).unwrap();
+    let installed = base.adapted(adapters).unwrap();
+    // The install shares the base's storage: no copy of the model.
+    let (b, i) = (base.named_vars().unwrap(), installed.named_vars().unwrap());
+    assert!(b
+        .iter()
+        .zip(&i)
+        .all(|(x, y)| x.1.as_tensor().id() == y.1.as_tensor().id()));
+    let model = InferModel::from_policy(&installed).unwrap();
+    let params = crate::sampling::SamplingParams {
+        temperature: 1.0,
+        top_p: 1.0,
+        max_new_tokens: 16,
+        stop_tokens: vec![],
+    };
+    let mut worst = 0f32;
+    for (k, prompt) in [&[257u32, 5, 9][..], &[257, 200, 3, 77, 1]]
+        .iter()
+        .enumerate()
+    {
+        let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(k as u64);
+        let out = crate::infer::generate(&model, prompt, 3, &params, &mut rng).unwrap();
+        for c in &out {
+            let reference =
+                crate::sampling::response_logprobs(&learner, prompt, &c.tokens, 1.0).unwrap();
+            assert_eq!(reference.len(), c.logprobs.len());
+            for (a, b) in c.logprobs.iter().zip(&reference) {
+                worst = worst.max((a - b).abs());
+            }
+        }
+    }
+    assert!(worst < 1e-4, "max |Δ log-prob| = {worst}");
+}
+
+/// bf16 adapter payloads: the base rounded to bf16 hashes as its bf16 snapshot does, the
+/// adapters come back as their bf16 roundings, and the payload says its dtype.
+#[test]
+fn bf16_adapter_payloads_and_a_rounded_base_agree_with_the_workers_copy() {
+    let cfg = ModelConfig::tiny();
+    let learner = trained_lora(&cfg, &LoraConfig::new(2, 4.0));
+    let base = Policy::new_random(&cfg, 1, &Device::Cpu).unwrap();
+    let unrounded = base.base_hash_hex().unwrap();
+    base.round_weights_to(DType::BF16).unwrap();
+    assert_ne!(base.base_hash_hex().unwrap(), unrounded);
+    let shipped = base.to_safetensors_bytes_as(DType::BF16).unwrap();
+    let held = Policy::from_safetensors_bytes(&cfg, &shipped, &Device::Cpu).unwrap();
+    assert_eq!(held.base_hash_hex().unwrap(), base.base_hash_hex().unwrap());
+
+    let a = learner.lora().unwrap();
+    let bytes = a.to_safetensors_bytes_as(&cfg, DType::BF16).unwrap();
+    assert_eq!(Adapters::stored_dtype(&bytes).unwrap(), DType::BF16);
+    assert!(bytes.len() < a.to_safetensors_bytes(&cfg).unwrap().len() * 6 / 10);
+    let back = Adapters::from_safetensors_bytes(&cfg, &bytes, &Device::Cpu).unwrap();
+    assert_eq!(back.config(), a.config());
+    for ((n1, v1), (n2, v2)) in a
+        .named_vars()
+        .unwrap()
+        .iter()
+        .zip(back.named_vars().unwrap())
+    {
+        assert_eq!(n1, &n2);
+        let want = v1
+            .as_tensor()
+            .to_dtype(DType::BF16)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap();
+        assert_eq!(max_abs_diff(&want, v2.as_tensor()), 0.0, "{n1}");
+    }
+    assert!(Adapters::stored_dtype(b"not safetensors").is_err());
+}

@@ -19,6 +19,37 @@ pub fn snapshot_config_hash(bytes: &[u8]) -> Result<Option<String>> {
         .and_then(|m| m.get(META_CONFIG_HASH).cloned()))
 }
 
+/// The safetensors tag of a snapshot dtype: `F32` or `BF16` (snapshots and adapter payloads
+/// are stored in one of them).
+pub(crate) fn snapshot_dtype_tag(dtype: candle_core::DType) -> Result<&'static str> {
+    match dtype {
+        candle_core::DType::F32 => Ok("F32"),
+        candle_core::DType::BF16 => Ok("BF16"),
+        other => Err(PolicyError::Weights(format!(
+            "snapshots are stored as f32 or bf16, not {other:?}"
+        ))),
+    }
+}
+
+/// `t`'s values as little-endian bytes of `dtype` (F32, or BF16 rounded to nearest-even).
+pub(crate) fn le_bytes(t: &candle_core::Tensor, dtype: candle_core::DType) -> Result<Vec<u8>> {
+    let flat = t.flatten_all()?;
+    Ok(match dtype {
+        candle_core::DType::BF16 => flat
+            .to_dtype(candle_core::DType::BF16)?
+            .to_vec1::<half::bf16>()?
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect(),
+        _ => flat
+            .to_dtype(candle_core::DType::F32)?
+            .to_vec1::<f32>()?
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect(),
+    })
+}
+
 /// Serialises tensors (raw little-endian bytes of element type `dtype_tag`, e.g. `"F32"`) as a
 /// safetensors file with a deterministic header (BTreeMap order).
 pub(crate) fn write_safetensors(

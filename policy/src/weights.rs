@@ -11,7 +11,9 @@ use crate::config::ModelConfig;
 use crate::error::{PolicyError, Result};
 use crate::lora::{self, Adapters, LoraConfig};
 use crate::model::{param_shapes, KvCache, LoraVars, Qwen3};
-use crate::safetensors_io::{snapshot_config_hash, write_safetensors};
+use crate::safetensors_io::{
+    le_bytes, snapshot_config_hash, snapshot_dtype_tag, write_safetensors,
+};
 
 /// A trainable policy: config + variables + the module built over them.
 ///
@@ -245,37 +247,31 @@ impl Policy {
     /// A LoRA policy writes its merged weights ([`Policy::effective_tensors`]): the payload is
     /// the model it computes, which loads as a plain policy.
     pub fn to_safetensors_bytes_as(&self, dtype: DType) -> Result<Vec<u8>> {
-        let tag = match dtype {
-            DType::F32 => "F32",
-            DType::BF16 => "BF16",
-            other => {
-                return Err(PolicyError::Weights(format!(
-                    "snapshots are stored as f32 or bf16, not {other:?}"
-                )))
-            }
-        };
+        let tag = snapshot_dtype_tag(dtype)?;
         let mut vars: Vec<(String, Tensor)> = self.effective_tensors()?.into_iter().collect();
         vars.sort_by(|a, b| a.0.cmp(&b.0));
         let mut named = Vec::with_capacity(vars.len());
         for (name, t) in vars {
-            let flat = t.flatten_all()?;
-            let data: Vec<u8> = match dtype {
-                DType::BF16 => flat
-                    .to_dtype(DType::BF16)?
-                    .to_vec1::<half::bf16>()?
-                    .iter()
-                    .flat_map(|x| x.to_le_bytes())
-                    .collect(),
-                _ => flat
-                    .to_dtype(DType::F32)?
-                    .to_vec1::<f32>()?
-                    .iter()
-                    .flat_map(|x| x.to_le_bytes())
-                    .collect(),
-            };
-            named.push((name, t.dims().to_vec(), data));
+            named.push((name, t.dims().to_vec(), le_bytes(&t, dtype)?));
         }
         write_safetensors(&named, tag, &self.cfg.hash_hex())
+    }
+
+    /// Rounds every weight to `dtype` in place (kept in f32): a LoRA run's frozen base becomes
+    /// exactly what the workers hold from a `dtype` snapshot of it, so learner and workers
+    /// compute with one base and agree on its identity ([`lora::base_hash`]). A no-op for f32.
+    pub fn round_weights_to(&self, dtype: DType) -> Result<()> {
+        if dtype == DType::F32 {
+            return Ok(());
+        }
+        self.load_safetensors_bytes(&self.to_safetensors_bytes_as(dtype)?)
+    }
+
+    /// This policy's weights (its base, for a LoRA policy) as the frozen base of `adapters`,
+    /// sharing their storage: how a worker installs an adapter version onto the base it
+    /// holds, with no copy of the base.
+    pub fn adapted(&self, adapters: Adapters) -> Result<Policy> {
+        self.base_view()?.with_adapters(adapters)
     }
 
     /// Overwrites this policy's variables in place from a snapshot payload (same config).

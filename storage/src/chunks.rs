@@ -384,17 +384,33 @@ impl ChunkStore {
         Ok(stats)
     }
 
-    /// Keeps the newest `keep` manifests, deletes older ones, then collects chunks no kept
-    /// manifest references.
+    /// Keeps the newest `keep` manifests, and the published base a kept adapter manifest names
+    /// ([`crate::PayloadKind::Adapter`]: without it the adapters cannot be installed, and a
+    /// worker that joins late fetches it from here), deletes older ones, then collects chunks
+    /// no kept manifest references.
     pub fn retain(&self) -> Result<GcStats> {
         let versions = self.versions()?;
         let drop_n = versions.len().saturating_sub(self.keep);
-        for v in &versions[..drop_n] {
+        let mut bases = BTreeSet::new();
+        for v in &versions[drop_n..] {
+            if let Some(m) = self.manifest(*v)? {
+                if let crate::PayloadKind::Adapter {
+                    base_version: Some(b),
+                    ..
+                } = m.manifest.payload
+                {
+                    bases.insert(b);
+                }
+            }
+        }
+        let mut removed = 0;
+        for v in versions[..drop_n].iter().filter(|v| !bases.contains(v)) {
             self.manifests.remove(v.to_be_bytes())?;
+            removed += 1;
         }
         self.db.flush()?;
         let mut stats = self.collect_garbage()?;
-        stats.manifests_removed = drop_n;
+        stats.manifests_removed = removed;
         Ok(stats)
     }
 
@@ -671,6 +687,31 @@ mod tests {
         assert_eq!(s.stats().unwrap().chunks, 3);
         let files = walk_files(&dir.path().join("chunks"));
         assert_eq!(files, 3, "chunk files of dropped snapshots are deleted");
+    }
+
+    #[test]
+    fn the_published_base_of_kept_adapters_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = ChunkStore::open(dir.path(), 2).unwrap();
+        let base = payload(2 * CHUNK as usize, 1);
+        s.publish(&manifest(0, &base), &Bytes::from(base.clone()))
+            .unwrap();
+        let k = key();
+        for v in 1..=4u64 {
+            let p = payload(CHUNK as usize, 20 + v as u8);
+            let mut m =
+                SnapshotManifest::build("s", v, [0; 32], &p, CHUNK, &k.verifying_key()).unwrap();
+            m.payload = crate::PayloadKind::Adapter {
+                base_version: Some(0),
+                base_hash: [3; 32],
+            };
+            s.publish(&m.sign(&k).unwrap(), &Bytes::from(p)).unwrap();
+        }
+        s.flush();
+        let gc = s.retain().unwrap();
+        assert_eq!(gc.manifests_removed, 2);
+        assert_eq!(s.versions().unwrap(), [0, 3, 4]);
+        assert_eq!(s.assemble(0).unwrap(), base);
     }
 
     fn walk_files(p: &Path) -> usize {

@@ -58,13 +58,16 @@ fn signed_manifest() -> impl Strategy<Value = SignedManifest> {
                         root_hash: root,
                         created_unix_ms: created,
                         learner_key: key.verifying_key().to_bytes(),
-                        payload: if version % 2 == 0 {
-                            crate::manifest::PayloadKind::Full
-                        } else {
-                            crate::manifest::PayloadKind::Delta {
+                        payload: match version % 3 {
+                            0 => crate::manifest::PayloadKind::Full,
+                            1 => crate::manifest::PayloadKind::Delta {
                                 base_version: version - 1,
                                 full_root: root,
-                            }
+                            },
+                            _ => crate::manifest::PayloadKind::Adapter {
+                                base_version: (version % 2 == 0).then_some(version - 1),
+                                base_hash: root,
+                            },
                         },
                     }
                     .sign(&key)

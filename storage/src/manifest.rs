@@ -15,6 +15,14 @@
 //! root of the full payload the delta reconstructs (32 B). The chunk hashes and `root_hash`
 //! then describe the delta bytes the chains carry. A full payload is still encoded as v1,
 //! byte for byte as before, so its signature and older readers are unaffected.
+//!
+//! Encoding v3 (an adapter payload of a LoRA run, [`PayloadKind::Adapter`]): the v1 fields
+//! with format `3`, followed by the payload kind (u8, 2 = adapter), a flag (u8: 1 = the base
+//! is a published version, 0 = the base is the model every node is configured with), the
+//! base version (varint, present only with flag 1; earlier than `version`) and the base's
+//! identity (32 B: `policy::lora::base_hash` of the base's weights as the workers hold them).
+//! The chunk hashes and `root_hash` describe the adapter bytes (a safetensors file whose
+//! metadata carries rank, α and targets). Full and delta manifests are unchanged.
 
 use std::ops::Range;
 
@@ -28,7 +36,10 @@ pub const MANIFEST_MAGIC: &[u8; 3] = b"ESM";
 pub const MANIFEST_FORMAT: u8 = 1;
 /// The format of a manifest of a delta payload (adds [`PayloadKind::Delta`]'s fields).
 pub const MANIFEST_FORMAT_DELTA: u8 = 2;
+/// The format of a manifest of an adapter payload (adds [`PayloadKind::Adapter`]'s fields).
+pub const MANIFEST_FORMAT_ADAPTER: u8 = 3;
 const KIND_DELTA: u8 = 1;
+const KIND_ADAPTER: u8 = 2;
 /// Smallest and largest allowed chunk sizes.
 pub const MIN_CHUNK_SIZE: u32 = 4 << 10;
 pub const MAX_CHUNK_SIZE: u32 = 64 << 20;
@@ -59,6 +70,14 @@ pub enum PayloadKind {
     /// A sparse delta against the payload of `base_version`; applying it gives a full payload
     /// whose BLAKE3 is `full_root` (`root_hash` is the delta bytes').
     Delta { base_version: u64, full_root: Hash },
+    /// Low-rank adapters trained on a frozen base (a LoRA run): the base is the full payload
+    /// of `base_version`, or, when `None`, the model every node builds from its own
+    /// configuration; either way its identity (`policy::lora::base_hash`) is `base_hash`, and
+    /// a worker holding another base refuses the version. `root_hash` is the adapter bytes'.
+    Adapter {
+        base_version: Option<u64>,
+        base_hash: Hash,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,11 +127,12 @@ impl SnapshotManifest {
         Ok(m)
     }
 
-    /// The BLAKE3 of the full snapshot payload this version installs: `root_hash` for a full
-    /// payload, the named reconstructed root for a delta.
+    /// The BLAKE3 of the payload this version installs: `root_hash` for a full payload and
+    /// for adapters (applied to their base at install), the named reconstructed root for a
+    /// delta.
     pub fn full_root(&self) -> Hash {
         match self.payload {
-            PayloadKind::Full => self.root_hash,
+            PayloadKind::Full | PayloadKind::Adapter { .. } => self.root_hash,
             PayloadKind::Delta { full_root, .. } => full_root,
         }
     }
@@ -144,16 +164,19 @@ impl SnapshotManifest {
                 "swarm id must be 1–128 bytes",
             ));
         }
-        if let PayloadKind::Delta { base_version, .. } = self.payload {
-            if base_version >= self.version {
-                return Err(StorageError::invalid(
-                    "manifest",
-                    format!(
-                        "delta v{} names base v{base_version}, not an earlier version",
-                        self.version
-                    ),
-                ));
-            }
+        let (what, base) = match self.payload {
+            PayloadKind::Full => ("", None),
+            PayloadKind::Delta { base_version, .. } => ("delta", Some(base_version)),
+            PayloadKind::Adapter { base_version, .. } => ("adapter", base_version),
+        };
+        if let Some(base_version) = base.filter(|&b| b >= self.version) {
+            return Err(StorageError::invalid(
+                "manifest",
+                format!(
+                    "{what} v{} names base v{base_version}, not an earlier version",
+                    self.version
+                ),
+            ));
         }
         Ok(())
     }
@@ -174,6 +197,7 @@ impl SnapshotManifest {
         w.u8(match self.payload {
             PayloadKind::Full => MANIFEST_FORMAT,
             PayloadKind::Delta { .. } => MANIFEST_FORMAT_DELTA,
+            PayloadKind::Adapter { .. } => MANIFEST_FORMAT_ADAPTER,
         });
         w.str(&self.swarm_id);
         w.varint(self.version);
@@ -187,14 +211,30 @@ impl SnapshotManifest {
         w.raw(&self.root_hash);
         w.varint(self.created_unix_ms);
         w.raw(&self.learner_key);
-        if let PayloadKind::Delta {
-            base_version,
-            full_root,
-        } = self.payload
-        {
-            w.u8(KIND_DELTA);
-            w.varint(base_version);
-            w.raw(&full_root);
+        match self.payload {
+            PayloadKind::Full => {}
+            PayloadKind::Delta {
+                base_version,
+                full_root,
+            } => {
+                w.u8(KIND_DELTA);
+                w.varint(base_version);
+                w.raw(&full_root);
+            }
+            PayloadKind::Adapter {
+                base_version,
+                base_hash,
+            } => {
+                w.u8(KIND_ADAPTER);
+                match base_version {
+                    Some(v) => {
+                        w.u8(1);
+                        w.varint(v);
+                    }
+                    None => w.u8(0),
+                }
+                w.raw(&base_hash);
+            }
         }
         w.into_bytes()
     }
@@ -204,7 +244,13 @@ impl SnapshotManifest {
             return Err(r.err("bad magic"));
         }
         let format = r.u8()?;
-        if format != MANIFEST_FORMAT && format != MANIFEST_FORMAT_DELTA {
+        if ![
+            MANIFEST_FORMAT,
+            MANIFEST_FORMAT_DELTA,
+            MANIFEST_FORMAT_ADAPTER,
+        ]
+        .contains(&format)
+        {
             return Err(r.err(format!("unsupported format {format}")));
         }
         let swarm_id = r.string(128, "swarm_id")?;
@@ -220,17 +266,30 @@ impl SnapshotManifest {
         let root_hash = r.array::<32>()?;
         let created_unix_ms = r.varint()?;
         let learner_key = r.array::<32>()?;
-        let payload = if format == MANIFEST_FORMAT_DELTA {
-            let kind = r.u8()?;
-            if kind != KIND_DELTA {
-                return Err(r.err(format!("unknown payload kind {kind}")));
+        let payload = match format {
+            MANIFEST_FORMAT => PayloadKind::Full,
+            _ => {
+                let kind = r.u8()?;
+                match (format, kind) {
+                    (MANIFEST_FORMAT_DELTA, KIND_DELTA) => PayloadKind::Delta {
+                        base_version: r.varint()?,
+                        full_root: r.array::<32>()?,
+                    },
+                    (MANIFEST_FORMAT_ADAPTER, KIND_ADAPTER) => PayloadKind::Adapter {
+                        base_version: match r.u8()? {
+                            0 => None,
+                            1 => Some(r.varint()?),
+                            f => return Err(r.err(format!("adapter base flag {f} is not 0 or 1"))),
+                        },
+                        base_hash: r.array::<32>()?,
+                    },
+                    _ => {
+                        return Err(r.err(format!(
+                            "payload kind {kind} does not belong to format {format}"
+                        )))
+                    }
+                }
             }
-            PayloadKind::Delta {
-                base_version: r.varint()?,
-                full_root: r.array::<32>()?,
-            }
-        } else {
-            PayloadKind::Full
         };
         let m = SnapshotManifest {
             swarm_id,
@@ -509,7 +568,93 @@ mod tests {
         assert!(SignedManifest::decode(&bad).is_err());
     }
 
+    fn adapter_manifest(base_version: Option<u64>, k: &SigningKey) -> SignedManifest {
+        let mut m = SnapshotManifest::build("swarm", 3, [1; 32], b"lora", 4096, &k.verifying_key())
+            .unwrap();
+        m.payload = PayloadKind::Adapter {
+            base_version,
+            base_hash: [7; 32],
+        };
+        m.sign(k).unwrap()
+    }
+
+    #[test]
+    fn adapter_manifests_round_trip_and_are_signed() {
+        let k = key(1);
+        for base in [Some(0), Some(2), None] {
+            let s = adapter_manifest(base, &k);
+            let bytes = s.encode();
+            assert_eq!(bytes[3], MANIFEST_FORMAT_ADAPTER);
+            let back = SignedManifest::decode(&bytes).unwrap();
+            assert_eq!(back, s);
+            back.verify(&k.verifying_key()).unwrap();
+            assert_eq!(back.manifest.full_root(), back.manifest.root_hash);
+            // The base's identity is signed.
+            let mut t = s.clone();
+            t.manifest.payload = PayloadKind::Adapter {
+                base_version: base,
+                base_hash: [8; 32],
+            };
+            assert!(t.verify(&k.verifying_key()).is_err());
+        }
+        // A base version is encoded only with flag 1: v3 with a local base is 1 byte shorter.
+        assert_eq!(
+            adapter_manifest(Some(0), &k).encode().len(),
+            adapter_manifest(None, &k).encode().len() + 1
+        );
+    }
+
+    #[test]
+    fn hostile_adapter_manifests_are_refused_with_errors() {
+        let k = key(1);
+        let s = adapter_manifest(Some(2), &k);
+        let body = s.manifest.encode();
+        let sig = s.signature;
+        let with = |mut b: Vec<u8>| {
+            b.extend_from_slice(&sig);
+            SignedManifest::decode(&b)
+        };
+        // Layout of the tail: kind, flag, base version (1 byte here), base hash.
+        let kind_at = body.len() - 32 - 1 - 1 - 1;
+        let flag_at = kind_at + 1;
+        let mut bad = body.clone();
+        bad[kind_at] = KIND_DELTA;
+        assert!(matches!(with(bad), Err(StorageError::Decode { .. })));
+        let mut bad = body.clone();
+        bad[flag_at] = 2;
+        assert!(matches!(with(bad), Err(StorageError::Decode { .. })));
+        // Format 2 with the adapter kind, format 1 with trailing adapter fields.
+        let mut bad = body.clone();
+        bad[3] = MANIFEST_FORMAT_DELTA;
+        assert!(with(bad).is_err());
+        let mut bad = body.clone();
+        bad[3] = MANIFEST_FORMAT;
+        assert!(with(bad).is_err());
+        // Truncated anywhere in the tail.
+        for cut in kind_at..body.len() {
+            assert!(SignedManifest::decode(&body[..cut]).is_err());
+        }
+        // A base that is not an earlier version.
+        let mut m = s.manifest.clone();
+        m.payload = PayloadKind::Adapter {
+            base_version: Some(3),
+            base_hash: [0; 32],
+        };
+        assert!(m.check().is_err());
+        assert!(with(m.encode()).is_err());
+    }
+
     proptest! {
+        #[test]
+        fn adapter_tails_never_panic(tail in proptest::collection::vec(any::<u8>(), 0..80)) {
+            let k = key(1);
+            let s = signed(b"x", &k);
+            let mut b = s.manifest.encode();
+            b[3] = MANIFEST_FORMAT_ADAPTER;
+            b.extend_from_slice(&tail);
+            let _ = SignedManifest::decode(&b);
+        }
+
         #[test]
         fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
             let _ = SignedManifest::decode(&bytes);

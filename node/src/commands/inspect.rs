@@ -110,6 +110,23 @@ fn trajectories(args: &StoreArgs, list: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What a manifest's payload is: `{"kind": "full"}`, a delta with its base version, or a LoRA
+/// run's adapters with their base (version or `null` = the configured model) and identity.
+fn payload_json(kind: &storage::PayloadKind) -> serde_json::Value {
+    match kind {
+        storage::PayloadKind::Full => json!({"kind": "full"}),
+        storage::PayloadKind::Delta { base_version, .. } => {
+            json!({"kind": "delta", "base_version": base_version})
+        }
+        storage::PayloadKind::Adapter {
+            base_version,
+            base_hash,
+        } => json!({
+            "kind": "adapter", "base_version": base_version, "base_hash": hash_hex(base_hash),
+        }),
+    }
+}
+
 fn snapshots(args: &StoreArgs) -> anyhow::Result<()> {
     let (data, keep) = data_dir(args)?;
     let store = open_chunks(&data, keep)?;
@@ -129,6 +146,7 @@ fn snapshots(args: &StoreArgs) -> anyhow::Result<()> {
                 "version": m.manifest.version, "total_len": m.manifest.total_len,
                 "chunks": m.manifest.chunk_hashes.len(), "missing": missing,
                 "root_hash": hash_hex(&m.manifest.root_hash),
+                "payload": payload_json(&m.manifest.payload),
             })).collect::<Vec<_>>(),
         });
         println!("{out}");

@@ -119,7 +119,7 @@ impl DeltaBase {
         kind: PayloadKind,
     ) -> Result<Arc<Vec<u8>>, DeltaRefused> {
         let (base_version, full_root) = match kind {
-            PayloadKind::Full => return Ok(payload),
+            PayloadKind::Full | PayloadKind::Adapter { .. } => return Ok(payload),
             PayloadKind::Delta {
                 base_version,
                 full_root,
@@ -182,7 +182,8 @@ pub fn assemble_full(store: &storage::ChunkStore, version: u64) -> anyhow::Resul
             return Ok(None);
         };
         match m.manifest.payload {
-            PayloadKind::Full => break,
+            // An adapter payload is whole too (its base is not part of the payload).
+            PayloadKind::Full | PayloadKind::Adapter { .. } => break,
             PayloadKind::Delta {
                 base_version,
                 full_root,

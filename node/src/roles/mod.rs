@@ -8,6 +8,7 @@
 //! carries through [`Probe`]; it never touches the swarm directly (only through the
 //! `p2p::Client` handle and the dissemination engine).
 
+pub mod adapter;
 #[cfg(feature = "adversary")]
 pub mod attacks;
 /// Without the `adversary` feature the attack hooks do nothing (`attacks_off.rs`).

@@ -261,26 +261,24 @@ pub async fn start(
         policy.config().vocab_size,
         policy.config().max_position_embeddings,
     );
+    // The bases adapter versions are installed onto (a LoRA run).
+    let bases = Arc::new(std::sync::Mutex::new(super::adapter::Bases::new(
+        config.clone(),
+        policy.config().clone(),
+        state.chunks.clone(),
+    )));
     drop(policy);
     // Resume with the newest complete snapshot already on disk.
-    let chunks = state.chunks.clone();
-    let slot2 = slot.clone();
-    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-        for v in chunks.versions()?.into_iter().rev() {
-            if chunks.missing_chunks(v)?.is_empty() {
-                let bytes = chunks.assemble(v)?;
-                match slot2.install_bytes(v, &bytes) {
-                    Ok(()) => tracing::info!(version = v, "installed the stored snapshot"),
-                    Err(e) => {
-                        tracing::warn!(version = v, error = %e, "stored snapshot not installed")
-                    }
-                }
-                break;
-            }
+    let (chunks, slot2, bases2) = (state.chunks.clone(), slot.clone(), bases.clone());
+    tokio::task::spawn_blocking(move || {
+        let mut b = bases2.lock().unwrap_or_else(|e| e.into_inner());
+        match super::adapter::install_stored(&slot2, &mut b, &chunks) {
+            Ok(Some(v)) => tracing::info!(version = v, "installed the stored snapshot"),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %format!("{e:#}"), "stored snapshot not installed"),
         }
-        Ok(())
     })
-    .await??;
+    .await?;
 
     let mut sampling = policy::SamplingParams::new(r.max_new_tokens, tokenizer.eos_ids());
     sampling.temperature = r.temperature;
@@ -379,14 +377,16 @@ pub async fn start(
                         kind,
                         latency,
                     } => {
-                        let slot = slot.clone();
+                        let (slot, bases) = (slot.clone(), bases.clone());
                         let held = base.clone();
                         let r = tokio::task::spawn_blocking(move || {
                             // A delta is applied to the held base and checked against the
-                            // signed full root before anything is loaded.
+                            // signed full root before anything is loaded; adapters go onto
+                            // the base their manifest names.
                             let full = held.full_payload(version, payload, kind)?;
-                            slot.install_bytes(version, &full)?;
-                            let root = hex::encode(storage::hash_bytes(&full));
+                            let mut b = bases.lock().unwrap_or_else(|e| e.into_inner());
+                            let root =
+                                super::adapter::install(&slot, &mut b, version, &full, kind)?;
                             anyhow::Ok((full, root))
                         })
                         .await;
@@ -398,13 +398,18 @@ pub async fn start(
                                 tracing::info!(
                                     version,
                                     ?latency,
-                                    delta = kind != storage::PayloadKind::Full,
+                                    delta = matches!(kind, storage::PayloadKind::Delta { .. }),
+                                    adapter = matches!(kind, storage::PayloadKind::Adapter { .. }),
                                     root = %root,
                                     "snapshot installed"
                                 );
                             }
                             Ok(Err(e)) => {
                                 metrics::counter!("node_snapshots_refused_total").increment(1);
+                                if e.downcast_ref::<super::adapter::AdapterRefused>().is_some() {
+                                    metrics::counter!("node_adapter_versions_refused_total")
+                                        .increment(1);
+                                }
                                 tracing::warn!(version, error = %e, "snapshot not installed")
                             }
                             Err(e) => tracing::error!(error = %e, "install task failed"),

@@ -7,23 +7,12 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::swarm::{wait_for, Node};
+use crate::swarm::{log_lines, wait_for, Node};
 
 /// `(version, delta, root)` of each log line with `message`, ANSI colours stripped.
 fn logged(node: &Node, message: &str) -> Vec<(u64, bool, String)> {
-    let text = std::fs::read_to_string(&node.log).unwrap_or_default();
     let mut out = Vec::new();
-    for line in text.lines().filter(|l| l.contains(message)) {
-        let mut plain = String::new();
-        let mut esc = false;
-        for c in line.chars() {
-            match (esc, c) {
-                (false, '\u{1b}') => esc = true,
-                (true, 'm') => esc = false,
-                (true, _) => {}
-                (false, c) => plain.push(c),
-            }
-        }
+    for plain in log_lines(node, message) {
         let field = |k: &str| {
             plain
                 .split_whitespace()

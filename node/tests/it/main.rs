@@ -1,5 +1,6 @@
 //! The integration-test binary of `echo-node`: real processes, loopback only, bounded waits.
 
+mod adapters;
 mod admin;
 mod admission;
 mod bench;

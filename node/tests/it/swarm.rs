@@ -22,6 +22,26 @@ const QUIET_ROLES: &str =
 /// Polls until a condition holds, or panics with what it waited for (the test kit's).
 pub(crate) use testkit::wait_for;
 
+/// The lines of `node`'s log containing `message`, ANSI colours stripped.
+pub(crate) fn log_lines(node: &Node, message: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(&node.log).unwrap_or_default();
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| l.contains(message)) {
+        let mut plain = String::new();
+        let mut esc = false;
+        for c in line.chars() {
+            match (esc, c) {
+                (false, '\u{1b}') => esc = true,
+                (true, 'm') => esc = false,
+                (true, _) => {}
+                (false, c) => plain.push(c),
+            }
+        }
+        out.push(plain);
+    }
+    out
+}
+
 /// `echo-node inspect WHAT --json` on a stopped node's data dir (`trajectories`,
 /// `snapshots`), parsed; panics with the node's stderr when it fails.
 pub(crate) fn inspect(data: &Path, what: &str) -> Value {
@@ -848,7 +868,7 @@ pub(crate) fn trained(learner: &Node, producer: &str) -> u64 {
 }
 
 /// The value of the learner's counter `series` (name and labels as exported; 0 when absent).
-fn counter(learner: &Node, series: &str) -> u64 {
+pub(crate) fn counter(learner: &Node, series: &str) -> u64 {
     let body = http_get(&learner.admin, "/metrics").body;
     body.lines()
         .find_map(|l| l.strip_prefix(series))

@@ -27,6 +27,8 @@ pub(super) struct TrainCtx {
     pub cfg: LearnerConfig,
     /// The dtype snapshots are shipped in (`broadcast.dtype`).
     pub snapshot_dtype: policy::DType,
+    /// A LoRA run's shipping plan: versions go out as adapters on its base.
+    pub adapters: Option<crate::roles::adapter::Shipping>,
     /// The share limits of a batch (`[admission]`).
     pub caps: control::admission::ShareCaps,
     /// `[admission]`, for status.

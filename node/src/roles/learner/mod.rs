@@ -88,8 +88,9 @@ struct Shared {
     established_active: AtomicUsize,
 }
 
-/// A snapshot waiting to be published.
-type Snapshot = Option<(u64, bytes::Bytes)>;
+/// A snapshot waiting to be published: version, payload and its manifest kind (full, or a
+/// LoRA run's adapters; the publisher turns full payloads into deltas when configured).
+type Snapshot = Option<(u64, bytes::Bytes, storage::PayloadKind)>;
 
 /// The running learner role.
 pub struct LearnerRole {
@@ -187,13 +188,21 @@ pub async fn start(
         ));
     }
     let b = &state.config.broadcast;
+    // A LoRA run ships its adapters whole: deltas of adapters do not pay
+    // (`docs/broadcast.md`, "Adapter snapshots").
+    let adapters = shipping(&state.config, &trainer)?;
+    if adapters.is_some() && b.delta_enabled() {
+        tracing::info!(
+            "a LoRA run publishes adapter versions whole: [broadcast] delta does not apply"
+        );
+    }
     tasks.spawn(publisher::run(
         dissem,
         client.clone(),
         config_hash,
         snap_rx,
         shared.clone(),
-        b.delta_enabled().then_some(b.keyframe_every),
+        (b.delta_enabled() && adapters.is_none()).then_some(b.keyframe_every),
     ));
     tasks.spawn(puller::run(
         client.clone(),
@@ -214,6 +223,7 @@ pub async fn start(
         view,
         cfg: state.config.learner.clone(),
         snapshot_dtype: state.config.broadcast.dtype.dtype(),
+        adapters,
         caps: state.config.admission.caps(),
         admission: state.config.admission.clone(),
         rewards_recomputed: state.config.verification.recompute_rewards,
@@ -248,6 +258,24 @@ pub async fn start(
         tasks,
         finished,
     })
+}
+
+/// How a LoRA learner ships its versions (`None` for full fine-tuning): its frozen base's
+/// identity, and version 0 as the base's full payload when the base was warm-started here.
+fn shipping(
+    config: &crate::config::NodeConfig,
+    trainer: &Trainer,
+) -> anyhow::Result<Option<super::adapter::Shipping>> {
+    if trainer.policy().lora().is_none() {
+        return Ok(None);
+    }
+    let s = super::adapter::Shipping::of(trainer.policy(), config.learner.warm_start_steps > 0)?;
+    tracing::info!(
+        base = %hex::encode(s.base_hash),
+        base_version = ?s.base_version,
+        "publishing adapter versions on this base"
+    );
+    Ok(Some(s))
 }
 
 /// The one verification pipeline of this learner: the stages `[verification]` switches on,
@@ -293,7 +321,14 @@ fn build_pipeline(
             )
             .context("building the log-prob spot checker")?
             .with_worker_dtypes(dtypes.clone())
-            .with_mask_rule(super::mask_rule(&state.config)?),
+            .with_mask_rule(super::mask_rule(&state.config)?)
+            .with_adapter_base(
+                trainer
+                    .policy()
+                    .lora()
+                    .map(|_| trainer.policy().base_view())
+                    .transpose()?,
+            ),
         );
     }
     Ok(pipeline)
@@ -384,8 +419,8 @@ fn fresh_model(
 }
 
 /// Warm-starts `policy` on the configured task when `learner.warm_start_steps` > 0 (the
-/// supervised start of a fresh learner; deterministic in the config, so `echo-node export`
-/// rebuilds the same LoRA base).
+/// supervised start of a fresh learner), and rounds a LoRA run's base to the snapshot dtype;
+/// deterministic in the config, so `echo-node export` rebuilds the same LoRA base.
 pub(crate) fn warm_start(
     config: &crate::config::NodeConfig,
     policy: &policy::Policy,
@@ -414,6 +449,13 @@ pub(crate) fn warm_start(
             secs = t0.elapsed().as_secs_f64(),
             "warm start done"
         );
+    }
+    // A LoRA run's frozen base is what the workers hold: its snapshot-dtype rounding (a bf16
+    // base on every node, one identity; `docs/broadcast.md`, "Adapter snapshots").
+    if config.learner.lora.is_some() {
+        policy
+            .round_weights_to(config.broadcast.dtype.dtype())
+            .context("rounding the LoRA base to the snapshot dtype")?;
     }
     Ok(())
 }

@@ -85,10 +85,13 @@ impl PublishStats {
         (b.0, sizes.get(sizes.len() / 2).copied())
     }
 
-    /// Counts one published version: `payload` bytes went out, a full payload is `full`.
-    fn record_bytes(&self, payload: usize, full: usize) {
+    /// Counts one published version: `payload` bytes went out, a full payload is `full`
+    /// (`None`: unchanged, for a LoRA run's adapter versions).
+    fn record_bytes(&self, payload: usize, full: Option<usize>) {
         if let Ok(mut b) = self.bytes.lock() {
-            b.0 = Some(full as u64);
+            if let Some(full) = full {
+                b.0 = Some(full as u64);
+            }
             push_recent(&mut b.1, payload as u64, RECENT_PAYLOADS);
         }
     }
@@ -222,8 +225,11 @@ async fn publish(
     // The previously published bf16 payload: deltas are taken against what went out, never
     // against re-rounded weights (versions the watch channel skipped never went out).
     let mut deltas = keyframe_every.map(DeltaPublisher::new);
+    // The previously published adapter payload (a LoRA run): what a delta would save is
+    // measured, not shipped.
+    let mut last_adapters: Option<bytes::Bytes> = None;
     while rx.changed().await.is_ok() {
-        let Some((version, full)) = rx.borrow_and_update().clone() else {
+        let Some((version, full, kind)) = rx.borrow_and_update().clone() else {
             continue;
         };
         if published.is_some_and(|p| p >= version) {
@@ -231,7 +237,13 @@ async fn publish(
         }
         let t0 = Instant::now();
         let (bytes, kind, root) = match deltas.take() {
-            None => (full.clone(), PayloadKind::Full, None),
+            // Adapters (a LoRA run, published without deltas) carry their own root.
+            None => (
+                full.clone(),
+                kind,
+                matches!(kind, PayloadKind::Adapter { .. })
+                    .then(|| hex::encode(storage::hash_bytes(&full))),
+            ),
             Some(d) => {
                 // Passes over both payloads: off the async workers.
                 let f = full.clone();
@@ -261,25 +273,31 @@ async fn publish(
                 if let Some(d) = &mut deltas {
                     d.published(version, full.clone(), kind);
                     let counter = match kind {
-                        PayloadKind::Full => "learner_snapshot_keyframes_total",
                         PayloadKind::Delta { .. } => "learner_snapshot_deltas_total",
+                        _ => "learner_snapshot_keyframes_total",
                     };
                     metrics::counter!(counter).increment(1);
                     metrics::gauge!("learner_snapshot_bytes").set(bytes.len() as f64);
                     metrics::gauge!("learner_snapshot_delta_ratio")
                         .set(bytes.len() as f64 / full.len().max(1) as f64);
                 }
-                shared.publish.record_bytes(bytes.len(), full.len());
+                // An adapter version is no full payload: the full size stays the base's.
+                let full_len = (!matches!(kind, PayloadKind::Adapter { .. })).then_some(full.len());
+                shared.publish.record_bytes(bytes.len(), full_len);
                 shared.publish.record(version, t0);
                 // Workers that installed while the pushes started end it at once.
                 let _ = measure_now(client, shared).await;
                 metrics::counter!("learner_snapshots_published_total").increment(1);
                 metrics::gauge!("learner_published_version").set(version as f64);
+                if matches!(kind, PayloadKind::Adapter { .. }) {
+                    measure_adapters(&mut last_adapters, version, &bytes).await;
+                }
                 tracing::info!(
                     version,
                     bytes = bytes.len(),
                     full_bytes = full.len(),
                     delta = matches!(kind, PayloadKind::Delta { .. }),
+                    adapter = matches!(kind, PayloadKind::Adapter { .. }),
                     root = %root.as_deref().unwrap_or(""),
                     chains = report.plan.plan.chains.len(),
                     secs = t0.elapsed().as_secs_f64(),
@@ -288,6 +306,29 @@ async fn publish(
             }
             Err(e) => tracing::warn!(version, error = %e, "publishing the snapshot failed"),
         }
+    }
+}
+
+/// Logs what a delta of adapter version `version` (`bytes`) against the one published before
+/// (`last`, then replaced) would save: the fraction of changed values and the delta's size
+/// (`docs/broadcast.md`, "Deltas of adapters do not pay"). A pass over both payloads and a
+/// trial delta: off the async workers.
+async fn measure_adapters(last: &mut Option<bytes::Bytes>, version: u64, bytes: &bytes::Bytes) {
+    let Some(prev) = last.replace(bytes.clone()) else {
+        return;
+    };
+    let cur = bytes.clone();
+    let measured =
+        tokio::task::spawn_blocking(move || crate::roles::adapter::changed_fraction(&prev, &cur))
+            .await;
+    if let Ok(Some((changed, delta))) = measured {
+        metrics::gauge!("learner_adapter_changed_fraction").set(changed);
+        tracing::info!(
+            version,
+            changed,
+            delta_ratio = ?delta,
+            "adapter values changed since the last version"
+        );
     }
 }
 
@@ -301,13 +342,16 @@ mod tests {
         assert_eq!(s.payload_bytes(), (None, None));
         // A keyframe then two deltas: the median is a delta's size, the full size the
         // keyframe's.
-        s.record_bytes(1000, 1000);
-        s.record_bytes(120, 1000);
-        s.record_bytes(80, 1000);
+        s.record_bytes(1000, Some(1000));
+        s.record_bytes(120, Some(1000));
+        s.record_bytes(80, Some(1000));
         assert_eq!(s.payload_bytes(), (Some(1000), Some(120)));
         for _ in 0..RECENT_PAYLOADS {
-            s.record_bytes(10, 1000);
+            s.record_bytes(10, Some(1000));
         }
         assert_eq!(s.payload_bytes(), (Some(1000), Some(10)));
+        // A LoRA run's adapter versions leave the full size the base's.
+        s.record_bytes(5, None);
+        assert_eq!(s.payload_bytes().0, Some(1000));
     }
 }

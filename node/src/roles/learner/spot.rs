@@ -209,6 +209,8 @@ pub struct SpotChecker {
     /// Loaded models, newest last. Locked across a load, so one version loads once.
     cache: Mutex<VecDeque<(u64, Arc<Policy>)>>,
     counters: Counters,
+    /// A LoRA run's frozen base: adapter versions are checked on it.
+    adapter_base: Option<Policy>,
 }
 
 impl std::fmt::Debug for SpotChecker {
@@ -272,7 +274,16 @@ impl SpotChecker {
             device,
             cache: Mutex::new(VecDeque::new()),
             counters: Counters::default(),
+            adapter_base: None,
         })
+    }
+
+    /// Checks adapter versions (a LoRA run) on `base`, the learner's frozen base (a view
+    /// sharing its storage): the model a worker installs is that base with the version's
+    /// adapters.
+    pub fn with_adapter_base(mut self, base: Option<Policy>) -> Self {
+        self.adapter_base = base;
+        self
     }
 
     /// Judges each producer with the dtype `dtypes` reports for it (default: f32 for all).
@@ -334,11 +345,18 @@ impl SpotChecker {
         while cache.len() >= self.settings.cached_versions.max(1) {
             cache.pop_front();
         }
-        let policy = Arc::new(Policy::from_safetensors_bytes(
-            &self.model,
-            &bytes,
-            &self.device,
-        )?);
+        let adapters = self
+            .chunks
+            .manifest(version)?
+            .is_some_and(|m| matches!(m.manifest.payload, storage::PayloadKind::Adapter { .. }));
+        let policy = Arc::new(match (&self.adapter_base, adapters) {
+            (Some(base), true) => base.adapted(policy::lora::Adapters::from_safetensors_bytes(
+                &self.model,
+                &bytes,
+                base.device(),
+            )?)?,
+            _ => Policy::from_safetensors_bytes(&self.model, &bytes, &self.device)?,
+        });
         self.counters.loads.fetch_add(1, Ordering::Relaxed);
         cache.push_back((version, policy.clone()));
         Ok(Some(policy))

@@ -25,13 +25,12 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use learner::{LearnerError, StepStats, Trainer, Verdict, Verified};
+use learner::{LearnerError, StepStats, Verdict, Verified};
 use serde_json::json;
 use storage::TrajectoryGroup;
-use tokio::sync::watch;
 
 use super::ctx::{Totals, TrainCtx};
-use super::{push_recent, Snapshot};
+use super::push_recent;
 use journal::Journal;
 
 mod journal;
@@ -108,7 +107,8 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
         );
     }
     c.trainer.mark_consumed(restored.consumed);
-    publish(&c.trainer, c.snapshot_dtype, &c.snap_tx)?;
+    publish(&c)?;
+    wait_for_base(&c);
     totals.evaluate(&c);
     while !c.shared.stop.is_cancelled() {
         if c.cfg.max_steps > 0 && c.trainer.version() >= c.cfg.max_steps {
@@ -207,7 +207,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
         export_step_metrics(&st, &totals, c.rewards_recomputed);
         let published = c.trainer.should_publish();
         if published {
-            publish(&c.trainer, c.snapshot_dtype, &c.snap_tx)?;
+            publish(&c)?;
             totals.evaluate(&c);
         }
         if st.version % c.cfg.checkpoint_every == 0 {
@@ -495,24 +495,44 @@ fn open_log(path: &Path) -> anyhow::Result<std::fs::File> {
         .with_context(|| format!("opening {}", path.display()))
 }
 
-/// Hands the trainer's current weights, in `dtype`, to the publisher (replacing any not yet
-/// published). The trainer itself stays in f32.
-fn publish(
-    trainer: &Trainer,
-    dtype: policy::DType,
-    tx: &watch::Sender<Snapshot>,
-) -> anyhow::Result<()> {
-    let bytes = if dtype == policy::DType::F32 {
-        trainer.snapshot_bytes()
-    } else {
-        trainer
-            .policy()
-            .to_safetensors_bytes_as(dtype)
-            .map_err(learner::LearnerError::from)
-    }
-    .context("serialising the snapshot")?;
-    tx.send_replace(Some((trainer.version(), bytes::Bytes::from(bytes))));
+/// Hands the trainer's current weights, in the snapshot dtype, to the publisher (replacing any
+/// not yet published): the whole model, or for a LoRA run (`c.adapters`) the adapters — the
+/// base itself at its base version. The trainer itself stays in f32.
+fn publish(c: &TrainCtx) -> anyhow::Result<()> {
+    let (trainer, dtype) = (&c.trainer, c.snapshot_dtype);
+    let v = trainer.version();
+    let (bytes, kind) = match &c.adapters {
+        Some(s) => s.payload(trainer.policy(), v, dtype)?,
+        None if dtype == policy::DType::F32 => {
+            (trainer.snapshot_bytes()?, storage::PayloadKind::Full)
+        }
+        None => (
+            trainer
+                .policy()
+                .to_safetensors_bytes_as(dtype)
+                .map_err(learner::LearnerError::from)
+                .context("serialising the snapshot")?,
+            storage::PayloadKind::Full,
+        ),
+    };
+    c.snap_tx
+        .send_replace(Some((v, bytes::Bytes::from(bytes), kind)));
     Ok(())
+}
+
+/// A LoRA run whose base is published as a full version: training waits until that version
+/// went out, so that no adapter version replaces it in the publisher's slot (the watch keeps
+/// only the newest) — without it no worker could install an adapter.
+fn wait_for_base(c: &TrainCtx) {
+    let Some(base) = c.adapters.and_then(|s| s.base_version) else {
+        return;
+    };
+    if c.trainer.version() != base {
+        return;
+    }
+    while !c.shared.stop.is_cancelled() && c.shared.publish.published().is_none_or(|p| p < base) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[cfg(test)]
