@@ -92,21 +92,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
     let mut totals = Totals::default();
     let mut last: Option<(StepStats, f64)> = None;
     let mut failed_steps = 0u32;
-    // Groups acked after the last checkpoint of a run that crashed go back into the buffer.
-    let mut journal = Journal::open(&journal_dir(&c.ckpt_dir)).context("opening the journal")?;
-    let restored = journal
-        .restore(&c.buffer, c.weights_version)
-        .context("restoring journaled groups")?;
-    if restored.returned + restored.in_weights > 0 {
-        tracing::warn!(
-            restored = restored.returned,
-            in_weights = restored.in_weights,
-            version = c.trainer.version(),
-            "groups trained after the last checkpoint before a crash are back in the buffer \
-             (those of steps the resumed weights hold are consumed)"
-        );
-    }
-    c.trainer.mark_consumed(restored.consumed);
+    let mut journal = restore_journal(&mut c)?;
     publish(&c)?;
     wait_for_base(&c);
     totals.evaluate(&c);
@@ -123,16 +109,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
         };
         // A peer banned after its groups were pulled gets none of them trained: they leave
         // the buffer with the batch's leases, untrained and unjournaled.
-        let (hand, banned) = without_banned(hand, &*c.is_banned);
-        if !banned.is_empty() {
-            tracing::warn!(
-                groups = banned.len(),
-                producers = ?banned.iter().map(|g| g.producer.as_str()).collect::<std::collections::BTreeSet<_>>(),
-                "groups of banned producers dropped untrained"
-            );
-            totals.dropped_banned += banned.len() as u64;
-            metrics::counter!("learner_groups_dropped_banned_total").increment(banned.len() as u64);
-        }
+        let hand = drop_banned(hand, &c, &mut totals);
         // Journal, then ack: the groups leave the buffer durably before they are trained (a
         // crash never trains them twice), and stay in the journal until a checkpoint holds
         // their effect (a crash never loses them).
@@ -178,17 +155,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
                 continue;
             }
         };
-        if !st.quarantined.is_empty() {
-            let bad: Vec<_> = st
-                .quarantined
-                .iter()
-                .filter_map(|q| {
-                    let g = hand.iter().find(|g| g.group_id == q.group_id)?;
-                    Some((g, q.reason.clone()))
-                })
-                .collect();
-            totals.quarantined += quarantine_all(&c, &bad);
-        }
+        totals.quarantined += quarantine_refused(&c, &hand, &st);
         let trained: Vec<String> = admitted
             .iter()
             .filter(|id| !st.quarantined.iter().any(|q| q.group_id == **id))
@@ -228,6 +195,46 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
     journal.covered().context("clearing the journal")?;
     tracing::info!(version = c.trainer.version(), dir = %dir.display(), "checkpoint written");
     Ok(())
+}
+
+/// The journal of groups acked but not yet in a checkpoint: those a crashed run trained after
+/// its last checkpoint go back into the buffer (those of steps the resumed weights hold are
+/// marked consumed, never trained twice).
+fn restore_journal(c: &mut TrainCtx) -> anyhow::Result<Journal> {
+    let mut journal = Journal::open(&journal_dir(&c.ckpt_dir)).context("opening the journal")?;
+    let restored = journal
+        .restore(&c.buffer, c.weights_version)
+        .context("restoring journaled groups")?;
+    if restored.returned + restored.in_weights > 0 {
+        tracing::warn!(
+            restored = restored.returned,
+            in_weights = restored.in_weights,
+            version = c.trainer.version(),
+            "groups trained after the last checkpoint before a crash are back in the buffer \
+             (those of steps the resumed weights hold are consumed)"
+        );
+    }
+    c.trainer.mark_consumed(restored.consumed);
+    Ok(journal)
+}
+
+/// `hand` without the groups of producers banned since they were pulled (counted and logged).
+fn drop_banned(
+    hand: Vec<TrajectoryGroup>,
+    c: &TrainCtx,
+    totals: &mut Totals,
+) -> Vec<TrajectoryGroup> {
+    let (hand, banned) = without_banned(hand, &*c.is_banned);
+    if !banned.is_empty() {
+        tracing::warn!(
+            groups = banned.len(),
+            producers = ?banned.iter().map(|g| g.producer.as_str()).collect::<std::collections::BTreeSet<_>>(),
+            "groups of banned producers dropped untrained"
+        );
+        totals.dropped_banned += banned.len() as u64;
+        metrics::counter!("learner_groups_dropped_banned_total").increment(banned.len() as u64);
+    }
+    hand
 }
 
 /// Distinct producers given their own metric series: a producer id is a peer's claim, so the
@@ -301,6 +308,22 @@ fn local_fault(e: &LearnerError, failed_steps: u32) -> Option<String> {
              so the fault is taken to be local (not the data)"
         )
     })
+}
+
+/// Quarantines the groups of `hand` the step refused (`st.quarantined`); returns how many.
+fn quarantine_refused(c: &TrainCtx, hand: &[TrajectoryGroup], st: &StepStats) -> u64 {
+    if st.quarantined.is_empty() {
+        return 0;
+    }
+    let bad: Vec<_> = st
+        .quarantined
+        .iter()
+        .filter_map(|q| {
+            let g = hand.iter().find(|g| g.group_id == q.group_id)?;
+            Some((g, q.reason.clone()))
+        })
+        .collect();
+    quarantine_all(c, &bad)
 }
 
 /// Quarantines `bad` (group, reason) and returns how many; see [`quarantine`].
