@@ -11,9 +11,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::PayloadKind;
 
-/// The most links a catch-up follows back from its target. The learner publishes a keyframe
-/// at least every `broadcast.keyframe_every` versions (default 16; ≤ 1000 by config), so an
-/// honest chain is never longer; the bound only stops a walk over an inconsistent store.
+/// The most links a catch-up (or a rebuild from the store) follows back from its target. The
+/// learner publishes a keyframe at least every `broadcast.keyframe_every` versions (default
+/// 16), so a chain has at most that many links; a longer one (a `keyframe_every` above 1024)
+/// is not caught up — the worker waits for the keyframe. The bound also stops a walk over an
+/// inconsistent store.
 pub const MAX_CHAIN: usize = 1024;
 
 /// The version a payload depends on: the base of a delta, nothing for a full payload.

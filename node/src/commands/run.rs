@@ -188,6 +188,7 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
                         client.clone(),
                         learner,
                         installs,
+                        dissem.clone(),
                         view.clone(),
                     )
                     .await?,

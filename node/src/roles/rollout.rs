@@ -235,6 +235,7 @@ pub async fn start(
     client: p2p::Client,
     learner: p2p::PeerId,
     installs: Option<mpsc::UnboundedReceiver<DisseminationEvent>>,
+    dissem: Option<dissemination::Disseminator>,
     view: RoleView,
 ) -> anyhow::Result<RolloutRole> {
     let config = &state.config;
@@ -262,25 +263,33 @@ pub async fn start(
         policy.config().max_position_embeddings,
     );
     drop(policy);
-    // Resume with the newest complete snapshot already on disk.
+    // Resume with the newest snapshot the durable chunk store rebuilds (a delta version from
+    // its keyframe and the deltas since, each checked against its signed root): installed,
+    // and the base of the next delta.
+    let payloads = Arc::new(super::catchup::PayloadStats::default());
+    let mut base = super::delta::DeltaBase::default();
     let chunks = state.chunks.clone();
     let slot2 = slot.clone();
-    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-        for v in chunks.versions()?.into_iter().rev() {
-            if chunks.missing_chunks(v)?.is_empty() {
-                let bytes = chunks.assemble(v)?;
-                match slot2.install_bytes(v, &bytes) {
-                    Ok(()) => tracing::info!(version = v, "installed the stored snapshot"),
-                    Err(e) => {
-                        tracing::warn!(version = v, error = %e, "stored snapshot not installed")
-                    }
-                }
-                break;
-            }
-        }
-        Ok(())
+    let restored = tokio::task::spawn_blocking(move || {
+        let (v, full) = super::catchup::restore(&chunks)?.context("nothing stored")?;
+        slot2.install_bytes(v, &full)?;
+        anyhow::Ok((v, Arc::new(full), super::catchup::position(&chunks, v)?))
     })
-    .await??;
+    .await?;
+    match restored {
+        Ok((v, full, at)) => {
+            tracing::info!(
+                version = v,
+                delta = at.position == crate::api::PayloadPosition::Delta,
+                root = %hex::encode(storage::hash_bytes(&full)),
+                "installed the stored snapshot"
+            );
+            base.installed(v, full);
+            payloads.set_restored(v);
+            payloads.set_installed(at);
+        }
+        Err(e) => tracing::info!(error = %e, "no stored snapshot installed"),
+    }
 
     let mut sampling = policy::SamplingParams::new(r.max_new_tokens, tokenizer.eos_ids());
     sampling.temperature = r.temperature;
@@ -368,9 +377,9 @@ pub async fn start(
     if let Some(mut rx) = installs {
         let slot = slot.clone();
         let standby = standby.clone();
+        let (payloads, chunks) = (payloads.clone(), state.chunks.clone());
         tasks.spawn(async move {
-            // The full payload installed last: the base of the next delta version.
-            let mut base = super::delta::DeltaBase::default();
+            // `base`: the full payload installed last, the base of the next delta version.
             while let Some(ev) = rx.recv().await {
                 match ev {
                     DisseminationEvent::Installed {
@@ -379,20 +388,41 @@ pub async fn start(
                         kind,
                         latency,
                     } => {
-                        let slot = slot.clone();
+                        if base.has(version) {
+                            continue; // rebuilt from the store at start, or caught up past it
+                        }
+                        let slot2 = slot.clone();
                         let held = base.clone();
                         let r = tokio::task::spawn_blocking(move || {
                             // A delta is applied to the held base and checked against the
                             // signed full root before anything is loaded.
                             let full = held.full_payload(version, payload, kind)?;
-                            slot.install_bytes(version, &full)?;
+                            slot2.install_bytes(version, &full)?;
                             let root = hex::encode(storage::hash_bytes(&full));
                             anyhow::Ok((full, root))
                         })
                         .await;
+                        let r = match r {
+                            // No base (a missed version, a late join, a restart behind):
+                            // catch up on the chain instead.
+                            Ok(Err(e)) if super::catchup::needs_catch_up(&e) => {
+                                tracing::info!(version, error = %e, "catching up");
+                                Ok(super::catchup::catch_up_and_load(
+                                    dissem.as_ref(),
+                                    &chunks,
+                                    &slot,
+                                    &base,
+                                    version,
+                                    &payloads,
+                                )
+                                .await)
+                            }
+                            r => r,
+                        };
                         match r {
                             Ok(Ok((full, root))) => {
                                 base.installed(version, full);
+                                payloads.note_installed(&chunks, version).await;
                                 metrics::gauge!("node_installed_snapshot_version")
                                     .set(version as f64);
                                 tracing::info!(
@@ -446,12 +476,15 @@ pub async fn start(
     });
     {
         let (slot, stats, store) = (slot.clone(), stats.clone(), state.trajectories.clone());
+        let payloads = payloads.clone();
         let standby = standby.clone();
         tasks.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tick.tick().await;
                 let s = stats.snapshot();
+                let (installed_payload, catch_ups, catch_up_bytes, restored_version) =
+                    payloads.view();
                 view.set(RoleSection::Rollout(RolloutStatus {
                     installed_version: slot.version(),
                     mu: s.mu,
@@ -464,6 +497,10 @@ pub async fn start(
                     standby: standby.load(Ordering::Relaxed),
                     last_group_version: s.version,
                     pending: store.pending().ok(),
+                    installed_payload,
+                    catch_ups,
+                    catch_up_bytes,
+                    restored_version,
                 }));
                 metrics::gauge!("rollout_mu_groups_per_s").set(s.mu);
                 metrics::gauge!("rollout_groups_total").set(s.groups as f64);
