@@ -4,8 +4,9 @@
 //!
 //! - **Install.** The dissemination engine's `Installed` event carries verified bytes; they are
 //!   loaded into the [`PolicySlot`] (a snapshot for another model config is refused). At
-//!   start the newest complete snapshot in the chunk store is installed, so a restarted worker
-//!   resumes at once.
+//!   start the newest snapshot the chunk store rebuilds (a delta version from its keyframe and
+//!   the deltas since, every root checked) is installed, so a restarted worker resumes at once
+//!   and applies the next delta; a delta whose base it lacks is caught up (`super::catchup`).
 //! - **Generate.** One [`RolloutEngine`] on its own thread; it idles until a policy is
 //!   installed, pauses while `storage.max_pending_groups` groups wait to be pulled, and stands
 //!   by while the learner's signed activation order says so (it keeps installing snapshots).
