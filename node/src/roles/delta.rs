@@ -164,16 +164,6 @@ impl DeltaBase {
     }
 }
 
-/// Snapshots a learner's chunk store keeps when it publishes deltas: at least
-/// `keyframe_every + 1`, so that the newest keyframe and every delta after it stay held and
-/// any recent version can be reconstructed from the store (the spot checker's need).
-pub fn learner_keep(keep_snapshots: usize, keyframe_every: Option<u64>) -> usize {
-    match keyframe_every {
-        Some(k) => keep_snapshots.max(usize::try_from(k).unwrap_or(usize::MAX).saturating_add(1)),
-        None => keep_snapshots,
-    }
-}
-
 /// The full payload of `version` from a chunk store that holds full payloads and deltas: the
 /// chain of deltas back to the nearest full payload, applied forward ([`apply_chain`]).
 /// `Ok(None)` when a link is no longer held (its manifest or a chunk).

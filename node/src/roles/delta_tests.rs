@@ -141,7 +141,7 @@ fn wrong_base_bad_delta_and_root_mismatch_are_refused() {
 fn the_store_rebuilds_delta_versions_from_their_keyframe() {
     let vs = versions(5, 61);
     let dir = tempfile::tempdir().unwrap();
-    let store = storage::ChunkStore::open(dir.path(), learner_keep(2, Some(3))).unwrap();
+    let store = storage::ChunkStore::open(dir.path(), 4).unwrap();
     let node_key = storage::NodeKey::from_seed([5; 32]);
     let key = node_key.signing_key();
     let mut learner = DeltaPublisher::new(3);
