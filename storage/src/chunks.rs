@@ -688,7 +688,13 @@ mod tests {
         let s = ChunkStore::open(dir.path(), 2).unwrap();
         let k = key();
         // v1 keyframe, v2 delta on 1, v3 keyframe, v4 on 3, v5 on 4.
-        for (v, base) in [(1u64, None), (2, Some(1)), (3, None), (4, Some(3)), (5, Some(4))] {
+        for (v, base) in [
+            (1u64, None),
+            (2, Some(1)),
+            (3, None),
+            (4, Some(3)),
+            (5, Some(4)),
+        ] {
             let p = payload(CHUNK as usize, v as u8);
             let mut m =
                 SnapshotManifest::build("s", v, [0; 32], &p, CHUNK, &k.verifying_key()).unwrap();
@@ -702,7 +708,11 @@ mod tests {
         }
         s.flush();
         let gc = s.retain().unwrap();
-        assert_eq!(s.versions().unwrap(), [3, 4, 5], "v5 and v4 need keyframe v3");
+        assert_eq!(
+            s.versions().unwrap(),
+            [3, 4, 5],
+            "v5 and v4 need keyframe v3"
+        );
         assert_eq!((gc.manifests_removed, gc.chunks_removed), (2, 2));
         assert!(s.missing_chunks(3).unwrap().is_empty());
     }

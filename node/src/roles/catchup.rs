@@ -162,9 +162,10 @@ pub async fn catch_up(
     }
     let start = from.and(held).map(|(_, p)| p);
     let s = store.clone();
-    let full =
-        tokio::task::spawn_blocking(move || apply_chain(&s, start.as_deref().map(|p| &p[..]), &versions))
-            .await??;
+    let full = tokio::task::spawn_blocking(move || {
+        apply_chain(&s, start.as_deref().map(|p| &p[..]), &versions)
+    })
+    .await??;
     Ok(Some((Arc::new(full), fetched)))
 }
 

@@ -180,7 +180,10 @@ fn the_store_rebuilds_delta_versions_from_their_keyframe() {
         learner.published(v, vs[4].clone(), kind);
     }
     assert_eq!(store.versions().unwrap(), [4, 5, 6, 7]);
-    assert!(assemble_full(&store, 3).unwrap().is_none(), "v3's chain is gone");
+    assert!(
+        assemble_full(&store, 3).unwrap().is_none(),
+        "v3's chain is gone"
+    );
     assert_eq!(&assemble_full(&store, 5).unwrap().unwrap()[..], &vs[4][..]);
     // A chain applied from a held payload: v5 from the full payload of v4.
     let got = apply_chain(&store, Some(&vs[3][..]), &[5]).unwrap();

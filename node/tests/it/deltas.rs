@@ -11,7 +11,10 @@ use crate::swarm::{wait_for, Node};
 
 /// `(version, delta, root)` of each log line with `message`, ANSI colours stripped.
 fn logged(node: &Node, message: &str) -> Vec<(u64, bool, String)> {
-    logged_in(&std::fs::read_to_string(&node.log).unwrap_or_default(), message)
+    logged_in(
+        &std::fs::read_to_string(&node.log).unwrap_or_default(),
+        message,
+    )
 }
 
 /// [`logged`] of a piece of a log.
@@ -115,7 +118,8 @@ fn workers_install_bf16_deltas_bit_for_bit() {
 /// Learner settings of the catch-up tests: bf16 deltas with a keyframe period far beyond the
 /// test's length, so that every version after the first is a delta and a worker that installs
 /// one without having seen every version before it must have caught up.
-const NO_KEYFRAMES: &str = "[learner]\nlr = 1e-5\n[broadcast]\ndtype = \"bf16\"\nkeyframe_every = 1000\n";
+const NO_KEYFRAMES: &str =
+    "[learner]\nlr = 1e-5\n[broadcast]\ndtype = \"bf16\"\nkeyframe_every = 1000\n";
 
 /// The learner's published `(delta, root)` per version.
 fn published(learner: &Node) -> HashMap<u64, (bool, String)> {
@@ -206,12 +210,18 @@ fn a_restarted_worker_resumes_from_its_durable_payload() {
     let w = &mut workers[0];
     wait_for("the worker to install two delta versions", limit, || {
         let _ = learner.status()?;
-        (logged(w, "snapshot installed").iter().filter(|l| l.1).count() >= 2).then_some(())
+        (logged(w, "snapshot installed")
+            .iter()
+            .filter(|l| l.1)
+            .count()
+            >= 2)
+            .then_some(())
     });
     w.kill();
     let before = std::fs::metadata(&w.log).unwrap().len() as usize;
     w.spawn();
-    let since = |w: &Node| std::fs::read_to_string(&w.log).unwrap_or_default()[before..].to_string();
+    let since =
+        |w: &Node| std::fs::read_to_string(&w.log).unwrap_or_default()[before..].to_string();
     let restored = wait_for("the restarted worker's restored version", limit, || {
         let st = w.status()?;
         st["rollout"]["restored_version"].as_u64()
