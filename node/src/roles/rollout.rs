@@ -272,13 +272,20 @@ pub async fn start(
     let chunks = state.chunks.clone();
     let slot2 = slot.clone();
     let restored = tokio::task::spawn_blocking(move || {
-        let (v, full) = super::catchup::restore(&chunks)?.context("nothing stored")?;
+        let Some((v, full)) = super::catchup::restore(&chunks)? else {
+            return anyhow::Ok(None);
+        };
         slot2.install_bytes(v, &full)?;
-        anyhow::Ok((v, Arc::new(full), super::catchup::position(&chunks, v)?))
+        Ok(Some((
+            v,
+            Arc::new(full),
+            super::catchup::position(&chunks, v)?,
+        )))
     })
     .await?;
     match restored {
-        Ok((v, full, at)) => {
+        Ok(None) => {}
+        Ok(Some((v, full, at))) => {
             tracing::info!(
                 version = v,
                 delta = at.position == crate::api::PayloadPosition::Delta,
@@ -289,7 +296,7 @@ pub async fn start(
             payloads.set_restored(v);
             payloads.set_installed(at);
         }
-        Err(e) => tracing::info!(error = %e, "no stored snapshot installed"),
+        Err(e) => tracing::warn!(error = %e, "stored snapshot not installed"),
     }
 
     let mut sampling = policy::SamplingParams::new(r.max_new_tokens, tokenizer.eos_ids());
