@@ -114,6 +114,16 @@ impl Trainer {
         Ok(final_dir)
     }
 
+    /// The adapters' configuration and the base's identity (hex) of the checkpoint
+    /// `dir/LATEST` points to; `None` for a full fine-tuning checkpoint. Reads `trainer.json`
+    /// only: how a caller learns that it needs the base ([`Trainer::load_with_base`]).
+    pub fn checkpoint_lora(dir: &Path) -> Result<Option<(LoraConfig, String)>> {
+        let (_, meta) = read_latest(dir)?;
+        Ok(meta
+            .lora
+            .map(|l| (l, meta.base_hash.unwrap_or_else(|| "<unknown>".into()))))
+    }
+
     /// Restores the checkpoint `dir/LATEST` points to, on `device`. A LoRA checkpoint holds
     /// no base and is refused here: restore it with [`Trainer::load_with_base`].
     pub fn load(dir: &Path, device: &Device) -> Result<Self> {

@@ -86,6 +86,13 @@ pub struct LearnerStatus {
     pub delta_max_bound_under_overlap: Option<u64>,
     pub published_version: Option<u64>,
     pub snapshots_published: u64,
+    /// Bytes of a full snapshot payload in the shipping dtype (the newest published).
+    #[serde(default)]
+    pub snapshot_bytes_full: Option<u64>,
+    /// Median bytes published per version over the last 1024 versions: the payload that
+    /// went on the chains, full, delta or adapter.
+    #[serde(default)]
+    pub snapshot_bytes_median: Option<u64>,
     /// The version the weights stood at when this run started (0 for a fresh model): the
     /// checkpoint's, or the newest published snapshot's read back after it. Journaled steps
     /// after it were not in the weights and their groups are trained again.

@@ -140,9 +140,14 @@ pub struct DemoArgs {
     pub snapshot_dtype: SnapshotDtype,
     /// Train LoRA adapters of this rank on the frozen (warm-started) model instead of every
     /// weight (0 = full fine-tuning): α = 32 and ten times the learning rate, as "LoRA Without
-    /// Regret" (Thinking Machines, 2025) suggests. Versions still ship as merged snapshots.
+    /// Regret" (Thinking Machines, 2025) suggests (on the embedded task 10× does not learn
+    /// and 1× learns best: `docs/experiments.md`). Versions still ship as merged snapshots.
     #[arg(long, default_value_t = 0)]
     pub lora_rank: usize,
+    /// The learner's learning rate (default: `learner.lr`'s default, ten times it with
+    /// --lora-rank).
+    #[arg(long)]
+    pub lr: Option<f64>,
 }
 
 #[derive(Debug, Args)]
@@ -163,10 +168,16 @@ pub struct ExportArgs {
     /// The learner's checkpoint directory (`<data_dir>/checkpoints`), or a learner config.
     #[arg(long, conflicts_with = "config", required_unless_present = "config")]
     pub checkpoint: Option<PathBuf>,
-    /// Take the checkpoint directory from this learner config.
+    /// Take the checkpoint directory from this learner config (which also rebuilds the base
+    /// of a LoRA checkpoint, as the learner does).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Output folder (created; existing files in it are not overwritten).
+    /// The frozen base of a LoRA checkpoint as a Hugging Face folder (its tokenizer is copied
+    /// too); refused unless it is the base the adapters were trained on.
+    #[arg(long)]
+    pub base: Option<PathBuf>,
+    /// Output folder (created; existing files in it are not overwritten). A LoRA checkpoint
+    /// also writes `peft/` (the PEFT adapter folder) and, unless --base names it, `base/`.
     #[arg(long)]
     pub out: PathBuf,
     /// Print one JSON object instead of text.

@@ -1,5 +1,7 @@
 //! Loading a Qwen2 / Qwen3 checkpoint from a local Hugging Face folder (`config.json`,
-//! `tokenizer.json`, `*.safetensors`) into the trainable module, and writing one back.
+//! `tokenizer.json`, `*.safetensors`) into the trainable module, and writing one back: the
+//! model ([`save_hf_dir`]), its tokenizer ([`save_byte_tokenizer`], [`copy_tokenizer_files`])
+//! so that the folder loads again, and LoRA adapters as a PEFT folder ([`save_peft_dir`]).
 //!
 //! Nothing is downloaded: the folder must already hold the files.
 
@@ -10,7 +12,8 @@ use candle_core::{Device, Tensor};
 
 use crate::config::ModelConfig;
 use crate::error::{PolicyError, Result};
-use crate::tokenizer::Tokenizer;
+use crate::lora::Adapters;
+use crate::tokenizer::{ByteTokenizer, Tokenizer};
 use crate::weights::Policy;
 
 fn read(path: &Path) -> Result<Vec<u8>> {
@@ -52,6 +55,34 @@ fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// The stop ids of a folder: `eos_token_id` of its `config.json` (parsed as `cfg_json`),
+/// then of its `generation_config.json` when there is one.
+fn stop_ids(dir: &Path, cfg_json: &serde_json::Value) -> Vec<u32> {
+    let mut eos = eos_ids(cfg_json);
+    if let Ok(bytes) = std::fs::read(dir.join("generation_config.json")) {
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+            for id in eos_ids(&v) {
+                if !eos.contains(&id) {
+                    eos.push(id);
+                }
+            }
+        }
+    }
+    eos
+}
+
+/// The first stop id a Hugging Face folder names (`config.json`, then
+/// `generation_config.json`), for the `config.json` of a model exported from it.
+pub fn first_stop_id(dir: &Path) -> Result<Option<u32>> {
+    let path = dir.join("config.json");
+    let cfg: serde_json::Value =
+        serde_json::from_slice(&read(&path)?).map_err(|e| PolicyError::CorruptFile {
+            path,
+            reason: e.to_string(),
+        })?;
+    Ok(stop_ids(dir, &cfg).first().copied())
+}
+
 /// Loads `dir/config.json`, `dir/tokenizer.json` and every `dir/*.safetensors` (weights are
 /// converted to f32). Tensors the architecture does not use (e.g. `rotary_emb.inv_freq`, or
 /// `lm_head.weight` of a tied model) are ignored; a missing or mis-shaped one is an error.
@@ -70,17 +101,7 @@ pub fn load_hf_dir(dir: &Path, device: &Device) -> Result<(Policy, Tokenizer)> {
         path: cfg_path.clone(),
         reason: e.to_string(),
     })?;
-    let mut eos = eos_ids(&cfg_json);
-    let gen_path = dir.join("generation_config.json");
-    if let Ok(bytes) = std::fs::read(&gen_path) {
-        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
-            for id in eos_ids(&v) {
-                if !eos.contains(&id) {
-                    eos.push(id);
-                }
-            }
-        }
-    }
+    let eos = stop_ids(dir, &cfg_json);
     let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"), &eos)?;
 
     let wanted: HashMap<String, Vec<usize>> =
@@ -106,17 +127,85 @@ pub fn load_hf_dir(dir: &Path, device: &Device) -> Result<(Policy, Tokenizer)> {
     Ok((policy, tokenizer))
 }
 
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> PolicyError {
+    let path = path.to_path_buf();
+    move |source| PolicyError::Io { path, source }
+}
+
 /// Writes `config.json` and `model.safetensors` for `policy` into `dir` (created if needed),
 /// loadable by Hugging Face tools and by [`load_hf_dir`] (with a tokenizer.json beside them).
+/// A LoRA policy writes its merged weights.
 pub fn save_hf_dir(policy: &Policy, dir: &Path, eos_token_id: Option<u32>) -> Result<()> {
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| PolicyError::Io { path, source }
-    };
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let cfg = dir.join("config.json");
     std::fs::write(&cfg, policy.config().to_hf_json(eos_token_id)).map_err(io(&cfg))?;
     let st = dir.join("model.safetensors");
     std::fs::write(&st, policy.to_safetensors_bytes()?).map_err(io(&st))?;
+    Ok(())
+}
+
+/// Writes the embedded byte tokenizer into `dir` as `tokenizer.json`
+/// ([`ByteTokenizer::to_hf_json`], read back by [`load_hf_dir`] as the byte tokenizer) and
+/// `tokenizer_config.json` (for `transformers.AutoTokenizer`).
+pub fn save_byte_tokenizer(dir: &Path, model_max_length: usize) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let files = [
+        ("tokenizer.json", ByteTokenizer.to_hf_json()),
+        (
+            "tokenizer_config.json",
+            ByteTokenizer::hf_tokenizer_config_json(model_max_length),
+        ),
+    ];
+    for (name, text) in files {
+        let path = dir.join(name);
+        std::fs::write(&path, text).map_err(io(&path))?;
+    }
+    Ok(())
+}
+
+/// The tokenizer files of a Hugging Face folder that [`copy_tokenizer_files`] carries over
+/// (`tokenizer.json` must be there; the others are copied when present).
+pub const TOKENIZER_FILES: [&str; 6] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "vocab.json",
+    "merges.txt",
+];
+
+/// Copies the tokenizer of the Hugging Face folder `src` into `dst` ([`TOKENIZER_FILES`]),
+/// so that a model exported from one loads with the same tokenizer. A missing
+/// `src/tokenizer.json` is an error; the file names copied are returned.
+pub fn copy_tokenizer_files(src: &Path, dst: &Path) -> Result<Vec<&'static str>> {
+    std::fs::create_dir_all(dst).map_err(io(dst))?;
+    let mut copied = Vec::new();
+    for name in TOKENIZER_FILES {
+        let from = src.join(name);
+        if !from.exists() && name != "tokenizer.json" {
+            continue;
+        }
+        std::fs::copy(&from, dst.join(name)).map_err(io(&from))?;
+        copied.push(name);
+    }
+    Ok(copied)
+}
+
+/// Writes `adapters` as a PEFT adapter folder (`adapter_config.json`,
+/// `adapter_model.safetensors`; [`Adapters::to_peft_files`]) into `dir`, for
+/// `peft.PeftModel.from_pretrained(base, dir)` over the base model (`base` names it in the
+/// config's `base_model_name_or_path`).
+pub fn save_peft_dir(
+    adapters: &Adapters,
+    model: &ModelConfig,
+    dir: &Path,
+    base: Option<&str>,
+) -> Result<()> {
+    let (config, weights) = adapters.to_peft_files(model, base)?;
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let path = dir.join("adapter_config.json");
+    std::fs::write(&path, config).map_err(io(&path))?;
+    let path = dir.join("adapter_model.safetensors");
+    std::fs::write(&path, weights).map_err(io(&path))?;
     Ok(())
 }

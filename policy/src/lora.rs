@@ -297,10 +297,17 @@ impl Adapters {
 
     /// The two files of a PEFT adapter folder, for `peft.PeftModel.from_pretrained(base,
     /// folder)`: `adapter_config.json` (LoRA, r, `lora_alpha`, `target_modules`, no dropout,
-    /// no bias, plain α/r scaling) and `adapter_model.safetensors` (f32, PEFT's names:
-    /// `base_model.model.` + this crate's). Pure; writing them is the caller's. Not yet
-    /// checked against `peft` itself.
-    pub fn to_peft_files(&self, model: &ModelConfig) -> Result<(String, Vec<u8>)> {
+    /// no bias, plain α/r scaling, `fan_in_fan_out` false as the weights are `[out, in]`;
+    /// only keys PEFT's `LoraConfig` knows, since older PEFT releases refuse unknown ones)
+    /// and `adapter_model.safetensors` (f32, PEFT's names: `base_model.model.` + this
+    /// crate's, `lora_A` `[r, in]`, `lora_B` `[out, r]`; the model's config hash in the
+    /// metadata). `base` names the base model (`base_model_name_or_path`). Pure; writing
+    /// them is the caller's. Checked against `peft` by `scripts/peft-check.py`.
+    pub fn to_peft_files(
+        &self,
+        model: &ModelConfig,
+        base: Option<&str>,
+    ) -> Result<(String, Vec<u8>)> {
         let config = serde_json::json!({
             "peft_type": "LORA",
             "task_type": "CAUSAL_LM",
@@ -312,9 +319,10 @@ impl Adapters {
             "fan_in_fan_out": false,
             "use_rslora": false,
             "use_dora": false,
+            "init_lora_weights": true,
+            "modules_to_save": null,
             "inference_mode": true,
-            "base_model_name_or_path": null,
-            "echo_swarm_config_hash": model.hash_hex(),
+            "base_model_name_or_path": base,
         });
         let mut named = Vec::new();
         for (name, var) in self.named_vars()? {

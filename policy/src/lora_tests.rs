@@ -358,14 +358,65 @@ fn peft_files_name_the_config_and_the_tensors_as_peft_does() {
     let cfg = small(Arch::Qwen3);
     let lora = LoraConfig::new(2, 5.0);
     let p = trained_lora(&cfg, &lora);
-    let (json, weights) = p.lora().unwrap().to_peft_files(&cfg).unwrap();
+    let (json, weights) = p
+        .lora()
+        .unwrap()
+        .to_peft_files(&cfg, Some("../base"))
+        .unwrap();
     let c: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(c["peft_type"], "LORA");
+    assert_eq!(c["task_type"], "CAUSAL_LM");
     assert_eq!(c["r"], 2);
     assert_eq!(c["lora_alpha"], 5.0);
-    assert_eq!(c["target_modules"].as_array().unwrap().len(), 7);
+    assert_eq!(c["fan_in_fan_out"], false);
+    assert_eq!(c["bias"], "none");
+    assert_eq!(
+        c["use_rslora"], false,
+        "PEFT scales by alpha/r only without rsLoRA"
+    );
+    assert_eq!(c["base_model_name_or_path"], "../base");
+    let targets: Vec<&str> = c["target_modules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(targets, TARGETS);
+    // Only fields of PEFT's LoraConfig: older releases refuse unknown keys.
+    let known = [
+        "peft_type",
+        "task_type",
+        "r",
+        "lora_alpha",
+        "target_modules",
+        "lora_dropout",
+        "bias",
+        "fan_in_fan_out",
+        "use_rslora",
+        "use_dora",
+        "init_lora_weights",
+        "modules_to_save",
+        "inference_mode",
+        "base_model_name_or_path",
+    ];
+    for k in c.as_object().unwrap().keys() {
+        assert!(
+            known.contains(&k.as_str()),
+            "unknown adapter_config key {k}"
+        );
+    }
     let t = candle_core::safetensors::load_buffer(&weights, &Device::Cpu).unwrap();
     assert_eq!(t.len(), adapter_shapes(&cfg, &lora).len());
+    // PEFT's layout: lora_A is [r, in], lora_B is [out, r], under base_model.model.
+    let q = cfg.num_attention_heads * cfg.head_dim;
+    let a = &t["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"];
+    let b = &t["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"];
+    assert_eq!(a.dims(), &[2, cfg.hidden_size]);
+    assert_eq!(b.dims(), &[q, 2]);
+    let down = &t["base_model.model.model.layers.0.mlp.down_proj.lora_A.weight"];
+    assert_eq!(down.dims(), &[2, cfg.intermediate_size]);
+    let meta = crate::safetensors_io::snapshot_config_hash(&weights).unwrap();
+    assert_eq!(meta, Some(cfg.hash_hex()));
     for (name, var) in p.trainable_named_vars().unwrap() {
         let got = &t[&format!("base_model.model.{name}")];
         assert_eq!(max_abs_diff(got, var.as_tensor()), 0.0, "{name}");

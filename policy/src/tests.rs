@@ -470,6 +470,54 @@ fn tiny_random_qwen3_folder_loads_and_generates() {
     }
 }
 
+/// An export of the embedded model (weights + the byte tokenizer's `tokenizer.json`) is a
+/// valid `model.source`: it loads back to the same tokenizer and the same logits.
+#[test]
+fn embedded_model_export_loads_back_with_the_same_tokenizer_and_logits() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = ModelConfig::tiny();
+    let p = Policy::new_random(&cfg, 21, &Device::Cpu).unwrap();
+    crate::hf::save_hf_dir(&p, dir.path(), Some(crate::ByteTokenizer::EOS)).unwrap();
+    crate::hf::save_byte_tokenizer(dir.path(), cfg.max_position_embeddings).unwrap();
+    let (q, tok) = crate::hf::load_hf_dir(dir.path(), &Device::Cpu).unwrap();
+    assert_eq!(q.config(), &cfg);
+    assert!(matches!(tok, Tokenizer::Byte(_)), "{tok:?}");
+    let prompt = tok.encode_prompt("3+4=").unwrap();
+    assert_eq!(prompt, Tokenizer::byte().encode_prompt("3+4=").unwrap());
+    assert_eq!(tok.eos_ids(), vec![crate::ByteTokenizer::EOS]);
+    let ids = Tensor::new(prompt.as_slice(), &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let want = p.forward(&ids).unwrap().to_vec3::<f32>().unwrap();
+    assert_eq!(q.forward(&ids).unwrap().to_vec3::<f32>().unwrap(), want);
+}
+
+/// An export of a model trained from a Hugging Face folder carries that folder's tokenizer
+/// files and stop id, and loads back with the same tokenizer.
+#[test]
+fn copied_tokenizer_files_make_an_export_of_an_hf_model_load_again() {
+    let (src, dst) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    write_tiny_hf_dir(src.path());
+    let (p, tok) = crate::hf::load_hf_dir(src.path(), &Device::Cpu).unwrap();
+    let copied = crate::hf::copy_tokenizer_files(src.path(), dst.path()).unwrap();
+    assert_eq!(copied, vec!["tokenizer.json"]);
+    let eos = crate::hf::first_stop_id(src.path()).unwrap();
+    assert_eq!(eos, Some(2));
+    crate::hf::save_hf_dir(&p, dst.path(), eos).unwrap();
+    let (_, back) = crate::hf::load_hf_dir(dst.path(), &Device::Cpu).unwrap();
+    let text = "what is two plus three ?";
+    assert_eq!(
+        back.encode_prompt(text).unwrap(),
+        tok.encode_prompt(text).unwrap()
+    );
+    assert_eq!(back.eos_ids(), tok.eos_ids());
+    // A folder without a tokenizer.json has nothing to copy: an error naming the file.
+    let empty = tempfile::tempdir().unwrap();
+    let e = crate::hf::copy_tokenizer_files(empty.path(), dst.path()).unwrap_err();
+    assert!(e.to_string().contains("tokenizer.json"), "{e}");
+}
+
 #[test]
 fn hf_folder_missing_or_corrupt_files_are_clear_errors() {
     let load = |d: &std::path::Path| {

@@ -45,6 +45,98 @@ impl ByteTokenizer {
     pub fn decode(&self, ids: &[u32]) -> String {
         String::from_utf8_lossy(&self.decode_bytes(ids)).into_owned()
     }
+
+    /// Names of the special tokens 256..=259 in a `tokenizer.json`.
+    pub const SPECIAL_NAMES: [&'static str; 4] = ["<|pad|>", "<|bos|>", "<|eos|>", "<|sep|>"];
+
+    /// This tokenizer as a Hugging Face `tokenizer.json`: a byte-level BPE without merges
+    /// (GPT-2's byte-to-character map as pre-tokenizer and decoder, vocabulary = the 256 byte
+    /// characters at their byte values) plus the four specials at 256..=259, so that
+    /// `tokenizers` (Rust or Python) encodes text to the same ids. [`Tokenizer::from_file`]
+    /// recognises the file and reads it back as this tokenizer (with its prompt template, and
+    /// still never parsing special tokens out of text, which `tokenizers` would).
+    pub fn to_hf_json(&self) -> String {
+        let chars = byte_chars();
+        let vocab: serde_json::Map<String, serde_json::Value> = (0..=255u8)
+            .map(|b| (chars[usize::from(b)].to_string(), u32::from(b).into()))
+            .collect();
+        let added: Vec<serde_json::Value> = Self::SPECIAL_NAMES
+            .iter()
+            .zip(Self::PAD..)
+            .map(|(name, id)| {
+                serde_json::json!({
+                    "id": id, "content": name, "single_word": false, "lstrip": false,
+                    "rstrip": false, "normalized": false, "special": true,
+                })
+            })
+            .collect();
+        let byte_level = serde_json::json!({
+            "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false,
+            "use_regex": false,
+        });
+        let json = serde_json::json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": added,
+            "normalizer": null,
+            "pre_tokenizer": byte_level,
+            "post_processor": null,
+            "decoder": byte_level,
+            "model": {
+                "type": "BPE", "dropout": null, "unk_token": null,
+                "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                "vocab": vocab, "merges": [],
+            },
+        });
+        serde_json::to_string_pretty(&json).unwrap_or_default()
+    }
+
+    /// A `tokenizer_config.json` for `transformers.AutoTokenizer` beside [`Self::to_hf_json`].
+    pub fn hf_tokenizer_config_json(model_max_length: usize) -> String {
+        let [pad, bos, eos, sep] = Self::SPECIAL_NAMES;
+        let json = serde_json::json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "pad_token": pad, "bos_token": bos, "eos_token": eos, "sep_token": sep,
+            "add_bos_token": false, "add_eos_token": false,
+            "model_max_length": model_max_length,
+            "clean_up_tokenization_spaces": false,
+        });
+        serde_json::to_string_pretty(&json).unwrap_or_default()
+    }
+
+    /// Whether `t` is [`Self::to_hf_json`] (compared in `tokenizers`' own serialisation, so
+    /// the file's formatting does not matter).
+    fn is_hf_form(t: &tokenizers::Tokenizer) -> bool {
+        // Cheap first: a real model's vocabulary is never serialised for the comparison.
+        if t.get_vocab_size(true) != Self::VOCAB_SIZE {
+            return false;
+        }
+        let ours = tokenizers::Tokenizer::from_bytes(ByteTokenizer.to_hf_json().as_bytes());
+        match (ours, t.to_string(false)) {
+            (Ok(ours), Ok(theirs)) => ours.to_string(false).is_ok_and(|o| o == theirs),
+            _ => false,
+        }
+    }
+}
+
+/// GPT-2's byte-to-character map (used by every byte-level BPE): printable Latin-1 bytes
+/// stand for themselves, the other 68 bytes for U+0100.. in byte order, so that no byte is
+/// a control or space character.
+fn byte_chars() -> [char; 256] {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let mut out = ['\0'; 256];
+    let mut next = 256u32;
+    for b in 0..=255u8 {
+        out[usize::from(b)] = if printable(b) {
+            char::from(b)
+        } else {
+            next += 1;
+            char::from_u32(next - 1).unwrap_or('\u{fffd}')
+        };
+    }
+    out
 }
 
 /// A Hugging Face tokenizer plus the few facts generation needs (stop ids, pad id, template).
@@ -98,8 +190,12 @@ impl Tokenizer {
         Ok(Self::from_hf(inner, extra_eos))
     }
 
-    /// Wraps an in-memory Hugging Face tokenizer.
+    /// Wraps an in-memory Hugging Face tokenizer; the embedded byte tokenizer's own form
+    /// ([`ByteTokenizer::to_hf_json`]) comes back as [`Tokenizer::Byte`].
     pub fn from_hf(inner: tokenizers::Tokenizer, extra_eos: &[u32]) -> Self {
+        if ByteTokenizer::is_hf_form(&inner) {
+            return Tokenizer::byte();
+        }
         let mut eos: Vec<u32> = extra_eos.to_vec();
         for name in ["<|im_end|>", "<|endoftext|>", "</s>", "<eos>"] {
             if let Some(id) = inner.token_to_id(name) {
@@ -236,5 +332,48 @@ mod tests {
         let e = Tokenizer::from_file(&p, &[]).unwrap_err();
         assert!(matches!(e, PolicyError::CorruptFile { .. }), "{e}");
         assert!(e.to_string().contains("tokenizer.json"));
+    }
+
+    #[test]
+    fn byte_tokenizer_json_encodes_as_the_byte_tokenizer_in_hf_tokenizers() {
+        let json = ByteTokenizer.to_hf_json();
+        let hf = tokenizers::Tokenizer::from_bytes(json.as_bytes()).unwrap();
+        assert_eq!(hf.get_vocab_size(true), ByteTokenizer::VOCAB_SIZE);
+        for (name, id) in ByteTokenizer::SPECIAL_NAMES
+            .iter()
+            .zip(ByteTokenizer::PAD..)
+        {
+            assert_eq!(hf.token_to_id(name), Some(id), "{name}");
+        }
+        // All of ASCII (controls and spaces included) and multi-byte UTF-8.
+        let all: String = (0u8..128).map(char::from).collect::<String>() + " héllo ∑ 😀 1+1=2";
+        for text in [all.as_str(), "  two  spaces", "\n\t"] {
+            let ids = hf.encode(text, false).unwrap().get_ids().to_vec();
+            assert_eq!(ids, ByteTokenizer.encode(text), "{text:?}");
+            assert_eq!(hf.decode(&ids, true).unwrap(), text);
+        }
+    }
+
+    #[test]
+    fn byte_tokenizer_json_reads_back_as_the_byte_tokenizer() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("tokenizer.json");
+        std::fs::write(&p, ByteTokenizer.to_hf_json()).unwrap();
+        let t = Tokenizer::from_file(&p, &[ByteTokenizer::EOS]).unwrap();
+        assert!(matches!(t, Tokenizer::Byte(_)), "{t:?}");
+        // Formatting does not matter, content does: re-serialised compactly it is still ours,
+        // with one special renamed it is a plain Hugging Face tokenizer.
+        let v: serde_json::Value = serde_json::from_str(&ByteTokenizer.to_hf_json()).unwrap();
+        std::fs::write(&p, v.to_string()).unwrap();
+        let t = Tokenizer::from_file(&p, &[]).unwrap();
+        assert_eq!(
+            t.encode_prompt("1+1=").unwrap(),
+            ByteTokenizer.encode_prompt("1+1=")
+        );
+        let mut v = v;
+        v["added_tokens"][2]["content"] = "<|end|>".into();
+        std::fs::write(&p, v.to_string()).unwrap();
+        let t = Tokenizer::from_file(&p, &[]).unwrap();
+        assert!(matches!(t, Tokenizer::Hf(_)));
     }
 }

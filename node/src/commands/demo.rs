@@ -148,6 +148,10 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
         l.lora = Some(policy::LoraConfig::new(args.lora_rank, 32.0));
         l.lr *= 10.0;
     }
+    if let Some(lr) = args.lr {
+        anyhow::ensure!(lr.is_finite() && lr > 0.0, "--lr must be positive");
+        l.lr = lr;
+    }
     let mut fleet = Fleet::default();
     // Every node binds port 0; the learner's bound addresses come back in its address file.
     let i = fleet.start(&exe, "learner", &learner, &[])?;
@@ -246,6 +250,7 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     summary["device"] = json!(args.device.to_string());
     summary["snapshot_dtype"] = json!(args.snapshot_dtype);
     summary["lora_rank"] = json!(args.lora_rank);
+    summary["lr"] = json!(learner.learner.lr);
     summary["worker_groups_per_s"] = json!(args.worker_groups_per_s);
     summary["task"] = json!(task.name);
     if let Some(e) = eval_summary(&crate::roles::learner::envs::eval_log(&learner_dir))? {
@@ -418,6 +423,8 @@ fn summarize(
         "reward_last": mean(rewards[rewards.len() - tenth..].iter().copied()),
         "bubble_ratio": if idle + train > 0.0 { idle / (idle + train) } else { 0.0 },
         "snapshots": l.snapshots_published,
+        "snapshot_bytes_full": l.snapshot_bytes_full,
+        "snapshot_bytes_median": l.snapshot_bytes_median,
         "worker_versions": worker_versions(status),
         "staleness_max": l.staleness_max,
         "staleness_histogram": l.staleness_histogram,

@@ -379,19 +379,31 @@ fn fresh_model(
         policy::memory::check_learner_fit(policy.config(), training, tokens, free, weights)?;
     }
     super::check_memory("the learner", need.saturating_sub(weights), &state.device)?;
+    warm_start(config, &policy, &tokenizer)?;
+    Ok(policy)
+}
+
+/// Warm-starts `policy` on the configured task when `learner.warm_start_steps` > 0 (the
+/// supervised start of a fresh learner; deterministic in the config, so `echo-node export`
+/// rebuilds the same LoRA base).
+pub(crate) fn warm_start(
+    config: &crate::config::NodeConfig,
+    policy: &policy::Policy,
+    tokenizer: &policy::Tokenizer,
+) -> anyhow::Result<()> {
     if config.learner.warm_start_steps > 0 {
         let env = super::build_env(config)?;
         let t0 = Instant::now();
         let w = match env.as_task() {
             Some(task) => learner::warm_start_on_task(
-                &policy,
-                &tokenizer,
+                policy,
+                tokenizer,
                 task.as_ref(),
                 config.learner.warm_start_steps,
                 config.model.seed,
             )
             .context("supervised warm start")?,
-            None => envs::warm_start(config, &policy, &tokenizer, env.as_ref())
+            None => envs::warm_start(config, policy, tokenizer, env.as_ref())
                 .context("supervised warm start on scripted play")?,
         };
         tracing::info!(
@@ -403,7 +415,7 @@ fn fresh_model(
             "warm start done"
         );
     }
-    Ok(policy)
+    Ok(())
 }
 
 /// A crash between checkpoints leaves snapshots this learner published after its checkpoint

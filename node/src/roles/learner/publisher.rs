@@ -25,6 +25,8 @@ use crate::roles::delta::DeltaPublisher;
 
 /// T_bcast samples kept for the median.
 const RECENT_BCAST: usize = 16;
+/// Payload sizes kept for the median bytes per version (the last this many versions).
+const RECENT_PAYLOADS: usize = 1024;
 
 /// What the publisher reports.
 pub(super) struct PublishStats {
@@ -38,6 +40,10 @@ pub(super) struct PublishStats {
     /// The last [`RECENT_BCAST`] T_bcast measurements: exact, or lower bounds of versions
     /// given up (more than [`RECENT_BCAST`] newer ones in flight).
     t_bcast: Mutex<VecDeque<BcastSample>>,
+    /// Bytes of the newest full payload in the shipping dtype (what a version costs without
+    /// deltas or adapters), and the bytes each of the last [`RECENT_PAYLOADS`] published
+    /// versions actually put on the chains (full, delta or adapter payload).
+    bytes: Mutex<(Option<u64>, VecDeque<u64>)>,
     /// Bytes per published version by kind (delta snapshots only).
     payloads: Mutex<Option<PayloadTotals>>,
     /// The engine, for the catch-ups it served.
@@ -64,6 +70,7 @@ impl Default for PublishStats {
             snapshots: AtomicU64::new(0),
             in_flight: Mutex::new(Vec::new()),
             t_bcast: Mutex::new(VecDeque::new()),
+            bytes: Mutex::new((None, VecDeque::new())),
             payloads: Mutex::new(None),
             engine: std::sync::OnceLock::new(),
         }
@@ -83,6 +90,25 @@ impl PublishStats {
 
     pub fn snapshots(&self) -> u64 {
         self.snapshots.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of a full snapshot payload, and the median bytes published per version (upper
+    /// median over the last [`RECENT_PAYLOADS`] versions); `None` before the first.
+    pub fn payload_bytes(&self) -> (Option<u64>, Option<u64>) {
+        let Ok(b) = self.bytes.lock() else {
+            return (None, None);
+        };
+        let mut sizes: Vec<u64> = b.1.iter().copied().collect();
+        sizes.sort_unstable();
+        (b.0, sizes.get(sizes.len() / 2).copied())
+    }
+
+    /// Counts one published version: `payload` bytes went out, a full payload is `full`.
+    fn record_bytes(&self, payload: usize, full: usize) {
+        if let Ok(mut b) = self.bytes.lock() {
+            b.0 = Some(full as u64);
+            push_recent(&mut b.1, payload as u64, RECENT_PAYLOADS);
+        }
     }
 
     /// Records one version published with delta snapshots on: `bytes` went out, `full` is
@@ -306,6 +332,7 @@ async fn publish(
                     metrics::gauge!("learner_snapshot_delta_ratio")
                         .set(bytes.len() as f64 / full.len().max(1) as f64);
                 }
+                shared.publish.record_bytes(bytes.len(), full.len());
                 shared.publish.record(version, t0);
                 // Workers that installed while the pushes started end it at once.
                 let _ = measure_now(client, shared).await;
@@ -324,5 +351,26 @@ async fn publish(
             }
             Err(e) => tracing::warn!(version, error = %e, "publishing the snapshot failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_bytes_are_the_full_size_and_the_median_per_version() {
+        let s = PublishStats::default();
+        assert_eq!(s.payload_bytes(), (None, None));
+        // A keyframe then two deltas: the median is a delta's size, the full size the
+        // keyframe's.
+        s.record_bytes(1000, 1000);
+        s.record_bytes(120, 1000);
+        s.record_bytes(80, 1000);
+        assert_eq!(s.payload_bytes(), (Some(1000), Some(120)));
+        for _ in 0..RECENT_PAYLOADS {
+            s.record_bytes(10, 1000);
+        }
+        assert_eq!(s.payload_bytes(), (Some(1000), Some(10)));
     }
 }

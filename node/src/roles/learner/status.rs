@@ -21,6 +21,7 @@ pub(super) fn update(c: &TrainCtx, t: &Totals, last: Option<&(StepStats, f64)>, 
     let s = &c.shared;
     let busy = t.idle_s + t.train_s;
     let (t_bcast_estimate, t_bcast_samples) = s.publish.t_bcast();
+    let (snapshot_bytes_full, snapshot_bytes_median) = s.publish.payload_bytes();
     // A lower bound makes μ_min (and μ_target, which the scheduler follows) a lower bound and
     // the Δ_max figures lower bounds of the bounds: flagged with it.
     let t_bcast = t_bcast_estimate.map(|e| e.secs);
@@ -93,6 +94,8 @@ pub(super) fn update(c: &TrainCtx, t: &Totals, last: Option<&(StepStats, f64)>, 
         delta_max_bound_under_overlap: delta_bound_overlap,
         published_version: s.publish.published(),
         snapshots_published: s.publish.snapshots(),
+        snapshot_bytes_full,
+        snapshot_bytes_median,
         started_from_version: c.weights_version,
         snapshot_payloads: s.publish.payloads(),
         groups_pulled: s.pulls.groups_pulled(),
