@@ -369,7 +369,20 @@ pub struct BenchStatus {
 pub struct BenchRound {
     pub round: u32,
     pub version: u64,
+    /// Payload bytes sent: the whole snapshot, or a delta's bytes.
     pub bytes: usize,
+    /// Bytes of the full snapshot payload of this version.
+    #[serde(default)]
+    pub full_bytes: usize,
+    /// Whether the version went out as a delta (else whole: a keyframe).
+    #[serde(default)]
+    pub delta: bool,
+    /// Fraction of bf16 values changed since the version before (synthetic delta rounds).
+    #[serde(default)]
+    pub changed_frac: Option<f64>,
+    /// Seconds to make the payload (and encode the delta) before publishing.
+    #[serde(default)]
+    pub prepare_s: f64,
     /// Until every worker installed.
     pub t_bcast_all_s: Option<f64>,
     /// Until a fraction 1/γ installed (the T_bcast the learner measures online).

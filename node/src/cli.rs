@@ -146,8 +146,12 @@ pub struct DemoArgs {
     pub lora_rank: usize,
     /// The learner's learning rate (default: `learner.lr`'s default, ten times it with
     /// --lora-rank).
-    #[arg(long)]
+    #[arg(long, value_parser = parse_lr)]
     pub lr: Option<f64>,
+    /// With `--snapshot-dtype bf16`: publish every version whole instead of as sparse deltas
+    /// (`broadcast.delta = false`), to compare the two.
+    #[arg(long)]
+    pub no_delta: bool,
 }
 
 #[derive(Debug, Args)]
@@ -253,6 +257,10 @@ pub struct RunArgs {
     /// Benchmark: snapshots to publish.
     #[arg(long, hide = true, default_value_t = 1)]
     pub bench_rounds: u32,
+    /// Benchmark: publish synthetic bf16 versions as deltas, this percentage of values changed
+    /// per version (a keyframe first).
+    #[arg(long, hide = true, value_parser = parse_pct)]
+    pub bench_delta_changed_pct: Option<f64>,
     /// Benchmark: a worker that only receives snapshots (no model, no generation).
     #[arg(long, hide = true)]
     pub bench_sink: bool,
@@ -299,4 +307,51 @@ pub enum InspectWhat {
         #[arg(long)]
         version: Option<u64>,
     },
+}
+
+/// A percentage in [0, 100] (`--bench-delta-changed-pct`).
+fn parse_pct(s: &str) -> Result<f64, String> {
+    let p: f64 = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not a number: {e}"))?;
+    if (0.0..=100.0).contains(&p) {
+        Ok(p)
+    } else {
+        Err(format!("{p} is not a percentage in [0, 100]"))
+    }
+}
+
+/// A learning rate: finite and > 0 (`demo --lr`).
+fn parse_lr(s: &str) -> Result<f64, String> {
+    let lr: f64 = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not a number: {e}"))?;
+    if lr.is_finite() && lr > 0.0 {
+        Ok(lr)
+    } else {
+        Err(format!("{lr} is not a learning rate (finite, > 0)"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// Out-of-range numbers are refused by the parser, with the value in the message.
+    #[test]
+    fn bad_percentages_and_learning_rates_are_refused() {
+        let err = |args: &[&str]| Cli::try_parse_from(args).unwrap_err().to_string();
+        let e = err(&["echo-node", "run", "--bench-delta-changed-pct", "150"]);
+        assert!(e.contains("150 is not a percentage"), "{e}");
+        let e = err(&["echo-node", "demo", "--lr=-0.1"]);
+        assert!(e.contains("not a learning rate"), "{e}");
+        let e = err(&["echo-node", "demo", "--lr", "NaN"]);
+        assert!(e.contains("not a learning rate"), "{e}");
+        let ok = Cli::try_parse_from(["echo-node", "demo", "--lr", "1e-4", "--no-delta"]).unwrap();
+        match ok.command {
+            Command::Demo(d) => assert_eq!((d.lr, d.no_delta), (Some(1e-4), true)),
+            _ => panic!("not a demo"),
+        }
+    }
 }

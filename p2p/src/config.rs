@@ -132,6 +132,79 @@ impl Default for NetworkConfig {
 impl NetworkConfig {
     /// Every problem with the values, as `(key relative to [network], what is allowed)`.
     pub fn validate(&self) -> Vec<(String, String)> {
+        let mut out = self.validate_addrs();
+        if let Some(p) = &self.psk_file {
+            if p.as_os_str().is_empty() {
+                out.push((
+                    "psk_file".into(),
+                    "must not be empty (omit the key for a public swarm)".into(),
+                ));
+            }
+        }
+        for (i, p) in self.allow_list.iter().enumerate() {
+            if p.parse::<libp2p::PeerId>().is_err() {
+                out.push((
+                    format!("allow_list[{i}]"),
+                    format!(
+                        "`{p}` is not a peer id (as printed by `echo-node keygen`, e.g. 12D3KooW…)"
+                    ),
+                ));
+            }
+        }
+        if !(100..=600_000).contains(&self.heartbeat_interval_ms) {
+            out.push((
+                "heartbeat_interval_ms".into(),
+                format!(
+                    "{} is outside 100..=600000 (milliseconds)",
+                    self.heartbeat_interval_ms
+                ),
+            ));
+        }
+        if !self.cost_per_hour.is_finite() || !(0.0..=1.0e6).contains(&self.cost_per_hour) {
+            out.push((
+                "cost_per_hour".into(),
+                format!(
+                    "{} must be a number in 0..=1000000 ($ per hour)",
+                    self.cost_per_hour
+                ),
+            ));
+        }
+        if !(1..=10_000).contains(&self.max_peers) {
+            out.push((
+                "max_peers".into(),
+                format!("{} is outside 1..=10000", self.max_peers),
+            ));
+        }
+        for (key, v, max) in [
+            ("ban_after_strikes", self.ban_after_strikes, 1_000_000),
+            ("max_inbound", self.max_inbound, 100_000),
+            ("max_per_peer", self.max_per_peer, 64),
+            ("max_pending_inbound", self.max_pending_inbound, 100_000),
+        ] {
+            if !(1..=max).contains(&v) {
+                out.push((key.into(), format!("{v} is outside 1..={max}")));
+            }
+        }
+        for (key, v) in [
+            ("uplink_mbps", self.uplink_mbps),
+            ("downlink_mbps", self.downlink_mbps),
+            ("learner_mbps", self.learner_mbps),
+        ] {
+            if !v.is_finite() || !(0.0..=1.0e6).contains(&v) {
+                out.push((
+                    key.into(),
+                    format!("{v} must be a number in 0..=1000000 (Mbit/s; 0 = unlimited)"),
+                ));
+            }
+        }
+        out.extend(self.validate_relay_limits());
+        out
+    }
+
+    /// The address options' problems: listen addresses (a transport this config runs),
+    /// bootstrap and relay addresses (with the peer id), external addresses, and a loopback
+    /// admin endpoint.
+    fn validate_addrs(&self) -> Vec<(String, String)> {
         let mut out = Vec::new();
         if self.listen.is_empty() {
             out.push((
@@ -201,71 +274,6 @@ impl NetworkConfig {
                 format!("`{}` is not HOST:PORT (e.g. 127.0.0.1:9100)", self.admin),
             )),
         }
-        if let Some(p) = &self.psk_file {
-            if p.as_os_str().is_empty() {
-                out.push((
-                    "psk_file".into(),
-                    "must not be empty (omit the key for a public swarm)".into(),
-                ));
-            }
-        }
-        for (i, p) in self.allow_list.iter().enumerate() {
-            if p.parse::<libp2p::PeerId>().is_err() {
-                out.push((
-                    format!("allow_list[{i}]"),
-                    format!(
-                        "`{p}` is not a peer id (as printed by `echo-node keygen`, e.g. 12D3KooW…)"
-                    ),
-                ));
-            }
-        }
-        if !(100..=600_000).contains(&self.heartbeat_interval_ms) {
-            out.push((
-                "heartbeat_interval_ms".into(),
-                format!(
-                    "{} is outside 100..=600000 (milliseconds)",
-                    self.heartbeat_interval_ms
-                ),
-            ));
-        }
-        if !self.cost_per_hour.is_finite() || !(0.0..=1.0e6).contains(&self.cost_per_hour) {
-            out.push((
-                "cost_per_hour".into(),
-                format!(
-                    "{} must be a number in 0..=1000000 ($ per hour)",
-                    self.cost_per_hour
-                ),
-            ));
-        }
-        if !(1..=10_000).contains(&self.max_peers) {
-            out.push((
-                "max_peers".into(),
-                format!("{} is outside 1..=10000", self.max_peers),
-            ));
-        }
-        for (key, v, max) in [
-            ("ban_after_strikes", self.ban_after_strikes, 1_000_000),
-            ("max_inbound", self.max_inbound, 100_000),
-            ("max_per_peer", self.max_per_peer, 64),
-            ("max_pending_inbound", self.max_pending_inbound, 100_000),
-        ] {
-            if !(1..=max).contains(&v) {
-                out.push((key.into(), format!("{v} is outside 1..={max}")));
-            }
-        }
-        for (key, v) in [
-            ("uplink_mbps", self.uplink_mbps),
-            ("downlink_mbps", self.downlink_mbps),
-            ("learner_mbps", self.learner_mbps),
-        ] {
-            if !v.is_finite() || !(0.0..=1.0e6).contains(&v) {
-                out.push((
-                    key.into(),
-                    format!("{v} must be a number in 0..=1000000 (Mbit/s; 0 = unlimited)"),
-                ));
-            }
-        }
-        out.extend(self.validate_relay_limits());
         out
     }
 

@@ -4,7 +4,8 @@
 //! disconnected peer after `membership::FORGET_AFTER_INTERVALS` heartbeat intervals (30 s
 //! at the 100 ms used here) and never holds more than `membership::MAX_KNOWN_PEERS`.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use testkit::wait_for_async;
 
 use p2p::{Client, PeerId, Role, ServiceConfig};
 
@@ -14,21 +15,6 @@ fn config(bootstrap: Vec<String>) -> ServiceConfig {
     let mut c = ServiceConfig::loopback("p2p-churn", Role::Rollout, bootstrap, None);
     c.network.heartbeat_interval_ms = 100;
     c
-}
-
-async fn wait_for<T, F: std::future::Future<Output = Option<T>>>(
-    what: &str,
-    timeout: Duration,
-    mut f: impl FnMut() -> F,
-) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 struct Node {
@@ -49,7 +35,7 @@ impl Node {
     }
 
     async fn bootstrap_addr(&self) -> String {
-        let addr = wait_for("a node to listen", Duration::from_secs(30), || async {
+        let addr = wait_for_async("a node to listen", Duration::from_secs(30), || async {
             self.client.listen_addrs().await.ok()?.into_iter().next()
         })
         .await;
@@ -80,7 +66,7 @@ async fn fifty_short_lived_nodes_leave_no_trace_in_the_peer_table() {
         for i in 0..CYCLES {
             let node = Node::start(10 + i, config(vec![boot.clone()]));
             let id = node.client.local_peer_id();
-            wait_for(
+            wait_for_async(
                 "the hub to hear a short-lived node",
                 Duration::from_secs(30),
                 || async {
@@ -100,7 +86,7 @@ async fn fifty_short_lived_nodes_leave_no_trace_in_the_peer_table() {
 
         // Once their heartbeats are older than the forget window, the churned ids are gone
         // and only the stable peer remains.
-        let rows = wait_for(
+        let rows = wait_for_async(
             "the churned peers to be forgotten",
             Duration::from_secs(90),
             || async {
@@ -119,7 +105,7 @@ async fn fifty_short_lived_nodes_leave_no_trace_in_the_peer_table() {
             rows.len()
         );
         // The stable peer is still there and active under the (effective) alive window.
-        let st = wait_for(
+        let st = wait_for_async(
             "the stable peer to be active",
             Duration::from_secs(30),
             || async {

@@ -10,28 +10,18 @@
 //! listen address; hole punching (DCUtR) then has nothing to punch to and the connection stays
 //! relayed. What real NATs do is proven by the network-namespace testnet (`testnet nat`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use testkit::wait_for_async;
 
 use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
 use p2p::{
     Client, ConnectionKind, Multiaddr, PeerId, Reachability, Role, ServiceConfig, StreamProtocol,
 };
 
-const TEST_STREAM: StreamProtocol = StreamProtocol::new("/echo-swarm/p2p-test-relay/1.0.0");
+/// How long a test waits for a condition before it fails.
+const WAIT: Duration = Duration::from_secs(45);
 
-async fn wait_for<T, F: std::future::Future<Output = Option<T>>>(
-    what: &str,
-    mut f: impl FnMut() -> F,
-) -> T {
-    let deadline = Instant::now() + Duration::from_secs(45);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
+const TEST_STREAM: StreamProtocol = StreamProtocol::new("/echo-swarm/p2p-test-relay/1.0.0");
 
 async fn active_peer(client: &Client, peer: PeerId) -> Option<p2p::PeerStatus> {
     let st = client.status().await.ok()?;
@@ -41,7 +31,7 @@ async fn active_peer(client: &Client, peer: PeerId) -> Option<p2p::PeerStatus> {
 }
 
 async fn first_listen(c: &Client) -> Multiaddr {
-    wait_for("a listen address", || async {
+    wait_for_async("a listen address", WAIT, || async {
         c.listen_addrs().await.ok()?.into_iter().next()
     })
     .await
@@ -94,7 +84,7 @@ async fn a_node_behind_the_relay_is_reached_through_a_circuit() {
     let mut a_cfg = ServiceConfig::loopback(swarm, Role::Rollout, vec![relay_addr.clone()], None);
     a_cfg.network.listen = vec![format!("{relay_addr}/p2p-circuit")];
     let (a, _ea, ta) = p2p::start([11; 32], a_cfg, &mut p2p::Registry::default()).unwrap();
-    let st = wait_for("a's reservation on the relay", || async {
+    let st = wait_for_async("a's reservation on the relay", WAIT, || async {
         let st = a.status().await.ok()?;
         (!st.nat.reservations.is_empty()).then_some(st)
     })
@@ -112,7 +102,7 @@ async fn a_node_behind_the_relay_is_reached_through_a_circuit() {
     let (b, _eb, tb) = p2p::start([12; 32], b_cfg, &mut p2p::Registry::default()).unwrap();
 
     // b discovers a through the relay's DHT, connects through the circuit, hears a.
-    let pa = wait_for("b to connect to a through the relay", || async {
+    let pa = wait_for_async("b to connect to a through the relay", WAIT, || async {
         active_peer(&b, a.local_peer_id())
             .await
             .filter(|p| p.reachability.is_some() && p.connection.is_some())
@@ -132,14 +122,14 @@ async fn a_node_behind_the_relay_is_reached_through_a_circuit() {
     push_stream(&b, &a).await;
 
     // The relay counts reservations and circuits, and says it is a relay.
-    let rs = wait_for("the relay's counters", || async {
+    let rs = wait_for_async("the relay's counters", WAIT, || async {
         let st = relay.status().await.ok()?;
         let s = st.nat.relay_server.clone()?;
         (s.reservations >= 2 && s.circuits_accepted_total >= 1).then_some(st)
     })
     .await;
     assert_eq!(rs.role, Role::Relay);
-    let rb = wait_for("the relay to hear b", || {
+    let rb = wait_for_async("the relay to hear b", WAIT, || {
         active_peer(&relay, b.local_peer_id())
     })
     .await;
@@ -168,7 +158,7 @@ async fn heartbeats_and_streams_run_over_quic_only() {
         &mut p2p::Registry::default(),
     )
     .unwrap();
-    let pa = wait_for("b to hear a over QUIC", || {
+    let pa = wait_for_async("b to hear a over QUIC", WAIT, || {
         active_peer(&b, a.local_peer_id())
     })
     .await;
@@ -178,7 +168,7 @@ async fn heartbeats_and_streams_run_over_quic_only() {
         "{:?}",
         pa.addrs
     );
-    wait_for("a to hear b over QUIC", || {
+    wait_for_async("a to hear b over QUIC", WAIT, || {
         active_peer(&a, b.local_peer_id())
     })
     .await;
@@ -192,7 +182,7 @@ async fn tcp_listeners_get_a_quic_companion() {
     let mut c = ServiceConfig::loopback("p2p-quic-auto", Role::Rollout, vec![], None);
     c.network.quic = true;
     let (a, _ea, ta) = p2p::start([31; 32], c, &mut p2p::Registry::default()).unwrap();
-    let addrs = wait_for("both listeners", || async {
+    let addrs = wait_for_async("both listeners", WAIT, || async {
         let l = a.listen_addrs().await.ok()?;
         (l.len() >= 2).then_some(l)
     })

@@ -4,6 +4,7 @@
 //! connection limits).
 
 use std::time::{Duration, Instant};
+use testkit::wait_for_async;
 
 use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
 use p2p::{
@@ -11,25 +12,14 @@ use p2p::{
     TransferEvent,
 };
 
+/// How long a test waits for a condition before it fails.
+const WAIT: Duration = Duration::from_secs(30);
+
 /// A protocol of this test only: p2p carries streams of any protocol its callers name.
 const TEST_STREAM: StreamProtocol = StreamProtocol::new("/echo-swarm/p2p-test-stream/1.0.0");
 
 fn config(bootstrap: Vec<String>) -> ServiceConfig {
     ServiceConfig::loopback("p2p-test", Role::Rollout, bootstrap, None)
-}
-
-async fn wait_for<T, F: std::future::Future<Output = Option<T>>>(
-    what: &str,
-    mut f: impl FnMut() -> F,
-) -> T {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Accepts one `TEST_STREAM` on `client` and reads it to its end: the sender and the bytes.
@@ -54,7 +44,7 @@ async fn sees(client: &Client, peer: PeerId) -> Option<p2p::PeerStatus> {
 async fn heartbeats_transfers_and_streams() {
     let mut reg = p2p::Registry::default();
     let (a, _ea, ta) = p2p::start([1; 32], config(vec![]), &mut reg).unwrap();
-    let a_addr = wait_for("a to listen", || async {
+    let a_addr = wait_for_async("a to listen", WAIT, || async {
         a.listen_addrs().await.ok()?.into_iter().next()
     })
     .await;
@@ -64,9 +54,9 @@ async fn heartbeats_transfers_and_streams() {
     assert_eq!(b.local_peer_id(), p2p::peer_id_from_seed([2; 32]));
 
     // Heartbeats both ways.
-    let pb = wait_for("a to hear b", || sees(&a, b.local_peer_id())).await;
+    let pb = wait_for_async("a to hear b", WAIT, || sees(&a, b.local_peer_id())).await;
     assert_eq!(pb.role, Some(Role::Rollout));
-    wait_for("b to hear a", || sees(&b, a.local_peer_id())).await;
+    wait_for_async("b to hear a", WAIT, || sees(&b, a.local_peer_id())).await;
 
     // A transfer event of 12.5 MB in 1 s = 100 Mbit/s → Speed 100.
     let ev = TransferEvent {
@@ -75,7 +65,7 @@ async fn heartbeats_transfers_and_streams() {
         success: true,
     };
     a.record_transfer(b.local_peer_id(), ev).await.unwrap();
-    let pb = wait_for("the transfer to count", || async {
+    let pb = wait_for_async("the transfer to count", WAIT, || async {
         sees(&a, b.local_peer_id())
             .await
             .filter(|p| p.score.speed > 99.999)
@@ -130,7 +120,7 @@ impl Node {
 
     /// The node's first listen address, once it listens.
     async fn listen_addr(&self) -> p2p::Multiaddr {
-        wait_for("a node to listen", || async {
+        wait_for_async("a node to listen", WAIT, || async {
             self.client.listen_addrs().await.ok()?.into_iter().next()
         })
         .await
@@ -167,7 +157,7 @@ async fn strikes_ban_a_peer_for_the_run_in_both_directions() {
         // b keeps re-dialing a (its bootstrap peer) every few seconds.
         let b = Node::start(12, config(vec![boot]));
         let (pa, pb) = (a.client.local_peer_id(), b.client.local_peer_id());
-        wait_for("a to hear b", || sees(&a.client, pb)).await;
+        wait_for_async("a to hear b", WAIT, || sees(&a.client, pb)).await;
         assert!(!a.client.is_banned(&pb));
 
         // Two strikes: counted, not yet banned (default threshold 3).
@@ -179,7 +169,7 @@ async fn strikes_ban_a_peer_for_the_run_in_both_directions() {
             .strike(pb, StrikeReason::StreamViolation)
             .await
             .unwrap();
-        let r = wait_for("two strikes", || async {
+        let r = wait_for_async("two strikes", WAIT, || async {
             row(&a.client, pb).await.filter(|r| r.strikes == 2)
         })
         .await;
@@ -192,7 +182,7 @@ async fn strikes_ban_a_peer_for_the_run_in_both_directions() {
             .strike(pb, StrikeReason::InvalidGroup)
             .await
             .unwrap();
-        let r = wait_for("b to be banned and disconnected", || async {
+        let r = wait_for_async("b to be banned and disconnected", WAIT, || async {
             row(&a.client, pb)
                 .await
                 .filter(|r| r.banned && !r.connected)
@@ -216,7 +206,7 @@ async fn strikes_ban_a_peer_for_the_run_in_both_directions() {
         assert_eq!((st.counters.strikes, st.counters.bans), (3, 1));
 
         // b's re-dials are refused (inbound), and so is a's own dial (outbound).
-        wait_for("b's re-dial to be refused", || async {
+        wait_for_async("b's re-dial to be refused", WAIT, || async {
             let st = a.client.status().await.ok()?;
             (st.counters.connections_denied >= 1).then_some(())
         })
@@ -246,12 +236,12 @@ async fn strikes_ban_a_peer_for_the_run_in_both_directions() {
                 }
                 Ok(()) => {
                     // The dial's outcome: a refused it, and b saw the connection close.
-                    wait_for("a to refuse b's dial", || async {
+                    wait_for_async("a to refuse b's dial", WAIT, || async {
                         let st = a.client.status().await.ok()?;
                         (refused(&st) > n).then_some(())
                     })
                     .await;
-                    wait_for("b to see the connection closed", || async {
+                    wait_for_async("b to see the connection closed", WAIT, || async {
                         row(&b.client, pa).await.filter(|r| !r.connected)
                     })
                     .await;
@@ -301,7 +291,7 @@ async fn a_heartbeat_flood_is_ignored_and_struck_once_per_window() {
         let boot = a.bootstrap_addr().await;
         let b = Node::start(22, config(vec![boot]));
         let pb = b.client.local_peer_id();
-        wait_for("a to hear b", || sees(&a.client, pb)).await;
+        wait_for_async("a to hear b", WAIT, || sees(&a.client, pb)).await;
 
         // b publishes valid heartbeats of its own, far faster than anyone's interval.
         let topic = TopicKind::Heartbeat.topic_name("p2p-test");
@@ -320,7 +310,7 @@ async fn a_heartbeat_flood_is_ignored_and_struck_once_per_window() {
             assert!(Heartbeat::decode(&bytes, "p2p-test").is_ok());
             b.client.publish_raw(topic.clone(), bytes).await.unwrap();
         }
-        let r = wait_for("a to strike b for the flood", || async {
+        let r = wait_for_async("a to strike b for the flood", WAIT, || async {
             row(&a.client, pb).await.filter(|r| r.strikes >= 1)
         })
         .await;
@@ -354,10 +344,13 @@ async fn inbound_connections_beyond_the_limit_are_refused() {
         let a = Node::start(31, one);
         let boot = a.bootstrap_addr().await;
         let b = Node::start(32, config(vec![boot.clone()]));
-        wait_for("a to hear b", || sees(&a.client, b.client.local_peer_id())).await;
+        wait_for_async("a to hear b", WAIT, || {
+            sees(&a.client, b.client.local_peer_id())
+        })
+        .await;
         // c's connection would be a's second inbound one.
         let c = Node::start(33, config(vec![boot]));
-        wait_for("c's connection to be refused", || async {
+        wait_for_async("c's connection to be refused", WAIT, || async {
             let st = a.client.status().await.ok()?;
             (st.counters.connections_denied >= 1).then_some(())
         })
@@ -382,7 +375,7 @@ async fn invalid_gossip_messages_are_strikes_that_ban_their_author() {
         let boot = a.bootstrap_addr().await;
         let b = Node::start(42, config(vec![boot]));
         let pb = b.client.local_peer_id();
-        wait_for("a to hear b", || sees(&a.client, pb)).await;
+        wait_for_async("a to hear b", WAIT, || sees(&a.client, pb)).await;
         let topic = TopicKind::Heartbeat.topic_name("p2p-test");
         for garbage in [&b"{not json"[..], b"[]", b"{\"v\":99}"] {
             b.client
@@ -390,7 +383,7 @@ async fn invalid_gossip_messages_are_strikes_that_ban_their_author() {
                 .await
                 .unwrap();
         }
-        let r = wait_for("a to ban b for bad messages", || async {
+        let r = wait_for_async("a to ban b for bad messages", WAIT, || async {
             row(&a.client, pb).await.filter(|r| r.banned)
         })
         .await;
@@ -428,7 +421,7 @@ async fn snapshot_and_plan_messages_not_authored_by_the_learner_ban_their_author
         let b = Node::start(44, with_learner(vec![boot.clone()]));
         let c = Node::start(45, with_learner(vec![boot]));
         let (pb, pc) = (b.client.local_peer_id(), c.client.local_peer_id());
-        wait_for("a to hear b and c", || async {
+        wait_for_async("a to hear b and c", WAIT, || async {
             (sees(&a.client, pb).await.is_some() && sees(&a.client, pc).await.is_some())
                 .then_some(())
         })
@@ -436,7 +429,7 @@ async fn snapshot_and_plan_messages_not_authored_by_the_learner_ban_their_author
         let topic = TopicKind::Snapshots.topic_name("p2p-test");
         let manifest = b"a learner-signed manifest".to_vec();
         // The learner publishes; its subscribers must be known to it first.
-        wait_for("the learner to publish", || async {
+        wait_for_async("the learner to publish", WAIT, || async {
             a.client
                 .publish_raw(topic.clone(), manifest.clone())
                 .await
@@ -444,14 +437,14 @@ async fn snapshot_and_plan_messages_not_authored_by_the_learner_ban_their_author
         })
         .await;
         // b re-publishes the learner's bytes: a replay.
-        wait_for("b to replay", || async {
+        wait_for_async("b to replay", WAIT, || async {
             b.client
                 .publish_raw(topic.clone(), manifest.clone())
                 .await
                 .ok()
         })
         .await;
-        let r = wait_for("a to ban b", || async {
+        let r = wait_for_async("a to ban b", WAIT, || async {
             row(&a.client, pb).await.filter(|r| r.banned)
         })
         .await;
@@ -459,11 +452,11 @@ async fn snapshot_and_plan_messages_not_authored_by_the_learner_ban_their_author
         assert_eq!(r.ban_reason.as_deref(), Some("replay"));
         assert_eq!(r.strikes_by_reason["replay"], 1, "{r:?}");
         // c publishes bytes the learner never did: a forgery, named as such.
-        wait_for("c to publish garbage", || async {
+        wait_for_async("c to publish garbage", WAIT, || async {
             c.client.publish_raw(topic.clone(), vec![7; 8]).await.ok()
         })
         .await;
-        let r = wait_for("a to ban c", || async {
+        let r = wait_for_async("a to ban c", WAIT, || async {
             row(&a.client, pc).await.filter(|r| r.banned)
         })
         .await;
@@ -490,13 +483,13 @@ async fn heartbeats_carry_dial_hints_to_every_node() {
         let a = Node::start(32, config(vec![boot.clone()]));
         let b = Node::start(33, config(vec![boot]));
         let pb = b.client.local_peer_id();
-        let b_addrs: Vec<String> = wait_for("b to listen", || async {
+        let b_addrs: Vec<String> = wait_for_async("b to listen", WAIT, || async {
             Some(b.client.listen_addrs().await.ok()?)
                 .filter(|v| !v.is_empty())
                 .map(|v| v.iter().map(|a| a.to_string()).collect())
         })
         .await;
-        let hints = wait_for("a to hold b's dial hints", || async {
+        let hints = wait_for_async("a to hold b's dial hints", WAIT, || async {
             let st = a.client.status().await.ok()?;
             st.peers
                 .into_iter()
@@ -548,10 +541,14 @@ async fn a_stream_open_dials_from_a_new_port() {
         let b = Node::start(42, config(vec![boot]));
         let listen_port = b.listen_socket().await.port();
         // The bootstrap dial comes from the listening port: the listener tells the two apart.
-        wait_for("the bootstrap dial from the listening port", || async {
-            let s = seen.lock().unwrap();
-            s.iter().any(|&(_, port)| port == listen_port).then_some(())
-        })
+        wait_for_async(
+            "the bootstrap dial from the listening port",
+            WAIT,
+            || async {
+                let s = seen.lock().unwrap();
+                s.iter().any(|&(_, port)| port == listen_port).then_some(())
+            },
+        )
         .await;
         // Each open fails (the listener drops the connection). A dial already under way when
         // the open asks (a bootstrap redial, a Kademlia query) makes the open wait for it

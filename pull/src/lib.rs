@@ -356,44 +356,7 @@ pub async fn pull_on<S: AsyncRead + AsyncWrite + Unpin>(
         lease_id: Some(lease_id),
         ..PullOutcome::default()
     };
-    let mut valid: Vec<TrajectoryGroup> = Vec::with_capacity(count as usize);
-    // What the groups of this pull may take in all, and each one at most: the request's
-    // bound, never the peer's announcement.
-    let per_group = max_group_bytes(&req.limits);
-    let mut budget = byte_budget(&req);
-    for _ in 0..count {
-        // Frame = tag byte + the group behind its varint length.
-        let max = per_group.min(budget as usize) + wire::GROUP_FRAME_OVERHEAD;
-        let bytes = match read_within(stream, max, limit, "a group").await {
-            Ok(Some(Message::Group { bytes })) => bytes,
-            Ok(_) => {
-                return Err(PullError::Protocol(
-                    "lease ended before all its groups".into(),
-                ))
-            }
-            Err(PullError::OversizedAnswer(why)) => {
-                metrics::counter!("pull_oversized_answers_total").increment(1);
-                return Err(PullError::OversizedAnswer(format!(
-                    "{why} (per-group bound {per_group} B, {budget} B left of the pull's budget)"
-                )));
-            }
-            Err(e) => return Err(e),
-        };
-        budget = budget.saturating_sub(bytes.len() as u64);
-        out.received += 1;
-        out.bytes += bytes.len() as u64;
-        match TrajectoryGroup::decode(&bytes).map_err(|e| GroupRejection::Malformed(e.to_string()))
-        {
-            Ok(g) => valid.push(g),
-            Err(why) => {
-                tracing::warn!(%worker, reason = why.reason(), detail = %why, "worker sent a group the learner refuses");
-                metrics::counter!("pull_groups_rejected_total", "reason" => why.reason())
-                    .increment(1);
-                *out.rejected.entry(why.reason()).or_default() += 1;
-                out.invalid += 1;
-            }
-        }
-    }
+    let mut valid = read_groups(stream, count, &req, limit, worker, &mut out).await?;
     // Verification (may recompute rewards or log-probs) off the async runtime, then durable
     // before the ack: a crash from here on loses nothing.
     let checked = out.invalid as u64;
@@ -450,6 +413,59 @@ pub async fn pull_on<S: AsyncRead + AsyncWrite + Unpin>(
     }
     metrics::counter!("pull_groups_stored_total").increment(out.stored as u64);
     Ok(out)
+}
+
+/// Reads the `count` groups a lease announced, each bounded by the request's per-group bound
+/// and what is left of the pull's byte budget (never the peer's announcement); decodes them,
+/// counting what does not decode in `out` (a rejection of the worker's, not an error of the
+/// pull). An oversized or missing group ends the pull.
+async fn read_groups<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    count: u64,
+    req: &PullRequest,
+    limit: Duration,
+    worker: &str,
+    out: &mut PullOutcome,
+) -> Result<Vec<TrajectoryGroup>, PullError> {
+    let mut valid: Vec<TrajectoryGroup> = Vec::with_capacity(count as usize);
+    // What the groups of this pull may take in all, and each one at most: the request's
+    // bound, never the peer's announcement.
+    let per_group = max_group_bytes(&req.limits);
+    let mut budget = byte_budget(req);
+    for _ in 0..count {
+        // Frame = tag byte + the group behind its varint length.
+        let max = per_group.min(budget as usize) + wire::GROUP_FRAME_OVERHEAD;
+        let bytes = match read_within(stream, max, limit, "a group").await {
+            Ok(Some(Message::Group { bytes })) => bytes,
+            Ok(_) => {
+                return Err(PullError::Protocol(
+                    "lease ended before all its groups".into(),
+                ))
+            }
+            Err(PullError::OversizedAnswer(why)) => {
+                metrics::counter!("pull_oversized_answers_total").increment(1);
+                return Err(PullError::OversizedAnswer(format!(
+                    "{why} (per-group bound {per_group} B, {budget} B left of the pull's budget)"
+                )));
+            }
+            Err(e) => return Err(e),
+        };
+        budget = budget.saturating_sub(bytes.len() as u64);
+        out.received += 1;
+        out.bytes += bytes.len() as u64;
+        match TrajectoryGroup::decode(&bytes).map_err(|e| GroupRejection::Malformed(e.to_string()))
+        {
+            Ok(g) => valid.push(g),
+            Err(why) => {
+                tracing::warn!(%worker, reason = why.reason(), detail = %why, "worker sent a group the learner refuses");
+                metrics::counter!("pull_groups_rejected_total", "reason" => why.reason())
+                    .increment(1);
+                *out.rejected.entry(why.reason()).or_default() += 1;
+                out.invalid += 1;
+            }
+        }
+    }
+    Ok(valid)
 }
 
 /// This crate's admission of one decoded group from `worker` (base58): admissible version,

@@ -6,7 +6,8 @@ mod deadlines;
 mod guard;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use testkit::wait_for_async;
 
 use futures::AsyncWriteExt;
 use p2p::{Client, ServiceConfig};
@@ -17,29 +18,18 @@ use storage::record::GroupLimits;
 use storage::TrajectoryGroup;
 use storage::TrajectoryStore;
 
+/// How long a test waits for a condition before it fails.
+const WAIT: Duration = Duration::from_secs(30);
+
 fn config(bootstrap: Vec<String>) -> ServiceConfig {
     ServiceConfig::loopback("pull-test", p2p::Role::Rollout, bootstrap, None)
-}
-
-async fn wait_for<T, F: std::future::Future<Output = Option<T>>>(
-    what: &str,
-    mut f: impl FnMut() -> F,
-) -> T {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// A worker and a learner connected on 127.0.0.1.
 async fn pair(seed: u8) -> (Client, Client) {
     let (worker, _ew, _tw) =
         p2p::start([seed; 32], config(vec![]), &mut p2p::Registry::default()).unwrap();
-    let addr = wait_for("the worker to listen", || async {
+    let addr = wait_for_async("the worker to listen", WAIT, || async {
         worker.listen_addrs().await.ok()?.into_iter().next()
     })
     .await;
@@ -112,7 +102,7 @@ async fn net() -> Net {
     let dir = tempfile::tempdir().unwrap();
     let (worker, _ew, _tw) =
         p2p::start([11; 32], config(vec![]), &mut p2p::Registry::default()).unwrap();
-    let addr = wait_for("the worker to listen", || async {
+    let addr = wait_for_async("the worker to listen", WAIT, || async {
         worker.listen_addrs().await.ok()?.into_iter().next()
     })
     .await;
@@ -167,7 +157,7 @@ const REQ: PullRequest = PullRequest {
 /// The first pull may race the connection being established: retry opening for a while.
 async fn pull_retrying(n: &Net, req: PullRequest) -> pull::PullOutcome {
     let worker = n.worker.local_peer_id();
-    wait_for("a pull to go through", || {
+    wait_for_async("a pull to go through", WAIT, || {
         let buffer = n.buffer.clone();
         async move {
             match pull(&n.learner, worker, buffer, req).await {
@@ -240,7 +230,7 @@ async fn only_the_learner_may_pull() {
     n.worker_store.put_group(&n.group(5, 1, 2, 2)).unwrap();
     let worker = n.worker.local_peer_id();
     let (buffer, stranger) = (n.buffer.clone(), &n.stranger);
-    let err = wait_for("the stranger's pull to be answered", || {
+    let err = wait_for_async("the stranger's pull to be answered", WAIT, || {
         let buffer = buffer.clone();
         async move {
             match pull(stranger, worker, buffer, REQ).await {
@@ -271,7 +261,7 @@ async fn a_learner_that_dies_before_acking_loses_nothing_and_stores_nothing_twic
     // A learner that received the lease and stored it, then died before the ack: play the
     // protocol by hand up to that point.
     let control = n.learner.stream_control();
-    let mut s = wait_for("a stream to the worker", || {
+    let mut s = wait_for_async("a stream to the worker", WAIT, || {
         let mut c = control.clone();
         async move { c.open_stream(worker, pull::TRAJECTORY_PULL).await.ok() }
     })
@@ -299,7 +289,7 @@ async fn a_learner_that_dies_before_acking_loses_nothing_and_stores_nothing_twic
     // After the lease expires the groups are offered again; the buffer refuses the copies and
     // the ack finally deletes them on the worker.
     let learner = &n.learner;
-    let out = wait_for("the expired lease to be offered again", || {
+    let out = wait_for_async("the expired lease to be offered again", WAIT, || {
         let buffer = n.buffer.clone();
         async move {
             let req = PullRequest {

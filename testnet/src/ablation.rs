@@ -45,14 +45,13 @@ fn cost_run(
         costs,
     )?;
     // Warm-up: training has started and the scheduler has put the rest on standby.
-    let start_version =
-        harness::wait_for(Duration::from_secs(300), Duration::from_secs(1), || {
-            let l = read_status(bin, &sw.learner_admin).and_then(|st| st.learner);
-            Ok(
-                l.filter(|l| l.scheduler.standby.len() == costs.len() - k && l.version >= 5)
-                    .map(|l| l.version),
-            )
-        })?;
+    let start_version = harness::poll(Duration::from_secs(300), Duration::from_secs(1), || {
+        let l = read_status(bin, &sw.learner_admin).and_then(|st| st.learner);
+        Ok(
+            l.filter(|l| l.scheduler.standby.len() == costs.len() - k && l.version >= 5)
+                .map(|l| l.version),
+        )
+    })?;
     let Some(start_version) = start_version else {
         bail!("{ranking}: the swarm did not start training within 300 s");
     };
@@ -109,6 +108,7 @@ pub fn run(
         wan: None,
         quic: false,
         restart_congestion: true,
+        delta_changed_pct: None,
     };
     let bar = crate::progress::bar(4, "ablation runs");
     let mut t = Vec::new();

@@ -83,6 +83,9 @@ pub struct Settings {
     pub quic: bool,
     /// `network.restart_congestion` of every node (a fresh BBR model per push).
     pub restart_congestion: bool,
+    /// Publish bf16 versions as sparse deltas, this percentage of values changed per version
+    /// (the first round is the keyframe); `None`: every round a whole random snapshot.
+    pub delta_changed_pct: Option<f64>,
 }
 
 /// WAN conditions of a broadcast run: node-to-node round trip, per-direction loss, jitter.
@@ -219,6 +222,13 @@ fn launch(
         "--bench-rounds".into(),
         s.rounds.to_string(),
     ];
+    let delta = s
+        .delta_changed_pct
+        .map(|p| ["--bench-delta-changed-pct".to_string(), p.to_string()]);
+    let bench: Vec<String> = bench
+        .into_iter()
+        .chain(delta.into_iter().flatten())
+        .collect();
     let l = fleet.start(&at.exes[0], "learner", &learner, &bench)?;
     let addrs = fleet.wait_addresses(l, &learner, harness::START_LIMIT)?;
     let bootstrap = addrs
@@ -254,7 +264,7 @@ pub fn run_one(s: &Settings, mode: BroadcastMode, n: usize, root: &Path) -> anyh
     // The admin endpoint is on the learner's loopback: in a namespace, ask from inside it.
     let status_bin = at.exes[0].clone();
     let limit = Duration::from_secs(240 + u64::from(s.rounds) * 120);
-    let bench = harness::wait_for(limit, Duration::from_millis(500), || {
+    let bench = harness::poll(limit, Duration::from_millis(500), || {
         fleet.ensure_running()?;
         Ok(harness::read_status(&status_bin, &admin)
             .and_then(|st: NodeStatus| st.bench)
@@ -274,19 +284,28 @@ pub fn run_one(s: &Settings, mode: BroadcastMode, n: usize, root: &Path) -> anyh
     };
     drop(at);
     let rounds = bench.rounds;
-    let all: Vec<f64> = rounds.iter().filter_map(|r| r.t_bcast_all_s).collect();
-    let q: Vec<f64> = rounds.iter().filter_map(|r| r.t_bcast_q_s).collect();
     let chain_len = rounds
         .iter()
         .flat_map(|r| r.chain_lengths.iter().copied())
         .max()
         .unwrap_or(1);
     let n_chains = rounds.first().map(|r| r.n_chains);
-    let bound = s.bound_s(mode, n, chain_len);
+    let sizes = RoundSizes::of(&rounds);
+    // The bound of a round is that of the bytes it sent: a delta round's is the delta's.
+    let bound_of = |bytes: f64| {
+        let at = Settings {
+            size_mb: bytes / 1e6,
+            ..s.clone()
+        };
+        at.bound_s(mode, n, chain_len)
+    };
+    let bound = bound_of(sizes.bytes_per_version);
     // The first round on its own: connections, streams and congestion windows start cold
     // there (docs/netlab.md), and a swarm's first snapshot — and every new worker's — is its
-    // biggest transfer; the later rounds' median says what a warm swarm pays.
+    // biggest transfer (with deltas, the keyframe); the later rounds' median says what a warm
+    // swarm pays.
     let first = rounds.first().and_then(|r| r.t_bcast_all_s);
+    let first_bound = rounds.first().map(|r| bound_of(r.bytes as f64));
     let later = median(
         rounds
             .iter()
@@ -294,11 +313,30 @@ pub fn run_one(s: &Settings, mode: BroadcastMode, n: usize, root: &Path) -> anyh
             .filter_map(|r| r.t_bcast_all_s)
             .collect(),
     );
-    let t = median(all);
+    // T_bcast is the median of the rounds that send `bytes_per_version`: with deltas, the
+    // delta rounds (the keyframe is the first round, reported on its own).
+    let typical = |r: &&echo_node::api::BenchRound| !sizes.delta || r.delta;
+    let t = median(
+        rounds
+            .iter()
+            .filter(typical)
+            .filter_map(|r| r.t_bcast_all_s)
+            .collect(),
+    );
+    let t_q = median(
+        rounds
+            .iter()
+            .filter(typical)
+            .filter_map(|r| r.t_bcast_q_s)
+            .collect(),
+    );
     Ok(json!({
-        "mode": mode.as_str(), "nodes": n, "t_bcast_s": t, "t_bcast_q_s": median(q),
+        "mode": mode.as_str(), "nodes": n, "t_bcast_s": t, "t_bcast_q_s": t_q,
         "bound_s": bound, "ratio_to_bound": t.map(|t| t / bound),
-        "t_bcast_first_s": first, "first_ratio_to_bound": first.map(|t| t / bound),
+        "bytes_per_version": sizes.bytes_per_version, "full_bytes": sizes.full_bytes,
+        "delta": sizes.delta, "changed_pct": s.delta_changed_pct,
+        "t_bcast_first_s": first, "bound_first_s": first_bound,
+        "first_ratio_to_bound": first.zip(first_bound).map(|(t, b)| t / b),
         "t_bcast_later_s": later, "later_ratio_to_bound": later.map(|t| t / bound),
         "installed": n, "n_chains": n_chains, "longest_chain": chain_len,
         "rtt_ms": s.wan.map(|w| w.rtt_ms), "loss_pct": s.wan.map(|w| w.loss_pct),
@@ -306,6 +344,36 @@ pub fn run_one(s: &Settings, mode: BroadcastMode, n: usize, root: &Path) -> anyh
         "emulator_packets": packets,
         "rounds": rounds,
     }))
+}
+
+/// The payload sizes of a run's rounds: the median bytes sent per version (with deltas, over
+/// the delta rounds) and the full snapshot's bytes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct RoundSizes {
+    bytes_per_version: f64,
+    full_bytes: f64,
+    /// Some round went out as a delta.
+    delta: bool,
+}
+
+impl RoundSizes {
+    fn of(rounds: &[echo_node::api::BenchRound]) -> RoundSizes {
+        let delta = rounds.iter().any(|r| r.delta);
+        let sent = rounds
+            .iter()
+            .filter(|r| !delta || r.delta)
+            .map(|r| r.bytes as f64)
+            .collect();
+        let full = rounds
+            .iter()
+            .map(|r| r.full_bytes.max(r.bytes) as f64)
+            .collect();
+        RoundSizes {
+            bytes_per_version: median(sent).unwrap_or(0.0),
+            full_bytes: median(full).unwrap_or(0.0),
+            delta,
+        }
+    }
 }
 
 /// Runs every (mode, N) of the settings; writes `broadcast.json` (all rows) and
@@ -342,7 +410,8 @@ pub fn sweep(s: &Settings, out: &Path, verbose: bool) -> anyhow::Result<Value> {
         "learner_mbps": s.learner_mbps, "rounds": s.rounds, "heartbeat_ms": s.heartbeat_ms,
         "rtt_ms": s.wan.map(|w| w.rtt_ms), "loss_pct": s.wan.map(|w| w.loss_pct),
         "jitter_ms": s.wan.map(|w| w.jitter_ms), "link_caps": s.wan.map(|w| w.link_caps),
-        "quic": s.quic, "restart_congestion": s.restart_congestion});
+        "quic": s.quic, "restart_congestion": s.restart_congestion,
+        "delta_changed_pct": s.delta_changed_pct});
     let full = json!({"scenario": "broadcast", "settings": settings, "results": rows});
     let json_path = out.join("broadcast.json");
     std::fs::write(&json_path, serde_json::to_vec_pretty(&full)?)?;
@@ -371,6 +440,8 @@ fn summary(full: &Value) -> Value {
         .map(|r| {
             json!({"mode": r["mode"], "nodes": r["nodes"], "t_bcast_s": r["t_bcast_s"],
             "bound_s": r["bound_s"], "installed": r["installed"], "n_chains": r["n_chains"],
+            "bytes_per_version": r["bytes_per_version"], "full_bytes": r["full_bytes"],
+            "t_bcast_first_s": r["t_bcast_first_s"], "bound_first_s": r["bound_first_s"],
             "rtt_ms": r["rtt_ms"], "loss_pct": r["loss_pct"]})
         })
         .collect();
@@ -466,6 +537,7 @@ mod tests {
             wan: None,
             quic: false,
             restart_congestion: true,
+            delta_changed_pct: None,
         };
         let path = crate::netlab::emu::LinkParams::per_star_link(100.0, 0.5, 0.0);
         let rates: Vec<_> = (0..3)
@@ -476,6 +548,49 @@ mod tests {
         assert_eq!(
             (plain.rate_bps, plain.delay, plain.loss),
             (None, path.delay, path.loss)
+        );
+    }
+
+    fn round(bytes: usize, full_bytes: usize, delta: bool) -> echo_node::api::BenchRound {
+        echo_node::api::BenchRound {
+            round: 0,
+            version: 1,
+            bytes,
+            full_bytes,
+            delta,
+            changed_frac: None,
+            prepare_s: 0.0,
+            t_bcast_all_s: Some(1.0),
+            t_bcast_q_s: None,
+            n_chains: 1,
+            chain_lengths: vec![2],
+            fetch_only: 0,
+            learner_pushed_bytes: 0,
+            learner_served_bytes: 0,
+        }
+    }
+
+    /// With deltas the bytes per version are the delta rounds' (the keyframe is not a
+    /// typical version); without, every round's; a row from a node that predates
+    /// `full_bytes` counts what it sent.
+    #[test]
+    fn bytes_per_version_is_the_delta_rounds_median() {
+        let delta = [
+            round(64_000_000, 64_000_000, false),
+            round(900_000, 64_000_000, true),
+            round(1_000_000, 64_000_000, true),
+            round(1_100_000, 64_000_000, true),
+        ];
+        let s = RoundSizes::of(&delta);
+        assert_eq!(
+            (s.bytes_per_version, s.full_bytes, s.delta),
+            (1_000_000.0, 64_000_000.0, true)
+        );
+        let whole = [round(64_000_000, 0, false), round(64_000_000, 0, false)];
+        let s = RoundSizes::of(&whole);
+        assert_eq!(
+            (s.bytes_per_version, s.full_bytes, s.delta),
+            (64e6, 64e6, false)
         );
     }
 

@@ -127,7 +127,7 @@ pub fn run(bin: &Path, active: usize, phase_s: f64, out: &Path) -> anyhow::Resul
     let bar = crate::progress::bar(5, "faults phases");
     bar.set_message("warm-up");
     // Warm-up: training has started and the standby worker is on standby.
-    let ready = harness::wait_for(Duration::from_secs(300), Duration::from_secs(1), || {
+    let ready = harness::poll(Duration::from_secs(300), Duration::from_secs(1), || {
         Ok(read_status(bin, &run.admin)
             .and_then(|st| st.learner)
             .is_some_and(|l| l.version >= 20 && l.scheduler.standby.len() == 1)
@@ -183,26 +183,7 @@ pub fn run(bin: &Path, active: usize, phase_s: f64, out: &Path) -> anyhow::Resul
 
     let rates = windowed(&run.samples, 5.0);
     let fault = |name: &str, start: f64, stop: f64| {
-        let (rate, bubble) = between(&run.samples, start, stop);
-        let min = rates
-            .iter()
-            .filter(|(t, _)| *t >= start && *t <= stop)
-            .map(|r| r.1)
-            .fold(f64::INFINITY, f64::min);
-        // Recovered: the first window after the fault's lowest point back at ≥ 90 %.
-        let low_at = rates
-            .iter()
-            .filter(|(t, _)| *t >= start && *t <= stop)
-            .min_by(|a, b| a.1.total_cmp(&b.1))
-            .map_or(start, |r| r.0);
-        let recovery = rates
-            .iter()
-            .find(|(t, r)| *t >= low_at && *t <= end && *r >= 0.9 * baseline.0)
-            .map(|(t, _)| t - start);
-        json!({"fault": name, "start_s": start, "steps_per_s": rate,
-            "throughput_drop": if min.is_finite() { (1.0 - min / baseline.0).max(0.0) } else { f64::NAN },
-            "recovery_s": recovery, "bubble_ratio": bubble,
-            "bubble_increase": bubble - baseline.1})
+        fault_row(&run.samples, &rates, baseline, end, name, (start, stop))
     };
     let faults = vec![
         fault("worker slowed 0.5x", t_slow, t_slow + phase_s),
@@ -214,6 +195,41 @@ pub fn run(bin: &Path, active: usize, phase_s: f64, out: &Path) -> anyhow::Resul
         "samples": run.samples});
     std::fs::write(out.join("faults.json"), serde_json::to_vec_pretty(&full)?)?;
     replot(&full, out)
+}
+
+/// One fault's result row over `[start, stop]` (`window`): throughput in steps/s and its drop
+/// below the `baseline` (steps/s, bubble ratio) at the fault's lowest 5 s window, the time
+/// until a window after that low is back at ≥ 90 % of the baseline (before `end`), and the
+/// bubble ratio and its increase.
+fn fault_row(
+    samples: &[Sample],
+    rates: &[(f64, f64)],
+    baseline: (f64, f64),
+    end: f64,
+    name: &str,
+    window: (f64, f64),
+) -> Value {
+    let (start, stop) = window;
+    let (rate, bubble) = between(samples, start, stop);
+    let min = rates
+        .iter()
+        .filter(|(t, _)| *t >= start && *t <= stop)
+        .map(|r| r.1)
+        .fold(f64::INFINITY, f64::min);
+    // Recovered: the first window after the fault's lowest point back at ≥ 90 %.
+    let low_at = rates
+        .iter()
+        .filter(|(t, _)| *t >= start && *t <= stop)
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map_or(start, |r| r.0);
+    let recovery = rates
+        .iter()
+        .find(|(t, r)| *t >= low_at && *t <= end && *r >= 0.9 * baseline.0)
+        .map(|(t, _)| t - start);
+    json!({"fault": name, "start_s": start, "steps_per_s": rate,
+        "throughput_drop": if min.is_finite() { (1.0 - min / baseline.0).max(0.0) } else { f64::NAN },
+        "recovery_s": recovery, "bubble_ratio": bubble,
+        "bubble_increase": bubble - baseline.1})
 }
 
 /// Draws `faults.png` under `out` from a fresh or saved `faults.json` (`testnet faults

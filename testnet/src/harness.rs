@@ -1,6 +1,6 @@
 //! The process harness of every scenario: real `echo-node` processes on 127.0.0.1.
 //!
-//! Owns keys ([`keygen`]), waiting with deadlines ([`wait_for`]), the
+//! Owns keys ([`keygen`]), waiting with deadlines ([`poll`]), the
 //! node configs of a scenario ([`node_config`]), the learning swarm of the `faults` and
 //! `ablation` scenarios ([`launch_swarm`]) and the one-shot `echo-node demo` runs
 //! ([`run_demo`]). The process fleet itself is `echo_node::fleet::Fleet` (start `echo-node
@@ -14,7 +14,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 pub use echo_node::api::NodeStatus;
@@ -127,23 +127,14 @@ pub fn in_run_dir<T>(
     }
 }
 
-/// Polls `probe` every `every` until it returns `Some` (which is returned) or `timeout` has
-/// passed (`None`); an error of `probe` ends the wait at once.
-pub fn wait_for<T>(
-    timeout: Duration,
+/// Waiting with a deadline: the test kit's [`testkit::poll`] for probes that fail with
+/// `anyhow` (a node that died ends the wait at once).
+pub fn poll<T>(
+    limit: Duration,
     every: Duration,
-    mut probe: impl FnMut() -> anyhow::Result<Option<T>>,
+    probe: impl FnMut() -> anyhow::Result<Option<T>>,
 ) -> anyhow::Result<Option<T>> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = probe()? {
-            return Ok(Some(v));
-        }
-        if Instant::now() >= deadline {
-            return Ok(None);
-        }
-        std::thread::sleep(every.min(deadline.saturating_duration_since(Instant::now())));
-    }
+    testkit::poll(limit, every, probe)
 }
 
 /// A running learning swarm: node 0 of `fleet` is the learner, node `i + 1` worker `i`.
@@ -257,25 +248,5 @@ mod tests {
             .unwrap();
         assert!(Path::new(kept).join("node.log").exists(), "{text}");
         std::fs::remove_dir_all(kept).unwrap();
-    }
-
-    #[test]
-    fn wait_for_returns_the_first_answer_or_none_at_the_deadline() {
-        let mut calls = 0;
-        let got = wait_for(Duration::from_secs(5), Duration::from_millis(1), || {
-            calls += 1;
-            Ok((calls == 3).then_some(calls))
-        })
-        .unwrap();
-        assert_eq!(got, Some(3));
-        let never = wait_for(Duration::from_millis(20), Duration::from_millis(5), || {
-            Ok(None::<()>)
-        })
-        .unwrap();
-        assert_eq!(never, None);
-        let failed = wait_for(Duration::from_secs(5), Duration::from_millis(1), || {
-            anyhow::bail!("node gone") as anyhow::Result<Option<()>>
-        });
-        assert!(failed.is_err());
     }
 }

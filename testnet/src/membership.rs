@@ -94,7 +94,7 @@ pub fn run_one(bin: &Path, n: usize, p: &Params) -> anyhow::Result<Value> {
         // Settled: node 0 hears every other node.
         let admin0 = nodes[0].admin.clone();
         let settle = Instant::now();
-        let heard = harness::wait_for(Duration::from_secs(180), Duration::from_secs(1), || {
+        let heard = harness::poll(Duration::from_secs(180), Duration::from_secs(1), || {
             Ok(harness::read_status(bin, &admin0).and_then(|s| {
                 let active = s.network.peers.iter().filter(|p| p.active).count();
                 (active + 1 >= n).then_some(active)

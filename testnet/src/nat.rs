@@ -103,6 +103,10 @@ fn interface_bytes(lab: &NatLab, ns: &str) -> Option<(u64, u64)> {
 /// The NAT in front of a worker and its router's number (none on the WAN star).
 type Behind = Option<(NatKind, u8)>;
 
+/// Where a run's nodes sit: the topology, the learner's host, the relay's (if any), and each
+/// worker's name, NAT and host.
+type Placement = (Topology, Host, Option<Host>, Vec<(String, Behind, Host)>);
+
 struct Worker {
     name: String,
     nat: Behind,
@@ -150,38 +154,7 @@ pub fn run(o: &Opts, root: &Path) -> anyhow::Result<Value> {
     );
     let bins = root.join("ns-bin");
     std::fs::create_dir_all(&bins)?;
-    let mut placed: Vec<(String, Behind, Host)> = Vec::new();
-    let (mut topo, learner_host, relay_host) = match o.wan {
-        None => {
-            let mut lab = NatLab::new("nat")?;
-            let learner_host = lab.public_host("learner")?;
-            let relay_host = if o.relay {
-                Some(lab.public_host("relay")?)
-            } else {
-                None
-            };
-            for kind in ROUTERS {
-                let k = lab.router(kind)?;
-                for j in 0..o.per_nat {
-                    let name = format!("w{k}{j}");
-                    let h = lab.host_behind(k, &name)?;
-                    placed.push((name, Some((kind, k)), h));
-                }
-            }
-            (Topology::Nat(lab), learner_host, relay_host)
-        }
-        Some(w) => {
-            let path =
-                crate::netlab::emu::LinkParams::per_star_link(w.rtt_ms, w.loss_pct, w.jitter_ms);
-            let n = 1 + ROUTERS.len() * o.per_nat;
-            let star = WanStar::new("wan", n, |_| path, w.seed, None)?;
-            for (i, h) in star.hosts.iter().enumerate().skip(1) {
-                placed.push((format!("w{i}"), None, h.clone()));
-            }
-            let learner_host = star.hosts[0].clone();
-            (Topology::Wan(star), learner_host, None)
-        }
-    };
+    let (mut topo, learner_host, relay_host, placed) = build_topology(o)?;
 
     let swarm = "tn-nat";
     let ldir = root.join("learner");
@@ -240,95 +213,22 @@ pub fn run(o: &Opts, root: &Path) -> anyhow::Result<Value> {
         });
     }
 
-    // Poll until the learner has trained `steps` steps past the moment every worker had
-    // installed, or the timeout.
     let started = Instant::now();
-    let mut published_at: Option<Instant> = None;
-    let mut target: Option<u64> = None;
-    let mut learner_st = Value::Null;
-    let done = harness::wait_for(o.timeout, Duration::from_millis(500), || {
-        fleet.ensure_running()?;
-        let Some(st) = status(&lexe, &laddrs.admin) else {
-            return Ok(None);
-        };
-        let l = &st["learner"];
-        if published_at.is_none() && !l["published_version"].is_null() {
-            published_at = Some(Instant::now());
-        }
-        for w in workers.iter_mut().filter(|w| w.first_install_s.is_none()) {
-            let installed = status(&w.exe, &w.admin)
-                .is_some_and(|s| !s["rollout"]["installed_version"].is_null());
-            if installed {
-                let t0 = published_at.unwrap_or(started);
-                w.first_install_s = Some(t0.elapsed().as_secs_f64());
-            }
-        }
-        let version = l["version"].as_u64().unwrap_or(0);
-        if target.is_none() && workers.iter().all(|w| w.first_install_s.is_some()) {
-            target = Some(version + o.steps);
-        }
-        learner_st = st;
-        Ok(target.filter(|t| version >= *t).map(|_| ()))
-    })?;
-    let timed_out = done.is_none();
+    let (learner_st, timed_out) =
+        wait_for_steps(o, &mut fleet, &lexe, &laddrs.admin, &mut workers, started)?;
 
     let peers = learner_st["peers"].as_array().cloned().unwrap_or_default();
     let mut rows = Vec::new();
+    let worker_ids: Vec<&str> = workers.iter().map(|x| x.peer_id.as_str()).collect();
     for w in &workers {
         let ws = status(&w.exe, &w.admin).unwrap_or(Value::Null);
-        let r = &ws["rollout"];
-        let seen = peers.iter().find(|p| p["peer_id"] == w.peer_id.as_str());
-        let circuit = seen.is_some_and(|p| {
-            p["addrs"].as_array().is_some_and(|a| {
-                a.iter()
-                    .any(|x| x.as_str().is_some_and(|s| s.contains("/p2p-circuit")))
-            })
-        });
-        let reach = seen.and_then(|p| p["reachability"].as_str());
-        let connected = seen.is_some_and(|p| p["connected"] == true);
-        let connection = if circuit || reach == Some("relayed") {
-            "relayed"
-        } else if reach == Some("holepunch") {
-            "holepunched"
-        } else if connected && relay_dial.is_none() {
-            "direct"
-        } else {
-            "unknown"
-        };
-        let pulled = match (r["groups"].as_u64(), r["pending"].as_u64()) {
-            (Some(g), Some(p)) => Some(g.saturating_sub(p)),
-            (Some(g), None) => Some(g),
-            _ => None,
-        };
-        let chain_position = seen
-            .filter(|p| !p["chain"].is_null())
-            .map(|p| json!([p["chain"], p["position"]]));
-        // Which other workers this one holds a connection to (forwarding needs them).
-        let worker_ids: Vec<&str> = workers.iter().map(|x| x.peer_id.as_str()).collect();
-        let linked: Vec<Value> = ws["peers"]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or_default()
-            .iter()
-            .filter(|p| p["connected"] == true)
-            .filter(|p| {
-                p["peer_id"]
-                    .as_str()
-                    .is_some_and(|id| worker_ids.contains(&id))
-            })
-            .map(|p| p["peer_id"].clone())
-            .collect();
-        let (nat, public_ip) = match w.nat {
-            Some((kind, k)) => (kind.as_str(), NatLab::router_public_ip(k).to_string()),
-            None => ("none", w.ip.clone()),
-        };
-        rows.push(json!({
-            "name": w.name, "peer_id": w.peer_id, "nat": nat, "ip": w.ip,
-            "public_ip": public_ip,
-            "connection": connection, "installed": r["installed_version"], "pulled": pulled,
-            "first_install_s": w.first_install_s, "chain_position": chain_position,
-            "connected_workers": linked, "reachability": reach,
-        }));
+        rows.push(worker_row(
+            w,
+            &ws,
+            &peers,
+            &worker_ids,
+            relay_dial.is_some(),
+        ));
     }
     let relay_bytes = topo
         .relay_bytes(relay_host.as_ref())
@@ -365,4 +265,148 @@ pub fn run(o: &Opts, root: &Path) -> anyhow::Result<Value> {
     });
     drop(topo);
     Ok(report)
+}
+
+/// Polls until the learner has trained `o.steps` steps past the moment every worker had
+/// installed a snapshot (noting each worker's first install, from the first publication), or
+/// `o.timeout`; returns the learner's last status and whether it timed out.
+fn wait_for_steps(
+    o: &Opts,
+    fleet: &mut Fleet,
+    lexe: &Path,
+    admin: &str,
+    workers: &mut [Worker],
+    started: Instant,
+) -> anyhow::Result<(Value, bool)> {
+    let mut published_at: Option<Instant> = None;
+    let mut target: Option<u64> = None;
+    let mut learner_st = Value::Null;
+    let done = harness::poll(o.timeout, Duration::from_millis(500), || {
+        fleet.ensure_running()?;
+        let Some(st) = status(lexe, admin) else {
+            return Ok(None);
+        };
+        let l = &st["learner"];
+        if published_at.is_none() && !l["published_version"].is_null() {
+            published_at = Some(Instant::now());
+        }
+        for w in workers.iter_mut().filter(|w| w.first_install_s.is_none()) {
+            let installed = status(&w.exe, &w.admin)
+                .is_some_and(|s| !s["rollout"]["installed_version"].is_null());
+            if installed {
+                let t0 = published_at.unwrap_or(started);
+                w.first_install_s = Some(t0.elapsed().as_secs_f64());
+            }
+        }
+        let version = l["version"].as_u64().unwrap_or(0);
+        if target.is_none() && workers.iter().all(|w| w.first_install_s.is_some()) {
+            target = Some(version + o.steps);
+        }
+        learner_st = st;
+        Ok(target.filter(|t| version >= *t).map(|_| ()))
+    })?;
+    Ok((learner_st, done.is_none()))
+}
+
+/// A worker's result row: its NAT, how the learner reaches it (`direct`, `holepunched`,
+/// `relayed`), installs and pulls, its chain seat and which other workers it is connected to;
+/// from its own status `ws` and the learner's peer rows `peers` (`relayed_swarm`: a relay
+/// runs, so a plain connection does not prove a direct path).
+fn worker_row(
+    w: &Worker,
+    ws: &Value,
+    peers: &[Value],
+    worker_ids: &[&str],
+    relayed_swarm: bool,
+) -> Value {
+    let r = &ws["rollout"];
+    let seen = peers.iter().find(|p| p["peer_id"] == w.peer_id.as_str());
+    let circuit = seen.is_some_and(|p| {
+        p["addrs"].as_array().is_some_and(|a| {
+            a.iter()
+                .any(|x| x.as_str().is_some_and(|s| s.contains("/p2p-circuit")))
+        })
+    });
+    let reach = seen.and_then(|p| p["reachability"].as_str());
+    let connected = seen.is_some_and(|p| p["connected"] == true);
+    let connection = if circuit || reach == Some("relayed") {
+        "relayed"
+    } else if reach == Some("holepunch") {
+        "holepunched"
+    } else if connected && !relayed_swarm {
+        "direct"
+    } else {
+        "unknown"
+    };
+    let pulled = match (r["groups"].as_u64(), r["pending"].as_u64()) {
+        (Some(g), Some(p)) => Some(g.saturating_sub(p)),
+        (Some(g), None) => Some(g),
+        _ => None,
+    };
+    let chain_position = seen
+        .filter(|p| !p["chain"].is_null())
+        .map(|p| json!([p["chain"], p["position"]]));
+    // Which other workers this one holds a connection to (forwarding needs them).
+    let linked: Vec<Value> = ws["peers"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter(|p| p["connected"] == true)
+        .filter(|p| {
+            p["peer_id"]
+                .as_str()
+                .is_some_and(|id| worker_ids.contains(&id))
+        })
+        .map(|p| p["peer_id"].clone())
+        .collect();
+    let (nat, public_ip) = match w.nat {
+        Some((kind, k)) => (kind.as_str(), NatLab::router_public_ip(k).to_string()),
+        None => ("none", w.ip.clone()),
+    };
+    json!({
+        "name": w.name, "peer_id": w.peer_id, "nat": nat, "ip": w.ip,
+        "public_ip": public_ip,
+        "connection": connection, "installed": r["installed_version"], "pulled": pulled,
+        "first_install_s": w.first_install_s, "chain_position": chain_position,
+        "connected_workers": linked, "reachability": reach,
+    })
+}
+
+/// The namespaces of a run: NAT routers with `per_nat` workers behind each and a public
+/// learner (and relay), or the WAN star; with where each worker sits.
+fn build_topology(o: &Opts) -> anyhow::Result<Placement> {
+    let mut placed: Vec<(String, Behind, Host)> = Vec::new();
+    let (topo, learner_host, relay_host) = match o.wan {
+        None => {
+            let mut lab = NatLab::new("nat")?;
+            let learner_host = lab.public_host("learner")?;
+            let relay_host = if o.relay {
+                Some(lab.public_host("relay")?)
+            } else {
+                None
+            };
+            for kind in ROUTERS {
+                let k = lab.router(kind)?;
+                for j in 0..o.per_nat {
+                    let name = format!("w{k}{j}");
+                    let h = lab.host_behind(k, &name)?;
+                    placed.push((name, Some((kind, k)), h));
+                }
+            }
+            (Topology::Nat(lab), learner_host, relay_host)
+        }
+        Some(w) => {
+            let path =
+                crate::netlab::emu::LinkParams::per_star_link(w.rtt_ms, w.loss_pct, w.jitter_ms);
+            let n = 1 + ROUTERS.len() * o.per_nat;
+            let star = WanStar::new("wan", n, |_| path, w.seed, None)?;
+            for (i, h) in star.hosts.iter().enumerate().skip(1) {
+                placed.push((format!("w{i}"), None, h.clone()));
+            }
+            let learner_host = star.hosts[0].clone();
+            (Topology::Wan(star), learner_host, None)
+        }
+    };
+    Ok((topo, learner_host, relay_host, placed))
 }

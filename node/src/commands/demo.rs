@@ -9,7 +9,7 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, IsTerminal};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -128,30 +128,9 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     let learner_dir = root.join("learner");
     std::fs::create_dir_all(&learner_dir)?;
     let (key, _) = storage::NodeKey::load_or_create(&learner_dir.join("node.key"))?;
-    let mut learner = NodeConfig::new(Role::Learner, SWARM, learner_dir.clone());
-    learner.network = demo_network();
-    learner.task = task.clone();
-    learner.model.device = args.device;
-    learner.broadcast.dtype = args.snapshot_dtype;
-    let l = &mut learner.learner;
-    l.max_steps = args.steps;
-    l.warm_start_steps = args
-        .warm_start_steps
-        .unwrap_or(if task.name == "kuhn-poker" { 200 } else { 60 });
-    let warm_steps = u32::try_from(l.warm_start_steps).unwrap_or(u32::MAX);
+    let learner = learner_config(args, &task, learner_dir.clone());
+    let warm_steps = u32::try_from(learner.learner.warm_start_steps).unwrap_or(u32::MAX);
     let warm_stall = STALL.saturating_add(WARM_STEP.saturating_mul(warm_steps));
-    l.mode = args.mode;
-    l.objective = args.objective;
-    l.staleness = args.staleness;
-    l.kappa = args.kappa;
-    if args.lora_rank > 0 {
-        l.lora = Some(policy::LoraConfig::new(args.lora_rank, 32.0));
-        l.lr *= 10.0;
-    }
-    if let Some(lr) = args.lr {
-        anyhow::ensure!(lr.is_finite() && lr > 0.0, "--lr must be positive");
-        l.lr = lr;
-    }
     let mut fleet = Fleet::default();
     // Every node binds port 0; the learner's bound addresses come back in its address file.
     let i = fleet.start(&exe, "learner", &learner, &[])?;
@@ -186,51 +165,15 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
         root.display()
     ));
 
-    // Follow the learner.
     let t0 = Instant::now();
-    let (mut last_step, mut last_change) = (None::<u64>, Instant::now());
-    let mut last_print = Instant::now() - Duration::from_secs(60);
-    // When the learner reported its first version (the --minutes budget starts there).
-    let mut rl_start: Option<Instant> = None;
-    let final_status = loop {
-        std::thread::sleep(Duration::from_millis(300));
-        fleet.ensure_running()?;
-        let Some(v) = http_get(&learner_admin, "/status")
-            .ok()
-            .and_then(|b| serde_json::from_str::<NodeStatus>(&b).ok())
-        else {
-            anyhow::ensure!(
-                t0.elapsed() < STALL,
-                "the learner's admin endpoint did not answer"
-            );
-            continue;
-        };
-        let version = v.learner.as_ref().map(|l| l.version);
-        if version != last_step {
-            last_step = version;
-            last_change = Instant::now();
-        }
-        // Before version 0 the learner is warm-starting: allow for it.
-        let stall = if version.is_some() { STALL } else { warm_stall };
-        anyhow::ensure!(
-            last_change.elapsed() < stall,
-            "the learner made no step for {stall:?}; learner log:\n{}",
-            crate::fleet::tail(&crate::fleet::log_path(&learner_dir), 20)
-        );
-        if rl_start.is_none() && version.is_some() {
-            rl_start = Some(Instant::now());
-        }
-        let out_of_time = args.minutes > 0.0
-            && rl_start.is_some_and(|t| t.elapsed().as_secs_f64() > args.minutes * 60.0);
-        let done = v.learner.as_ref().is_some_and(|l| l.finished) || out_of_time;
-        if last_print.elapsed() >= Duration::from_secs(2) || done {
-            last_print = Instant::now();
-            progress.update(version.unwrap_or(0), progress_line(&v, t0.elapsed()));
-        }
-        if done {
-            break v;
-        }
-    };
+    let final_status = follow_learner(
+        &mut fleet,
+        args,
+        &learner_admin,
+        &learner_dir,
+        warm_stall,
+        &progress,
+    )?;
     progress.finish();
     let elapsed = t0.elapsed().as_secs_f64();
     let not_clean = fleet.stop(Duration::from_secs(30));
@@ -251,6 +194,7 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     summary["snapshot_dtype"] = json!(args.snapshot_dtype);
     summary["lora_rank"] = json!(args.lora_rank);
     summary["lr"] = json!(learner.learner.lr);
+    summary["delta"] = json!(learner.broadcast.delta_enabled());
     summary["worker_groups_per_s"] = json!(args.worker_groups_per_s);
     summary["task"] = json!(task.name);
     if let Some(e) = eval_summary(&crate::roles::learner::envs::eval_log(&learner_dir))? {
@@ -259,33 +203,7 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     if args.json {
         println!("{summary}");
     } else {
-        println!(
-            "summary: {} steps in {:.0}s, reward {:.3} -> {:.3} (first/last tenth of steps), bubble ratio {:.3}, \
-             {} snapshots published, worker versions {}, Δmax {}, accounting invariant {}",
-            summary["steps"],
-            elapsed,
-            summary["reward_first"].as_f64().unwrap_or(f64::NAN),
-            summary["reward_last"].as_f64().unwrap_or(f64::NAN),
-            summary["bubble_ratio"].as_f64().unwrap_or(f64::NAN),
-            summary["snapshots"],
-            summary["worker_versions"],
-            summary["staleness_max"],
-            if invariant_ok { "holds" } else { "VIOLATED" },
-        );
-        if let Some(e) = summary.get("eval") {
-            println!(
-                "exact EV against `{}`: {:+.4} (v{}) -> {:+.4} (v{}); best response {:+.4}; \
-                 exploitability {:.4} -> {:.4}",
-                e["opponent"].as_str().unwrap_or("?"),
-                e["start"].as_f64().unwrap_or(f64::NAN),
-                e["version_start"],
-                e["end"].as_f64().unwrap_or(f64::NAN),
-                e["version_end"],
-                e["best_response"].as_f64().unwrap_or(f64::NAN),
-                e["exploitability_start"].as_f64().unwrap_or(f64::NAN),
-                e["exploitability_end"].as_f64().unwrap_or(f64::NAN),
-            );
-        }
+        print_text_summary(&summary, elapsed, invariant_ok);
     }
     if !not_clean.is_empty() {
         bail!("nodes did not exit cleanly: {}", not_clean.join(", "));
@@ -295,6 +213,126 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
         "the trajectory accounting invariant does not hold"
     );
     Ok(())
+}
+
+/// The demo learner's config: the demo's network, `task`, and the command line's learner
+/// settings (LoRA at ten times the learning rate unless `--lr` names one).
+fn learner_config(args: &DemoArgs, task: &crate::config::TaskConfig, dir: PathBuf) -> NodeConfig {
+    let mut learner = NodeConfig::new(Role::Learner, SWARM, dir);
+    learner.network = demo_network();
+    learner.task = task.clone();
+    learner.model.device = args.device;
+    learner.broadcast.dtype = args.snapshot_dtype;
+    if args.no_delta {
+        learner.broadcast.delta = Some(false);
+    }
+    let l = &mut learner.learner;
+    l.max_steps = args.steps;
+    l.warm_start_steps = args
+        .warm_start_steps
+        .unwrap_or(if task.name == "kuhn-poker" { 200 } else { 60 });
+    l.mode = args.mode;
+    l.objective = args.objective;
+    l.staleness = args.staleness;
+    l.kappa = args.kappa;
+    if args.lora_rank > 0 {
+        l.lora = Some(policy::LoraConfig::new(args.lora_rank, 32.0));
+        l.lr *= 10.0;
+    }
+    // Checked by the parser (finite, > 0).
+    if let Some(lr) = args.lr {
+        l.lr = lr;
+    }
+    learner
+}
+
+/// Follows the learner's status until it finished its steps (or `--minutes` ran out after its
+/// first version), showing progress; fails when a node died, the admin endpoint does not
+/// answer, or the learner made no step for too long (`warm_stall` before its first version,
+/// which allows for the warm start).
+fn follow_learner(
+    fleet: &mut Fleet,
+    args: &DemoArgs,
+    learner_admin: &str,
+    learner_dir: &Path,
+    warm_stall: Duration,
+    progress: &Progress,
+) -> anyhow::Result<NodeStatus> {
+    let t0 = Instant::now();
+    let (mut last_step, mut last_change) = (None::<u64>, Instant::now());
+    let mut last_print = Instant::now() - Duration::from_secs(60);
+    // When the learner reported its first version (the --minutes budget starts there).
+    let mut rl_start: Option<Instant> = None;
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        fleet.ensure_running()?;
+        let Some(v) = http_get(learner_admin, "/status")
+            .ok()
+            .and_then(|b| serde_json::from_str::<NodeStatus>(&b).ok())
+        else {
+            anyhow::ensure!(
+                t0.elapsed() < STALL,
+                "the learner's admin endpoint did not answer"
+            );
+            continue;
+        };
+        let version = v.learner.as_ref().map(|l| l.version);
+        if version != last_step {
+            last_step = version;
+            last_change = Instant::now();
+        }
+        // Before version 0 the learner is warm-starting: allow for it.
+        let stall = if version.is_some() { STALL } else { warm_stall };
+        anyhow::ensure!(
+            last_change.elapsed() < stall,
+            "the learner made no step for {stall:?}; learner log:\n{}",
+            crate::fleet::tail(&crate::fleet::log_path(learner_dir), 20)
+        );
+        if rl_start.is_none() && version.is_some() {
+            rl_start = Some(Instant::now());
+        }
+        let out_of_time = args.minutes > 0.0
+            && rl_start.is_some_and(|t| t.elapsed().as_secs_f64() > args.minutes * 60.0);
+        let done = v.learner.as_ref().is_some_and(|l| l.finished) || out_of_time;
+        if last_print.elapsed() >= Duration::from_secs(2) || done {
+            last_print = Instant::now();
+            progress.update(version.unwrap_or(0), progress_line(&v, t0.elapsed()));
+        }
+        if done {
+            return Ok(v);
+        }
+    }
+}
+
+/// The demo's summary for people (`--json` prints the object itself).
+fn print_text_summary(summary: &serde_json::Value, elapsed: f64, invariant_ok: bool) {
+    println!(
+        "summary: {} steps in {:.0}s, reward {:.3} -> {:.3} (first/last tenth of steps), bubble ratio {:.3}, \
+         {} snapshots published, worker versions {}, Δmax {}, accounting invariant {}",
+        summary["steps"],
+        elapsed,
+        summary["reward_first"].as_f64().unwrap_or(f64::NAN),
+        summary["reward_last"].as_f64().unwrap_or(f64::NAN),
+        summary["bubble_ratio"].as_f64().unwrap_or(f64::NAN),
+        summary["snapshots"],
+        summary["worker_versions"],
+        summary["staleness_max"],
+        if invariant_ok { "holds" } else { "VIOLATED" },
+    );
+    if let Some(e) = summary.get("eval") {
+        println!(
+            "exact EV against `{}`: {:+.4} (v{}) -> {:+.4} (v{}); best response {:+.4}; \
+             exploitability {:.4} -> {:.4}",
+            e["opponent"].as_str().unwrap_or("?"),
+            e["start"].as_f64().unwrap_or(f64::NAN),
+            e["version_start"],
+            e["end"].as_f64().unwrap_or(f64::NAN),
+            e["version_end"],
+            e["best_response"].as_f64().unwrap_or(f64::NAN),
+            e["exploitability_start"].as_f64().unwrap_or(f64::NAN),
+            e["exploitability_end"].as_f64().unwrap_or(f64::NAN),
+        );
+    }
 }
 
 /// The demo's `[task]`: `--task` with `--task-params`, or the demo's defaults for it.

@@ -86,121 +86,38 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     let ban_file = crate::admission::open_ban_file(&config.data_dir)?;
     crate::admission::restore_bans(&client, &ban_file).await;
     // A worker's admission credential (ticket, proof of work), gossiped in its heartbeats.
-    let credential = if config.role == Role::Rollout {
-        let (c, peer) = (config.clone(), state.peer_id.clone());
-        tokio::task::spawn_blocking(move || crate::admission::credential(&c, &peer))
-            .await
-            .context("joining the admission credential")??
-    } else {
-        None
-    };
+    let credential = admission_credential(&state).await?;
     // Test-only: a `replay_after_restart` node records the signed gossip it sees.
     let (events, replay_recorder) = roles::attacks::tap(&state.misbehave, events);
     let view = RoleView::default();
-    let admin_addr: std::net::SocketAddr = config
-        .network
-        .admin
-        .parse()
-        .with_context(|| format!("network.admin `{}`", config.network.admin))?;
     // The node's own tasks (admin endpoint, address file, ban recorder, heartbeat feeder):
     // stopped and awaited at shutdown.
     let tasks = roles::Tasks::default();
-    let bound = admin::serve(
-        admin_addr,
-        admin::AdminState {
-            client: client.clone(),
-            registry: Arc::new(registry),
-            prometheus,
-            node_version: NODE_VERSION,
-            role_view: view.clone(),
-        },
+    serve_admin(
+        &state,
+        &client,
+        (registry, prometheus),
+        &view,
+        ban_file,
         &tasks,
     )
     .await?;
-    tracing::info!(admin = %bound, "admin endpoint: /, /status, /metrics");
-    tasks.spawn(crate::admission::record_bans(client.clone(), ban_file));
-    tasks.spawn(crate::addr_file::write_when_listening(
-        client.clone(),
-        config.data_dir.clone(),
-        state.peer_id.clone(),
-        bound,
-    ));
 
-    // Snapshot dissemination: runs whenever the swarm's learner key is known (the
-    // learner itself, or a worker configured with `learner_public_key`).
-    let (dissem, mut installs) = match dissemination_config(config, &state.key)? {
-        Some(dcfg) => {
-            #[cfg(feature = "adversary")]
-            let dcfg = dissemination::DisseminationConfig {
-                fault: dissemination_fault(&state.misbehave),
-                ..dcfg
-            };
-            let (d, rx) =
-                dissemination::Disseminator::start(dcfg, client.clone(), state.chunks.clone())
-                    .context("starting snapshot dissemination")?;
-            (Some(d), Some(rx))
-        }
-        None => {
-            tracing::warn!("no learner_public_key: snapshots and plans are not accepted");
-            (None, None)
-        }
-    };
-    // `status` peers carry their chain and position in the newest accepted plan.
-    if let Some(d) = dissem.clone() {
-        view.set_plan_source(roles::plan_source(d.clone()));
-        if config.role == Role::Learner {
-            view.set_forwarding_source(Arc::new(move || d.forwarding_view()));
-        }
-    }
+    let (dissem, installs) = start_dissemination(&state, &client, &view)?;
     // The role: the learner trains and publishes; a worker installs snapshots, generates and
     // serves pulls. Both need the swarm's learner key (the dissemination engine).
     // A signal during the role's start-up (model build, warm start) still stops cleanly.
     let shutdown = roles::shutdown_signal();
     tokio::pin!(shutdown);
-    let starting = async {
-        if let (Role::Learner, Some(d), Some(plan)) = (config.role, dissem.clone(), bench.publish) {
-            drop(installs.take());
-            let stop = tokio_util::sync::CancellationToken::new();
-            let publish =
-                roles::bench::run_publisher(state.clone(), client.clone(), d, plan, view.clone());
-            let token = stop.clone();
-            let task = tokio::spawn(async move { token.run_until_cancelled(publish).await });
-            return Ok(RunningRole::BenchPublisher(Some(task), stop));
-        }
-        anyhow::Ok(match (config.role, dissem.clone()) {
-            (Role::Rollout, Some(d)) if bench.sink => {
-                drop(installs.take());
-                let (probe, changes) = roles::bench::sink_probe(&d);
-                RunningRole::BenchSink(probe, changes)
-            }
-            (Role::Learner, Some(d)) => {
-                drop(installs.take()); // a learner installs nothing
-                RunningRole::Learner(
-                    roles::learner::start(state.clone(), client.clone(), d, view.clone()).await?,
-                )
-            }
-            (Role::Rollout, _) => {
-                let learner = svc_learner.context("a rollout node needs learner_public_key")?;
-                let installs = installs.take();
-                RunningRole::Rollout(
-                    roles::rollout::start(
-                        state.clone(),
-                        client.clone(),
-                        learner,
-                        installs,
-                        dissem.clone(),
-                        view.clone(),
-                    )
-                    .await?,
-                )
-            }
-            (Role::Learner, None) => {
-                anyhow::bail!("the learner's dissemination engine did not start")
-            }
-            // Started by `roles::relay::run` before any store is opened; never reaches here.
-            (Role::Relay, _) => anyhow::bail!("a relay node runs no role here"),
-        })
-    };
+    let starting = start_role(
+        &state,
+        &client,
+        dissem.clone(),
+        installs,
+        svc_learner,
+        &bench,
+        &view,
+    );
     let (role, early) = tokio::select! {
         r = starting => (Some(r.context("starting the role")?), None),
         r = &mut shutdown => (None, Some(r)),
@@ -212,7 +129,7 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     let probe = role
         .as_ref()
         .map_or_else(|| -> Probe { Arc::new(|| (None, 0.0)) }, RunningRole::probe);
-    let mut changes = role
+    let changes = role
         .as_ref()
         .map_or(VersionChanges::Never, RunningRole::version_changes);
     // Test-only network attacks (`crate::misbehave`); none for an honest node.
@@ -224,53 +141,14 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
         probe.clone(),
         replay_recorder,
     );
-    {
-        let client = client.clone();
-        let state = state.clone();
-        let dissem = dissem.clone();
-        tasks.spawn(async move {
-            let mut tick = tokio::time::interval(interval);
-            let mut signed: Vec<p2p::DeliveryReceipt> = Vec::new();
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {}
-                    // A new version is reported at once, and the next refresh is a full
-                    // interval later.
-                    _ = changes.changed() => tick.reset(),
-                }
-                let (installed_version, mu) = probe();
-                // A chain child's delivery receipts, signed with the node key (each signed
-                // once: an unchanged receipt keeps its signature).
-                let due_receipts = dissem.as_ref().map(|d| d.receipts()).unwrap_or_default();
-                signed = sign_receipts(due_receipts, signed, &state);
-                let pending = roles::attacks::pending_claim(
-                    &state.misbehave,
-                    state.trajectories.pending().unwrap_or(0),
-                );
-                let local = p2p::LocalStatus {
-                    installed_version,
-                    mu,
-                    pending,
-                    availability: 1.0,
-                    device: Some(p2p::DeviceReport {
-                        // What the learner judges a worker's numeric spread by.
-                        dtype: (state.config.role == Role::Rollout).then(|| {
-                            let d = state.config.rollout.dtype.report(&state.device);
-                            d.to_string()
-                        }),
-                        ..crate::state::device_report(&state.device)
-                    }),
-                    receipts: signed.clone(),
-                    admission: credential.clone(),
-                    ..Default::default()
-                };
-                metrics::gauge!("node_pending_groups").set(pending as f64);
-                if client.set_local_status(local).await.is_err() {
-                    break;
-                }
-            }
-        });
-    }
+    feed_heartbeats(
+        &tasks,
+        (client.clone(), state.clone(), dissem.clone()),
+        probe,
+        changes,
+        credential,
+        interval,
+    );
     // Domain events: Snapshots / Plans gossip gets the dissemination engine's verdict (Reject:
     // bad signature or garbage; Ignore: an old version), departed forwarders are excised, late
     // joiners catch up (`dissemination::drive`). Without an engine (no learner key) such
@@ -315,6 +193,216 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     result.and(role_result)
 }
 
+/// A worker's admission credential (its ticket, or proof of work computed off the async
+/// workers); `None` for other roles or without one.
+async fn admission_credential(state: &Arc<NodeState>) -> anyhow::Result<Option<String>> {
+    if state.config.role != Role::Rollout {
+        return Ok(None);
+    }
+    let (c, peer) = (state.config.clone(), state.peer_id.clone());
+    tokio::task::spawn_blocking(move || crate::admission::credential(&c, &peer))
+        .await
+        .context("joining the admission credential")?
+}
+
+/// Starts the node's own tasks beside the role: the admin endpoint (`/`, `/status`,
+/// `/metrics`, loopback only), the ban recorder, and the address file written once the node
+/// listens.
+async fn serve_admin(
+    state: &Arc<NodeState>,
+    client: &p2p::Client,
+    (registry, prometheus): (
+        p2p::Registry,
+        Option<metrics_exporter_prometheus::PrometheusHandle>,
+    ),
+    view: &RoleView,
+    ban_file: storage::bans::BanFile,
+    tasks: &roles::Tasks,
+) -> anyhow::Result<()> {
+    let config = &state.config;
+    let admin_addr: std::net::SocketAddr = config
+        .network
+        .admin
+        .parse()
+        .with_context(|| format!("network.admin `{}`", config.network.admin))?;
+    let bound = admin::serve(
+        admin_addr,
+        admin::AdminState {
+            client: client.clone(),
+            registry: Arc::new(registry),
+            prometheus,
+            node_version: NODE_VERSION,
+            role_view: view.clone(),
+        },
+        tasks,
+    )
+    .await?;
+    tracing::info!(admin = %bound, "admin endpoint: /, /status, /metrics");
+    tasks.spawn(crate::admission::record_bans(client.clone(), ban_file));
+    tasks.spawn(crate::addr_file::write_when_listening(
+        client.clone(),
+        config.data_dir.clone(),
+        state.peer_id.clone(),
+        bound,
+    ));
+    Ok(())
+}
+
+/// The installs a dissemination engine delivers to a worker's role.
+type Installs = tokio::sync::mpsc::UnboundedReceiver<dissemination::DisseminationEvent>;
+
+/// Starts snapshot dissemination when the swarm's learner key is known (the learner itself,
+/// or a worker configured with `learner_public_key`), and points the status view at its plan
+/// (and, on the learner, its forwarding accounts).
+fn start_dissemination(
+    state: &Arc<NodeState>,
+    client: &p2p::Client,
+    view: &RoleView,
+) -> anyhow::Result<(Option<dissemination::Disseminator>, Option<Installs>)> {
+    let config = &state.config;
+    let (dissem, installs) = match dissemination_config(config, &state.key)? {
+        Some(dcfg) => {
+            #[cfg(feature = "adversary")]
+            let dcfg = dissemination::DisseminationConfig {
+                fault: dissemination_fault(&state.misbehave),
+                ..dcfg
+            };
+            let (d, rx) =
+                dissemination::Disseminator::start(dcfg, client.clone(), state.chunks.clone())
+                    .context("starting snapshot dissemination")?;
+            (Some(d), Some(rx))
+        }
+        None => {
+            tracing::warn!("no learner_public_key: snapshots and plans are not accepted");
+            (None, None)
+        }
+    };
+    // `status` peers carry their chain and position in the newest accepted plan.
+    if let Some(d) = dissem.clone() {
+        view.set_plan_source(roles::plan_source(d.clone()));
+        if config.role == Role::Learner {
+            view.set_forwarding_source(Arc::new(move || d.forwarding_view()));
+        }
+    }
+    Ok((dissem, installs))
+}
+
+/// Keeps the node's heartbeat fields current: the role's version and μ (its probe), pending
+/// groups from the store, the chain child's signed delivery receipts, the device and the
+/// admission credential; every `interval`, and at once when the role's version changes (the
+/// service then gossips the heartbeat immediately: the install report that ends T_bcast,
+/// `docs/broadcast.md`).
+fn feed_heartbeats(
+    tasks: &roles::Tasks,
+    (client, state, dissem): (
+        p2p::Client,
+        Arc<NodeState>,
+        Option<dissemination::Disseminator>,
+    ),
+    probe: Probe,
+    mut changes: VersionChanges,
+    credential: Option<String>,
+    interval: std::time::Duration,
+) {
+    tasks.spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        let mut signed: Vec<p2p::DeliveryReceipt> = Vec::new();
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                // A new version is reported at once, and the next refresh is a full
+                // interval later.
+                _ = changes.changed() => tick.reset(),
+            }
+            let (installed_version, mu) = probe();
+            // A chain child's delivery receipts, signed with the node key (each signed
+            // once: an unchanged receipt keeps its signature).
+            let due_receipts = dissem.as_ref().map(|d| d.receipts()).unwrap_or_default();
+            signed = sign_receipts(due_receipts, signed, &state);
+            let pending = roles::attacks::pending_claim(
+                &state.misbehave,
+                state.trajectories.pending().unwrap_or(0),
+            );
+            let local = p2p::LocalStatus {
+                installed_version,
+                mu,
+                pending,
+                availability: 1.0,
+                device: Some(p2p::DeviceReport {
+                    // What the learner judges a worker's numeric spread by.
+                    dtype: (state.config.role == Role::Rollout).then(|| {
+                        let d = state.config.rollout.dtype.report(&state.device);
+                        d.to_string()
+                    }),
+                    ..crate::state::device_report(&state.device)
+                }),
+                receipts: signed.clone(),
+                admission: credential.clone(),
+                ..Default::default()
+            };
+            metrics::gauge!("node_pending_groups").set(pending as f64);
+            if client.set_local_status(local).await.is_err() {
+                break;
+            }
+        }
+    });
+}
+
+/// Starts the node's role: the benchmark publisher or sink when asked for, else the learner
+/// (which installs nothing) or a rollout worker (which installs what the dissemination engine
+/// delivers).
+async fn start_role(
+    state: &Arc<NodeState>,
+    client: &p2p::Client,
+    dissem: Option<dissemination::Disseminator>,
+    installs: Option<Installs>,
+    svc_learner: Option<p2p::PeerId>,
+    bench: &Bench,
+    view: &RoleView,
+) -> anyhow::Result<RunningRole> {
+    let config = &state.config;
+    if let (Role::Learner, Some(d), Some(plan)) = (config.role, dissem.clone(), bench.publish) {
+        drop(installs);
+        let stop = tokio_util::sync::CancellationToken::new();
+        let publish =
+            roles::bench::run_publisher(state.clone(), client.clone(), d, plan, view.clone());
+        let token = stop.clone();
+        let task = tokio::spawn(async move { token.run_until_cancelled(publish).await });
+        return Ok(RunningRole::BenchPublisher(Some(task), stop));
+    }
+    Ok(match (config.role, dissem) {
+        (Role::Rollout, Some(_)) if bench.sink => {
+            let (probe, changes, tasks) = roles::bench::sink(installs);
+            RunningRole::BenchSink(probe, changes, tasks)
+        }
+        (Role::Learner, Some(d)) => {
+            drop(installs); // a learner installs nothing
+            RunningRole::Learner(
+                roles::learner::start(state.clone(), client.clone(), d, view.clone()).await?,
+            )
+        }
+        (Role::Rollout, d) => {
+            let learner = svc_learner.context("a rollout node needs learner_public_key")?;
+            RunningRole::Rollout(
+                roles::rollout::start(
+                    state.clone(),
+                    client.clone(),
+                    learner,
+                    installs,
+                    d,
+                    view.clone(),
+                )
+                .await?,
+            )
+        }
+        (Role::Learner, None) => {
+            anyhow::bail!("the learner's dissemination engine did not start")
+        }
+        // Started by `roles::relay::run` before any store is opened; never reaches here.
+        (Role::Relay, _) => anyhow::bail!("a relay node runs no role here"),
+    })
+}
+
 /// `due`, signed with the node key; a receipt already signed in `before` with the same
 /// content keeps that signature.
 fn sign_receipts(
@@ -353,6 +441,7 @@ impl Bench {
                     size_mb,
                     workers: args.bench_workers,
                     rounds: args.bench_rounds,
+                    delta_changed_pct: args.bench_delta_changed_pct,
                 }),
             sink: args.bench_sink,
         }
@@ -371,7 +460,7 @@ enum RunningRole {
         Option<tokio::task::JoinHandle<Option<anyhow::Result<()>>>>,
         tokio_util::sync::CancellationToken,
     ),
-    BenchSink(Probe, VersionChanges),
+    BenchSink(Probe, VersionChanges, roles::Tasks),
 }
 
 impl RunningRole {
@@ -380,7 +469,7 @@ impl RunningRole {
             RunningRole::Learner(l) => l.probe(),
             RunningRole::Rollout(r) => r.probe(),
             RunningRole::BenchPublisher(..) => Arc::new(|| (None, 0.0)),
-            RunningRole::BenchSink(p, _) => p.clone(),
+            RunningRole::BenchSink(p, ..) => p.clone(),
         }
     }
 
@@ -390,7 +479,7 @@ impl RunningRole {
             RunningRole::Learner(l) => l.version_changes(),
             RunningRole::Rollout(r) => r.version_changes(),
             RunningRole::BenchPublisher(..) => VersionChanges::Never,
-            RunningRole::BenchSink(_, c) => c.clone(),
+            RunningRole::BenchSink(_, c, _) => c.clone(),
         }
     }
 
@@ -445,7 +534,10 @@ impl RunningRole {
                 }
                 Ok(())
             }
-            RunningRole::BenchSink(..) => Ok(()),
+            RunningRole::BenchSink(_, _, tasks) => {
+                tasks.stop().await;
+                Ok(())
+            }
         }
     }
 }

@@ -41,6 +41,46 @@ impl NodeConfig {
         for (k, p) in self.network.validate() {
             bad(&format!("network.{k}"), p);
         }
+        self.validate_storage(&mut bad);
+        if self.model.source != "embedded" && !Path::new(&self.model.source).is_dir() {
+            bad(
+                "model.source",
+                format!(
+                    "`{}` is neither \"embedded\" nor an existing Hugging Face folder",
+                    self.model.source
+                ),
+            );
+        }
+        match tasks::build_env(&self.task.name, &self.task.params) {
+            Ok(env) => {
+                if let Err(e) = self.task.budget(env.as_ref()) {
+                    bad("task", e.to_string());
+                }
+            }
+            Err(e) => bad("task", e.to_string()),
+        }
+        self.validate_learner(&mut bad);
+        self.validate_scheduler(&mut bad);
+        for (k, p) in self.verification.validate() {
+            bad(&format!("verification.{k}"), p);
+        }
+        for (k, p) in self.admission.validate(&self.network.allow_list) {
+            bad(&format!("admission.{k}"), p);
+        }
+        self.validate_rollout(&mut bad);
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError {
+                file: file.to_path_buf(),
+                problems,
+            })
+        }
+    }
+
+    /// The `[storage]` table: chunk size within the manifest format's bounds, snapshots kept (a
+    /// learner keeps every still-admissible version for its spot check), leases, pending groups.
+    fn validate_storage(&self, bad: &mut impl FnMut(&str, String)) {
         let s = &self.storage;
         // The manifest format's bounds, in the config's unit.
         let (min_kib, max_kib) = (MIN_CHUNK_SIZE / 1024, MAX_CHUNK_SIZE / 1024);
@@ -104,23 +144,10 @@ impl NodeConfig {
                 format!("{} is above 1048576 (MiB)", s.chunk_memory_mb),
             );
         }
-        if self.model.source != "embedded" && !Path::new(&self.model.source).is_dir() {
-            bad(
-                "model.source",
-                format!(
-                    "`{}` is neither \"embedded\" nor an existing Hugging Face folder",
-                    self.model.source
-                ),
-            );
-        }
-        match tasks::build_env(&self.task.name, &self.task.params) {
-            Ok(env) => {
-                if let Err(e) = self.task.budget(env.as_ref()) {
-                    bad("task", e.to_string());
-                }
-            }
-            Err(e) => bad("task", e.to_string()),
-        }
+    }
+
+    /// The `[learner]` and `[broadcast]` tables.
+    fn validate_learner(&self, bad: &mut impl FnMut(&str, String)) {
         let l = &self.learner;
         if self.role == Role::Learner {
             if let Err(e) = l.trainer_config().and_then(|c| c.validate()) {
@@ -179,6 +206,10 @@ impl NodeConfig {
                 format!("{} must be > 0 (Mbit/s)", self.broadcast.worker_mbps),
             );
         }
+    }
+
+    /// The `[scheduler]` table.
+    fn validate_scheduler(&self, bad: &mut impl FnMut(&str, String)) {
         let sc = &self.scheduler;
         if sc.active_workers == Some(0) {
             bad("scheduler.active_workers", "must be at least 1".into());
@@ -207,12 +238,10 @@ impl NodeConfig {
                 format!("{} is outside 100..=600000", sc.announce_interval_ms),
             );
         }
-        for (k, p) in self.verification.validate() {
-            bad(&format!("verification.{k}"), p);
-        }
-        for (k, p) in self.admission.validate(&self.network.allow_list) {
-            bad(&format!("admission.{k}"), p);
-        }
+    }
+
+    /// The `[rollout]` table (and `learner.top_p`, the sampler's nucleus the learner checks).
+    fn validate_rollout(&self, bad: &mut impl FnMut(&str, String)) {
         let r = &self.rollout;
         if !(1..=storage::record::limits::MAX_SAMPLES).contains(&r.group_size) {
             bad(
@@ -254,14 +283,6 @@ impl NodeConfig {
                 "rollout.dtype",
                 "bf16 sampling needs a CUDA device (the CPU backend has no bf16 matmul); use f32 or f16".into(),
             );
-        }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(ConfigError {
-                file: file.to_path_buf(),
-                problems,
-            })
         }
     }
 }

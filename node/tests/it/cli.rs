@@ -57,7 +57,7 @@ impl Node {
     }
 
     /// Waits (bounded) for a log line containing `needle`.
-    fn wait_for(&self, needle: &str, timeout: Duration) -> String {
+    fn wait_for_line(&self, needle: &str, timeout: Duration) -> String {
         let deadline = Instant::now() + timeout;
         let mut seen = Vec::new();
         while let Some(left) = deadline.checked_duration_since(Instant::now()) {
@@ -75,14 +75,12 @@ impl Node {
 
     fn terminate(&mut self) -> std::process::ExitStatus {
         crate::sigterm(&self.child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "node did not stop after SIGTERM");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let child = &mut self.child;
+        testkit::wait_for(
+            "the node to stop after SIGTERM",
+            Duration::from_secs(20),
+            || child.try_wait().unwrap(),
+        )
     }
 }
 
@@ -204,7 +202,7 @@ fn run_opens_the_stores_and_stops_cleanly_on_sigterm_then_inspect_reads_them() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = learner_config(dir.path(), "");
     let mut node = Node::start(&cfg);
-    node.wait_for("node started", Duration::from_secs(60));
+    node.wait_for_line("node started", Duration::from_secs(60));
     // While the node runs, its stores are locked: inspect says why.
     let busy = echo_node()
         .args(["inspect", "trajectories", "--config", cfg.to_str().unwrap()])
@@ -214,7 +212,7 @@ fn run_opens_the_stores_and_stops_cleanly_on_sigterm_then_inspect_reads_them() {
     assert!(String::from_utf8_lossy(&busy.stderr).contains("is a node running"));
     let status = node.terminate();
     assert!(status.success(), "exit status {status:?}");
-    node.wait_for("stopped cleanly", Duration::from_secs(5));
+    node.wait_for_line("stopped cleanly", Duration::from_secs(5));
 
     let data = dir.path().join("data");
     assert!(data.join("node.key").exists());
@@ -341,10 +339,10 @@ fn a_device_this_build_cannot_use_is_refused_at_start_with_a_clear_message() {
     // `auto` on this build runs on the CPU and says so.
     let config = learner_config(dir.path(), "[model]\ndevice = \"auto\"\n");
     let mut node = Node::start(&config);
-    let line = node.wait_for("model device", Duration::from_secs(60));
+    let line = node.wait_for_line("model device", Duration::from_secs(60));
     assert!(line.contains("kind=cpu"), "{line}");
     // The role is up (and with it the SIGTERM handler): a clean stop.
-    node.wait_for("learner window", Duration::from_secs(60));
+    node.wait_for_line("learner window", Duration::from_secs(60));
     assert!(node.terminate().success());
 }
 

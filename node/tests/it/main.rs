@@ -2,6 +2,7 @@
 
 mod admin;
 mod admission;
+mod bench;
 mod cli;
 mod deltas;
 mod durability;

@@ -57,6 +57,7 @@ fn launch(
         listen_arg: listen.to_string(),
         admin: String::new(),
         key,
+        run_args: Vec::new(),
     };
     node.spawn();
     node

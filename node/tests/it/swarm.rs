@@ -19,20 +19,8 @@ pub(crate) const WAIT: Duration = Duration::from_secs(45);
 const QUIET_ROLES: &str =
     "[storage]\nmax_pending_groups = 1\n[learner]\nwarm_start_steps = 0\nmax_steps = 1\n";
 
-/// Polls `f` every 200 ms until it returns `Some`, or panics with `what` after `limit`.
-pub(crate) fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
+/// Polls until a condition holds, or panics with what it waited for (the test kit's).
+pub(crate) use testkit::wait_for;
 
 /// `echo-node inspect WHAT --json` on a stopped node's data dir (`trajectories`,
 /// `snapshots`), parsed; panics with the node's stderr when it fails.
@@ -87,6 +75,8 @@ pub(crate) struct Node {
     pub(crate) key: Key,
     /// `--listen` of the next spawn (port 0 by default; a restart may pin the old address).
     pub(crate) listen_arg: String,
+    /// More arguments of `echo-node run` (e.g. the benchmark roles' hidden flags).
+    pub(crate) run_args: Vec<String>,
 }
 
 impl Node {
@@ -169,6 +159,33 @@ impl Node {
         sections: &str,
         key: Key,
     ) -> Node {
+        let mut node = Node::configure(
+            root,
+            name,
+            role,
+            swarm,
+            learner_pk,
+            network_extra,
+            sections,
+            key,
+        );
+        node.spawn();
+        node
+    }
+
+    /// Writes the node's config (as [`Node::launch`]) without starting it: set `run_args`,
+    /// then [`Node::spawn`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn configure(
+        root: &Path,
+        name: &str,
+        role: &str,
+        swarm: &str,
+        learner_pk: Option<&str>,
+        network_extra: &str,
+        sections: &str,
+        key: Key,
+    ) -> Node {
         let data = root.join(name);
         let learner_line = learner_pk
             .map(|k| format!("learner_public_key = \"{k}\"\n"))
@@ -188,7 +205,7 @@ impl Node {
             ),
         )
         .unwrap();
-        let mut node = Node {
+        Node {
             name: name.to_string(),
             child: None,
             config,
@@ -197,9 +214,8 @@ impl Node {
             listen_arg: "/ip4/127.0.0.1/tcp/0".into(),
             admin: String::new(),
             key,
-        };
-        node.spawn();
-        node
+            run_args: Vec::new(),
+        }
     }
 
     pub(crate) fn spawn(&mut self) {
@@ -212,6 +228,7 @@ impl Node {
             .args(["run", "--config"])
             .arg(&self.config)
             .args(["--listen", &self.listen_arg, "--admin", "127.0.0.1:0"])
+            .args(&self.run_args)
             .env("RUST_LOG", "info,p2p=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

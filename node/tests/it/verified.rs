@@ -79,6 +79,7 @@ pub(crate) fn bad_worker_named(
         admin: String::new(),
         key,
         listen_arg: "/ip4/127.0.0.1/tcp/0".into(),
+        run_args: Vec::new(),
     }
 }
 

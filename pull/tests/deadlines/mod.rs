@@ -16,7 +16,8 @@ use pull::{
 use storage::record::testing;
 use storage::TrajectoryStore;
 
-use super::{answer_pull, pair, req, wait_for, LIMITS};
+use super::{answer_pull, pair, req, LIMITS, WAIT};
+use testkit::wait_for_async;
 
 const FAST: PullOptions = PullOptions {
     read_timeout: Duration::from_millis(500),
@@ -30,7 +31,7 @@ async fn pull_once_open(
     buffer: &Arc<TrajectoryStore>,
     req: PullRequest,
 ) -> Result<PullOutcome, PullError> {
-    wait_for("a pull stream to open", || {
+    wait_for_async("a pull stream to open", WAIT, || {
         let buffer = buffer.clone();
         async move {
             let v = Arc::new(NoVerification);
@@ -99,7 +100,7 @@ async fn a_learner_that_never_asks_is_dropped_by_the_worker() {
     ));
     let control = learner.stream_control();
     let worker_id = worker.local_peer_id();
-    let mut s = wait_for("a stream to the worker", || {
+    let mut s = wait_for_async("a stream to the worker", WAIT, || {
         let mut c = control.clone();
         async move { c.open_stream(worker_id, TRAJECTORY_PULL).await.ok() }
     })

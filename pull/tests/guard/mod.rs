@@ -11,7 +11,8 @@ use pull::{pull, serve, PullError, PullOutcome, PullRequest, TRAJECTORY_PULL};
 use storage::record::testing;
 use storage::TrajectoryStore;
 
-use super::{answer_pull, pair, req, wait_for};
+use super::{answer_pull, pair, req, WAIT};
+use testkit::wait_for_async;
 
 async fn pull_retrying(
     learner: &Client,
@@ -19,7 +20,7 @@ async fn pull_retrying(
     buffer: &Arc<TrajectoryStore>,
     req: PullRequest,
 ) -> Result<PullOutcome, PullError> {
-    wait_for("a pull to go through", || {
+    wait_for_async("a pull to go through", WAIT, || {
         let buffer = buffer.clone();
         async move {
             // Each attempt is bounded, as the node's puller bounds every pull: a stream that

@@ -256,50 +256,11 @@ pub(super) async fn run(
             .dtypes
             .refresh(workers.iter().map(|p| (p.peer, p.device.as_ref())));
         drop_banned(&client, &mut banned, &buffer, &shared).await;
-        let now_s = crate::admission::now_unix_s();
-        let mut admitted: Vec<(p2p::PeerId, u64, f64, bool)> = Vec::new();
-        for p in &workers {
-            let id = p.peer.to_base58();
-            match settings.gate.admits(&id, p.admission.as_deref(), now_s) {
-                Ok(()) => admitted.push((
-                    p.peer,
-                    p.pending.unwrap_or(0),
-                    p.mu.unwrap_or(0.0),
-                    p.active,
-                )),
-                Err(why) => shared.pulls.with_admission(|a| {
-                    if a.refused.len() < MAX_VIEW_PEERS || a.refused.contains_key(&id) {
-                        a.refused.insert(id, why);
-                    }
-                }),
-            }
-        }
-        let workers = admitted;
+        let workers = admitted(&workers, &mut settings.gate, &shared);
         // Workers that left (or were banned) are forgotten: the ledger stays as large as the
         // set of workers.
         ledger.retain(|p| workers.iter().any(|w| w.0 == *p) || busy.contains(p));
-        let mu_pool: f64 = workers.iter().map(|w| w.2).sum();
-        shared
-            .pulls
-            .mu_pool_milli
-            .store((mu_pool * 1000.0) as u64, Ordering::Relaxed);
-        // The workers sharing the buffer: active and not shown bad (one whose groups were all
-        // refused does not shrink the others' part; a new one counts, so that an established
-        // worker's backlog cannot fill the buffer before the newcomer is ever pulled).
-        let active = workers
-            .iter()
-            .filter(|w| {
-                let h = shared.pipeline.history(&w.0.to_base58());
-                w.3 && (h.accepted > 0 || h.rejected == 0)
-            })
-            .count();
-        let established = workers
-            .iter()
-            .filter(|w| w.3 && !shared.pipeline.on_probation(&w.0.to_base58()))
-            .count();
-        shared
-            .established_active
-            .store(established, Ordering::Relaxed);
+        let (active, established) = sharing_counts(&workers, &shared);
         // Only groups still admissible after the next step count as buffered, and of those
         // only what a batch under the share quota could use; those that fell out of the
         // window are deleted by the training thread before each batch.
@@ -310,8 +271,7 @@ pub(super) async fn run(
             .target
             .saturating_sub(buffered.usable)
             .saturating_sub(asked);
-        let idle: Vec<&(p2p::PeerId, u64, f64, bool)> =
-            workers.iter().filter(|w| !busy.contains(&w.0)).collect();
+        let idle: Vec<&Admitted> = workers.iter().filter(|w| !busy.contains(&w.0)).collect();
         if need == 0 || idle.is_empty() {
             continue;
         }
@@ -361,6 +321,60 @@ pub(super) async fn run(
             });
         }
     }
+}
+
+/// A worker the puller may pull from: its peer id, pending groups, μ, and whether it is active.
+type Admitted = (p2p::PeerId, u64, f64, bool);
+
+/// The workers the admission gate lets pull (`docs/admission.md`); a refused one is shown in
+/// the learner's admission view with why (a bounded number of them).
+fn admitted(workers: &[p2p::PeerView], gate: &mut Gate, shared: &Shared) -> Vec<Admitted> {
+    let now_s = crate::admission::now_unix_s();
+    let mut out = Vec::new();
+    for p in workers {
+        let id = p.peer.to_base58();
+        match gate.admits(&id, p.admission.as_deref(), now_s) {
+            Ok(()) => out.push((
+                p.peer,
+                p.pending.unwrap_or(0),
+                p.mu.unwrap_or(0.0),
+                p.active,
+            )),
+            Err(why) => shared.pulls.with_admission(|a| {
+                if a.refused.len() < MAX_VIEW_PEERS || a.refused.contains_key(&id) {
+                    a.refused.insert(id, why);
+                }
+            }),
+        }
+    }
+    out
+}
+
+/// The workers sharing the buffer: active and not shown bad (one whose groups were all
+/// refused does not shrink the others' part; a new one counts, so that an established
+/// worker's backlog cannot fill the buffer before the newcomer is ever pulled); and of those
+/// the established ones (past probation). Publishes μ of the pool and the established count.
+fn sharing_counts(workers: &[Admitted], shared: &Shared) -> (usize, usize) {
+    let mu_pool: f64 = workers.iter().map(|w| w.2).sum();
+    shared
+        .pulls
+        .mu_pool_milli
+        .store((mu_pool * 1000.0) as u64, Ordering::Relaxed);
+    let active = workers
+        .iter()
+        .filter(|w| {
+            let h = shared.pipeline.history(&w.0.to_base58());
+            w.3 && (h.accepted > 0 || h.rejected == 0)
+        })
+        .count();
+    let established = workers
+        .iter()
+        .filter(|w| w.3 && !shared.pipeline.on_probation(&w.0.to_base58()))
+        .count();
+    shared
+        .established_active
+        .store(established, Ordering::Relaxed);
+    (active, established)
 }
 
 /// The buffer by producer, for the next step's floor (a failed read counts as full: no pull
