@@ -32,6 +32,9 @@ pub enum DisseminationError {
     Task(String),
     #[error("timed out: {0}")]
     Timeout(String),
+    /// A catch-up version whose chunks no holder had (`Disseminator::complete_version`).
+    #[error("v{version}: {missing} chunks held by no peer asked")]
+    Incomplete { version: u64, missing: usize },
 }
 
 impl DisseminationError {

@@ -98,6 +98,10 @@ pub struct LearnerStatus {
     /// after it were not in the weights and their groups are trained again.
     #[serde(default)]
     pub started_from_version: u64,
+    /// Bytes per version by kind, delta ratio, catch-ups served (`null` unless
+    /// `[broadcast] delta` is on).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot_payloads: Option<SnapshotPayloads>,
     pub groups_pulled: u64,
     pub pull_errors: u64,
     /// Median and 90th percentile of the recent pull round trips (opening the stream to the
@@ -290,6 +294,61 @@ pub struct RolloutStatus {
     /// Version of the last group written.
     pub last_group_version: u64,
     pub pending: Option<u64>,
+    /// Where the installed payload stands on the learner's chain of bf16 deltas (`null`
+    /// before the first install; `docs/broadcast.md`, "Catch-up").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub installed_payload: Option<InstalledPayload>,
+    /// Catch-ups done: a delta version this worker had no base for, reached by fetching the
+    /// deltas after what it held, or the keyframe and the deltas since.
+    pub catch_ups: u64,
+    /// Bytes fetched for those catch-ups.
+    pub catch_up_bytes: u64,
+    /// The version rebuilt from the durable payload in the chunk store at start (`null`:
+    /// none held).
+    pub restored_version: Option<u64>,
+}
+
+/// Whether a worker's installed version is a keyframe or a delta on one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PayloadPosition {
+    /// A full payload.
+    Keyframe,
+    /// A delta (or a chain of deltas) applied to the keyframe named.
+    Delta,
+}
+
+/// A worker's installed payload on the delta chain.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct InstalledPayload {
+    pub version: u64,
+    pub position: PayloadPosition,
+    /// The keyframe the chain starts at (the installed version itself on a keyframe; `null`
+    /// when this worker no longer holds the chain's manifests).
+    pub keyframe_version: Option<u64>,
+    /// Deltas applied since that keyframe.
+    pub deltas_since_keyframe: u64,
+}
+
+/// What the learner's published versions cost (bf16 delta snapshots): bytes per version by
+/// kind and the workers' catch-ups it served.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SnapshotPayloads {
+    pub keyframes: u64,
+    pub deltas: u64,
+    /// Mean bytes of a version published whole.
+    pub keyframe_bytes_mean: Option<f64>,
+    /// Mean bytes of a version published as a delta.
+    pub delta_bytes_mean: Option<f64>,
+    /// Bytes of the delta versions over the full bf16 bytes of the same versions.
+    pub delta_ratio: Option<f64>,
+    /// Bytes of the newest published version, and whether it was a delta.
+    pub last_bytes: Option<u64>,
+    pub last_delta: Option<bool>,
+    /// Manifest requests for a version older than the newest the learner answered: each is
+    /// one link of a worker's catch-up (`dissemination_catch_ups_served_total`).
+    pub catch_ups_served: u64,
 }
 
 /// The broadcast benchmark's progress and results.

@@ -81,17 +81,10 @@ pub fn open_state(config: NodeConfig) -> anyhow::Result<NodeState> {
             data.trajectories().display()
         )
     })?;
-    // A learner publishing deltas keeps its newest keyframe and the deltas since.
-    let keep = match config.role {
-        Role::Learner => crate::roles::delta::learner_keep(
-            config.storage.keep_snapshots,
-            config
-                .broadcast
-                .delta_enabled()
-                .then_some(config.broadcast.keyframe_every),
-        ),
-        _ => config.storage.keep_snapshots,
-    };
+    // Garbage collection keeps the newest `keep_snapshots` versions and every version a kept
+    // delta depends on, back to its keyframe (`storage::deps::retained`): a learner publishing
+    // deltas keeps its staleness window and the keyframe and deltas a catch-up needs.
+    let keep = config.storage.keep_snapshots;
     let chunks = ChunkStore::open_with_memory(
         &data.snapshots(),
         keep,

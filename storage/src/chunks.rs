@@ -384,33 +384,24 @@ impl ChunkStore {
         Ok(stats)
     }
 
-    /// Keeps the newest `keep` manifests, and the published base a kept adapter manifest names
-    /// ([`crate::PayloadKind::Adapter`]: without it the adapters cannot be installed, and a
-    /// worker that joins late fetches it from here), deletes older ones, then collects chunks
-    /// no kept manifest references.
+    /// Keeps the newest `keep` manifests, every base a kept delta needs and the published base
+    /// a kept adapter version names ([`crate::deps::retained`], [`crate::deps::needs`]),
+    /// deletes the others, then collects chunks no kept manifest references.
     pub fn retain(&self) -> Result<GcStats> {
-        let versions = self.versions()?;
-        let drop_n = versions.len().saturating_sub(self.keep);
-        let mut bases = BTreeSet::new();
-        for v in &versions[drop_n..] {
-            if let Some(m) = self.manifest(*v)? {
-                if let crate::PayloadKind::Adapter {
-                    base_version: Some(b),
-                    ..
-                } = m.manifest.payload
-                {
-                    bases.insert(b);
-                }
-            }
+        let mut links = std::collections::BTreeMap::new();
+        for v in self.manifests.iter().values() {
+            let m = SignedManifest::decode(&v?)?.manifest;
+            links.insert(m.version, crate::deps::needs(m.payload));
         }
-        let mut removed = 0;
-        for v in versions[..drop_n].iter().filter(|v| !bases.contains(v)) {
+        let kept = crate::deps::retained(&links, self.keep);
+        let mut dropped = 0;
+        for v in links.keys().filter(|v| !kept.contains(v)) {
             self.manifests.remove(v.to_be_bytes())?;
-            removed += 1;
+            dropped += 1;
         }
         self.db.flush()?;
         let mut stats = self.collect_garbage()?;
-        stats.manifests_removed = removed;
+        stats.manifests_removed = dropped;
         Ok(stats)
     }
 
@@ -520,7 +511,7 @@ mod tests {
     use ed25519_dalek::SigningKey;
 
     use super::*;
-    use crate::manifest::SnapshotManifest;
+    use crate::manifest::{PayloadKind, SnapshotManifest};
 
     const CHUNK: u32 = 4096;
 
@@ -689,29 +680,41 @@ mod tests {
         assert_eq!(files, 3, "chunk files of dropped snapshots are deleted");
     }
 
+    /// Garbage collection knows what a delta needs: with `keep = 2`, the two newest versions
+    /// (deltas) keep their base chain back to the keyframe; an older, superseded chain goes.
     #[test]
-    fn the_published_base_of_kept_adapters_is_kept() {
+    fn retain_keeps_the_bases_of_kept_deltas() {
         let dir = tempfile::tempdir().unwrap();
         let s = ChunkStore::open(dir.path(), 2).unwrap();
-        let base = payload(2 * CHUNK as usize, 1);
-        s.publish(&manifest(0, &base), &Bytes::from(base.clone()))
-            .unwrap();
         let k = key();
-        for v in 1..=4u64 {
-            let p = payload(CHUNK as usize, 20 + v as u8);
+        // v1 keyframe, v2 delta on 1, v3 keyframe, v4 on 3, v5 on 4.
+        for (v, base) in [
+            (1u64, None),
+            (2, Some(1)),
+            (3, None),
+            (4, Some(3)),
+            (5, Some(4)),
+        ] {
+            let p = payload(CHUNK as usize, v as u8);
             let mut m =
                 SnapshotManifest::build("s", v, [0; 32], &p, CHUNK, &k.verifying_key()).unwrap();
-            m.payload = crate::PayloadKind::Adapter {
-                base_version: Some(0),
-                base_hash: [3; 32],
-            };
+            if let Some(base_version) = base {
+                m.payload = PayloadKind::Delta {
+                    base_version,
+                    full_root: [v as u8; 32],
+                };
+            }
             s.publish(&m.sign(&k).unwrap(), &Bytes::from(p)).unwrap();
         }
         s.flush();
         let gc = s.retain().unwrap();
-        assert_eq!(gc.manifests_removed, 2);
-        assert_eq!(s.versions().unwrap(), [0, 3, 4]);
-        assert_eq!(s.assemble(0).unwrap(), base);
+        assert_eq!(
+            s.versions().unwrap(),
+            [3, 4, 5],
+            "v5 and v4 need keyframe v3"
+        );
+        assert_eq!((gc.manifests_removed, gc.chunks_removed), (2, 2));
+        assert!(s.missing_chunks(3).unwrap().is_empty());
     }
 
     fn walk_files(p: &Path) -> usize {

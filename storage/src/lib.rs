@@ -15,6 +15,7 @@ pub mod chunks;
 pub mod codec;
 #[cfg(test)]
 mod decoder_props;
+pub mod deps;
 pub mod error;
 pub mod fs;
 mod hot;

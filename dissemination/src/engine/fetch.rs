@@ -18,7 +18,7 @@ use storage::{Hash, SnapshotManifest};
 use tracing::debug;
 
 use super::push::chunk_frame_err;
-use super::{frame_deadline, open_err, within, Disseminator};
+use super::{blocking, frame_deadline, open_err, within, Disseminator};
 use crate::error::{DisseminationError, Result};
 use crate::transfer::{repair_batch, Feed, Input};
 use crate::wire::{
@@ -128,7 +128,7 @@ impl Disseminator {
         version: u64,
     ) -> Result<()> {
         let io = |e| DisseminationError::Io { peer, source: e };
-        let (manifest, plan) = {
+        let (mut manifest, plan, newest) = {
             let st = self.lock();
             let v = if version == u64::MAX {
                 st.manifest_version
@@ -140,8 +140,21 @@ impl Disseminator {
                 m.as_ref()
                     .is_some_and(|m| m.manifest.version == p.plan.version)
             });
-            (m, p)
+            (m, p, st.manifest_version)
         };
+        // An older version than the engine remembers (a catch-up of a delta's chain reaches
+        // back to its keyframe): the store's signed copy, if still kept.
+        if manifest.is_none() && version != u64::MAX {
+            let store = self.inner.store.clone();
+            manifest = blocking(move || store.manifest(version)).await?;
+        }
+        if manifest.is_some() && version != u64::MAX && newest.is_some_and(|n| version < n) {
+            self.count(
+                |c| &c.catch_ups_served,
+                1,
+                "dissemination_catch_ups_served_total",
+            );
+        }
         let answer = CatchUp {
             manifest: manifest.map(|m| m.encode()).unwrap_or_default(),
             plan: plan.map(|p| p.encode()).unwrap_or_default(),
@@ -437,15 +450,15 @@ fn holder_at_fault(e: &DisseminationError) -> bool {
 }
 
 /// What a repair knows about the candidate holders of a version ([`holders_in_order`]).
-struct Holders<'a> {
+pub(super) struct Holders<'a> {
     /// Peers this node is connected to.
-    connected: &'a HashSet<PeerId>,
+    pub(super) connected: &'a HashSet<PeerId>,
     /// Peers whose heartbeats say they installed the version (or a newer one): they hold
     /// every chunk.
-    complete: &'a HashSet<PeerId>,
-    learner: PeerId,
+    pub(super) complete: &'a HashSet<PeerId>,
+    pub(super) learner: PeerId,
     /// Where this node starts in the list of complete holders ([`spread_offset`]).
-    spread: u64,
+    pub(super) spread: u64,
 }
 
 /// The order in which a repair asks holders:
@@ -467,7 +480,7 @@ struct Holders<'a> {
 /// everything to see its version superseded before it stored a chunk. (Every node dials
 /// the peers whose heartbeats carry dial hints, so a reachable holder is usually connected
 /// already.)
-fn holders_in_order(candidates: Vec<PeerId>, h: &Holders<'_>) -> Vec<PeerId> {
+pub(super) fn holders_in_order(candidates: Vec<PeerId>, h: &Holders<'_>) -> Vec<PeerId> {
     let had_learner = candidates.contains(&h.learner);
     let (connected, rest): (Vec<PeerId>, Vec<PeerId>) = candidates
         .into_iter()
@@ -490,7 +503,7 @@ fn holders_in_order(candidates: Vec<PeerId>, h: &Holders<'_>) -> Vec<PeerId> {
 /// A stable per-node, per-version number that spreads concurrent repairs over the complete
 /// holders ([`holders_in_order`]): the first 8 bytes of BLAKE3 over the node's peer id and
 /// the version.
-fn spread_offset(local: &PeerId, version: u64) -> u64 {
+pub(super) fn spread_offset(local: &PeerId, version: u64) -> u64 {
     let mut h = blake3::Hasher::new();
     h.update(&local.to_bytes());
     h.update(&version.to_le_bytes());

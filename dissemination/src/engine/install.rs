@@ -380,8 +380,15 @@ impl Disseminator {
         });
         // Then keep the newest `keep` snapshots and collect chunks nothing kept references
         // (`docs/storage.md`) — after the role has the payload, not before.
+        // The chunks reach the disk first: a worker killed after this install rebuilds the
+        // payload from them at its restart (`docs/storage.md`, "Installed payload").
         let store = self.inner.store.clone();
-        if let Err(e) = blocking(move || store.retain()).await {
+        if let Err(e) = blocking(move || {
+            store.flush();
+            store.retain()
+        })
+        .await
+        {
             warn!(error = %e, "chunk-store garbage collection failed");
         }
         Ok(())

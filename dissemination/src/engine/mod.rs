@@ -35,6 +35,7 @@
 //! manifests, plans and orders.
 
 mod account;
+mod catchup;
 mod fetch;
 mod gossip;
 mod install;
@@ -269,6 +270,7 @@ struct AtomicCounters {
     sessions_ended_idle: AtomicU64,
     push_open_retries: AtomicU64,
     fetches_declined: AtomicU64,
+    catch_ups_served: AtomicU64,
 }
 
 /// The broadcast counters of one node since start (`Disseminator::counters`).
@@ -303,6 +305,9 @@ pub struct BroadcastCounters {
     pub push_open_retries: u64,
     /// Chunks this node, busy forwarding, answered as not held (`fetch::declines_fetches`).
     pub fetches_declined: u64,
+    /// Manifest requests answered for a version older than the newest (a worker's catch-up
+    /// of a delta's chain, `catchup`).
+    pub catch_ups_served: u64,
 }
 
 /// What [`Disseminator::publish`] did.
@@ -689,6 +694,7 @@ impl Disseminator {
             sessions_ended_idle: c.sessions_ended_idle.load(Ordering::Relaxed),
             push_open_retries: c.push_open_retries.load(Ordering::Relaxed),
             fetches_declined: c.fetches_declined.load(Ordering::Relaxed),
+            catch_ups_served: c.catch_ups_served.load(Ordering::Relaxed),
         }
     }
 

@@ -381,7 +381,7 @@ async fn start_role(
                 roles::learner::start(state.clone(), client.clone(), d, view.clone()).await?,
             )
         }
-        (Role::Rollout, _) => {
+        (Role::Rollout, d) => {
             let learner = svc_learner.context("a rollout node needs learner_public_key")?;
             RunningRole::Rollout(
                 roles::rollout::start(
@@ -389,6 +389,7 @@ async fn start_role(
                     client.clone(),
                     learner,
                     installs,
+                    d,
                     view.clone(),
                 )
                 .await?,

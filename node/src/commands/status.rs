@@ -102,6 +102,28 @@ fn device(d: Option<&p2p::DeviceReport>) -> String {
     )
 }
 
+/// A worker's installed payload on the delta chain, its catch-ups and restore.
+fn payload_line(r: &crate::api::RolloutStatus) -> String {
+    let at = match &r.installed_payload {
+        None => "none".to_string(),
+        Some(p) => match p.position {
+            crate::api::PayloadPosition::Keyframe => format!("v{} keyframe", p.version),
+            crate::api::PayloadPosition::Delta => format!(
+                "v{} delta chain ({} since keyframe v{})",
+                p.version,
+                p.deltas_since_keyframe,
+                opt(p.keyframe_version)
+            ),
+        },
+    };
+    format!(
+        "worker: installed {at}  catch-ups {} ({} B)  restored {}\n",
+        r.catch_ups,
+        r.catch_up_bytes,
+        opt(r.restored_version)
+    )
+}
+
 /// The human view of a status object.
 pub fn render(st: &NodeStatus) -> String {
     let net = &st.network;
@@ -153,6 +175,17 @@ pub fn render(st: &NodeStatus) -> String {
             opt(l.delta_max_bound_under_overlap),
             l.snapshots_published,
         ));
+        if let Some(p) = &l.snapshot_payloads {
+            out.push_str(&format!(
+                "         snapshots: {} keyframes (mean {} B), {} deltas (mean {} B, ratio {}), catch-ups served {}\n",
+                p.keyframes,
+                num(p.keyframe_bytes_mean, 0),
+                p.deltas,
+                num(p.delta_bytes_mean, 0),
+                num(p.delta_ratio, 3),
+                p.catch_ups_served,
+            ));
+        }
         let sch = &l.scheduler;
         if sch.enabled {
             out.push_str(&format!(
@@ -165,6 +198,9 @@ pub fn render(st: &NodeStatus) -> String {
             ));
         }
         standby = &sch.standby;
+    }
+    if let Some(r) = &st.rollout {
+        out.push_str(&payload_line(r));
     }
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);

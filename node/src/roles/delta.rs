@@ -152,60 +152,79 @@ impl DeltaBase {
     pub fn installed(&mut self, version: u64, full: Arc<Vec<u8>>) {
         self.held = Some((version, full));
     }
-}
 
-/// Snapshots a learner's chunk store keeps when it publishes deltas: at least
-/// `keyframe_every + 1`, so that the newest keyframe and every delta after it stay held and
-/// any recent version can be reconstructed from the store (the spot checker's need).
-pub fn learner_keep(keep_snapshots: usize, keyframe_every: Option<u64>) -> usize {
-    match keyframe_every {
-        Some(k) => keep_snapshots.max(usize::try_from(k).unwrap_or(usize::MAX).saturating_add(1)),
-        None => keep_snapshots,
+    /// The version held and its full payload.
+    pub fn held(&self) -> Option<(u64, Arc<Vec<u8>>)> {
+        self.held.clone()
+    }
+
+    /// Whether `version` is not newer than the version held (nothing to install).
+    pub fn has(&self, version: u64) -> bool {
+        self.held.as_ref().is_some_and(|(v, _)| *v >= version)
     }
 }
 
 /// The full payload of `version` from a chunk store that holds full payloads and deltas: the
-/// chain of deltas back to the nearest full payload, applied forward, each result checked
-/// against its signed manifest's full root. `Ok(None)` when a link is no longer held.
+/// chain of deltas back to the nearest full payload, applied forward ([`apply_chain`]).
+/// `Ok(None)` when a link is no longer held (its manifest or a chunk).
 pub fn assemble_full(store: &storage::ChunkStore, version: u64) -> anyhow::Result<Option<Vec<u8>>> {
-    let held = |v: u64| match store.assemble(v) {
-        Ok(b) => Ok(Some(b)),
-        Err(storage::StorageError::NotFound { .. } | storage::StorageError::Incomplete { .. }) => {
-            Ok(None)
-        }
-        Err(e) => Err(anyhow::Error::from(e)),
-    };
     let mut chain = Vec::new();
     let mut v = version;
     loop {
         let Some(m) = store.manifest(v)? else {
             return Ok(None);
         };
-        match m.manifest.payload {
-            // An adapter payload is whole too (its base is not part of the payload).
-            PayloadKind::Full | PayloadKind::Adapter { .. } => break,
-            PayloadKind::Delta {
-                base_version,
-                full_root,
-            } => {
-                chain.push((v, full_root));
-                v = base_version;
-            }
+        // A full or an adapter payload is whole (an adapter's base is not part of it).
+        chain.push(v);
+        match storage::deps::base_of(m.manifest.payload) {
+            None => break,
+            Some(b) if chain.len() < storage::deps::MAX_CHAIN => v = b,
+            Some(_) => return Ok(None),
         }
     }
-    let Some(mut cur) = held(v)? else {
-        return Ok(None);
-    };
-    for (v, root) in chain.into_iter().rev() {
-        let Some(d) = held(v)? else {
+    chain.reverse();
+    for &v in &chain {
+        if !store.missing_chunks(v)?.is_empty() {
             return Ok(None);
-        };
-        cur = delta::apply(&cur, &d)?;
-        if hash_bytes(&cur) != root {
-            anyhow::bail!("delta v{v} does not reconstruct its signed full root");
         }
     }
-    Ok(Some(cur))
+    apply_chain(store, None, &chain).map(Some)
+}
+
+/// Applies `versions` (held complete in `store`, ascending) in order to `start` (the full
+/// payload of the version before the first; `None` when the first is a full payload): a full
+/// payload is taken as it is (the store checked its root hash on assembly), a delta is
+/// applied to the payload before it and its result checked against the full root its signed
+/// manifest names. The last version's full payload.
+pub fn apply_chain(
+    store: &storage::ChunkStore,
+    start: Option<&[u8]>,
+    versions: &[u64],
+) -> anyhow::Result<Vec<u8>> {
+    let mut cur: Option<Vec<u8>> = None;
+    for &v in versions {
+        let m = store
+            .manifest(v)?
+            .ok_or_else(|| anyhow::anyhow!("v{v}: manifest no longer held"))?
+            .manifest;
+        let bytes = store.assemble(v)?;
+        let next = match m.payload {
+            PayloadKind::Full => bytes,
+            kind => {
+                let base = cur
+                    .as_deref()
+                    .or(start)
+                    .ok_or_else(|| anyhow::anyhow!("delta v{v} ({kind:?}) has no base"))?;
+                let full = delta::apply(base, &bytes)?;
+                if hash_bytes(&full) != m.full_root() {
+                    anyhow::bail!("delta v{v} does not reconstruct its signed full root");
+                }
+                full
+            }
+        };
+        cur = Some(next);
+    }
+    cur.ok_or_else(|| anyhow::anyhow!("an empty chain"))
 }
 
 #[cfg(test)]

@@ -141,7 +141,7 @@ fn wrong_base_bad_delta_and_root_mismatch_are_refused() {
 fn the_store_rebuilds_delta_versions_from_their_keyframe() {
     let vs = versions(5, 61);
     let dir = tempfile::tempdir().unwrap();
-    let store = storage::ChunkStore::open(dir.path(), learner_keep(2, Some(3))).unwrap();
+    let store = storage::ChunkStore::open(dir.path(), 4).unwrap();
     let node_key = storage::NodeKey::from_seed([5; 32]);
     let key = node_key.signing_key();
     let mut learner = DeltaPublisher::new(3);
@@ -160,9 +160,34 @@ fn the_store_rebuilds_delta_versions_from_their_keyframe() {
         kinds.push(kind == PayloadKind::Full);
     }
     assert_eq!(kinds, [true, false, false, true, false]);
-    // Kept: v2..v5 (keep = 4). v4 is a keyframe, v5 its delta; v2 and v3 lost keyframe v1.
+    // The newest four are v2..v5 (keep = 4); v2 and v3 are deltas on keyframe v1, so
+    // garbage collection keeps v1 too, and every version rebuilds.
+    assert_eq!(store.versions().unwrap(), [1, 2, 3, 4, 5]);
+    for (i, full) in vs.iter().enumerate() {
+        let got = assemble_full(&store, i as u64 + 1).unwrap().unwrap();
+        assert_eq!(&got[..], &full[..], "v{}", i + 1);
+    }
+    // Two more versions (the same weights): once the newest four are v4..v7, all on keyframe
+    // v4, the older chain is collected; v5 still rebuilds from keyframe v4.
+    for v in 6..=7u64 {
+        let (payload, kind, _) = learner.prepare(v, &vs[4]);
+        let mut m =
+            storage::SnapshotManifest::build("s", v, [0; 32], &payload, 4096, &key.verifying_key())
+                .unwrap();
+        m.payload = kind;
+        store.publish(&m.sign(key).unwrap(), &payload).unwrap();
+        store.retain().unwrap();
+        learner.published(v, vs[4].clone(), kind);
+    }
+    assert_eq!(store.versions().unwrap(), [4, 5, 6, 7]);
+    assert!(
+        assemble_full(&store, 3).unwrap().is_none(),
+        "v3's chain is gone"
+    );
     assert_eq!(&assemble_full(&store, 5).unwrap().unwrap()[..], &vs[4][..]);
-    assert_eq!(&assemble_full(&store, 4).unwrap().unwrap()[..], &vs[3][..]);
-    assert!(assemble_full(&store, 3).unwrap().is_none());
-    assert!(assemble_full(&store, 1).unwrap().is_none());
+    // A chain applied from a held payload: v5 from the full payload of v4.
+    let got = apply_chain(&store, Some(&vs[3][..]), &[5]).unwrap();
+    assert_eq!(&got[..], &vs[4][..]);
+    // A delta with no base is refused, not guessed.
+    assert!(apply_chain(&store, None, &[5]).is_err());
 }

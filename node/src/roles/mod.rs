@@ -16,6 +16,7 @@ pub mod attacks;
 #[path = "attacks_off.rs"]
 pub mod attacks;
 pub mod bench;
+pub mod catchup;
 pub mod delta;
 #[cfg(feature = "adversary")]
 pub mod forge;

@@ -4,8 +4,9 @@
 //!
 //! - **Install.** The dissemination engine's `Installed` event carries verified bytes; they are
 //!   loaded into the [`PolicySlot`] (a snapshot for another model config is refused). At
-//!   start the newest complete snapshot in the chunk store is installed, so a restarted worker
-//!   resumes at once.
+//!   start the newest snapshot the chunk store rebuilds (a delta version from its keyframe and
+//!   the deltas since, every root checked) is installed, so a restarted worker resumes at once
+//!   and applies the next delta; a delta whose base it lacks is caught up (`super::catchup`).
 //! - **Generate.** One [`RolloutEngine`] on its own thread; it idles until a policy is
 //!   installed, pauses while `storage.max_pending_groups` groups wait to be pulled, and stands
 //!   by while the learner's signed activation order says so (it keeps installing snapshots).
@@ -235,6 +236,7 @@ pub async fn start(
     client: p2p::Client,
     learner: p2p::PeerId,
     installs: Option<mpsc::UnboundedReceiver<DisseminationEvent>>,
+    dissem: Option<dissemination::Disseminator>,
     view: RoleView,
 ) -> anyhow::Result<RolloutRole> {
     let config = &state.config;
@@ -268,17 +270,43 @@ pub async fn start(
         state.chunks.clone(),
     )));
     drop(policy);
-    // Resume with the newest complete snapshot already on disk.
+    // Resume with the newest snapshot the durable chunk store rebuilds (a delta version from
+    // its keyframe and the deltas since, each checked against its signed root; an adapter
+    // version onto the base it names): installed, and the base of the next delta.
+    let payloads = Arc::new(super::catchup::PayloadStats::default());
+    let mut base = super::delta::DeltaBase::default();
     let (chunks, slot2, bases2) = (state.chunks.clone(), slot.clone(), bases.clone());
-    tokio::task::spawn_blocking(move || {
+    let restored = tokio::task::spawn_blocking(move || {
+        let Some((v, full)) = super::catchup::restore(&chunks)? else {
+            return anyhow::Ok(None);
+        };
+        let kind = chunks
+            .manifest(v)?
+            .map_or(storage::PayloadKind::Full, |m| m.manifest.payload);
         let mut b = bases2.lock().unwrap_or_else(|e| e.into_inner());
-        match super::adapter::install_stored(&slot2, &mut b, &chunks) {
-            Ok(Some(v)) => tracing::info!(version = v, "installed the stored snapshot"),
-            Ok(None) => {}
-            Err(e) => tracing::warn!(error = %format!("{e:#}"), "stored snapshot not installed"),
-        }
+        super::adapter::install(&slot2, &mut b, v, &full, kind)?;
+        Ok(Some((
+            v,
+            Arc::new(full),
+            super::catchup::position(&chunks, v)?,
+        )))
     })
     .await?;
+    match restored {
+        Ok(None) => {}
+        Ok(Some((v, full, at))) => {
+            tracing::info!(
+                version = v,
+                delta = at.position == crate::api::PayloadPosition::Delta,
+                root = %hex::encode(storage::hash_bytes(&full)),
+                "installed the stored snapshot"
+            );
+            base.installed(v, full);
+            payloads.set_restored(v);
+            payloads.set_installed(at);
+        }
+        Err(e) => tracing::warn!(error = %format!("{e:#}"), "stored snapshot not installed"),
+    }
 
     let mut sampling = policy::SamplingParams::new(r.max_new_tokens, tokenizer.eos_ids());
     sampling.temperature = r.temperature;
@@ -366,9 +394,9 @@ pub async fn start(
     if let Some(mut rx) = installs {
         let slot = slot.clone();
         let standby = standby.clone();
+        let (payloads, chunks) = (payloads.clone(), state.chunks.clone());
         tasks.spawn(async move {
-            // The full payload installed last: the base of the next delta version.
-            let mut base = super::delta::DeltaBase::default();
+            // `base`: the full payload installed last, the base of the next delta version.
             while let Some(ev) = rx.recv().await {
                 match ev {
                     DisseminationEvent::Installed {
@@ -377,22 +405,43 @@ pub async fn start(
                         kind,
                         latency,
                     } => {
-                        let (slot, bases) = (slot.clone(), bases.clone());
+                        if base.has(version) {
+                            continue; // rebuilt from the store at start, or caught up past it
+                        }
+                        let (slot2, bases2) = (slot.clone(), bases.clone());
                         let held = base.clone();
                         let r = tokio::task::spawn_blocking(move || {
                             // A delta is applied to the held base and checked against the
                             // signed full root before anything is loaded; adapters go onto
                             // the base their manifest names.
                             let full = held.full_payload(version, payload, kind)?;
-                            let mut b = bases.lock().unwrap_or_else(|e| e.into_inner());
+                            let mut b = bases2.lock().unwrap_or_else(|e| e.into_inner());
                             let root =
-                                super::adapter::install(&slot, &mut b, version, &full, kind)?;
+                                super::adapter::install(&slot2, &mut b, version, &full, kind)?;
                             anyhow::Ok((full, root))
                         })
                         .await;
+                        let r = match r {
+                            // No base (a missed version, a late join, a restart behind):
+                            // catch up on the chain instead.
+                            Ok(Err(e)) if super::catchup::needs_catch_up(&e) => {
+                                tracing::info!(version, error = %e, "catching up");
+                                Ok(super::catchup::catch_up_and_load(
+                                    dissem.as_ref(),
+                                    &chunks,
+                                    &slot,
+                                    &base,
+                                    version,
+                                    &payloads,
+                                )
+                                .await)
+                            }
+                            r => r,
+                        };
                         match r {
                             Ok(Ok((full, root))) => {
                                 base.installed(version, full);
+                                payloads.note_installed(&chunks, version).await;
                                 metrics::gauge!("node_installed_snapshot_version")
                                     .set(version as f64);
                                 tracing::info!(
@@ -451,12 +500,15 @@ pub async fn start(
     });
     {
         let (slot, stats, store) = (slot.clone(), stats.clone(), state.trajectories.clone());
+        let payloads = payloads.clone();
         let standby = standby.clone();
         tasks.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tick.tick().await;
                 let s = stats.snapshot();
+                let (installed_payload, catch_ups, catch_up_bytes, restored_version) =
+                    payloads.view();
                 view.set(RoleSection::Rollout(RolloutStatus {
                     installed_version: slot.version(),
                     mu: s.mu,
@@ -469,6 +521,10 @@ pub async fn start(
                     standby: standby.load(Ordering::Relaxed),
                     last_group_version: s.version,
                     pending: store.pending().ok(),
+                    installed_payload,
+                    catch_ups,
+                    catch_up_bytes,
+                    restored_version,
                 }));
                 metrics::gauge!("rollout_mu_groups_per_s").set(s.mu);
                 metrics::gauge!("rollout_groups_total").set(s.groups as f64);

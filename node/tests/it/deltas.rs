@@ -7,12 +7,20 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::swarm::{log_lines, wait_for, Node};
+use crate::swarm::{lines_containing, wait_for, Node};
 
 /// `(version, delta, root)` of each log line with `message`, ANSI colours stripped.
 fn logged(node: &Node, message: &str) -> Vec<(u64, bool, String)> {
+    logged_in(
+        &std::fs::read_to_string(&node.log).unwrap_or_default(),
+        message,
+    )
+}
+
+/// [`logged`] of a piece of a log.
+fn logged_in(text: &str, message: &str) -> Vec<(u64, bool, String)> {
     let mut out = Vec::new();
-    for plain in log_lines(node, message) {
+    for plain in lines_containing(text, message) {
         let field = |k: &str| {
             plain
                 .split_whitespace()
@@ -95,4 +103,145 @@ fn workers_install_bf16_deltas_bit_for_bit() {
             .count();
         println!("{}: {refused} versions refused (missing base)", w.name);
     }
+}
+
+/// Learner settings of the catch-up tests: bf16 deltas with a keyframe period far beyond the
+/// test's length, so that every version after the first is a delta and a worker that installs
+/// one without having seen every version before it must have caught up.
+const NO_KEYFRAMES: &str =
+    "[learner]\nlr = 1e-5\n[broadcast]\ndtype = \"bf16\"\nkeyframe_every = 1000\n";
+
+/// The learner's published `(delta, root)` per version.
+fn published(learner: &Node) -> HashMap<u64, (bool, String)> {
+    logged(learner, "snapshot published")
+        .into_iter()
+        .map(|(v, d, r)| (v, (d, r)))
+        .collect()
+}
+
+/// A worker started after the learner published several delta versions installs a delta
+/// version (there is no later keyframe to wait for) by catching up: the keyframe and the deltas
+/// since, fetched from the other workers or the learner. Its weights hash to the learner's
+/// full payload of that version; the learner counts the catch-ups it served.
+#[test]
+fn a_late_worker_catches_up_on_the_delta_chain() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut learner, _workers) =
+        Node::learner_and_workers(tmp.path(), "it-catchup", NO_KEYFRAMES, 2, "");
+    let limit = Duration::from_secs(300);
+    wait_for("three delta versions published", limit, || {
+        let _ = learner.status()?;
+        (published(&learner).values().filter(|p| p.0).count() >= 3).then_some(())
+    });
+    let boot = format!("bootstrap = [\"{}\"]", learner.addr());
+    let lpk = learner.key.public_key.clone();
+    let mut late = Node::start_full(
+        tmp.path(),
+        "late",
+        "rollout",
+        "it-catchup",
+        Some(&lpk),
+        &boot,
+        "",
+    );
+    let (version, root) = wait_for("the late worker to install a delta version", limit, || {
+        let _ = learner.status()?;
+        logged(&late, "snapshot installed")
+            .into_iter()
+            .find(|l| l.1)
+            .map(|l| (l.0, l.2))
+    });
+    let st = wait_for("the late worker's status", limit, || {
+        let st = late.status()?;
+        (st["rollout"]["catch_ups"].as_u64()? >= 1).then_some(st)
+    });
+    let pubs = published(&learner);
+    assert_eq!(
+        pubs.get(&version).map(|p| p.1.as_str()),
+        Some(root.as_str()),
+        "v{version} as the late worker loaded it hashes to the learner's full payload"
+    );
+    assert!(
+        st["rollout"]["catch_up_bytes"].as_u64().unwrap() > 0,
+        "{st}"
+    );
+    let payload = &st["rollout"]["installed_payload"];
+    assert_eq!(payload["position"], "delta", "{st}");
+    let keyframes: Vec<u64> = pubs.iter().filter(|p| !p.1 .0).map(|p| *p.0).collect();
+    assert_eq!(keyframes.len(), 1, "one keyframe only: {pubs:?}");
+    assert_eq!(payload["keyframe_version"], keyframes[0], "{st}");
+    let lst = wait_for("the learner's catch-up count", limit, || {
+        let st = learner.status()?;
+        (st["learner"]["snapshot_payloads"]["catch_ups_served"].as_u64()? >= 1).then_some(st)
+    });
+    let p = &lst["learner"]["snapshot_payloads"];
+    println!(
+        "late worker: v{version} after {} catch-up(s), {} B fetched; learner: {p}",
+        st["rollout"]["catch_ups"], st["rollout"]["catch_up_bytes"]
+    );
+    assert!(p["deltas"].as_u64().unwrap() >= 3, "{lst}");
+    assert!(p["delta_ratio"].as_f64().unwrap() < 1.0, "{lst}");
+    assert!(
+        p["delta_bytes_mean"].as_f64().unwrap() < p["keyframe_bytes_mean"].as_f64().unwrap(),
+        "{lst}"
+    );
+}
+
+/// A worker killed (SIGKILL) after installing delta versions rebuilds its installed payload
+/// from its durable chunk store at restart — the keyframe and the deltas since, each checked
+/// against its signed root — and installs the learner's next delta on top of it: it never
+/// fetches the keyframe again.
+#[test]
+fn a_restarted_worker_resumes_from_its_durable_payload() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut learner, mut workers) =
+        Node::learner_and_workers(tmp.path(), "it-resume", NO_KEYFRAMES, 1, "");
+    let limit = Duration::from_secs(300);
+    let w = &mut workers[0];
+    wait_for("the worker to install two delta versions", limit, || {
+        let _ = learner.status()?;
+        (logged(w, "snapshot installed")
+            .iter()
+            .filter(|l| l.1)
+            .count()
+            >= 2)
+            .then_some(())
+    });
+    w.kill();
+    let before = std::fs::metadata(&w.log).unwrap().len() as usize;
+    w.spawn();
+    let since =
+        |w: &Node| std::fs::read_to_string(&w.log).unwrap_or_default()[before..].to_string();
+    let restored = wait_for("the restarted worker's restored version", limit, || {
+        let st = w.status()?;
+        st["rollout"]["restored_version"].as_u64()
+    });
+    assert!(restored >= 2, "a delta version was restored (v{restored})");
+    // The installed payload's hash is the learner's full payload of that version.
+    let (_, restored_delta, restored_root) = logged_in(&since(w), "installed the stored snapshot")
+        .into_iter()
+        .next()
+        .expect("the restore is logged with its root");
+    let next = wait_for("a delta installed after the restart", limit, || {
+        let _ = learner.status()?;
+        logged_in(&since(w), "snapshot installed")
+            .into_iter()
+            .find(|l| l.0 > restored)
+    });
+    let pubs = published(&learner);
+    assert!(restored_delta, "v{restored} is a delta version");
+    assert_eq!(
+        restored_root, pubs[&restored].1,
+        "the restored payload is v{restored}'s"
+    );
+    assert!(next.1, "v{} is a delta", next.0);
+    assert_eq!(next.2, pubs[&next.0].1, "v{} loaded bit for bit", next.0);
+    // Whatever it missed while down, it built on what it held: no catch-up from the keyframe.
+    let text = since(w);
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.contains("catching up on the delta chain") && l.contains("from=None")),
+        "a restarted worker never starts again at the keyframe"
+    );
 }

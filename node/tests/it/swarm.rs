@@ -24,7 +24,14 @@ pub(crate) use testkit::wait_for;
 
 /// The lines of `node`'s log containing `message`, ANSI colours stripped.
 pub(crate) fn log_lines(node: &Node, message: &str) -> Vec<String> {
-    let text = std::fs::read_to_string(&node.log).unwrap_or_default();
+    lines_containing(
+        &std::fs::read_to_string(&node.log).unwrap_or_default(),
+        message,
+    )
+}
+
+/// The lines of a piece of a log containing `message`, ANSI colours stripped.
+pub(crate) fn lines_containing(text: &str, message: &str) -> Vec<String> {
     let mut out = Vec::new();
     for line in text.lines().filter(|l| l.contains(message)) {
         let mut plain = String::new();

@@ -44,6 +44,22 @@ pub(super) struct PublishStats {
     /// deltas or adapters), and the bytes each of the last [`RECENT_PAYLOADS`] published
     /// versions actually put on the chains (full, delta or adapter payload).
     bytes: Mutex<(Option<u64>, VecDeque<u64>)>,
+    /// Bytes per published version by kind (delta snapshots only).
+    payloads: Mutex<Option<PayloadTotals>>,
+    /// The engine, for the catch-ups it served.
+    engine: std::sync::OnceLock<Disseminator>,
+}
+
+/// Running sums behind [`crate::api::SnapshotPayloads`].
+#[derive(Default, Clone, Copy)]
+struct PayloadTotals {
+    keyframes: u64,
+    keyframe_bytes: u64,
+    deltas: u64,
+    delta_bytes: u64,
+    /// Full bf16 bytes of the versions published as deltas.
+    delta_full_bytes: u64,
+    last: Option<(u64, bool)>,
 }
 
 impl Default for PublishStats {
@@ -55,6 +71,8 @@ impl Default for PublishStats {
             in_flight: Mutex::new(Vec::new()),
             t_bcast: Mutex::new(VecDeque::new()),
             bytes: Mutex::new((None, VecDeque::new())),
+            payloads: Mutex::new(None),
+            engine: std::sync::OnceLock::new(),
         }
     }
 }
@@ -94,6 +112,45 @@ impl PublishStats {
             }
             push_recent(&mut b.1, payload as u64, RECENT_PAYLOADS);
         }
+    }
+
+    /// Records one version published with delta snapshots on: `bytes` went out, `full` is
+    /// its full bf16 size.
+    fn record_payload(&self, bytes: u64, full: u64, delta: bool) {
+        let Ok(mut p) = self.payloads.lock() else {
+            return;
+        };
+        let t = p.get_or_insert_with(PayloadTotals::default);
+        if delta {
+            t.deltas += 1;
+            t.delta_bytes += bytes;
+            t.delta_full_bytes += full;
+        } else {
+            t.keyframes += 1;
+            t.keyframe_bytes += bytes;
+        }
+        t.last = Some((bytes, delta));
+    }
+
+    /// Bytes per version by kind, the delta ratio and the catch-ups served (`None` until a
+    /// version went out with delta snapshots on).
+    pub fn payloads(&self) -> Option<crate::api::SnapshotPayloads> {
+        let t = (*self.payloads.lock().ok()?)?;
+        let mean = |sum: u64, n: u64| (n > 0).then(|| sum as f64 / n as f64);
+        Some(crate::api::SnapshotPayloads {
+            keyframes: t.keyframes,
+            deltas: t.deltas,
+            keyframe_bytes_mean: mean(t.keyframe_bytes, t.keyframes),
+            delta_bytes_mean: mean(t.delta_bytes, t.deltas),
+            delta_ratio: (t.delta_full_bytes > 0)
+                .then(|| t.delta_bytes as f64 / t.delta_full_bytes as f64),
+            last_bytes: t.last.map(|l| l.0),
+            last_delta: t.last.map(|l| l.1),
+            catch_ups_served: self
+                .engine
+                .get()
+                .map_or(0, |d| d.counters().catch_ups_served),
+        })
     }
 
     /// The T_bcast estimate from the recent measurements, and how many there are. Versions
@@ -221,6 +278,7 @@ async fn publish(
     shared: &Shared,
     keyframe_every: Option<u64>,
 ) {
+    let _ = shared.publish.engine.set(dissem.clone());
     let mut published = None::<u64>;
     // The previously published bf16 payload: deltas are taken against what went out, never
     // against re-rounded weights (versions the watch channel skipped never went out).
@@ -277,6 +335,11 @@ async fn publish(
                         _ => "learner_snapshot_keyframes_total",
                     };
                     metrics::counter!(counter).increment(1);
+                    shared.publish.record_payload(
+                        bytes.len() as u64,
+                        full.len() as u64,
+                        kind != PayloadKind::Full,
+                    );
                     metrics::gauge!("learner_snapshot_bytes").set(bytes.len() as f64);
                     metrics::gauge!("learner_snapshot_delta_ratio")
                         .set(bytes.len() as f64 / full.len().max(1) as f64);
