@@ -283,24 +283,23 @@ pub fn install(
     Ok(root)
 }
 
-/// Installs the newest complete snapshot of the chunk store (a restarted worker resumes at
-/// once): `Ok(Some(version))` when one installed.
+/// Installs the newest snapshot the chunk store rebuilds (a restarted worker resumes at once):
+/// a delta version from its keyframe and the deltas since (`catchup::restore`, every link
+/// checked against its signed root), an adapter version onto the base it names. Returns the
+/// version and its payload (the base of the next delta).
 pub fn install_stored(
     slot: &rollout::PolicySlot,
     bases: &mut Bases,
     chunks: &ChunkStore,
-) -> anyhow::Result<Option<u64>> {
-    for v in chunks.versions()?.into_iter().rev() {
-        if !chunks.missing_chunks(v)?.is_empty() {
-            continue;
-        }
-        let kind = chunks
-            .manifest(v)?
-            .map_or(PayloadKind::Full, |m| m.manifest.payload);
-        install(slot, bases, v, &chunks.assemble(v)?, kind)?;
-        return Ok(Some(v));
-    }
-    Ok(None)
+) -> anyhow::Result<Option<(u64, Vec<u8>)>> {
+    let Some((v, payload)) = super::catchup::restore(chunks)? else {
+        return Ok(None);
+    };
+    let kind = chunks
+        .manifest(v)?
+        .map_or(PayloadKind::Full, |m| m.manifest.payload);
+    install(slot, bases, v, &payload, kind)?;
+    Ok(Some((v, payload)))
 }
 
 #[cfg(test)]

@@ -277,14 +277,10 @@ pub async fn start(
     let mut base = super::delta::DeltaBase::default();
     let (chunks, slot2, bases2) = (state.chunks.clone(), slot.clone(), bases.clone());
     let restored = tokio::task::spawn_blocking(move || {
-        let Some((v, full)) = super::catchup::restore(&chunks)? else {
+        let mut b = bases2.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((v, full)) = super::adapter::install_stored(&slot2, &mut b, &chunks)? else {
             return anyhow::Ok(None);
         };
-        let kind = chunks
-            .manifest(v)?
-            .map_or(storage::PayloadKind::Full, |m| m.manifest.payload);
-        let mut b = bases2.lock().unwrap_or_else(|e| e.into_inner());
-        super::adapter::install(&slot2, &mut b, v, &full, kind)?;
         Ok(Some((
             v,
             Arc::new(full),
