@@ -193,7 +193,7 @@ pub fn assemble_full(store: &storage::ChunkStore, version: u64) -> anyhow::Resul
 
 /// Applies `versions` (held complete in `store`, ascending) in order to `start` (the full
 /// payload of the version before the first; `None` when the first is a full payload): a full
-/// payload is taken as it is (the store checked its root hash on assembly), a delta is
+/// or adapter payload is taken as it is (the store checked its root hash on assembly), a delta is
 /// applied to the payload before it and its result checked against the full root its signed
 /// manifest names. The last version's full payload.
 pub fn apply_chain(
@@ -209,7 +209,8 @@ pub fn apply_chain(
             .manifest;
         let bytes = store.assemble(v)?;
         let next = match m.payload {
-            PayloadKind::Full => bytes,
+            // Whole payloads (an adapter version is applied to its base at install, not here).
+            PayloadKind::Full | PayloadKind::Adapter { .. } => bytes,
             kind => {
                 let base = cur
                     .as_deref()
