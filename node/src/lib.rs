@@ -23,3 +23,5 @@ pub mod logging;
 pub mod misbehave;
 pub mod roles;
 pub mod state;
+#[cfg(test)]
+mod test_util;

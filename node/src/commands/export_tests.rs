@@ -7,6 +7,7 @@ use std::path::Path;
 use policy::{Device, LoraConfig, ModelConfig, Policy, Tensor, Tokenizer};
 
 use super::*;
+use crate::test_util::max_diff;
 
 fn args(ckpt: &Path, base: Option<&Path>, out: &Path) -> ExportArgs {
     ExportArgs {
@@ -28,19 +29,6 @@ fn ids() -> Tensor {
 
 fn logits(p: &Policy) -> Tensor {
     p.forward(&ids()).unwrap()
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
 }
 
 #[test]

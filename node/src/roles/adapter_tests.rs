@@ -7,6 +7,7 @@ use policy::{Device, ModelConfig, Tensor};
 use rollout::PolicySlot;
 
 use super::*;
+use crate::test_util::max_diff;
 
 /// The embedded model of `seed` with rank-4 adapters whose `B`s are non-zero (trained).
 fn learner(seed: u64) -> Policy {
@@ -37,19 +38,6 @@ fn bases(dir: &std::path::Path, seed: u64) -> Bases {
 fn logits(p: &Policy) -> Tensor {
     let ids = Tensor::new(&[[257u32, 5, 9, 200, 3, 77]], &Device::Cpu).unwrap();
     p.forward(&ids).unwrap()
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
 }
 
 #[test]
