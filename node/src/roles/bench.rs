@@ -343,8 +343,8 @@ fn synthetic_bf16(bytes: usize, rng: &mut impl Rng) -> Vec<u8> {
 }
 
 /// Changes each bf16 value of a [`synthetic_bf16`] payload with probability `p`, by one unit
-/// in the last place (the low mantissa bit flipped: what a small optimiser step does to the
-/// values it moves at all); returns the fraction changed. `None` if `payload` is not one.
+/// in the last place (what a small optimiser step does to the values it moves at all);
+/// returns the fraction changed. `None` if `payload` is not one.
 fn perturb_bf16(payload: &mut [u8], p: f64, rng: &mut impl Rng) -> Option<f64> {
     let header = usize::try_from(u64::from_le_bytes(payload.get(..8)?.try_into().ok()?)).ok()?;
     let data = payload.get_mut(8usize.checked_add(header)?..)?;
@@ -352,7 +352,11 @@ fn perturb_bf16(payload: &mut [u8], p: f64, rng: &mut impl Rng) -> Option<f64> {
     let mut changed = 0usize;
     for v in data.chunks_exact_mut(2) {
         if rng.gen_bool(p) {
-            v[0] ^= 1;
+            // One unit in the last place away from zero (the bits of a finite bf16 value of
+            // this payload's magnitude never reach infinity); never back to an earlier value,
+            // so no version repeats an older one's chunks.
+            let bits = u16::from_le_bytes([v[0], v[1]]).wrapping_add(1);
+            v.copy_from_slice(&bits.to_le_bytes());
             changed += 1;
         }
     }
