@@ -169,6 +169,36 @@ pub async fn catch_up(
     Ok(Some((Arc::new(full), fetched)))
 }
 
+/// Makes the chunk store hold the published base `base` that an adapter version names, for a
+/// worker that joined after the base went out (the engine pushes the newest version only): its
+/// signed manifest is asked of the learner and its chunks are fetched by hash from holders —
+/// a catch-up to a keyframe ([`catch_up`]). The adapter install then finds the base in the
+/// store (`adapter::Bases`). Nothing to do when the store holds it; a failure is logged, and
+/// the install refuses as without it.
+pub async fn fetch_base(
+    dissem: Option<&Disseminator>,
+    store: &Arc<ChunkStore>,
+    base: u64,
+    stats: &PayloadStats,
+) {
+    let s = store.clone();
+    let held =
+        tokio::task::spawn_blocking(move || s.missing_chunks(base).is_ok_and(|m| m.is_empty()))
+            .await
+            .unwrap_or(false);
+    let Some(d) = dissem.filter(|_| !held) else {
+        return;
+    };
+    match catch_up(d, store, None, base).await {
+        Ok(Some((_, bytes))) => {
+            stats.caught_up(bytes);
+            tracing::info!(base, fetched_bytes = bytes, "fetched the adapters' base");
+        }
+        Ok(None) => {}
+        Err(e) => tracing::warn!(base, error = %format!("{e:#}"), "the adapters' base not fetched"),
+    }
+}
+
 /// Whether an install failed only for want of the delta's base (the catch-up's case); a
 /// delta that does not decode or reconstruct is refused, not caught up around.
 pub fn needs_catch_up(e: &anyhow::Error) -> bool {

@@ -404,6 +404,15 @@ pub async fn start(
                         if base.has(version) {
                             continue; // rebuilt from the store at start, or caught up past it
                         }
+                        // Adapters need their published base: a late joiner fetches it first.
+                        if let storage::PayloadKind::Adapter {
+                            base_version: Some(b),
+                            ..
+                        } = kind
+                        {
+                            super::catchup::fetch_base(dissem.as_ref(), &chunks, b, &payloads)
+                                .await;
+                        }
                         let (slot2, bases2) = (slot.clone(), bases.clone());
                         let held = base.clone();
                         let r = tokio::task::spawn_blocking(move || {

@@ -197,3 +197,73 @@ fn a_worker_with_another_base_refuses_adapters_naming_both_hashes() {
     workers[0].kill();
     learner.kill();
 }
+
+/// A worker that joins after the learner pushed the base (version 0) is never pushed the base
+/// (the engine pushes the newest version): it fetches it — the manifest from the learner, the
+/// chunks from holders — before it installs the adapter version it was sent, and refuses none.
+#[test]
+fn a_late_worker_fetches_the_published_base_then_installs_adapters() {
+    let tmp = tempfile::tempdir().unwrap();
+    let learner_cfg = format!(
+        "[learner]\nwarm_start_steps = 10\ngroup_size = 4\ngroups_per_step = 2\n{LORA}\
+         [broadcast]\ndtype = \"bf16\"\n"
+    );
+    let (mut learner, mut workers) =
+        Node::learner_and_workers(tmp.path(), "it-lora-late", &learner_cfg, 1, WORKER);
+    wait_for(
+        "the first worker to install two adapter versions",
+        LIMIT,
+        || {
+            let _ = learner.status()?;
+            (versions(&workers[0], "snapshot installed")
+                .iter()
+                .filter(|v| v.1)
+                .count()
+                >= 2)
+                .then_some(())
+        },
+    );
+    let boot = format!("bootstrap = [\"{}\"]", learner.addr());
+    let lpk = learner.key.public_key.clone();
+    let mut late = Node::start_full(
+        tmp.path(),
+        "late",
+        "rollout",
+        "it-lora-late",
+        Some(&lpk),
+        &boot,
+        WORKER,
+    );
+    wait_for(
+        "the late worker to install an adapter version",
+        LIMIT,
+        || {
+            let _ = late.status()?;
+            versions(&late, "snapshot installed")
+                .iter()
+                .any(|v| v.1)
+                .then_some(())
+        },
+    );
+    let fetched = logged(&late, "fetched the adapters' base");
+    assert_eq!(
+        fetched.first().and_then(|f| f.get("base").cloned()),
+        Some("0".to_string()),
+        "the base version 0 was fetched: {fetched:?}"
+    );
+    assert_eq!(counter(&late, "node_adapter_versions_refused_total"), 0);
+    let published: HashMap<u64, String> = versions(&learner, "snapshot published")
+        .into_iter()
+        .map(|(v, _, r)| (v, r))
+        .collect();
+    for (v, _, root) in versions(&late, "snapshot installed").iter().filter(|i| i.1) {
+        assert_eq!(
+            Some(root),
+            published.get(v),
+            "v{v}: not the learner's bytes"
+        );
+    }
+    late.kill();
+    workers[0].kill();
+    learner.kill();
+}
