@@ -302,6 +302,15 @@ pub fn base_hash(delta: &[u8]) -> Result<String> {
     Ok(hex32(header(delta)?.take(32, "base hash")?))
 }
 
+/// The BLAKE3 of the payload a delta reconstructs, read from its header. [`apply`] checks
+/// its result against this hash, so a caller that applied the delta compares this with the
+/// hash it expects instead of hashing the result again.
+pub fn result_hash(delta: &[u8]) -> Result<[u8; 32]> {
+    let mut r = header(delta)?;
+    r.take(32, "base hash")?;
+    Ok(r.take(32, "new hash")?.try_into().expect("32 bytes"))
+}
+
 /// Reads a delta's magic, format version and reserved field; returns the reader positioned
 /// at the base hash.
 fn header(delta: &[u8]) -> Result<Reader<'_>> {

@@ -103,6 +103,21 @@ fn wrong_base_is_refused() {
 }
 
 #[test]
+fn the_header_names_the_result_hash_and_base_hash() {
+    let (base, new) = pair(&[1000, 37], &[0.05, 0.5], 11);
+    let d = encode(&base, &new).unwrap();
+    assert_eq!(result_hash(&d).unwrap(), *blake3::hash(&new).as_bytes());
+    assert_eq!(
+        base_hash(&d).unwrap(),
+        blake3::hash(&base).to_hex().to_string()
+    );
+    assert_eq!(
+        result_hash(&d[..40]),
+        Err(DeltaError::Truncated("new hash"))
+    );
+}
+
+#[test]
 fn empty_update_is_tiny_and_roundtrips() {
     let (base, _) = pair(&[4096, 4096], &[0.0, 0.0], 3);
     let d = encode(&base, &base).unwrap();

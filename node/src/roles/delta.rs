@@ -137,7 +137,10 @@ impl DeltaBase {
         };
         let full = delta::apply(base, &payload)
             .map_err(|source| DeltaRefused::Delta { version, source })?;
-        let found = hash_bytes(&full);
+        // `apply` checked the result against the hash the delta names: that hash must be the
+        // signed root (no second pass over the full payload).
+        let found = delta::result_hash(&payload)
+            .map_err(|source| DeltaRefused::Delta { version, source })?;
         if found != full_root {
             return Err(DeltaRefused::RootMismatch {
                 version,
@@ -217,7 +220,8 @@ pub fn apply_chain(
                     .or(start)
                     .ok_or_else(|| anyhow::anyhow!("delta v{v} ({kind:?}) has no base"))?;
                 let full = delta::apply(base, &bytes)?;
-                if hash_bytes(&full) != m.full_root() {
+                // `apply` checked the result against the hash the delta names.
+                if delta::result_hash(&bytes)? != m.full_root() {
                     anyhow::bail!("delta v{v} does not reconstruct its signed full root");
                 }
                 full
