@@ -121,6 +121,31 @@ async fn metrics_text(State(s): State<AdminState>) -> Response {
 
 /// Binds `addr` (must be loopback) and serves, as a task of `tasks`, until they are stopped.
 /// Returns the bound address (useful with port 0).
+/// [`serve`] at the config's `network.admin`, and the node's address file written once the
+/// node listens (`crate::addr_file`); what `run` and the relay start beside their roles.
+pub async fn serve_node(
+    config: &crate::config::NodeConfig,
+    peer_id: String,
+    state: AdminState,
+    tasks: &crate::roles::Tasks,
+) -> anyhow::Result<()> {
+    let addr: SocketAddr = config
+        .network
+        .admin
+        .parse()
+        .with_context(|| format!("network.admin `{}`", config.network.admin))?;
+    let client = state.client.clone();
+    let bound = serve(addr, state, tasks).await?;
+    tracing::info!(admin = %bound, "admin endpoint: /, /status, /metrics");
+    tasks.spawn(crate::addr_file::write_when_listening(
+        client,
+        config.data_dir.clone(),
+        peer_id,
+        bound,
+    ));
+    Ok(())
+}
+
 pub async fn serve(
     addr: SocketAddr,
     state: AdminState,

@@ -219,14 +219,9 @@ async fn serve_admin(
     ban_file: storage::bans::BanFile,
     tasks: &roles::Tasks,
 ) -> anyhow::Result<()> {
-    let config = &state.config;
-    let admin_addr: std::net::SocketAddr = config
-        .network
-        .admin
-        .parse()
-        .with_context(|| format!("network.admin `{}`", config.network.admin))?;
-    let bound = admin::serve(
-        admin_addr,
+    admin::serve_node(
+        &state.config,
+        state.peer_id.clone(),
         admin::AdminState {
             client: client.clone(),
             registry: Arc::new(registry),
@@ -237,14 +232,7 @@ async fn serve_admin(
         tasks,
     )
     .await?;
-    tracing::info!(admin = %bound, "admin endpoint: /, /status, /metrics");
     tasks.spawn(crate::admission::record_bans(client.clone(), ban_file));
-    tasks.spawn(crate::addr_file::write_when_listening(
-        client.clone(),
-        config.data_dir.clone(),
-        state.peer_id.clone(),
-        bound,
-    ));
     Ok(())
 }
 

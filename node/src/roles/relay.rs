@@ -60,15 +60,11 @@ async fn serve(config: &NodeConfig, seed: [u8; 32], peer_id: String) -> anyhow::
     let svc = service_config(config, seed)?;
     let (client, events, mut service) =
         p2p::start(seed, svc, &mut registry).context("starting the network service")?;
-    let admin_addr: std::net::SocketAddr = config
-        .network
-        .admin
-        .parse()
-        .with_context(|| format!("network.admin `{}`", config.network.admin))?;
     // The relay's tasks (admin endpoint, address file, gossip drain): stopped and awaited.
     let tasks = super::Tasks::default();
-    let bound = admin::serve(
-        admin_addr,
+    admin::serve_node(
+        config,
+        peer_id,
         admin::AdminState {
             client: client.clone(),
             registry: Arc::new(registry),
@@ -79,13 +75,6 @@ async fn serve(config: &NodeConfig, seed: [u8; 32], peer_id: String) -> anyhow::
         &tasks,
     )
     .await?;
-    tracing::info!(admin = %bound, "admin endpoint: /, /status, /metrics");
-    tasks.spawn(crate::addr_file::write_when_listening(
-        client.clone(),
-        config.data_dir.clone(),
-        peer_id,
-        bound,
-    ));
     // No role here judges snapshot or plan gossip.
     tasks.spawn(super::ignore_role_gossip(client.clone(), events));
     let result = tokio::select! {
