@@ -22,6 +22,10 @@ use p2p::{DeliveryReceipt, PeerId, MAX_HEARTBEAT_RECEIPTS, RECEIPT_VERSION};
 /// Versions whose records are kept (the newest).
 const KEEP: usize = 8;
 
+/// Senders of hellos remembered per version (an honest swarm sends one: the planned parent's;
+/// a few more after plan changes).
+const HEARD_MAX: usize = 4;
+
 /// One version's delivery from the planned parent.
 #[derive(Debug, Clone)]
 pub(crate) struct Record {
@@ -35,6 +39,11 @@ pub(crate) struct Record {
     /// Bytes the child asked the parent for in its reply to the hello.
     wanted_at_hello: Option<u64>,
     hello: Option<Instant>,
+    /// Every peer whose hello for this version arrived, planned parent or not, the learner
+    /// included (at most [`HEARD_MAX`]): whether the feed spoke is asked of this, not of
+    /// `hello`, because a hello can come before the acquirer has read the plan that names its
+    /// sender, and a first hop's parent — the learner — is no `parent` here.
+    heard: Vec<PeerId>,
     /// The parent's push of this version ended (its end frame, or the stream broke).
     push_done: bool,
     pub(crate) fed_chunks: usize,
@@ -53,6 +62,7 @@ impl Record {
             wanted_at_start: 0,
             wanted_at_hello: None,
             hello: None,
+            heard: Vec::new(),
             push_done: false,
             fed_chunks: 0,
             bytes: 0,
@@ -109,7 +119,16 @@ impl Records {
 
     /// A hello for `version` from `peer` arrived at `now`; the child asked it for `wanted`
     /// bytes. Counted only from the planned parent.
+    /// The record is opened here if the acquirer has not opened it yet: the hello's manifest
+    /// may be accepted (the same one, from gossip) a moment before that acquirer starts, and a
+    /// hello dropped then left the node waiting for one that had come.
     pub(crate) fn hello(&mut self, version: u64, peer: PeerId, wanted: u64, now: Instant) {
+        self.accepted(version, now);
+        if let Some(r) = self.by_version.get_mut(&version) {
+            if r.heard.len() < HEARD_MAX && !r.heard.contains(&peer) {
+                r.heard.push(peer);
+            }
+        }
         if let Some(r) = self
             .by_version
             .get_mut(&version)
@@ -138,11 +157,11 @@ impl Records {
         })
     }
 
-    /// Whether the planned parent's hello for `version` arrived.
-    pub(crate) fn has_hello(&self, version: u64) -> bool {
+    /// Whether `peer`'s hello for `version` arrived (recorded whoever the plan named then).
+    pub(crate) fn heard(&self, version: u64, peer: &PeerId) -> bool {
         self.by_version
             .get(&version)
-            .is_some_and(|r| r.hello.is_some())
+            .is_some_and(|r| r.heard.contains(peer))
     }
 
     /// A verified chunk of `len` bytes of `version` arrived on `peer`'s push at `now`.
@@ -253,6 +272,29 @@ mod tests {
         assert!(g.spoke && g.installed);
         assert_eq!(g.hello_ms, Some(10));
         assert_eq!(g.parent, peer(1).to_string());
+    }
+
+    #[test]
+    fn every_hello_is_heard_also_the_learners_and_one_before_the_record() {
+        let t0 = Instant::now();
+        let mut r = Records::new(H);
+        // The hello's manifest was accepted from gossip; the acquirer has not opened the
+        // record yet when the hello is answered.
+        r.hello(7, peer(9), 100, t0);
+        r.accepted(7, t0);
+        r.began(7, None, 1, 100);
+        assert!(r.heard(7, &peer(9)), "the hello before the record");
+        assert!(!r.heard(7, &peer(1)) && !r.heard(6, &peer(9)));
+        // A first hop's parent is the learner, which is no `parent` of the record.
+        r.accepted(8, t0);
+        r.began(8, None, 1, 100);
+        r.hello(8, peer(9), 100, t0);
+        assert!(r.heard(8, &peer(9)));
+        // Bounded: a few senders per version.
+        for i in 0..2 * HEARD_MAX as u8 {
+            r.hello(8, peer(20 + i), 100, t0);
+        }
+        assert_eq!(r.by_version[&8].heard.len(), HEARD_MAX);
     }
 
     #[test]

@@ -112,6 +112,8 @@ impl Disseminator {
         // Acquirers that waited without a plan learn how they are fed now.
         self.inner.stored.send_modify(|_| {});
         self.start_forwarding();
+        // A child this node never pushed to gets its stream now, before the manifest.
+        self.warm_sessions();
         Validation::Accept
     }
 

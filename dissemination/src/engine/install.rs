@@ -230,7 +230,7 @@ impl Disseminator {
             rx.borrow_and_update();
             kick.borrow_and_update();
             let (feed, parent) = self.feed(version);
-            let (superseded, newer, behind) = {
+            let (superseded, newer, behind, slow) = {
                 let st = self.lock();
                 // A version accepted after the installed one and before this one: skipped.
                 let skipped = st
@@ -250,9 +250,18 @@ impl Disseminator {
                     st.installed.is_some_and(|i| i >= version),
                     st.manifest_version.is_some_and(|v| v > version),
                     behind(feed, st.installed, skipped, distrusted),
+                    slow,
                 )
             };
-            let hello = self.lock().deliveries.has_hello(version);
+            // The feed spoke: its hello for this version arrived — the planned parent's, or
+            // the learner's for a first hop (`parent` names workers only). Without the
+            // learner's, every first hop whose first chunk took longer than the hello wait
+            // repaired a batch from the learner, against its own pushes, in every round
+            // (`docs/netlab.md`, "The hello the first hops never heard").
+            let hello = {
+                let from = parent.unwrap_or(self.inner.learner);
+                self.lock().deliveries.heard(version, &from)
+            };
             let missing: Vec<usize> = if superseded {
                 Vec::new()
             } else {
@@ -300,6 +309,7 @@ impl Disseminator {
                     Action::Stop => return Ok(()),
                     Action::Install => return self.install(version).await,
                     Action::Repair => {
+                        debug!(version, ?wake, ?feed, hello, behind, slow, "repair round");
                         let n = self.repair_round(version, m, feed).await?;
                         if n > 0 {
                             info!(version, chunks = n, "fetched missing chunks from holders");

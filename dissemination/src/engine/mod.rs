@@ -136,6 +136,7 @@ struct AtomicCounters {
     chunks_rejected: AtomicU64,
     installs: AtomicU64,
     sessions_reused: AtomicU64,
+    sessions_warmed: AtomicU64,
     sessions_stale: AtomicU64,
     sessions_ended_idle: AtomicU64,
     push_open_retries: AtomicU64,
@@ -164,6 +165,9 @@ pub struct BroadcastCounters {
     pub installs: u64,
     /// Pushes sent on a chunk stream kept open from an earlier version (`session`).
     pub sessions_reused: u64,
+    /// Chunk streams opened to a child the plan names before the version's manifest was
+    /// here (`session::warm_sessions`), kept for its first push.
+    pub sessions_warmed: u64,
     /// Kept chunk streams found closed by the child at the next hello (the push then opened a
     /// fresh stream).
     pub sessions_stale: u64,
@@ -207,6 +211,8 @@ struct State {
     newest_push: HashMap<PeerId, u64>,
     /// Chunk streams kept open to children between versions.
     sessions: session::Sessions<PeerId, libp2p::Stream>,
+    /// Children whose chunk stream is being opened ahead of the manifest (`session`).
+    warming: HashSet<PeerId>,
     /// Payloads being put together, per version being acquired (taken by the install).
     assemblies: HashMap<u64, SharedAssembly>,
     /// Worker: what each version's planned parent delivered (the receipts' source).
@@ -232,6 +238,7 @@ impl State {
             pushing: HashSet::new(),
             newest_push: HashMap::new(),
             sessions: Default::default(),
+            warming: HashSet::new(),
             assemblies: HashMap::new(),
             deliveries: Records::new(receipt_horizon),
             feed: FeedStanding::default(),
@@ -560,6 +567,7 @@ impl Disseminator {
             chunks_rejected: c.chunks_rejected.load(Ordering::Relaxed),
             installs: c.installs.load(Ordering::Relaxed),
             sessions_reused: c.sessions_reused.load(Ordering::Relaxed),
+            sessions_warmed: c.sessions_warmed.load(Ordering::Relaxed),
             sessions_stale: c.sessions_stale.load(Ordering::Relaxed),
             sessions_ended_idle: c.sessions_ended_idle.load(Ordering::Relaxed),
             push_open_retries: c.push_open_retries.load(Ordering::Relaxed),

@@ -130,6 +130,87 @@ impl Disseminator {
             })
             .await?
         };
+        let plan = self.plan_for(version, workers).await?;
+        {
+            let mut st = self.lock();
+            st.manifest_version = Some(version);
+            st.manifests.insert(version, manifest.clone());
+            st.accepted_at.insert(version, Instant::now());
+            st.plan = Some(plan.clone());
+            let chunk = u64::from(manifest.manifest.chunk_size);
+            st.accounts.planned(version, chunk, &plan.plan.to_plan());
+        }
+        info!(
+            version,
+            chains = plan.plan.chains.len(),
+            fetch_only = plan.plan.fetch_only.len(),
+            new_chunks = stats.new_chunks,
+            "publishing snapshot"
+        );
+        debug!(version, chains = ?plan.plan.chains, fetch_only = ?plan.plan.fetch_only, "plan");
+        for (topic, bytes) in [
+            (TopicKind::Snapshots, manifest.encode()),
+            (TopicKind::Plans, plan.encode()),
+        ] {
+            if let Err(e) = self.inner.client.publish(topic, bytes).await {
+                debug!(error = %e, ?topic, "not gossiped (no mesh peers yet?)");
+            }
+        }
+        self.start_forwarding();
+        Ok(PublishReport {
+            manifest,
+            plan,
+            stats,
+        })
+    }
+
+    /// Learner: signs and gossips the plan for `version` before its manifest exists — a run's
+    /// standing plan, as soon as its workers are known — so that every parent opens the
+    /// chunk streams to its children ahead of the first chunk (`session`, the warm-up); the
+    /// learner opens its own to the first hops here. `publish` of `version` keeps this plan
+    /// when the workers and their order are unchanged (so the plan the warm streams were
+    /// opened for is the one pushed on), and signs the next sequence number otherwise.
+    /// Returns `None` (nothing announced) once any version was published: a plan for an
+    /// upcoming version while one is in flight would take the children of the version in
+    /// flight away from its pushes.
+    pub async fn announce_plan(
+        &self,
+        version: u64,
+        workers: Option<Vec<(PeerId, f64)>>,
+    ) -> Result<Option<SignedPlan>> {
+        if self.lock().manifest_version.is_some() {
+            return Ok(None);
+        }
+        let plan = self.plan_for(version, workers).await?;
+        self.lock().plan = Some(plan.clone());
+        info!(
+            version,
+            chains = plan.plan.chains.len(),
+            "standing plan announced"
+        );
+        if let Err(e) = self
+            .inner
+            .client
+            .publish(TopicKind::Plans, plan.encode())
+            .await
+        {
+            debug!(error = %e, "standing plan not gossiped (no mesh peers yet?)");
+        }
+        self.warm_sessions();
+        Ok(Some(plan))
+    }
+
+    /// Learner: the plan for `version` over `workers` (`None`: the active workers, seats
+    /// drawn), from the previous plan's order; the current plan itself when it is for this
+    /// version and names the same chains (an announced standing plan), else signed with the
+    /// next sequence number for `version`.
+    async fn plan_for(
+        &self,
+        version: u64,
+        workers: Option<Vec<(PeerId, f64)>>,
+    ) -> Result<SignedPlan> {
+        let key = self.signing_key()?;
+        let cfg = &self.inner.cfg;
         // A list given by the caller is ranked as given: no seat draw.
         let draw = workers.is_none();
         // (peer, score, relay-only): a worker whose heartbeats say it is reachable only
@@ -170,44 +251,16 @@ impl Disseminator {
         };
         let seq = {
             let st = self.lock();
-            st.plan
-                .as_ref()
-                .filter(|p| p.plan.version == version)
-                .map_or(0, |p| p.plan.seq + 1)
-        };
-        let plan = PlanMessage::from_plan(&cfg.swarm_id, version, seq, &cfg.learner_key, &plan)
-            .sign(&key)?;
-        {
-            let mut st = self.lock();
-            st.manifest_version = Some(version);
-            st.manifests.insert(version, manifest.clone());
-            st.accepted_at.insert(version, Instant::now());
-            st.plan = Some(plan.clone());
-            let chunk = u64::from(manifest.manifest.chunk_size);
-            st.accounts.planned(version, chunk, &plan.plan.to_plan());
-        }
-        info!(
-            version,
-            chains = plan.plan.chains.len(),
-            fetch_only = plan.plan.fetch_only.len(),
-            new_chunks = stats.new_chunks,
-            "publishing snapshot"
-        );
-        debug!(version, chains = ?plan.plan.chains, fetch_only = ?plan.plan.fetch_only, "plan");
-        for (topic, bytes) in [
-            (TopicKind::Snapshots, manifest.encode()),
-            (TopicKind::Plans, plan.encode()),
-        ] {
-            if let Err(e) = self.inner.client.publish(topic, bytes).await {
-                debug!(error = %e, ?topic, "not gossiped (no mesh peers yet?)");
+            let same_version = st.plan.as_ref().filter(|p| p.plan.version == version);
+            if let Some(p) = same_version.filter(|p| p.plan.to_plan() == plan) {
+                return Ok(p.clone());
             }
-        }
-        self.start_forwarding();
-        Ok(PublishReport {
-            manifest,
-            plan,
-            stats,
-        })
+            same_version.map_or(0, |p| p.plan.seq + 1)
+        };
+        Ok(
+            PlanMessage::from_plan(&cfg.swarm_id, version, seq, &cfg.learner_key, &plan)
+                .sign(&key)?,
+        )
     }
 
     /// Starts a push to this node's child(ren) in the current plan for every version it holds
@@ -284,7 +337,7 @@ impl Disseminator {
         };
         let plan = plan.filter(|p| p.plan.version == version);
         let limit = self.inner.cfg.read_timeout;
-        let mut kept = self.take_session(child);
+        let mut kept = self.session_or_warm_up(child).await;
         loop {
             let reused = kept.is_some();
             let mut s = match kept.take() {
@@ -448,6 +501,7 @@ impl Disseminator {
             s.flush().await.map_err(io)
         })
         .await?;
+        debug!(%child, version, "hello sent");
         let n = manifest.manifest.chunk_hashes.len();
         let reply = within(reply_wait, "the stream reply", child, async {
             read_frame(s, Reply::max_len(n), "stream reply")

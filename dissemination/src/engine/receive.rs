@@ -28,21 +28,17 @@ impl Disseminator {
     /// Child side of a chunk stream: one transfer after another — the parent keeps the stream
     /// open between versions (`session`) — until the parent closes it, no hello comes for
     /// `session_idle_timeout`, or a transfer ends it (refused, a corrupt chunk). The first
-    /// hello is due within the frame deadline like any frame; a later one may take the idle
-    /// wait, and a session that ends while idle is no failure of the parent's.
+    /// hello may take the idle wait too: a parent opens the stream as soon as the plan names
+    /// this node, before the manifest exists (`session::warm_sessions`). A session that ends
+    /// before a hello is no failure of the parent's: nothing was asked of it yet.
     pub(super) async fn receive_push<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         peer: PeerId,
         mut s: S,
     ) -> Result<()> {
         let limit = self.inner.cfg.read_timeout;
-        let mut first = true;
         loop {
-            let wait = if first {
-                limit
-            } else {
-                self.inner.cfg.session_idle_timeout
-            };
+            let wait = self.inner.cfg.session_idle_timeout;
             let hello = within(wait, "the stream hello", peer, async {
                 read_frame(&mut s, MAX_HELLO_BYTES, "stream hello")
                     .await
@@ -51,9 +47,7 @@ impl Disseminator {
             .await;
             let hello = match hello {
                 Ok(h) => h,
-                Err(e @ (DisseminationError::Io { .. } | DisseminationError::Timeout(_)))
-                    if !first =>
-                {
+                Err(e @ (DisseminationError::Io { .. } | DisseminationError::Timeout(_))) => {
                     debug!(%peer, "chunk stream session ended");
                     if matches!(e, DisseminationError::Timeout(_)) {
                         self.count(
@@ -67,7 +61,6 @@ impl Disseminator {
                 }
                 Err(e) => return Err(e),
             };
-            first = false;
             let done = self.receive_transfer(peer, &mut s, &hello).await;
             if let Ok(h) = StreamHello::decode(&hello) {
                 self.lock().deliveries.push_ended(h.version, peer);
@@ -166,6 +159,7 @@ impl Disseminator {
         self.lock()
             .deliveries
             .hello(m.version, peer, wanted, Instant::now());
+        debug!(%peer, version = m.version, wanted, "hello answered");
         self.inner.stored.send_modify(|_| {});
         Ok(Some(manifest))
     }

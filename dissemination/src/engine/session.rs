@@ -15,7 +15,9 @@
 //!
 //! Owns: where a push's stream comes from — the idle sessions of this node's parent side, at
 //! most one per child and [`MAX_IDLE_SESSIONS`] in all, with the reuse rule, and otherwise a
-//! new stream, tried again while the plan still wants the push ([`PUSH_OPEN_PATIENCE`]).
+//! new stream, tried again while the plan still wants the push ([`PUSH_OPEN_PATIENCE`]) —
+//! and the warm-up that opens a new child's stream once the plan names it, before the
+//! version's manifest ([`Disseminator::warm_sessions`]).
 //! Must not touch: the transfer on a stream (`push`), the child's side
 //! (`push::receive_push` waits for the next hello).
 
@@ -61,6 +63,13 @@ fn open_retry_delay(attempt: u32) -> Duration {
 /// new stream, never a charge against the child (`push`).
 pub(super) fn reusable(idle: Duration, timeout: Duration) -> bool {
     idle < timeout * 4 / 5
+}
+
+/// Whether a warm-up opens a chunk stream to a child the plan names: only to one this node
+/// never pushed to (after a confirmed push the stream is kept anyway, and after a failed one
+/// the push's own retries decide), with no kept session to it and no warm-up under way.
+pub(super) fn wants_warm_up(kept: bool, warming: bool, pushed_before: bool) -> bool {
+    !kept && !warming && !pushed_before
 }
 
 /// The idle sessions, by child (`S` is the stream; generic so that the rules are tested
@@ -118,6 +127,11 @@ impl<K: Eq + Hash + Copy, S> Sessions<K, S> {
         out
     }
 
+    /// Whether an idle session to `child` is kept.
+    pub(super) fn has(&self, child: &K) -> bool {
+        self.idle.contains_key(child)
+    }
+
     /// Drops the idle session to `peer` (it disconnected); returns it to be closed.
     pub(super) fn forget(&mut self, peer: &K) -> Option<S> {
         self.idle.remove(peer).map(|p| p.0)
@@ -166,6 +180,93 @@ impl Disseminator {
             && self.children(&st).contains(&child)
     }
 
+    /// Whether `child` is still this node's child in a plan for `version` (the manifest may
+    /// not be here yet: a warm-up).
+    fn still_planned(&self, version: u64, child: PeerId) -> bool {
+        let st = self.lock();
+        st.plan.as_ref().is_some_and(|p| p.plan.version == version)
+            && self.children(&st).contains(&child)
+    }
+
+    /// Opens the chunk stream to every child of the current plan that this node never pushed
+    /// to and holds no kept session for, ahead of the version's first chunk: a dial to a
+    /// worker this node never met (TCP, Noise, yamux: four round trips) and the stream's
+    /// protocol negotiation then happen while the plan is known and the manifest is not, and
+    /// the first push finds an open stream like any later one (`push::push` waits for a
+    /// warm-up under way). Measured at N = 8, 100 ms RTT: a cold first push's hello reached
+    /// its child 0.4–0.9 s after the manifest, past the child's hello wait, so the child
+    /// repaired from the learner instead (`docs/netlab.md`, "Warm first round").
+    pub(super) fn warm_sessions(&self) {
+        if self.silent() {
+            return;
+        }
+        let targets: Vec<(u64, PeerId)> = {
+            let mut st = self.lock();
+            let Some(v) = st.plan.as_ref().map(|p| p.plan.version) else {
+                return;
+            };
+            let children = self.children(&st);
+            let wanted: Vec<PeerId> = children
+                .into_iter()
+                .filter(|c| {
+                    wants_warm_up(
+                        st.sessions.has(c),
+                        st.warming.contains(c),
+                        st.newest_push.contains_key(c),
+                    )
+                })
+                .collect();
+            st.warming.extend(wanted.iter().copied());
+            wanted.into_iter().map(|c| (v, c)).collect()
+        };
+        for (version, child) in targets {
+            let me = self.clone();
+            self.spawn(async move {
+                let opened = me
+                    .open_stream_while(child, || me.still_planned(version, child))
+                    .await;
+                me.lock().warming.remove(&child);
+                match opened {
+                    Ok(s) => {
+                        debug!(%child, version, "chunk stream warmed ahead of the manifest");
+                        me.keep_session(child, s);
+                        me.count(
+                            |c| &c.sessions_warmed,
+                            1,
+                            "dissemination_push_sessions_warmed_total",
+                        );
+                    }
+                    Err(e) => debug!(%child, version, error = %e, "chunk stream not warmed"),
+                }
+                // A push that waited for this warm-up looks again.
+                me.inner.stored.send_modify(|_| {});
+            });
+        }
+    }
+
+    /// A push's kept session to `child`; when a warm-up to it is under way
+    /// ([`Self::warm_sessions`]), it waits for that (at most the frame deadline) rather than
+    /// dial a second stream beside it.
+    pub(super) async fn session_or_warm_up(&self, child: PeerId) -> Option<libp2p::Stream> {
+        let mut rx = self.inner.stored.subscribe();
+        let deadline = tokio::time::Instant::now() + self.inner.cfg.read_timeout;
+        loop {
+            rx.borrow_and_update();
+            if let Some(s) = self.take_session(child) {
+                return Some(s);
+            }
+            if !self.lock().warming.contains(&child) {
+                return None;
+            }
+            if tokio::time::timeout_at(deadline, rx.changed())
+                .await
+                .is_err()
+            {
+                return None;
+            }
+        }
+    }
+
     /// Opens the chunk stream of a push, trying again while the push is still wanted
     /// ([`Disseminator::still_pushing`]) after the delays of [`open_retry_delay`], for at most
     /// [`PUSH_OPEN_PATIENCE`]. A plan can name a child before this node has heard of it: plans
@@ -179,6 +280,17 @@ impl Disseminator {
         version: u64,
         child: PeerId,
     ) -> Result<libp2p::Stream> {
+        self.open_stream_while(child, || self.still_pushing(version, child))
+            .await
+    }
+
+    /// Opens a chunk stream to `child`, trying again while `wanted` holds (see
+    /// [`Self::open_push_stream`]).
+    async fn open_stream_while(
+        &self,
+        child: PeerId,
+        wanted: impl Fn() -> bool,
+    ) -> Result<libp2p::Stream> {
         let started = Instant::now();
         let mut attempt = 0u32;
         loop {
@@ -187,18 +299,17 @@ impl Disseminator {
                 Err(e) => e,
             };
             let wait = open_retry_delay(attempt);
-            if started.elapsed() + wait > PUSH_OPEN_PATIENCE || !self.still_pushing(version, child)
-            {
+            if started.elapsed() + wait > PUSH_OPEN_PATIENCE || !wanted() {
                 return Err(err);
             }
-            debug!(%child, version, error = %err, ?wait, "push stream not opened; trying again");
+            debug!(%child, error = %err, ?wait, "chunk stream not opened; trying again");
             self.count(
                 |c| &c.push_open_retries,
                 1,
                 "dissemination_push_open_retries_total",
             );
             tokio::time::sleep(wait).await;
-            if !self.still_pushing(version, child) {
+            if !wanted() {
                 return Err(err);
             }
             attempt += 1;
@@ -237,6 +348,19 @@ mod tests {
         // The patience allows many tries at the cap, not one.
         let first: Duration = (0..5).map(open_retry_delay).sum();
         assert!(PUSH_OPEN_PATIENCE > first + Duration::from_secs(40));
+    }
+
+    #[test]
+    fn only_a_child_never_pushed_to_without_a_session_or_warm_up_is_warmed() {
+        assert!(wants_warm_up(false, false, false));
+        for (kept, warming, pushed) in [
+            (true, false, false),
+            (false, true, false),
+            (false, false, true),
+            (true, true, true),
+        ] {
+            assert!(!wants_warm_up(kept, warming, pushed));
+        }
     }
 
     #[test]

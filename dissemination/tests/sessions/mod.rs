@@ -1,14 +1,15 @@
 //! Push sessions (chunk stream 4.0.0), in-process on 127.0.0.1 (temp dirs, bounded waits): a
-//! parent sends later versions on the chunk stream it kept open after a confirmed push, and a
+//! parent sends later versions on the chunk stream it kept open after a confirmed push, a
 //! kept stream the child closed meanwhile is replaced by a fresh one without charging the
-//! child.
+//! child, and a plan announced before the first manifest opens every parent's stream ahead of
+//! the first chunk.
 
 use std::time::{Duration, Instant};
 
 use dissemination::Disseminator;
-use p2p::{Client, PeerId, ScoreComponents};
+use p2p::{Client, PeerId, ScoreComponents, TopicKind, Validation};
 
-use super::{installed, random, score_of, shutdown, swarm, Node, WAIT};
+use super::{counted, installed, one_chain, random, ranked, score_of, shutdown, swarm, Node, WAIT};
 
 /// Polls `f` every 20 ms until it yields a value; fails the test with `what` after [`WAIT`].
 async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
@@ -104,6 +105,72 @@ async fn a_kept_stream_the_child_closed_is_replaced_without_a_charge() {
         s.failures, 0,
         "the child was charged for closing an idle stream: {s:?}"
     );
+    shutdown(workers).await;
+    shutdown([learner]).await;
+}
+
+/// The first version of a run, with its plan announced first (`announce_plan`): before any
+/// manifest exists the learner holds an open chunk stream to the first hop and the first hop
+/// one to its child (`sessions_warmed`), the chain tail none; the version then goes out on
+/// those streams (each counted as reused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_announced_plan_opens_every_parents_stream_before_the_first_manifest() {
+    let (learner, mut workers) = one_chain(3, |_, _| {}).await;
+    let plan = learner
+        .d
+        .announce_plan(1, Some(ranked(&workers)))
+        .await
+        .unwrap()
+        .expect("nothing published yet: announced");
+    let chain: Vec<PeerId> = workers.iter().map(|w| w.peer).collect();
+    assert_eq!(plan.plan.chains, vec![chain]);
+    // Gossip reaches the workers once the mesh has formed; handed over directly as well, so
+    // that the test does not wait on the mesh (an accepted plan is accepted again).
+    for w in &workers {
+        assert_eq!(
+            w.d.on_gossip(TopicKind::Plans, &plan.encode()),
+            Validation::Accept
+        );
+    }
+    for (what, node) in [
+        ("the learner", &learner),
+        ("the first hop", &workers[0]),
+        ("the second hop", &workers[1]),
+    ] {
+        eventually(format!("{what} never warmed its chunk stream"), || async {
+            (node.d.counters().sessions_warmed == 1 && node.d.kept_sessions() == 1).then_some(())
+        })
+        .await;
+    }
+    let tail = workers[2].d.counters();
+    assert_eq!(
+        (tail.sessions_warmed, workers[2].d.kept_sessions()),
+        (0, 0),
+        "the tail has no child"
+    );
+    let payload = random(2_000_000);
+    let report = learner
+        .d
+        .publish(1, [0; 32], payload.clone().into(), Some(ranked(&workers)))
+        .await
+        .unwrap();
+    assert_eq!(report.plan, plan, "the announced plan is the one published");
+    for w in workers.iter_mut() {
+        assert_eq!(*installed(w, 1).await, payload);
+    }
+    for (what, node) in [
+        ("the learner", &learner),
+        ("the first hop", &workers[0]),
+        ("the second hop", &workers[1]),
+    ] {
+        assert_eq!(
+            counted(node, |c| c.sessions_reused, 1).await,
+            1,
+            "{what} pushed on a new stream, not the warmed one"
+        );
+    }
+    // Once a version is out, no plan is announced ahead of the next one.
+    assert!(learner.d.announce_plan(2, None).await.unwrap().is_none());
     shutdown(workers).await;
     shutdown([learner]).await;
 }

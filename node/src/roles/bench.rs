@@ -52,6 +52,11 @@ pub struct BenchPlan {
 /// How long to wait for the workers to join, and for one broadcast to complete.
 const JOIN_LIMIT: Duration = Duration::from_secs(180);
 const ROUND_LIMIT: Duration = Duration::from_secs(600);
+/// The most the benchmark waits for the learner's warm streams to the first hops, and the
+/// pause after them for the workers' own (see [`warm_up`]): a second is ten round trips at
+/// 100 ms, more than a dial and a stream's negotiation take.
+const WARM_LIMIT: Duration = Duration::from_secs(10);
+const WARM_SETTLE: Duration = Duration::from_secs(1);
 
 /// A sink worker: the version whose full payload it holds (its probe and version watch), kept
 /// by a task that applies each delivered payload as the rollout role does — a delta to the
@@ -121,6 +126,7 @@ pub async fn run_publisher(
         .into_iter()
         .max()
         .map_or(1, |v| v + 1);
+    warm_up(&dissem, start_version).await?;
     let mut source = RoundSource {
         bytes: (plan.size_mb * 1e6) as usize,
         synthetic: plan.delta_changed_pct.map(|pct| SyntheticVersions {
@@ -176,6 +182,35 @@ pub async fn run_publisher(
     )
     .with_context(|| format!("writing {}", out.display()))?;
     show(&rounds, "done");
+    Ok(())
+}
+
+/// Announces the first round's plan before its snapshot exists, as a learner does once its
+/// workers are known (`Disseminator::announce_plan`), and gives the parents the time a first
+/// training step would before publishing: until the learner's own streams to the first hops
+/// are open (at most [`WARM_LIMIT`]), then [`WARM_SETTLE`] for the workers' streams to their
+/// children, which the learner cannot see. The rounds are timed from their publication, as
+/// before; this phase precedes them.
+async fn warm_up(dissem: &Disseminator, version: u64) -> anyhow::Result<()> {
+    let t = Instant::now();
+    let Some(plan) = dissem
+        .announce_plan(version, None)
+        .await
+        .context("bench: announcing the standing plan")?
+    else {
+        return Ok(());
+    };
+    let first_hops = plan.plan.chains.len();
+    while dissem.kept_sessions() < first_hops && t.elapsed() < WARM_LIMIT {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(WARM_SETTLE).await;
+    tracing::info!(
+        secs = t.elapsed().as_secs_f64(),
+        learner_sessions = dissem.kept_sessions(),
+        first_hops,
+        "bench: plan announced, streams warmed"
+    );
     Ok(())
 }
 
