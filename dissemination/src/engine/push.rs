@@ -257,10 +257,7 @@ impl Disseminator {
             }
             same_version.map_or(0, |p| p.plan.seq + 1)
         };
-        Ok(
-            PlanMessage::from_plan(&cfg.swarm_id, version, seq, &cfg.learner_key, &plan)
-                .sign(&key)?,
-        )
+        PlanMessage::from_plan(&cfg.swarm_id, version, seq, &cfg.learner_key, &plan).sign(&key)
     }
 
     /// Starts a push to this node's child(ren) in the current plan for every version it holds
