@@ -310,6 +310,13 @@ impl Trainer {
     /// [`Policy::trainable_named_vars`]: the adapters alone for a LoRA policy.
     pub fn new(policy: Policy, cfg: TrainerConfig) -> Result<Self> {
         cfg.validate()?;
+        let dtype = policy.weights_dtype()?;
+        if policy.lora().is_none() && dtype != policy::DType::F32 {
+            return Err(LearnerError::Invalid(format!(
+                "full fine-tuning trains f32 weights; these are {dtype:?} (a frozen base: add \
+                 LoRA adapters to train on it)"
+            )));
+        }
         let reference = reference_of(&policy, cfg.loss.kl_beta)?;
         let opt = AdamW::new(policy.trainable_named_vars()?, cfg.optim)?;
         Ok(Trainer {
@@ -374,6 +381,46 @@ impl Trainer {
         }
         // Parses the whole payload into a model before it sets a variable.
         self.policy.load_safetensors_bytes(payload)?;
+        self.version = version;
+        Ok(())
+    }
+
+    /// [`Trainer::resume_from_snapshot`] for a LoRA trainer: continues from an adapter
+    /// version this learner published after its checkpoint. The version's manifest names the
+    /// base the adapters were trained on (`base_hash`, hex); it must be this trainer's base
+    /// ([`Policy::base_hash_hex`]: the same base rebuilt at restart), else refused naming both.
+    /// The adapters are set in place from `payload` (f32 or bf16, the snapshot dtype: a bf16
+    /// payload rounds them to what the workers hold); the base is untouched. As on the full
+    /// path the AdamW moments stay the checkpoint's: they are running averages that AdamW
+    /// re-adapts within ~1/(1−β2) steps, whereas zeroed moments with the step count kept would
+    /// make the next update ≈ (1−β1)/√(1−β2) ≈ 3× a normal one. The KL reference is the base,
+    /// so it needs nothing. Refused, changing nothing, when `version` is not ahead, the trainer
+    /// has no adapters, or the payload is not adapters of this model and configuration.
+    pub fn resume_from_adapters(
+        &mut self,
+        payload: &[u8],
+        version: u64,
+        base_hash: &str,
+    ) -> Result<()> {
+        if version <= self.version {
+            return Err(LearnerError::Checkpoint(format!(
+                "resuming from adapter version {version}: the trainer is already at version {}",
+                self.version
+            )));
+        }
+        if self.policy.lora().is_none() {
+            return Err(LearnerError::Checkpoint(format!(
+                "version {version} holds adapters; this learner trains the full model"
+            )));
+        }
+        let mine = self.policy.base_hash_hex()?;
+        if mine != base_hash {
+            return Err(LearnerError::Checkpoint(format!(
+                "adapter version {version} was trained on base {base_hash}, this learner's \
+                 base is {mine}"
+            )));
+        }
+        self.policy.load_adapter_bytes(payload)?;
         self.version = version;
         Ok(())
     }

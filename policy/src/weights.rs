@@ -372,6 +372,35 @@ impl Policy {
         Ok(())
     }
 
+    /// Overwrites a LoRA policy's adapters in place from an adapter payload
+    /// ([`Adapters::to_safetensors_bytes_as`], f32 or bf16) of the same model and
+    /// [`LoraConfig`]: the variables stay the same objects (an optimiser holding them keeps
+    /// its state), the base is untouched. Refused, changing nothing, for a policy without
+    /// adapters, another model, another LoRA configuration or a payload that does not decode.
+    /// The payload does not name its base: the caller checks that (the learner compares the
+    /// identity the version's manifest names).
+    pub fn load_adapter_bytes(&self, bytes: &[u8]) -> Result<()> {
+        let Some(mine) = &self.lora else {
+            return Err(PolicyError::Weights(
+                "an adapter payload loads into a LoRA policy only".into(),
+            ));
+        };
+        // Decoded (and checked whole) before a variable is set.
+        let theirs = Adapters::from_safetensors_bytes(&self.cfg, bytes, &self.device)?;
+        if theirs.config() != mine.config() {
+            return Err(PolicyError::Weights(format!(
+                "the payload's adapters are {:?}, this policy's are {:?}",
+                theirs.config(),
+                mine.config()
+            )));
+        }
+        for ((name, var), (_, src)) in mine.named_vars()?.iter().zip(theirs.named_vars()?) {
+            var.set(src.as_tensor())
+                .map_err(|e| PolicyError::Weights(format!("{name}: {e}")))?;
+        }
+        Ok(())
+    }
+
     /// The model configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.cfg

@@ -346,7 +346,7 @@ fn restore_or_init(state: &NodeState) -> anyhow::Result<(Trainer, u64)> {
     let lora = config.learner.lora.as_ref();
     let mut trainer = if ckpt.join("LATEST").exists() {
         let restored = match lora {
-            Some(_) => Trainer::load_with_base(&ckpt, fresh_model(state, &wanted)?),
+            Some(_) => Trainer::load_with_base(&ckpt, lora_base(state, &wanted)?),
             None => Trainer::load(&ckpt, &state.device),
         };
         let mut t =
@@ -357,7 +357,10 @@ fn restore_or_init(state: &NodeState) -> anyhow::Result<(Trainer, u64)> {
         t.set_micro_batch_tokens(wanted.micro_batch_tokens);
         t
     } else {
-        let policy = fresh_model(state, &wanted)?;
+        let policy = match lora {
+            Some(_) => lora_base(state, &wanted)?,
+            None => fresh_model(state, &wanted)?,
+        };
         let policy = match lora {
             Some(l) => {
                 let p = policy
@@ -401,10 +404,9 @@ fn fresh_model(
     let kl = wanted.loss.kl_beta > 0.0;
     let tokens = wanted.tokens_per_pass(policy.config());
     let training = match &config.learner.lora {
-        // The trainable module keeps its frozen base in f32.
         Some(lora) => policy::memory::Training::Lora {
             lora,
-            base_dtype: policy::DType::F32,
+            base_dtype: lora_base_dtype(state),
         },
         None => kl.into(),
     };
@@ -416,6 +418,24 @@ fn fresh_model(
     super::check_memory("the learner", need.saturating_sub(weights), &state.device)?;
     warm_start(config, &policy, &tokenizer)?;
     Ok(policy)
+}
+
+/// The dtype this node's LoRA learner holds its frozen base in
+/// ([`policy::lora::frozen_base_dtype`]: bf16 on a GPU when the base is rounded to bf16
+/// snapshots, f32 otherwise).
+fn lora_base_dtype(state: &NodeState) -> policy::DType {
+    policy::lora::frozen_base_dtype(&state.device, state.config.broadcast.dtype.dtype())
+}
+
+/// The frozen base of a LoRA learner: [`fresh_model`] (rounded to the snapshot dtype), held
+/// in [`lora_base_dtype`]. Its identity is that of the rounded f32 weights either way.
+fn lora_base(state: &NodeState, wanted: &learner::TrainerConfig) -> anyhow::Result<policy::Policy> {
+    let dtype = lora_base_dtype(state);
+    let base = fresh_model(state, wanted)?
+        .with_base_dtype(dtype)
+        .context("holding the LoRA base in its dtype")?;
+    tracing::info!(?dtype, "the frozen LoRA base's dtype");
+    Ok(base)
 }
 
 /// Warm-starts `policy` on the configured task when `learner.warm_start_steps` > 0 (the
@@ -465,7 +485,9 @@ pub(crate) fn warm_start(
 /// name one set of weights for the whole run — workers refuse a version they have moved
 /// past (replay marks), and spot checks recompute a group's log-probs under the claimed
 /// version's stored weights — so the learner continues from the newest of those snapshots
-/// that is complete (weights and version; the optimiser moments stay the checkpoint's),
+/// that is complete (weights and version — for LoRA the adapters of an adapter version on
+/// the same base, [`Trainer::resume_from_adapters`]; the optimiser moments stay the
+/// checkpoint's),
 /// losing only the steps after it. If none is complete (its chunks were still in the
 /// memory tier at the kill), the weights stay the checkpoint's and the numbering continues
 /// after the newest published version, never reusing one. Returns the version the weights
@@ -477,7 +499,7 @@ fn resume_at_published(trainer: &mut Trainer, chunks: &ChunkStore) -> anyhow::Re
         let resumed = chunks
             .assemble(v)
             .map_err(anyhow::Error::from)
-            .and_then(|bytes| Ok(trainer.resume_from_snapshot(&bytes, v)?));
+            .and_then(|bytes| resume_to(trainer, chunks, v, &bytes));
         match resumed {
             Ok(()) => {
                 tracing::warn!(
@@ -504,6 +526,29 @@ fn resume_at_published(trainer: &mut Trainer, chunks: &ChunkStore) -> anyhow::Re
         trainer.advance_version_to(newest + 1);
     }
     Ok(checkpoint)
+}
+
+/// Moves `trainer` to published version `v` (payload `bytes`): a full snapshot's weights for
+/// full fine-tuning; for LoRA the adapters of an adapter version, on the base its signed
+/// manifest names (refused, naming both identities, when that is not this learner's base).
+fn resume_to(
+    trainer: &mut Trainer,
+    chunks: &ChunkStore,
+    v: u64,
+    bytes: &[u8],
+) -> anyhow::Result<()> {
+    if trainer.policy().lora().is_none() {
+        return Ok(trainer.resume_from_snapshot(bytes, v)?);
+    }
+    let signed = chunks.manifest(v)?.context("the version has no manifest")?;
+    match signed.manifest.payload {
+        storage::PayloadKind::Adapter { base_hash, .. } => {
+            Ok(trainer.resume_from_adapters(bytes, v, &hex::encode(base_hash))?)
+        }
+        other => anyhow::bail!(
+            "version {v} is a {other:?} payload; a LoRA learner resumes from adapter versions"
+        ),
+    }
 }
 
 /// A resumed run keeps its checkpointed training settings; say so for every `[learner]` value
