@@ -69,9 +69,7 @@ fn a_learner_killed_between_checkpoints_gets_its_acked_groups_back() {
 /// the published versions would fail their spot checks.
 #[test]
 fn a_lora_learner_killed_between_checkpoints_resumes_from_its_adapter_versions() {
-    let cfg = format!(
-        "{LEARNER}lora = {{ rank = 4, alpha = 8 }}\n[broadcast]\ndtype = \"bf16\"\n"
-    );
+    let cfg = format!("{LEARNER}lora = {{ rank = 4, alpha = 8 }}\n[broadcast]\ndtype = \"bf16\"\n");
     killed_between_checkpoints("it-journal-lora", &cfg);
 }
 
