@@ -19,10 +19,10 @@
 //! predicts for the configuration (`policy::memory::learner_bytes`) and, on the CPU, the
 //! process's peak resident memory (`VmHWM`; on a GPU `scripts/gpu-smoke.sh` samples the
 //! device's memory while this runs). `--lora-rank R` trains LoRA adapters of rank R (α = 2R,
-//! all seven projections) on the frozen random base instead of every weight; the base is
-//! rounded to bf16 (as a LoRA run's base is for bf16 snapshots) and held in
-//! `policy::lora::frozen_base_dtype` (bf16 on CUDA, f32 on the CPU) unless `--base-dtype`
-//! says otherwise (`bf16` on the CPU runs the GPU's bf16-base path, widened per matmul).
+//! all seven projections) on the frozen random base instead of every weight; the base is held
+//! in `policy::lora::frozen_base_dtype` for a bf16 run (bf16 on CUDA, f32 on the CPU) unless
+//! `--base-dtype` says otherwise (`bf16` on the CPU runs the GPU's bf16-base path, widened per
+//! matmul).
 
 use std::time::Instant;
 
@@ -141,10 +141,7 @@ fn main() -> Result<()> {
     };
     let predicted = policy::memory::learner_bytes(&cfg, training, tc.tokens_per_pass(&cfg));
     let policy = match &lora {
-        Some(l) => {
-            policy.round_weights_to(policy::DType::BF16)?;
-            policy.with_base_dtype(base_dtype)?.with_lora(l, 0)?
-        }
+        Some(l) => policy.with_base_dtype(base_dtype)?.with_lora(l, 0)?,
         None => policy,
     };
     let pipeline = learner::Pipeline::new(learner::pipeline::limits_of(policy.config(), 0));
