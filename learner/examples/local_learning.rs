@@ -181,10 +181,8 @@ fn main() -> Result<()> {
     ));
 
     // 3. Algorithm 1.
-    let pipeline = learner::Pipeline::new(learner::pipeline::limits_of(
-        trainer.policy().config(),
-        0,
-    ));
+    let pipeline =
+        learner::Pipeline::new(learner::pipeline::limits_of(trainer.policy().config(), 0));
     let budget = Duration::from_secs_f64(a.minutes * 60.0);
     let t_rl = Instant::now();
     let mut totals = Totals::default();
@@ -262,8 +260,10 @@ fn warm_start(
             w.steps, w.batch_size, w.lr, w.loss_first, w.loss_last
         );
     }
-    Ok(serde_json::json!({"steps": w.steps, "batch_size": w.batch_size, "lr": w.lr,
-        "seconds": secs, "loss_first": w.loss_first, "loss_last": w.loss_last}))
+    Ok(
+        serde_json::json!({"steps": w.steps, "batch_size": w.batch_size, "lr": w.lr,
+        "seconds": secs, "loss_first": w.loss_first, "loss_last": w.loss_last}),
+    )
 }
 
 fn trainer_config(a: &Args) -> TrainerConfig {

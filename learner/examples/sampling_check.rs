@@ -267,8 +267,15 @@ fn main() -> Result<()> {
     }
     // Stale samples: the old weights with the prescribed uniforms, log-probs of the new ones.
     let old_model = InferModel::new(&old, model.dtype())?;
-    let (stale_tokens, stale_caught_tokens, stale_groups_caught) =
-        stale(&setup, &policy, &old_model, &settings, groups, forced_groups, &mut rng)?;
+    let (stale_tokens, stale_caught_tokens, stale_groups_caught) = stale(
+        &setup,
+        &policy,
+        &old_model,
+        &settings,
+        groups,
+        forced_groups,
+        &mut rng,
+    )?;
     let p_likely = forced.p_likely / forced.likely.forced.max(1) as f64;
     println!(
         "{}",
