@@ -82,6 +82,10 @@ pub struct StageInput<'a> {
     /// The peer the group was pulled from (base58; the structure stage has checked that the
     /// group names it as producer).
     pub worker: &'a str,
+    /// The ed25519 public key `worker`'s peer id embeds, decoded by the caller (which has the
+    /// typed peer id; this crate has no libp2p): what the group's signature is checked with.
+    /// `None` when the id embeds no ed25519 key, or the caller did not give one.
+    pub worker_key: Option<[u8; 32]>,
     pub group: &'a TrajectoryGroup,
     /// The fraction of this worker's groups that get the costly checks now: 1 on probation,
     /// then falling with its verified history (`control::admission::check_rate`).
@@ -202,10 +206,22 @@ impl Pipeline {
     }
 
     /// [`Pipeline::verify`] by reference (for a caller that stores the group itself): the
-    /// costly checks it passed, or the first refusal.
+    /// costly checks it passed, or the first refusal. Stages see no worker key: a chain with a
+    /// signature stage is run through [`Pipeline::check_keyed`].
     pub fn check(
         &self,
         worker: &str,
+        v_min: u64,
+        group: &TrajectoryGroup,
+    ) -> Result<Checks, GroupRejection> {
+        self.check_keyed(worker, None, v_min, group)
+    }
+
+    /// [`Pipeline::check`] with the public key `worker`'s id embeds ([`StageInput::worker_key`]).
+    pub fn check_keyed(
+        &self,
+        worker: &str,
+        worker_key: Option<[u8; 32]>,
         v_min: u64,
         group: &TrajectoryGroup,
     ) -> Result<Checks, GroupRejection> {
@@ -218,6 +234,7 @@ impl Pipeline {
         let result = check_group(group, &self.limits, worker).and_then(|()| {
             let input = StageInput {
                 worker,
+                worker_key,
                 group,
                 check_rate: self.rate(worker),
             };

@@ -365,16 +365,46 @@ impl Disseminator {
             peer: child,
             source: e,
         };
-        let plan_bytes = plan.map(|p| p.encode());
-        let encoded = manifest.encode();
-        let hello = StreamHello::new(version, &encoded, plan_bytes.as_deref());
-        // A kept connection's congestion control may have learnt a tiny bandwidth from the
-        // gossip it carried since the last push (`p2p::congestion`). When this node paces
-        // the push itself (an uplink cap), the push is app-limited: BBR is restarted every
-        // time, which measured best there (1.21× against 1.46× the bound at N = 8, 100 ms,
-        // 0.5 % loss). When the path is the limit, only a stale model (below 80 % of B̂w) is
-        // restarted: a restart's STARTUP overshoot queues at the bottleneck (1.64× with every
-        // push restarted against 1.43× with models kept, `docs/netlab.md`).
+        self.restart_stale_congestion(child, version);
+        let Some(held) = self.offer(s, manifest, plan, child, progress).await? else {
+            return Ok(PushEnd::Refused);
+        };
+        let ended_early = match self
+            .send_missing(s, manifest, &held, child, progress)
+            .await?
+        {
+            Some(ended_early) => ended_early,
+            None => return Ok(PushEnd::Stalled),
+        };
+        // An empty header frame ends the stream; the child answers with its status once the
+        // last chunk is verified.
+        within(limit, "ending the stream", child, async {
+            write_frame(s, &[]).await.map_err(io)?;
+            s.flush().await.map_err(io)
+        })
+        .await?;
+        let status = within(limit, "the child's status", child, async {
+            read_frame(s, MAX_STATUS_BYTES, "stream status")
+                .await
+                .map_err(|e| chunk_frame_err(child, e))
+        })
+        .await?;
+        debug!(%child, version, ?status, ended_early, "push complete");
+        Ok(match (status == [STATUS_OK], ended_early) {
+            (false, _) => PushEnd::ChildFailed,
+            (true, false) => PushEnd::Confirmed,
+            (true, true) => PushEnd::Superseded,
+        })
+    }
+
+    /// Before a push: a kept connection's congestion control may have learnt a tiny
+    /// bandwidth from the gossip it carried since the last push (`p2p::congestion`). When
+    /// this node paces the push itself (an uplink cap), the push is app-limited: BBR is
+    /// restarted every time, which measured best there (1.21× against 1.46× the bound at
+    /// N = 8, 100 ms, 0.5 % loss). When the path is the limit, only a stale model (below 80 %
+    /// of B̂w) is restarted: a restart's STARTUP overshoot queues at the bottleneck (1.64×
+    /// with every push restarted against 1.43× with models kept, `docs/netlab.md`).
+    fn restart_stale_congestion(&self, child: PeerId, version: u64) {
         let pace = if self.inner.uplink.is_limited() {
             f64::INFINITY
         } else {
@@ -384,6 +414,28 @@ impl Disseminator {
         if restarted > 0 {
             trace!(%child, version, restarted, "congestion control restarted");
         }
+    }
+
+    /// The transfer's opening: the hello (the signed manifest, inline when small enough, and
+    /// the plan), then the child's reply: the bitmap of the chunks it holds, or `None` when it
+    /// refuses (it holds a newer version, or cannot verify the manifest).
+    async fn offer<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        s: &mut S,
+        manifest: &SignedManifest,
+        plan: Option<&SignedPlan>,
+        child: PeerId,
+        progress: &mut Progress,
+    ) -> Result<Option<Vec<u8>>> {
+        let version = manifest.manifest.version;
+        let limit = self.inner.cfg.read_timeout;
+        let io = |e| DisseminationError::Io {
+            peer: child,
+            source: e,
+        };
+        let plan_bytes = plan.map(|p| p.encode());
+        let encoded = manifest.encode();
+        let hello = StreamHello::new(version, &encoded, plan_bytes.as_deref());
         // A child without the manifest asks the learner for it before it replies: open, ask,
         // read (each within the deadline).
         let reply_wait = if hello.manifest.is_empty() {
@@ -396,8 +448,7 @@ impl Disseminator {
             s.flush().await.map_err(io)
         })
         .await?;
-        let m = &manifest.manifest;
-        let n = m.chunk_hashes.len();
+        let n = manifest.manifest.chunk_hashes.len();
         let reply = within(reply_wait, "the stream reply", child, async {
             read_frame(s, Reply::max_len(n), "stream reply")
                 .await
@@ -405,16 +456,38 @@ impl Disseminator {
         })
         .await?;
         progress.replied = true;
-        let held = match Reply::decode(&reply, n)? {
+        Ok(match Reply::decode(&reply, n)? {
             Reply::Refuse => {
                 debug!(%child, version, "child refused the stream (holds a newer version?)");
-                return Ok(PushEnd::Refused);
+                None
             }
-            Reply::Accept { held } => held,
+            Reply::Accept { held } => Some(held),
+        })
+    }
+
+    /// Sends every chunk the child does not hold, each as soon as this node holds it (a
+    /// relay forwards what its own parent has delivered so far), under the uplink cap.
+    /// Returns whether a newer version's push to this child ended it early, or `None` when
+    /// no new chunk arrived for `push_idle_timeout` (stalled).
+    async fn send_missing<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        s: &mut S,
+        manifest: &SignedManifest,
+        held: &[u8],
+        child: PeerId,
+        progress: &mut Progress,
+    ) -> Result<Option<bool>> {
+        let m = &manifest.manifest;
+        let version = m.version;
+        let limit = self.inner.cfg.read_timeout;
+        let io = |e| DisseminationError::Io {
+            peer: child,
+            source: e,
         };
-        let mut pending: Vec<usize> = (0..n).filter(|&i| !wire::bit(&held, i)).collect();
+        let n = m.chunk_hashes.len();
+        let mut pending: Vec<usize> = (0..n).filter(|&i| !wire::bit(held, i)).collect();
         let mut rx = self.inner.stored.subscribe();
-        let sending = Sending::start(&self.inner.sending);
+        let _sending = Sending::start(&self.inner.sending);
         let superseded = || {
             let st = self.lock();
             st.newest_push.get(&child).is_some_and(|&v| v > version)
@@ -456,29 +529,10 @@ impl Disseminator {
                 .await?;
                 match tokio::time::timeout(self.inner.cfg.push_idle_timeout, rx.changed()).await {
                     Ok(Ok(())) => {}
-                    _ => return Ok(PushEnd::Stalled),
+                    _ => return Ok(None),
                 }
             }
         }
-        drop(sending);
-        // An empty header frame ends the stream; the child answers with its status once the
-        // last chunk is verified.
-        within(limit, "ending the stream", child, async {
-            write_frame(s, &[]).await.map_err(io)?;
-            s.flush().await.map_err(io)
-        })
-        .await?;
-        let status = within(limit, "the child's status", child, async {
-            read_frame(s, MAX_STATUS_BYTES, "stream status")
-                .await
-                .map_err(|e| chunk_frame_err(child, e))
-        })
-        .await?;
-        debug!(%child, version, ?status, ended_early, "push complete");
-        Ok(match (status == [STATUS_OK], ended_early) {
-            (false, _) => PushEnd::ChildFailed,
-            (true, false) => PushEnd::Confirmed,
-            (true, true) => PushEnd::Superseded,
-        })
+        Ok(Some(ended_early))
     }
 }

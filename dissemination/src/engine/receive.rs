@@ -93,20 +93,52 @@ impl Disseminator {
     ) -> Result<bool> {
         let io = |e| DisseminationError::Io { peer, source: e };
         let limit = self.inner.cfg.read_timeout;
+        let Some(manifest) = self.answer_hello(peer, s, hello).await? else {
+            return Ok(false);
+        };
+        let started = Instant::now();
+        let (corrupt, bytes_in) = self.read_chunks(peer, s, Arc::new(manifest)).await?;
+        // Tell the parent (best effort: it may be gone); after a corrupt chunk the stream is
+        // dropped, otherwise it stays open for the next version.
+        let status = if corrupt { STATUS_FAILED } else { STATUS_OK };
+        let told = within(limit, "sending the status", peer, async {
+            write_frame(s, &[status]).await.map_err(io)?;
+            if corrupt {
+                s.close().await.map_err(io)
+            } else {
+                s.flush().await.map_err(io)
+            }
+        })
+        .await
+        .is_ok();
+        if !corrupt {
+            self.credit(peer, bytes_in, started.elapsed()).await;
+        }
+        Ok(told && !corrupt)
+    }
+
+    /// The transfer's opening: the hello decoded and its manifest verified, the plan it
+    /// carries offered to the planner, and the reply sent — the bitmap of chunks already held,
+    /// or a refusal (then the stream is closed and `None` returned).
+    async fn answer_hello<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        peer: PeerId,
+        s: &mut S,
+        hello: &[u8],
+    ) -> Result<Option<SignedManifest>> {
+        let io = |e| DisseminationError::Io { peer, source: e };
+        let limit = self.inner.cfg.read_timeout;
         let hello = StreamHello::decode(hello).map_err(|e| DisseminationError::Protocol {
             peer,
             reason: e.to_string(),
         })?;
-        let manifest = match self.manifest_of_hello(peer, &hello).await {
-            Some(m) => m,
-            None => {
-                within(limit, "refusing the stream", peer, async {
-                    write_frame(s, &Reply::Refuse.encode()).await.map_err(io)
-                })
-                .await?;
-                let _ = tokio::time::timeout(limit, s.close()).await;
-                return Ok(false);
-            }
+        let Some(manifest) = self.manifest_of_hello(peer, &hello).await else {
+            within(limit, "refusing the stream", peer, async {
+                write_frame(s, &Reply::Refuse.encode()).await.map_err(io)
+            })
+            .await?;
+            let _ = tokio::time::timeout(limit, s.close()).await;
+            return Ok(None);
         };
         if !hello.plan.is_empty() {
             if let Ok(p) = SignedPlan::decode(&hello.plan) {
@@ -135,11 +167,20 @@ impl Disseminator {
             .deliveries
             .hello(m.version, peer, wanted, Instant::now());
         self.inner.stored.send_modify(|_| {});
-        let started = Instant::now();
+        Ok(Some(manifest))
+    }
+
+    /// The chunks of one transfer until the parent's empty header frame: each verified (and
+    /// stored, and copied into the assembly) while the next one is read off the stream.
+    /// Returns whether a chunk was corrupt (the read stops there), and the bytes taken.
+    async fn read_chunks<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        peer: PeerId,
+        s: &mut S,
+        manifest: Arc<SignedManifest>,
+    ) -> Result<(bool, u64)> {
+        let version = manifest.manifest.version;
         let mut bytes_in = 0u64;
-        // One chunk is verified (and stored, and copied into the assembly) while the next one
-        // is read off the stream.
-        let manifest = Arc::new(manifest.clone());
         let mut verifying: Option<(u32, JoinHandle<Result<bool>>)> = None;
         let settle = |v: Option<(u32, JoinHandle<Result<bool>>)>| async move {
             match v {
@@ -150,86 +191,74 @@ impl Disseminator {
                     .map(|ok| Some((len, ok))),
             }
         };
-        // The parent may be waiting for its own parent's next chunk: it has up to
-        // `push_idle_timeout` before it gives up, and this side as long plus the deadline.
-        let header_wait = self.inner.cfg.push_idle_timeout + limit;
-        let corrupt = loop {
-            let header = within(header_wait, "the next chunk header", peer, async {
-                read_frame(s, MAX_INDEX_BYTES, "chunk header")
-                    .await
-                    .map_err(|e| chunk_frame_err(peer, e))
-            })
-            .await?;
-            let index = match wire::decode_index(&header) {
-                Ok(Some(i)) => i,
-                // The empty header: the parent has sent everything.
-                Ok(None) => break false,
-                Err(e) => {
-                    return Err(DisseminationError::Protocol {
-                        peer,
-                        reason: e.to_string(),
-                    })
-                }
-            };
-            let Some(index) = usize::try_from(index).ok().filter(|&i| i < n) else {
-                return Err(DisseminationError::Protocol {
-                    peer,
-                    reason: format!("chunk index {index} of {n}"),
-                });
-            };
-            // Refused before allocating when longer than the manifest's chunk length.
-            let expected = m.chunk_len(index);
-            let buf = within(frame_deadline(limit, expected), "a chunk", peer, async {
-                read_frame(s, expected as usize, "chunk")
-                    .await
-                    .map_err(|e| chunk_frame_err(peer, e))
-            })
-            .await?;
+        while let Some((index, buf)) = self.next_chunk(peer, s, &manifest.manifest).await? {
             let len = buf.len() as u32;
-            if u64::from(len) != expected {
-                return Err(DisseminationError::Protocol {
-                    peer,
-                    reason: format!("chunk {index}: {len} bytes, manifest says {expected}"),
-                });
-            }
-            trace!(%peer, version = m.version, index, "chunk read");
             self.inner.downlink.acquire(u64::from(len)).await;
             let (me, m) = (self.clone(), manifest.clone());
             let next =
                 tokio::spawn(async move { me.take_chunk(peer, &m.manifest, index, buf).await });
             match settle(verifying.replace((len, next))).await? {
                 // Corrupt: drop the stream; the rest comes from elsewhere (repair).
-                Some((_, false)) => break true,
-                Some((l, true)) => bytes_in += self.received(peer, manifest.manifest.version, l),
+                Some((_, false)) => return Ok((true, bytes_in)),
+                Some((l, true)) => bytes_in += self.received(peer, version, l),
                 None => {}
             }
-        };
-        let corrupt = corrupt
-            || match settle(verifying).await? {
-                Some((_, false)) => true,
-                Some((l, true)) => {
-                    bytes_in += self.received(peer, manifest.manifest.version, l);
-                    false
-                }
-                None => false,
-            };
-        // Tell the parent (best effort: it may be gone); after a corrupt chunk the stream is
-        // dropped, otherwise it stays open for the next version.
-        let status = if corrupt { STATUS_FAILED } else { STATUS_OK };
-        let told = within(limit, "sending the status", peer, async {
-            write_frame(s, &[status]).await.map_err(io)?;
-            if corrupt {
-                s.close().await.map_err(io)
-            } else {
-                s.flush().await.map_err(io)
-            }
-        })
-        .await
-        .is_ok();
-        if !corrupt {
-            self.credit(peer, bytes_in, started.elapsed()).await;
         }
-        Ok(told && !corrupt)
+        let corrupt = match settle(verifying).await? {
+            Some((_, false)) => true,
+            Some((l, true)) => {
+                bytes_in += self.received(peer, version, l);
+                false
+            }
+            None => false,
+        };
+        Ok((corrupt, bytes_in))
+    }
+
+    /// The next chunk of `m` off the stream: its header (the empty one, the end of the
+    /// transfer, gives `None`), then the chunk itself, refused before allocating when the
+    /// index is out of range or the frame is longer than the manifest's chunk length.
+    async fn next_chunk<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        peer: PeerId,
+        s: &mut S,
+        m: &storage::SnapshotManifest,
+    ) -> Result<Option<(usize, Vec<u8>)>> {
+        let limit = self.inner.cfg.read_timeout;
+        let n = m.chunk_hashes.len();
+        // The parent may be waiting for its own parent's next chunk: it has up to
+        // `push_idle_timeout` before it gives up, and this side as long plus the deadline.
+        let header_wait = self.inner.cfg.push_idle_timeout + limit;
+        let header = within(header_wait, "the next chunk header", peer, async {
+            read_frame(s, MAX_INDEX_BYTES, "chunk header")
+                .await
+                .map_err(|e| chunk_frame_err(peer, e))
+        })
+        .await?;
+        let protocol = |reason: String| DisseminationError::Protocol { peer, reason };
+        let index = match wire::decode_index(&header) {
+            Ok(Some(i)) => i,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(protocol(e.to_string())),
+        };
+        let Some(index) = usize::try_from(index).ok().filter(|&i| i < n) else {
+            return Err(protocol(format!("chunk index {index} of {n}")));
+        };
+        let expected = m.chunk_len(index);
+        let buf = within(frame_deadline(limit, expected), "a chunk", peer, async {
+            read_frame(s, expected as usize, "chunk")
+                .await
+                .map_err(|e| chunk_frame_err(peer, e))
+        })
+        .await?;
+        if buf.len() as u64 != expected {
+            return Err(protocol(format!(
+                "chunk {index}: {} bytes, manifest says {expected}",
+                buf.len()
+            )));
+        }
+        trace!(%peer, version = m.version, index, "chunk read");
+        Ok(Some((index, buf)))
     }
 
     /// The manifest a hello names, verified: the inline one (checked like gossip), the one

@@ -150,65 +150,80 @@ pub fn render(st: &NodeStatus) -> String {
     out.push_str(&crate::api::nat_line(net));
     let mut standby: &[String] = &[];
     if let Some(l) = &st.learner {
-        out.push_str(&format!(
-            "learner: version {}  S {}  κ {}  bubble {:.3}  μ_pool {:.2} / μ_target {}{}  T_train {} s  T_bcast {}{} s\n",
-            l.version,
-            l.staleness,
-            l.kappa,
-            l.bubble_ratio,
-            l.mu_pool,
-            if l.t_bcast_lower_bound { "≥ " } else { "" },
-            num(l.mu_target, 2),
-            num(l.t_train_s, 2),
-            if l.t_bcast_lower_bound { "≥ " } else { "" },
-            num(l.t_bcast_s, 2),
-        ));
-        out.push_str(&format!(
-            "         steps {}  reward (last 20, {}) {}  fully verified {} ({} groups)  Δmax observed {} / bound {} (eq. 7), {} (eq. 12)  snapshots {}\n",
-            l.steps,
-            l.reward_basis,
-            num(l.reward_recent, 3),
-            num(l.reward_recent_checked, 3),
-            l.reward_checked_groups,
-            l.staleness_max,
-            opt(l.delta_max_bound),
-            opt(l.delta_max_bound_under_overlap),
-            l.snapshots_published,
-        ));
-        if let Some(p) = &l.snapshot_payloads {
-            out.push_str(&format!(
-                "         snapshots: {} keyframes (mean {} B), {} deltas (mean {} B, ratio {}), catch-ups served {}\n",
-                p.keyframes,
-                num(p.keyframe_bytes_mean, 0),
-                p.deltas,
-                num(p.delta_bytes_mean, 0),
-                num(p.delta_ratio, 3),
-                p.catch_ups_served,
-            ));
-        }
-        let sch = &l.scheduler;
-        if sch.enabled {
-            out.push_str(&format!(
-                "scheduler ({}): {} active, {} standby, {:.2} $/h, μ active {:.2} (groups/s)\n",
-                sch.policy.as_deref().unwrap_or("-"),
-                sch.active.len(),
-                sch.standby.len(),
-                sch.active_cost_per_hour,
-                sch.active_mu,
-            ));
-        }
-        standby = &sch.standby;
+        out.push_str(&learner_lines(l));
+        standby = &l.scheduler.standby;
     }
     if let Some(r) = &st.rollout {
         out.push_str(&payload_line(r));
     }
+    out.push_str(&peer_table(&net.peers, standby));
+    out.push('\n');
+    out.push_str(&bans(net));
+    out
+}
+
+/// The learner's lines: window, throughput, rewards, snapshots and the scheduler.
+fn learner_lines(l: &crate::api::LearnerStatus) -> String {
+    let mut out = String::new();
+    out.push_str(&format!(
+        "learner: version {}  S {}  κ {}  bubble {:.3}  μ_pool {:.2} / μ_target {}{}  T_train {} s  T_bcast {}{} s\n",
+        l.version,
+        l.staleness,
+        l.kappa,
+        l.bubble_ratio,
+        l.mu_pool,
+        if l.t_bcast_lower_bound { "≥ " } else { "" },
+        num(l.mu_target, 2),
+        num(l.t_train_s, 2),
+        if l.t_bcast_lower_bound { "≥ " } else { "" },
+        num(l.t_bcast_s, 2),
+    ));
+    out.push_str(&format!(
+        "         steps {}  reward (last 20, {}) {}  fully verified {} ({} groups)  Δmax observed {} / bound {} (eq. 7), {} (eq. 12)  snapshots {}\n",
+        l.steps,
+        l.reward_basis,
+        num(l.reward_recent, 3),
+        num(l.reward_recent_checked, 3),
+        l.reward_checked_groups,
+        l.staleness_max,
+        opt(l.delta_max_bound),
+        opt(l.delta_max_bound_under_overlap),
+        l.snapshots_published,
+    ));
+    if let Some(p) = &l.snapshot_payloads {
+        out.push_str(&format!(
+            "         snapshots: {} keyframes (mean {} B), {} deltas (mean {} B, ratio {}), catch-ups served {}\n",
+            p.keyframes,
+            num(p.keyframe_bytes_mean, 0),
+            p.deltas,
+            num(p.delta_bytes_mean, 0),
+            num(p.delta_ratio, 3),
+            p.catch_ups_served,
+        ));
+    }
+    let sch = &l.scheduler;
+    if sch.enabled {
+        out.push_str(&format!(
+            "scheduler ({}): {} active, {} standby, {:.2} $/h, μ active {:.2} (groups/s)\n",
+            sch.policy.as_deref().unwrap_or("-"),
+            sch.active.len(),
+            sch.standby.len(),
+            sch.active_cost_per_hour,
+            sch.active_mu,
+        ));
+    }
+    out
+}
+
+/// One row per known peer: identity, version, score parts, pending work and state.
+fn peer_table(peers: &[p2p::PeerStatus], standby: &[String]) -> String {
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);
     t.set_header(vec![
         "peer id", "role", "version", "device", "addrs", "score", "speed", "success", "stab.",
         "decay", "hb age s", "pending", "μ", "$/h", "active",
     ]);
-    for p in &net.peers {
+    for p in peers {
         let addr = match p.addrs.as_slice() {
             [] => "-".to_string(),
             [a] => a.clone(),
@@ -249,10 +264,7 @@ pub fn render(st: &NodeStatus) -> String {
             },
         ]);
     }
-    out.push_str(&t.to_string());
-    out.push('\n');
-    out.push_str(&bans(net));
-    out
+    t.to_string()
 }
 
 /// The defence counters, and a table of the banned peers with their reasons (empty when no

@@ -155,38 +155,11 @@ pub async fn start(
     let dtypes = spot::WorkerDtypes::default();
     let pipeline = Arc::new(build_pipeline(&state, &trainer, &dtypes)?);
     tracing::info!(stages = ?pipeline.stage_names(), probation = ?pipeline.probation(), "verification of pulled groups");
-    let shared = Arc::new(Shared {
-        pipeline: pipeline.clone(),
-        established_active: AtomicUsize::new(0),
-        stop: tokio_util::sync::CancellationToken::new(),
-        window,
-        version: AtomicU64::new(trainer.version()),
-        pruned: AtomicU64::new(0),
-        publish: publisher::PublishStats::default(),
-        pulls: puller::PullStats::default(),
-        mu_target_milli: AtomicU64::new(NONE),
-        pull_wake: tokio::sync::Notify::new(),
-        scheduler: state.config.scheduler.enabled.then(|| {
-            Arc::new(Mutex::new(super::scheduler::State::new(
-                state.config.scheduler.clone(),
-            )))
-        }),
-    });
+    let shared = new_shared(&state, pipeline.clone(), window, trainer.version());
     let (snap_tx, snap_rx) = watch::channel::<Snapshot>(None);
     let config_hash = trainer.policy().config().hash();
     let tasks = super::Tasks::default();
-    if let Some(sched) = shared.scheduler.clone() {
-        let s = shared.clone();
-        tasks.spawn(super::scheduler::run(
-            client.clone(),
-            dissem.clone(),
-            sched,
-            move || {
-                let m = s.mu_target_milli.load(Ordering::Relaxed);
-                (m != NONE).then(|| m as f64 / 1000.0)
-            },
-        ));
-    }
+    spawn_scheduler(&tasks, &shared, &client, &dissem);
     let b = &state.config.broadcast;
     // A LoRA run ships its adapters whole: deltas of adapters do not pay
     // (`docs/broadcast.md`, "Adapter snapshots").
@@ -258,6 +231,54 @@ pub async fn start(
         tasks,
         finished,
     })
+}
+
+/// The state the learner's tasks share, at trained version `version`.
+fn new_shared(
+    state: &NodeState,
+    pipeline: Arc<Pipeline>,
+    window: Window,
+    version: u64,
+) -> Arc<Shared> {
+    Arc::new(Shared {
+        pipeline,
+        established_active: AtomicUsize::new(0),
+        stop: tokio_util::sync::CancellationToken::new(),
+        window,
+        version: AtomicU64::new(version),
+        pruned: AtomicU64::new(0),
+        publish: publisher::PublishStats::default(),
+        pulls: puller::PullStats::default(),
+        mu_target_milli: AtomicU64::new(NONE),
+        pull_wake: tokio::sync::Notify::new(),
+        scheduler: state.config.scheduler.enabled.then(|| {
+            Arc::new(Mutex::new(super::scheduler::State::new(
+                state.config.scheduler.clone(),
+            )))
+        }),
+    })
+}
+
+/// The activation scheduler (`[scheduler] enabled`), fed the throughput target μ* the
+/// training loop last computed.
+fn spawn_scheduler(
+    tasks: &super::Tasks,
+    shared: &Arc<Shared>,
+    client: &p2p::Client,
+    dissem: &Disseminator,
+) {
+    if let Some(sched) = shared.scheduler.clone() {
+        let s = shared.clone();
+        tasks.spawn(super::scheduler::run(
+            client.clone(),
+            dissem.clone(),
+            sched,
+            move || {
+                let m = s.mu_target_milli.load(Ordering::Relaxed);
+                (m != NONE).then(|| m as f64 / 1000.0)
+            },
+        ));
+    }
 }
 
 /// How a LoRA learner ships its versions (`None` for full fine-tuning): its frozen base's

@@ -108,7 +108,12 @@ impl pull::GroupVerifier for PullVerifier {
         group: &TrajectoryGroup,
     ) -> Result<(), GroupRejection> {
         self.0
-            .check(&worker.to_base58(), req.v_min, group)
+            .check_keyed(
+                &worker.to_base58(),
+                peer_public_key(worker),
+                req.v_min,
+                group,
+            )
             .map(|_| ())
     }
 }
@@ -249,14 +254,10 @@ impl Stage for SignatureLayer {
                 format!("producer {:?} is not the peer pulled from", group.producer),
             ));
         }
-        // The one peer-id parse on the data path: the pipeline (crate `learner`, no libp2p)
-        // names a worker by the producer string the trajectory format carries; its public key
-        // is embedded in the id, so the string is decoded here, where the key is needed.
+        // The key comes from the typed peer id pulled from (`PullVerifier`), never from
+        // the producer string.
         let key = input
-            .worker
-            .parse::<PeerId>()
-            .ok()
-            .and_then(|p| peer_public_key(&p))
+            .worker_key
             .ok_or_else(|| reject(self.name(), "the peer id does not embed an ed25519 key"))?;
         group
             .verify_signature(&key)

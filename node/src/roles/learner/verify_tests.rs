@@ -86,7 +86,7 @@ fn verifier() -> Pipeline {
 }
 
 fn check(v: &Pipeline, w: &Worker, g: &TrajectoryGroup) -> Result<Checks, GroupRejection> {
-    v.check(&w.peer.to_base58(), 0, g)
+    v.check_keyed(&w.peer.to_base58(), peer_public_key(&w.peer), 0, g)
 }
 
 /// Runs one stage alone on `g` from `w` (at check rate 1).
@@ -94,6 +94,7 @@ fn stage(s: &dyn Stage, w: &Worker, g: &TrajectoryGroup) -> Result<(), GroupReje
     let worker = w.peer.to_base58();
     let input = StageInput {
         worker: &worker,
+        worker_key: peer_public_key(&w.peer),
         group: g,
         check_rate: 1.0,
     };
