@@ -152,33 +152,15 @@ fn main() -> Result<()> {
     let mut cpu_times = Vec::new();
     // Step 0 warms up (allocations, kernel loading); the rest are timed.
     for step in 0..=steps {
-        let batch: Vec<TrajectoryGroup> = (0..groups)
-            .map(|_| TrajectoryGroup {
-                group_id: rng.gen(),
-                task_id: "synthetic".into(),
-                prompt_id: "p".into(),
-                version: trainer.version(),
-                seq: 0,
-                producer: "bench".into(),
-                prompt_text: String::new(),
-                prompt_tokens: (0..prompt_len).map(|_| rng.gen_range(0..vocab)).collect(),
-                created_unix_ms: 0,
-                samples: (0..n)
-                    .map(|_| Sample {
-                        trajectory_id: rng.gen(),
-                        response_tokens: (0..response_len)
-                            .map(|_| rng.gen_range(0..vocab))
-                            .collect(),
-                        response_text: String::new(),
-                        reward: rng.gen_range(0.0..1.0),
-                        sampler_logprobs: vec![-(vocab as f32).ln(); response_len],
-                        loss_mask: vec![1; response_len],
-                        finished_unix_ms: 0,
-                    })
-                    .collect(),
-                signature: None,
-            })
-            .collect();
+        let batch = synthetic_batch(
+            &mut rng,
+            groups,
+            n,
+            prompt_len,
+            response_len,
+            vocab,
+            trainer.version(),
+        );
         let batch: Vec<_> = batch
             .into_iter()
             .map(|g| pipeline.verify("bench", 0, g))
@@ -212,4 +194,42 @@ fn main() -> Result<()> {
         })
     );
     Ok(())
+}
+
+/// `groups` synthetic groups of `n` samples at `version`: random prompt and response tokens,
+/// uniform-policy sampler log-probs and random rewards (only the shapes matter for timing).
+fn synthetic_batch(
+    rng: &mut rand::rngs::StdRng,
+    groups: usize,
+    n: usize,
+    prompt_len: usize,
+    response_len: usize,
+    vocab: u32,
+    version: u64,
+) -> Vec<TrajectoryGroup> {
+    (0..groups)
+        .map(|_| TrajectoryGroup {
+            group_id: rng.gen(),
+            task_id: "synthetic".into(),
+            prompt_id: "p".into(),
+            version,
+            seq: 0,
+            producer: "bench".into(),
+            prompt_text: String::new(),
+            prompt_tokens: (0..prompt_len).map(|_| rng.gen_range(0..vocab)).collect(),
+            created_unix_ms: 0,
+            samples: (0..n)
+                .map(|_| Sample {
+                    trajectory_id: rng.gen(),
+                    response_tokens: (0..response_len).map(|_| rng.gen_range(0..vocab)).collect(),
+                    response_text: String::new(),
+                    reward: rng.gen_range(0.0..1.0),
+                    sampler_logprobs: vec![-(vocab as f32).ln(); response_len],
+                    loss_mask: vec![1; response_len],
+                    finished_unix_ms: 0,
+                })
+                .collect(),
+            signature: None,
+        })
+        .collect()
 }

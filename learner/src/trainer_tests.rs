@@ -6,6 +6,8 @@ use super::*;
 use crate::loss::Objective;
 use crate::pipeline::Pipeline;
 use crate::test_util::{sampled_group, small_policy, T};
+use crate::{AdamWConfig, LossConfig};
+use control::Window;
 use storage::record::GroupLimits;
 
 fn cfg(objective: Objective, staleness: u64) -> TrainerConfig {
