@@ -149,29 +149,125 @@ fn main() -> Result<()> {
     )?;
 
     // 1. Optional supervised warm-start (format only; documented deviation from pure RL).
-    let mut warm = serde_json::Value::Null;
-    if a.warm_steps > 0 {
-        let t0 = Instant::now();
-        let w = learner::warm_start_on_task(&policy, &tok, task.as_ref(), a.warm_steps, a.seed)?;
-        say(format!(
-            "warm-start: {} steps x {} examples, lr {}, {:.1}s, loss {:.3} -> {:.3}",
-            w.steps,
-            w.batch_size,
-            w.lr,
-            t0.elapsed().as_secs_f64(),
-            w.loss_first,
-            w.loss_last
-        ));
-        warm = serde_json::json!({"steps": w.steps, "batch_size": w.batch_size, "lr": w.lr,
-            "seconds": t0.elapsed().as_secs_f64(), "loss_first": w.loss_first, "loss_last": w.loss_last});
-    }
-    let (exact0, reward0) = evaluate(&policy, task.as_ref(), &tok, &a)?;
+    let warm = warm_start(&policy, &tok, task.as_ref(), &a)?;
+    let before = evaluate(&policy, task.as_ref(), &tok, &a)?;
     say(format!(
-        "eval before RL: greedy exact {exact0:.3}, sampled mean reward {reward0:.3}"
+        "eval before RL: greedy exact {:.3}, sampled mean reward {:.3}",
+        before.0, before.1
     ));
 
     // 2. Learner, store, rollout engine(s).
-    let cfg = TrainerConfig {
+    let cfg = trainer_config(&a);
+    let kappa = cfg.kappa();
+    let mut trainer = Trainer::new(policy, cfg)?;
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(TrajectoryStore::open(dir.path())?);
+    let slot = PolicySlot::new(
+        trainer.policy().config().clone(),
+        trainer.policy().device().clone(),
+    );
+    slot.install_bytes(trainer.version(), &trainer.snapshot_bytes()?)?;
+    let mut engines = Engines::start(&a, &task, &tok, &store, &slot)?;
+    say(format!(
+        "mode {}, objective {:?}, S = {}, kappa = {kappa}, B = {} groups x n = {} (R = {}), lr {}, T {}",
+        mode(&a),
+        a.objective,
+        a.staleness,
+        a.groups,
+        a.group_size,
+        a.groups * a.group_size,
+        a.lr,
+        a.temperature
+    ));
+
+    // 3. Algorithm 1.
+    let pipeline =
+        learner::Pipeline::new(learner::pipeline::limits_of(trainer.policy().config(), 0));
+    let budget = Duration::from_secs_f64(a.minutes * 60.0);
+    let t_rl = Instant::now();
+    let mut totals = Totals::default();
+    while totals.steps < a.steps && t_rl.elapsed() < budget {
+        // Gather B admissible groups (the idle time / bubble of the learner).
+        let t_wait = Instant::now();
+        let (hand, leases) = engines.gather(&a, &store, trainer.lease_floor())?;
+        let idle = t_wait.elapsed().as_secs_f64();
+        // Through the verification pipeline's structure stage, as a node's learner does.
+        let hand: Vec<_> = hand
+            .into_iter()
+            .map(|g| pipeline.verify(&g.producer.clone(), 0, g))
+            .collect::<Result<_, _>>()?;
+        let st = trainer.train_step(&hand)?;
+        for id in leases {
+            store.ack(id)?;
+        }
+        if st.stepped && (a.sequential || trainer.should_publish()) {
+            slot.install_bytes(trainer.version(), &trainer.snapshot_bytes()?)?;
+        }
+        totals.pruned += store.prune_below(trainer.lease_floor())?;
+        if !totals.record(&st, idle) {
+            continue; // every group in hand was dropped (e.g. all zero-advantage): gather again
+        }
+        let steps = totals.steps;
+        let eval = if a.eval_every > 0 && steps % a.eval_every == 0 {
+            Some(evaluate(trainer.policy(), task.as_ref(), &tok, &a)?)
+        } else {
+            None
+        };
+        print_step(&a, steps, t_rl.elapsed().as_secs_f64(), idle, &st, eval);
+    }
+    engines.stop()?;
+    let rl_secs = t_rl.elapsed().as_secs_f64();
+    let after = evaluate(trainer.policy(), task.as_ref(), &tok, &a)?;
+    let invariant = store.check_invariant()?.holds();
+    let run = Run {
+        kappa,
+        warm,
+        version: trainer.version(),
+        rl_secs,
+        total_secs: t_start.elapsed().as_secs_f64(),
+        before,
+        after,
+        invariant,
+    };
+    print_summary(&a, &totals, &run);
+    Ok(())
+}
+
+fn mode(a: &Args) -> &'static str {
+    if a.sequential {
+        "sequential"
+    } else {
+        "async"
+    }
+}
+
+/// The supervised warm-start (`--warm-steps`, 0 = off), as a JSON record for the summary.
+fn warm_start(
+    policy: &Policy,
+    tok: &Tokenizer,
+    task: &dyn Task,
+    a: &Args,
+) -> Result<serde_json::Value> {
+    if a.warm_steps == 0 {
+        return Ok(serde_json::Value::Null);
+    }
+    let t0 = Instant::now();
+    let w = learner::warm_start_on_task(policy, tok, task, a.warm_steps, a.seed)?;
+    let secs = t0.elapsed().as_secs_f64();
+    if !a.json {
+        println!(
+            "warm-start: {} steps x {} examples, lr {}, {secs:.1}s, loss {:.3} -> {:.3}",
+            w.steps, w.batch_size, w.lr, w.loss_first, w.loss_last
+        );
+    }
+    Ok(
+        serde_json::json!({"steps": w.steps, "batch_size": w.batch_size, "lr": w.lr,
+        "seconds": secs, "loss_first": w.loss_first, "loss_last": w.loss_last}),
+    )
+}
+
+fn trainer_config(a: &Args) -> TrainerConfig {
+    TrainerConfig {
         loss: LossConfig {
             objective: a.objective,
             kl_beta: a.kl_beta,
@@ -189,78 +285,60 @@ fn main() -> Result<()> {
         groups_per_step: a.groups,
         group_size: a.group_size,
         micro_batch_tokens: TrainerConfig::default().micro_batch_tokens,
-    };
-    let kappa = cfg.kappa();
-    let pipeline = learner::Pipeline::new(learner::pipeline::limits_of(policy.config(), 0));
-    let mut trainer = Trainer::new(policy, cfg)?;
-    let dir = tempfile::tempdir()?;
-    let store = Arc::new(TrajectoryStore::open(dir.path())?);
-    let slot = PolicySlot::new(
-        trainer.policy().config().clone(),
-        trainer.policy().device().clone(),
-    );
-    slot.install_bytes(trainer.version(), &trainer.snapshot_bytes()?)?;
-    let mut sampling = SamplingParams::new(a.max_new_tokens, tok.eos_ids());
-    sampling.temperature = a.temperature;
-    let engine_cfg = |i: usize| RolloutConfig {
-        group_size: a.group_size,
-        sampling: sampling.clone(),
-        // Producers run at most a few batches ahead of the learner.
-        max_pending_groups: (2 * a.groups) as u64,
-        seed: a.seed * 1000 + i as u64,
-        producer: format!("local-{i}"),
-        idle_poll: Duration::from_millis(2),
-        ..RolloutConfig::default()
-    };
-    let mut running = Vec::new();
-    let mut inline_engine = None;
-    if a.sequential {
-        inline_engine = Some(RolloutEngine::new(
-            engine_cfg(0),
-            task.clone(),
-            tok.clone(),
-            store.clone(),
-            slot.clone(),
-        )?);
-    } else {
-        for i in 0..a.engines {
-            let e = RolloutEngine::new(
-                engine_cfg(i),
-                task.clone(),
-                tok.clone(),
-                store.clone(),
-                slot.clone(),
-            )?;
-            running.push(e.spawn()?);
-        }
     }
-    say(format!(
-        "mode {}, objective {:?}, S = {}, kappa = {kappa}, B = {} groups x n = {} (R = {}), lr {}, T {}",
-        if a.sequential { "sequential" } else { "async" },
-        a.objective,
-        a.staleness,
-        a.groups,
-        a.group_size,
-        a.groups * a.group_size,
-        a.lr,
-        a.temperature
-    ));
+}
 
-    // 3. Algorithm 1.
-    let budget = Duration::from_secs_f64(a.minutes * 60.0);
-    let t_rl = Instant::now();
-    let (mut idle_total, mut train_total) = (0.0f64, 0.0f64);
-    let mut delta_hist: BTreeMap<u64, u64> = BTreeMap::new();
-    let mut delta_max = 0;
-    let (mut dropped_stale, mut dropped_zero, mut pruned) = (0usize, 0usize, 0u64);
-    let mut rewards: Vec<f64> = Vec::new();
-    let mut ivars: Vec<f64> = Vec::new();
-    let mut steps = 0u64;
-    while steps < a.steps && t_rl.elapsed() < budget {
-        // Gather B admissible groups (the idle time / bubble of the learner).
-        let t_wait = Instant::now();
-        if let Some(engine) = inline_engine.as_mut() {
-            // Sequential: the current version is installed (below); generate B groups under it.
+/// The rollout side: engines on their own threads (async), or one stepped inline before each
+/// training step (`--sequential`: ECHO's sequential mode, no overlap).
+struct Engines {
+    running: Vec<rollout::RunningEngine>,
+    inline: Option<RolloutEngine>,
+}
+
+type Leased = (Vec<storage::TrajectoryGroup>, Vec<u64>);
+
+impl Engines {
+    fn start(
+        a: &Args,
+        task: &Arc<dyn Task>,
+        tok: &Tokenizer,
+        store: &Arc<TrajectoryStore>,
+        slot: &PolicySlot,
+    ) -> Result<Self> {
+        let mut sampling = SamplingParams::new(a.max_new_tokens, tok.eos_ids());
+        sampling.temperature = a.temperature;
+        let engine = |i: usize| {
+            let cfg = RolloutConfig {
+                group_size: a.group_size,
+                sampling: sampling.clone(),
+                // Producers run at most a few batches ahead of the learner.
+                max_pending_groups: (2 * a.groups) as u64,
+                seed: a.seed * 1000 + i as u64,
+                producer: format!("local-{i}"),
+                idle_poll: Duration::from_millis(2),
+                ..RolloutConfig::default()
+            };
+            RolloutEngine::new(cfg, task.clone(), tok.clone(), store.clone(), slot.clone())
+        };
+        if a.sequential {
+            return Ok(Engines {
+                running: Vec::new(),
+                inline: Some(engine(0)?),
+            });
+        }
+        let running = (0..a.engines)
+            .map(|i| Ok(engine(i)?.spawn()?))
+            .collect::<Result<_>>()?;
+        Ok(Engines {
+            running,
+            inline: None,
+        })
+    }
+
+    /// B admissible groups leased from the store (sequential: generated first, under the
+    /// version installed now), and their lease ids.
+    fn gather(&mut self, a: &Args, store: &TrajectoryStore, floor: u64) -> Result<Leased> {
+        if let Some(engine) = self.inline.as_mut() {
             let mut made = 0;
             while made < a.groups {
                 if let StepOutcome::Produced { .. } = engine.step()? {
@@ -270,96 +348,120 @@ fn main() -> Result<()> {
         }
         let (mut hand, mut leases) = (Vec::new(), Vec::new());
         while hand.len() < a.groups {
-            match store.lease(
-                trainer.lease_floor(),
-                a.groups - hand.len(),
-                Duration::from_secs(60),
-            )? {
+            match store.lease(floor, a.groups - hand.len(), Duration::from_secs(60))? {
                 Some(l) => {
                     leases.push(l.id);
                     hand.extend(l.groups.into_iter().map(|(_, g)| g));
                 }
                 None => {
-                    if running
-                        .iter()
-                        .any(|r: &rollout::RunningEngine| r.is_finished())
-                    {
+                    if self.running.iter().any(|r| r.is_finished()) {
                         bail!("a rollout engine stopped");
                     }
                     std::thread::sleep(Duration::from_millis(2));
                 }
             }
         }
-        let idle = t_wait.elapsed().as_secs_f64();
-        // Through the verification pipeline's structure stage, as a node's learner does.
-        let hand: Vec<_> = hand
-            .into_iter()
-            .map(|g| pipeline.verify(&g.producer.clone(), 0, g))
-            .collect::<Result<_, _>>()?;
-        let st = trainer.train_step(&hand)?;
-        for id in leases {
-            store.ack(id)?;
+        Ok((hand, leases))
+    }
+
+    fn stop(self) -> Result<()> {
+        for r in self.running {
+            r.stop()?;
         }
-        if st.stepped && (a.sequential || trainer.should_publish()) {
-            slot.install_bytes(trainer.version(), &trainer.snapshot_bytes()?)?;
-        }
-        pruned += store.prune_below(trainer.lease_floor())?;
+        Ok(())
+    }
+}
+
+/// What the run accumulates over its steps.
+#[derive(Default)]
+struct Totals {
+    steps: u64,
+    idle: f64,
+    train: f64,
+    delta_hist: BTreeMap<u64, u64>,
+    delta_max: u64,
+    dropped_stale: usize,
+    dropped_zero: usize,
+    pruned: u64,
+    rewards: Vec<f64>,
+    ivars: Vec<f64>,
+}
+
+impl Totals {
+    /// Adds one training step's statistics; false when it did not step (every group in hand
+    /// was dropped), which counts only the drops and the idle time.
+    fn record(&mut self, st: &learner::StepStats, idle: f64) -> bool {
+        self.idle += idle;
+        self.dropped_stale += st.groups_stale;
+        self.dropped_zero += st.groups_zero_advantage;
         if !st.stepped {
-            // Every group in hand was dropped (e.g. all zero-advantage): gather again.
-            dropped_zero += st.groups_zero_advantage;
-            dropped_stale += st.groups_stale;
-            idle_total += idle;
-            continue;
+            return false;
         }
-        steps += 1;
-        idle_total += idle;
-        train_total += st.t_train_s;
+        self.steps += 1;
+        self.train += st.t_train_s;
         for (d, c) in &st.staleness_histogram {
-            *delta_hist.entry(*d).or_default() += c;
+            *self.delta_hist.entry(*d).or_default() += c;
         }
-        delta_max = delta_max.max(st.staleness_max);
-        dropped_stale += st.groups_stale;
-        dropped_zero += st.groups_zero_advantage;
-        rewards.push(st.reward_mean);
-        ivars.push(st.importance_weight_variance);
-        let mut eval = None;
-        if a.eval_every > 0 && steps / a.eval_every * a.eval_every == steps {
-            eval = Some(evaluate(trainer.policy(), task.as_ref(), &tok, &a)?);
-        }
-        if a.json {
-            println!(
-                "{}",
-                serde_json::json!({"step": steps, "t": t_rl.elapsed().as_secs_f64(), "idle_s": idle,
-                    "bubble": idle / (idle + st.t_train_s), "stats": st, "eval": eval})
-            );
-        } else {
-            println!(
-                "step {steps:4} v {:4} t {:6.1}s reward {:.3} (sd {:.3}) loss {:+.4} idle {:.2}s train {:.2}s Δmax {} used {} zero-adv {} stale {} kl {:+.4} ivar {:.2e} |g| {:.3}{}",
-                st.version,
-                t_rl.elapsed().as_secs_f64(),
-                st.reward_mean,
-                st.reward_std,
-                st.loss,
-                idle,
-                st.t_train_s,
-                st.staleness_max,
-                st.groups_used,
-                st.groups_zero_advantage,
-                st.groups_stale,
-                st.kl_sampler_learner,
-                st.importance_weight_variance,
-                st.grad_norm,
-                eval.map(|(e, r)| format!(" | eval exact {e:.3} reward {r:.3}")).unwrap_or_default()
-            );
-        }
+        self.delta_max = self.delta_max.max(st.staleness_max);
+        self.rewards.push(st.reward_mean);
+        self.ivars.push(st.importance_weight_variance);
+        true
     }
-    for r in running {
-        r.stop()?;
+
+    fn bubble(&self) -> f64 {
+        self.idle / (self.idle + self.train)
     }
-    let rl_secs = t_rl.elapsed().as_secs_f64();
-    let (exact1, reward1) = evaluate(trainer.policy(), task.as_ref(), &tok, &a)?;
-    let inv = store.check_invariant()?;
-    let w = (rewards.len() / 5).max(1);
+}
+
+fn print_step(
+    a: &Args,
+    steps: u64,
+    t: f64,
+    idle: f64,
+    st: &learner::StepStats,
+    eval: Option<(f64, f64)>,
+) {
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({"step": steps, "t": t, "idle_s": idle,
+                "bubble": idle / (idle + st.t_train_s), "stats": st, "eval": eval})
+        );
+        return;
+    }
+    println!(
+        "step {steps:4} v {:4} t {t:6.1}s reward {:.3} (sd {:.3}) loss {:+.4} idle {:.2}s train {:.2}s Δmax {} used {} zero-adv {} stale {} kl {:+.4} ivar {:.2e} |g| {:.3}{}",
+        st.version,
+        st.reward_mean,
+        st.reward_std,
+        st.loss,
+        idle,
+        st.t_train_s,
+        st.staleness_max,
+        st.groups_used,
+        st.groups_zero_advantage,
+        st.groups_stale,
+        st.kl_sampler_learner,
+        st.importance_weight_variance,
+        st.grad_norm,
+        eval.map(|(e, r)| format!(" | eval exact {e:.3} reward {r:.3}")).unwrap_or_default()
+    );
+}
+
+/// The run's outcome beside the per-step totals.
+struct Run {
+    kappa: u64,
+    warm: serde_json::Value,
+    version: u64,
+    rl_secs: f64,
+    total_secs: f64,
+    /// (greedy exact, sampled reward) before and after RL.
+    before: (f64, f64),
+    after: (f64, f64),
+    invariant: bool,
+}
+
+fn print_summary(a: &Args, t: &Totals, r: &Run) {
     let avg = |xs: &[f64]| {
         if xs.is_empty() {
             f64::NAN
@@ -367,39 +469,44 @@ fn main() -> Result<()> {
             xs.iter().sum::<f64>() / xs.len() as f64
         }
     };
-    let first = avg(&rewards[..w.min(rewards.len())]);
-    let last = avg(&rewards[rewards.len().saturating_sub(w)..]);
+    let w = (t.rewards.len() / 5).max(1);
+    let first = avg(&t.rewards[..w.min(t.rewards.len())]);
+    let last = avg(&t.rewards[t.rewards.len().saturating_sub(w)..]);
+    let (steps, rl_secs) = (t.steps, r.rl_secs);
+    let ((exact0, reward0), (exact1, reward1)) = (r.before, r.after);
     let summary = serde_json::json!({
-        "mode": if a.sequential { "sequential" } else { "async" },
-        "objective": format!("{:?}", a.objective), "staleness": a.staleness, "kappa": kappa,
+        "mode": mode(a),
+        "objective": format!("{:?}", a.objective), "staleness": a.staleness, "kappa": r.kappa,
         "groups": a.groups, "group_size": a.group_size, "lr": a.lr, "kl_beta": a.kl_beta, "temperature": a.temperature,
-        "max_operand": a.max_operand, "warm_start": warm,
-        "steps": steps, "version": trainer.version(), "rl_seconds": rl_secs,
-        "total_seconds": t_start.elapsed().as_secs_f64(),
+        "max_operand": a.max_operand, "warm_start": r.warm,
+        "steps": steps, "version": r.version, "rl_seconds": rl_secs,
+        "total_seconds": r.total_secs,
         "steps_per_hour": steps as f64 * 3600.0 / rl_secs,
-        "train_seconds": train_total, "idle_seconds": idle_total,
-        "bubble_ratio": idle_total / (idle_total + train_total),
+        "train_seconds": t.train, "idle_seconds": t.idle,
+        "bubble_ratio": t.bubble(),
         "batch_reward_first_fifth": first, "batch_reward_last_fifth": last,
         "eval_before": {"greedy_exact": exact0, "sampled_reward": reward0},
         "eval_after": {"greedy_exact": exact1, "sampled_reward": reward1},
-        "staleness_histogram": delta_hist, "staleness_max": delta_max,
-        "importance_weight_variance_mean": avg(&ivars),
-        "groups_dropped_stale": dropped_stale, "groups_dropped_zero_advantage": dropped_zero,
-        "groups_pruned_in_store": pruned, "store_invariant_holds": inv.holds(),
+        "staleness_histogram": t.delta_hist, "staleness_max": t.delta_max,
+        "importance_weight_variance_mean": avg(&t.ivars),
+        "groups_dropped_stale": t.dropped_stale, "groups_dropped_zero_advantage": t.dropped_zero,
+        "groups_pruned_in_store": t.pruned, "store_invariant_holds": r.invariant,
     });
-    if a.json {
-        println!("{summary}");
-    } else {
+    if !a.json {
         println!(
             "summary: {steps} steps in {rl_secs:.0}s ({:.0} steps/h), batch reward {first:.3} -> {last:.3} (first/last fifth), \
-             eval sampled reward {reward0:.3} -> {reward1:.3}, greedy exact {exact0:.3} -> {exact1:.3}, bubble {:.2}, Δmax {delta_max}, \
-             Δ histogram {delta_hist:?}, mean ivar {:.2e}, dropped stale {dropped_stale} / zero-adv {dropped_zero}, pruned {pruned}, invariant {}",
+             eval sampled reward {reward0:.3} -> {reward1:.3}, greedy exact {exact0:.3} -> {exact1:.3}, bubble {:.2}, Δmax {}, \
+             Δ histogram {:?}, mean ivar {:.2e}, dropped stale {} / zero-adv {}, pruned {}, invariant {}",
             steps as f64 * 3600.0 / rl_secs,
-            idle_total / (idle_total + train_total),
-            avg(&ivars),
-            inv.holds()
+            t.bubble(),
+            t.delta_max,
+            t.delta_hist,
+            avg(&t.ivars),
+            t.dropped_stale,
+            t.dropped_zero,
+            t.pruned,
+            r.invariant
         );
-        println!("{summary}");
     }
-    Ok(())
+    println!("{summary}");
 }

@@ -188,24 +188,15 @@ fn rate(k: Kind) -> serde_json::Value {
 }
 
 fn main() -> Result<()> {
-    let mut args = std::env::args().skip(1);
-    let (mut warm, mut groups, mut spread_groups, mut forced_groups) =
-        (60usize, 10_000u64, 1000u64, 500u64);
-    let (mut dtype, mut top_p) = (WorkerDtype::F32, 1.0f32);
-    let mut device = policy::DeviceChoice::Cpu;
-    while let Some(a) = args.next() {
-        let mut val = || args.next().with_context(|| format!("{a} needs a value"));
-        match a.as_str() {
-            "--warm" => warm = val()?.parse()?,
-            "--groups" => groups = val()?.parse()?,
-            "--spread-groups" => spread_groups = val()?.parse()?,
-            "--forced-groups" => forced_groups = val()?.parse()?,
-            "--top-p" => top_p = val()?.parse()?,
-            "--dtype" => dtype = WorkerDtype::parse(&val()?).context("--dtype f32|f16|bf16")?,
-            "--device" => device = val()?.parse()?,
-            other => bail!("unknown argument {other}"),
-        }
-    }
+    let Args {
+        warm,
+        groups,
+        spread_groups,
+        forced_groups,
+        dtype,
+        top_p,
+        device,
+    } = parse_args()?;
     let device = policy::device::select(device)?;
     let tok = Tokenizer::byte();
     let policy = Policy::new_random(&policy::ModelConfig::tiny(), 0, &device)?;
@@ -276,19 +267,15 @@ fn main() -> Result<()> {
     }
     // Stale samples: the old weights with the prescribed uniforms, log-probs of the new ones.
     let old_model = InferModel::new(&old, model.dtype())?;
-    let (mut stale_tokens, mut stale_caught_tokens, mut stale_groups_caught) =
-        (0usize, 0usize, 0u64);
-    for seq in 0..forced_groups {
-        let mut g = honest(&setup, &old_model, groups + seq, &mut rng)?;
-        for s in &mut g.samples {
-            s.sampler_logprobs =
-                policy::response_logprobs(&policy, &g.prompt_tokens, &s.response_tokens, T)?;
-        }
-        let r = check_group(&policy, &g, &settings, &ResponseTokens)?;
-        stale_tokens += r.draws_checked;
-        stale_caught_tokens += r.not_drawn;
-        stale_groups_caught += u64::from(r.verdict(settings.tolerance) == SpotVerdict::NotDrawn);
-    }
+    let (stale_tokens, stale_caught_tokens, stale_groups_caught) = stale(
+        &setup,
+        &policy,
+        &old_model,
+        &settings,
+        groups,
+        forced_groups,
+        &mut rng,
+    )?;
     let p_likely = forced.p_likely / forced.likely.forced.max(1) as f64;
     println!(
         "{}",
@@ -320,4 +307,73 @@ fn main() -> Result<()> {
         })
     );
     Ok(())
+}
+
+/// The command line (see the module docs).
+struct Args {
+    warm: usize,
+    groups: u64,
+    spread_groups: u64,
+    forced_groups: u64,
+    dtype: WorkerDtype,
+    top_p: f32,
+    device: policy::DeviceChoice,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut args = std::env::args().skip(1);
+    let (mut warm, mut groups, mut spread_groups, mut forced_groups) =
+        (60usize, 10_000u64, 1000u64, 500u64);
+    let (mut dtype, mut top_p) = (WorkerDtype::F32, 1.0f32);
+    let mut device = policy::DeviceChoice::Cpu;
+    while let Some(a) = args.next() {
+        let mut val = || args.next().with_context(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--warm" => warm = val()?.parse()?,
+            "--groups" => groups = val()?.parse()?,
+            "--spread-groups" => spread_groups = val()?.parse()?,
+            "--forced-groups" => forced_groups = val()?.parse()?,
+            "--top-p" => top_p = val()?.parse()?,
+            "--dtype" => dtype = WorkerDtype::parse(&val()?).context("--dtype f32|f16|bf16")?,
+            "--device" => device = val()?.parse()?,
+            other => bail!("unknown argument {other}"),
+        }
+    }
+    Ok(Args {
+        warm,
+        groups,
+        spread_groups,
+        forced_groups,
+        dtype,
+        top_p,
+        device,
+    })
+}
+
+/// Stale samples: `forced_groups` groups drawn by the old weights with the prescribed
+/// uniforms, carrying the new weights' log-probs (honest-looking numbers, wrong draws).
+/// Returns the tokens checked, the tokens caught as not drawn, and the groups caught.
+fn stale(
+    setup: &Setup,
+    policy: &Policy,
+    old_model: &InferModel,
+    settings: &CheckSettings,
+    groups: u64,
+    forced_groups: u64,
+    rng: &mut rand::rngs::StdRng,
+) -> Result<(usize, usize, u64)> {
+    let (mut stale_tokens, mut stale_caught_tokens, mut stale_groups_caught) =
+        (0usize, 0usize, 0u64);
+    for seq in 0..forced_groups {
+        let mut g = honest(setup, old_model, groups + seq, rng)?;
+        for s in &mut g.samples {
+            s.sampler_logprobs =
+                policy::response_logprobs(policy, &g.prompt_tokens, &s.response_tokens, T)?;
+        }
+        let r = check_group(policy, &g, settings, &ResponseTokens)?;
+        stale_tokens += r.draws_checked;
+        stale_caught_tokens += r.not_drawn;
+        stale_groups_caught += u64::from(r.verdict(settings.tolerance) == SpotVerdict::NotDrawn);
+    }
+    Ok((stale_tokens, stale_caught_tokens, stale_groups_caught))
 }

@@ -153,79 +153,8 @@ fn main() -> Result<()> {
     let spread_long = spread(&policy, &long, &deltas)?;
     let spread_f16 = spread(&policy, &half, &deltas)?;
 
-    // Cost of one check (demo group: 16 samples, 6 new tokens) — the log-probs alone, and the
-    // full verdict with the draw check of every token — of loading a snapshot, and of one
-    // training step (B = 4 such groups).
-    let rule = SpotRule::default();
-    let full = CheckSettings {
-        rule: policy::rule::RuleParams {
-            temperature: T,
-            top_p: 1.0,
-        },
-        tolerance: DEFAULT_TOLERANCE,
-        delta: learner::verdict::DEFAULT_MARGIN.f32,
-        seed: SEED,
-        check_draws: true,
-    };
-    let (mut t_check, mut t_full) = (Vec::new(), Vec::new());
-    for g in short.iter().cycle().take(reps + 1) {
-        let t0 = Instant::now();
-        let (_, ok) = rule.check(&policy, g, T)?;
-        t_check.push(t0.elapsed().as_secs_f64());
-        anyhow::ensure!(ok, "an honest group failed");
-        let t0 = Instant::now();
-        let r = check_group(&policy, g, &full, &ResponseTokens)?;
-        t_full.push(t0.elapsed().as_secs_f64());
-        anyhow::ensure!(
-            r.verdict(full.tolerance) == SpotVerdict::Pass,
-            "an honest group failed: {r:?}"
-        );
-    }
-    t_check.remove(0); // warm-up
-    t_full.remove(0);
-    let bytes = policy.to_safetensors_bytes()?;
-    let mut t_load = Vec::new();
-    for _ in 0..reps {
-        let t0 = Instant::now();
-        let p = Policy::from_safetensors_bytes(policy.config(), &bytes, &Device::Cpu)?;
-        t_load.push(t0.elapsed().as_secs_f64());
-        drop(p);
-    }
-    let mut tc = TrainerConfig {
-        loss: LossConfig {
-            objective: Objective::Gepo,
-            kl_beta: 0.05,
-            ..LossConfig::default()
-        },
-        temperature: T,
-        groups_per_step: B,
-        group_size: N,
-        ..TrainerConfig::default()
-    };
-    tc.optim.lr = 1e-3;
-    let mut trainer = Trainer::new(
-        Policy::from_safetensors_bytes(policy.config(), &bytes, &Device::Cpu)?,
-        tc,
-    )?;
-    let mut t_train = Vec::new();
-    for step in 0..=reps {
-        let mut batch: Vec<TrajectoryGroup> = (0..B)
-            .map(|_| group(&f32_model, &tok, task.as_ref(), 6, &mut rng))
-            .collect::<Result<_>>()?;
-        for g in &mut batch {
-            g.version = trainer.version();
-        }
-        let pipeline = learner::Pipeline::new(learner::pipeline::limits_of(policy.config(), N));
-        let batch: Vec<_> = batch
-            .into_iter()
-            .map(|g| pipeline.verify(&g.producer.clone(), 0, g))
-            .collect::<Result<_, _>>()?;
-        let st = trainer.train_step(&batch)?;
-        anyhow::ensure!(st.stepped, "the step did not train: {st:?}");
-        if step > 0 {
-            t_train.push(st.t_train_s);
-        }
-    }
+    let (t_check, t_full, t_load) = time_checks(&policy, &short, reps)?;
+    let t_train = time_train_steps(&policy, &f32_model, &tok, task.as_ref(), reps, &mut rng)?;
     let (check_ms, load_ms, train_ms) = (median_ms(t_check), median_ms(t_load), median_ms(t_train));
     let full_ms = median_ms(t_full);
     let fraction = learner::spot_check::DEFAULT_FRACTION;
@@ -251,4 +180,99 @@ fn main() -> Result<()> {
         })
     );
     Ok(())
+}
+
+/// Cost of one check (demo group: 16 samples, 6 new tokens) — the log-probs alone, and the
+/// full verdict with the draw check of every token — and of loading a snapshot, in seconds
+/// per repetition (the first check is a warm-up and is dropped).
+fn time_checks(
+    policy: &Policy,
+    groups: &[TrajectoryGroup],
+    reps: usize,
+) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
+    let rule = SpotRule::default();
+    let full = CheckSettings {
+        rule: policy::rule::RuleParams {
+            temperature: T,
+            top_p: 1.0,
+        },
+        tolerance: DEFAULT_TOLERANCE,
+        delta: learner::verdict::DEFAULT_MARGIN.f32,
+        seed: SEED,
+        check_draws: true,
+    };
+    let (mut t_check, mut t_full) = (Vec::new(), Vec::new());
+    for g in groups.iter().cycle().take(reps + 1) {
+        let t0 = Instant::now();
+        let (_, ok) = rule.check(policy, g, T)?;
+        t_check.push(t0.elapsed().as_secs_f64());
+        anyhow::ensure!(ok, "an honest group failed");
+        let t0 = Instant::now();
+        let r = check_group(policy, g, &full, &ResponseTokens)?;
+        t_full.push(t0.elapsed().as_secs_f64());
+        anyhow::ensure!(
+            r.verdict(full.tolerance) == SpotVerdict::Pass,
+            "an honest group failed: {r:?}"
+        );
+    }
+    t_check.remove(0); // warm-up
+    t_full.remove(0);
+    let bytes = policy.to_safetensors_bytes()?;
+    let mut t_load = Vec::new();
+    for _ in 0..reps {
+        let t0 = Instant::now();
+        let p = Policy::from_safetensors_bytes(policy.config(), &bytes, &Device::Cpu)?;
+        t_load.push(t0.elapsed().as_secs_f64());
+        drop(p);
+    }
+    Ok((t_check, t_full, t_load))
+}
+
+/// One training step (B = 4 fresh demo groups) per repetition after a warm-up step, in
+/// seconds.
+fn time_train_steps(
+    policy: &Policy,
+    model: &InferModel,
+    tok: &Tokenizer,
+    task: &dyn tasks::Task,
+    reps: usize,
+    rng: &mut rand::rngs::StdRng,
+) -> Result<Vec<f64>> {
+    let bytes = policy.to_safetensors_bytes()?;
+    let mut tc = TrainerConfig {
+        loss: LossConfig {
+            objective: Objective::Gepo,
+            kl_beta: 0.05,
+            ..LossConfig::default()
+        },
+        temperature: T,
+        groups_per_step: B,
+        group_size: N,
+        ..TrainerConfig::default()
+    };
+    tc.optim.lr = 1e-3;
+    let mut trainer = Trainer::new(
+        Policy::from_safetensors_bytes(policy.config(), &bytes, &Device::Cpu)?,
+        tc,
+    )?;
+    let mut t_train = Vec::new();
+    for step in 0..=reps {
+        let mut batch: Vec<TrajectoryGroup> = (0..B)
+            .map(|_| group(model, tok, task, 6, rng))
+            .collect::<Result<_>>()?;
+        for g in &mut batch {
+            g.version = trainer.version();
+        }
+        let pipeline = learner::Pipeline::new(learner::pipeline::limits_of(policy.config(), N));
+        let batch: Vec<_> = batch
+            .into_iter()
+            .map(|g| pipeline.verify(&g.producer.clone(), 0, g))
+            .collect::<Result<_, _>>()?;
+        let st = trainer.train_step(&batch)?;
+        anyhow::ensure!(st.stepped, "the step did not train: {st:?}");
+        if step > 0 {
+            t_train.push(st.t_train_s);
+        }
+    }
+    Ok(t_train)
 }

@@ -6,7 +6,7 @@
 //! cargo run --release -p learner --example train_step -- \
 //!     [--device cpu|cuda|cuda:N] [--shape tiny|small|qwen3-0.6b] [--groups 4] [--group-size 8] \
 //!     [--prompt-len 32] [--response-len 64] [--steps 5] [--kl] [--micro-batch-tokens 4096] \
-//!     [--lora-rank R]
+//!     [--lora-rank R] [--base-dtype f32|bf16]
 //! # on a GPU host, with a binary built by scripts/build-cuda.sh's environment:
 //! cargo run --release -p learner --features cuda --example train_step -- --device cuda --shape qwen3-0.6b
 //! ```
@@ -19,7 +19,10 @@
 //! predicts for the configuration (`policy::memory::learner_bytes`) and, on the CPU, the
 //! process's peak resident memory (`VmHWM`; on a GPU `scripts/gpu-smoke.sh` samples the
 //! device's memory while this runs). `--lora-rank R` trains LoRA adapters of rank R (α = 2R,
-//! all seven projections) on the frozen random base instead of every weight.
+//! all seven projections) on the frozen random base instead of every weight; the base is held
+//! in `policy::lora::frozen_base_dtype` for a bf16 run (bf16 on CUDA, f32 on the CPU) unless
+//! `--base-dtype` says otherwise (`bf16` on the CPU runs the GPU's bf16-base path, widened per
+//! matmul).
 
 use std::time::Instant;
 
@@ -90,6 +93,7 @@ fn main() -> Result<()> {
     let (mut prompt_len, mut response_len, mut steps, mut kl) = (32usize, 64usize, 5usize, false);
     let mut micro = TrainerConfig::default().micro_batch_tokens;
     let mut lora_rank = 0usize;
+    let mut base_dtype = None;
     while let Some(a) = args.next() {
         let mut val = || args.next().with_context(|| format!("{a} needs a value"));
         match a.as_str() {
@@ -103,6 +107,13 @@ fn main() -> Result<()> {
             "--kl" => kl = true,
             "--micro-batch-tokens" => micro = val()?.parse()?,
             "--lora-rank" => lora_rank = val()?.parse()?,
+            "--base-dtype" => {
+                base_dtype = Some(match val()?.as_str() {
+                    "f32" => policy::DType::F32,
+                    "bf16" => policy::DType::BF16,
+                    other => bail!("unknown --base-dtype {other} (f32, bf16)"),
+                })
+            }
             other => bail!("unknown argument {other}"),
         }
     }
@@ -122,16 +133,15 @@ fn main() -> Result<()> {
     };
     tc.loss.kl_beta = if kl { 0.05 } else { 0.0 };
     let lora = (lora_rank > 0).then(|| policy::LoraConfig::new(lora_rank, 2.0 * lora_rank as f64));
+    let base_dtype =
+        base_dtype.unwrap_or_else(|| policy::lora::frozen_base_dtype(&device, policy::DType::BF16));
     let training = match &lora {
-        Some(lora) => policy::memory::Training::Lora {
-            lora,
-            base_dtype: policy::DType::F32,
-        },
+        Some(lora) => policy::memory::Training::Lora { lora, base_dtype },
         None => kl.into(),
     };
     let predicted = policy::memory::learner_bytes(&cfg, training, tc.tokens_per_pass(&cfg));
     let policy = match &lora {
-        Some(l) => policy.with_lora(l, 0)?,
+        Some(l) => policy.with_base_dtype(base_dtype)?.with_lora(l, 0)?,
         None => policy,
     };
     let pipeline = learner::Pipeline::new(learner::pipeline::limits_of(policy.config(), 0));
@@ -142,33 +152,15 @@ fn main() -> Result<()> {
     let mut cpu_times = Vec::new();
     // Step 0 warms up (allocations, kernel loading); the rest are timed.
     for step in 0..=steps {
-        let batch: Vec<TrajectoryGroup> = (0..groups)
-            .map(|_| TrajectoryGroup {
-                group_id: rng.gen(),
-                task_id: "synthetic".into(),
-                prompt_id: "p".into(),
-                version: trainer.version(),
-                seq: 0,
-                producer: "bench".into(),
-                prompt_text: String::new(),
-                prompt_tokens: (0..prompt_len).map(|_| rng.gen_range(0..vocab)).collect(),
-                created_unix_ms: 0,
-                samples: (0..n)
-                    .map(|_| Sample {
-                        trajectory_id: rng.gen(),
-                        response_tokens: (0..response_len)
-                            .map(|_| rng.gen_range(0..vocab))
-                            .collect(),
-                        response_text: String::new(),
-                        reward: rng.gen_range(0.0..1.0),
-                        sampler_logprobs: vec![-(vocab as f32).ln(); response_len],
-                        loss_mask: vec![1; response_len],
-                        finished_unix_ms: 0,
-                    })
-                    .collect(),
-                signature: None,
-            })
-            .collect();
+        let batch = synthetic_batch(
+            &mut rng,
+            groups,
+            n,
+            prompt_len,
+            response_len,
+            vocab,
+            trainer.version(),
+        );
         let batch: Vec<_> = batch
             .into_iter()
             .map(|g| pipeline.verify("bench", 0, g))
@@ -193,6 +185,7 @@ fn main() -> Result<()> {
             "groups": groups, "group_size": n, "prompt_len": prompt_len,
             "response_len": response_len, "kl": kl, "micro_batch_tokens": micro,
             "lora_rank": lora_rank,
+            "base_dtype": format!("{:?}", if lora.is_some() { base_dtype } else { policy::DType::F32 }),
             "predicted_bytes": predicted, "host_peak_rss_bytes": peak_rss(),
             "step_ms_median": median * 1e3,
             "step_ms": times.iter().map(|t| t * 1e3).collect::<Vec<_>>(),
@@ -201,4 +194,42 @@ fn main() -> Result<()> {
         })
     );
     Ok(())
+}
+
+/// `groups` synthetic groups of `n` samples at `version`: random prompt and response tokens,
+/// uniform-policy sampler log-probs and random rewards (only the shapes matter for timing).
+fn synthetic_batch(
+    rng: &mut rand::rngs::StdRng,
+    groups: usize,
+    n: usize,
+    prompt_len: usize,
+    response_len: usize,
+    vocab: u32,
+    version: u64,
+) -> Vec<TrajectoryGroup> {
+    (0..groups)
+        .map(|_| TrajectoryGroup {
+            group_id: rng.gen(),
+            task_id: "synthetic".into(),
+            prompt_id: "p".into(),
+            version,
+            seq: 0,
+            producer: "bench".into(),
+            prompt_text: String::new(),
+            prompt_tokens: (0..prompt_len).map(|_| rng.gen_range(0..vocab)).collect(),
+            created_unix_ms: 0,
+            samples: (0..n)
+                .map(|_| Sample {
+                    trajectory_id: rng.gen(),
+                    response_tokens: (0..response_len).map(|_| rng.gen_range(0..vocab)).collect(),
+                    response_text: String::new(),
+                    reward: rng.gen_range(0.0..1.0),
+                    sampler_logprobs: vec![-(vocab as f32).ln(); response_len],
+                    loss_mask: vec![1; response_len],
+                    finished_unix_ms: 0,
+                })
+                .collect(),
+            signature: None,
+        })
+        .collect()
 }

@@ -34,229 +34,32 @@
 //! - **Exactly once.** The ids of every trajectory the learner consumed are remembered (and
 //!   checkpointed); a group containing one of them is refused as a duplicate.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::backprop::GradStore;
-use control::Window;
 use policy::Policy;
-use serde::{Deserialize, Serialize};
 use storage::TrajectoryGroup;
 
-use crate::loss::{group_advantages, is_zero_advantage, variance, LossConfig};
+use crate::loss::{group_advantages, is_zero_advantage, variance};
 use crate::mask::{MaskRule, ResponseTokens};
-use crate::optim::{AdamW, AdamWConfig};
+use crate::optim::AdamW;
 use crate::pipeline::Verified;
 use crate::{LearnerError, Result};
 use microbatch::{GroupTerms, Used};
 
 // The micro-batched gradient is part of the trainer (it extends `Trainer`), so it is a child
 // module: the file sits beside this one.
+#[path = "trainer_config.rs"]
+mod config;
 #[path = "microbatch.rs"]
 mod microbatch;
+#[path = "step_stats.rs"]
+mod stats;
 
-/// The learner's configuration (persisted in checkpoints).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TrainerConfig {
-    /// Objective, clip range, KL weight.
-    pub loss: LossConfig,
-    /// Optimiser hyperparameters.
-    pub optim: AdamWConfig,
-    /// Temperature T of the learner's log-probs. Must equal the rollout's log-prob
-    /// temperature (`SamplingParams::logprob_temperature`), or the on-policy ratio is not 1.
-    pub temperature: f32,
-    /// Staleness budget S.
-    pub staleness: u64,
-    /// Publication period κ (`None` = [`Window::default_kappa`]).
-    pub kappa: Option<u64>,
-    /// Groups per step (B).
-    pub groups_per_step: usize,
-    /// Samples per group (n); groups of another size are still accepted.
-    pub group_size: usize,
-    /// Padded tokens (rows × longest prompt + response) per forward/backward pass: a step's
-    /// groups are micro-batched into passes of at most this many tokens and their gradients
-    /// summed, which bounds the activation memory (`policy::memory::learner_bytes`). A group
-    /// larger than this is split by rows. 0 = the whole step in one pass.
-    #[serde(default = "default_micro_batch_tokens")]
-    pub micro_batch_tokens: usize,
-}
-
-fn default_micro_batch_tokens() -> usize {
-    4096
-}
-
-impl Default for TrainerConfig {
-    fn default() -> Self {
-        TrainerConfig {
-            loss: LossConfig::default(),
-            optim: AdamWConfig::default(),
-            temperature: 1.0,
-            staleness: 3,
-            kappa: None,
-            groups_per_step: 16,
-            group_size: 8,
-            micro_batch_tokens: default_micro_batch_tokens(),
-        }
-    }
-}
-
-impl TrainerConfig {
-    /// κ in effect.
-    pub fn kappa(&self) -> u64 {
-        self.kappa
-            .unwrap_or_else(|| self.window().default_kappa())
-            .max(1)
-    }
-
-    /// The staleness window of this configuration: the one rule the trainer, the node's
-    /// puller and the pull leases all read.
-    pub fn window(&self) -> Window {
-        Window::new(self.staleness)
-    }
-
-    /// Padded tokens of the learner's largest forward/backward pass for `model`: the budget,
-    /// or with none the whole step at full context. What the memory check counts.
-    pub fn tokens_per_pass(&self, model: &policy::ModelConfig) -> usize {
-        if self.micro_batch_tokens > 0 {
-            self.micro_batch_tokens
-        } else {
-            self.batch_trajectories() * model.max_position_embeddings
-        }
-    }
-
-    /// R = B × n: trajectories per step.
-    pub fn batch_trajectories(&self) -> usize {
-        self.groups_per_step * self.group_size
-    }
-
-    /// Checks the ranges.
-    pub fn validate(&self) -> Result<()> {
-        if !(self.temperature.is_finite() && self.temperature > 0.0) {
-            return Err(LearnerError::Invalid(format!(
-                "temperature must be > 0 (use 1 for greedy samplers), got {}",
-                self.temperature
-            )));
-        }
-        if self.groups_per_step == 0 || self.group_size == 0 {
-            return Err(LearnerError::Invalid(
-                "groups_per_step and group_size must be > 0".into(),
-            ));
-        }
-        if self.kappa == Some(0) {
-            return Err(LearnerError::Invalid("kappa must be >= 1".into()));
-        }
-        if !(self.loss.clip_eps.is_finite() && self.loss.clip_eps >= 0.0) || self.loss.kl_beta < 0.0
-        {
-            return Err(LearnerError::Invalid(format!(
-                "invalid loss config {:?}",
-                self.loss
-            )));
-        }
-        if let Some(cap) = self.loss.is_cap {
-            if !(cap.is_finite() && cap > 0.0) {
-                return Err(LearnerError::Invalid(format!(
-                    "is_cap (truncated importance ratio cap C) must be finite and > 0, got {cap}"
-                )));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Why a group was or was not used.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
-    /// Admissible, new and well-formed (it may still turn out to have zero advantage).
-    Admitted,
-    /// `v_τ < v − S`: outside the staleness window.
-    Stale,
-    /// `v_τ > v`: generated by a version the learner has not reached.
-    Future,
-    /// Contains a trajectory id the learner has already consumed.
-    Duplicate,
-    /// Verified under limits (vocabulary, context) larger than this trainer's model.
-    Invalid(String),
-}
-
-/// What one [`Trainer::train_step`] did.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct StepStats {
-    /// Learner version after the step.
-    pub version: u64,
-    /// Whether an optimiser step happened (false when no group was usable).
-    pub stepped: bool,
-    /// T_train: wall-clock seconds of the step (log-probs, loss, backward, optimiser).
-    pub t_train_s: f64,
-    /// Mean reward over the samples of admitted groups (zero-advantage ones included).
-    pub reward_mean: f64,
-    /// Population standard deviation of those rewards.
-    pub reward_std: f64,
-    /// Loss (mean of the per-group losses).
-    pub loss: f64,
-    /// KL(sampler ‖ learner) estimate: token-weighted mean of `log q − log p`.
-    pub kl_sampler_learner: f64,
-    /// Variance of the per-sequence importance coefficients of the trained groups.
-    pub importance_weight_variance: f64,
-    /// Fraction of trained tokens whose coefficient left `[1−ε, 1+ε]`.
-    pub clip_fraction: f64,
-    /// Global gradient norm before clipping.
-    pub grad_norm: f64,
-    /// Zero-advantage groups / admitted groups.
-    pub zero_advantage_fraction: f64,
-    /// Observed staleness Δ = v − v_τ of admitted groups: Δ → number of groups.
-    pub staleness_histogram: BTreeMap<u64, u64>,
-    /// Largest Δ among admitted groups.
-    pub staleness_max: u64,
-    /// Groups trained on.
-    pub groups_used: usize,
-    /// Trajectories trained on.
-    pub trajectories_used: usize,
-    /// Admitted groups dropped for zero advantage.
-    pub groups_zero_advantage: usize,
-    /// Groups refused as stale (`v_τ < v − S`).
-    pub groups_stale: usize,
-    /// Groups refused as from a future version.
-    pub groups_future: usize,
-    /// Groups refused as already consumed.
-    pub groups_duplicate: usize,
-    /// Groups refused as verified for another model ([`Verdict::Invalid`]).
-    pub groups_invalid: usize,
-    /// Groups that could not be trained (another model's, or a non-finite loss or gradient): never
-    /// trained, to be kept for inspection and charged to their producer by the caller.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub quarantined: Vec<Quarantined>,
-}
-
-/// A group the trainer refused to train on because of its content.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Quarantined {
-    pub group_id: [u8; 16],
-    /// The producer the group names (checked against the peer it was pulled from).
-    pub producer: String,
-    pub reason: String,
-}
-
-impl Quarantined {
-    fn of(g: &TrajectoryGroup, reason: impl Into<String>) -> Self {
-        Quarantined {
-            group_id: g.group_id,
-            producer: g.producer.clone(),
-            reason: reason.into(),
-        }
-    }
-}
-
-impl StepStats {
-    /// Groups refused or dropped for any reason.
-    pub fn groups_dropped(&self) -> usize {
-        self.groups_zero_advantage
-            + self.groups_stale
-            + self.groups_future
-            + self.groups_duplicate
-            + self.groups_invalid
-    }
-}
+pub use config::TrainerConfig;
+pub use stats::{Quarantined, StepStats, Verdict};
 
 /// The trainable policy, its optimiser and the learner's bookkeeping.
 pub struct Trainer {
@@ -310,6 +113,13 @@ impl Trainer {
     /// [`Policy::trainable_named_vars`]: the adapters alone for a LoRA policy.
     pub fn new(policy: Policy, cfg: TrainerConfig) -> Result<Self> {
         cfg.validate()?;
+        let dtype = policy.weights_dtype()?;
+        if policy.lora().is_none() && dtype != policy::DType::F32 {
+            return Err(LearnerError::Invalid(format!(
+                "full fine-tuning trains f32 weights; these are {dtype:?} (a frozen base: add \
+                 LoRA adapters to train on it)"
+            )));
+        }
         let reference = reference_of(&policy, cfg.loss.kl_beta)?;
         let opt = AdamW::new(policy.trainable_named_vars()?, cfg.optim)?;
         Ok(Trainer {
@@ -374,6 +184,46 @@ impl Trainer {
         }
         // Parses the whole payload into a model before it sets a variable.
         self.policy.load_safetensors_bytes(payload)?;
+        self.version = version;
+        Ok(())
+    }
+
+    /// [`Trainer::resume_from_snapshot`] for a LoRA trainer: continues from an adapter
+    /// version this learner published after its checkpoint. The version's manifest names the
+    /// base the adapters were trained on (`base_hash`, hex); it must be this trainer's base
+    /// ([`Policy::base_hash_hex`]: the same base rebuilt at restart), else refused naming both.
+    /// The adapters are set in place from `payload` (f32 or bf16, the snapshot dtype: a bf16
+    /// payload rounds them to what the workers hold); the base is untouched. As on the full
+    /// path the AdamW moments stay the checkpoint's: they are running averages that AdamW
+    /// re-adapts within ~1/(1−β2) steps, whereas zeroed moments with the step count kept would
+    /// make the next update ≈ (1−β1)/√(1−β2) ≈ 3× a normal one. The KL reference is the base,
+    /// so it needs nothing. Refused, changing nothing, when `version` is not ahead, the trainer
+    /// has no adapters, or the payload is not adapters of this model and configuration.
+    pub fn resume_from_adapters(
+        &mut self,
+        payload: &[u8],
+        version: u64,
+        base_hash: &str,
+    ) -> Result<()> {
+        if version <= self.version {
+            return Err(LearnerError::Checkpoint(format!(
+                "resuming from adapter version {version}: the trainer is already at version {}",
+                self.version
+            )));
+        }
+        if self.policy.lora().is_none() {
+            return Err(LearnerError::Checkpoint(format!(
+                "version {version} holds adapters; this learner trains the full model"
+            )));
+        }
+        let mine = self.policy.base_hash_hex()?;
+        if mine != base_hash {
+            return Err(LearnerError::Checkpoint(format!(
+                "adapter version {version} was trained on base {base_hash}, this learner's \
+                 base is {mine}"
+            )));
+        }
+        self.policy.load_adapter_bytes(payload)?;
         self.version = version;
         Ok(())
     }

@@ -6,6 +6,8 @@ use super::*;
 use crate::loss::Objective;
 use crate::pipeline::Pipeline;
 use crate::test_util::{sampled_group, small_policy, T};
+use crate::{AdamWConfig, LossConfig};
+use control::Window;
 use storage::record::GroupLimits;
 
 fn cfg(objective: Objective, staleness: u64) -> TrainerConfig {
@@ -421,6 +423,125 @@ fn a_lora_checkpoint_round_trips_onto_its_base_only() {
     a.train_step(&g).unwrap();
     b.train_step(&g).unwrap();
     assert_eq!(adapters(&a), adapters(&b));
+}
+
+/// The bytes of a trainer's adapters in `dtype`.
+fn adapter_bytes(t: &Trainer, dtype: policy::DType) -> Vec<u8> {
+    let cfg = t.policy().config().clone();
+    let a = t.policy().lora().unwrap();
+    a.to_safetensors_bytes_as(&cfg, dtype).unwrap()
+}
+
+/// A LoRA learner restarted from a checkpoint older than adapter versions it published
+/// continues from the newest: its adapters (a bf16 payload: rounded as the workers hold
+/// them) and number, on the same base; the optimiser's state stays the checkpoint's and still
+/// drives the same variables. Another base (both hashes named), an older version, another
+/// LoRA configuration or a full payload is refused and changes nothing.
+#[test]
+fn a_lora_learner_resumes_from_a_newer_adapter_version() {
+    let mut tr = lora_trainer();
+    let tmp = tempfile::tempdir().unwrap();
+    tr.save(tmp.path()).unwrap();
+    for (v, seed) in [(0, 1), (1, 2)] {
+        let g = [
+            group(tr.policy(), v, seed, false),
+            group(tr.policy(), v, seed + 10, false),
+        ];
+        assert!(tr.train_step(&g).unwrap().stepped);
+    }
+    let published = adapter_bytes(&tr, policy::DType::BF16);
+    let base = tr.policy().base_hash_hex().unwrap();
+
+    let mut back = Trainer::load_with_base(tmp.path(), small_policy(1)).unwrap();
+    let (before, opt) = (
+        adapter_bytes(&back, policy::DType::F32),
+        back.opt.state_to_bytes().unwrap(),
+    );
+    let other = small_policy(2).base_hash_hex().unwrap();
+    let err = back
+        .resume_from_adapters(&published, 2, &other)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(&other) && err.contains(&base), "{err}");
+    assert!(back.resume_from_adapters(&published, 0, &base).is_err());
+    let rank3 = small_policy(1)
+        .with_lora(&policy::LoraConfig::new(3, 4.0), 7)
+        .unwrap();
+    let rank3 = rank3
+        .lora()
+        .unwrap()
+        .to_safetensors_bytes(rank3.config())
+        .unwrap();
+    assert!(back.resume_from_adapters(&rank3, 2, &base).is_err());
+    let full = tr.snapshot_bytes().unwrap();
+    assert!(back.resume_from_adapters(&full, 2, &base).is_err());
+    assert!(back.resume_from_snapshot(&published, 2).is_err());
+    assert_eq!(back.version(), 0);
+    assert_eq!(adapter_bytes(&back, policy::DType::F32), before);
+
+    let vars = |t: &Trainer| -> Vec<candle_core::TensorId> {
+        t.policy()
+            .vars()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_tensor().id())
+            .collect()
+    };
+    let held = vars(&back);
+    back.resume_from_adapters(&published, 2, &base).unwrap();
+    assert_eq!(back.version(), 2);
+    assert_eq!(adapter_bytes(&back, policy::DType::BF16), published);
+    assert_eq!(
+        back.opt.state_to_bytes().unwrap(),
+        opt,
+        "the checkpoint's moments"
+    );
+    assert_eq!(
+        vars(&back),
+        held,
+        "the optimiser's variables were set in place"
+    );
+    assert_eq!(back.policy().base_hash_hex().unwrap(), base);
+    let g = [
+        group(back.policy(), 2, 5, false),
+        group(back.policy(), 2, 6, false),
+    ];
+    assert!(back.train_step(&g).unwrap().stepped);
+    assert_ne!(adapter_bytes(&back, policy::DType::BF16), published);
+    // A full fine-tuning trainer takes no adapters.
+    let mut full = Trainer::new(small_policy(1), cfg(Objective::Grpo, 0)).unwrap();
+    assert!(full.resume_from_adapters(&published, 2, &base).is_err());
+}
+
+/// A frozen base held in bf16 (a GPU learner's, run here on the CPU) trains its adapters;
+/// full fine-tuning of bf16 weights is refused.
+#[test]
+fn adapters_train_on_a_bf16_base_and_a_bf16_model_is_not_fully_trained() {
+    let bf16 = || {
+        let p = small_policy(1);
+        p.round_weights_to(policy::DType::BF16).unwrap();
+        p.with_base_dtype(policy::DType::BF16).unwrap()
+    };
+    let err = Trainer::new(bf16(), cfg(Objective::Grpo, 0)).unwrap_err();
+    assert!(err.to_string().contains("BF16"), "{err}");
+    let p = bf16()
+        .with_lora(&policy::LoraConfig::new(2, 4.0), 7)
+        .unwrap();
+    let mut c = cfg(Objective::Grpo, 0);
+    c.loss.kl_beta = 0.05;
+    let mut tr = Trainer::new(p, c).unwrap();
+    let before = adapter_bytes(&tr, policy::DType::F32);
+    let g = [
+        group(tr.policy(), 0, 1, false),
+        group(tr.policy(), 0, 11, false),
+    ];
+    let st = tr.train_step(&g).unwrap();
+    assert!(
+        st.stepped && st.grad_norm.is_finite() && st.grad_norm > 0.0,
+        "{st:?}"
+    );
+    assert_ne!(adapter_bytes(&tr, policy::DType::F32), before);
+    assert_eq!(tr.policy().weights_dtype().unwrap(), policy::DType::BF16);
 }
 
 /// A restarted LoRA learner rebuilds its base from the config and the warm start, and its

@@ -53,57 +53,19 @@ fn shape(name: &str) -> ModelConfig {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut device_choice = DeviceChoice::Auto;
-    let mut dtype: Option<DType> = None;
-    let mut shape_name = "tiny".to_string();
-    let mut batches = vec![1usize, 8, 16];
-    let mut new_tokens = 32usize;
-    let mut prompt_len = 16usize;
-    let mut paths = vec![GenerationPath::Infer, GenerationPath::Batched];
-    let mut check: Option<usize> = None;
-    let mut f32_head: Option<bool> = None;
-    let mut warm = 0usize;
-    let mut json = false;
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut val = || it.next().cloned().ok_or(format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--device" => device_choice = val()?.parse()?,
-            "--dtype" => {
-                dtype = Some(match val()?.as_str() {
-                    "f32" => DType::F32,
-                    "bf16" => DType::BF16,
-                    "f16" => DType::F16,
-                    d => return Err(format!("unknown --dtype {d}").into()),
-                })
-            }
-            "--shape" => shape_name = val()?,
-            "--batch" => {
-                batches = val()?
-                    .split(',')
-                    .map(str::parse)
-                    .collect::<Result<_, _>>()?
-            }
-            "--new-tokens" => new_tokens = val()?.parse()?,
-            "--prompt-len" => prompt_len = val()?.parse()?,
-            "--check-samples" => check = Some(val()?.parse()?),
-            "--f32-head" => f32_head = Some(val()?.parse()?),
-            "--warm-start" => warm = val()?.parse()?,
-            "--json" => json = true,
-            "--paths" => {
-                paths = val()?
-                    .split(',')
-                    .map(|p| match p {
-                        "infer" => Ok(GenerationPath::Infer),
-                        "batched" => Ok(GenerationPath::Batched),
-                        other => Err(format!("unknown path {other} (infer, batched)")),
-                    })
-                    .collect::<Result<_, _>>()?
-            }
-            other => return Err(format!("unknown option {other}").into()),
-        }
-    }
+    let Args {
+        device_choice,
+        dtype,
+        shape_name,
+        batches,
+        new_tokens,
+        prompt_len,
+        paths,
+        check,
+        f32_head,
+        warm,
+        json,
+    } = parse_args()?;
     let dev = device::select(device_choice)?;
     let info = device::describe(&dev);
     let cfg = shape(&shape_name);
@@ -184,27 +146,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let k = check.unwrap_or(last.len()).min(last.len());
-    let mut spread = serde_json::Value::Null;
-    if k > 0 {
-        let (mut worst, mut sum, mut count) = (0f32, 0f64, 0usize);
-        for c in &last[..k] {
-            let reference = response_logprobs(&policy, &prompt, &c.tokens, 1.0)?;
-            for (a, b) in c.logprobs.iter().zip(&reference) {
-                let d = (a - b).abs();
-                worst = worst.max(d);
-                sum += f64::from(d);
-                count += 1;
-            }
-        }
-        println!(
-            "log-prob spread, inference path ({dtype:?}) vs training forward (F32), {k} samples, \
-             {count} tokens: max |Δ| = {worst:.3e}, mean |Δ| = {:.3e}",
-            sum / count.max(1) as f64
-        );
-        spread = serde_json::json!({
-            "samples": k, "tokens": count, "max_abs": worst, "mean_abs": sum / count.max(1) as f64,
-        });
-    }
+    let spread = logprob_spread(&policy, &prompt, &last[..k], dtype)?;
     if json {
         println!(
             "{}",
@@ -217,6 +159,120 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     Ok(())
+}
+
+/// The command line (see the module docs).
+struct Args {
+    device_choice: DeviceChoice,
+    dtype: Option<DType>,
+    shape_name: String,
+    batches: Vec<usize>,
+    new_tokens: usize,
+    prompt_len: usize,
+    paths: Vec<GenerationPath>,
+    check: Option<usize>,
+    f32_head: Option<bool>,
+    warm: usize,
+    json: bool,
+}
+
+fn parse_args() -> Result<Args, Box<dyn std::error::Error>> {
+    let mut device_choice = DeviceChoice::Auto;
+    let mut dtype: Option<DType> = None;
+    let mut shape_name = "tiny".to_string();
+    let mut batches = vec![1usize, 8, 16];
+    let mut new_tokens = 32usize;
+    let mut prompt_len = 16usize;
+    let mut paths = vec![GenerationPath::Infer, GenerationPath::Batched];
+    let mut check: Option<usize> = None;
+    let mut f32_head: Option<bool> = None;
+    let mut warm = 0usize;
+    let mut json = false;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().cloned().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--device" => device_choice = val()?.parse()?,
+            "--dtype" => {
+                dtype = Some(match val()?.as_str() {
+                    "f32" => DType::F32,
+                    "bf16" => DType::BF16,
+                    "f16" => DType::F16,
+                    d => return Err(format!("unknown --dtype {d}").into()),
+                })
+            }
+            "--shape" => shape_name = val()?,
+            "--batch" => {
+                batches = val()?
+                    .split(',')
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()?
+            }
+            "--new-tokens" => new_tokens = val()?.parse()?,
+            "--prompt-len" => prompt_len = val()?.parse()?,
+            "--check-samples" => check = Some(val()?.parse()?),
+            "--f32-head" => f32_head = Some(val()?.parse()?),
+            "--warm-start" => warm = val()?.parse()?,
+            "--json" => json = true,
+            "--paths" => {
+                paths = val()?
+                    .split(',')
+                    .map(|p| match p {
+                        "infer" => Ok(GenerationPath::Infer),
+                        "batched" => Ok(GenerationPath::Batched),
+                        other => Err(format!("unknown path {other} (infer, batched)")),
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            other => return Err(format!("unknown option {other}").into()),
+        }
+    }
+    Ok(Args {
+        device_choice,
+        dtype,
+        shape_name,
+        batches,
+        new_tokens,
+        prompt_len,
+        paths,
+        check,
+        f32_head,
+        warm,
+        json,
+    })
+}
+
+/// The inference path's log-probs of `completions` (sampled in `dtype`) against the
+/// training forward's (F32): the largest and mean absolute difference per token.
+fn logprob_spread(
+    policy: &Policy,
+    prompt: &[u32],
+    completions: &[policy::Completion],
+    dtype: DType,
+) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let k = completions.len();
+    if k == 0 {
+        return Ok(serde_json::Value::Null);
+    }
+    let (mut worst, mut sum, mut count) = (0f32, 0f64, 0usize);
+    for c in completions {
+        let reference = response_logprobs(policy, prompt, &c.tokens, 1.0)?;
+        for (a, b) in c.logprobs.iter().zip(&reference) {
+            let d = (a - b).abs();
+            worst = worst.max(d);
+            sum += f64::from(d);
+            count += 1;
+        }
+    }
+    println!(
+        "log-prob spread, inference path ({dtype:?}) vs training forward (F32), {k} samples, \
+         {count} tokens: max |Δ| = {worst:.3e}, mean |Δ| = {:.3e}",
+        sum / count.max(1) as f64
+    );
+    Ok(serde_json::json!({
+        "samples": k, "tokens": count, "max_abs": worst, "mean_abs": sum / count.max(1) as f64,
+    }))
 }
 
 /// Byte-level two-digit additions (`BOS "a+b=" SEP` → the sum and EOS): something a tiny

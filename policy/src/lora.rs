@@ -429,6 +429,33 @@ pub fn merge(
     Ok(out)
 }
 
+/// The dtype a LoRA run holds its frozen base in — the one place this is decided. A pure
+/// function of the device and of the dtype the run's base is rounded to (`base_rounding`: the
+/// snapshot dtype the workers receive it in):
+///
+/// - **CUDA, base rounded to bf16: bf16.** 2 bytes a parameter instead of 4 (an 8B base is
+///   15.3 GiB instead of 30.5); cuBLAS multiplies bf16 with f32 accumulation. The base's
+///   values are already bf16, so holding them in bf16 changes no value and not the base's
+///   identity ([`base_hash`] widens to f32).
+/// - **CUDA, base in f32 (f32 snapshots): f32.** Rounding it would change the model and its
+///   identity, and workers holding the f32 base would refuse the adapters.
+/// - **CPU: f32.** candle 0.9's CPU matmul has no bf16 kernel: a bf16 base would be widened
+///   for every matmul (the CPU path exists for tests, `Policy::with_base_dtype`).
+///
+/// Adapters, their gradients and AdamW state stay f32 everywhere; activations are f32.
+pub fn frozen_base_dtype(device: &Device, base_rounding: DType) -> DType {
+    base_dtype_rule(device.is_cuda(), base_rounding)
+}
+
+/// [`frozen_base_dtype`] on a device that is CUDA (`cuda`) or not.
+fn base_dtype_rule(cuda: bool, base_rounding: DType) -> DType {
+    if cuda && base_rounding == DType::BF16 {
+        DType::BF16
+    } else {
+        DType::F32
+    }
+}
+
 /// The identity of a base model: BLAKE3 over its tensors in name order, each as
 /// `name length (u64 LE) ‖ name ‖ rank (u64 LE) ‖ dims (u64 LE each) ‖ values as f32 LE`.
 /// Independent of the storage dtype's container (a bf16 base and its exact f32 widening hash
@@ -451,6 +478,9 @@ pub fn base_hash<'a>(tensors: impl IntoIterator<Item = (&'a str, &'a Tensor)>) -
     Ok(*h.finalize().as_bytes())
 }
 
+#[cfg(test)]
+#[path = "lora_base_tests.rs"]
+mod base_tests;
 #[cfg(test)]
 #[path = "lora_tests.rs"]
 mod tests;

@@ -13,11 +13,11 @@ use crate::model::fused_tests::max_abs_diff;
 use crate::weights::Policy;
 
 /// The crate tests' small shape, untied (so `lm_head` is its own weight).
-fn small(arch: Arch) -> ModelConfig {
+pub(super) fn small(arch: Arch) -> ModelConfig {
     crate::tests::small(arch, false)
 }
 
-fn ids() -> Tensor {
+pub(super) fn ids() -> Tensor {
     Tensor::new(
         &[[257u32, 5, 9, 200, 3, 77], [257, 1, 2, 3, 4, 5]],
         &Device::Cpu,
@@ -130,57 +130,65 @@ fn gradients_reach_every_adapter_and_no_base_weight() {
         let cfg = small(arch);
         let lora = LoraConfig::new(2, 4.0);
         let p = trained_lora(&cfg, &lora);
-        let targets = Tensor::new(
-            &[[5u32, 9, 200, 3, 77, 258], [1, 2, 3, 4, 5, 258]],
-            &Device::Cpu,
-        )
-        .unwrap();
-        let logits = p.forward(&ids()).unwrap();
-        let lp = crate::sampling::token_logprobs(&logits, &targets, 1.0).unwrap();
-        let grads = lp.sum_all().unwrap().neg().unwrap().backward().unwrap();
-        let trainable = p.trainable_named_vars().unwrap();
-        assert_eq!(trainable.len(), adapter_shapes(&cfg, &lora).len());
-        assert_eq!(trainable.len(), 2 * 7 * cfg.num_hidden_layers);
-        for (name, var) in &trainable {
-            let g = grads
-                .get(var.as_tensor())
-                .unwrap_or_else(|| panic!("{name}: no gradient"));
-            let n = g
-                .sqr()
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
-            assert!(n > 0.0 && n.is_finite(), "{name}: gradient norm² {n}");
-        }
-        for (name, var) in p.named_vars().unwrap() {
-            assert!(
-                grads.get(var.as_tensor()).is_none(),
-                "base weight {name} got a gradient"
-            );
-        }
-        // Nor a detached view of one: no weight-shaped gradient is computed at all (candle's
-        // matmul backward would compute one for a detached weight; the frozen linear does not).
-        let weight_shapes: Vec<Vec<usize>> = p
-            .named_vars()
-            .unwrap()
-            .iter()
-            .filter(|(n, _)| {
-                n.ends_with("proj.weight") || n.contains("embed") || n.contains("lm_head")
-            })
-            .flat_map(|(_, v)| [v.dims().to_vec(), v.dims().iter().rev().copied().collect()])
-            .collect();
-        for id in grads.get_ids() {
-            let dims = grads.get_id(*id).unwrap().dims().to_vec();
-            assert!(
-                !weight_shapes.contains(&dims),
-                "a weight-shaped gradient {dims:?}"
-            );
-        }
-        let vars = p.vars().unwrap();
-        assert_eq!(vars.len(), trainable.len(), "vars() are the adapters");
+        let grads = adapter_gradients(&p);
+        assert_eq!(grads.len(), adapter_shapes(&cfg, &lora).len());
+        assert_eq!(grads.len(), 2 * 7 * cfg.num_hidden_layers);
     }
+}
+
+/// The gradient of every adapter of `p` (by name, sorted) for a log-prob loss on [`ids`],
+/// asserting that each is non-zero and finite, that no base weight gets one, and that no
+/// weight-shaped gradient is computed at all.
+pub(super) fn adapter_gradients(p: &Policy) -> Vec<(String, Tensor)> {
+    let targets = Tensor::new(
+        &[[5u32, 9, 200, 3, 77, 258], [1, 2, 3, 4, 5, 258]],
+        &Device::Cpu,
+    )
+    .unwrap();
+    let logits = p.forward(&ids()).unwrap();
+    let lp = crate::sampling::token_logprobs(&logits, &targets, 1.0).unwrap();
+    let grads = lp.sum_all().unwrap().neg().unwrap().backward().unwrap();
+    let trainable = p.trainable_named_vars().unwrap();
+    let mut out = Vec::new();
+    for (name, var) in &trainable {
+        let g = grads
+            .get(var.as_tensor())
+            .unwrap_or_else(|| panic!("{name}: no gradient"));
+        let n = g
+            .sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(n > 0.0 && n.is_finite(), "{name}: gradient norm² {n}");
+        out.push((name.clone(), g.clone()));
+    }
+    for (name, var) in p.named_vars().unwrap() {
+        assert!(
+            grads.get(var.as_tensor()).is_none(),
+            "base weight {name} got a gradient"
+        );
+    }
+    // Nor a detached view of one: no weight-shaped gradient is computed at all (candle's
+    // matmul backward would compute one for a detached weight; the frozen linear does not).
+    let weight_shapes: Vec<Vec<usize>> = p
+        .named_vars()
+        .unwrap()
+        .iter()
+        .filter(|(n, _)| n.ends_with("proj.weight") || n.contains("embed") || n.contains("lm_head"))
+        .flat_map(|(_, v)| [v.dims().to_vec(), v.dims().iter().rev().copied().collect()])
+        .collect();
+    for id in grads.get_ids() {
+        let dims = grads.get_id(*id).unwrap().dims().to_vec();
+        assert!(
+            !weight_shapes.contains(&dims),
+            "a weight-shaped gradient {dims:?}"
+        );
+    }
+    let vars = p.vars().unwrap();
+    assert_eq!(vars.len(), trainable.len(), "vars() are the adapters");
+    out
 }
 
 #[test]

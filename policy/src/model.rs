@@ -16,6 +16,7 @@
 //! Must not touch: sampling, tokenizers, the optimiser or I/O.
 
 mod cpu_ops;
+mod frozen_linear;
 mod kv_rows;
 pub(crate) use kv_rows::{repeat_kv_rows, select_kv_rows};
 #[cfg(test)]
@@ -32,6 +33,13 @@ use candle_nn::{Embedding, Linear};
 use crate::config::ModelConfig;
 use crate::error::{PolicyError, Result};
 use crate::lora::LoraConfig;
+
+/// The dtype the decoder's activations (hidden states, attention, logits) are computed in.
+/// Weights are f32 too, except a frozen base held in bf16 on a GPU
+/// ([`crate::lora::frozen_base_dtype`]): its projections return this dtype
+/// (`frozen_linear`), its norm weights are widened once when the module is built (`[hidden]`
+/// vectors) and its embedding rows are widened as they are looked up.
+pub(crate) const ACTIVATION_DTYPE: DType = DType::F32;
 
 /// The name and shape of every trainable tensor of a config, in a fixed order.
 pub fn param_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
@@ -163,21 +171,22 @@ struct Proj {
     base: Linear,
     /// `A` `[r, in]`, `B` `[out, r]` (as bias-free linears) and the scale α/r.
     lora: Option<(Linear, Linear, f64)>,
-    /// The base weight is frozen (a LoRA model): on the fused CPU path it runs as
-    /// [`cpu_ops::frozen_linear`], whose backward computes no weight gradient.
+    /// The base weight is frozen (a LoRA model): it runs as [`frozen_linear::frozen_linear`]
+    /// (CPU and CUDA), whose backward computes no weight gradient.
     frozen: bool,
 }
 
 impl Proj {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = if self.frozen && cpu_ops::applies(x) {
-            // candle's matmul would compute (and keep) the frozen weight's gradient.
-            {
-                let y = cpu_ops::frozen_linear(x, self.base.weight())?;
-                match self.base.bias() {
-                    Some(b) => y.broadcast_add(b)?,
-                    None => y,
-                }
+        let w = self.base.weight();
+        // A weight in another dtype than the activations is a frozen bf16 base (never
+        // trained): the frozen linear converts. candle's matmul would compute (and keep) the
+        // frozen weight's gradient.
+        let y = if self.frozen || w.dtype() != x.dtype() {
+            let y = frozen_linear::frozen_linear(x, w)?;
+            match self.base.bias() {
+                Some(b) => y.broadcast_add(&b.to_dtype(y.dtype())?)?,
+                None => y,
             }
         } else {
             self.base.forward(x)?
@@ -564,7 +573,9 @@ impl Qwen3 {
         let h = cfg.hidden_size;
         let norm = |name: &str, size: usize| -> Result<RmsNorm> {
             Ok(RmsNorm {
-                weight: w.get(name, &[size])?,
+                // A no-op (shared storage) for f32 weights; a bf16 base's `[size]` vector
+                // is widened once.
+                weight: w.get(name, &[size])?.to_dtype(ACTIVATION_DTYPE)?,
                 eps: cfg.rms_norm_eps,
             })
         };
@@ -696,7 +707,7 @@ impl Qwen3 {
                 self.cfg.vocab_size
             )));
         }
-        let mut x = self.embed_tokens.forward(ids)?;
+        let mut x = self.embed_tokens.forward(ids)?.to_dtype(ACTIVATION_DTYPE)?;
         let pos = Positions::new(&self.cfg, offset, t, cpu_ops::applies(&x), &self.device)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let slot = cache.as_mut().map(|c| &mut c.layers[i]);

@@ -126,7 +126,8 @@ impl Policy {
         self.with_adapters(adapters)
     }
 
-    /// This policy's weights as the frozen base of `adapters` (replacing any it had).
+    /// This policy's weights as the frozen base of `adapters` (replacing any it had), in
+    /// the dtype they are stored in ([`Policy::with_base_dtype`] changes it).
     pub fn with_adapters(self, adapters: Adapters) -> Result<Self> {
         let model = {
             let data = self.lock()?;
@@ -142,6 +143,83 @@ impl Policy {
             lora: Some(adapters),
             ..self
         })
+    }
+
+    /// This policy with its weights — the frozen base, for a LoRA policy — stored in `dtype`
+    /// (F32 or BF16) on its device: how a LoRA run holds its base in bf16 on a GPU
+    /// ([`lora::frozen_base_dtype`] decides; any device is accepted, so the CPU tests run the
+    /// bf16 path the GPU runs). Adapters stay f32 and are kept (the same variables). A no-op
+    /// when the weights are in `dtype` already. The forward computes in f32 whatever the
+    /// weights' dtype (`crate::model::ACTIVATION_DTYPE`). Weights that are not f32 are a frozen
+    /// base: adapters train on them, full training does not (the learner refuses it). While
+    /// converting, the old and the new copy both exist (one tensor at a time is not possible:
+    /// other views may share the old variables).
+    pub fn with_base_dtype(self, dtype: DType) -> Result<Self> {
+        if !matches!(dtype, DType::F32 | DType::BF16) {
+            return Err(PolicyError::Weights(format!(
+                "a base is held in F32 or BF16, not {dtype:?}"
+            )));
+        }
+        if self.weights_dtype()? == dtype {
+            return Ok(self);
+        }
+        let Policy {
+            cfg,
+            varmap: old,
+            model,
+            device,
+            lora,
+        } = self;
+        drop(model);
+        let varmap = VarMap::new();
+        {
+            let src = old
+                .data()
+                .lock()
+                .map_err(|_| PolicyError::Weights("variable map lock poisoned".into()))?;
+            let mut dst = varmap
+                .data()
+                .lock()
+                .map_err(|_| PolicyError::Weights("variable map lock poisoned".into()))?;
+            for (name, var) in src.iter() {
+                let t = var.as_tensor().detach().to_dtype(dtype)?;
+                dst.insert(name.clone(), Var::from_tensor(&t)?);
+            }
+        }
+        drop(old);
+        let model = {
+            let data = varmap
+                .data()
+                .lock()
+                .map_err(|_| PolicyError::Weights("variable map lock poisoned".into()))?;
+            let vars = lora.as_ref().map(|a| a.var_map()).transpose()?;
+            let lv = lora.as_ref().zip(vars.as_ref()).map(|(a, vars)| LoraVars {
+                vars,
+                cfg: a.config(),
+            });
+            Qwen3::build(&cfg, &data, lv, &device)?
+        };
+        Ok(Policy {
+            cfg,
+            varmap,
+            model,
+            device,
+            lora,
+        })
+    }
+
+    /// The dtype the weights (a LoRA policy's base) are stored in: F32, or BF16 for a base
+    /// held in bf16 ([`Policy::with_base_dtype`]).
+    pub fn weights_dtype(&self) -> Result<DType> {
+        let data = self.lock()?;
+        let mut dtypes = data.values().map(|v| v.dtype());
+        let first = dtypes
+            .next()
+            .ok_or_else(|| PolicyError::Weights("a policy without weights".into()))?;
+        if dtypes.any(|d| d != first) {
+            return Err(PolicyError::Weights("the weights mix dtypes".into()));
+        }
+        Ok(first)
     }
 
     /// The adapters, for a LoRA policy.
@@ -294,6 +372,35 @@ impl Policy {
         Ok(())
     }
 
+    /// Overwrites a LoRA policy's adapters in place from an adapter payload
+    /// ([`Adapters::to_safetensors_bytes_as`], f32 or bf16) of the same model and
+    /// [`LoraConfig`]: the variables stay the same objects (an optimiser holding them keeps
+    /// its state), the base is untouched. Refused, changing nothing, for a policy without
+    /// adapters, another model, another LoRA configuration or a payload that does not decode.
+    /// The payload does not name its base: the caller checks that (the learner compares the
+    /// identity the version's manifest names).
+    pub fn load_adapter_bytes(&self, bytes: &[u8]) -> Result<()> {
+        let Some(mine) = &self.lora else {
+            return Err(PolicyError::Weights(
+                "an adapter payload loads into a LoRA policy only".into(),
+            ));
+        };
+        // Decoded (and checked whole) before a variable is set.
+        let theirs = Adapters::from_safetensors_bytes(&self.cfg, bytes, &self.device)?;
+        if theirs.config() != mine.config() {
+            return Err(PolicyError::Weights(format!(
+                "the payload's adapters are {:?}, this policy's are {:?}",
+                theirs.config(),
+                mine.config()
+            )));
+        }
+        for ((name, var), (_, src)) in mine.named_vars()?.iter().zip(theirs.named_vars()?) {
+            var.set(src.as_tensor())
+                .map_err(|e| PolicyError::Weights(format!("{name}: {e}")))?;
+        }
+        Ok(())
+    }
+
     /// The model configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
@@ -347,15 +454,17 @@ impl Policy {
         &self.model
     }
 
-    /// A copy of the weights on `device` (f32 variables): e.g. a snapshot decoded in host
-    /// memory, moved to the GPU that trains or samples with the training forward.
+    /// A copy of the weights on `device`, in the dtype they are stored in: e.g. a snapshot
+    /// decoded in host memory, moved to the GPU that trains or samples with the training
+    /// forward.
     pub fn to_device(&self, device: &Device) -> Result<Policy> {
         let tensors = self
             .named_vars()?
             .into_iter()
             .map(|(name, var)| (name, var.as_tensor().detach()))
             .collect();
-        let p = Policy::from_tensors(&self.cfg, tensors, device)?;
+        let p = Policy::from_tensors(&self.cfg, tensors, device)?
+            .with_base_dtype(self.weights_dtype()?)?;
         match &self.lora {
             None => Ok(p),
             Some(a) => {

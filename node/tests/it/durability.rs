@@ -52,15 +52,33 @@ fn newest_complete_snapshot(data: &Path) -> Option<u64> {
         .max()
 }
 
+/// No checkpoint during the run: every batch trained before the kill is in the journal.
+/// A snapshot every 3 steps, so that the kill can fall between two publications.
+const LEARNER: &str =
+    "[learner]\nwarm_start_steps = 0\ncheckpoint_every = 1000\nstaleness = 4\nkappa = 3\n";
+
 #[test]
 fn a_learner_killed_between_checkpoints_gets_its_acked_groups_back() {
+    killed_between_checkpoints("it-journal", LEARNER);
+}
+
+/// The same for a LoRA learner: its checkpoint (version 0) holds adapters, the versions it
+/// published after it are adapter versions in bf16, and the restart continues from the
+/// newest of them (its adapters on the same base, `Trainer::resume_from_adapters`) — else it
+/// would continue from version 0's adapters under a later number, and the workers' groups of
+/// the published versions would fail their spot checks.
+#[test]
+fn a_lora_learner_killed_between_checkpoints_resumes_from_its_adapter_versions() {
+    let cfg = format!("{LEARNER}lora = {{ rank = 4, alpha = 8 }}\n[broadcast]\ndtype = \"bf16\"\n");
+    killed_between_checkpoints("it-journal-lora", &cfg);
+}
+
+fn killed_between_checkpoints(swarm: &str, learner_cfg: &str) {
     let tmp = tempfile::tempdir().unwrap();
-    // No checkpoint during the run: every batch trained before the kill is in the journal.
-    // A snapshot every 3 steps, so that the kill can fall between two publications.
     let (mut learner, workers) = Node::learner_and_workers(
         tmp.path(),
-        "it-journal",
-        "[learner]\nwarm_start_steps = 0\ncheckpoint_every = 1000\nstaleness = 4\nkappa = 3\n",
+        swarm,
+        learner_cfg,
         2,
         "[storage]\nmax_pending_groups = 8\n",
     );
@@ -146,9 +164,12 @@ fn a_learner_killed_between_checkpoints_gets_its_acked_groups_back() {
         in_weights.len()
     );
     if published > 0 {
+        let resumed = log
+            .lines()
+            .find(|l| l.contains("resumed from the newest published snapshot"));
         assert!(
-            log.contains("resumed from the newest published snapshot"),
-            "the restart resumes from v{published}"
+            resumed.is_some_and(|l| l.contains(&format!("version={published}"))),
+            "the restart resumes from v{published}: {resumed:?}"
         );
     }
     // The restored groups are trained again (the buffer holds them, so the puller does not

@@ -2,9 +2,10 @@
 //!
 //! Owns: RMSNorm, rotary embedding (fused with the `[b, t, heads, d]` → `[b, heads, t, d]`
 //! transpose), causal softmax and log-softmax as candle custom ops on contiguous f32 CPU
-//! tensors, and the linear map of a frozen weight (LoRA's base). Every op implements `bwd`, so weights stay trainable (candle-nn's own fused
-//! `rms_norm`, `softmax_last_dim` and `rope` have no backward). Must not touch: anything
-//! outside these four functions; the elementary-op formulation in the parent module stays the
+//! tensors. Every op implements `bwd`, so weights stay trainable (candle-nn's own fused
+//! `rms_norm`, `softmax_last_dim` and `rope` have no backward). The linear map of a frozen
+//! weight (LoRA's base) runs on every device and lives in `frozen_linear`. Must not touch:
+//! anything outside these functions; the elementary-op formulation in the parent module stays the
 //! reference and the path used on other devices and dtypes.
 //!
 //! Why: candle's autograd records one node per elementary op, and its backward allocates a
@@ -15,7 +16,7 @@
 use std::sync::Arc;
 
 use candle_core::{
-    CpuStorage, CustomOp1, CustomOp2, DType, Device, Layout, Result, Shape, Storage, Tensor,
+    CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Storage, Tensor,
 };
 
 /// Whether `x` can take the fused path (contiguous-able f32 on the CPU).
@@ -421,49 +422,4 @@ impl CustomOp2 for SwiGluOp {
 /// `silu(gate) · up`, elementwise (the SwiGLU MLP's gate).
 pub(super) fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     gate.contiguous()?.apply_op2(&up.contiguous()?, SwiGluOp)
-}
-
-// ---------------------------------------------------------------------------------------------
-// Linear map of a frozen weight: y = x·Wᵀ; backward dx = dy·W only. candle 0.9's matmul
-// backward computes the right operand's gradient even when it is a detached tensor
-// (`backprop.rs`, `Op::Matmul`): for a frozen LoRA base that is a third of the backward's
-// FLOPs and one weight-sized gradient per projection held in the gradient store. W is held
-// by the op, not recorded as an input, so no gradient is ever computed for it.
-
-struct FrozenLinearOp {
-    /// `[out, in]`, detached.
-    w: Tensor,
-}
-
-impl CustomOp1 for FrozenLinearOp {
-    fn name(&self) -> &'static str {
-        "echo-frozen-linear"
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = slice(s, l)?;
-        let k = last_dim(l)?;
-        let out = self.w.dim(0)?;
-        let y = Tensor::from_slice(x, (x.len() / k, k), &Device::Cpu)?.matmul(&self.w.t()?)?;
-        let mut dims = l.dims().to_vec();
-        if let Some(d) = dims.last_mut() {
-            *d = out;
-        }
-        Ok((
-            CpuStorage::F32(y.flatten_all()?.to_vec1()?),
-            Shape::from(dims),
-        ))
-    }
-
-    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let out = self.w.dim(0)?;
-        let g = grad.contiguous()?;
-        let dx = g.reshape((g.elem_count() / out, out))?.matmul(&self.w)?;
-        Ok(Some(dx.reshape(arg.shape())?))
-    }
-}
-
-/// `x·Wᵀ` for a frozen (detached) `w` `[out, in]`: gradients flow to `x` only.
-pub(super) fn frozen_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    x.contiguous()?.apply_op1(FrozenLinearOp { w: w.detach() })
 }

@@ -6,7 +6,7 @@ use candle_core::{DType, Device, Tensor, Var, D};
 use super::cpu_ops::{self, RopeTables};
 use super::{apply_rope, softmax_last};
 
-fn randn(shape: &[usize], seed: u64) -> Tensor {
+pub(crate) fn randn(shape: &[usize], seed: u64) -> Tensor {
     // Deterministic pseudo-random values in [-2, 2) without an RNG dependency.
     let n: usize = shape.iter().product();
     let v: Vec<f32> = (0..n as u64)

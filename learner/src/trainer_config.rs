@@ -1,0 +1,118 @@
+//! The trainer's configuration ([`TrainerConfig`], persisted in checkpoints): the loss and
+//! optimiser settings, the staleness window and publication period, the batch shape and the
+//! micro-batch budget, with the checks a configuration must pass before a trainer is built.
+
+use control::Window;
+use serde::{Deserialize, Serialize};
+
+use crate::loss::LossConfig;
+use crate::optim::AdamWConfig;
+use crate::{LearnerError, Result};
+
+/// The learner's configuration (persisted in checkpoints).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainerConfig {
+    /// Objective, clip range, KL weight.
+    pub loss: LossConfig,
+    /// Optimiser hyperparameters.
+    pub optim: AdamWConfig,
+    /// Temperature T of the learner's log-probs. Must equal the rollout's log-prob
+    /// temperature (`SamplingParams::logprob_temperature`), or the on-policy ratio is not 1.
+    pub temperature: f32,
+    /// Staleness budget S.
+    pub staleness: u64,
+    /// Publication period κ (`None` = [`Window::default_kappa`]).
+    pub kappa: Option<u64>,
+    /// Groups per step (B).
+    pub groups_per_step: usize,
+    /// Samples per group (n); groups of another size are still accepted.
+    pub group_size: usize,
+    /// Padded tokens (rows × longest prompt + response) per forward/backward pass: a step's
+    /// groups are micro-batched into passes of at most this many tokens and their gradients
+    /// summed, which bounds the activation memory (`policy::memory::learner_bytes`). A group
+    /// larger than this is split by rows. 0 = the whole step in one pass.
+    #[serde(default = "default_micro_batch_tokens")]
+    pub micro_batch_tokens: usize,
+}
+
+fn default_micro_batch_tokens() -> usize {
+    4096
+}
+
+impl Default for TrainerConfig {
+    fn default() -> Self {
+        TrainerConfig {
+            loss: LossConfig::default(),
+            optim: AdamWConfig::default(),
+            temperature: 1.0,
+            staleness: 3,
+            kappa: None,
+            groups_per_step: 16,
+            group_size: 8,
+            micro_batch_tokens: default_micro_batch_tokens(),
+        }
+    }
+}
+
+impl TrainerConfig {
+    /// κ in effect.
+    pub fn kappa(&self) -> u64 {
+        self.kappa
+            .unwrap_or_else(|| self.window().default_kappa())
+            .max(1)
+    }
+
+    /// The staleness window of this configuration: the one rule the trainer, the node's
+    /// puller and the pull leases all read.
+    pub fn window(&self) -> Window {
+        Window::new(self.staleness)
+    }
+
+    /// Padded tokens of the learner's largest forward/backward pass for `model`: the budget,
+    /// or with none the whole step at full context. What the memory check counts.
+    pub fn tokens_per_pass(&self, model: &policy::ModelConfig) -> usize {
+        if self.micro_batch_tokens > 0 {
+            self.micro_batch_tokens
+        } else {
+            self.batch_trajectories() * model.max_position_embeddings
+        }
+    }
+
+    /// R = B × n: trajectories per step.
+    pub fn batch_trajectories(&self) -> usize {
+        self.groups_per_step * self.group_size
+    }
+
+    /// Checks the ranges.
+    pub fn validate(&self) -> Result<()> {
+        if !(self.temperature.is_finite() && self.temperature > 0.0) {
+            return Err(LearnerError::Invalid(format!(
+                "temperature must be > 0 (use 1 for greedy samplers), got {}",
+                self.temperature
+            )));
+        }
+        if self.groups_per_step == 0 || self.group_size == 0 {
+            return Err(LearnerError::Invalid(
+                "groups_per_step and group_size must be > 0".into(),
+            ));
+        }
+        if self.kappa == Some(0) {
+            return Err(LearnerError::Invalid("kappa must be >= 1".into()));
+        }
+        if !(self.loss.clip_eps.is_finite() && self.loss.clip_eps >= 0.0) || self.loss.kl_beta < 0.0
+        {
+            return Err(LearnerError::Invalid(format!(
+                "invalid loss config {:?}",
+                self.loss
+            )));
+        }
+        if let Some(cap) = self.loss.is_cap {
+            if !(cap.is_finite() && cap > 0.0) {
+                return Err(LearnerError::Invalid(format!(
+                    "is_cap (truncated importance ratio cap C) must be finite and > 0, got {cap}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
