@@ -28,17 +28,24 @@ impl Disseminator {
     /// Child side of a chunk stream: one transfer after another — the parent keeps the stream
     /// open between versions (`session`) — until the parent closes it, no hello comes for
     /// `session_idle_timeout`, or a transfer ends it (refused, a corrupt chunk). The first
-    /// hello may take the idle wait too: a parent opens the stream as soon as the plan names
-    /// this node, before the manifest exists (`session::warm_sessions`). A session that ends
-    /// before a hello is no failure of the parent's: nothing was asked of it yet.
+    /// hello is due within the frame deadline, except from this node's planned parent: it
+    /// opens the stream as soon as the plan names this node, before the manifest exists
+    /// (`session::warm_sessions`), and gets the idle wait, like a kept session. A session that
+    /// ends while idle is no failure of the parent's; a stranger's stream that stays silent
+    /// past the deadline is.
     pub(super) async fn receive_push<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         peer: PeerId,
         mut s: S,
     ) -> Result<()> {
         let limit = self.inner.cfg.read_timeout;
+        let mut idle = self.is_planned_parent(&peer);
         loop {
-            let wait = self.inner.cfg.session_idle_timeout;
+            let wait = if idle {
+                self.inner.cfg.session_idle_timeout
+            } else {
+                limit
+            };
             let hello = within(wait, "the stream hello", peer, async {
                 read_frame(&mut s, MAX_HELLO_BYTES, "stream hello")
                     .await
@@ -47,7 +54,15 @@ impl Disseminator {
             .await;
             let hello = match hello {
                 Ok(h) => h,
-                Err(e @ (DisseminationError::Io { .. } | DisseminationError::Timeout(_))) => {
+                // A warm stream that came before this node accepted the plan naming its
+                // sender: nothing was read yet, so waiting on is safe.
+                Err(DisseminationError::Timeout(_)) if !idle && self.is_planned_parent(&peer) => {
+                    idle = true;
+                    continue;
+                }
+                Err(e @ (DisseminationError::Io { .. } | DisseminationError::Timeout(_)))
+                    if idle =>
+                {
                     debug!(%peer, "chunk stream session ended");
                     if matches!(e, DisseminationError::Timeout(_)) {
                         self.count(
@@ -61,6 +76,7 @@ impl Disseminator {
                 }
                 Err(e) => return Err(e),
             };
+            idle = true;
             let done = self.receive_transfer(peer, &mut s, &hello).await;
             if let Ok(h) = StreamHello::decode(&hello) {
                 self.lock().deliveries.push_ended(h.version, peer);
@@ -70,6 +86,21 @@ impl Disseminator {
             if !go_on {
                 return Ok(());
             }
+        }
+    }
+
+    /// Whether the current plan names `peer` as this node's parent (the learner for a first
+    /// hop).
+    fn is_planned_parent(&self, peer: &PeerId) -> bool {
+        let st = self.lock();
+        let Some(plan) = &st.plan else {
+            return false;
+        };
+        match plan.plan.to_plan().placement(&self.inner.local) {
+            Some(control::plan::Placement::Chain { parent, .. }) => {
+                parent.as_ref().unwrap_or(&self.inner.learner) == peer
+            }
+            _ => false,
         }
     }
 
