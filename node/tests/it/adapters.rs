@@ -140,14 +140,11 @@ fn a_worker_with_another_base_refuses_adapters_naming_both_hashes() {
         format!("[learner]\nwarm_start_steps = 0\nmax_steps = 1\ngroup_size = 4\n{LORA}");
     let (mut learner, mut workers) =
         Node::learner_and_workers(tmp.path(), "it-lora-base", &learner_cfg, 1, WORKER);
-    let boot = format!("bootstrap = [\"{}\"]", learner.addr());
-    let mut other = Node::start_full(
+    let mut other = Node::start_worker_of(
         tmp.path(),
         "other",
-        "rollout",
         "it-lora-base",
-        Some(&learner.key.public_key.clone()),
-        &boot,
+        &learner,
         &format!("{WORKER}[model]\nseed = 1\n"),
     );
     let line = wait_for(
@@ -223,17 +220,7 @@ fn a_late_worker_fetches_the_published_base_then_installs_adapters() {
                 .then_some(())
         },
     );
-    let boot = format!("bootstrap = [\"{}\"]", learner.addr());
-    let lpk = learner.key.public_key.clone();
-    let mut late = Node::start_full(
-        tmp.path(),
-        "late",
-        "rollout",
-        "it-lora-late",
-        Some(&lpk),
-        &boot,
-        WORKER,
-    );
+    let mut late = Node::start_worker_of(tmp.path(), "late", "it-lora-late", &learner, WORKER);
     wait_for(
         "the late worker to install an adapter version",
         LIMIT,

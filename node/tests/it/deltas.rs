@@ -133,17 +133,7 @@ fn a_late_worker_catches_up_on_the_delta_chain() {
         let _ = learner.status()?;
         (published(&learner).values().filter(|p| p.0).count() >= 3).then_some(())
     });
-    let boot = format!("bootstrap = [\"{}\"]", learner.addr());
-    let lpk = learner.key.public_key.clone();
-    let mut late = Node::start_full(
-        tmp.path(),
-        "late",
-        "rollout",
-        "it-catchup",
-        Some(&lpk),
-        &boot,
-        "",
-    );
+    let mut late = Node::start_worker_of(tmp.path(), "late", "it-catchup", &learner, "");
     let (version, root) = wait_for("the late worker to install a delta version", limit, || {
         let _ = learner.status()?;
         logged(&late, "snapshot installed")

@@ -153,6 +153,20 @@ impl Node {
         )
     }
 
+    /// A rollout worker in `root/name` joining `learner`'s swarm: bootstrapped at the
+    /// learner's address and trusting its key; `sections` as in [`Node::start_full`].
+    pub(crate) fn start_worker_of(
+        root: &Path,
+        name: &str,
+        swarm: &str,
+        learner: &Node,
+        sections: &str,
+    ) -> Node {
+        let boot = format!("bootstrap = [\"{}\"]", learner.addr());
+        let lpk = learner.key.public_key.clone();
+        Node::start_full(root, name, "rollout", swarm, Some(&lpk), &boot, sections)
+    }
+
     /// Like [`Node::start`] for a node whose key exists already in `root/name`.
     fn start_with_key(
         root: &Path,
@@ -332,19 +346,9 @@ impl Node {
             learner_sections,
         );
         learner.wait_ready();
-        let boot = format!("bootstrap = [\"{}\"]", learner.addr());
-        let lpk = learner.key.public_key.clone();
         let workers = (0..n)
             .map(|i| {
-                Node::start_full(
-                    root,
-                    &format!("w{i}"),
-                    "rollout",
-                    swarm,
-                    Some(&lpk),
-                    &boot,
-                    worker_sections,
-                )
+                Node::start_worker_of(root, &format!("w{i}"), swarm, &learner, worker_sections)
             })
             .collect();
         (learner, workers)
