@@ -286,20 +286,21 @@ pub fn install(
 /// Installs the newest snapshot the chunk store rebuilds (a restarted worker resumes at once):
 /// a delta version from its keyframe and the deltas since (`catchup::restore`, every link
 /// checked against its signed root), an adapter version onto the base it names. Returns the
-/// version and its payload (the base of the next delta).
+/// version, its payload (the base of the next delta) and the payload's root (hex), as
+/// [`install`] hashed it.
 pub fn install_stored(
     slot: &rollout::PolicySlot,
     bases: &mut Bases,
     chunks: &ChunkStore,
-) -> anyhow::Result<Option<(u64, Vec<u8>)>> {
+) -> anyhow::Result<Option<(u64, Vec<u8>, String)>> {
     let Some((v, payload)) = super::catchup::restore(chunks)? else {
         return Ok(None);
     };
     let kind = chunks
         .manifest(v)?
         .map_or(PayloadKind::Full, |m| m.manifest.payload);
-    install(slot, bases, v, &payload, kind)?;
-    Ok(Some((v, payload)))
+    let root = install(slot, bases, v, &payload, kind)?;
+    Ok(Some((v, payload, root)))
 }
 
 #[cfg(test)]

@@ -175,7 +175,7 @@ fn a_restarted_worker_resumes_an_adapter_version_from_its_store() {
     let mut b = Bases::new(config, ModelConfig::tiny(), chunks.clone());
     let slot = PolicySlot::new(ModelConfig::tiny(), Device::Cpu);
     let stored = install_stored(&slot, &mut b, &chunks).unwrap();
-    assert_eq!(stored.map(|(v, _)| v), Some(3));
+    assert_eq!(stored.map(|(v, _, _)| v), Some(3));
     let d = max_diff(&logits(&slot.current().unwrap().policy), &logits(&l));
     assert!(d < 1e-5, "{d}");
 }

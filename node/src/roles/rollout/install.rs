@@ -31,19 +31,24 @@ pub(super) async fn restore(
     let (chunks, slot, bases) = (state.chunks.clone(), slot.clone(), bases.clone());
     let restored = tokio::task::spawn_blocking(move || {
         let mut b = bases.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((v, full)) = adapter::install_stored(&slot, &mut b, &chunks)? else {
+        let Some((v, full, root)) = adapter::install_stored(&slot, &mut b, &chunks)? else {
             return anyhow::Ok(None);
         };
-        Ok(Some((v, Arc::new(full), catchup::position(&chunks, v)?)))
+        Ok(Some((
+            v,
+            Arc::new(full),
+            root,
+            catchup::position(&chunks, v)?,
+        )))
     })
     .await;
     match restored {
         Ok(Ok(None)) => {}
-        Ok(Ok(Some((v, full, at)))) => {
+        Ok(Ok(Some((v, full, root, at)))) => {
             tracing::info!(
                 version = v,
                 delta = at.position == crate::api::PayloadPosition::Delta,
-                root = %hex::encode(storage::hash_bytes(&full)),
+                root = %root,
                 "installed the stored snapshot"
             );
             base.installed(v, full);
