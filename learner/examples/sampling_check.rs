@@ -322,32 +322,29 @@ struct Args {
 
 fn parse_args() -> Result<Args> {
     let mut args = std::env::args().skip(1);
-    let (mut warm, mut groups, mut spread_groups, mut forced_groups) =
-        (60usize, 10_000u64, 1000u64, 500u64);
-    let (mut dtype, mut top_p) = (WorkerDtype::F32, 1.0f32);
-    let mut device = policy::DeviceChoice::Cpu;
+    let mut o = Args {
+        warm: 60,
+        groups: 10_000,
+        spread_groups: 1000,
+        forced_groups: 500,
+        dtype: WorkerDtype::F32,
+        top_p: 1.0,
+        device: policy::DeviceChoice::Cpu,
+    };
     while let Some(a) = args.next() {
         let mut val = || args.next().with_context(|| format!("{a} needs a value"));
         match a.as_str() {
-            "--warm" => warm = val()?.parse()?,
-            "--groups" => groups = val()?.parse()?,
-            "--spread-groups" => spread_groups = val()?.parse()?,
-            "--forced-groups" => forced_groups = val()?.parse()?,
-            "--top-p" => top_p = val()?.parse()?,
-            "--dtype" => dtype = WorkerDtype::parse(&val()?).context("--dtype f32|f16|bf16")?,
-            "--device" => device = val()?.parse()?,
+            "--warm" => o.warm = val()?.parse()?,
+            "--groups" => o.groups = val()?.parse()?,
+            "--spread-groups" => o.spread_groups = val()?.parse()?,
+            "--forced-groups" => o.forced_groups = val()?.parse()?,
+            "--top-p" => o.top_p = val()?.parse()?,
+            "--dtype" => o.dtype = WorkerDtype::parse(&val()?).context("--dtype f32|f16|bf16")?,
+            "--device" => o.device = val()?.parse()?,
             other => bail!("unknown argument {other}"),
         }
     }
-    Ok(Args {
-        warm,
-        groups,
-        spread_groups,
-        forced_groups,
-        dtype,
-        top_p,
-        device,
-    })
+    Ok(o)
 }
 
 /// Stale samples: `forced_groups` groups drawn by the old weights with the prescribed

@@ -177,46 +177,48 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args, Box<dyn std::error::Error>> {
-    let mut device_choice = DeviceChoice::Auto;
-    let mut dtype: Option<DType> = None;
-    let mut shape_name = "tiny".to_string();
-    let mut batches = vec![1usize, 8, 16];
-    let mut new_tokens = 32usize;
-    let mut prompt_len = 16usize;
-    let mut paths = vec![GenerationPath::Infer, GenerationPath::Batched];
-    let mut check: Option<usize> = None;
-    let mut f32_head: Option<bool> = None;
-    let mut warm = 0usize;
-    let mut json = false;
+    let mut o = Args {
+        device_choice: DeviceChoice::Auto,
+        dtype: None,
+        shape_name: "tiny".to_string(),
+        batches: vec![1, 8, 16],
+        new_tokens: 32,
+        prompt_len: 16,
+        paths: vec![GenerationPath::Infer, GenerationPath::Batched],
+        check: None,
+        f32_head: None,
+        warm: 0,
+        json: false,
+    };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let mut val = || it.next().cloned().ok_or(format!("{flag} needs a value"));
         match flag.as_str() {
-            "--device" => device_choice = val()?.parse()?,
+            "--device" => o.device_choice = val()?.parse()?,
             "--dtype" => {
-                dtype = Some(match val()?.as_str() {
+                o.dtype = Some(match val()?.as_str() {
                     "f32" => DType::F32,
                     "bf16" => DType::BF16,
                     "f16" => DType::F16,
                     d => return Err(format!("unknown --dtype {d}").into()),
                 })
             }
-            "--shape" => shape_name = val()?,
+            "--shape" => o.shape_name = val()?,
             "--batch" => {
-                batches = val()?
+                o.batches = val()?
                     .split(',')
                     .map(str::parse)
                     .collect::<Result<_, _>>()?
             }
-            "--new-tokens" => new_tokens = val()?.parse()?,
-            "--prompt-len" => prompt_len = val()?.parse()?,
-            "--check-samples" => check = Some(val()?.parse()?),
-            "--f32-head" => f32_head = Some(val()?.parse()?),
-            "--warm-start" => warm = val()?.parse()?,
-            "--json" => json = true,
+            "--new-tokens" => o.new_tokens = val()?.parse()?,
+            "--prompt-len" => o.prompt_len = val()?.parse()?,
+            "--check-samples" => o.check = Some(val()?.parse()?),
+            "--f32-head" => o.f32_head = Some(val()?.parse()?),
+            "--warm-start" => o.warm = val()?.parse()?,
+            "--json" => o.json = true,
             "--paths" => {
-                paths = val()?
+                o.paths = val()?
                     .split(',')
                     .map(|p| match p {
                         "infer" => Ok(GenerationPath::Infer),
@@ -228,19 +230,7 @@ fn parse_args() -> Result<Args, Box<dyn std::error::Error>> {
             other => return Err(format!("unknown option {other}").into()),
         }
     }
-    Ok(Args {
-        device_choice,
-        dtype,
-        shape_name,
-        batches,
-        new_tokens,
-        prompt_len,
-        paths,
-        check,
-        f32_head,
-        warm,
-        json,
-    })
+    Ok(o)
 }
 
 /// The inference path's log-probs of `completions` (sampled in `dtype`) against the
