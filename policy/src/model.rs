@@ -18,6 +18,7 @@
 mod cpu_ops;
 mod frozen_linear;
 mod kv_rows;
+mod positions;
 pub(crate) use kv_rows::{repeat_kv_rows, select_kv_rows};
 #[cfg(test)]
 pub(crate) mod fused_tests;
@@ -25,7 +26,6 @@ pub(crate) mod fused_tests;
 mod memory_tests;
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use candle_core::{DType, Device, Module, Tensor, Var, D};
 use candle_nn::{Embedding, Linear};
@@ -33,6 +33,7 @@ use candle_nn::{Embedding, Linear};
 use crate::config::ModelConfig;
 use crate::error::{PolicyError, Result};
 use crate::lora::LoraConfig;
+use positions::{apply_rope, Positions};
 
 /// The dtype the decoder's activations (hidden states, attention, logits) are computed in.
 /// Weights are f32 too, except a frozen base held in bf16 on a GPU
@@ -239,102 +240,6 @@ pub fn log_softmax_last(x: &Tensor) -> Result<Tensor> {
     let shifted = x.broadcast_sub(&max)?;
     let lse = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
     Ok(shifted.broadcast_sub(&lse)?)
-}
-
-/// Per-forward position data: RoPE tables and, on the elementary path, the causal mask.
-struct Positions {
-    /// Half-width tables for the fused CPU kernel (`Some` on the fused path).
-    fused: Option<cpu_ops::RopeTables>,
-    /// Full-width `[t, head_dim]` cos/sin (rotate-half layout) for the elementary path.
-    cos_sin: Option<(Tensor, Tensor)>,
-    /// Additive `[t, offset + t]` causal mask for the elementary path (none when `t == 1`).
-    mask: Option<Tensor>,
-    /// Number of cached positions before this call.
-    offset: usize,
-}
-
-/// RoPE angles for positions `offset..offset+t`: `[t, head_dim/2]` cos and sin, row-major.
-fn rope_half_tables(cfg: &ModelConfig, offset: usize, t: usize) -> (Vec<f32>, Vec<f32>) {
-    let half = cfg.head_dim / 2;
-    let inv_freq: Vec<f32> = (0..half)
-        .map(|i| 1.0 / (cfg.rope_theta as f32).powf((2 * i) as f32 / cfg.head_dim as f32))
-        .collect();
-    let mut cos = Vec::with_capacity(t * half);
-    let mut sin = Vec::with_capacity(t * half);
-    for p in offset..offset + t {
-        for f in &inv_freq {
-            let a = p as f32 * f;
-            cos.push(a.cos());
-            sin.push(a.sin());
-        }
-    }
-    (cos, sin)
-}
-
-impl Positions {
-    fn new(
-        cfg: &ModelConfig,
-        offset: usize,
-        t: usize,
-        fused: bool,
-        device: &Device,
-    ) -> Result<Self> {
-        let half = cfg.head_dim / 2;
-        let (cos, sin) = rope_half_tables(cfg, offset, t);
-        if fused {
-            return Ok(Positions {
-                fused: Some(cpu_ops::RopeTables {
-                    cos: Arc::new(cos),
-                    sin: Arc::new(sin),
-                    t,
-                    half,
-                }),
-                cos_sin: None,
-                mask: None,
-                offset,
-            });
-        }
-        // Rotate-half layout: each row is the half table twice.
-        let full = |v: &[f32]| -> Vec<f32> {
-            v.chunks_exact(half)
-                .flat_map(|r| r.iter().chain(r).copied())
-                .collect()
-        };
-        let cos = Tensor::from_vec(full(&cos), (t, cfg.head_dim), device)?;
-        let sin = Tensor::from_vec(full(&sin), (t, cfg.head_dim), device)?;
-        let mask = if t > 1 {
-            let s = offset + t;
-            let m: Vec<f32> = (0..t)
-                .flat_map(|i| {
-                    (0..s).map(move |j| {
-                        if j > i + offset {
-                            f32::NEG_INFINITY
-                        } else {
-                            0.0
-                        }
-                    })
-                })
-                .collect();
-            Some(Tensor::from_vec(m, (t, s), device)?)
-        } else {
-            None
-        };
-        Ok(Positions {
-            fused: None,
-            cos_sin: Some((cos, sin)),
-            mask,
-            offset,
-        })
-    }
-}
-
-/// Rotary embedding on `[b, heads, t, head_dim]`: `x·cos + rotate_half(x)·sin`.
-fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    let d = x.dim(D::Minus1)?;
-    let x1 = x.narrow(D::Minus1, 0, d / 2)?;
-    let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
-    let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
-    Ok((x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?)?)
 }
 
 /// Key/value cache for incremental decoding: per layer `[b, kv_heads, len, head_dim]`.

@@ -4,7 +4,8 @@
 use candle_core::{DType, Device, Tensor, Var, D};
 
 use super::cpu_ops::{self, RopeTables};
-use super::{apply_rope, softmax_last};
+use super::positions::apply_rope;
+use super::softmax_last;
 
 pub(crate) fn randn(shape: &[usize], seed: u64) -> Tensor {
     // Deterministic pseudo-random values in [-2, 2) without an RNG dependency.
