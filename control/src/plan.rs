@@ -347,6 +347,56 @@ pub fn star_bound_s(size_bytes: f64, worker_mbps: f64, learner_mbps: f64, n: usi
     (size_bytes / bw).max(n as f64 * size_bytes / b0)
 }
 
+impl<P: Clone + Ord> ChainPlan<P> {
+    /// Every worker the plan names: its chain members and its fetch-only workers.
+    pub fn members(&self) -> BTreeSet<P> {
+        self.chains
+            .iter()
+            .flatten()
+            .chain(&self.fetch_only)
+            .cloned()
+            .collect()
+    }
+}
+
+/// Whether no published version is still on its way: every active worker (`installed`: the
+/// versions their install reports name) holds `published` or newer. With no worker, or
+/// nothing published, nothing is in flight.
+///
+/// This is stricter than the end of a T_bcast measurement (`crate::capacity::broadcast_done`,
+/// ⌈n/γ⌉ of the workers): a plan for the next version replaces the plan the last pushes run
+/// on, so it may go out only when no worker still waits for one of them.
+pub fn nothing_in_flight(installed: &[Option<u64>], published: Option<u64>) -> bool {
+    published.is_none_or(|v| installed.iter().all(|i| i.is_some_and(|i| i >= v)))
+}
+
+/// Standing plans (`docs/broadcast.md`, "Warm streams for the first version"): whether the
+/// learner announces the plan of its next version now, before that version exists, so that
+/// every parent opens its chunk stream to a new child ahead of the first chunk. Due when
+/// there are active workers (`active`: each with the version its install reports name),
+/// nothing published is in flight ([`nothing_in_flight`]), and they are not the workers the
+/// current plan (`planned`: [`ChainPlan::members`]) was made for — a swarm's first workers
+/// after the learner published its start-up version, a worker that joined, one that left.
+/// A new pair's first push otherwise dials and negotiates its stream after publication:
+/// measured at N = 8 and 100 ms RTT, a cold first push's hello reached its child 0.4–0.9 s
+/// after the manifest, and every worker whose hello came late repaired from the learner.
+/// Between such changes nothing is announced (the plan made at publication stands).
+pub fn standing_plan_due<P: Clone + Ord>(
+    planned: Option<&BTreeSet<P>>,
+    active: &[(P, Option<u64>)],
+    published: Option<u64>,
+) -> bool {
+    if active.is_empty() {
+        return false;
+    }
+    let installed: Vec<Option<u64>> = active.iter().map(|a| a.1).collect();
+    if !nothing_in_flight(&installed, published) {
+        return false;
+    }
+    let now: BTreeSet<P> = active.iter().map(|a| a.0.clone()).collect();
+    planned != Some(&now)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -655,5 +705,51 @@ mod tests {
         // Star with 8 workers over 300 Mbit/s: 8·64e6/37.5e6 = 13.653 s.
         assert!((star_bound_s(m, 100.0, 300.0, 8) - 8.0 * m / 37.5e6).abs() < 1e-9);
         assert!((star_bound_s(m, 100.0, 300.0, 1) - 5.12).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_standing_plan_is_due_only_between_versions_and_for_new_workers() {
+        let plan = ChainPlan {
+            chains: vec![vec!["a", "b"], vec!["c"]],
+            fetch_only: vec!["d"],
+        };
+        let planned = plan.members();
+        assert_eq!(planned, BTreeSet::from(["a", "b", "c", "d"]));
+        let all = |v: Option<u64>| vec![("a", v), ("b", v), ("c", v), ("d", v)];
+        // The workers the plan was made for: nothing to announce.
+        assert!(!standing_plan_due(Some(&planned), &all(Some(3)), Some(3)));
+        // A worker joined and holds the published version (it caught up): due.
+        let mut joined = all(Some(3));
+        joined.push(("e", Some(3)));
+        assert!(standing_plan_due(Some(&planned), &joined, Some(3)));
+        // ... but not while any active worker still waits for it: the new plan would
+        // replace the one its push runs on.
+        joined[4].1 = Some(2);
+        assert!(!standing_plan_due(Some(&planned), &joined, Some(3)));
+        joined[4].1 = None;
+        assert!(!standing_plan_due(Some(&planned), &joined, Some(3)));
+        // A worker left: due.
+        assert!(standing_plan_due(
+            Some(&planned),
+            &all(Some(3))[..3],
+            Some(3)
+        ));
+        // The first workers, before any plan; with nothing published, nothing is in flight.
+        assert!(standing_plan_due(None, &all(None), None));
+        assert!(standing_plan_due(None, &all(Some(0)), Some(0)));
+        // No worker: nothing to plan for.
+        assert!(!standing_plan_due::<&str>(None, &[], Some(0)));
+    }
+
+    #[test]
+    fn nothing_is_in_flight_once_every_worker_holds_the_newest_version() {
+        assert!(nothing_in_flight(&[], Some(4)));
+        assert!(nothing_in_flight(&[None, Some(1)], None));
+        assert!(nothing_in_flight(&[Some(4), Some(5)], Some(4)));
+        // Stricter than a T_bcast measurement's ⌈n/γ⌉: one worker short is in flight.
+        let ten_of_eleven: Vec<Option<u64>> =
+            (0..11).map(|i| Some(if i == 0 { 3 } else { 4 })).collect();
+        assert!(crate::capacity::broadcast_done(&ten_of_eleven, 4));
+        assert!(!nothing_in_flight(&ten_of_eleven, Some(4)));
     }
 }

@@ -32,7 +32,7 @@ pub use engine::Fault;
 pub use engine::{
     BroadcastCounters, BroadcastMode, DisseminationConfig, DisseminationEvent, Disseminator,
     ForwardingView, PublishReport, DEFAULT_READ_TIMEOUT, DEFAULT_SESSION_IDLE_TIMEOUT,
-    MIN_RATE_BYTES_PER_S,
+    DEFAULT_WARM_UP_BYTES, MIN_RATE_BYTES_PER_S,
 };
 pub use error::{DisseminationError, Result};
 pub use order_msg::{ActivationOrder, SignedOrder};

@@ -43,12 +43,13 @@ use storage::Hash;
 use crate::error::{DisseminationError, Result};
 use crate::plan_msg::MAX_PLAN_BYTES;
 
-/// Parent → child push of snapshot chunks as they arrive. Version 4: after a confirmed
-/// transfer the stream stays open for the next version's hello, so that its flow-control
-/// window carries over (version 3 had one transfer per stream and the same messages; version 2
-/// sent the whole manifest, up to 32 MiB, in the hello; version 1 had a magic, big-endian u32
-/// lengths and indices).
-pub const CHUNK_STREAM: StreamProtocol = StreamProtocol::new("/echo-swarm/chunk-stream/4.0.0");
+/// Parent → child push of snapshot chunks as they arrive. Version 5: before its first hello a
+/// stream may carry filler frames ([`filler_frame`]) that grow its flow-control window ahead
+/// of the first version. Version 4: after a confirmed transfer the stream stays open for the
+/// next version's hello, so that its flow-control window carries over (version 3 had one
+/// transfer per stream and the same messages; version 2 sent the whole manifest, up to
+/// 32 MiB, in the hello; version 1 had a magic, big-endian u32 lengths and indices).
+pub const CHUNK_STREAM: StreamProtocol = StreamProtocol::new("/echo-swarm/chunk-stream/5.0.0");
 /// Fetch chunks by BLAKE3 hash from any holder (and the catch-up manifest request). Version 2:
 /// `p2p::framing` frames and `storage::codec` bodies.
 pub const CHUNK_FETCH: StreamProtocol = StreamProtocol::new("/echo-swarm/chunk-fetch/2.0.0");
@@ -183,6 +184,32 @@ impl StreamHello {
             plan,
         })
     }
+}
+
+/// The version field that marks a filler frame: no snapshot is ever numbered `2^64 − 1`.
+pub const FILLER_VERSION: u64 = u64::MAX;
+/// Most filler bytes a child reads on one stream (all before its first hello): more is a
+/// protocol violation, charged to the parent.
+pub const MAX_FILLER_BYTES: u64 = 32 << 20;
+
+/// A filler frame's body of `len` bytes (at least the marker's 10, at most
+/// [`MAX_HELLO_BYTES`]): the varint of [`FILLER_VERSION`], then zeros. A parent sends filler
+/// on a warm stream before the stream's first hello so that the stream's receive window
+/// grows while the links are idle (`docs/protocol.md`, "Warm-up filler"); the child reads
+/// and drops it.
+pub fn filler_frame(len: usize) -> Vec<u8> {
+    let mut w = Writer::with_capacity(len);
+    w.varint(FILLER_VERSION);
+    let mut body = w.into_bytes();
+    body.resize(len.clamp(body.len(), MAX_HELLO_BYTES), 0);
+    body
+}
+
+/// Whether a frame read where a hello is due is filler ([`filler_frame`]).
+pub fn is_filler(body: &[u8]) -> bool {
+    Reader::new(body, "stream hello")
+        .varint()
+        .is_ok_and(|v| v == FILLER_VERSION)
 }
 
 /// The child's last word on a chunk stream.
@@ -420,5 +447,18 @@ mod tests {
         };
         let err = FetchRequest::decode(&too_many.encode()).unwrap_err();
         assert!(err.to_string().contains("> 64"), "{err}");
+    }
+
+    #[test]
+    fn filler_frames_are_told_from_hellos() {
+        for len in [0, 10, 1000, MAX_HELLO_BYTES, MAX_HELLO_BYTES + 1] {
+            let f = filler_frame(len);
+            assert_eq!(f.len(), len.clamp(10, MAX_HELLO_BYTES));
+            assert!(is_filler(&f), "{len}");
+        }
+        let hello = StreamHello::new(7, b"manifest", None).encode();
+        assert!(!is_filler(&hello));
+        assert!(!is_filler(&[]));
+        assert!(!is_filler(&encode_index(3)));
     }
 }

@@ -149,6 +149,7 @@ pub fn dissemination_config(
     d.plan.worker_mbps = config.broadcast.worker_mbps;
     d.plan.epoch_versions = config.broadcast.plan_epoch;
     d.mode = config.broadcast.mode;
+    d.warm_up_bytes = config.broadcast.warm_up_mib << 20;
     // Acceptance marks that survive a restart (old learner-signed messages stay refused).
     d.replay_path = Some(config.data_dir.join(storage::replay::REPLAY_FILE_NAME));
     if config.role == Role::Learner {

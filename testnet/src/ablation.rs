@@ -108,6 +108,7 @@ pub fn run(
         wan: None,
         quic: false,
         restart_congestion: true,
+        warm_up_mib: 8,
         delta_changed_pct: None,
     };
     let bar = crate::progress::bar(4, "ablation runs");

@@ -131,6 +131,10 @@ pub struct BroadcastArgs {
     /// (`network.restart_congestion = false`), to measure what the restart is worth.
     #[arg(long)]
     pub keep_congestion_state: bool,
+    /// MiB of filler a parent sends on a new chunk stream before the first version
+    /// (`broadcast.warm_up_mib`; 0 = none), to measure what the warm-up is worth.
+    #[arg(long, default_value_t = 8)]
+    pub warm_up_mib: u64,
     /// With the WAN options: cap the bandwidth in the emulated links (each node's link
     /// serialises at --learner-mbps / --worker-mbps in both directions) and turn the
     /// workers' own token buckets off, as on a real access link; the learner keeps its

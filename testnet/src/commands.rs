@@ -28,6 +28,7 @@ pub fn broadcast(args: BroadcastArgs) -> anyhow::Result<()> {
         wan_seed,
         quic,
         keep_congestion_state,
+        warm_up_mib,
         link_caps,
         delta,
         changed_pct,
@@ -65,6 +66,7 @@ pub fn broadcast(args: BroadcastArgs) -> anyhow::Result<()> {
         );
     }
     anyhow::ensure!(rounds >= 1, "--rounds must be >= 1");
+    anyhow::ensure!(warm_up_mib <= 32, "--warm-up-mib must be within 0..=32");
     anyhow::ensure!(
         (0.0..=100.0).contains(&changed_pct),
         "--changed-pct must be within 0..=100"
@@ -87,6 +89,7 @@ pub fn broadcast(args: BroadcastArgs) -> anyhow::Result<()> {
         wan,
         quic,
         restart_congestion: !keep_congestion_state,
+        warm_up_mib,
         delta_changed_pct: delta.then_some(changed_pct),
     };
     let summary = broadcast::sweep(&settings, &out, !json)?;

@@ -275,6 +275,7 @@ mod tests {
             wan: None,
             quic: false,
             restart_congestion: true,
+            warm_up_mib: 8,
             delta_changed_pct: None,
         };
         for n in [4, 8, 32, 1000] {

@@ -106,6 +106,10 @@ pub struct DisseminationConfig {
     /// open; a parent reuses a kept stream only while it has been idle for less than 4/5 of
     /// this (`session`).
     pub session_idle_timeout: Duration,
+    /// Filler bytes a parent sends on a warm stream before its first hello, to grow the
+    /// stream's receive window while the links are idle (`session::warm_sessions`; 0: none;
+    /// at most `wire::MAX_FILLER_BYTES`).
+    pub warm_up_bytes: u64,
     /// Deadline for each frame read or written on a chunk stream or fetch (plus time for a
     /// large frame at [`super::MIN_RATE_BYTES_PER_S`]); also for opening a stream.
     pub read_timeout: Duration,
@@ -131,6 +135,7 @@ impl DisseminationConfig {
             stall_timeout: Duration::from_secs(5),
             push_idle_timeout: Duration::from_secs(60),
             session_idle_timeout: super::session::DEFAULT_SESSION_IDLE_TIMEOUT,
+            warm_up_bytes: super::session::DEFAULT_WARM_UP_BYTES,
             read_timeout: DEFAULT_READ_TIMEOUT,
             replay_path: None,
             #[cfg(feature = "adversary")]

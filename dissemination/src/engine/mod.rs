@@ -72,7 +72,7 @@ use config::uplink_cap;
 #[cfg(feature = "adversary")]
 pub use config::Fault;
 pub use config::{BroadcastMode, DisseminationConfig, DEFAULT_READ_TIMEOUT};
-pub use session::DEFAULT_SESSION_IDLE_TIMEOUT;
+pub use session::{DEFAULT_SESSION_IDLE_TIMEOUT, DEFAULT_WARM_UP_BYTES};
 
 pub(crate) use p2p::framing::frame_deadline;
 /// Slowest transfer rate a frame deadline allows for: a frame of `n` bytes may take
@@ -137,6 +137,8 @@ struct AtomicCounters {
     installs: AtomicU64,
     sessions_reused: AtomicU64,
     sessions_warmed: AtomicU64,
+    plans_announced: AtomicU64,
+    warm_up_bytes: AtomicU64,
     sessions_stale: AtomicU64,
     sessions_ended_idle: AtomicU64,
     push_open_retries: AtomicU64,
@@ -168,6 +170,10 @@ pub struct BroadcastCounters {
     /// Chunk streams opened to a child the plan names before the version's manifest was
     /// here (`session::warm_sessions`), kept for its first push.
     pub sessions_warmed: u64,
+    /// Learner: standing plans announced ahead of their version (`announce_plan`).
+    pub plans_announced: u64,
+    /// Filler bytes sent on warm streams before their first hello (`session::send_filler`).
+    pub warm_up_bytes: u64,
     /// Kept chunk streams found closed by the child at the next hello (the push then opened a
     /// fresh stream).
     pub sessions_stale: u64,
@@ -295,6 +301,9 @@ struct Inner {
     counters: AtomicCounters,
     /// Acceptance marks that survive a restart.
     replay: ReplayState,
+    /// Learner: held while a plan is made, stored and gossiped (`publish_as`, `announce_plan`),
+    /// so that a standing plan and a publication never sign the same sequence number twice.
+    planning: tokio::sync::Mutex<()>,
 }
 
 /// Handle to a node's dissemination engine (cheap to clone).
@@ -382,6 +391,7 @@ impl Disseminator {
             kick: watch::channel(0).0,
             counters: AtomicCounters::default(),
             replay,
+            planning: tokio::sync::Mutex::new(()),
         });
         let d = Disseminator { inner };
         let me = d.clone();
@@ -568,6 +578,8 @@ impl Disseminator {
             installs: c.installs.load(Ordering::Relaxed),
             sessions_reused: c.sessions_reused.load(Ordering::Relaxed),
             sessions_warmed: c.sessions_warmed.load(Ordering::Relaxed),
+            plans_announced: c.plans_announced.load(Ordering::Relaxed),
+            warm_up_bytes: c.warm_up_bytes.load(Ordering::Relaxed),
             sessions_stale: c.sessions_stale.load(Ordering::Relaxed),
             sessions_ended_idle: c.sessions_ended_idle.load(Ordering::Relaxed),
             push_open_retries: c.push_open_retries.load(Ordering::Relaxed),

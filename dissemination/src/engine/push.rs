@@ -130,6 +130,7 @@ impl Disseminator {
             })
             .await?
         };
+        let _planning = self.inner.planning.lock().await;
         let plan = self.plan_for(version, workers).await?;
         {
             let mut st = self.lock();
@@ -164,29 +165,45 @@ impl Disseminator {
         })
     }
 
-    /// Learner: signs and gossips the plan for `version` before its manifest exists — a run's
-    /// standing plan, as soon as its workers are known — so that every parent opens the
-    /// chunk streams to its children ahead of the first chunk (`session`, the warm-up); the
-    /// learner opens its own to the first hops here. `publish` of `version` keeps this plan
-    /// when the workers and their order are unchanged (so the plan the warm streams were
+    /// Learner: signs and gossips the plan for `version` before its manifest exists — a
+    /// standing plan, as soon as the workers it is for are known — so that every parent opens
+    /// the chunk streams to its children ahead of the first chunk (`session`, the warm-up);
+    /// the learner opens its own to the first hops here. `publish` of `version` keeps this
+    /// plan when the workers and their order are unchanged (so the plan the warm streams were
     /// opened for is the one pushed on), and signs the next sequence number otherwise.
-    /// Returns `None` (nothing announced) once any version was published: a plan for an
-    /// upcoming version while one is in flight would take the children of the version in
-    /// flight away from its pushes.
+    /// Returns `None` (nothing announced) for a version not newer than the newest published
+    /// one, and while that one is in flight (`control::plan::nothing_in_flight`: an active
+    /// worker has not reported it installed): a plan for the next version replaces the plan
+    /// the pushes in flight run on, and would take their children away from them. When to
+    /// announce is the caller's rule (`control::plan::standing_plan_due`).
     pub async fn announce_plan(
         &self,
         version: u64,
         workers: Option<Vec<(PeerId, f64)>>,
     ) -> Result<Option<SignedPlan>> {
-        if self.lock().manifest_version.is_some() {
+        let _planning = self.inner.planning.lock().await;
+        let published = self.lock().manifest_version;
+        if published.is_some_and(|p| p >= version) {
             return Ok(None);
+        }
+        if published.is_some() {
+            let peers = self.inner.client.peers().await?;
+            if !control::plan::nothing_in_flight(&p2p::active_installs(&peers), published) {
+                return Ok(None);
+            }
         }
         let plan = self.plan_for(version, workers).await?;
         self.lock().plan = Some(plan.clone());
         info!(
             version,
             chains = plan.plan.chains.len(),
+            fetch_only = plan.plan.fetch_only.len(),
             "standing plan announced"
+        );
+        self.count(
+            |c| &c.plans_announced,
+            1,
+            "dissemination_plans_announced_total",
         );
         if let Err(e) = self
             .inner

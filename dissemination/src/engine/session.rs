@@ -1,6 +1,8 @@
 //! Push sessions (chunk stream version 4, `docs/protocol.md`, "Chunk stream"): after a
 //! confirmed transfer a parent keeps the chunk stream to that child open and sends the next
-//! version's hello on it instead of opening a new stream.
+//! version's hello on it instead of opening a new stream. Warm streams (version 5): a stream
+//! to a child the plan names is opened before the version exists and carries filler first,
+//! so that its window has grown by the first hello.
 //!
 //! Why: the receive window of a yamux stream starts at 256 KiB (the yamux specification's
 //! initial credit) and grows only while the stream carries data — doubled when half of it was
@@ -26,12 +28,13 @@ use std::hash::Hash;
 use std::time::{Duration, Instant};
 
 use futures::AsyncWriteExt;
+use p2p::framing::write_frame;
 use p2p::PeerId;
 use tracing::debug;
 
-use super::{open_err, Disseminator};
+use super::{frame_deadline, open_err, within, Disseminator};
 use crate::error::{DisseminationError, Result};
-use crate::wire::CHUNK_STREAM;
+use crate::wire::{self, CHUNK_STREAM};
 
 /// Idle sessions a node keeps at most (a learner pushes to one child per chain, a worker to
 /// its one child; more only after plans changed). The oldest is closed first.
@@ -41,6 +44,15 @@ pub(super) const MAX_IDLE_SESSIONS: usize = 64;
 /// the next hello on a kept session. Longer than the usual interval between snapshots, so
 /// that sessions survive from one to the next; an idle session costs one stream and one task.
 pub const DEFAULT_SESSION_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Default [`crate::DisseminationConfig::warm_up_bytes`]: the filler a parent sends on a warm
+/// stream before its first hello. A stream's yamux receive window starts at 256 KiB and
+/// doubles only when half of it was used within two round trips, so it grows only while the
+/// stream carries data — a first version on a new stream crawls where later versions, on the
+/// window their predecessors grew, do not (`docs/netlab.md`, "Filler"). 8 MiB lets the window
+/// double five times (256 KiB → 8 MiB) while the links are idle, before the first version
+/// exists; it goes through the uplink cap like any push.
+pub const DEFAULT_WARM_UP_BYTES: u64 = 8 << 20;
 
 /// How long a push keeps trying to open its chunk stream to a child it cannot reach yet
 /// ([`Disseminator::open_push_stream`]). Far beyond the tens of milliseconds by which gossip
@@ -226,6 +238,10 @@ impl Disseminator {
                     .open_stream_while(child, || me.still_planned(version, child))
                     .await;
                 me.lock().warming.remove(&child);
+                let opened = match opened {
+                    Ok(s) => me.send_filler(child, s, version).await,
+                    Err(e) => Err(e),
+                };
                 match opened {
                     Ok(s) => {
                         debug!(%child, version, "chunk stream warmed ahead of the manifest");
@@ -242,6 +258,60 @@ impl Disseminator {
                 me.inner.stored.send_modify(|_| {});
             });
         }
+    }
+
+    /// Sends [`crate::DisseminationConfig::warm_up_bytes`] of filler (`wire::filler_frame`)
+    /// on a new stream to `child`, through the uplink cap, before the stream's first hello:
+    /// the child reads and drops it, and the stream's receive window grows meanwhile. Stops
+    /// as soon as this node holds `version`'s manifest: the push is due then, and waits for
+    /// the warm-up (a plan that came with its manifest gets no filler at all). Returns the
+    /// stream, or the error that ended it (then it is not kept).
+    async fn send_filler(
+        &self,
+        child: PeerId,
+        mut s: libp2p::Stream,
+        version: u64,
+    ) -> Result<libp2p::Stream> {
+        let total = self.inner.cfg.warm_up_bytes.min(wire::MAX_FILLER_BYTES);
+        let io = |e| DisseminationError::Io {
+            peer: child,
+            source: e,
+        };
+        let full = wire::filler_frame(wire::MAX_HELLO_BYTES);
+        let mut sent = 0u64;
+        while sent < total && !self.lock().manifests.contains_key(&version) {
+            let len = (total - sent).min(full.len() as u64) as usize;
+            let last;
+            let body: &[u8] = if len == full.len() {
+                &full
+            } else {
+                last = wire::filler_frame(len);
+                &last
+            };
+            let n = body.len() as u64;
+            self.inner.uplink.acquire(n).await;
+            let limit = frame_deadline(self.inner.cfg.read_timeout, n);
+            within(limit, "sending filler", child, async {
+                write_frame(&mut s, body).await.map_err(io)
+            })
+            .await?;
+            sent += n;
+        }
+        within(
+            self.inner.cfg.read_timeout,
+            "flushing filler",
+            child,
+            async { s.flush().await.map_err(io) },
+        )
+        .await?;
+        if sent > 0 {
+            self.count(
+                |c| &c.warm_up_bytes,
+                sent,
+                "dissemination_warm_up_bytes_total",
+            );
+        }
+        Ok(s)
     }
 
     /// A push's kept session to `child`; when a warm-up to it is under way

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use dissemination::Disseminator;
-use p2p::{Client, PeerId, ScoreComponents, TopicKind, Validation};
+use p2p::{Client, LocalStatus, PeerId, ScoreComponents, TopicKind, Validation};
 
 use super::{counted, installed, one_chain, random, ranked, score_of, shutdown, swarm, Node, WAIT};
 
@@ -148,6 +148,16 @@ async fn an_announced_plan_opens_every_parents_stream_before_the_first_manifest(
         (0, 0),
         "the tail has no child"
     );
+    // Each warm stream carried the filler that grows its window, and the children read it.
+    let warm_up = dissemination::DEFAULT_WARM_UP_BYTES;
+    for (what, node) in [
+        ("the learner", &learner),
+        ("the first hop", &workers[0]),
+        ("the second hop", &workers[1]),
+    ] {
+        assert_eq!(node.d.counters().warm_up_bytes, warm_up, "{what}");
+    }
+    assert_eq!(tail.warm_up_bytes, 0);
     let payload = random(2_000_000);
     let report = learner
         .d
@@ -169,8 +179,29 @@ async fn an_announced_plan_opens_every_parents_stream_before_the_first_manifest(
             "{what} pushed on a new stream, not the warmed one"
         );
     }
-    // Once a version is out, no plan is announced ahead of the next one.
-    assert!(learner.d.announce_plan(2, None).await.unwrap().is_none());
+    // Once a version is out, no plan is announced for it, nor for the next one while it is
+    // in flight (no worker has reported it installed: the new plan would take the children
+    // of its pushes away) ...
+    assert!(learner.d.announce_plan(1, None).await.unwrap().is_none());
+    assert!(
+        learner.d.announce_plan(2, None).await.unwrap().is_none(),
+        "announced while version 1 was in flight"
+    );
+    assert_eq!(learner.d.counters().plans_announced, 1);
+    // ... and once every active worker reports it (the heartbeat goes out at once), it is.
+    for w in &workers {
+        let status = LocalStatus {
+            installed_version: Some(1),
+            ..LocalStatus::default()
+        };
+        w.client.set_local_status(status).await.unwrap();
+    }
+    let next = eventually("the next version's plan was never announced", || async {
+        learner.d.announce_plan(2, None).await.unwrap()
+    })
+    .await;
+    assert_eq!((next.plan.version, next.plan.seq), (2, 0));
+    assert_eq!(learner.d.counters().plans_announced, 2);
     shutdown(workers).await;
     shutdown([learner]).await;
 }

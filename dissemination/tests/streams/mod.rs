@@ -1,11 +1,12 @@
 //! Stream hardening and persisted replay marks, in-process on 127.0.0.1: both ends of a push
 //! record the transfer (the learner learns its workers' speeds); a silent parent and an
-//! oversized hello are dropped on their deadline / bound and charged; a restarted worker
+//! oversized hello and endless warm-up filler are dropped on their deadline / bound and
+//! charged; a restarted worker
 //! refuses the signed manifests and orders it had moved past.
 
 use std::time::{Duration, Instant};
 
-use dissemination::{ActivationOrder, Disseminator, CHUNK_STREAM};
+use dissemination::{wire, ActivationOrder, Disseminator, CHUNK_STREAM};
 use futures::{AsyncReadExt, AsyncWriteExt};
 use p2p::{ServiceConfig, TopicKind, Validation};
 use storage::{hash_bytes, SnapshotManifest};
@@ -53,7 +54,7 @@ async fn both_ends_of_a_push_record_it_so_the_learner_knows_worker_speeds() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_silent_parent_and_an_oversized_hello_are_dropped_and_charged() {
+async fn a_silent_parent_an_oversized_hello_and_endless_filler_are_dropped_and_charged() {
     let w = start_node([21; 32], vec![], |c| {
         c.read_timeout = Duration::from_millis(300)
     })
@@ -128,6 +129,28 @@ async fn a_silent_parent_and_an_oversized_hello_are_dropped_and_charged() {
             Instant::now() < deadline,
             "the oversized hello was not charged"
         );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Filler (the warm-up of a stream before its first hello) past its bound: read and
+    // dropped up to `MAX_FILLER_BYTES`, then the stream is dropped and the sender charged.
+    let mut s = open().await;
+    let frame = wire::filler_frame(wire::MAX_HELLO_BYTES);
+    // Twice the bound: the writes must fail (the worker dropped the stream) well before.
+    let cap = 2 * wire::MAX_FILLER_BYTES / frame.len() as u64;
+    let mut written = 0;
+    while written < cap && p2p::framing::write_frame(&mut s, &frame).await.is_ok() {
+        written += 1;
+    }
+    assert!(written < cap, "the worker read {written} frames of filler");
+    let _ = s.flush().await;
+    let n = tokio::time::timeout(WAIT, s.read(&mut buf))
+        .await
+        .expect("the worker must drop a stream of endless filler");
+    assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+    let deadline = Instant::now() + WAIT;
+    while failures().await < 3 {
+        assert!(Instant::now() < deadline, "endless filler was not charged");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(w.d.counters().chunks_stored, 0);

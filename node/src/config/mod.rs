@@ -156,6 +156,11 @@ pub struct BroadcastConfig {
     /// that fell behind needs at most this many − 1 deltas; also whenever a delta would not
     /// be smaller than the full payload.
     pub keyframe_every: u64,
+    /// MiB of filler a parent sends on a chunk stream it opens to a new child before the
+    /// first version exists, so that the stream's flow-control window has grown by then
+    /// (`docs/protocol.md`, "Warm-up filler"; 0 = none, at most 32). Once per new
+    /// parent–child pair, while the links are idle.
+    pub warm_up_mib: u64,
 }
 
 impl BroadcastConfig {
@@ -174,6 +179,7 @@ impl Default for BroadcastConfig {
             plan_epoch: control::seats::EPOCH_VERSIONS,
             delta: None,
             keyframe_every: 16,
+            warm_up_mib: dissemination::DEFAULT_WARM_UP_BYTES >> 20,
         }
     }
 }

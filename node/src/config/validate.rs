@@ -175,6 +175,16 @@ impl NodeConfig {
                 format!("{} is outside 10..=60000", l.pull_interval_ms),
             );
         }
+        let max_warm_up = dissemination::wire::MAX_FILLER_BYTES >> 20;
+        if self.broadcast.warm_up_mib > max_warm_up {
+            bad(
+                "broadcast.warm_up_mib",
+                format!(
+                    "{} is above {max_warm_up} (MiB: what a child reads at most)",
+                    self.broadcast.warm_up_mib
+                ),
+            );
+        }
         if !(1..=1_000_000).contains(&self.broadcast.plan_epoch) {
             bad(
                 "broadcast.plan_epoch",

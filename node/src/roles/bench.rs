@@ -52,11 +52,12 @@ pub struct BenchPlan {
 /// How long to wait for the workers to join, and for one broadcast to complete.
 const JOIN_LIMIT: Duration = Duration::from_secs(180);
 const ROUND_LIMIT: Duration = Duration::from_secs(600);
-/// The most the benchmark waits for the learner's warm streams to the first hops, and the
-/// pause after them for the workers' own (see [`warm_up`]): a second is ten round trips at
-/// 100 ms, more than a dial and a stream's negotiation take.
+/// The most the benchmark waits for the learner's warm streams to the first hops (opened and
+/// their filler sent), and the pause after them for the workers' own (see [`warm_up`]): a
+/// dial and a stream's negotiation take a few round trips, 8 MiB of filler at 100 Mbit/s
+/// about 0.7 s once the window has grown; 3 s is 30 round trips at 100 ms.
 const WARM_LIMIT: Duration = Duration::from_secs(10);
-const WARM_SETTLE: Duration = Duration::from_secs(1);
+const WARM_SETTLE: Duration = Duration::from_secs(3);
 
 /// A sink worker: the version whose full payload it holds (its probe and version watch), kept
 /// by a task that applies each delivered payload as the rollout role does — a delta to the
@@ -188,8 +189,8 @@ pub async fn run_publisher(
 /// Announces the first round's plan before its snapshot exists, as a learner does once its
 /// workers are known (`Disseminator::announce_plan`), and gives the parents the time a first
 /// training step would before publishing: until the learner's own streams to the first hops
-/// are open (at most [`WARM_LIMIT`]), then [`WARM_SETTLE`] for the workers' streams to their
-/// children, which the learner cannot see. The rounds are timed from their publication, as
+/// are open and have carried their filler (at most [`WARM_LIMIT`]), then [`WARM_SETTLE`] for
+/// the workers' streams to their children, which the learner cannot see. The rounds are timed from their publication, as
 /// before; this phase precedes them.
 async fn warm_up(dissem: &Disseminator, version: u64) -> anyhow::Result<()> {
     let t = Instant::now();

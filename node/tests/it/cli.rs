@@ -142,7 +142,7 @@ fn run_with_a_bad_config_names_every_bad_key_and_creates_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = learner_config(
         dir.path(),
-        "[storage]\nkeep_snapshots = 0\nlease_ttl_s = 0\n",
+        "[storage]\nkeep_snapshots = 0\nlease_ttl_s = 0\n[broadcast]\nwarm_up_mib = 33\n",
     );
     let out = echo_node()
         .args(["run", "--config", cfg.to_str().unwrap()])
@@ -151,7 +151,9 @@ fn run_with_a_bad_config_names_every_bad_key_and_creates_nothing() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("storage.keep_snapshots") && err.contains("storage.lease_ttl_s"),
+        err.contains("storage.keep_snapshots")
+            && err.contains("storage.lease_ttl_s")
+            && err.contains("broadcast.warm_up_mib"),
         "{err}"
     );
     assert!(

@@ -165,9 +165,13 @@ fn a_late_worker_catches_up_on_the_delta_chain() {
         (st["learner"]["snapshot_payloads"]["catch_ups_served"].as_u64()? >= 1).then_some(st)
     });
     let p = &lst["learner"]["snapshot_payloads"];
+    let log = std::fs::read_to_string(&learner.log).unwrap_or_default();
     println!(
-        "late worker: v{version} after {} catch-up(s), {} B fetched; learner: {p}",
-        st["rollout"]["catch_ups"], st["rollout"]["catch_up_bytes"]
+        "late worker: v{version} after {} catch-up(s), {} B fetched; learner: {p}, {} standing \
+         plan(s) announced",
+        st["rollout"]["catch_ups"],
+        st["rollout"]["catch_up_bytes"],
+        lines_containing(&log, "standing plan announced").len()
     );
     assert!(p["deltas"].as_u64().unwrap() >= 3, "{lst}");
     assert!(p["delta_ratio"].as_f64().unwrap() < 1.0, "{lst}");

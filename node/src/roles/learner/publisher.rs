@@ -7,7 +7,7 @@
 //! `control::capacity::t_bcast_estimate`) — frozen when the learner stops waiting for it,
 //! growing while it is in flight — so a starving swarm never shows the last good median.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -246,24 +246,72 @@ pub(super) async fn run(
     keyframe_every: Option<u64>,
 ) {
     tokio::join!(
-        publish(dissem, &client, config_hash, rx, &shared, keyframe_every),
-        measure(&client, &shared)
+        publish(
+            dissem.clone(),
+            &client,
+            config_hash,
+            rx,
+            &shared,
+            keyframe_every
+        ),
+        watch_peers(&client, &shared, &dissem)
     );
 }
 
-/// Ends T_bcast measurements: at every change of the peer view (a heartbeat carries a
-/// worker's installed version) while a version is in flight.
-async fn measure(client: &p2p::Client, shared: &Shared) {
+/// At every change of the peer view (a heartbeat carries a worker's installed version, a
+/// worker joined or left): ends the T_bcast measurements it completes while a version is in
+/// flight, and announces the next version's plan when a standing plan is due
+/// ([`announce_if_due`]).
+async fn watch_peers(client: &p2p::Client, shared: &Shared, dissem: &Disseminator) {
     let mut changes = client.peer_changes();
+    let mut announced = None;
     while changes.changed().await.is_ok() {
-        let in_flight = shared.publish.in_flight.lock().is_ok_and(|f| !f.is_empty());
-        if in_flight && measure_now(client, shared).await.is_err() {
+        let Ok(peers) = client.peers().await else {
             return;
+        };
+        let in_flight = shared.publish.in_flight.lock().is_ok_and(|f| !f.is_empty());
+        if in_flight {
+            shared.publish.measure(&p2p::active_install_times(&peers));
         }
+        announce_if_due(dissem, &peers, shared.publish.published(), &mut announced).await;
     }
 }
 
-/// One T_bcast check against the peer view as it is now.
+/// Announces the plan of the version after `published` ahead of it when the rule says so
+/// (`control::plan::standing_plan_due`: active workers the current plan was not made for,
+/// and nothing in flight): the parents of new pairs open their chunk streams now, not after
+/// the next publication. Typically a swarm's first workers — the learner publishes its
+/// start-up version before any joined, so they catch it up and would otherwise meet their
+/// first push on cold streams — and every worker that joins later. `announced` is the last
+/// (version, workers) tried: never tried twice, whatever the engine made of it.
+async fn announce_if_due(
+    dissem: &Disseminator,
+    peers: &[p2p::PeerView],
+    published: Option<u64>,
+    announced: &mut Option<(u64, BTreeSet<p2p::PeerId>)>,
+) {
+    let Some(published) = published else {
+        return;
+    };
+    let active: Vec<(p2p::PeerId, Option<u64>)> = peers
+        .iter()
+        .filter(|p| p.is_worker() && p.active)
+        .map(|p| (p.peer, p.installed_version))
+        .collect();
+    let planned = dissem.current_plan().map(|p| p.plan.to_plan().members());
+    if !control::plan::standing_plan_due(planned.as_ref(), &active, Some(published)) {
+        return;
+    }
+    let attempt = (published + 1, active.iter().map(|a| a.0).collect());
+    if announced.as_ref() == Some(&attempt) {
+        return;
+    }
+    *announced = Some(attempt);
+    if let Err(e) = dissem.announce_plan(published + 1, None).await {
+        tracing::debug!(error = %e, "standing plan not announced");
+    }
+}
+
 async fn measure_now(client: &p2p::Client, shared: &Shared) -> Result<(), p2p::P2pError> {
     let peers = client.peers().await?;
     shared.publish.measure(&p2p::active_install_times(&peers));
