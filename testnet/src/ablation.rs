@@ -109,6 +109,7 @@ pub fn run(
         quic: false,
         restart_congestion: true,
         warm_up_mib: 8,
+        plan_epoch: control::seats::EPOCH_VERSIONS,
         delta_changed_pct: None,
     };
     let bar = crate::progress::bar(4, "ablation runs");

@@ -85,6 +85,8 @@ pub struct Settings {
     pub restart_congestion: bool,
     /// `broadcast.warm_up_mib` of every node.
     pub warm_up_mib: u64,
+    /// The learner's `broadcast.plan_epoch`.
+    pub plan_epoch: u64,
     /// Publish bf16 versions as sparse deltas, this percentage of values changed per version
     /// (the first round is the keyframe); `None`: every round a whole random snapshot.
     pub delta_changed_pct: Option<f64>,
@@ -211,6 +213,7 @@ fn launch(
         c.network.quic = s.quic;
         c.network.restart_congestion = s.restart_congestion;
         c.broadcast.warm_up_mib = s.warm_up_mib;
+        c.broadcast.plan_epoch = s.plan_epoch;
         c
     };
     let mut learner = config(Role::Learner, &ldir);
@@ -414,7 +417,8 @@ pub fn sweep(s: &Settings, out: &Path, verbose: bool) -> anyhow::Result<Value> {
         "rtt_ms": s.wan.map(|w| w.rtt_ms), "loss_pct": s.wan.map(|w| w.loss_pct),
         "jitter_ms": s.wan.map(|w| w.jitter_ms), "link_caps": s.wan.map(|w| w.link_caps),
         "quic": s.quic, "restart_congestion": s.restart_congestion,
-        "warm_up_mib": s.warm_up_mib, "delta_changed_pct": s.delta_changed_pct});
+        "warm_up_mib": s.warm_up_mib, "plan_epoch": s.plan_epoch,
+        "delta_changed_pct": s.delta_changed_pct});
     let full = json!({"scenario": "broadcast", "settings": settings, "results": rows});
     let json_path = out.join("broadcast.json");
     std::fs::write(&json_path, serde_json::to_vec_pretty(&full)?)?;
@@ -541,6 +545,7 @@ mod tests {
             quic: false,
             restart_congestion: true,
             warm_up_mib: 8,
+            plan_epoch: control::seats::EPOCH_VERSIONS,
             delta_changed_pct: None,
         };
         let path = crate::netlab::emu::LinkParams::per_star_link(100.0, 0.5, 0.0);

@@ -135,6 +135,10 @@ pub struct BroadcastArgs {
     /// (`broadcast.warm_up_mib`; 0 = none), to measure what the warm-up is worth.
     #[arg(long, default_value_t = 8)]
     pub warm_up_mib: u64,
+    /// Versions per plan epoch (`broadcast.plan_epoch`: the seats are re-drawn at the first
+    /// version of each, which gives new parent–child pairs), to measure what the re-draws cost.
+    #[arg(long, default_value_t = control::seats::EPOCH_VERSIONS)]
+    pub plan_epoch: u64,
     /// With the WAN options: cap the bandwidth in the emulated links (each node's link
     /// serialises at --learner-mbps / --worker-mbps in both directions) and turn the
     /// workers' own token buckets off, as on a real access link; the learner keeps its

@@ -29,6 +29,7 @@ pub fn broadcast(args: BroadcastArgs) -> anyhow::Result<()> {
         quic,
         keep_congestion_state,
         warm_up_mib,
+        plan_epoch,
         link_caps,
         delta,
         changed_pct,
@@ -68,6 +69,10 @@ pub fn broadcast(args: BroadcastArgs) -> anyhow::Result<()> {
     anyhow::ensure!(rounds >= 1, "--rounds must be >= 1");
     anyhow::ensure!(warm_up_mib <= 32, "--warm-up-mib must be within 0..=32");
     anyhow::ensure!(
+        (1..=1_000_000).contains(&plan_epoch),
+        "--plan-epoch must be within 1..=1000000"
+    );
+    anyhow::ensure!(
         (0.0..=100.0).contains(&changed_pct),
         "--changed-pct must be within 0..=100"
     );
@@ -90,6 +95,7 @@ pub fn broadcast(args: BroadcastArgs) -> anyhow::Result<()> {
         quic,
         restart_congestion: !keep_congestion_state,
         warm_up_mib,
+        plan_epoch,
         delta_changed_pct: delta.then_some(changed_pct),
     };
     let summary = broadcast::sweep(&settings, &out, !json)?;

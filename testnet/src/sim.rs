@@ -276,6 +276,7 @@ mod tests {
             quic: false,
             restart_congestion: true,
             warm_up_mib: 8,
+            plan_epoch: control::seats::EPOCH_VERSIONS,
             delta_changed_pct: None,
         };
         for n in [4, 8, 32, 1000] {

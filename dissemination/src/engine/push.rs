@@ -175,7 +175,7 @@ impl Disseminator {
     /// one, and while that one is in flight (`control::plan::nothing_in_flight`: an active
     /// worker has not reported it installed): a plan for the next version replaces the plan
     /// the pushes in flight run on, and would take their children away from them. When to
-    /// announce is the caller's rule (`control::plan::standing_plan_due`).
+    /// announce: [`Self::announce_if_due`].
     pub async fn announce_plan(
         &self,
         version: u64,
@@ -215,6 +215,47 @@ impl Disseminator {
         }
         self.warm_sessions();
         Ok(Some(plan))
+    }
+
+    /// Learner: announces the next version's plan ahead of it when a standing plan is due
+    /// (`control::plan::standing_plan_due` over `peers`, this node's peer view: active
+    /// workers the current plan was not made for, or a next version that starts a plan epoch
+    /// and re-draws the seats, and nothing in flight). Whoever publishes calls it at every
+    /// change of the peer view (the learner's publisher) or between versions (the broadcast
+    /// benchmark). Each (version, workers) is tried once, whatever came of it.
+    pub async fn announce_if_due(&self, peers: &[p2p::PeerView]) -> Result<Option<SignedPlan>> {
+        let (published, planned, plan_version) = {
+            let st = self.lock();
+            let plan = st.plan.as_ref();
+            (
+                st.manifest_version,
+                plan.map(|p| p.plan.to_plan().members()),
+                plan.map(|p| p.plan.version),
+            )
+        };
+        let Some(published) = published else {
+            return Ok(None);
+        };
+        let next = published + 1;
+        let active: Vec<(PeerId, Option<u64>)> = peers
+            .iter()
+            .filter(|p| p.is_worker() && p.active)
+            .map(|p| (p.peer, p.installed_version))
+            .collect();
+        let redraw =
+            control::seats::redraws(next, plan_version, self.inner.cfg.plan.epoch_versions);
+        if !control::plan::standing_plan_due(planned.as_ref(), &active, Some(published), redraw) {
+            return Ok(None);
+        }
+        let attempt = (next, active.iter().map(|a| a.0).collect());
+        {
+            let mut st = self.lock();
+            if st.announced.as_ref() == Some(&attempt) {
+                return Ok(None);
+            }
+            st.announced = Some(attempt);
+        }
+        self.announce_plan(next, None).await
     }
 
     /// Learner: the plan for `version` over `workers` (`None`: the active workers, seats

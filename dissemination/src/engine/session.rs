@@ -175,6 +175,12 @@ impl Disseminator {
         self.lock().sessions.len()
     }
 
+    /// How many chunk streams this node is opening (and filling) ahead of a manifest
+    /// ([`Self::warm_sessions`]).
+    pub fn warming(&self) -> usize {
+        self.lock().warming.len()
+    }
+
     /// Closes the kept stream to a peer that disconnected.
     pub(super) fn forget_session(&self, peer: PeerId) {
         let gone = self.lock().sessions.forget(&peer);

@@ -189,19 +189,73 @@ async fn an_announced_plan_opens_every_parents_stream_before_the_first_manifest(
     );
     assert_eq!(learner.d.counters().plans_announced, 1);
     // ... and once every active worker reports it (the heartbeat goes out at once), it is.
-    for w in &workers {
-        let status = LocalStatus {
-            installed_version: Some(1),
-            ..LocalStatus::default()
-        };
-        w.client.set_local_status(status).await.unwrap();
-    }
+    report_installed(&workers, 1).await;
     let next = eventually("the next version's plan was never announced", || async {
         learner.d.announce_plan(2, None).await.unwrap()
     })
     .await;
     assert_eq!((next.plan.version, next.plan.seq), (2, 0));
     assert_eq!(learner.d.counters().plans_announced, 2);
+    shutdown(workers).await;
+    shutdown([learner]).await;
+}
+
+/// Each worker's heartbeat reports `version` installed (sent at once).
+async fn report_installed(workers: &[Node], version: u64) {
+    for w in workers {
+        let status = LocalStatus {
+            installed_version: Some(version),
+            ..LocalStatus::default()
+        };
+        w.client.set_local_status(status).await.unwrap();
+    }
+}
+
+/// The learner's standing-plan rule between versions (`announce_if_due`): the first version
+/// of a plan epoch re-draws the seats, so its plan has new pairs and goes out ahead of it —
+/// not while the version before is in flight, once only, and the publication keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_epochs_first_plan_is_announced_once_the_version_before_is_out() {
+    let (learner, mut workers) = swarm(
+        3,
+        |c| {
+            c.plan.learner_mbps = 100.0;
+            c.plan.epoch_versions = 2;
+        },
+        |_, _| {},
+    )
+    .await;
+    let due = || async {
+        let peers = learner.client.peers().await.unwrap();
+        learner.d.announce_if_due(&peers).await.unwrap()
+    };
+    // Before anything is published there is no next version to announce.
+    assert!(due().await.is_none());
+    let payload = random(2_000_000);
+    learner
+        .d
+        .publish(1, [0; 32], payload.clone().into(), None)
+        .await
+        .unwrap();
+    for w in workers.iter_mut() {
+        assert_eq!(*installed(w, 1).await, payload);
+    }
+    // Version 2 starts epoch 1, but version 1 is in flight (no install reported yet).
+    assert!(
+        due().await.is_none(),
+        "announced while version 1 was in flight"
+    );
+    report_installed(&workers, 1).await;
+    let plan = eventually("the epoch's first plan was never announced", due).await;
+    assert_eq!(plan.plan.version, 2);
+    assert!(due().await.is_none(), "announced twice");
+    assert_eq!(learner.d.counters().plans_announced, 1);
+    let report = learner
+        .d
+        .publish(2, [0; 32], random(2_000_000).into(), None)
+        .await
+        .unwrap();
+    assert_eq!(report.plan, plan, "the publication kept the announced plan");
     shutdown(workers).await;
     shutdown([learner]).await;
 }

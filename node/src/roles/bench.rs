@@ -127,7 +127,11 @@ pub async fn run_publisher(
         .into_iter()
         .max()
         .map_or(1, |v| v + 1);
-    warm_up(&dissem, start_version).await?;
+    let first = dissem
+        .announce_plan(start_version, None)
+        .await
+        .context("bench: announcing the standing plan")?;
+    warm_up(&dissem, first).await;
     let mut source = RoundSource {
         bytes: (plan.size_mb * 1e6) as usize,
         synthetic: plan.delta_changed_pct.map(|pct| SyntheticVersions {
@@ -173,6 +177,13 @@ pub async fn run_publisher(
         };
         tracing::info!(row = ?row, "bench: broadcast complete");
         rounds.push(row);
+        // Between versions, as the learner's publisher does: the next version's plan goes
+        // out ahead of it when it has new pairs (a plan epoch's seat re-draw).
+        let next = dissem
+            .announce_if_due(&client.peers().await?)
+            .await
+            .context("bench: announcing a standing plan")?;
+        warm_up(&dissem, next).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let out = state.config.data_dir.join("metrics").join("broadcast.json");
@@ -186,33 +197,28 @@ pub async fn run_publisher(
     Ok(())
 }
 
-/// Announces the first round's plan before its snapshot exists, as a learner does once its
-/// workers are known (`Disseminator::announce_plan`), and gives the parents the time a first
-/// training step would before publishing: until the learner's own streams to the first hops
-/// are open and have carried their filler (at most [`WARM_LIMIT`]), then [`WARM_SETTLE`] for
-/// the workers' streams to their children, which the learner cannot see. The rounds are timed from their publication, as
-/// before; this phase precedes them.
-async fn warm_up(dissem: &Disseminator, version: u64) -> anyhow::Result<()> {
-    let t = Instant::now();
-    let Some(plan) = dissem
-        .announce_plan(version, None)
-        .await
-        .context("bench: announcing the standing plan")?
-    else {
-        return Ok(());
+/// After a standing plan was announced (`plan`: the run's first before its snapshot exists,
+/// as a learner does once its workers are known, or a later one between versions), gives the
+/// parents the time a training step would before the next publication: until the learner's
+/// own warm streams are open and have carried their filler (at most [`WARM_LIMIT`]), then
+/// [`WARM_SETTLE`] for the workers' streams to their children, which the learner cannot see.
+/// The rounds are timed from their publication, as before; this phase precedes them.
+async fn warm_up(dissem: &Disseminator, plan: Option<dissemination::SignedPlan>) {
+    let Some(plan) = plan else {
+        return;
     };
-    let first_hops = plan.plan.chains.len();
-    while dissem.kept_sessions() < first_hops && t.elapsed() < WARM_LIMIT {
+    let t = Instant::now();
+    while dissem.warming() > 0 && t.elapsed() < WARM_LIMIT {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(WARM_SETTLE).await;
     tracing::info!(
+        version = plan.plan.version,
         secs = t.elapsed().as_secs_f64(),
         learner_sessions = dissem.kept_sessions(),
-        first_hops,
+        first_hops = plan.plan.chains.len(),
         "bench: plan announced, streams warmed"
     );
-    Ok(())
 }
 
 /// Waits until `workers` rollout workers are connected and active (at most [`JOIN_LIMIT`]).

@@ -7,7 +7,7 @@
 //! `control::capacity::t_bcast_estimate`) — frozen when the learner stops waiting for it,
 //! growing while it is in flight — so a starving swarm never shows the last good median.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -260,11 +260,13 @@ pub(super) async fn run(
 
 /// At every change of the peer view (a heartbeat carries a worker's installed version, a
 /// worker joined or left): ends the T_bcast measurements it completes while a version is in
-/// flight, and announces the next version's plan when a standing plan is due
-/// ([`announce_if_due`]).
+/// flight, and announces the next version's plan ahead of it when a standing plan is due
+/// (`Disseminator::announce_if_due`: typically a swarm's first workers — the learner
+/// publishes its start-up version before any joined, so they catch it up and would
+/// otherwise meet their first push on cold streams — a worker that joined, and the first
+/// version of each plan epoch, whenever nothing is in flight).
 async fn watch_peers(client: &p2p::Client, shared: &Shared, dissem: &Disseminator) {
     let mut changes = client.peer_changes();
-    let mut announced = None;
     while changes.changed().await.is_ok() {
         let Ok(peers) = client.peers().await else {
             return;
@@ -273,42 +275,9 @@ async fn watch_peers(client: &p2p::Client, shared: &Shared, dissem: &Disseminato
         if in_flight {
             shared.publish.measure(&p2p::active_install_times(&peers));
         }
-        announce_if_due(dissem, &peers, shared.publish.published(), &mut announced).await;
-    }
-}
-
-/// Announces the plan of the version after `published` ahead of it when the rule says so
-/// (`control::plan::standing_plan_due`: active workers the current plan was not made for,
-/// and nothing in flight): the parents of new pairs open their chunk streams now, not after
-/// the next publication. Typically a swarm's first workers — the learner publishes its
-/// start-up version before any joined, so they catch it up and would otherwise meet their
-/// first push on cold streams — and every worker that joins later. `announced` is the last
-/// (version, workers) tried: never tried twice, whatever the engine made of it.
-async fn announce_if_due(
-    dissem: &Disseminator,
-    peers: &[p2p::PeerView],
-    published: Option<u64>,
-    announced: &mut Option<(u64, BTreeSet<p2p::PeerId>)>,
-) {
-    let Some(published) = published else {
-        return;
-    };
-    let active: Vec<(p2p::PeerId, Option<u64>)> = peers
-        .iter()
-        .filter(|p| p.is_worker() && p.active)
-        .map(|p| (p.peer, p.installed_version))
-        .collect();
-    let planned = dissem.current_plan().map(|p| p.plan.to_plan().members());
-    if !control::plan::standing_plan_due(planned.as_ref(), &active, Some(published)) {
-        return;
-    }
-    let attempt = (published + 1, active.iter().map(|a| a.0).collect());
-    if announced.as_ref() == Some(&attempt) {
-        return;
-    }
-    *announced = Some(attempt);
-    if let Err(e) = dissem.announce_plan(published + 1, None).await {
-        tracing::debug!(error = %e, "standing plan not announced");
+        if let Err(e) = dissem.announce_if_due(&peers).await {
+            tracing::debug!(error = %e, "standing plan not announced");
+        }
     }
 }
 
