@@ -243,7 +243,6 @@ impl Disseminator {
                 let opened = me
                     .open_stream_while(child, || me.still_planned(version, child))
                     .await;
-                me.lock().warming.remove(&child);
                 let opened = match opened {
                     Ok(s) => me.send_filler(child, s, version).await,
                     Err(e) => Err(e),
@@ -260,7 +259,9 @@ impl Disseminator {
                     }
                     Err(e) => debug!(%child, version, error = %e, "chunk stream not warmed"),
                 }
-                // A push that waited for this warm-up looks again.
+                // Only now (the stream kept, or given up): a push that waited for this
+                // warm-up looks again, and takes the stream its filler grew.
+                me.lock().warming.remove(&child);
                 me.inner.stored.send_modify(|_| {});
             });
         }
@@ -302,6 +303,7 @@ impl Disseminator {
             })
             .await?;
             sent += n;
+            self.count(|c| &c.warm_up_bytes, n, "dissemination_warm_up_bytes_total");
         }
         within(
             self.inner.cfg.read_timeout,
@@ -310,13 +312,6 @@ impl Disseminator {
             async { s.flush().await.map_err(io) },
         )
         .await?;
-        if sent > 0 {
-            self.count(
-                |c| &c.warm_up_bytes,
-                sent,
-                "dissemination_warm_up_bytes_total",
-            );
-        }
         Ok(s)
     }
 

@@ -259,3 +259,53 @@ async fn an_epochs_first_plan_is_announced_once_the_version_before_is_out() {
     shutdown(workers).await;
     shutdown([learner]).await;
 }
+
+/// A version published while its warm stream still carries filler: the filler stops at the
+/// manifest and the push waits for that warm-up and takes its stream, instead of dialing a
+/// cold one beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_push_due_during_the_filler_takes_the_warm_stream() {
+    let filler = 32u64 << 20;
+    let (learner, mut workers) = swarm(
+        1,
+        |c| {
+            c.plan.learner_mbps = 100.0;
+            // 32 MiB at 40 Mbit/s: about 7 s of filler, far longer than the test waits.
+            c.uplink_mbps = 40.0;
+            c.warm_up_bytes = filler;
+        },
+        |_, _| {},
+    )
+    .await;
+    let plan = learner
+        .d
+        .announce_plan(1, Some(ranked(&workers)))
+        .await
+        .unwrap()
+        .expect("nothing published yet: announced");
+    eventually("the filler never started", || async {
+        (learner.d.counters().warm_up_bytes > 0).then_some(())
+    })
+    .await;
+    let payload = random(2_000_000);
+    let report = learner
+        .d
+        .publish(1, [0; 32], payload.clone().into(), Some(ranked(&workers)))
+        .await
+        .unwrap();
+    assert_eq!(report.plan, plan);
+    assert_eq!(*installed(&mut workers[0], 1).await, payload);
+    let c = learner.d.counters();
+    assert_eq!(
+        (c.sessions_warmed, c.sessions_reused),
+        (1, 1),
+        "the push did not take the warm stream"
+    );
+    assert!(
+        c.warm_up_bytes < filler,
+        "the filler went on after the manifest: {} B",
+        c.warm_up_bytes
+    );
+    shutdown(workers).await;
+    shutdown([learner]).await;
+}
