@@ -37,16 +37,18 @@
 mod account;
 mod catchup;
 mod config;
+mod counters;
 mod fetch;
 mod gossip;
 mod install;
 mod push;
 mod receive;
 mod session;
+mod standing;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -72,6 +74,8 @@ use config::uplink_cap;
 #[cfg(feature = "adversary")]
 pub use config::Fault;
 pub use config::{BroadcastMode, DisseminationConfig, DEFAULT_READ_TIMEOUT};
+use counters::AtomicCounters;
+pub use counters::BroadcastCounters;
 pub use session::{DEFAULT_SESSION_IDLE_TIMEOUT, DEFAULT_WARM_UP_BYTES};
 
 pub(crate) use p2p::framing::frame_deadline;
@@ -122,72 +126,6 @@ pub enum DisseminationEvent {
         version: u64,
         index: usize,
     },
-}
-
-/// Byte and chunk counters since start (read as [`BroadcastCounters`]).
-#[derive(Debug, Default)]
-struct AtomicCounters {
-    pushed_bytes: AtomicU64,
-    push_received_bytes: AtomicU64,
-    fetched_bytes: AtomicU64,
-    served_bytes: AtomicU64,
-    chunks_stored: AtomicU64,
-    duplicate_bytes: AtomicU64,
-    chunks_rejected: AtomicU64,
-    installs: AtomicU64,
-    sessions_reused: AtomicU64,
-    sessions_warmed: AtomicU64,
-    plans_announced: AtomicU64,
-    warm_up_bytes: AtomicU64,
-    sessions_stale: AtomicU64,
-    sessions_ended_idle: AtomicU64,
-    push_open_retries: AtomicU64,
-    fetches_declined: AtomicU64,
-    catch_ups_served: AtomicU64,
-}
-
-/// The broadcast counters of one node since start (`Disseminator::counters`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BroadcastCounters {
-    /// Chunk payload bytes this node sent on chunk streams (learner pushes and forwarding).
-    pub pushed_bytes: u64,
-    /// Chunk payload bytes received (and verified) on chunk streams.
-    pub push_received_bytes: u64,
-    /// Chunk payload bytes received (and verified) through fetches.
-    pub fetched_bytes: u64,
-    /// Chunk payload bytes served to fetches.
-    pub served_bytes: u64,
-    pub chunks_stored: u64,
-    /// Verified chunk bytes (pushed or fetched) this node already held when they arrived: a
-    /// push and a repair fetch that raced for the same chunk, or a push still streaming a
-    /// version the node completed by fetching. Counted in `push_received_bytes` or
-    /// `fetched_bytes` as well.
-    pub duplicate_bytes: u64,
-    pub chunks_rejected: u64,
-    pub installs: u64,
-    /// Pushes sent on a chunk stream kept open from an earlier version (`session`).
-    pub sessions_reused: u64,
-    /// Chunk streams opened to a child the plan names before the version's manifest was
-    /// here (`session::warm_sessions`), kept for its first push.
-    pub sessions_warmed: u64,
-    /// Learner: standing plans announced ahead of their version (`announce_plan`).
-    pub plans_announced: u64,
-    /// Filler bytes sent on warm streams before their first hello (`session::send_filler`).
-    pub warm_up_bytes: u64,
-    /// Kept chunk streams found closed by the child at the next hello (the push then opened a
-    /// fresh stream).
-    pub sessions_stale: u64,
-    /// Kept chunk streams this node, as a child, closed after `session_idle_timeout` without
-    /// a hello.
-    pub sessions_ended_idle: u64,
-    /// Pushes whose chunk stream did not open at first and was tried again (the child was not
-    /// reachable yet: `session::open_push_stream`).
-    pub push_open_retries: u64,
-    /// Chunks this node, busy forwarding, answered as not held (`fetch::declines_fetches`).
-    pub fetches_declined: u64,
-    /// Manifest requests answered for a version older than the newest (a worker's catch-up
-    /// of a delta's chain, `catchup`).
-    pub catch_ups_served: u64,
 }
 
 /// What [`Disseminator::publish`] did.
@@ -475,12 +413,6 @@ impl Disseminator {
         let _ = self.inner.events.send(ev);
     }
 
-    /// Adds to one of the counters and its Prometheus mirror.
-    fn count(&self, which: impl Fn(&AtomicCounters) -> &AtomicU64, n: u64, metric: &'static str) {
-        which(&self.inner.counters).fetch_add(n, Ordering::Relaxed);
-        metrics::counter!(metric).increment(n);
-    }
-
     /// A held chunk, to push or serve: from the store's memory tier when there (verified on
     /// arrival), else read from disk and re-verified on the blocking pool. With the
     /// `CorruptOutgoing` test fault, one byte is flipped.
@@ -567,29 +499,6 @@ impl Disseminator {
     /// Resolves once every task of the engine has ended (after [`Disseminator::shutdown`]).
     pub async fn stopped(&self) {
         self.inner.tasks.wait().await;
-    }
-
-    pub fn counters(&self) -> BroadcastCounters {
-        let c = &self.inner.counters;
-        BroadcastCounters {
-            pushed_bytes: c.pushed_bytes.load(Ordering::Relaxed),
-            push_received_bytes: c.push_received_bytes.load(Ordering::Relaxed),
-            fetched_bytes: c.fetched_bytes.load(Ordering::Relaxed),
-            served_bytes: c.served_bytes.load(Ordering::Relaxed),
-            chunks_stored: c.chunks_stored.load(Ordering::Relaxed),
-            duplicate_bytes: c.duplicate_bytes.load(Ordering::Relaxed),
-            chunks_rejected: c.chunks_rejected.load(Ordering::Relaxed),
-            installs: c.installs.load(Ordering::Relaxed),
-            sessions_reused: c.sessions_reused.load(Ordering::Relaxed),
-            sessions_warmed: c.sessions_warmed.load(Ordering::Relaxed),
-            plans_announced: c.plans_announced.load(Ordering::Relaxed),
-            warm_up_bytes: c.warm_up_bytes.load(Ordering::Relaxed),
-            sessions_stale: c.sessions_stale.load(Ordering::Relaxed),
-            sessions_ended_idle: c.sessions_ended_idle.load(Ordering::Relaxed),
-            push_open_retries: c.push_open_retries.load(Ordering::Relaxed),
-            fetches_declined: c.fetches_declined.load(Ordering::Relaxed),
-            catch_ups_served: c.catch_ups_served.load(Ordering::Relaxed),
-        }
     }
 
     /// The newest installed version.

@@ -165,104 +165,11 @@ impl Disseminator {
         })
     }
 
-    /// Learner: signs and gossips the plan for `version` before its manifest exists — a
-    /// standing plan, as soon as the workers it is for are known — so that every parent opens
-    /// the chunk streams to its children ahead of the first chunk (`session`, the warm-up);
-    /// the learner opens its own to the first hops here. `publish` of `version` keeps this
-    /// plan when the workers and their order are unchanged (so the plan the warm streams were
-    /// opened for is the one pushed on), and signs the next sequence number otherwise.
-    /// Returns `None` (nothing announced) for a version not newer than the newest published
-    /// one, and while that one is in flight (`control::plan::nothing_in_flight`: an active
-    /// worker has not reported it installed): a plan for the next version replaces the plan
-    /// the pushes in flight run on, and would take their children away from them. When to
-    /// announce: [`Self::announce_if_due`].
-    pub async fn announce_plan(
-        &self,
-        version: u64,
-        workers: Option<Vec<(PeerId, f64)>>,
-    ) -> Result<Option<SignedPlan>> {
-        let _planning = self.inner.planning.lock().await;
-        let published = self.lock().manifest_version;
-        if published.is_some_and(|p| p >= version) {
-            return Ok(None);
-        }
-        if published.is_some() {
-            let peers = self.inner.client.peers().await?;
-            if !control::plan::nothing_in_flight(&p2p::active_installs(&peers), published) {
-                return Ok(None);
-            }
-        }
-        let plan = self.plan_for(version, workers).await?;
-        self.lock().plan = Some(plan.clone());
-        info!(
-            version,
-            chains = plan.plan.chains.len(),
-            fetch_only = plan.plan.fetch_only.len(),
-            "standing plan announced"
-        );
-        self.count(
-            |c| &c.plans_announced,
-            1,
-            "dissemination_plans_announced_total",
-        );
-        if let Err(e) = self
-            .inner
-            .client
-            .publish(TopicKind::Plans, plan.encode())
-            .await
-        {
-            debug!(error = %e, "standing plan not gossiped (no mesh peers yet?)");
-        }
-        self.warm_sessions();
-        Ok(Some(plan))
-    }
-
-    /// Learner: announces the next version's plan ahead of it when a standing plan is due
-    /// (`control::plan::standing_plan_due` over `peers`, this node's peer view: active
-    /// workers the current plan was not made for, or a next version that starts a plan epoch
-    /// and re-draws the seats, and nothing in flight). Whoever publishes calls it at every
-    /// change of the peer view (the learner's publisher) or between versions (the broadcast
-    /// benchmark). Each (version, workers) is tried once, whatever came of it.
-    pub async fn announce_if_due(&self, peers: &[p2p::PeerView]) -> Result<Option<SignedPlan>> {
-        let (published, planned, plan_version) = {
-            let st = self.lock();
-            let plan = st.plan.as_ref();
-            (
-                st.manifest_version,
-                plan.map(|p| p.plan.to_plan().members()),
-                plan.map(|p| p.plan.version),
-            )
-        };
-        let Some(published) = published else {
-            return Ok(None);
-        };
-        let next = published + 1;
-        let active: Vec<(PeerId, Option<u64>)> = peers
-            .iter()
-            .filter(|p| p.is_worker() && p.active)
-            .map(|p| (p.peer, p.installed_version))
-            .collect();
-        let redraw =
-            control::seats::redraws(next, plan_version, self.inner.cfg.plan.epoch_versions);
-        if !control::plan::standing_plan_due(planned.as_ref(), &active, Some(published), redraw) {
-            return Ok(None);
-        }
-        let attempt = (next, active.iter().map(|a| a.0).collect());
-        {
-            let mut st = self.lock();
-            if st.announced.as_ref() == Some(&attempt) {
-                return Ok(None);
-            }
-            st.announced = Some(attempt);
-        }
-        self.announce_plan(next, None).await
-    }
-
     /// Learner: the plan for `version` over `workers` (`None`: the active workers, seats
     /// drawn), from the previous plan's order; the current plan itself when it is for this
     /// version and names the same chains (an announced standing plan), else signed with the
     /// next sequence number for `version`.
-    async fn plan_for(
+    pub(super) async fn plan_for(
         &self,
         version: u64,
         workers: Option<Vec<(PeerId, f64)>>,

@@ -295,11 +295,13 @@ async fn a_push_due_during_the_filler_takes_the_warm_stream() {
         .unwrap();
     assert_eq!(report.plan, plan);
     assert_eq!(*installed(&mut workers[0], 1).await, payload);
+    // The push is counted once the child's status is read, a moment after its install.
+    let reused = counted(&learner, |c| c.sessions_reused, 1).await;
     let c = learner.d.counters();
     assert_eq!(
-        (c.sessions_warmed, c.sessions_reused),
-        (1, 1),
-        "the push did not take the warm stream"
+        (c.sessions_warmed, reused, c.sessions_stale),
+        (1, 1, 0),
+        "the push did not take the warm stream: {c:?}"
     );
     assert!(
         c.warm_up_bytes < filler,
