@@ -270,8 +270,9 @@ async fn a_push_due_during_the_filler_takes_the_warm_stream() {
         1,
         |c| {
             c.plan.learner_mbps = 100.0;
-            // 32 MiB at 40 Mbit/s: about 7 s of filler, far longer than the test waits.
-            c.uplink_mbps = 40.0;
+            // 1 Mbit/s: each 64 KiB filler frame takes half a second, so the publication
+            // finds one under way (32 MiB of it would take minutes).
+            c.uplink_mbps = 1.0;
             c.warm_up_bytes = filler;
         },
         |_, _| {},
@@ -287,7 +288,7 @@ async fn a_push_due_during_the_filler_takes_the_warm_stream() {
         (learner.d.counters().warm_up_bytes > 0).then_some(())
     })
     .await;
-    let payload = random(2_000_000);
+    let payload = random(100_000);
     let report = learner
         .d
         .publish(1, [0; 32], payload.clone().into(), Some(ranked(&workers)))
