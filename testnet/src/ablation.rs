@@ -108,7 +108,7 @@ pub fn run(
         wan: None,
         quic: false,
         restart_congestion: true,
-        warm_up_mib: 8,
+        warm_up_mib: None,
         plan_epoch: control::seats::EPOCH_VERSIONS,
         delta_changed_pct: None,
     };

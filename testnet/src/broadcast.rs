@@ -83,8 +83,8 @@ pub struct Settings {
     pub quic: bool,
     /// `network.restart_congestion` of every node (a fresh BBR model per push).
     pub restart_congestion: bool,
-    /// `broadcast.warm_up_mib` of every node.
-    pub warm_up_mib: u64,
+    /// `broadcast.warm_up_mib` of every node (`None`: the node default).
+    pub warm_up_mib: Option<u64>,
     /// The learner's `broadcast.plan_epoch`.
     pub plan_epoch: u64,
     /// Publish bf16 versions as sparse deltas, this percentage of values changed per version
@@ -212,7 +212,9 @@ fn launch(
         c.broadcast.worker_mbps = s.worker_mbps;
         c.network.quic = s.quic;
         c.network.restart_congestion = s.restart_congestion;
-        c.broadcast.warm_up_mib = s.warm_up_mib;
+        if let Some(mib) = s.warm_up_mib {
+            c.broadcast.warm_up_mib = mib;
+        }
         c.broadcast.plan_epoch = s.plan_epoch;
         c
     };
@@ -417,7 +419,8 @@ pub fn sweep(s: &Settings, out: &Path, verbose: bool) -> anyhow::Result<Value> {
         "rtt_ms": s.wan.map(|w| w.rtt_ms), "loss_pct": s.wan.map(|w| w.loss_pct),
         "jitter_ms": s.wan.map(|w| w.jitter_ms), "link_caps": s.wan.map(|w| w.link_caps),
         "quic": s.quic, "restart_congestion": s.restart_congestion,
-        "warm_up_mib": s.warm_up_mib, "plan_epoch": s.plan_epoch,
+        "warm_up_mib": s.warm_up_mib.unwrap_or(echo_node::config::BroadcastConfig::default().warm_up_mib),
+        "plan_epoch": s.plan_epoch,
         "delta_changed_pct": s.delta_changed_pct});
     let full = json!({"scenario": "broadcast", "settings": settings, "results": rows});
     let json_path = out.join("broadcast.json");
@@ -544,7 +547,7 @@ mod tests {
             wan: None,
             quic: false,
             restart_congestion: true,
-            warm_up_mib: 8,
+            warm_up_mib: None,
             plan_epoch: control::seats::EPOCH_VERSIONS,
             delta_changed_pct: None,
         };

@@ -132,9 +132,10 @@ pub struct BroadcastArgs {
     #[arg(long)]
     pub keep_congestion_state: bool,
     /// MiB of filler a parent sends on a new chunk stream before the first version
-    /// (`broadcast.warm_up_mib`; 0 = none), to measure what the warm-up is worth.
-    #[arg(long, default_value_t = 8)]
-    pub warm_up_mib: u64,
+    /// (`broadcast.warm_up_mib`; 0 = none; default: the node's, 8), to measure what the
+    /// warm-up is worth.
+    #[arg(long)]
+    pub warm_up_mib: Option<u64>,
     /// Versions per plan epoch (`broadcast.plan_epoch`: the seats are re-drawn at the first
     /// version of each, which gives new parent–child pairs), to measure what the re-draws cost.
     #[arg(long, default_value_t = control::seats::EPOCH_VERSIONS)]

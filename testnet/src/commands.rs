@@ -67,7 +67,10 @@ pub fn broadcast(args: BroadcastArgs) -> anyhow::Result<()> {
         );
     }
     anyhow::ensure!(rounds >= 1, "--rounds must be >= 1");
-    anyhow::ensure!(warm_up_mib <= 32, "--warm-up-mib must be within 0..=32");
+    anyhow::ensure!(
+        warm_up_mib.is_none_or(|m| m <= 32),
+        "--warm-up-mib must be within 0..=32"
+    );
     anyhow::ensure!(
         (1..=1_000_000).contains(&plan_epoch),
         "--plan-epoch must be within 1..=1000000"

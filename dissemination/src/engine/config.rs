@@ -108,7 +108,7 @@ pub struct DisseminationConfig {
     pub session_idle_timeout: Duration,
     /// Filler bytes a parent sends on a warm stream before its first hello, to grow the
     /// stream's receive window while the links are idle (`session::warm_sessions`; 0: none;
-    /// at most `wire::MAX_FILLER_BYTES`).
+    /// at most `wire::MAX_FILLER_BYTES`; sent in whole 64 KiB frames, a remainder dropped).
     pub warm_up_bytes: u64,
     /// Deadline for each frame read or written on a chunk stream or fetch (plus time for a
     /// large frame at [`super::MIN_RATE_BYTES_PER_S`]); also for opening a stream.

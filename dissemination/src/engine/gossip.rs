@@ -261,14 +261,20 @@ impl Disseminator {
             }
         };
         info!(%peer, seq = new.plan.seq, "excised a departed forwarder; plan re-signed");
+        self.gossip_plan(&new, "re-signed plan").await;
+        self.start_forwarding();
+    }
+
+    /// Learner: gossips a signed plan on the plans topic; a failure (no mesh peers yet) is
+    /// only logged — the plan also travels in every push's hello.
+    pub(super) async fn gossip_plan(&self, plan: &SignedPlan, what: &str) {
         if let Err(e) = self
             .inner
             .client
-            .publish(TopicKind::Plans, new.encode())
+            .publish(TopicKind::Plans, plan.encode())
             .await
         {
-            debug!(error = %e, "re-signed plan not gossiped");
+            debug!(error = %e, "{what} not gossiped (no mesh peers yet?)");
         }
-        self.start_forwarding();
     }
 }

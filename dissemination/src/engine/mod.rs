@@ -46,7 +46,7 @@ mod receive;
 mod session;
 mod standing;
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -142,9 +142,6 @@ struct State {
     manifests: HashMap<u64, SignedManifest>,
     accepted_at: HashMap<u64, Instant>,
     plan: Option<SignedPlan>,
-    /// Learner: the last standing plan tried by `announce_if_due` — the version and the
-    /// workers it was for (each pair is tried once).
-    announced: Option<(u64, BTreeSet<PeerId>)>,
     /// Sequence of the newest accepted activation order.
     order_seq: Option<u64>,
     /// When the last catch-up with the learner started (see `fetch::CATCH_UP_MIN_INTERVAL`).
@@ -178,7 +175,6 @@ impl State {
             manifests: HashMap::new(),
             accepted_at: HashMap::new(),
             plan: None,
-            announced: None,
             order_seq: None,
             last_catch_up: None,
             installed: None,

@@ -41,7 +41,7 @@ impl Disseminator {
         let limit = self.inner.cfg.read_timeout;
         let mut idle = self.is_planned_parent(&peer);
         // Filler bytes read so far, and whether a hello came (filler is allowed only before).
-        let (mut filler, mut hellos) = (0u64, 0u64);
+        let (mut filler, mut greeted) = (0u64, false);
         loop {
             let wait = if idle {
                 self.inner.cfg.session_idle_timeout
@@ -80,13 +80,13 @@ impl Disseminator {
             };
             if wire::is_filler(&hello) {
                 filler += hello.len() as u64;
-                check_filler(peer, filler, hellos)?;
+                check_filler(peer, filler, greeted)?;
                 continue;
             }
-            if filler > 0 && hellos == 0 {
+            if filler > 0 && !greeted {
                 debug!(%peer, filler, "warm-up filler read before the first hello");
             }
-            hellos += 1;
+            greeted = true;
             idle = true;
             let done = self.receive_transfer(peer, &mut s, &hello).await;
             if let Ok(h) = StreamHello::decode(&hello) {
@@ -361,10 +361,10 @@ impl Disseminator {
 }
 /// Filler (`wire::filler_frame`) is allowed on a stream only before its first hello, and at
 /// most [`wire::MAX_FILLER_BYTES`] of it: anything else is a protocol violation, charged to
-/// the parent like a malformed frame. `filler` is the total read so far, `hellos` the hellos
-/// before it.
-fn check_filler(peer: PeerId, filler: u64, hellos: u64) -> Result<()> {
-    let reason = if hellos > 0 {
+/// the parent like a malformed frame. `filler` is the total read so far, `greeted` whether a
+/// hello came before it.
+fn check_filler(peer: PeerId, filler: u64, greeted: bool) -> Result<()> {
+    let reason = if greeted {
         "filler after a hello".to_string()
     } else if filler > wire::MAX_FILLER_BYTES {
         format!("{filler} filler bytes > {}", wire::MAX_FILLER_BYTES)
@@ -381,14 +381,14 @@ mod tests {
     #[test]
     fn filler_is_allowed_only_before_the_first_hello_and_within_its_bound() {
         let peer = PeerId::random();
-        assert!(check_filler(peer, 64 << 10, 0).is_ok());
-        assert!(check_filler(peer, wire::MAX_FILLER_BYTES, 0).is_ok());
-        let too_much = check_filler(peer, wire::MAX_FILLER_BYTES + 1, 0).unwrap_err();
+        assert!(check_filler(peer, 64 << 10, false).is_ok());
+        assert!(check_filler(peer, wire::MAX_FILLER_BYTES, false).is_ok());
+        let too_much = check_filler(peer, wire::MAX_FILLER_BYTES + 1, false).unwrap_err();
         assert!(
             matches!(too_much, DisseminationError::Protocol { .. }),
             "{too_much}"
         );
-        let late = check_filler(peer, 64 << 10, 1).unwrap_err();
+        let late = check_filler(peer, 64 << 10, true).unwrap_err();
         assert!(late.to_string().contains("after a hello"), "{late}");
     }
 }

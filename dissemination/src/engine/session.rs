@@ -268,42 +268,36 @@ impl Disseminator {
         }
     }
 
-    /// Sends [`crate::DisseminationConfig::warm_up_bytes`] of filler (`wire::filler_frame`)
-    /// on a new stream to `child`, through the uplink cap, before the stream's first hello:
-    /// the child reads and drops it, and the stream's receive window grows meanwhile. Stops
-    /// as soon as this node holds `version`'s manifest: the push is due then, and waits for
-    /// the warm-up (a plan that came with its manifest gets no filler at all). Returns the
-    /// stream, or the error that ended it (then it is not kept).
+    /// Sends [`crate::DisseminationConfig::warm_up_bytes`] of filler (`wire::filler_frame`,
+    /// in whole frames of [`wire::MAX_HELLO_BYTES`]) on a new stream to `child`, through the
+    /// uplink cap, before the stream's first hello: the child reads and drops it, and the
+    /// stream's receive window grows meanwhile. Stops as soon as this node holds `version`'s
+    /// manifest: the push is due then, and waits for the warm-up (a plan that came with its
+    /// manifest gets no filler at all). Returns the stream, or the error that ended it (then
+    /// it is not kept).
     async fn send_filler(
         &self,
         child: PeerId,
         mut s: libp2p::Stream,
         version: u64,
     ) -> Result<libp2p::Stream> {
-        let total = self.inner.cfg.warm_up_bytes.min(wire::MAX_FILLER_BYTES);
         let io = |e| DisseminationError::Io {
             peer: child,
             source: e,
         };
-        let full = wire::filler_frame(wire::MAX_HELLO_BYTES);
-        let mut sent = 0u64;
-        while sent < total && !self.lock().manifests.contains_key(&version) {
-            let len = (total - sent).min(full.len() as u64) as usize;
-            let last;
-            let body: &[u8] = if len == full.len() {
-                &full
-            } else {
-                last = wire::filler_frame(len);
-                &last
-            };
-            let n = body.len() as u64;
+        let frame = wire::filler_frame(wire::MAX_HELLO_BYTES);
+        let n = frame.len() as u64;
+        let frames = self.inner.cfg.warm_up_bytes.min(wire::MAX_FILLER_BYTES) / n;
+        for _ in 0..frames {
+            if self.lock().manifests.contains_key(&version) {
+                break;
+            }
             self.inner.uplink.acquire(n).await;
             let limit = frame_deadline(self.inner.cfg.read_timeout, n);
             within(limit, "sending filler", child, async {
-                write_frame(&mut s, body).await.map_err(io)
+                write_frame(&mut s, &frame).await.map_err(io)
             })
             .await?;
-            sent += n;
             self.count(|c| &c.warm_up_bytes, n, "dissemination_warm_up_bytes_total");
         }
         within(

@@ -8,8 +8,8 @@
 //! (`control::plan::standing_plan_due`), how plans are made (`push::plan_for`), the warm-up
 //! (`session`).
 
-use p2p::{PeerId, TopicKind};
-use tracing::{debug, info};
+use p2p::PeerId;
+use tracing::info;
 
 use super::Disseminator;
 use crate::error::Result;
@@ -32,16 +32,29 @@ impl Disseminator {
         version: u64,
         workers: Option<Vec<(PeerId, f64)>>,
     ) -> Result<Option<SignedPlan>> {
+        // Before anything is published nothing can be in flight: no peer view to read.
+        let published = self.lock().manifest_version.is_some();
+        let peers = if published {
+            self.inner.client.peers().await?
+        } else {
+            Vec::new()
+        };
+        self.announce(version, workers, &peers).await
+    }
+
+    /// [`Self::announce_plan`] against `peers`, the peer view the in-flight check reads.
+    async fn announce(
+        &self,
+        version: u64,
+        workers: Option<Vec<(PeerId, f64)>>,
+        peers: &[p2p::PeerView],
+    ) -> Result<Option<SignedPlan>> {
         let _planning = self.inner.planning.lock().await;
         let published = self.lock().manifest_version;
-        if published.is_some_and(|p| p >= version) {
+        if published.is_some_and(|p| p >= version)
+            || !control::plan::nothing_in_flight(&p2p::active_installs(peers), published)
+        {
             return Ok(None);
-        }
-        if published.is_some() {
-            let peers = self.inner.client.peers().await?;
-            if !control::plan::nothing_in_flight(&p2p::active_installs(&peers), published) {
-                return Ok(None);
-            }
         }
         let plan = self.plan_for(version, workers).await?;
         self.lock().plan = Some(plan.clone());
@@ -56,14 +69,7 @@ impl Disseminator {
             1,
             "dissemination_plans_announced_total",
         );
-        if let Err(e) = self
-            .inner
-            .client
-            .publish(TopicKind::Plans, plan.encode())
-            .await
-        {
-            debug!(error = %e, "standing plan not gossiped (no mesh peers yet?)");
-        }
+        self.gossip_plan(&plan, "standing plan").await;
         self.warm_sessions();
         Ok(Some(plan))
     }
@@ -73,7 +79,9 @@ impl Disseminator {
     /// workers the current plan was not made for, or a next version that starts a plan epoch
     /// and re-draws the seats, and nothing in flight). Whoever publishes calls it at every
     /// change of the peer view (the learner's publisher) or between versions (the broadcast
-    /// benchmark). Each (version, workers) is tried once, whatever came of it.
+    /// benchmark). Once announced, the current plan is the next version's and names every
+    /// active worker (a plan seats each, excluded ones as fetch-only), so the same plan is
+    /// never announced twice.
     pub async fn announce_if_due(&self, peers: &[p2p::PeerView]) -> Result<Option<SignedPlan>> {
         let (published, planned, plan_version) = {
             let st = self.lock();
@@ -98,14 +106,6 @@ impl Disseminator {
         if !control::plan::standing_plan_due(planned.as_ref(), &active, Some(published), redraw) {
             return Ok(None);
         }
-        let attempt = (next, active.iter().map(|a| a.0).collect());
-        {
-            let mut st = self.lock();
-            if st.announced.as_ref() == Some(&attempt) {
-                return Ok(None);
-            }
-            st.announced = Some(attempt);
-        }
-        self.announce_plan(next, None).await
+        self.announce(next, None, peers).await
     }
 }

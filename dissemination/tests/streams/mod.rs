@@ -53,6 +53,34 @@ async fn both_ends_of_a_push_record_it_so_the_learner_knows_worker_speeds() {
     shutdown([learner]).await;
 }
 
+/// Waits until worker `w` has dropped the stream `s` (a read on it ends instead of hanging)
+/// and has charged `sender` its `failures`-th failed transfer, for `what`.
+async fn dropped_and_charged<S: futures::AsyncRead + Unpin>(
+    s: &mut S,
+    w: &super::Node,
+    sender: p2p::PeerId,
+    failures: u64,
+    what: &str,
+) {
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(WAIT, s.read(&mut buf))
+        .await
+        .unwrap_or_else(|_| panic!("the worker must drop {what}"));
+    assert!(matches!(n, Ok(0) | Err(_)), "{what}: {n:?}");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let charged = score_of(&w.client, sender)
+            .await
+            .0
+            .map_or(0, |c| c.failures);
+        if charged >= failures {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what} was not charged");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_silent_parent_an_oversized_hello_and_endless_filler_are_dropped_and_charged() {
     let w = start_node([21; 32], vec![], |c| {
@@ -81,29 +109,12 @@ async fn a_silent_parent_an_oversized_hello_and_endless_filler_are_dropped_and_c
             }
         }
     };
-    let failures = || async {
-        score_of(&w.client, raw.local_peer_id())
-            .await
-            .0
-            .map_or(0, |c| c.failures)
-    };
+    let sender = raw.local_peer_id();
 
     // Silent: the worker gives up on its read deadline and drops the stream (the read below
     // ends instead of hanging), and charges the silent peer.
     let mut s = open().await;
-    let mut buf = [0u8; 16];
-    let n = tokio::time::timeout(WAIT, s.read(&mut buf))
-        .await
-        .expect("the worker must drop a silent stream");
-    assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
-    let deadline = Instant::now() + WAIT;
-    while failures().await < 1 {
-        assert!(
-            Instant::now() < deadline,
-            "the silent parent was not charged"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    dropped_and_charged(&mut s, &w, sender, 1, "a silent stream").await;
 
     // A hello announcing 32 MiB (as a manifest-carrying hello of version 2 could): refused
     // after its length, before anything is allocated or a signature could be checked.
@@ -119,18 +130,7 @@ async fn a_silent_parent_an_oversized_hello_and_endless_filler_are_dropped_and_c
     let _ = s.write_all(&header).await;
     let _ = s.write_all(&[0; 1024]).await;
     let _ = s.flush().await;
-    let n = tokio::time::timeout(WAIT, s.read(&mut buf))
-        .await
-        .expect("the worker must drop an oversized hello");
-    assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
-    let deadline = Instant::now() + WAIT;
-    while failures().await < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "the oversized hello was not charged"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    dropped_and_charged(&mut s, &w, sender, 2, "an oversized hello").await;
 
     // Filler (the warm-up of a stream before its first hello) past its bound: read and
     // dropped up to `MAX_FILLER_BYTES`, then the stream is dropped and the sender charged.
@@ -144,15 +144,7 @@ async fn a_silent_parent_an_oversized_hello_and_endless_filler_are_dropped_and_c
     }
     assert!(written < cap, "the worker read {written} frames of filler");
     let _ = s.flush().await;
-    let n = tokio::time::timeout(WAIT, s.read(&mut buf))
-        .await
-        .expect("the worker must drop a stream of endless filler");
-    assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
-    let deadline = Instant::now() + WAIT;
-    while failures().await < 3 {
-        assert!(Instant::now() < deadline, "endless filler was not charged");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    dropped_and_charged(&mut s, &w, sender, 3, "endless filler").await;
     assert_eq!(w.d.counters().chunks_stored, 0);
     raw.shutdown().await;
     shutdown([w]).await;

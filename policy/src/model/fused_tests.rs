@@ -119,17 +119,7 @@ fn fused_causal_softmax_matches_masked_reference() {
     for (t, offset) in [(6usize, 0usize), (3, 4), (1, 7)] {
         let s = offset + t;
         let inputs = [randn(&[2, 3, t, s], 4)];
-        let mask: Vec<f32> = (0..t)
-            .flat_map(|i| {
-                (0..s).map(move |j| {
-                    if j > i + offset {
-                        f32::NEG_INFINITY
-                    } else {
-                        0.0
-                    }
-                })
-            })
-            .collect();
+        let mask = super::positions::causal_mask(t, offset);
         let mask = Tensor::from_vec(mask, (t, s), &Device::Cpu).unwrap();
         let fused = value_and_grads(&inputs, |x| cpu_ops::causal_softmax(&x[0], offset).unwrap());
         let reference = value_and_grads(&inputs, |x| {

@@ -72,18 +72,7 @@ impl Positions {
         let sin = Tensor::from_vec(full(&sin), (t, cfg.head_dim), device)?;
         let mask = if t > 1 {
             let s = offset + t;
-            let m: Vec<f32> = (0..t)
-                .flat_map(|i| {
-                    (0..s).map(move |j| {
-                        if j > i + offset {
-                            f32::NEG_INFINITY
-                        } else {
-                            0.0
-                        }
-                    })
-                })
-                .collect();
-            Some(Tensor::from_vec(m, (t, s), device)?)
+            Some(Tensor::from_vec(causal_mask(t, offset), (t, s), device)?)
         } else {
             None
         };
@@ -103,4 +92,22 @@ pub(super) fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tenso
     let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
     let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
     Ok((x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?)?)
+}
+
+/// The additive causal mask of `t` new positions after `offset` cached ones, row-major
+/// `(t, offset + t)`: query `i` (at position `offset + i`) sees keys `0..=offset + i` (0),
+/// not the ones after (−∞).
+pub(crate) fn causal_mask(t: usize, offset: usize) -> Vec<f32> {
+    let s = offset + t;
+    (0..t)
+        .flat_map(|i| {
+            (0..s).map(move |j| {
+                if j > i + offset {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
+        })
+        .collect()
 }
