@@ -5,14 +5,15 @@
 #
 #   scripts/gpu-package.sh [--out DIR] [--no-fallback-check] [extra cargo args...]
 #
-# Writes DIR/echo-swarm-gpu/{bin/{echo-node,gen_bench,train_step},scripts/{run-on-gpu.sh,
-# gpu-smoke.sh}} and DIR/echo-swarm-gpu.tar.xz (DIR defaults to dist/gpu, git-ignored), and
-# prints every size. Fails when a binary links a CUDA library (it must start on a CPU-only
+# Writes DIR/echo-swarm-gpu/{bin/{echo-node,gen_bench,train_step,testnet},scripts/{run-on-gpu.sh,
+# gpu-smoke.sh,gpu-session.sh},BUILD} and DIR/echo-swarm-gpu.tar.xz (DIR defaults to dist/gpu,
+# git-ignored), and prints every size. BUILD names the commit (and whether the tree had
+# uncommitted changes), so a results file says what it measured. Fails when a binary links a CUDA library (it must start on a CPU-only
 # host: the libraries are opened at run time) or when the archive exceeds 64 MiB. On a host
 # without the NVIDIA driver it then runs the packaged `echo-node demo --device auto` for a
 # few steps and checks that it fell back to the CPU, saying so in its log.
 #
-# On the GPU host:  tar xf echo-swarm-gpu.tar.xz && echo-swarm-gpu/scripts/gpu-smoke.sh
+# On the GPU host:  tar xf echo-swarm-gpu.tar.xz && echo-swarm-gpu/scripts/gpu-session.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +35,11 @@ limit=$((64 << 20))
 cargo build --release -j "${CARGO_BUILD_JOBS:-2}" -p echo-node -p policy -p learner \
   --features echo-node/cuda --bin echo-node --example gen_bench --example train_step \
   ${cargo_args[@]+"${cargo_args[@]}"}
+# testnet (the broadcast sweep of gpu-session.sh) in a build of its own: it turns on the node
+# library's `adversary` feature, which must not reach the packaged echo-node. The cuda feature
+# shares the dependencies just built; the sweep runs the packaged echo-node, not this library.
+cargo build --release -j "${CARGO_BUILD_JOBS:-2}" -p testnet --features echo-node/cuda \
+  --bin testnet ${cargo_args[@]+"${cargo_args[@]}"}
 target_dir=$(cargo metadata --format-version 1 --no-deps \
   | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 
@@ -42,7 +48,7 @@ rm -rf "$pkg" "$out/echo-swarm-gpu.tar.xz"
 mkdir -p "$pkg/bin" "$pkg/scripts"
 size() { stat -c %s "$1"; }
 mib() { python3 -c "import sys; print(f'{int(sys.argv[1]) / 2**20:.1f} MiB')" "$1"; }
-for b in release/echo-node release/examples/gen_bench release/examples/train_step; do
+for b in release/echo-node release/testnet release/examples/gen_bench release/examples/train_step; do
   src="$target_dir/$b"
   name=$(basename "$b")
   needed=$(readelf -d "$src" | sed -nE 's/.*\(NEEDED\).*\[(.*)\]/\1/p' | tr '\n' ' ')
@@ -53,7 +59,10 @@ for b in release/echo-node release/examples/gen_bench release/examples/train_ste
   objcopy --strip-all "$src" "$pkg/bin/$name"
   say "$name: $(mib "$(size "$src")") built, $(mib "$(size "$pkg/bin/$name")") stripped; NEEDED: $needed"
 done
-cp scripts/run-on-gpu.sh scripts/gpu-smoke.sh "$pkg/scripts/"
+cp scripts/run-on-gpu.sh scripts/gpu-smoke.sh scripts/gpu-session.sh "$pkg/scripts/"
+dirty=$(git status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo ", uncommitted changes")
+echo "echo-swarm $(git rev-parse --short HEAD 2>/dev/null || echo unknown)${dirty}, built $(date -u +%Y-%m-%dT%H:%MZ)" \
+  >"$pkg/BUILD"
 # The binaries are found by gpu-smoke.sh's default --bin-dir (../bin beside it).
 tar -C "$out" -cf - echo-swarm-gpu | xz -9 -T "${CARGO_BUILD_JOBS:-2}" >"$out/echo-swarm-gpu.tar.xz"
 total=$(size "$out/echo-swarm-gpu.tar.xz")

@@ -17,8 +17,9 @@
 # against the learner's forward ≤ 1e-4), 3 tiny model half precision (bf16 on a GPU, f16 on
 # the CPU, warm-started) with and without the f32 head, 4 a small learner step, 5 the
 # Qwen3-0.6B generation benchmark at batch 1/16/64, 6 a Qwen3-0.6B learner step and its peak
-# memory, 7 `echo-node demo` for 20 steps with no strike and no ban. Exit status 0 when every
-# check is ok.
+# memory (on a GPU within the memory model's count), full and LoRA (rank 8, a bf16 base on a
+# GPU), 7 `echo-node demo` for 20 steps with no strike and no ban, full and LoRA. Exit status
+# 0 when every check is ok.
 #
 # Needs bash, python3 (reads and writes the JSON) and coreutils `timeout`; on a GPU host
 # nvidia-smi (driver and peak memory) and the CUDA libraries scripts/run-on-gpu.sh finds.
@@ -169,31 +170,39 @@ check "generate_${big}" run gen_bench --device "$device" --shape "$big" --batch 
 judge "generate_${big}" "len(r['throughput']) == len('$batches'.split(','))"
 
 # 6. A learner step of the same shape and its peak memory: sampled from nvidia-smi every 100
-#    ms on a GPU, the process's peak resident memory on the CPU.
+#    ms on a GPU, the process's peak resident memory on the CPU. Then the same step training
+#    LoRA adapters (rank 8, all seven projections) on a frozen base, which a GPU holds in bf16
+#    (`policy::lora::frozen_base_dtype`): the path `frozen_linear`'s CUDA forward runs.
 train_big() {
-  local poll=""
+  local name=$1 poll=""
+  shift
   if [ "$gpu" = 1 ] && command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 \
-      >"$work/train_memory.csv" 2>/dev/null &
+      >"$work/$name.memory.csv" 2>/dev/null &
     poll=$!
   fi
   run train_step --device "$device" --shape "$big" --groups "$t_groups" --group-size "$t_n" \
-    --prompt-len "$t_prompt" --response-len "$t_resp" --micro-batch-tokens "$t_micro" --steps 2 --kl
+    --prompt-len "$t_prompt" --response-len "$t_resp" --micro-batch-tokens "$t_micro" --steps 2 \
+    --kl "$@"
   local rc=$?
   if [ -n "$poll" ]; then
     kill "$poll" 2>/dev/null
     wait "$poll" 2>/dev/null
     # One more JSON line: the peak the poller saw, in bytes (nvidia-smi reports MiB).
     python3 -c 'import json,sys; v=[int(l) for l in open(sys.argv[1]) if l.strip().isdigit()]; print(json.dumps({"device_peak_used_bytes": max(v)*2**20 if v else None}))' \
-      "$work/train_memory.csv"
+      "$work/$name.memory.csv"
   fi
   return $rc
 }
 export -f train_big
-check "train_${big}" train_big
-if [ "$gpu" = 1 ]; then
-  # The result is the poller's line; the step's own JSON is the line before it in the log.
-  python3 - "$work/train_${big}.check.json" "$work/train_${big}.log" <<'PY'
+for variant in "" lora; do
+  name="train_${big}${variant:+_$variant}"
+  extra=()
+  [ "$variant" = lora ] && extra=(--lora-rank 8)
+  check "$name" train_big "$name" ${extra[@]+"${extra[@]}"}
+  if [ "$gpu" = 1 ]; then
+    # The result is the poller's line; the step's own JSON is the line before it in the log.
+    python3 - "$work/$name.check.json" "$work/$name.log" <<'PY'
 import json, sys
 path, log = sys.argv[1], sys.argv[2]
 e = json.load(open(path))
@@ -204,12 +213,19 @@ for o in objs:
 e["result"] = merged or None
 json.dump(e, open(path, "w"))
 PY
-fi
-judge "train_${big}" "r['step_ms_median'] > 0"
+  fi
+  # On a GPU the device's peak must stay within what the start-up refusal counts for these
+  # passes (`predicted_bytes`, the worst case of one sequence filling a pass): more would make
+  # the refusal unsafe. `predicted_bytes_at_len` is the count for the passes really run.
+  judge "$name" "r['step_ms_median'] > 0 and (r.get('device_peak_used_bytes') is None or r['device_peak_used_bytes'] <= r['predicted_bytes'])"
+done
 
-# 7. The demo swarm on this device: training runs, and no honest worker is struck or banned.
+# 7. The demo swarm on this device: training runs, and no honest worker is struck or banned;
+#    then the same with LoRA (rank 8): adapter versions over the chains, installed by workers.
 check demo run echo-node demo --device "$device" --steps "$demo_steps" --json
 judge demo "r['steps'] >= $demo_steps and r['strikes'] == 0 and r['bans'] == 0"
+check demo_lora run echo-node demo --device "$device" --steps "$demo_steps" --lora-rank 8 --json
+judge demo_lora "r['steps'] >= $demo_steps and r['strikes'] == 0 and r['bans'] == 0 and r['lora_rank'] == 8"
 
 # The summary: every check in order, and whether all passed.
 python3 - "$out" "$device" "$quick" "$bin_dir" "$work" "${checks[@]}" <<'PY'

@@ -6,7 +6,7 @@
 //! cargo run --release -p learner --example train_step -- \
 //!     [--device cpu|cuda|cuda:N] [--shape tiny|small|qwen3-0.6b] [--groups 4] [--group-size 8] \
 //!     [--prompt-len 32] [--response-len 64] [--steps 5] [--kl] [--micro-batch-tokens 4096] \
-//!     [--lora-rank R] [--base-dtype f32|bf16]
+//!     [--lora-rank R] [--base-dtype f32|bf16] [--layers L] [--elementary]
 //! # on a GPU host, with a binary built by scripts/build-cuda.sh's environment:
 //! cargo run --release -p learner --features cuda --example train_step -- --device cuda --shape qwen3-0.6b
 //! ```
@@ -23,14 +23,30 @@
 //! in `policy::lora::frozen_base_dtype` for a bf16 run (bf16 on CUDA, f32 on the CPU) unless
 //! `--base-dtype` says otherwise (`bf16` on the CPU runs the GPU's bf16-base path, widened per
 //! matmul).
+//!
+//! Memory: the JSON also carries `host_peak_live_bytes`, the most heap bytes this process held
+//! at once (every allocation is counted, so on the CPU it is what the tensors really took,
+//! without the allocator's slack), and `predicted_bytes_at_len`, the memory model's count for
+//! the pass this run really makes (its sequence length, not the budget's worst case).
+//! `--elementary` runs the elementary-op path a GPU takes (no fused CPU kernels), so the CPU
+//! peak then measures the GPU's autograd graph; `--layers L` keeps only L decoder layers of the
+//! shape, so a large shape's per-layer and vocabulary terms can be measured in the CPU's memory.
 
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use learner::{Trainer, TrainerConfig};
 use policy::{Device, ModelConfig, Policy};
-use rand::{Rng, SeedableRng};
-use storage::{Sample, TrajectoryGroup};
+use rand::SeedableRng;
+
+#[path = "../tests/support/counting_alloc.rs"]
+mod counting_alloc;
+
+#[global_allocator]
+static ALLOCATOR: counting_alloc::Counting = counting_alloc::Counting;
+
+#[path = "../src/test_util.rs"]
+mod test_util;
 
 fn shape(name: &str) -> Result<ModelConfig> {
     let tiny = ModelConfig::tiny();
@@ -94,6 +110,8 @@ fn main() -> Result<()> {
     let mut micro = TrainerConfig::default().micro_batch_tokens;
     let mut lora_rank = 0usize;
     let mut base_dtype = None;
+    let mut layers = None;
+    let mut elementary = false;
     while let Some(a) = args.next() {
         let mut val = || args.next().with_context(|| format!("{a} needs a value"));
         match a.as_str() {
@@ -107,6 +125,8 @@ fn main() -> Result<()> {
             "--kl" => kl = true,
             "--micro-batch-tokens" => micro = val()?.parse()?,
             "--lora-rank" => lora_rank = val()?.parse()?,
+            "--layers" => layers = Some(val()?.parse::<usize>()?),
+            "--elementary" => elementary = true,
             "--base-dtype" => {
                 base_dtype = Some(match val()?.as_str() {
                     "f32" => policy::DType::F32,
@@ -117,7 +137,13 @@ fn main() -> Result<()> {
             other => bail!("unknown argument {other}"),
         }
     }
-    let cfg = shape(&shape_name)?;
+    // The trainer runs its forwards on this thread.
+    policy::model::use_elementary_ops(elementary);
+    let mut cfg = shape(&shape_name)?;
+    if let Some(l) = layers {
+        anyhow::ensure!(l >= 1, "--layers must be at least 1");
+        cfg.num_hidden_layers = l;
+    }
     let device = device(&dev)?;
     anyhow::ensure!(
         prompt_len + response_len <= cfg.max_position_embeddings,
@@ -140,6 +166,10 @@ fn main() -> Result<()> {
         None => kl.into(),
     };
     let predicted = policy::memory::learner_bytes(&cfg, training, tc.tokens_per_pass(&cfg));
+    let len = prompt_len + response_len;
+    let pass = pass_tokens(tc.tokens_per_pass(&cfg), groups, n, len);
+    let predicted_at_len = policy::memory::training_state_bytes(&cfg, training)
+        + policy::memory::pass_activation_bytes(&cfg, training, len, pass);
     let policy = match &lora {
         Some(l) => policy.with_base_dtype(base_dtype)?.with_lora(l, 0)?,
         None => policy,
@@ -152,7 +182,7 @@ fn main() -> Result<()> {
     let mut cpu_times = Vec::new();
     // Step 0 warms up (allocations, kernel loading); the rest are timed.
     for step in 0..=steps {
-        let batch = synthetic_batch(
+        let batch = test_util::synthetic_groups(
             &mut rng,
             groups,
             n,
@@ -186,7 +216,11 @@ fn main() -> Result<()> {
             "response_len": response_len, "kl": kl, "micro_batch_tokens": micro,
             "lora_rank": lora_rank,
             "base_dtype": format!("{:?}", if lora.is_some() { base_dtype } else { policy::DType::F32 }),
-            "predicted_bytes": predicted, "host_peak_rss_bytes": peak_rss(),
+            "layers": cfg.num_hidden_layers, "elementary": elementary,
+            "predicted_bytes": predicted, "predicted_bytes_at_len": predicted_at_len,
+            "pass_tokens": pass,
+            "host_peak_rss_bytes": peak_rss(),
+            "host_peak_live_bytes": counting_alloc::peak(),
             "step_ms_median": median * 1e3,
             "step_ms": times.iter().map(|t| t * 1e3).collect::<Vec<_>>(),
             "step_cpu_ms": cpu_times.iter().map(|t| t * 1e3).collect::<Vec<_>>(),
@@ -196,40 +230,14 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// `groups` synthetic groups of `n` samples at `version`: random prompt and response tokens,
-/// uniform-policy sampler log-probs and random rewards (only the shapes matter for timing).
-fn synthetic_batch(
-    rng: &mut rand::rngs::StdRng,
-    groups: usize,
-    n: usize,
-    prompt_len: usize,
-    response_len: usize,
-    vocab: u32,
-    version: u64,
-) -> Vec<TrajectoryGroup> {
-    (0..groups)
-        .map(|_| TrajectoryGroup {
-            group_id: rng.gen(),
-            task_id: "synthetic".into(),
-            prompt_id: "p".into(),
-            version,
-            seq: 0,
-            producer: "bench".into(),
-            prompt_text: String::new(),
-            prompt_tokens: (0..prompt_len).map(|_| rng.gen_range(0..vocab)).collect(),
-            created_unix_ms: 0,
-            samples: (0..n)
-                .map(|_| Sample {
-                    trajectory_id: rng.gen(),
-                    response_tokens: (0..response_len).map(|_| rng.gen_range(0..vocab)).collect(),
-                    response_text: String::new(),
-                    reward: rng.gen_range(0.0..1.0),
-                    sampler_logprobs: vec![-(vocab as f32).ln(); response_len],
-                    loss_mask: vec![1; response_len],
-                    finished_unix_ms: 0,
-                })
-                .collect(),
-            signature: None,
-        })
-        .collect()
+/// Tokens of this run's largest pass (`learner`'s micro-batch plan for equal groups): whole
+/// groups while one fits the budget, else rows of one group (a budget of 0 is one pass).
+fn pass_tokens(budget: usize, groups: usize, n: usize, len: usize) -> usize {
+    if budget == 0 {
+        groups * n * len
+    } else if n * len <= budget {
+        (budget / (n * len)).clamp(1, groups) * n * len
+    } else {
+        (budget / len).max(1) * len
+    }
 }

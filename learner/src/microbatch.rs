@@ -24,10 +24,11 @@
 //! Must not touch: admission, quarantine and the optimiser step (the trainer's), the loss
 //! formulas (`crate::loss`).
 
+use std::collections::HashSet;
 use std::ops::Range;
 
 use candle_core::backprop::GradStore;
-use candle_core::{Tensor, Var};
+use candle_core::{DType, Device, Tensor, TensorId, Var};
 use storage::TrajectoryGroup;
 
 use super::Trainer;
@@ -112,9 +113,29 @@ pub(crate) struct BatchGradient {
     pub terms: Vec<GroupTerms>,
 }
 
-/// Adds `new` into `acc` variable by variable (the first store becomes the sum).
-fn add_into(acc: &mut Option<GradStore>, new: GradStore, vars: &[Var]) -> Result<()> {
+/// Adds the trainable variables' gradients of `new` into `acc` (the first store becomes the
+/// sum). Only theirs: a backward's store also holds gradients of the graph's other leaves, and
+/// candle leaves those attached to the ops that computed them, so keeping one would keep its
+/// pass's whole forward graph alive through the step's later passes (twice the activation
+/// memory, `docs/gpu.md`, "Learner memory"). candle can neither build an empty store nor
+/// remove an entry by id, so the first store's other entries are replaced by an empty tensor.
+fn add_into(acc: &mut Option<GradStore>, mut new: GradStore, vars: &[Var]) -> Result<()> {
     let Some(sum) = acc else {
+        let kept: HashSet<TensorId> = vars.iter().map(|v| v.id()).collect();
+        let others: Vec<TensorId> = new
+            .get_ids()
+            .filter(|id| !kept.contains(id))
+            .copied()
+            .collect();
+        let empty = Tensor::zeros(0, DType::F32, &Device::Cpu)?;
+        for id in others {
+            new.insert_id(id, empty.clone());
+        }
+        for var in vars {
+            if let Some(g) = new.remove(var.as_tensor()) {
+                new.insert(var.as_tensor(), g.detach());
+            }
+        }
         *acc = Some(new);
         return Ok(());
     };
@@ -124,7 +145,7 @@ fn add_into(acc: &mut Option<GradStore>, new: GradStore, vars: &[Var]) -> Result
                 Some(prev) => (prev + g)?,
                 None => g.clone(),
             };
-            sum.insert(var.as_tensor(), total);
+            sum.insert(var.as_tensor(), total.detach());
         }
     }
     Ok(())

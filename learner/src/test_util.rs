@@ -6,7 +6,7 @@
 
 use candle_core::Device;
 use policy::{GenerationPath, ModelConfig, Policy, SamplingParams};
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use storage::{Sample, TrajectoryGroup};
 
 /// Sampling temperature of the fixtures' groups (the trainers' `temperature` must match).
@@ -85,4 +85,42 @@ pub(crate) fn sampled_group(
         samples,
         signature: None,
     }
+}
+
+/// `groups` synthetic groups of `n` samples at `version`: random prompt and response tokens,
+/// uniform-policy sampler log-probs and random rewards (only the shapes matter for timing).
+pub(crate) fn synthetic_groups(
+    rng: &mut rand::rngs::StdRng,
+    groups: usize,
+    n: usize,
+    prompt_len: usize,
+    response_len: usize,
+    vocab: u32,
+    version: u64,
+) -> Vec<TrajectoryGroup> {
+    (0..groups)
+        .map(|_| TrajectoryGroup {
+            group_id: rng.gen(),
+            task_id: "synthetic".into(),
+            prompt_id: "p".into(),
+            version,
+            seq: 0,
+            producer: "bench".into(),
+            prompt_text: String::new(),
+            prompt_tokens: (0..prompt_len).map(|_| rng.gen_range(0..vocab)).collect(),
+            created_unix_ms: 0,
+            samples: (0..n)
+                .map(|_| Sample {
+                    trajectory_id: rng.gen(),
+                    response_tokens: (0..response_len).map(|_| rng.gen_range(0..vocab)).collect(),
+                    response_text: String::new(),
+                    reward: rng.gen_range(0.0..1.0),
+                    sampler_logprobs: vec![-(vocab as f32).ln(); response_len],
+                    loss_mask: vec![1; response_len],
+                    finished_unix_ms: 0,
+                })
+                .collect(),
+            signature: None,
+        })
+        .collect()
 }

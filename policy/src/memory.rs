@@ -1,9 +1,10 @@
 //! How many bytes a learner or a rollout worker needs on its device, as pure functions of the
 //! model shape, so a node can refuse a role it cannot hold before allocating anything.
 //!
-//! Owns: the byte formulas ([`learner_bytes`] with its [`activation_bytes_per_token`],
-//! [`worker_bytes`]), the fit checks with actionable messages ([`check_fit`],
-//! [`check_learner_fit`]) and the largest learner pass that fits ([`max_tokens_per_pass`]).
+//! Owns: the byte formulas ([`learner_bytes`] with its [`pass_activation_bytes`] and
+//! [`activation_bytes_per_token`], [`worker_bytes`]), the fit checks with actionable messages
+//! ([`check_fit`], [`check_learner_fit`]) and the largest learner pass that fits
+//! ([`max_tokens_per_pass`]).
 //!
 //! Must not touch: devices or I/O — the caller passes the free memory it measured
 //! ([`crate::device::describe`]). The CUDA context itself (a few hundred MiB) and allocator
@@ -62,17 +63,25 @@ pub fn training_activation_bytes_per_token(
     training: Training<'_>,
     seq_len: usize,
 ) -> u64 {
-    let base = activation_bytes_per_token(cfg, seq_len);
-    match training {
-        Training::Full { .. } => base,
-        Training::Lora { lora, .. } => {
-            let extra: u64 = targeted_projections(cfg, lora)
-                .iter()
-                .map(|(_, out, _)| (lora.rank + 2 * out) as u64)
-                .sum();
-            base.saturating_add(4 * extra)
-        }
-    }
+    let (forward, backward) = training_values_per_token(cfg, training, seq_len);
+    4 * (forward + backward)
+}
+
+/// (forward, backward) values per token of [`training_activation_bytes_per_token`].
+fn training_values_per_token(
+    cfg: &ModelConfig,
+    training: Training<'_>,
+    seq_len: usize,
+) -> (u64, u64) {
+    let (forward, backward) = activation_values_per_token(cfg, seq_len);
+    let adapters: u64 = match training {
+        Training::Full { .. } => 0,
+        Training::Lora { lora, .. } => targeted_projections(cfg, lora)
+            .iter()
+            .map(|(_, out, _)| (lora.rank + 2 * out) as u64)
+            .sum(),
+    };
+    (forward.saturating_add(adapters), backward)
 }
 
 /// Bytes the learner's training state holds, all in f32 (P = [`ModelConfig::num_params`]):
@@ -104,11 +113,16 @@ pub fn learner_state_bytes(cfg: &ModelConfig, with_reference: bool) -> u64 {
 ///   normalised (6·H·s, the quadratic term);
 /// - outside the layers `d` (embedding) `+ 3·d` (final norm) `+ 5·V` (logits, divided by the
 ///   temperature, and log-softmax's shifted, exp and result rows);
-/// - the backward's working set on top: one layer's gradients and two vocabulary-wide rows
-///   (the logits' gradient and its predecessor).
+/// - the backward's working set on top: the larger of one and a half layers' activations and
+///   **seven** vocabulary-wide rows. candle builds each gradient as a zero-filled tensor plus
+///   the incoming one, and a gradient computed from a forward tensor (exp's, a product's)
+///   keeps that sum's pieces alive until its node is visited: the log-softmax's backward holds
+///   seven rows of V at once, and a layer's backward 0.86–1.24 layers' worth (its gradients
+///   and its weights' being built), measured on the CPU's elementary path (the learner's
+///   `tests/memory.rs` holds a whole step to the count).
 ///
-/// The Qwen3-0.6B shape at s = 320: 12.9 MB per token of activations, plus 2.6 MB of
-/// backward working set.
+/// The Qwen3-0.6B shape at s = 320: 13.0 MB per token of activations, plus 4.3 MB of
+/// backward working set. A pass adds a term of its own ([`pass_activation_bytes`]).
 pub fn activation_bytes_per_token(cfg: &ModelConfig, seq_len: usize) -> u64 {
     let (forward, backward) = activation_values_per_token(cfg, seq_len);
     4 * (forward + backward)
@@ -131,16 +145,71 @@ pub(crate) fn activation_values_per_token(cfg: &ModelConfig, seq_len: usize) -> 
     let layer2 = 20 * d + 23 * q + 23 * kv + 8 * i + 12 * h * s;
     let layers = cfg.num_hidden_layers as u64 * layer2 / 2;
     let outside = 4 * d + 5 * v;
-    let backward = layer2 / 2 + 2 * v;
+    let backward = (3 * layer2 / 4).max(VOCAB_BACKWARD_ROWS * v);
     (layers + outside, backward)
+}
+
+/// Vocabulary-wide rows per token the backward holds at once (measured, see
+/// [`activation_bytes_per_token`]).
+const VOCAB_BACKWARD_ROWS: u64 = 7;
+
+/// Copies of the largest trained weight matrix alive while candle builds its gradient
+/// (measured): the product `xᵀ·dy`, a zero-filled sum, the sum, and the same zero-fill and sum
+/// once more for the variable under the transposed view the forward multiplied by.
+const WEIGHT_GRADIENT_COPIES: u64 = 5;
+
+/// Bytes of the activations of one pass of `tokens` tokens in sequences of `seq_len`: the
+/// forward's and the backward's per-token counts ([`training_activation_bytes_per_token`]),
+/// except that the backward's working set is the larger of its per-token count and the moment
+/// the largest trained weight's gradient is built — [`WEIGHT_GRADIENT_COPIES`] copies of that
+/// matrix (for full fine-tuning the `V × d` embedding, which the output projection shares or
+/// matches; for LoRA the largest adapter matrix) beside the output logits' gradient, one row
+/// of V per token. That moment is the larger in short passes: for Qwen3-0.6B below 853 tokens
+/// (`5·d/6`, where `5·V·d + t·V` passes `7·V·t`).
+pub fn pass_activation_bytes(
+    cfg: &ModelConfig,
+    training: Training<'_>,
+    seq_len: usize,
+    tokens: usize,
+) -> u64 {
+    let (forward, backward) = training_values_per_token(cfg, training, seq_len);
+    let t = tokens as u64;
+    let weight_phase = largest_trained_matrix(cfg, training)
+        .saturating_mul(WEIGHT_GRADIENT_COPIES)
+        .saturating_add(t.saturating_mul(cfg.vocab_size as u64));
+    let working = t.saturating_mul(backward).max(weight_phase);
+    4 * t.saturating_mul(forward).saturating_add(working)
+}
+
+/// Values of the largest matrix that gets a gradient.
+fn largest_trained_matrix(cfg: &ModelConfig, training: Training<'_>) -> u64 {
+    match training {
+        Training::Full { .. } => {
+            let d = cfg.hidden_size as u64;
+            let widest = [
+                cfg.vocab_size,
+                cfg.intermediate_size,
+                cfg.num_attention_heads * cfg.head_dim,
+            ]
+            .into_iter()
+            .max()
+            .unwrap_or(0) as u64;
+            d * widest
+        }
+        Training::Lora { lora, .. } => targeted_projections(cfg, lora)
+            .iter()
+            .map(|(_, out, inp)| (lora.rank * out.max(inp)) as u64)
+            .max()
+            .unwrap_or(0),
+    }
 }
 
 /// Bytes of the learner: its training state ([`learner_state_bytes`]) plus the activations
 /// of one pass of `tokens_per_pass` padded tokens (the micro-batch budget), counted for the
 /// worst case of a single sequence filling the pass (up to the model's context), since the
 /// attention scores grow with the square of a sequence's length.
-/// For LoRA ([`Training::Lora`]) the state is [`training_state_bytes`] and the activations
-/// [`training_activation_bytes_per_token`].
+/// The activations are [`pass_activation_bytes`]; for LoRA ([`Training::Lora`]) the state is
+/// [`training_state_bytes`].
 pub fn learner_bytes<'a>(
     cfg: &ModelConfig,
     training: impl Into<Training<'a>>,
@@ -148,8 +217,7 @@ pub fn learner_bytes<'a>(
 ) -> u64 {
     let training = training.into();
     let seq = tokens_per_pass.min(cfg.max_position_embeddings);
-    let act = training_activation_bytes_per_token(cfg, training, seq)
-        .saturating_mul(tokens_per_pass as u64);
+    let act = pass_activation_bytes(cfg, training, seq, tokens_per_pass);
     training_state_bytes(cfg, training).saturating_add(act)
 }
 
@@ -306,26 +374,50 @@ mod tests {
     fn activations_by_hand() {
         // Qwen3-0.6B at s = 320, values per token:
         // layer 10·1024 + 11.5·2048 + 11.5·1024 + 4·3072 + 6·16·320 = 88,576; × 28 = 2,480,128
-        // outside 4·1024 + 5·151,936 = 763,776; backward 88,576 + 2·151,936 = 392,448
-        // (2,480,128 + 763,776 + 392,448) · 4 bytes = 14,545,408 (13.0 MB + 1.6 MB).
+        // outside 4·1024 + 5·151,936 = 763,776; backward max(1.5·88,576, 7·151,936) = 1,063,552
+        // (2,480,128 + 763,776 + 1,063,552) · 4 bytes = 17,229,824 (13.0 MB + 4.3 MB).
         let q = ModelConfig::qwen3_0_6b();
-        assert_eq!(activation_bytes_per_token(&q, 320), 14_545_408);
+        assert_eq!(activation_bytes_per_token(&q, 320), 17_229_824);
         // The attention term is the only one that grows with the sequence: 28 · 6 · 16 · 4
-        // bytes per token per position, plus the backward's one layer (6 · 16 · 4).
+        // bytes per token per position (the backward's working set is the vocabulary's here).
         assert_eq!(
             activation_bytes_per_token(&q, 321) - activation_bytes_per_token(&q, 320),
-            29 * 6 * 16 * 4
+            28 * 6 * 16 * 4
         );
         // A pass of 1,024 tokens counts sequences of 1,024 (the worst case), capped at the
         // context for the whole-batch case.
+        let full = Training::Full {
+            with_reference: false,
+        };
         assert_eq!(
             learner_bytes(&q, false, 1024),
-            learner_state_bytes(&q, false) + 1024 * activation_bytes_per_token(&q, 1024)
+            learner_state_bytes(&q, false) + pass_activation_bytes(&q, full, 1024, 1024)
+        );
+        assert_eq!(
+            pass_activation_bytes(&q, full, 1024, 1024),
+            1024 * activation_bytes_per_token(&q, 1024)
         );
         let tiny = ModelConfig::tiny();
         assert_eq!(
             learner_bytes(&tiny, false, 10_000),
             learner_state_bytes(&tiny, false) + 10_000 * activation_bytes_per_token(&tiny, 256)
+        );
+        // Below 5·d/6 = 853 tokens the output projection's gradient decides the working set:
+        // 5 copies of the 151,936 × 1,024 embedding beside one vocabulary row per token.
+        let (fwd, _) = activation_values_per_token(&q, 100);
+        assert_eq!(
+            pass_activation_bytes(&q, full, 100, 100),
+            4 * (100 * fwd + 5 * 151_936 * 1024 + 100 * 151_936)
+        );
+        // LoRA trains no vocabulary-wide matrix: its short passes are the per-token count.
+        let lora = LoraConfig::new(8, 16.0);
+        let t = Training::Lora {
+            lora: &lora,
+            base_dtype: DType::BF16,
+        };
+        assert_eq!(
+            pass_activation_bytes(&q, t, 100, 100),
+            100 * training_activation_bytes_per_token(&q, t, 100)
         );
     }
 
@@ -354,8 +446,8 @@ mod tests {
         assert!(e.contains(&format!("needs {need:.2} GiB")), "{e}");
         assert!(e.contains("70.00 GiB free"), "{e}");
         // The figures docs/gpu.md quotes.
-        assert!(e.contains("micro_batch_tokens to at most 1984"), "{e}");
-        assert!(e.contains("1192.23 GiB of activations"), "{e}");
+        assert!(e.contains("micro_batch_tokens to at most 1911"), "{e}");
+        assert!(e.contains("1200.49 GiB of activations"), "{e}");
         let e = check_learner_fit(&q, false, 1024, 1 << 30, 0)
             .unwrap_err()
             .to_string();
@@ -388,6 +480,8 @@ mod tests {
             learner_bytes(&q, t, 1024),
             training_state_bytes(&q, t) + 1024 * training_activation_bytes_per_token(&q, t, 1024)
         );
+        // The passes `docs/model.md` quotes for an 80 GB card.
+        assert_eq!(max_tokens_per_pass(&q, t, 80_000_000_000), 2043);
         // An f32 base on the CPU: 4·P for the base, no reference copy.
         let cpu = Training::Lora {
             lora: &lora,
@@ -421,6 +515,9 @@ mod tests {
         assert_eq!(training_state_bytes(&b4, bf16), 8_375_237_632); // 7.80 GiB
         assert_eq!(training_state_bytes(&b8, bf16), 16_817_940_480); // 15.66 GiB
         assert_eq!(learner_state_bytes(&b8, true), 196_577_648_640); // 183.08 GiB
+                                                                     // Passes that fit an 80 GB card (the worst case: one sequence fills the pass).
+        assert_eq!(max_tokens_per_pass(&b4, bf16, 80_000_000_000), 1108);
+        assert_eq!(max_tokens_per_pass(&b8, bf16, 80_000_000_000), 952);
     }
 
     #[test]

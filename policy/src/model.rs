@@ -35,6 +35,14 @@ use crate::error::{PolicyError, Result};
 use crate::lora::LoraConfig;
 use positions::{apply_rope, Positions};
 
+/// Makes this thread's model forwards take the elementary-op path even on the CPU (`true`),
+/// or the fused CPU kernels again (`false`, the default). The elementary path is what a GPU
+/// runs, so a CPU measurement of its memory (`train_step --elementary`) is the GPU's graph.
+/// Per thread, so that one caller's measurement changes no other thread's forwards.
+pub fn use_elementary_ops(on: bool) {
+    cpu_ops::ELEMENTARY_ONLY.with(|c| c.set(on));
+}
+
 /// The dtype the decoder's activations (hidden states, attention, logits) are computed in.
 /// Weights are f32 too, except a frozen base held in bf16 on a GPU
 /// ([`crate::lora::frozen_base_dtype`]): its projections return this dtype
@@ -204,6 +212,25 @@ impl Proj {
     }
 }
 
+/// `t` as an operand of recorded ops (`recording`: the forward builds a gradient graph) that
+/// no gradient should reach: a constant — the RoPE tables, the causal mask, a detached
+/// softmax maximum.
+///
+/// candle 0.9's backward (`backprop.rs`) computes a gradient for *every* operand of a recorded
+/// op, and only visits — and so frees — those of tracked nodes. An untracked operand's
+/// gradient, as large as the op's output after a broadcast (`[b, heads, t, s]` for the mask,
+/// `[b, t, vocab]` for log-softmax's maximum), stays in the returned `GradStore`, and it still
+/// holds the ops that computed it, so the whole forward graph with it. Made a variable, the
+/// constant is a tracked leaf: its broadcast's gradient is reduced to its own small shape and
+/// freed during the backward (`docs/gpu.md`, "Learner memory"). Without a graph it is `t`.
+pub(crate) fn graph_constant(t: Tensor, recording: bool) -> Result<Tensor> {
+    Ok(if recording {
+        Var::from_tensor(&t)?.into_inner()
+    } else {
+        t
+    })
+}
+
 /// RMSNorm, `x / sqrt(mean(x²) + eps) * w`, in differentiable elementary ops.
 #[derive(Debug, Clone)]
 struct RmsNorm {
@@ -225,7 +252,7 @@ impl RmsNorm {
 /// Numerically stable softmax over the last dimension; the max is detached (it cancels
 /// mathematically), everything else carries gradients.
 pub(crate) fn softmax_last(x: &Tensor) -> Result<Tensor> {
-    let max = x.max_keepdim(D::Minus1)?.detach();
+    let max = graph_constant(x.max_keepdim(D::Minus1)?.detach(), x.track_op())?;
     let e = x.broadcast_sub(&max)?.exp()?;
     let s = e.sum_keepdim(D::Minus1)?;
     Ok(e.broadcast_div(&s)?)
@@ -236,7 +263,7 @@ pub fn log_softmax_last(x: &Tensor) -> Result<Tensor> {
     if cpu_ops::applies(x) {
         return Ok(cpu_ops::log_softmax(x)?);
     }
-    let max = x.max_keepdim(D::Minus1)?.detach();
+    let max = graph_constant(x.max_keepdim(D::Minus1)?.detach(), x.track_op())?;
     let shifted = x.broadcast_sub(&max)?;
     let lse = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
     Ok(shifted.broadcast_sub(&lse)?)
@@ -427,6 +454,9 @@ pub struct Qwen3 {
     norm: RmsNorm,
     lm_head: Proj,
     device: Device,
+    /// Its forwards record a gradient graph: built over variables, not detached views (a LoRA
+    /// model records from the first adapter on, although its embedding is frozen).
+    records: bool,
 }
 
 impl Qwen3 {
@@ -477,10 +507,13 @@ impl Qwen3 {
         cfg.validate()?;
         let h = cfg.hidden_size;
         let norm = |name: &str, size: usize| -> Result<RmsNorm> {
+            // A no-op (shared storage) for f32 weights; a bf16 base's `[size]` vector is
+            // widened once.
+            let weight = w.get(name, &[size])?.to_dtype(ACTIVATION_DTYPE)?;
+            // A frozen weight in a recording model (LoRA's base) is a constant of the graph.
+            let constant = !w.frozen && !weight.is_variable();
             Ok(RmsNorm {
-                // A no-op (shared storage) for f32 weights; a bf16 base's `[size]` vector
-                // is widened once.
-                weight: w.get(name, &[size])?.to_dtype(ACTIVATION_DTYPE)?,
+                weight: graph_constant(weight, constant)?,
                 eps: cfg.rms_norm_eps,
             })
         };
@@ -551,6 +584,7 @@ impl Qwen3 {
             norm: norm("model.norm.weight", h)?,
             lm_head,
             device: device.clone(),
+            records: !w.frozen,
         })
     }
 
@@ -613,7 +647,14 @@ impl Qwen3 {
             )));
         }
         let mut x = self.embed_tokens.forward(ids)?.to_dtype(ACTIVATION_DTYPE)?;
-        let pos = Positions::new(&self.cfg, offset, t, cpu_ops::applies(&x), &self.device)?;
+        let pos = Positions::new(
+            &self.cfg,
+            offset,
+            t,
+            cpu_ops::applies(&x),
+            self.records,
+            &self.device,
+        )?;
         for (i, layer) in self.layers.iter().enumerate() {
             let slot = cache.as_mut().map(|c| &mut c.layers[i]);
             let h = layer.input_layernorm.forward(&x)?;

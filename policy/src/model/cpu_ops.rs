@@ -21,16 +21,15 @@ use candle_core::{
 
 /// Whether `x` can take the fused path (contiguous-able f32 on the CPU).
 pub(super) fn applies(x: &Tensor) -> bool {
-    #[cfg(test)]
     if ELEMENTARY_ONLY.with(|c| c.get()) {
         return false;
     }
     x.device().is_cpu() && x.dtype() == DType::F32
 }
 
-#[cfg(test)]
 thread_local! {
-    /// Tests set this to run the elementary reference path on the CPU.
+    /// Set (tests, `super::use_elementary_ops`) to run the elementary reference path on the
+    /// CPU: the ops, and so the autograd graph, a GPU runs.
     pub(super) static ELEMENTARY_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 

@@ -161,7 +161,7 @@ fn model_logits_and_grads(
     cfg: &crate::ModelConfig,
     elementary: bool,
 ) -> (Tensor, Vec<(String, Tensor)>) {
-    cpu_ops::ELEMENTARY_ONLY.with(|c| c.set(elementary));
+    super::use_elementary_ops(elementary);
     let p = crate::Policy::new_random(cfg, 7, &Device::Cpu).unwrap();
     let ids: Vec<u32> = (0..3 * 9)
         .map(|i| (i * 37 % cfg.vocab_size) as u32)
@@ -179,7 +179,7 @@ fn model_logits_and_grads(
             (n, g)
         })
         .collect();
-    cpu_ops::ELEMENTARY_ONLY.with(|c| c.set(false));
+    super::use_elementary_ops(false);
     (logits, g)
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use candle_core::{Device, Tensor, D};
 
-use super::cpu_ops;
+use super::{cpu_ops, graph_constant};
 use crate::config::ModelConfig;
 use crate::error::Result;
 
@@ -45,6 +45,7 @@ impl Positions {
         offset: usize,
         t: usize,
         fused: bool,
+        recording: bool,
         device: &Device,
     ) -> Result<Self> {
         let half = cfg.head_dim / 2;
@@ -68,11 +69,15 @@ impl Positions {
                 .flat_map(|r| r.iter().chain(r).copied())
                 .collect()
         };
-        let cos = Tensor::from_vec(full(&cos), (t, cfg.head_dim), device)?;
-        let sin = Tensor::from_vec(full(&sin), (t, cfg.head_dim), device)?;
+        // Constants of a recorded graph are variables (`graph_constant`): candle would keep an
+        // activation-sized gradient of each, and the graph with it, until the step ends.
+        let constant = |v: Vec<f32>, shape: (usize, usize)| {
+            graph_constant(Tensor::from_vec(v, shape, device)?, recording)
+        };
+        let cos = constant(full(&cos), (t, cfg.head_dim))?;
+        let sin = constant(full(&sin), (t, cfg.head_dim))?;
         let mask = if t > 1 {
-            let s = offset + t;
-            Some(Tensor::from_vec(causal_mask(t, offset), (t, s), device)?)
+            Some(constant(causal_mask(t, offset), (t, offset + t))?)
         } else {
             None
         };
