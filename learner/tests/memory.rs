@@ -60,20 +60,14 @@ fn vocabulary_bound() -> Case {
     }
 }
 
-/// Layer-bound (a small vocabulary and long sequences: the attention scores decide): one row
-/// of 320 tokens a pass.
+/// Layer-bound (the same layers, a small vocabulary and long sequences: the attention scores
+/// decide): one row of 320 tokens a pass.
 fn layer_bound() -> Case {
     Case {
         cfg: ModelConfig {
             vocab_size: 64,
-            hidden_size: 64,
-            intermediate_size: 192,
-            num_hidden_layers: 2,
-            num_attention_heads: 4,
-            num_key_value_heads: 2,
-            head_dim: 16,
             max_position_embeddings: 512,
-            ..ModelConfig::tiny()
+            ..vocabulary_bound().cfg
         },
         groups: 1,
         rows: 4,

@@ -53,9 +53,9 @@ fn measure(cfg: &ModelConfig, rows: usize, len: usize) -> (u64, u64) {
     (graph_bytes(&lp), 4 * forward * (rows * len) as u64)
 }
 
-#[test]
-fn activation_count_matches_the_autograd_graph() {
-    let qwen_like = ModelConfig {
+/// A small shape with Qwen3's proportions (grouped-query attention, q/k-norm).
+fn qwen_like() -> ModelConfig {
+    ModelConfig {
         vocab_size: 512,
         hidden_size: 64,
         intermediate_size: 192,
@@ -65,7 +65,12 @@ fn activation_count_matches_the_autograd_graph() {
         head_dim: 32,
         max_position_embeddings: 128,
         ..ModelConfig::tiny()
-    };
+    }
+}
+
+#[test]
+fn activation_count_matches_the_autograd_graph() {
+    let qwen_like = qwen_like();
     for (cfg, rows, len) in [
         (ModelConfig::tiny(), 2, 24),
         (ModelConfig::tiny(), 1, 96),
@@ -92,17 +97,7 @@ fn activation_count_matches_the_autograd_graph() {
 /// gets an attached `[b, t, d]` gradient; the trainer drops it with the rest.)
 #[test]
 fn a_backward_keeps_no_graph_in_the_variables_and_nothing_activation_sized() {
-    let cfg = ModelConfig {
-        vocab_size: 512,
-        hidden_size: 64,
-        intermediate_size: 192,
-        num_hidden_layers: 2,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        head_dim: 32,
-        max_position_embeddings: 128,
-        ..ModelConfig::tiny()
-    };
+    let cfg = qwen_like();
     let full = Policy::new_random(&cfg, 1, &Device::Cpu).unwrap();
     // LoRA: the embedding is frozen, so the graph starts inside the first layer's adapters.
     let lora = Policy::new_random(&cfg, 1, &Device::Cpu)
