@@ -60,7 +60,10 @@ for b in release/echo-node release/testnet release/examples/gen_bench release/ex
   say "$name: $(mib "$(size "$src")") built, $(mib "$(size "$pkg/bin/$name")") stripped; NEEDED: $needed"
 done
 cp scripts/run-on-gpu.sh scripts/gpu-smoke.sh scripts/gpu-session.sh "$pkg/scripts/"
-dirty=$(git status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo ", uncommitted changes")
+dirty=""
+if git status --porcelain --untracked-files=no 2>/dev/null | grep -q .; then
+  dirty=", uncommitted changes"
+fi
 echo "echo-swarm $(git rev-parse --short HEAD 2>/dev/null || echo unknown)${dirty}, built $(date -u +%Y-%m-%dT%H:%MZ)" \
   >"$pkg/BUILD"
 # The binaries are found by gpu-smoke.sh's default --bin-dir (../bin beside it).
