@@ -7,10 +7,13 @@
 #
 #   echo-swarm-gpu/scripts/gpu-session.sh [--out DIR] [--budget SECONDS] [--smoke SECONDS]
 #                                         [--nodes 8,16,32,64] [--size-mb 64] [--rounds 2]
-#                                         [--device cuda|cpu] [--quick]
+#                                         [--device cuda|cpu] [--quick] [--work DIR]
 #
 #   --out     where the results go (default ./gpu-session): session.log, gpu-smoke.json, the
-#             smoke's logs (smoke-work.tgz) and broadcast-n<N>.json for every swarm size run
+#             smoke's logs (smoke-work.tgz) and broadcast-n<N>.json for every swarm size run;
+#             small files only, so that it can be fetched back from a lent host
+#   --work    the scratch directory: the smoke test's files and the swarms' node directories,
+#             gigabytes for 64 nodes (default: a new directory under $TMPDIR or /tmp)
 #   --budget  seconds for the whole session (default 540); the sweep takes what the smoke
 #             test leaves and skips the sizes that no longer fit
 #   --smoke   seconds for the smoke test (default 300; each check at most 150)
@@ -24,6 +27,7 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 pkg=$(cd "$here/.." && pwd)
 out=gpu-session budget=540 smoke=300 nodes=8,16,32,64 size=64 rounds=2 device=cuda quick=()
+work=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out=$2; shift 2 ;;
@@ -34,12 +38,15 @@ while [ $# -gt 0 ]; do
     --rounds) rounds=$2; shift 2 ;;
     --device) device=$2; shift 2 ;;
     --quick) quick=(--quick); shift ;;
-    -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
+    --work) work=$2; shift 2 ;;
+    -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "gpu-session: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-mkdir -p "$out/work"
+mkdir -p "$out"
 out=$(cd "$out" && pwd)
+work=${work:-$(mktemp -d "${TMPDIR:-/tmp}/gpu-session.XXXXXX")}
+mkdir -p "$work"
 exec > >(tee -a "$out/session.log") 2>&1
 t0=$(date +%s)
 elapsed() { echo $(($(date +%s) - t0)); }
@@ -51,10 +58,10 @@ say "cores: $(nproc); memory: $(free -g | awk '/^Mem:/ {print $2 " GiB"}')"
 
 # 1. The smoke test, under its own limit.
 timeout "$smoke" "$here/gpu-smoke.sh" --device "$device" ${quick[@]+"${quick[@]}"} --timeout 150 \
-  --bin-dir "$pkg/bin" --work "$out/work/smoke" --out "$out/gpu-smoke.json"
+  --bin-dir "$pkg/bin" --work "$work/smoke" --out "$out/gpu-smoke.json"
 smoke_rc=$?
 say "smoke test exit $smoke_rc"
-tar -C "$out/work" -czf "$out/smoke-work.tgz" smoke 2>/dev/null
+tar -C "$work" -czf "$out/smoke-work.tgz" smoke 2>/dev/null
 
 # 2. The broadcast sweep: one swarm size after another while the budget lasts (a size is
 #    started only with at least 30 s left, and stopped at the budget).
@@ -66,12 +73,12 @@ if [ -x "$pkg/bin/testnet" ]; then
       break
     fi
     timeout "$left" "$pkg/bin/testnet" broadcast --nodes "$n" --size-mb "$size" \
-      --rounds "$rounds" --mode chain --bin "$pkg/bin/echo-node" --out "$out/work/bcast-n$n" \
-      --json >"$out/work/bcast-n$n.stdout" 2>"$out/work/bcast-n$n.log"
+      --rounds "$rounds" --mode chain --bin "$pkg/bin/echo-node" --out "$work/bcast-n$n" \
+      --json >"$work/bcast-n$n.stdout" 2>"$work/bcast-n$n.log"
     rc=$?
-    cp "$out/work/bcast-n$n/broadcast.json" "$out/broadcast-n$n.json" 2>/dev/null
+    cp "$work/bcast-n$n/broadcast.json" "$out/broadcast-n$n.json" 2>/dev/null
     say "broadcast N=$n exit $rc"
-    tail -n 3 "$out/work/bcast-n$n.log"
+    tail -n 3 "$work/bcast-n$n.log"
   done
 else
   say "no testnet binary in the package: sweep skipped"
