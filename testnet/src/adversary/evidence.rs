@@ -155,6 +155,28 @@ pub(super) fn honest_strikes(tables: &[&Value], honest_ids: &[String]) -> u64 {
         .sum()
 }
 
+/// Why the honest workers were struck, one line per observer and struck honest worker:
+/// `"<observer> struck <peer id>: {reason: count, …}"` (`observers` names `tables`, in order).
+/// Reported beside [`honest_strikes`] so that a false positive names the check that made it.
+pub(super) fn honest_strike_reasons(
+    tables: &[&Value],
+    observers: &[String],
+    honest_ids: &[String],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for (table, observer) in tables.iter().zip(observers) {
+        for id in honest_ids {
+            if let Some(row) = peer_row(table, id).filter(|r| r["strikes"].as_u64() > Some(0)) {
+                out.push(format!(
+                    "{observer} struck {id}: {}",
+                    row["strikes_by_reason"]
+                ));
+            }
+        }
+    }
+    out
+}
+
 pub(super) fn peer_row<'a>(status: &'a Value, peer: &str) -> Option<&'a Value> {
     status["peers"]
         .as_array()?

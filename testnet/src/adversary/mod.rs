@@ -49,7 +49,9 @@ use crate::harness::{self, Fleet, NodeConfig, Role, START_LIMIT};
 mod evidence;
 mod probes;
 
-use evidence::{honest_strikes, observe, rejection_counters, ReplayWatch, Watch};
+use evidence::{
+    honest_strike_reasons, honest_strikes, observe, rejection_counters, ReplayWatch, Watch,
+};
 use probes::{forged_group_ids, trained_group_ids};
 pub(crate) use probes::{http_get, settle_installs, status, trained_by_producer, InstallWatch};
 
@@ -92,6 +94,8 @@ struct RunResult {
     pruned: Option<u64>,
     /// Strikes against the honest workers ([`honest_strikes`], the most seen during the run).
     honest_strikes: u64,
+    /// Who struck them and why ([`honest_strike_reasons`], as last seen).
+    honest_strike_reasons: Vec<String>,
 }
 
 fn honest_env() -> [(&'static str, &'static str); 1] {
@@ -242,6 +246,7 @@ fn run_once(
     // Per honest worker: groups produced (its status) and trained (the learner's counter).
     let mut honest_groups = vec![(None::<u64>, None::<u64>); honest.len()];
     let mut struck_honest = 0u64;
+    let mut struck_reasons = Vec::new();
     let replay = attacks.contains(&Attack::ReplayAfterRestart);
     let mut restart: Option<ReplayWatch> = None;
     let mut installs = InstallWatch::default();
@@ -266,6 +271,13 @@ fn run_once(
         let honest_status: Vec<Value> = honest_admins.iter().filter_map(|a| status(a)).collect();
         let tables: Vec<&Value> = std::iter::once(&ls).chain(&honest_status).collect();
         struck_honest = struck_honest.max(honest_strikes(&tables, &honest_ids));
+        let observers: Vec<String> = std::iter::once("learner".to_string())
+            .chain((0..honest_status.len()).map(|i| format!("honest worker {i}")))
+            .collect();
+        let reasons = honest_strike_reasons(&tables, &observers, &honest_ids);
+        if !reasons.is_empty() {
+            struck_reasons = reasons;
+        }
         for w in &mut watches {
             observe(w, &ls, &honest_status, &trained);
         }
@@ -340,6 +352,7 @@ fn run_once(
         pruned: last_learner["groups_pruned"].as_u64(),
         replay: restart.map(|r| r.report()),
         honest_strikes: struck_honest,
+        honest_strike_reasons: struck_reasons,
     })
 }
 
@@ -382,6 +395,7 @@ pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
     std::fs::create_dir_all(out)?;
     let mut runs = Vec::new();
     let (mut crashes, mut honest_struck) = (0u64, 0u64);
+    let mut struck_reasons: Vec<String> = Vec::new();
     let reward_clean = if s.no_clean {
         None
     } else {
@@ -389,6 +403,11 @@ pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
         let r = harness::in_run_dir("tn-adversary-clean-", |root| run_once(bin, root, s, &[]))?;
         crashes += u64::from(r.learner_crashed);
         honest_struck += r.honest_strikes;
+        struck_reasons.extend(
+            r.honest_strike_reasons
+                .iter()
+                .map(|w| format!("clean: {w}")),
+        );
         runs.push(run_json("clean", &r));
         r.reward
     };
@@ -409,6 +428,12 @@ pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
         let r = harness::in_run_dir("tn-adversary-", |root| run_once(bin, root, s, batch))?;
         crashes += u64::from(r.learner_crashed);
         honest_struck += r.honest_strikes;
+        let run = names.join(",");
+        struck_reasons.extend(
+            r.honest_strike_reasons
+                .iter()
+                .map(|w| format!("{run}: {w}")),
+        );
         rewards.extend(r.reward);
         attacks.extend(r.watches.iter().map(|w| {
             let mut a = w.report(k);
@@ -426,6 +451,7 @@ pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
         "attacks": attacks,
         "learner_crashes": crashes,
         "honest_strikes": honest_struck,
+        "honest_strike_reasons": struck_reasons,
         "reward_clean": reward_clean,
         "reward_attacked": reward_attacked,
         "steps": s.steps,
@@ -455,6 +481,7 @@ fn run_json(name: &str, r: &RunResult) -> Value {
         "timed_out": r.timed_out,
         "learner_crashed": r.learner_crashed,
         "honest_strikes": r.honest_strikes,
+        "honest_strike_reasons": r.honest_strike_reasons,
         "reward": r.reward,
         "learner_rejections": r.rejections,
         "learner_groups_pulled": r.pulled,
@@ -489,6 +516,23 @@ mod tests {
             "h0: 1, h1: 2; bad not counted"
         );
         assert_eq!(honest_strikes(&[&json!({})], &ids), 0);
+    }
+
+    #[test]
+    fn an_honest_strike_names_its_observer_and_reasons() {
+        let learner = json!({"peers": [
+            {"peer_id": "h0", "strikes": 1, "strikes_by_reason": {"heartbeat_flood": 1}},
+            {"peer_id": "bad", "strikes": 3, "strikes_by_reason": {"replay": 3}},
+            {"peer_id": "h1", "strikes": 0}
+        ]});
+        let w0 = json!({"peers": [{"peer_id": "h1", "strikes": 0}]});
+        let ids = ["h0".to_string(), "h1".to_string()];
+        let observers = ["learner".to_string(), "honest worker 0".to_string()];
+        assert_eq!(
+            honest_strike_reasons(&[&learner, &w0], &observers, &ids),
+            vec![r#"learner struck h0: {"heartbeat_flood":1}"#.to_string()],
+            "the attacker's strikes and unstruck workers are not listed"
+        );
     }
 
     #[test]
