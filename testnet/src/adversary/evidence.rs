@@ -177,6 +177,18 @@ pub(super) fn honest_strike_reasons(
     out
 }
 
+/// The lines of the node log at `log` that blame one of `honest_ids` (a strike's warning names
+/// the peer and says "fault"), at most five, each cut to 400 characters: the error behind an
+/// honest strike, for the report. Nothing when the log cannot be read.
+pub(super) fn fault_lines(log: &std::path::Path, honest_ids: &[String]) -> Vec<String> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .filter(|l| l.contains("fault") && honest_ids.iter().any(|id| l.contains(id.as_str())))
+        .take(5)
+        .map(|l| l.chars().take(400).collect())
+        .collect()
+}
+
 pub(super) fn peer_row<'a>(status: &'a Value, peer: &str) -> Option<&'a Value> {
     status["peers"]
         .as_array()?

@@ -50,7 +50,8 @@ mod evidence;
 mod probes;
 
 use evidence::{
-    honest_strike_reasons, honest_strikes, observe, rejection_counters, ReplayWatch, Watch,
+    fault_lines, honest_strike_reasons, honest_strikes, observe, rejection_counters, ReplayWatch,
+    Watch,
 };
 use probes::{forged_group_ids, trained_group_ids};
 pub(crate) use probes::{http_get, settle_installs, status, trained_by_producer, InstallWatch};
@@ -337,6 +338,10 @@ fn run_once(
         eprintln!("adversary: nodes that did not stop cleanly: {unclean:?}");
     }
     count_forged(&mut watches, &bad, &ldir);
+    if struck_honest > 0 {
+        // The learner's own words for it (the error behind a strike is in its log).
+        struck_reasons.extend(fault_lines(&echo_node::fleet::log_path(&ldir), &honest_ids));
+    }
     Ok(RunResult {
         honest_groups,
         honest_install_ratio: installs.ratio(),
@@ -516,6 +521,26 @@ mod tests {
             "h0: 1, h1: 2; bad not counted"
         );
         assert_eq!(honest_strikes(&[&json!({})], &ids), 0);
+    }
+
+    #[test]
+    fn fault_lines_are_the_log_lines_that_blame_an_honest_worker() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("node.log");
+        std::fs::write(
+            &log,
+            "INFO started\n\
+             WARN pull failed by the worker's fault peer=h0 error=timed out\n\
+             WARN pull failed by the worker's fault peer=bad error=oversized\n\
+             INFO h0 connected\n",
+        )
+        .unwrap();
+        let lines = super::evidence::fault_lines(&log, &["h0".to_string()]);
+        assert_eq!(
+            lines,
+            vec!["WARN pull failed by the worker's fault peer=h0 error=timed out".to_string()]
+        );
+        assert!(super::evidence::fault_lines(&dir.path().join("none"), &[]).is_empty());
     }
 
     #[test]
