@@ -27,7 +27,8 @@
 //! Memory: the JSON also carries `host_peak_live_bytes`, the most heap bytes this process held
 //! at once (every allocation is counted, so on the CPU it is what the tensors really took,
 //! without the allocator's slack), and `predicted_bytes_at_len`, the memory model's count for
-//! the pass this run really makes (its sequence length, not the budget's worst case).
+//! the largest pass this run really makes (`learner::trainer::largest_pass`: its tokens and
+//! sequence length, not the budget's worst case).
 //! `--elementary` runs the elementary-op path a GPU takes (no fused CPU kernels), so the CPU
 //! peak then measures the GPU's autograd graph; `--layers L` keeps only L decoder layers of the
 //! shape, so a large shape's per-layer and vocabulary terms can be measured in the CPU's memory.
@@ -166,10 +167,7 @@ fn main() -> Result<()> {
         None => kl.into(),
     };
     let predicted = policy::memory::learner_bytes(&cfg, training, tc.tokens_per_pass(&cfg));
-    let len = prompt_len + response_len;
-    let pass = pass_tokens(tc.tokens_per_pass(&cfg), groups, n, len);
-    let predicted_at_len = policy::memory::training_state_bytes(&cfg, training)
-        + policy::memory::pass_activation_bytes(&cfg, training, len, pass);
+    let budget = tc.micro_batch_tokens;
     let policy = match &lora {
         Some(l) => policy.with_base_dtype(base_dtype)?.with_lora(l, 0)?,
         None => policy,
@@ -180,6 +178,8 @@ fn main() -> Result<()> {
     let vocab = cfg.vocab_size as u32;
     let mut times = Vec::new();
     let mut cpu_times = Vec::new();
+    // (padded tokens, sequence length) of the largest pass run, for the memory model's count.
+    let mut largest = (0, 0);
     // Step 0 warms up (allocations, kernel loading); the rest are timed.
     for step in 0..=steps {
         let batch = test_util::synthetic_groups(
@@ -191,6 +191,7 @@ fn main() -> Result<()> {
             vocab,
             trainer.version(),
         );
+        largest = largest.max(learner::trainer::largest_pass(&batch, budget));
         let batch: Vec<_> = batch
             .into_iter()
             .map(|g| pipeline.verify("bench", 0, g))
@@ -207,6 +208,9 @@ fn main() -> Result<()> {
     sorted.sort_by(f64::total_cmp);
     let median = sorted[sorted.len() / 2];
     let tokens = groups * n * (prompt_len + response_len);
+    let (pass, len) = largest;
+    let predicted_at_len = policy::memory::training_state_bytes(&cfg, training)
+        + policy::memory::pass_activation_bytes(&cfg, training, len, pass);
     println!(
         "{}",
         serde_json::json!({
@@ -228,16 +232,4 @@ fn main() -> Result<()> {
         })
     );
     Ok(())
-}
-
-/// Tokens of this run's largest pass (`learner`'s micro-batch plan for equal groups): whole
-/// groups while one fits the budget, else rows of one group (a budget of 0 is one pass).
-fn pass_tokens(budget: usize, groups: usize, n: usize, len: usize) -> usize {
-    if budget == 0 {
-        groups * n * len
-    } else if n * len <= budget {
-        (budget / (n * len)).clamp(1, groups) * n * len
-    } else {
-        (budget / len).max(1) * len
-    }
 }

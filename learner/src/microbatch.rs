@@ -93,6 +93,28 @@ pub(crate) fn plan(shapes: &[(usize, usize)], budget: usize) -> Vec<Pass> {
     passes
 }
 
+/// The largest pass a step over `groups` makes with passes of at most `budget` padded tokens
+/// ([`plan`]): `(padded tokens, padded sequence length)` of it, the figures the memory model
+/// counts a pass by (`policy::memory::pass_activation_bytes`); `(0, 0)` for no groups.
+pub fn largest_pass(groups: &[TrajectoryGroup], budget: usize) -> (usize, usize) {
+    let shapes: Vec<(usize, usize)> = groups.iter().map(group_shape).collect();
+    plan(&shapes, budget)
+        .into_iter()
+        .map(|pass| match pass {
+            Pass::Groups(range) => {
+                let rows: usize = shapes[range.clone()].iter().map(|s| s.0).sum();
+                let len = shapes[range].iter().map(|s| s.1).max().unwrap_or(0);
+                (rows * len, len)
+            }
+            Pass::Split { group, rows } => {
+                let (r, len) = shapes[group];
+                (rows.min(r) * len, len)
+            }
+        })
+        .max()
+        .unwrap_or((0, 0))
+}
+
 /// A group's share of a step: its objective's value and what the learner reports about it.
 #[derive(Debug, Clone)]
 pub(crate) struct GroupTerms {

@@ -41,6 +41,23 @@ fn plan_packs_groups_in_order_within_the_budget() {
     assert_eq!(plan(&[], 10), vec![Groups(0..0)]);
 }
 
+#[test]
+fn the_largest_pass_is_the_plans_biggest_in_padded_tokens() {
+    // Groups of rows × (prompt + response − 1): 4 × 9 and 8 × 9 padded tokens.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let mut group =
+        |rows: usize| crate::test_util::synthetic_groups(&mut rng, 1, rows, 4, 6, 300, 0);
+    let groups = [group(4), group(8)].concat();
+    assert_eq!(largest_pass(&groups, 0), (108, 9), "one pass of 12 rows");
+    assert_eq!(largest_pass(&groups, 80), (72, 9), "the 8-row group alone");
+    assert_eq!(
+        largest_pass(&groups, 40),
+        (36, 9),
+        "4-row passes, the second split"
+    );
+    assert_eq!(largest_pass(&[], 40), (0, 0));
+}
+
 const T: f32 = 0.9;
 
 fn policy() -> Policy {

@@ -47,6 +47,7 @@ use crate::mask::{MaskRule, ResponseTokens};
 use crate::optim::AdamW;
 use crate::pipeline::Verified;
 use crate::{LearnerError, Result};
+pub use microbatch::largest_pass;
 use microbatch::{GroupTerms, Used};
 
 // The micro-batched gradient is part of the trainer (it extends `Trainer`), so it is a child

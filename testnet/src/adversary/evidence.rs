@@ -156,15 +156,16 @@ pub(super) fn honest_strikes(tables: &[&Value], honest_ids: &[String]) -> u64 {
 }
 
 /// Why the honest workers were struck, one line per observer and struck honest worker:
-/// `"<observer> struck <peer id>: {reason: count, …}"` (`observers` names `tables`, in order).
-/// Reported beside [`honest_strikes`] so that a false positive names the check that made it.
-pub(super) fn honest_strike_reasons(
-    tables: &[&Value],
-    observers: &[String],
-    honest_ids: &[String],
-) -> Vec<String> {
+/// `"<observer> struck <peer id>: {reason: count, …}"`, the observer named by its own status
+/// (`learner`, or `worker <its peer id>`). Reported beside [`honest_strikes`] so that a false
+/// positive names the check that made it.
+pub(super) fn honest_strike_reasons(tables: &[&Value], honest_ids: &[String]) -> Vec<String> {
     let mut out = Vec::new();
-    for (table, observer) in tables.iter().zip(observers) {
+    for table in tables {
+        let observer = match table["role"].as_str() {
+            Some("learner") => "learner".to_string(),
+            _ => format!("worker {}", table["peer_id"].as_str().unwrap_or("?")),
+        };
         for id in honest_ids {
             if let Some(row) = peer_row(table, id).filter(|r| r["strikes"].as_u64() > Some(0)) {
                 out.push(format!(

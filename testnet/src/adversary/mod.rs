@@ -272,10 +272,7 @@ fn run_once(
         let honest_status: Vec<Value> = honest_admins.iter().filter_map(|a| status(a)).collect();
         let tables: Vec<&Value> = std::iter::once(&ls).chain(&honest_status).collect();
         struck_honest = struck_honest.max(honest_strikes(&tables, &honest_ids));
-        let observers: Vec<String> = std::iter::once("learner".to_string())
-            .chain((0..honest_status.len()).map(|i| format!("honest worker {i}")))
-            .collect();
-        let reasons = honest_strike_reasons(&tables, &observers, &honest_ids);
+        let reasons = honest_strike_reasons(&tables, &honest_ids);
         if !reasons.is_empty() {
             struck_reasons = reasons;
         }
@@ -398,22 +395,13 @@ pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
         "--steps and --batch must be >= 1"
     );
     std::fs::create_dir_all(out)?;
-    let mut runs = Vec::new();
-    let (mut crashes, mut honest_struck) = (0u64, 0u64);
-    let mut struck_reasons: Vec<String> = Vec::new();
+    let mut tally = Tally::default();
     let reward_clean = if s.no_clean {
         None
     } else {
         eprintln!("adversary: clean run (honest workers only)");
         let r = harness::in_run_dir("tn-adversary-clean-", |root| run_once(bin, root, s, &[]))?;
-        crashes += u64::from(r.learner_crashed);
-        honest_struck += r.honest_strikes;
-        struck_reasons.extend(
-            r.honest_strike_reasons
-                .iter()
-                .map(|w| format!("clean: {w}")),
-        );
-        runs.push(run_json("clean", &r));
+        tally.add("clean", &r);
         r.reward
     };
     let mut attacks = Vec::new();
@@ -431,14 +419,7 @@ pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
             names.join(", ")
         );
         let r = harness::in_run_dir("tn-adversary-", |root| run_once(bin, root, s, batch))?;
-        crashes += u64::from(r.learner_crashed);
-        honest_struck += r.honest_strikes;
-        let run = names.join(",");
-        struck_reasons.extend(
-            r.honest_strike_reasons
-                .iter()
-                .map(|w| format!("{run}: {w}")),
-        );
+        tally.add(&names.join(","), &r);
         rewards.extend(r.reward);
         attacks.extend(r.watches.iter().map(|w| {
             let mut a = w.report(k);
@@ -448,25 +429,47 @@ pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
             run_figures(&mut a, w, &r);
             a
         }));
-        runs.push(run_json(&names.join(","), &r));
     }
     let reward_attacked =
         (!rewards.is_empty()).then(|| rewards.iter().sum::<f64>() / rewards.len() as f64);
     let summary = json!({
         "attacks": attacks,
-        "learner_crashes": crashes,
-        "honest_strikes": honest_struck,
-        "honest_strike_reasons": struck_reasons,
+        "learner_crashes": tally.crashes,
+        "honest_strikes": tally.honest_struck,
+        "honest_strike_reasons": tally.struck_reasons,
         "reward_clean": reward_clean,
         "reward_attacked": reward_attacked,
         "steps": s.steps,
-        "runs": runs.len(),
+        "runs": tally.runs.len(),
     });
-    let full = json!({ "summary": summary, "runs": runs });
+    let full = json!({ "summary": summary, "runs": tally.runs });
     let path = out.join("adversary.json");
     std::fs::write(&path, format!("{full:#}\n"))
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(summary)
+}
+
+/// What every run adds to the summary: its learner crash, its honest strikes and their reasons
+/// (each line prefixed with the run's name), and its row of `adversary.json`.
+#[derive(Default)]
+struct Tally {
+    crashes: u64,
+    honest_struck: u64,
+    struck_reasons: Vec<String>,
+    runs: Vec<Value>,
+}
+
+impl Tally {
+    fn add(&mut self, name: &str, r: &RunResult) {
+        self.crashes += u64::from(r.learner_crashed);
+        self.honest_struck += r.honest_strikes;
+        let reasons = r
+            .honest_strike_reasons
+            .iter()
+            .map(|w| format!("{name}: {w}"));
+        self.struck_reasons.extend(reasons);
+        self.runs.push(run_json(name, r));
+    }
 }
 
 /// The run-wide figures of an attack's row: its share of the groups trained (with the fair
@@ -545,16 +548,16 @@ mod tests {
 
     #[test]
     fn an_honest_strike_names_its_observer_and_reasons() {
-        let learner = json!({"peers": [
+        let learner = json!({"role": "learner", "peers": [
             {"peer_id": "h0", "strikes": 1, "strikes_by_reason": {"heartbeat_flood": 1}},
             {"peer_id": "bad", "strikes": 3, "strikes_by_reason": {"replay": 3}},
             {"peer_id": "h1", "strikes": 0}
         ]});
-        let w0 = json!({"peers": [{"peer_id": "h1", "strikes": 0}]});
+        let w0 =
+            json!({"role": "rollout", "peer_id": "h0", "peers": [{"peer_id": "h1", "strikes": 0}]});
         let ids = ["h0".to_string(), "h1".to_string()];
-        let observers = ["learner".to_string(), "honest worker 0".to_string()];
         assert_eq!(
-            honest_strike_reasons(&[&learner, &w0], &observers, &ids),
+            honest_strike_reasons(&[&learner, &w0], &ids),
             vec![r#"learner struck h0: {"heartbeat_flood":1}"#.to_string()],
             "the attacker's strikes and unstruck workers are not listed"
         );
