@@ -205,11 +205,7 @@ impl Trainer {
                     terms.extend(t);
                 }
                 Pass::Split { group, rows } => {
-                    let (g, t) = self.split_group_gradient(groups[group], rows, k)?;
-                    if let Some(g) = g {
-                        add_into(&mut grads, g, &vars)?;
-                    }
-                    terms.push(t);
+                    terms.push(self.split_group_gradient(groups[group], rows, k, &mut grads)?);
                 }
             }
         }
@@ -242,14 +238,18 @@ impl Trainer {
         Ok((losses, terms))
     }
 
-    /// The gradient of `loss_g / k` for one group whose rows go through the model in chunks
-    /// of `rows` (see the module docs); `None` when its loss is not finite.
+    /// Adds the gradient of `loss_g / k` for one group whose rows go through the model in
+    /// chunks of `rows` (see the module docs) to the step's running sum `grads`, chunk by
+    /// chunk; nothing when its loss is not finite. Straight into the step's sum, not into a
+    /// sum of the group's own added at the end: that would hold three model-sized gradients
+    /// (the step's, the group's, the chunk's) where the memory model counts two.
     fn split_group_gradient(
         &self,
         (g, adv): &Used<'_>,
         rows: usize,
         k: f64,
-    ) -> Result<(Option<GradStore>, GroupTerms)> {
+        grads: &mut Option<GradStore>,
+    ) -> Result<GroupTerms> {
         let pairs: Vec<(&[u32], &[u32])> = g.samples.iter().map(|s| pair(g, s)).collect();
         let chunks: Vec<Range<usize>> = (0..pairs.len())
             .step_by(rows)
@@ -271,20 +271,19 @@ impl Trainer {
         let ref_lp = self.reference.as_ref().map(free_logprobs).transpose()?;
         let (loss, terms) = self.group_objective(g, adv, logp.as_tensor(), ref_lp.as_ref())?;
         if !terms.loss.is_finite() {
-            return Ok((None, terms));
+            return Ok(terms);
         }
         let Some(dl_dlogp) = (loss / k)?.backward()?.remove(logp.as_tensor()) else {
-            return Ok((None, terms)); // the objective does not depend on the log-probs
+            return Ok(terms); // the objective does not depend on the log-probs
         };
         let vars = self.policy.vars()?;
-        let mut grads = None;
         for c in chunks {
             let lp = policy::batch_response_logprobs(&self.policy, &pairs[c.clone()], t)?.0;
             let weight = dl_dlogp.narrow(0, c.start, c.len())?;
             let surrogate = (pad_to(&lp, len)? * weight)?.sum_all()?;
-            add_into(&mut grads, surrogate.backward()?, &vars)?;
+            add_into(grads, surrogate.backward()?, &vars)?;
         }
-        Ok((grads, terms))
+        Ok(terms)
     }
 
     /// One group's objective from its learner log-probs `p` (`[n, ≥ len]`, rows in sample

@@ -19,7 +19,9 @@ mod cpu_ops;
 mod frozen_linear;
 mod kv_rows;
 mod positions;
+mod target_logprob;
 pub(crate) use kv_rows::{repeat_kv_rows, select_kv_rows};
+pub(crate) use target_logprob::target_logprobs;
 #[cfg(test)]
 pub(crate) mod fused_tests;
 #[cfg(test)]

@@ -9,13 +9,13 @@
 //! truncation — the same quantity [`response_logprobs`] / [`token_logprobs`] compute from a
 //! full-sequence forward, so the learner's on-policy importance ratio is 1.
 
-use candle_core::{DType, Tensor, D};
+use candle_core::{DType, Tensor};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::draw::Draws;
 use crate::error::{PolicyError, Result};
-use crate::model::log_softmax_last;
+use crate::model::target_logprobs;
 use crate::weights::Policy;
 
 /// Sampling parameters.
@@ -328,17 +328,11 @@ pub(crate) fn host_logits(logits: &Tensor) -> Result<Vec<f32>> {
 }
 
 /// Differentiable per-token log-probs: `logits` `[b, t, V]`, `targets` `[b, t]` (u32) →
-/// `[b, t]` with `log softmax(logits / temperature)[target]`.
+/// `[b, t]` with `log softmax(logits / temperature)[target]`. One autograd node that keeps
+/// only the logits for the backward (`crate::model::target_logprobs`), not the
+/// vocabulary-wide rows of a spelled-out log-softmax.
 pub fn token_logprobs(logits: &Tensor, targets: &Tensor, temperature: f32) -> Result<Tensor> {
-    let logits = if temperature != 1.0 {
-        (logits / f64::from(temperature))?
-    } else {
-        logits.clone()
-    };
-    let lsm = log_softmax_last(&logits)?;
-    Ok(lsm
-        .gather(&targets.unsqueeze(D::Minus1)?.contiguous()?, D::Minus1)?
-        .squeeze(D::Minus1)?)
+    target_logprobs(logits, targets, temperature)
 }
 
 /// Log-probs of `response` given `prompt` from one full-sequence forward (no cache): what the

@@ -38,7 +38,10 @@ pub(crate) fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
 
 /// Runs `f` on fresh variables built from `inputs`, backpropagates `Σ out·r` and returns the
 /// output and each input's gradient.
-fn value_and_grads(inputs: &[Tensor], f: impl Fn(&[Tensor]) -> Tensor) -> (Tensor, Vec<Tensor>) {
+pub(crate) fn value_and_grads(
+    inputs: &[Tensor],
+    f: impl Fn(&[Tensor]) -> Tensor,
+) -> (Tensor, Vec<Tensor>) {
     let vars: Vec<Var> = inputs
         .iter()
         .map(|t| Var::from_tensor(t).unwrap())
