@@ -346,7 +346,19 @@ pub async fn pull_on<S: AsyncRead + AsyncWrite + Unpin>(
             });
         }
         Some(Message::Error { message }) => return Err(PullError::Refused(message)),
-        other => {
+        // The stream ended before any answer. An honest worker's node does this when it is
+        // busy: libp2p-stream hands inbound streams to the accepting task through a one-slot
+        // channel and drops the stream when the slot is still taken (the task has not been
+        // polled since the last one), and the learner reads the end of the stream. It carries
+        // nothing, so the worker gains nothing by it: a lost stream, not a strike (seen as an
+        // intermittent honest strike under load in the adversary suite).
+        None => {
+            return Err(PullError::Io(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the worker's node closed the stream before answering",
+            )))
+        }
+        Some(other) => {
             return Err(PullError::Protocol(format!(
                 "expected a lease, got {other:?}"
             )))

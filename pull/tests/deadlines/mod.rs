@@ -1,7 +1,8 @@
 //! Hostile timing and sizes over real loopback streams: a worker that never answers, a learner
 //! that never asks, a worker that answers with more groups than leased or with a frame past
 //! the pull's byte budget — each ends in a typed error (the peer's fault) and nothing stored;
-//! and a worker that closes the stream after the ack, which is no strike.
+//! and a worker that closes the stream after the ack, or whose busy node drops a stream before
+//! answering, which is no strike.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -229,4 +230,73 @@ async fn a_worker_closing_after_the_ack_is_not_struck() {
         1,
         "the verified group is stored"
     );
+}
+
+/// A worker's node that drops an inbound pull stream unanswered because its accepting task has
+/// not taken the previous one yet (libp2p-stream's one-slot channel; what a busy honest worker
+/// does under load): the learner reads the end of the stream before any lease, a lost stream,
+/// not the worker's fault. The stream left waiting in the slot is the one that times out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_stream_dropped_by_a_busy_worker_is_not_struck() {
+    let dir = tempfile::tempdir().unwrap();
+    let (worker, learner) = pair(61).await;
+    // Registered, never polled: the first stream fills the slot, the next one is dropped.
+    let _incoming = worker.stream_control().accept(TRAJECTORY_PULL).unwrap();
+    let buffer = Arc::new(TrajectoryStore::open(&dir.path().join("learner")).unwrap());
+    let id = worker.local_peer_id();
+    let first = pull_once_open(&learner, id, &buffer, req(1));
+    let second = async {
+        // Opened once the first has had time to take the slot.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        pull_once_open(&learner, id, &buffer, req(1)).await
+    };
+    let (a, b) = tokio::time::timeout(Duration::from_secs(30), async {
+        tokio::join!(first, second)
+    })
+    .await
+    .expect("both pulls end on their own");
+    let (mut timeouts, mut lost) = (0, 0);
+    for r in [&a, &b] {
+        match r {
+            Err(e @ PullError::Timeout { .. }) => {
+                assert!(e.is_peer_fault(), "{e}");
+                timeouts += 1;
+            }
+            // The drop races the learner's request: a failed write or the end of the stream
+            // (`a_stream_closed_before_the_lease_is_not_struck`), a lost stream either way.
+            Err(e @ PullError::Io(_)) => {
+                assert_eq!(e.strike_reason(), None, "{e}");
+                lost += 1;
+            }
+            other => panic!("expected a timeout and a lost stream, got {other:?}"),
+        }
+    }
+    assert_eq!((timeouts, lost), (1, 1), "{a:?} / {b:?}");
+    assert!(buffer.scan(0, 10).unwrap().is_empty(), "nothing stored");
+}
+
+/// The end of the stream where the lease belongs — what the learner reads when a busy worker's
+/// node drops the stream after the request went out (see the test above) — is a lost stream,
+/// not a protocol violation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_closed_before_the_lease_is_not_struck() {
+    let dir = tempfile::tempdir().unwrap();
+    let (worker, learner) = pair(63).await;
+    let mut incoming = worker.stream_control().accept(TRAJECTORY_PULL).unwrap();
+    tokio::spawn(async move {
+        while let Some((_, mut s)) = incoming.next().await {
+            let _ = read_message(&mut s).await;
+            let _ = s.close().await;
+        }
+    });
+    let buffer = Arc::new(TrajectoryStore::open(&dir.path().join("learner")).unwrap());
+    let r = pull_once_open(&learner, worker.local_peer_id(), &buffer, req(1)).await;
+    match &r {
+        Err(e @ PullError::Io(io)) => {
+            assert_eq!(io.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
+            assert_eq!(e.strike_reason(), None, "{e}");
+        }
+        other => panic!("expected a lost stream, got {other:?}"),
+    }
+    assert!(buffer.scan(0, 10).unwrap().is_empty(), "nothing stored");
 }
