@@ -45,6 +45,18 @@ async fn pull_once_open(
     .await
 }
 
+/// The stream ended early (`UnexpectedEof`): a lost stream, not the worker's fault.
+fn assert_lost_stream(r: &Result<PullOutcome, PullError>) {
+    match r {
+        Err(e @ PullError::Io(io)) => {
+            assert_eq!(io.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
+            assert!(!e.is_peer_fault(), "{e}");
+            assert_eq!(e.strike_reason(), None, "{e}");
+        }
+        other => panic!("expected a lost stream, got {other:?}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_that_never_answers_times_out() {
     let dir = tempfile::tempdir().unwrap();
@@ -212,14 +224,7 @@ async fn a_worker_closing_after_the_ack_is_not_struck() {
     });
     let buffer = Arc::new(TrajectoryStore::open(&dir.path().join("learner")).unwrap());
     let r = pull_once_open(&learner, worker.local_peer_id(), &buffer, req(1)).await;
-    match &r {
-        Err(e @ PullError::Io(io)) => {
-            assert_eq!(io.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
-            assert!(!e.is_peer_fault(), "{e}");
-            assert_eq!(e.strike_reason(), None);
-        }
-        other => panic!("expected a lost stream, got {other:?}"),
-    }
+    assert_lost_stream(&r);
     let acked = tokio::time::timeout(Duration::from_secs(10), acked_rx)
         .await
         .expect("the worker saw the ack")
@@ -291,12 +296,6 @@ async fn a_stream_closed_before_the_lease_is_not_struck() {
     });
     let buffer = Arc::new(TrajectoryStore::open(&dir.path().join("learner")).unwrap());
     let r = pull_once_open(&learner, worker.local_peer_id(), &buffer, req(1)).await;
-    match &r {
-        Err(e @ PullError::Io(io)) => {
-            assert_eq!(io.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
-            assert_eq!(e.strike_reason(), None, "{e}");
-        }
-        other => panic!("expected a lost stream, got {other:?}"),
-    }
+    assert_lost_stream(&r);
     assert!(buffer.scan(0, 10).unwrap().is_empty(), "nothing stored");
 }
