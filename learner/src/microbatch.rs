@@ -205,7 +205,8 @@ impl Trainer {
                     terms.extend(t);
                 }
                 Pass::Split { group, rows } => {
-                    terms.push(self.split_group_gradient(groups[group], rows, k, &mut grads)?);
+                    let sum = (&mut grads, vars.as_slice());
+                    terms.push(self.split_group_gradient(groups[group], rows, k, sum)?);
                 }
             }
         }
@@ -239,16 +240,17 @@ impl Trainer {
     }
 
     /// Adds the gradient of `loss_g / k` for one group whose rows go through the model in
-    /// chunks of `rows` (see the module docs) to the step's running sum `grads`, chunk by
-    /// chunk; nothing when its loss is not finite. Straight into the step's sum, not into a
-    /// sum of the group's own added at the end: that would hold three model-sized gradients
-    /// (the step's, the group's, the chunk's) where the memory model counts two.
+    /// chunks of `rows` (see the module docs) to the step's running sum `grads` of the
+    /// trainable `vars`, chunk by chunk; nothing when its loss is not finite. Straight into
+    /// the step's sum, not into a sum of the group's own added at the end: that would hold
+    /// three model-sized gradients (the step's, the group's, the chunk's) where the memory
+    /// model counts two.
     fn split_group_gradient(
         &self,
         (g, adv): &Used<'_>,
         rows: usize,
         k: f64,
-        grads: &mut Option<GradStore>,
+        (grads, vars): (&mut Option<GradStore>, &[Var]),
     ) -> Result<GroupTerms> {
         let pairs: Vec<(&[u32], &[u32])> = g.samples.iter().map(|s| pair(g, s)).collect();
         let chunks: Vec<Range<usize>> = (0..pairs.len())
@@ -276,12 +278,11 @@ impl Trainer {
         let Some(dl_dlogp) = (loss / k)?.backward()?.remove(logp.as_tensor()) else {
             return Ok(terms); // the objective does not depend on the log-probs
         };
-        let vars = self.policy.vars()?;
         for c in chunks {
             let lp = policy::batch_response_logprobs(&self.policy, &pairs[c.clone()], t)?.0;
             let weight = dl_dlogp.narrow(0, c.start, c.len())?;
             let surrogate = (pad_to(&lp, len)? * weight)?.sum_all()?;
-            add_into(grads, surrogate.backward()?, &vars)?;
+            add_into(grads, surrogate.backward()?, vars)?;
         }
         Ok(terms)
     }

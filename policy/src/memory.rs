@@ -104,7 +104,7 @@ pub fn learner_state_bytes(cfg: &ModelConfig, with_reference: bool) -> u64 {
 /// share storage and cost nothing. In values per token, with d = hidden, q = heads·head_dim,
 /// kv = kv_heads·head_dim, i = intermediate, H = heads, s = `seq_len`, V = vocabulary:
 ///
-/// - per layer `10·d + 11.5·q + 11.5·kv + 4·i + 6·H·s + 3·(2 + H + K)`: the two RMSNorms
+/// - per layer `10·d + 11.5·q + 11.5·kv + 4·i + 6·H·s + 3·(2 + H + K) + 2·H`: the two RMSNorms
 ///   (x², x/rms, ·w: 3·d each), the two residual sums and the o/down projections (4·d); q:
 ///   its projection, q-norm (3), the head transpose, RoPE (neg of half, cat, two products,
 ///   sum: 4.5), the attention output and its transpose back (11.5·q, the same for the keys
@@ -128,7 +128,8 @@ pub fn learner_state_bytes(cfg: &ModelConfig, with_reference: bool) -> u64 {
 ///   rows in the forward and seven in the backward.
 ///
 /// The Qwen3-0.6B shape at s = 320: 10.6 MB per token of activations, plus 1.8 MB of
-/// backward working set (13.0 MB + 4.3 MB with the spelled-out log-softmax). A pass adds a term of its own ([`pass_activation_bytes`]).
+/// backward working set (13.0 MB + 4.3 MB with the spelled-out log-softmax). A pass adds a
+/// term of its own ([`pass_activation_bytes`]).
 pub fn activation_bytes_per_token(cfg: &ModelConfig, seq_len: usize) -> u64 {
     let (forward, backward) = activation_values_per_token(cfg, seq_len);
     4 * (forward + backward)
@@ -193,8 +194,8 @@ pub fn pass_activation_bytes(
 /// What the count does not itemise, as a fraction of what it does (1 / 100): copies of the
 /// graph's small constants a LoRA base makes (its norm weights), the loss's and the batch's
 /// own tensors, per-row values of ops not listed above. Measured at 0.2–0.5 % of the itemised
-/// activations on the learner's `tests/memory.rs` shapes, once the itemised count matched
-/// the graph to within 0.3 % (`model::memory_tests`).
+/// activations on the learner's `tests/memory.rs` shapes, with the itemised count 0.4–1.2 %
+/// above what the graph keeps (`model::memory_tests`).
 const UNITEMISED_DIVISOR: u64 = 100;
 
 /// Values of the largest matrix that gets a gradient.
@@ -538,7 +539,8 @@ mod tests {
         assert_eq!(training_state_bytes(&b4, bf16), 8_375_237_632); // 7.80 GiB
         assert_eq!(training_state_bytes(&b8, bf16), 16_817_940_480); // 15.66 GiB
         assert_eq!(learner_state_bytes(&b8, true), 196_577_648_640); // 183.08 GiB
-                                                                     // Passes that fit an 80 GB card (the worst case: one sequence fills the pass).
+
+        // Passes that fit an 80 GB card (the worst case: one sequence fills the pass).
         assert_eq!(max_tokens_per_pass(&b4, bf16, 80_000_000_000), 1156);
         assert_eq!(max_tokens_per_pass(&b8, bf16, 80_000_000_000), 994);
     }

@@ -249,12 +249,9 @@ async fn a_pull_stream_dropped_by_a_busy_worker_is_not_struck() {
     let _incoming = worker.stream_control().accept(TRAJECTORY_PULL).unwrap();
     let buffer = Arc::new(TrajectoryStore::open(&dir.path().join("learner")).unwrap());
     let id = worker.local_peer_id();
+    // Whichever stream arrives first takes the slot; the other is dropped.
     let first = pull_once_open(&learner, id, &buffer, req(1));
-    let second = async {
-        // Opened once the first has had time to take the slot.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        pull_once_open(&learner, id, &buffer, req(1)).await
-    };
+    let second = pull_once_open(&learner, id, &buffer, req(1));
     let (a, b) = tokio::time::timeout(Duration::from_secs(30), async {
         tokio::join!(first, second)
     })
