@@ -8,10 +8,44 @@ use clap::{Args, Parser, Subcommand};
 use crate::config::{LearnerMode, Objective, SnapshotDtype};
 use policy::DeviceChoice;
 
+/// The optional features compiled into this binary, as `echo-node --version` lists them after
+/// the package version: `cuda` (a GPU build) and `adversary` (the testnet's attack code). A
+/// script tells the builds apart from this line without starting a node; `testnet adversary`
+/// refuses a binary whose line lacks `adversary`, whose workers would quietly run honestly.
+pub const FEATURES: &[&str] = &[
+    #[cfg(feature = "cuda")]
+    "cuda",
+    #[cfg(feature = "adversary")]
+    "adversary",
+];
+
+/// `0.1.0 (features: cuda, adversary)`, or the bare package version for a default build.
+fn version() -> &'static str {
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VERSION.get_or_init(|| {
+        let v = env!("CARGO_PKG_VERSION");
+        if FEATURES.is_empty() {
+            v.to_string()
+        } else {
+            format!("{v} (features: {})", FEATURES.join(", "))
+        }
+    })
+}
+
+/// The features a `echo-node --version` line lists (the inverse of [`version`]), so that a
+/// harness holding only a binary's path reads its build the way this crate writes it.
+pub fn features_in_version(line: &str) -> Vec<&str> {
+    line.trim()
+        .split_once("(features: ")
+        .and_then(|(_, rest)| rest.strip_suffix(')'))
+        .map(|list| list.split(", ").collect())
+        .unwrap_or_default()
+}
+
 #[derive(Debug, Parser)]
 #[command(
     name = "echo-node",
-    version,
+    version = version(),
     about = "echo-swarm node: decentralized RL post-training over libp2p"
 )]
 pub struct Cli {
@@ -354,5 +388,29 @@ mod tests {
             Command::Demo(d) => assert_eq!((d.lr, d.no_delta), (Some(1e-4), true)),
             _ => panic!("not a demo"),
         }
+    }
+
+    /// `--version` lists exactly the features compiled in (`testnet adversary` reads it).
+    #[test]
+    fn the_version_line_lists_the_compiled_features() {
+        let e = Cli::try_parse_from(["echo-node", "--version"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::DisplayVersion);
+        let line = e.to_string();
+        assert!(
+            line.starts_with(concat!("echo-node ", env!("CARGO_PKG_VERSION"))),
+            "{line}"
+        );
+        assert_eq!(
+            line.contains("adversary"),
+            cfg!(feature = "adversary"),
+            "{line}"
+        );
+        assert_eq!(line.contains("cuda"), cfg!(feature = "cuda"), "{line}");
+        assert_eq!(features_in_version(&line), FEATURES, "{line}");
+        assert_eq!(
+            features_in_version("echo-node 0.1.0 (features: cuda, adversary)\n"),
+            ["cuda", "adversary"]
+        );
+        assert!(features_in_version("echo-node 0.1.0\n").is_empty());
     }
 }

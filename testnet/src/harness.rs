@@ -52,6 +52,45 @@ pub fn node_bin(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     Ok(bin)
 }
 
+/// Fails unless `bin` was built with every feature in `needed`, read from its `--version`
+/// line. A scenario checks this before it spends minutes: a default build ignores
+/// `ECHO_NODE_MISBEHAVE` and its "attackers" run honestly.
+pub fn require_features(bin: &Path, needed: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new(bin)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {} --version", bin.display()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{} --version: {}",
+        bin.display(),
+        out.status
+    );
+    check_features(bin, &String::from_utf8_lossy(&out.stdout), needed)
+}
+
+/// The judgement of [`require_features`] on a `--version` line, read with the node's own
+/// parser (`echo_node::cli::features_in_version`).
+fn check_features(bin: &Path, line: &str, needed: &[&str]) -> anyhow::Result<()> {
+    let have = echo_node::cli::features_in_version(line);
+    let missing: Vec<&str> = needed
+        .iter()
+        .copied()
+        .filter(|f| !have.contains(f))
+        .collect();
+    anyhow::ensure!(
+        missing.is_empty(),
+        "{} was built without the feature(s) {} (its --version says {:?}): build it with \
+         `cargo build -p echo-node --features {}` (a workspace build does), or pass --bin",
+        bin.display(),
+        missing.join(", "),
+        line.trim(),
+        missing.join(",")
+    );
+    Ok(())
+}
+
 /// Creates a node key under `dir` (`echo-node keygen --json --out DIR`); returns its public
 /// key (hex), which the swarm's workers are configured with.
 pub fn keygen(bin: &Path, dir: &Path) -> anyhow::Result<String> {
@@ -209,6 +248,24 @@ pub fn run_demo(bin: &Path, args: &[String]) -> anyhow::Result<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A default build is refused with the cause and the command that fixes it; a build
+    /// listing the feature passes.
+    #[test]
+    fn a_binary_without_a_needed_feature_is_refused_by_name() {
+        let bin = Path::new("/x/echo-node");
+        let e = check_features(bin, "echo-node 0.1.0\n", &["adversary"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("/x/echo-node was built without the feature(s) adversary"),
+            "{e}"
+        );
+        assert!(e.contains("--features adversary"), "{e}");
+        let line = "echo-node 0.1.0 (features: cuda, adversary)\n";
+        check_features(bin, line, &["adversary"]).unwrap();
+        assert!(check_features(bin, line, &["netlab"]).is_err());
+    }
 
     #[test]
     fn harness_configs_are_loopback_only_and_read_back() {

@@ -1,9 +1,11 @@
 //! `testnet adversary` end to end on two cheap attacks: the summary line has the documented
 //! shape, the attack was really carried out, and the learner survived it.
 //!
-//! Needs the `echo-node` binary of the same profile next to the `testnet` one (`cargo build
-//! -p echo-node` first; a workspace test run builds it). The scenario runs as its own process
-//! group, killed as a whole if it overruns, so no node outlives the test.
+//! Needs the `echo-node` binary of the same profile next to the `testnet` one, built with the
+//! `adversary` feature (`cargo build -p echo-node --features adversary` first; a workspace test
+//! run builds it so); the scenario refuses any other with that command in its error. The
+//! scenario runs as its own process group, killed as a whole if it overruns, so no node
+//! outlives the test.
 
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -18,7 +20,7 @@ fn node_bin() -> PathBuf {
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_testnet")).with_file_name("echo-node");
     assert!(
         bin.exists(),
-        "{} not found: build it first (`cargo build -p echo-node`)",
+        "{} not found: build it first (`cargo build -p echo-node --features adversary`)",
         bin.display()
     );
     bin

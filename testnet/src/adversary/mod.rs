@@ -394,6 +394,9 @@ pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
         s.steps >= 1 && s.batch >= 1,
         "--steps and --batch must be >= 1"
     );
+    if !s.attacks.is_empty() {
+        harness::require_features(bin, &["adversary"])?;
+    }
     std::fs::create_dir_all(out)?;
     let mut tally = Tally::default();
     let reward_clean = if s.no_clean {
