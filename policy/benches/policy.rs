@@ -7,6 +7,10 @@
 //! - `generate/sequential_n8`: the same with the batch-1 KV-cache path.
 //! - `train/forward_backward`: a batch of 16 sequences × 24 tokens, log-prob loss + backward —
 //!   the learner's step without the optimiser. Throughput = tokens.
+//! - `logprob/qwen_vocab_256`: `token_logprobs` forward + backward alone on a leaf `[256,
+//!   151936]` of logits (Qwen3's vocabulary), temperature 1 and 0.7 — the vocabulary-wide
+//!   part of a learner step, whose cost the one-node log-prob (`policy::model::target_logprob`)
+//!   changed. Throughput = tokens.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use policy::{
@@ -52,6 +56,26 @@ fn bench(c: &mut Criterion) {
             loss.backward().expect("backward")
         })
     });
+    g.finish();
+
+    let (rows, vocab) = (256usize, 151_936usize);
+    let dev = p.device();
+    let logits =
+        policy::Var::from_tensor(&Tensor::randn(0f32, 3.0, (rows, vocab), dev).expect("logits"))
+            .expect("var");
+    let targets: Vec<u32> = (0..rows).map(|i| (i * 7919 % vocab) as u32).collect();
+    let targets = Tensor::from_vec(targets, rows, dev).expect("targets");
+    let mut g = c.benchmark_group("logprob");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(rows as u64));
+    for (name, temperature) in [("qwen_vocab_256", 1.0f32), ("qwen_vocab_256_t0.7", 0.7)] {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let lp = token_logprobs(logits.as_tensor(), &targets, temperature).expect("lp");
+                lp.sum_all().expect("sum").backward().expect("backward")
+            })
+        });
+    }
     g.finish();
 }
 

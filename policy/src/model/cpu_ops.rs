@@ -2,8 +2,9 @@
 //!
 //! Owns: RMSNorm, rotary embedding (fused with the `[b, t, heads, d]` → `[b, heads, t, d]`
 //! transpose), causal softmax and log-softmax as candle custom ops on contiguous f32 CPU
-//! tensors. Every op implements `bwd`, so weights stay trainable (candle-nn's own fused
-//! `rms_norm`, `softmax_last_dim` and `rope` have no backward). The linear map of a frozen
+//! tensors, and the two kernels of the target log-prob node (`super::target_logprob`). Every
+//! op implements `bwd`, so weights stay trainable (candle-nn's own fused `rms_norm`,
+//! `softmax_last_dim` and `rope` have no backward). The linear map of a frozen
 //! weight (LoRA's base) runs on every device and lives in `frozen_linear`. Must not touch:
 //! anything outside these functions; the elementary-op formulation in the parent module stays the
 //! reference and the path used on other devices and dtypes.
@@ -358,6 +359,109 @@ impl CustomOp1 for LogSoftmaxOp {
 /// Log-softmax of `x` over its last dimension.
 pub(super) fn log_softmax(x: &Tensor) -> Result<Tensor> {
     x.contiguous()?.apply_op1(LogSoftmaxOp)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The target's log-prob, per row: v = z[t] − m − lse with z = x·(1/T), m = max z and
+// lse = ln Σ exp(z − m); each row's (m, lse) is kept for the backward,
+// dx = (onehot(t) − exp(z − m − lse))·g/T.
+//
+// The forward is the log-softmax kernel above read at one entry — the same folds in the same
+// order over the same z (`x·(1/T) + 0`, candle's affine), so the value is that kernel's
+// gathered output to the bit — but it writes no vocabulary-wide row; the backward reads the
+// logits once and writes the gradient once, one exp per entry, from the kept (m, lse). The
+// tensor-op backward of `super::target_logprob`, which every other device runs, makes about
+// six passes over each row and a second exp. Rows run in parallel (rayon); each row's
+// arithmetic is sequential, so the results do not depend on the number of threads.
+
+/// Each row's `(m, lse)` from [`target_logprob_rows`], for [`target_logprob_grad`].
+pub(super) struct RowStats(Vec<[f32; 2]>);
+
+/// `z = x·(1/T) + 0` exactly as candle's `x / T` computes it (`affine(1/T, 0)` in f32); `x`
+/// itself at T = 1, as `token_logprobs` never divided then.
+fn scaled(inv_t: f32) -> impl Fn(f32) -> f32 + Sync {
+    move |v| if inv_t == 1.0 { v } else { v * inv_t + 0.0 }
+}
+
+/// The target's row `r` of `x`, checked against the vocabulary (a bad id is an error, as
+/// `gather` makes it on the other path).
+fn target_of(targets: &[u32], r: usize, n: usize) -> Result<usize> {
+    let t = targets[r] as usize;
+    if t >= n {
+        return Err(err(&format!("target {t} outside a vocabulary of {n}")));
+    }
+    Ok(t)
+}
+
+/// Whether `len` values are one row of `n` per target.
+fn check_rows(len: usize, n: usize, targets: &[u32]) -> Result<()> {
+    if n == 0 || len != n * targets.len() {
+        return Err(err("one target per row of logits"));
+    }
+    Ok(())
+}
+
+/// The log-prob of each row's target under `softmax(x / T)`, and each row's `(m, lse)`.
+pub(super) fn target_logprob_rows(
+    x: &Tensor,
+    targets: &[u32],
+    inv_t: f32,
+) -> Result<(Vec<f32>, RowStats)> {
+    use rayon::prelude::*;
+    let n = x.dim(candle_core::D::Minus1)?;
+    let z = scaled(inv_t);
+    let rows = with_data(x, |x| {
+        check_rows(x.len(), n, targets)?;
+        x.par_chunks_exact(n)
+            .enumerate()
+            .map(|(r, row)| {
+                let t = target_of(targets, r, n)?;
+                let m = row.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(z(v)));
+                let lse = row.iter().map(|&v| (z(v) - m).exp()).sum::<f32>().ln();
+                Ok((z(row[t]) - m - lse, [m, lse]))
+            })
+            .collect::<Result<Vec<_>>>()
+    })?;
+    let (values, stats) = rows.into_iter().unzip();
+    Ok((values, RowStats(stats)))
+}
+
+/// `dx = (onehot(t) − exp(z − m − lse))·g/T` for the logits `x` of [`target_logprob_rows`],
+/// its `targets` and `stats`, and the upstream gradient `g` (one value per row).
+pub(super) fn target_logprob_grad(
+    x: &Tensor,
+    targets: &[u32],
+    stats: &RowStats,
+    g: &Tensor,
+    inv_t: f32,
+) -> Result<Tensor> {
+    use rayon::prelude::*;
+    let n = x.dim(candle_core::D::Minus1)?;
+    let z = scaled(inv_t);
+    let g = g.to_dtype(DType::F32)?;
+    let dx = with_data(x, |xs| {
+        with_data(&g, |gs| {
+            check_rows(xs.len(), n, targets)?;
+            if gs.len() != targets.len() || stats.0.len() != targets.len() {
+                return Err(err("one gradient and one (m, lse) per row"));
+            }
+            let mut dx = vec![0f32; xs.len()];
+            dx.par_chunks_exact_mut(n)
+                .enumerate()
+                .try_for_each(|(r, dr)| {
+                    let t = target_of(targets, r, n)?;
+                    let [m, lse] = stats.0[r];
+                    let gt = gs[r] * inv_t;
+                    for (d, &v) in dr.iter_mut().zip(&xs[r * n..(r + 1) * n]) {
+                        *d = -(z(v) - m - lse).exp() * gt;
+                    }
+                    dr[t] += gt;
+                    Ok::<_, candle_core::Error>(())
+                })?;
+            Ok(dx)
+        })
+    })?;
+    Tensor::from_vec(dx, x.shape().clone(), x.device())
 }
 
 // ---------------------------------------------------------------------------------------------

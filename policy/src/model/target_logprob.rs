@@ -11,11 +11,16 @@
 //! node keeps only the logits: its forward value is computed detached and copied out, and its
 //! backward recomputes the softmax from the logits, a row at a time per op, and frees it.
 //!
-//! Every device runs the same tensor ops: the forward's value is computed with the model's own
-//! log-softmax (the fused CPU kernel or the elementary ops, exactly as before, so the values are
-//! bit-identical to the spelled-out form) and the op's storage-level forward only copies it
-//! (`BackendStorage::try_clone`, on the CPU and on CUDA); the backward is ordinary tensor ops.
-//! No device kernel is written here.
+//! The op's storage-level forward only copies a value computed beforehand
+//! (`BackendStorage::try_clone`, on the CPU and on CUDA); no device kernel is written here.
+//! - On the fused CPU path (f32 on the CPU, `cpu_ops::applies`) the value and each row's max
+//!   and log-sum-exp come from `cpu_ops::target_logprob_rows`, which writes no
+//!   vocabulary-wide row, and the backward is `cpu_ops::target_logprob_grad`: one read of the
+//!   logits and one write of their gradient, rows in parallel.
+//! - On every other device and dtype the value is the model's own elementary log-softmax,
+//!   gathered, and the backward is ordinary tensor ops.
+//!
+//! Either way the value is bit-identical to the spelled-out form on the same path.
 //!
 //! Must not touch: anything but this op.
 
@@ -24,19 +29,29 @@ use candle_core::{
     CpuStorage, CudaStorage, CustomOp1, DType, Layout, Result, Shape, Storage, Tensor, D,
 };
 
-use super::log_softmax_last;
+use super::{cpu_ops, log_softmax_last};
 
 fn err(msg: &str) -> candle_core::Error {
     candle_core::Error::Msg(format!("target_logprob: {msg}"))
 }
 
 struct TargetLogProb {
-    /// `[.., 1]` u32, the target of each position.
-    targets: Tensor,
     /// `[..]` f32, the forward's value (computed detached), contiguous from offset 0.
     value: Tensor,
     /// `1 / T`.
     inv_temperature: f64,
+    backward: Backward,
+}
+
+/// What the backward needs besides the logits.
+enum Backward {
+    /// The fused CPU path: the targets and each row's `(m, lse)` from the forward.
+    Fused {
+        targets: Vec<u32>,
+        stats: cpu_ops::RowStats,
+    },
+    /// Tensor ops: the targets, `[.., 1]` u32.
+    Ops { targets: Tensor },
 }
 
 /// A copy of the whole storage behind a contiguous, offset-0 layout.
@@ -68,11 +83,20 @@ impl CustomOp1 for TargetLogProb {
         copy_of(v, vl)
     }
 
-    /// `dx = (onehot(t) − p) · g / T` with `p = softmax(x / T)`: `−p·g/T` built in one
-    /// row from `exp(x/T − max)` and the row sums, then `g/T` added at each target in place.
-    /// Rows are dropped as soon as the next one exists, so at most two vocabulary-wide rows
+    /// `dx = (onehot(t) − p) · g / T` with `p = softmax(x / T)`. On the fused CPU path one
+    /// kernel writes it from the forward's row statistics. Otherwise `−p·g/T` is built in one
+    /// row from `exp(x/T − max)` and the row sums, then `g/T` added at each target in place;
+    /// rows are dropped as soon as the next one exists, so at most two vocabulary-wide rows
     /// are alive here beside the logits.
     fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let targets = match &self.backward {
+            Backward::Fused { targets, stats } => {
+                let inv_t = self.inv_temperature as f32;
+                let dx = cpu_ops::target_logprob_grad(arg, targets, stats, grad, inv_t)?;
+                return Ok(Some(dx));
+            }
+            Backward::Ops { targets } => targets,
+        };
         let g = (grad.to_dtype(DType::F32)? * self.inv_temperature)?.unsqueeze(D::Minus1)?;
         let e = {
             let x = arg.detach().to_dtype(DType::F32)?;
@@ -87,7 +111,7 @@ impl CustomOp1 for TargetLogProb {
         let coeff = g.neg()?.broadcast_div(&e.sum_keepdim(D::Minus1)?)?;
         let dx = e.broadcast_mul(&coeff)?;
         drop(e);
-        dx.scatter_add_set(&self.targets, &g, D::Minus1)?;
+        dx.scatter_add_set(targets, &g, D::Minus1)?;
         Ok(Some(dx.to_dtype(arg.dtype())?))
     }
 }
@@ -100,26 +124,41 @@ pub(crate) fn target_logprobs(
     targets: &Tensor,
     temperature: f32,
 ) -> crate::error::Result<Tensor> {
-    let targets = targets.unsqueeze(D::Minus1)?.contiguous()?;
+    let inv_temperature = 1.0 / f64::from(temperature);
     let x = logits.detach();
-    let scaled = if temperature != 1.0 {
-        (x / f64::from(temperature))?
+    let (value, backward) = if cpu_ops::applies(&x) && targets.dtype() == DType::U32 {
+        let ids = targets.flatten_all()?.to_vec1::<u32>()?;
+        // As candle's `x / T` rounds 1/T: to f32 from the f64 quotient.
+        let (value, stats) = cpu_ops::target_logprob_rows(&x, &ids, inv_temperature as f32)?;
+        let value = Tensor::from_vec(value, targets.shape(), x.device())?;
+        (
+            value,
+            Backward::Fused {
+                targets: ids,
+                stats,
+            },
+        )
     } else {
-        x
+        let targets = targets.unsqueeze(D::Minus1)?.contiguous()?;
+        let scaled = if temperature != 1.0 {
+            (x / f64::from(temperature))?
+        } else {
+            x
+        };
+        // The gather's output is a fresh contiguous storage of exactly the targets' shape.
+        let value = log_softmax_last(&scaled)?
+            .gather(&targets, D::Minus1)?
+            .squeeze(D::Minus1)?
+            .contiguous()?;
+        (value, Backward::Ops { targets })
     };
-    // The gather's output is a fresh contiguous storage of exactly the targets' shape.
-    let value = log_softmax_last(&scaled)?
-        .gather(&targets, D::Minus1)?
-        .squeeze(D::Minus1)?
-        .contiguous()?;
-    drop(scaled);
     if !logits.track_op() {
         return Ok(value);
     }
     Ok(logits.apply_op1(TargetLogProb {
-        targets,
         value,
-        inv_temperature: 1.0 / f64::from(temperature),
+        inv_temperature,
+        backward,
     })?)
 }
 

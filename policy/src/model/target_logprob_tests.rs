@@ -33,15 +33,20 @@ fn spelled_out(x: &Tensor, t: &Tensor, temperature: f32) -> Tensor {
 
 #[test]
 fn values_and_gradients_match_the_spelled_out_log_softmax() {
-    let logits = [(randn(&[3, 5, 50], 21) * 4.0).unwrap()];
-    let t = targets(&[3, 5], 50);
+    // The second shape has rows enough to be split between threads on the fused path.
+    for (shape, vocab) in [([3, 5], 50), ([4, 40], 1000)] {
+        let logits = [(randn(&[shape[0], shape[1], vocab], 21) * 4.0).unwrap()];
+        let t = targets(&shape, vocab);
+        check_against_spelled_out(&logits, &t);
+    }
+}
+
+fn check_against_spelled_out(logits: &[Tensor; 1], t: &Tensor) {
     for elementary in [false, true] {
         for temperature in [1.0f32, 0.7] {
             use_elementary_ops(elementary);
-            let one = value_and_grads(&logits, |x| {
-                target_logprobs(&x[0], &t, temperature).unwrap()
-            });
-            let reference = value_and_grads(&logits, |x| spelled_out(&x[0], &t, temperature));
+            let one = value_and_grads(logits, |x| target_logprobs(&x[0], t, temperature).unwrap());
+            let reference = value_and_grads(logits, |x| spelled_out(&x[0], t, temperature));
             use_elementary_ops(false);
             let what = format!("elementary {elementary}, T = {temperature}");
             // The value is the spelled-out form's own computation, detached: bit-identical.
@@ -74,4 +79,21 @@ fn without_a_graph_it_is_the_plain_value() {
     let lp = target_logprobs(&x, &t, 0.8).unwrap();
     assert!(!lp.track_op());
     assert_eq!(max_abs_diff(&lp, &spelled_out(&x, &t, 0.8)), 0.0);
+}
+
+/// A target outside the vocabulary is an error on both paths, not a read past the row.
+#[test]
+fn a_target_outside_the_vocabulary_is_an_error() {
+    let x = Var::from_tensor(&randn(&[2, 10], 5)).unwrap();
+    let t = Tensor::from_vec(vec![3u32, 10], 2, &Device::Cpu).unwrap();
+    for elementary in [false, true] {
+        use_elementary_ops(elementary);
+        let r = target_logprobs(x.as_tensor(), &t, 1.0);
+        use_elementary_ops(false);
+        assert!(r.is_err(), "elementary {elementary}: {r:?}");
+    }
+    let e = target_logprobs(x.as_tensor(), &t, 1.0)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("target 10 outside a vocabulary of 10"), "{e}");
 }
