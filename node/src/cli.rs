@@ -32,7 +32,7 @@ fn version() -> &'static str {
     })
 }
 
-/// The features a `echo-node --version` line lists (the inverse of [`version`]), so that a
+/// The features an `echo-node --version` line lists (the inverse of [`version`]), so that a
 /// harness holding only a binary's path reads its build the way this crate writes it.
 pub fn features_in_version(line: &str) -> Vec<&str> {
     line.trim()
