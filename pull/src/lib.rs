@@ -112,6 +112,12 @@ impl PullError {
         }
     }
 
+    /// A stream that ended where a message belonged, with nothing in it for the worker to
+    /// gain: an I/O error (`UnexpectedEof`), so no strike — the cases are at the call sites.
+    fn lost_stream(what: &'static str) -> PullError {
+        PullError::Io(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, what))
+    }
+
     /// Whether the peer is to blame (see [`PullError::strike_reason`]).
     pub fn is_peer_fault(&self) -> bool {
         self.strike_reason().is_some()
@@ -353,10 +359,9 @@ pub async fn pull_on<S: AsyncRead + AsyncWrite + Unpin>(
         // nothing, so the worker gains nothing by it: a lost stream, not a strike (seen as an
         // intermittent honest strike under load in the adversary suite).
         None => {
-            return Err(PullError::Io(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
+            return Err(PullError::lost_stream(
                 "the worker's node closed the stream before answering",
-            )))
+            ))
         }
         Some(other) => {
             return Err(PullError::Protocol(format!(
@@ -413,10 +418,9 @@ pub async fn pull_on<S: AsyncRead + AsyncWrite + Unpin>(
         // learner's fault): a lost stream, not a strike. Unacked groups come back after
         // their lease expires and are deduplicated.
         Ok(None) => {
-            return Err(PullError::Io(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
+            return Err(PullError::lost_stream(
                 "the worker closed the stream before confirming the ack",
-            )))
+            ))
         }
         Ok(Some(other)) => {
             return Err(PullError::Protocol(format!("expected done, got {other:?}")))

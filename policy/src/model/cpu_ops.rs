@@ -374,23 +374,17 @@ pub(super) fn log_softmax(x: &Tensor) -> Result<Tensor> {
 // six passes over each row and a second exp. Rows run in parallel (rayon); each row's
 // arithmetic is sequential, so the results do not depend on the number of threads.
 
-/// Each row's `(m, lse)` from [`target_logprob_rows`], for [`target_logprob_grad`].
-pub(super) struct RowStats(Vec<[f32; 2]>);
+/// What [`target_logprob_rows`] leaves for [`target_logprob_grad`]: each row's target,
+/// checked against the vocabulary, and its `(m, lse)`.
+pub(super) struct RowStats {
+    targets: Vec<u32>,
+    m_lse: Vec<[f32; 2]>,
+}
 
 /// `z = x·(1/T) + 0` exactly as candle's `x / T` computes it (`affine(1/T, 0)` in f32); `x`
 /// itself at T = 1, as `token_logprobs` never divided then.
 fn scaled(inv_t: f32) -> impl Fn(f32) -> f32 + Sync {
     move |v| if inv_t == 1.0 { v } else { v * inv_t + 0.0 }
-}
-
-/// The target's row `r` of `x`, checked against the vocabulary (a bad id is an error, as
-/// `gather` makes it on the other path).
-fn target_of(targets: &[u32], r: usize, n: usize) -> Result<usize> {
-    let t = targets[r] as usize;
-    if t >= n {
-        return Err(err(&format!("target {t} outside a vocabulary of {n}")));
-    }
-    Ok(t)
 }
 
 /// Whether `len` values are one row of `n` per target.
@@ -401,37 +395,39 @@ fn check_rows(len: usize, n: usize, targets: &[u32]) -> Result<()> {
     Ok(())
 }
 
-/// The log-prob of each row's target under `softmax(x / T)`, and each row's `(m, lse)`.
+/// The log-prob of each row's target under `softmax(x / T)`, and what the backward needs. A
+/// target outside the vocabulary is an error, as `gather` makes it on the other path.
 pub(super) fn target_logprob_rows(
     x: &Tensor,
-    targets: &[u32],
+    targets: Vec<u32>,
     inv_t: f32,
 ) -> Result<(Vec<f32>, RowStats)> {
     use rayon::prelude::*;
     let n = x.dim(candle_core::D::Minus1)?;
+    if let Some(&t) = targets.iter().find(|&&t| t as usize >= n) {
+        return Err(err(&format!("target {t} outside a vocabulary of {n}")));
+    }
     let z = scaled(inv_t);
-    let rows = with_data(x, |x| {
-        check_rows(x.len(), n, targets)?;
-        x.par_chunks_exact(n)
-            .enumerate()
-            .map(|(r, row)| {
-                let t = target_of(targets, r, n)?;
+    let rows: Vec<(f32, [f32; 2])> = with_data(x, |x| {
+        check_rows(x.len(), n, &targets)?;
+        Ok(x.par_chunks_exact(n)
+            .zip(targets.par_iter())
+            .map(|(row, &t)| {
                 let m = row.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(z(v)));
                 let lse = row.iter().map(|&v| (z(v) - m).exp()).sum::<f32>().ln();
-                Ok((z(row[t]) - m - lse, [m, lse]))
+                (z(row[t as usize]) - m - lse, [m, lse])
             })
-            .collect::<Result<Vec<_>>>()
+            .collect())
     })?;
-    let (values, stats) = rows.into_iter().unzip();
-    Ok((values, RowStats(stats)))
+    let (values, m_lse) = rows.into_iter().unzip();
+    Ok((values, RowStats { targets, m_lse }))
 }
 
-/// `dx = (onehot(t) − exp(z − m − lse))·g/T` for the logits `x` of [`target_logprob_rows`],
-/// its `targets` and `stats`, and the upstream gradient `g` (one value per row).
+/// `dx = (onehot(t) − exp(z − m − lse))·g/T` for the logits `x` of [`target_logprob_rows`]
+/// and what it left (`rows`), and the upstream gradient `g` (one value per row).
 pub(super) fn target_logprob_grad(
     x: &Tensor,
-    targets: &[u32],
-    stats: &RowStats,
+    rows: &RowStats,
     g: &Tensor,
     inv_t: f32,
 ) -> Result<Tensor> {
@@ -441,23 +437,22 @@ pub(super) fn target_logprob_grad(
     let g = g.to_dtype(DType::F32)?;
     let dx = with_data(x, |xs| {
         with_data(&g, |gs| {
-            check_rows(xs.len(), n, targets)?;
-            if gs.len() != targets.len() || stats.0.len() != targets.len() {
-                return Err(err("one gradient and one (m, lse) per row"));
+            check_rows(xs.len(), n, &rows.targets)?;
+            if gs.len() != rows.targets.len() {
+                return Err(err("one gradient per row"));
             }
             let mut dx = vec![0f32; xs.len()];
             dx.par_chunks_exact_mut(n)
+                .zip(xs.par_chunks_exact(n))
                 .enumerate()
-                .try_for_each(|(r, dr)| {
-                    let t = target_of(targets, r, n)?;
-                    let [m, lse] = stats.0[r];
+                .for_each(|(r, (dr, xr))| {
+                    let [m, lse] = rows.m_lse[r];
                     let gt = gs[r] * inv_t;
-                    for (d, &v) in dr.iter_mut().zip(&xs[r * n..(r + 1) * n]) {
+                    for (d, &v) in dr.iter_mut().zip(xr) {
                         *d = -(z(v) - m - lse).exp() * gt;
                     }
-                    dr[t] += gt;
-                    Ok::<_, candle_core::Error>(())
-                })?;
+                    dr[rows.targets[r] as usize] += gt;
+                });
             Ok(dx)
         })
     })?;

@@ -46,10 +46,7 @@ struct TargetLogProb {
 /// What the backward needs besides the logits.
 enum Backward {
     /// The fused CPU path: the targets and each row's `(m, lse)` from the forward.
-    Fused {
-        targets: Vec<u32>,
-        stats: cpu_ops::RowStats,
-    },
+    Fused(cpu_ops::RowStats),
     /// Tensor ops: the targets, `[.., 1]` u32.
     Ops { targets: Tensor },
 }
@@ -90,10 +87,9 @@ impl CustomOp1 for TargetLogProb {
     /// are alive here beside the logits.
     fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         let targets = match &self.backward {
-            Backward::Fused { targets, stats } => {
+            Backward::Fused(rows) => {
                 let inv_t = self.inv_temperature as f32;
-                let dx = cpu_ops::target_logprob_grad(arg, targets, stats, grad, inv_t)?;
-                return Ok(Some(dx));
+                return Ok(Some(cpu_ops::target_logprob_grad(arg, rows, grad, inv_t)?));
             }
             Backward::Ops { targets } => targets,
         };
@@ -129,15 +125,9 @@ pub(crate) fn target_logprobs(
     let (value, backward) = if cpu_ops::applies(&x) && targets.dtype() == DType::U32 {
         let ids = targets.flatten_all()?.to_vec1::<u32>()?;
         // As candle's `x / T` rounds 1/T: to f32 from the f64 quotient.
-        let (value, stats) = cpu_ops::target_logprob_rows(&x, &ids, inv_temperature as f32)?;
+        let (value, rows) = cpu_ops::target_logprob_rows(&x, ids, inv_temperature as f32)?;
         let value = Tensor::from_vec(value, targets.shape(), x.device())?;
-        (
-            value,
-            Backward::Fused {
-                targets: ids,
-                stats,
-            },
-        )
+        (value, Backward::Fused(rows))
     } else {
         let targets = targets.unsqueeze(D::Minus1)?.contiguous()?;
         let scaled = if temperature != 1.0 {
