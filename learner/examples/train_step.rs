@@ -6,7 +6,8 @@
 //! cargo run --release -p learner --example train_step -- \
 //!     [--device cpu|cuda|cuda:N] [--shape tiny|small|qwen3-0.6b] [--groups 4] [--group-size 8] \
 //!     [--prompt-len 32] [--response-len 64] [--steps 5] [--kl] [--micro-batch-tokens 4096] \
-//!     [--lora-rank R] [--base-dtype f32|bf16] [--layers L] [--elementary]
+//!     [--lora-rank R] [--base-dtype f32|bf16] [--layers L] [--elementary] \
+//!     [--keep-freed-memory] [--on-thread]
 //! # on a GPU host, with a binary built by scripts/build-cuda.sh's environment:
 //! cargo run --release -p learner --features cuda --example train_step -- --device cuda --shape qwen3-0.6b
 //! ```
@@ -32,6 +33,10 @@
 //! `--elementary` runs the elementary-op path a GPU takes (no fused CPU kernels), so the CPU
 //! peak then measures the GPU's autograd graph; `--layers L` keeps only L decoder layers of the
 //! shape, so a large shape's per-layer and vocabulary terms can be measured in the CPU's memory.
+//!
+//! Heap: `--on-thread` trains on a spawned thread, as the node does (its learner trains on a
+//! blocking thread of its runtime), and `--keep-freed-memory` first makes the node's CPU
+//! learner's heap setting (`learner::heap`; `docs/gpu.md`, "Page faults at large shapes").
 
 use std::time::Instant;
 
@@ -103,33 +108,63 @@ fn cpu_seconds() -> f64 {
     ticks.map_or(0.0, |t| t as f64 / 100.0)
 }
 
-fn main() -> Result<()> {
+/// The command line (see the module's doc).
+struct Args {
+    dev: String,
+    shape_name: String,
+    groups: usize,
+    n: usize,
+    prompt_len: usize,
+    response_len: usize,
+    steps: usize,
+    kl: bool,
+    micro: usize,
+    lora_rank: usize,
+    base_dtype: Option<policy::DType>,
+    layers: Option<usize>,
+    elementary: bool,
+    keep_freed_memory: bool,
+    on_thread: bool,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut a = Args {
+        dev: "cpu".to_string(),
+        shape_name: "tiny".to_string(),
+        groups: 4,
+        n: 8,
+        prompt_len: 32,
+        response_len: 64,
+        steps: 5,
+        kl: false,
+        micro: TrainerConfig::default().micro_batch_tokens,
+        lora_rank: 0,
+        base_dtype: None,
+        layers: None,
+        elementary: false,
+        keep_freed_memory: false,
+        on_thread: false,
+    };
     let mut args = std::env::args().skip(1);
-    let (mut dev, mut shape_name, mut groups, mut n) =
-        ("cpu".to_string(), "tiny".to_string(), 4, 8);
-    let (mut prompt_len, mut response_len, mut steps, mut kl) = (32usize, 64usize, 5usize, false);
-    let mut micro = TrainerConfig::default().micro_batch_tokens;
-    let mut lora_rank = 0usize;
-    let mut base_dtype = None;
-    let mut layers = None;
-    let mut elementary = false;
-    while let Some(a) = args.next() {
-        let mut val = || args.next().with_context(|| format!("{a} needs a value"));
-        match a.as_str() {
-            "--device" => dev = val()?,
-            "--shape" => shape_name = val()?,
-            "--groups" => groups = val()?.parse()?,
-            "--group-size" => n = val()?.parse()?,
-            "--prompt-len" => prompt_len = val()?.parse()?,
-            "--response-len" => response_len = val()?.parse()?,
-            "--steps" => steps = val()?.parse()?,
-            "--kl" => kl = true,
-            "--micro-batch-tokens" => micro = val()?.parse()?,
-            "--lora-rank" => lora_rank = val()?.parse()?,
-            "--layers" => layers = Some(val()?.parse::<usize>()?),
-            "--elementary" => elementary = true,
+    while let Some(arg) = args.next() {
+        let mut val = || args.next().with_context(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--device" => a.dev = val()?,
+            "--shape" => a.shape_name = val()?,
+            "--groups" => a.groups = val()?.parse()?,
+            "--group-size" => a.n = val()?.parse()?,
+            "--prompt-len" => a.prompt_len = val()?.parse()?,
+            "--response-len" => a.response_len = val()?.parse()?,
+            "--steps" => a.steps = val()?.parse()?,
+            "--kl" => a.kl = true,
+            "--micro-batch-tokens" => a.micro = val()?.parse()?,
+            "--lora-rank" => a.lora_rank = val()?.parse()?,
+            "--layers" => a.layers = Some(val()?.parse::<usize>()?),
+            "--elementary" => a.elementary = true,
+            "--keep-freed-memory" => a.keep_freed_memory = true,
+            "--on-thread" => a.on_thread = true,
             "--base-dtype" => {
-                base_dtype = Some(match val()?.as_str() {
+                a.base_dtype = Some(match val()?.as_str() {
                     "f32" => policy::DType::F32,
                     "bf16" => policy::DType::BF16,
                     other => bail!("unknown --base-dtype {other} (f32, bf16)"),
@@ -138,6 +173,44 @@ fn main() -> Result<()> {
             other => bail!("unknown argument {other}"),
         }
     }
+    Ok(a)
+}
+
+fn main() -> Result<()> {
+    let args = parse_args()?;
+    // First, before any thread: the node's CPU learner does the same (`learner::heap`).
+    let heap = args
+        .keep_freed_memory
+        .then(learner::heap::keep_freed_memory);
+    if args.on_thread {
+        // Where the node trains: a thread other than `main` (a blocking thread of its runtime),
+        // whose allocations glibc serves from another arena unless the heap setting says not.
+        std::thread::spawn(move || run(args, heap))
+            .join()
+            .map_err(|_| anyhow::anyhow!("the training thread panicked"))?
+    } else {
+        run(args, heap)
+    }
+}
+
+fn run(args: Args, heap: Option<learner::heap::HeapSetting>) -> Result<()> {
+    let Args {
+        dev,
+        shape_name,
+        groups,
+        n,
+        prompt_len,
+        response_len,
+        steps,
+        kl,
+        micro,
+        lora_rank,
+        base_dtype,
+        layers,
+        elementary,
+        keep_freed_memory: _,
+        on_thread,
+    } = args;
     // The trainer runs its forwards on this thread.
     policy::model::use_elementary_ops(elementary);
     let mut cfg = shape(&shape_name)?;
@@ -221,6 +294,7 @@ fn main() -> Result<()> {
             "lora_rank": lora_rank,
             "base_dtype": format!("{:?}", if lora.is_some() { base_dtype } else { policy::DType::F32 }),
             "layers": cfg.num_hidden_layers, "elementary": elementary,
+            "on_thread": on_thread, "heap": heap.map(|h| format!("{h:?}")),
             "predicted_bytes": predicted, "predicted_bytes_at_len": predicted_at_len,
             "pass_tokens": pass,
             "host_peak_rss_bytes": peak_rss(),

@@ -6,7 +6,8 @@
 //! bounded number of tokens, gradients summed), the one verification pipeline of pulled
 //! groups whose [`Verified`] output is all a trainer takes ([`pipeline`]), the log-prob spot
 //! checks of pulled groups ([`spot_check`]) with their check that each token is the canonical
-//! sampling rule's draw ([`verdict`]), and the learner-owned loss masks ([`mask`]).
+//! sampling rule's draw ([`verdict`]), the learner-owned loss masks ([`mask`]) and the CPU
+//! learner's process-wide heap setting ([`heap`]).
 //! Must not touch: the network (it has no `p2p` dependency: the node's learner role pulls,
 //! publishes and feeds this crate groups), or on-disk formats of the trajectory store (those
 //! belong to `storage`). The staleness window is [`control::Window`], re-exported here.
@@ -15,6 +16,7 @@
 //! is `examples/local_learning.rs` (see `docs/learner.md`).
 
 mod checkpoint;
+pub mod heap;
 pub mod loss;
 pub mod mask;
 pub mod optim;

@@ -7,7 +7,7 @@ use anyhow::Context;
 
 use crate::admin;
 use crate::cli::RunArgs;
-use crate::config::Role;
+use crate::config::{NodeConfig, Role};
 use crate::roles::{self, Probe, RoleView, VersionChanges};
 use crate::state::{
     dissemination_config, load_config, open_state, service_config, NodeState, NODE_VERSION,
@@ -19,6 +19,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         // No model, no stores: a relay runs only the network service and the admin endpoint.
         return roles::relay::run(config);
     }
+    // Before `open_state`: its stores start sled's threads, and the heap setting binds only
+    // threads that start after it.
+    keep_freed_memory(&config);
     let state = open_state(config)?;
     let counters = state.trajectories.counters()?;
     let inv = state.trajectories.check_invariant()?;
@@ -50,6 +53,39 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     drop(state);
     tracing::info!("stopped cleanly");
     Ok(())
+}
+
+/// A learner that trains on the CPU keeps freed memory in its heap (`learner::heap`; the
+/// config's `learner.keep_freed_memory`). `auto` counts as the CPU only in a build without
+/// CUDA: a CUDA build's `auto` learner is on the GPU whenever one answers, where the setting
+/// would only cost host memory.
+fn keep_freed_memory(config: &NodeConfig) {
+    use learner::heap::HeapSetting;
+    use policy::DeviceChoice;
+    let on_cpu = match config.model.device {
+        DeviceChoice::Cpu => true,
+        DeviceChoice::Auto => !policy::device::cuda_compiled(),
+        DeviceChoice::Cuda(_) => false,
+    };
+    if config.role != Role::Learner || !config.learner.keep_freed_memory || !on_cpu {
+        return;
+    }
+    match learner::heap::keep_freed_memory() {
+        HeapSetting::Kept => tracing::info!("training on the CPU: freed memory stays in the heap"),
+        HeapSetting::KeptLate { threads } => tracing::warn!(
+            threads,
+            "freed memory stays in the heap, but {threads} threads had started: theirs may not"
+        ),
+        HeapSetting::Refused { option } => {
+            tracing::warn!(
+                option,
+                "the allocator refused a heap setting (the ones after it were not made)"
+            )
+        }
+        HeapSetting::Unsupported => {
+            tracing::debug!("keep_freed_memory: not a glibc build, the heap is left as it is")
+        }
+    }
 }
 
 /// The dissemination engine's test fault for the attacks carried out on snapshots (none for

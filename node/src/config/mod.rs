@@ -342,6 +342,10 @@ pub struct LearnerConfig {
     /// the adapters train; absent = full fine-tuning (`docs/model.md`, "LoRA").
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lora: Option<policy::LoraConfig>,
+    /// A learner training on the CPU keeps freed memory in its heap instead of handing large
+    /// blocks back to the kernel after every use (`learner::heap`): about half the step time
+    /// at Qwen3-0.6B's shape for 11–23 % more resident memory. No effect on a GPU.
+    pub keep_freed_memory: bool,
 }
 
 impl Default for LearnerConfig {
@@ -367,6 +371,7 @@ impl Default for LearnerConfig {
             buffer_groups: 0,
             logprob_floor: storage::record::DEFAULT_LOGPROB_FLOOR,
             lora: None,
+            keep_freed_memory: true,
         }
     }
 }

@@ -119,6 +119,19 @@ fn demo_with_two_workers_trains_publishes_and_exits_cleanly() {
         .iter()
         .all(|s| s["stats"]["staleness_max"].as_u64().unwrap() <= 3));
     assert!(assert_no_group_trained_twice(&log) > 0);
+    // The learner trains on the CPU (`auto` without CUDA), so it kept freed memory in its
+    // heap, set before any of its threads had started (`learner::heap`); a worker left its
+    // heap alone.
+    if !cfg!(feature = "cuda") {
+        let node_log = |who: &str| std::fs::read_to_string(dir.join(who).join("node.log")).unwrap();
+        let kept = "training on the CPU: freed memory stays in the heap";
+        assert!(
+            node_log("learner").contains(kept),
+            "{}",
+            node_log("learner")
+        );
+        assert!(!node_log("worker-1").contains("freed memory"));
+    }
 }
 
 #[test]
