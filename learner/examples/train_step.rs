@@ -15,8 +15,8 @@
 //! Random weights (nothing is downloaded), random prompt and response tokens, random rewards
 //! (so no group has all-equal rewards), sampler log-probs set to the learner's own at step 0's
 //! weights' scale (a constant: the ratio is not 1, which changes no cost). The learner keeps
-//! f32 master weights on the device. Prints one JSON line: median and every step's time, tokens
-//! per second (prompt + response tokens of the batch / step time), the memory the memory model
+//! f32 master weights on the device. Prints one JSON line: median and every step's time (and
+//! the process's minor page faults in each step), tokens per second (prompt + response tokens of the batch / step time), the memory the memory model
 //! predicts for the configuration (`policy::memory::learner_bytes`) and, on the CPU, the
 //! process's peak resident memory (`VmHWM`; on a GPU `scripts/gpu-smoke.sh` samples the
 //! device's memory while this runs). `--lora-rank R` trains LoRA adapters of rank R (α = 2R,
@@ -106,6 +106,23 @@ fn cpu_seconds() -> f64 {
             Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
         });
     ticks.map_or(0.0, |t| t as f64 / 100.0)
+}
+
+/// Minor page faults this process has taken (`/proc/self/stat` field 10); 0 if unknown. A
+/// page the kernel must zero before first use counts one: what a step costs when its large
+/// blocks are mapped afresh (`learner::heap`).
+fn minor_faults() -> u64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(7)?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
 }
 
 /// The command line (see the module's doc).
@@ -251,6 +268,7 @@ fn run(args: Args, heap: Option<learner::heap::HeapSetting>) -> Result<()> {
     let vocab = cfg.vocab_size as u32;
     let mut times = Vec::new();
     let mut cpu_times = Vec::new();
+    let mut faults = Vec::new();
     // (padded tokens, sequence length) of the largest pass run, for the memory model's count.
     let mut largest = (0, 0);
     // Step 0 warms up (allocations, kernel loading); the rest are timed.
@@ -269,12 +287,13 @@ fn run(args: Args, heap: Option<learner::heap::HeapSetting>) -> Result<()> {
             .into_iter()
             .map(|g| pipeline.verify("bench", 0, g))
             .collect::<Result<_, _>>()?;
-        let (t0, c0) = (Instant::now(), cpu_seconds());
+        let (t0, c0, f0) = (Instant::now(), cpu_seconds(), minor_faults());
         let st = trainer.train_step(&batch)?;
         anyhow::ensure!(st.stepped, "the step did not train: {st:?}");
         if step > 0 {
             times.push(t0.elapsed().as_secs_f64());
             cpu_times.push(cpu_seconds() - c0);
+            faults.push(minor_faults() - f0);
         }
     }
     let mut sorted = times.clone();
@@ -302,6 +321,7 @@ fn run(args: Args, heap: Option<learner::heap::HeapSetting>) -> Result<()> {
             "step_ms_median": median * 1e3,
             "step_ms": times.iter().map(|t| t * 1e3).collect::<Vec<_>>(),
             "step_cpu_ms": cpu_times.iter().map(|t| t * 1e3).collect::<Vec<_>>(),
+            "step_minor_faults": faults,
             "tokens_per_s": tokens as f64 / median,
         })
     );

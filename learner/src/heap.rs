@@ -17,8 +17,9 @@
 //!   `M_MMAP_MAX` says — and the node trains on a blocking thread of its runtime, not on `main`.
 //!   The limit binds only threads that had not allocated yet, hence "before any other thread".
 //! - `M_MMAP_MAX = 0`: no allocation is served with `mmap`; large blocks come from the heap.
-//! - `M_TRIM_THRESHOLD = i32::MAX`: `free` never hands the heap's top back to the kernel, so the
-//!   next step reuses those pages without a fault.
+//! - `M_TRIM_THRESHOLD = -1`: `free` never hands the heap's top back to the kernel, so the
+//!   next step reuses those pages without a fault. (The largest positive value, `i32::MAX`,
+//!   is not enough: a step frees more than 2 GiB at the top of the heap at once.)
 //!
 //! Cost: freed memory stays in the process, so its resident size stays at its peak plus the
 //! heap's fragmentation (measured +11–23 % peak RSS at Qwen3-0.6B); and every thread's
@@ -56,7 +57,9 @@ mod imp {
         let options = [
             ("M_ARENA_MAX", libc::M_ARENA_MAX, 1),
             ("M_MMAP_MAX", libc::M_MMAP_MAX, 0),
-            ("M_TRIM_THRESHOLD", libc::M_TRIM_THRESHOLD, libc::c_int::MAX),
+            // −1: no trimming at all (mallopt(3)). `i32::MAX` would still trim a top above
+            // 2 GiB, which a large step's freed tensors exceed.
+            ("M_TRIM_THRESHOLD", libc::M_TRIM_THRESHOLD, -1),
         ];
         for (option, param, value) in options {
             // SAFETY: `mallopt` only changes the allocator's parameters; glibc takes its own

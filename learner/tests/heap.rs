@@ -1,6 +1,7 @@
-//! `learner::heap::keep_freed_memory`: a 256 MiB block allocated and freed on a thread that is
-//! not `main` (where the node's learner trains) comes from the heap and stays there, instead of
-//! being mapped and unmapped.
+//! `learner::heap::keep_freed_memory`: a block allocated and freed on a thread that is not
+//! `main` (where the node's learner trains) comes from the heap and stays there, instead of
+//! being mapped and unmapped — even a block above 2 GiB, which `M_TRIM_THRESHOLD = i32::MAX`
+//! would hand back (a large step frees that much at once).
 //!
 //! The setting is process-wide and must precede every other thread, so this test is its own
 //! `main` (no harness) and runs each case in a child process of its own: `kept` (the setting
@@ -11,7 +12,10 @@
 use std::process::Command;
 
 const CASE: &str = "ECHO_HEAP_TEST_CASE";
+/// The block of the `default` and `late` cases.
 const BLOCK: usize = 256 << 20;
+/// The block of the `kept` case: above `i32::MAX` bytes.
+const LARGE_BLOCK: usize = 5 << 29;
 
 fn main() {
     if !cfg!(all(target_os = "linux", target_env = "gnu")) {
@@ -73,13 +77,14 @@ fn parent() {
         "without the setting a {block}-byte block on a thread is mapped and unmapped: {default:?}"
     );
     let kept = measure("kept");
+    let large = LARGE_BLOCK as u64;
     assert!(
-        kept.mapped_during < block,
+        kept.mapped_during < large,
         "with the setting the block came from the heap, not a mapping: {kept:?}"
     );
     assert!(
-        kept.free_after >= block,
-        "with the setting the freed block stays in the heap: {kept:?}"
+        kept.free_after >= large,
+        "with the setting the freed {large}-byte block stays in the heap: {kept:?}"
     );
     // Too late for a thread that already has its own arena: reported, and that thread's block
     // is still mapped (why the node sets it before opening its stores).
@@ -96,14 +101,14 @@ fn parent() {
 mod child {
     use learner::heap::{keep_freed_memory, HeapSetting};
 
-    use super::BLOCK;
+    use super::{BLOCK, LARGE_BLOCK};
 
     pub fn run(case: &str) {
         match case {
-            "default" => print_block_on(std::thread::spawn(block_on_this_thread)),
+            "default" => print_block_on(std::thread::spawn(|| block_on_this_thread(BLOCK))),
             "kept" => {
                 assert_eq!(keep_freed_memory(), HeapSetting::Kept);
-                print_block_on(std::thread::spawn(block_on_this_thread));
+                print_block_on(std::thread::spawn(|| block_on_this_thread(LARGE_BLOCK)));
             }
             "late" => {
                 // A thread that allocates (and so gets an arena of its own) before the setting.
@@ -113,7 +118,7 @@ mod child {
                     drop(std::hint::black_box(vec![1u8; 4096]));
                     ready.send(()).expect("parent waits");
                     wait.recv().expect("parent says go");
-                    block_on_this_thread()
+                    block_on_this_thread(BLOCK)
                 });
                 started.recv().expect("the early thread started");
                 match keep_freed_memory() {
@@ -132,12 +137,12 @@ mod child {
         println!("mapped_during={mapped_during} free_after={free_after}");
     }
 
-    /// Allocates, writes and frees one block on the calling thread; returns the bytes mapped
-    /// for it and the heap's free bytes after.
-    fn block_on_this_thread() -> (u64, u64) {
+    /// Allocates, writes and frees one block of `bytes` on the calling thread; returns the
+    /// bytes mapped for it and the heap's free bytes after.
+    fn block_on_this_thread(bytes: usize) -> (u64, u64) {
         // SAFETY: `mallinfo2` only reads the allocator's counters.
         let before = unsafe { libc::mallinfo2() };
-        let block = std::hint::black_box(vec![1u8; BLOCK]);
+        let block = std::hint::black_box(vec![1u8; bytes]);
         let during = unsafe { libc::mallinfo2() };
         drop(block);
         let after = unsafe { libc::mallinfo2() };
