@@ -343,8 +343,8 @@ pub struct LearnerConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lora: Option<policy::LoraConfig>,
     /// A learner training on the CPU keeps freed memory in its heap instead of handing large
-    /// blocks back to the kernel after every use (`learner::heap`): about half the step time
-    /// at Qwen3-0.6B's shape for 11–23 % more resident memory. No effect on a GPU.
+    /// blocks back to the kernel after every use (`learner::heap`): a quarter to a half less
+    /// step time at Qwen3-0.6B's shape for up to 23 % more resident memory. No effect on a GPU.
     pub keep_freed_memory: bool,
 }
 
