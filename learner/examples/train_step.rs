@@ -94,35 +94,31 @@ fn peak_rss() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// CPU time this process has used (user + system, `/proc/self/stat`), seconds; 0 if unknown.
-/// On a CPU shared with other work, the step's CPU time is steadier than its wall time.
-fn cpu_seconds() -> f64 {
-    let ticks = std::fs::read_to_string("/proc/self/stat")
+/// Field `n` (1-based, as proc(5) numbers them) of `/proc/self/stat`; `None` if unknown.
+/// Fields are counted after the parenthesised command name (field 2), which may hold spaces.
+fn self_stat(n: usize) -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/stat").ok()?;
+    s.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(n.checked_sub(3)?)?
+        .parse()
         .ok()
-        .and_then(|s| {
-            // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-            let rest = s.rsplit_once(')')?.1;
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
-        });
+}
+
+/// CPU time this process has used (user + system: fields 14 and 15, in clock ticks of
+/// 1/100 s), seconds; 0 if unknown. On a CPU shared with other work, the step's CPU time is
+/// steadier than its wall time.
+fn cpu_seconds() -> f64 {
+    let ticks = self_stat(14).zip(self_stat(15)).map(|(u, s)| u + s);
     ticks.map_or(0.0, |t| t as f64 / 100.0)
 }
 
-/// Minor page faults this process has taken (`/proc/self/stat` field 10); 0 if unknown. A
-/// page the kernel must zero before first use counts one: what a step costs when its large
-/// blocks are mapped afresh (`learner::heap`).
+/// Minor page faults this process has taken (field 10); 0 if unknown. A page the kernel must
+/// zero before first use counts one: what a step costs when its large blocks are mapped
+/// afresh (`learner::heap`).
 fn minor_faults() -> u64 {
-    std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .nth(7)?
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0)
+    self_stat(10).unwrap_or(0)
 }
 
 /// The command line (see the module's doc).

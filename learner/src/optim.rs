@@ -20,7 +20,7 @@
 //!
 //! On the CPU (f32, contiguous: every variable the learner trains) a step makes four passes
 //! over each variable and allocates nothing: the f64 sum of squares of its gradient, then the
-//! two moments and the weights updated in place ([`fused`]), with each value computed by the
+//! two moments and the weights updated in place (`fused`), with each value computed by the
 //! same f32 operations in the same order as the tensor-op form, so both give the same bits.
 //! The tensor-op form (a dozen passes, each a new tensor the size of the variable, and an f64
 //! copy of every gradient for the norm) stays for other devices. At Qwen3-0.6B's shape the
@@ -33,6 +33,8 @@ use candle_core::{DType, Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
 use crate::{LearnerError, Result};
+
+mod fused;
 
 /// safetensors metadata key holding the optimiser step count.
 const META_STEP: &str = "echo_swarm.adamw.step";
@@ -167,9 +169,12 @@ impl AdamW {
         let mut sq = 0.0f64;
         for s in &self.slots {
             if let Some(g) = grads.get(s.var.as_tensor()) {
-                sq += match (kernels, fused::sum_of_squares(g)) {
-                    (Kernels::Fused, Some(x)) => x,
-                    _ => g
+                let fused = (kernels == Kernels::Fused)
+                    .then(|| fused::sum_of_squares(g))
+                    .flatten();
+                sq += match fused {
+                    Some(x) => x,
+                    None => g
                         .to_dtype(DType::F64)?
                         .sqr()?
                         .sum_all()?
@@ -215,22 +220,17 @@ impl AdamW {
         } = self.cfg;
         let bc1 = 1.0 - beta1.powi(t);
         let bc2 = 1.0 - beta2.powi(t);
-        let hyper = fused::Hyper {
-            clip_scale,
-            lr,
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-            bc1,
-            bc2,
-        };
+        // The in-place ops' f32 scalars, once for the whole step.
+        let in_place =
+            (kernels == Kernels::Fused).then(|| fused::Step::new(&self.cfg, clip_scale, bc1, bc2));
         for s in &mut self.slots {
             let Some(g) = grads.get(s.var.as_tensor()) else {
                 continue;
             };
-            if kernels == Kernels::Fused && fused::step(&hyper, s.var.as_tensor(), g, &s.m, &s.v)? {
-                continue;
+            if let Some(step) = &in_place {
+                if step.apply(s.var.as_tensor(), g, &s.m, &s.v)? {
+                    continue;
+                }
             }
             let g = if clip_scale != 1.0 {
                 g.affine(clip_scale, 0.0)?
@@ -332,12 +332,6 @@ impl AdamW {
     }
 }
 
-/// [`fused`]'s elements per thread task (for the tests' sizes).
-#[cfg(test)]
-fn fused_chunk() -> usize {
-    fused::CHUNK
-}
-
 /// Which form [`AdamW::step_on`] computes with (the tensor-op form is the reference the
 /// fused one is tested against).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -347,224 +341,6 @@ enum Kernels {
     /// The tensor ops everywhere (the tests' reference).
     #[cfg(test)]
     TensorOps,
-}
-
-/// The CPU's AdamW: in-place candle ops over f32 storage, the same arithmetic as the tensor
-/// ops of [`AdamW::step_on`] value for value (`affine(a, 0)` is `x·a + 0`, which is not a
-/// no-op: it turns −0 into +0, so it is kept), elements split across rayon's threads (each
-/// value depends only on its own position, so the thread count changes no bit).
-mod fused {
-    use candle_core::{CpuStorage, InplaceOp2, InplaceOp3, Layout, Tensor};
-    use rayon::prelude::*;
-
-    /// Elements per rayon task: large enough to amortise scheduling, small enough to balance.
-    pub(super) const CHUNK: usize = 1 << 16;
-
-    /// One step's scalars (f64, as configured; cast to f32 where the tensor ops cast them).
-    pub(super) struct Hyper {
-        pub clip_scale: f64,
-        pub lr: f64,
-        pub beta1: f64,
-        pub beta2: f64,
-        pub eps: f64,
-        pub weight_decay: f64,
-        pub bc1: f64,
-        pub bc2: f64,
-    }
-
-    /// candle's `affine(mul, 0)` on f32.
-    #[inline(always)]
-    fn scale(x: f32, mul: f32) -> f32 {
-        x * mul + 0.0
-    }
-
-    /// The contiguous f32 values of a CPU tensor's storage, or `None`.
-    fn values<'a>(s: &'a CpuStorage, l: &Layout) -> Option<&'a [f32]> {
-        match s {
-            CpuStorage::F32(v) => l.contiguous_offsets().map(|(a, b)| &v[a..b]),
-            _ => None,
-        }
-    }
-
-    /// Whether the fused step applies: all four tensors f32, contiguous, on the CPU, and no
-    /// two of them on one storage (one storage as both moments would be updated twice, and an
-    /// in-place op that write-locks its target and read-locks the same storage deadlocks).
-    fn applies(ts: [&Tensor; 4]) -> bool {
-        let fits = ts.iter().all(|t| {
-            t.device().is_cpu() && t.dtype() == candle_core::DType::F32 && t.is_contiguous()
-        });
-        let storages = ts.map(|t| {
-            let (storage, _) = t.storage_and_layout();
-            std::ptr::from_ref(&*storage) as usize
-        });
-        fits && (1..4).all(|i| !storages[..i].contains(&storages[i]))
-    }
-
-    /// Σ g² in f64, summed in order (as the tensor ops' `to_dtype(F64).sqr().sum_all()` do,
-    /// so the global norm is the same bits); `None` off the fused path.
-    pub(super) fn sum_of_squares(g: &Tensor) -> Option<f64> {
-        if !(g.device().is_cpu() && g.dtype() == candle_core::DType::F32) {
-            return None;
-        }
-        let (storage, layout) = g.storage_and_layout();
-        let candle_core::Storage::Cpu(cpu) = &*storage else {
-            return None;
-        };
-        let xs = values(cpu, layout)?;
-        Some(xs.iter().fold(0.0f64, |acc, &x| {
-            let x = f64::from(x);
-            acc + x * x
-        }))
-    }
-
-    /// One variable's step in place; `Ok(false)` (nothing touched) off the fused path.
-    pub(super) fn step(
-        h: &Hyper,
-        theta: &Tensor,
-        g: &Tensor,
-        m: &Tensor,
-        v: &Tensor,
-    ) -> candle_core::Result<bool> {
-        if !applies([theta, g, m, v]) {
-            return Ok(false);
-        }
-        let clip = (h.clip_scale != 1.0).then_some(h.clip_scale as f32);
-        m.inplace_op2(g, &Moment::new(clip, h.beta1, false))?;
-        v.inplace_op2(g, &Moment::new(clip, h.beta2, true))?;
-        theta.inplace_op3(
-            m,
-            v,
-            &Update {
-                keep: (h.weight_decay > 0.0).then_some((1.0 - h.lr * h.weight_decay) as f32),
-                inv_bc1: (1.0 / h.bc1) as f32,
-                inv_bc2: (1.0 / h.bc2) as f32,
-                eps: h.eps as f32,
-                lr: h.lr as f32,
-            },
-        )?;
-        Ok(true)
-    }
-
-    fn not_contiguous(op: &str) -> candle_core::Error {
-        candle_core::Error::Msg(format!("{op}: expects contiguous f32 storage"))
-    }
-
-    /// An in-place op's input as an f32 slice.
-    fn input<'a>(op: &str, s: &'a CpuStorage, l: &Layout) -> candle_core::Result<&'a [f32]> {
-        values(s, l).ok_or_else(|| not_contiguous(op))
-    }
-
-    /// An in-place op's target as a mutable f32 slice, checked to be as long as each of its
-    /// `inputs`.
-    fn target<'a>(
-        op: &str,
-        s: &'a mut CpuStorage,
-        l: &Layout,
-        inputs: &[&[f32]],
-    ) -> candle_core::Result<&'a mut [f32]> {
-        let (CpuStorage::F32(store), Some((a, b))) = (s, l.contiguous_offsets()) else {
-            return Err(not_contiguous(op));
-        };
-        let target = &mut store[a..b];
-        if let Some(other) = inputs.iter().find(|x| x.len() != target.len()) {
-            return Err(candle_core::Error::Msg(format!(
-                "{op}: {} values updated from {}",
-                target.len(),
-                other.len()
-            )));
-        }
-        Ok(target)
-    }
-
-    /// `m ← β·m + (1 − β)·g` (or `g²` for the second moment), `g` clipped first.
-    struct Moment {
-        clip: Option<f32>,
-        decay: f32,
-        weight: f32,
-        squared: bool,
-    }
-
-    impl Moment {
-        /// The moment of decay `beta` (of `g²` when `squared`).
-        fn new(clip: Option<f32>, beta: f64, squared: bool) -> Self {
-            Moment {
-                clip,
-                decay: beta as f32,
-                weight: (1.0 - beta) as f32,
-                squared,
-            }
-        }
-    }
-
-    impl InplaceOp2 for Moment {
-        fn name(&self) -> &'static str {
-            "adamw-moment"
-        }
-
-        fn cpu_fwd(
-            &self,
-            s1: &mut CpuStorage,
-            l1: &Layout,
-            s2: &CpuStorage,
-            l2: &Layout,
-        ) -> candle_core::Result<()> {
-            let g = input(self.name(), s2, l2)?;
-            let m = target(self.name(), s1, l1, &[g])?;
-            m.par_chunks_mut(CHUNK)
-                .zip(g.par_chunks(CHUNK))
-                .for_each(|(m, g)| {
-                    for (m, &g) in m.iter_mut().zip(g) {
-                        let g = self.clip.map_or(g, |c| scale(g, c));
-                        let g = if self.squared { g * g } else { g };
-                        *m = scale(*m, self.decay) + scale(g, self.weight);
-                    }
-                });
-            Ok(())
-        }
-    }
-
-    /// `θ ← θ·(1 − lr·λ) − lr · (m / (1 − β1^t)) / (sqrt(v / (1 − β2^t)) + ε)`.
-    struct Update {
-        /// `1 − lr·λ`, when there is weight decay.
-        keep: Option<f32>,
-        inv_bc1: f32,
-        inv_bc2: f32,
-        eps: f32,
-        lr: f32,
-    }
-
-    impl InplaceOp3 for Update {
-        fn name(&self) -> &'static str {
-            "adamw-update"
-        }
-
-        fn cpu_fwd(
-            &self,
-            s1: &mut CpuStorage,
-            l1: &Layout,
-            s2: &CpuStorage,
-            l2: &Layout,
-            s3: &CpuStorage,
-            l3: &Layout,
-        ) -> candle_core::Result<()> {
-            let m = input(self.name(), s2, l2)?;
-            let v = input(self.name(), s3, l3)?;
-            let theta = target(self.name(), s1, l1, &[m, v])?;
-            theta
-                .par_chunks_mut(CHUNK)
-                .zip(m.par_chunks(CHUNK).zip(v.par_chunks(CHUNK)))
-                .for_each(|(theta, (m, v))| {
-                    for ((t, &m), &v) in theta.iter_mut().zip(m).zip(v) {
-                        let kept = self.keep.map_or(*t, |k| scale(*t, k));
-                        let m_hat = scale(m, self.inv_bc1);
-                        // `+ ε` is candle's `affine(1, ε)`: `x·1 + ε`, and `x·1` is `x`.
-                        let denom = scale(v, self.inv_bc2).sqrt() + self.eps;
-                        *t = kept - scale(m_hat / denom, self.lr);
-                    }
-                });
-            Ok(())
-        }
-    }
 }
 
 #[cfg(test)]
@@ -651,7 +427,7 @@ mod tests {
     /// enough to be split across threads, a 2-d one and one that gets no gradient.
     #[test]
     fn the_cpu_step_gives_the_tensor_ops_bits() {
-        let shapes: [&[usize]; 3] = [&[3 * super::fused_chunk() + 17], &[7, 5], &[4]];
+        let shapes: [&[usize]; 3] = [&[3 * fused::CHUNK + 17], &[7, 5], &[4]];
         let mk = || -> Vec<(String, Var)> {
             shapes
                 .iter()
