@@ -227,15 +227,23 @@ judge demo "r['steps'] >= $demo_steps and r['strikes'] == 0 and r['bans'] == 0"
 check demo_lora run echo-node demo --device "$device" --steps "$demo_steps" --lora-rank 8 --json
 judge demo_lora "r['steps'] >= $demo_steps and r['strikes'] == 0 and r['bans'] == 0 and r['lora_rank'] == 8"
 
-# The summary: every check in order, and whether all passed.
-python3 - "$out" "$device" "$quick" "$bin_dir" "$work" "${checks[@]}" <<'PY'
+# The summary: every check in order, and whether all passed. It names what was measured: the
+# node's `--version` line (package version and features) and the package's BUILD line (commit,
+# uncommitted changes, build time) when the binaries came from scripts/gpu-package.sh.
+version=$(run echo-node --version 2>/dev/null | head -n 1)
+build=""
+[ -f "$bin_dir/../BUILD" ] && build=$(head -n 1 "$bin_dir/../BUILD")
+python3 - "$out" "$device" "$quick" "$bin_dir" "$work" "$version" "$build" "${checks[@]}" <<'PY'
 import json, os, platform, sys, time
-out, device, quick, bin_dir, work, names = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4], sys.argv[5], sys.argv[6:]
+out, device, quick, bin_dir, work, version, build = sys.argv[1:8]
+quick, names = quick == "1", sys.argv[8:]
 checks = [json.load(open(os.path.join(work, n + ".check.json"))) for n in names]
 summary = {
     "echo_swarm_gpu_smoke": 1,
     "time_unix": int(time.time()),
     "host": platform.node(),
+    "version": version or None,
+    "build": build or None,
     "device": device,
     "quick": quick,
     "bin_dir": os.path.abspath(bin_dir),
