@@ -182,5 +182,6 @@ pub fn device_report(device: &policy::Device) -> p2p::DeviceReport {
         memory_free_bytes: d.memory_free_bytes.min(d.memory_total_bytes),
         compute_capability: d.compute_capability,
         dtype: None,
+        sampling: None,
     }
 }

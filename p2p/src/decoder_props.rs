@@ -40,15 +40,30 @@ fn device() -> impl Strategy<Value = DeviceReport> {
         any::<u64>(),
         proptest::option::of(printable(4)),
         proptest::option::of(prop::sample::select(DeviceReport::DTYPES.to_vec())),
+        proptest::option::of((
+            0.0f32..=crate::messages::SamplingReport::MAX_TEMPERATURE,
+            0.001f32..=1.0,
+            1..=crate::messages::MAX_SAMPLING_TOKENS as u32,
+        )),
     )
         .prop_map(
-            |(kind, name, total, free, compute_capability, dtype)| DeviceReport {
+            |(kind, name, total, free, compute_capability, dtype, sampling)| DeviceReport {
                 kind: kind.into(),
                 name,
                 memory_total_bytes: total,
                 memory_free_bytes: free % total.saturating_add(1),
                 compute_capability,
-                dtype: dtype.map(Into::into),
+                // No node samples in bf16 on a CPU (such a report is refused).
+                dtype: dtype
+                    .filter(|d| !(kind == "cpu" && *d == "bf16"))
+                    .map(Into::into),
+                sampling: sampling.map(|(temperature, top_p, max_new_tokens)| {
+                    crate::messages::SamplingReport {
+                        temperature,
+                        top_p,
+                        max_new_tokens,
+                    }
+                }),
             },
         )
 }

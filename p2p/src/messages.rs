@@ -122,7 +122,75 @@ pub struct DeviceReport {
     /// margin.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dtype: Option<String>,
+    /// The rule a rollout worker samples with (absent for other roles and in heartbeats of
+    /// older nodes). The learner checks every sampled token against its own rule, so a worker
+    /// configured with another one would only produce refused groups and strikes; it does not
+    /// pull from such a worker, and says why (see [`SamplingReport::mismatch`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling: Option<SamplingReport>,
 }
+
+/// How a rollout worker samples: `rollout.temperature`, `rollout.top_p`,
+/// `rollout.max_new_tokens`. Self-reported: it only keeps an honest worker whose
+/// configuration differs from the learner's out of pulls (and so out of strikes); a worker that
+/// reports the learner's rule and samples with another is caught token by token by the
+/// learner's checks as before.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SamplingReport {
+    /// Sampling temperature (0 = greedy).
+    pub temperature: f32,
+    /// Nucleus mass, in (0, 1].
+    pub top_p: f32,
+    /// The most tokens a response may have.
+    pub max_new_tokens: u32,
+}
+
+impl SamplingReport {
+    /// Highest temperature a heartbeat may name.
+    pub const MAX_TEMPERATURE: f32 = 100.0;
+
+    fn check(&self) -> Result<(), MessageError> {
+        let ok = self.temperature.is_finite()
+            && (0.0..=Self::MAX_TEMPERATURE).contains(&self.temperature)
+            && self.top_p > 0.0
+            && self.top_p <= 1.0
+            && self.max_new_tokens >= 1
+            && self.max_new_tokens as usize <= MAX_SAMPLING_TOKENS;
+        if ok {
+            Ok(())
+        } else {
+            Err(MessageError::Invalid(format!(
+                "sampling {self:?}: temperature outside 0..={}, top_p outside (0, 1] or \
+                 max_new_tokens outside 1..={MAX_SAMPLING_TOKENS}",
+                Self::MAX_TEMPERATURE
+            )))
+        }
+    }
+
+    /// Why a worker sampling with `self` cannot produce groups that a learner checking
+    /// `learner`'s rule accepts (`None`: the same rule). The values come from the same TOML
+    /// decimals on both sides, so they compare exactly.
+    pub fn mismatch(&self, learner: &SamplingReport) -> Option<String> {
+        (self != learner).then(|| {
+            format!(
+                "it samples at temperature {}, top-p {}, at most {} new tokens; this \
+                 learner checks temperature {}, top-p {}, at most {} new tokens \
+                 (rollout.temperature, rollout.top_p and rollout.max_new_tokens must be the \
+                 learner's learner.temperature, learner.top_p and rollout.max_new_tokens)",
+                self.temperature,
+                self.top_p,
+                self.max_new_tokens,
+                learner.temperature,
+                learner.top_p,
+                learner.max_new_tokens
+            )
+        })
+    }
+}
+
+/// Most new tokens a [`SamplingReport`] may name (a response's token bound of the trajectory
+/// records).
+pub const MAX_SAMPLING_TOKENS: usize = 1 << 18;
 
 impl DeviceReport {
     /// Device kinds a heartbeat may name.
@@ -147,6 +215,17 @@ impl DeviceReport {
                     "device dtype `{d}` is not f32, f16 or bf16"
                 )));
             }
+            // No node samples in bf16 on a CPU (candle's CPU backend has no bf16 matmul, and
+            // the node refuses the configuration): such a claim only asks for bf16's wider
+            // margins.
+            if d == "bf16" && self.kind == "cpu" {
+                return Err(MessageError::Invalid(
+                    "device dtype bf16 on a cpu: no node samples so".into(),
+                ));
+            }
+        }
+        if let Some(r) = &self.sampling {
+            r.check()?;
         }
         if self.memory_free_bytes > self.memory_total_bytes {
             return Err(MessageError::Invalid(
@@ -423,6 +502,7 @@ mod tests {
                 memory_free_bytes: 80_000_000_000,
                 compute_capability: Some("9.0".into()),
                 dtype: Some("bf16".into()),
+                sampling: None,
             }),
             receipts: (0..crate::receipt::MAX_HEARTBEAT_RECEIPTS as u64)
                 .map(|v| {
@@ -497,6 +577,84 @@ mod tests {
     }
 
     #[test]
+    fn a_workers_sampling_rule_travels_bounded_and_a_different_one_is_named() {
+        let rule = SamplingReport {
+            temperature: 1.2,
+            top_p: 1.0,
+            max_new_tokens: 6,
+        };
+        let with = |sampling| Heartbeat {
+            device: Some(DeviceReport {
+                kind: "cpu".into(),
+                sampling,
+                ..DeviceReport::default()
+            }),
+            ..hb()
+        };
+        let back = Heartbeat::decode(&with(Some(rule)).encode(), "s").unwrap();
+        assert_eq!(back.device.unwrap().sampling, Some(rule));
+        // Older nodes send none, and a heartbeat without one does not name the field.
+        let none = with(None).encode();
+        assert!(!String::from_utf8(none.clone())
+            .unwrap()
+            .contains("sampling"));
+        assert_eq!(
+            Heartbeat::decode(&none, "s")
+                .unwrap()
+                .device
+                .unwrap()
+                .sampling,
+            None
+        );
+        for bad in [
+            SamplingReport {
+                temperature: f32::NAN,
+                ..rule
+            },
+            SamplingReport {
+                temperature: -1.0,
+                ..rule
+            },
+            SamplingReport { top_p: 0.0, ..rule },
+            SamplingReport { top_p: 1.5, ..rule },
+            SamplingReport {
+                max_new_tokens: 0,
+                ..rule
+            },
+            SamplingReport {
+                max_new_tokens: MAX_SAMPLING_TOKENS as u32 + 1,
+                ..rule
+            },
+        ] {
+            assert!(
+                matches!(
+                    Heartbeat::decode(&with(Some(bad)).encode(), "s"),
+                    Err(MessageError::Invalid(_)) | Err(MessageError::Schema(_))
+                ),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(rule.mismatch(&rule), None);
+        let cooler = SamplingReport {
+            temperature: 1.0,
+            ..rule
+        };
+        let why = cooler.mismatch(&rule).unwrap();
+        assert!(
+            why.contains("temperature 1,") && why.contains("temperature 1.2,"),
+            "{why}"
+        );
+        let longer = SamplingReport {
+            max_new_tokens: 7,
+            ..rule
+        };
+        assert!(longer
+            .mismatch(&rule)
+            .unwrap()
+            .contains("at most 7 new tokens"));
+    }
+
+    #[test]
     fn admission_credentials_travel_as_bounded_hex() {
         let ok = Heartbeat {
             admission: Some("45ac".repeat(100)),
@@ -558,6 +716,7 @@ mod tests {
             memory_free_bytes: 80_000_000_000,
             compute_capability: Some("9.0".into()),
             dtype: Some("bf16".into()),
+            sampling: None,
         };
         let h = Heartbeat {
             device: Some(gpu.clone()),
@@ -589,6 +748,12 @@ mod tests {
             },
             DeviceReport {
                 dtype: Some("f8".into()),
+                ..gpu.clone()
+            },
+            // bf16 sampling on a CPU: no node does it, a claim only widens the margins.
+            DeviceReport {
+                kind: "cpu".into(),
+                compute_capability: None,
                 ..gpu.clone()
             },
         ] {

@@ -83,10 +83,8 @@ pub fn first_stop_id(dir: &Path) -> Result<Option<u32>> {
     Ok(stop_ids(dir, &cfg).first().copied())
 }
 
-/// Loads `dir/config.json`, `dir/tokenizer.json` and every `dir/*.safetensors` (weights are
-/// converted to f32). Tensors the architecture does not use (e.g. `rotary_emb.inv_freq`, or
-/// `lm_head.weight` of a tied model) are ignored; a missing or mis-shaped one is an error.
-pub fn load_hf_dir(dir: &Path, device: &Device) -> Result<(Policy, Tokenizer)> {
+/// `dir/config.json`: the model configuration and the stop ids the folder names.
+fn read_config(dir: &Path) -> Result<(ModelConfig, Vec<u32>)> {
     let cfg_path = dir.join("config.json");
     let cfg_text = String::from_utf8(read(&cfg_path)?).map_err(|_| PolicyError::CorruptFile {
         path: cfg_path.clone(),
@@ -101,7 +99,22 @@ pub fn load_hf_dir(dir: &Path, device: &Device) -> Result<(Policy, Tokenizer)> {
         path: cfg_path.clone(),
         reason: e.to_string(),
     })?;
-    let eos = stop_ids(dir, &cfg_json);
+    Ok((cfg, stop_ids(dir, &cfg_json)))
+}
+
+/// The tokenizer of a Hugging Face folder, with the stop ids its `config.json` and
+/// `generation_config.json` name, exactly as [`load_hf_dir`] builds it — without reading the
+/// weights. A learner checking what workers sampled needs the workers' stop tokens.
+pub fn load_tokenizer(dir: &Path) -> Result<Tokenizer> {
+    let (_, eos) = read_config(dir)?;
+    Tokenizer::from_file(&dir.join("tokenizer.json"), &eos)
+}
+
+/// Loads `dir/config.json`, `dir/tokenizer.json` and every `dir/*.safetensors` (weights are
+/// converted to f32). Tensors the architecture does not use (e.g. `rotary_emb.inv_freq`, or
+/// `lm_head.weight` of a tied model) are ignored; a missing or mis-shaped one is an error.
+pub fn load_hf_dir(dir: &Path, device: &Device) -> Result<(Policy, Tokenizer)> {
+    let (cfg, eos) = read_config(dir)?;
     let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"), &eos)?;
 
     let wanted: HashMap<String, Vec<usize>> =

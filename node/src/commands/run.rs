@@ -358,6 +358,9 @@ fn feed_heartbeats(
                         let d = state.config.rollout.dtype.report(&state.device);
                         d.to_string()
                     }),
+                    // What the learner compares with the rule it checks tokens by.
+                    sampling: (state.config.role == Role::Rollout)
+                        .then(|| state.config.rollout.sampling_report()),
                     ..crate::state::device_report(&state.device)
                 }),
                 receipts: signed.clone(),

@@ -382,6 +382,8 @@ impl Default for LearnerConfig {
 pub struct RolloutConfig {
     /// n: samples per prompt (one group).
     pub group_size: usize,
+    /// The most tokens a response may have. On a learner: the workers' value, where it holds
+    /// a single-turn response that has no stop token to end (`response_end`).
     pub max_new_tokens: usize,
     /// Sampling temperature; must equal `learner.temperature`.
     pub temperature: f32,
@@ -427,6 +429,30 @@ impl SamplingDtype {
             policy::DType::F16 => "f16",
             policy::DType::BF16 => "bf16",
             _ => "f32",
+        }
+    }
+}
+
+impl RolloutConfig {
+    /// The rule this worker samples with, as its heartbeats report it.
+    pub fn sampling_report(&self) -> p2p::SamplingReport {
+        p2p::SamplingReport {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            max_new_tokens: self.max_new_tokens as u32,
+        }
+    }
+}
+
+impl NodeConfig {
+    /// The rule a learner checks its workers' tokens by: `learner.temperature`,
+    /// `learner.top_p`, and its own `rollout.max_new_tokens` (where a single-turn response
+    /// must end without a stop token). A worker reporting another rule is not pulled from.
+    pub fn checked_sampling(&self) -> p2p::SamplingReport {
+        p2p::SamplingReport {
+            temperature: self.learner.temperature,
+            top_p: self.learner.top_p,
+            max_new_tokens: self.rollout.max_new_tokens as u32,
         }
     }
 }

@@ -3,7 +3,8 @@
 //! - a learner in `ticket` mode pulls only from the worker presenting a ticket that
 //!   `echo-node admit` wrote for its peer id; the other worker is refused (and not struck);
 //! - a worker forging log-probs is banned at its first checked group (proof), and the ban
-//!   survives a restart of the learner.
+//!   survives a restart of the learner;
+//! - a worker sampling with another rule than the learner's is not pulled from, nor struck.
 //!
 //! Every wait polls against a deadline; children are killed and reaped on drop.
 
@@ -129,6 +130,77 @@ fn a_ticket_swarm_trains_only_the_admitted_worker() {
     assert_eq!(trained(&learner, &stranger_id), 0);
     admitted.kill();
     stranger.kill();
+    learner.kill();
+}
+
+/// A worker configured with another sampling rule than the learner's (here a temperature of
+/// 1.0 against 1.2, and a response limit of 5 tokens against 6) would have every group refused
+/// and be banned. Its heartbeats report its rule, so the learner does not pull from it, lists
+/// it as refused with both rules, logs it, and strikes nothing; the worker with the learner's
+/// rule trains (`docs/security.md`, "Where a response ends").
+#[test]
+fn a_worker_sampling_with_another_rule_is_not_pulled_from_nor_struck() {
+    let tmp = tempfile::tempdir().unwrap();
+    let swarm = "it-sampling-rule";
+    let mut learner = Node::start_full(tmp.path(), "learner", "learner", swarm, None, "", LEARNER);
+    learner.wait_ready();
+    let boot = format!("bootstrap = [\"{}\"]", learner.addr());
+    let lpk = learner.key.public_key.clone();
+    let start = |name: &str, rollout: &str| {
+        Node::start_full(
+            tmp.path(),
+            name,
+            "rollout",
+            swarm,
+            Some(&lpk),
+            &boot,
+            &format!("{WORKER}{rollout}"),
+        )
+    };
+    let mut same = start("same", "");
+    let mut cooler = start("cooler", "temperature = 1.0\n");
+    let mut shorter = start("shorter", "max_new_tokens = 5\n");
+    let id = |n: &mut Node| n.wait_ready()["peer_id"].as_str().unwrap().to_string();
+    let (same_id, cooler_id, shorter_id) = (id(&mut same), id(&mut cooler), id(&mut shorter));
+    let status = wait_for("three learner steps, both mismatches seen", LIMIT, || {
+        let s = learner.status()?;
+        let refused = &s["learner"]["admission"]["refused"];
+        (s["learner"]["version"].as_u64()? >= 3
+            && refused[&cooler_id].is_string()
+            && refused[&shorter_id].is_string())
+        .then_some(s)
+    });
+    let refused = &status["learner"]["admission"]["refused"];
+    let why = |id: &str| refused[id].as_str().unwrap().to_string();
+    assert!(
+        why(&cooler_id).contains("temperature 1,") && why(&cooler_id).contains("temperature 1.2,"),
+        "{refused}"
+    );
+    assert!(
+        why(&shorter_id).contains("at most 5 new tokens") && why(&shorter_id).contains("at most 6"),
+        "{refused}"
+    );
+    assert!(refused[&same_id].is_null(), "{refused}");
+    assert!(trained(&learner, &same_id) > 0);
+    for other in [&cooler_id, &shorter_id] {
+        assert_eq!(trained(&learner, other), 0);
+        let p = peer(&status, other).expect("a known peer");
+        assert_eq!(p["strikes"].as_u64(), Some(0), "{p}");
+    }
+    let log = std::fs::read_to_string(&learner.log).unwrap();
+    let warned = |id: &str| {
+        log.lines()
+            .filter(|l| l.contains("not pulling from this worker") && l.contains(id))
+            .count()
+    };
+    assert_eq!(
+        (warned(&cooler_id), warned(&shorter_id), warned(&same_id)),
+        (1, 1, 0),
+        "one warning per worker and rule:\n{log}"
+    );
+    same.kill();
+    cooler.kill();
+    shorter.kill();
     learner.kill();
 }
 

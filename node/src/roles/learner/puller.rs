@@ -57,6 +57,9 @@ pub(super) struct PullSettings {
     gate: Gate,
     /// Where the spot check reads each worker's sampling dtype; refreshed every round.
     dtypes: super::spot::WorkerDtypes,
+    /// The sampling rule the learner checks tokens by: a worker reporting another is not
+    /// pulled from.
+    sampling: p2p::SamplingReport,
 }
 
 impl PullSettings {
@@ -70,6 +73,7 @@ impl PullSettings {
             caps: config.admission.caps(),
             gate: Gate::new(config, *learner_key),
             dtypes: super::spot::WorkerDtypes::default(),
+            sampling: config.checked_sampling(),
         }
     }
 
@@ -256,7 +260,7 @@ pub(super) async fn run(
             .dtypes
             .refresh(workers.iter().map(|p| (p.peer, p.device.as_ref())));
         drop_banned(&client, &mut banned, &buffer, &shared).await;
-        let workers = admitted(&workers, &mut settings.gate, &shared);
+        let workers = admitted(&workers, &mut settings.gate, &settings.sampling, &shared);
         // Workers that left (or were banned) are forgotten: the ledger stays as large as the
         // set of workers.
         ledger.retain(|p| workers.iter().any(|w| w.0 == *p) || busy.contains(p));
@@ -326,22 +330,50 @@ pub(super) async fn run(
 /// A worker the puller may pull from: its peer id, pending groups, μ, and whether it is active.
 type Admitted = (p2p::PeerId, u64, f64, bool);
 
-/// The workers the admission gate lets pull (`docs/admission.md`); a refused one is shown in
-/// the learner's admission view with why (a bounded number of them).
-fn admitted(workers: &[p2p::PeerView], gate: &mut Gate, shared: &Shared) -> Vec<Admitted> {
+/// The workers the puller may pull from: those the admission gate lets pull
+/// (`docs/admission.md`) whose heartbeats report the sampling rule the learner checks by
+/// (`sampling`; a worker that reports none, an older node, is pulled from as before). A
+/// refused one is shown in the learner's admission view with why (a bounded number of them);
+/// a sampling mismatch is also logged once per worker and rule, since it is a configuration
+/// error its operator must fix: every group it sent would be refused, and struck.
+fn admitted(
+    workers: &[p2p::PeerView],
+    gate: &mut Gate,
+    sampling: &p2p::SamplingReport,
+    shared: &Shared,
+) -> Vec<Admitted> {
     let now_s = crate::admission::now_unix_s();
     let mut out = Vec::new();
     for p in workers {
         let id = p.peer.to_base58();
-        match gate.admits(&id, p.admission.as_deref(), now_s) {
-            Ok(()) => out.push((
-                p.peer,
-                p.pending.unwrap_or(0),
-                p.mu.unwrap_or(0.0),
-                p.active,
-            )),
+        let mismatch = p
+            .device
+            .as_ref()
+            .and_then(|d| d.sampling)
+            .and_then(|r| r.mismatch(sampling))
+            .map(|why| format!("sampling rule: {why}"));
+        let verdict = gate
+            .admits(&id, p.admission.as_deref(), now_s)
+            .and_then(|()| mismatch.clone().map_or(Ok(()), Err));
+        match verdict {
+            Ok(()) => {
+                out.push((
+                    p.peer,
+                    p.pending.unwrap_or(0),
+                    p.mu.unwrap_or(0.0),
+                    p.active,
+                ));
+                // Admitted now (a new ticket, a corrected configuration): no longer shown as
+                // refused.
+                shared.pulls.with_admission(|a| {
+                    a.refused.remove(&id);
+                });
+            }
             Err(why) => shared.pulls.with_admission(|a| {
                 if a.refused.len() < MAX_VIEW_PEERS || a.refused.contains_key(&id) {
+                    if mismatch.is_some() && a.refused.get(&id) != Some(&why) {
+                        tracing::warn!(worker = %id, "not pulling from this worker: {why}");
+                    }
                     a.refused.insert(id, why);
                 }
             }),

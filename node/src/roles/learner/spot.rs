@@ -31,6 +31,10 @@
 //!   (the default S = 3, κ = 2, keep 3 does), or admissible groups escape the check.
 //! - **Local faults are not the peer's**: a snapshot that fails to load, or a tensor error, is
 //!   logged and counted ([`SpotStats::errors`]); the group passes.
+//! - **Except where every group must be checked** (check rate 1: a worker on probation): a
+//!   group that cannot be checked there — its snapshot collected or unloadable, a local
+//!   fault — is refused as `unchecked`, without a strike, so that it neither enters training
+//!   unchecked nor counts towards the worker's probation.
 //! - A group the model cannot take (token id outside the vocabulary, too long) is refused as
 //!   a `logprob_mismatch` (the pipeline's structure stage normally refuses it first).
 //! - **Proof.** A mismatch of at least [`PROOF_FACTOR`] × the tolerance is no numeric spread
@@ -64,9 +68,28 @@ pub const REASON_FORGED: &str = "logprob_forged";
 pub const REASON_UNPUBLISHED: &str = "unpublished_version";
 /// A sampled token the canonical rule does not draw from its prescribed uniform: proof.
 pub const REASON_NOT_DRAWN: &str = "token_not_drawn";
+/// A group that had to be checked (check rate 1: probation) but could not be, through no
+/// fault of the worker: refused without a strike.
+pub const REASON_UNCHECKED: &str = "unchecked";
 
 /// A difference of this many tolerances is proof of a forgery (see the module doc).
 pub const PROOF_FACTOR: f32 = 100.0;
+
+/// The outcome of a group the checker could not check, `why`: it passes unchecked
+/// (`Ok(false)`) unless every group must be checked (`rate` 1, probation), where it is refused
+/// as [`REASON_UNCHECKED`] (no strike).
+fn unchecked(rate: f64, why: &str) -> Result<bool, GroupRejection> {
+    if rate >= 1.0 {
+        Err(GroupRejection::Unverified {
+            reason: REASON_UNCHECKED,
+            detail: format!(
+                "every group of this worker is checked, and this one could not be: {why}"
+            ),
+        })
+    } else {
+        Ok(false)
+    }
+}
 
 /// Models kept loaded by default (the two newest versions groups were checked under).
 pub const DEFAULT_CACHED_VERSIONS: usize = 2;
@@ -387,7 +410,7 @@ impl SpotChecker {
             Ok(Held::Yes) => {}
             Ok(Held::Gone) => {
                 self.count(&c.skipped_unavailable, "skipped_unavailable");
-                return Ok(false);
+                return unchecked(rate, "its snapshot version is no longer held");
             }
             Ok(Held::Never) => {
                 self.count(&c.unpublished, "unpublished_version");
@@ -399,7 +422,7 @@ impl SpotChecker {
             Err(e) => {
                 tracing::warn!(error = %e, "spot check: reading the snapshot index failed");
                 self.count(&c.errors, "error");
-                return Ok(false);
+                return unchecked(rate, "reading the snapshot index failed");
             }
         }
         if !selected_by_fraction(&group.group_id, &self.key, rate) {
@@ -409,13 +432,13 @@ impl SpotChecker {
             Ok(Some(p)) => p,
             Ok(None) => {
                 self.count(&c.skipped_unavailable, "skipped_unavailable");
-                return Ok(false);
+                return unchecked(rate, "its snapshot version is no longer held");
             }
             Err(e) => {
                 tracing::warn!(version = group.version, error = %format!("{e:#}"),
                     "spot check: loading the snapshot failed");
                 self.count(&c.errors, "error");
-                return Ok(false);
+                return unchecked(rate, "loading its snapshot failed");
             }
         };
         let dtype = self.dtypes.get(producer);
@@ -445,7 +468,7 @@ impl SpotChecker {
             Err(e) => {
                 tracing::warn!(error = %e, "spot check: recomputation failed");
                 self.count(&c.errors, "error");
-                Ok(false)
+                unchecked(rate, "the recomputation failed")
             }
         }
     }

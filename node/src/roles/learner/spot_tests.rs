@@ -176,13 +176,22 @@ fn claimed_versions_are_checked_against_the_published_ones() {
         g.version = v;
         assert_eq!(reason(run(&checker, &g)), REASON_UNPUBLISHED, "v{v}");
     }
-    // 0 was published and collected: unavailable, not the worker's fault.
+    // 0 was published and collected: unavailable, not the worker's fault. Where groups are
+    // drawn for checking it passes unchecked; where every group must be checked (probation,
+    // rate 1) it is refused, without a strike, so that it does not pass as checked.
     let mut old = honest.clone();
     old.version = 0;
     old.samples[0].sampler_logprobs[0] += 1.0;
-    assert_eq!(reason(run(&checker, &old)), "ok");
+    assert_eq!(checker.check(PRODUCER, &old, 0.99), Ok(false));
+    let e = run(&checker, &old).unwrap_err();
+    assert_eq!(e.reason(), REASON_UNCHECKED);
+    assert!(e.to_string().contains("no longer held"), "{e}");
+    assert_eq!(
+        crate::roles::learner::verify::penalty(REASON_UNCHECKED).strike,
+        None
+    );
     let s = checker.stats();
-    assert_eq!((s.unpublished, s.skipped_unavailable, s.checked), (2, 1, 0));
+    assert_eq!((s.unpublished, s.skipped_unavailable, s.checked), (2, 2, 0));
 }
 
 #[test]

@@ -17,10 +17,13 @@
 //!    For a multi-turn environment, [`ReplayLayer`] (`replay_mismatch`) instead replays every
 //!    episode from its decoded actions: the observations in the trajectory must be the
 //!    environment's own, the return the replayed one, the loss mask the assistant tokens;
-//! 4. [`MaskLayer`] (`mask_mismatch`): every sample's loss mask is the one the learner derives
+//! 4. for a single-turn task, [`EndLayer`] (`response_end`): every response ends at its
+//!    first stop token or after the most tokens a worker may sample, as an honest sampler's
+//!    do;
+//! 5. [`MaskLayer`] (`mask_mismatch`): every sample's loss mask is the one the learner derives
 //!    from the tokens (`learner::mask`; [`EpisodeMask`] for a multi-turn environment; the
 //!    trainer trains on the derived mask only);
-//! 5. the spot check (`super::spot`), at the worker's check rate, appended by the learner
+//! 6. the spot check (`super::spot`), at the worker's check rate, appended by the learner
 //!    role: log-probs recomputed under the claimed version (`logprob_mismatch` /
 //!    `logprob_forged`) and each sampled token the canonical sampling rule's draw for the
 //!    uniform the learner prescribes (`token_not_drawn`).
@@ -62,11 +65,11 @@ pub fn pipeline_for_learner(
 ) -> anyhow::Result<Pipeline> {
     let v = &config.verification;
     let mut out = Pipeline::with_probation(limits, v.probation());
+    let env = super::super::build_env(config)?;
     if v.signatures {
         out = out.with_stage(SignatureLayer);
     }
     if v.assigned_prompts || v.recompute_rewards {
-        let env = super::super::build_env(config)?;
         let tokenizer = Arc::new(learner_tokenizer(config)?);
         let chat = Arc::new(super::super::build_chat(
             config,
@@ -86,11 +89,18 @@ pub fn pipeline_for_learner(
                 None => out.with_stage(ReplayLayer {
                     budget: config.task.budget(env.as_ref())?,
                     context: model_context(config)?,
-                    env,
+                    env: env.clone(),
                     chat,
                 }),
             };
         }
+    }
+    if env.as_task().is_some() {
+        out = out.with_stage(EndLayer {
+            stops: learner_tokenizer(config)?.eos_ids(),
+            max_new_tokens: config.rollout.max_new_tokens,
+            context: model_context(config)?,
+        });
     }
     Ok(out.with_stage(MaskLayer(super::super::mask_rule(config)?)))
 }
@@ -124,8 +134,11 @@ pub(crate) fn learner_tokenizer(config: &NodeConfig) -> anyhow::Result<Tokenizer
     if config.model.source == "embedded" {
         return Ok(Tokenizer::byte());
     }
-    let path = std::path::Path::new(&config.model.source).join("tokenizer.json");
-    Tokenizer::from_file(&path, &[]).with_context(|| format!("loading {}", path.display()))
+    // The workers' own tokenizer (`policy::hf::load_hf_dir`'s): the stop ids of the folder's
+    // `config.json` and `generation_config.json` count, or the learner would judge where a
+    // worker's responses and turns end by other stop tokens than the ones it sampled with.
+    let dir = std::path::Path::new(&config.model.source);
+    policy::hf::load_tokenizer(dir).with_context(|| format!("loading {}", dir.display()))
 }
 
 /// The configured model's context length, without loading its weights.
@@ -158,6 +171,8 @@ pub struct Penalty {
 /// The one table from a rejection reason (every stage's, the pull protocol's) to its penalty,
 /// with the reason for each row:
 /// - `inadmissible`, `stale_seq`: no strike (aged out in transit; an old number pulled late);
+/// - `unchecked` (a group of a worker whose every group is checked, which the learner could not
+///   check: its snapshot collected or unloadable): no strike — the learner's side failed;
 /// - `unpublished_version` and the structure reasons (`malformed`, `token_out_of_vocab`,
 ///   `too_long`, `logprob_out_of_range`, `group_size`, `forged_producer`): `invalid_group`;
 /// - `bad_signature`, `wrong_prompt`, `reward_mismatch`, `logprob_mismatch`: their own
@@ -166,6 +181,10 @@ pub struct Penalty {
 /// - `logprob_forged` (a log-prob at least a hundred tolerances off, `super::spot`):
 ///   `logprob_mismatch`, banned at once;
 /// - `mask_mismatch` (a loss mask other than the learner's own): its strike, three to a ban;
+/// - `response_end` (a single-turn response cut before its stop token, or going on after
+///   it): `invalid_group` — a worker whose `max_new_tokens` differs from the learner's
+///   produces it too, but its heartbeats say so first and the learner does not pull from it
+///   (`super::puller`);
 /// - `token_not_drawn` (a spot-checked token the canonical sampling rule does not draw from
 ///   the prescribed uniform beyond the dtype's margin, `super::spot`): banned at once — the
 ///   margin covers every honest numeric spread, so only a written response or another
@@ -176,6 +195,7 @@ pub struct Penalty {
 pub const PENALTIES: &[(&str, Option<StrikeReason>, bool)] = &[
     ("inadmissible", None, false),
     (STALE_SEQ, None, false),
+    (super::spot::REASON_UNCHECKED, None, false),
     ("untrainable", None, false),
     ("malformed", Some(StrikeReason::InvalidGroup), false),
     (
@@ -207,6 +227,7 @@ pub const PENALTIES: &[(&str, Option<StrikeReason>, bool)] = &[
     ),
     ("logprob_forged", Some(StrikeReason::LogprobMismatch), true),
     ("mask_mismatch", Some(StrikeReason::MaskMismatch), false),
+    (RESPONSE_END, Some(StrikeReason::InvalidGroup), false),
     ("token_not_drawn", Some(StrikeReason::TokenNotDrawn), true),
 ];
 
@@ -473,6 +494,62 @@ impl Stage for RewardLayer {
             .map_err(|(r, d)| reject(r, d))?;
         checks.rewards_recomputed = true;
         Ok(())
+    }
+}
+
+/// Reason of [`EndLayer`]'s rejections.
+pub const RESPONSE_END: &str = "response_end";
+
+/// `response_end`: every response of a single-turn task ends where an honest sampler stops
+/// (`policy::sampling`): at its first stop token, or after the most tokens it may draw,
+/// `min(max_new_tokens, context − prompt)`. Every token of a response may be an honest draw
+/// (the spot check sees to that) and the response still be chosen: cut before its stop token
+/// where a prefix earns more (`427` cut to `42`), or continued past it. Multi-turn episodes
+/// are held to their turns' ends by [`ReplayLayer`] instead. `stops` and `max_new_tokens` are
+/// the workers' (the configured tokenizer's stop ids, `rollout.max_new_tokens`).
+pub struct EndLayer {
+    pub stops: Vec<u32>,
+    pub max_new_tokens: usize,
+    pub context: usize,
+}
+
+/// The pure part of [`EndLayer`]: `Err(detail)` for the first sample that does not end as
+/// sampled.
+pub fn check_response_ends(
+    stops: &[u32],
+    max_new_tokens: usize,
+    context: usize,
+    group: &TrajectoryGroup,
+) -> Result<(), String> {
+    let most = max_new_tokens.min(context.saturating_sub(group.prompt_tokens.len()));
+    for (i, s) in group.samples.iter().enumerate() {
+        let tokens = &s.response_tokens;
+        if let Some(j) = tokens.iter().position(|t| stops.contains(t)) {
+            if j + 1 != tokens.len() {
+                return Err(format!(
+                    "sample {i}: goes on for {} tokens after its stop token at {j}",
+                    tokens.len() - j - 1
+                ));
+            }
+        } else if tokens.len() != most {
+            return Err(format!(
+                "sample {i}: ends after {} tokens without a stop token (a sample stops at one, \
+                 or after {most} tokens)",
+                tokens.len()
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl Stage for EndLayer {
+    fn name(&self) -> &'static str {
+        RESPONSE_END
+    }
+    fn check(&self, input: &StageInput<'_>, _: &mut Checks) -> Result<(), GroupRejection> {
+        let group = input.group;
+        check_response_ends(&self.stops, self.max_new_tokens, self.context, group)
+            .map_err(|d| reject(RESPONSE_END, format!("seq {}: {d}", group.seq)))
     }
 }
 

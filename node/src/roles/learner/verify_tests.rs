@@ -78,7 +78,19 @@ fn verifier_with(limits: GroupLimits) -> Pipeline {
             task: task(),
             tokenizer: tok,
         })
+        .with_stage(end_layer(MAX_NEW))
         .with_stage(MaskLayer(Arc::new(learner::ResponseTokens)))
+}
+
+/// `rollout.max_new_tokens` of the tests' learner: longer than any honest test answer.
+const MAX_NEW: usize = 16;
+
+fn end_layer(max_new_tokens: usize) -> EndLayer {
+    EndLayer {
+        stops: Tokenizer::byte().eos_ids(),
+        max_new_tokens,
+        context: policy::ModelConfig::tiny().max_position_embeddings,
+    }
 }
 
 fn verifier() -> Pipeline {
@@ -123,6 +135,7 @@ fn honest_groups_pass_every_layer() {
             "bad_signature",
             "wrong_prompt",
             "reward_mismatch",
+            RESPONSE_END,
             "mask_mismatch"
         ]
     );
@@ -267,6 +280,86 @@ fn rewards_are_recomputed() {
 }
 
 #[test]
+fn responses_end_where_a_sampler_stops() {
+    let (w, v) = (worker(5), verifier());
+    let eos = policy::ByteTokenizer::EOS;
+    // The honest group's answers end at their stop token.
+    assert_eq!(reason(&v, &w, &honest(&w, 1)), None);
+    // An edit that keeps every token an honest draw but chooses where the response ends: cut
+    // before its stop token (a better-scoring prefix), or continued past it.
+    let retext = |s: &mut Sample| {
+        s.response_text = Tokenizer::byte().decode(&s.response_tokens).unwrap();
+        s.sampler_logprobs.truncate(s.response_tokens.len());
+        s.sampler_logprobs.resize(s.response_tokens.len(), -0.5);
+        s.loss_mask = vec![1; s.response_tokens.len()];
+    };
+    let cut = edited(&w, 2, |g| {
+        let s = &mut g.samples[1];
+        s.response_tokens.pop();
+        s.response_tokens.pop();
+        retext(s);
+        s.reward = task()
+            .reward(
+                &task().prompt_by_id(&g.prompt_id).unwrap(),
+                &s.response_text,
+            )
+            .value;
+    });
+    assert_eq!(reason(&v, &w, &cut), Some(RESPONSE_END));
+    let e = check(&v, &w, &cut).unwrap_err().to_string();
+    assert!(
+        e.contains("sample 1: ends after 3 tokens without a stop token") && e.contains("16"),
+        "{e}"
+    );
+    let continued = edited(&w, 3, |g| {
+        let s = &mut g.samples[0];
+        s.response_tokens
+            .extend(Tokenizer::byte().encode("1").unwrap());
+        retext(s);
+    });
+    let e = stage(&end_layer(MAX_NEW), &w, &continued).unwrap_err();
+    assert_eq!(e.reason(), RESPONSE_END);
+    assert!(
+        e.to_string()
+            .contains("goes on for 1 tokens after its stop token"),
+        "{e}"
+    );
+    // Without a stop token, exactly max_new_tokens is how a sampler ends...
+    let full = |len: usize| {
+        edited(&w, 4, |g| {
+            for s in &mut g.samples {
+                s.response_tokens = vec![u32::from(b'7'); len];
+                retext(s);
+            }
+        })
+    };
+    assert!(stage(&end_layer(MAX_NEW), &w, &full(MAX_NEW)).is_ok());
+    for len in [MAX_NEW - 1, MAX_NEW + 1] {
+        assert!(stage(&end_layer(MAX_NEW), &w, &full(len)).is_err(), "{len}");
+    }
+    // ... or the context's end, when the prompt leaves fewer.
+    let g = full(MAX_NEW);
+    let short = EndLayer {
+        context: g.prompt_tokens.len() + 10,
+        ..end_layer(MAX_NEW)
+    };
+    assert!(stage(&short, &w, &g).is_err());
+    assert!(stage(&short, &w, &full(10)).is_ok());
+    // A stop token as the last of max_new_tokens is a stop like any other.
+    let mut last = vec![u32::from(b'7'); MAX_NEW - 1];
+    last.push(eos);
+    let g = edited(&w, 5, |g| {
+        g.samples[0].response_tokens = last;
+        retext(&mut g.samples[0]);
+    });
+    assert!(stage(&end_layer(MAX_NEW), &w, &g).is_ok());
+    assert_eq!(
+        penalty(RESPONSE_END).strike,
+        Some(StrikeReason::InvalidGroup)
+    );
+}
+
+#[test]
 fn rejections_map_to_penalties_in_one_table() {
     let strike = |r| penalty(r).strike;
     assert_eq!(strike("bad_signature"), Some(StrikeReason::BadSignature));
@@ -337,15 +430,20 @@ fn the_config_selects_the_stages() {
             "bad_signature",
             "wrong_prompt",
             "reward_mismatch",
+            RESPONSE_END,
             "mask_mismatch"
         ]
     );
     c.verification.signatures = false;
     c.verification.recompute_rewards = false;
-    assert_eq!(names(&c), ["structure", "wrong_prompt", "mask_mismatch"]);
+    assert_eq!(
+        names(&c),
+        ["structure", "wrong_prompt", RESPONSE_END, "mask_mismatch"]
+    );
     c.verification.assigned_prompts = false;
-    // The learner owns the loss mask: its check is never switched off.
-    assert_eq!(names(&c), ["structure", "mask_mismatch"]);
+    // The learner owns the loss mask, and where a response ends: those checks are never
+    // switched off.
+    assert_eq!(names(&c), ["structure", RESPONSE_END, "mask_mismatch"]);
     // The learner's prompt stage agrees with a worker configured with its key.
     let c = NodeConfig::new(crate::config::Role::Learner, SWARM, "d".into());
     let v = pipeline_for_learner(&c, &[9; 32], GroupLimits::PERMISSIVE).unwrap();
