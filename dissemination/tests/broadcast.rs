@@ -528,6 +528,56 @@ async fn a_forwarder_killed_mid_snapshot_does_not_stop_the_chain() {
     shutdown([learner]).await;
 }
 
+/// A worker the learner does not admit (`Disseminator::set_no_forward`) is never a parent: the
+/// plan seats it as a chain's tail (or fetch-only), and it still installs every version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_not_admitted_never_forwards() {
+    let (learner, mut workers) = one_chain(3, |_, _| {}).await;
+    // Ranked first: it heads the one chain unless it may not forward.
+    let stranger = workers[0].peer;
+    for (version, no_forward) in [(1, false), (2, true)] {
+        if no_forward {
+            learner.d.set_no_forward([stranger].into_iter().collect());
+        }
+        let payload = random(1_000_000);
+        let report = learner
+            .d
+            .publish(
+                version,
+                [0; 32],
+                payload.clone().into(),
+                Some(ranked(&workers)),
+            )
+            .await
+            .unwrap();
+        let plan = &report.plan.plan;
+        let parent = plan.chains.iter().any(|c| {
+            c.iter()
+                .position(|p| *p == stranger)
+                .is_some_and(|i| i + 1 < c.len())
+        });
+        assert_eq!(parent, !no_forward, "v{version}: {plan:?}");
+        if no_forward {
+            assert!(
+                plan.chains
+                    .iter()
+                    .flatten()
+                    .chain(&plan.fetch_only)
+                    .any(|p| *p == stranger),
+                "v{version}: the stranger is still served: {plan:?}"
+            );
+        }
+        for w in &mut workers {
+            assert_eq!(
+                hash_bytes(&installed(w, version).await),
+                hash_bytes(&payload)
+            );
+        }
+    }
+    shutdown(workers).await;
+    shutdown([learner]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn star_mode_and_a_fetch_only_worker() {
     // Star: the learner pushes to every worker itself (the baseline).

@@ -242,6 +242,8 @@ struct Inner {
     /// Learner: held while a plan is made, stored and gossiped (`publish_as`, `announce_plan`),
     /// so that a standing plan and a publication never sign the same sequence number twice.
     planning: tokio::sync::Mutex<()>,
+    /// Learner: workers its admission rule does not admit ([`Disseminator::set_no_forward`]).
+    no_forward: Mutex<HashSet<PeerId>>,
 }
 
 /// Handle to a node's dissemination engine (cheap to clone).
@@ -330,6 +332,7 @@ impl Disseminator {
             counters: AtomicCounters::default(),
             replay,
             planning: tokio::sync::Mutex::new(()),
+            no_forward: Mutex::new(HashSet::new()),
         });
         let d = Disseminator { inner };
         let me = d.clone();
@@ -495,6 +498,25 @@ impl Disseminator {
     /// Resolves once every task of the engine has ended (after [`Disseminator::shutdown`]).
     pub async fn stopped(&self) {
         self.inner.tasks.wait().await;
+    }
+
+    /// Learner: the workers that must not forward to anyone — those its admission rule does not
+    /// admit (no ticket, no proof of work). The next plans seat them as they seat relay-only
+    /// workers (`control::plan`): at the tail of a chain or fetch-only, never a parent, so a
+    /// stranger that is neither admitted nor paying cannot head a chain and stall the workers
+    /// below it. Replaces the previous set.
+    pub fn set_no_forward(&self, peers: HashSet<PeerId>) {
+        if let Ok(mut s) = self.inner.no_forward.lock() {
+            *s = peers;
+        }
+    }
+
+    /// Whether `peer` may be planned as a parent ([`Disseminator::set_no_forward`]).
+    fn may_forward(&self, peer: &PeerId) -> bool {
+        self.inner
+            .no_forward
+            .lock()
+            .map_or(true, |s| !s.contains(peer))
     }
 
     /// The newest installed version.

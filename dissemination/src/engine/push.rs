@@ -179,9 +179,13 @@ impl Disseminator {
         // A list given by the caller is ranked as given: no seat draw.
         let draw = workers.is_none();
         // (peer, score, relay-only): a worker whose heartbeats say it is reachable only
-        // through a relay ends a chain and never forwards (`control::plan`).
+        // through a relay ends a chain and never forwards (`control::plan`); so does one the
+        // learner does not admit (`Disseminator::set_no_forward`).
         let workers: Vec<(PeerId, f64, bool)> = match workers {
-            Some(w) => w.into_iter().map(|(p, s)| (p, s, false)).collect(),
+            Some(w) => w
+                .into_iter()
+                .map(|(p, s)| (p, s, !self.may_forward(&p)))
+                .collect(),
             None => self
                 .inner
                 .client
@@ -189,7 +193,13 @@ impl Disseminator {
                 .await?
                 .into_iter()
                 .filter(|w| w.active)
-                .map(|w| (w.peer, w.score, w.relay_only()))
+                .map(|w| {
+                    (
+                        w.peer,
+                        w.score,
+                        w.relay_only() || !self.may_forward(&w.peer),
+                    )
+                })
                 .collect(),
         };
         let plan: ChainPlan<PeerId> = match cfg.mode {

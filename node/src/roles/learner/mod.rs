@@ -170,6 +170,7 @@ pub async fn start(
             "a LoRA run publishes adapter versions whole: [broadcast] delta does not apply"
         );
     }
+    let dissem_for_pulls = dissem.clone();
     tasks.spawn(publisher::run(
         dissem,
         client.clone(),
@@ -180,6 +181,7 @@ pub async fn start(
     ));
     tasks.spawn(puller::run(
         client.clone(),
+        dissem_for_pulls,
         state.trajectories.clone(),
         shared.clone(),
         puller::PullSettings::of(&state.config, &state.key.verifying_key().to_bytes())

@@ -211,6 +211,7 @@ type Done = (
 
 pub(super) async fn run(
     client: p2p::Client,
+    dissem: dissemination::Disseminator,
     buffer: Arc<TrajectoryStore>,
     shared: Arc<Shared>,
     mut settings: PullSettings,
@@ -260,7 +261,10 @@ pub(super) async fn run(
             .dtypes
             .refresh(workers.iter().map(|p| (p.peer, p.device.as_ref())));
         drop_banned(&client, &mut banned, &buffer, &shared).await;
-        let workers = admitted(&workers, &mut settings.gate, &settings.sampling, &shared);
+        let (workers, strangers) =
+            admitted(&workers, &mut settings.gate, &settings.sampling, &shared);
+        // Not admitted, not trusted to forward: the next plans seat them as chain ends.
+        dissem.set_no_forward(strangers);
         // Workers that left (or were banned) are forgotten: the ledger stays as large as the
         // set of workers.
         ledger.retain(|p| workers.iter().any(|w| w.0 == *p) || busy.contains(p));
@@ -336,14 +340,16 @@ type Admitted = (p2p::PeerId, u64, f64, bool);
 /// refused one is shown in the learner's admission view with why (a bounded number of them);
 /// a sampling mismatch is also logged once per worker and rule, since it is a configuration
 /// error its operator must fix: every group it sent would be refused, and struck.
+/// Also returns the workers the gate itself refuses (strangers, not merely mis-configured).
 fn admitted(
     workers: &[p2p::PeerView],
     gate: &mut Gate,
     sampling: &p2p::SamplingReport,
     shared: &Shared,
-) -> Vec<Admitted> {
+) -> (Vec<Admitted>, HashSet<p2p::PeerId>) {
     let now_s = crate::admission::now_unix_s();
     let mut out = Vec::new();
+    let mut strangers = HashSet::new();
     for p in workers {
         let id = p.peer.to_base58();
         let mismatch = p
@@ -352,9 +358,11 @@ fn admitted(
             .and_then(|d| d.sampling)
             .and_then(|r| r.mismatch(sampling))
             .map(|why| format!("sampling rule: {why}"));
-        let verdict = gate
-            .admits(&id, p.admission.as_deref(), now_s)
-            .and_then(|()| mismatch.clone().map_or(Ok(()), Err));
+        let admits = gate.admits(&id, p.admission.as_deref(), now_s);
+        if admits.is_err() {
+            strangers.insert(p.peer);
+        }
+        let verdict = admits.and_then(|()| mismatch.clone().map_or(Ok(()), Err));
         match verdict {
             Ok(()) => {
                 out.push((
@@ -379,7 +387,7 @@ fn admitted(
             }),
         }
     }
-    out
+    (out, strangers)
 }
 
 /// The workers sharing the buffer: active and not shown bad (one whose groups were all
