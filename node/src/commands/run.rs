@@ -368,11 +368,33 @@ fn feed_heartbeats(
                 ..Default::default()
             };
             metrics::gauge!("node_pending_groups").set(pending as f64);
+            export_accounting(&state.trajectories);
             if client.set_local_status(local).await.is_err() {
                 break;
             }
         }
     });
+}
+
+/// The trajectory store's accounting on `/metrics`, refreshed every heartbeat: every group
+/// stored (`produced`) ends as `consumed`, `discarded_stale`, `rejected_stored` or still
+/// pending (`node_pending_groups`), and the invariant `produced = consumed + discarded_stale +
+/// rejected_stored + pending` holds across restarts (`docs/storage.md`); `rejected_invalid`
+/// and `duplicate` count groups refused before they were stored.
+fn export_accounting(store: &storage::TrajectoryStore) {
+    let Ok(c) = store.counters() else {
+        return;
+    };
+    for (outcome, n) in [
+        ("produced", c.produced),
+        ("consumed", c.consumed),
+        ("discarded_stale", c.discarded_stale),
+        ("rejected_stored", c.rejected_stored),
+        ("rejected_invalid", c.rejected_invalid),
+        ("duplicate", c.duplicates),
+    ] {
+        metrics::counter!("node_trajectory_groups_total", "outcome" => outcome).absolute(n);
+    }
 }
 
 /// Starts the node's role: the benchmark publisher or sink when asked for, else the learner

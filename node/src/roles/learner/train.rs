@@ -489,12 +489,28 @@ fn without_banned(
 
 /// The step's figures as Prometheus series (the dashboard in `docs/grafana/` plots them).
 /// The reward says where it comes from (`basis`: recomputed by the learner, or reported by
-/// the workers); `learner_reward_checked_mean` averages fully verified groups only.
+/// the workers); `learner_reward_checked_mean` averages fully verified groups only. The
+/// off-policy diagnostics (KL(sampler ‖ learner), the importance weights' variance, the clip
+/// fraction, the gradient norm), the idle and training time and the staleness of every
+/// trained group are the ones `steps.jsonl` logs.
 fn export_step_metrics(st: &StepStats, t: &Totals, recomputed: bool) {
     let busy = t.idle_s + t.train_s;
     metrics::gauge!("learner_version").set(st.version as f64);
     metrics::gauge!("learner_bubble_ratio").set(if busy > 0.0 { t.idle_s / busy } else { 0.0 });
+    metrics::gauge!("learner_idle_seconds").set(t.idle_s);
+    metrics::gauge!("learner_train_seconds").set(t.train_s);
     metrics::histogram!("learner_t_train_seconds").record(st.t_train_s);
+    metrics::gauge!("learner_loss").set(st.loss);
+    metrics::gauge!("learner_reward_std").set(st.reward_std);
+    metrics::gauge!("learner_kl_sampler_learner").set(st.kl_sampler_learner);
+    metrics::gauge!("learner_importance_weight_variance").set(st.importance_weight_variance);
+    metrics::gauge!("learner_clip_fraction").set(st.clip_fraction);
+    metrics::gauge!("learner_grad_norm").set(st.grad_norm);
+    for (&staleness, &groups) in &st.staleness_histogram {
+        metrics::counter!("learner_groups_trained_by_staleness_total",
+            "staleness" => staleness.to_string())
+        .increment(groups);
+    }
     let basis = if recomputed { "recomputed" } else { "reported" };
     metrics::gauge!("learner_reward_mean", "basis" => basis).set(st.reward_mean);
     if !t.recent_checked.is_empty() {
