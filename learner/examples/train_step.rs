@@ -183,11 +183,28 @@ fn parse_args() -> Result<Args> {
                     other => bail!("unknown --base-dtype {other} (f32, bf16)"),
                 })
             }
-            other => bail!("unknown argument {other}"),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => bail!("unknown argument {other} (--help lists them)"),
         }
     }
     Ok(a)
 }
+
+/// What `--help` prints (the module doc's options).
+const USAGE: &str = "train_step: one learner step (forward, backward, AdamW) on synthetic groups
+  --device cpu|cuda|cuda:N (cpu)   --shape tiny|small|qwen3-0.6b (tiny)   --layers L
+  --groups 4   --group-size 8   --prompt-len 32   --response-len 64   --steps 5
+  --kl                      with the KL reference
+  --micro-batch-tokens N    tokens per forward/backward pass (the trainer's default)
+  --lora-rank R             train LoRA adapters of rank R on the frozen base
+  --base-dtype f32|bf16     the frozen base's dtype (LoRA)
+  --elementary              the elementary-op path a GPU takes (no fused CPU kernels)
+  --keep-freed-memory       the node's CPU learner heap setting
+  --on-thread               train on a spawned thread, as the node does
+Prints one JSON line: step times, tokens/s, predicted and measured memory.";
 
 fn main() -> Result<()> {
     let args = parse_args()?;

@@ -227,11 +227,27 @@ fn parse_args() -> Result<Args, Box<dyn std::error::Error>> {
                     })
                     .collect::<Result<_, _>>()?
             }
-            other => return Err(format!("unknown option {other}").into()),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown option {other} (--help lists them)").into()),
         }
     }
     Ok(o)
 }
+
+/// What `--help` prints (the module doc's options).
+const USAGE: &str = "gen_bench: generation throughput and log-prob spread (random weights)
+  --device auto|cpu|cuda[:N]   (auto)
+  --dtype f32|bf16|f16         (the device's default)
+  --shape tiny|small|qwen3-0.6b (tiny)
+  --batch 1,8,16   --new-tokens 32   --prompt-len 16
+  --paths infer,batched        which paths to time
+  --check-samples N            samples of the largest batch compared (default all; 0 skips)
+  --f32-head true|false        final norm and head in f32 with a half-precision dtype
+  --warm-start STEPS           supervised steps first (tiny shape only)
+  --json                       one JSON line with every figure at the end";
 
 /// The inference path's log-probs of `completions` (sampled in `dtype`) against the
 /// training forward's (F32): the largest and mean absolute difference per token.
