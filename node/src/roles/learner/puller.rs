@@ -37,7 +37,7 @@ use storage::TrajectoryStore;
 
 use super::Shared;
 use crate::admission::Gate;
-use crate::config::NodeConfig;
+use crate::config::{NodeConfig, SamplingCheck};
 
 /// One pull from one worker gives up after this long (its lease on the worker expires). Every
 /// read of the pull already has its own deadline (`pull::READ_TIMEOUT`); this bounds a peer
@@ -57,9 +57,9 @@ pub(super) struct PullSettings {
     gate: Gate,
     /// Where the spot check reads each worker's sampling dtype; refreshed every round.
     dtypes: super::spot::WorkerDtypes,
-    /// The sampling rule the learner checks tokens by: a worker reporting another is not
-    /// pulled from.
-    sampling: p2p::SamplingReport,
+    /// What of a worker's sampling rule the learner's checks depend on: a worker reporting
+    /// another is not pulled from.
+    sampling: SamplingCheck,
 }
 
 impl PullSettings {
@@ -73,7 +73,7 @@ impl PullSettings {
             caps: config.admission.caps(),
             gate: Gate::new(config, *learner_key),
             dtypes: super::spot::WorkerDtypes::default(),
-            sampling: config.checked_sampling(),
+            sampling: SamplingCheck::of(config, single_turn(config)),
         }
     }
 
@@ -82,6 +82,12 @@ impl PullSettings {
         self.dtypes = dtypes;
         self
     }
+}
+
+/// Whether the configured task is single-turn (a task rather than a multi-turn environment);
+/// one that cannot be built (the learner refused to start already) counts as single-turn.
+fn single_turn(config: &NodeConfig) -> bool {
+    crate::roles::build_env(config).map_or(true, |e| e.as_task().is_some())
 }
 
 /// The learner's limits on pulled groups: its model's vocabulary and context, the default
@@ -344,7 +350,7 @@ type Admitted = (p2p::PeerId, u64, f64, bool);
 fn admitted(
     workers: &[p2p::PeerView],
     gate: &mut Gate,
-    sampling: &p2p::SamplingReport,
+    sampling: &SamplingCheck,
     shared: &Shared,
 ) -> (Vec<Admitted>, HashSet<p2p::PeerId>) {
     let now_s = crate::admission::now_unix_s();
@@ -356,7 +362,7 @@ fn admitted(
             .device
             .as_ref()
             .and_then(|d| d.sampling)
-            .and_then(|r| r.mismatch(sampling))
+            .and_then(|r| sampling.mismatch(r))
             .map(|why| format!("sampling rule: {why}"));
         let admits = gate.admits(&id, p.admission.as_deref(), now_s);
         if admits.is_err() {
