@@ -125,7 +125,7 @@ pub struct DeviceReport {
     /// The rule a rollout worker samples with (absent for other roles and in heartbeats of
     /// older nodes). The learner checks every sampled token against its own rule, so a worker
     /// configured with another one would only produce refused groups and strikes; it does not
-    /// pull from such a worker, and says why (see [`SamplingReport::mismatch`]).
+    /// pull from such a worker, and says why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampling: Option<SamplingReport>,
 }
@@ -134,7 +134,8 @@ pub struct DeviceReport {
 /// `rollout.max_new_tokens`. Self-reported: it only keeps an honest worker whose
 /// configuration differs from the learner's out of pulls (and so out of strikes); a worker that
 /// reports the learner's rule and samples with another is caught token by token by the
-/// learner's checks as before.
+/// learner's checks as before. The learner's comparison is its own (the node's
+/// `SamplingCheck`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SamplingReport {
     /// Sampling temperature (0 = greedy).
@@ -165,26 +166,6 @@ impl SamplingReport {
                 Self::MAX_TEMPERATURE
             )))
         }
-    }
-
-    /// Why a worker sampling with `self` cannot produce groups that a learner checking
-    /// `learner`'s rule accepts (`None`: the same rule). The values come from the same TOML
-    /// decimals on both sides, so they compare exactly.
-    pub fn mismatch(&self, learner: &SamplingReport) -> Option<String> {
-        (self != learner).then(|| {
-            format!(
-                "it samples at temperature {}, top-p {}, at most {} new tokens; this \
-                 learner checks temperature {}, top-p {}, at most {} new tokens \
-                 (rollout.temperature, rollout.top_p and rollout.max_new_tokens must be the \
-                 learner's learner.temperature, learner.top_p and rollout.max_new_tokens)",
-                self.temperature,
-                self.top_p,
-                self.max_new_tokens,
-                learner.temperature,
-                learner.top_p,
-                learner.max_new_tokens
-            )
-        })
     }
 }
 
@@ -577,7 +558,7 @@ mod tests {
     }
 
     #[test]
-    fn a_workers_sampling_rule_travels_bounded_and_a_different_one_is_named() {
+    fn a_workers_sampling_rule_travels_bounded() {
         let rule = SamplingReport {
             temperature: 1.2,
             top_p: 1.0,
@@ -634,24 +615,6 @@ mod tests {
                 "{bad:?}"
             );
         }
-        assert_eq!(rule.mismatch(&rule), None);
-        let cooler = SamplingReport {
-            temperature: 1.0,
-            ..rule
-        };
-        let why = cooler.mismatch(&rule).unwrap();
-        assert!(
-            why.contains("temperature 1,") && why.contains("temperature 1.2,"),
-            "{why}"
-        );
-        let longer = SamplingReport {
-            max_new_tokens: 7,
-            ..rule
-        };
-        assert!(longer
-            .mismatch(&rule)
-            .unwrap()
-            .contains("at most 7 new tokens"));
     }
 
     #[test]

@@ -343,9 +343,11 @@ fn feed_heartbeats(
             // once: an unchanged receipt keeps its signature).
             let due_receipts = dissem.as_ref().map(|d| d.receipts()).unwrap_or_default();
             signed = sign_receipts(due_receipts, signed, &state);
+            // One read of the store's counters: the pending claim and the accounting series.
+            let counters = state.trajectories.counters().ok();
             let pending = roles::attacks::pending_claim(
                 &state.misbehave,
-                state.trajectories.pending().unwrap_or(0),
+                counters.map_or(0, |c| c.pending()),
             );
             let local = p2p::LocalStatus {
                 installed_version,
@@ -368,7 +370,9 @@ fn feed_heartbeats(
                 ..Default::default()
             };
             metrics::gauge!("node_pending_groups").set(pending as f64);
-            export_accounting(&state.trajectories);
+            if let Some(c) = counters {
+                export_accounting(&c);
+            }
             if client.set_local_status(local).await.is_err() {
                 break;
             }
@@ -381,10 +385,7 @@ fn feed_heartbeats(
 /// pending (`node_pending_groups`), and the invariant `produced = consumed + discarded_stale +
 /// rejected_stored + pending` holds across restarts (`docs/storage.md`); `rejected_invalid`
 /// and `duplicate` count groups refused before they were stored.
-fn export_accounting(store: &storage::TrajectoryStore) {
-    let Ok(c) = store.counters() else {
-        return;
-    };
+fn export_accounting(c: &storage::Counters) {
     for (outcome, n) in [
         ("produced", c.produced),
         ("consumed", c.consumed),

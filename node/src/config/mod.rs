@@ -444,59 +444,6 @@ impl RolloutConfig {
     }
 }
 
-/// What of a worker's sampling rule a learner's checks depend on, so that a worker reporting
-/// another one is not pulled from (`roles::learner::puller`): the log-prob temperature
-/// always (the spot check recomputes log-probs at `learner.temperature`; a greedy worker's
-/// are at 1), the temperature and nucleus exactly when the learner checks the draws
-/// (`verification.check_sampling`), and `rollout.max_new_tokens` for a single-turn task
-/// (where a response without a stop token must end: `response_end`). The rest of a report is
-/// not compared: it changes nothing the learner checks.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SamplingCheck {
-    /// The learner's rule.
-    pub learner: p2p::SamplingReport,
-    /// Draws are checked: temperature and top-p must be the learner's exactly.
-    pub draws: bool,
-    /// Single-turn task: `max_new_tokens` must be the learner's.
-    pub length: bool,
-}
-
-impl SamplingCheck {
-    /// The learner's check, for a task that is single-turn or not.
-    pub fn of(config: &NodeConfig, single_turn: bool) -> Self {
-        SamplingCheck {
-            learner: p2p::SamplingReport {
-                temperature: config.learner.temperature,
-                top_p: config.learner.top_p,
-                max_new_tokens: config.rollout.max_new_tokens as u32,
-            },
-            draws: config.verification.check_sampling,
-            length: single_turn,
-        }
-    }
-
-    /// Why groups of a worker reporting `reported` cannot pass this learner's checks (`None`:
-    /// they can).
-    pub fn mismatch(&self, reported: p2p::SamplingReport) -> Option<String> {
-        let l = self.learner;
-        let seen = p2p::SamplingReport {
-            temperature: match self.draws {
-                true => reported.temperature,
-                // The log-prob temperature (`policy::SamplingParams::logprob_temperature`).
-                false if reported.temperature > 0.0 => reported.temperature,
-                false => 1.0,
-            },
-            top_p: if self.draws { reported.top_p } else { l.top_p },
-            max_new_tokens: if self.length {
-                reported.max_new_tokens
-            } else {
-                l.max_new_tokens
-            },
-        };
-        seen.mismatch(&l)
-    }
-}
-
 impl Default for RolloutConfig {
     fn default() -> Self {
         RolloutConfig {
@@ -692,42 +639,6 @@ mod tests {
             Err(p) => vec![p],
             Ok(c) => c.validate(Path::new("t.toml")).unwrap_err().problems,
         }
-    }
-
-    #[test]
-    fn a_workers_rule_is_compared_where_the_learners_checks_depend_on_it() {
-        let learner = ok("role = \"learner\"\nswarm_id = \"demo\"\ndata_dir = \"d\"\n");
-        let same = RolloutConfig::default().sampling_report();
-        let check = SamplingCheck::of(&learner, true);
-        assert_eq!(check.mismatch(same), None, "the defaults agree");
-        let with = |f: fn(&mut p2p::SamplingReport)| {
-            let mut r = same;
-            f(&mut r);
-            r
-        };
-        let cooler = with(|r| r.temperature = 1.0);
-        let nucleus = with(|r| r.top_p = 0.9);
-        let longer = with(|r| r.max_new_tokens += 1);
-        let greedy = with(|r| r.temperature = 0.0);
-        for r in [cooler, nucleus, longer, greedy] {
-            assert!(check.mismatch(r).is_some(), "{r:?}");
-        }
-        // A multi-turn environment: a response's length is the environment's budget, not
-        // max_new_tokens.
-        assert_eq!(SamplingCheck::of(&learner, false).mismatch(longer), None);
-        // Draws not checked: the nucleus changes nothing checked, and a greedy worker's
-        // log-probs are at temperature 1 — which a learner at 1 expects.
-        let mut lax = learner.clone();
-        lax.verification.check_sampling = false;
-        let check = SamplingCheck::of(&lax, true);
-        assert_eq!(check.mismatch(nucleus), None);
-        assert!(
-            check.mismatch(greedy).is_some(),
-            "log-probs at 1 against 1.2"
-        );
-        assert!(check.mismatch(cooler).is_some());
-        lax.learner.temperature = 1.0;
-        assert_eq!(SamplingCheck::of(&lax, true).mismatch(greedy), None);
     }
 
     #[test]

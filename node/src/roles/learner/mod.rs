@@ -38,6 +38,7 @@ pub mod envs;
 mod publisher;
 mod puller;
 mod restore;
+pub mod rule_check;
 mod shares;
 pub mod spot;
 mod status;

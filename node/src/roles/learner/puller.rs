@@ -35,9 +35,10 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use storage::record::GroupLimits;
 use storage::TrajectoryStore;
 
+use super::rule_check::SamplingCheck;
 use super::Shared;
 use crate::admission::Gate;
-use crate::config::{NodeConfig, SamplingCheck};
+use crate::config::NodeConfig;
 
 /// One pull from one worker gives up after this long (its lease on the worker expires). Every
 /// read of the pull already has its own deadline (`pull::READ_TIMEOUT`); this bounds a peer
@@ -356,6 +357,8 @@ fn admitted(
     let now_s = crate::admission::now_unix_s();
     let mut out = Vec::new();
     let mut strangers = HashSet::new();
+    // (worker, why it is refused, whether for its sampling rule), applied to the view at once.
+    let mut verdicts = Vec::with_capacity(workers.len());
     for p in workers {
         let id = p.peer.to_base58();
         let mismatch = p
@@ -369,30 +372,32 @@ fn admitted(
             strangers.insert(p.peer);
         }
         let verdict = admits.and_then(|()| mismatch.clone().map_or(Ok(()), Err));
-        match verdict {
-            Ok(()) => {
-                out.push((
-                    p.peer,
-                    p.pending.unwrap_or(0),
-                    p.mu.unwrap_or(0.0),
-                    p.active,
-                ));
+        if verdict.is_ok() {
+            out.push((
+                p.peer,
+                p.pending.unwrap_or(0),
+                p.mu.unwrap_or(0.0),
+                p.active,
+            ));
+        }
+        verdicts.push((id, verdict.err(), mismatch.is_some()));
+    }
+    shared.pulls.with_admission(|a| {
+        for (id, refused, for_sampling) in verdicts {
+            let Some(why) = refused else {
                 // Admitted now (a new ticket, a corrected configuration): no longer shown as
                 // refused.
-                shared.pulls.with_admission(|a| {
-                    a.refused.remove(&id);
-                });
-            }
-            Err(why) => shared.pulls.with_admission(|a| {
-                if a.refused.len() < MAX_VIEW_PEERS || a.refused.contains_key(&id) {
-                    if mismatch.is_some() && a.refused.get(&id) != Some(&why) {
-                        tracing::warn!(worker = %id, "not pulling from this worker: {why}");
-                    }
-                    a.refused.insert(id, why);
+                a.refused.remove(&id);
+                continue;
+            };
+            if a.refused.len() < MAX_VIEW_PEERS || a.refused.contains_key(&id) {
+                if for_sampling && a.refused.get(&id) != Some(&why) {
+                    tracing::warn!(worker = %id, "not pulling from this worker: {why}");
                 }
-            }),
+                a.refused.insert(id, why);
+            }
         }
-    }
+    });
     (out, strangers)
 }
 

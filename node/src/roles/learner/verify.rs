@@ -66,11 +66,12 @@ pub fn pipeline_for_learner(
     let v = &config.verification;
     let mut out = Pipeline::with_probation(limits, v.probation());
     let env = super::super::build_env(config)?;
+    let tokenizer = Arc::new(learner_tokenizer(config)?);
+    let context = model_context(config)?;
     if v.signatures {
         out = out.with_stage(SignatureLayer);
     }
     if v.assigned_prompts || v.recompute_rewards {
-        let tokenizer = Arc::new(learner_tokenizer(config)?);
         let chat = Arc::new(super::super::build_chat(
             config,
             (*tokenizer).clone(),
@@ -84,11 +85,11 @@ pub fn pipeline_for_learner(
             out = match env.as_task() {
                 Some(task) => out.with_stage(RewardLayer {
                     task: task.clone(),
-                    tokenizer,
+                    tokenizer: tokenizer.clone(),
                 }),
                 None => out.with_stage(ReplayLayer {
                     budget: config.task.budget(env.as_ref())?,
-                    context: model_context(config)?,
+                    context,
                     env: env.clone(),
                     chat,
                 }),
@@ -97,9 +98,9 @@ pub fn pipeline_for_learner(
     }
     if env.as_task().is_some() {
         out = out.with_stage(EndLayer {
-            stops: learner_tokenizer(config)?.eos_ids(),
+            stops: tokenizer.eos_ids(),
             max_new_tokens: config.rollout.max_new_tokens,
-            context: model_context(config)?,
+            context,
         });
     }
     Ok(out.with_stage(MaskLayer(super::super::mask_rule(config)?)))
