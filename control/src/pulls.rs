@@ -5,10 +5,14 @@
 //!
 //! What a worker *claims* to hold (its heartbeat's `pending`) is never trusted alone: the
 //! [`PullLedger`] turns claims into credits bounded by what the learner observed the worker
-//! deliver, and [`allocate_capped`] splits a shortfall without exceeding any credit.
+//! deliver, and [`allocate_capped`] splits a shortfall without exceeding any credit. Nor is
+//! its claimed generation rate μ: the [`DeliveryMeter`] measures what it delivered per second
+//! of active time, for the provisioning scheduler to weigh the claim against.
 
+mod delivery;
 mod ledger;
 
+pub use delivery::DeliveryMeter;
 pub use ledger::{LedgerParams, PeerRecord, PullLedger};
 
 /// How many groups to ask each worker for: exactly `need` in total, split in proportion to

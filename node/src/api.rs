@@ -269,7 +269,15 @@ pub struct SchedulerStatus {
     pub active: Vec<String>,
     pub standby: Vec<String>,
     pub active_cost_per_hour: f64,
+    /// Σμ of the active workers as the scheduler counts it: each claim capped by the verified
+    /// rate (`roles::scheduler::CLAIM_TOLERANCE`).
     pub active_mu: f64,
+    /// Each worker's generation rate as the learner verified it: valid groups delivered per
+    /// second of active time (groups/s), once measured.
+    pub verified_mu: std::collections::BTreeMap<String, f64>,
+    /// Workers whose claimed μ counted for less than claimed (more than
+    /// `CLAIM_TOLERANCE` × their verified rate).
+    pub claims_capped: Vec<String>,
     pub mu_target: Option<f64>,
     pub orders_published: u64,
 }

@@ -86,8 +86,13 @@ pub enum Attack {
     ForgedReturn,
     /// Edit an observation inside an episode's trajectory (what the environment said).
     ForgedObservation,
+    /// Claim μ = [`INFLATED_MU`] groups/s in heartbeats (within the heartbeat's bound), so that
+    /// a scheduler trusting claims activates it first and sends honest workers to standby.
+    MuInflation,
 }
 
+/// The generation rate (groups/s) a `mu_inflation` worker claims.
+pub const INFLATED_MU: f64 = 1e6;
 /// Installs after which a `silent_after_honest` worker stops forwarding.
 pub const SILENT_AFTER_INSTALLS: u64 = 4;
 /// Honest groups of each `sybil_rekey` identity before it forges.
@@ -223,6 +228,7 @@ mod tests {
                 "stale_version",
                 "forged_return",
                 "forged_observation",
+                "mu_inflation",
             ]
         );
     }

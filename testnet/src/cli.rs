@@ -239,7 +239,8 @@ pub struct FaultsArgs {
 /// The options of `testnet adversary`.
 #[derive(Args)]
 pub struct AdversaryArgs {
-    /// Attacks to run (default: every one, `echo_node::misbehave::Attack::ALL`).
+    /// Attacks to run (default: every one of `echo_node::misbehave::Attack::ALL` but
+    /// `mu_inflation`, whose target, the scheduler, the scenario does not run).
     #[arg(long, value_delimiter = ',')]
     pub attacks: Vec<echo_node::misbehave::Attack>,
     /// Learner steps per run.

@@ -233,7 +233,14 @@ pub fn adversary(args: AdversaryArgs) -> anyhow::Result<()> {
     anyhow::ensure!((1..=10_000).contains(&steps), "--steps in 1..=10000");
     anyhow::ensure!((1..=10).contains(&batch), "--batch in 1..=10");
     let mut attacks = if attacks.is_empty() {
-        echo_node::misbehave::Attack::ALL.to_vec()
+        // Every attack whose target the scenario runs: its learner has no provisioning
+        // scheduler, so `mu_inflation` would change nothing here (the scheduler's own
+        // multi-process test carries it out).
+        echo_node::misbehave::Attack::ALL
+            .iter()
+            .copied()
+            .filter(|a| *a != echo_node::misbehave::Attack::MuInflation)
+            .collect()
     } else {
         attacks
     };

@@ -351,7 +351,7 @@ fn feed_heartbeats(
             );
             let local = p2p::LocalStatus {
                 installed_version,
-                mu,
+                mu: roles::attacks::mu_claim(&state.misbehave, mu),
                 pending,
                 availability: 1.0,
                 device: Some(p2p::DeviceReport {

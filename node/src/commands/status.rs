@@ -203,8 +203,13 @@ fn learner_lines(l: &crate::api::LearnerStatus) -> String {
     }
     let sch = &l.scheduler;
     if sch.enabled {
+        // A claimed μ counted for less than claimed: more than twice what the worker delivered.
+        let capped = match sch.claims_capped.len() {
+            0 => String::new(),
+            n => format!(", {n} μ claim(s) capped by delivery"),
+        };
         out.push_str(&format!(
-            "scheduler ({}): {} active, {} standby, {:.2} $/h, μ active {:.2} (groups/s)\n",
+            "scheduler ({}): {} active, {} standby, {:.2} $/h, μ active {:.2} (groups/s){capped}\n",
             sch.policy.as_deref().unwrap_or("-"),
             sch.active.len(),
             sch.standby.len(),
@@ -324,7 +329,8 @@ mod tests {
               "counters": {}, "learner_scores": null, "version": null, "node_version": "0.1.0",
               "learner": {"version": 7, "staleness": 3, "kappa": 2, "mu_target": 1.5,
                           "scheduler": {"enabled": true, "policy": "fixed", "active": [],
-                                        "standby": ["12D3KooWx"], "active_cost_per_hour": 0.4}},
+                                        "standby": ["12D3KooWx"], "active_cost_per_hour": 0.4,
+                                        "claims_capped": ["12D3KooWx"]}},
               "peers": [{"peer_id": "12D3KooWx", "role": "rollout", "addrs": ["/ip4/127.0.0.1/tcp/1"],
                          "installed_version": null, "chain": null, "position": null, "mu": null,
                          "cost_per_hour": null, "pending": 3, "connected": true,
@@ -349,6 +355,7 @@ mod tests {
             s.contains("μ_target 1.50") && s.contains("1 standby"),
             "{s}"
         );
+        assert!(s.contains("1 μ claim(s) capped by delivery"), "{s}");
         assert!(s.contains("standby │") || s.contains("standby "), "{s}");
         assert!(s.contains("NVIDIA H100 60.0/80.0 GiB free (cc 9.0)"), "{s}");
         // No strike yet: no defence section.

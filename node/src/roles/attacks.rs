@@ -11,6 +11,9 @@
 //!   [`REKEY_AFTER`] (its ban closes every connection), the worker wipes its identity — key,
 //!   group counter, store, proof of work — and exits with `REKEY_EXIT_CODE`; the harness
 //!   starts it again, and it comes back under a fresh key ([`spawn`]).
+//! - `mu_inflation`: every heartbeat claims μ = [`crate::misbehave::INFLATED_MU`] groups/s
+//!   ([`mu_claim`]) — a scheduler that trusts the claim activates this worker first and sends
+//!   the honest ones to standby.
 //! - `heartbeat_spam`: well-formed, correctly encoded heartbeats published about 50 times per
 //!   heartbeat interval ([`spawn`]) on top of the service's own ones.
 //! - `replay_after_restart`: every learner-signed message seen on the snapshot and plan
@@ -18,7 +21,7 @@
 //!   a worker that restarts (and may have forgotten what it has seen) is offered old
 //!   manifests and activation orders.
 //!
-//! Owns: these three attacks and nothing else. Must not touch: the roles' data path (the
+//! Owns: these attacks and nothing else. Must not touch: the roles' data path (the
 //! other attacks live at their role's hook), the defences (they must catch this as they
 //! would any stranger). An honest node never reaches this module: every entry point checks
 //! [`crate::misbehave::Misbehaviour::has`] first.
@@ -50,6 +53,16 @@ pub fn pending_claim(m: &Misbehaviour, real: u64) -> u64 {
     } else if m.has(Attack::BacklogInflation) {
         real.saturating_mul(crate::misbehave::BACKLOG_CLAIM_FACTOR)
             .clamp(1, p2p::MAX_PENDING_CLAIM)
+    } else {
+        real
+    }
+}
+
+/// The μ this node's heartbeat claims: its measured rate for an honest node,
+/// [`crate::misbehave::INFLATED_MU`] under `mu_inflation`.
+pub fn mu_claim(m: &Misbehaviour, real: f64) -> f64 {
+    if m.has(Attack::MuInflation) {
+        crate::misbehave::INFLATED_MU
     } else {
         real
     }
@@ -257,10 +270,9 @@ pub fn spam_heartbeat(
         role: state.config.role,
         node_version: crate::state::NODE_VERSION.to_string(),
         installed_version,
-        mu: if mu.is_finite() {
-            mu.clamp(0.0, 1e9)
-        } else {
-            0.0
+        mu: match mu_claim(&state.misbehave, mu) {
+            mu if mu.is_finite() => mu.clamp(0.0, 1e9),
+            _ => 0.0,
         },
         cost_per_hour: state.config.network.cost_per_hour,
         availability: 1.0,
@@ -299,6 +311,15 @@ mod tests {
             7 * crate::misbehave::BACKLOG_CLAIM_FACTOR
         );
         assert_eq!(pending_claim(&backlog, u64::MAX), p2p::MAX_PENDING_CLAIM);
+    }
+
+    #[test]
+    fn only_mu_inflation_inflates_mu() {
+        assert_eq!(mu_claim(&Misbehaviour::default(), 1.5), 1.5);
+        let other = Misbehaviour::parse("pending_inflation").unwrap();
+        assert_eq!(mu_claim(&other, 1.5), 1.5);
+        let bad = Misbehaviour::parse("mu_inflation").unwrap();
+        assert_eq!(mu_claim(&bad, 1.5), crate::misbehave::INFLATED_MU);
     }
 
     #[test]

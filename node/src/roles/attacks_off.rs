@@ -19,6 +19,11 @@ pub fn pending_claim(_: &Misbehaviour, real: u64) -> u64 {
     real
 }
 
+/// The measured μ.
+pub fn mu_claim(_: &Misbehaviour, real: f64) -> f64 {
+    real
+}
+
 /// The configured limit of pending groups.
 pub fn pending_limit(_: &Misbehaviour, configured: u64) -> u64 {
     configured

@@ -1,7 +1,8 @@
 //! The provisioning scheduler across real processes: a learner keeping 4 of 6
 //! workers active (`scheduler.active_workers = 4`, the cheapest by ρ = cost/μ), the other two
 //! on standby through learner-signed activation orders; an active worker is killed and a
-//! standby one is activated and generates while training continues. Bounded waits.
+//! standby one is activated and generates while training continues; and a worker claiming a
+//! huge μ is ranked by the rate the learner verified instead. Bounded waits.
 
 use std::collections::BTreeSet;
 
@@ -103,4 +104,98 @@ fn a_standby_worker_replaces_a_killed_active_one_and_training_continues() {
             .as_u64()
             .filter(|&v| v >= v0 + 5)
     });
+}
+
+/// A worker claiming μ = 10⁶ groups/s (`mu_inflation`) is dear (1 $/h against 0.1 $/h) but
+/// ranks first by its claimed ρ: with `active_workers = 2` it joins two honest workers that
+/// have been generating, becomes active, and sends one of them to standby. Once the learner
+/// has verified its rate from the pulls that emptied it, the claim counts for at most twice
+/// that rate: the liar is ranked by what it delivers, goes to standby, and both honest workers
+/// generate again. Without the cap it would stay active for good. (An attack: needs the
+/// `adversary` feature, as `verified`'s set-up it uses.)
+#[cfg(feature = "adversary")]
+#[test]
+fn a_worker_claiming_a_huge_mu_is_ranked_by_its_verified_rate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let swarm = "it-scheduler-mu";
+    let limit = std::time::Duration::from_secs(180);
+    let mut learner = Node::start_full(
+        tmp.path(),
+        "learner",
+        "learner",
+        swarm,
+        None,
+        "",
+        "[learner]\nwarm_start_steps = 2\n[scheduler]\nenabled = true\nactive_workers = 2\nannounce_interval_ms = 500\n",
+    );
+    learner.wait_ready();
+    let lpk = learner.key.public_key.clone();
+    let boot = format!("bootstrap = [\"{}\"]", learner.addr());
+    let mut honest: Vec<Node> = (0..2)
+        .map(|i| {
+            Node::start_full(
+                tmp.path(),
+                &format!("w{i}"),
+                "rollout",
+                swarm,
+                Some(&lpk),
+                &format!("{boot}\ncost_per_hour = 0.1"),
+                "[storage]\nmax_pending_groups = 2\n",
+            )
+        })
+        .collect();
+    let honest_ids: BTreeSet<String> = honest.iter().map(|w| w.key.peer_id.clone()).collect();
+    // Both honest workers have measured their μ (ranked by ρ, not as unmeasured).
+    for w in honest.iter_mut() {
+        let name = w.name.clone();
+        wait_for(&format!("{name} to measure its mu"), limit, || {
+            (w.status()?["rollout"]["mu"].as_f64()? > 0.0).then_some(())
+        });
+    }
+
+    // The key line before the first table belongs to the `[network]` table above it.
+    let mut liar = crate::verified::bad_worker_named(
+        tmp.path(),
+        "liar",
+        swarm,
+        &learner,
+        "mu_inflation",
+        "cost_per_hour = 1.0\n[storage]\nmax_pending_groups = 2\n",
+    );
+    liar.wait_ready();
+    let liar_id = liar.key.peer_id.clone();
+    wait_for("the liar active on its claim", limit, || {
+        let s = learner.status()?;
+        let active = ids(&s["learner"]["scheduler"]["active"]);
+        (active.contains(&liar_id) && active.len() == 2).then_some(())
+    });
+    let verified = wait_for(
+        "the liar's claim capped by its verified rate",
+        limit,
+        || {
+            let s = learner.status()?;
+            let sch = &s["learner"]["scheduler"];
+            let capped = ids(&sch["claims_capped"]).contains(&liar_id);
+            let rate = sch["verified_mu"][&liar_id].as_f64()?;
+            (capped && ids(&sch["active"]) == honest_ids && ids(&sch["standby"]).contains(&liar_id))
+                .then_some(rate)
+        },
+    );
+    assert!(
+        verified * 2.0 < echo_node::misbehave::INFLATED_MU,
+        "verified {verified} groups/s"
+    );
+    wait_for("the liar to report standby", limit, || {
+        (liar.status()?["rollout"]["standby"] == true).then_some(())
+    });
+    for w in honest.iter_mut() {
+        let name = w.name.clone();
+        let before = w.status().unwrap()["rollout"]["groups"]
+            .as_u64()
+            .unwrap_or(0);
+        wait_for(&format!("{name} to generate"), limit, || {
+            let r = &w.status()?["rollout"];
+            (r["standby"] == false && r["groups"].as_u64()? > before).then_some(())
+        });
+    }
 }

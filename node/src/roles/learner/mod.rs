@@ -277,10 +277,14 @@ fn spawn_scheduler(
             client.clone(),
             dissem.clone(),
             sched,
-            move || {
-                let m = s.mu_target_milli.load(Ordering::Relaxed);
-                (m != NONE).then(|| m as f64 / 1000.0)
+            {
+                let s = s.clone();
+                move || {
+                    let m = s.mu_target_milli.load(Ordering::Relaxed);
+                    (m != NONE).then(|| m as f64 / 1000.0)
+                }
             },
+            move || s.pulls.verified_mu(),
         ));
     }
 }

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use control::admission::ShareCaps;
-use control::pulls::{allocate_capped, LedgerParams, PullLedger};
+use control::pulls::{allocate_capped, DeliveryMeter, LedgerParams, PullLedger};
 use futures::stream::{FuturesUnordered, StreamExt};
 use storage::record::GroupLimits;
 use storage::TrajectoryStore;
@@ -136,6 +136,9 @@ pub(super) struct PullStats {
     rejected_after_ban: AtomicU64,
     /// What the admission and share rules did, per worker (for status).
     admission: Mutex<AdmissionView>,
+    /// Each worker's generation rate as verified from what it delivered ([`DeliveryMeter`]),
+    /// for the scheduler to weigh its claimed μ against.
+    verified_mu: Mutex<std::collections::HashMap<p2p::PeerId, f64>>,
 }
 
 /// The puller's admission figures, per worker (at most [`MAX_VIEW_PEERS`] each).
@@ -181,6 +184,21 @@ impl PullStats {
     fn with_admission(&self, f: impl FnOnce(&mut AdmissionView)) {
         if let Ok(mut a) = self.admission.lock() {
             f(&mut a);
+        }
+    }
+
+    /// The workers' verified generation rates (groups/s), those measured so far.
+    pub fn verified_mu(&self) -> std::collections::HashMap<p2p::PeerId, f64> {
+        self.verified_mu
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_default()
+    }
+
+    fn set_verified_mu(&self, meter: &DeliveryMeter<p2p::PeerId>) {
+        let now = Instant::now();
+        if let Ok(mut v) = self.verified_mu.lock() {
+            *v = meter.rates(now).map(|(p, r)| (*p, r)).collect();
         }
     }
 
@@ -232,6 +250,7 @@ pub(super) async fn run(
     let mut asked = 0u64;
     let mut round = 0usize;
     let mut ledger = PullLedger::new(LedgerParams::default());
+    let mut meter = DeliveryMeter::default();
     let verifier: Arc<dyn pull::GroupVerifier> =
         Arc::new(super::verify::PullVerifier(shared.pipeline.clone()));
     let mut banned = HashSet::new();
@@ -247,6 +266,8 @@ pub(super) async fn run(
             match &r {
                 Ok(out) => {
                     ledger.record_delivery(peer, max_groups, out.delivered());
+                    // Only groups stored now: a duplicate was made before, and counted then.
+                    meter.delivered(&peer, Instant::now(), out.stored as u64);
                     shared.pulls.record_round_trip(took.as_secs_f64());
                 }
                 Err(_) => ledger.record_failure(peer, Instant::now()),
@@ -275,6 +296,19 @@ pub(super) async fn run(
         // Workers that left (or were banned) are forgotten: the ledger stays as large as the
         // set of workers.
         ledger.retain(|p| workers.iter().any(|w| w.0 == *p) || busy.contains(p));
+        meter.retain(|p| workers.iter().any(|w| w.0 == *p) || busy.contains(p));
+        // A worker's time counts while it is meant to generate: heartbeating, and not on
+        // standby by the scheduler's last order.
+        let standby = standby(&shared);
+        let now = Instant::now();
+        for w in &workers {
+            if w.3 && !standby.contains(&w.0) {
+                meter.active(w.0, now);
+            } else {
+                meter.idle(&w.0, now);
+            }
+        }
+        shared.pulls.set_verified_mu(&meter);
         let (active, established) = sharing_counts(&workers, &shared);
         // Only groups still admissible after the next step count as buffered, and of those
         // only what a batch under the share quota could use; those that fell out of the
@@ -340,6 +374,15 @@ pub(super) async fn run(
 
 /// A worker the puller may pull from: its peer id, pending groups, μ, and whether it is active.
 type Admitted = (p2p::PeerId, u64, f64, bool);
+
+/// The workers the scheduler's last order put on standby (none without a scheduler).
+fn standby(shared: &Shared) -> HashSet<p2p::PeerId> {
+    shared
+        .scheduler
+        .as_ref()
+        .and_then(|s| s.lock().ok().map(|s| s.standby().iter().copied().collect()))
+        .unwrap_or_default()
+}
 
 /// The workers the puller may pull from: those the admission gate lets pull
 /// (`docs/admission.md`) whose heartbeats report the sampling rule the learner checks by
