@@ -101,6 +101,7 @@ impl Disseminator {
                     version: m.version,
                     stored,
                     total,
+                    bytes: m.total_len,
                 });
             }
         }

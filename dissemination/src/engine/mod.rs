@@ -116,6 +116,8 @@ pub enum DisseminationEvent {
         version: u64,
         stored: usize,
         total: usize,
+        /// The payload's size in bytes (the signed manifest's `total_len`).
+        bytes: u64,
     },
     /// The learner's scheduler (re)stated this node's state in an accepted activation order:
     /// `active` = generate, otherwise stand by (stay connected, keep installing snapshots).

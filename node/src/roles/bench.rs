@@ -70,15 +70,28 @@ pub fn sink(
     if let Some(mut installs) = installs {
         tasks.spawn(async move {
             let mut base = DeltaBase::default();
+            let mut bar = super::progress::Bar::default();
             while let Some(ev) = installs.recv().await {
-                let DisseminationEvent::Installed {
-                    version,
-                    payload,
-                    kind,
-                    ..
-                } = ev
-                else {
-                    continue;
+                let (version, payload, kind) = match ev {
+                    DisseminationEvent::Installed {
+                        version,
+                        payload,
+                        kind,
+                        ..
+                    } => {
+                        bar.installed(version);
+                        (version, payload, kind)
+                    }
+                    DisseminationEvent::Progress {
+                        version,
+                        stored,
+                        total,
+                        bytes,
+                    } => {
+                        bar.progress(version, stored, total, bytes);
+                        continue;
+                    }
+                    _ => continue,
                 };
                 let held = base.clone();
                 let full =

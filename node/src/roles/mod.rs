@@ -21,6 +21,7 @@ pub mod delta;
 #[cfg(feature = "adversary")]
 pub mod forge;
 pub mod learner;
+pub mod progress;
 pub mod relay;
 pub mod rollout;
 pub mod scheduler;

@@ -72,6 +72,8 @@ pub(super) struct Installer {
     pub dissem: Option<dissemination::Disseminator>,
     /// Set while the learner's signed activation order keeps this worker on standby.
     pub standby: Arc<AtomicBool>,
+    /// The download bar (on a terminal, for long payloads).
+    pub bar: crate::roles::progress::Bar,
 }
 
 impl Installer {
@@ -84,7 +86,10 @@ impl Installer {
                     payload,
                     kind,
                     latency,
-                } => self.installed(version, payload, kind, latency).await,
+                } => {
+                    self.bar.installed(version);
+                    self.installed(version, payload, kind, latency).await;
+                }
                 DisseminationEvent::ChunkRejected {
                     peer,
                     version,
@@ -100,7 +105,12 @@ impl Installer {
                         );
                     }
                 }
-                DisseminationEvent::Progress { .. } => {}
+                DisseminationEvent::Progress {
+                    version,
+                    stored,
+                    total,
+                    bytes,
+                } => self.bar.progress(version, stored, total, bytes),
             }
         }
     }

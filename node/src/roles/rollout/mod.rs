@@ -158,6 +158,7 @@ pub async fn start(
             payloads: payloads.clone(),
             dissem,
             standby: standby.clone(),
+            bar: crate::roles::progress::Bar::default(),
         };
         tasks.spawn(installer.run(rx));
     }
