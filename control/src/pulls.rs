@@ -7,7 +7,7 @@
 //! [`PullLedger`] turns claims into credits bounded by what the learner observed the worker
 //! deliver, and [`allocate_capped`] splits a shortfall without exceeding any credit. Nor is
 //! its claimed generation rate μ: the [`DeliveryMeter`] measures what it delivered per second
-//! of active time, for the provisioning scheduler to weigh the claim against.
+//! the learner asked, for the provisioning scheduler to weigh the claim against.
 
 mod delivery;
 mod ledger;

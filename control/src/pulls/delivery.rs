@@ -1,80 +1,56 @@
 //! A worker's generation rate as the learner *verified* it: the valid groups it delivered per
-//! second of the time it was meant to generate.
+//! second of the time the learner was asking it for groups.
 //!
 //! A heartbeat's μ is the worker's word. The provisioning scheduler ranks workers by
 //! ρ = cost/μ and stops activating workers once Σμ reaches its target μ* = γ·μ_min (ECHO-2
 //! §3.4), so a worker claiming μ = 10⁶ would be activated first and could send every honest
 //! worker to standby while it delivers a trickle. What the learner observes instead is the
 //! valid groups each pull brings back (the verification pipeline stored them), and
-//! [`DeliveryMeter::rate`] is their count over the last [`WINDOW_S`] seconds of the worker's
-//! active time.
+//! [`DeliveryMeter::rate`] is their count per second of *asked* time: time during which the
+//! worker was meant to generate (heartbeating, not on standby) and the learner wanted groups
+//! (a shortfall in its buffer, or pulls in flight). Time the learner spends not pulling — its
+//! supervised warm start, a full buffer — proves nothing about a worker and is not counted.
 //!
-//! That rate is a *lower bound* of what the worker can make: in a swarm that makes more than
-//! the learner trains, a pull takes only the learner's shortfall, and a worker delivers its
-//! share of the learner's consumption C, not its capacity. The scheduler therefore counts a
-//! claim for at most a small multiple of it (`CLAIM_TOLERANCE` = 2 in the node), and the
-//! bound still lets it find enough capacity: while the swarm keeps up, the active workers'
-//! deliveries sum to C, so their counted μ sums to min(Σ claimed, 2·C) — above the target
-//! γ·μ_min ≈ γ·C (γ = 1.1, for a κ large enough that T_bcast is small against κ·T_train)
-//! whenever the claims are. A liar's rate is what it really delivered: counted at twice that,
-//! it can no longer cover the target alone.
+//! Both sums decay with a time constant of [`TAU_S`] seconds of asked time (an exponentially
+//! weighted rate, so it follows a change of the active set: a released worker's share moves
+//! to the others), and a rate is reported once the decayed asked time reaches [`MIN_SPAN_S`].
+//! While a worker is not asked, nothing decays: a standby worker's rate stays what it was —
+//! the figure its claim is weighed against when the scheduler considers it again.
 //!
-//! - Time counts only while the worker is meant to generate: the caller marks it
-//!   [`DeliveryMeter::active`] each round it is (heartbeating, not on standby) and
-//!   [`DeliveryMeter::idle`] otherwise. Idle, its rate is frozen at what it was (a standby
-//!   worker delivers nothing, and its last verified rate is what its claim is weighed against
-//!   when the scheduler considers it again).
-//! - A rate is reported once the active stretch is [`MIN_SPAN_S`] long (or frozen from an
-//!   earlier one): a worker that just joined, or was just activated, is taken at its word
-//!   until then.
-//! - Only valid groups count (the caller passes what the pipeline stored, not duplicates or
-//!   refused groups), so junk buys no rate.
-//! - The rate is dropped when the worker is forgotten ([`DeliveryMeter::retain`]).
+//! The rate is a *lower bound* of what a worker can make: in a swarm that makes more than the
+//! learner trains, a worker delivers its share of the learner's consumption C, not its
+//! capacity. The scheduler therefore counts a claim for at most a small multiple of it
+//! (`CLAIM_TOLERANCE` = 2 in the node), and the bound still lets it find enough capacity:
+//! while the swarm keeps up, the active workers' deliveries sum to C, so their counted μ sums
+//! to min(Σ claimed, 2·C) — above the target γ·μ_min ≈ γ·C (γ = 1.1) whenever the claims are.
+//! A liar's rate is what it really delivered: counted at twice that, it cannot cover the target
+//! alone, and once the honest workers it displaced are on standby the learner is short and
+//! asks all the time, which measures it exactly.
+//!
+//! Only valid groups count (the caller passes what the pipeline stored, not duplicates or
+//! refused groups), so junk buys no rate; the rate is dropped when the worker is forgotten
+//! ([`DeliveryMeter::retain`]).
 //!
 //! Pure: the caller passes the current time in.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::hash::Hash;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-/// The measured window of active time, in seconds: long enough to hold several pulls of a slow
-/// worker, short enough to follow a change of the active set (a released worker's share moves
-/// to the others).
-pub const WINDOW_S: f64 = 60.0;
+/// Time constant of the decay, in seconds of asked time.
+pub const TAU_S: f64 = 60.0;
 
-/// An active stretch is measured once it is this long.
+/// A rate is reported once the decayed asked time is this long.
 pub const MIN_SPAN_S: f64 = 10.0;
-
-/// Deliveries kept per worker at most (a pull a second fills the window well within it).
-const MAX_DELIVERIES: usize = 4096;
 
 #[derive(Debug, Clone, Default)]
 struct Record {
-    /// Start of the current active stretch.
-    active_from: Option<Instant>,
-    /// Valid groups delivered in the current stretch, by time (within the window).
-    deliveries: VecDeque<(Instant, u64)>,
-    /// The rate when the worker last went idle.
-    frozen: Option<f64>,
-}
-
-impl Record {
-    fn live_rate(&self, now: Instant) -> Option<f64> {
-        let from = self.active_from?;
-        let span = now.saturating_duration_since(from).as_secs_f64();
-        if span < MIN_SPAN_S {
-            return None;
-        }
-        let window = span.min(WINDOW_S);
-        let since = now.checked_sub(Duration::from_secs_f64(window));
-        let groups: u64 = self
-            .deliveries
-            .iter()
-            .filter(|(t, _)| since.is_none_or(|s| *t >= s))
-            .map(|(_, n)| *n)
-            .fold(0, u64::saturating_add);
-        Some(groups as f64 / window)
-    }
+    /// The last observation, and whether the time since counts.
+    last: Option<(Instant, bool)>,
+    /// Decayed valid groups delivered.
+    groups: f64,
+    /// Decayed asked seconds.
+    secs: f64,
 }
 
 /// Verified generation rates per worker (see the module doc).
@@ -92,56 +68,40 @@ impl<K> Default for DeliveryMeter<K> {
 }
 
 impl<K: Hash + Eq + Clone> DeliveryMeter<K> {
-    /// `peer` is meant to generate at `now` (a stretch starts if none is open).
-    pub fn active(&mut self, peer: K, now: Instant) {
+    /// Observes `peer` at `now`: the time since its last observation counts if that one said
+    /// so; the time from now counts if `asked` (meant to generate, and the learner wants
+    /// groups).
+    pub fn observe(&mut self, peer: K, now: Instant, asked: bool) {
         let r = self.peers.entry(peer).or_default();
-        r.active_from.get_or_insert(now);
+        if let Some((then, true)) = r.last {
+            let dt = now.saturating_duration_since(then).as_secs_f64();
+            let keep = (-dt / TAU_S).exp();
+            r.groups *= keep;
+            // ∫ e^(−(dt−s)/τ) ds over the interval: each asked second decays like a group.
+            r.secs = r.secs * keep + TAU_S * (1.0 - keep);
+        }
+        r.last = Some((now, asked));
     }
 
-    /// `peer` is not meant to generate at `now` (standby, or not heartbeating): its stretch
-    /// ends, and its rate is frozen at what it was.
-    pub fn idle(&mut self, peer: &K, now: Instant) {
+    /// A pull from `peer` brought `groups` valid new groups.
+    pub fn delivered(&mut self, peer: &K, groups: u64) {
         if let Some(r) = self.peers.get_mut(peer) {
-            if let Some(rate) = r.live_rate(now) {
-                r.frozen = Some(rate);
-            }
-            r.active_from = None;
-            r.deliveries.clear();
+            r.groups += groups as f64;
         }
     }
 
-    /// A pull from `peer` that ended at `now` brought `groups` valid new groups. Deliveries
-    /// outside an active stretch are not counted.
-    pub fn delivered(&mut self, peer: &K, now: Instant, groups: u64) {
-        let Some(r) = self.peers.get_mut(peer) else {
-            return;
-        };
-        if r.active_from.is_none() || groups == 0 {
-            return;
-        }
-        r.deliveries.push_back((now, groups));
-        let keep = now.checked_sub(Duration::from_secs_f64(WINDOW_S));
-        while r.deliveries.len() > MAX_DELIVERIES
-            || r.deliveries
-                .front()
-                .is_some_and(|(t, _)| keep.is_some_and(|k| *t < k))
-        {
-            r.deliveries.pop_front();
-        }
-    }
-
-    /// `peer`'s verified generation rate in groups per second at `now`: over the current
-    /// active stretch once it spans [`MIN_SPAN_S`], else as frozen when it last went idle.
-    pub fn rate(&self, peer: &K, now: Instant) -> Option<f64> {
+    /// `peer`'s verified generation rate in groups per second, once [`MIN_SPAN_S`] of asked
+    /// time is behind it.
+    pub fn rate(&self, peer: &K) -> Option<f64> {
         let r = self.peers.get(peer)?;
-        r.live_rate(now).or(r.frozen)
+        (r.secs >= MIN_SPAN_S).then(|| r.groups / r.secs)
     }
 
-    /// Every known rate at `now`.
-    pub fn rates(&self, now: Instant) -> impl Iterator<Item = (&K, f64)> {
+    /// Every known rate.
+    pub fn rates(&self) -> impl Iterator<Item = (&K, f64)> {
         self.peers
             .keys()
-            .filter_map(move |k| self.rate(k, now).map(|r| (k, r)))
+            .filter_map(|k| self.rate(k).map(|r| (k, r)))
     }
 
     /// Keeps only the peers `keep` says are still workers.
@@ -153,75 +113,75 @@ impl<K: Hash + Eq + Clone> DeliveryMeter<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn at(t0: Instant, s: f64) -> Instant {
         t0 + Duration::from_secs_f64(s)
     }
 
-    #[test]
-    fn the_rate_is_valid_groups_per_second_of_the_active_window() {
-        let t0 = Instant::now();
-        let mut m = DeliveryMeter::default();
-        // Not active yet: deliveries are not counted, and there is no rate.
-        m.delivered(&"w", t0, 5);
-        assert_eq!(m.rate(&"w", t0), None);
-        m.active("w", t0);
-        m.delivered(&"w", at(t0, 2.0), 4);
-        assert_eq!(
-            m.rate(&"w", at(t0, 5.0)),
-            None,
-            "a stretch under MIN_SPAN_S"
-        );
-        m.delivered(&"w", at(t0, 8.0), 6);
-        assert_eq!(m.rate(&"w", at(t0, 10.0)), Some(1.0));
-        // Active again next round: the stretch goes on.
-        m.active("w", at(t0, 10.0));
-        assert_eq!(m.rate(&"w", at(t0, 20.0)), Some(0.5));
-        // Past the window only its last WINDOW_S seconds count.
-        m.delivered(&"w", at(t0, 65.0), 30);
-        assert_eq!(m.rate(&"w", at(t0, 70.0)), Some(0.5), "30 groups in 60 s");
-        assert_eq!(m.rate(&"x", t0), None);
+    /// One observation a second from `from` to `to` (exclusive), delivering `per_s` each.
+    fn run(
+        m: &mut DeliveryMeter<&'static str>,
+        w: &'static str,
+        t0: Instant,
+        span: (u32, u32),
+        per_s: u64,
+        asked: bool,
+    ) {
+        for s in span.0..span.1 {
+            m.observe(w, at(t0, f64::from(s)), asked);
+            m.delivered(&w, per_s);
+        }
+        m.observe(w, at(t0, f64::from(span.1)), asked);
     }
 
     #[test]
-    fn idle_time_is_not_measured_and_the_rate_is_frozen_meanwhile() {
+    fn the_rate_is_valid_groups_per_asked_second() {
         let t0 = Instant::now();
         let mut m = DeliveryMeter::default();
-        m.active("w", t0);
-        m.delivered(&"w", at(t0, 5.0), 20);
-        m.idle(&"w", at(t0, 10.0));
-        assert_eq!(m.rate(&"w", at(t0, 10.0)), Some(2.0));
-        // An hour on standby: no deliveries counted, the rate stays 2.
-        m.delivered(&"w", at(t0, 100.0), 50);
-        assert_eq!(m.rate(&"w", at(t0, 3600.0)), Some(2.0));
-        // Activated again: the frozen rate stands until the new stretch is measured.
-        m.active("w", at(t0, 3600.0));
-        assert_eq!(m.rate(&"w", at(t0, 3605.0)), Some(2.0));
-        m.delivered(&"w", at(t0, 3606.0), 5);
-        assert_eq!(m.rate(&"w", at(t0, 3610.0)), Some(0.5));
-        // An idle worker that never completed a stretch has no rate.
-        m.active("v", t0);
-        m.idle(&"v", at(t0, 3.0));
-        assert_eq!(m.rate(&"v", at(t0, 60.0)), None);
+        run(&mut m, "w", t0, (0, 5), 2, true);
+        assert_eq!(m.rate(&"w"), None, "5 s asked is too short");
+        run(&mut m, "w", t0, (5, 30), 2, true);
+        let r = m.rate(&"w").unwrap();
+        assert!((r - 2.0).abs() < 0.05, "{r}");
+        assert_eq!(m.rate(&"x"), None);
+    }
+
+    #[test]
+    fn time_not_asked_is_not_counted_and_the_rate_is_kept_meanwhile() {
+        let t0 = Instant::now();
+        let mut m = DeliveryMeter::default();
+        // The learner's warm start: a minute in which nothing is asked, nothing delivered.
+        run(&mut m, "w", t0, (0, 60), 0, false);
+        assert_eq!(m.rate(&"w"), None, "no evidence either way");
+        run(&mut m, "w", t0, (60, 90), 1, true);
+        let r = m.rate(&"w").unwrap();
+        assert!((r - 1.0).abs() < 0.05, "{r}");
+        // An hour on standby: the rate stays.
+        run(&mut m, "w", t0, (90, 3690), 0, false);
+        assert_eq!(m.rate(&"w"), Some(r));
+    }
+
+    #[test]
+    fn the_rate_follows_a_change_within_a_few_time_constants() {
+        let t0 = Instant::now();
+        let mut m = DeliveryMeter::default();
+        run(&mut m, "w", t0, (0, 120), 4, true);
+        run(&mut m, "w", t0, (120, 420), 1, true);
+        let r = m.rate(&"w").unwrap();
+        assert!((r - 1.0).abs() < 0.05, "5 τ after the change: {r}");
     }
 
     #[test]
     fn a_liar_is_measured_by_what_it_delivers_whatever_it_claims() {
-        // Two workers share a learner consuming 4 groups/s; the meter never sees a claim.
         let t0 = Instant::now();
         let mut m = DeliveryMeter::default();
-        for w in ["honest", "liar"] {
-            m.active(w, t0);
-        }
-        for s in 1..=30 {
-            m.delivered(&"honest", at(t0, f64::from(s)), 3);
-            m.delivered(&"liar", at(t0, f64::from(s)), 1);
-        }
-        assert_eq!(m.rate(&"honest", at(t0, 30.0)), Some(3.0));
-        assert_eq!(m.rate(&"liar", at(t0, 30.0)), Some(1.0));
-        let all: HashMap<&str, f64> = m.rates(at(t0, 30.0)).map(|(k, r)| (*k, r)).collect();
-        assert_eq!(all.len(), 2);
+        run(&mut m, "honest", t0, (0, 30), 3, true);
+        run(&mut m, "liar", t0, (0, 30), 0, true);
+        assert!((m.rate(&"honest").unwrap() - 3.0).abs() < 0.1);
+        assert_eq!(m.rate(&"liar"), Some(0.0));
+        assert_eq!(m.rates().count(), 2);
         m.retain(|k| *k == "honest");
-        assert_eq!(m.rate(&"liar", at(t0, 30.0)), None, "forgotten");
+        assert_eq!(m.rate(&"liar"), None, "forgotten");
     }
 }

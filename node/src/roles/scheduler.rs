@@ -6,8 +6,8 @@
 //! (`dissemination::order_msg`) whenever it changes and every `announce_interval_ms`.
 //!
 //! μ_i is the worker's claim, counted for at most [`CLAIM_TOLERANCE`] times the rate the
-//! learner verified — valid groups delivered per second of active time
-//! (`control::pulls::DeliveryMeter`) — once it has one ([`Candidate::counted_mu`]): a worker
+//! learner verified — valid groups delivered per second of the time the learner asked for
+//! groups (`control::pulls::DeliveryMeter`) — once it has one ([`Candidate::counted_mu`]): a worker
 //! claiming μ = 10⁶ is ranked and summed at what it delivers, so it cannot send the honest
 //! workers to standby (`docs/security.md`).
 //!

@@ -136,8 +136,8 @@ pub(super) struct PullStats {
     rejected_after_ban: AtomicU64,
     /// What the admission and share rules did, per worker (for status).
     admission: Mutex<AdmissionView>,
-    /// Each worker's generation rate as verified from what it delivered ([`DeliveryMeter`]),
-    /// for the scheduler to weigh its claimed μ against.
+    /// Each worker's generation rate as verified from what it delivered while asked
+    /// ([`DeliveryMeter`]), for the scheduler to weigh its claimed μ against.
     verified_mu: Mutex<std::collections::HashMap<p2p::PeerId, f64>>,
 }
 
@@ -196,9 +196,8 @@ impl PullStats {
     }
 
     fn set_verified_mu(&self, meter: &DeliveryMeter<p2p::PeerId>) {
-        let now = Instant::now();
         if let Ok(mut v) = self.verified_mu.lock() {
-            *v = meter.rates(now).map(|(p, r)| (*p, r)).collect();
+            *v = meter.rates().map(|(p, r)| (*p, r)).collect();
         }
     }
 
@@ -267,7 +266,7 @@ pub(super) async fn run(
                 Ok(out) => {
                     ledger.record_delivery(peer, max_groups, out.delivered());
                     // Only groups stored now: a duplicate was made before, and counted then.
-                    meter.delivered(&peer, Instant::now(), out.stored as u64);
+                    meter.delivered(&peer, out.stored as u64);
                     shared.pulls.record_round_trip(took.as_secs_f64());
                 }
                 Err(_) => ledger.record_failure(peer, Instant::now()),
@@ -297,18 +296,6 @@ pub(super) async fn run(
         // set of workers.
         ledger.retain(|p| workers.iter().any(|w| w.0 == *p) || busy.contains(p));
         meter.retain(|p| workers.iter().any(|w| w.0 == *p) || busy.contains(p));
-        // A worker's time counts while it is meant to generate: heartbeating, and not on
-        // standby by the scheduler's last order.
-        let standby = standby(&shared);
-        let now = Instant::now();
-        for w in &workers {
-            if w.3 && !standby.contains(&w.0) {
-                meter.active(w.0, now);
-            } else {
-                meter.idle(&w.0, now);
-            }
-        }
-        shared.pulls.set_verified_mu(&meter);
         let (active, established) = sharing_counts(&workers, &shared);
         // Only groups still admissible after the next step count as buffered, and of those
         // only what a batch under the share quota could use; those that fell out of the
@@ -320,6 +307,16 @@ pub(super) async fn run(
             .target
             .saturating_sub(buffered.usable)
             .saturating_sub(asked);
+        // A worker's time counts towards its verified rate while the learner asks for groups
+        // (a shortfall, or pulls in flight) and it is meant to generate: heartbeating, and not
+        // on standby by the scheduler's last order.
+        let hungry = need > 0 || asked > 0;
+        let standby = standby(&shared);
+        let now = Instant::now();
+        for w in &workers {
+            meter.observe(w.0, now, hungry && w.3 && !standby.contains(&w.0));
+        }
+        shared.pulls.set_verified_mu(&meter);
         let idle: Vec<&Admitted> = workers.iter().filter(|w| !busy.contains(&w.0)).collect();
         if need == 0 || idle.is_empty() {
             continue;
