@@ -44,6 +44,26 @@ impl Window {
         }
     }
 
+    /// What the puller of a learner at version `v` asks for and counts, once the step at `v`
+    /// has taken its batch (`taken`) or before: `(v_min, buffered_from)`.
+    ///
+    /// - `v_min`, the floor of its requests (workers prune below it and make nothing while
+    ///   their installed version is under it): `floor(v)` while the batch is gathered, and
+    ///   `floor(v + 1)` once it is taken — a group only the step at `v` could use is of no use
+    ///   then. With `S = 0` (sequential mode) that is every group of `v`: the workers stop
+    ///   making them while `v` trains and wait for `v + 1` ("refresh first").
+    /// - `buffered_from`, the oldest version counted as buffered: [`Self::buffered_from`] of
+    ///   `v`, except with `S = 0` once the batch is taken, when the next batch needs `v + 1`.
+    pub fn filling(self, v: u64, taken: bool) -> (u64, u64) {
+        let next = v + u64::from(taken);
+        let buffered = if self.staleness == 0 {
+            next
+        } else {
+            self.buffered_from(v)
+        };
+        (self.floor(next), buffered)
+    }
+
     /// Default publication period κ = max(S − 1, 1): a snapshot is due before the oldest
     /// admissible version falls out of the window.
     pub fn default_kappa(self) -> u64 {
@@ -54,6 +74,18 @@ impl Window {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn once_a_batch_is_taken_the_puller_fills_for_the_next_step() {
+        // Sequential (S = 0) at v = 5: gathering asks for and counts v = 5; once the batch is
+        // taken, v = 6 — no worker makes another group of 5.
+        assert_eq!(Window::new(0).filling(5, false), (5, 5));
+        assert_eq!(Window::new(0).filling(5, true), (6, 6));
+        // S = 3 at v = 5: requests move from 2 to 3 (a group of 2 could only have served the
+        // step at 5); what counts as buffered stays the groups that outlive the next step.
+        assert_eq!(Window::new(3).filling(5, false), (2, 3));
+        assert_eq!(Window::new(3).filling(5, true), (3, 3));
+    }
 
     #[test]
     fn floor_and_admissibility() {

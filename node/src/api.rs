@@ -273,7 +273,7 @@ pub struct SchedulerStatus {
     /// rate (`roles::scheduler::CLAIM_TOLERANCE`).
     pub active_mu: f64,
     /// Each worker's generation rate as the learner verified it: valid groups delivered per
-    /// second of active time (groups/s), once measured.
+    /// second of the time the learner asked for groups (groups/s), once measured.
     pub verified_mu: std::collections::BTreeMap<String, f64>,
     /// Workers whose claimed μ counted for less than claimed (more than
     /// `CLAIM_TOLERANCE` × their verified rate).
@@ -294,6 +294,10 @@ pub struct RolloutStatus {
     pub tokens: u64,
     /// Generation paused: `storage.max_pending_groups` groups wait to be pulled.
     pub paused: bool,
+    /// Generation waits for a newer snapshot: the installed one is below the learner's window
+    /// (its last pull's `v_min`; in sequential mode, every version bump until the new one
+    /// installs).
+    pub behind_window: bool,
     pub errors: u64,
     /// Moving average of the groups' mean rewards.
     pub reward_ema: f64,

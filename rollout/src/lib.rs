@@ -151,6 +151,16 @@ pub enum StepOutcome {
     NoPolicy,
     /// The scheduler put this worker on standby (see [`RolloutEngine::standby_flag`]).
     Standby,
+    /// The installed version is below the learner's window (its last pull asked for groups of
+    /// `floor` or newer, `TrajectoryStore::window_floor`): a group made now would be discarded
+    /// at the next pull, so none is made until a newer snapshot installs. In sequential mode
+    /// (S = 0) this is "refresh first": the learner asks for groups under its current version.
+    Behind {
+        /// The installed version.
+        installed: u64,
+        /// The learner's floor.
+        floor: u64,
+    },
 }
 
 /// Generates groups under the installed policy and writes them to the store.
@@ -333,8 +343,10 @@ impl RolloutEngine {
         &self.slot
     }
 
-    /// One iteration: nothing on standby; pause if the store is over its cap, otherwise generate a group under
-    /// the installed version and `put_group` it (durable before this returns).
+    /// One iteration: nothing on standby; pause if the store is over its cap; nothing while
+    /// the installed version is below the learner's window ([`StepOutcome::Behind`]);
+    /// otherwise generate a group under the installed version and `put_group` it (durable
+    /// before this returns).
     pub fn step(&mut self) -> Result<StepOutcome, RolloutError> {
         let t0 = Instant::now();
         if self.standby.load(Ordering::Relaxed) {
@@ -347,6 +359,12 @@ impl RolloutEngine {
             return Ok(StepOutcome::Paused { pending });
         }
         self.stats.paused.store(false, Ordering::Relaxed);
+        let floor = self.store.window_floor();
+        if let Some(installed) = self.slot.version().filter(|v| *v < floor) {
+            self.stats.behind.store(true, Ordering::Relaxed);
+            return Ok(StepOutcome::Behind { installed, floor });
+        }
+        self.stats.behind.store(false, Ordering::Relaxed);
         let Some(group) = self.produce_group()? else {
             return Ok(StepOutcome::NoPolicy);
         };
@@ -374,9 +392,12 @@ impl RolloutEngine {
         while !stop.is_cancelled() {
             match self.step() {
                 Ok(StepOutcome::Produced { .. }) => {}
-                Ok(StepOutcome::Paused { .. } | StepOutcome::NoPolicy | StepOutcome::Standby) => {
-                    std::thread::sleep(self.cfg.idle_poll)
-                }
+                Ok(
+                    StepOutcome::Paused { .. }
+                    | StepOutcome::NoPolicy
+                    | StepOutcome::Standby
+                    | StepOutcome::Behind { .. },
+                ) => std::thread::sleep(self.cfg.idle_poll),
                 // The store failing is fatal: nothing produced could be kept.
                 Err(e @ RolloutError::Storage(_)) => return Err(e),
                 // A bad prompt (e.g. longer than the context) skips that group.

@@ -16,6 +16,7 @@ pub struct RolloutStats {
     pub(crate) version: AtomicU64,
     pub(crate) errors: AtomicU64,
     pub(crate) paused: AtomicBool,
+    pub(crate) behind: AtomicBool,
     /// (EMA of seconds per group, EMA of mean reward)
     pub(crate) ema: Mutex<Option<(f64, f64)>>,
 }
@@ -37,6 +38,10 @@ pub struct StatsSnapshot {
     pub version: u64,
     /// True while paused by the pending-groups cap.
     pub paused: bool,
+    /// True while the installed version is below the learner's window (nothing is made until
+    /// a newer one installs).
+    #[serde(default)]
+    pub behind: bool,
     /// Groups that failed and were skipped (bad prompt, generation error).
     pub errors: u64,
     /// Moving average of group mean rewards.
@@ -54,6 +59,7 @@ impl RolloutStats {
             tokens: self.tokens.load(Ordering::Relaxed),
             version: self.version.load(Ordering::Relaxed),
             paused: self.paused.load(Ordering::Relaxed),
+            behind: self.behind.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
             reward_ema: ema.map_or(0.0, |(_, r)| r),
         }

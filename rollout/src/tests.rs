@@ -167,6 +167,43 @@ fn pauses_at_the_pending_cap_and_resumes_after_ack() {
 }
 
 #[test]
+fn nothing_is_made_below_the_learners_window_until_a_newer_version_installs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut e, store) = engine(dir.path(), GenerationPath::default(), 100);
+    e.slot().install(1, policy(1)).unwrap();
+    assert!(matches!(
+        e.step().unwrap(),
+        StepOutcome::Produced { version: 1, .. }
+    ));
+    // The learner's next pull asks for v ≥ 2 (sequential mode after a step): the v1 group is
+    // discarded, and no more are made under v1.
+    assert_eq!(store.prune_below(2).unwrap(), 1);
+    assert_eq!(store.window_floor(), 2);
+    assert_eq!(
+        e.step().unwrap(),
+        StepOutcome::Behind {
+            installed: 1,
+            floor: 2
+        }
+    );
+    assert!(e.stats().snapshot().behind);
+    assert_eq!(
+        store.counters().unwrap().produced,
+        1,
+        "nothing made while behind"
+    );
+    // A pull with an older floor (a reordered request) does not lower it.
+    store.prune_below(1).unwrap();
+    assert_eq!(store.window_floor(), 2);
+    e.slot().install(2, policy(2)).unwrap();
+    assert!(matches!(
+        e.step().unwrap(),
+        StepOutcome::Produced { version: 2, .. }
+    ));
+    assert!(!e.stats().snapshot().behind);
+}
+
+#[test]
 fn stale_or_mismatched_snapshots_are_refused() {
     let slot = PolicySlot::new(ModelConfig::tiny(), Device::Cpu);
     slot.install(3, policy(1)).unwrap();

@@ -145,6 +145,10 @@ pub struct TrajectoryStore {
     meta: sled::Tree,
     /// Serialises mutations: scans that precede a transaction stay valid until it commits.
     write: Mutex<()>,
+    /// The highest `v` [`Self::prune_below`] was called with since the store was opened: on a
+    /// worker, the floor of the learner's staleness window as its last pull stated it (see
+    /// [`Self::window_floor`]). In memory only: a restarted worker learns it from the next pull.
+    floor: std::sync::atomic::AtomicU64,
 }
 
 type TxError = ConflictableTransactionError<StorageError>;
@@ -165,6 +169,7 @@ impl TrajectoryStore {
             meta: db.open_tree("meta")?,
             db,
             write: Mutex::new(()),
+            floor: std::sync::atomic::AtomicU64::new(0),
         };
         match store.meta.get(K_LAYOUT)? {
             None => {
@@ -301,9 +306,19 @@ impl TrajectoryStore {
             .collect()
     }
 
+    /// The floor of the staleness window: the highest version `prune_below` was asked for
+    /// since the store was opened (0 before). A group made under an older version now would
+    /// be deleted by the next pull, so a worker generates nothing below it.
+    pub fn window_floor(&self) -> u64 {
+        self.floor.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Deletes every group with `version < v` (it fell out of the staleness window), counting
-    /// them in `discarded_stale`. Returns how many were deleted.
+    /// them in `discarded_stale`, and raises [`Self::window_floor`] to `v`. Returns how many
+    /// were deleted.
     pub fn prune_below(&self, v: u64) -> Result<u64> {
+        self.floor
+            .fetch_max(v, std::sync::atomic::Ordering::Relaxed);
         let _g = self.lock();
         let end = GroupKey { version: v, seq: 0 }.to_bytes();
         let keys: Vec<sled::IVec> = self

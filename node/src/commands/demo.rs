@@ -181,11 +181,20 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     // Summary from the learner's step log and the stores (the nodes have exited).
     let steps = read_steps(&learner_dir.join("metrics").join("steps.jsonl"))?;
     let mut invariant_ok = true;
-    for dir in &data_dirs {
+    // The workers' accounting: groups made, and of those discarded below the learner's window.
+    let (mut produced, mut discarded) = (0u64, 0u64);
+    for (i, dir) in data_dirs.iter().enumerate() {
         let store = storage::TrajectoryStore::open(&storage::DataDir::new(dir).trajectories())?;
-        invariant_ok &= store.check_invariant()?.holds();
+        let report = store.check_invariant()?;
+        invariant_ok &= report.holds();
+        if i > 0 {
+            produced += report.counters.produced;
+            discarded += report.counters.discarded_stale;
+        }
     }
     let mut summary = summarize(&steps, &final_status, elapsed, invariant_ok, &not_clean);
+    summary["worker_groups_produced"] = json!(produced);
+    summary["worker_groups_discarded_stale"] = json!(discarded);
     summary["mode"] = json!(args.mode);
     summary["objective"] = json!(args.objective);
     summary["staleness"] = json!(args.staleness);

@@ -68,7 +68,10 @@ struct Shared {
     stop: tokio_util::sync::CancellationToken,
     /// The staleness window of the running trainer (see the module doc).
     window: Window,
-    /// The trainer's current version v.
+    /// The trainer's version v and whether the step at v has taken its batch, as
+    /// `2·v + taken` in one atomic (read together: the puller must never see v + 1 with the
+    /// old flag). Once a batch is taken the puller fills for the next step
+    /// (`control::Window::filling`).
     version: AtomicU64,
     /// Buffered groups deleted because they fell out of the window.
     pruned: AtomicU64,
@@ -249,7 +252,7 @@ fn new_shared(
         established_active: AtomicUsize::new(0),
         stop: tokio_util::sync::CancellationToken::new(),
         window,
-        version: AtomicU64::new(version),
+        version: AtomicU64::new(2 * version),
         pruned: AtomicU64::new(0),
         publish: publisher::PublishStats::default(),
         pulls: puller::PullStats::default(),

@@ -300,9 +300,10 @@ pub(super) async fn run(
         // Only groups still admissible after the next step count as buffered, and of those
         // only what a batch under the share quota could use; those that fell out of the
         // window are deleted by the training thread before each batch.
-        let version = shared.version.load(Ordering::Relaxed);
-        let v_min = window.floor(version);
-        let buffered = buffered_view(&buffer, &shared, &settings, version, active, established);
+        let packed = shared.version.load(Ordering::Relaxed);
+        let (version, taken) = (packed / 2, packed % 2 == 1);
+        let (v_min, from) = window.filling(version, taken);
+        let buffered = buffered_view(&buffer, &shared, &settings, from, active, established);
         let need = settings
             .target
             .saturating_sub(buffered.usable)
@@ -474,11 +475,10 @@ fn buffered_view(
     buffer: &TrajectoryStore,
     shared: &Shared,
     settings: &PullSettings,
-    version: u64,
+    from: u64,
     active: usize,
     established: usize,
 ) -> super::shares::BufferView {
-    let from = shared.window.buffered_from(version);
     match buffer.scan(from, super::shares::SCAN_LIMIT) {
         Ok(groups) => {
             let groups: Vec<_> = groups.into_iter().map(|(_, g)| g).collect();

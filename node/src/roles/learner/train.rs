@@ -97,6 +97,10 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
     wait_for_base(&c);
     totals.evaluate(&c);
     while !c.shared.stop.is_cancelled() {
+        // Gathering the batch of the trainer's version (a failed step leaves it).
+        c.shared
+            .version
+            .store(2 * c.trainer.version(), Ordering::Relaxed);
         if c.cfg.max_steps > 0 && c.trainer.version() >= c.cfg.max_steps {
             super::status::update(&c, &totals, last.as_ref(), true);
             std::thread::sleep(Duration::from_millis(100));
@@ -125,6 +129,12 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
             continue;
         }
         let idle = t_wait.elapsed().as_secs_f64();
+        // The batch of this step is taken: from now on the buffer fills for the next one, and
+        // a group only this step could use is of no use (sequential mode: every group of the
+        // current version). The puller's requests now say so, and workers stop making them.
+        c.shared
+            .version
+            .store(2 * c.trainer.version() + 1, Ordering::Relaxed);
         c.shared.pull_wake.notify_one();
         let batch: Vec<Verified<TrajectoryGroup>> = hand
             .iter()
@@ -170,7 +180,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
             journal.forget_last().context("journal")?;
             continue;
         }
-        c.shared.version.store(st.version, Ordering::Relaxed);
+        c.shared.version.store(2 * st.version, Ordering::Relaxed);
         export_step_metrics(&st, &totals, c.rewards_recomputed);
         let published = c.trainer.should_publish();
         if published {

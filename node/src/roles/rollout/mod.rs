@@ -287,6 +287,7 @@ async fn report_status(
             samples: s.samples,
             tokens: s.tokens,
             paused: s.paused,
+            behind_window: s.behind,
             errors: s.errors,
             reward_ema: s.reward_ema,
             standby: standby.load(Ordering::Relaxed),
