@@ -145,9 +145,9 @@ pub struct TrajectoryStore {
     meta: sled::Tree,
     /// Serialises mutations: scans that precede a transaction stay valid until it commits.
     write: Mutex<()>,
-    /// The highest `v` [`Self::prune_below`] was called with since the store was opened: on a
-    /// worker, the floor of the learner's staleness window as its last pull stated it (see
-    /// [`Self::window_floor`]). In memory only: a restarted worker learns it from the next pull.
+    /// The `v` of the last [`Self::prune_below`] since the store was opened: on a worker, the
+    /// floor of the learner's window as its last pull stated it (see [`Self::window_floor`]).
+    /// In memory only: a restarted worker learns it from the next pull.
     floor: std::sync::atomic::AtomicU64,
 }
 
@@ -306,19 +306,21 @@ impl TrajectoryStore {
             .collect()
     }
 
-    /// The floor of the staleness window: the highest version `prune_below` was asked for
+    /// The floor of the learner's window: the version the last `prune_below` was asked for
     /// since the store was opened (0 before). A group made under an older version now would
-    /// be deleted by the next pull, so a worker generates nothing below it.
+    /// be deleted by the next pull, so a worker generates nothing below it. The last, not the
+    /// highest: a learner whose step did not happen (a batch of zero advantages) asks for its
+    /// version again, and its workers must make groups of it again. (One pull at a time per
+    /// worker: requests arrive in the order they were sent.)
     pub fn window_floor(&self) -> u64 {
         self.floor.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Deletes every group with `version < v` (it fell out of the staleness window), counting
-    /// them in `discarded_stale`, and raises [`Self::window_floor`] to `v`. Returns how many
+    /// them in `discarded_stale`, and sets [`Self::window_floor`] to `v`. Returns how many
     /// were deleted.
     pub fn prune_below(&self, v: u64) -> Result<u64> {
-        self.floor
-            .fetch_max(v, std::sync::atomic::Ordering::Relaxed);
+        self.floor.store(v, std::sync::atomic::Ordering::Relaxed);
         let _g = self.lock();
         let end = GroupKey { version: v, seq: 0 }.to_bytes();
         let keys: Vec<sled::IVec> = self

@@ -20,37 +20,57 @@ fn ids(v: &Value) -> BTreeSet<String> {
         .unwrap_or_default()
 }
 
-#[test]
-fn a_standby_worker_replaces_a_killed_active_one_and_training_continues() {
-    let tmp = tempfile::tempdir().unwrap();
-    let swarm = "it-scheduler";
-    let limit = std::time::Duration::from_secs(150);
+/// A learner in `root/learner` whose scheduler keeps `k` workers active, ready; and the
+/// `[network]` line that bootstraps a worker from it.
+fn scheduling_learner(root: &std::path::Path, swarm: &str, k: usize) -> (Node, String) {
     let mut learner = Node::start_full(
-        tmp.path(),
+        root,
         "learner",
         "learner",
         swarm,
         None,
         "",
-        "[learner]\nwarm_start_steps = 2\n[scheduler]\nenabled = true\nactive_workers = 4\nannounce_interval_ms = 500\n",
+        &format!(
+            "[learner]\nwarm_start_steps = 2\n[scheduler]\nenabled = true\nactive_workers = {k}\n\
+             announce_interval_ms = 500\n"
+        ),
     );
     learner.wait_ready();
-    let lpk = learner.key.public_key.clone();
     let boot = format!("bootstrap = [\"{}\"]", learner.addr());
+    (learner, boot)
+}
+
+/// An honest worker `name` declaring `cost` $/h, started.
+fn worker(
+    root: &std::path::Path,
+    name: &str,
+    swarm: &str,
+    learner: &Node,
+    boot: &str,
+    cost: f64,
+) -> Node {
+    Node::start_full(
+        root,
+        name,
+        "rollout",
+        swarm,
+        Some(&learner.key.public_key),
+        &format!("{boot}\ncost_per_hour = {cost}"),
+        "[storage]\nmax_pending_groups = 2\n",
+    )
+}
+
+#[test]
+fn a_standby_worker_replaces_a_killed_active_one_and_training_continues() {
+    let tmp = tempfile::tempdir().unwrap();
+    let swarm = "it-scheduler";
+    let limit = std::time::Duration::from_secs(150);
+    let (mut learner, boot) = scheduling_learner(tmp.path(), swarm, 4);
     // w0..w3 cost 0.1 $/h, w4 and w5 cost 1.0 $/h: the last two end up on standby.
     let mut workers: Vec<Node> = (0..6)
         .map(|i| {
             let cost = if i < 4 { 0.1 } else { 1.0 };
-            let name = format!("w{i}");
-            Node::start_full(
-                tmp.path(),
-                &name,
-                "rollout",
-                swarm,
-                Some(&lpk),
-                &format!("{boot}\ncost_per_hour = {cost}"),
-                "[storage]\nmax_pending_groups = 2\n",
-            )
+            worker(tmp.path(), &format!("w{i}"), swarm, &learner, &boot, cost)
         })
         .collect();
     let id = |w: &Node| w.key.peer_id.clone();
@@ -109,9 +129,9 @@ fn a_standby_worker_replaces_a_killed_active_one_and_training_continues() {
 /// A worker claiming μ = 10⁶ groups/s (`mu_inflation`) is dear (1 $/h against 0.1 $/h) but
 /// ranks first by its claimed ρ: with `active_workers = 2` it joins two honest workers that
 /// have been generating, becomes active, and sends one of them to standby. Once the learner
-/// has verified its rate from the pulls that emptied it, the claim counts for at most twice
-/// that rate: the liar is ranked by what it delivers, goes to standby, and both honest workers
-/// generate again. Without the cap it would stay active for good. (An attack: needs the
+/// has verified its rate (valid groups delivered per second it asked for them), the claim
+/// counts for at most twice that rate: the liar is ranked by what it delivers, goes to
+/// standby, and both honest workers generate again. Without the cap it would stay active for good. (An attack: needs the
 /// `adversary` feature, as `verified`'s set-up it uses.)
 #[cfg(feature = "adversary")]
 #[test]
@@ -119,30 +139,9 @@ fn a_worker_claiming_a_huge_mu_is_ranked_by_its_verified_rate() {
     let tmp = tempfile::tempdir().unwrap();
     let swarm = "it-scheduler-mu";
     let limit = std::time::Duration::from_secs(180);
-    let mut learner = Node::start_full(
-        tmp.path(),
-        "learner",
-        "learner",
-        swarm,
-        None,
-        "",
-        "[learner]\nwarm_start_steps = 2\n[scheduler]\nenabled = true\nactive_workers = 2\nannounce_interval_ms = 500\n",
-    );
-    learner.wait_ready();
-    let lpk = learner.key.public_key.clone();
-    let boot = format!("bootstrap = [\"{}\"]", learner.addr());
+    let (mut learner, boot) = scheduling_learner(tmp.path(), swarm, 2);
     let mut honest: Vec<Node> = (0..2)
-        .map(|i| {
-            Node::start_full(
-                tmp.path(),
-                &format!("w{i}"),
-                "rollout",
-                swarm,
-                Some(&lpk),
-                &format!("{boot}\ncost_per_hour = 0.1"),
-                "[storage]\nmax_pending_groups = 2\n",
-            )
-        })
+        .map(|i| worker(tmp.path(), &format!("w{i}"), swarm, &learner, &boot, 0.1))
         .collect();
     let honest_ids: BTreeSet<String> = honest.iter().map(|w| w.key.peer_id.clone()).collect();
     // Both honest workers have measured their μ (ranked by ρ, not as unmeasured).
