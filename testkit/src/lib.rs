@@ -50,9 +50,14 @@ pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>
     }
 }
 
+/// The longest one probe of [`wait_for_async`] may take before it is dropped and tried again.
+pub const PROBE_LIMIT: Duration = Duration::from_secs(5);
+
 /// [`wait_for`] for an async probe: awaits `f()` every [`EVERY`] (on the tokio timer, so the
 /// runtime keeps serving the nodes under test) until it yields `Some`; panics with `what`
-/// after `limit`.
+/// after `limit`. Each probe is bounded too (by [`PROBE_LIMIT`] and what is left of
+/// `limit`): one that never resolves — a stream open racing a connection — is dropped and
+/// tried again, never left to hang the test.
 pub async fn wait_for_async<T, F: Future<Output = Option<T>>>(
     what: &str,
     limit: Duration,
@@ -60,7 +65,9 @@ pub async fn wait_for_async<T, F: Future<Output = Option<T>>>(
 ) -> T {
     let deadline = tokio::time::Instant::now() + limit;
     loop {
-        if let Some(v) = f().await {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let probe = left.min(PROBE_LIMIT).max(Duration::from_millis(1));
+        if let Ok(Some(v)) = tokio::time::timeout(probe, f()).await {
             return v;
         }
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -137,5 +144,33 @@ mod tests {
             None::<()>
         })
         .await;
+    }
+
+    /// A probe that never resolves (a stream open that hangs) no longer hangs the test.
+    #[tokio::test(flavor = "current_thread")]
+    #[should_panic(expected = "waiting for a hung probe")]
+    async fn wait_for_async_bounds_a_probe_that_never_resolves() {
+        wait_for_async("a hung probe", Duration::from_millis(50), || {
+            std::future::pending::<Option<()>>()
+        })
+        .await;
+    }
+
+    /// A hung probe is dropped and the next one tried.
+    #[tokio::test(flavor = "current_thread")]
+    async fn wait_for_async_retries_after_a_hung_probe() {
+        let n = Cell::new(0);
+        let got = wait_for_async("the second probe", PROBE_LIMIT * 3, || {
+            n.set(n.get() + 1);
+            let first = n.get() == 1;
+            async move {
+                if first {
+                    std::future::pending::<()>().await;
+                }
+                Some(7)
+            }
+        })
+        .await;
+        assert_eq!((got, n.get()), (7, 2));
     }
 }
