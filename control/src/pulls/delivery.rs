@@ -53,6 +53,12 @@ struct Record {
     secs: f64,
 }
 
+impl Record {
+    fn rate(&self) -> Option<f64> {
+        (self.secs >= MIN_SPAN_S).then(|| self.groups / self.secs)
+    }
+}
+
 /// Verified generation rates per worker (see the module doc).
 #[derive(Debug, Clone)]
 pub struct DeliveryMeter<K> {
@@ -93,15 +99,14 @@ impl<K: Hash + Eq + Clone> DeliveryMeter<K> {
     /// `peer`'s verified generation rate in groups per second, once [`MIN_SPAN_S`] of asked
     /// time is behind it.
     pub fn rate(&self, peer: &K) -> Option<f64> {
-        let r = self.peers.get(peer)?;
-        (r.secs >= MIN_SPAN_S).then(|| r.groups / r.secs)
+        self.peers.get(peer)?.rate()
     }
 
     /// Every known rate.
     pub fn rates(&self) -> impl Iterator<Item = (&K, f64)> {
         self.peers
-            .keys()
-            .filter_map(|k| self.rate(k).map(|r| (k, r)))
+            .iter()
+            .filter_map(|(k, r)| r.rate().map(|x| (k, x)))
     }
 
     /// Keeps only the peers `keep` says are still workers.

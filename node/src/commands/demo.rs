@@ -183,11 +183,11 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     let mut invariant_ok = true;
     // The workers' accounting: groups made, and of those discarded below the learner's window.
     let (mut produced, mut discarded) = (0u64, 0u64);
-    for (i, dir) in data_dirs.iter().enumerate() {
+    for dir in &data_dirs {
         let store = storage::TrajectoryStore::open(&storage::DataDir::new(dir).trajectories())?;
         let report = store.check_invariant()?;
         invariant_ok &= report.holds();
-        if i > 0 {
+        if *dir != learner.data_dir {
             produced += report.counters.produced;
             discarded += report.counters.discarded_stale;
         }

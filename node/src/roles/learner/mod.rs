@@ -62,17 +62,41 @@ pub(crate) use restore::warm_start;
 /// "None" in the atomics below.
 const NONE: u64 = u64::MAX;
 
+/// The trainer's version v and whether the step at v has taken its batch, in one atomic
+/// (`2·v + taken`): read together, so the puller never sees v + 1 with the old flag.
+struct TrainerVersion(AtomicU64);
+
+impl TrainerVersion {
+    fn new(v: u64) -> Self {
+        TrainerVersion(AtomicU64::new(2 * v))
+    }
+
+    /// At version `v`, gathering its batch.
+    fn gathering(&self, v: u64) {
+        self.0.store(2 * v, Ordering::Relaxed);
+    }
+
+    /// At version `v`, its batch taken: the step trains.
+    fn taken(&self, v: u64) {
+        self.0.store(2 * v + 1, Ordering::Relaxed);
+    }
+
+    /// `(v, taken)`.
+    fn get(&self) -> (u64, bool) {
+        let x = self.0.load(Ordering::Relaxed);
+        (x / 2, x % 2 == 1)
+    }
+}
+
 /// What the training thread, the publisher, the puller and `/status` share.
 struct Shared {
     /// Cancelled to stop the learner: the training thread checkpoints and ends.
     stop: tokio_util::sync::CancellationToken,
     /// The staleness window of the running trainer (see the module doc).
     window: Window,
-    /// The trainer's version v and whether the step at v has taken its batch, as
-    /// `2·v + taken` in one atomic (read together: the puller must never see v + 1 with the
-    /// old flag). Once a batch is taken the puller fills for the next step
-    /// (`control::Window::filling`).
-    version: AtomicU64,
+    /// The trainer's version and whether its step has taken its batch: once it has, the
+    /// puller fills for the next step (`control::Window::filling`).
+    version: TrainerVersion,
     /// Buffered groups deleted because they fell out of the window.
     pruned: AtomicU64,
     publish: publisher::PublishStats,
@@ -252,7 +276,7 @@ fn new_shared(
         established_active: AtomicUsize::new(0),
         stop: tokio_util::sync::CancellationToken::new(),
         window,
-        version: AtomicU64::new(2 * version),
+        version: TrainerVersion::new(version),
         pruned: AtomicU64::new(0),
         publish: publisher::PublishStats::default(),
         pulls: puller::PullStats::default(),

@@ -300,8 +300,7 @@ pub(super) async fn run(
         // Only groups still admissible after the next step count as buffered, and of those
         // only what a batch under the share quota could use; those that fell out of the
         // window are deleted by the training thread before each batch.
-        let packed = shared.version.load(Ordering::Relaxed);
-        let (version, taken) = (packed / 2, packed % 2 == 1);
+        let (version, taken) = shared.version.get();
         let (v_min, from) = window.filling(version, taken);
         let buffered = buffered_view(&buffer, &shared, &settings, from, active, established);
         let need = settings

@@ -43,11 +43,15 @@ impl SamplingCheck {
     pub fn mismatch(&self, reported: p2p::SamplingReport) -> Option<String> {
         let l = self.learner;
         let seen = p2p::SamplingReport {
-            temperature: match self.draws {
-                true => reported.temperature,
-                // The log-prob temperature (`policy::SamplingParams::logprob_temperature`).
-                false if reported.temperature > 0.0 => reported.temperature,
-                false => 1.0,
+            temperature: if self.draws {
+                reported.temperature
+            } else {
+                // The temperature its log-probs are at (1 for a greedy worker).
+                policy::SamplingParams {
+                    temperature: reported.temperature,
+                    ..policy::SamplingParams::new(0, Vec::new())
+                }
+                .logprob_temperature()
             },
             top_p: if self.draws { reported.top_p } else { l.top_p },
             max_new_tokens: if self.length {

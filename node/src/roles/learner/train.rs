@@ -98,9 +98,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
     totals.evaluate(&c);
     while !c.shared.stop.is_cancelled() {
         // Gathering the batch of the trainer's version (a failed step leaves it).
-        c.shared
-            .version
-            .store(2 * c.trainer.version(), Ordering::Relaxed);
+        c.shared.version.gathering(c.trainer.version());
         if c.cfg.max_steps > 0 && c.trainer.version() >= c.cfg.max_steps {
             super::status::update(&c, &totals, last.as_ref(), true);
             std::thread::sleep(Duration::from_millis(100));
@@ -132,9 +130,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
         // The batch of this step is taken: from now on the buffer fills for the next one, and
         // a group only this step could use is of no use (sequential mode: every group of the
         // current version). The puller's requests now say so, and workers stop making them.
-        c.shared
-            .version
-            .store(2 * c.trainer.version() + 1, Ordering::Relaxed);
+        c.shared.version.taken(c.trainer.version());
         c.shared.pull_wake.notify_one();
         let batch: Vec<Verified<TrajectoryGroup>> = hand
             .iter()
@@ -180,7 +176,7 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
             journal.forget_last().context("journal")?;
             continue;
         }
-        c.shared.version.store(2 * st.version, Ordering::Relaxed);
+        c.shared.version.gathering(st.version);
         export_step_metrics(&st, &totals, c.rewards_recomputed);
         let published = c.trainer.should_publish();
         if published {
