@@ -112,8 +112,10 @@ pub struct LearnerStatus {
     pub pull_round_trip_p90_s: Option<f64>,
     /// Groups quarantined (kept under `<data_dir>/quarantine/`, never trained) since start.
     pub groups_quarantined: u64,
-    /// The learner version when the puller last asked workers for groups, and the `v_min`
-    /// (oldest admissible version) it asked with: `version − v_min = min(S, version)`.
+    /// The version the puller last asked workers for groups for — the learner's version, or
+    /// the next one once the step at it has taken its batch (`control::Window::filling`) —
+    /// and the `v_min` (oldest admissible version) it asked with:
+    /// `version − v_min = min(S, version)`.
     pub last_pull_version: Option<u64>,
     pub last_pull_v_min: Option<u64>,
     pub buffer_pending: Option<u64>,

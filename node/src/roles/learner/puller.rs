@@ -204,7 +204,8 @@ impl PullStats {
     pub fn mu_pool(&self) -> f64 {
         self.mu_pool_milli.load(Ordering::Relaxed) as f64 / 1000.0
     }
-    /// `(learner version, v_min)` of the last pull asked.
+    /// `(version filled for, v_min)` of the last pull asked: the learner's version, or the next
+    /// once the step at it has taken its batch (`control::Window::filling`).
     pub fn last(&self) -> Option<(u64, u64)> {
         self.last.lock().ok().and_then(|l| *l)
     }
@@ -334,7 +335,8 @@ pub(super) async fn run(
         round = round.wrapping_add(1);
         let shares = allocate_capped(need, &credits, round);
         if let Ok(mut last) = shared.pulls.last.lock() {
-            *last = Some((version, v_min));
+            // The version this pull filled for: v_min is its window's floor.
+            *last = Some((version + u64::from(taken), v_min));
         }
         for (&&(peer, _, _, _), max_groups) in idle.iter().zip(shares) {
             if max_groups == 0 {
