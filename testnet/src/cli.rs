@@ -63,8 +63,9 @@ pub enum Scenario {
     /// Bubble ratio vs number of rollout workers, with the threshold the capacity model
     /// predicts (one `echo-node demo` run of --minutes per worker count).
     Overlap(OverlapArgs),
-    /// A slowed (0.5×) and then a dropped active worker in a swarm whose scheduler keeps
-    /// --active workers active and one on standby: throughput drop, recovery, bubble increase.
+    /// ECHO-2 Table 4 on one chain: a worker slowed 0.5×, a forwarder slowed 0.5×, a forwarder
+    /// dropped, a worker dropped, in a swarm whose scheduler keeps --active workers active and
+    /// two on standby: throughput drop, recovery, bubble increase, the others' install lag.
     Faults(FaultsArgs),
     /// Malicious workers (one per attack, `ECHO_NODE_MISBEHAVE`) against a learner and two
     /// honest workers, a few attacks per run, plus one clean run: per attack whether it was
@@ -226,9 +227,15 @@ pub struct OverlapArgs {
 pub struct FaultsArgs {
     #[arg(long, default_value_t = 3)]
     pub active: usize,
-    /// Seconds of each phase (baseline, slowed, dropped).
+    /// Seconds of each phase (the baseline and each of the four faults; each fault but the
+    /// last is followed by half a phase of recovery).
     #[arg(long, default_value_t = 40.0)]
     pub phase_s: f64,
+    /// Period of a slowed worker's stop/run cycle (ms; stopped for the first half). The
+    /// default halves its compute and bandwidth with stops short against a training step;
+    /// 1000 freezes it for half a second at a time.
+    #[arg(long, default_value_t = 100)]
+    pub slow_period_ms: u64,
     /// Run nothing: re-plot a saved `faults.json` into --out.
     #[arg(long)]
     pub from: Option<PathBuf>,

@@ -204,6 +204,7 @@ pub fn faults(args: FaultsArgs) -> anyhow::Result<()> {
     let FaultsArgs {
         active,
         phase_s,
+        slow_period_ms,
         from,
         run: RunOpts { bin, json, out },
     } = args;
@@ -213,7 +214,12 @@ pub fn faults(args: FaultsArgs) -> anyhow::Result<()> {
     }
     anyhow::ensure!((2..=8).contains(&active), "--active must be in 2..=8");
     anyhow::ensure!(phase_s >= 10.0, "--phase-s must be >= 10");
-    let summary = faults::run(&harness::node_bin(bin)?, active, phase_s, &out)?;
+    anyhow::ensure!(
+        (20..=10_000).contains(&slow_period_ms),
+        "--slow-period-ms must be in 20..=10000"
+    );
+    let period = std::time::Duration::from_millis(slow_period_ms);
+    let summary = faults::run(&harness::node_bin(bin)?, active, phase_s, period, &out)?;
     print_summary(&summary, json);
     Ok(())
 }
