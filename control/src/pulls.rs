@@ -8,12 +8,19 @@
 //! deliver, and [`allocate_capped`] splits a shortfall without exceeding any credit. Nor is
 //! its claimed generation rate μ: the [`DeliveryMeter`] measures what it delivered per second
 //! the learner asked, for the provisioning scheduler to weigh the claim against.
+//!
+//! A pull in flight covers its share of the shortfall only until it is slower than the usual
+//! round trip ([`hedge`]): a worker that stops answering does not hold the learner's buffer.
 
 mod delivery;
+pub mod hedge;
 mod ledger;
 
 pub use delivery::DeliveryMeter;
+pub use hedge::{covered, hedge_after};
+
 pub use ledger::{LedgerParams, PeerRecord, PullLedger};
+use std::time::Duration;
 
 /// How many groups to ask each worker for: exactly `need` in total, split in proportion to
 /// what each holds (`holdings`, plus one so that a worker whose report lags still gets a
@@ -82,9 +89,150 @@ pub fn allocate_capped(need: u64, credits: &[u64], round: usize) -> Vec<u64> {
     out
 }
 
+/// A worker whose last pull began this long ago (or never) is *due* a probe
+/// ([`allocate_probing`], [`PullLedger::due`]). One second: several training steps of a small
+/// model, and a fraction of the staleness window of a large one; a probe costs a one-group
+/// pull.
+pub const PROBE_AFTER: Duration = Duration::from_secs(1);
+
+/// [`allocate_capped`], except that each *due* worker (`due[i]`) with credit is first asked
+/// for one group — in turn from `round` while the need lasts — and the rest of the need is
+/// split by [`allocate_capped`] over the credit left. The total is still
+/// `min(need, Σ credits)` and no worker gets more than its credit.
+///
+/// Why: a split in proportion to credit gives a shortfall smaller than the pool to the
+/// workers with the largest remainders, which are those with the most credit, in every round.
+/// A worker whose credit sank to the floor (its last pulls came back empty: what it held had
+/// aged out of the window) was then never asked again. It kept its stale backlog, so it
+/// stayed paused at `storage.max_pending_groups` and made nothing. In `testnet faults`
+/// (2026-11-27), one of the three active workers made 16 groups in the whole run and sat
+/// paused with 4 stale ones for 130 s while the learner starved. A probe lets it prune the
+/// backlog and start again, and lets a worker that recovered show it.
+pub fn allocate_probing(need: u64, credits: &[u64], due: &[bool], round: usize) -> Vec<u64> {
+    let n = credits.len();
+    let mut out = vec![0u64; n];
+    let mut probes: Vec<usize> = (0..n)
+        .filter(|&i| credits[i] > 0 && due.get(i).copied().unwrap_or(false))
+        .collect();
+    if !probes.is_empty() {
+        let k = round % probes.len();
+        probes.rotate_left(k);
+    }
+    let mut left = need;
+    for i in probes {
+        if left == 0 {
+            break;
+        }
+        out[i] = 1;
+        left -= 1;
+    }
+    let room: Vec<u64> = credits.iter().zip(&out).map(|(c, o)| c - o).collect();
+    for (o, more) in out.iter_mut().zip(allocate_capped(left, &room, round)) {
+        *o += more;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{allocate_capped, allocate_pulls};
+    use super::{allocate_capped, allocate_probing, allocate_pulls};
+
+    /// A xorshift generator for the property tests.
+    fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        }
+    }
+
+    /// The credits of up to 8 workers: some 0, some unbounded, the rest small.
+    fn random_credits(next: &mut impl FnMut() -> u64) -> Vec<u64> {
+        let n = (next() % 9) as usize;
+        (0..n)
+            .map(|_| match next() % 5 {
+                0 => 0,
+                1 => u64::MAX,
+                _ => next() % 50,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_worker_at_the_floor_is_probed_instead_of_starved() {
+        // Credits 1, 3, 3 and a shortfall of 2: the proportional split never asks the first
+        // worker, in any round.
+        for round in 0..12 {
+            assert_eq!(allocate_capped(2, &[1, 3, 3], round)[0], 0);
+        }
+        // Due a probe, it is asked for one group; the rest goes by credit.
+        let due = [true, false, false];
+        let got = allocate_probing(2, &[1, 3, 3], &due, 0);
+        assert_eq!(got[0], 1);
+        assert_eq!(got.iter().sum::<u64>(), 2);
+        // Not due: as before.
+        assert_eq!(
+            allocate_probing(2, &[1, 3, 3], &[false; 3], 0),
+            allocate_capped(2, &[1, 3, 3], 0)
+        );
+        // A due worker with no credit (pull in flight, backing off) is not probed.
+        assert_eq!(
+            allocate_probing(2, &[0, 3, 3], &[true, false, false], 0)[0],
+            0
+        );
+        // More due workers than need: they take turns over the rounds.
+        let due = [true; 3];
+        let firsts: std::collections::BTreeSet<usize> = (0..3)
+            .map(|round| {
+                let got = allocate_probing(1, &[1, 3, 3], &due, round);
+                assert_eq!(got.iter().sum::<u64>(), 1);
+                got.iter().position(|&g| g == 1).unwrap()
+            })
+            .collect();
+        assert_eq!(
+            firsts.len(),
+            3,
+            "every due worker is probed within three rounds"
+        );
+        // A short `due` reads as not due.
+        assert_eq!(
+            allocate_probing(1, &[1, 3], &[], 0),
+            allocate_capped(1, &[1, 3], 0)
+        );
+    }
+
+    #[test]
+    fn probing_shares_never_exceed_credits_and_fill_up_to_the_need() {
+        let mut next = xorshift(0x9e3779b97f4a7c15);
+        for _ in 0..2000 {
+            let credits = random_credits(&mut next);
+            let n = credits.len();
+            let due: Vec<bool> = (0..n).map(|_| next().is_multiple_of(2)).collect();
+            let need = next() % 200;
+            let round = next() as usize;
+            let got = allocate_probing(need, &credits, &due, round);
+            assert_eq!(got.len(), n);
+            let total = credits.iter().fold(0u64, |a, &c| a.saturating_add(c));
+            assert_eq!(
+                got.iter().sum::<u64>(),
+                need.min(total),
+                "{credits:?} {due:?} {need}"
+            );
+            // Every due worker with credit is asked while the need covers the due ones.
+            let due_with_credit = credits
+                .iter()
+                .zip(&due)
+                .filter(|(c, d)| **c > 0 && **d)
+                .count() as u64;
+            for ((g, c), d) in got.iter().zip(&credits).zip(&due) {
+                assert!(g <= c, "{credits:?} {got:?}");
+                if *d && *c > 0 && need >= due_with_credit {
+                    assert!(*g >= 1, "{credits:?} {due:?} {need} {got:?}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn capped_shares_never_exceed_credits_and_fill_up_to_the_need() {
@@ -93,22 +241,9 @@ mod tests {
         assert_eq!(allocate_capped(3, &[1, 100], 0).iter().sum::<u64>(), 3);
         assert_eq!(allocate_capped(0, &[5, 5], 0), vec![0, 0]);
         assert!(allocate_capped(5, &[], 0).is_empty());
-        let mut x = 0x2545f4914f6cdd1du64;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = xorshift(0x2545f4914f6cdd1d);
         for _ in 0..2000 {
-            let n = (next() % 9) as usize;
-            let credits: Vec<u64> = (0..n)
-                .map(|_| match next() % 5 {
-                    0 => 0,
-                    1 => u64::MAX,
-                    _ => next() % 50,
-                })
-                .collect();
+            let credits = random_credits(&mut next);
             let need = next() % 200;
             let s = allocate_capped(need, &credits, (next() % 7) as usize);
             let total = credits.iter().fold(0u64, |a, &c| a.saturating_add(c));

@@ -104,6 +104,11 @@ pub struct LearnerStatus {
     pub snapshot_payloads: Option<SnapshotPayloads>,
     pub groups_pulled: u64,
     pub pull_errors: u64,
+    /// Pulls that outlasted the hedge delay (four median round trips, 0.1–10 s): from then on
+    /// their share of the shortfall was asked of other workers (`docs/learner.md`, "Hedged
+    /// pulls").
+    #[serde(default)]
+    pub pulls_hedged: u64,
     /// Median and 90th percentile of the recent pull round trips (opening the stream to the
     /// worker's last frame after the ack, for pulls that did not fail), in seconds.
     #[serde(default)]

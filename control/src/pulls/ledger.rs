@@ -22,7 +22,9 @@
 //! - sequence numbers a worker skipped for good (`crate::admission::SeqGaps`: it withheld
 //!   groups it had made) come off its estimate one for one ([`PullLedger::record_skipped`]);
 //! - a worker with a pull in flight gets no credit (one pull per worker at a time), and no
-//!   pull asks for more than [`LedgerParams::max_groups_per_pull`].
+//!   pull asks for more than [`LedgerParams::max_groups_per_pull`];
+//! - when each worker's last pull began is kept ([`PullLedger::due`]): a worker not asked for
+//!   a while is probed first (`crate::pulls::allocate_probing`), whatever its credit.
 //!
 //! An inflated claim therefore buys nothing beyond the worker's delivered rate, an honest
 //! worker keeps the share it demonstrates, and a failing worker backs off. Only *valid* groups
@@ -79,6 +81,8 @@ pub struct PeerRecord {
     pub retry_at: Option<Instant>,
     /// Valid groups delivered so far.
     pub delivered: u64,
+    /// When its last pull began (`None`: never asked).
+    pub last_started: Option<Instant>,
 }
 
 /// Per-worker pull records, keyed by peer (generic so this crate stays free of the network).
@@ -107,6 +111,7 @@ impl<K: Hash + Eq + Clone> PullLedger<K> {
             consecutive_failures: 0,
             retry_at: None,
             delivered: 0,
+            last_started: None,
         }
     }
 
@@ -134,9 +139,20 @@ impl<K: Hash + Eq + Clone> PullLedger<K> {
         claimed.min(observed).min(self.params.max_groups_per_pull)
     }
 
-    /// A pull asking `asked` groups of `peer` was started.
-    pub fn started(&mut self, peer: K, asked: u64) {
-        self.entry(peer).in_flight = Some(asked);
+    /// A pull asking `asked` groups of `peer` was started at `now`.
+    pub fn started(&mut self, peer: K, asked: u64, now: Instant) {
+        let r = self.entry(peer);
+        r.in_flight = Some(asked);
+        r.last_started = Some(now);
+    }
+
+    /// Whether `peer` is due a probe at `now`: never asked, or its last pull began `after` or
+    /// longer ago.
+    pub fn due(&self, peer: &K, now: Instant, after: Duration) -> bool {
+        self.peers
+            .get(peer)
+            .and_then(|r| r.last_started)
+            .is_none_or(|t| now.saturating_duration_since(t) >= after)
     }
 
     /// A pull asking `asked` groups of `peer` returned `delivered` valid groups (0: empty).
@@ -231,7 +247,7 @@ mod tests {
         let shares = allocate_capped(need, &credits, r);
         for ((p, _, holds), &ask) in workers.iter().zip(&shares) {
             if ask > 0 {
-                l.started(p, ask);
+                l.started(p, ask, Instant::now());
                 l.record_delivery(p, ask, ask.min(*holds));
             }
         }
@@ -253,7 +269,7 @@ mod tests {
         for _ in 0..5 {
             let c = l.credit(&"new", 1000, now);
             credits.push(c);
-            l.started("new", c);
+            l.started("new", c, Instant::now());
             l.record_delivery("new", c, c);
         }
         assert_eq!(credits, [1, 2, 3, 5, 8]);
@@ -266,7 +282,7 @@ mod tests {
         let now = Instant::now();
         for _ in 0..6 {
             let c = l.credit(&"w", 1000, now);
-            l.started("w", c);
+            l.started("w", c, Instant::now());
             l.record_delivery("w", c, c);
         }
         let before = l.credit(&"w", 1000, now);
@@ -326,7 +342,7 @@ mod tests {
         for _ in 0..12 {
             let c = l.credit(&"w", 1000, now);
             credits.push(c);
-            l.started("w", c);
+            l.started("w", c, Instant::now());
             l.record_delivery("w", c, c);
         }
         assert!(credits.windows(2).all(|w| w[1] >= w[0]), "{credits:?}");
@@ -338,7 +354,7 @@ mod tests {
         let mut l = ledger();
         let now = Instant::now();
         for _ in 0..20 {
-            l.started("w", 8);
+            l.started("w", 8, Instant::now());
             l.record_delivery("w", 8, 0);
         }
         assert_eq!(l.credit(&"w", 100, now), 1, "still probed with one group");
@@ -352,7 +368,7 @@ mod tests {
             ..LedgerParams::default()
         });
         let t0 = Instant::now();
-        l.started("w", 8);
+        l.started("w", 8, Instant::now());
         l.record_failure("w", t0);
         assert_eq!(l.credit(&"w", 100, t0), 0, "backing off");
         assert_eq!(
@@ -378,10 +394,26 @@ mod tests {
     }
 
     #[test]
+    fn a_worker_is_due_a_probe_when_not_asked_for_a_while() {
+        let mut l = ledger();
+        let t0 = Instant::now();
+        let after = Duration::from_secs(1);
+        assert!(l.due(&"w", t0, after), "never asked");
+        l.started("w", 2, t0);
+        assert!(!l.due(&"w", t0 + Duration::from_millis(999), after));
+        // An answer does not reset the clock: it runs from when the pull began.
+        l.record_delivery("w", 2, 2);
+        assert!(!l.due(&"w", t0 + Duration::from_millis(500), after));
+        assert!(l.due(&"w", t0 + after, after));
+        // A clock read before the pull began is no probe yet.
+        assert!(!l.due(&"w", t0.checked_sub(after).unwrap_or(t0), after));
+    }
+
+    #[test]
     fn one_pull_in_flight_per_worker() {
         let mut l = ledger();
         let now = Instant::now();
-        l.started("w", 8);
+        l.started("w", 8, Instant::now());
         assert_eq!(l.credit(&"w", 100, now), 0);
         l.record_delivery("w", 8, 8);
         assert!(l.credit(&"w", 100, now) > 1);

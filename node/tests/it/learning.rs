@@ -209,6 +209,60 @@ fn a_learner_killed_mid_run_resumes_without_training_a_group_twice() {
     }
 }
 
+/// A worker that stops answering in the middle of a pull (SIGSTOP: its connections stay
+/// open, nothing is read or written) does not hold its share of the learner's buffer: the
+/// pull hedges (`control::pulls::hedge`), its share is asked of the other worker, and once
+/// continued the stopped worker is pulled from and trained on again, without a strike.
+#[test]
+fn a_stopped_worker_does_not_hold_its_share_of_the_learners_buffer() {
+    use nix::sys::signal::Signal;
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut learner, mut workers) = Node::learner_and_workers(
+        tmp.path(),
+        "it-hedge",
+        "[learner]\nwarm_start_steps = 2\n",
+        2,
+        "[storage]\nmax_pending_groups = 8\n",
+    );
+    let limit = Duration::from_secs(240);
+    let learner_status = |n: &mut Node| n.status().map(|s| s["learner"].clone());
+    wait_for("the learner to train from both workers", limit, || {
+        let ok = workers
+            .iter()
+            .all(|w| crate::swarm::trained(&learner, &w.key.peer_id) > 0);
+        ok.then_some(())
+    });
+    let before = learner_status(&mut learner).unwrap();
+    let stopped = workers[0].child.as_ref().expect("running");
+    crate::signal(stopped, Signal::SIGSTOP);
+    // Stopped only until a pull hedges (well inside the pull's 10-s read deadline, so the
+    // stopped worker's pull does not fail: a stop is no fault of its data).
+    let during = wait_for("a pull to hedge while w0 is stopped", limit, || {
+        let l = learner_status(&mut learner)?;
+        (l["pulls_hedged"].as_u64()? > before["pulls_hedged"].as_u64()?).then_some(l)
+    });
+    let w0_during = crate::swarm::trained(&learner, &workers[0].key.peer_id);
+    crate::signal(workers[0].child.as_ref().expect("running"), Signal::SIGCONT);
+    // Continued, w0 is pulled from and trained on again: a hedge is no strike.
+    wait_for("groups of w0 trained after it continued", limit, || {
+        (crate::swarm::trained(&learner, &workers[0].key.peer_id) > w0_during).then_some(())
+    });
+    let after = learner.status().unwrap();
+    terminate(&mut learner);
+    for w in &mut workers {
+        terminate(w);
+    }
+    assert!(during["pulls_hedged"].as_u64().unwrap() >= 1, "{during}");
+    let w0 = after["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["peer_id"] == workers[0].key.peer_id.as_str())
+        .expect("w0 among the learner's peers");
+    assert_eq!(w0["strikes"], 0, "{w0}");
+    assert!(invariant_holds(&tmp.path().join("learner")));
+}
+
 #[test]
 fn a_restart_with_another_staleness_keeps_one_window_for_the_whole_learner() {
     let tmp = tempfile::tempdir().unwrap();

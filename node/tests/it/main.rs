@@ -26,6 +26,11 @@ mod verified;
 
 /// Sends SIGTERM to a child process (a node stops cleanly on it).
 pub(crate) fn sigterm(child: &std::process::Child) {
+    signal(child, nix::sys::signal::Signal::SIGTERM);
+}
+
+/// Sends `sig` to `child` (a child that exited is not an error: the test's waits tell).
+pub(crate) fn signal(child: &std::process::Child, sig: nix::sys::signal::Signal) {
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid fits i32"));
-    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    let _ = nix::sys::signal::kill(pid, sig);
 }

@@ -3,11 +3,14 @@
 //! Every `pull_interval_ms`, and whenever the training thread takes a batch or finds none, it
 //! tops the buffer up to its target: the shortfall (counting only groups still admissible
 //! after the next step, [`learner::Window::buffered_from`]), less what pulls still in flight
-//! asked for, split over the workers with no pull in flight by
-//! [`control::pulls::allocate_capped`] in proportion to each worker's credit: what it claims
-//! (`pending`) bounded by what the learner saw it deliver ([`control::pulls::PullLedger`]). Pulls run concurrently and independently — a worker that
-//! is slow to answer (installing a snapshot, overloaded) holds back only its own share, not the
-//! next round of pulls from the others.
+//! asked for — a pull slower than the usual round trip no longer counts
+//! ([`control::pulls::hedge`]: a worker that stops answering does not hold its share) — split
+//! over the workers with no pull in flight by
+//! [`control::pulls::allocate_probing`] in proportion to each worker's credit: what it claims
+//! (`pending`) bounded by what the learner saw it deliver ([`control::pulls::PullLedger`]) —
+//! after one group for each worker not asked for a second, so that none is starved. Pulls run
+//! concurrently and independently — a worker that is slow to answer (installing a snapshot,
+//! overloaded) holds back only its own share, not the next round of pulls from the others.
 //!
 //! Only admitted workers are pulled from ([`crate::admission::Gate`]: open, allow-list or
 //! ticket, and the proof of work when asked). A worker's credit is also cut to its share of
@@ -24,13 +27,15 @@
 //! back under the same key it starts on probation again. Group numbers a worker skipped for
 //! good come off its credit.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use control::admission::ShareCaps;
-use control::pulls::{allocate_capped, DeliveryMeter, LedgerParams, PullLedger};
+use control::pulls::{
+    allocate_probing, covered, hedge_after, DeliveryMeter, LedgerParams, PullLedger, PROBE_AFTER,
+};
 use futures::stream::{FuturesUnordered, StreamExt};
 use storage::record::GroupLimits;
 use storage::TrajectoryStore;
@@ -125,6 +130,8 @@ pub(super) fn group_limits(config: &NodeConfig) -> GroupLimits {
 pub(super) struct PullStats {
     groups_pulled: AtomicU64,
     pull_errors: AtomicU64,
+    /// Pulls that outlasted the hedge delay, their share asked of others.
+    pulls_hedged: AtomicU64,
     /// Σ μ_i the connected workers reported in their last heartbeats (μ_pool), milli-groups/s.
     mu_pool_milli: AtomicU64,
     /// The learner version and the `v_min` of the last pull asked.
@@ -210,6 +217,16 @@ impl PullStats {
         self.last.lock().ok().and_then(|l| *l)
     }
 
+    /// Pulls that outlasted the hedge delay (their share was asked of others).
+    pub fn hedged(&self) -> u64 {
+        self.pulls_hedged.load(Ordering::Relaxed)
+    }
+
+    /// The median of the recent pull round trips (s), `None` before any pull finished.
+    fn median_round_trip(&self) -> Option<f64> {
+        super::median(self.recent_round_trips())
+    }
+
     /// The round trips of the recent pulls that did not fail, in seconds.
     pub fn recent_round_trips(&self) -> Vec<f64> {
         self.recent
@@ -245,9 +262,9 @@ pub(super) async fn run(
     let mut tick = tokio::time::interval(settings.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut in_flight = FuturesUnordered::new();
-    // Peers with a pull in flight, and how many groups those pulls asked for in total.
-    let mut busy = HashSet::new();
-    let mut asked = 0u64;
+    // Each pull in flight, by worker: the groups it asked for, when it began, and whether it
+    // has hedged.
+    let mut flights: HashMap<p2p::PeerId, (u64, Instant, bool)> = HashMap::new();
     let mut round = 0usize;
     let mut ledger = PullLedger::new(LedgerParams::default());
     let mut meter = DeliveryMeter::default();
@@ -261,8 +278,7 @@ pub(super) async fn run(
             Some(d) = in_flight.next(), if !in_flight.is_empty() => Some(d),
         };
         if let Some((peer, max_groups, took, r)) = done {
-            busy.remove(&peer);
-            asked -= max_groups;
+            flights.remove(&peer);
             match &r {
                 Ok(out) => {
                     ledger.record_delivery(peer, max_groups, out.delivered());
@@ -295,6 +311,9 @@ pub(super) async fn run(
         dissem.set_no_forward(strangers);
         // Workers that left (or were banned) are forgotten: the ledger stays as large as the
         // set of workers.
+        // Workers with a pull in flight, and the groups those pulls asked for in total.
+        let busy: HashSet<p2p::PeerId> = flights.keys().copied().collect();
+        let asked: u64 = flights.values().map(|f| f.0).sum();
         ledger.retain(|p| workers.iter().any(|w| w.0 == *p) || busy.contains(p));
         meter.retain(|p| workers.iter().any(|w| w.0 == *p) || busy.contains(p));
         let (active, established) = sharing_counts(&workers, &shared);
@@ -304,16 +323,33 @@ pub(super) async fn run(
         let (version, taken) = shared.version.get();
         let (v_min, from) = window.filling(version, taken);
         let buffered = buffered_view(&buffer, &shared, &settings, from, active, established);
+        // Pulls slower than the hedge delay no longer cover their share: it is asked of the
+        // others (`control::pulls::hedge`).
+        let now = Instant::now();
+        let hedge = hedge_after(shared.pulls.median_round_trip());
+        for (peer, (groups, started, hedged)) in flights.iter_mut() {
+            if !*hedged && now.duration_since(*started) >= hedge {
+                *hedged = true;
+                shared.pulls.pulls_hedged.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("learner_pulls_hedged_total").increment(1);
+                tracing::debug!(%peer, groups = *groups, after = ?hedge, "a slow pull hedged: its share is asked of others");
+            }
+        }
+        let covering = covered(
+            flights
+                .values()
+                .map(|&(g, t, _)| (g, now.duration_since(t))),
+            hedge,
+        );
         let need = settings
             .target
             .saturating_sub(buffered.usable)
-            .saturating_sub(asked);
+            .saturating_sub(covering);
         // A worker's time counts towards its verified rate while the learner asks for groups
         // (a shortfall, or pulls in flight) and it is meant to generate: heartbeating, and not
         // on standby by the scheduler's last order.
         let hungry = need > 0 || asked > 0;
         let standby = standby(&shared);
-        let now = Instant::now();
         for w in &workers {
             meter.observe(w.0, now, hungry && w.3 && !standby.contains(&w.0));
         }
@@ -333,7 +369,13 @@ pub(super) async fn run(
             established,
         );
         round = round.wrapping_add(1);
-        let shares = allocate_capped(need, &credits, round);
+        // A worker not asked for PROBE_AFTER is asked for one group first, whatever its credit:
+        // a small shortfall split by credit alone never reaches a worker at the credit floor.
+        let due: Vec<bool> = idle
+            .iter()
+            .map(|w| ledger.due(&w.0, now, PROBE_AFTER))
+            .collect();
+        let shares = allocate_probing(need, &credits, &due, round);
         if let Ok(mut last) = shared.pulls.last.lock() {
             // The version this pull filled for: v_min is its window's floor.
             *last = Some((version + u64::from(taken), v_min));
@@ -351,12 +393,11 @@ pub(super) async fn run(
                 ttl: settings.lease_ttl,
                 limits: settings.limits,
             };
-            busy.insert(peer);
-            ledger.started(peer, max_groups);
-            asked += max_groups;
+            flights.insert(peer, (max_groups, now, false));
+            ledger.started(peer, max_groups, now);
             in_flight.push(async move {
                 // A worker that stops answering (stopped, overloaded) is given up on after
-                // PULL_TIMEOUT; its share is asked of others meanwhile.
+                // PULL_TIMEOUT; its share is asked of others once the pull hedges.
                 let started = Instant::now();
                 let pulled = pull::pull_verified(&client, peer, buffer, req, verifier);
                 let r = tokio::time::timeout(PULL_TIMEOUT, pulled).await;
