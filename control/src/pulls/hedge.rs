@@ -6,10 +6,7 @@
 //! connection (a stopped or swapping process, a black-holed path, a peer that answers just
 //! inside every read deadline) held its share for up to the pull's read deadline, 10 s, while
 //! the training thread waited for groups nobody else was asked for. The worker with the
-//! freshest backlog is the one asked most, so it holds the most: in the `faults` scenario a
-//! worker frozen for half of every second (SIGSTOP/SIGCONT, period 1 s) held the learner idle
-//! in lockstep with it, 0.5 s of every second, and the learner's bubble rose from 0.06 to
-//! 0.47 (`docs/experiments.md`, "Faults").
+//! freshest backlog is the one asked most, so it holds the most.
 //!
 //! So a pull *hedges* ("The Tail at Scale", Dean and Barroso, 2013: issue a second request once
 //! the first is slower than the tail of the usual latency): once it has been in flight for
