@@ -103,11 +103,11 @@ pub const PROBE_AFTER: Duration = Duration::from_secs(1);
 /// Why: a split in proportion to credit gives a shortfall smaller than the pool to the
 /// workers with the largest remainders, which are those with the most credit, in every round.
 /// A worker whose credit sank to the floor (its last pulls came back empty: what it held had
-/// aged out of the window) was then never asked again. It kept its stale backlog, so it
-/// stayed paused at `storage.max_pending_groups` and made nothing. In `testnet faults`
-/// (2026-11-27), one of the three active workers made 16 groups in the whole run and sat
-/// paused with 4 stale ones for 130 s while the learner starved. A probe lets it prune the
-/// backlog and start again, and lets a worker that recovered show it.
+/// aged out of the window) was then never asked again, so it never pruned its stale backlog:
+/// paused at `storage.max_pending_groups`, it made nothing. The floor of one group
+/// ([`LedgerParams::floor`]) promised a probe that the split never made; this makes it. A
+/// probation worker's credit is capped by the probation room before this split
+/// (`node`'s `shares::pull_caps`): a worker with no room left gets no probe.
 pub fn allocate_probing(need: u64, credits: &[u64], due: &[bool], round: usize) -> Vec<u64> {
     let n = credits.len();
     let mut out = vec![0u64; n];
