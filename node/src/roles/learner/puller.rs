@@ -560,13 +560,13 @@ fn credits(
 ) -> Vec<u64> {
     let now = Instant::now();
     let pipeline = &shared.pipeline;
-    let by_ledger: Vec<(String, u64, bool)> = idle
+    let by_ledger: Vec<(String, u64, bool, u64)> = idle
         .iter()
         .map(|w| {
             let peer = w.0.to_base58();
             let credit = ledger.credit(&w.0, w.1.saturating_add(1), now);
             let probation = pipeline.on_probation(&peer);
-            (peer, credit, probation)
+            (peer, credit, probation, w.1)
         })
         .collect();
     let probation_in_flight: u64 = busy
@@ -585,7 +585,7 @@ fn credits(
     );
     let share =
         control::admission::pull_share(settings.target, settings.caps.max_peer_share, active);
-    for (w, ((peer, _, _), (_, cut))) in idle.iter().zip(by_ledger.iter().zip(&caps)) {
+    for (w, ((peer, _, _, _), (_, cut))) in idle.iter().zip(by_ledger.iter().zip(&caps)) {
         if *cut && w.1 > share.saturating_mul(4) {
             shared
                 .pulls

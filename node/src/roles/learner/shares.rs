@@ -118,10 +118,18 @@ pub(super) fn view(
 /// What the next pull may ask of each idle worker: its ledger credit, cut to its room in the
 /// buffer ([`pull_share`] less what it has buffered), and the probation workers together to
 /// the probation share of the buffer (unless no established worker is active). `idle` is
-/// `(peer, credit, on probation)`; `active` the number of admitted active workers.
-/// Returns the caps, in order, and whether each was cut by the share.
+/// `(peer, credit, on probation, groups it claims to hold)`; `active` the number of admitted
+/// active workers. Returns the caps, in order, and whether each was cut by the share.
+///
+/// The probation room goes to the probation workers that claim the most groups first. A
+/// worker that claims none still has a credit of one (the ledger keeps probing it), so when
+/// the room was handed out in the order of `idle`, workers claiming nothing took it from one
+/// holding groups, in every round. Measured in `testnet faults` (2026-11-27): a standby worker
+/// on probation and another claiming nothing took the whole room of 2, and a third, holding 4
+/// groups, was never asked again after its first 7 — so it never left probation, and sat
+/// paused for the whole run while the learner trained on the other workers alone.
 pub(super) fn pull_caps(
-    idle: &[(String, u64, bool)],
+    idle: &[(String, u64, bool, u64)],
     buffered: &BufferView,
     probation_in_flight: u64,
     caps: ShareCaps,
@@ -133,17 +141,23 @@ pub(super) fn pull_caps(
     let mut probation_room = probation_room(caps, target, established_active)
         .saturating_sub(buffered.probation)
         .saturating_sub(probation_in_flight);
-    idle.iter()
-        .map(|(peer, credit, probation)| {
+    let mut caps: Vec<u64> = idle
+        .iter()
+        .map(|(peer, credit, _, _)| {
             let held = buffered.by_producer.get(peer).copied().unwrap_or(0);
-            let room = share.saturating_sub(held);
-            let mut cap = (*credit).min(room);
-            if *probation {
-                cap = cap.min(probation_room);
-                probation_room -= cap.min(probation_room);
-            }
-            (cap, cap < *credit)
+            (*credit).min(share.saturating_sub(held))
         })
+        .collect();
+    let mut probation: Vec<usize> = (0..idle.len()).filter(|&i| idle[i].2).collect();
+    // Most claimed first; a stable sort keeps the list's order among equal claims.
+    probation.sort_by_key(|&i| std::cmp::Reverse(idle[i].3));
+    for i in probation {
+        caps[i] = caps[i].min(probation_room);
+        probation_room -= caps[i];
+    }
+    caps.into_iter()
+        .zip(idle)
+        .map(|(cap, w)| (cap, cap < w.1))
         .collect()
 }
 
@@ -185,7 +199,10 @@ mod tests {
         assert_eq!((v.usable, v.by_producer["a"], v.probation), (5, 8, 0));
         let lone = view(&groups, &p, caps, 8, 1, 1);
         assert_eq!(lone.usable, 9, "a lone worker's groups all count");
-        let idle = vec![("a".to_string(), 8, false), ("b".to_string(), 8, false)];
+        let idle = vec![
+            ("a".to_string(), 8, false, 8),
+            ("b".to_string(), 8, false, 8),
+        ];
         let c = pull_caps(&idle, &v, 0, caps, 8, 2, 2);
         assert_eq!(c, vec![(0, true), (3, true)]);
     }
@@ -203,10 +220,10 @@ mod tests {
         let v = view(&groups, &p, caps, 8, 4, 1);
         assert_eq!(v.probation, 1);
         let idle = vec![
-            ("new1".to_string(), 1, true),
-            ("new2".to_string(), 1, true),
-            ("new3".to_string(), 1, true),
-            ("a".to_string(), 8, false),
+            ("new1".to_string(), 1, true, 1),
+            ("new2".to_string(), 1, true, 1),
+            ("new3".to_string(), 1, true, 1),
+            ("a".to_string(), 8, false, 8),
         ];
         // Probation share of 8: 2 groups, one buffered: one more for all of them.
         let c = pull_caps(&idle, &v, 0, caps, 8, 4, 1);
@@ -217,5 +234,29 @@ mod tests {
         // A lone worker may fill the buffer.
         let c = pull_caps(&idle[3..], &v, 0, caps, 8, 1, 1);
         assert_eq!(c, vec![(8, false)]);
+    }
+
+    #[test]
+    fn the_probation_room_goes_first_to_who_holds_groups() {
+        let p = pipeline(&["a"]);
+        let caps = ShareCaps::default();
+        let v = view(&[], &p, caps, 8, 3, 1);
+        // As measured: a standby worker and a quiet one, both on probation and claiming
+        // nothing (credit 1: the ledger probes), listed before one holding 4 groups.
+        let idle = vec![
+            ("standby".to_string(), 1, true, 0),
+            ("quiet".to_string(), 1, true, 0),
+            ("holder".to_string(), 2, true, 4),
+            ("a".to_string(), 8, false, 8),
+        ];
+        // The room of 2 goes to the holder; handed out in list order it went to the other
+        // two, in every round, and the holder was never asked.
+        let c = pull_caps(&idle, &v, 0, caps, 8, 3, 1);
+        assert_eq!(c.iter().map(|c| c.0).collect::<Vec<_>>(), [0, 0, 2, 4]);
+        // What the holder does not need is left to the others, in list order.
+        let mut small = idle.clone();
+        small[2].1 = 1;
+        let c = pull_caps(&small, &v, 0, caps, 8, 3, 1);
+        assert_eq!(c.iter().map(|c| c.0).collect::<Vec<_>>(), [1, 0, 1, 4]);
     }
 }
