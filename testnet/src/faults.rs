@@ -538,12 +538,10 @@ fn chart(full: &Value) -> anyhow::Result<Chart> {
         .context("a faults result without its faults")?;
     let mut series = vec![Series::solid("steps/s", windowed(&samples, 5.0))];
     let mut last_start = 0.0f64;
-    let mut names = Vec::new();
     for row in rows {
         let name = row["fault"].as_str().unwrap_or("fault");
         let start = num(&row["start_s"])?;
         last_start = last_start.max(start);
-        names.push(name.to_string());
         let points = if name.contains("dropped") {
             vec![(start, 0.0), (start, base)]
         } else {
@@ -565,7 +563,7 @@ fn chart(full: &Value) -> anyhow::Result<Chart> {
     Ok(Chart {
         title: format!(
             "learner steps/s (5-s windows) through {} faults",
-            names.len()
+            rows.len()
         ),
         x_label: "seconds since baseline start".into(),
         y_label: "steps/s".into(),

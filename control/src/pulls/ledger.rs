@@ -146,6 +146,13 @@ impl<K: Hash + Eq + Clone> PullLedger<K> {
         r.last_started = Some(now);
     }
 
+    /// The pulls in flight: each worker with one, the groups it asked for, and when it began.
+    pub fn in_flight(&self) -> impl Iterator<Item = (&K, u64, Instant)> + '_ {
+        self.peers
+            .iter()
+            .filter_map(|(k, r)| Some((k, r.in_flight?, r.last_started?)))
+    }
+
     /// Whether `peer` is due a probe at `now`: never asked, or its last pull began `after` or
     /// longer ago.
     pub fn due(&self, peer: &K, now: Instant, after: Duration) -> bool {
@@ -407,6 +414,19 @@ mod tests {
         assert!(l.due(&"w", t0 + after, after));
         // A clock read before the pull began is no probe yet.
         assert!(!l.due(&"w", t0.checked_sub(after).unwrap_or(t0), after));
+    }
+
+    #[test]
+    fn the_pulls_in_flight_are_listed_with_their_groups_and_start() {
+        let mut l = ledger();
+        let t0 = Instant::now();
+        l.started("a", 3, t0);
+        l.started("b", 2, t0 + Duration::from_millis(5));
+        l.record_delivery("b", 2, 2);
+        let now: Vec<_> = l.in_flight().map(|(k, g, t)| (*k, g, t)).collect();
+        assert_eq!(now, [("a", 3, t0)]);
+        l.record_failure("a", t0);
+        assert_eq!(l.in_flight().count(), 0);
     }
 
     #[test]

@@ -27,7 +27,7 @@
 //! back under the same key it starts on probation again. Group numbers a worker skipped for
 //! good come off its credit.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -262,9 +262,9 @@ pub(super) async fn run(
     let mut tick = tokio::time::interval(settings.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut in_flight = FuturesUnordered::new();
-    // Each pull in flight, by worker: the groups it asked for, when it began, and whether it
-    // has hedged.
-    let mut flights: HashMap<p2p::PeerId, (u64, Instant, bool)> = HashMap::new();
+    // Workers whose pull in flight has hedged (counted once per pull; the pulls themselves,
+    // their groups and start times, are the ledger's).
+    let mut hedged: HashSet<p2p::PeerId> = HashSet::new();
     let mut round = 0usize;
     let mut ledger = PullLedger::new(LedgerParams::default());
     let mut meter = DeliveryMeter::default();
@@ -278,7 +278,7 @@ pub(super) async fn run(
             Some(d) = in_flight.next(), if !in_flight.is_empty() => Some(d),
         };
         if let Some((peer, max_groups, took, r)) = done {
-            flights.remove(&peer);
+            hedged.remove(&peer);
             match &r {
                 Ok(out) => {
                     ledger.record_delivery(peer, max_groups, out.delivered());
@@ -312,8 +312,12 @@ pub(super) async fn run(
         // Workers that left (or were banned) are forgotten: the ledger stays as large as the
         // set of workers.
         // Workers with a pull in flight, and the groups those pulls asked for in total.
-        let busy: HashSet<p2p::PeerId> = flights.keys().copied().collect();
-        let asked: u64 = flights.values().map(|f| f.0).sum();
+        let flights: Vec<(p2p::PeerId, u64, Instant)> = ledger
+            .in_flight()
+            .map(|(p, groups, started)| (*p, groups, started))
+            .collect();
+        let busy: HashSet<p2p::PeerId> = flights.iter().map(|f| f.0).collect();
+        let asked: u64 = flights.iter().map(|f| f.1).sum();
         ledger.retain(|p| workers.iter().any(|w| w.0 == *p) || busy.contains(p));
         meter.retain(|p| workers.iter().any(|w| w.0 == *p) || busy.contains(p));
         let (active, established) = sharing_counts(&workers, &shared);
@@ -327,18 +331,15 @@ pub(super) async fn run(
         // others (`control::pulls::hedge`).
         let now = Instant::now();
         let hedge = hedge_after(shared.pulls.median_round_trip());
-        for (peer, (groups, started, hedged)) in flights.iter_mut() {
-            if !*hedged && now.duration_since(*started) >= hedge {
-                *hedged = true;
+        for &(peer, groups, started) in &flights {
+            if now.duration_since(started) >= hedge && hedged.insert(peer) {
                 shared.pulls.pulls_hedged.fetch_add(1, Ordering::Relaxed);
                 metrics::counter!("learner_pulls_hedged_total").increment(1);
-                tracing::debug!(%peer, groups = *groups, after = ?hedge, "a slow pull hedged: its share is asked of others");
+                tracing::debug!(%peer, groups, after = ?hedge, "a slow pull hedged: its share is asked of others");
             }
         }
         let covering = covered(
-            flights
-                .values()
-                .map(|&(g, t, _)| (g, now.duration_since(t))),
+            flights.iter().map(|&(_, g, t)| (g, now.duration_since(t))),
             hedge,
         );
         let need = settings
@@ -393,7 +394,6 @@ pub(super) async fn run(
                 ttl: settings.lease_ttl,
                 limits: settings.limits,
             };
-            flights.insert(peer, (max_groups, now, false));
             ledger.started(peer, max_groups, now);
             in_flight.push(async move {
                 // A worker that stops answering (stopped, overloaded) is given up on after

@@ -141,7 +141,7 @@ pub(super) fn pull_caps(
     let mut probation_room = probation_room(caps, target, established_active)
         .saturating_sub(buffered.probation)
         .saturating_sub(probation_in_flight);
-    let mut caps: Vec<u64> = idle
+    let mut out: Vec<u64> = idle
         .iter()
         .map(|(peer, credit, _, _)| {
             let held = buffered.by_producer.get(peer).copied().unwrap_or(0);
@@ -152,10 +152,10 @@ pub(super) fn pull_caps(
     // Most claimed first; a stable sort keeps the list's order among equal claims.
     probation.sort_by_key(|&i| std::cmp::Reverse(idle[i].3));
     for i in probation {
-        caps[i] = caps[i].min(probation_room);
-        probation_room -= caps[i];
+        out[i] = out[i].min(probation_room);
+        probation_room -= out[i];
     }
-    caps.into_iter()
+    out.into_iter()
         .zip(idle)
         .map(|(cap, w)| (cap, cap < w.1))
         .collect()
