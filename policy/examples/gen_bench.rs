@@ -5,7 +5,11 @@
 //! `--new-tokens` tokens (no stop token), temperature 1. Prints one line per (path, batch):
 //! generated tokens / wall seconds (prefill included, weight conversion excluded), then the
 //! max and mean |Δ log-prob| between the inference path's sampled log-probs and
-//! `response_logprobs` of the f32 training forward on the same tokens.
+//! `response_logprobs` of the f32 training forward on the same tokens. For the inference path
+//! it also splits a decode step's wall time (`step_ms`: issuing the kernels, waiting for the
+//! device, copying the logits to the host, and the rest — the host-side sampling rule,
+//! bookkeeping and the prefill's share), which says whether decode is bound by the device,
+//! by kernel launches or by the host.
 //!
 //! ```text
 //! cargo run --release -p policy --example gen_bench -- --shape tiny --batch 1,8,16
@@ -28,8 +32,8 @@ use std::time::Instant;
 
 use policy::sft::{warm_start, SftExample, WarmStart};
 use policy::{
-    device, infer, response_logprobs, Arch, ByteTokenizer, DType, DeviceChoice, GenerationPath,
-    InferModel, InferSpec, ModelConfig, Policy, SamplingParams,
+    device, infer, response_logprobs, Arch, ByteTokenizer, DType, DeviceChoice, Draws,
+    GenerationPath, InferModel, InferSpec, ModelConfig, Policy, SamplingParams,
 };
 use rand::SeedableRng;
 
@@ -113,15 +117,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .collect()
     };
     let params = SamplingParams::new(new_tokens, vec![]);
-    let run =
-        |path: GenerationPath, n: usize, new: usize| -> policy::Result<Vec<policy::Completion>> {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(n as u64);
-            let p = SamplingParams::new(new, vec![]);
-            match path {
-                GenerationPath::Infer => infer::generate(&model, &prompt, n, &p, &mut rng),
-                other => policy::generate(&policy, &prompt, n, &p, other, &mut rng),
+    // The inference path also reports where its decode time went (`infer::DecodePhases`).
+    type Run = (Vec<policy::Completion>, Option<infer::DecodePhases>);
+    let run = |path: GenerationPath, n: usize, new: usize| -> policy::Result<Run> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(n as u64);
+        let p = SamplingParams::new(new, vec![]);
+        match path {
+            GenerationPath::Infer => {
+                let draws = Draws::from_rng(&mut rng, n);
+                let (out, phases) = infer::generate_phased(&model, &prompt, &p, &draws)?;
+                Ok((out, Some(phases)))
             }
-        };
+            other => Ok((
+                policy::generate(&policy, &prompt, n, &p, other, &mut rng)?,
+                None,
+            )),
+        }
+    };
     let mut last = Vec::new();
     let mut rates = Vec::new();
     for &path in &paths {
@@ -129,16 +141,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         run(path, 1, 2)?;
         for &n in &batches {
             let t = Instant::now();
-            let out = run(path, n, params.max_new_tokens)?;
+            let (out, phases) = run(path, n, params.max_new_tokens)?;
             let secs = t.elapsed().as_secs_f64();
             let toks: usize = out.iter().map(|c| c.tokens.len()).sum();
             println!(
                 "path {path:?} batch {n}: {toks} tokens in {secs:.3}s = {:.1} tokens/s",
                 toks as f64 / secs
             );
+            let per_step = phases.map(|p| step_split(&p));
+            if let Some(s) = &per_step {
+                println!("  per decode step, ms: {s}");
+            }
             rates.push(serde_json::json!({
                 "path": format!("{path:?}").to_lowercase(), "batch": n,
                 "tokens": toks, "secs": secs, "tokens_per_s": toks as f64 / secs,
+                "step_ms": per_step,
             }));
             if path == GenerationPath::Infer {
                 last = out;
@@ -159,6 +176,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     Ok(())
+}
+
+/// One decode step's wall time split into its phases, in milliseconds: issuing the kernels,
+/// waiting for the device, copying the logits to the host, and the rest (the canonical
+/// sampling rule on the host, bookkeeping, and the prefill spread over the steps).
+fn step_split(p: &infer::DecodePhases) -> serde_json::Value {
+    let steps = p.steps.max(1) as f64;
+    let ms = |s: f64| (s / steps * 1e4).round() / 10.0;
+    let rest = p.total_s - p.launch_s - p.device_s - p.copy_s;
+    serde_json::json!({
+        "steps": p.steps, "launch": ms(p.launch_s), "device": ms(p.device_s),
+        "copy": ms(p.copy_s), "rest": ms(rest), "total": ms(p.total_s),
+    })
 }
 
 /// The command line (see the module docs).

@@ -506,6 +506,79 @@ pub fn generate_with(
     params: &SamplingParams,
     draws: &Draws,
 ) -> Result<Vec<Completion>> {
+    decode(model, prompt, params, draws, None)
+}
+
+/// Where a decode's wall time went ([`generate_phased`]): seconds summed over the decode
+/// steps after the prefill. What is left of `total_s` is the prefill, the canonical sampling
+/// rule on the host and the bookkeeping between steps.
+#[derive(Debug, Default, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct DecodePhases {
+    /// Decode steps timed (one forward of the active rows each).
+    pub steps: usize,
+    /// Host time issuing one step's kernels (`forward_native` returns before the device is
+    /// done on CUDA): large when decode is bound by launches, not by the device.
+    pub launch_s: f64,
+    /// Waiting for the device to finish the step (`Device::synchronize`; ~0 on the CPU, where
+    /// the forward computes in `launch_s`).
+    pub device_s: f64,
+    /// Copying the step's last-position logits to the host and widening them to f32.
+    pub copy_s: f64,
+    /// The whole call, prefill and sampling included.
+    pub total_s: f64,
+}
+
+/// [`generate_with`], timing each decode step's phases ([`DecodePhases`]) for benchmarks
+/// (`gen_bench --phases`). The completions are the same as [`generate_with`]'s; the only
+/// difference is one device synchronisation per step, between the forward and the copy that
+/// would have waited for it anyway.
+pub fn generate_phased(
+    model: &InferModel,
+    prompt: &[u32],
+    params: &SamplingParams,
+    draws: &Draws,
+) -> Result<(Vec<Completion>, DecodePhases)> {
+    let t0 = std::time::Instant::now();
+    let mut phases = DecodePhases::default();
+    let out = decode(model, prompt, params, draws, Some(&mut phases))?;
+    phases.total_s = t0.elapsed().as_secs_f64();
+    Ok((out, phases))
+}
+
+/// One decode step: the active rows' next-token logits on the host, timed into `phases` when
+/// asked.
+fn decode_step(
+    model: &InferModel,
+    cache: &mut InferCache,
+    last: &[u32],
+    phases: Option<&mut DecodePhases>,
+) -> Result<Vec<f32>> {
+    // Sampled ids are below the vocabulary by construction: no device-side check.
+    let ids = Tensor::new(last, &model.device)?.unsqueeze(1)?;
+    let Some(p) = phases else {
+        return host_logits(&model.forward_native(&ids, cache)?);
+    };
+    let t0 = std::time::Instant::now();
+    let logits = model.forward_native(&ids, cache)?;
+    let t1 = std::time::Instant::now();
+    model.device.synchronize()?;
+    let t2 = std::time::Instant::now();
+    let host = host_logits(&logits)?;
+    let t3 = std::time::Instant::now();
+    p.steps += 1;
+    p.launch_s += (t1 - t0).as_secs_f64();
+    p.device_s += (t2 - t1).as_secs_f64();
+    p.copy_s += (t3 - t2).as_secs_f64();
+    Ok(host)
+}
+
+fn decode(
+    model: &InferModel,
+    prompt: &[u32],
+    params: &SamplingParams,
+    draws: &Draws,
+    mut phases: Option<&mut DecodePhases>,
+) -> Result<Vec<Completion>> {
     let max_new = crate::sampling::check_request(params, prompt, draws, &model.cfg)?;
     if draws.is_empty() {
         return Ok(Vec::new());
@@ -524,9 +597,7 @@ pub fn generate_with(
             repeat: |c: &mut InferCache, n| c.repeat_batch(n),
             select: |c: &mut InferCache, rows: &[u32]| c.select_rows(rows),
             step: |c: &mut InferCache, last: &[u32]| {
-                // Sampled ids are below the vocabulary by construction: no device-side check.
-                let ids = Tensor::new(last, &model.device)?.unsqueeze(1)?;
-                host_logits(&model.forward_native(&ids, c)?)
+                decode_step(model, c, last, phases.as_deref_mut())
             },
         },
     )

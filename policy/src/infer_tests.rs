@@ -239,3 +239,18 @@ fn f32_head_options() {
         assert!((a - b).abs() < 0.1, "{a} vs {b}");
     }
 }
+
+#[test]
+fn phased_generation_samples_the_same_and_times_every_decode_step() {
+    let policy = tiny(5);
+    let model = InferModel::from_policy(&policy).unwrap();
+    let params = SamplingParams::new(12, vec![]);
+    let draws = Draws::from_rng(&mut rng(9), 3);
+    let plain = generate_with(&model, PROMPTS[1], &params, &draws).unwrap();
+    let (phased, phases) = generate_phased(&model, PROMPTS[1], &params, &draws).unwrap();
+    assert_eq!(plain, phased);
+    // One forward per token after the first (the prefill gives the first token's logits).
+    assert_eq!(phases.steps, 11);
+    let parts = phases.launch_s + phases.device_s + phases.copy_s;
+    assert!(parts > 0.0 && parts <= phases.total_s, "{phases:?}");
+}
