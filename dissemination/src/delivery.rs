@@ -157,6 +157,29 @@ impl Records {
         })
     }
 
+    /// How long to wait for the planned parent's hello for the next version
+    /// ([`adaptive_hello_wait`] over the hello delays of the versions kept).
+    pub(crate) fn hello_wait(&self, cap: Duration) -> Duration {
+        adaptive_hello_wait(&self.hello_delays(), cap)
+    }
+
+    /// Whether enough of the planned parents' hellos were timed for a missing one to be news
+    /// ([`adaptive_hello_wait`] follows them): then a parent still silent after the wait is
+    /// asked for chunks last (`engine::fetch::holders_in_order`). Before that — a new node, the
+    /// first versions — its silence may be a push stream still opening on a cold link while
+    /// it already holds chunks, and it is asked where the plan puts it.
+    pub(crate) fn hellos_timed(&self) -> bool {
+        self.hello_delays().len() >= HELLO_SAMPLES
+    }
+
+    /// Accepting a manifest → the planned parent's hello, for the versions kept that had one.
+    fn hello_delays(&self) -> Vec<Duration> {
+        self.by_version
+            .values()
+            .filter_map(|r| Some(r.hello?.saturating_duration_since(r.accepted)))
+            .collect()
+    }
+
     /// Whether `peer`'s hello for `version` arrived (recorded whoever the plan named then).
     pub(crate) fn heard(&self, version: u64, peer: &PeerId) -> bool {
         self.by_version
@@ -233,6 +256,41 @@ impl Records {
             .take(MAX_HEARTBEAT_RECEIPTS)
             .collect()
     }
+}
+
+/// The least a chain member waits for its parent's hello ([`adaptive_hello_wait`]): a few
+/// scheduler ticks on a loaded host, so that a parent whose hello is a moment late is not
+/// repaired around.
+pub(crate) const HELLO_WAIT_FLOOR: Duration = Duration::from_millis(25);
+
+/// Hello delays needed before the wait follows them instead of `cap`.
+const HELLO_SAMPLES: usize = 3;
+
+/// How long a chain member waits for its planned parent's hello before it repairs: four times
+/// the median delay between accepting a version's manifest and that parent's hello over the
+/// recent versions (`delays`), at least [`HELLO_WAIT_FLOOR`], at most `cap` (the fixed share
+/// of the stall timeout, `transfer::HELLO_WAIT_SHARE`); `cap` until [`HELLO_SAMPLES`] hellos
+/// have been timed.
+///
+/// Why: an honest parent sends its hello the moment it accepts the manifest, so the delay is
+/// one gossip hop's difference plus half a round trip, and it is steady. A fixed 250 ms was
+/// 50–100 × the delay on a LAN or loopback, and a parent that froze (a stopped process, a
+/// host swapping) held its child — and everyone below — for that long on every version it
+/// missed: with the learner publishing every 0.1 s and S = 3, longer than a version stays
+/// admissible (`docs/experiments.md`, "Faults", the frozen head). Four medians is past the
+/// tail of a steady delay; a hello that is later still costs a batch of chunks fetched twice.
+/// Versions whose parent never said hello are not in `delays`: a silent parent does not
+/// lengthen the wait for the next one.
+pub(crate) fn adaptive_hello_wait(delays: &[Duration], cap: Duration) -> Duration {
+    if delays.len() < HELLO_SAMPLES {
+        return cap;
+    }
+    let mut d = delays.to_vec();
+    d.sort_unstable();
+    let median = d[d.len() / 2];
+    median
+        .saturating_mul(4)
+        .clamp(HELLO_WAIT_FLOOR.min(cap), cap)
 }
 
 #[cfg(test)]
@@ -347,5 +405,46 @@ mod tests {
             Some(&12),
             "the newest {KEEP} kept"
         );
+    }
+
+    #[test]
+    fn the_hello_wait_follows_the_parents_recent_hello_delays() {
+        let ms = Duration::from_millis;
+        let cap = ms(250);
+        // Too few hellos timed: the fixed share.
+        assert_eq!(adaptive_hello_wait(&[], cap), cap);
+        assert_eq!(adaptive_hello_wait(&[ms(2), ms(3)], cap), cap);
+        // Four medians, clamped to [floor, cap].
+        assert_eq!(adaptive_hello_wait(&[ms(9), ms(10), ms(400)], cap), ms(40));
+        assert_eq!(
+            adaptive_hello_wait(&[ms(1), ms(1), ms(2)], cap),
+            HELLO_WAIT_FLOOR
+        );
+        assert_eq!(adaptive_hello_wait(&[ms(80), ms(90), ms(100)], cap), cap);
+        // A cap under the floor (a tiny stall timeout) wins.
+        assert_eq!(adaptive_hello_wait(&[ms(1); 5], ms(10)), ms(10));
+
+        // From the records: only versions whose planned parent said hello count.
+        let t0 = Instant::now();
+        let mut r = Records::new(H);
+        for v in 0..4u64 {
+            r.accepted(v, t0);
+            r.began(v, Some(peer(1)), 1, 100);
+            r.hello(v, peer(1), 100, t0 + ms(5 + v));
+        }
+        // Another peer's hello and a version with no hello at all change nothing.
+        r.accepted(4, t0);
+        r.began(4, Some(peer(1)), 1, 100);
+        r.hello(4, peer(2), 100, t0 + ms(900));
+        assert_eq!(r.hello_wait(cap), ms(28), "4 × the median of 5, 6, 7, 8 ms");
+        assert!(r.hellos_timed());
+        let mut new = Records::new(H);
+        for v in 0..2u64 {
+            new.accepted(v, t0);
+            new.began(v, Some(peer(1)), 1, 100);
+            new.hello(v, peer(1), 100, t0 + ms(5));
+        }
+        assert!(!new.hellos_timed(), "two hellos are not enough");
+        assert_eq!(new.hello_wait(cap), cap);
     }
 }

@@ -283,8 +283,9 @@ pub(crate) struct Transfer {
     hello_wait: Duration,
 }
 
-/// The share of the stall timeout a chain member waits for its parent's hello before it
-/// repairs: a twentieth (250 ms by default). An honest parent sends its hello the moment it
+/// The share of the stall timeout a chain member waits at most for its parent's hello before
+/// it repairs: a twentieth (250 ms by default); less once the parent's hellos have been timed
+/// (`delivery::adaptive_hello_wait`). An honest parent sends its hello the moment it
 /// accepts the manifest — a gossip hop after the child did — before it holds a byte, and the
 /// hello is never paced; a parent that has not said it by then is silent or not there, and
 /// waiting the whole stall timeout for it cost its child every version whenever the learner
@@ -311,6 +312,13 @@ impl Transfer {
             hello: false,
             hello_wait: stall / HELLO_WAIT_SHARE,
         }
+    }
+
+    /// The same waiting `wait` for the parent's hello (`delivery::adaptive_hello_wait`)
+    /// instead of the fixed share of the stall timeout, which stays the most.
+    pub(crate) fn with_hello_wait(mut self, wait: Duration) -> Self {
+        self.hello_wait = wait.min(self.stall / HELLO_WAIT_SHARE);
+        self
     }
 
     /// The same with `hop` allowed per hop above this node for its first chunk.
@@ -774,8 +782,9 @@ mod tests {
         assert_eq!(unplanned.apply(Input::Woken(Wake::Check)), []);
     }
 
-    /// A parent gets a tenth of the stall timeout to say hello; once it has, the whole stall
-    /// wait (and the hops above) for its first chunk.
+    /// A parent gets a twentieth of the stall timeout to say hello (less once its hellos are
+    /// timed, never more); once it has, the whole stall wait (and the hops above) for its
+    /// first chunk.
     #[test]
     fn a_parent_that_says_nothing_is_waited_for_only_briefly() {
         let mut t = Transfer::new(4, STALL).with_hop(HOP_MARGIN);
@@ -784,6 +793,16 @@ mod tests {
         assert_eq!(t.apply(Input::Woken(Wake::Timer)), [Action::Repair]);
         t.apply(Input::Hello(true));
         assert_eq!(t.stall_wait(), STALL + HOP_MARGIN * 2);
+        let short = Duration::from_millis(30);
+        let mut timed = Transfer::new(4, STALL).with_hello_wait(short);
+        timed.apply(Input::Plan(Feed::Parent { position: 1 }));
+        assert_eq!(timed.stall_wait(), short);
+        let long = Transfer::new(4, STALL).with_hello_wait(STALL);
+        assert_eq!(
+            long.hello_wait,
+            STALL / HELLO_WAIT_SHARE,
+            "the share stays the most"
+        );
         // A first chunk came without a hello (a push from before a restart): a live feed.
         let mut u = Transfer::new(4, STALL);
         u.apply(Input::Plan(Feed::Parent { position: 0 }));

@@ -91,6 +91,8 @@ impl Disseminator {
                 complete: &complete,
                 learner: self.inner.learner,
                 spread: spread_offset(&self.inner.local, version),
+                // A catch-up asks complete holders only; no parent is waited for.
+                silent: None,
             },
         );
         let before = self.inner.counters.fetched_bytes.load(Ordering::Relaxed);

@@ -376,6 +376,12 @@ impl Disseminator {
             }
         }
         let spread = spread_offset(&self.inner.local, version);
+        // The planned parent, if it has not said hello for this version although its hellos
+        // usually come within the (timed) wait.
+        let silent = self.feed(version).1.filter(|p| {
+            let st = self.lock();
+            st.deliveries.hellos_timed() && !st.deliveries.heard(version, p)
+        });
         let candidates = holders_in_order(
             candidates,
             &Holders {
@@ -383,6 +389,7 @@ impl Disseminator {
                 complete: &complete,
                 learner: self.inner.learner,
                 spread,
+                silent,
             },
         );
         let mut total = 0;
@@ -459,6 +466,9 @@ pub(super) struct Holders<'a> {
     pub(super) learner: PeerId,
     /// Where this node starts in the list of complete holders ([`spread_offset`]).
     pub(super) spread: u64,
+    /// This node's planned parent, when it has not said hello for the version although its
+    /// hellos have been timed.
+    pub(super) silent: Option<PeerId>,
 }
 
 /// The order in which a repair asks holders:
@@ -468,7 +478,9 @@ pub(super) struct Holders<'a> {
 /// 2. the other connected candidates, in the plan's order (its own chain's upstream first,
 ///    other chain members, fetch-only peers): they may hold some of it;
 /// 3. candidates this node is not connected to, in the same order;
-/// 4. the learner last of all — its upload is the swarm's scarcest bandwidth (B0).
+/// 4. the learner — its upload is the swarm's scarcest bandwidth (B0);
+/// 5. after the learner, this node's own planned parent if it has not said hello for the
+///    version although its hellos have been timed ([`Holders::silent`]).
 ///
 /// Why spread: when a chain breaks (a forwarder whose push never started or stopped without
 /// a plan repair), every node below the break repairs at once. In the plan's order they all
@@ -480,11 +492,25 @@ pub(super) struct Holders<'a> {
 /// everything to see its version superseded before it stored a chunk. (Every node dials
 /// the peers whose heartbeats carry dial hints, so a reachable holder is usually connected
 /// already.)
+///
+/// Why a silent parent goes last: an honest parent says hello the moment it accepts the
+/// manifest, before it holds a byte, so a parent that has not said it either holds nothing of
+/// the version yet or is not answering — stopped, swapping, cut off. It was asked first (it
+/// heads the plan's order), and a fetch from a frozen parent waited until it thawed: a head
+/// stopped for half of every second delayed its child's installs by 350–550 ms (20–65 ms
+/// otherwise), longer than a version stayed admissible, and the learner starved
+/// (`docs/experiments.md`, "Faults"). It stays a candidate, for when the learner cannot serve.
+/// Only once the node has timed its parents' hellos (`delivery::Records::hellos_timed`): in
+/// a node's first versions a late hello can be a push stream still opening on a cold link,
+/// from a parent that holds chunks already, and asking the learner instead costs B0.
 pub(super) fn holders_in_order(candidates: Vec<PeerId>, h: &Holders<'_>) -> Vec<PeerId> {
     let had_learner = candidates.contains(&h.learner);
+    let silent = h
+        .silent
+        .filter(|p| *p != h.learner && candidates.contains(p));
     let (connected, rest): (Vec<PeerId>, Vec<PeerId>) = candidates
         .into_iter()
-        .filter(|p| *p != h.learner)
+        .filter(|p| *p != h.learner && Some(*p) != silent)
         .partition(|p| h.connected.contains(p));
     let (mut first, partial): (Vec<PeerId>, Vec<PeerId>) =
         connected.into_iter().partition(|p| h.complete.contains(p));
@@ -497,6 +523,7 @@ pub(super) fn holders_in_order(candidates: Vec<PeerId>, h: &Holders<'_>) -> Vec<
     if had_learner {
         first.push(h.learner);
     }
+    first.extend(silent);
     first
 }
 
@@ -526,6 +553,17 @@ mod tests {
         l: PeerId,
         spread: u64,
     ) -> Vec<PeerId> {
+        order_with_silent(c, connected, complete, l, spread, None)
+    }
+
+    fn order_with_silent(
+        c: &[PeerId],
+        connected: &[PeerId],
+        complete: &[PeerId],
+        l: PeerId,
+        spread: u64,
+        silent: Option<PeerId>,
+    ) -> Vec<PeerId> {
         let connected: HashSet<PeerId> = connected.iter().copied().collect();
         let complete: HashSet<PeerId> = complete.iter().copied().collect();
         let h = Holders {
@@ -533,8 +571,29 @@ mod tests {
             complete: &complete,
             learner: l,
             spread,
+            silent,
         };
         holders_in_order(c.to_vec(), &h)
+    }
+
+    #[test]
+    fn a_parent_that_has_not_said_hello_is_asked_after_the_learner() {
+        let (l, parent, b, c) = (peer(0), peer(1), peer(2), peer(3));
+        // The chain's upstream first in the plan's order, all connected, none complete.
+        let cands = [parent, b, c, l];
+        let all = [parent, b, c, l];
+        assert_eq!(order(&cands, &all, &[], l, 0), [parent, b, c, l]);
+        assert_eq!(
+            order_with_silent(&cands, &all, &[], l, 0, Some(parent)),
+            [b, c, l, parent]
+        );
+        // A silent parent that is not a candidate (bad for this version) is not added.
+        assert_eq!(
+            order_with_silent(&[b, l], &all, &[], l, 0, Some(parent)),
+            [b, l]
+        );
+        // Nor is the learner ever moved (a first hop's feed is the learner, never `silent`).
+        assert_eq!(order_with_silent(&[b, l], &all, &[], l, 0, Some(l)), [b, l]);
     }
 
     #[test]

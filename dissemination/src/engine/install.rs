@@ -139,8 +139,13 @@ impl Disseminator {
                 chunk_size.into(),
                 mbps_to_bytes_per_s(self.inner.cfg.plan.worker_mbps),
             );
-            st.transfers
-                .insert(version, Transfer::new(chunks, stall).with_hop(hop));
+            let hello_wait = st.deliveries.hello_wait(stall / HELLO_WAIT_SHARE);
+            st.transfers.insert(
+                version,
+                Transfer::new(chunks, stall)
+                    .with_hop(hop)
+                    .with_hello_wait(hello_wait),
+            );
             st.deliveries.accepted(version, std::time::Instant::now());
         }
         let me = self.clone();
@@ -203,7 +208,7 @@ impl Disseminator {
 
     /// How this node receives `version` according to the current plan, and its parent there
     /// when that is a worker (`None`: the learner, or no parent).
-    fn feed(&self, version: u64) -> (Feed, Option<PeerId>) {
+    pub(super) fn feed(&self, version: u64) -> (Feed, Option<PeerId>) {
         let st = self.lock();
         match st.plan.as_ref().filter(|p| p.plan.version == version) {
             None => (Feed::Unplanned, None),
