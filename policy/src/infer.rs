@@ -512,12 +512,13 @@ pub fn generate_with(
 /// Where a decode's wall time went ([`generate_phased`]): seconds summed over the decode
 /// steps after the prefill. What is left of `total_s` is the prefill, the canonical sampling
 /// rule on the host and the bookkeeping between steps.
-#[derive(Debug, Default, Clone, Copy, PartialEq, serde::Serialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
 pub struct DecodePhases {
     /// Decode steps timed (one forward of the active rows each).
     pub steps: usize,
     /// Host time issuing one step's kernels (`forward_native` returns before the device is
-    /// done on CUDA): large when decode is bound by launches, not by the device.
+    /// done on CUDA): large when decode is bound by launches, not by the device. A
+    /// synchronisation inside the forward, if any, would count here too.
     pub launch_s: f64,
     /// Waiting for the device to finish the step (`Device::synchronize`; ~0 on the CPU, where
     /// the forward computes in `launch_s`).
@@ -529,7 +530,7 @@ pub struct DecodePhases {
 }
 
 /// [`generate_with`], timing each decode step's phases ([`DecodePhases`]) for benchmarks
-/// (`gen_bench --phases`). The completions are the same as [`generate_with`]'s; the only
+/// (`examples/gen_bench.rs`, its `step_ms`). The completions are the same as [`generate_with`]'s; the only
 /// difference is one device synchronisation per step, between the forward and the copy that
 /// would have waited for it anyway.
 pub fn generate_phased(
@@ -572,6 +573,8 @@ fn decode_step(
     Ok(host)
 }
 
+/// Prefill once, then decode the rows of `draws` in lockstep, timing the steps into `phases`
+/// when asked ([`generate_with`], [`generate_phased`]).
 fn decode(
     model: &InferModel,
     prompt: &[u32],
