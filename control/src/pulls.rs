@@ -12,15 +12,15 @@
 //! A pull in flight covers its share of the shortfall only until it is slower than the usual
 //! round trip ([`hedge`]): a worker that stops answering does not hold the learner's buffer.
 
+use std::time::Duration;
+
 mod delivery;
 pub mod hedge;
 mod ledger;
 
 pub use delivery::DeliveryMeter;
 pub use hedge::{covered, hedge_after};
-
 pub use ledger::{LedgerParams, PeerRecord, PullLedger};
-use std::time::Duration;
 
 /// How many groups to ask each worker for: exactly `need` in total, split in proportion to
 /// what each holds (`holdings`, plus one so that a worker whose report lags still gets a

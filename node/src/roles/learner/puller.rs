@@ -41,6 +41,7 @@ use storage::record::GroupLimits;
 use storage::TrajectoryStore;
 
 use super::rule_check::SamplingCheck;
+use super::shares::Idle;
 use super::Shared;
 use crate::admission::Gate;
 use crate::config::NodeConfig;
@@ -309,8 +310,6 @@ pub(super) async fn run(
             admitted(&workers, &mut settings.gate, &settings.sampling, &shared);
         // Not admitted, not trusted to forward: the next plans seat them as chain ends.
         dissem.set_no_forward(strangers);
-        // Workers that left (or were banned) are forgotten: the ledger stays as large as the
-        // set of workers.
         // Workers with a pull in flight, and the groups those pulls asked for in total.
         let flights: Vec<(p2p::PeerId, u64, Instant)> = ledger
             .in_flight()
@@ -318,6 +317,8 @@ pub(super) async fn run(
             .collect();
         let busy: HashSet<p2p::PeerId> = flights.iter().map(|f| f.0).collect();
         let asked: u64 = flights.iter().map(|f| f.1).sum();
+        // Workers that left (or were banned) are forgotten: the ledger stays as large as the
+        // set of workers.
         ledger.retain(|p| workers.iter().any(|w| w.0 == *p) || busy.contains(p));
         meter.retain(|p| workers.iter().any(|w| w.0 == *p) || busy.contains(p));
         let (active, established) = sharing_counts(&workers, &shared);
@@ -363,7 +364,6 @@ pub(super) async fn run(
             &idle,
             &ledger,
             &buffered,
-            &busy,
             &shared,
             &settings,
             active,
@@ -552,7 +552,6 @@ fn credits(
     idle: &[&(p2p::PeerId, u64, f64, bool)],
     ledger: &PullLedger<p2p::PeerId>,
     buffered: &super::shares::BufferView,
-    busy: &HashSet<p2p::PeerId>,
     shared: &Shared,
     settings: &PullSettings,
     active: usize,
@@ -560,19 +559,22 @@ fn credits(
 ) -> Vec<u64> {
     let now = Instant::now();
     let pipeline = &shared.pipeline;
-    let by_ledger: Vec<(String, u64, bool, u64)> = idle
+    let by_ledger: Vec<Idle> = idle
         .iter()
         .map(|w| {
             let peer = w.0.to_base58();
-            let credit = ledger.credit(&w.0, w.1.saturating_add(1), now);
-            let probation = pipeline.on_probation(&peer);
-            (peer, credit, probation, w.1)
+            Idle {
+                credit: ledger.credit(&w.0, w.1.saturating_add(1), now),
+                probation: pipeline.on_probation(&peer),
+                claimed: w.1,
+                peer,
+            }
         })
         .collect();
-    let probation_in_flight: u64 = busy
-        .iter()
-        .filter(|p| pipeline.on_probation(&p.to_base58()))
-        .filter_map(|p| ledger.record(p).and_then(|r| r.in_flight))
+    let probation_in_flight: u64 = ledger
+        .in_flight()
+        .filter(|(p, _, _)| pipeline.on_probation(&p.to_base58()))
+        .map(|(_, groups, _)| groups)
         .sum();
     let caps = super::shares::pull_caps(
         &by_ledger,
@@ -585,11 +587,11 @@ fn credits(
     );
     let share =
         control::admission::pull_share(settings.target, settings.caps.max_peer_share, active);
-    for (w, ((peer, _, _, _), (_, cut))) in idle.iter().zip(by_ledger.iter().zip(&caps)) {
-        if *cut && w.1 > share.saturating_mul(4) {
+    for (w, (_, cut)) in by_ledger.iter().zip(&caps) {
+        if *cut && w.claimed > share.saturating_mul(4) {
             shared
                 .pulls
-                .with_admission(|a| bump(&mut a.backlog_capped, peer, 1));
+                .with_admission(|a| bump(&mut a.backlog_capped, &w.peer, 1));
             metrics::counter!("learner_backlog_capped_total").increment(1);
         }
     }

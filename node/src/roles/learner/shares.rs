@@ -115,11 +115,22 @@ pub(super) fn view(
     out
 }
 
+/// An idle worker (no pull in flight) as [`pull_caps`] sees it.
+#[derive(Debug, Clone)]
+pub(super) struct Idle {
+    pub(super) peer: String,
+    /// Its ledger credit (`control::pulls::PullLedger::credit`).
+    pub(super) credit: u64,
+    pub(super) probation: bool,
+    /// The groups it claims to hold (its heartbeat's `pending`).
+    pub(super) claimed: u64,
+}
+
 /// What the next pull may ask of each idle worker: its ledger credit, cut to its room in the
 /// buffer ([`pull_share`] less what it has buffered), and the probation workers together to
-/// the probation share of the buffer (unless no established worker is active). `idle` is
-/// `(peer, credit, on probation, groups it claims to hold)`; `active` the number of admitted
-/// active workers. Returns the caps, in order, and whether each was cut by the share.
+/// the probation share of the buffer (unless no established worker is active). `active` is
+/// the number of admitted active workers. Returns the caps, in order, and whether each was
+/// cut by the share.
 ///
 /// The probation room goes to the probation workers that claim the most groups first. A
 /// worker that claims none still has a credit of one (the ledger keeps probing it), so when
@@ -129,7 +140,7 @@ pub(super) fn view(
 /// groups, was never asked again after its first 7 — so it never left probation, and sat
 /// paused for the whole run while the learner trained on the other workers alone.
 pub(super) fn pull_caps(
-    idle: &[(String, u64, bool, u64)],
+    idle: &[Idle],
     buffered: &BufferView,
     probation_in_flight: u64,
     caps: ShareCaps,
@@ -143,21 +154,21 @@ pub(super) fn pull_caps(
         .saturating_sub(probation_in_flight);
     let mut out: Vec<u64> = idle
         .iter()
-        .map(|(peer, credit, _, _)| {
-            let held = buffered.by_producer.get(peer).copied().unwrap_or(0);
-            (*credit).min(share.saturating_sub(held))
+        .map(|w| {
+            let held = buffered.by_producer.get(&w.peer).copied().unwrap_or(0);
+            w.credit.min(share.saturating_sub(held))
         })
         .collect();
-    let mut probation: Vec<usize> = (0..idle.len()).filter(|&i| idle[i].2).collect();
+    let mut probation: Vec<usize> = (0..idle.len()).filter(|&i| idle[i].probation).collect();
     // Most claimed first; a stable sort keeps the list's order among equal claims.
-    probation.sort_by_key(|&i| std::cmp::Reverse(idle[i].3));
+    probation.sort_by_key(|&i| std::cmp::Reverse(idle[i].claimed));
     for i in probation {
         out[i] = out[i].min(probation_room);
         probation_room -= out[i];
     }
     out.into_iter()
         .zip(idle)
-        .map(|(cap, w)| (cap, cap < w.1))
+        .map(|(cap, w)| (cap, cap < w.credit))
         .collect()
 }
 
@@ -165,6 +176,15 @@ pub(super) fn pull_caps(
 mod tests {
     use super::*;
     use storage::record::{testing::group, GroupLimits};
+
+    fn idle(peer: &str, credit: u64, probation: bool, claimed: u64) -> Idle {
+        Idle {
+            peer: peer.to_string(),
+            credit,
+            probation,
+            claimed,
+        }
+    }
 
     fn by(producer: &str, seed: u64) -> TrajectoryGroup {
         TrajectoryGroup {
@@ -199,10 +219,7 @@ mod tests {
         assert_eq!((v.usable, v.by_producer["a"], v.probation), (5, 8, 0));
         let lone = view(&groups, &p, caps, 8, 1, 1);
         assert_eq!(lone.usable, 9, "a lone worker's groups all count");
-        let idle = vec![
-            ("a".to_string(), 8, false, 8),
-            ("b".to_string(), 8, false, 8),
-        ];
+        let idle = vec![idle("a", 8, false, 8), idle("b", 8, false, 8)];
         let c = pull_caps(&idle, &v, 0, caps, 8, 2, 2);
         assert_eq!(c, vec![(0, true), (3, true)]);
     }
@@ -220,10 +237,10 @@ mod tests {
         let v = view(&groups, &p, caps, 8, 4, 1);
         assert_eq!(v.probation, 1);
         let idle = vec![
-            ("new1".to_string(), 1, true, 1),
-            ("new2".to_string(), 1, true, 1),
-            ("new3".to_string(), 1, true, 1),
-            ("a".to_string(), 8, false, 8),
+            idle("new1", 1, true, 1),
+            idle("new2", 1, true, 1),
+            idle("new3", 1, true, 1),
+            idle("a", 8, false, 8),
         ];
         // Probation share of 8: 2 groups, one buffered: one more for all of them.
         let c = pull_caps(&idle, &v, 0, caps, 8, 4, 1);
@@ -244,10 +261,10 @@ mod tests {
         // As measured: a standby worker and a quiet one, both on probation and claiming
         // nothing (credit 1: the ledger probes), listed before one holding 4 groups.
         let idle = vec![
-            ("standby".to_string(), 1, true, 0),
-            ("quiet".to_string(), 1, true, 0),
-            ("holder".to_string(), 2, true, 4),
-            ("a".to_string(), 8, false, 8),
+            idle("standby", 1, true, 0),
+            idle("quiet", 1, true, 0),
+            idle("holder", 2, true, 4),
+            idle("a", 8, false, 8),
         ];
         // The room of 2 goes to the holder; handed out in list order it went to the other
         // two, in every round, and the holder was never asked.
@@ -255,7 +272,7 @@ mod tests {
         assert_eq!(c.iter().map(|c| c.0).collect::<Vec<_>>(), [0, 0, 2, 4]);
         // What the holder does not need is left to the others, in list order.
         let mut small = idle.clone();
-        small[2].1 = 1;
+        small[2].credit = 1;
         let c = pull_caps(&small, &v, 0, caps, 8, 3, 1);
         assert_eq!(c.iter().map(|c| c.0).collect::<Vec<_>>(), [1, 0, 1, 4]);
     }
