@@ -31,7 +31,14 @@ impl Trainer {
     /// base), and `trainer.json` adds the [`LoraConfig`] and the base's identity
     /// ([`Policy::base_hash_hex`]); it is restored with [`Trainer::load_with_base`].
     pub fn save(&self, dir: &Path) -> Result<PathBuf> {
-        self.save_observed(dir, &mut |_| Ok(()))
+        self.save_keeping(dir, DEFAULT_KEEP_CHECKPOINTS)
+    }
+
+    /// [`Trainer::save`], keeping the newest `keep` checkpoints (this one included, at least
+    /// 1): the ones a restart falls back to when the newest cannot be read
+    /// ([`Trainer::load`]).
+    pub fn save_keeping(&self, dir: &Path, keep: usize) -> Result<PathBuf> {
+        self.save_observed(dir, keep, &mut |_| Ok(()))
     }
 
     /// [`Trainer::save`], calling `at(point)` after each step that changes `dir` (`"written"`,
@@ -40,6 +47,7 @@ impl Trainer {
     fn save_observed(
         &self,
         dir: &Path,
+        keep: usize,
         at: &mut dyn FnMut(&'static str) -> Result<()>,
     ) -> Result<PathBuf> {
         std::fs::create_dir_all(dir)?;
@@ -102,11 +110,21 @@ impl Trainer {
         at("renamed")?;
         storage::write_atomic(&dir.join("LATEST"), name.as_bytes())?;
         at("switched")?;
+        // The newest `keep` stay (this one first); older ones and the leftovers of saves that
+        // crashed before their switch go.
+        let kept: Vec<PathBuf> = std::iter::once(final_dir.clone())
+            .chain(
+                checkpoints_newest_first(dir)?
+                    .into_iter()
+                    .filter(|p| *p != final_dir),
+            )
+            .take(keep.max(1))
+            .collect();
         for e in std::fs::read_dir(dir)? {
             let e = e?;
             let n = e.file_name().to_string_lossy().into_owned();
-            // Leftovers of saves that crashed before their switch go too.
-            if (n.starts_with("ckpt-") && n != name) || n.starts_with(".tmp-ckpt-") {
+            if (n.starts_with("ckpt-") && !kept.contains(&e.path())) || n.starts_with(".tmp-ckpt-")
+            {
                 std::fs::remove_dir_all(e.path())?;
                 at("removed")?;
             }
@@ -118,16 +136,18 @@ impl Trainer {
     /// `dir/LATEST` points to; `None` for a full fine-tuning checkpoint. Reads `trainer.json`
     /// only: how a caller learns that it needs the base ([`Trainer::load_with_base`]).
     pub fn checkpoint_lora(dir: &Path) -> Result<Option<(LoraConfig, String)>> {
-        let (_, meta) = read_latest(dir)?;
+        let (_, meta) = read_newest_readable(dir)?;
         Ok(meta
             .lora
             .map(|l| (l, meta.base_hash.unwrap_or_else(|| "<unknown>".into()))))
     }
 
-    /// Restores the checkpoint `dir/LATEST` points to, on `device`. A LoRA checkpoint holds
-    /// no base and is refused here: restore it with [`Trainer::load_with_base`].
+    /// Restores the checkpoint `dir/LATEST` points to, on `device`; when that one cannot be
+    /// read (a file missing, cut short, or not what `trainer.json` says), the newest readable
+    /// one kept beside it, with a WARN naming the broken file. A LoRA checkpoint holds no base
+    /// and is refused here: restore it with [`Trainer::load_with_base`].
     pub fn load(dir: &Path, device: &Device) -> Result<Self> {
-        let (ck, meta) = read_latest(dir)?;
+        let (ck, meta) = read_newest_readable(dir)?;
         if meta.lora.is_some() {
             return Err(LearnerError::Checkpoint(format!(
                 "{} trains LoRA adapters on base {}: it is restored with that base",
@@ -135,17 +155,13 @@ impl Trainer {
                 meta.base_hash.as_deref().unwrap_or("<unknown>")
             )));
         }
-        let policy = Policy::from_safetensors_bytes(
-            &meta.model,
-            &std::fs::read(ck.join("weights.safetensors"))?,
-            device,
-        )?;
+        let policy = part(&ck, "weights.safetensors", |b| {
+            Ok(Policy::from_safetensors_bytes(&meta.model, b, device)?)
+        })?;
         let reference = if meta.has_reference {
-            Some(Policy::from_safetensors_bytes(
-                &meta.model,
-                &std::fs::read(ck.join("reference.safetensors"))?,
-                device,
-            )?)
+            Some(part(&ck, "reference.safetensors", |b| {
+                Ok(Policy::from_safetensors_bytes(&meta.model, b, device)?)
+            })?)
         } else {
             None
         };
@@ -156,8 +172,9 @@ impl Trainer {
     /// checkpoint's adapters, on `base`'s device (a full checkpoint loads as in
     /// [`Trainer::load`]). Refused, naming both hashes, when `base` is not the base the
     /// adapters were trained on ([`Policy::base_hash_hex`]), or is of another model.
+    /// Falls back like [`Trainer::load`].
     pub fn load_with_base(dir: &Path, base: Policy) -> Result<Self> {
-        let (ck, meta) = read_latest(dir)?;
+        let (ck, meta) = read_newest_readable(dir)?;
         let Some(lora) = meta.lora.clone() else {
             return Self::load(dir, base.device());
         };
@@ -177,11 +194,13 @@ impl Trainer {
                 ck.display()
             )));
         }
-        let adapters = Adapters::from_safetensors_bytes(
-            &meta.model,
-            &std::fs::read(ck.join("adapters.safetensors"))?,
-            base.device(),
-        )?;
+        let adapters = part(&ck, "adapters.safetensors", |b| {
+            Ok(Adapters::from_safetensors_bytes(
+                &meta.model,
+                b,
+                base.device(),
+            )?)
+        })?;
         if adapters.config() != &lora {
             return Err(LearnerError::Checkpoint(format!(
                 "adapters.safetensors holds {:?}, trainer.json says {lora:?}",
@@ -201,13 +220,14 @@ impl Trainer {
         reference: Option<Policy>,
     ) -> Result<Self> {
         let mut opt = AdamW::new(policy.trainable_named_vars()?, meta.trainer.optim)?;
-        opt.load_state_bytes(&std::fs::read(ck.join("optimizer.safetensors"))?)?;
-        let raw = std::fs::read(ck.join("consumed_ids.bin"))?;
+        part(ck, "optimizer.safetensors", |b| opt.load_state_bytes(b))?;
+        let raw = part(ck, "consumed_ids.bin", |b| Ok(b.to_vec()))?;
         let chunks = raw.chunks_exact(16);
         if !chunks.remainder().is_empty() {
-            return Err(LearnerError::Checkpoint(
-                "consumed_ids.bin is not a multiple of 16 bytes".into(),
-            ));
+            return Err(LearnerError::Checkpoint(format!(
+                "{}: not a multiple of 16 bytes",
+                ck.join("consumed_ids.bin").display()
+            )));
         }
         let consumed = chunks
             .map(|c| {
@@ -232,29 +252,162 @@ impl Trainer {
 /// checkpoints still load).
 const CHECKPOINT_FORMAT: u32 = 2;
 
-/// `dir/LATEST`'s checkpoint folder and its validated `trainer.json`.
-fn read_latest(dir: &Path) -> Result<(PathBuf, CheckpointMeta)> {
-    let name = std::fs::read_to_string(dir.join("LATEST"))?;
-    let name = name.trim();
-    if !name.starts_with("ckpt-") || name.contains(['/', '\\']) {
+/// Checkpoints kept by [`Trainer::save`] (the config's `learner.keep_checkpoints` default).
+pub const DEFAULT_KEEP_CHECKPOINTS: usize = 3;
+
+/// Reads `ck/name` and hands its bytes to `parse`; an error names the file.
+fn part<T>(ck: &Path, name: &str, parse: impl FnOnce(&[u8]) -> Result<T>) -> Result<T> {
+    let path = ck.join(name);
+    let named = |e: String| LearnerError::Checkpoint(format!("{}: {e}", path.display()));
+    let bytes = std::fs::read(&path).map_err(|e| named(e.to_string()))?;
+    parse(&bytes).map_err(|e| named(e.to_string()))
+}
+
+/// The `ckpt-*` folders of `dir`, newest first (by version, then by the `.k` of a re-save).
+fn checkpoints_newest_first(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut found: Vec<((u64, u32), PathBuf)> = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let n = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = n.strip_prefix("ckpt-") else {
+            continue;
+        };
+        let (v, k) = rest.split_once('.').unwrap_or((rest, "0"));
+        if let (Ok(v), Ok(k)) = (v.parse::<u64>(), k.parse::<u32>()) {
+            found.push(((v, k), e.path()));
+        }
+    }
+    found.sort_by(|a, b| b.0.cmp(&a.0));
+    Ok(found.into_iter().map(|(_, p)| p).collect())
+}
+
+/// The checkpoint `dir/LATEST` names when it is readable ([`check_readable`]), else the newest
+/// readable one kept beside it, each broken one logged at WARN with its file; an error naming
+/// every broken file when none is readable.
+fn read_newest_readable(dir: &Path) -> Result<(PathBuf, CheckpointMeta)> {
+    let latest = dir.join("LATEST");
+    let mut broken: Vec<String> = Vec::new();
+    let named = match std::fs::read_to_string(&latest) {
+        Ok(name) => {
+            let name = name.trim();
+            if name.starts_with("ckpt-") && !name.contains(['/', '\\']) {
+                Some(dir.join(name))
+            } else {
+                broken.push(format!("{}: bad pointer {name:?}", latest.display()));
+                None
+            }
+        }
+        Err(e) => {
+            broken.push(format!("{}: {e}", latest.display()));
+            None
+        }
+    };
+    let others = checkpoints_newest_first(dir).unwrap_or_default();
+    let candidates = named
+        .iter()
+        .cloned()
+        .chain(others.into_iter().filter(|p| Some(p) != named.as_ref()));
+    for ck in candidates {
+        match check_readable(&ck) {
+            Ok(meta) => {
+                if !broken.is_empty() {
+                    tracing::warn!(
+                        broken = %broken.join("; "),
+                        using = %ck.display(),
+                        "the newest checkpoint cannot be read: falling back to the newest readable one"
+                    );
+                }
+                return Ok((ck, meta));
+            }
+            Err(e) => broken.push(e.to_string()),
+        }
+    }
+    Err(LearnerError::Checkpoint(format!(
+        "no readable checkpoint in {}: {}",
+        dir.display(),
+        broken.join("; ")
+    )))
+}
+
+/// A checkpoint folder's validated `trainer.json`, once every file it names is present and
+/// whole: each safetensors file's header parses and its data is exactly as long as the header
+/// says (a file cut short is found here, by name), `consumed_ids.bin` is whole ids.
+fn check_readable(ck: &Path) -> Result<CheckpointMeta> {
+    let meta = read_meta(ck)?;
+    let mut files = vec![match meta.lora {
+        Some(_) => "adapters.safetensors",
+        None => "weights.safetensors",
+    }];
+    files.push("optimizer.safetensors");
+    if meta.has_reference {
+        files.push("reference.safetensors");
+    }
+    for f in files {
+        check_safetensors(&ck.join(f))?;
+    }
+    let ids = ck.join("consumed_ids.bin");
+    let len = std::fs::metadata(&ids)
+        .map_err(|e| LearnerError::Checkpoint(format!("{}: {e}", ids.display())))?
+        .len();
+    if len % 16 != 0 {
         return Err(LearnerError::Checkpoint(format!(
-            "bad LATEST pointer {name:?}"
+            "{}: {len} bytes, not a multiple of 16",
+            ids.display()
         )));
     }
-    let ck = dir.join(name);
-    let meta: CheckpointMeta = serde_json::from_slice(&std::fs::read(ck.join("trainer.json"))?)
-        .map_err(|e| LearnerError::Checkpoint(format!("trainer.json: {e}")))?;
+    Ok(meta)
+}
+
+/// Whether `path` is a whole safetensors file: 8-byte little-endian header length, a JSON
+/// header, and exactly the data its tensors' offsets end at. Reads the header only.
+fn check_safetensors(path: &Path) -> Result<()> {
+    use std::io::Read;
+    let bad = |why: String| LearnerError::Checkpoint(format!("{}: {why}", path.display()));
+    let mut f = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let size = f.metadata().map_err(|e| bad(e.to_string()))?.len();
+    let mut n = [0u8; 8];
+    f.read_exact(&mut n)
+        .map_err(|_| bad(format!("{size} bytes: cut short before its header")))?;
+    let n = u64::from_le_bytes(n);
+    if n > (100 << 20) || 8 + n > size {
+        return Err(bad(format!(
+            "{size} bytes: cut short (its header alone is {n} bytes)"
+        )));
+    }
+    let mut header = vec![0u8; n as usize];
+    f.read_exact(&mut header).map_err(|e| bad(e.to_string()))?;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&header).map_err(|e| bad(format!("header: {e}")))?;
+    let end = header
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .filter_map(|(_, t)| t.get("data_offsets")?.get(1)?.as_u64())
+        .max()
+        .unwrap_or(0);
+    let want = 8 + n + end;
+    if size != want {
+        return Err(bad(format!(
+            "{size} bytes, its header describes {want}: the file was cut short or overwritten"
+        )));
+    }
+    Ok(())
+}
+
+/// `ck/trainer.json`, validated.
+fn read_meta(ck: &Path) -> Result<CheckpointMeta> {
+    let path = ck.join("trainer.json");
+    let bad = |why: String| LearnerError::Checkpoint(format!("{}: {why}", path.display()));
+    let meta: CheckpointMeta =
+        serde_json::from_slice(&std::fs::read(&path).map_err(|e| bad(e.to_string()))?)
+            .map_err(|e| bad(e.to_string()))?;
     if !(1..=CHECKPOINT_FORMAT).contains(&meta.format) {
-        return Err(LearnerError::Checkpoint(format!(
-            "unknown checkpoint format {}",
-            meta.format
-        )));
+        return Err(bad(format!("unknown checkpoint format {}", meta.format)));
     }
-    meta.trainer.validate()?;
+    meta.trainer.validate().map_err(|e| bad(e.to_string()))?;
     if let Some(l) = &meta.lora {
-        l.validate()?;
+        l.validate().map_err(|e| bad(e.to_string()))?;
     }
-    Ok((ck, meta))
+    Ok(meta)
 }
 
 #[derive(Serialize, Deserialize)]
@@ -317,7 +470,7 @@ mod tests {
         // observe the directory after every change.
         let mut points = Vec::new();
         let out = t
-            .save_observed(dir, &mut |p| {
+            .save_observed(dir, 1, &mut |p| {
                 assert!(latest_is_complete(dir), "LATEST dangling after {p:?}");
                 points.push(p);
                 Ok(())
@@ -334,7 +487,70 @@ mod tests {
                 e.file_name().to_string_lossy().starts_with("ckpt-")
             })
             .count();
-        assert_eq!(ckpts, 1, "the old checkpoint is removed once LATEST moved");
+        assert_eq!(
+            ckpts, 1,
+            "keeping 1: the old checkpoint is removed once LATEST moved"
+        );
+    }
+
+    fn checkpoint_names(dir: &Path) -> Vec<String> {
+        let mut n: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("ckpt-"))
+            .collect();
+        n.sort();
+        n
+    }
+
+    /// The last K checkpoints are kept; a truncated newest one is fallen back from to the
+    /// newest readable one (its version), and when none is readable the error names each
+    /// broken file.
+    #[test]
+    fn the_last_k_are_kept_and_a_truncated_newest_one_is_fallen_back_from() {
+        let mut t = trainer();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        for v in 1..=5 {
+            t.version = v;
+            t.save_keeping(dir, 3).unwrap();
+        }
+        assert_eq!(
+            checkpoint_names(dir),
+            [
+                "ckpt-0000000000000003",
+                "ckpt-0000000000000004",
+                "ckpt-0000000000000005"
+            ]
+        );
+        let weights = dir
+            .join("ckpt-0000000000000005")
+            .join("weights.safetensors");
+        let whole = std::fs::read(&weights).unwrap();
+        std::fs::write(&weights, &whole[..whole.len() / 2]).unwrap();
+        let err = check_readable(&dir.join("ckpt-0000000000000005"))
+            .err()
+            .expect("a truncated file is found");
+        assert!(err.to_string().contains("weights.safetensors"), "{err}");
+        let back = Trainer::load(dir, &Device::Cpu).unwrap();
+        assert_eq!(back.version(), 4, "the newest readable checkpoint");
+        // Nothing was removed or rewritten by the fallback.
+        assert_eq!(checkpoint_names(dir).len(), 3);
+        assert_eq!(std::fs::read(&weights).unwrap().len(), whole.len() / 2);
+        // None readable: every broken file is named.
+        for v in [3, 4] {
+            let opt = dir
+                .join(format!("ckpt-{v:016}"))
+                .join("optimizer.safetensors");
+            std::fs::write(&opt, b"short").unwrap();
+        }
+        let err = Trainer::load(dir, &Device::Cpu).err().unwrap().to_string();
+        assert!(
+            err.contains("ckpt-0000000000000005/weights.safetensors")
+                && err.contains("ckpt-0000000000000004/optimizer.safetensors")
+                && err.contains("ckpt-0000000000000003/optimizer.safetensors"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -345,7 +561,7 @@ mod tests {
             let dir = tmp.path();
             t.save(dir).unwrap();
             let mut seen = 0;
-            let r = t.save_observed(dir, &mut |p| {
+            let r = t.save_observed(dir, DEFAULT_KEEP_CHECKPOINTS, &mut |p| {
                 if seen == crash_at {
                     return Err(LearnerError::Checkpoint(format!("crash after {p}")));
                 }

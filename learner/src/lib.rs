@@ -15,7 +15,7 @@
 //! The node's learner role builds on [`Trainer`]; a one-process demonstration of Algorithm 1
 //! is `examples/local_learning.rs` (see `docs/learner.md`).
 
-mod checkpoint;
+pub mod checkpoint;
 pub mod heap;
 pub mod loss;
 pub mod mask;

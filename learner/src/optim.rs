@@ -71,20 +71,29 @@ impl Default for AdamWConfig {
 
 impl AdamWConfig {
     fn validate(&self) -> Result<()> {
-        let ok = self.lr.is_finite()
-            && self.lr >= 0.0
-            && (0.0..1.0).contains(&self.beta1)
-            && (0.0..1.0).contains(&self.beta2)
-            && self.eps > 0.0
-            && self.weight_decay >= 0.0
-            && self.max_grad_norm.is_none_or(|n| n > 0.0 && n.is_finite());
-        if ok {
-            Ok(())
-        } else {
-            Err(LearnerError::Invalid(format!(
-                "invalid AdamW config {self:?}"
-            )))
+        let bad = |what: &str| Err(LearnerError::Invalid(format!("AdamW: {what}")));
+        if !(self.lr.is_finite() && self.lr >= 0.0) {
+            return bad(&format!("lr must be finite and >= 0, got {}", self.lr));
         }
+        if !((0.0..1.0).contains(&self.beta1) && (0.0..1.0).contains(&self.beta2)) {
+            return bad(&format!(
+                "beta1 and beta2 must be in [0, 1), got {} and {}",
+                self.beta1, self.beta2
+            ));
+        }
+        if !(self.eps > 0.0) {
+            return bad(&format!("eps must be > 0, got {}", self.eps));
+        }
+        if !(self.weight_decay >= 0.0) {
+            return bad(&format!(
+                "weight_decay must be >= 0, got {}",
+                self.weight_decay
+            ));
+        }
+        if let Some(n) = self.max_grad_norm.filter(|n| !(*n > 0.0 && n.is_finite())) {
+            return bad(&format!("max_grad_norm must be finite and > 0, got {n}"));
+        }
+        Ok(())
     }
 }
 

@@ -99,11 +99,16 @@ impl TrainerConfig {
         if self.kappa == Some(0) {
             return Err(LearnerError::Invalid("kappa must be >= 1".into()));
         }
-        if !(self.loss.clip_eps.is_finite() && self.loss.clip_eps >= 0.0) || self.loss.kl_beta < 0.0
-        {
+        if !(self.loss.clip_eps.is_finite() && self.loss.clip_eps >= 0.0) {
             return Err(LearnerError::Invalid(format!(
-                "invalid loss config {:?}",
-                self.loss
+                "clip_eps must be finite and >= 0, got {}",
+                self.loss.clip_eps
+            )));
+        }
+        if !(self.loss.kl_beta.is_finite() && self.loss.kl_beta >= 0.0) {
+            return Err(LearnerError::Invalid(format!(
+                "kl_beta must be finite and >= 0, got {}",
+                self.loss.kl_beta
             )));
         }
         if let Some(cap) = self.loss.is_cap {

@@ -1,8 +1,8 @@
 //! The admin endpoint (loopback only): `GET /` — a self-contained HTML page that polls
 //! `/status` (`node/assets/admin.html`) — `GET /status` — the node's view of the swarm as JSON
-//! ([`crate::api::NodeStatus`]) — and `GET /metrics` — Prometheus text with the project's
-//! `metrics`-crate series followed by libp2p's own `prometheus-client` registry, in one
-//! response.
+//! ([`crate::api::NodeStatus`]) — and `GET /metrics` — Prometheus text format 0.0.4 with the
+//! project's `metrics`-crate series followed by libp2p's own `prometheus-client` registry
+//! (converted from OpenMetrics), in one response (`crate::telemetry`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -28,12 +28,33 @@ pub struct AdminState {
     pub role_view: crate::roles::RoleView,
 }
 
-/// Installs the global `metrics` recorder (once per process) and returns its render handle.
+/// Installs the global `metrics` recorder (once per process) and returns its render handle:
+/// the time series are histograms ([`crate::telemetry::TIME_BUCKETS`]), every series is
+/// described and every counter exported at 0 ([`crate::telemetry::describe`]).
 pub fn install_metrics_recorder() -> Option<PrometheusHandle> {
-    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    let mut builder = PrometheusBuilder::new();
+    for s in crate::telemetry::SERIES {
+        if s.kind == crate::telemetry::Kind::Histogram {
+            builder = match builder.set_buckets_for_metric(
+                Matcher::Full(s.name.into()),
+                &crate::telemetry::TIME_BUCKETS,
+            ) {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::warn!(error = %e, series = s.name, "histogram buckets");
+                    return None;
+                }
+            };
+        }
+    }
+    let recorder = builder.build_recorder();
     let handle = recorder.handle();
     match metrics::set_global_recorder(recorder) {
-        Ok(()) => Some(handle),
+        Ok(()) => {
+            crate::telemetry::describe();
+            Some(handle)
+        }
         Err(e) => {
             tracing::warn!(error = %e, "a metrics recorder is already installed; /metrics shows libp2p series only");
             None
@@ -104,11 +125,13 @@ async fn metrics_text(State(s): State<AdminState>) -> Response {
     if !out.is_empty() && !out.ends_with('\n') {
         out.push('\n');
     }
+    out.push_str(&crate::telemetry::render_seconds_totals());
     let mut libp2p = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut libp2p, &s.registry) {
         tracing::warn!(error = %e, "encoding libp2p metrics");
     }
-    out.push_str(&libp2p);
+    // prometheus-client writes OpenMetrics; the response is the text format it says it is.
+    out.push_str(&crate::telemetry::openmetrics_to_text(&libp2p));
     (
         [(
             header::CONTENT_TYPE,

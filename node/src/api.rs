@@ -173,6 +173,27 @@ pub struct Curve {
     /// The opponent the evaluation is against.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub opponent: Option<String>,
+    /// One point per training step, in wall-clock time: what the admin page charts against a
+    /// time axis.
+    pub timeline: Vec<TimePoint>,
+}
+
+/// The learner's figures at the end of one step.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TimePoint {
+    /// When the step ended (Unix milliseconds).
+    pub unix_ms: u64,
+    pub step: u64,
+    /// Mean reward of the step's groups.
+    pub reward: f64,
+    /// T_idle / (T_idle + T_train) since start.
+    pub bubble: f64,
+    /// The T_bcast estimate then (`null` before the first broadcast completed).
+    pub t_bcast_s: Option<f64>,
+    /// Rollout throughput as the learner consumes it: groups trained in the step over the
+    /// step's wall time (waiting for groups included), groups/s.
+    pub groups_per_s: f64,
 }
 
 impl Curve {

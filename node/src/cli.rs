@@ -173,13 +173,13 @@ pub struct DemoArgs {
     #[arg(long, value_enum, default_value_t = SnapshotDtype::F32)]
     pub snapshot_dtype: SnapshotDtype,
     /// Train LoRA adapters of this rank on the frozen (warm-started) model instead of every
-    /// weight (0 = full fine-tuning): α = 32 and ten times the learning rate, as "LoRA Without
-    /// Regret" (Thinking Machines, 2025) suggests (on the embedded task 10× does not learn
-    /// and 1× learns best: `docs/experiments.md`). The warm-started base ships once as version
-    /// 0, then only the adapters.
+    /// weight (0 = full fine-tuning): α = 32 at the full fine-tuning learning rate — on the
+    /// embedded task 1× learns best and the 10× "LoRA Without Regret" (Thinking Machines,
+    /// 2025) suggests does not learn (`docs/experiments.md`); --lr sets another. The
+    /// warm-started base ships once as version 0, then only the adapters.
     #[arg(long, default_value_t = 0)]
     pub lora_rank: usize,
-    /// The learner's learning rate (default: `learner.lr`'s default, ten times it with
+    /// The learner's learning rate (default: `learner.lr`'s default, with or without
     /// --lora-rank).
     #[arg(long, value_parser = parse_lr)]
     pub lr: Option<f64>,
@@ -230,8 +230,11 @@ pub struct StatusArgs {
     #[arg(long, alias = "addr")]
     pub admin: Option<String>,
     /// Take the admin endpoint from this config.
-    #[arg(long)]
+    #[arg(short = 'c', long)]
     pub config: Option<PathBuf>,
+    /// Every column of the peer table and full peer ids (the default table is narrow).
+    #[arg(long)]
+    pub wide: bool,
     /// Print the status object as one line of JSON.
     #[arg(long)]
     pub json: bool,

@@ -23,5 +23,6 @@ pub mod logging;
 pub mod misbehave;
 pub mod roles;
 pub mod state;
+pub mod telemetry;
 #[cfg(test)]
 mod test_util;

@@ -39,7 +39,7 @@ pub fn load_config(args: &RunArgs) -> anyhow::Result<NodeConfig> {
     if let Some(device) = args.device {
         config.model.device = device;
     }
-    config.validate(&args.config)?;
+    config.validate_all(&args.config)?;
     Ok(config)
 }
 
@@ -75,11 +75,15 @@ pub fn open_state(config: NodeConfig) -> anyhow::Result<NodeState> {
         memory_free_gib = info.memory_free_bytes as f64 / f64::from(1u32 << 30),
         "model device"
     );
-    let trajectories = TrajectoryStore::open(&data.trajectories()).with_context(|| {
-        format!(
-            "opening trajectory store {} (is another node running on this data dir?)",
-            data.trajectories().display()
-        )
+    let trajectories = TrajectoryStore::open(&data.trajectories()).map_err(|e| {
+        let what = format!("opening trajectory store {}", data.trajectories().display());
+        match e {
+            // The error names the damaged file and what to do.
+            storage::StorageError::Damaged { .. } => anyhow::Error::new(e).context(what),
+            e => anyhow::Error::new(e).context(format!(
+                "{what} (is another node running on this data dir?)"
+            )),
+        }
     })?;
     // Garbage collection keeps the newest `keep_snapshots` versions and every version a kept
     // delta depends on, back to its keyframe (`storage::deps::retained`): a learner publishing
@@ -91,6 +95,10 @@ pub fn open_state(config: NodeConfig) -> anyhow::Result<NodeState> {
         config.storage.chunk_memory_mb << 20,
     )
     .with_context(|| format!("opening chunk store {}", data.snapshots().display()))?;
+    // The replay marks are read again by the dissemination engine; a damaged file is refused
+    // here, before the network starts.
+    let replay = config.data_dir.join(storage::replay::REPLAY_FILE_NAME);
+    storage::replay::ReplayState::open(&replay).context("reading the replay state")?;
     let misbehave = crate::misbehave::Misbehaviour::from_env()
         .map_err(|e| anyhow::anyhow!("{}: {e}", crate::misbehave::ENV_VAR))?;
     if !misbehave.is_honest() {

@@ -34,7 +34,6 @@ use libp2p::swarm::{
     FromSwarm, NetworkBehaviour, THandler, THandlerInEvent, THandlerOutEvent, ToSwarm,
 };
 use libp2p::{Multiaddr, PeerId};
-use tracing::info;
 
 /// A connection closed sooner than this after opening was refused or dropped by the peer, not
 /// used: honest connections carry heartbeats and gossip for minutes.
@@ -220,10 +219,12 @@ impl NetworkBehaviour for Behaviour {
                 ..
             }) => {
                 if let Some(delay) = self.rule.closed(peer_id, Instant::now()) {
-                    info!(
+                    tracing::warn!(
                         peer = %peer_id,
                         delay_ms = delay.as_millis() as u64,
-                        "peer keeps closing our connections at once: dials held back"
+                        "peer keeps closing our connections at once: dials held back (in a \
+                         private swarm, is this node's peer id missing from that peer's \
+                         network.allow_list, or did it ban us?)"
                     );
                 }
             }

@@ -190,7 +190,8 @@ pub(crate) fn listen_quic_companions(
     let listen: Vec<libp2p::Multiaddr> = net.listen.iter().filter_map(|a| a.parse().ok()).collect();
     for a in crate::transport::quic_companions(&listen) {
         if let Err(e) = swarm.listen_on(a.clone()) {
-            tracing::warn!(addr = %a, error = %e, "cannot listen on QUIC");
+            let error = crate::transport::transport_error_text(&e);
+            tracing::warn!(addr = %a, %error, "cannot listen on QUIC");
         }
     }
 }

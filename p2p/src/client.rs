@@ -332,6 +332,8 @@ pub(crate) enum Command {
     /// once the dial has started (or was not needed).
     Connect(PeerId, oneshot::Sender<()>),
     SetLocal(LocalStatus),
+    /// The learner's account of each worker's groups, carried in its next score tables.
+    SetContributions(std::collections::HashMap<PeerId, crate::messages::Contribution>),
     Publish {
         topic: String,
         data: Vec<u8>,
@@ -519,6 +521,16 @@ impl Client {
     /// The role's fields for the next heartbeats.
     pub async fn set_local_status(&self, status: LocalStatus) -> Result<(), P2pError> {
         self.send(Command::SetLocal(status)).await
+    }
+
+    /// The learner's account of what it did with each worker's groups: its score tables
+    /// carry it from now on (each row's `contribution`; the strikes are the service's own
+    /// count). Replaces the previous map.
+    pub async fn set_contributions(
+        &self,
+        contributions: std::collections::HashMap<PeerId, crate::messages::Contribution>,
+    ) -> Result<(), P2pError> {
+        self.send(Command::SetContributions(contributions)).await
     }
 
     /// Publish bytes on one of the swarm's topics.

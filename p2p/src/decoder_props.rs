@@ -134,6 +134,7 @@ fn score_table() -> impl Strategy<Value = ScoreTable> {
                 success,
                 stability,
                 decay,
+                contribution: None,
             },
         );
     (any::<u64>(), proptest::collection::vec(entry, 0..6)).prop_map(|(sent_unix_ms, entries)| {

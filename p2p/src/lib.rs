@@ -60,7 +60,8 @@ pub use libp2p::gossipsub::MessageId;
 pub use libp2p::metrics::Registry;
 pub use libp2p::{multiaddr, Multiaddr, PeerId, Stream, StreamProtocol};
 pub use messages::{
-    DeviceReport, Heartbeat, LocalStatus, SamplingReport, ScoreEntry, ScoreTable, MAX_PENDING_CLAIM,
+    Contribution, DeviceReport, Heartbeat, LocalStatus, SamplingReport, ScoreEntry, ScoreTable,
+    MAX_PENDING_CLAIM,
 };
 pub use ratelimit::TokenBucket;
 pub use reachability::{ConnectionKind, NatStatus, Reachability, RelayServerStatus};
@@ -69,7 +70,7 @@ pub use role::Role;
 pub use score::{PeerStats, ScoreComponents, TransferEvent};
 pub use service::{start, Started};
 pub use topics::{parse_topic, TopicKind};
-pub use transport::{load_psk, psk_file_contents};
+pub use transport::{load_psk, probe_listen_addrs, psk_file_contents};
 pub use view::{active_install_times, active_installs, PeerView};
 
 /// The peer id in a multiaddr's trailing `/p2p/<id>`, if any.

@@ -359,7 +359,35 @@ pub struct ScoreEntry {
     pub success: f64,
     pub stability: f64,
     pub decay: f64,
+    /// What the learner did with this worker's groups (absent from an older learner, and for
+    /// a peer the learner never pulled from): how a worker's operator sees their contribution
+    /// from the learner's own (signed, learner-authored) message rather than their counters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contribution: Option<Contribution>,
 }
+
+/// The learner's account of one worker's groups since the learner started.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Contribution {
+    /// Groups pulled from the worker and judged by the learner's verification.
+    pub pulled: u64,
+    /// Of those, groups that passed every check.
+    pub accepted: u64,
+    /// Groups refused by a check.
+    pub rejected: u64,
+    /// Groups trained on.
+    pub trained: u64,
+    /// Strikes the learner counted against the worker.
+    pub strikes: u64,
+    /// Why the learner does not pull from the worker now (not admitted, a sampling rule that
+    /// differs from the learner's), at most [`MAX_REFUSED_CHARS`] characters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+}
+
+/// The longest [`Contribution::refused`] a receiver accepts.
+pub const MAX_REFUSED_CHARS: usize = 240;
 
 /// The learner's view of every worker's score, gossiped periodically.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -453,6 +481,14 @@ impl ScoreTable {
                 check_num(f, x, 100.0)?;
             }
             check_num("decay", e.decay, 1.0)?;
+            if let Some(r) = e.contribution.as_ref().and_then(|c| c.refused.as_deref()) {
+                if r.chars().count() > MAX_REFUSED_CHARS {
+                    return Err(MessageError::Invalid(format!(
+                        "a refusal reason of {} characters (max {MAX_REFUSED_CHARS})",
+                        r.chars().count()
+                    )));
+                }
+            }
         }
         Ok(t)
     }
@@ -830,9 +866,24 @@ mod tests {
                 success: 100.0,
                 stability: 30.0,
                 decay: 1.0,
+                contribution: None,
             }],
         };
         assert_eq!(ScoreTable::decode(&t.encode(), "s").unwrap(), t);
+        // A contribution round-trips; an over-long refusal reason is refused.
+        let mut with = t.clone();
+        with.entries[0].contribution = Some(Contribution {
+            pulled: 20,
+            accepted: 18,
+            rejected: 2,
+            trained: 16,
+            strikes: 1,
+            refused: Some("sampling rule: temperature 1 is not 1.2".into()),
+        });
+        assert_eq!(ScoreTable::decode(&with.encode(), "s").unwrap(), with);
+        with.entries[0].contribution.as_mut().unwrap().refused =
+            Some("x".repeat(MAX_REFUSED_CHARS + 1));
+        assert!(ScoreTable::decode(&with.encode(), "s").is_err());
         let mut bad = t.clone();
         bad.entries[0].peer_id = "x".into();
         assert!(ScoreTable::decode(&bad.encode(), "s").is_err());
@@ -847,6 +898,7 @@ mod tests {
             success: 200.0 / 3.0,
             stability: 100.0 / 7.0,
             decay: 1.0 / 3.0,
+            contribution: None,
         }
     }
 
@@ -888,6 +940,7 @@ mod tests {
             success: 0.0,
             stability: 0.0,
             decay: 1.0,
+            contribution: None,
         };
         let entries: Vec<ScoreEntry> = (0..MAX_SCORE_TABLE_ENTRIES + 10).map(short).collect();
         let t = ScoreTable::capped("s", 1, entries);

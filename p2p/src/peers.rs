@@ -135,6 +135,7 @@ impl PeerEntry {
             success: c.success,
             stability: c.stability,
             decay: c.decay,
+            contribution: None,
         })
     }
 

@@ -42,6 +42,7 @@ use crate::topics::{parse_topic, TopicKind};
 use storage::unix_ms;
 
 mod bans;
+mod diagnose;
 mod dial;
 mod gossip;
 mod swarm_events;
@@ -135,6 +136,8 @@ pub fn start(
         bans: BanList::new(MAX_BANS),
         ban_view,
         authored: Default::default(),
+        warned: HashMap::new(),
+        contributions: HashMap::new(),
     };
     service.dial_bootstrap();
     metrics::gauge!("p2p_banned_peers").set(0.0);
@@ -174,8 +177,10 @@ fn subscribe_all(swarm: &mut Swarm<Behaviour>, swarm_id: &str) -> Result<(), P2p
     Ok(())
 }
 
-/// Listens on every `network.listen` address.
+/// Listens on every `network.listen` address; one another process listens on is refused
+/// first ([`crate::transport::probe_listen_addrs`]).
 fn listen(swarm: &mut Swarm<Behaviour>, net: &NetworkConfig) -> Result<(), P2pError> {
+    crate::transport::probe_listen_addrs(&net.listen)?;
     for a in &net.listen {
         let addr: Multiaddr = a.parse().map_err(|e| P2pError::Listen {
             addr: a.clone(),
@@ -186,7 +191,7 @@ fn listen(swarm: &mut Swarm<Behaviour>, net: &NetworkConfig) -> Result<(), P2pEr
         }
         swarm.listen_on(addr).map_err(|e| P2pError::Listen {
             addr: a.clone(),
-            reason: e.to_string(),
+            reason: crate::transport::transport_error_text(&e),
         })?;
     }
     Ok(())
@@ -283,6 +288,11 @@ struct Service {
     peers: HashMap<PeerId, PeerEntry>,
     bootstrap: Vec<(PeerId, Multiaddr)>,
     allow: HashSet<PeerId>,
+    /// Connection failures warned about, and when: each one is named once a minute.
+    warned: HashMap<String, std::time::Instant>,
+    /// The learner's account of each worker's groups, for its score tables
+    /// ([`Client::set_contributions`]).
+    contributions: HashMap<PeerId, crate::messages::Contribution>,
     local: LocalStatus,
     counters: NetworkCounters,
     started_unix_ms: u64,
@@ -464,6 +474,7 @@ impl Service {
                 });
                 let _ = reply.send(r);
             }
+            Command::SetContributions(c) => self.contributions = c,
             Command::SetLocal(s) => {
                 // A newly installed snapshot is reported at once (the learner measures
                 // T_bcast from these install reports), not at the next heartbeat tick —

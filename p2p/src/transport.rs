@@ -99,6 +99,92 @@ where
     }
 }
 
+/// The socket a listen address binds: `(ip:port, udp)`, for `/ip4|ip6/…/tcp|udp/P…`
+/// addresses (not relay circuits, not DNS names). Pure.
+pub fn bind_target(addr: &Multiaddr) -> Option<(std::net::SocketAddr, bool)> {
+    use libp2p::multiaddr::Protocol;
+    let (mut ip, mut port, mut udp) = (None, None, false);
+    for p in addr.iter() {
+        match p {
+            Protocol::Ip4(a) => ip = Some(std::net::IpAddr::V4(a)),
+            Protocol::Ip6(a) => ip = Some(std::net::IpAddr::V6(a)),
+            Protocol::Tcp(p) => port = Some(p),
+            Protocol::Udp(p) => {
+                port = Some(p);
+                udp = true;
+            }
+            Protocol::P2pCircuit => return None,
+            _ => {}
+        }
+    }
+    Some((std::net::SocketAddr::new(ip?, port?), udp))
+}
+
+/// What the error of a bind that failed says to an operator.
+pub fn bind_failure(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::AddrInUse => format!(
+            "another process is already listening on this port ({e}): stop it (a node still \
+             running?) or pick another port (0 = any)"
+        ),
+        std::io::ErrorKind::AddrNotAvailable => {
+            format!("not an address of this machine ({e})")
+        }
+        _ => e.to_string(),
+    }
+}
+
+/// Binds each fixed-port listen address once, *without* `SO_REUSEPORT`, and lets it go: the
+/// swarm's own listeners set `SO_REUSEPORT` (libp2p reuses the listening port for outbound
+/// dials, which hole punching needs), and with it a second node on the same address would
+/// start and split the inbound connections with the first. A socket without the option cannot
+/// bind beside one that listens, so a port another process holds is found here, before
+/// anything is created. Port 0 and relay circuits are not probed.
+pub fn probe_listen_addrs(listen: &[String]) -> Result<(), P2pError> {
+    for a in listen {
+        let Ok(addr) = a.parse::<Multiaddr>() else {
+            continue; // the config's validation names it
+        };
+        let Some((sa, udp)) = bind_target(&addr).filter(|(sa, _)| sa.port() != 0) else {
+            continue;
+        };
+        let bound = if udp {
+            std::net::UdpSocket::bind(sa).map(drop)
+        } else {
+            std::net::TcpListener::bind(sa).map(drop)
+        };
+        bound.map_err(|e| P2pError::Listen {
+            addr: a.clone(),
+            reason: bind_failure(&e),
+        })?;
+    }
+    Ok(())
+}
+
+/// The text of a `listen_on` error: libp2p's `TransportError::Other` displays as nothing, so
+/// its inner error is shown (with its source chain).
+pub fn transport_error_text(e: &libp2p::TransportError<std::io::Error>) -> String {
+    match e {
+        libp2p::TransportError::MultiaddrNotSupported(a) => {
+            format!("no transport of this node can listen on {a}")
+        }
+        libp2p::TransportError::Other(io) => {
+            let mut text = match io.kind() {
+                std::io::ErrorKind::AddrInUse | std::io::ErrorKind::AddrNotAvailable => {
+                    bind_failure(io)
+                }
+                _ => io.to_string(),
+            };
+            let mut src = std::error::Error::source(io);
+            while let Some(s) = src {
+                text.push_str(&format!(": {s}"));
+                src = s.source();
+            }
+            text
+        }
+    }
+}
+
 /// The QUIC listen addresses `network.quic_auto_listen` adds: for each `/ip4|ip6/…/tcp/P`
 /// address (not a relay circuit) whose IP has no QUIC address in `listen` yet, the same IP on
 /// `/udp/P/quic-v1` (port 0 stays 0: any free port). Pure, so the rule is tested without a

@@ -42,7 +42,14 @@ pub struct ChunkStore {
     keep: usize,
     hot: Arc<Hot>,
     writer: Option<JoinHandle<()>>,
+    /// `index/watermark` ([`crate::watermark`]): 1 + the newest manifest version ever stored
+    /// (garbage collection always keeps the newest), and that value.
+    mark_path: PathBuf,
+    mark: std::sync::Mutex<u64>,
 }
+
+/// The watermark's counter: 1 + the newest manifest version stored (0: none yet).
+const MARK_NEWEST: &str = "newest_manifest_plus_one";
 
 /// What publishing a snapshot stored.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -90,7 +97,25 @@ impl ChunkStore {
             fs::remove_dir_all(&tmp).map_err(|e| StorageError::io(&tmp, e))?;
         }
         fs::create_dir_all(&tmp).map_err(|e| StorageError::io(&tmp, e))?;
-        let db = crate::open_db(sled::Config::new().path(root.join("index")))?;
+        let index = root.join("index");
+        let mark_path = index.join(crate::watermark::WATERMARK_FILE);
+        let marks = crate::watermark::read(&mark_path)?;
+        let damaged = |reason: String| StorageError::Damaged {
+            path: index.join("db"),
+            reason,
+            recovery: format!(
+                "restore {} from a backup, or move it away (e.g. `mv {0} {0}.damaged`): the node \
+                 then starts without its snapshots' manifests and fetches them again (a learner \
+                 resumes from its checkpoint)",
+                index.display()
+            ),
+        };
+        let db = crate::open_db(sled::Config::new().path(&index)).map_err(|e| match e {
+            StorageError::Db(sled::Error::Corruption { at, .. }) => {
+                damaged(format!("sled reports corruption at {at:?}"))
+            }
+            e => e,
+        })?;
         let mut store = ChunkStore {
             root: root.to_path_buf(),
             chunks: db.open_tree("chunks")?,
@@ -99,7 +124,24 @@ impl ChunkStore {
             keep,
             hot: Hot::new(memory_bytes),
             writer: None,
+            mark_path,
+            mark: std::sync::Mutex::new(0),
         };
+        let newest = store.versions()?.last().map_or(0, |v| v + 1);
+        if let Some(&mark) = marks.as_ref().and_then(|m| m.get(MARK_NEWEST)) {
+            if newest < mark {
+                return Err(damaged(format!(
+                    "its newest manifest is {}, but its watermark ({}) recorded version {}: the \
+                     file was truncated or overwritten",
+                    newest
+                        .checked_sub(1)
+                        .map_or("none".into(), |v| v.to_string()),
+                    store.mark_path.display(),
+                    mark - 1
+                )));
+            }
+        }
+        store.raise_mark(newest)?;
         store.reconcile()?;
         if store.hot.enabled() {
             let (root, tree) = (store.root.clone(), store.chunks.clone());
@@ -254,6 +296,16 @@ impl ChunkStore {
         self.manifests
             .insert(signed.manifest.version.to_be_bytes(), signed.encode())?;
         self.db.flush()?;
+        self.raise_mark(signed.manifest.version + 1)
+    }
+
+    /// Raises the watermark to `newest_plus_one` (after the manifest is on disk).
+    fn raise_mark(&self, newest_plus_one: u64) -> Result<()> {
+        let mut mark = self.mark.lock().unwrap_or_else(|p| p.into_inner());
+        if newest_plus_one > *mark || !self.mark_path.exists() {
+            crate::watermark::write(&self.mark_path, [(MARK_NEWEST, newest_plus_one.max(*mark))])?;
+            *mark = newest_plus_one.max(*mark);
+        }
         Ok(())
     }
 
@@ -563,6 +615,32 @@ mod tests {
             ));
             assert_eq!(s.get_chunk(&h).unwrap(), good);
         }
+    }
+
+    /// An index cut short (its manifests gone) is refused at open, naming the file, instead
+    /// of opening without the snapshots it held; put back whole, it opens with them.
+    #[test]
+    fn a_truncated_index_is_refused_naming_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = ChunkStore::open_with_memory(dir.path(), 3, 0).unwrap();
+            for v in 1..=3 {
+                let p = payload(2 * CHUNK as usize, v as u8);
+                s.publish(&manifest(v, &p), &Bytes::from(p)).unwrap();
+            }
+        }
+        let db = dir.path().join("index").join("db");
+        let whole = fs::read(&db).unwrap();
+        fs::write(&db, &whole[..1000.min(whole.len() / 2)]).unwrap();
+        let err = match ChunkStore::open(dir.path(), 3) {
+            Ok(s) => panic!("opened with versions {:?}", s.versions().unwrap()),
+            Err(e) => e,
+        };
+        assert!(matches!(err, StorageError::Damaged { .. }), "{err}");
+        assert!(err.to_string().contains(&db.display().to_string()), "{err}");
+        fs::write(&db, &whole).unwrap();
+        let s = ChunkStore::open(dir.path(), 3).unwrap();
+        assert_eq!(s.versions().unwrap(), [1, 2, 3]);
     }
 
     #[test]

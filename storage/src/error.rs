@@ -34,6 +34,14 @@ pub enum StorageError {
     Corrupt(String),
     #[error("key file {path}: {reason}")]
     KeyFile { path: PathBuf, reason: String },
+    /// A store's file that cannot be read back as it was written (truncated, overwritten):
+    /// refused at open, never reset. `recovery` says what the operator can do.
+    #[error("{path} is damaged: {reason}. Nothing was changed: {recovery}")]
+    Damaged {
+        path: PathBuf,
+        reason: String,
+        recovery: String,
+    },
 }
 
 pub type Result<T, E = StorageError> = std::result::Result<T, E>;

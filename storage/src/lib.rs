@@ -24,6 +24,7 @@ pub mod manifest;
 pub mod record;
 pub mod replay;
 pub mod trajectory;
+pub mod watermark;
 
 pub use chunks::{ChunkStore, ChunkStoreStats, GcStats, PublishStats, DEFAULT_MEMORY_BYTES};
 pub use error::{Result, StorageError};

@@ -186,22 +186,36 @@ pub struct ReplayState {
     marks: Mutex<ReplayMarks>,
 }
 
+/// A replay-state file that does not decode: refused, with what the operator can do.
+fn damaged(path: &Path, reason: String) -> StorageError {
+    StorageError::Damaged {
+        path: path.to_path_buf(),
+        reason,
+        recovery: format!(
+            "restore it from a backup, or remove it (`rm {}`): the node then accepts the \
+             learner's newest signed messages again and, until they arrive, also older ones \
+             (docs/security.md, \"Replay after a restart\")",
+            path.display()
+        ),
+    }
+}
+
 impl ReplayState {
-    /// Loads `path` (a missing file = nothing accepted yet).
+    /// Loads `path` (a missing file = nothing accepted yet; one that does not decode is
+    /// [`StorageError::Damaged`], naming the file).
     pub fn open(path: &Path) -> Result<Self> {
         let marks = match std::fs::metadata(path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => ReplayMarks::default(),
             Err(e) => return Err(StorageError::io(path, e)),
             Ok(m) if m.len() > MAX_FILE_BYTES => {
-                return Err(StorageError::Corrupt(format!(
-                    "{}: {} bytes, more than a replay state holds",
-                    path.display(),
-                    m.len()
-                )))
+                return Err(damaged(
+                    path,
+                    format!("{} bytes, more than a replay state holds", m.len()),
+                ))
             }
             Ok(_) => {
                 let bytes = std::fs::read(path).map_err(|e| StorageError::io(path, e))?;
-                ReplayMarks::decode(&bytes)?
+                ReplayMarks::decode(&bytes).map_err(|e| damaged(path, e.to_string()))?
             }
         };
         Ok(ReplayState {
@@ -397,6 +411,13 @@ mod tests {
         std::fs::write(&path, vec![0u8; 10_000]).unwrap();
         assert!(ReplayState::open(&path).is_err());
         std::fs::write(&path, b"garbage").unwrap();
-        assert!(ReplayState::open(&path).is_err());
+        let err = ReplayState::open(&path).unwrap_err();
+        assert!(matches!(err, StorageError::Damaged { .. }), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains(&path.display().to_string()) && text.contains("rm "),
+            "names the file and the recovery: {text}"
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), b"garbage", "left as it was");
     }
 }

@@ -93,6 +93,19 @@ pub struct Counters {
 }
 
 impl Counters {
+    /// The counters by name, as the watermark records them (all only ever grow).
+    fn named(&self) -> [(&'static str, u64); 7] {
+        [
+            ("produced", self.produced),
+            ("leased", self.leased),
+            ("consumed", self.consumed),
+            ("discarded_stale", self.discarded_stale),
+            ("rejected_invalid", self.rejected_invalid),
+            ("duplicates", self.duplicates),
+            ("rejected_stored", self.rejected_stored),
+        ]
+    }
+
     pub fn pending(&self) -> u64 {
         self.produced
             .saturating_sub(self.consumed)
@@ -149,18 +162,56 @@ pub struct TrajectoryStore {
     /// floor of the learner's window as its last pull stated it (see [`Self::window_floor`]).
     /// In memory only: a restarted worker learns it from the next pull.
     floor: std::sync::atomic::AtomicU64,
+    /// The store's [`crate::watermark`] and when it was last written (`None` until the store
+    /// passed its checks at open: a store refused as damaged never rewrites its mark).
+    mark_path: std::path::PathBuf,
+    mark_written: Mutex<Option<Option<std::time::Instant>>>,
+}
+
+/// How often a busy store refreshes its watermark (and always at open and when dropped).
+const MARK_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl Drop for TrajectoryStore {
+    fn drop(&mut self) {
+        if let Err(e) = self.write_mark(true) {
+            tracing::warn!(path = %self.mark_path.display(), error = %e, "cannot write the trajectory store's watermark");
+        }
+    }
 }
 
 type TxError = ConflictableTransactionError<StorageError>;
 
 impl TrajectoryStore {
-    /// Opens (or creates) the store in directory `path`.
+    /// Opens (or creates) the store in directory `path`. A store that cannot be read back as
+    /// it was last written is refused with [`StorageError::Damaged`] naming its file, never
+    /// reset: sled's own corruption errors, a database that lost its layout record or counters
+    /// since its [`crate::watermark`] was written, and counters that disagree with the records
+    /// stored.
     pub fn open(path: &Path) -> Result<Self> {
+        let mark_path = path.join(crate::watermark::WATERMARK_FILE);
+        let marks = crate::watermark::read(&mark_path)?;
+        let damaged = |reason: String| {
+            StorageError::Damaged {
+            path: path.join("db"),
+            reason,
+            recovery: format!(
+                "keep it for inspection and restore {} from a backup, or move that directory away \
+                 (e.g. `mv {0} {0}.damaged`) to start with an empty store: its pending groups are then lost",
+                path.display()
+            ),
+        }
+        };
         let db = crate::open_db(
             sled::Config::new()
                 .path(path)
                 .mode(sled::Mode::HighThroughput),
-        )?;
+        )
+        .map_err(|e| match e {
+            StorageError::Db(sled::Error::Corruption { at, .. }) => {
+                damaged(format!("sled reports corruption at {at:?}"))
+            }
+            e => e,
+        })?;
         let store = TrajectoryStore {
             groups: db.open_tree("groups")?,
             leased: db.open_tree("leased")?,
@@ -170,21 +221,83 @@ impl TrajectoryStore {
             db,
             write: Mutex::new(()),
             floor: std::sync::atomic::AtomicU64::new(0),
+            mark_path,
+            mark_written: Mutex::new(None),
         };
-        match store.meta.get(K_LAYOUT)? {
-            None => {
+        // Until the checks below pass, the mark is not written (not even when `store` drops).
+        match (store.meta.get(K_LAYOUT)?, &marks) {
+            (None, Some(m)) => {
+                let produced = m.get("produced").copied().unwrap_or(0);
+                return Err(damaged(format!(
+                    "the database opens empty, but its watermark ({}) records {produced} groups \
+                     produced: the file was truncated or overwritten",
+                    store.mark_path.display()
+                )));
+            }
+            (None, None) => {
                 store.meta.insert(K_LAYOUT, &LAYOUT_VERSION.to_be_bytes())?;
                 store.db.flush()?;
             }
-            Some(v) if v.len() == 8 && be_u64(&v) == LAYOUT_VERSION => {}
-            Some(v) => {
+            (Some(v), _) if v.len() == 8 && be_u64(&v) == LAYOUT_VERSION => {}
+            (Some(v), _) => {
                 return Err(StorageError::Corrupt(format!(
                     "trajectory store layout {:?} is not {LAYOUT_VERSION}",
                     v.as_ref()
                 )))
             }
         }
+        let counters = store.counters()?;
+        if let Some((name, have, mark)) = marks
+            .as_ref()
+            .and_then(|m| crate::watermark::below(m, &counters.named()))
+        {
+            return Err(damaged(format!(
+                "counter `{name}` reads {have}, but its watermark ({}) recorded {mark}: the \
+                 file lost writes",
+                store.mark_path.display()
+            )));
+        }
+        let inv = store.check_invariant()?;
+        if !inv.holds() {
+            return Err(damaged(format!(
+                "the counters (produced {}, consumed {}, discarded {}, rejected {}) do not \
+                 account for the {} groups stored",
+                counters.produced,
+                counters.consumed,
+                counters.discarded_stale,
+                counters.rejected_stored,
+                inv.stored
+            )));
+        }
+        *store.mark_written.lock().unwrap_or_else(|p| p.into_inner()) = Some(None);
+        store.write_mark(true)?;
         Ok(store)
+    }
+
+    /// Flushes sled and writes the watermark: always when `now`, else at most every
+    /// [`MARK_EVERY`]. The counters are read before the flush, so the mark never records
+    /// more than is on disk (they only grow): a crash can never leave a mark above the store.
+    fn write_mark(&self, now: bool) -> Result<()> {
+        let mut last = self.mark_written.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(written) = last.as_mut() else {
+            // Not (yet) known to be intact: its mark stays as it was.
+            self.db.flush()?;
+            return Ok(());
+        };
+        if !now && written.is_some_and(|t| t.elapsed() < MARK_EVERY) {
+            self.db.flush()?;
+            return Ok(());
+        }
+        let counters = self.counters()?;
+        self.db.flush()?;
+        crate::watermark::write(&self.mark_path, counters.named())?;
+        *written = Some(std::time::Instant::now());
+        Ok(())
+    }
+
+    /// Flushes sled (mutating calls return only after it) and refreshes the watermark.
+    fn flushed(&self) -> Result<()> {
+        self.write_mark(false)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
@@ -269,7 +382,7 @@ impl TrajectoryStore {
                 Ok(keys)
             })
             .map_err(tx_err)?;
-        self.db.flush()?;
+        self.flushed()?;
         Ok(keys)
     }
 
@@ -284,7 +397,7 @@ impl TrajectoryStore {
         self.meta
             .transaction(|mt| tx_add(mt, K_REJECTED, n))
             .map_err(tx_err)?;
-        self.db.flush()?;
+        self.flushed()?;
         Ok(())
     }
 
@@ -362,7 +475,7 @@ impl TrajectoryStore {
             }
             self.seen.apply_batch(b)?;
         }
-        self.db.flush()?;
+        self.flushed()?;
         if total > 0 {
             tracing::info!(
                 below = v,

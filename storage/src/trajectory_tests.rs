@@ -267,6 +267,69 @@ fn counters_and_leases_survive_reopen() {
     assert!(s.check_invariant().unwrap().holds());
 }
 
+/// A stopped worker's sled file cut to 1,000 bytes (the case of issue 49): the store refuses
+/// to open, naming the file and the recovery, instead of opening empty with its counters
+/// reset; the file is left for inspection, and put back whole it opens with every group.
+#[test]
+fn a_truncated_store_is_refused_naming_its_file_and_nothing_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t");
+    {
+        let s = TrajectoryStore::open(&path).unwrap();
+        s.put_groups(&(0..20).map(|i| group(3, i, 2, 4)).collect::<Vec<_>>())
+            .unwrap();
+    }
+    let db = path.join("db");
+    let whole = std::fs::read(&db).unwrap();
+    assert!(whole.len() > 1000, "{} bytes", whole.len());
+    std::fs::write(&db, &whole[..1000]).unwrap();
+    let err = match TrajectoryStore::open(&path) {
+        Ok(s) => panic!("opened with counters {:?}", s.counters().unwrap()),
+        Err(e) => e,
+    };
+    assert!(matches!(err, StorageError::Damaged { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains(&db.display().to_string()) && text.contains("mv "),
+        "names the file and the recovery: {text}"
+    );
+    // A refused open leaves the watermark as it was: refused again.
+    assert!(matches!(
+        TrajectoryStore::open(&path),
+        Err(StorageError::Damaged { .. })
+    ));
+    // Restored from its backup, nothing was lost.
+    std::fs::write(&db, &whole).unwrap();
+    let s = TrajectoryStore::open(&path).unwrap();
+    assert_eq!(s.counters().unwrap().produced, 20);
+    assert_eq!(s.pending().unwrap(), 20);
+    assert!(s.check_invariant().unwrap().holds());
+}
+
+/// A database that opens with fewer groups produced than its watermark recorded (it lost its
+/// last writes) is refused too, as is one whose counters do not account for its records.
+#[test]
+fn a_store_that_lost_writes_since_its_watermark_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t");
+    {
+        let s = TrajectoryStore::open(&path).unwrap();
+        s.put_groups(&(0..5).map(|i| group(3, i, 2, 4)).collect::<Vec<_>>())
+            .unwrap();
+    }
+    let mark = path.join(crate::watermark::WATERMARK_FILE);
+    crate::watermark::write(&mark, [("produced", 9)]).unwrap();
+    let err = TrajectoryStore::open(&path).err().expect("refused");
+    let text = err.to_string();
+    assert!(
+        text.contains("`produced` reads 5") && text.contains("9"),
+        "{text}"
+    );
+    crate::watermark::write(&mark, [("produced", 5)]).unwrap();
+    let s = TrajectoryStore::open(&path).unwrap();
+    assert_eq!(s.pending().unwrap(), 5);
+}
+
 #[test]
 fn pulled_groups_are_stored_once() {
     let dir = tempfile::tempdir().unwrap();

@@ -21,6 +21,7 @@ use crate::api::NodeStatus;
 use crate::cli::DemoArgs;
 use crate::config::{NodeConfig, Role};
 use crate::fleet::Fleet;
+use crate::roles::progress::{eta_text, terminal_width, Eta, StatusLine};
 
 /// Heartbeat interval of the demo's nodes (fast, so that progress shows quickly).
 const HEARTBEAT_MS: u64 = 500;
@@ -48,50 +49,74 @@ fn demo_network() -> p2p::NetworkConfig {
     }
 }
 
-/// Shows the learner's progress: a progress bar on a terminal, plain lines otherwise.
-enum Progress {
+/// Shows the learner's progress: a progress bar on a terminal, plain lines otherwise; each
+/// line fitted to the terminal's width ([`StatusLine::fit`]) and carrying an ETA.
+struct Progress {
+    out: ProgressOut,
+    eta: std::cell::RefCell<Eta>,
+}
+
+enum ProgressOut {
     Bar(ProgressBar),
     Lines,
     Quiet,
 }
 
+/// Columns of the bar's template before its message: `{bar:30} {pos}/{len} steps `.
+fn bar_prefix_width(steps: u64) -> usize {
+    30 + 1 + 2 * steps.to_string().len() + 1 + " steps ".len()
+}
+
 impl Progress {
     fn new(args: &DemoArgs) -> Self {
-        if args.json {
-            Progress::Quiet
+        let out = if args.json {
+            ProgressOut::Quiet
         } else if std::io::stdout().is_terminal() {
             let bar = ProgressBar::new(args.steps);
             bar.set_style(
-                ProgressStyle::with_template("{bar:30} {pos}/{len} steps {wide_msg}")
+                ProgressStyle::with_template("{bar:30} {pos}/{len} steps {msg}")
                     .unwrap_or_else(|_| ProgressStyle::default_bar()),
             );
-            Progress::Bar(bar)
+            ProgressOut::Bar(bar)
         } else {
-            Progress::Lines
+            ProgressOut::Lines
+        };
+        Progress {
+            out,
+            eta: std::cell::RefCell::new(Eta::new(args.steps)),
         }
     }
 
     fn say(&self, line: String) {
-        match self {
-            Progress::Bar(b) => b.println(line),
-            Progress::Lines => println!("{line}"),
-            Progress::Quiet => {}
+        match &self.out {
+            ProgressOut::Bar(b) => b.println(line),
+            ProgressOut::Lines => println!("{line}"),
+            ProgressOut::Quiet => {}
         }
     }
 
-    fn update(&self, step: u64, line: String) {
-        match self {
-            Progress::Bar(b) => {
+    /// Shows `line` for `step`, with the time left, fitted to the terminal (a plain line off a
+    /// terminal is shown whole).
+    fn update(&self, step: u64, line: (Duration, StatusLine)) {
+        let (elapsed, line) = line;
+        let left = self.eta.borrow_mut().observe(step, elapsed);
+        let line = line.field(1, eta_text(left));
+        let width = terminal_width();
+        match &self.out {
+            ProgressOut::Bar(b) => {
                 b.set_position(step);
-                b.set_message(line);
+                let room = width
+                    .unwrap_or(100)
+                    .saturating_sub(bar_prefix_width(b.length().unwrap_or(0)));
+                b.set_message(line.fit(room.max(20)));
             }
-            Progress::Lines => println!("{line}"),
-            Progress::Quiet => {}
+            ProgressOut::Lines => println!("{}", line.fit(width.unwrap_or(usize::MAX))),
+            ProgressOut::Quiet => {}
         }
     }
 
     fn finish(&self) {
-        if let Progress::Bar(b) = self {
+        if let ProgressOut::Bar(b) = &self.out {
             b.finish_and_clear();
         }
     }
@@ -245,8 +270,8 @@ fn learner_config(args: &DemoArgs, task: &crate::config::TaskConfig, dir: PathBu
     l.staleness = args.staleness;
     l.kappa = args.kappa;
     if args.lora_rank > 0 {
+        // At the full fine-tuning rate: 10x does not learn on the embedded task.
         l.lora = Some(policy::LoraConfig::new(args.lora_rank, 32.0));
-        l.lr *= 10.0;
     }
     // Checked by the parser (finite, > 0).
     if let Some(lr) = args.lr {
@@ -399,29 +424,41 @@ fn worker_versions(status: &NodeStatus) -> Vec<Option<u64>> {
         .collect()
 }
 
-fn progress_line(v: &NodeStatus, t: Duration) -> String {
+/// The demo's progress line at `t` since start, most important fields first in priority
+/// (0: kept longest; [`StatusLine::fit`] drops the others to fit the terminal); the ETA is
+/// added by [`Progress::update`].
+fn progress_line(v: &NodeStatus, t: Duration) -> (Duration, StatusLine) {
+    let time = format!("[{:5.1}s]", t.as_secs_f64());
     let Some(l) = &v.learner else {
-        return format!(
-            "[{:5.1}s] starting: the learner builds and warm-starts its model; {} peers connected",
-            t.as_secs_f64(),
-            v.network.connected_peers
-        );
+        let line = StatusLine::default()
+            .field(0, time)
+            .field(0, "starting: the learner builds and warm-starts its model;")
+            .field(1, format!("{} peers connected", v.network.connected_peers));
+        return (t, line);
     };
     let versions: Vec<String> = worker_versions(v)
         .iter()
         .map(|x| x.map_or("-".into(), |n| format!("v{n}")))
         .collect();
-    format!(
-        "[{:5.1}s] step {:>4}  reward {:.3} (last 20 steps)  bubble {:.2}  Δmax {}  snapshots {}  buffer {}  workers [{}]",
-        t.as_secs_f64(),
-        l.version,
-        l.reward_recent.unwrap_or(f64::NAN),
-        l.bubble_ratio,
-        l.staleness_max,
-        l.snapshots_published,
-        l.buffer_pending.map_or("-".into(), |b| b.to_string()),
-        versions.join(" ")
-    )
+    let line = StatusLine::default()
+        .field(0, time)
+        .field(0, format!("step {:>4}", l.version))
+        .field(
+            1,
+            format!("reward {:.3}", l.reward_recent.unwrap_or(f64::NAN)),
+        )
+        .field(2, format!("bubble {:.2}", l.bubble_ratio))
+        .field(2, format!("Δmax {}", l.staleness_max))
+        .field(3, format!("workers [{}]", versions.join(" ")))
+        .field(4, format!("snapshots {}", l.snapshots_published))
+        .field(
+            4,
+            format!(
+                "buffer {}",
+                l.buffer_pending.map_or("-".into(), |b| b.to_string())
+            ),
+        );
+    (t, line)
 }
 
 /// The learner's per-step JSON lines.

@@ -19,7 +19,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use p2p::multiaddr::Protocol;
 use serde::Serialize;
 
 use crate::cli::DoctorArgs;
@@ -169,6 +168,30 @@ fn run_checks(args: &DoctorArgs) -> Vec<Check> {
         }
     };
     out.push(key_check(&config));
+    if config.network.psk_file.is_some() {
+        // `run` refuses the same problems.
+        let psk: Vec<String> = config
+            .validate_files()
+            .into_iter()
+            .filter(|p| p.key == "network.psk_file")
+            .map(|p| p.message)
+            .collect();
+        out.push(if psk.is_empty() {
+            check(
+                "psk",
+                Status::Ok,
+                "the pre-shared key file is readable by its owner only and well-formed".into(),
+                "",
+            )
+        } else {
+            check(
+                "psk",
+                Status::Fail,
+                psk.join("; "),
+                "make the file as in docs/operator-guide.md \"Private swarm\" and `chmod 600` it",
+            )
+        });
+    }
     out.push(data_dir_check(&config.data_dir));
     out.push(clock_check());
     out.push(tcp_check());
@@ -318,21 +341,7 @@ fn clock_check() -> Check {
 
 /// The socket address a listen multiaddr binds, and whether it is UDP (QUIC).
 fn bind_target(addr: &str) -> Option<(SocketAddr, bool)> {
-    let ma: p2p::Multiaddr = addr.parse().ok()?;
-    let (mut ip, mut port, mut udp) = (None, None, false);
-    for p in ma.iter() {
-        match p {
-            Protocol::Ip4(a) => ip = Some(std::net::IpAddr::V4(a)),
-            Protocol::Ip6(a) => ip = Some(std::net::IpAddr::V6(a)),
-            Protocol::Tcp(p) => port = Some(p),
-            Protocol::Udp(p) => {
-                port = Some(p);
-                udp = true;
-            }
-            _ => {}
-        }
-    }
-    Some((SocketAddr::new(ip?, port?), udp))
+    p2p::transport::bind_target(&addr.parse().ok()?)
 }
 
 fn port_checks(config: &NodeConfig) -> Vec<Check> {
@@ -357,8 +366,8 @@ fn port_checks(config: &NodeConfig) -> Vec<Check> {
             Err(e) => check(
                 "listen",
                 Status::Fail,
-                format!("{addr} cannot be bound: {e}"),
-                "another process (a running node?) holds the port: stop it or pick another port (0 = any)",
+                format!("listening on {addr}: {}", p2p::transport::bind_failure(&e)),
+                "`run` refuses this address too: stop the other process or pick another port (0 = any)",
             ),
         });
     }
@@ -369,7 +378,7 @@ fn port_checks(config: &NodeConfig) -> Vec<Check> {
             Err(e) => check(
                 "admin",
                 Status::Fail,
-                format!("{sa} cannot be bound: {e}"),
+                format!("listening on {sa}: {}", p2p::transport::bind_failure(&e)),
                 "another process (a running node?) holds the admin port: stop it or set network.admin",
             ),
         });

@@ -15,6 +15,8 @@ use crate::state::{
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let config = load_config(&args)?;
+    // Before anything is created (data dir, key, stores): ports another process holds.
+    probe_ports(&config)?;
     if config.role == Role::Relay {
         // No model, no stores: a relay runs only the network service and the admin endpoint.
         return roles::relay::run(config);
@@ -52,6 +54,26 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     result?;
     drop(state);
     tracing::info!("stopped cleanly");
+    Ok(())
+}
+
+/// Binds the listen addresses and the admin address once and lets them go: one that another
+/// process listens on is refused with the operator guide's `listening on …` error (the swarm
+/// itself listens with `SO_REUSEPORT`, which would let a second node start beside the first:
+/// [`p2p::probe_listen_addrs`]).
+pub(crate) fn probe_ports(config: &NodeConfig) -> anyhow::Result<()> {
+    p2p::probe_listen_addrs(&config.network.listen)?;
+    // Validated, so it parses; port 0 binds any free port.
+    if let Ok(sa) = config.network.admin.parse::<std::net::SocketAddr>() {
+        if sa.port() != 0 {
+            std::net::TcpListener::bind(sa).map_err(|e| {
+                anyhow::anyhow!(
+                    "the admin endpoint: listening on {sa}: {}",
+                    p2p::transport::bind_failure(&e)
+                )
+            })?;
+        }
+    }
     Ok(())
 }
 

@@ -1,5 +1,7 @@
-//! `echo-node status [--admin HOST:PORT] [--config FILE] [--json]`: ask a running node's admin
-//! endpoint for its view of the swarm.
+//! `echo-node status [--admin HOST:PORT] [-c|--config FILE] [--wide] [--json]`: ask a running
+//! node's admin endpoint for its view of the swarm. The peer table is narrow by default (fits
+//! an 80–100 column terminal: short peer ids, the columns an operator acts on); `--wide` shows
+//! every column and full ids.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
@@ -27,7 +29,7 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<()> {
         let st: NodeStatus = serde_json::from_str(&body).with_context(|| {
             format!("the reply of {admin}/status is not an echo-node status object")
         })?;
-        print!("{}", render(&st));
+        print!("{}", render(&st, args.wide));
     }
     Ok(())
 }
@@ -124,8 +126,8 @@ fn payload_line(r: &crate::api::RolloutStatus) -> String {
     )
 }
 
-/// The human view of a status object.
-pub fn render(st: &NodeStatus) -> String {
+/// The human view of a status object; `wide`: every peer column and full peer ids.
+pub fn render(st: &NodeStatus, wide: bool) -> String {
     let net = &st.network;
     let mut out = String::new();
     out.push_str(&format!(
@@ -148,16 +150,25 @@ pub fn render(st: &NodeStatus) -> String {
         }
     ));
     out.push_str(&crate::api::nat_line(net));
-    let mut standby: &[String] = &[];
+    let empty = std::collections::BTreeMap::new();
+    let (mut standby, mut refused): (&[String], _) = (&[], &empty);
     if let Some(l) = &st.learner {
         out.push_str(&learner_lines(l));
         standby = &l.scheduler.standby;
+        refused = &l.admission.refused;
     }
     if let Some(r) = &st.rollout {
         out.push_str(&payload_line(r));
+        out.push_str(&contribution_line(net));
     }
-    out.push_str(&peer_table(&net.peers, standby));
+    let view = PeerMarks { standby, refused };
+    out.push_str(&if wide {
+        peer_table(&net.peers, &view)
+    } else {
+        narrow_peer_table(&net.peers, &view)
+    });
     out.push('\n');
+    out.push_str(&refused_lines(refused));
     out.push_str(&bans(net));
     out
 }
@@ -220,8 +231,122 @@ fn learner_lines(l: &crate::api::LearnerStatus) -> String {
     out
 }
 
+/// A worker's contribution as the learner accounts it: its row of the learner's last score
+/// table (a learner-authored gossip message), not the worker's own counters.
+fn contribution_line(net: &p2p::NetworkStatus) -> String {
+    let Some(table) = &net.learner_scores else {
+        return "learner's account: no score table from the learner yet\n".into();
+    };
+    let age = storage::unix_ms().saturating_sub(table.sent_unix_ms) as f64 / 1000.0;
+    let row = table.entries.iter().find(|e| e.peer_id == net.peer_id);
+    match row.and_then(|e| e.contribution.as_ref().map(|c| (e, c))) {
+        None => format!(
+            "learner's account (score table {age:.0} s old): nothing on this worker yet{}\n",
+            row.map_or(String::new(), |e| format!(" (score {:.1})", e.score))
+        ),
+        Some((e, c)) => format!(
+            "learner's account (score table {age:.0} s old): pulled {}  accepted {}  rejected {}  trained {}  strikes {}  score {:.1}{}\n",
+            c.pulled,
+            c.accepted,
+            c.rejected,
+            c.trained,
+            c.strikes,
+            e.score,
+            c.refused
+                .as_ref()
+                .map_or(String::new(), |r| format!("\n  REFUSED by the learner (not pulled from): {r}"))
+        ),
+    }
+}
+
+/// What the learner decided about each peer, for the state column.
+struct PeerMarks<'a> {
+    standby: &'a [String],
+    /// Workers the learner does not pull from, and why.
+    refused: &'a std::collections::BTreeMap<String, String>,
+}
+
+impl PeerMarks<'_> {
+    /// `banned`, `refused` (not pulled from: admission or a sampling-rule mismatch),
+    /// `standby`, `yes` (active) or `no`.
+    fn state(&self, p: &p2p::PeerStatus) -> &'static str {
+        if p.banned {
+            "banned"
+        } else if self.refused.contains_key(&p.peer_id) {
+            "refused"
+        } else if self.standby.contains(&p.peer_id) {
+            "standby"
+        } else if p.active {
+            "yes"
+        } else {
+            "no"
+        }
+    }
+}
+
+/// A peer id's first four and last eight characters (every Ed25519 peer id starts `12D3KooW`:
+/// the tail tells them apart), as the admin page shows them.
+fn short_id(id: &str) -> String {
+    let n = id.chars().count();
+    if n <= 16 {
+        return id.to_string();
+    }
+    let head: String = id.chars().take(4).collect();
+    let tail: String = id.chars().skip(n - 8).collect();
+    format!("{head}…{tail}")
+}
+
+/// The workers the learner does not pull from, each with why (full ids: the reason is what
+/// their operator must fix).
+fn refused_lines(refused: &std::collections::BTreeMap<String, String>) -> String {
+    if refused.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("refused by the learner (not pulled from):\n");
+    for (id, why) in refused {
+        out.push_str(&format!("  {id}: {why}\n"));
+    }
+    out
+}
+
+/// The default peer table: short ids and the columns an operator acts on (`--wide`: all).
+fn narrow_peer_table(peers: &[p2p::PeerStatus], marks: &PeerMarks<'_>) -> String {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_header(vec![
+        "peer",
+        "role",
+        "installed",
+        "score",
+        "hb age s",
+        "pending",
+        "μ",
+        "state",
+    ]);
+    for p in peers {
+        let installed = format!(
+            "v{}{}",
+            opt(p.installed_version),
+            p.install_lag
+                .filter(|&l| l > 0)
+                .map_or(String::new(), |l| format!(" (−{l})"))
+        );
+        t.add_row(vec![
+            short_id(&p.peer_id),
+            p.role.map_or_else(|| "-".into(), |r| r.to_string()),
+            installed,
+            format!("{:.1}", p.score.score),
+            num(p.heartbeat_age_s, 1),
+            opt(p.pending),
+            num(p.mu, 2),
+            marks.state(p).to_string(),
+        ]);
+    }
+    t.to_string()
+}
+
 /// One row per known peer: identity, version, score parts, pending work and state.
-fn peer_table(peers: &[p2p::PeerStatus], standby: &[String]) -> String {
+fn peer_table(peers: &[p2p::PeerStatus], marks: &PeerMarks<'_>) -> String {
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);
     t.set_header(vec![
@@ -258,15 +383,7 @@ fn peer_table(peers: &[p2p::PeerStatus], standby: &[String]) -> String {
             opt(p.pending),
             num(p.mu, 2),
             num(p.cost_per_hour, 2),
-            if p.banned {
-                "banned".into()
-            } else if standby.contains(&p.peer_id) {
-                "standby".into()
-            } else if p.active {
-                "yes".into()
-            } else {
-                "no".into()
-            },
+            marks.state(p).to_string(),
         ]);
     }
     t.to_string()
@@ -346,7 +463,7 @@ mod tests {
         }"#,
         )
         .unwrap();
-        let s = render(&st);
+        let s = render(&st, true);
         assert!(
             s.contains("12D3KooWx") && s.contains("12.5") && s.contains("rollout"),
             "{s}"
@@ -360,6 +477,109 @@ mod tests {
         assert!(s.contains("NVIDIA H100 60.0/80.0 GiB free (cc 9.0)"), "{s}");
         // No strike yet: no defence section.
         assert!(!s.contains("bans"), "{s}");
+    }
+
+    /// The default table fits a 100-column terminal, and a worker the learner refuses is
+    /// marked `refused` with why, not `yes` (issue 49).
+    #[test]
+    fn the_default_table_is_narrow_and_marks_refused_workers() {
+        let mut v: serde_json::Value = serde_json::from_str(
+            r#"{
+              "peer_id": "12D3", "role": "learner", "swarm_id": "s", "listen_addrs": [],
+              "external_addrs": [], "connected_peers": 1, "private_swarm": false, "quic": false,
+              "local": {"installed_version": null, "mu": 0.0, "availability": 1.0, "pending": 0,
+                        "forward_rate_bps": 0.0, "receive_rate_bps": 0.0},
+              "counters": {}, "learner_scores": null, "version": 4, "node_version": "0.1.0",
+              "learner": {"version": 4, "admission": {"refused": {
+                  "12D3KooWRefusedWorkerPeerIdAAAAAAAAAAAAAAAAAAAAAAAA":
+                  "sampling rule: temperature 1 is not the learner's 1.2"}}},
+              "peers": []
+            }"#,
+        )
+        .unwrap();
+        let peer = |id: &str| {
+            serde_json::json!({"peer_id": id, "role": "rollout", "addrs": ["/ip4/127.0.0.1/tcp/4001"],
+                "installed_version": 4, "chain": 0, "position": 1, "mu": 1.5,
+                "cost_per_hour": 0.2, "pending": 20, "connected": true,
+                "node_version": "0.1.0", "agent_version": null, "availability": 1.0,
+                "forward_rate_bps": null, "receive_rate_bps": null, "heartbeat_age_s": 0.4,
+                "heartbeats": 9, "started_unix_ms": null, "rejected_messages": 0,
+                "gossip_score": null, "score": 55.5, "speed": 40.0, "success": 99.9,
+                "stability": 30.0, "decay": 1.0, "avg_speed_bps": 0.0, "successes": 3,
+                "failures": 0, "consecutive_failures": 0, "active": true,
+                "device": {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3", "memory_total_bytes": 85899345920,
+                           "memory_free_bytes": 64424509440, "compute_capability": "9.0"}})
+        };
+        v["peers"] = serde_json::json!([
+            peer("12D3KooWRefusedWorkerPeerIdAAAAAAAAAAAAAAAAAAAAAAAA"),
+            peer("12D3KooWGoodWorkerPeerIdBBBBBBBBBBBBBBBBBBBBBBBBBBB")
+        ]);
+        let st: NodeStatus = serde_json::from_value(v).unwrap();
+        let narrow = render(&st, false);
+        let table: Vec<&str> = narrow.lines().filter(|l| l.contains('│')).collect();
+        assert!(!table.is_empty(), "{narrow}");
+        for l in &table {
+            assert!(
+                l.chars().count() <= 100,
+                "{} columns: {l}",
+                l.chars().count()
+            );
+        }
+        let refused_row = table.iter().find(|l| l.contains("AAAAAAAA")).unwrap();
+        assert!(
+            refused_row.contains("refused") && !refused_row.contains(" yes "),
+            "{narrow}"
+        );
+        let good_row = table.iter().find(|l| l.contains("BBBBBBBB")).unwrap();
+        assert!(good_row.contains("yes"), "{narrow}");
+        assert!(
+            narrow.contains("12D3KooWRefusedWorkerPeerIdAAAAAAAAAAAAAAAAAAAAAAAA: sampling rule"),
+            "the full id and the reason below the table: {narrow}"
+        );
+        let wide = render(&st, true);
+        assert!(
+            wide.contains("NVIDIA H100") && wide.contains("decay"),
+            "{wide}"
+        );
+        assert!(!narrow.contains("decay"), "{narrow}");
+    }
+
+    /// On a worker, what the learner did with its groups comes from the learner's score
+    /// table (its row's contribution), refusal included.
+    #[test]
+    fn a_worker_sees_its_contribution_from_the_learners_score_table() {
+        let me = "12D3KooWMeWorkerPeerIdCCCCCCCCCCCCCCCCCCCCCCCCCCCCC";
+        let v = serde_json::json!({
+            "peer_id": me, "role": "rollout", "swarm_id": "s", "listen_addrs": [],
+            "external_addrs": [], "connected_peers": 1, "private_swarm": false, "quic": false,
+            "local": {"installed_version": 3, "mu": 1.0, "availability": 1.0, "pending": 20,
+                      "forward_rate_bps": 0.0, "receive_rate_bps": 0.0},
+            "counters": {}, "version": 3, "node_version": "0.1.0", "peers": [],
+            "rollout": {"installed_version": 3, "groups": 40},
+            "learner_scores": {"v": 1, "swarm_id": "s", "sent_unix_ms": storage::unix_ms(),
+                "entries": [{"peer_id": me, "score": 80.0, "speed": 100.0, "success": 90.0,
+                             "stability": 100.0, "decay": 1.0,
+                             "contribution": {"pulled": 20, "accepted": 18, "rejected": 2,
+                                              "trained": 16, "strikes": 1,
+                                              "refused": "sampling rule: temperature 1 is not 1.2"}}]}
+        });
+        let st: NodeStatus = serde_json::from_value(v.clone()).unwrap();
+        let s = render(&st, false);
+        assert!(
+            s.contains("pulled 20  accepted 18  rejected 2  trained 16  strikes 1"),
+            "{s}"
+        );
+        assert!(
+            s.contains("REFUSED by the learner (not pulled from): sampling rule"),
+            "{s}"
+        );
+        let mut older = v;
+        older["learner_scores"]["entries"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("contribution");
+        let st: NodeStatus = serde_json::from_value(older).unwrap();
+        assert!(render(&st, false).contains("nothing on this worker yet (score 80.0)"));
     }
 
     #[test]
@@ -390,7 +610,7 @@ mod tests {
         };
         v["peers"] = serde_json::json!([peer("12D3KooWbad", true), peer("12D3KooWok", false)]);
         let st: NodeStatus = serde_json::from_value(v).unwrap();
-        let s = render(&st);
+        let s = render(&st, true);
         assert!(
             s.contains("strikes 3  bans 1  connections refused 2"),
             "{s}"

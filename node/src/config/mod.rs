@@ -8,6 +8,7 @@
 //! with `toml` from these structs, so a key renamed here is renamed for them.
 
 mod admission;
+mod parse;
 mod validate;
 mod verification;
 
@@ -18,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 pub use admission::{AdmissionConfig, AdmissionMode};
 pub use learner::Objective;
+pub use parse::{Location, Problem};
 pub use verification::{PerDtype, VerificationConfig};
 
 /// What a node does in the swarm: `learner`, `rollout`, or `relay` (a relay / bootstrap node:
@@ -324,6 +326,9 @@ pub struct LearnerConfig {
     pub warm_start_steps: usize,
     /// Checkpoint every N steps (and at shutdown).
     pub checkpoint_every: u64,
+    /// Checkpoints kept on disk (the newest first): a restart whose newest checkpoint cannot
+    /// be read falls back to the newest readable one, with a WARN naming the broken file.
+    pub keep_checkpoints: usize,
     /// Stop training after this many steps in total (0 = never); the node keeps serving.
     pub max_steps: u64,
     /// How often the learner pulls from workers when its buffer is short (milliseconds); it
@@ -366,6 +371,7 @@ impl Default for LearnerConfig {
             top_p: 1.0,
             warm_start_steps: 60,
             checkpoint_every: 50,
+            keep_checkpoints: learner::checkpoint::DEFAULT_KEEP_CHECKPOINTS,
             max_steps: 0,
             pull_interval_ms: 100,
             buffer_groups: 0,
@@ -490,14 +496,23 @@ impl Default for StorageConfig {
 #[derive(Debug)]
 pub struct ConfigError {
     pub file: PathBuf,
-    pub problems: Vec<(String, String)>,
+    pub problems: Vec<Problem>,
 }
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid config {}:", self.file.display())?;
-        for (key, problem) in &self.problems {
-            write!(f, "\n  - {key}: {problem}")?;
+        let n = self.problems.len();
+        write!(
+            f,
+            "invalid config {} ({n} problem{}):",
+            self.file.display(),
+            if n == 1 { "" } else { "s" }
+        )?;
+        for p in &self.problems {
+            write!(f, "\n  - {}: {}", p.key, p.message)?;
+            if let Some(at) = &p.at {
+                write!(f, "\n    at {at}")?;
+            }
         }
         Ok(())
     }
@@ -541,29 +556,40 @@ impl NodeConfig {
         std::fs::write(path, text)
     }
 
-    /// Reads and parses `file`; values are validated by [`NodeConfig::validate`].
+    /// Reads and parses `file`; values are validated by [`NodeConfig::validate`]. When the
+    /// file has problems, the values that did parse are validated too, so that every problem
+    /// is reported at once ([`parse`]).
     pub fn load(file: &Path) -> Result<Self, ConfigError> {
-        let err = |key: &str, problem: String| ConfigError {
+        let err = |problems: Vec<Problem>| ConfigError {
             file: file.to_path_buf(),
-            problems: vec![(key.to_string(), problem)],
+            problems,
         };
         let text = std::fs::read_to_string(file)
-            .map_err(|e| err("(file)", format!("cannot read: {e}")))?;
-        Self::parse(&text).map_err(|(key, problem)| err(&key, problem))
+            .map_err(|e| err(vec![Problem::new("(file)", format!("cannot read: {e}"))]))?;
+        let (config, mut problems) = parse::parse_lenient(&text);
+        match config {
+            Some(c) if problems.is_empty() => Ok(c),
+            Some(c) => {
+                // Keys dropped for a parse problem are at their defaults: their checks are
+                // not reported again.
+                let dropped: Vec<String> = problems.iter().map(|p| p.key.clone()).collect();
+                if let Err(e) = c.validate_all(file) {
+                    problems.extend(e.problems.into_iter().filter(|p| {
+                        !dropped
+                            .iter()
+                            .any(|d| p.key == *d || p.key.starts_with(&format!("{d}.")))
+                    }));
+                }
+                Err(err(problems))
+            }
+            None => Err(err(problems)),
+        }
     }
 
-    /// Parses TOML text; the error names the key path.
-    pub fn parse(text: &str) -> Result<Self, (String, String)> {
-        let de = toml::Deserializer::new(text);
-        serde_path_to_error::deserialize(de).map_err(|e| {
-            let path = e.path().to_string();
-            let key = if path == "." {
-                "(top level)".to_string()
-            } else {
-                path
-            };
-            (key, e.into_inner().message().trim().to_string())
-        })
+    /// Parses TOML text; the error lists every problem (with the key path, and the line and
+    /// column where the text shows it).
+    pub fn parse(text: &str) -> Result<Self, Vec<Problem>> {
+        parse::parse(text)
     }
 
     /// Where the learner keeps its checkpoints.
@@ -636,9 +662,12 @@ mod tests {
 
     fn problems(text: &str) -> Vec<(String, String)> {
         match NodeConfig::parse(text) {
-            Err(p) => vec![p],
+            Err(p) => p,
             Ok(c) => c.validate(Path::new("t.toml")).unwrap_err().problems,
         }
+        .into_iter()
+        .map(|p| (p.key, p.message))
+        .collect()
     }
 
     #[test]
@@ -688,6 +717,146 @@ mod tests {
                 "storage.keep_snapshots"
             ]
         );
+    }
+
+    /// Issue 49 (4): three problems in one file are three problems, each with its key path
+    /// and where it is; the values that did parse are checked in the same report.
+    #[test]
+    fn every_problem_of_a_file_is_reported_at_once_with_its_line_and_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("bad.toml");
+        std::fs::write(
+            &file,
+            "role = \"learner\"\nswarm_id = \"x\"\ndata_dir = \"d\"\n\
+             [storage]\nkeep_snapshot = 3\nlease_ttl_s = \"long\"\n\
+             [learner]\nlr = -1.0\nclip_eps = -7\n",
+        )
+        .unwrap();
+        let e = NodeConfig::load(&file).unwrap_err();
+        let keys: Vec<&str> = e.problems.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "storage.keep_snapshot",
+                "storage.lease_ttl_s",
+                "learner.lr",
+                "learner.clip_eps"
+            ],
+            "{e}"
+        );
+        let unknown = e.problems[0].at.as_ref().expect("located");
+        assert_eq!((unknown.line, unknown.column, unknown.width), (5, 1, 13));
+        let typed = e.problems[1].at.as_ref().expect("located");
+        assert_eq!((typed.line, typed.column), (6, 15));
+        let text = e.to_string();
+        assert!(text.contains("(4 problems)"), "{text}");
+        assert!(
+            text.contains("line 5, column 1") && text.contains("5 | keep_snapshot = 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| ^^^^^^^^^^^^^\n"),
+            "a caret under the key: {text}"
+        );
+        assert!(
+            !text.contains("LossConfig") && !text.contains("AdamWConfig"),
+            "no debug dump: {text}"
+        );
+    }
+
+    /// A TOML syntax error, a duplicate key among them, is reported with its line, column and
+    /// a caret.
+    #[test]
+    fn toml_syntax_errors_have_a_line_a_column_and_a_caret() {
+        for (text, line) in [
+            (
+                "role = \"learner\"\nswarm_id = \"x\"\nswarm_id = \"y\"\n",
+                3,
+            ),
+            ("role = \"learner\"\n[storage\nkeep_snapshots = 3\n", 2),
+        ] {
+            let p = NodeConfig::parse(text).unwrap_err();
+            assert_eq!(p.len(), 1, "{p:?}");
+            assert_eq!(p[0].key, "(syntax)");
+            let at = p[0].at.as_ref().expect("located");
+            assert_eq!(at.line, line, "{p:?}");
+            let shown = at.to_string();
+            assert!(
+                shown.contains('^') && shown.contains(&format!("line {line}, column")),
+                "{shown}"
+            );
+        }
+    }
+
+    /// Ranges the trainer or its optimiser would refuse only after the node started are
+    /// refused here, by key.
+    #[test]
+    fn trainer_ranges_are_checked_by_key() {
+        let head = "role = \"learner\"\nswarm_id = \"x\"\ndata_dir = \"d\"\n[learner]\n";
+        for (line, key) in [
+            ("lr = -1.0", "learner.lr"),
+            ("lr = 0.0", "learner.lr"),
+            ("clip_eps = -7.0", "learner.clip_eps"),
+            ("kl_beta = -0.1", "learner.kl_beta"),
+            ("is_cap = 0.0", "learner.is_cap"),
+            ("temperature = 0.0", "learner.temperature"),
+            ("groups_per_step = 0", "learner.groups_per_step"),
+            ("keep_checkpoints = 0", "learner.keep_checkpoints"),
+        ] {
+            let p = problems(&format!("{head}{line}\n"));
+            assert!(p.iter().any(|(k, _)| k == key), "{line}: {p:?}");
+            assert!(p.iter().all(|(k, _)| k != "learner"), "{line}: {p:?}");
+        }
+    }
+
+    /// The pre-shared key and the node key are checked before anything is created: present,
+    /// well-formed, mode 0600.
+    #[cfg(unix)]
+    #[test]
+    fn psk_and_key_files_are_checked_for_existence_format_and_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let psk = dir.path().join("swarm.key");
+        let data = dir.path().join("data");
+        let text = format!(
+            "role = \"learner\"\nswarm_id = \"x\"\ndata_dir = \"{}\"\n[network]\npsk_file = \"{}\"\nquic = false\n",
+            data.display(),
+            psk.display()
+        );
+        let c = NodeConfig::parse(&text).unwrap();
+        let files = |c: &NodeConfig| -> Vec<String> {
+            c.validate_files()
+                .into_iter()
+                .map(|p| format!("{}: {}", p.key, p.message))
+                .collect()
+        };
+        assert!(files(&c)[0].contains("does not exist"), "{:?}", files(&c));
+        std::fs::write(&psk, "not a key").unwrap();
+        std::fs::set_permissions(&psk, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(
+            files(&c)[0].contains("/key/swarm/psk/1.0.0/"),
+            "{:?}",
+            files(&c)
+        );
+        std::fs::write(&psk, p2p::psk_file_contents([3; 32])).unwrap();
+        assert!(files(&c).is_empty(), "{:?}", files(&c));
+        std::fs::set_permissions(&psk, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(files(&c)[0].contains("chmod 600"), "{:?}", files(&c));
+        std::fs::set_permissions(&psk, std::fs::Permissions::from_mode(0o600)).unwrap();
+        // The node key: absent is fine (created at the first start), 0644 or garbage is not.
+        std::fs::create_dir_all(&data).unwrap();
+        let key = data.join("node.key");
+        storage::NodeKey::generate().write_new(&key).unwrap();
+        assert!(files(&c).is_empty(), "{:?}", files(&c));
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let f = files(&c);
+        assert!(
+            f[0].starts_with("key_file:") && f[0].contains("chmod 600"),
+            "{f:?}"
+        );
+        std::fs::write(&key, "garbage").unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(files(&c)[0].contains("first line"), "{:?}", files(&c));
     }
 
     #[test]

@@ -1,17 +1,137 @@
 //! Validation of a parsed [`NodeConfig`]: every value checked against what is allowed, every
-//! problem reported with its key path, all at once.
+//! problem reported with its key path, all at once; and the files it names (pre-shared key,
+//! node key: present, well-formed, mode 0600) before anything is created.
 
 use std::path::Path;
 
 use storage::manifest::{MAX_CHUNK_SIZE, MIN_CHUNK_SIZE};
 
-use super::{ConfigError, NodeConfig, Ranking, Role};
+use super::{ConfigError, NodeConfig, Problem, Ranking, Role};
+
+/// Runs `checks` with `bad`, and says whether any of them reported a problem.
+fn checks_failed(
+    bad: &mut impl FnMut(&str, String),
+    checks: impl FnOnce(&mut dyn FnMut(&str, String)),
+) -> bool {
+    let mut failed = false;
+    checks(&mut |k: &str, p: String| {
+        failed = true;
+        bad(k, p)
+    });
+    failed
+}
+
+/// Whether a file's mode lets others than its owner read or write it (Unix; never elsewhere).
+fn open_to_others(path: &Path) -> Option<u32> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
+        (mode & 0o077 != 0).then_some(mode)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        None
+    }
+}
 
 impl NodeConfig {
+    /// [`Self::validate`] and [`Self::validate_files`]: every problem at once. What `run`
+    /// checks before it creates anything.
+    pub fn validate_all(&self, file: &Path) -> Result<(), ConfigError> {
+        let mut problems = self
+            .validate(file)
+            .err()
+            .map(|e| e.problems)
+            .unwrap_or_default();
+        problems.extend(self.validate_files());
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError {
+                file: file.to_path_buf(),
+                problems,
+            })
+        }
+    }
+
+    /// The files the config names: `network.psk_file` must exist, be a pre-shared key file
+    /// and be readable by its owner only (mode 0600); the node key (`key_file`, default
+    /// `<data_dir>/node.key`), when it exists, must be a key file of mode 0600 (a missing one
+    /// is created at the first start).
+    pub fn validate_files(&self) -> Vec<Problem> {
+        let mut out = Vec::new();
+        if let Some(psk) = self
+            .network
+            .psk_file
+            .as_ref()
+            .filter(|p| !p.as_os_str().is_empty())
+        {
+            if !psk.is_file() {
+                out.push(Problem::new(
+                    "network.psk_file",
+                    format!(
+                        "{} does not exist (relative paths are relative to the working directory); \
+                         make it once and copy it to every node (docs/operator-guide.md, \"Private swarm\")",
+                        psk.display()
+                    ),
+                ));
+            } else if let Some(mode) = open_to_others(psk) {
+                out.push(Problem::new(
+                    "network.psk_file",
+                    format!(
+                        "{} is readable by others (mode {mode:o}): `chmod 600 {}`",
+                        psk.display(),
+                        psk.display()
+                    ),
+                ));
+            } else if let Err(e) = p2p::load_psk(psk) {
+                out.push(Problem::new("network.psk_file", e.to_string()));
+            }
+        }
+        let key = self.key_path();
+        if !key.exists() && self.role == Role::Learner {
+            if let Some(expected) = &self.learner_public_key {
+                out.push(Problem::new(
+                    "learner_public_key",
+                    format!(
+                        "{} is set, but there is no node key at {}: a new key would not be it; \
+                         put the learner's node.key there, or remove learner_public_key",
+                        expected.trim(),
+                        key.display()
+                    ),
+                ));
+            }
+        }
+        if key.exists() {
+            let name = "key_file";
+            if let Some(mode) = open_to_others(&key) {
+                out.push(Problem::new(
+                    name,
+                    format!(
+                        "the node key {} is readable by others (mode {mode:o}): `chmod 600 {}`",
+                        key.display(),
+                        key.display()
+                    ),
+                ));
+            } else if let Err(e) = storage::NodeKey::read(&key) {
+                out.push(Problem::new(
+                    name,
+                    format!(
+                        "{e}: restore the key from its backup, or move it away to get a new one \
+                         (a new peer id)"
+                    ),
+                ));
+            }
+        }
+        out
+    }
+
     /// Checks every value; all problems are reported at once.
     pub fn validate(&self, file: &Path) -> Result<(), ConfigError> {
-        let mut problems: Vec<(String, String)> = Vec::new();
-        let mut bad = |k: &str, p: String| problems.push((k.to_string(), p));
+        let mut problems: Vec<Problem> = Vec::new();
+        let mut bad = |k: &str, p: String| problems.push(Problem::new(k, p));
         let id_ok = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
         if self.swarm_id.is_empty() || self.swarm_id.len() > 64 || !self.swarm_id.chars().all(id_ok)
         {
@@ -150,8 +270,12 @@ impl NodeConfig {
     fn validate_learner(&self, bad: &mut impl FnMut(&str, String)) {
         let l = &self.learner;
         if self.role == Role::Learner {
-            if let Err(e) = l.trainer_config().and_then(|c| c.validate()) {
-                bad("learner", e.to_string());
+            // What the trainer and its optimiser refuse, each under its own key.
+            let before = checks_failed(bad, |bad| self.validate_trainer_ranges(bad));
+            if !before {
+                if let Err(e) = l.trainer_config().and_then(|c| c.validate()) {
+                    bad("learner", e.to_string());
+                }
             }
         }
         if l.kappa == Some(0) {
@@ -168,6 +292,12 @@ impl NodeConfig {
         }
         if l.checkpoint_every == 0 {
             bad("learner.checkpoint_every", "must be at least 1".into());
+        }
+        if !(1..=1000).contains(&l.keep_checkpoints) {
+            bad(
+                "learner.keep_checkpoints",
+                format!("{} is outside 1..=1000", l.keep_checkpoints),
+            );
         }
         if !(10..=60_000).contains(&l.pull_interval_ms) {
             bad(
@@ -215,6 +345,55 @@ impl NodeConfig {
                 "broadcast.worker_mbps",
                 format!("{} must be > 0 (Mbit/s)", self.broadcast.worker_mbps),
             );
+        }
+    }
+
+    /// The numeric ranges of `[learner]` the trainer (`learner::TrainerConfig::validate`) and
+    /// its optimiser (AdamW) would refuse at start, named by key.
+    fn validate_trainer_ranges(&self, bad: &mut dyn FnMut(&str, String)) {
+        let l = &self.learner;
+        let positive = |v: f64| v.is_finite() && v > 0.0;
+        let non_negative = |v: f64| v.is_finite() && v >= 0.0;
+        if !positive(l.lr) {
+            bad(
+                "learner.lr",
+                format!("{} must be > 0 (the AdamW learning rate)", l.lr),
+            );
+        }
+        if !non_negative(l.clip_eps) {
+            bad(
+                "learner.clip_eps",
+                format!("{} must be >= 0 (the clip range ε)", l.clip_eps),
+            );
+        }
+        if !non_negative(l.kl_beta) {
+            bad(
+                "learner.kl_beta",
+                format!("{} must be >= 0 (0 = no KL penalty)", l.kl_beta),
+            );
+        }
+        if let Some(cap) = l.is_cap {
+            if !positive(cap) {
+                bad(
+                    "learner.is_cap",
+                    format!("{cap} must be > 0 (or left out: no cap)"),
+                );
+            }
+        }
+        if !(l.temperature.is_finite() && l.temperature > 0.0) {
+            bad(
+                "learner.temperature",
+                format!(
+                    "{} must be > 0 (and equal rollout.temperature)",
+                    l.temperature
+                ),
+            );
+        }
+        if l.groups_per_step == 0 {
+            bad("learner.groups_per_step", "must be at least 1".into());
+        }
+        if l.group_size == 0 {
+            bad("learner.group_size", "must be at least 1".into());
         }
     }
 

@@ -11,7 +11,11 @@
 //! each line (`crate::logging`), so log lines and the bar do not garble each other; off a
 //! terminal nothing is drawn (log files and CI output stay plain).
 //!
-//! Owns: the bar. Must not touch: the engine or the install path (it only reads their events).
+//! [`StatusLine`], [`Eta`]: the demo's progress line, fitted to the terminal by dropping its
+//! least important fields, with the time left.
+//!
+//! Owns: the bar and the line. Must not touch: the engine or the install path (it only reads
+//! their events).
 
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -153,9 +157,169 @@ impl Bar {
     }
 }
 
+/// A status line of fields, each with a priority (0 = kept longest): [`StatusLine::fit`] drops
+/// the least important fields, not the tail, until the line fits the terminal. What the
+/// demo's progress line is made of.
+#[derive(Debug, Default, Clone)]
+pub struct StatusLine {
+    fields: Vec<(u8, String)>,
+}
+
+impl StatusLine {
+    /// Adds a field (shown in the order added).
+    pub fn field(mut self, priority: u8, text: impl Into<String>) -> Self {
+        self.fields.push((priority, text.into()));
+        self
+    }
+
+    /// The fields joined by two spaces, within `width` characters: the fields of the highest
+    /// priority number go first, then the next, until the rest fits; a single field longer
+    /// than `width` is cut with `…`. Pure.
+    pub fn fit(&self, width: usize) -> String {
+        let mut keep: Vec<bool> = vec![true; self.fields.len()];
+        let len = |keep: &[bool]| -> usize {
+            let shown: Vec<usize> = self
+                .fields
+                .iter()
+                .zip(keep)
+                .filter(|(_, k)| **k)
+                .map(|((_, t), _)| t.chars().count())
+                .collect();
+            shown.iter().sum::<usize>() + 2 * shown.len().saturating_sub(1)
+        };
+        let mut by_priority: Vec<usize> = (0..self.fields.len()).collect();
+        // Dropped first: the highest number; among equals, the last one.
+        by_priority.sort_by_key(|&i| (std::cmp::Reverse(self.fields[i].0), std::cmp::Reverse(i)));
+        for i in by_priority {
+            if len(&keep) <= width || keep.iter().filter(|k| **k).count() <= 1 {
+                break;
+            }
+            keep[i] = false;
+        }
+        let line: Vec<&str> = self
+            .fields
+            .iter()
+            .zip(&keep)
+            .filter(|(_, k)| **k)
+            .map(|((_, t), _)| t.as_str())
+            .collect();
+        let line = line.join("  ");
+        if line.chars().count() <= width {
+            line
+        } else {
+            let cut: String = line.chars().take(width.saturating_sub(1)).collect();
+            format!("{cut}…")
+        }
+    }
+}
+
+/// The time left of a run of `total` steps, from the rate of the steps seen so far (counted
+/// from the first step observed, so that a warm-up before it does not count).
+#[derive(Debug, Clone)]
+pub struct Eta {
+    total: u64,
+    first: Option<(u64, std::time::Duration)>,
+}
+
+impl Eta {
+    pub fn new(total: u64) -> Self {
+        Eta { total, first: None }
+    }
+
+    /// `step` reached at `elapsed` (since any fixed start): the estimated time left, once two
+    /// distinct steps were seen. Pure.
+    pub fn observe(
+        &mut self,
+        step: u64,
+        elapsed: std::time::Duration,
+    ) -> Option<std::time::Duration> {
+        let (s0, t0) = *self.first.get_or_insert((step, elapsed));
+        if step <= s0 || elapsed <= t0 {
+            return None;
+        }
+        let per_step = (elapsed - t0).as_secs_f64() / (step - s0) as f64;
+        let left = self.total.saturating_sub(step) as f64 * per_step;
+        Some(std::time::Duration::from_secs_f64(left))
+    }
+}
+
+/// `ETA 1h02m`, `ETA 3m05s`, `ETA 12s`.
+pub fn eta_text(left: Option<std::time::Duration>) -> String {
+    let Some(left) = left else {
+        return "ETA -".into();
+    };
+    let s = left.as_secs();
+    match (s / 3600, (s % 3600) / 60, s % 60) {
+        (0, 0, sec) => format!("ETA {sec}s"),
+        (0, m, sec) => format!("ETA {m}m{sec:02}s"),
+        (h, m, _) => format!("ETA {h}h{m:02}m"),
+    }
+}
+
+/// The width of the terminal on stdout, when it is one.
+pub fn terminal_width() -> Option<usize> {
+    let term = console::Term::stdout();
+    term.is_term()
+        .then(|| term.size_checked().map(|(_, cols)| usize::from(cols)))
+        .flatten()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_line_drops_its_least_important_fields_to_fit() {
+        let line = StatusLine::default()
+            .field(0, "step 12")
+            .field(1, "reward 0.412")
+            .field(1, "ETA 3m05s")
+            .field(2, "bubble 0.08")
+            .field(2, "Δmax 2")
+            .field(3, "workers [v11 v12]")
+            .field(4, "snapshots 6");
+        let all =
+            "step 12  reward 0.412  ETA 3m05s  bubble 0.08  Δmax 2  workers [v11 v12]  snapshots 6";
+        assert_eq!(line.fit(200), all);
+        assert_eq!(line.fit(all.chars().count()), all);
+        assert_eq!(
+            line.fit(72),
+            "step 12  reward 0.412  ETA 3m05s  bubble 0.08  Δmax 2  workers [v11 v12]"
+        );
+        assert_eq!(
+            line.fit(71),
+            "step 12  reward 0.412  ETA 3m05s  bubble 0.08  Δmax 2"
+        );
+        assert_eq!(
+            line.fit(50),
+            "step 12  reward 0.412  ETA 3m05s  bubble 0.08"
+        );
+        assert_eq!(line.fit(20), "step 12");
+        assert_eq!(line.fit(5), "step…");
+        for w in 5..120 {
+            assert!(line.fit(w).chars().count() <= w, "width {w}");
+        }
+    }
+
+    #[test]
+    fn the_eta_follows_the_rate_since_the_first_step_seen() {
+        use std::time::Duration;
+        let mut eta = Eta::new(100);
+        assert_eq!(
+            eta.observe(0, Duration::from_secs(30)),
+            None,
+            "one point: no rate"
+        );
+        assert_eq!(
+            eta.observe(10, Duration::from_secs(50)),
+            Some(Duration::from_secs(180)),
+            "2 s a step, 90 steps left (the 30 s before step 0 do not count)"
+        );
+        assert_eq!(eta_text(Some(Duration::from_secs(185))), "ETA 3m05s");
+        assert_eq!(eta_text(Some(Duration::from_secs(3725))), "ETA 1h02m");
+        assert_eq!(eta_text(Some(Duration::from_secs(9))), "ETA 9s");
+        assert_eq!(eta_text(None), "ETA -");
+    }
 
     const BIG: u64 = LONG_DOWNLOAD_BYTES;
 

@@ -199,6 +199,70 @@ fn run_overrides_are_validated_too() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("network.admin"));
 }
 
+/// Issue 49 (1): a second node on a listen address the first one listens on refuses to start
+/// with the operator guide's `listening on …` error, before it creates its data dir (the
+/// swarm's listeners use SO_REUSEPORT, which alone would let both listen); so does a node
+/// whose admin port another process holds.
+#[test]
+fn a_second_node_on_a_port_in_use_is_refused_before_anything_is_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let first_dir = dir.path().join("first");
+    std::fs::create_dir_all(&first_dir).unwrap();
+    let first = Node::start(&learner_config(&first_dir, ""));
+    let data = first_dir.join("data");
+    let addrs = testkit::wait_for(
+        "the first node's address file",
+        Duration::from_secs(60),
+        || echo_node::addr_file::read(&data, first.child.id()),
+    );
+    let listen = addrs
+        .listen
+        .iter()
+        .find(|a| a.contains("/tcp/"))
+        .expect("a TCP listen address")
+        .clone();
+    let second_dir = dir.path().join("second");
+    std::fs::create_dir_all(&second_dir).unwrap();
+    let cfg = learner_config(&second_dir, "");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("/ip4/127.0.0.1/tcp/0", &listen);
+    std::fs::write(&cfg, text).unwrap();
+    let out = echo_node()
+        .args(["run", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("error: listening on {listen}"))
+            && err.contains("another process is already listening"),
+        "{err}"
+    );
+    assert!(!second_dir.join("data").exists(), "nothing is created");
+
+    // The admin port.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let admin = held.local_addr().unwrap();
+    let cfg = learner_config(&second_dir, "");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("admin = \"127.0.0.1:0\"", &format!("admin = \"{admin}\""));
+    std::fs::write(&cfg, text).unwrap();
+    let out = echo_node()
+        .args(["run", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("listening on {admin}")) && err.contains("another process"),
+        "{err}"
+    );
+    assert!(!second_dir.join("data").exists(), "nothing is created");
+    drop(first);
+}
+
 #[test]
 fn run_opens_the_stores_and_stops_cleanly_on_sigterm_then_inspect_reads_them() {
     let dir = tempfile::tempdir().unwrap();

@@ -521,7 +521,7 @@ fn learner_and_three_workers_discover_each_other_and_a_restart_keeps_the_peer_id
 
     // The human table and /metrics (both metric families in one response).
     let out = Command::new(BIN)
-        .args(["status", "--admin", &learner.admin])
+        .args(["status", "--wide", "--admin", &learner.admin])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -565,6 +565,8 @@ fn learner_and_three_workers_discover_each_other_and_a_restart_keeps_the_peer_id
 
 fn write_psk(path: &Path, byte: u8) {
     std::fs::write(path, p2p::psk_file_contents([byte; 32])).unwrap();
+    // `run` refuses a pre-shared key others can read.
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
 }
 
 #[test]
@@ -615,6 +617,19 @@ fn a_node_with_the_wrong_pre_shared_key_cannot_connect() {
         peer(&st, &wrong.key.peer_id).is_none(),
         "wrong-key node got in: {st}"
     );
+    // Issue 49 (3): both sides say why at WARN, the default level: a failed handshake that
+    // names the swarm key.
+    let warned = |node: &Node, what: &str| {
+        log_lines(node, what)
+            .into_iter()
+            .find(|l| l.contains("WARN") && l.contains("psk_file"))
+    };
+    wait_for("the learner's WARN about the wrong key's handshake", WAIT, || {
+        warned(&learner, "inbound connection failed in its handshake")
+    });
+    wait_for("the wrong-key worker's WARN about its handshake", WAIT, || {
+        warned(&wrong, "connection failed in its handshake")
+    });
     let ws = wrong.status().unwrap();
     assert_eq!(ws["connected_peers"], 0, "{ws}");
     assert!(
@@ -695,6 +710,13 @@ fn a_node_outside_the_allow_list_is_refused() {
         "{os}"
     );
     assert_eq!(os["counters"]["heartbeats_received"], 0, "{os}");
+    // Issue 49 (3): the learner's WARN names the peer id to add to its allow list.
+    let add = format!("add \"{}\" to it", outsider.key.peer_id);
+    wait_for("the learner's WARN naming the outsider's peer id", WAIT, || {
+        log_lines(&learner, &add)
+            .into_iter()
+            .find(|l| l.contains("WARN") && l.contains("network.allow_list"))
+    });
 }
 
 #[test]

@@ -116,7 +116,14 @@ impl Service {
         let entries: Vec<_> = self
             .peers
             .iter()
-            .filter_map(|(p, e)| e.score_entry(p, now))
+            .filter_map(|(p, e)| {
+                let mut row = e.score_entry(p, now)?;
+                row.contribution = self.contributions.get(p).cloned().map(|mut c| {
+                    c.strikes = e.strikes.total();
+                    c
+                });
+                Some(row)
+            })
             .collect();
         if entries.is_empty() {
             return;

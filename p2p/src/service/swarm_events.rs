@@ -14,7 +14,22 @@ use libp2p::swarm::{DialError, ListenError, SwarmEvent};
 use libp2p::{autonat, identify, kad, mdns, Multiaddr, PeerId};
 use tracing::{debug, info, warn};
 
-use super::{denial, is_circuit, strip_p2p, Service};
+use super::{denial, diagnose, is_circuit, strip_p2p, Service};
+
+/// How long a connection failure, once warned about, stays quiet for the same peer or host.
+const WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The IP part of an address (a remote's port changes with every connection).
+fn host_of(addr: &Multiaddr) -> String {
+    addr.iter()
+        .find(|p| {
+            matches!(
+                p,
+                libp2p::multiaddr::Protocol::Ip4(_) | libp2p::multiaddr::Protocol::Ip6(_)
+            )
+        })
+        .map_or_else(|| addr.to_string(), |p| p.to_string())
+}
 use crate::behaviour::{self, BehaviourEvent};
 use crate::client::Event;
 
@@ -62,15 +77,43 @@ impl Service {
             SwarmEvent::IncomingConnectionError {
                 send_back_addr,
                 error,
+                peer_id,
                 ..
             } => {
                 if let ListenError::Denied { cause } = &error {
                     self.count_denied();
                     let why = denial(cause);
-                    warn!(addr = %send_back_addr, %cause, "inbound connection refused ({why})");
+                    let not_allowed = cause
+                        .downcast_ref::<libp2p::allow_block_list::NotAllowed>()
+                        .is_some();
+                    match peer_id {
+                        Some(p) if not_allowed => {
+                            if self.first_warning(&format!("allow {p}")) {
+                                warn!(
+                                    peer = %p,
+                                    addr = %send_back_addr,
+                                    "inbound connection refused: peer {p} is not in network.allow_list \
+                                     (add \"{p}\" to it to let this node in)"
+                                );
+                            }
+                        }
+                        _ => {
+                            warn!(peer = ?peer_id, addr = %send_back_addr, %cause, "inbound connection refused ({why})")
+                        }
+                    }
                 } else {
                     self.count_connection_error();
-                    info!(addr = %send_back_addr, error = %error, "inbound connection failed (wrong pre-shared key or protocol mismatch?)");
+                    let from = host_of(&send_back_addr);
+                    if self.first_warning(&format!("in {from}")) {
+                        let error = diagnose::listen_error_text(&error);
+                        warn!(
+                            addr = %send_back_addr,
+                            %error,
+                            private_swarm = self.cfg.network.psk_file.is_some(),
+                            "inbound connection failed in its handshake: {}",
+                            diagnose::HANDSHAKE_HINT
+                        );
+                    }
                 }
             }
             SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
@@ -86,11 +129,58 @@ impl Service {
                     warn!(peer = ?peer_id, %cause, "outbound connection refused ({why})");
                 } else {
                     self.count_connection_error();
-                    debug!(peer = ?peer_id, error = %error, "dial failed");
+                    let bootstrap =
+                        peer_id.is_some_and(|p| self.bootstrap.iter().any(|(b, _)| *b == p));
+                    let failure = diagnose::dial_failure(&error);
+                    let key = format!("out {peer_id:?}");
+                    match failure.kind {
+                        diagnose::DialFailureKind::Handshake => {
+                            if self.first_warning(&key) {
+                                warn!(
+                                    peer = ?peer_id,
+                                    error = %failure.text,
+                                    private_swarm = self.cfg.network.psk_file.is_some(),
+                                    "connection failed in its handshake: {}",
+                                    diagnose::HANDSHAKE_HINT
+                                );
+                            }
+                        }
+                        diagnose::DialFailureKind::Unreachable if bootstrap => {
+                            if self.first_warning(&key) {
+                                warn!(
+                                    peer = ?peer_id,
+                                    error = %failure.text,
+                                    "bootstrap peer cannot be reached (is it running, is the address in \
+                                     network.bootstrap right, does a firewall block it?)"
+                                );
+                            }
+                        }
+                        diagnose::DialFailureKind::Unreachable
+                        | diagnose::DialFailureKind::Other => {
+                            if bootstrap && self.first_warning(&key) {
+                                warn!(peer = ?peer_id, error = %failure.text, "dialing a bootstrap peer failed");
+                            } else {
+                                debug!(peer = ?peer_id, error = %failure.text, "dial failed");
+                            }
+                        }
+                    }
                 }
             }
             _ => {}
         }
+    }
+
+    /// Whether a warning about `what` is the first in [`WARN_EVERY`]: a peer that keeps
+    /// failing the same way is named once a minute, not on every redial.
+    pub(super) fn first_warning(&mut self, what: &str) -> bool {
+        let now = std::time::Instant::now();
+        self.warned
+            .retain(|_, t| now.duration_since(*t) < WARN_EVERY);
+        if self.warned.len() >= 1024 || self.warned.contains_key(what) {
+            return false;
+        }
+        self.warned.insert(what.to_string(), now);
+        true
     }
 
     pub(super) fn count_denied(&mut self) {

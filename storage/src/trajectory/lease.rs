@@ -106,7 +106,7 @@ impl TrajectoryStore {
                 Ok(id)
             })
             .map_err(tx_err)?;
-        self.db.flush()?;
+        self.flushed()?;
         Ok(Lease {
             id,
             expires_unix_ms: expires,
@@ -184,7 +184,7 @@ impl TrajectoryStore {
                 Ok(n)
             })
             .map_err(tx_err)?;
-        self.db.flush()?;
+        self.flushed()?;
         Ok(n)
     }
 
@@ -216,7 +216,7 @@ impl TrajectoryStore {
                 Ok(n)
             })
             .map_err(tx_err)?;
-        self.db.flush()?;
+        self.flushed()?;
         Ok(n)
     }
 
@@ -224,7 +224,7 @@ impl TrajectoryStore {
     pub fn release(&self, lease_id: u64) -> Result<()> {
         let _g = self.lock();
         self.drop_lease(lease_id)?;
-        self.db.flush()?;
+        self.flushed()?;
         Ok(())
     }
 

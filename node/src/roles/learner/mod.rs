@@ -115,6 +115,33 @@ struct Shared {
     /// Admitted, active workers past probation (the puller counts them; the batch quota
     /// reads them).
     established_active: AtomicUsize,
+    /// Groups trained per producer (peer id) since start: the `trained` of each worker's
+    /// contribution in the score tables (`puller::contributions`).
+    trained: Mutex<std::collections::HashMap<String, u64>>,
+}
+
+/// Producers whose trained groups [`Shared::count_trained`] keeps at most (then it starts
+/// over: a count is a report, not an input to any decision).
+const MAX_TRAINED_PRODUCERS: usize = 4096;
+
+impl Shared {
+    /// Counts one trained group of each producer named.
+    fn count_trained<'a>(&self, producers: impl Iterator<Item = &'a str>) {
+        let mut t = self.trained.lock().unwrap_or_else(|p| p.into_inner());
+        for p in producers {
+            if !t.contains_key(p) && t.len() >= MAX_TRAINED_PRODUCERS {
+                t.clear();
+            }
+            *t.entry(p.to_string()).or_default() += 1;
+        }
+    }
+
+    fn trained_by_producer(&self) -> std::collections::HashMap<String, u64> {
+        self.trained
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
 }
 
 /// A snapshot waiting to be published: version, payload and its manifest kind (full, or a
@@ -274,6 +301,7 @@ fn new_shared(
     Arc::new(Shared {
         pipeline,
         established_active: AtomicUsize::new(0),
+        trained: Mutex::new(std::collections::HashMap::new()),
         stop: tokio_util::sync::CancellationToken::new(),
         window,
         version: TrainerVersion::new(version),

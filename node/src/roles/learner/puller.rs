@@ -272,6 +272,7 @@ pub(super) async fn run(
     let verifier: Arc<dyn pull::GroupVerifier> =
         Arc::new(super::verify::PullVerifier(shared.pipeline.clone()));
     let mut banned = HashSet::new();
+    let mut contributions_sent = Instant::now() - CONTRIBUTIONS_EVERY;
     loop {
         let done: Option<Done> = tokio::select! {
             _ = tick.tick() => None,
@@ -306,6 +307,13 @@ pub(super) async fn run(
             .dtypes
             .refresh(workers.iter().map(|p| (p.peer, p.device.as_ref())));
         drop_banned(&client, &mut banned, &buffer, &shared).await;
+        // What the learner did with each worker's groups, carried by its score tables.
+        if contributions_sent.elapsed() >= CONTRIBUTIONS_EVERY {
+            contributions_sent = Instant::now();
+            let _ = client
+                .set_contributions(contributions(&workers, &shared))
+                .await;
+        }
         let (workers, strangers) =
             admitted(&workers, &mut settings.gate, &settings.sampling, &shared);
         // Not admitted, not trusted to forward: the next plans seat them as chain ends.
@@ -422,6 +430,44 @@ fn standby(shared: &Shared) -> HashSet<p2p::PeerId> {
         .as_ref()
         .and_then(|s| s.lock().ok().map(|s| s.standby().iter().copied().collect()))
         .unwrap_or_default()
+}
+
+/// How often the puller hands the workers' contributions to the network service.
+const CONTRIBUTIONS_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Each worker's contribution as the learner accounts it: groups its verification judged
+/// (accepted, rejected), groups trained, and why it is refused (the service adds strikes).
+/// Workers the learner has nothing on are left out.
+fn contributions(
+    workers: &[p2p::PeerView],
+    shared: &Shared,
+) -> std::collections::HashMap<p2p::PeerId, p2p::Contribution> {
+    let mut refused = BTreeMap::new();
+    shared.pulls.with_admission(|a| refused = a.refused.clone());
+    let trained = shared.trained_by_producer();
+    workers
+        .iter()
+        .filter_map(|p| {
+            let id = p.peer.to_base58();
+            let h = shared.pipeline.history(&id);
+            let trained = trained.get(&id).copied().unwrap_or(0);
+            let refused: Option<String> = refused
+                .get(&id)
+                .map(|r| r.chars().take(p2p::messages::MAX_REFUSED_CHARS).collect());
+            let pulled = h.accepted + h.rejected;
+            (pulled > 0 || trained > 0 || refused.is_some()).then(|| {
+                let c = p2p::Contribution {
+                    pulled,
+                    accepted: h.accepted,
+                    rejected: h.rejected,
+                    trained,
+                    strikes: 0,
+                    refused,
+                };
+                (p.peer, c)
+            })
+        })
+        .collect()
 }
 
 /// The workers the puller may pull from: those the admission gate lets pull

@@ -74,6 +74,31 @@ impl Totals {
         crate::api::Curve::push(&mut self.curve.reward, (st.version, st.reward_mean));
     }
 
+    /// The step's point of the run's timeline (`Curve::timeline`).
+    fn record_time_point(
+        &mut self,
+        st: &StepStats,
+        idle: f64,
+        trained: usize,
+        t_bcast_s: Option<f64>,
+    ) {
+        let busy = self.idle_s + self.train_s;
+        let wall = idle + st.t_train_s;
+        let point = crate::api::TimePoint {
+            unix_ms: storage::unix_ms(),
+            step: st.version,
+            reward: st.reward_mean,
+            bubble: if busy > 0.0 { self.idle_s / busy } else { 0.0 },
+            t_bcast_s,
+            groups_per_s: if wall > 0.0 {
+                trained as f64 / wall
+            } else {
+                0.0
+            },
+        };
+        crate::api::Curve::push(&mut self.curve.timeline, point);
+    }
+
     /// Evaluates the version just published, if the environment has an exact evaluator.
     fn evaluate(&mut self, c: &TrainCtx) {
         if let Some(e) = &c.exact {
@@ -169,9 +194,21 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
             .collect();
         if st.stepped {
             count_trained_producers(&mut totals, &hand, &admitted, &st);
+            c.shared.count_trained(
+                hand.iter()
+                    .filter(|g| {
+                        admitted.contains(&g.group_id)
+                            && !st.quarantined.iter().any(|q| q.group_id == g.group_id)
+                    })
+                    .map(|g| g.producer.as_str()),
+            );
             record_checked_rewards(&mut totals, &batch, &trained);
         }
         totals.add(&st, idle);
+        if st.stepped {
+            let t_bcast_s = c.shared.publish.t_bcast().0.map(|e| e.secs);
+            totals.record_time_point(&st, idle, trained.len(), t_bcast_s);
+        }
         if !st.stepped {
             journal.forget_last().context("journal")?;
             continue;
@@ -184,7 +221,9 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
             totals.evaluate(&c);
         }
         if st.version % c.cfg.checkpoint_every == 0 {
-            c.trainer.save(&c.ckpt_dir).context("checkpoint")?;
+            c.trainer
+                .save_keeping(&c.ckpt_dir, c.cfg.keep_checkpoints)
+                .context("checkpoint")?;
             journal.covered().context("clearing the journal")?;
         }
         let line = json!({
@@ -197,7 +236,10 @@ pub(super) fn run(mut c: TrainCtx) -> anyhow::Result<()> {
         last = Some((st, idle));
         super::status::update(&c, &totals, last.as_ref(), false);
     }
-    let dir = c.trainer.save(&c.ckpt_dir).context("final checkpoint")?;
+    let dir = c
+        .trainer
+        .save_keeping(&c.ckpt_dir, c.cfg.keep_checkpoints)
+        .context("final checkpoint")?;
     journal.covered().context("clearing the journal")?;
     tracing::info!(version = c.trainer.version(), dir = %dir.display(), "checkpoint written");
     Ok(())
@@ -503,8 +545,8 @@ fn export_step_metrics(st: &StepStats, t: &Totals, recomputed: bool) {
     let busy = t.idle_s + t.train_s;
     metrics::gauge!("learner_version").set(st.version as f64);
     metrics::gauge!("learner_bubble_ratio").set(if busy > 0.0 { t.idle_s / busy } else { 0.0 });
-    metrics::gauge!("learner_idle_seconds").set(t.idle_s);
-    metrics::gauge!("learner_train_seconds").set(t.train_s);
+    crate::telemetry::set_seconds_total("learner_idle_seconds_total", t.idle_s);
+    crate::telemetry::set_seconds_total("learner_train_seconds_total", t.train_s);
     metrics::histogram!("learner_t_train_seconds").record(st.t_train_s);
     metrics::gauge!("learner_loss").set(st.loss);
     metrics::gauge!("learner_reward_std").set(st.reward_std);

@@ -299,6 +299,6 @@ async fn report_status(
             restored_version,
         }));
         metrics::gauge!("rollout_mu_groups_per_s").set(s.mu);
-        metrics::gauge!("rollout_groups_total").set(s.groups as f64);
+        metrics::counter!("rollout_groups_total").absolute(s.groups);
     }
 }
