@@ -561,7 +561,7 @@ mod tests {
             let dir = tmp.path();
             t.save(dir).unwrap();
             let mut seen = 0;
-            let r = t.save_observed(dir, DEFAULT_KEEP_CHECKPOINTS, &mut |p| {
+            let r = t.save_observed(dir, 1, &mut |p| {
                 if seen == crash_at {
                     return Err(LearnerError::Checkpoint(format!("crash after {p}")));
                 }

@@ -139,13 +139,16 @@ mod tests {
 
     fn problems(text: &str) -> Vec<(String, String)> {
         match NodeConfig::parse(text) {
-            Err(p) => vec![p],
+            Err(p) => p,
             Ok(c) => c
                 .validate(Path::new("t.toml"))
                 .err()
                 .map(|e| e.problems)
                 .unwrap_or_default(),
         }
+        .into_iter()
+        .map(|p| (p.key, p.message))
+        .collect()
     }
 
     #[test]

@@ -624,12 +624,16 @@ fn a_node_with_the_wrong_pre_shared_key_cannot_connect() {
             .into_iter()
             .find(|l| l.contains("WARN") && l.contains("psk_file"))
     };
-    wait_for("the learner's WARN about the wrong key's handshake", WAIT, || {
-        warned(&learner, "inbound connection failed in its handshake")
-    });
-    wait_for("the wrong-key worker's WARN about its handshake", WAIT, || {
-        warned(&wrong, "connection failed in its handshake")
-    });
+    wait_for(
+        "the learner's WARN about the wrong key's handshake",
+        WAIT,
+        || warned(&learner, "inbound connection failed in its handshake"),
+    );
+    wait_for(
+        "the wrong-key worker's WARN about its handshake",
+        WAIT,
+        || warned(&wrong, "connection failed in its handshake"),
+    );
     let ws = wrong.status().unwrap();
     assert_eq!(ws["connected_peers"], 0, "{ws}");
     assert!(
@@ -712,11 +716,15 @@ fn a_node_outside_the_allow_list_is_refused() {
     assert_eq!(os["counters"]["heartbeats_received"], 0, "{os}");
     // Issue 49 (3): the learner's WARN names the peer id to add to its allow list.
     let add = format!("add \"{}\" to it", outsider.key.peer_id);
-    wait_for("the learner's WARN naming the outsider's peer id", WAIT, || {
-        log_lines(&learner, &add)
-            .into_iter()
-            .find(|l| l.contains("WARN") && l.contains("network.allow_list"))
-    });
+    wait_for(
+        "the learner's WARN naming the outsider's peer id",
+        WAIT,
+        || {
+            log_lines(&learner, &add)
+                .into_iter()
+                .find(|l| l.contains("WARN") && l.contains("network.allow_list"))
+        },
+    );
 }
 
 #[test]
