@@ -31,13 +31,22 @@
 //! **What a fault costs.** A parent at fault for *slowness* is demoted: ranked after every
 //! healthy forwarder for [`DEMOTE_VERSIONS`] versions (it lands at a chain's tail, where its
 //! uplink delays nobody), no strike — a slow link is a fact of the network, not an attack.
-//! A parent at fault for *silence* (every child that lagged under it saw silence) gets one
-//! strike per silent version in the evidence and is excluded from forwarding for the run: it
-//! held the version and said nothing to two different children, which no working honest
-//! node does. With [`LAG_VERSIONS`] = 2 the evidence holds at least 4 silent versions, past
-//! the default ban threshold of 3 strikes: repeated silence bans. A child at fault is demoted
-//! too (a tail has no child to starve) and its receipts are no longer believed — a child that
-//! lies about its parents to frame them convicts itself after two parents instead.
+//! So is a parent whose children saw it *overfeed* ([`Verdict::Overfed`]: chunks they had not
+//! asked for, or a second copy — the child charges it and drops the stream at the first).
+//! A parent at fault for *silence* (every child that lagged under it saw silence) is
+//! *accused* ([`Decision::Accuse`]); receipts alone never ban, because identities are cheap
+//! and two fresh ones seated under an honest parent can sign "nothing came". The accusation
+//! is judged by [`sentence`] on evidence a fresh identity cannot manufacture: the learner's
+//! own probe of the parent (it asks it over chunk fetch for a chunk of a version it reported
+//! holding: withheld, it lied) or children that are established (past probation on verified
+//! work, [`crate::admission`]). Either convicts: one strike per silent version in the
+//! evidence, and exclusion from forwarding for the run — with [`LAG_VERSIONS`] = 2 the
+//! evidence holds at least 4 silent versions, past the default ban threshold of 3 strikes. A
+//! parent that serves the probe, accused by young children only, is cleared (its
+//! separations stand: at most moved); one that leaves the probe unanswered is demoted. A
+//! child at fault is demoted too (a tail has no child to starve) and its receipts are no
+//! longer believed — a child that lies about its parents to frame them convicts itself after
+//! two parents instead.
 //!
 //! Owns: the verdict and the ledger's rule. Must not touch: receipts' wire format and
 //! signatures (`p2p::messages`), the plan layout (`crate::plan`), strikes and bans themselves
@@ -71,8 +80,10 @@ pub struct Delivery {
     /// Bytes the child lacked when the parent's push began (or when it accepted the manifest,
     /// if no push began): what the parent had to send.
     pub wanted: u64,
-    /// Verified chunk bytes received from the parent's push.
+    /// Bytes of the first copy of each chunk asked of the parent and received from it.
     pub bytes: u64,
+    /// Bytes the parent pushed that the child had not asked for, or had received already.
+    pub duplicates: u64,
     /// The parent sent a hello for this version, or for a newer one, before the report.
     pub spoke: bool,
     /// The parent's hello for this very version.
@@ -121,10 +132,16 @@ pub enum Verdict {
     /// Not the parent's doing: it did not hold the version in time, or it had moved on to a
     /// newer version.
     Excused,
+    /// The parent pushed chunks the child had not asked for, or again (a protocol error of
+    /// the parent's: an honest parent pushes what the child's reply lacked, once).
+    Overfed,
 }
 
 /// The verdict on one delivery (module docs, "Verdicts").
 pub fn judge(d: &Delivery, e: &Expectation) -> Verdict {
+    if d.duplicates > 0 {
+        return Verdict::Overfed;
+    }
     if d.wanted == 0 {
         return Verdict::OnTime;
     }
@@ -174,6 +191,8 @@ pub enum Fault {
     SlowParent,
     /// A parent that held versions and sent two different children nothing.
     SilentParent,
+    /// A parent that pushed two different children chunks they had not asked for.
+    OverfeedingParent,
     /// A child that lagged under two different parents.
     Child,
 }
@@ -185,9 +204,58 @@ pub enum Decision<P> {
     Separate { parent: P, child: P, until: u64 },
     /// Rank `peer` after every healthy forwarder until version `until`.
     Demote { peer: P, until: u64, fault: Fault },
+    /// Two different children saw `peer` silent (`count` silent versions in the evidence,
+    /// from `children`): the caller weighs the accusation ([`sentence`]) and hands the
+    /// result back ([`Ledger::sentenced`]).
+    Accuse {
+        peer: P,
+        count: u32,
+        children: Vec<P>,
+    },
     /// `count` strikes against `peer` (silent versions in the evidence); it is excluded from
     /// forwarding for the run.
     Strike { peer: P, count: u32 },
+}
+
+/// What the learner's own probe of an accused parent found: it asked the parent, over chunk
+/// fetch, for one chunk of the newest version the parent reported holding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// The chunk came, and verified: the parent does pass on what it holds.
+    Served,
+    /// An empty answer (not held) or a chunk that failed verification, for a version it
+    /// reported holding: it lied to the learner itself.
+    Withheld,
+    /// No answer in time, or no connection: evidence of nothing.
+    Unanswered,
+}
+
+/// What an accusation of silence comes to ([`sentence`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sentence {
+    /// Convicted: `count` strikes, excluded from forwarding for the run.
+    Strike { count: u32 },
+    /// Not convicted, not cleared: ranked after every healthy forwarder for a while.
+    Demote,
+    /// Cleared: only the separations the receipts caused stand.
+    Clear,
+}
+
+/// Weighs an accusation of silence of `count` versions. `established`: how many of the
+/// accusing children are established (past probation on verified work — what a fresh
+/// identity cannot have); `probe`: the learner's own probe of the parent, if it ran one.
+/// Receipts alone — from children that are not both established — never convict: two cheap
+/// identities could have signed them. A probe the parent fails convicts whoever accused it;
+/// one it passes clears it unless established children accuse it (a parent may serve fetches
+/// and still push nothing, which only its children can see).
+pub fn sentence(count: u32, established: usize, probe: Option<Probe>) -> Sentence {
+    if probe == Some(Probe::Withheld) || established >= 2 {
+        return Sentence::Strike { count };
+    }
+    match probe {
+        Some(Probe::Served) => Sentence::Clear,
+        Some(Probe::Withheld) | Some(Probe::Unanswered) | None => Sentence::Demote,
+    }
 }
 
 /// Lagging versions in a row on one edge so far.
@@ -195,6 +263,7 @@ pub enum Decision<P> {
 struct Lag {
     versions: u32,
     silent: u32,
+    overfed: u32,
 }
 
 /// The learner's record of lagging deliveries (module docs, "Attribution by moving the
@@ -262,10 +331,11 @@ impl<P: Clone + Ord> Ledger<P> {
                 }
                 Vec::new()
             }
-            Verdict::Slow | Verdict::Silent => {
+            Verdict::Slow | Verdict::Silent | Verdict::Overfed => {
                 let lag = self.edges.entry(edge.clone()).or_default();
                 lag.versions += 1;
                 lag.silent += u32::from(v == Verdict::Silent);
+                lag.overfed += u32::from(v == Verdict::Overfed);
                 if lag.versions < LAG_VERSIONS {
                     return Vec::new();
                 }
@@ -280,6 +350,7 @@ impl<P: Clone + Ord> Ledger<P> {
                     .or_default();
                 held.versions += lag.versions;
                 held.silent += lag.silent;
+                held.overfed += lag.overfed;
                 self.failed_parents
                     .entry(child.clone())
                     .or_default()
@@ -316,15 +387,32 @@ impl<P: Clone + Ord> Ledger<P> {
         // some child bytes is at worst slow.
         let silent = evidence.values().all(|l| l.silent > 0);
         if silent {
-            let count = evidence.values().map(|l| l.silent).sum();
-            self.excluded.insert(parent.clone());
-            self.demoted.remove(parent);
-            vec![Decision::Strike {
+            vec![Decision::Accuse {
                 peer: parent.clone(),
-                count,
+                count: evidence.values().map(|l| l.silent).sum(),
+                children: evidence.into_keys().collect(),
             }]
+        } else if evidence.values().any(|l| l.overfed > 0) {
+            vec![self.demote(version, parent, Fault::OverfeedingParent)]
         } else {
             vec![self.demote(version, parent, Fault::SlowParent)]
+        }
+    }
+
+    /// Carries out the [`sentence`] on an accused `peer` (at `version`); returns what it
+    /// comes to (nothing when cleared).
+    pub fn sentenced(&mut self, version: u64, peer: &P, s: Sentence) -> Option<Decision<P>> {
+        match s {
+            Sentence::Strike { count } => {
+                self.excluded.insert(peer.clone());
+                self.demoted.remove(peer);
+                Some(Decision::Strike {
+                    peer: peer.clone(),
+                    count,
+                })
+            }
+            Sentence::Demote => Some(self.demote(version, peer, Fault::SilentParent)),
+            Sentence::Clear => None,
         }
     }
 

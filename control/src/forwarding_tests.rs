@@ -16,6 +16,7 @@ fn delivery(bytes: u64, first_ms: Option<u64>, end_ms: u64) -> Delivery {
     Delivery {
         wanted: 1_250_000,
         bytes,
+        duplicates: 0,
         spoke: first_ms.is_some(),
         hello_ms: first_ms.map(|_| 1),
         first_ms,
@@ -172,10 +173,22 @@ fn a_silent_parent_is_separated_from_its_child_then_struck_when_a_second_child_s
     assert_eq!(out.len(), 2, "{out:?}");
     assert_eq!(
         out[1],
-        Decision::Strike {
+        Decision::Accuse {
+            peer: p("bad"),
+            count: 6,
+            children: vec![p("c1"), p("c2")],
+        }
+    );
+    assert!(l.excluded().is_empty(), "receipts alone exclude nobody");
+    // The learner's probe found it withholding a chunk it reported holding: convicted.
+    let s = sentence(6, 0, Some(Probe::Withheld));
+    assert_eq!(s, Sentence::Strike { count: 6 });
+    assert_eq!(
+        l.sentenced(6, &p("bad"), s),
+        Some(Decision::Strike {
             peer: p("bad"),
             count: 6
-        }
+        })
     );
     assert!(l.excluded().contains("bad"));
     assert!(l.suspects().is_empty());
@@ -278,6 +291,7 @@ fn retain_forgets_departed_peers_and_expired_decisions() {
     lag_twice(&mut l, 3, "slow", "c2", Verdict::Slow);
     lag_twice(&mut l, 5, "bad", "c1", Verdict::Silent);
     lag_twice(&mut l, 7, "bad", "c3", Verdict::Silent);
+    l.sentenced(8, &p("bad"), Sentence::Strike { count: 4 });
     assert!(l.excluded().contains("bad"));
     l.retain(9, |x| x != "bad");
     assert!(l.excluded().is_empty());
@@ -285,4 +299,87 @@ fn retain_forgets_departed_peers_and_expired_decisions() {
     assert!(l.demoted(9).contains("slow"));
     l.retain(100, |_| true);
     assert!(l.demoted(100).is_empty() && l.separated(100).is_empty());
+}
+
+/// Receipts alone never convict: only the learner's own probe or established children do.
+#[test]
+fn an_accusation_convicts_only_on_a_failed_probe_or_established_children() {
+    use Probe::*;
+    for probe in [None, Some(Served), Some(Unanswered)] {
+        // Two fresh children (say, two cheap identities lying together).
+        assert_ne!(
+            sentence(4, 0, probe),
+            Sentence::Strike { count: 4 },
+            "{probe:?}"
+        );
+        assert_ne!(
+            sentence(4, 1, probe),
+            Sentence::Strike { count: 4 },
+            "{probe:?}"
+        );
+        // Two established ones: their word is enough (a parent can serve fetches and push
+        // nothing).
+        assert_eq!(
+            sentence(4, 2, probe),
+            Sentence::Strike { count: 4 },
+            "{probe:?}"
+        );
+    }
+    for established in 0..3 {
+        assert_eq!(
+            sentence(5, established, Some(Withheld)),
+            Sentence::Strike { count: 5 }
+        );
+    }
+    // Fresh accusers of a parent that served the probe: cleared (at most moved); one that
+    // did not answer: demoted.
+    assert_eq!(sentence(4, 1, Some(Served)), Sentence::Clear);
+    assert_eq!(sentence(4, 0, Some(Unanswered)), Sentence::Demote);
+    assert_eq!(sentence(4, 0, None), Sentence::Demote);
+}
+
+/// Two framers seated in turn under an honest parent: it is separated from each, accused,
+/// serves the probe, and is cleared — moved, never demoted, excluded or struck.
+#[test]
+fn two_framers_get_an_honest_parent_at_most_moved() {
+    let mut l = Ledger::default();
+    lag_twice(&mut l, 1, "honest", "f1", Verdict::Silent);
+    let out = lag_twice(&mut l, 3, "honest", "f2", Verdict::Silent);
+    let Some(Decision::Accuse { peer, count, .. }) = out.last().cloned() else {
+        panic!("{out:?}");
+    };
+    assert_eq!(
+        l.sentenced(4, &peer, sentence(count, 0, Some(Probe::Served))),
+        None
+    );
+    assert!(l.excluded().is_empty() && l.demoted(5).is_empty());
+    assert_eq!(l.fault_of(&p("honest"), 5), None);
+    assert_eq!(l.separated(5).len(), 2, "moved away from both");
+}
+
+#[test]
+fn a_parent_that_overfeeds_two_children_is_moved_then_demoted_never_struck() {
+    let e = expect(true);
+    let over = Delivery {
+        duplicates: 2_500_000,
+        ..delivery(1_250_000, Some(5), 105)
+    };
+    assert_eq!(judge(&over, &e), Verdict::Overfed);
+    let mut l = Ledger::default();
+    let out = lag_twice(&mut l, 1, "over", "c1", Verdict::Overfed);
+    assert!(matches!(out[..], [Decision::Separate { .. }]), "{out:?}");
+    let out = lag_twice(&mut l, 3, "over", "c2", Verdict::Overfed);
+    assert_eq!(
+        out.last(),
+        Some(&Decision::Demote {
+            peer: p("over"),
+            until: 4 + DEMOTE_VERSIONS,
+            fault: Fault::OverfeedingParent
+        })
+    );
+    assert!(out
+        .iter()
+        .all(|d| !matches!(d, Decision::Strike { .. } | Decision::Accuse { .. })));
+    // Its children are not at fault for it.
+    assert!(l.demoted(5).iter().all(|x| x == "over"));
 }

@@ -14,7 +14,7 @@
 //! Owns: the records and when a receipt is due. Must not touch: signing (the node's key is
 //! the node's: `node` signs what [`Records::receipts`] returns), the wire, the verdict.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use p2p::{DeliveryReceipt, PeerId, MAX_HEARTBEAT_RECEIPTS, RECEIPT_VERSION};
@@ -47,7 +47,12 @@ pub(crate) struct Record {
     /// The parent's push of this version ended (its end frame, or the stream broke).
     push_done: bool,
     pub(crate) fed_chunks: usize,
+    /// Bytes of the first copy of each chunk counted from the parent (`counted`): at most
+    /// what it was asked for.
     bytes: u64,
+    counted: BTreeSet<usize>,
+    /// Bytes the parent pushed that were not asked for or came again (its protocol errors).
+    duplicates: u64,
     first: Option<Instant>,
     last: Option<Instant>,
     end: Option<(Instant, bool)>,
@@ -66,6 +71,8 @@ impl Record {
             push_done: false,
             fed_chunks: 0,
             bytes: 0,
+            counted: BTreeSet::new(),
+            duplicates: 0,
             first: None,
             last: None,
             end: None,
@@ -100,7 +107,9 @@ impl Records {
     }
 
     /// The acquisition of `version` began with `chunks` chunks (`bytes` bytes) missing, the
-    /// plan naming `parent`. Only the first call counts for what was missing.
+    /// plan naming `parent`. Only the first call counts for what was missing. A plan that
+    /// names another parent than the one recorded starts that parent's account afresh: what
+    /// the old one sent is not the new one's delivery.
     pub(crate) fn began(
         &mut self,
         version: u64,
@@ -112,6 +121,17 @@ impl Records {
             if r.needed == 0 && r.wanted_at_start == 0 {
                 r.needed = chunks;
                 r.wanted_at_start = bytes;
+            }
+            if r.parent.is_some() && r.parent != parent {
+                r.wanted_at_hello = None;
+                r.hello = None;
+                r.push_done = false;
+                r.fed_chunks = 0;
+                r.bytes = 0;
+                r.counted.clear();
+                r.duplicates = 0;
+                r.first = None;
+                r.last = None;
             }
             r.parent = parent;
         }
@@ -187,17 +207,43 @@ impl Records {
             .is_some_and(|r| r.heard.contains(peer))
     }
 
-    /// A verified chunk of `len` bytes of `version` arrived on `peer`'s push at `now`.
-    pub(crate) fn chunk(&mut self, version: u64, peer: PeerId, len: u64, now: Instant) {
+    /// Verified chunk `index` (`len` bytes) of `version` arrived on `peer`'s push at `now`.
+    /// Only the first copy of a chunk counts; another copy from the same parent (a later
+    /// transfer that pushed it again) counts as a duplicate.
+    pub(crate) fn chunk(
+        &mut self,
+        version: u64,
+        peer: PeerId,
+        index: usize,
+        len: u64,
+        now: Instant,
+    ) {
         if let Some(r) = self
             .by_version
             .get_mut(&version)
             .filter(|r| r.parent == Some(peer))
         {
+            if !r.counted.insert(index) {
+                r.duplicates += len;
+                return;
+            }
             r.fed_chunks += 1;
             r.bytes += len;
             r.first.get_or_insert(now);
             r.last = Some(now);
+        }
+    }
+
+    /// `peer` pushed `len` bytes of `version` that the child had not asked for in this
+    /// transfer, or had already received in it ([`PushTally`]): noted in the receipt when
+    /// `peer` is the planned parent.
+    pub(crate) fn duplicate(&mut self, version: u64, peer: PeerId, len: u64) {
+        if let Some(r) = self
+            .by_version
+            .get_mut(&version)
+            .filter(|r| r.parent == Some(peer))
+        {
+            r.duplicates += len;
         }
     }
 
@@ -244,6 +290,7 @@ impl Records {
                     parent: parent.to_string(),
                     wanted: r.wanted_at_hello.unwrap_or(r.wanted_at_start),
                     bytes: r.bytes,
+                    duplicates: r.duplicates,
                     spoke,
                     hello_ms: r.hello.map(|t| ms(r, t)),
                     first_ms: r.first.map(|t| ms(r, t)),
@@ -255,6 +302,45 @@ impl Records {
             })
             .take(MAX_HEARTBEAT_RECEIPTS)
             .collect()
+    }
+}
+
+/// What one copy of a pushed chunk is, against the child's reply to the transfer's hello.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pushed {
+    /// The first copy of a chunk the child asked for: counted.
+    First,
+    /// A chunk already received in this transfer.
+    Again,
+    /// A chunk the child's bitmap said it held (or out of range).
+    Unasked,
+}
+
+/// One transfer's chunks against what the child asked for: an honest parent pushes each
+/// chunk the child's reply lacked, once. Anything else is the parent's protocol error — it
+/// read the bitmap — and is never counted as delivered (`docs/protocol.md`, "Chunk stream").
+#[derive(Debug, Clone)]
+pub(crate) struct PushTally {
+    asked: Vec<bool>,
+    seen: Vec<bool>,
+}
+
+impl PushTally {
+    /// `asked[i]`: the child's reply lacked chunk `i`.
+    pub(crate) fn new(asked: Vec<bool>) -> Self {
+        let seen = vec![false; asked.len()];
+        PushTally { asked, seen }
+    }
+
+    /// The next chunk header named `index`.
+    pub(crate) fn take(&mut self, index: usize) -> Pushed {
+        if !self.asked.get(index).copied().unwrap_or(false) {
+            return Pushed::Unasked;
+        }
+        if std::mem::replace(&mut self.seen[index], true) {
+            return Pushed::Again;
+        }
+        Pushed::First
     }
 }
 
@@ -312,9 +398,9 @@ mod tests {
         r.began(4, Some(peer(1)), 4, 4000);
         r.hello(4, peer(1), 3000, t0 + ms(10));
         // Another peer's push (an old parent, a stranger) is not this parent's delivery.
-        r.chunk(4, peer(2), 1000, t0 + ms(15));
-        r.chunk(4, peer(1), 1000, t0 + ms(20));
-        r.chunk(4, peer(1), 1000, t0 + ms(40));
+        r.chunk(4, peer(2), 0, 1000, t0 + ms(15));
+        r.chunk(4, peer(1), 0, 1000, t0 + ms(20));
+        r.chunk(4, peer(1), 1, 1000, t0 + ms(40));
         assert!(r.receipts(t0 + ms(50)).is_empty(), "not closed, not due");
         let rec = r.ended(4, true, t0 + ms(60)).unwrap();
         assert_eq!((rec.needed, rec.fed_chunks), (4, 2));
@@ -330,6 +416,62 @@ mod tests {
         assert!(g.spoke && g.installed);
         assert_eq!(g.hello_ms, Some(10));
         assert_eq!(g.parent, peer(1).to_string());
+    }
+
+    #[test]
+    fn a_parent_that_pushes_chunks_again_never_inflates_the_bytes_delivered() {
+        let t0 = Instant::now();
+        let mut r = Records::new(H);
+        r.accepted(4, t0);
+        r.began(4, Some(peer(1)), 3, 3000);
+        r.hello(4, peer(1), 3000, t0);
+        // Every chunk three times (over transfers that were asked for them again), and a
+        // chunk the child never asked for in a transfer, noted by the stream's tally.
+        for _ in 0..3 {
+            for i in 0..3 {
+                r.chunk(4, peer(1), i, 1000, t0);
+            }
+        }
+        r.duplicate(4, peer(1), 1000);
+        // Another pusher's copies are not the planned parent's, either way.
+        r.chunk(4, peer(2), 0, 1000, t0);
+        r.duplicate(4, peer(2), 1000);
+        r.ended(4, true, t0);
+        r.push_ended(4, peer(1));
+        let g = &r.receipts(t0 + H)[0];
+        assert_eq!((g.wanted, g.bytes, g.duplicates), (3000, 3000, 7000));
+        assert!(g.bytes <= g.wanted);
+    }
+
+    #[test]
+    fn a_new_parent_for_a_version_starts_its_account_afresh() {
+        let t0 = Instant::now();
+        let mut r = Records::new(H);
+        r.accepted(4, t0);
+        r.began(4, Some(peer(1)), 4, 4000);
+        r.hello(4, peer(1), 1000, t0);
+        r.chunk(4, peer(1), 0, 1000, t0);
+        // The plan was re-signed with another parent: what the first sent is not its.
+        r.began(4, Some(peer(2)), 3, 3000);
+        r.hello(4, peer(2), 3000, t0);
+        for i in 1..4 {
+            r.chunk(4, peer(2), i, 1000, t0);
+        }
+        r.ended(4, true, t0);
+        r.push_ended(4, peer(2));
+        let g = &r.receipts(t0 + H)[0];
+        assert_eq!(g.parent, peer(2).to_string());
+        assert_eq!((g.wanted, g.bytes, g.duplicates), (3000, 3000, 0));
+    }
+
+    #[test]
+    fn a_push_tally_counts_each_asked_chunk_once() {
+        let mut t = PushTally::new(vec![true, false, true]);
+        assert_eq!(t.take(0), Pushed::First);
+        assert_eq!(t.take(0), Pushed::Again);
+        assert_eq!(t.take(1), Pushed::Unasked, "the bitmap said it was held");
+        assert_eq!(t.take(7), Pushed::Unasked, "out of range");
+        assert_eq!(t.take(2), Pushed::First);
     }
 
     #[test]

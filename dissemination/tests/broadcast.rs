@@ -323,6 +323,62 @@ async fn a_corrupting_forwarder_is_bypassed_and_penalised() {
     shutdown([learner]).await;
 }
 
+/// A parent that pushes every chunk three times: its child refuses the second copy (the
+/// parent's protocol error: charged to it, the stream dropped), repairs the rest, and its
+/// receipt counts only the first copies — never more than it wanted — with the duplicates
+/// noted (the heartbeat side: `p2p::messages`' `a_receipt_never_makes_its_heartbeat_invalid`).
+#[cfg(feature = "adversary")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_overfeeding_parent_is_charged_and_its_childs_receipt_stays_in_range() {
+    // One chain: bad → w1 → w2.
+    let (learner, mut workers) = one_chain(3, |k, c: &mut DisseminationConfig| {
+        if k == 0 {
+            c.fault = Some(Fault::Overfeed);
+        }
+    })
+    .await;
+    let bad = workers[0].peer;
+    let order = ranked(&workers);
+    let payload = random(4_000_000);
+    let report = learner
+        .d
+        .publish(1, [0; 32], payload.clone().into(), Some(order))
+        .await
+        .unwrap();
+    assert_eq!(report.plan.plan.chains[0][..2], [bad, workers[1].peer]);
+    let root = hash_bytes(&payload);
+    for w in &mut workers {
+        assert_eq!(hash_bytes(&installed(w, 1).await), root);
+    }
+    // w1's receipt of v1 names bad: the first copies only, the duplicates noted.
+    let deadline = Instant::now() + WAIT;
+    let receipt = loop {
+        if let Some(r) = workers[1].d.receipts().into_iter().find(|r| r.version == 1) {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "w1 issued no receipt for v1");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(receipt.parent, bad.to_string());
+    assert!(receipt.duplicates > 0, "{receipt:?}");
+    assert!(receipt.bytes <= receipt.wanted, "{receipt:?}");
+    // w1 charged bad a failed transfer for it.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let c = score_of(&workers[1].client, bad)
+            .await
+            .0
+            .expect("known peer");
+        if c.failures >= 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "bad was not charged ({c:?})");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown(workers).await;
+    shutdown([learner]).await;
+}
+
 /// `(score, connected)` of `peer` as `client` sees it.
 async fn score_of(client: &Client, peer: PeerId) -> (Option<ScoreComponents>, bool) {
     let st = client.status().await.unwrap();

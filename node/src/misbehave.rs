@@ -89,6 +89,12 @@ pub enum Attack {
     /// Claim μ = [`INFLATED_MU`] groups/s in heartbeats (within the heartbeat's bound), so that
     /// a scheduler trusting claims activates it first and sends honest workers to standby.
     MuInflation,
+    /// Push every (valid) snapshot chunk to its chain child three times, so that an honest
+    /// child's receipt would report more bytes than it wanted.
+    OverfeedParent,
+    /// Sign delivery receipts saying every planned parent delivered nothing (no hello, no
+    /// byte), to get honest parents convicted as silent forwarders (the scenario runs two).
+    FramingReceipts,
 }
 
 /// The generation rate (groups/s) a `mu_inflation` worker claims.
@@ -229,6 +235,8 @@ mod tests {
                 "forged_return",
                 "forged_observation",
                 "mu_inflation",
+                "overfeed_parent",
+                "framing_receipts",
             ]
         );
     }

@@ -326,12 +326,24 @@ impl Heartbeat {
                 crate::receipt::MAX_HEARTBEAT_RECEIPTS
             )));
         }
-        // A receipt of another version is skipped, not refused (`crate::receipt`).
-        hb.receipts
-            .retain(|r| r.v == crate::receipt::RECEIPT_VERSION);
-        for r in &hb.receipts {
-            r.check()?;
-        }
+        // A receipt of another version is skipped, and one that cannot be read is dropped:
+        // neither makes the heartbeat invalid (`crate::receipt`).
+        hb.receipts.retain(|r| {
+            if r.v != crate::receipt::RECEIPT_VERSION {
+                return false;
+            }
+            match r.defect() {
+                None => true,
+                Some(defect) => {
+                    tracing::warn!(
+                        version = r.version,
+                        defect,
+                        "unreadable delivery receipt dropped; the heartbeat is kept"
+                    );
+                    false
+                }
+            }
+        });
         for a in &hb.addrs {
             check_str("addrs", a, MAX_HEARTBEAT_ADDR_BYTES)?;
             let m: libp2p::Multiaddr = a
@@ -498,6 +510,41 @@ impl ScoreTable {
 mod tests {
     use super::*;
 
+    /// A receipt never makes its heartbeat invalid: one whose counts are far out of range (a
+    /// parent that pushed everything three times) is kept as signed, one that cannot be read
+    /// is dropped, and the rest of the heartbeat decodes.
+    #[test]
+    fn a_receipt_never_makes_its_heartbeat_invalid() {
+        let parent = crate::peer_id_from_seed([2; 32]).to_string();
+        let receipt = |parent: &str, bytes: u64, end_ms: u64| {
+            crate::receipt::DeliveryReceipt {
+                v: crate::receipt::RECEIPT_VERSION,
+                version: 3,
+                parent: parent.into(),
+                wanted: 1000,
+                bytes,
+                duplicates: 2 * bytes,
+                spoke: true,
+                hello_ms: Some(1),
+                first_ms: Some(2),
+                last_ms: Some(3),
+                end_ms,
+                installed: true,
+                sig: String::new(),
+            }
+            .sign([9; 32], "s")
+        };
+        let inflated = receipt(&parent, 3000, u64::MAX);
+        let h = Heartbeat {
+            receipts: vec![inflated.clone(), receipt("nobody", 10, 4)],
+            pending: 7,
+            ..hb()
+        };
+        let back = Heartbeat::decode(&h.encode(), "s").unwrap();
+        assert_eq!(back.receipts, vec![inflated]);
+        assert_eq!(back.pending, 7);
+    }
+
     /// Dial hints: up to four multiaddrs without a `/p2p` suffix, the largest realistic set
     /// (a relay circuit among them, a device report beside them) fits the size bound, and
     /// anything else is refused; an older node's heartbeat has none.
@@ -529,6 +576,7 @@ mod tests {
                         parent: relay.into(),
                         wanted: u64::MAX / 2,
                         bytes: u64::MAX / 2,
+                        duplicates: u64::MAX / 2,
                         spoke: true,
                         hello_ms: Some(86_400_000),
                         first_ms: Some(86_400_000),

@@ -14,11 +14,11 @@
 use libp2p::PeerId;
 use serde::{Deserialize, Serialize};
 
-use crate::error::MessageError;
-
 /// Version of the delivery receipt. A receipt of another version is skipped, not refused, so
 /// that a newer receipt does not make an older learner reject the heartbeat carrying it.
-pub const RECEIPT_VERSION: u32 = 1;
+/// 2: `duplicates` (the parent's chunks the child had not asked for or already had from it)
+/// is signed, and `bytes` counts each asked chunk once, so it never exceeds `wanted`.
+pub const RECEIPT_VERSION: u32 = 2;
 
 /// Most receipts in one heartbeat (the newest ones; each ≈ 330 bytes of JSON, so three keep
 /// the largest heartbeat under its bound).
@@ -28,7 +28,7 @@ pub const MAX_HEARTBEAT_RECEIPTS: usize = 3;
 const MAX_MS: u64 = 86_400_000;
 
 /// Domain separation of the signing bytes.
-const DOMAIN: &[u8] = b"echo-swarm/delivery-receipt/v1";
+const DOMAIN: &[u8] = b"echo-swarm/delivery-receipt/v2";
 
 /// What a child received from its planned parent for one version. Times are the child's, in
 /// ms after it accepted the version's manifest.
@@ -43,8 +43,14 @@ pub struct DeliveryReceipt {
     /// Bytes the child lacked when the parent's push began (when it accepted the manifest, if
     /// no push began): what the parent had to send.
     pub wanted: u64,
-    /// Verified chunk bytes received on the parent's push ("nothing" is 0).
+    /// Bytes of the first verified copy of each chunk the child asked the parent for
+    /// ("nothing" is 0): at most `wanted`, whatever the parent sends.
     pub bytes: u64,
+    /// Bytes of chunks the parent pushed that the child had not asked for, or had already
+    /// received from it: a protocol error of the parent's (the child charges it and drops the
+    /// stream at the first one).
+    #[serde(default)]
+    pub duplicates: u64,
     /// A hello from the parent for this version or a newer one arrived before the receipt.
     pub spoke: bool,
     /// The parent's hello for this version ("nothing": absent), first and last chunk from it.
@@ -75,7 +81,13 @@ impl DeliveryReceipt {
             b.extend_from_slice(s.as_bytes());
         }
         b.extend_from_slice(&self.v.to_le_bytes());
-        for n in [self.version, self.wanted, self.bytes, self.end_ms] {
+        for n in [
+            self.version,
+            self.wanted,
+            self.bytes,
+            self.duplicates,
+            self.end_ms,
+        ] {
             b.extend_from_slice(&n.to_le_bytes());
         }
         for t in [self.hello_ms, self.first_ms, self.last_ms] {
@@ -117,35 +129,37 @@ impl DeliveryReceipt {
         self.parent.parse().ok()
     }
 
-    /// Bounds checked when a heartbeat is decoded (the signature is checked only by the
-    /// learner, the one reader that acts on receipts).
-    pub(crate) fn check(&self) -> Result<(), MessageError> {
+    /// Why a receipt cannot be read at all, checked when a heartbeat is decoded: such a
+    /// receipt is dropped with a log line, never a reason to refuse the heartbeat carrying it
+    /// (`Heartbeat::decode`) — a receipt reports counts the parent controls, and no count a
+    /// peer controls may make its child's message invalid. What is merely out of range is not
+    /// a defect here: the reader clamps it ([`DeliveryReceipt::clamped`]). The signature is
+    /// checked only by the learner, the one reader that acts on receipts.
+    pub fn defect(&self) -> Option<&'static str> {
         if self.parent_id().is_none() {
-            return Err(MessageError::Invalid(format!(
-                "receipt parent `{}` is not a peer id",
-                self.parent.chars().take(64).collect::<String>()
-            )));
+            return Some("the parent is not a peer id");
         }
         if self.sig.len() != 128 || !self.sig.bytes().all(|c| c.is_ascii_hexdigit()) {
-            return Err(MessageError::Invalid(
-                "receipt signature is not 64 bytes of hex".into(),
-            ));
+            return Some("the signature is not 64 bytes of hex");
         }
-        let times = [
-            self.hello_ms,
-            self.first_ms,
-            self.last_ms,
-            Some(self.end_ms),
-        ];
-        if times.iter().flatten().any(|&t| t > MAX_MS) {
-            return Err(MessageError::Invalid("receipt time beyond a day".into()));
+        None
+    }
+
+    /// The receipt as the learner reads it once its signature is verified: every count within
+    /// its range — `bytes` at most `wanted`, times at most a day (a later time is read as a
+    /// day), `first_ms` ≤ `last_ms` — so no value, however a parent inflated what its child
+    /// saw, reaches the verdict out of range. The signed receipt itself is left as it is.
+    pub fn clamped(&self) -> DeliveryReceipt {
+        let t = |x: u64| x.min(MAX_MS);
+        let first_ms = self.first_ms.map(t);
+        DeliveryReceipt {
+            bytes: self.bytes.min(self.wanted),
+            hello_ms: self.hello_ms.map(t),
+            first_ms,
+            last_ms: self.last_ms.map(t).map(|l| l.max(first_ms.unwrap_or(0))),
+            end_ms: t(self.end_ms),
+            ..self.clone()
         }
-        if self.bytes > self.wanted.max(1) << 1 {
-            return Err(MessageError::Invalid(
-                "receipt bytes far beyond what was wanted".into(),
-            ));
-        }
-        Ok(())
     }
 }
 
@@ -160,6 +174,7 @@ mod tests {
             parent: crate::peer_id_from_seed([2; 32]).to_string(),
             wanted: 1 << 20,
             bytes: 1 << 19,
+            duplicates: 0,
             spoke: true,
             hello_ms: Some(3),
             first_ms: Some(12),
@@ -174,13 +189,17 @@ mod tests {
     fn a_signed_receipt_verifies_only_for_its_signer_swarm_and_content() {
         let child = crate::peer_id_from_seed([1; 32]);
         let r = receipt().sign([1; 32], "s");
-        r.check().unwrap();
+        assert_eq!(r.defect(), None);
         assert!(r.verify(&child, "s"));
         assert!(!r.verify(&crate::peer_id_from_seed([3; 32]), "s"), "signer");
         assert!(!r.verify(&child, "t"), "swarm");
         for tampered in [
             DeliveryReceipt {
                 bytes: 0,
+                ..r.clone()
+            },
+            DeliveryReceipt {
+                duplicates: 1,
                 ..r.clone()
             },
             DeliveryReceipt {
@@ -205,7 +224,7 @@ mod tests {
     }
 
     #[test]
-    fn implausible_receipts_are_refused_at_decode() {
+    fn unreadable_receipts_have_a_defect_and_out_of_range_ones_are_clamped() {
         let ok = receipt().sign([1; 32], "s");
         for bad in [
             DeliveryReceipt {
@@ -216,16 +235,26 @@ mod tests {
                 sig: "00".into(),
                 ..ok.clone()
             },
-            DeliveryReceipt {
-                end_ms: MAX_MS + 1,
-                ..ok.clone()
-            },
-            DeliveryReceipt {
-                bytes: 10 << 20,
-                ..ok.clone()
-            },
         ] {
-            assert!(bad.check().is_err(), "{bad:?}");
+            assert!(bad.defect().is_some(), "{bad:?}");
         }
+        // Counts a parent controls are never a defect: a parent that pushed every chunk three
+        // times, or times past a day, are read clamped.
+        let inflated = DeliveryReceipt {
+            bytes: 10 << 20,
+            duplicates: 20 << 20,
+            end_ms: MAX_MS + 1,
+            first_ms: Some(MAX_MS + 5),
+            last_ms: Some(12),
+            ..ok.clone()
+        };
+        assert_eq!(inflated.defect(), None);
+        let c = inflated.clamped();
+        assert_eq!((c.bytes, c.duplicates), (1 << 20, 20 << 20));
+        assert_eq!(
+            (c.end_ms, c.first_ms, c.last_ms),
+            (MAX_MS, Some(MAX_MS), Some(MAX_MS))
+        );
+        assert_eq!(ok.clamped(), ok, "an in-range receipt reads as it is");
     }
 }

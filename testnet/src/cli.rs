@@ -262,6 +262,9 @@ pub struct AdversaryArgs {
     /// Skip the clean run (reward_clean is then null).
     #[arg(long)]
     pub no_clean: bool,
+    /// Honest workers per run (`w0`, `w1`, …).
+    #[arg(long, default_value_t = 2)]
+    pub honest: usize,
     /// The `echo-node` binary (default: next to this one).
     #[arg(long)]
     pub bin: Option<PathBuf>,

@@ -232,12 +232,14 @@ pub fn adversary(args: AdversaryArgs) -> anyhow::Result<()> {
         batch,
         warm_start_steps,
         no_clean,
+        honest,
         bin,
         json,
         out,
     } = args;
     anyhow::ensure!((1..=10_000).contains(&steps), "--steps in 1..=10000");
     anyhow::ensure!((1..=10).contains(&batch), "--batch in 1..=10");
+    anyhow::ensure!((1..=8).contains(&honest), "--honest in 1..=8");
     let mut attacks = if attacks.is_empty() {
         // Every attack whose target the scenario runs: its learner has no provisioning
         // scheduler, so `mu_inflation` would change nothing here (the scheduler's own
@@ -257,6 +259,7 @@ pub fn adversary(args: AdversaryArgs) -> anyhow::Result<()> {
         batch,
         warm_start_steps,
         no_clean,
+        honest,
     };
     let summary = adversary::run(&harness::node_bin(bin)?, &settings, &out)?;
     print_summary(&summary, json);

@@ -5,16 +5,26 @@
 //! its strikes, and hands its separations, demotions and exclusions — with the epoch's seat
 //! draw — to the next plan ([`Disseminator::seating`]).
 //!
+//! An accusation of silence (`Decision::Accuse`) is weighed before anyone is struck
+//! (`control::forwarding::sentence`): by how many of the accusing children the learner counts
+//! as established ([`Disseminator::set_established`]: past probation on verified work), and,
+//! unless two are, by the learner's own probe of the parent — one chunk of the newest version
+//! the parent reported holding, asked over chunk fetch.
+//!
 //! Owns: which receipts count (signed by the heartbeat's sender, for a version this learner
 //! planned, naming the parent its plan named throughout that version, once per child and
-//! version), when a parent counts as having held a version, the seat seed, and the
-//! forwarding section of `/status` ([`ForwardingView`]). Must not touch: the verdict and
+//! version, read clamped), when a parent counts as having held a version, the probe of an
+//! accused parent, the seat seed, and the forwarding section of `/status` ([`ForwardingView`]). Must not touch: the verdict and
 //! attribution rules (`control::forwarding`), the seat rules (`control::seats`), the wire.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use control::forwarding::{judge, Decision, Delivery, Expectation, Fault, Ledger, Verdict};
+use std::sync::Arc;
+
+use control::forwarding::{
+    judge, sentence, Decision, Delivery, Expectation, Fault, Ledger, Probe, Verdict,
+};
 use control::plan::ChainPlan;
 use control::seats::{epoch, redraws, Seating};
 use control::units::mbps_to_bytes_per_s;
@@ -53,6 +63,29 @@ struct Published {
     last: HashMap<PeerId, Option<PeerId>>,
 }
 
+/// Whether the learner counts a worker as established (past probation on verified work).
+type EstablishedFn = Arc<dyn Fn(&PeerId) -> bool + Send + Sync>;
+
+/// [`EstablishedFn`], where set (none: nobody is).
+#[derive(Clone, Default)]
+pub(super) struct Established(Option<EstablishedFn>);
+
+impl std::fmt::Debug for Established {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Established(set)"
+        } else {
+            "Established(none)"
+        })
+    }
+}
+
+impl Established {
+    fn is(&self, peer: &PeerId) -> bool {
+        self.0.as_ref().is_some_and(|f| f(peer))
+    }
+}
+
 /// The learner's accounting of its forwarders.
 #[derive(Debug, Default)]
 pub(super) struct Accounts {
@@ -66,6 +99,11 @@ pub(super) struct Accounts {
     silent_strikes: BTreeMap<PeerId, u64>,
     /// The version of each worker's newest plan seat with a child (seats rotate by it).
     last_parent: HashMap<PeerId, u64>,
+    established: Established,
+    /// Accused parents being probed now.
+    probing: BTreeSet<PeerId>,
+    /// Accusations weighed, by outcome: `struck`, `demoted`, `cleared`.
+    sentences: BTreeMap<String, u64>,
 }
 
 impl Accounts {
@@ -134,6 +172,8 @@ impl Accounts {
         }
         self.judged.insert((r.version, child));
         self.judged_total += 1;
+        // Counts a parent inflated (or a child mis-stated) are read within their range.
+        let r = &r.clamped();
         let parent_held_ms = self
             .held
             .get(&parent)
@@ -142,6 +182,7 @@ impl Accounts {
         let d = Delivery {
             wanted: r.wanted,
             bytes: r.bytes,
+            duplicates: r.duplicates,
             spoke: r.spoke,
             hello_ms: r.hello_ms,
             first_ms: r.first_ms,
@@ -167,7 +208,7 @@ pub struct ForwardingView {
     /// Receipts judged (signed, for a planned edge), and refused (bad signature).
     pub receipts_judged: u64,
     pub receipts_refused: u64,
-    /// Verdicts so far: `on_time`, `slow`, `silent`, `excused` → count.
+    /// Verdicts so far: `on_time`, `slow`, `silent`, `excused`, `overfed` → count.
     pub verdicts: BTreeMap<String, u64>,
     /// Workers ranked after every other forwarder now, with why: `slow_parent` or `child`.
     pub demoted: BTreeMap<String, String>,
@@ -177,6 +218,9 @@ pub struct ForwardingView {
     pub separated: Vec<[String; 2]>,
     /// `silent_forwarding` strikes given, per worker.
     pub silent_strikes: BTreeMap<String, u64>,
+    /// Accusations of silence weighed (`control::forwarding::sentence`), by outcome:
+    /// `struck`, `demoted`, `cleared`.
+    pub accusations: BTreeMap<String, u64>,
 }
 
 fn verdict_name(v: Verdict) -> &'static str {
@@ -185,6 +229,7 @@ fn verdict_name(v: Verdict) -> &'static str {
         Verdict::Slow => "slow",
         Verdict::Silent => "silent",
         Verdict::Excused => "excused",
+        Verdict::Overfed => "overfed",
     }
 }
 
@@ -192,6 +237,7 @@ fn fault_name(f: Fault) -> &'static str {
     match f {
         Fault::SlowParent => "slow_parent",
         Fault::SilentParent => "silent_parent",
+        Fault::OverfeedingParent => "overfeeding_parent",
         Fault::Child => "child",
     }
 }
@@ -221,7 +267,8 @@ impl Disseminator {
                 };
                 debug!(child = %peer, %parent, version = r.version, ?verdict, "delivery judged");
                 decisions.extend(acc.ledger.observe(r.version, &parent, &peer, verdict));
-                let time = transfer_time(r, chunk, bytes_per_s);
+                let r = r.clamped();
+                let time = transfer_time(&r, chunk, bytes_per_s);
                 scored.push((parent, verdict, r.bytes, time));
             }
         }
@@ -239,27 +286,124 @@ impl Disseminator {
             }
         }
         for d in decisions {
-            match d {
-                Decision::Separate {
-                    parent,
-                    child,
-                    until,
-                } => {
-                    info!(%parent, %child, until, "forwarding: child lagged twice in a row; moving it")
-                }
-                Decision::Demote { peer, until, fault } => {
-                    warn!(%peer, until, fault = fault_name(fault), "forwarding: demoted")
-                }
-                Decision::Strike { peer, count } => {
-                    warn!(%peer, count, "forwarding: silent to two children; struck and excluded");
-                    *self.lock().accounts.silent_strikes.entry(peer).or_default() +=
-                        u64::from(count);
-                    for _ in 0..count {
-                        self.strike(peer, StrikeReason::SilentForwarding).await;
-                    }
+            self.carry_out(d).await;
+        }
+    }
+
+    /// Learner: counts worker `peer` as established (past probation on verified work) when
+    /// `f` says so — what weighs its receipts' accusations (module docs). Unset, nobody is,
+    /// and every accusation waits for the learner's probe.
+    pub fn set_established(&self, f: impl Fn(&PeerId) -> bool + Send + Sync + 'static) {
+        self.lock().accounts.established = Established(Some(Arc::new(f)));
+    }
+
+    /// Carries out one decision of the attribution ledger: strikes now, an accusation weighed
+    /// (probing the parent unless two established children accuse it), the rest logged (the
+    /// next plan reads them).
+    async fn carry_out(&self, d: Decision<PeerId>) {
+        match d {
+            Decision::Separate {
+                parent,
+                child,
+                until,
+            } => {
+                info!(%parent, %child, until, "forwarding: child lagged twice in a row; moving it")
+            }
+            Decision::Demote { peer, until, fault } => {
+                warn!(%peer, until, fault = fault_name(fault), "forwarding: demoted")
+            }
+            Decision::Strike { peer, count } => {
+                warn!(%peer, count, "forwarding: convicted of silence; struck and excluded");
+                *self.lock().accounts.silent_strikes.entry(peer).or_default() += u64::from(count);
+                for _ in 0..count {
+                    self.strike(peer, StrikeReason::SilentForwarding).await;
                 }
             }
+            Decision::Accuse {
+                peer,
+                count,
+                children,
+            } => self.accused(peer, count, children),
         }
+    }
+
+    /// Weighs an accusation of silence against `peer` (module docs): at once when two of the
+    /// accusing `children` are established, else after the learner's own probe of it (one
+    /// at a time per parent, as an engine task).
+    fn accused(&self, peer: PeerId, count: u32, children: Vec<PeerId>) {
+        let (established, target) = {
+            let mut st = self.lock();
+            let acc = &mut st.accounts;
+            let established = children.iter().filter(|c| acc.established.is(c)).count();
+            if established < 2 && !acc.probing.insert(peer) {
+                return;
+            }
+            // The newest version it reported holding, of those whose manifest is still here.
+            let target = acc
+                .held
+                .get(&peer)
+                .and_then(|h| h.keys().next_back().copied());
+            (established, target)
+        };
+        info!(%peer, count, established, "forwarding: accused of silence by two children");
+        if established >= 2 {
+            self.sentence_accused(peer, sentence(count, established, None));
+            return;
+        }
+        let me = self.clone();
+        self.spawn(async move {
+            let probe = match target {
+                Some(v) => me.probe_holder(peer, v, me.probe_pick(&peer, v)).await,
+                None => Probe::Unanswered,
+            };
+            info!(%peer, version = ?target, ?probe, "forwarding: probed the accused parent");
+            me.lock().accounts.probing.remove(&peer);
+            me.sentence_accused(peer, sentence(count, established, Some(probe)));
+        });
+    }
+
+    /// Applies `s` to the accused `peer` in the ledger and carries out what follows.
+    fn sentence_accused(&self, peer: PeerId, s: control::forwarding::Sentence) {
+        let decision = {
+            let mut st = self.lock();
+            let acc = &mut st.accounts;
+            let version = acc.versions.keys().next_back().copied().unwrap_or(0);
+            let outcome = match s {
+                control::forwarding::Sentence::Strike { .. } => "struck",
+                control::forwarding::Sentence::Demote => "demoted",
+                control::forwarding::Sentence::Clear => "cleared",
+            };
+            *acc.sentences.entry(outcome.to_string()).or_default() += 1;
+            acc.ledger.sentenced(version, &peer, s)
+        };
+        match decision {
+            None => info!(%peer, "forwarding: accused parent cleared (it served the probe)"),
+            Some(d) => {
+                let me = self.clone();
+                self.spawn(async move { me.carry_out_sentence(d).await });
+            }
+        }
+    }
+
+    /// A sentence's decision (a strike or a demotion; never another accusation).
+    async fn carry_out_sentence(&self, d: Decision<PeerId>) {
+        match d {
+            Decision::Accuse { .. } => {}
+            d => self.carry_out(d).await,
+        }
+    }
+
+    /// Which chunk a probe asks for: keyed by the learner's signing key, so the parent cannot
+    /// keep just the chunks it will be asked for.
+    fn probe_pick(&self, peer: &PeerId, version: u64) -> u64 {
+        let Ok(key) = self.signing_key() else {
+            return version;
+        };
+        let k = blake3::derive_key("echo-swarm forwarding probe v1", &key.to_bytes());
+        let mut h = blake3::Hasher::new_keyed(&k);
+        h.update(&peer.to_bytes());
+        h.update(&version.to_le_bytes());
+        u64::from_le_bytes(h.finalize().as_bytes()[..8].try_into().unwrap_or([0; 8]))
     }
 
     /// Learner: what the plan for `version` adds to the ranking rules — the epoch's seat
@@ -347,6 +491,7 @@ impl Disseminator {
                 .iter()
                 .map(|(p, n)| (p.to_string(), *n))
                 .collect(),
+            accusations: acc.sentences.clone(),
         }
     }
 }

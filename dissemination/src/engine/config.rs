@@ -61,7 +61,13 @@ pub enum Fault {
     SilentAfterInstalls(u64),
     /// Push and serve chunks at a tenth of the planned per-worker bandwidth `B̂w`.
     SlowForwarder,
+    /// Push every (valid) chunk [`OVERFEED_COPIES`] times.
+    Overfeed,
 }
+
+/// Copies of each chunk a [`Fault::Overfeed`] parent pushes.
+#[cfg(feature = "adversary")]
+pub const OVERFEED_COPIES: usize = 3;
 
 /// The upload cap (Mbit/s, 0 = none) a node runs with: its configured one, or a tenth of
 /// `B̂w` under [`Fault::SlowForwarder`] (whichever is lower).

@@ -17,6 +17,8 @@ use p2p::{PeerId, TopicKind};
 use storage::{Hash, SnapshotManifest};
 use tracing::debug;
 
+use control::forwarding::Probe;
+
 use super::push::chunk_frame_err;
 use super::{blocking, frame_deadline, open_err, within, Disseminator};
 use crate::error::{DisseminationError, Result};
@@ -66,10 +68,14 @@ impl Disseminator {
         let mut declined = 0u64;
         let r: Result<()> = async {
             for h in hashes {
-                let busy = declines_fetches(
-                    self.is_learner(),
-                    self.inner.sending.load(Ordering::Relaxed),
-                ) || self.silent();
+                // The learner's own asks (a probe of an accused parent) are never declined as
+                // busy: a decline would read as a chunk withheld.
+                let busy = (peer != self.inner.learner
+                    && declines_fetches(
+                        self.is_learner(),
+                        self.inner.sending.load(Ordering::Relaxed),
+                    ))
+                    || self.silent();
                 if busy {
                     declined += 1;
                 }
@@ -328,6 +334,62 @@ impl Disseminator {
         }
         self.credit(peer, bytes_in, started.elapsed()).await;
         Ok(got)
+    }
+
+    /// Learner: asks `peer` over chunk fetch for one chunk of `version` — one it reported
+    /// holding — chosen by a key only the learner has (`pick`), and verifies what comes
+    /// (`control::forwarding::Probe`). Nothing is stored.
+    pub(super) async fn probe_holder(&self, peer: PeerId, version: u64, pick: u64) -> Probe {
+        let Some(m) = self
+            .lock()
+            .manifests
+            .get(&version)
+            .map(|m| m.manifest.clone())
+        else {
+            return Probe::Unanswered;
+        };
+        let n = m.chunk_hashes.len();
+        if n == 0 {
+            return Probe::Unanswered;
+        }
+        let index = (pick % n as u64) as usize;
+        let hash = m.chunk_hashes[index];
+        let limit = self.inner.cfg.read_timeout;
+        let io = |e| DisseminationError::Io { peer, source: e };
+        let asked: Result<Vec<u8>> = async {
+            let mut s = self
+                .open_fetch(peer, limit.min(Duration::from_secs(5)))
+                .await?;
+            let req = FetchRequest::Chunks {
+                version,
+                hashes: vec![hash],
+            };
+            within(limit, "sending a probe", peer, async {
+                write_frame(&mut s, &req.encode()).await.map_err(io)?;
+                s.flush().await.map_err(io)
+            })
+            .await?;
+            let max = m.chunk_len(index);
+            within(frame_deadline(limit, max), "a probed chunk", peer, async {
+                read_frame(&mut s, max as usize, "chunk")
+                    .await
+                    .map_err(|e| chunk_frame_err(peer, e))
+            })
+            .await
+        }
+        .await;
+        match asked {
+            Ok(bytes) if !bytes.is_empty() && *blake3::hash(&bytes).as_bytes() == hash => {
+                Probe::Served
+            }
+            // Not held (an empty answer), bytes that are not the chunk, or a frame that
+            // breaks the protocol.
+            Ok(_) | Err(DisseminationError::Protocol { .. }) => Probe::Withheld,
+            Err(e) => {
+                debug!(%peer, version, error = %e, "probe of an accused parent unanswered");
+                Probe::Unanswered
+            }
+        }
     }
 
     /// One repair round: asks every candidate holder in turn for what is still missing (behind

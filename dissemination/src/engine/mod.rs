@@ -449,6 +449,15 @@ impl Disseminator {
         false
     }
 
+    /// Copies of each chunk this node pushes: one (more only under the `Overfeed` test fault).
+    fn copies(&self) -> usize {
+        #[cfg(feature = "adversary")]
+        if self.inner.cfg.fault == Some(Fault::Overfeed) {
+            return config::OVERFEED_COPIES;
+        }
+        1
+    }
+
     /// Evidence against `peer` (a strike: a failed transfer in its score, towards a ban).
     async fn strike(&self, peer: PeerId, reason: p2p::StrikeReason) {
         let _ = self.inner.client.strike(peer, reason).await;

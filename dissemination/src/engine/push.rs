@@ -534,11 +534,13 @@ impl Disseminator {
                 let bytes = self.read_chunk(*h).await?;
                 self.inner.uplink.acquire(bytes.len() as u64).await;
                 let deadline = frame_deadline(limit, bytes.len() as u64);
-                within(deadline, "sending a chunk", child, async {
-                    write_frame(s, &wire::encode_index(i)).await.map_err(io)?;
-                    write_frame(s, &bytes).await.map_err(io)
-                })
-                .await?;
+                for _ in 0..self.copies() {
+                    within(deadline, "sending a chunk", child, async {
+                        write_frame(s, &wire::encode_index(i)).await.map_err(io)?;
+                        write_frame(s, &bytes).await.map_err(io)
+                    })
+                    .await?;
+                }
                 progress.sent += bytes.len() as u64;
                 self.count(
                     |c| &c.pushed_bytes,

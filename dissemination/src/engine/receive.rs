@@ -18,8 +18,10 @@ use tracing::{debug, trace};
 
 use super::push::chunk_frame_err;
 use super::{frame_deadline, within, Disseminator};
+use crate::delivery::{PushTally, Pushed};
 use crate::error::{DisseminationError, Result};
 use crate::plan_msg::SignedPlan;
+use crate::transfer::Input;
 use crate::wire::{
     self, Reply, StreamHello, MAX_HELLO_BYTES, MAX_INDEX_BYTES, STATUS_FAILED, STATUS_OK,
 };
@@ -128,11 +130,11 @@ impl Disseminator {
     ) -> Result<bool> {
         let io = |e| DisseminationError::Io { peer, source: e };
         let limit = self.inner.cfg.read_timeout;
-        let Some(manifest) = self.answer_hello(peer, s, hello).await? else {
+        let Some((manifest, tally)) = self.answer_hello(peer, s, hello).await? else {
             return Ok(false);
         };
         let started = Instant::now();
-        let (corrupt, bytes_in) = self.read_chunks(peer, s, Arc::new(manifest)).await?;
+        let (corrupt, bytes_in) = self.read_chunks(peer, s, Arc::new(manifest), tally).await?;
         // Tell the parent (best effort: it may be gone); after a corrupt chunk the stream is
         // dropped, otherwise it stays open for the next version.
         let status = if corrupt { STATUS_FAILED } else { STATUS_OK };
@@ -154,13 +156,14 @@ impl Disseminator {
 
     /// The transfer's opening: the hello decoded and its manifest verified, the plan it
     /// carries offered to the planner, and the reply sent — the bitmap of chunks already held,
-    /// or a refusal (then the stream is closed and `None` returned).
+    /// or a refusal (then the stream is closed and `None` returned). Returns the manifest and
+    /// the tally of what the reply asked for.
     async fn answer_hello<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         peer: PeerId,
         s: &mut S,
         hello: &[u8],
-    ) -> Result<Option<SignedManifest>> {
+    ) -> Result<Option<(SignedManifest, PushTally)>> {
         let io = |e| DisseminationError::Io { peer, source: e };
         let limit = self.inner.cfg.read_timeout;
         let hello = StreamHello::decode(hello).map_err(|e| DisseminationError::Protocol {
@@ -203,7 +206,8 @@ impl Disseminator {
             .hello(m.version, peer, wanted, Instant::now());
         debug!(%peer, version = m.version, wanted, "hello answered");
         self.inner.stored.send_modify(|_| {});
-        Ok(Some(manifest))
+        let tally = PushTally::new(held.iter().map(|h| !h).collect());
+        Ok(Some((manifest, tally)))
     }
 
     /// The chunks of one transfer until the parent's empty header frame: each verified (and
@@ -214,36 +218,52 @@ impl Disseminator {
         peer: PeerId,
         s: &mut S,
         manifest: Arc<SignedManifest>,
+        mut tally: PushTally,
     ) -> Result<(bool, u64)> {
         let version = manifest.manifest.version;
         let mut bytes_in = 0u64;
-        let mut verifying: Option<(u32, JoinHandle<Result<bool>>)> = None;
-        let settle = |v: Option<(u32, JoinHandle<Result<bool>>)>| async move {
+        type Verifying = Option<((usize, u32), JoinHandle<Result<bool>>)>;
+        let mut verifying: Verifying = None;
+        let settle = |v: Verifying| async move {
             match v {
                 None => Ok(None),
-                Some((len, h)) => h
+                Some((at, h)) => h
                     .await
                     .map_err(|e| DisseminationError::Task(e.to_string()))?
-                    .map(|ok| Some((len, ok))),
+                    .map(|ok| Some((at, ok))),
             }
         };
-        while let Some((index, buf)) = self.next_chunk(peer, s, &manifest.manifest).await? {
+        loop {
+            let next = self
+                .next_chunk(peer, s, &manifest.manifest, &mut tally)
+                .await;
+            let next = match next {
+                Ok(n) => n,
+                Err(e) => {
+                    // A chunk pushed again or unasked: the one being verified still counts.
+                    if let Ok(Some(((i, l), true))) = settle(verifying.take()).await {
+                        self.received(peer, version, i, l);
+                    }
+                    return Err(e);
+                }
+            };
+            let Some((index, buf)) = next else { break };
             let len = buf.len() as u32;
             self.inner.downlink.acquire(u64::from(len)).await;
             let (me, m) = (self.clone(), manifest.clone());
             let next =
                 tokio::spawn(async move { me.take_chunk(peer, &m.manifest, index, buf).await });
-            match settle(verifying.replace((len, next))).await? {
+            match settle(verifying.replace(((index, len), next))).await? {
                 // Corrupt: drop the stream; the rest comes from elsewhere (repair).
                 Some((_, false)) => return Ok((true, bytes_in)),
-                Some((l, true)) => bytes_in += self.received(peer, version, l),
+                Some(((i, l), true)) => bytes_in += self.received(peer, version, i, l),
                 None => {}
             }
         }
         let corrupt = match settle(verifying).await? {
             Some((_, false)) => true,
-            Some((l, true)) => {
-                bytes_in += self.received(peer, version, l);
+            Some(((i, l), true)) => {
+                bytes_in += self.received(peer, version, i, l);
                 false
             }
             None => false,
@@ -253,12 +273,16 @@ impl Disseminator {
 
     /// The next chunk of `m` off the stream: its header (the empty one, the end of the
     /// transfer, gives `None`), then the chunk itself, refused before allocating when the
-    /// index is out of range or the frame is longer than the manifest's chunk length.
+    /// index is out of range or the frame is longer than the manifest's chunk length — and
+    /// before reading it when `tally` says the child did not ask for it or already has it
+    /// from this transfer: the parent's protocol error, noted in the version's delivery
+    /// record (its receipt's `duplicates`) and never counted as delivered.
     async fn next_chunk<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         peer: PeerId,
         s: &mut S,
         m: &storage::SnapshotManifest,
+        tally: &mut PushTally,
     ) -> Result<Option<(usize, Vec<u8>)>> {
         let limit = self.inner.cfg.read_timeout;
         let n = m.chunk_hashes.len();
@@ -281,6 +305,18 @@ impl Disseminator {
             return Err(protocol(format!("chunk index {index} of {n}")));
         };
         let expected = m.chunk_len(index);
+        let copy = tally.take(index);
+        if copy != Pushed::First {
+            self.lock().deliveries.duplicate(m.version, peer, expected);
+            // Not asked again for this version's chunks (its push is dropped here).
+            self.apply(m.version, Input::Rejected { peer });
+            metrics::counter!("dissemination_push_duplicates_total").increment(1);
+            let what = match copy {
+                Pushed::Again => "pushed again",
+                _ => "not asked for",
+            };
+            return Err(protocol(format!("chunk {index} of v{}: {what}", m.version)));
+        }
         let buf = within(frame_deadline(limit, expected), "a chunk", peer, async {
             read_frame(s, expected as usize, "chunk")
                 .await
@@ -345,12 +381,12 @@ impl Disseminator {
         (self.accept_manifest(&m) == Validation::Accept).then_some(m)
     }
 
-    /// Counts `len` pushed bytes of `version` received from `peer` and verified (also in the
-    /// version's delivery record); returns them.
-    pub(super) fn received(&self, peer: PeerId, version: u64, len: u32) -> u64 {
+    /// Counts chunk `index` (`len` pushed bytes) of `version`, received from `peer` and
+    /// verified (also in the version's delivery record); returns the bytes.
+    pub(super) fn received(&self, peer: PeerId, version: u64, index: usize, len: u32) -> u64 {
         self.lock()
             .deliveries
-            .chunk(version, peer, u64::from(len), Instant::now());
+            .chunk(version, peer, index, u64::from(len), Instant::now());
         self.count(
             |c| &c.push_received_bytes,
             u64::from(len),

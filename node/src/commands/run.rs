@@ -124,6 +124,7 @@ fn dissemination_fault(m: &crate::misbehave::Misbehaviour) -> Option<disseminati
             Fault::SilentAfterInstalls(SILENT_AFTER_INSTALLS),
         ),
         (Attack::SlowForwarder, Fault::SlowForwarder),
+        (Attack::OverfeedParent, Fault::Overfeed),
     ]
     .into_iter()
     .find(|(a, _)| m.has(*a))
@@ -364,6 +365,7 @@ fn feed_heartbeats(
             // A chain child's delivery receipts, signed with the node key (each signed
             // once: an unchanged receipt keeps its signature).
             let due_receipts = dissem.as_ref().map(|d| d.receipts()).unwrap_or_default();
+            let due_receipts = roles::attacks::receipts_claim(&state.misbehave, due_receipts);
             signed = sign_receipts(due_receipts, signed, &state);
             // One read of the store's counters: the pending claim and the accounting series.
             let counters = state.trajectories.counters().ok();

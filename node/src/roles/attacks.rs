@@ -58,6 +58,29 @@ pub fn pending_claim(m: &Misbehaviour, real: u64) -> u64 {
     }
 }
 
+/// The delivery receipts this node signs: the truth for an honest node; under
+/// `framing_receipts`, each says its parent sent nothing at all (no hello for this or a newer
+/// version, no byte) — what a silent forwarder's child would sign.
+pub fn receipts_claim(
+    m: &Misbehaviour,
+    real: Vec<p2p::DeliveryReceipt>,
+) -> Vec<p2p::DeliveryReceipt> {
+    if !m.has(Attack::FramingReceipts) {
+        return real;
+    }
+    real.into_iter()
+        .map(|r| p2p::DeliveryReceipt {
+            bytes: 0,
+            duplicates: 0,
+            spoke: false,
+            hello_ms: None,
+            first_ms: None,
+            last_ms: None,
+            ..r
+        })
+        .collect()
+}
+
 /// The μ this node's heartbeat claims: its measured rate for an honest node,
 /// [`crate::misbehave::INFLATED_MU`] under `mu_inflation`.
 pub fn mu_claim(m: &Misbehaviour, real: f64) -> f64 {

@@ -19,6 +19,14 @@ pub fn pending_claim(_: &Misbehaviour, real: u64) -> u64 {
     real
 }
 
+/// The true delivery receipts.
+pub fn receipts_claim(
+    _: &Misbehaviour,
+    real: Vec<p2p::DeliveryReceipt>,
+) -> Vec<p2p::DeliveryReceipt> {
+    real
+}
+
 /// The measured μ.
 pub fn mu_claim(_: &Misbehaviour, real: f64) -> f64 {
     real

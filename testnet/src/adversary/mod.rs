@@ -66,6 +66,8 @@ pub struct Settings {
     pub warm_start_steps: usize,
     /// Skip the clean run (`reward_clean` is then null).
     pub no_clean: bool,
+    /// Honest workers per run.
+    pub honest: usize,
 }
 
 const HEARTBEAT_MS: u64 = 500;
@@ -97,6 +99,9 @@ struct RunResult {
     honest_strikes: u64,
     /// Who struck them and why ([`honest_strike_reasons`], as last seen).
     honest_strike_reasons: Vec<String>,
+    /// What the learner's forwarding accounts held against an honest worker at the end
+    /// (demoted, excluded, separated from a child), one line each, prefixed with its id.
+    honest_forwarding: Vec<String>,
 }
 
 fn honest_env() -> [(&'static str, &'static str); 1] {
@@ -116,7 +121,19 @@ fn forwards(a: Attack) -> bool {
             | Attack::SilentForwarder
             | Attack::SilentAfterHonest
             | Attack::SlowForwarder
+            | Attack::OverfeedParent
+            | Attack::FramingReceipts
     )
+}
+
+/// Processes (identities) an attack runs as: `framing_receipts` takes two fresh children
+/// lying together (it takes two children's receipts to accuse a parent); the others one.
+fn identities(a: Attack) -> usize {
+    if a == Attack::FramingReceipts {
+        2
+    } else {
+        1
+    }
 }
 
 /// Plan epoch (versions) of the forwarding runs.
@@ -175,16 +192,21 @@ fn launch(bin: &Path, root: &Path, s: &Settings, attacks: &[Attack]) -> anyhow::
         w
     };
     let mut honest = Vec::new();
-    for name in ["w0", "w1"] {
-        let c = worker(name);
-        honest.push((fleet.start_with_env(bin, name, &c, &[], &honest_env())?, c));
+    for name in (0..s.honest).map(|i| format!("w{i}")) {
+        let c = worker(&name);
+        honest.push((fleet.start_with_env(bin, &name, &c, &[], &honest_env())?, c));
     }
     let mut bad = Vec::new();
     for a in attacks {
-        let name = format!("bad-{a}");
-        let c = worker(&name);
-        let env = [(ENV_VAR, a.name())];
-        bad.push((fleet.start_with_env(bin, &name, &c, &[], &env)?, c, *a));
+        for k in 0..identities(*a) {
+            let name = match k {
+                0 => format!("bad-{a}"),
+                k => format!("bad-{a}-{}", k + 1),
+            };
+            let c = worker(&name);
+            let env = [(ENV_VAR, a.name())];
+            bad.push((fleet.start_with_env(bin, &name, &c, &[], &env)?, c, *a));
+        }
     }
     let (mut honest_admins, mut honest_ids) = (Vec::new(), Vec::new());
     for (i, c) in &honest {
@@ -253,6 +275,7 @@ fn run_once(
     let mut installs = InstallWatch::default();
     let (t0, limit) = (Instant::now(), run_limit(s));
     let mut last_learner = Value::Null;
+    let mut last_forwarding = Value::Null;
     let mut trained_all = 0u64;
     let (mut learner_crashed, mut timed_out) = (false, false);
     loop {
@@ -303,6 +326,7 @@ fn run_once(
             )?);
         }
         last_learner = ls["learner"].clone();
+        last_forwarding = ls["forwarding"].clone();
         for w in &mut watches {
             w.run_trained = Some(run_trained);
         }
@@ -355,6 +379,14 @@ fn run_once(
         replay: restart.map(|r| r.report()),
         honest_strikes: struck_honest,
         honest_strike_reasons: struck_reasons,
+        honest_forwarding: honest_ids
+            .iter()
+            .flat_map(|id| {
+                evidence::forwarding_evidence(&last_forwarding, id)
+                    .into_iter()
+                    .map(move |e| format!("{id}: {e}"))
+            })
+            .collect(),
     })
 }
 
@@ -430,6 +462,8 @@ pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
                 a["replay"] = r.replay.clone().unwrap_or(Value::Null);
             }
             run_figures(&mut a, w, &r);
+            a["reward_run"] = json!(r.reward);
+            a["reward_clean"] = json!(reward_clean);
             a
         }));
     }
@@ -483,6 +517,8 @@ fn run_figures(row: &mut Value, w: &Watch, r: &RunResult) {
     row["share_of_trained"] = json!(share);
     row["fair_share"] = json!(1.0 / r.workers.max(1) as f64);
     row["honest_install_ratio"] = json!(r.honest_install_ratio);
+    row["honest_strikes"] = json!(r.honest_strikes);
+    row["honest_forwarding"] = json!(r.honest_forwarding);
 }
 
 fn run_json(name: &str, r: &RunResult) -> Value {
@@ -493,6 +529,7 @@ fn run_json(name: &str, r: &RunResult) -> Value {
         "learner_crashed": r.learner_crashed,
         "honest_strikes": r.honest_strikes,
         "honest_strike_reasons": r.honest_strike_reasons,
+        "honest_forwarding": r.honest_forwarding,
         "reward": r.reward,
         "learner_rejections": r.rejections,
         "learner_groups_pulled": r.pulled,

@@ -211,6 +211,11 @@ pub async fn start(
     let dtypes = spot::WorkerDtypes::default();
     let pipeline = Arc::new(build_pipeline(&state, &trainer, &dtypes)?);
     tracing::info!(stages = ?pipeline.stage_names(), probation = ?pipeline.probation(), "verification of pulled groups");
+    // A child's receipts convict its parent of silence only once the child is established
+    // (past probation on verified work); a fresh one's wait for the learner's own probe
+    // (`control::forwarding::sentence`).
+    let p = pipeline.clone();
+    dissem.set_established(move |peer| !p.on_probation(&peer.to_base58()));
     let shared = new_shared(&state, pipeline.clone(), window, trainer.version());
     let (snap_tx, snap_rx) = watch::channel::<Snapshot>(None);
     let config_hash = trainer.policy().config().hash();
