@@ -262,6 +262,9 @@ pub struct AdversaryArgs {
     /// Skip the clean run (reward_clean is then null).
     #[arg(long)]
     pub no_clean: bool,
+    /// Clean runs (their rewards' spread is what an attack must stay inside).
+    #[arg(long, default_value_t = 1)]
+    pub clean_runs: usize,
     /// The `echo-node` binary (default: next to this one).
     #[arg(long)]
     pub bin: Option<PathBuf>,

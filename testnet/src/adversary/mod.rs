@@ -48,6 +48,7 @@ use crate::harness::{self, Fleet, NodeConfig, Role, START_LIMIT};
 
 mod evidence;
 mod probes;
+mod sybils;
 
 use evidence::{
     fault_lines, honest_strike_reasons, honest_strikes, observe, rejection_counters, ReplayWatch,
@@ -66,6 +67,8 @@ pub struct Settings {
     pub warm_start_steps: usize,
     /// Skip the clean run (`reward_clean` is then null).
     pub no_clean: bool,
+    /// Clean runs: `reward_clean` is their mean, `reward_clean_spread` their range.
+    pub clean_runs: usize,
 }
 
 const HEARTBEAT_MS: u64 = 500;
@@ -97,6 +100,8 @@ struct RunResult {
     honest_strikes: u64,
     /// Who struck them and why ([`honest_strike_reasons`], as last seen).
     honest_strike_reasons: Vec<String>,
+    /// The `young_sybils` row, when the run had them.
+    sybils: Option<Value>,
 }
 
 fn honest_env() -> [(&'static str, &'static str); 1] {
@@ -139,6 +144,23 @@ struct Launched {
     /// Malicious workers (fleet index, config, attack) and what the run watches of each.
     bad: Vec<(usize, NodeConfig, Attack)>,
     watches: Vec<Watch>,
+    /// What a worker's config needs: the learner's key and bootstrap address.
+    key: String,
+    bootstrap: String,
+}
+
+/// A worker's config in a run of swarm `tn-adversary` (data dir `root/name`).
+fn worker_config(root: &Path, name: &str, key: &str, bootstrap: &str) -> NodeConfig {
+    let mut w = harness::node_config(
+        Role::Rollout,
+        "tn-adversary",
+        &root.join(name),
+        HEARTBEAT_MS,
+    );
+    w.learner_public_key = Some(key.to_string());
+    w.network.bootstrap = vec![bootstrap.to_string()];
+    w.storage.max_pending_groups = 4;
+    w
 }
 
 /// Starts one run's swarm under `root`: the learner (one chain when an attack forwards), the
@@ -161,26 +183,24 @@ fn launch(bin: &Path, root: &Path, s: &Settings, attacks: &[Attack]) -> anyhow::
         lc.storage.chunk_size_kib = FORWARDING_CHUNK_KIB;
         lc.broadcast.plan_epoch = FORWARDING_EPOCH;
     }
+    if attacks.contains(&Attack::YoungSybils) {
+        lc.verification.probation_secs = sybils::PROBATION_SECS;
+    }
     let mut fleet = Fleet::with_log_filter(&harness::node_log_filter());
     let li = fleet.start_with_env(bin, "learner", &lc, &[], &honest_env())?;
     let laddr = fleet.wait_addresses(li, &lc, START_LIMIT)?;
     let bootstrap = laddr
         .dial_addr()
         .context("the learner has no TCP address")?;
-    let worker = |name: &str| {
-        let mut w = harness::node_config(Role::Rollout, swarm, &root.join(name), HEARTBEAT_MS);
-        w.learner_public_key = Some(key.clone());
-        w.network.bootstrap = vec![bootstrap.clone()];
-        w.storage.max_pending_groups = 4;
-        w
-    };
+    let worker = |name: &str| worker_config(root, name, &key, &bootstrap);
     let mut honest = Vec::new();
     for name in ["w0", "w1"] {
         let c = worker(name);
         honest.push((fleet.start_with_env(bin, name, &c, &[], &honest_env())?, c));
     }
     let mut bad = Vec::new();
-    for a in attacks {
+    // `young_sybils` join later, once the honest workers are established (`sybils`).
+    for a in attacks.iter().filter(|a| **a != Attack::YoungSybils) {
         let name = format!("bad-{a}");
         let c = worker(&name);
         let env = [(ENV_VAR, a.name())];
@@ -213,6 +233,8 @@ fn launch(bin: &Path, root: &Path, s: &Settings, attacks: &[Attack]) -> anyhow::
         honest_ids,
         bad,
         watches,
+        key,
+        bootstrap,
     })
 }
 
@@ -243,7 +265,12 @@ fn run_once(
         honest_ids,
         mut bad,
         mut watches,
+        key,
+        bootstrap,
     } = launch(bin, root, s, attacks)?;
+    let mut sybils = attacks
+        .contains(&Attack::YoungSybils)
+        .then(sybils::Sybils::default);
     // Per honest worker: groups produced (its status) and trained (the learner's counter).
     let mut honest_groups = vec![(None::<u64>, None::<u64>); honest.len()];
     let mut struck_honest = 0u64;
@@ -281,6 +308,11 @@ fn run_once(
         }
         installs.sample(&ls, &honest_admins, false);
         trained_all = trained.values().sum::<u64>().max(trained_all);
+        if let Some(sy) = &mut sybils {
+            let worker = |name: &str| worker_config(root, name, &key, &bootstrap);
+            sy.maybe_join(&mut fleet, bin, &ls, trained_all, &worker)?;
+            sy.sample(&ls, &trained);
+        }
         for (g, (st, id)) in honest_groups
             .iter_mut()
             .zip(honest_status.iter().zip(&honest_ids))
@@ -355,6 +387,7 @@ fn run_once(
         replay: restart.map(|r| r.report()),
         honest_strikes: struck_honest,
         honest_strike_reasons: struck_reasons,
+        sybils: sybils.map(|sy| sy.report(0, struck_honest)),
     })
 }
 
@@ -399,19 +432,30 @@ pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
     }
     std::fs::create_dir_all(out)?;
     let mut tally = Tally::default();
-    let reward_clean = if s.no_clean {
-        None
-    } else {
-        eprintln!("adversary: clean run (honest workers only)");
-        let r = harness::in_run_dir("tn-adversary-clean-", |root| run_once(bin, root, s, &[]))?;
-        tally.add("clean", &r);
-        r.reward
-    };
+    let mut clean = Vec::new();
+    if !s.no_clean {
+        for k in 0..s.clean_runs.max(1) {
+            eprintln!("adversary: clean run {} (honest workers only)", k + 1);
+            let r = harness::in_run_dir("tn-adversary-clean-", |root| run_once(bin, root, s, &[]))?;
+            tally.add("clean", &r);
+            clean.extend(r.reward);
+        }
+    }
+    let reward_clean = (!clean.is_empty()).then(|| clean.iter().sum::<f64>() / clean.len() as f64);
+    let clean_spread = (!clean.is_empty()).then(|| {
+        let lo = clean.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = clean.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        [lo, hi]
+    });
     let mut attacks = Vec::new();
     let mut rewards = Vec::new();
     // A forwarding attack runs alone: two attackers in one chain would starve the honest
     // workers between them, and the install ratio would no longer be any one attack's.
-    let (fwd, other): (Vec<Attack>, Vec<Attack>) = s.attacks.iter().partition(|a| forwards(**a));
+    // So does `young_sybils`: its run's learner has a shorter probation.
+    let (fwd, other): (Vec<Attack>, Vec<Attack>) = s
+        .attacks
+        .iter()
+        .partition(|a| forwards(**a) || **a == Attack::YoungSybils);
     let batches: Vec<&[Attack]> = other.chunks(s.batch).chain(fwd.chunks(1)).collect();
     for (k, batch) in batches.iter().enumerate() {
         let names: Vec<&str> = batch.iter().map(|a| a.name()).collect();
@@ -430,8 +474,16 @@ pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
                 a["replay"] = r.replay.clone().unwrap_or(Value::Null);
             }
             run_figures(&mut a, w, &r);
+            a["reward_clean"] = json!(reward_clean);
             a
         }));
+        if let Some(mut row) = r.sybils.clone() {
+            row["run"] = json!(k);
+            row["reward_run"] = json!(r.reward);
+            row["reward_clean"] = json!(reward_clean);
+            row["honest_install_ratio"] = json!(r.honest_install_ratio);
+            attacks.push(row);
+        }
     }
     let reward_attacked =
         (!rewards.is_empty()).then(|| rewards.iter().sum::<f64>() / rewards.len() as f64);
@@ -441,6 +493,8 @@ pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
         "honest_strikes": tally.honest_struck,
         "honest_strike_reasons": tally.struck_reasons,
         "reward_clean": reward_clean,
+        "reward_clean_runs": clean,
+        "reward_clean_spread": clean_spread,
         "reward_attacked": reward_attacked,
         "steps": s.steps,
         "runs": tally.runs.len(),
@@ -483,6 +537,15 @@ fn run_figures(row: &mut Value, w: &Watch, r: &RunResult) {
     row["share_of_trained"] = json!(share);
     row["fair_share"] = json!(1.0 / r.workers.max(1) as f64);
     row["honest_install_ratio"] = json!(r.honest_install_ratio);
+    // The honest workers' reward in this run (the learner's recent reward: it trains on the
+    // honest workers' groups too), to set against the clean run's.
+    row["reward_run"] = json!(r.reward);
+    row["honest_strikes_run"] = json!(r.honest_strikes);
+    row["honest_groups_trained"] = json!(r
+        .honest_groups
+        .iter()
+        .map(|(_, t)| t.unwrap_or(0))
+        .sum::<u64>());
 }
 
 fn run_json(name: &str, r: &RunResult) -> Value {

@@ -33,6 +33,7 @@
 //! snapshot it ever published (the manifests in its chunk store), so versions keep growing
 //! and workers accept the next snapshot.
 
+mod commits;
 mod ctx;
 pub mod envs;
 mod publisher;
@@ -115,6 +116,11 @@ struct Shared {
     /// Admitted, active workers past probation (the puller counts them; the batch quota
     /// reads them).
     established_active: AtomicUsize,
+    /// The workers' committed group numbers (`control::commits`): the puller asks each log
+    /// from where the last ended and strikes what the book finds.
+    commits: commits::Commitments,
+    /// The margins each worker earned by its measured sampling (the spot check's; status).
+    margins: spot::EarnedMargins,
 }
 
 /// A snapshot waiting to be published: version, payload and its manifest kind (full, or a
@@ -182,9 +188,10 @@ pub async fn start(
         "learner window"
     );
     let dtypes = spot::WorkerDtypes::default();
-    let pipeline = Arc::new(build_pipeline(&state, &trainer, &dtypes)?);
+    let margins = spot::EarnedMargins::default();
+    let pipeline = Arc::new(build_pipeline(&state, &trainer, &dtypes, &margins)?);
     tracing::info!(stages = ?pipeline.stage_names(), probation = ?pipeline.probation(), "verification of pulled groups");
-    let shared = new_shared(&state, pipeline.clone(), window, trainer.version());
+    let shared = new_shared(&state, pipeline.clone(), window, trainer.version(), margins);
     let (snap_tx, snap_rx) = watch::channel::<Snapshot>(None);
     let config_hash = trainer.policy().config().hash();
     let tasks = super::Tasks::default();
@@ -270,10 +277,13 @@ fn new_shared(
     pipeline: Arc<Pipeline>,
     window: Window,
     version: u64,
+    margins: spot::EarnedMargins,
 ) -> Arc<Shared> {
     Arc::new(Shared {
+        margins,
         pipeline,
         established_active: AtomicUsize::new(0),
+        commits: commits::Commitments::default(),
         stop: tokio_util::sync::CancellationToken::new(),
         window,
         version: TrainerVersion::new(version),
@@ -342,6 +352,7 @@ fn build_pipeline(
     state: &NodeState,
     trainer: &Trainer,
     dtypes: &spot::WorkerDtypes,
+    margins: &spot::EarnedMargins,
 ) -> anyhow::Result<Pipeline> {
     let limits = puller::group_limits(&state.config);
     let key = state.key.verifying_key().to_bytes();
@@ -377,6 +388,7 @@ fn build_pipeline(
             )
             .context("building the log-prob spot checker")?
             .with_worker_dtypes(dtypes.clone())
+            .with_earned_margins(margins.clone())
             .with_mask_rule(super::mask_rule(&state.config)?)
             .with_adapter_base(
                 trainer
