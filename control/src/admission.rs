@@ -5,10 +5,18 @@
 //! take is therefore bounded by rules that depend only on what the learner *verified* of that
 //! key, never on what it claims:
 //!
-//! - **Probation** ([`on_probation`]): a worker's first [`ProbationParams::probation_groups`]
-//!   accepted groups are all checked in full (the log-prob and sampling check, the costliest
-//!   layer), and each is held until its check is done (the learner verifies before it
-//!   stores). Its pull credit starts at one group (`PullLedger`'s initial estimate).
+//! - **Probation** ([`on_probation`]): a worker stays on probation until its verified history
+//!   spans time and versions — [`ProbationParams::probation_groups`] accepted groups, made
+//!   under at least [`ProbationParams::probation_versions`] distinct versions, the first
+//!   accepted at least [`ProbationParams::probation_secs`] ago (the learner's clock). A count
+//!   of groups alone is bought in seconds by a fast honest-looking identity; versions are
+//!   published by the learner and time passes for everyone, so neither can be bought. Every
+//!   group of a worker on probation is checked in full (the log-prob and sampling check, the
+//!   costliest layer), and each is held until its check is done. Its pull credit starts at
+//!   one group (`PullLedger`'s initial estimate).
+//! - **Price of a new identity** ([`pow_price`]): where a proof of work is asked, its price in
+//!   bits rises by one for every identity admitted within the last window beyond a free
+//!   allowance, so a wave of fresh identities costs exponentially more per identity.
 //! - **Check rate** ([`check_rate`]): after probation the fraction of a worker's groups that
 //!   are checked falls with its verified history `h` (accepted groups past probation) as
 //!   `max(floor, c / (c + h))`. A worker that lies after an honest history of `h` groups is
@@ -45,6 +53,10 @@ pub struct ProbationParams {
     pub floor_rate: f64,
     /// c: the history (in accepted groups past probation) over which the rate halves from 1.
     pub decay_groups: f64,
+    /// Distinct versions its accepted groups must span before it leaves probation.
+    pub probation_versions: u64,
+    /// Seconds from its first accepted group before it leaves probation.
+    pub probation_secs: u64,
 }
 
 /// Default N. Chosen from the measured cost of one full check: 4.9 ms against a training step
@@ -54,6 +66,13 @@ pub struct ProbationParams {
 /// forward over one group against forward, reference forward and backward over B groups),
 /// so the same N holds for larger models.
 pub const DEFAULT_PROBATION_GROUPS: u64 = 16;
+/// Default number of distinct versions a worker's accepted groups span before it leaves
+/// probation: eight publications (at least `8 κ` learner steps).
+pub const DEFAULT_PROBATION_VERSIONS: u64 = 8;
+/// Default time from a worker's first accepted group before it leaves probation: longer than
+/// the 10–15 s a fast identity took to reach 16 accepted groups, and than a demo run's first
+/// phase, so fresh identities stay inside the probation share for minutes.
+pub const DEFAULT_PROBATION_SECS: u64 = 120;
 /// Default floor of the check rate (the old flat spot-check fraction).
 pub const DEFAULT_FLOOR_RATE: f64 = 0.05;
 /// Default c: the rate is 1/2 after 16 accepted groups past probation, 1/4 after 48, and
@@ -66,22 +85,31 @@ impl Default for ProbationParams {
             probation_groups: DEFAULT_PROBATION_GROUPS,
             floor_rate: DEFAULT_FLOOR_RATE,
             decay_groups: DEFAULT_DECAY_GROUPS,
+            probation_versions: DEFAULT_PROBATION_VERSIONS,
+            probation_secs: DEFAULT_PROBATION_SECS,
         }
     }
 }
 
-/// Whether a worker with `accepted` verified groups is still on probation.
-pub fn on_probation(p: &ProbationParams, accepted: u64) -> bool {
-    accepted < p.probation_groups
+/// Whether a worker with verified history `h` is still on probation at `now_ms` (the
+/// learner's clock, ms): fewer than N accepted groups, or spanning fewer than V versions, or
+/// its first accepted group less than T ago.
+pub fn on_probation(p: &ProbationParams, h: &PeerHistory, now_ms: u64) -> bool {
+    let young = match h.first_accepted_ms {
+        Some(t) => now_ms.saturating_sub(t) < p.probation_secs.saturating_mul(1000),
+        None => true,
+    };
+    h.accepted < p.probation_groups || h.versions < p.probation_versions || young
 }
 
-/// The fraction of a worker's next groups that get the full check, after `accepted` verified
-/// groups: 1 on probation, then `max(floor, c / (c + h))` with `h = accepted − N`. Always in
-/// `[0, 1]`; hostile parameters (NaN, negative) fall back to checking everything.
-pub fn check_rate(p: &ProbationParams, accepted: u64) -> f64 {
-    if on_probation(p, accepted) {
+/// The fraction of a worker's next groups that get the full check, after its history `h`: 1
+/// on probation, then `max(floor, c / (c + h))` with `h = accepted − N`. Always in `[0, 1]`;
+/// hostile parameters (NaN, negative) fall back to checking everything.
+pub fn check_rate(p: &ProbationParams, h: &PeerHistory, now_ms: u64) -> f64 {
+    if on_probation(p, h, now_ms) {
         return 1.0;
     }
+    let accepted = h.accepted;
     let floor = if p.floor_rate.is_finite() {
         p.floor_rate.clamp(0.0, 1.0)
     } else {
@@ -90,7 +118,7 @@ pub fn check_rate(p: &ProbationParams, accepted: u64) -> f64 {
     if !(p.decay_groups.is_finite() && p.decay_groups > 0.0) {
         return floor;
     }
-    let h = (accepted - p.probation_groups) as f64;
+    let h = accepted.saturating_sub(p.probation_groups) as f64;
     (p.decay_groups / (p.decay_groups + h)).clamp(floor, 1.0)
 }
 
@@ -123,6 +151,13 @@ pub struct PeerHistory {
     pub rejected: u64,
     /// Sequence numbers it skipped for good ([`SeqGaps`]).
     pub skipped: u64,
+    /// Distinct versions its accepted groups were made under (counted as the highest version
+    /// accepted rises: cycling between two versions counts them once).
+    pub versions: u64,
+    /// The highest version of its accepted groups.
+    pub highest_version: Option<u64>,
+    /// When its first group was accepted (the learner's clock, ms).
+    pub first_accepted_ms: Option<u64>,
 }
 
 /// The histories of the workers the learner verified groups of, at most `cap` of them.
@@ -168,9 +203,15 @@ impl<K: Hash + Eq + Clone> Standings<K> {
         self.peers.get(peer).copied().unwrap_or_default()
     }
 
-    pub fn record_accepted(&mut self, peer: &K) {
+    /// Records an accepted group of `peer` made under `version`, at `now_ms`.
+    pub fn record_accepted(&mut self, peer: &K, version: u64, now_ms: u64) {
         let e = self.entry(peer);
         e.accepted = e.accepted.saturating_add(1);
+        e.first_accepted_ms.get_or_insert(now_ms);
+        if e.highest_version.is_none_or(|v| version > v) {
+            e.highest_version = Some(version);
+            e.versions = e.versions.saturating_add(1);
+        }
     }
 
     pub fn record_rejected(&mut self, peer: &K) {
@@ -185,13 +226,13 @@ impl<K: Hash + Eq + Clone> Standings<K> {
         }
     }
 
-    pub fn on_probation(&self, peer: &K) -> bool {
-        on_probation(&self.params, self.history(peer).accepted)
+    pub fn on_probation(&self, peer: &K, now_ms: u64) -> bool {
+        on_probation(&self.params, &self.history(peer), now_ms)
     }
 
     /// The check rate of `peer`'s next group ([`check_rate`]).
-    pub fn rate(&self, peer: &K) -> f64 {
-        check_rate(&self.params, self.history(peer).accepted)
+    pub fn rate(&self, peer: &K, now_ms: u64) -> f64 {
+        check_rate(&self.params, &self.history(peer), now_ms)
     }
 
     /// Drops `peer` (banned: if it ever comes back it starts over).
@@ -339,6 +380,143 @@ pub fn pull_share(target: u64, max_peer_share: f64, active_workers: usize) -> u6
         return target;
     }
     ((max_peer_share.max(0.0) * target as f64).ceil() as u64).clamp(1, target.max(1))
+}
+
+/// A tolerance and sampling margin a worker's checks are judged with: the bound on
+/// `|reported − recomputed|` log-prob and the margin δ on cumulative masses.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Margin {
+    pub tolerance: f64,
+    pub delta: f64,
+}
+
+/// What the learner measured of one worker's sampling over its checked groups.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MarginEvidence {
+    /// Groups checked.
+    pub groups: u64,
+    /// Sampled tokens whose draw was checked.
+    pub tokens: u64,
+    /// Of those, tokens the margins admitted that the exact window (no margin) does not.
+    pub band_tokens: u64,
+    /// The largest `|reported − recomputed|` log-prob seen in a checked group that passed.
+    pub max_spread: f64,
+}
+
+impl MarginEvidence {
+    /// Adds one checked group's figures.
+    pub fn record(&mut self, tokens: u64, band_tokens: u64, spread: f64) {
+        self.groups += 1;
+        self.tokens += tokens;
+        self.band_tokens += band_tokens;
+        if spread.is_finite() {
+            self.max_spread = self.max_spread.max(spread);
+        }
+    }
+}
+
+/// How margins are earned ([`earned_margin`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MarginRule {
+    /// The tolerance earned is this many times the largest spread measured (the defaults of
+    /// `learner::verdict` are 3× the measured spreads of f16).
+    pub spread_factor: f64,
+    /// Checked tokens before the band rate is judged.
+    pub min_band_tokens: u64,
+    /// The rate of tokens in the margin band an honest sampler stays below (plus three
+    /// binomial standard deviations).
+    pub band_rate: f64,
+}
+
+impl Default for MarginRule {
+    fn default() -> Self {
+        MarginRule {
+            spread_factor: 3.0,
+            min_band_tokens: 200,
+            band_rate: 0.05,
+        }
+    }
+}
+
+/// Whether `ev` shows more tokens in the margin band than an honest sampler puts there:
+/// `band > rate·n + 3·sqrt(rate·(1 − rate)·n)` over at least `min_band_tokens` tokens.
+pub fn band_exceeded(rule: &MarginRule, ev: &MarginEvidence) -> bool {
+    if ev.tokens < rule.min_band_tokens.max(1) {
+        return false;
+    }
+    let r = rule.band_rate.clamp(0.0, 1.0);
+    let n = ev.tokens as f64;
+    ev.band_tokens as f64 > r * n + 3.0 * (r * (1.0 - r) * n).sqrt()
+}
+
+/// The margins one group of a worker is judged with, between `floor` (the tightest any
+/// sampler meets: f32's) and `ceiling` (the widest its claimed dtype allows):
+/// - the tolerance and δ are `spread_factor ×` the largest log-prob spread measured — over
+///   its checked groups and this group's own `group_spread` (an honest group's own numeric
+///   error widens its window as much as it needs) — each clamped to `[floor, ceiling]`;
+/// - a worker whose tokens sit in the margin band more often than an honest sampler's
+///   ([`band_exceeded`]) earns nothing: the floor.
+///
+/// So a new identity starts at the floor and widens only with measured spread: a "bf16"
+/// worker whose log-probs match the learner's to 1e-6 is judged as the f32 sampler it is.
+pub fn earned_margin(
+    rule: &MarginRule,
+    floor: Margin,
+    ceiling: Margin,
+    ev: &MarginEvidence,
+    group_spread: f64,
+) -> Margin {
+    let ceiling = Margin {
+        tolerance: ceiling.tolerance.max(floor.tolerance),
+        delta: ceiling.delta.max(floor.delta),
+    };
+    if band_exceeded(rule, ev) || !(floor.tolerance > 0.0 && floor.delta > 0.0) {
+        return floor;
+    }
+    let finite = |x: f64| if x.is_finite() { x.max(0.0) } else { 0.0 };
+    let spread = finite(ev.max_spread).max(finite(group_spread));
+    // Both scale with the spread: an honest sampler's cumulative-mass spread stays below its
+    // log-prob spread (f16 on the CPU: 0.0165 against 0.066), so 3× the one covers the other.
+    let earned = rule.spread_factor * spread;
+    Margin {
+        tolerance: earned.clamp(floor.tolerance, ceiling.tolerance),
+        delta: earned.clamp(floor.delta, ceiling.delta),
+    }
+}
+
+/// The rule that prices a new identity's proof of work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PowPricing {
+    /// Identities admitted within [`PowPricing::window_secs`] that cost no surcharge.
+    pub free_young: u64,
+    /// How far back an admission counts as recent.
+    pub window_secs: u64,
+    /// Most bits the surcharge adds.
+    pub max_surcharge: u32,
+}
+
+impl Default for PowPricing {
+    fn default() -> Self {
+        PowPricing {
+            free_young: 4,
+            window_secs: DEFAULT_PROBATION_SECS,
+            max_surcharge: 16,
+        }
+    }
+}
+
+/// The bits of work a new identity must prove when `base_bits` are asked and `recent` new
+/// identities were admitted within the window: `base + min(max, recent − free)` — each young
+/// identity beyond the free allowance doubles the next one's price. No surcharge when no work
+/// is asked at all (`base_bits = 0`: an open swarm without work has nothing to price).
+pub fn pow_price(p: &PowPricing, base_bits: u32, recent: u64) -> u32 {
+    if base_bits == 0 {
+        return 0;
+    }
+    let extra = recent
+        .saturating_sub(p.free_young)
+        .min(u64::from(p.max_surcharge)) as u32;
+    base_bits.saturating_add(extra).min(64)
 }
 
 /// Numbers below the highest seen that are still missing more than this far behind it are

@@ -4,23 +4,83 @@ fn params() -> ProbationParams {
     ProbationParams::default()
 }
 
+/// A history of `accepted` groups spanning enough versions and time to be past probation
+/// when `accepted` is enough.
+fn old_history(p: &ProbationParams, accepted: u64) -> PeerHistory {
+    PeerHistory {
+        accepted,
+        versions: p.probation_versions,
+        highest_version: Some(p.probation_versions),
+        first_accepted_ms: Some(0),
+        ..PeerHistory::default()
+    }
+}
+
+/// A clock late enough for every [`old_history`] to be past the probation time.
+const LATE: u64 = 1 << 40;
+
 #[test]
 fn probation_checks_everything_then_the_rate_falls_with_history_to_the_floor() {
     let p = params();
+    let rate = |a| check_rate(&p, &old_history(&p, a), LATE);
     for a in 0..p.probation_groups {
-        assert!(on_probation(&p, a));
-        assert_eq!(check_rate(&p, a), 1.0, "probation group {a}");
+        assert!(on_probation(&p, &old_history(&p, a), LATE));
+        assert_eq!(rate(a), 1.0, "probation group {a}");
     }
-    assert!(!on_probation(&p, p.probation_groups));
+    assert!(!on_probation(
+        &p,
+        &old_history(&p, p.probation_groups),
+        LATE
+    ));
     let n = p.probation_groups;
-    assert_eq!(check_rate(&p, n), 1.0, "h = 0: c / (c + 0)");
-    assert!((check_rate(&p, n + 16) - 0.5).abs() < 1e-12);
-    assert!((check_rate(&p, n + 48) - 0.25).abs() < 1e-12);
-    assert_eq!(check_rate(&p, n + 10_000), p.floor_rate);
+    assert_eq!(rate(n), 1.0, "h = 0: c / (c + 0)");
+    assert!((rate(n + 16) - 0.5).abs() < 1e-12);
+    assert!((rate(n + 48) - 0.25).abs() < 1e-12);
+    assert_eq!(rate(n + 10_000), p.floor_rate);
     // Monotone: more verified history never means more checks.
-    let rates: Vec<f64> = (0..2000).map(|a| check_rate(&p, a)).collect();
+    let rates: Vec<f64> = (0..2000).map(rate).collect();
     assert!(rates.windows(2).all(|w| w[1] <= w[0]));
     assert!(rates.iter().all(|r| (p.floor_rate..=1.0).contains(r)));
+}
+
+#[test]
+fn probation_ends_only_on_history_across_versions_and_time() {
+    let p = params();
+    let mut s: Standings<&str> = Standings::new(p);
+    // A fast identity: a thousand accepted groups in ten seconds, all under one version.
+    for i in 0..1000u64 {
+        s.record_accepted(&"fast", 7, i * 10);
+    }
+    assert!(
+        s.on_probation(&"fast", 10_000),
+        "one version, 10 s: still young"
+    );
+    assert!(s.on_probation(&"fast", LATE), "one version: still young");
+    assert_eq!(s.history(&"fast").versions, 1);
+    // Cycling between two versions counts them once.
+    for i in 0..100u64 {
+        s.record_accepted(&"cycler", 3 + i % 2, i);
+    }
+    assert_eq!(s.history(&"cycler").versions, 2);
+    // Versions, but not the time.
+    let t_end = p.probation_secs * 1000;
+    for v in 0..p.probation_versions {
+        for k in 0..4 {
+            s.record_accepted(&"steady", v, v * 100 + k);
+        }
+    }
+    assert!(
+        s.on_probation(&"steady", t_end - 1),
+        "not yet T after its first group"
+    );
+    assert!(
+        !s.on_probation(&"steady", t_end),
+        "N groups, V versions, T elapsed"
+    );
+    // 32 accepted: h = 32 − 16 past probation, c / (c + h) = 1/2.
+    assert!((s.rate(&"steady", t_end) - 0.5).abs() < 1e-12);
+    // A worker never seen is young.
+    assert!(s.on_probation(&"new", LATE));
 }
 
 #[test]
@@ -29,18 +89,110 @@ fn hostile_probation_params_fall_back_to_checking() {
         floor_rate: f64::NAN,
         decay_groups: f64::NAN,
         probation_groups: 0,
+        probation_versions: 0,
+        probation_secs: 0,
     };
-    assert_eq!(check_rate(&nan, 5), 1.0);
+    assert_eq!(check_rate(&nan, &old_history(&nan, 5), LATE), 1.0);
     let no_decay = ProbationParams {
         decay_groups: 0.0,
         ..params()
     };
-    assert_eq!(check_rate(&no_decay, 100), no_decay.floor_rate);
+    assert_eq!(
+        check_rate(&no_decay, &old_history(&no_decay, 100), LATE),
+        no_decay.floor_rate
+    );
     let over = ProbationParams {
         floor_rate: 7.0,
         ..params()
     };
-    assert_eq!(check_rate(&over, 10_000), 1.0);
+    assert_eq!(check_rate(&over, &old_history(&over, 10_000), LATE), 1.0);
+}
+
+#[test]
+fn the_price_of_a_new_identity_doubles_with_each_young_one_past_the_allowance() {
+    let p = PowPricing::default();
+    assert_eq!(pow_price(&p, 0, 1000), 0, "no work asked: nothing to price");
+    assert_eq!(pow_price(&p, 12, 0), 12);
+    assert_eq!(pow_price(&p, 12, p.free_young), 12);
+    assert_eq!(pow_price(&p, 12, p.free_young + 3), 15);
+    assert_eq!(pow_price(&p, 12, 1 << 30), 12 + p.max_surcharge);
+    assert_eq!(pow_price(&p, 60, 1 << 30), 64, "never past 64 bits");
+}
+
+const F32: Margin = Margin {
+    tolerance: 1e-3,
+    delta: 1e-3,
+};
+const BF16: Margin = Margin {
+    tolerance: 1.0,
+    delta: 0.25,
+};
+
+#[test]
+fn a_new_identity_starts_at_the_floor_and_widens_only_with_measured_spread() {
+    let r = MarginRule::default();
+    let none = MarginEvidence::default();
+    // No evidence, an f32-exact group: the floor, whatever dtype it claims.
+    assert_eq!(earned_margin(&r, F32, BF16, &none, 1e-6), F32);
+    // A half-precision spread in this very group: it earns what that spread needs.
+    let m = earned_margin(&r, F32, BF16, &none, 0.01);
+    assert!((m.tolerance - 0.03).abs() < 1e-12, "{m:?}");
+    assert!((m.delta - 0.03).abs() < 1e-12, "{m:?}");
+    let m = earned_margin(&r, F32, BF16, &none, 0.1);
+    assert!((m.tolerance - 0.3).abs() < 1e-12, "{m:?}");
+    assert_eq!(m.delta, BF16.delta, "δ at its ceiling");
+    // Never past the claimed dtype's ceiling.
+    assert_eq!(earned_margin(&r, F32, BF16, &none, 5.0), BF16);
+    // A worker claiming f32 is judged at f32, whatever it shows.
+    assert_eq!(earned_margin(&r, F32, F32, &none, 0.5), F32);
+    // History counts: a worker that showed a spread keeps its margin for a tight group.
+    let mut ev = MarginEvidence::default();
+    ev.record(100, 0, 0.2);
+    let m = earned_margin(&r, F32, BF16, &ev, 1e-6);
+    assert!((m.tolerance - 0.6).abs() < 1e-9, "{m:?}");
+    // Monotone in the spread.
+    let ds: Vec<f64> = [1e-6, 1e-4, 1e-3, 1e-2, 0.1, 0.3, 1.0]
+        .iter()
+        .map(|&s| earned_margin(&r, F32, BF16, &none, s).delta)
+        .collect();
+    assert!(ds.windows(2).all(|w| w[1] >= w[0]), "{ds:?}");
+}
+
+#[test]
+fn tokens_in_the_band_beyond_an_honest_rate_withdraw_the_margins() {
+    let r = MarginRule::default();
+    let mut ev = MarginEvidence::default();
+    // A worker faking a spread (noisy log-probs) and choosing tokens in the band: 14 of 60
+    // tokens per group.
+    for _ in 0..3 {
+        ev.record(60, 14, 0.3);
+    }
+    assert!(!band_exceeded(&r, &ev), "180 tokens: not judged yet");
+    let m = earned_margin(&r, F32, BF16, &ev, 0.3);
+    assert!(m.delta > 0.1, "{m:?}");
+    ev.record(60, 14, 0.3);
+    assert!(band_exceeded(&r, &ev));
+    assert_eq!(earned_margin(&r, F32, BF16, &ev, 0.3), F32);
+    // An honest rate (1 in 100) over many tokens is not.
+    let honest = MarginEvidence {
+        groups: 100,
+        tokens: 10_000,
+        band_tokens: 100,
+        max_spread: 0.3,
+    };
+    assert!(!band_exceeded(&r, &honest));
+    // Hostile numbers do not widen anything.
+    assert_eq!(
+        earned_margin(&r, F32, BF16, &none_with(f64::NAN), f64::NAN),
+        F32
+    );
+}
+
+fn none_with(spread: f64) -> MarginEvidence {
+    MarginEvidence {
+        max_spread: spread,
+        ..MarginEvidence::default()
+    }
 }
 
 #[test]
@@ -64,13 +216,18 @@ fn the_forged_bound_is_the_geometric_quantile() {
 
 #[test]
 fn standings_count_verified_groups_and_forgetting_means_probation_again() {
-    let mut s = Standings::with_cap(params(), 2);
+    let p = ProbationParams {
+        probation_versions: 1,
+        probation_secs: 0,
+        ..params()
+    };
+    let mut s = Standings::with_cap(p, 2);
     for _ in 0..16 {
-        assert!(s.on_probation(&"a"));
-        s.record_accepted(&"a");
+        assert!(s.on_probation(&"a", 0));
+        s.record_accepted(&"a", 1, 0);
     }
-    assert!(!s.on_probation(&"a"));
-    assert_eq!(s.rate(&"a"), 1.0);
+    assert!(!s.on_probation(&"a", 0));
+    assert_eq!(s.rate(&"a", 0), 1.0);
     s.record_rejected(&"a");
     s.record_skipped(&"a", 3);
     assert_eq!(
@@ -78,13 +235,16 @@ fn standings_count_verified_groups_and_forgetting_means_probation_again() {
         PeerHistory {
             accepted: 16,
             rejected: 1,
-            skipped: 3
+            skipped: 3,
+            versions: 1,
+            highest_version: Some(1),
+            first_accepted_ms: Some(0),
         }
     );
-    s.record_accepted(&"b");
+    s.record_accepted(&"b", 1, 0);
     // Full: a third worker clears the map, so everyone is new (more checks, never fewer).
-    s.record_accepted(&"c");
-    assert!(s.on_probation(&"a"));
+    s.record_accepted(&"c", 1, 0);
+    assert!(s.on_probation(&"a", 0));
     assert_eq!(s.history(&"c").accepted, 1);
     s.forget(&"c");
     assert_eq!(s.history(&"c"), PeerHistory::default());

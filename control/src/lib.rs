@@ -14,6 +14,7 @@
 
 pub mod admission;
 pub mod capacity;
+pub mod commits;
 pub mod forwarding;
 pub mod plan;
 pub mod pulls;

@@ -254,7 +254,7 @@ impl Pipeline {
         } = &mut *l;
         match &result {
             Ok(c) => {
-                st.record_accepted(&worker.to_string());
+                st.record_accepted(&worker.to_string(), group.version, storage::unix_ms());
                 let skipped = gaps.entry(worker.to_string()).or_default().see(group.seq);
                 if skipped > 0 {
                     st.record_skipped(&worker.to_string(), skipped);
@@ -298,12 +298,17 @@ impl Pipeline {
 
     /// The check rate of `worker`'s next group.
     pub fn rate(&self, worker: &str) -> f64 {
-        self.ledger().standings.rate(&worker.to_string())
+        self.ledger()
+            .standings
+            .rate(&worker.to_string(), storage::unix_ms())
     }
 
-    /// Whether `worker` is on probation (fewer than N accepted groups).
+    /// Whether `worker` is on probation (`control::admission::on_probation`: too few
+    /// accepted groups, versions or seconds of verified history).
     pub fn on_probation(&self, worker: &str) -> bool {
-        self.ledger().standings.on_probation(&worker.to_string())
+        self.ledger()
+            .standings
+            .on_probation(&worker.to_string(), storage::unix_ms())
     }
 
     /// What the pipeline verified of `worker`.

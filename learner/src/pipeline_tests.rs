@@ -93,6 +93,8 @@ fn stages_get_the_workers_rate_probation_first() {
         probation_groups: 3,
         floor_rate: 0.1,
         decay_groups: 1.0,
+        probation_versions: 1,
+        probation_secs: 0,
     };
     let pipe = Pipeline::with_probation(limits(), params).with_stage(p);
     for seq in 0..6 {

@@ -134,14 +134,24 @@ pub struct CheckReport {
     pub not_drawn: usize,
     /// The token with the largest excess (the first of them on ties), if any was checked.
     pub worst_draw: Option<DrawFinding>,
+    /// Drawn tokens the margins admit that the exact window (no margin) does not: the rate
+    /// of these is the worker's band rate (`control::admission::MarginEvidence`).
+    pub in_band: usize,
+    /// Drawn tokens the claimed dtype's margins admit but the margins the worker earned do not
+    /// ([`check_group_earned`]; 0 when judged at the claimed margins).
+    pub outside_earned: usize,
 }
 
-/// The three outcomes (see the module doc).
+/// The outcomes (see the module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpotVerdict {
     Pass,
     LogprobDrift,
     NotDrawn,
+    /// Every token is within the claimed dtype's margins, but some only with margins the
+    /// worker has not earned (`control::admission::earned_margin`): not proof, and not
+    /// trained.
+    MarginUnearned,
 }
 
 impl CheckReport {
@@ -151,6 +161,8 @@ impl CheckReport {
             SpotVerdict::NotDrawn
         } else if self.logprobs.max_abs_diff > tolerance {
             SpotVerdict::LogprobDrift
+        } else if self.outside_earned > 0 {
+            SpotVerdict::MarginUnearned
         } else {
             SpotVerdict::Pass
         }
@@ -165,6 +177,21 @@ pub fn check_group(
     policy: &Policy,
     group: &TrajectoryGroup,
     settings: &CheckSettings,
+    masks: &dyn MaskRule,
+) -> Result<CheckReport> {
+    check_group_earned(policy, group, settings, None, masks)
+}
+
+/// [`check_group`], with each drawn token also judged against the margins the worker earned
+/// (`earned`: its tolerance and δ given this group's largest log-prob spread, each at most
+/// the claimed one of `settings`): a token inside
+/// the claimed margins but outside the earned ones counts in
+/// [`CheckReport::outside_earned`].
+pub fn check_group_earned(
+    policy: &Policy,
+    group: &TrajectoryGroup,
+    settings: &CheckSettings,
+    earned: Option<&dyn Fn(f32) -> (f32, f64)>,
     masks: &dyn MaskRule,
 ) -> Result<CheckReport> {
     let cfg = policy.config();
@@ -217,15 +244,37 @@ pub fn check_group(
         draws_checked: at.len(),
         not_drawn: 0,
         worst_draw: None,
+        in_band: 0,
+        outside_earned: 0,
     };
     if at.is_empty() {
         return Ok(report);
     }
     let margins = Margins::new(settings.tolerance, settings.delta);
-    let windows = token_windows(&Tensor::cat(&rows, 0)?, &targets, settings.rule, margins)?;
-    for ((sample, token, position, token_id, uniform), window) in at.into_iter().zip(windows) {
+    let all = Tensor::cat(&rows, 0)?;
+    let windows = token_windows(&all, &targets, settings.rule, margins)?;
+    let exact = token_windows(&all, &targets, settings.rule, Margins::new(0.0, 0.0))?;
+    // The earned margins may depend on this group's own spread.
+    let earned = match earned.map(|f| f(report.logprobs.max_abs_diff)) {
+        Some((t, d)) => Some(token_windows(
+            &all,
+            &targets,
+            settings.rule,
+            Margins::new(t.min(settings.tolerance), d.min(settings.delta)),
+        )?),
+        None => None,
+    };
+    for (i, ((sample, token, position, token_id, uniform), window)) in
+        at.into_iter().zip(windows).enumerate()
+    {
         let excess = window.excess(uniform);
         report.not_drawn += usize::from(excess > 0.0);
+        if excess == 0.0 {
+            report.in_band += usize::from(!exact[i].admits(uniform));
+            if let Some(e) = &earned {
+                report.outside_earned += usize::from(!e[i].admits(uniform));
+            }
+        }
         if report.worst_draw.is_none_or(|w| excess > w.excess) {
             report.worst_draw = Some(DrawFinding {
                 sample,

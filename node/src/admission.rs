@@ -93,6 +93,11 @@ pub struct Gate {
     allow: Vec<String>,
     /// peer → (credential seen, admitted until (Unix s) or why not).
     cache: HashMap<String, (Option<String>, Result<u64, Refusal>)>,
+    /// When each identity admitted within the pricing window was first admitted (Unix s):
+    /// the proof of work a new identity must show rises with their number
+    /// (`control::admission::pow_price`).
+    recent: std::collections::VecDeque<u64>,
+    pricing: control::admission::PowPricing,
 }
 
 /// Peers whose verdict [`Gate`] caches at most.
@@ -107,7 +112,23 @@ impl Gate {
             learner,
             allow: config.network.allow_list.clone(),
             cache: HashMap::new(),
+            recent: std::collections::VecDeque::new(),
+            pricing: control::admission::PowPricing::default(),
         }
+    }
+
+    /// The bits of work a new identity must prove at `now` (Unix s): `admission.pow_bits`,
+    /// plus one per identity admitted within the window beyond the free allowance.
+    pub fn price(&mut self, now: u64) -> u32 {
+        let window = self.pricing.window_secs;
+        while self
+            .recent
+            .front()
+            .is_some_and(|&t| now.saturating_sub(t) >= window)
+        {
+            self.recent.pop_front();
+        }
+        control::admission::pow_price(&self.pricing, self.pow_bits, self.recent.len() as u64)
     }
 
     /// Whether `peer` (base58), presenting `credential` (its heartbeat's `admission`), may
@@ -130,7 +151,15 @@ impl Gate {
                 };
             }
         }
-        let verdict = self.judge(peer, credential, now_unix_s);
+        let newcomer = !matches!(self.cache.get(peer), Some((_, Ok(_))));
+        let bits = self.price(now_unix_s);
+        let verdict = self.judge(peer, credential, now_unix_s, bits);
+        if newcomer && verdict.is_ok() && self.pow_bits > 0 {
+            self.recent.push_back(now_unix_s);
+            if self.recent.len() > MAX_CACHED {
+                self.recent.pop_front();
+            }
+        }
         if self.cache.len() >= MAX_CACHED {
             self.cache.clear();
         }
@@ -142,7 +171,13 @@ impl Gate {
     }
 
     /// The verdict and, when admitted, until when (Unix seconds).
-    fn judge(&self, peer: &str, credential: Option<&str>, now: u64) -> Result<u64, Refusal> {
+    fn judge(
+        &self,
+        peer: &str,
+        credential: Option<&str>,
+        now: u64,
+        bits: u32,
+    ) -> Result<u64, Refusal> {
         if self.mode == AdmissionMode::AllowList && !self.allow.iter().any(|p| p == peer) {
             return Err("not in network.allow_list".into());
         }
@@ -150,14 +185,15 @@ impl Gate {
             Some(hex) => Credential::from_hex(hex).map_err(|e| format!("bad credential: {e}"))?,
             None => Credential::default(),
         };
-        if self.pow_bits > 0 {
+        if bits > 0 {
             let ok = c
                 .work_nonce
-                .is_some_and(|n| check_work(&self.swarm_id, peer, n, self.pow_bits));
+                .is_some_and(|n| check_work(&self.swarm_id, peer, n, bits));
             if !ok {
                 return Err(format!(
-                    "no proof of {} bits of work on its peer id",
-                    self.pow_bits
+                    "no proof of {bits} bits of work on its peer id ({} asked, raised by the \
+                     identities admitted in the last {} s)",
+                    self.pow_bits, self.pricing.window_secs
                 ));
             }
         }
@@ -318,6 +354,53 @@ mod tests {
         let mut allow = Gate::new(&c, key);
         assert_eq!(allow.admits("12D3a", None, 0), Ok(()));
         assert!(allow.admits("12D3b", None, 0).is_err());
+    }
+
+    #[test]
+    fn the_price_of_work_rises_with_the_young_identities_admitted_recently() {
+        let key = NodeKey::generate().verifying_key().to_bytes();
+        let mut gate = Gate::new(&config(AdmissionMode::Open, 4), key);
+        let free = gate.pricing.free_young;
+        let cred = |n| {
+            Credential {
+                ticket: None,
+                work_nonce: Some(n),
+            }
+            .to_hex()
+        };
+        // A nonce proving exactly `bits` (not one more) for `peer`.
+        let exactly = |peer: &str, bits: u32| {
+            (0..)
+                .find(|&n| {
+                    check_work("adm", peer, n, bits) && !check_work("adm", peer, n, bits + 1)
+                })
+                .unwrap()
+        };
+        for i in 0..free {
+            let peer = format!("12D3young{i}");
+            let n = exactly(&peer, 4);
+            assert_eq!(gate.admits(&peer, Some(&cred(n)), 10), Ok(()), "{peer}");
+        }
+        assert_eq!(
+            gate.price(10),
+            4,
+            "the free allowance is used up, not exceeded"
+        );
+        // Admitted again (cached): an identity already admitted does not pay again.
+        let n0 = exactly("12D3young0", 4);
+        assert_eq!(gate.admits("12D3young0", Some(&cred(n0)), 11), Ok(()));
+        assert_eq!(gate.price(11), 4);
+        let peer = "12D3late";
+        gate.recent.push_back(11); // one more young identity admitted
+        assert_eq!(gate.price(11), 5);
+        let e = gate
+            .admits(peer, Some(&cred(exactly(peer, 4))), 11)
+            .unwrap_err();
+        assert!(e.contains("5 bits"), "{e}");
+        assert_eq!(gate.admits(peer, Some(&cred(exactly(peer, 5))), 11), Ok(()));
+        // The window passes: the price falls back.
+        let later = 11 + gate.pricing.window_secs;
+        assert_eq!(gate.price(later), 4);
     }
 
     #[test]

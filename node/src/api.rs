@@ -247,6 +247,28 @@ pub struct AdmissionStatus {
     pub evidence: BTreeMap<String, BTreeMap<String, u64>>,
     /// What the verification pipeline verified of each worker.
     pub workers: Vec<WorkerStanding>,
+    /// The sampling margins each spot-checked worker earned (`docs/security.md`, "Earned
+    /// margins"), by peer id.
+    pub earned_margins: BTreeMap<String, EarnedMarginStatus>,
+}
+
+/// The margins one worker earned by its measured sampling.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct EarnedMarginStatus {
+    /// The dtype its heartbeats claim.
+    pub claimed: Option<String>,
+    /// The log-prob tolerance and δ its last checked group was judged at.
+    pub tolerance: f64,
+    pub delta: f64,
+    /// Checked groups, tokens and tokens in the margin band (admitted only by the margins).
+    pub groups: u64,
+    pub tokens: u64,
+    pub band_tokens: u64,
+    /// The largest log-prob spread measured against the learner's recompute.
+    pub max_spread: f64,
+    /// Groups refused for tokens inside the claimed margins but outside the earned ones.
+    pub unearned: u64,
 }
 
 /// One worker's verified history.

@@ -95,7 +95,23 @@ pub enum Attack {
     /// Sign delivery receipts saying every planned parent delivered nothing (no hello, no
     /// byte), to get honest parents convicted as silent forwarders (the scenario runs two).
     FramingReceipts,
+    /// Honest groups, but never send one containing an exact answer (a sample of reward 1):
+    /// they stay stored and committed, and are left out of every lease.
+    WithholdByReward,
+    /// A CPU worker whose heartbeats claim `cuda`/`bf16`, sampling in f32 and choosing its
+    /// token at the first [`FALSE_DTYPE_POSITIONS`] positions of each sample from a uniform
+    /// moved by [`FALSE_DTYPE_NUDGE`] (inside bf16's margin δ 0.25): true log-probs, true
+    /// rewards, tokens of its own choosing within the claimed margin.
+    FalseDtype,
+    /// An honest worker: the scenario starts three fresh identities of it once the honest
+    /// workers are established (their data passes every check).
+    YoungSybils,
 }
+
+/// Positions per sample where a `false_dtype` worker chooses its token.
+pub const FALSE_DTYPE_POSITIONS: u64 = 14;
+/// How far a `false_dtype` worker moves the prescribed uniform (within bf16's δ 0.25).
+pub const FALSE_DTYPE_NUDGE: f64 = 0.15;
 
 /// The generation rate (groups/s) a `mu_inflation` worker claims.
 pub const INFLATED_MU: f64 = 1e6;
@@ -103,9 +119,9 @@ pub const INFLATED_MU: f64 = 1e6;
 pub const SILENT_AFTER_INSTALLS: u64 = 4;
 /// Honest groups of each `sybil_rekey` identity before it forges.
 pub const SYBIL_HONEST_GROUPS: u64 = 2;
-/// Honest groups of a `late_liar` before it forges: past the default probation (16) by 4, so
-/// its check rate has fallen to 16 / (16 + 4) = 0.8 when it turns (a run of the scenario
-/// pulls a few dozen groups per worker, so it must turn early to be seen turning).
+/// Honest groups of a `late_liar` before it forges: past the default probation's 16 groups by
+/// 4 (a run of the scenario pulls a few dozen groups per worker, so it must turn early to be
+/// seen turning; with probation's 120 s and 8 versions it turns while still on probation).
 pub const LATE_LIAR_HONEST_GROUPS: u64 = 20;
 /// Groups a `backlog_inflation` worker keeps pending.
 pub const BACKLOG_PENDING: u64 = 1024;
@@ -237,6 +253,9 @@ mod tests {
                 "mu_inflation",
                 "overfeed_parent",
                 "framing_receipts",
+                "withhold_by_reward",
+                "false_dtype",
+                "young_sybils",
             ]
         );
     }

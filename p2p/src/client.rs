@@ -283,6 +283,10 @@ pub enum StrikeReason {
     /// the learner prescribed, beyond the numeric margin: a written response, or samples of
     /// another version than claimed. No honest sampler produces one, so it bans at once.
     TokenNotDrawn,
+    /// A worker kept back a group it had committed (`control::commits`): a committed,
+    /// admissible group not delivered when asked, a number its commit log skipped, or a
+    /// delivered group it never committed (or committed with other content).
+    Withheld,
 }
 
 impl StrikeReason {

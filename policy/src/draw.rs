@@ -84,6 +84,9 @@ pub fn token_uniform(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Draws {
     rows: Vec<(SampleStream, u64)>,
+    /// Test-only (`false_dtype` attack): positions below `.0` read their uniform moved by
+    /// `f64::from_bits(.1)` ([`Draws::nudged`]).
+    nudge: Option<(u64, u64)>,
 }
 
 impl Draws {
@@ -94,6 +97,7 @@ impl Draws {
             rows: (0..n as u64)
                 .map(|s| (SampleStream::prescribed(seed, producer, group, s), 0))
                 .collect(),
+            nudge: None,
         }
     }
 
@@ -102,13 +106,23 @@ impl Draws {
     pub fn from_rng(rng: &mut impl Rng, n: usize) -> Self {
         Draws {
             rows: (0..n).map(|_| (SampleStream(rng.gen()), 0)).collect(),
+            nudge: None,
         }
     }
 
     /// Rows from explicit streams and start positions (a multi-turn episode continues each
     /// sample's counter: the start is the number of tokens it sampled in earlier turns).
     pub fn from_streams(rows: Vec<(SampleStream, u64)>) -> Self {
-        Draws { rows }
+        Draws { rows, nudge: None }
+    }
+
+    /// These draws with the uniform of every position below `positions` moved by `by`
+    /// (down instead when that would leave [0, 1)). Not what any honest sampler does: the
+    /// adversarial tests' worker that chooses tokens inside a sampling margin.
+    #[doc(hidden)]
+    pub fn nudged(mut self, positions: u64, by: f64) -> Self {
+        self.nudge = Some((positions, by.to_bits()));
+        self
     }
 
     /// Number of rows.
@@ -125,6 +139,7 @@ impl Draws {
     pub fn row(&self, row: usize) -> Draws {
         Draws {
             rows: vec![self.rows[row].clone()],
+            nudge: self.nudge,
         }
     }
 
@@ -134,13 +149,26 @@ impl Draws {
         let (stream, start) = &self.rows[row];
         Draws {
             rows: vec![(stream.clone(), start + offset)],
+            nudge: self.nudge,
         }
     }
 
     /// The uniform of row `row`'s `step`-th token of this call.
     pub fn uniform(&self, row: usize, step: usize) -> f64 {
         let (stream, start) = &self.rows[row];
-        stream.uniform(start + step as u64)
+        let at = start + step as u64;
+        let u = stream.uniform(at);
+        match self.nudge {
+            Some((n, by)) if at < n => {
+                let by = f64::from_bits(by);
+                if u + by < 1.0 {
+                    u + by
+                } else {
+                    (u - by).max(0.0)
+                }
+            }
+            _ => u,
+        }
     }
 }
 

@@ -98,6 +98,7 @@ mod tests {
             max_groups,
             ttl: Duration::from_secs(1),
             limits: LIMITS,
+            commits_from: None,
         };
         let one = max_group_bytes(&LIMITS) as u64;
         assert_eq!(byte_budget(&req(0)), one, "a pull asks at least one group");

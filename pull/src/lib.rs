@@ -48,13 +48,15 @@ use storage::{TrajectoryGroup, TrajectoryStore};
 pub use budget::{byte_budget, max_group_bytes};
 pub use serve::{serve, serve_with, ServeOptions};
 use wire::{read_message_bounded, write_message, Message, MAX_GROUPS_PER_LEASE};
+pub use wire::{CommitLog, LogEntry};
 
-/// Learner → rollout worker two-phase trajectory pull (pull, then ack). Version 2: every
-/// message in one `p2p::framing` frame (version 1 used a 4-byte big-endian length). Version 2
-/// is unchanged on the wire by the budgets and deadlines: they only refuse what a well-behaved
-/// peer never sends.
+/// Learner → rollout worker two-phase trajectory pull (pull, then ack). Version 3: the pull
+/// names where the worker's commit log is to start (`commits_from`) and supersedes every
+/// earlier lease; the lease and empty answers carry the commit log (`wire::CommitLog`,
+/// `control::commits`). Version 2 put every message in one `p2p::framing` frame (version 1
+/// used a 4-byte big-endian length).
 pub const TRAJECTORY_PULL: StreamProtocol =
-    StreamProtocol::new("/echo-swarm/trajectory-pull/2.0.0");
+    StreamProtocol::new("/echo-swarm/trajectory-pull/3.0.0");
 
 /// Default deadline for one message (read or write) on a pull stream, and for opening it.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -177,6 +179,19 @@ pub trait GroupVerifier: Send + Sync {
         req: &PullRequest,
         group: &TrajectoryGroup,
     ) -> Result<(), GroupRejection>;
+
+    /// Sees every answer's commit log and the groups of its lease as decoded (before any is
+    /// verified), once the whole lease is read (`control::commits` judges them). Default:
+    /// nothing.
+    fn account(&self, _worker: &PeerId, _req: &PullRequest, _answer: &AnswerLog<'_>) {}
+}
+
+/// A pull answer's commitments and what its lease delivered.
+#[derive(Debug, Clone, Copy)]
+pub struct AnswerLog<'a> {
+    pub log: &'a CommitLog,
+    /// `(seq, version, content hash)` of each decoded group of the lease.
+    pub delivered: &'a [(u64, u64, [u8; 32])],
 }
 
 /// This crate's own admission only ([`admit`]; what [`pull`] uses): a caller without a
@@ -205,6 +220,9 @@ pub struct PullRequest {
     pub ttl: Duration,
     /// What a received group must satisfy to be stored ([`check_group`]).
     pub limits: GroupLimits,
+    /// Where the worker's commit log is to start: the next number the learner expects of it
+    /// (`None`: a worker not met yet).
+    pub commits_from: Option<u64>,
 }
 
 /// What one pull achieved.
@@ -335,13 +353,35 @@ pub async fn pull_on<S: AsyncRead + AsyncWrite + Unpin>(
         v_min: req.v_min,
         max_groups: req.max_groups,
         ttl_ms: req.ttl.as_millis() as u64,
+        commits_from: req.commits_from,
     };
     write_within(stream, &ask, limit).await?;
-    // A lease, empty or error answer is small: no group-sized frame before the lease.
+    // A lease, empty or error answer is small but for its commit log: no group-sized frame
+    // before the lease.
     let small = wire::MAX_SMALL_MESSAGE;
-    let (lease_id, count) = match read_within(stream, small, limit, "the lease").await? {
-        Some(Message::Empty) => return Ok(PullOutcome::default()),
-        Some(Message::Lease { lease_id, count }) if count <= asked => (lease_id, count),
+    let answer = read_within(stream, wire::MAX_LOG_MESSAGE, limit, "the lease").await?;
+    let (lease_id, count, log) = match answer {
+        Some(Message::Empty { log }) => {
+            let v = verifier.clone();
+            blocking(move || {
+                v.account(
+                    &peer,
+                    &req,
+                    &AnswerLog {
+                        log: &log,
+                        delivered: &[],
+                    },
+                );
+                Ok(())
+            })
+            .await?;
+            return Ok(PullOutcome::default());
+        }
+        Some(Message::Lease {
+            lease_id,
+            count,
+            log,
+        }) if count <= asked => (lease_id, count, log),
         Some(Message::Lease { count, .. }) => {
             // More than asked for: the worker wants the learner to allocate and store what it
             // did not ask for. Refused whole, before reading a group (the lease expires).
@@ -378,6 +418,16 @@ pub async fn pull_on<S: AsyncRead + AsyncWrite + Unpin>(
     // before the ack: a crash from here on loses nothing.
     let checked = out.invalid as u64;
     let (keys, unverified) = blocking(move || {
+        // The commitments first: they judge what was delivered, whatever the checks find.
+        let delivered: Vec<(u64, u64, [u8; 32])> = valid
+            .iter()
+            .map(|g| (g.seq, g.version, g.content_hash()))
+            .collect();
+        let answer = AnswerLog {
+            log: &log,
+            delivered: &delivered,
+        };
+        verifier.account(&peer, &req, &answer);
         let mut unverified = Vec::new();
         valid.retain(|g| match verifier.verify(&peer, &req, g) {
             Ok(()) => true,

@@ -16,11 +16,13 @@ use futures::{AsyncWriteExt, StreamExt};
 use p2p::PeerId;
 use storage::TrajectoryStore;
 
-use crate::wire::{Message, MAX_GROUPS_PER_LEASE, MAX_SMALL_MESSAGE, MAX_TTL_MS, MIN_TTL_MS};
+use crate::wire::{
+    CommitLog, Message, MAX_GROUPS_PER_LEASE, MAX_SMALL_MESSAGE, MAX_TTL_MS, MIN_TTL_MS,
+};
 use crate::{blocking, read_within, write_within, PullError, READ_TIMEOUT, TRAJECTORY_PULL};
 
 /// Settings of the worker side.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub struct ServeOptions {
     /// Deadline for each message from the learner (longer after a lease: its time to live).
     pub read_timeout: Duration,
@@ -29,6 +31,12 @@ pub struct ServeOptions {
     #[cfg(feature = "adversary")]
     #[doc(hidden)]
     pub testing_oversized_answer: bool,
+    /// Test-only attack (`withhold_by_reward`, its naive form): leave out of every lease the
+    /// groups this predicate picks (they stay stored and committed). Only in a build with the
+    /// `adversary` feature.
+    #[cfg(feature = "adversary")]
+    #[doc(hidden)]
+    pub testing_withhold: Option<fn(&storage::TrajectoryGroup) -> bool>,
 }
 
 impl Default for ServeOptions {
@@ -37,6 +45,8 @@ impl Default for ServeOptions {
             read_timeout: READ_TIMEOUT,
             #[cfg(feature = "adversary")]
             testing_oversized_answer: false,
+            #[cfg(feature = "adversary")]
+            testing_withhold: None,
         }
     }
 }
@@ -93,6 +103,22 @@ pub async fn serve_with(
     Ok(())
 }
 
+/// The `testing_withhold` attack: the lease without the groups it picks (they stay leased
+/// until the next pull supersedes the lease).
+#[cfg(feature = "adversary")]
+fn withhold(
+    mut answer: storage::trajectory::LeaseWithLog,
+    opts: ServeOptions,
+) -> storage::trajectory::LeaseWithLog {
+    if let (Some(pick), Some(lease)) = (opts.testing_withhold, answer.lease.as_mut()) {
+        lease.groups.retain(|(_, g)| !pick(g));
+        if lease.groups.is_empty() {
+            answer.lease = None;
+        }
+    }
+    answer
+}
+
 async fn handle(
     stream: &mut libp2p::Stream,
     store: Arc<TrajectoryStore>,
@@ -108,6 +134,7 @@ async fn handle(
                 v_min,
                 max_groups,
                 ttl_ms,
+                commits_from,
             } => {
                 let max = max_groups.clamp(1, MAX_GROUPS_PER_LEASE) as usize;
                 let ttl = Duration::from_millis(ttl_ms.clamp(MIN_TTL_MS, MAX_TTL_MS));
@@ -118,14 +145,21 @@ async fn handle(
                     tracing::debug!(pruned, v_min, "pruned groups outside the learner's window");
                 }
                 let s = store.clone();
-                // Freshest first (see `TrajectoryStore::lease_newest`).
-                match blocking(move || s.lease_newest(v_min, max, ttl)).await? {
-                    None => write_within(stream, &Message::Empty, limit).await?,
+                // Freshest first (see `TrajectoryStore::lease_newest`), with the commit log
+                // taken under the same lock; earlier leases are superseded.
+                let answer =
+                    blocking(move || s.lease_with_log(v_min, max, ttl, commits_from)).await?;
+                let log = CommitLog::of(&answer.log, v_min);
+                #[cfg(feature = "adversary")]
+                let answer = withhold(answer, opts);
+                match answer.lease {
+                    None => write_within(stream, &Message::Empty { log }, limit).await?,
                     Some(lease) => {
                         let count = lease.groups.len() as u64;
                         let msg = Message::Lease {
                             lease_id: lease.id,
                             count,
+                            log,
                         };
                         write_within(stream, &msg, limit).await?;
                         for (_, g) in &lease.groups {

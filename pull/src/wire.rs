@@ -20,6 +20,11 @@ pub const MAX_FRAME: usize = storage::record::limits::MAX_GROUP_BYTES + 1024;
 /// Largest message that is not a group (pull, lease, ack, release, done, empty, and an error
 /// with its text of at most 4096 bytes).
 pub const MAX_SMALL_MESSAGE: usize = 8 * 1024;
+/// Most commitments one log carries (as `storage::trajectory::MAX_LOG_ENTRIES`).
+pub const MAX_LOG_ENTRIES: usize = storage::trajectory::MAX_LOG_ENTRIES;
+/// Largest lease or empty answer: a small message plus a full commit log (each entry at
+/// worst its own run: two varints, a flag and a hash).
+pub const MAX_LOG_MESSAGE: usize = MAX_SMALL_MESSAGE + MAX_LOG_ENTRIES * (10 + 10 + 1 + 32);
 /// A group frame's body beyond the encoded group: the tag byte and the group's varint length.
 pub const GROUP_FRAME_OVERHEAD: usize = 16;
 /// Most groups one lease may carry.
@@ -28,20 +33,111 @@ pub const MAX_GROUPS_PER_LEASE: u64 = 1024;
 pub const MIN_TTL_MS: u64 = 100;
 pub const MAX_TTL_MS: u64 = 3_600_000;
 
+/// One commitment of a [`CommitLog`]: the version of the group the number was stored with
+/// and, while admissible (`version ≥ v_min` of the pull), its content hash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogEntry {
+    pub version: u64,
+    pub hash: Option<[u8; 32]>,
+}
+
+/// The worker's commitments from number `from` on: entry `i` commits number `from + i`
+/// (`control::commits`). On the wire: `from`, then runs of one version — the version, the
+/// count, a flag byte (1: a content hash per entry follows, 0: none) and the hashes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommitLog {
+    pub from: u64,
+    pub entries: Vec<LogEntry>,
+}
+
+impl CommitLog {
+    /// The log of `read`, with the hashes of entries below `v_min` left out (stale: the
+    /// learner resolves them by their version alone).
+    pub fn of(read: &storage::trajectory::CommitLogRead, v_min: u64) -> Self {
+        CommitLog {
+            from: read.from,
+            entries: read
+                .entries
+                .iter()
+                .map(|&(version, h)| LogEntry {
+                    version,
+                    hash: (version >= v_min).then_some(h),
+                })
+                .collect(),
+        }
+    }
+
+    fn encode(&self, w: &mut Writer) {
+        w.varint(self.from);
+        let mut runs: Vec<(u64, bool, Vec<&LogEntry>)> = Vec::new();
+        for e in &self.entries {
+            match runs.last_mut() {
+                Some((v, h, es)) if *v == e.version && *h == e.hash.is_some() => es.push(e),
+                _ => runs.push((e.version, e.hash.is_some(), vec![e])),
+            }
+        }
+        w.varint(runs.len() as u64);
+        for (v, hashed, es) in runs {
+            w.varint(v);
+            w.varint(es.len() as u64);
+            w.u8(u8::from(hashed));
+            for e in es {
+                if let Some(h) = e.hash {
+                    w.raw(&h);
+                }
+            }
+        }
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, storage::StorageError> {
+        let from = r.varint()?;
+        let runs = r.len(MAX_LOG_ENTRIES, 3, "commit runs")?;
+        let mut entries = Vec::new();
+        for _ in 0..runs {
+            let version = r.varint()?;
+            let n = r.varint()?;
+            if n == 0 || entries.len() as u64 + n > MAX_LOG_ENTRIES as u64 {
+                return Err(r.err(format!("a commit run of {n} entries")));
+            }
+            let hashed = match r.u8()? {
+                0 => false,
+                1 => true,
+                f => return Err(r.err(format!("commit run flag {f}"))),
+            };
+            for _ in 0..n {
+                let hash = if hashed { Some(r.array::<32>()?) } else { None };
+                entries.push(LogEntry { version, hash });
+            }
+        }
+        if from.checked_add(entries.len() as u64).is_none() {
+            return Err(r.err("commit log past the last number"));
+        }
+        Ok(CommitLog { from, entries })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
-    /// Learner → worker: lease up to `max_groups` groups with `version ≥ v_min` for `ttl_ms`.
+    /// Learner → worker: lease up to `max_groups` groups with `version ≥ v_min` for `ttl_ms`,
+    /// with the commit log from `commits_from` (from the worker's oldest kept entry when
+    /// `None`: a worker this learner has not met). Supersedes every earlier lease.
     Pull {
         v_min: u64,
         max_groups: u64,
         ttl_ms: u64,
+        commits_from: Option<u64>,
     },
-    /// Worker → learner: a lease of `count` groups follows, one [`Message::Group`] each.
-    Lease { lease_id: u64, count: u64 },
+    /// Worker → learner: a lease of `count` groups follows, one [`Message::Group`] each; `log`
+    /// holds the commitments taken with it.
+    Lease {
+        lease_id: u64,
+        count: u64,
+        log: CommitLog,
+    },
     /// Worker → learner: one encoded `TrajectoryGroup`.
     Group { bytes: Vec<u8> },
-    /// Worker → learner: nothing admissible is pending.
-    Empty,
+    /// Worker → learner: nothing admissible is pending; the commitments since the last log.
+    Empty { log: CommitLog },
     /// Learner → worker: the lease's groups are stored durably; delete them.
     Ack { lease_id: u64 },
     /// Learner → worker: give the lease back unused.
@@ -69,22 +165,38 @@ impl Message {
                 v_min,
                 max_groups,
                 ttl_ms,
+                commits_from,
             } => {
                 w.u8(T_PULL);
                 w.varint(*v_min);
                 w.varint(*max_groups);
                 w.varint(*ttl_ms);
+                match commits_from {
+                    None => w.u8(0),
+                    Some(f) => {
+                        w.u8(1);
+                        w.varint(*f);
+                    }
+                }
             }
-            Message::Lease { lease_id, count } => {
+            Message::Lease {
+                lease_id,
+                count,
+                log,
+            } => {
                 w.u8(T_LEASE);
                 w.varint(*lease_id);
                 w.varint(*count);
+                log.encode(&mut w);
             }
             Message::Group { bytes } => {
                 w.u8(T_GROUP);
                 w.bytes(bytes);
             }
-            Message::Empty => w.u8(T_EMPTY),
+            Message::Empty { log } => {
+                w.u8(T_EMPTY);
+                log.encode(&mut w);
+            }
             Message::Ack { lease_id } => {
                 w.u8(T_ACK);
                 w.varint(*lease_id);
@@ -113,15 +225,23 @@ impl Message {
                 v_min: r.varint().map_err(bad)?,
                 max_groups: r.varint().map_err(bad)?,
                 ttl_ms: r.varint().map_err(bad)?,
+                commits_from: match r.u8().map_err(bad)? {
+                    0 => None,
+                    1 => Some(r.varint().map_err(bad)?),
+                    f => return Err(PullError::Protocol(format!("commits_from flag {f}"))),
+                },
             },
             T_LEASE => Message::Lease {
                 lease_id: r.varint().map_err(bad)?,
                 count: r.varint().map_err(bad)?,
+                log: CommitLog::decode(&mut r).map_err(bad)?,
             },
             T_GROUP => Message::Group {
                 bytes: r.bytes(MAX_FRAME, "group").map_err(bad)?.to_vec(),
             },
-            T_EMPTY => Message::Empty,
+            T_EMPTY => Message::Empty {
+                log: CommitLog::decode(&mut r).map_err(bad)?,
+            },
             T_ACK => Message::Ack {
                 lease_id: r.varint().map_err(bad)?,
             },
@@ -181,6 +301,53 @@ mod props;
 mod tests {
     use super::*;
 
+    /// The example of `docs/pull.md`.
+    #[test]
+    fn a_commit_log_is_encoded_in_runs_of_one_version() {
+        let log = CommitLog {
+            from: 40,
+            entries: vec![
+                LogEntry {
+                    version: 1,
+                    hash: None,
+                },
+                LogEntry {
+                    version: 3,
+                    hash: Some([0xaa; 32]),
+                },
+                LogEntry {
+                    version: 3,
+                    hash: Some([0xbb; 32]),
+                },
+            ],
+        };
+        let mut w = Writer::default();
+        log.encode(&mut w);
+        let mut want = vec![0x28, 2, 1, 1, 0, 3, 2, 1];
+        want.extend([0xaa; 32]);
+        want.extend([0xbb; 32]);
+        assert_eq!(w.into_bytes(), want);
+        // A run of zero entries, a bad flag, or more entries than the bound are refused.
+        for bad in [
+            vec![0, 1, 5, 0, 0],
+            vec![0, 1, 5, 1, 2],
+            vec![0, 1, 5, 0xff, 0xff, 0x07, 0],
+        ] {
+            assert!(
+                CommitLog::decode(&mut Reader::new(&bad, "log")).is_err(),
+                "{bad:?}"
+            );
+        }
+        // Stale entries lose their hash.
+        let read = storage::trajectory::CommitLogRead {
+            from: 7,
+            entries: vec![(1, [1; 32]), (5, [2; 32])],
+        };
+        let l = CommitLog::of(&read, 5);
+        assert_eq!(l.entries[0].hash, None);
+        assert_eq!(l.entries[1].hash, Some([2; 32]));
+    }
+
     #[test]
     fn messages_round_trip_and_garbage_is_an_error() {
         let all = [
@@ -188,15 +355,41 @@ mod tests {
                 v_min: 3,
                 max_groups: 64,
                 ttl_ms: 30_000,
+                commits_from: None,
+            },
+            Message::Pull {
+                v_min: 3,
+                max_groups: 64,
+                ttl_ms: 30_000,
+                commits_from: Some(41),
             },
             Message::Lease {
                 lease_id: 7,
                 count: 2,
+                log: CommitLog {
+                    from: 40,
+                    entries: vec![
+                        LogEntry {
+                            version: 1,
+                            hash: None,
+                        },
+                        LogEntry {
+                            version: 3,
+                            hash: Some([7; 32]),
+                        },
+                        LogEntry {
+                            version: 3,
+                            hash: Some([8; 32]),
+                        },
+                    ],
+                },
             },
             Message::Group {
                 bytes: vec![1, 2, 3],
             },
-            Message::Empty,
+            Message::Empty {
+                log: CommitLog::default(),
+            },
             Message::Ack { lease_id: 7 },
             Message::Release { lease_id: 8 },
             Message::Done { consumed: 2 },

@@ -19,14 +19,21 @@ use crate::PullError;
 
 fn message() -> impl Strategy<Value = Message> {
     prop_oneof![
-        any::<(u64, u64, u64)>().prop_map(|(v_min, max_groups, ttl_ms)| Message::Pull {
-            v_min,
-            max_groups,
-            ttl_ms
+        any::<(u64, u64, u64, Option<u64>)>().prop_map(
+            |(v_min, max_groups, ttl_ms, commits_from)| Message::Pull {
+                v_min,
+                max_groups,
+                ttl_ms,
+                commits_from,
+            }
+        ),
+        (any::<(u64, u64)>(), log()).prop_map(|((lease_id, count), log)| Message::Lease {
+            lease_id,
+            count,
+            log
         }),
-        any::<(u64, u64)>().prop_map(|(lease_id, count)| Message::Lease { lease_id, count }),
         proptest::collection::vec(any::<u8>(), 0..300).prop_map(|bytes| Message::Group { bytes }),
-        Just(Message::Empty),
+        log().prop_map(|log| Message::Empty { log }),
         any::<u64>().prop_map(|lease_id| Message::Ack { lease_id }),
         any::<u64>().prop_map(|lease_id| Message::Release { lease_id }),
         any::<u64>().prop_map(|consumed| Message::Done { consumed }),
@@ -34,6 +41,23 @@ fn message() -> impl Strategy<Value = Message> {
             message: String::from_iter(c)
         }),
     ]
+}
+
+fn log() -> impl Strategy<Value = super::CommitLog> {
+    (
+        0u64..1 << 40,
+        proptest::collection::vec((0u64..4, any::<Option<u8>>()), 0..12),
+    )
+        .prop_map(|(from, es)| super::CommitLog {
+            from,
+            entries: es
+                .into_iter()
+                .map(|(version, h)| super::LogEntry {
+                    version,
+                    hash: h.map(|b| [b; 32]),
+                })
+                .collect(),
+        })
 }
 
 /// An alteration of a valid encoding: flip bits of a byte, insert, delete, truncate, append.

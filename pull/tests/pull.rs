@@ -58,6 +58,7 @@ fn req(max_groups: u64) -> PullRequest {
         max_groups,
         ttl: Duration::from_secs(30),
         limits: LIMITS,
+        commits_from: None,
     }
 }
 
@@ -74,10 +75,12 @@ async fn answer_pull(
     let Ok(Some(Message::Pull { .. })) = read_message(s).await else {
         return false;
     };
-    if write_message(s, &Message::Lease { lease_id, count })
-        .await
-        .is_err()
-    {
+    let lease = Message::Lease {
+        lease_id,
+        count,
+        log: pull::CommitLog::default(),
+    };
+    if write_message(s, &lease).await.is_err() {
         return false;
     }
     for bytes in frames {
@@ -152,6 +155,7 @@ const REQ: PullRequest = PullRequest {
     max_groups: 16,
     ttl: Duration::from_secs(30),
     limits: GroupLimits::PERMISSIVE,
+    commits_from: None,
 };
 
 /// The first pull may race the connection being established: retry opening for a while.
@@ -270,6 +274,7 @@ async fn a_learner_that_dies_before_acking_loses_nothing_and_stores_nothing_twic
         v_min: 0,
         max_groups: 16,
         ttl_ms: 300,
+        commits_from: None,
     };
     write_message(&mut s, &ask).await.unwrap();
     let Some(Message::Lease { count, .. }) = read_message(&mut s).await.unwrap() else {
@@ -297,6 +302,7 @@ async fn a_learner_that_dies_before_acking_loses_nothing_and_stores_nothing_twic
                 max_groups: 16,
                 ttl: Duration::from_secs(30),
                 limits: GroupLimits::PERMISSIVE,
+                commits_from: None,
             };
             pull(learner, worker, buffer, req)
                 .await

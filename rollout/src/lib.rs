@@ -299,22 +299,25 @@ impl RolloutEngine {
         self
     }
 
-    /// Takes group sequence numbers from the durable counter at `path` (see [`seq`]), so a
-    /// restarted worker never reuses one.
+    /// Keeps the durable counter at `path` (see [`seq`]) past every number used: the floor of
+    /// the numbering when the store holds no commitment (a wiped store never reuses one).
     pub fn with_seq_file(mut self, path: &std::path::Path) -> Result<Self, RolloutError> {
-        self.seq_file = Some(seq::SeqFile::open(path)?);
+        let f = seq::SeqFile::open(path)?;
+        self.seq = self.seq.max(f.peek());
+        self.seq_file = Some(f);
         Ok(self)
     }
 
+    /// The next group number. Numbers are dense (`control::commits`): [`Self::step`] first
+    /// resumes at the store's next commitment, so a group that failed or was not stored
+    /// gives its number to the next one, and a restart skips none.
     fn next_seq(&mut self) -> Result<u64, RolloutError> {
-        match &mut self.seq_file {
-            Some(f) => f.take(),
-            None => {
-                let s = self.seq;
-                self.seq += 1;
-                Ok(s)
-            }
+        let s = self.seq;
+        self.seq += 1;
+        if let Some(f) = &mut self.seq_file {
+            f.reserve_through(self.seq)?;
         }
+        Ok(s)
     }
 
     /// Signs `group` (or hands it to the seal hook).
@@ -365,6 +368,10 @@ impl RolloutEngine {
             return Ok(StepOutcome::Behind { installed, floor });
         }
         self.stats.behind.store(false, Ordering::Relaxed);
+        // Dense numbering: the number after the last committed group.
+        if let Some(n) = self.store.next_commit()? {
+            self.seq = n;
+        }
         let Some(group) = self.produce_group()? else {
             return Ok(StepOutcome::NoPolicy);
         };

@@ -50,6 +50,23 @@ impl SeqFile {
         })
     }
 
+    /// The next number this file would hand out (the floor of a restarted engine whose store
+    /// has no commitments yet).
+    pub fn peek(&self) -> u64 {
+        self.next
+    }
+
+    /// Records that every number below `n` is in use (durably, a block at a time).
+    pub fn reserve_through(&mut self, n: u64) -> Result<(), RolloutError> {
+        self.next = self.next.max(n);
+        if self.next > self.reserved_until {
+            let until = self.next.saturating_add(BLOCK);
+            write_durably(&self.path, until)?;
+            self.reserved_until = until;
+        }
+        Ok(())
+    }
+
     /// The next sequence number; never returns a number twice, also across restarts.
     pub fn take(&mut self) -> Result<u64, RolloutError> {
         if self.next >= self.reserved_until {

@@ -418,3 +418,31 @@ fn a_group_is_the_episodes_of_one_initial_state() {
     }
     assert!(seeds.len() > 1, "groups draw their own deals: {seeds:?}");
 }
+
+/// Group numbers are dense (`control::commits`): a restarted engine resumes at the store's
+/// next commitment, though its counter file reserved a block past it, and a produced group
+/// that was not stored gives its number to the next one.
+#[test]
+fn numbers_stay_dense_across_restarts_and_unstored_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    let seq_path = dir.path().join("rollout.seq");
+    let store_dir = dir.path().join("store");
+    let mut seqs = Vec::new();
+    for _ in 0..2 {
+        let (e, store) = engine(&store_dir, GenerationPath::default(), 100);
+        let mut e = e.with_seq_file(&seq_path).unwrap();
+        e.slot().install(1, policy(1)).unwrap();
+        for _ in 0..2 {
+            assert!(matches!(e.step().unwrap(), StepOutcome::Produced { .. }));
+        }
+        // Made but never stored (a group an attacker drops): its number is not used up.
+        let dropped = e.produce_group().unwrap().unwrap();
+        assert_eq!(Some(dropped.seq), store.next_commit().unwrap());
+        drop(e);
+        seqs.extend(store.scan(0, 100).unwrap().into_iter().map(|(_, g)| g.seq));
+        seqs.sort_unstable();
+        seqs.dedup();
+        drop(store);
+    }
+    assert_eq!(seqs, [0, 1, 2, 3], "no number skipped");
+}

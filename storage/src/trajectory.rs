@@ -8,6 +8,11 @@
 //! - `seen`: trajectory id (16 B) → version (u64 BE) of every sample stored through
 //!   [`TrajectoryStore::put_groups_dedup`] (the learner's buffer), so a group pulled twice is
 //!   stored once.
+//! - `commits`: `seq (u64 BE)` → `version (u64 BE) ‖ content hash (32 B)`: the producer's
+//!   commitment to each group number it stored, written in the same transaction as the group
+//!   (a worker's store; the learner's dedup buffer commits nothing). Kept until the learner
+//!   says it has them ([`TrajectoryStore::lease_with_log`]), and served as the commit log
+//!   (`control::commits`, `docs/pull.md`).
 //! - `meta`: layout version and the persisted counters.
 //!
 //! Every mutation is one sled transaction over the trees it touches, so counters and records
@@ -27,10 +32,15 @@ use sled::Transactional;
 use crate::error::{Result, StorageError};
 use crate::record::TrajectoryGroup;
 
+mod commits;
 mod lease;
 
-/// On-disk layout version of the trajectory store.
-pub const LAYOUT_VERSION: u64 = 1;
+pub use commits::{CommitLogRead, LeaseWithLog, MAX_LOG_ENTRIES};
+
+/// On-disk layout version of the trajectory store (2: the `commits` tree and
+/// `next_commit`; a layout-1 store is upgraded in place when opened — it has no commitments
+/// yet, and the first group stored starts its log).
+pub const LAYOUT_VERSION: u64 = 2;
 
 const K_LAYOUT: &[u8] = b"layout";
 const K_PRODUCED: &[u8] = b"produced";
@@ -42,6 +52,8 @@ const K_NEXT_SEQ: &[u8] = b"next_seq";
 const K_NEXT_LEASE: &[u8] = b"next_lease";
 const K_DUPLICATES: &[u8] = b"duplicates";
 const K_REJECTED_STORED: &[u8] = b"rejected_stored";
+/// The group number the next committed group must have (absent before the first).
+const K_NEXT_COMMIT: &[u8] = b"next_commit";
 
 /// Key of a stored group: where it sits in the version-ordered scan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -155,6 +167,7 @@ pub struct TrajectoryStore {
     leased: sled::Tree,
     leases: sled::Tree,
     seen: sled::Tree,
+    commits: sled::Tree,
     meta: sled::Tree,
     /// Serialises mutations: scans that precede a transaction stay valid until it commits.
     write: Mutex<()>,
@@ -217,6 +230,7 @@ impl TrajectoryStore {
             leased: db.open_tree("leased")?,
             leases: db.open_tree("leases")?,
             seen: db.open_tree("seen")?,
+            commits: db.open_tree("commits")?,
             meta: db.open_tree("meta")?,
             db,
             write: Mutex::new(()),
@@ -239,6 +253,12 @@ impl TrajectoryStore {
                 store.db.flush()?;
             }
             (Some(v), _) if v.len() == 8 && be_u64(&v) == LAYOUT_VERSION => {}
+            // Layout 1 had no commitments: the new tree is empty, nothing else changed.
+            (Some(v), _) if v.len() == 8 && be_u64(&v) == 1 => {
+                tracing::info!("upgrading the trajectory store from layout 1 to {LAYOUT_VERSION}");
+                store.meta.insert(K_LAYOUT, &LAYOUT_VERSION.to_be_bytes())?;
+                store.db.flush()?;
+            }
             (Some(v), _) => {
                 return Err(StorageError::Corrupt(format!(
                     "trajectory store layout {:?} is not {LAYOUT_VERSION}",
@@ -347,8 +367,25 @@ impl TrajectoryStore {
             return Err(e);
         }
         let encoded: Vec<Vec<u8>> = groups.iter().map(TrajectoryGroup::encode).collect();
-        let keys = (&self.groups, &self.seen, &self.meta)
-            .transaction(|(gt, st, mt)| {
+        // A worker's store commits each group number with its content (the learner's dedup
+        // buffer holds other producers' groups: nothing to commit).
+        let commits: Vec<[u8; 40]> = if dedupe {
+            Vec::new()
+        } else {
+            groups.iter().map(commit_value).collect()
+        };
+        let keys = (&self.groups, &self.seen, &self.commits, &self.meta)
+            .transaction(|(gt, st, ct, mt)| {
+                let mut next_commit = tx_opt(mt, K_NEXT_COMMIT)?;
+                for (g, c) in groups.iter().zip(&commits) {
+                    // The honest engine takes `next_commit` itself (no gap, no reuse); the
+                    // store records what it is given: the learner judges the log.
+                    ct.insert(&g.seq.to_be_bytes(), c.as_slice())?;
+                    next_commit = Some(next_commit.map_or(g.seq + 1, |n| n.max(g.seq + 1)));
+                }
+                if let Some(n) = next_commit.filter(|_| !commits.is_empty()) {
+                    tx_set(mt, K_NEXT_COMMIT, n)?;
+                }
                 let mut seq = tx_get(mt, K_NEXT_SEQ)?;
                 let mut keys = Vec::with_capacity(groups.len());
                 let (mut stored, mut duplicates) = (0u64, 0u64);
@@ -579,6 +616,18 @@ fn lease_keys(record: &[u8]) -> Result<impl Iterator<Item = &[u8]>> {
 
 fn tx_get(t: &TransactionalTree, k: &[u8]) -> std::result::Result<u64, TxError> {
     Ok(t.get(k)?.map_or(0, |v| be_u64(&v)))
+}
+
+fn tx_opt(t: &TransactionalTree, k: &[u8]) -> std::result::Result<Option<u64>, TxError> {
+    Ok(t.get(k)?.map(|v| be_u64(&v)))
+}
+
+/// The `commits` value of a group: its version and content hash.
+fn commit_value(g: &TrajectoryGroup) -> [u8; 40] {
+    let mut v = [0u8; 40];
+    v[..8].copy_from_slice(&g.version.to_be_bytes());
+    v[8..].copy_from_slice(&g.content_hash());
+    v
 }
 
 fn tx_set(t: &TransactionalTree, k: &[u8], v: u64) -> std::result::Result<(), TxError> {

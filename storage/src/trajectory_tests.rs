@@ -489,3 +489,100 @@ proptest! {
         }
     }
 }
+
+/// A group of version `v` numbered `seq`.
+fn numbered(v: u64, seq: u64) -> TrajectoryGroup {
+    TrajectoryGroup {
+        seq,
+        ..group(v, seq, 2, 3)
+    }
+}
+
+#[test]
+fn every_stored_group_is_committed_and_the_log_comes_with_the_lease() {
+    let (_d, s) = open();
+    assert_eq!(s.next_commit().unwrap(), None);
+    let groups: Vec<_> = (0..5).map(|i| numbered(3 + i / 2, i)).collect();
+    s.put_groups(&groups).unwrap();
+    assert_eq!(s.next_commit().unwrap(), Some(5));
+    // First contact: the log from the oldest entry, every group's version and content.
+    let a = s.lease_with_log(0, 2, TTL, None).unwrap();
+    assert_eq!(a.log.from, 0);
+    let want: Vec<(u64, [u8; 32])> = groups
+        .iter()
+        .map(|g| (g.version, g.content_hash()))
+        .collect();
+    assert_eq!(a.log.entries, want);
+    let leased: Vec<u64> = a.lease.unwrap().groups.iter().map(|(_, g)| g.seq).collect();
+    assert_eq!(leased, [4, 3], "newest first");
+    // The next pull supersedes that lease: the same groups are offered again, and the log
+    // below what the learner has is deleted.
+    let b = s.lease_with_log(0, 2, TTL, Some(5)).unwrap();
+    assert_eq!(b.log.from, 5);
+    assert!(b.log.entries.is_empty());
+    let leased: Vec<u64> = b.lease.unwrap().groups.iter().map(|(_, g)| g.seq).collect();
+    assert_eq!(leased, [4, 3], "no group is held back on a forgotten lease");
+    let c = s.lease_with_log(0, 2, TTL, None).unwrap();
+    assert_eq!(c.log.from, 5, "entries below 5 are gone");
+    // Pruned groups keep their commitments until the learner has them.
+    s.put_group(&numbered(9, 5)).unwrap();
+    s.prune_below(9).unwrap();
+    let d = s.lease_with_log(9, 8, TTL, Some(5)).unwrap();
+    assert_eq!(d.log.entries.len(), 1);
+    assert_eq!(d.lease.unwrap().groups.len(), 1);
+    assert!(s.check_invariant().unwrap().holds());
+}
+
+#[test]
+fn the_log_stops_at_the_first_number_not_committed_and_leases_only_what_it_covers() {
+    let (_d, s) = open();
+    s.put_groups(&[numbered(1, 0), numbered(1, 1), numbered(1, 3)])
+        .unwrap();
+    assert_eq!(s.next_commit().unwrap(), Some(4));
+    let a = s.lease_with_log(0, 8, TTL, Some(0)).unwrap();
+    assert_eq!(
+        (a.log.from, a.log.entries.len()),
+        (0, 2),
+        "number 2 is missing"
+    );
+    let leased: Vec<u64> = a.lease.unwrap().groups.iter().map(|(_, g)| g.seq).collect();
+    assert_eq!(leased, [1, 0], "group 3 is not covered by the log");
+    // Asked from 2, the log starts at the next entry present: the gap shows.
+    let b = s.lease_with_log(0, 8, TTL, Some(2)).unwrap();
+    assert_eq!((b.log.from, b.log.entries.len()), (2, 0));
+    let c = s.lease_with_log(0, 8, TTL, None).unwrap();
+    assert_eq!(c.log.from, 3);
+}
+
+#[test]
+fn the_learners_dedup_buffer_commits_nothing() {
+    let (_d, s) = open();
+    s.put_groups_dedup(&[numbered(1, 7)]).unwrap();
+    assert_eq!(s.next_commit().unwrap(), None);
+}
+
+#[test]
+fn a_layout_1_store_is_upgraded_in_place_and_an_unknown_layout_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t");
+    {
+        let s = TrajectoryStore::open(&path).unwrap();
+        s.put_group(&numbered(1, 0)).unwrap();
+        s.meta.insert(K_LAYOUT, &1u64.to_be_bytes()).unwrap();
+        s.db.flush().unwrap();
+    }
+    {
+        let s = TrajectoryStore::open(&path).unwrap();
+        assert_eq!(s.pending().unwrap(), 1, "its groups are kept");
+        assert_eq!(
+            s.meta.get(K_LAYOUT).unwrap().unwrap().as_ref(),
+            &LAYOUT_VERSION.to_be_bytes()
+        );
+        s.meta.insert(K_LAYOUT, &9u64.to_be_bytes()).unwrap();
+        s.db.flush().unwrap();
+    }
+    let e = TrajectoryStore::open(&path)
+        .err()
+        .expect("layout 9 is refused");
+    assert!(e.to_string().contains("layout"), "{e}");
+}

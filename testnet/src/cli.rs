@@ -265,6 +265,9 @@ pub struct AdversaryArgs {
     /// Honest workers per run (`w0`, `w1`, …).
     #[arg(long, default_value_t = 2)]
     pub honest: usize,
+    /// Clean runs (their rewards' spread is what an attack must stay inside).
+    #[arg(long, default_value_t = 1)]
+    pub clean_runs: usize,
     /// The `echo-node` binary (default: next to this one).
     #[arg(long)]
     pub bin: Option<PathBuf>,

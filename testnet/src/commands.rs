@@ -233,10 +233,12 @@ pub fn adversary(args: AdversaryArgs) -> anyhow::Result<()> {
         warm_start_steps,
         no_clean,
         honest,
+        clean_runs,
         bin,
         json,
         out,
     } = args;
+    anyhow::ensure!((1..=10).contains(&clean_runs), "--clean-runs in 1..=10");
     anyhow::ensure!((1..=10_000).contains(&steps), "--steps in 1..=10000");
     anyhow::ensure!((1..=10).contains(&batch), "--batch in 1..=10");
     anyhow::ensure!((1..=8).contains(&honest), "--honest in 1..=8");
@@ -260,6 +262,7 @@ pub fn adversary(args: AdversaryArgs) -> anyhow::Result<()> {
         warm_start_steps,
         no_clean,
         honest,
+        clean_runs,
     };
     let summary = adversary::run(&harness::node_bin(bin)?, &settings, &out)?;
     print_summary(&summary, json);

@@ -378,17 +378,20 @@ fn feed_heartbeats(
                 mu: roles::attacks::mu_claim(&state.misbehave, mu),
                 pending,
                 availability: 1.0,
-                device: Some(p2p::DeviceReport {
-                    // What the learner judges a worker's numeric spread by.
-                    dtype: (state.config.role == Role::Rollout).then(|| {
-                        let d = state.config.rollout.dtype.report(&state.device);
-                        d.to_string()
-                    }),
-                    // What the learner compares with the rule it checks tokens by.
-                    sampling: (state.config.role == Role::Rollout)
-                        .then(|| state.config.rollout.sampling_report()),
-                    ..crate::state::device_report(&state.device)
-                }),
+                device: Some(roles::attacks::device_claim(
+                    &state.misbehave,
+                    p2p::DeviceReport {
+                        // What the learner judges a worker's numeric spread by.
+                        dtype: (state.config.role == Role::Rollout).then(|| {
+                            let d = state.config.rollout.dtype.report(&state.device);
+                            d.to_string()
+                        }),
+                        // What the learner compares with the rule it checks tokens by.
+                        sampling: (state.config.role == Role::Rollout)
+                            .then(|| state.config.rollout.sampling_report()),
+                        ..crate::state::device_report(&state.device)
+                    },
+                )),
                 receipts: signed.clone(),
                 admission: credential.clone(),
                 ..Default::default()

@@ -25,6 +25,11 @@ pub struct VerificationConfig {
     /// checked), and the probation share of a batch applies to it until it has this many
     /// accepted groups.
     pub spot_check_first_groups: u64,
+    /// Probation also lasts until the worker's accepted groups span this many distinct
+    /// versions.
+    pub probation_versions: u64,
+    /// … and this many seconds from its first accepted group.
+    pub probation_secs: u64,
     /// After probation the check rate is `max(spot_check_fraction, c / (c + h))` with `h`
     /// the worker's accepted groups past probation and `c` this value (the rate halves
     /// after `c` groups).
@@ -67,6 +72,8 @@ impl Default for VerificationConfig {
             recompute_rewards: true,
             spot_check_fraction: control::admission::DEFAULT_FLOOR_RATE,
             spot_check_first_groups: control::admission::DEFAULT_PROBATION_GROUPS,
+            probation_versions: control::admission::DEFAULT_PROBATION_VERSIONS,
+            probation_secs: control::admission::DEFAULT_PROBATION_SECS,
             spot_check_decay_groups: control::admission::DEFAULT_DECAY_GROUPS,
             check_sampling: true,
             logprob_tolerance: PerDtype {
@@ -104,6 +111,12 @@ impl VerificationConfig {
                 format!("{} is above 1000000", self.spot_check_first_groups),
             ));
         }
+        if self.probation_secs > 86_400 {
+            problems.push((
+                "probation_secs".into(),
+                format!("{} is above 86400 (a day)", self.probation_secs),
+            ));
+        }
         // Wider than these, the checks prove nothing: a log-prob off by 1 is a factor e, and a
         // margin of 0.5 admits almost any token.
         self.logprob_tolerance
@@ -125,6 +138,8 @@ impl VerificationConfig {
             probation_groups: self.spot_check_first_groups,
             floor_rate: self.spot_check_fraction,
             decay_groups: self.spot_check_decay_groups,
+            probation_versions: self.probation_versions,
+            probation_secs: self.probation_secs,
         }
     }
 }

@@ -91,6 +91,21 @@ pub fn mu_claim(m: &Misbehaviour, real: f64) -> f64 {
     }
 }
 
+/// The device this node's heartbeat claims: the truth for an honest node, a CUDA device
+/// sampling in bf16 under `false_dtype`.
+pub fn device_claim(m: &Misbehaviour, real: p2p::DeviceReport) -> p2p::DeviceReport {
+    if m.has(Attack::FalseDtype) {
+        p2p::DeviceReport {
+            kind: "cuda".into(),
+            name: "NVIDIA H100 80GB HBM3".into(),
+            dtype: Some("bf16".into()),
+            ..real
+        }
+    } else {
+        real
+    }
+}
+
 /// The pending groups a worker keeps before it pauses: far more than configured under
 /// `backlog_inflation`, so that its real backlog stands behind its inflated claim.
 pub fn pending_limit(m: &Misbehaviour, configured: u64) -> u64 {

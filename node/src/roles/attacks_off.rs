@@ -32,6 +32,11 @@ pub fn mu_claim(_: &Misbehaviour, real: f64) -> f64 {
     real
 }
 
+/// The true device.
+pub fn device_claim(_: &Misbehaviour, real: p2p::DeviceReport) -> p2p::DeviceReport {
+    real
+}
+
 /// The configured limit of pending groups.
 pub fn pending_limit(_: &Misbehaviour, configured: u64) -> u64 {
     configured

@@ -111,6 +111,37 @@ impl Forger {
                     s.response_tokens = c.tokens;
                 }
             }
+            Attack::FalseDtype => {
+                // Its own choice inside bf16's margin: the prescribed uniforms, moved.
+                let draws = Draws::prescribed(&self.seed, &g.producer, g.seq, g.samples.len())
+                    .nudged(
+                        crate::misbehave::FALSE_DTYPE_POSITIONS,
+                        crate::misbehave::FALSE_DTYPE_NUDGE,
+                    );
+                let chosen = policy::generate_with(
+                    &installed.policy,
+                    &g.prompt_tokens,
+                    &self.params,
+                    GenerationPath::Infer,
+                    &draws,
+                )
+                .context("sampling with chosen uniforms")?;
+                let mut changed = false;
+                for (s, c) in g.samples.iter_mut().zip(chosen) {
+                    changed |= s.response_tokens != c.tokens;
+                    s.sampler_logprobs = policy::response_logprobs(
+                        &installed.policy,
+                        &g.prompt_tokens,
+                        &c.tokens,
+                        t,
+                    )?;
+                    s.response_text = self.tokenizer.decode(&c.tokens)?;
+                    s.reward = self.task.reward(&prompt, &s.response_text).value;
+                    s.loss_mask = vec![1; c.tokens.len()];
+                    s.response_tokens = c.tokens;
+                }
+                return Ok(changed);
+            }
             _ => return Ok(false),
         }
         Ok(true)

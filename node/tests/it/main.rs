@@ -23,6 +23,9 @@ mod swarm;
 /// `cargo test --workspace`, where `testnet` enables it; or `--features adversary`).
 #[cfg(feature = "adversary")]
 mod verified;
+/// A worker that keeps committed groups back (an attack: needs the `adversary` feature).
+#[cfg(feature = "adversary")]
+mod withholding;
 
 /// Sends SIGTERM to a child process (a node stops cleanly on it).
 pub(crate) fn sigterm(child: &std::process::Child) {

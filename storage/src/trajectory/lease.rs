@@ -55,14 +55,43 @@ impl TrajectoryStore {
             seq: 0,
         }
         .to_bytes();
+        let picked = if newest_first {
+            self.newest_unleased(v_min, max, |_| true)?
+        } else {
+            let mut picked = Vec::new();
+            for kv in self.groups.range(start..) {
+                if picked.len() >= max {
+                    break;
+                }
+                let (k, v) = kv?;
+                if self.leased.contains_key(&k)? {
+                    continue;
+                }
+                picked.push((GroupKey::from_slice(&k)?, decode_stored(&v)?));
+            }
+            picked
+        };
+        if picked.is_empty() {
+            return Ok(None);
+        }
+        self.lease_locked(picked, ttl, now_ms).map(Some)
+    }
+
+    /// Up to `max` unleased groups with `version ≥ v_min` that `keep` accepts, newest first
+    /// (the caller holds the write lock).
+    pub(super) fn newest_unleased(
+        &self,
+        v_min: u64,
+        max: usize,
+        keep: impl Fn(&TrajectoryGroup) -> bool,
+    ) -> Result<Vec<(GroupKey, TrajectoryGroup)>> {
+        let start = GroupKey {
+            version: v_min,
+            seq: 0,
+        }
+        .to_bytes();
         let mut picked = Vec::new();
-        let candidates: Box<dyn Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>> =
-            if newest_first {
-                Box::new(self.groups.range(start..).rev())
-            } else {
-                Box::new(self.groups.range(start..))
-            };
-        for kv in candidates {
+        for kv in self.groups.range(start..).rev() {
             if picked.len() >= max {
                 break;
             }
@@ -70,16 +99,16 @@ impl TrajectoryStore {
             if self.leased.contains_key(&k)? {
                 continue;
             }
-            picked.push((GroupKey::from_slice(&k)?, decode_stored(&v)?));
+            let g = decode_stored(&v)?;
+            if keep(&g) {
+                picked.push((GroupKey::from_slice(&k)?, g));
+            }
         }
-        if picked.is_empty() {
-            return Ok(None);
-        }
-        self.lease_locked(picked, ttl, now_ms).map(Some)
+        Ok(picked)
     }
 
     /// Records a lease of `picked` (unleased groups; the caller holds the write lock).
-    fn lease_locked(
+    pub(super) fn lease_locked(
         &self,
         picked: Vec<(GroupKey, TrajectoryGroup)>,
         ttl: Duration,
@@ -243,7 +272,7 @@ impl TrajectoryStore {
             .map_err(tx_err)
     }
 
-    fn reclaim_expired(&self, now_ms: u64) -> Result<()> {
+    pub(super) fn reclaim_expired(&self, now_ms: u64) -> Result<()> {
         let mut expired = Vec::new();
         for kv in self.leases.iter() {
             let (k, v) = kv?;

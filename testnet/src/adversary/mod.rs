@@ -48,6 +48,7 @@ use crate::harness::{self, Fleet, NodeConfig, Role, START_LIMIT};
 
 mod evidence;
 mod probes;
+mod sybils;
 
 use evidence::{
     fault_lines, honest_strike_reasons, honest_strikes, observe, rejection_counters, ReplayWatch,
@@ -68,6 +69,8 @@ pub struct Settings {
     pub no_clean: bool,
     /// Honest workers per run.
     pub honest: usize,
+    /// Clean runs: `reward_clean` is their mean, `reward_clean_spread` their range.
+    pub clean_runs: usize,
 }
 
 const HEARTBEAT_MS: u64 = 500;
@@ -102,6 +105,8 @@ struct RunResult {
     /// What the learner's forwarding accounts held against an honest worker at the end
     /// (demoted, excluded, separated from a child), one line each, prefixed with its id.
     honest_forwarding: Vec<String>,
+    /// The `young_sybils` row, when the run had them.
+    sybils: Option<Value>,
 }
 
 fn honest_env() -> [(&'static str, &'static str); 1] {
@@ -156,6 +161,23 @@ struct Launched {
     /// Malicious workers (fleet index, config, attack) and what the run watches of each.
     bad: Vec<(usize, NodeConfig, Attack)>,
     watches: Vec<Watch>,
+    /// What a worker's config needs: the learner's key and bootstrap address.
+    key: String,
+    bootstrap: String,
+}
+
+/// A worker's config in a run of swarm `tn-adversary` (data dir `root/name`).
+fn worker_config(root: &Path, name: &str, key: &str, bootstrap: &str) -> NodeConfig {
+    let mut w = harness::node_config(
+        Role::Rollout,
+        "tn-adversary",
+        &root.join(name),
+        HEARTBEAT_MS,
+    );
+    w.learner_public_key = Some(key.to_string());
+    w.network.bootstrap = vec![bootstrap.to_string()];
+    w.storage.max_pending_groups = 4;
+    w
 }
 
 /// Starts one run's swarm under `root`: the learner (one chain when an attack forwards), the
@@ -178,26 +200,24 @@ fn launch(bin: &Path, root: &Path, s: &Settings, attacks: &[Attack]) -> anyhow::
         lc.storage.chunk_size_kib = FORWARDING_CHUNK_KIB;
         lc.broadcast.plan_epoch = FORWARDING_EPOCH;
     }
+    if attacks.contains(&Attack::YoungSybils) {
+        lc.verification.probation_secs = sybils::PROBATION_SECS;
+    }
     let mut fleet = Fleet::with_log_filter(&harness::node_log_filter());
     let li = fleet.start_with_env(bin, "learner", &lc, &[], &honest_env())?;
     let laddr = fleet.wait_addresses(li, &lc, START_LIMIT)?;
     let bootstrap = laddr
         .dial_addr()
         .context("the learner has no TCP address")?;
-    let worker = |name: &str| {
-        let mut w = harness::node_config(Role::Rollout, swarm, &root.join(name), HEARTBEAT_MS);
-        w.learner_public_key = Some(key.clone());
-        w.network.bootstrap = vec![bootstrap.clone()];
-        w.storage.max_pending_groups = 4;
-        w
-    };
+    let worker = |name: &str| worker_config(root, name, &key, &bootstrap);
     let mut honest = Vec::new();
     for name in (0..s.honest).map(|i| format!("w{i}")) {
         let c = worker(&name);
         honest.push((fleet.start_with_env(bin, &name, &c, &[], &honest_env())?, c));
     }
     let mut bad = Vec::new();
-    for a in attacks {
+    // `young_sybils` join later, once the honest workers are established (`sybils`).
+    for a in attacks.iter().filter(|a| **a != Attack::YoungSybils) {
         for k in 0..identities(*a) {
             let name = match k {
                 0 => format!("bad-{a}"),
@@ -235,6 +255,8 @@ fn launch(bin: &Path, root: &Path, s: &Settings, attacks: &[Attack]) -> anyhow::
         honest_ids,
         bad,
         watches,
+        key,
+        bootstrap,
     })
 }
 
@@ -265,7 +287,12 @@ fn run_once(
         honest_ids,
         mut bad,
         mut watches,
+        key,
+        bootstrap,
     } = launch(bin, root, s, attacks)?;
+    let mut sybils = attacks
+        .contains(&Attack::YoungSybils)
+        .then(sybils::Sybils::default);
     // Per honest worker: groups produced (its status) and trained (the learner's counter).
     let mut honest_groups = vec![(None::<u64>, None::<u64>); honest.len()];
     let mut struck_honest = 0u64;
@@ -304,6 +331,11 @@ fn run_once(
         }
         installs.sample(&ls, &honest_admins, false);
         trained_all = trained.values().sum::<u64>().max(trained_all);
+        if let Some(sy) = &mut sybils {
+            let worker = |name: &str| worker_config(root, name, &key, &bootstrap);
+            sy.maybe_join(&mut fleet, bin, &ls, trained_all, &worker)?;
+            sy.sample(&ls, &trained);
+        }
         for (g, (st, id)) in honest_groups
             .iter_mut()
             .zip(honest_status.iter().zip(&honest_ids))
@@ -387,6 +419,7 @@ fn run_once(
                     .map(move |e| format!("{id}: {e}"))
             })
             .collect(),
+        sybils: sybils.map(|sy| sy.report(0, struck_honest)),
     })
 }
 
@@ -431,19 +464,30 @@ pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
     }
     std::fs::create_dir_all(out)?;
     let mut tally = Tally::default();
-    let reward_clean = if s.no_clean {
-        None
-    } else {
-        eprintln!("adversary: clean run (honest workers only)");
-        let r = harness::in_run_dir("tn-adversary-clean-", |root| run_once(bin, root, s, &[]))?;
-        tally.add("clean", &r);
-        r.reward
-    };
+    let mut clean = Vec::new();
+    if !s.no_clean {
+        for k in 0..s.clean_runs.max(1) {
+            eprintln!("adversary: clean run {} (honest workers only)", k + 1);
+            let r = harness::in_run_dir("tn-adversary-clean-", |root| run_once(bin, root, s, &[]))?;
+            tally.add("clean", &r);
+            clean.extend(r.reward);
+        }
+    }
+    let reward_clean = (!clean.is_empty()).then(|| clean.iter().sum::<f64>() / clean.len() as f64);
+    let clean_spread = (!clean.is_empty()).then(|| {
+        let lo = clean.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = clean.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        [lo, hi]
+    });
     let mut attacks = Vec::new();
     let mut rewards = Vec::new();
     // A forwarding attack runs alone: two attackers in one chain would starve the honest
     // workers between them, and the install ratio would no longer be any one attack's.
-    let (fwd, other): (Vec<Attack>, Vec<Attack>) = s.attacks.iter().partition(|a| forwards(**a));
+    // So does `young_sybils`: its run's learner has a shorter probation.
+    let (fwd, other): (Vec<Attack>, Vec<Attack>) = s
+        .attacks
+        .iter()
+        .partition(|a| forwards(**a) || **a == Attack::YoungSybils);
     let batches: Vec<&[Attack]> = other.chunks(s.batch).chain(fwd.chunks(1)).collect();
     for (k, batch) in batches.iter().enumerate() {
         let names: Vec<&str> = batch.iter().map(|a| a.name()).collect();
@@ -462,10 +506,16 @@ pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
                 a["replay"] = r.replay.clone().unwrap_or(Value::Null);
             }
             run_figures(&mut a, w, &r);
-            a["reward_run"] = json!(r.reward);
             a["reward_clean"] = json!(reward_clean);
             a
         }));
+        if let Some(mut row) = r.sybils.clone() {
+            row["run"] = json!(k);
+            row["reward_run"] = json!(r.reward);
+            row["reward_clean"] = json!(reward_clean);
+            row["honest_install_ratio"] = json!(r.honest_install_ratio);
+            attacks.push(row);
+        }
     }
     let reward_attacked =
         (!rewards.is_empty()).then(|| rewards.iter().sum::<f64>() / rewards.len() as f64);
@@ -475,6 +525,8 @@ pub fn run(bin: &Path, s: &Settings, out: &Path) -> anyhow::Result<Value> {
         "honest_strikes": tally.honest_struck,
         "honest_strike_reasons": tally.struck_reasons,
         "reward_clean": reward_clean,
+        "reward_clean_runs": clean,
+        "reward_clean_spread": clean_spread,
         "reward_attacked": reward_attacked,
         "steps": s.steps,
         "runs": tally.runs.len(),
@@ -519,6 +571,14 @@ fn run_figures(row: &mut Value, w: &Watch, r: &RunResult) {
     row["honest_install_ratio"] = json!(r.honest_install_ratio);
     row["honest_strikes"] = json!(r.honest_strikes);
     row["honest_forwarding"] = json!(r.honest_forwarding);
+    // The honest workers' reward in this run (the learner's recent reward: it trains on the
+    // honest workers' groups too), to set against the clean run's.
+    row["reward_run"] = json!(r.reward);
+    row["honest_groups_trained"] = json!(r
+        .honest_groups
+        .iter()
+        .map(|(_, t)| t.unwrap_or(0))
+        .sum::<u64>());
 }
 
 fn run_json(name: &str, r: &RunResult) -> Value {

@@ -33,6 +33,7 @@
 //! snapshot it ever published (the manifests in its chunk store), so versions keep growing
 //! and workers accept the next snapshot.
 
+mod commits;
 mod ctx;
 pub mod envs;
 mod publisher;
@@ -118,6 +119,11 @@ struct Shared {
     /// Groups trained per producer (peer id) since start: the `trained` of each worker's
     /// contribution in the score tables (`puller::contributions`).
     trained: Mutex<std::collections::HashMap<String, u64>>,
+    /// The workers' committed group numbers (`control::commits`): the puller asks each log
+    /// from where the last ended and strikes what the book finds.
+    commits: commits::Commitments,
+    /// The margins each worker earned by its measured sampling (the spot check's; status).
+    margins: spot::EarnedMargins,
 }
 
 /// Producers whose trained groups [`Shared::count_trained`] keeps at most (then it starts
@@ -209,14 +215,15 @@ pub async fn start(
         "learner window"
     );
     let dtypes = spot::WorkerDtypes::default();
-    let pipeline = Arc::new(build_pipeline(&state, &trainer, &dtypes)?);
+    let margins = spot::EarnedMargins::default();
+    let pipeline = Arc::new(build_pipeline(&state, &trainer, &dtypes, &margins)?);
     tracing::info!(stages = ?pipeline.stage_names(), probation = ?pipeline.probation(), "verification of pulled groups");
     // A child's receipts convict its parent of silence only once the child is established
     // (past probation on verified work); a fresh one's wait for the learner's own probe
     // (`control::forwarding::sentence`).
     let p = pipeline.clone();
     dissem.set_established(move |peer| !p.on_probation(&peer.to_base58()));
-    let shared = new_shared(&state, pipeline.clone(), window, trainer.version());
+    let shared = new_shared(&state, pipeline.clone(), window, trainer.version(), margins);
     let (snap_tx, snap_rx) = watch::channel::<Snapshot>(None);
     let config_hash = trainer.policy().config().hash();
     let tasks = super::Tasks::default();
@@ -302,11 +309,14 @@ fn new_shared(
     pipeline: Arc<Pipeline>,
     window: Window,
     version: u64,
+    margins: spot::EarnedMargins,
 ) -> Arc<Shared> {
     Arc::new(Shared {
+        margins,
         pipeline,
         established_active: AtomicUsize::new(0),
         trained: Mutex::new(std::collections::HashMap::new()),
+        commits: commits::Commitments::default(),
         stop: tokio_util::sync::CancellationToken::new(),
         window,
         version: TrainerVersion::new(version),
@@ -375,6 +385,7 @@ fn build_pipeline(
     state: &NodeState,
     trainer: &Trainer,
     dtypes: &spot::WorkerDtypes,
+    margins: &spot::EarnedMargins,
 ) -> anyhow::Result<Pipeline> {
     let limits = puller::group_limits(&state.config);
     let key = state.key.verifying_key().to_bytes();
@@ -410,6 +421,7 @@ fn build_pipeline(
             )
             .context("building the log-prob spot checker")?
             .with_worker_dtypes(dtypes.clone())
+            .with_earned_margins(margins.clone())
             .with_mask_rule(super::mask_rule(&state.config)?)
             .with_adapter_base(
                 trainer

@@ -269,8 +269,11 @@ pub(super) async fn run(
     let mut round = 0usize;
     let mut ledger = PullLedger::new(LedgerParams::default());
     let mut meter = DeliveryMeter::default();
-    let verifier: Arc<dyn pull::GroupVerifier> =
-        Arc::new(super::verify::PullVerifier(shared.pipeline.clone()));
+    let commits = shared.commits.clone();
+    let verifier: Arc<dyn pull::GroupVerifier> = Arc::new(super::commits::CommittedVerifier {
+        inner: super::verify::PullVerifier(shared.pipeline.clone()),
+        commits: commits.clone(),
+    });
     let mut banned = HashSet::new();
     let mut contributions_sent = Instant::now() - CONTRIBUTIONS_EVERY;
     loop {
@@ -291,6 +294,7 @@ pub(super) async fn run(
                 Err(_) => ledger.record_failure(peer, Instant::now()),
             }
             record_outcome(&shared, &client, peer, r).await;
+            strike_withheld(&client, &commits).await;
             for (p, n) in shared.pipeline.take_new_skips() {
                 shared.pulls.with_admission(|a| bump(&mut a.skipped, &p, n));
                 metrics::counter!("learner_seq_skipped_total").increment(n);
@@ -313,6 +317,9 @@ pub(super) async fn run(
             let _ = client
                 .set_contributions(contributions(&workers, &shared))
                 .await;
+        }
+        for p in &banned {
+            commits.forget(p);
         }
         let (workers, strangers) =
             admitted(&workers, &mut settings.gate, &settings.sampling, &shared);
@@ -401,6 +408,7 @@ pub(super) async fn run(
                 max_groups,
                 ttl: settings.lease_ttl,
                 limits: settings.limits,
+                commits_from: commits.next(&peer),
             };
             ledger.started(peer, max_groups, now);
             in_flight.push(async move {
@@ -674,6 +682,20 @@ async fn drop_banned(
             }
             Ok(Err(e)) => tracing::warn!(%peer, error = %e, "dropping a banned worker's groups"),
             Err(e) => tracing::warn!(%peer, error = %e, "dropping a banned worker's groups"),
+        }
+    }
+}
+
+/// Strikes every worker the commitments showed keeping committed groups back
+/// ([`super::commits`]): one `withheld` strike per withheld number, uncommitted or mismatched
+/// group.
+async fn strike_withheld(client: &p2p::Client, commits: &super::commits::Commitments) {
+    for (peer, account) in commits.take_verdicts() {
+        metrics::counter!("learner_groups_withheld_total").increment(account.strikes());
+        for _ in 0..account.strikes() {
+            if let Err(e) = client.strike(peer, p2p::StrikeReason::Withheld).await {
+                tracing::debug!(%peer, error = %e, "strike not recorded");
+            }
         }
     }
 }

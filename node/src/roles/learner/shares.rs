@@ -199,6 +199,8 @@ mod tests {
             GroupLimits::PERMISSIVE,
             control::admission::ProbationParams {
                 probation_groups: 1,
+                probation_versions: 1,
+                probation_secs: 0,
                 ..Default::default()
             },
         );

@@ -68,6 +68,11 @@ pub const REASON_FORGED: &str = "logprob_forged";
 pub const REASON_UNPUBLISHED: &str = "unpublished_version";
 /// A sampled token the canonical rule does not draw from its prescribed uniform: proof.
 pub const REASON_NOT_DRAWN: &str = "token_not_drawn";
+/// A group whose tokens are all within the claimed dtype's margins but some only within
+/// margins the worker has not earned (`control::admission::earned_margin`): refused, not
+/// trained, no strike (no proof: it may be an honest sampler whose spread is not measured
+/// yet). Its band tokens count against the margins it earns next.
+pub const REASON_MARGIN_UNEARNED: &str = "margin_unearned";
 /// A group that had to be checked (check rate 1: probation) but could not be, through no
 /// fault of the worker: refused without a strike.
 pub const REASON_UNCHECKED: &str = "unchecked";
@@ -176,6 +181,51 @@ pub fn dtype_of(report: Option<&p2p::DeviceReport>) -> WorkerDtype {
     }
 }
 
+/// What the learner measured of each worker's sampling (`control::admission::MarginEvidence`)
+/// and the margins it earned by it, by peer id (base58): the spot check judges each group at
+/// its earned margins ([`SpotChecker::with_earned_margins`]); status shows them.
+#[derive(Debug, Clone, Default)]
+pub struct EarnedMargins(Arc<Mutex<HashMap<String, EarnedView>>>);
+
+/// One worker's measured sampling and the margins its last checked group was judged at.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EarnedView {
+    pub evidence: control::admission::MarginEvidence,
+    /// The tolerance and δ its last checked group was judged at, and the dtype it claims.
+    pub tolerance: f64,
+    pub delta: f64,
+    pub claimed: Option<WorkerDtype>,
+    /// Groups refused as [`REASON_MARGIN_UNEARNED`].
+    pub unearned: u64,
+}
+
+impl EarnedMargins {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, EarnedView>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The evidence measured of `producer` so far.
+    pub fn evidence(&self, producer: &str) -> control::admission::MarginEvidence {
+        self.lock()
+            .get(producer)
+            .map(|v| v.evidence)
+            .unwrap_or_default()
+    }
+
+    fn update(&self, producer: &str, f: impl FnOnce(&mut EarnedView)) {
+        let mut m = self.lock();
+        if m.len() >= MAX_TRACKED_PEERS && !m.contains_key(producer) {
+            m.clear(); // forgetting evidence only narrows margins back to the floor
+        }
+        f(m.entry(producer.to_string()).or_default());
+    }
+
+    /// Every worker's view.
+    pub fn all(&self) -> Vec<(String, EarnedView)> {
+        self.lock().iter().map(|(k, v)| (k.clone(), *v)).collect()
+    }
+}
+
 /// What the checker did so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SpotStats {
@@ -195,10 +245,13 @@ pub struct SpotStats {
     pub errors: u64,
     /// Snapshot loads (cache misses).
     pub loads: u64,
+    /// Groups refused as [`REASON_MARGIN_UNEARNED`].
+    pub unearned: u64,
 }
 
 #[derive(Default)]
 struct Counters {
+    unearned: AtomicU64,
     checked: AtomicU64,
     mismatches: AtomicU64,
     not_drawn: AtomicU64,
@@ -234,6 +287,9 @@ pub struct SpotChecker {
     counters: Counters,
     /// A LoRA run's frozen base: adapter versions are checked on it.
     adapter_base: Option<Policy>,
+    /// The margins each worker earned (see [`EarnedMargins`]).
+    earned: EarnedMargins,
+    margin_rule: control::admission::MarginRule,
 }
 
 impl std::fmt::Debug for SpotChecker {
@@ -298,6 +354,8 @@ impl SpotChecker {
             cache: Mutex::new(VecDeque::new()),
             counters: Counters::default(),
             adapter_base: None,
+            earned: EarnedMargins::default(),
+            margin_rule: control::admission::MarginRule::default(),
         })
     }
 
@@ -306,6 +364,13 @@ impl SpotChecker {
     /// adapters.
     pub fn with_adapter_base(mut self, base: Option<Policy>) -> Self {
         self.adapter_base = base;
+        self
+    }
+
+    /// Keeps the workers' measured sampling and earned margins in `earned` (shared with
+    /// status).
+    pub fn with_earned_margins(mut self, earned: EarnedMargins) -> Self {
+        self.earned = earned;
         self
     }
 
@@ -334,6 +399,7 @@ impl SpotChecker {
             skipped_unavailable: get(&c.skipped_unavailable),
             errors: get(&c.errors),
             loads: get(&c.loads),
+            unearned: get(&c.unearned),
         }
     }
 
@@ -453,7 +519,56 @@ impl SpotChecker {
             seed: s.seed,
             check_draws: s.check_sampling,
         };
-        match learner::verdict::check_group(&policy, group, &settings, self.masks.as_ref()) {
+        // The claimed dtype's margins are the ceiling; f32's the floor; between them, what
+        // the worker's measured spread (this group's included) earns.
+        let floor = control::admission::Margin {
+            tolerance: f64::from(s.tolerance.f32),
+            delta: s.margin.f32,
+        };
+        let ceiling = control::admission::Margin {
+            tolerance: f64::from(settings.tolerance),
+            delta: settings.delta,
+        };
+        let evidence = self.earned.evidence(producer);
+        let rule = self.margin_rule;
+        let judged = std::cell::Cell::new(floor);
+        let earn = |spread: f32| {
+            let m = control::admission::earned_margin(
+                &rule,
+                floor,
+                ceiling,
+                &evidence,
+                f64::from(spread),
+            );
+            judged.set(m);
+            (m.tolerance as f32, m.delta)
+        };
+        let checked = learner::verdict::check_group_earned(
+            &policy,
+            group,
+            &settings,
+            Some(&earn),
+            self.masks.as_ref(),
+        );
+        if let Ok(report) = &checked {
+            let m = judged.get();
+            let passed_drift = report.logprobs.max_abs_diff <= settings.tolerance;
+            self.earned.update(producer, |v| {
+                if passed_drift && report.not_drawn == 0 {
+                    v.evidence.record(
+                        report.draws_checked as u64,
+                        report.in_band as u64,
+                        f64::from(report.logprobs.max_abs_diff),
+                    );
+                }
+                v.tolerance = m.tolerance;
+                v.delta = m.delta;
+                v.claimed = Some(dtype);
+                v.unearned +=
+                    u64::from(report.verdict(settings.tolerance) == SpotVerdict::MarginUnearned);
+            });
+        }
+        match checked {
             Ok(report) => self
                 .judge(producer, group, dtype, &settings, &report)
                 .map(|()| true),
@@ -515,6 +630,26 @@ impl SpotChecker {
                         r.worst_token,
                         settings.tolerance,
                         dtype.name()
+                    ),
+                })
+            }
+            SpotVerdict::MarginUnearned => {
+                c.checked.fetch_add(1, Ordering::Relaxed);
+                self.count(&c.unearned, "margin_unearned");
+                let e = self.earned.evidence(producer);
+                Err(GroupRejection::Unverified {
+                    reason: REASON_MARGIN_UNEARNED,
+                    detail: format!(
+                        "{} of {} sampled tokens lie in the margin of a {} sampler but outside \
+                         the margins this worker earned (measured spread {:.2e} over {} \
+                         groups, {} of {} tokens in the band; version {v})",
+                        report.outside_earned,
+                        report.draws_checked,
+                        dtype.name(),
+                        e.max_spread,
+                        e.groups,
+                        e.band_tokens,
+                        e.tokens
                     ),
                 })
             }

@@ -358,3 +358,95 @@ fn half_precision_workers_are_judged_by_their_reported_dtype() {
     assert_eq!(dtype_of(Some(&gpu)), WorkerDtype::Bf16);
     assert_eq!(dtype_of(None), WorkerDtype::F32);
 }
+
+/// [`worker_group`] with the worker's own choice of token: the prescribed uniforms of the
+/// first 14 positions moved by 0.15, inside bf16's margin (the `false_dtype` attack).
+fn chosen_group(snapshot: &[u8], version: u64, seq: u64) -> TrajectoryGroup {
+    let honest = worker_group(snapshot, version, seq);
+    let policy =
+        Policy::from_safetensors_bytes(&ModelConfig::tiny(), snapshot, &Device::Cpu).unwrap();
+    let model = policy::InferModel::new(&policy, policy::DType::F32).unwrap();
+    let params = policy::SamplingParams {
+        temperature: T,
+        ..policy::SamplingParams::new(6, vec![])
+    };
+    let draws = policy::Draws::prescribed(&SEED, PRODUCER, seq, 4).nudged(14, 0.15);
+    let out = policy::infer::generate_with(&model, &honest.prompt_tokens, &params, &draws).unwrap();
+    TrajectoryGroup {
+        samples: honest
+            .samples
+            .iter()
+            .zip(out)
+            .map(|(s, c)| Sample {
+                loss_mask: vec![1; c.tokens.len()],
+                response_tokens: c.tokens,
+                sampler_logprobs: c.logprobs,
+                ..s.clone()
+            })
+            .collect(),
+        ..honest
+    }
+}
+
+/// A CPU worker claiming bf16 is judged at the margins its measured spread earns (f32's: its
+/// log-probs match the learner's), not at bf16's: its own choices of token inside bf16's
+/// margin are refused as `margin_unearned` (not trained, not struck), while its honest groups
+/// pass; a worker claiming bf16 with the same honest groups is never refused.
+#[test]
+fn a_false_dtype_is_judged_at_the_margins_it_earned() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, v2, _) = store_with_snapshots(dir.path());
+    let dtypes = WorkerDtypes::default();
+    let earned = EarnedMargins::default();
+    let checker = SpotChecker::new(settings(), store, ModelConfig::tiny(), Device::Cpu)
+        .unwrap()
+        .with_worker_dtypes(dtypes.clone())
+        .with_earned_margins(earned.clone());
+    let (liar, honest) = (p2p::PeerId::random(), p2p::PeerId::random());
+    let bf16 = p2p::DeviceReport {
+        kind: "cuda".into(),
+        dtype: Some("bf16".into()),
+        ..Default::default()
+    };
+    dtypes.refresh([(liar, Some(&bf16)), (honest, Some(&bf16))]);
+    let (mut chose, mut unearned, mut passed_choices) = (0, 0, 0);
+    for seq in 0..12 {
+        let g = worker_group(&v2, 2, seq);
+        assert_eq!(
+            reason(from(&checker, &honest, &g, 1.0)),
+            "ok",
+            "honest seq {seq}"
+        );
+        let c = chosen_group(&v2, 2, seq);
+        if c.samples
+            .iter()
+            .zip(&g.samples)
+            .all(|(a, b)| a.response_tokens == b.response_tokens)
+        {
+            continue; // the moved uniforms drew the same tokens
+        }
+        chose += 1;
+        match reason(from(&checker, &liar, &c, 1.0)) {
+            REASON_MARGIN_UNEARNED => unearned += 1,
+            "ok" => passed_choices += 1,
+            other => assert_eq!(other, REASON_NOT_DRAWN, "seq {seq}"),
+        }
+    }
+    // A moved uniform can land within f32's own margin of its window (a boundary right next
+    // to it): such a choice is one an f32 sampler's numeric error could make too.
+    assert!(
+        chose > 0 && unearned * 2 >= chose,
+        "{chose} chosen, {unearned} refused, {passed_choices} passed"
+    );
+    let views: HashMap<String, EarnedView> = earned.all().into_iter().collect();
+    let v = views[&liar.to_base58()];
+    assert_eq!(v.claimed, Some(WorkerDtype::Bf16));
+    assert_eq!(
+        (v.tolerance, v.delta),
+        (1e-3, 1e-3),
+        "judged at f32's margins: {v:?}"
+    );
+    assert!(v.evidence.max_spread < 1e-4, "{v:?}");
+    assert_eq!(v.unearned, unearned);
+    assert_eq!(checker.stats().unearned, unearned);
+}

@@ -153,14 +153,39 @@ fn admission(c: &TrainCtx) -> AdmissionStatus {
                 .insert(kind.into(), *n);
         }
     }
+    // The commitments: withheld numbers and broken commitments are evidence (struck); stale
+    // committed numbers are not, and are shown to tell honest pruning from withholding.
+    for (peer, c) in s.commits.counts() {
+        for (kind, n) in [
+            ("withheld", c.withheld),
+            ("commit_broken", c.broken),
+            ("committed_stale", c.stale),
+        ] {
+            if n > 0 {
+                evidence
+                    .entry(peer.clone())
+                    .or_default()
+                    .insert(kind.into(), n);
+            }
+        }
+    }
+    for (peer, v) in s.margins.all() {
+        if v.unearned > 0 {
+            evidence
+                .entry(peer)
+                .or_default()
+                .insert("margin_unearned".into(), v.unearned);
+        }
+    }
     let probation = s.pipeline.probation();
+    let now_ms = storage::unix_ms();
     let mut workers: Vec<WorkerStanding> = s
         .pipeline
         .histories()
         .into_iter()
         .map(|(peer, h)| WorkerStanding {
-            probation: control::admission::on_probation(&probation, h.accepted),
-            check_rate: control::admission::check_rate(&probation, h.accepted),
+            probation: control::admission::on_probation(&probation, &h, now_ms),
+            check_rate: control::admission::check_rate(&probation, &h, now_ms),
             peer_id: peer,
             accepted: h.accepted,
             rejected: h.rejected,
@@ -179,5 +204,26 @@ fn admission(c: &TrainCtx) -> AdmissionStatus {
         refused: view.refused,
         evidence,
         workers,
+        earned_margins: s
+            .margins
+            .all()
+            .into_iter()
+            .take(256)
+            .map(|(peer, v)| {
+                (
+                    peer,
+                    crate::api::EarnedMarginStatus {
+                        claimed: v.claimed.map(|d| d.name().to_string()),
+                        tolerance: v.tolerance,
+                        delta: v.delta,
+                        groups: v.evidence.groups,
+                        tokens: v.evidence.tokens,
+                        band_tokens: v.evidence.band_tokens,
+                        max_spread: v.evidence.max_spread,
+                        unearned: v.unearned,
+                    },
+                )
+            })
+            .collect(),
     }
 }

@@ -190,6 +190,9 @@ pub struct Penalty {
 ///   the prescribed uniform beyond the dtype's margin, `super::spot`): banned at once — the
 ///   margin covers every honest numeric spread, so only a written response or another
 ///   version's samples produce it;
+/// - `margin_unearned` (tokens inside the claimed dtype's sampling margin but outside the
+///   margins the worker's measured spread earned, `super::spot`): no strike — an honest
+///   sampler's spread may not be measured yet — and not trained;
 /// - `untrainable` (the trainer's numeric guard quarantined a group every stage passed): no
 ///   strike — nothing shows that the worker lied;
 /// - any other reason (a stage added later without a row): `invalid_group`.
@@ -197,6 +200,7 @@ pub const PENALTIES: &[(&str, Option<StrikeReason>, bool)] = &[
     ("inadmissible", None, false),
     (STALE_SEQ, None, false),
     (super::spot::REASON_UNCHECKED, None, false),
+    (super::spot::REASON_MARGIN_UNEARNED, None, false),
     ("untrainable", None, false),
     ("malformed", Some(StrikeReason::InvalidGroup), false),
     (

@@ -8,7 +8,7 @@ use storage::TrajectoryGroup;
 use crate::state::NodeState;
 
 /// The attacks carried out on the groups a worker produces.
-pub const GROUP_ATTACKS: [Attack; 13] = [
+pub const GROUP_ATTACKS: [Attack; 14] = [
     Attack::InflatedReward,
     Attack::ForgedLogprobs,
     Attack::InvalidLogprob,
@@ -22,10 +22,21 @@ pub const GROUP_ATTACKS: [Attack; 13] = [
     Attack::StaleVersion,
     Attack::ForgedReturn,
     Attack::ForgedObservation,
+    Attack::FalseDtype,
 ];
 
 /// The group attacks that need the model ([`super::forge`]).
-const MODEL_ATTACKS: [Attack; 2] = [Attack::ForcedTokens, Attack::StaleVersion];
+const MODEL_ATTACKS: [Attack; 3] = [
+    Attack::ForcedTokens,
+    Attack::StaleVersion,
+    Attack::FalseDtype,
+];
+
+/// Whether a group contains an exact answer (a sample of full reward): what a
+/// `withhold_by_reward` worker never sends.
+pub fn has_exact_answer(g: &TrajectoryGroup) -> bool {
+    g.samples.iter().any(|s| s.reward >= 1.0)
+}
 
 /// Whether group `seq` of a worker carrying out `attack` is tampered with: always, except
 /// for the honest prefix of `late_liar` and `sybil_rekey` (which then forge log-probs).

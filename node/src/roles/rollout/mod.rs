@@ -257,6 +257,11 @@ fn serve_pulls(
         testing_oversized_answer: state
             .misbehave
             .has(crate::misbehave::Attack::OversizedAnswer),
+        #[cfg(feature = "adversary")]
+        testing_withhold: state
+            .misbehave
+            .has(crate::misbehave::Attack::WithholdByReward)
+            .then_some(attack::has_exact_answer as fn(&storage::TrajectoryGroup) -> bool),
         ..pull::ServeOptions::default()
     };
     async move {
