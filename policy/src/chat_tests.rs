@@ -309,7 +309,7 @@ fn the_exported_jinja_template_renders_the_builtin_ids() {
     let jinja = JinjaTemplate::new(ByteTokenizer::CHAT_TEMPLATE, "<|bos|>", "<|eos|>").unwrap();
     let chat = Chat::for_model(Tokenizer::byte(), None, true).unwrap();
     let conversations: [(Option<&str>, &[&str]); 4] = [
-        (None, &["3+4="]),
+        (None, &["3+4="][..]),
         (
             Some("Kuhn poker. Cards J<Q<K."),
             &["Card: K. check or bet?", "bet", "Opponent calls."],

@@ -37,8 +37,8 @@
 //! [`MAX_TURN_TOKENS`] sampled tokens plus one observation of at most
 //! [`MAX_OBSERVATION_BYTES`] bytes (a byte-level tokenizer never needs more tokens than
 //! bytes; the chat template adds a few): [`context_for_decisions`] is the context a model needs
-//! for `n` decisions. The embedded model's 256 positions hold one decision (a first prompt
-//! of 170–190 tokens leaves no room for a second observation); a hand needs up to
+//! for `n` decisions. The embedded model's 256 positions hold one decision (its first
+//! prompts of 173–190 tokens leave no room for a second observation); a hand needs up to
 //! `max_turns` = 20 in no-limit play.
 
 use std::sync::Arc;
@@ -65,7 +65,7 @@ pub const MAX_TURN_TOKENS: usize = 12;
 /// cards, two opponent moves, the no-limit raise range).
 pub const MAX_OBSERVATION_BYTES: usize = 224;
 /// Longest first observation (preflop: no board, at most one opponent move).
-pub const MAX_FIRST_OBSERVATION_BYTES: usize = 160;
+pub const MAX_FIRST_OBSERVATION_BYTES: usize = 200;
 /// Longest first prompt: the rules, a newline and the first observation.
 pub const MAX_FIRST_PROMPT_BYTES: usize = RULES.len() + 1 + MAX_FIRST_OBSERVATION_BYTES;
 /// Tokens a chat template adds around one observation (ChatML's end of turn and headers).
@@ -247,7 +247,7 @@ impl Environment for Holdem {
             opponent_turns: Vec::new(),
         };
         let (text, episode): (String, Box<dyn Episode>) = match hand.advance() {
-            Some(text) => (text, Box::new(hand)),
+            Some(text) => (text, Box::new(hand) as Box<dyn Episode>),
             // A walk: the opponent folded before the agent acted. The hand counts.
             None => {
                 let g = &hand.game;
