@@ -333,24 +333,23 @@ fn rope_theta(raw: &HfConfig) -> Result<f64> {
     let Some(obj) = params.as_object() else {
         return bad("rope_parameters must be an object".into());
     };
-    for (key, value) in obj {
-        match key.as_str() {
-            "rope_theta" => {}
-            "rope_type" => match value.as_str() {
-                Some(t) if plain(t) => {}
-                Some(t) => {
-                    return bad(format!(
-                        "rope_parameters.rope_type = {t:?} is not supported (plain RoPE only: \"default\")"
-                    ))
-                }
-                None => return bad("rope_parameters.rope_type must be a string".into()),
-            },
-            other => {
-                return bad(format!(
-                    "rope_parameters.{other} is not supported (plain RoPE only: rope_type \"default\" and rope_theta)"
-                ))
-            }
+    // The type first: a scaling's own keys are reported as its type.
+    match obj.get("rope_type").map(|v| v.as_str()) {
+        None | Some(Some("default")) => {}
+        Some(Some(t)) => {
+            return bad(format!(
+                "rope_parameters.rope_type = {t:?} is not supported (plain RoPE only: \"default\")"
+            ))
         }
+        Some(None) => return bad("rope_parameters.rope_type must be a string".into()),
+    }
+    if let Some(other) = obj
+        .keys()
+        .find(|k| !matches!(k.as_str(), "rope_type" | "rope_theta"))
+    {
+        return bad(format!(
+            "rope_parameters.{other} is not supported (plain RoPE only: rope_type \"default\" and rope_theta)"
+        ));
     }
     let theta = match obj.get("rope_theta") {
         None => raw.rope_theta.unwrap_or(DEFAULT_ROPE_THETA),

@@ -782,10 +782,16 @@ fn transformers_5_and_4_configs_load_with_their_rope_base_and_match_hf_logits() 
         let d = max_diff(&p);
         assert!(d < 1e-4, "{layout}: max |ours - transformers| = {d}");
         // The base matters: the 10 000 default is far off on these 64 positions.
-        let mut wrong = p.config().clone();
-        wrong.rope_theta = 10_000.0;
-        let bytes = p.to_safetensors_bytes().unwrap();
-        let q = Policy::from_safetensors_bytes(&wrong, &bytes, &Device::Cpu).unwrap();
+        let path = dir.path().join("config.json");
+        let mut cfg: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        match cfg.get_mut("rope_parameters") {
+            Some(r) => r["rope_theta"] = 10_000.0.into(),
+            None => cfg["rope_theta"] = 10_000.0.into(),
+        }
+        std::fs::write(&path, cfg.to_string()).unwrap();
+        let (q, _) = crate::hf::load_hf_dir(dir.path(), &Device::Cpu).unwrap();
+        assert_eq!(q.config().rope_theta, 10_000.0);
         let d = max_diff(&q);
         assert!(d > 1.0, "{layout}: θ = 10 000 is only {d} off");
     }
