@@ -30,9 +30,9 @@ pub struct ExactEval {
     pub sampled: Option<Sampled>,
 }
 
-/// The illegal mass above which the exact EV is no longer exact enough to stand alone: an
-/// illegal output's conversation is not the canonical one the evaluator reads (Kuhn poker:
-/// 5 % illegal first words moved the EV by up to ~0.01 in the runs of docs/environments.md).
+/// The illegal mass above which the exact EV does not stand alone: an illegal output's
+/// conversation is not the canonical one the evaluator reads at the next decision (Kuhn
+/// poker, `tasks::kuhn`, "Exact evaluation").
 pub const ILLEGAL_MASS_CHECK: f64 = 0.05;
 
 /// How to sample the check of [`exact_checked`]: `seeds` initial states × `group` episodes
