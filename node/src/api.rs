@@ -223,6 +223,13 @@ pub struct EvalPoint {
     /// Mean probability of an output that is no legal action.
     #[serde(default)]
     pub illegal_mass: f64,
+    /// When the illegal mass exceeds `rollout::eval::ILLEGAL_MASS_CHECK`: the mean chips of
+    /// sampled hands (the exact EV assumes canonical conversations after illegal words) and
+    /// its standard error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampled_ev: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampled_stderr: Option<f64>,
 }
 
 /// The learner's admission figures.

@@ -187,6 +187,10 @@ pub struct DemoArgs {
     /// (`broadcast.delta = false`), to compare the two.
     #[arg(long)]
     pub no_delta: bool,
+    /// `model.seed` of every node: the learner's initial weights and warm-start draws (runs
+    /// of one seed differ only by timing and the workers' sampling).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
 }
 
 #[derive(Debug, Args)]

@@ -99,6 +99,7 @@ pub enum Template {
 /// A compiled Jinja chat template with the special-token strings it may reference.
 pub struct JinjaTemplate {
     env: minijinja::Environment<'static>,
+    source: String,
     bos: String,
     eos: String,
 }
@@ -131,9 +132,15 @@ impl JinjaTemplate {
             .map_err(|e| PolicyError::Tokenizer(format!("chat template does not compile: {e}")))?;
         Ok(JinjaTemplate {
             env,
+            source: source.to_string(),
             bos: bos.into(),
             eos: eos.into(),
         })
+    }
+
+    /// The template's Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Renders `messages`, with the assistant generation prompt when asked.
@@ -221,9 +228,10 @@ impl Chat {
     }
 
     /// The chat of a model: the single-turn prompt template unless `multi_turn`; otherwise
-    /// `hf` (a folder's template), else the built-in template of the byte tokenizer, else
-    /// ChatML for a tokenizer with ChatML tokens. Errors for a Hugging Face tokenizer with
-    /// neither a template nor ChatML tokens.
+    /// the built-in template for the byte tokenizer (a folder's template must then be its
+    /// Jinja form, [`ByteTokenizer::CHAT_TEMPLATE`], which exports write), else `hf` (a
+    /// folder's template), else ChatML for a tokenizer with ChatML tokens. Errors for a
+    /// Hugging Face tokenizer with neither a template nor ChatML tokens.
     pub fn for_model(
         tokenizer: Tokenizer,
         hf: Option<JinjaTemplate>,
@@ -231,8 +239,17 @@ impl Chat {
     ) -> Result<Self> {
         let template = match (multi_turn, hf, &tokenizer) {
             (false, _, _) => Template::Prompt,
+            // The byte tokenizer never parses special tokens out of text, so it renders its
+            // template natively; another template would mean other ids than it was trained on.
+            (true, Some(t), Tokenizer::Byte(_)) if t.source() != ByteTokenizer::CHAT_TEMPLATE => {
+                return Err(PolicyError::Tokenizer(
+                    "the byte tokenizer renders only its built-in chat template; the folder's \
+                     tokenizer_config.json has another `chat_template`"
+                        .into(),
+                ))
+            }
+            (true, _, Tokenizer::Byte(_)) => Template::Builtin,
             (true, Some(t), _) => Template::Jinja(Box::new(t)),
-            (true, None, Tokenizer::Byte(_)) => Template::Builtin,
             (true, None, t) if t.token_id("<|im_start|>").is_some() => {
                 Template::Jinja(Box::new(JinjaTemplate::new(CHATML, "", "<|im_end|>")?))
             }

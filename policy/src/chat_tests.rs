@@ -298,3 +298,81 @@ fn masks_cover_exactly_the_assistant_tokens() {
         .unwrap();
     assert_eq!(covered, "assistant\nbet\nassistant\ncall\n");
 }
+
+/// The Jinja form of the built-in template that exports write (`chat_template`), rendered by
+/// minijinja and tokenized by Hugging Face `tokenizers` from the byte tokenizer's
+/// `tokenizer.json` (which parses `<|bos|>`, `<|sep|>`, `<|eos|>` as `apply_chat_template`
+/// does), gives exactly the ids the built-in renderer feeds the model, turn by turn.
+#[test]
+fn the_exported_jinja_template_renders_the_builtin_ids() {
+    let hf = tokenizers::Tokenizer::from_bytes(ByteTokenizer.to_hf_json().as_bytes()).unwrap();
+    let jinja = JinjaTemplate::new(ByteTokenizer::CHAT_TEMPLATE, "<|bos|>", "<|eos|>").unwrap();
+    let chat = Chat::for_model(Tokenizer::byte(), None, true).unwrap();
+    let conversations: [(Option<&str>, &[&str]); 4] = [
+        (None, &["3+4="][..]),
+        (
+            Some("Kuhn poker. Cards J<Q<K."),
+            &["Card: K. check or bet?", "bet", "Opponent calls."],
+        ),
+        (
+            Some("Heads-up Texas Hold'em, blinds 1/2.\nReply with one action."),
+            &[
+                "Hand: As Kd. Pot: 3.",
+                "raise 6",
+                "Opponent: call. Board: 2c 7h Jd.",
+                "check",
+                "Pot: 12?",
+                "all-in",
+                "done",
+            ],
+        ),
+        (None, &["  spaces and\nnewlines ", "", "héllo ∑ 😀", "x"]),
+    ];
+    for (system, turns) in conversations {
+        let mut messages: Vec<Message> = system
+            .into_iter()
+            .map(|s| Message::new(Role::System, s))
+            .collect();
+        messages.push(Message::new(Role::User, turns[0]));
+        let mut ids = chat.open(system, turns[0]).unwrap();
+        for pair in turns[1..].chunks(2) {
+            ids.extend(chat.action_tokens(pair[0]).unwrap());
+            messages.push(Message::new(Role::Assistant, pair[0]));
+            // The conversation ending with the assistant's turn, as an export's user sees it.
+            let text = jinja.render(&messages, false).unwrap();
+            assert_eq!(
+                hf.encode(text, false).unwrap().get_ids(),
+                ids.as_slice(),
+                "{messages:?}"
+            );
+            if let Some(user) = pair.get(1) {
+                ids.extend(
+                    chat.next_user(&messages, Some(ByteTokenizer::EOS), user)
+                        .unwrap(),
+                );
+                messages.push(Message::new(Role::User, *user));
+            }
+        }
+        let text = jinja.render(&messages, true).unwrap();
+        if messages.last().map(|m| m.role) == Some(Role::User) {
+            assert_eq!(
+                hf.encode(text, false).unwrap().get_ids(),
+                ids.as_slice(),
+                "{messages:?}"
+            );
+        }
+    }
+    // The template refuses what the built-in renderer cannot express.
+    let late_system = [
+        Message::new(Role::User, "a"),
+        Message::new(Role::System, "b"),
+    ];
+    assert!(jinja.render(&late_system, true).is_err());
+    // A byte-tokenizer folder with this template chats with the built-in renderer; with any
+    // other template it is refused (the byte tokenizer cannot parse special tokens).
+    let c = Chat::for_model(Tokenizer::byte(), Some(jinja), true).unwrap();
+    assert!(matches!(c.template(), Template::Builtin));
+    let other = JinjaTemplate::new(CHATML, "", "<|im_end|>").unwrap();
+    let e = Chat::for_model(Tokenizer::byte(), Some(other), true).unwrap_err();
+    assert!(e.to_string().contains("chat_template"), "{e}");
+}

@@ -213,11 +213,7 @@ impl ModelConfig {
                 )))
             }
         };
-        if raw.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
-            return Err(PolicyError::InvalidConfig(
-                "config.json: rope_scaling is not supported (plain RoPE only)".into(),
-            ));
-        }
+        let rope_theta = rope_theta(&raw)?;
         if raw.use_sliding_window == Some(true) {
             return Err(PolicyError::InvalidConfig(
                 "config.json: use_sliding_window = true is not supported".into(),
@@ -241,7 +237,7 @@ impl ModelConfig {
             num_key_value_heads: raw.num_key_value_heads.unwrap_or(raw.num_attention_heads),
             head_dim,
             max_position_embeddings: raw.max_position_embeddings,
-            rope_theta: raw.rope_theta.unwrap_or(10_000.0),
+            rope_theta,
             rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
             attention_bias: raw.attention_bias.unwrap_or(arch == Arch::Qwen2),
@@ -269,6 +265,8 @@ impl ModelConfig {
             "head_dim": self.head_dim,
             "max_position_embeddings": self.max_position_embeddings,
             "rope_theta": self.rope_theta,
+            // transformers 5 reads this; 4.x reads the top-level field above.
+            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
             "rms_norm_eps": self.rms_norm_eps,
             "tie_word_embeddings": self.tie_word_embeddings,
             "attention_bias": self.attention_bias,
@@ -298,7 +296,75 @@ struct HfConfig {
     tie_word_embeddings: Option<bool>,
     attention_bias: Option<bool>,
     rope_scaling: Option<serde_json::Value>,
+    rope_parameters: Option<serde_json::Value>,
     use_sliding_window: Option<bool>,
+}
+
+/// RoPE's base when `config.json` does not name one (transformers' default).
+const DEFAULT_ROPE_THETA: f64 = 10_000.0;
+
+/// The RoPE base of a `config.json`, in either layout: transformers 5 writes it only inside
+/// `rope_parameters` (`{"rope_type": "default", "rope_theta": θ}`), 4.x at the top level with
+/// an optional `rope_scaling`. Only plain RoPE is supported: any other `rope_type` (`yarn`,
+/// `linear`, `dynamic`, `llama3`, `longrope`, …), any scaling key, and a `rope_theta` that
+/// the two places disagree on are refused with the field named.
+fn rope_theta(raw: &HfConfig) -> Result<f64> {
+    let bad = |m: String| Err(PolicyError::InvalidConfig(format!("config.json: {m}")));
+    let plain = |t: &str| t == "default";
+    match raw.rope_scaling.as_ref() {
+        None | Some(serde_json::Value::Null) => {}
+        Some(v) => {
+            let kind = v.get("rope_type").or_else(|| v.get("type"));
+            match kind.and_then(|k| k.as_str()) {
+                // Plain RoPE by name (transformers 5 may mirror `rope_parameters` here).
+                Some(t) if plain(t) => {}
+                Some(t) => {
+                    return bad(format!(
+                        "rope_scaling.rope_type = {t:?} is not supported (plain RoPE only)"
+                    ))
+                }
+                None => return bad("rope_scaling is not supported (plain RoPE only)".into()),
+            }
+        }
+    }
+    let Some(params) = raw.rope_parameters.as_ref().filter(|v| !v.is_null()) else {
+        return Ok(raw.rope_theta.unwrap_or(DEFAULT_ROPE_THETA));
+    };
+    let Some(obj) = params.as_object() else {
+        return bad("rope_parameters must be an object".into());
+    };
+    // The type first: a scaling's own keys are reported as its type.
+    match obj.get("rope_type").map(|v| v.as_str()) {
+        None | Some(Some("default")) => {}
+        Some(Some(t)) => {
+            return bad(format!(
+                "rope_parameters.rope_type = {t:?} is not supported (plain RoPE only: \"default\")"
+            ))
+        }
+        Some(None) => return bad("rope_parameters.rope_type must be a string".into()),
+    }
+    if let Some(other) = obj
+        .keys()
+        .find(|k| !matches!(k.as_str(), "rope_type" | "rope_theta"))
+    {
+        return bad(format!(
+            "rope_parameters.{other} is not supported (plain RoPE only: rope_type \"default\" and rope_theta)"
+        ));
+    }
+    let theta = match obj.get("rope_theta") {
+        None => raw.rope_theta.unwrap_or(DEFAULT_ROPE_THETA),
+        Some(v) => match v.as_f64() {
+            Some(t) => t,
+            None => return bad("rope_parameters.rope_theta must be a number".into()),
+        },
+    };
+    if raw.rope_theta.is_some_and(|top| top != theta) {
+        return bad(format!(
+            "rope_theta = {} and rope_parameters.rope_theta = {theta} disagree",
+            raw.rope_theta.unwrap_or_default()
+        ));
+    }
+    Ok(theta)
 }
 
 #[cfg(test)]
@@ -344,5 +410,80 @@ mod tests {
         assert!(ModelConfig::from_hf_json(&v.to_string()).is_err());
         v["rope_scaling"] = serde_json::Value::Null;
         assert!(ModelConfig::from_hf_json(&v.to_string()).is_ok());
+    }
+
+    /// The config with `rope_theta` removed and `rope_parameters` set to `params`.
+    fn tf5(params: serde_json::Value) -> Result<ModelConfig> {
+        let mut v: serde_json::Value =
+            serde_json::from_str(&ModelConfig::tiny().to_hf_json(None)).unwrap();
+        let obj = v.as_object_mut().unwrap();
+        obj.remove("rope_theta");
+        obj.insert("rope_parameters".into(), params);
+        ModelConfig::from_hf_json(&v.to_string())
+    }
+
+    fn refusal(r: Result<ModelConfig>) -> String {
+        match r {
+            Err(PolicyError::InvalidConfig(m)) => m,
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn rope_parameters_of_transformers_5_are_read() {
+        let c = tf5(serde_json::json!({"rope_type": "default", "rope_theta": 1e6})).unwrap();
+        assert_eq!(c.rope_theta, 1e6);
+        // Without a θ anywhere: transformers' default.
+        assert_eq!(
+            tf5(serde_json::json!({"rope_type": "default"}))
+                .unwrap()
+                .rope_theta,
+            1e4
+        );
+        // Both layouts at once (what to_hf_json writes) agree.
+        let a = ModelConfig::qwen3_0_6b();
+        let v: serde_json::Value = serde_json::from_str(&a.to_hf_json(None)).unwrap();
+        assert_eq!(v["rope_parameters"]["rope_theta"], 1e6);
+        assert_eq!(ModelConfig::from_hf_json(&v.to_string()).unwrap(), a);
+        // transformers 5 may mirror plain parameters into rope_scaling.
+        let mut v = v;
+        v["rope_scaling"] = serde_json::json!({"rope_type": "default", "rope_theta": 1e6});
+        assert_eq!(ModelConfig::from_hf_json(&v.to_string()).unwrap(), a);
+    }
+
+    #[test]
+    fn unsupported_rope_types_and_scalings_are_refused_with_the_field_named() {
+        let yarn = serde_json::json!({
+            "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+            "original_max_position_embeddings": 32768,
+        });
+        let m = refusal(tf5(yarn));
+        assert!(
+            m.contains("rope_parameters.rope_type") && m.contains("yarn"),
+            "{m}"
+        );
+        let m = refusal(tf5(serde_json::json!({"rope_theta": 1e6, "factor": 2.0})));
+        assert!(m.contains("rope_parameters.factor"), "{m}");
+        let m = refusal(tf5(serde_json::json!({"rope_type": 3})));
+        assert!(m.contains("rope_parameters.rope_type"), "{m}");
+        let m = refusal(tf5(serde_json::json!({"rope_theta": "big"})));
+        assert!(m.contains("rope_parameters.rope_theta"), "{m}");
+        let m = refusal(tf5(serde_json::json!(1e6)));
+        assert!(m.contains("rope_parameters"), "{m}");
+        // 4.x layout: rope_scaling with a type names it.
+        let mut v: serde_json::Value =
+            serde_json::from_str(&ModelConfig::tiny().to_hf_json(None)).unwrap();
+        v.as_object_mut().unwrap().remove("rope_parameters");
+        v["rope_scaling"] = serde_json::json!({"rope_type": "linear", "factor": 2.0});
+        let m = refusal(ModelConfig::from_hf_json(&v.to_string()));
+        assert!(
+            m.contains("rope_scaling.rope_type") && m.contains("linear"),
+            "{m}"
+        );
+        // The two places disagreeing.
+        v["rope_scaling"] = serde_json::Value::Null;
+        v["rope_parameters"] = serde_json::json!({"rope_type": "default", "rope_theta": 1e6});
+        let m = refusal(ModelConfig::from_hf_json(&v.to_string()));
+        assert!(m.contains("disagree"), "{m}");
     }
 }

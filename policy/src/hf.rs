@@ -158,8 +158,9 @@ pub fn save_hf_dir(policy: &Policy, dir: &Path, eos_token_id: Option<u32>) -> Re
 }
 
 /// Writes the embedded byte tokenizer into `dir` as `tokenizer.json`
-/// ([`ByteTokenizer::to_hf_json`], read back by [`load_hf_dir`] as the byte tokenizer) and
-/// `tokenizer_config.json` (for `transformers.AutoTokenizer`).
+/// ([`ByteTokenizer::to_hf_json`], read back by [`load_hf_dir`] as the byte tokenizer),
+/// `tokenizer_config.json` (for `transformers.AutoTokenizer`, with the built-in chat template
+/// [`ByteTokenizer::CHAT_TEMPLATE`]) and `generation_config.json` ([`GenerationIds::byte`]).
 pub fn save_byte_tokenizer(dir: &Path, model_max_length: usize) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let files = [
@@ -173,7 +174,89 @@ pub fn save_byte_tokenizer(dir: &Path, model_max_length: usize) -> Result<()> {
         let path = dir.join(name);
         std::fs::write(&path, text).map_err(io(&path))?;
     }
-    Ok(())
+    save_generation_config(dir, &GenerationIds::byte())
+}
+
+/// The token ids of a `generation_config.json`: what `transformers`' `generate` stops at and
+/// pads with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GenerationIds {
+    pub bos: Option<u32>,
+    /// Every stop id, the first being the one a model writes to end its turn.
+    pub eos: Vec<u32>,
+    pub pad: Option<u32>,
+}
+
+impl GenerationIds {
+    /// The embedded byte tokenizer's: `<|bos|>`, `<|eos|>`, `<|pad|>`.
+    pub fn byte() -> Self {
+        GenerationIds {
+            bos: Some(ByteTokenizer::BOS),
+            eos: vec![ByteTokenizer::EOS],
+            pad: Some(ByteTokenizer::PAD),
+        }
+    }
+
+    /// A tokenizer's stop and pad ids (no BOS: Qwen tokenizers have none).
+    pub fn of(tokenizer: &Tokenizer) -> Self {
+        match tokenizer {
+            Tokenizer::Byte(_) => Self::byte(),
+            Tokenizer::Hf(_) => GenerationIds {
+                bos: None,
+                eos: tokenizer.eos_ids(),
+                pad: Some(tokenizer.pad_id()),
+            },
+        }
+    }
+}
+
+/// Writes `dir/generation_config.json` with `ids` (`eos_token_id` as a list, read back by
+/// [`load_hf_dir`] as stop ids).
+pub fn save_generation_config(dir: &Path, ids: &GenerationIds) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let mut v = serde_json::json!({ "eos_token_id": ids.eos });
+    if let Some(obj) = v.as_object_mut() {
+        if let Some(b) = ids.bos {
+            obj.insert("bos_token_id".into(), b.into());
+        }
+        if let Some(p) = ids.pad {
+            obj.insert("pad_token_id".into(), p.into());
+        }
+    }
+    let path = dir.join("generation_config.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&v).unwrap_or_default()).map_err(io(&path))
+}
+
+/// Puts `template` as `chat_template` into `dir/tokenizer_config.json` (created as a
+/// `PreTrainedTokenizerFast` config when missing) unless it has one; returns whether it
+/// wrote. A config that is not a JSON object is an error naming the file.
+pub fn add_chat_template(dir: &Path, template: &str) -> Result<bool> {
+    let path = dir.join("tokenizer_config.json");
+    let mut v = match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice::<serde_json::Value>(&bytes).map_err(|e| {
+            PolicyError::CorruptFile {
+                path: path.clone(),
+                reason: e.to_string(),
+            }
+        })?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            serde_json::json!({ "tokenizer_class": "PreTrainedTokenizerFast" })
+        }
+        Err(source) => return Err(PolicyError::Io { path, source }),
+    };
+    let Some(obj) = v.as_object_mut() else {
+        return Err(PolicyError::CorruptFile {
+            path,
+            reason: "not a JSON object".into(),
+        });
+    };
+    if obj.get("chat_template").is_some_and(|t| !t.is_null()) {
+        return Ok(false);
+    }
+    obj.insert("chat_template".into(), template.into());
+    std::fs::write(&path, serde_json::to_string_pretty(&v).unwrap_or_default())
+        .map_err(io(&path))?;
+    Ok(true)
 }
 
 /// The tokenizer files of a Hugging Face folder that [`copy_tokenizer_files`] carries over

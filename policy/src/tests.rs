@@ -741,3 +741,58 @@ fn no_grad_view_shares_weights_without_a_graph() {
         "{name}: the view must see the update"
     );
 }
+
+/// A config written by transformers 5.24 (`rope_parameters` only) and one in the 4.x layout
+/// (top-level `rope_theta`), each with a RoPE base far from the 10 000 default: loaded by
+/// `load_hf_dir`, the forward equals the logits `transformers` computed from the same folder
+/// (`scripts/hf-rope-fixture.py`, recorded once, rounded to 1e-5).
+#[test]
+fn transformers_5_and_4_configs_load_with_their_rope_base_and_match_hf_logits() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/qwen3-rope");
+    for layout in ["tf5", "tf4"] {
+        let src = root.join(layout);
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["config.json", "model.safetensors"] {
+            std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+        }
+        crate::hf::save_byte_tokenizer(dir.path(), 128).unwrap();
+        let want: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(src.join("logits.json")).unwrap()).unwrap();
+        let ids: Vec<u32> = serde_json::from_value(want["ids"].clone()).unwrap();
+        let logits: Vec<Vec<f32>> = serde_json::from_value(want["logits"].clone()).unwrap();
+        let (p, _) = crate::hf::load_hf_dir(dir.path(), &Device::Cpu).unwrap();
+        assert_eq!(
+            p.config().rope_theta,
+            want["rope_theta"].as_f64().unwrap(),
+            "{layout}"
+        );
+        let t = Tensor::new(ids.as_slice(), &Device::Cpu)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
+        let max_diff = |p: &Policy| -> f32 {
+            let got = p.forward(&t).unwrap().squeeze(0).unwrap();
+            let got = got.to_vec2::<f32>().unwrap();
+            assert_eq!((got.len(), got[0].len()), (logits.len(), logits[0].len()));
+            got.iter()
+                .zip(&logits)
+                .flat_map(|(a, b)| a.iter().zip(b).map(|(x, y)| (x - y).abs()))
+                .fold(0.0, f32::max)
+        };
+        let d = max_diff(&p);
+        assert!(d < 1e-4, "{layout}: max |ours - transformers| = {d}");
+        // The base matters: the 10 000 default is far off on these 64 positions.
+        let path = dir.path().join("config.json");
+        let mut cfg: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        match cfg.get_mut("rope_parameters") {
+            Some(r) => r["rope_theta"] = 10_000.0.into(),
+            None => cfg["rope_theta"] = 10_000.0.into(),
+        }
+        std::fs::write(&path, cfg.to_string()).unwrap();
+        let (q, _) = crate::hf::load_hf_dir(dir.path(), &Device::Cpu).unwrap();
+        assert_eq!(q.config().rope_theta, 10_000.0);
+        let d = max_diff(&q);
+        assert!(d > 1.0, "{layout}: θ = 10 000 is only {d} off");
+    }
+}

@@ -93,7 +93,16 @@ impl ByteTokenizer {
         serde_json::to_string_pretty(&json).unwrap_or_default()
     }
 
-    /// A `tokenizer_config.json` for `transformers.AutoTokenizer` beside [`Self::to_hf_json`].
+    /// The built-in chat template (`policy::chat`, `Template::Builtin`:
+    /// `BOS [system "\n"] user SEP assistant EOS user SEP …`) in Jinja, as `transformers`'
+    /// `apply_chat_template` renders it with `bos_token` = `<|bos|>` and `eos_token` =
+    /// `<|eos|>`: a user turn ends with `<|sep|>`, which is also the generation prompt. Text
+    /// that contains a special token's name renders differently (Hugging Face tokenizers
+    /// parse it; this tokenizer never does).
+    pub const CHAT_TEMPLATE: &'static str = "{{ bos_token }}{% for m in messages %}{% if m.role == 'system' %}{% if not loop.first %}{{ raise_exception('the system message must come first') }}{% endif %}{{ m.content }}{{ '\\n' }}{% elif m.role == 'user' %}{{ m.content }}<|sep|>{% elif m.role == 'assistant' %}{{ m.content }}{{ eos_token }}{% else %}{{ raise_exception('unknown role ' ~ m.role) }}{% endif %}{% endfor %}";
+
+    /// A `tokenizer_config.json` for `transformers.AutoTokenizer` beside [`Self::to_hf_json`],
+    /// with the built-in chat template ([`Self::CHAT_TEMPLATE`]).
     pub fn hf_tokenizer_config_json(model_max_length: usize) -> String {
         let [pad, bos, eos, sep] = Self::SPECIAL_NAMES;
         let json = serde_json::json!({
@@ -102,6 +111,7 @@ impl ByteTokenizer {
             "add_bos_token": false, "add_eos_token": false,
             "model_max_length": model_max_length,
             "clean_up_tokenization_spaces": false,
+            "chat_template": Self::CHAT_TEMPLATE,
         });
         serde_json::to_string_pretty(&json).unwrap_or_default()
     }

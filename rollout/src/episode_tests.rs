@@ -237,3 +237,78 @@ fn scripted_examples_are_legal_actions_in_context() {
         assert_eq!(*e.prompt.last().unwrap(), policy::ByteTokenizer::SEP);
     }
 }
+
+/// Hold'em with the embedded model's 256 positions holds one decision per hand; with a
+/// config whose context fits 20 decisions (`tasks::holdem::context_for_decisions`) hands
+/// play on to their end, replay, and a model of that context samples them.
+#[test]
+fn holdem_hands_go_past_one_decision_with_a_context_that_fits_twenty() {
+    let chat = chat();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let big = ModelConfig {
+        max_position_embeddings: tasks::holdem::context_for_decisions(20),
+        ..ModelConfig::tiny()
+    };
+    for opponent in ["random", "calling"] {
+        let env = tasks::build_env("holdem", &serde_json::json!({ "opponent": opponent })).unwrap();
+        let budget = Budget::of(&env.metadata());
+        let small = spec(env.as_ref(), &chat, budget);
+        let large = Spec {
+            context: big.max_position_embeddings,
+            ..small
+        };
+        let (mut decisions, mut most, mut hands) = (0u32, 0u32, 0u32);
+        for seed in 0..60u64 {
+            for (s, embedded) in [(small, true), (large, false)] {
+                let (mut d, _, prompt) = Driver::start(s, seed).unwrap();
+                while d.next_turn().is_some() {
+                    let action = d
+                        .reference_action(&mut rng)
+                        .unwrap_or_else(|| "call".into());
+                    if d.finish_turn(&chat.action_tokens(&action).unwrap())
+                        .unwrap()
+                        .is_none()
+                    {
+                        break;
+                    }
+                }
+                let played = d.finish();
+                if embedded {
+                    assert_eq!(played.turns, 1, "{opponent} seed {seed}: 256 positions");
+                    continue;
+                }
+                assert!(!played.truncated, "{opponent} seed {seed}: {played:?}");
+                assert!(prompt.len() + played.tokens.len() <= s.context);
+                let back = replay(s, seed, &prompt, &played.tokens, played.ret).unwrap();
+                assert_eq!(back.turns, played.turns);
+                decisions += played.turns;
+                most = most.max(played.turns);
+                hands += 1;
+            }
+        }
+        let mean = f64::from(decisions) / f64::from(hands);
+        assert!(
+            mean > 2.0 && most >= 4,
+            "{opponent}: {mean} decisions a hand, at most {most}"
+        );
+    }
+    // A model of that context plays and samples hands (its tokens are mostly no action).
+    let env = tasks::build_env("holdem", &serde_json::json!({ "opponent": "calling" })).unwrap();
+    let p = Policy::new_random(&big, 3, &Device::Cpu).unwrap();
+    let infer = InferModel::from_policy(&p).unwrap();
+    let s = Spec {
+        context: big.max_position_embeddings,
+        ..spec(env.as_ref(), &chat, Budget::of(&env.metadata()))
+    };
+    let mut params = params();
+    params.max_new_tokens = tasks::holdem::MAX_TURN_TOKENS;
+    let (_, _, eps) = play_group(
+        s,
+        Model::Infer(&infer),
+        1,
+        &params,
+        &Draws::from_rng(&mut rng, 2),
+    )
+    .unwrap();
+    assert!(eps.iter().all(|e| e.turns >= 1 && !e.truncated), "{eps:?}");
+}

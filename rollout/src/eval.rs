@@ -23,6 +23,29 @@ pub struct ExactEval {
     /// Mean probability, over the decisions, of an output that is no legal action (it plays
     /// as the passive action).
     pub illegal_mass: f64,
+    /// Above [`ILLEGAL_MASS_CHECK`] (and when asked, [`SampledCheck`]): the mean return of
+    /// sampled episodes of the unshaped game ([`tasks::env::ExactGame::unshaped`]), which
+    /// estimates the EV without the exact evaluator's assumption about illegal outputs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampled: Option<Sampled>,
+}
+
+/// The illegal mass above which the exact EV does not stand alone: an illegal output's
+/// conversation is not the canonical one the evaluator reads at the next decision (Kuhn
+/// poker, `tasks::kuhn`, "Exact evaluation").
+pub const ILLEGAL_MASS_CHECK: f64 = 0.05;
+
+/// How to sample the check of [`exact_checked`]: `seeds` initial states × `group` episodes
+/// each (one prefill per seed), with `params`, drawn from `seed`.
+#[derive(Clone, Copy)]
+pub struct SampledCheck<'a> {
+    pub model: Model<'a>,
+    pub budget: tasks::env::Budget,
+    pub context: usize,
+    pub params: &'a SamplingParams,
+    pub seeds: u64,
+    pub group: usize,
+    pub seed: u64,
 }
 
 /// The rendered conversation before a decision: the system message and first observation,
@@ -59,6 +82,18 @@ pub fn exact(
     env: &dyn Environment,
     temperature: f32,
 ) -> Result<Option<ExactEval>, EpisodeError> {
+    exact_checked(policy, chat, env, temperature, None)
+}
+
+/// [`exact`], and when the illegal mass exceeds [`ILLEGAL_MASS_CHECK`] and `check` is given,
+/// the sampled mean return of the unshaped game beside it ([`ExactEval::sampled`]).
+pub fn exact_checked(
+    policy: &Policy,
+    chat: &Chat,
+    env: &dyn Environment,
+    temperature: f32,
+    check: Option<SampledCheck<'_>>,
+) -> Result<Option<ExactEval>, EpisodeError> {
     let Some(game) = env.exact() else {
         return Ok(None);
     };
@@ -68,9 +103,32 @@ pub fn exact(
         .map(|p| (1.0 - p.iter().sum::<f64>()).max(0.0))
         .sum();
     let report = game.evaluate(&probs)?;
+    let illegal_mass = illegal / probs.len().max(1) as f64;
+    let sampled = match check {
+        Some(c) if illegal_mass > ILLEGAL_MASS_CHECK => {
+            let plain = game.unshaped();
+            let spec = Spec {
+                env: plain.as_ref(),
+                chat,
+                budget: c.budget,
+                context: c.context,
+            };
+            Some(sampled_groups(
+                spec,
+                c.model,
+                0..c.seeds,
+                c.group,
+                c.params,
+                c.seed,
+                &mut |_| {},
+            )?)
+        }
+        _ => None,
+    };
     Ok(Some(ExactEval {
         report,
-        illegal_mass: illegal / probs.len().max(1) as f64,
+        illegal_mass,
+        sampled,
     }))
 }
 
@@ -126,12 +184,18 @@ pub fn decision_probs(
         .collect())
 }
 
-/// Sampled returns: mean and its standard error over `episodes` episodes.
+/// Sampled returns: mean and its standard error over `episodes` episodes, and how long the
+/// episodes were.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Sampled {
     pub episodes: usize,
     pub mean_return: f64,
     pub stderr: f64,
+    /// Mean agent turns per episode (decisions per hand in poker; a Hold'em walk is one
+    /// turn whose answer changes nothing).
+    pub turns_mean: f64,
+    /// Episodes a budget or the model's context cut short (ended by `Episode::truncate`).
+    pub truncated: usize,
 }
 
 /// Plays one episode from each seed in `seeds` (sampling with `params`, seeded by `seed0`)
@@ -144,17 +208,33 @@ pub fn sampled(
     seed0: u64,
     progress: &mut dyn FnMut(usize),
 ) -> Result<Sampled, EpisodeError> {
+    sampled_groups(spec, model, seeds, 1, params, seed0, progress)
+}
+
+/// [`sampled`] with `group` episodes from each seed (sharing the prompt's prefill).
+pub fn sampled_groups(
+    spec: Spec<'_>,
+    model: Model<'_>,
+    seeds: std::ops::Range<u64>,
+    group: usize,
+    params: &SamplingParams,
+    seed0: u64,
+    progress: &mut dyn FnMut(usize),
+) -> Result<Sampled, EpisodeError> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed0);
     let mut returns = Vec::with_capacity(seeds.clone().count());
+    let (mut turns, mut truncated) = (0u64, 0usize);
     for seed in seeds {
         let (_, _, eps) = play_group(
             spec,
             model,
             seed,
             params,
-            &policy::Draws::from_rng(&mut rng, 1),
+            &policy::Draws::from_rng(&mut rng, group.max(1)),
         )?;
         returns.extend(eps.iter().map(|e| f64::from(e.ret)));
+        turns += eps.iter().map(|e| u64::from(e.turns)).sum::<u64>();
+        truncated += eps.iter().filter(|e| e.truncated).count();
         progress(returns.len());
     }
     let n = returns.len();
@@ -168,6 +248,8 @@ pub fn sampled(
         episodes: n,
         mean_return: mean,
         stderr: (var / n.max(1) as f64).sqrt(),
+        turns_mean: turns as f64 / n.max(1) as f64,
+        truncated,
     })
 }
 

@@ -176,3 +176,46 @@ fn a_model_opponent_is_deterministic_from_the_seed() {
         assert_eq!(play(seed), play(seed));
     }
 }
+
+/// With much illegal mass the exact figure gets the sampled EV of the unshaped game beside
+/// it: an untrained model says no word, plays passive (folds to every bet of `always-bet`,
+/// −1 a hand), and the reward shaping's penalty is not in the sampled chips.
+#[test]
+fn much_illegal_mass_brings_the_sampled_ev_of_the_unshaped_game() {
+    let env = tasks::build_env(
+        "kuhn-poker",
+        &serde_json::json!({ "opponent": "always-bet", "illegal_penalty": 1.0 }),
+    )
+    .unwrap();
+    let chat = Chat::for_model(Tokenizer::byte(), None, true).unwrap();
+    let policy = Policy::new_random(&ModelConfig::tiny(), 3, &Device::Cpu).unwrap();
+    let infer = InferModel::from_policy(&policy).unwrap();
+    let mut params = SamplingParams::new(8, chat.stop_tokens());
+    params.temperature = 1.0;
+    let s = spec(env.as_ref(), &chat);
+    let check = SampledCheck {
+        model: Model::Infer(&infer),
+        budget: s.budget,
+        context: s.context,
+        params: &params,
+        seeds: 16,
+        group: 4,
+        seed: 1,
+    };
+    let e = exact_checked(&policy, &chat, env.as_ref(), 1.0, Some(check))
+        .unwrap()
+        .unwrap();
+    assert!(e.illegal_mass > 0.9, "{e:?}");
+    assert!((e.report.ev + 1.0).abs() < 0.05, "{e:?}");
+    let sampled = e.sampled.expect("a sampled check above the threshold");
+    assert_eq!(sampled.episodes, 64);
+    assert!((sampled.mean_return + 1.0).abs() < 0.1, "{sampled:?}");
+    // The shaped game's own returns pay the penalty too.
+    let shaped =
+        sampled_groups(s, Model::Infer(&infer), 0..16, 4, &params, 1, &mut |_| {}).unwrap();
+    assert!(shaped.mean_return < -1.5, "{shaped:?}");
+    assert!(shaped.turns_mean >= 1.0);
+    // Not asked, not sampled.
+    let e = exact(&policy, &chat, env.as_ref(), 1.0).unwrap().unwrap();
+    assert_eq!(e.sampled, None);
+}

@@ -46,8 +46,17 @@ pub struct EnvMetadata {
     pub return_range: (f32, f32),
     /// A sensible token budget for one agent turn.
     pub suggested_tokens_per_turn: usize,
+    /// The most tokens one rendered observation takes (the next user message and the chat
+    /// template's turn tokens), for the default episode budget; 64 unless the environment
+    /// states it.
+    #[serde(default = "default_observation_tokens")]
+    pub max_observation_tokens: usize,
     /// The parameters the environment was built with (to rebuild it identically elsewhere).
     pub params: serde_json::Value,
+}
+
+fn default_observation_tokens() -> usize {
+    64
 }
 
 impl EnvMetadata {
@@ -152,6 +161,10 @@ pub trait ExactGame: Send + Sync {
     fn evaluate(&self, probs: &[Vec<f64>]) -> Result<ExactReport, TaskError>;
     /// The opponent the figures are against (its registry name).
     fn opponent(&self) -> String;
+    /// The same game without reward shaping: its sampled mean return estimates the exact
+    /// EV, a check where the exact figures assume what the policy's illegal outputs lead to
+    /// (`rollout::eval`, the sampled check).
+    fn unshaped(&self) -> Arc<dyn Environment>;
 }
 
 /// An interactive environment (see the module docs for the rules).
@@ -246,6 +259,7 @@ impl Environment for TaskEnv {
             max_turns: 1,
             return_range: m.reward_range,
             suggested_tokens_per_turn: m.suggested_max_new_tokens,
+            max_observation_tokens: default_observation_tokens(),
             params: m.params,
         }
     }
@@ -287,13 +301,15 @@ pub struct Budget {
 
 impl Budget {
     /// The default budget of `meta`: all its turns, its suggested tokens per turn, and room
-    /// for every turn plus 64 observation tokens per turn.
+    /// for every turn plus its longest observation ([`EnvMetadata::max_observation_tokens`])
+    /// per turn. The model's context bounds the episode too (`rollout::episode`).
     pub fn of(meta: &EnvMetadata) -> Self {
         let turn = meta.suggested_tokens_per_turn.max(1);
         Budget {
             max_turns: meta.max_turns.max(1),
             max_turn_tokens: turn,
-            max_episode_tokens: (turn + 64).saturating_mul(meta.max_turns.max(1) as usize),
+            max_episode_tokens: (turn + meta.max_observation_tokens)
+                .saturating_mul(meta.max_turns.max(1) as usize),
         }
     }
 

@@ -5,8 +5,12 @@
 //! compiler in 4.x and pins tokio to 1.43 in 5.x, which the node cannot take).
 //!
 //! **Episodes.** Blinds 1/2 chips, stacks of `stack_bb` big blinds. The seed decides the
-//! agent's seat, the deck order and every draw of a randomised opponent, so a seed is one
-//! deal. The agent sees its hole cards, the board, the pot, what it must call, both stacks
+//! agent's seat (`seat`, or a fair coin from the seed alone, independent of the cards and of
+//! the opponent), the deck order and every draw of a randomised opponent, so a seed is one
+//! deal and the mean return over seeds is the chips won per hand. Every hand counts: a
+//! *walk* (the opponent, as dealer, folds its small blind before the agent acts) is an
+//! episode of one turn whose answer changes nothing — its observation says the hand is
+//! over, and any reply ends it with the agent's +0.5 big blinds. The agent sees its hole cards, the board, the pot, what it must call, both stacks
 //! and what the opponent did since its last turn, and answers one of `fold`, `check`, `call`,
 //! `all-in`, and `raise N` (no-limit: raise the round's bet *to* N chips) or `raise` (limit:
 //! by the street's fixed size). Anything else, and any illegal amount, is the passive action:
@@ -17,13 +21,25 @@
 //! `rs_poker` arena's agents:
 //! - `calling`: `CallingAgent`, always calls (or checks);
 //! - `all-in`: `AllInAgent`, always moves all-in (in limit play: raises whenever it may);
-//! - `random`: `RandomAgent` with its default probabilities — fold (when owing) with 25 %,
-//!   30 %, 50 % and call with 50 %, 60 %, 45 % by the number of raises so far, otherwise a
-//!   random raise up to twice the pot — drawing from a generator seeded by the hand instead
-//!   of the thread RNG the crate's agent uses (which could not be replayed);
+//! - `random`: `RandomAgent` (rs_poker 5.0) with its default probabilities — fold (when
+//!   owing) with 25 %, 30 %, 50 % and call with 50 %, 60 %, 45 % by the number of raises this
+//!   round (blinds not counted), otherwise a raise to a uniform amount in [min raise, max),
+//!   not rounded, where max = min(all-in, (players still to act this round + 1) × pot) — its
+//!   rule exactly, drawing from a generator seeded by the hand instead of the thread RNG the
+//!   crate's agent uses (which could not be replayed). Observations show such amounts to
+//!   the cent;
 //! - `model`: a frozen policy ([`TextPolicy`], e.g. a snapshot of the model being trained)
 //!   playing the other seat from its own observations, sampling with a generator seeded
 //!   from (hand seed, its decision number). Built with [`Holdem::with_model_opponent`].
+//!
+//! **Context budget.** The first prompt (rules and first observation) is at most
+//! [`MAX_FIRST_PROMPT_BYTES`] bytes of text, every further decision at most
+//! [`MAX_TURN_TOKENS`] sampled tokens plus one observation of at most
+//! [`MAX_OBSERVATION_BYTES`] bytes (a byte-level tokenizer never needs more tokens than
+//! bytes; the chat template adds a few): [`context_for_decisions`] is the context a model needs
+//! for `n` decisions. The embedded model's 256 positions hold one decision (its first
+//! prompts of 173–190 tokens leave no room for a second observation); a hand needs up to
+//! `max_turns` = 20 in no-limit play.
 
 use std::sync::Arc;
 
@@ -42,6 +58,27 @@ use game::{Game, Move, BB};
 const NAME: &str = "holdem";
 /// Longest action text that is parsed (anything longer is illegal).
 const MAX_ACTION: usize = 24;
+/// The agent's token budget per turn (the metadata's suggestion: `raise 20000` and a stop
+/// token fit).
+pub const MAX_TURN_TOKENS: usize = 12;
+/// Longest observation: every field at its widest (chip amounts up to 40 000.00, five board
+/// cards, two opponent moves, the no-limit raise range).
+pub const MAX_OBSERVATION_BYTES: usize = 224;
+/// Longest first observation (preflop: no board, at most one opponent move).
+pub const MAX_FIRST_OBSERVATION_BYTES: usize = 200;
+/// Longest first prompt: the rules, a newline and the first observation.
+pub const MAX_FIRST_PROMPT_BYTES: usize = RULES.len() + 1 + MAX_FIRST_OBSERVATION_BYTES;
+/// Tokens a chat template adds around one observation (ChatML's end of turn and headers).
+const TEMPLATE_TOKENS: usize = 16;
+
+/// The context (positions) a model with a byte-level tokenizer needs for hands of up to `n`
+/// decisions: the first prompt, then per further decision an action and an observation.
+pub fn context_for_decisions(n: usize) -> usize {
+    MAX_FIRST_PROMPT_BYTES
+        + TEMPLATE_TOKENS
+        + n * MAX_TURN_TOKENS
+        + n.saturating_sub(1) * (MAX_OBSERVATION_BYTES + TEMPLATE_TOKENS)
+}
 
 /// A player that answers an observation with an action text: the hook through which a model
 /// sits at the table (the opponent `model`). Implementations must be deterministic in their
@@ -186,7 +223,8 @@ impl Environment for Holdem {
             // within 14 raises; 4 streets of checks and calls add a few.
             max_turns: if self.limit { 12 } else { 20 },
             return_range: (-stack, stack),
-            suggested_tokens_per_turn: 12,
+            suggested_tokens_per_turn: MAX_TURN_TOKENS,
+            max_observation_tokens: MAX_OBSERVATION_BYTES + TEMPLATE_TOKENS,
             params: serde_json::to_value(&self.params).unwrap_or_default(),
         }
     }
@@ -196,35 +234,47 @@ impl Environment for Holdem {
     }
 
     fn reset(&self, seed: u64) -> Result<Start, TaskError> {
-        // A walk (the opponent, as dealer, folds before the agent ever acts) has no decision
-        // to learn from: the same deal is played with the agent as the dealer, who acts
-        // first (`docs/environments.md`).
         let mut cards = game::deck();
         cards.shuffle(&mut crate::util::item_rng("holdem/deck", 0, seed));
         let stack = self.params.stack_bb as f32 * BB;
-        for seat in [self.seat(seed), 0] {
-            let mut hand = Hand {
-                game: Game::new(&cards, stack, self.limit),
-                seat,
-                seed,
-                opponent: self.opponent(seed),
-                since: Vec::new(),
-                opponent_turns: Vec::new(),
-            };
-            if let Some(text) = hand.advance() {
-                return Ok(Start {
-                    prompt: Prompt {
-                        id: seed.to_string(),
-                        text,
-                        answer: String::new(),
-                    },
-                    episode: Box::new(hand),
-                });
+        let seat = self.seat(seed);
+        let mut hand = Hand {
+            game: Game::new(&cards, stack, self.limit),
+            seat,
+            seed,
+            opponent: self.opponent(seed),
+            since: Vec::new(),
+            opponent_turns: Vec::new(),
+        };
+        let (text, episode): (String, Box<dyn Episode>) = match hand.advance() {
+            Some(text) => (text, Box::new(hand) as Box<dyn Episode>),
+            // A walk: the opponent folded before the agent acted. The hand counts.
+            None => {
+                let g = &hand.game;
+                let won = g.net(seat);
+                let text = format!(
+                    "Hand: {}. Board: -. Pot: {}. Opponent: {}. The hand is over: you win {} chip{}.",
+                    cards_text(&g.hole[seat]),
+                    chips(g.committed[0] + g.committed[1]),
+                    hand.since.join(", "),
+                    chips(won),
+                    if won == 1.0 { "" } else { "s" },
+                );
+                (
+                    text,
+                    Box::new(Walk {
+                        reward: Some(won / BB),
+                    }),
+                )
             }
-        }
-        Err(TaskError::Generation {
-            task: NAME.into(),
-            reason: format!("seed {seed}: the hand ended before the agent acted"),
+        };
+        Ok(Start {
+            prompt: Prompt {
+                id: seed.to_string(),
+                text,
+                answer: String::new(),
+            },
+            episode,
         })
     }
 }
@@ -310,7 +360,31 @@ impl Hand {
     }
 }
 
-/// The arena's `RandomAgent` rule with its default probabilities (see the module docs).
+/// A hand the opponent ended before the agent acted: one turn whose answer changes nothing.
+struct Walk {
+    /// The agent's chips in big blinds, until paid.
+    reward: Option<f32>,
+}
+
+impl Episode for Walk {
+    fn step(&mut self, _action: &str) -> Step {
+        Step::Done {
+            reward: self.reward.take().unwrap_or(0.0),
+        }
+    }
+
+    fn truncate(&mut self) -> f32 {
+        self.reward.take().unwrap_or(0.0)
+    }
+
+    fn reference_action(&self, _rng: &mut dyn rand::RngCore) -> Option<String> {
+        None
+    }
+}
+
+/// rs_poker 5.0's `RandomAgent::act` with its default probabilities (see the module docs):
+/// the raise index is the round's raises (the blinds are forced bets, not raises), the cap
+/// `(players who still need to act this round + 1) × pot`, the amount drawn unrounded.
 fn random_move(g: &Game, rng: &mut rand::rngs::StdRng) -> Move {
     const FOLD: [f64; 3] = [0.25, 0.30, 0.50];
     const CALL: [f64; 3] = [0.5, 0.6, 0.45];
@@ -318,15 +392,39 @@ fn random_move(g: &Game, rng: &mut rand::rngs::StdRng) -> Move {
     let i = usize::from(g.bets.saturating_sub(u8::from(g.street == 0))).min(2);
     let (min, all_in) = g.raise_bounds(p);
     let pot = g.committed[0] + g.committed[1];
-    let max = all_in.min(2.0 * pot).max(min);
+    // rs_poker's `needs_action`: players with chips who have not acted since the last raise
+    // (the player to act among them).
+    let to_act = (0..2).filter(|&q| g.stacks[q] > 0.0 && !g.acted[q]).count();
+    let max = all_in.min((to_act as f32 + 1.0) * pot).max(min);
     if g.owed(p) > 0.0 && rng.gen_bool(FOLD[i]) {
         Move::Fold
     } else if rng.gen_bool(CALL[i]) || !g.can_raise(p) {
         Move::Call
     } else if max > min {
-        Move::RaiseTo(rng.gen_range(min..max).round())
+        Move::RaiseTo(rng.gen_range(min..max))
     } else {
         Move::RaiseTo(max)
+    }
+}
+
+/// A chip amount as observations show it: whole chips as integers, others to the cent
+/// (the `random` opponent's raises are not whole).
+fn chips(x: f32) -> String {
+    if x.fract() == 0.0 {
+        format!("{x}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+fn cards_text(c: &[rs_poker::core::Card]) -> String {
+    if c.is_empty() {
+        "-".into()
+    } else {
+        c.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 }
 
@@ -421,7 +519,7 @@ fn describe(g: &Game, p: usize, (round_bet, committed, owed_before): (f32, f32, 
     if g.folded == Some(p) {
         "fold".into()
     } else if put > owed_before {
-        format!("raise to {}", round_bet + put)
+        format!("raise to {}", chips(round_bet + put))
     } else if owed_before > 0.0 {
         "call".into()
     } else {
@@ -431,25 +529,15 @@ fn describe(g: &Game, p: usize, (round_bet, committed, owed_before): (f32, f32, 
 
 /// Player `p`'s observation at its decision.
 fn observation(g: &Game, p: usize, since: &[String]) -> String {
-    let cards = |c: &[rs_poker::core::Card]| -> String {
-        if c.is_empty() {
-            "-".into()
-        } else {
-            c.iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(" ")
-        }
-    };
     let owed = g.owed(p);
     let mut obs = format!(
         "Hand: {}. Board: {}. Pot: {}. To call: {}. Stack: {}. Opponent stack: {}.",
-        cards(&g.hole[p]),
-        cards(g.shown()),
-        g.committed[0] + g.committed[1],
-        owed,
-        g.stacks[p],
-        g.stacks[1 - p],
+        cards_text(&g.hole[p]),
+        cards_text(g.shown()),
+        chips(g.committed[0] + g.committed[1]),
+        chips(owed),
+        chips(g.stacks[p]),
+        chips(g.stacks[1 - p]),
     );
     if !since.is_empty() {
         obs.push_str(&format!(" Opponent: {}.", since.join(", ")));
@@ -464,7 +552,11 @@ fn observation(g: &Game, p: usize, since: &[String]) -> String {
             obs.push_str(", raise");
         } else {
             let (min, max) = g.raise_bounds(p);
-            obs.push_str(&format!(", raise N ({min}-{max}), all-in"));
+            obs.push_str(&format!(
+                ", raise N ({}-{}), all-in",
+                chips(min),
+                chips(max)
+            ));
         }
     }
     obs.push('?');

@@ -86,7 +86,13 @@ impl Game {
     }
 
     fn put(&mut self, p: usize, chips: f32) {
-        let c = chips.min(self.stacks[p]).max(0.0);
+        let mut c = chips.min(self.stacks[p]).max(0.0);
+        // Unrounded amounts (the `random` opponent's) leave float dust: a stack within
+        // 0.001 chip of empty goes in whole, as rs_poker's approximate zero test counts it
+        // all in.
+        if self.stacks[p] - c < 1e-3 {
+            c = self.stacks[p];
+        }
         self.stacks[p] -= c;
         self.committed[p] += c;
         self.round_bet[p] += c;

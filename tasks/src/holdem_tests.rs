@@ -1,6 +1,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::*;
+use crate::env::Budget;
 
 fn env(opponent: &str, betting: &str) -> Holdem {
     Holdem::from_params(&serde_json::json!({ "opponent": opponent, "betting": betting })).unwrap()
@@ -211,4 +212,150 @@ fn bad_parameters_are_clear_errors() {
         let e = Holdem::from_params(&p).unwrap_err();
         assert!(e.to_string().contains("holdem"), "{e}");
     }
+}
+
+/// A model opponent that checks or folds.
+struct Passive;
+
+impl TextPolicy for Passive {
+    fn act(&self, _: &str, _: &[(String, String)], obs: &str, _seed: u64) -> String {
+        if obs.contains(" fold, call") {
+            "fold"
+        } else {
+            "check"
+        }
+        .into()
+    }
+}
+
+fn passive(o: &str) -> String {
+    if o.contains(" fold, call") {
+        "fold"
+    } else {
+        "check"
+    }
+    .into()
+}
+
+#[test]
+fn walks_count_as_hands_the_agent_wins_without_a_decision() {
+    // Passive self-play: the dealer folds its small blind, so the agent loses 0.5 bb as
+    // dealer and wins 0.5 bb as big blind (a walk), by its seat alone.
+    let e = Holdem::with_model_opponent(HoldemParams::default(), Arc::new(Passive)).unwrap();
+    let mut total = 0.0;
+    for seed in 0..200 {
+        let (obs, r) = play(&e, seed, passive);
+        let want = if e.seat(seed) == 0 { -0.5 } else { 0.5 };
+        assert_eq!(r, want, "seed {seed}: {obs:?}");
+        if e.seat(seed) == 1 {
+            assert_eq!(obs.len(), 1);
+            assert!(
+                obs[0].contains("Opponent: fold. The hand is over: you win 1 chip."),
+                "{}",
+                obs[0]
+            );
+            // Whatever the answer, the walk pays the same and has no scripted action.
+            let mut ep = e.reset(seed).unwrap().episode;
+            assert_eq!(ep.reference_action(&mut rand::thread_rng()), None);
+            assert_eq!(ep.step("raise 5000"), Step::Done { reward: 0.5 });
+            assert_eq!(ep.step("call"), Step::Done { reward: 0.0 });
+        }
+        total += r;
+    }
+    // The seat is a fair coin of the seed: about as many hands in each seat.
+    assert!(total.abs() <= 10.0, "{total}");
+    // Against `random` (it folds owing with 25 %), some hands are walks and count +0.5.
+    let e = env("random", "no-limit");
+    let walks = (0..400)
+        .filter(|&s| e.reset(s).unwrap().prompt.text.contains("The hand is over"))
+        .inspect(|&s| assert_eq!(play(&e, s, passive).1, 0.5))
+        .count();
+    // Expected 400 × 1/2 × 1/4 = 50.
+    assert!((25..=80).contains(&walks), "{walks} walks in 400 hands");
+}
+
+#[test]
+fn the_random_opponent_raises_by_rs_pokers_rule() {
+    use rand::SeedableRng;
+    let cards = game::deck();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    // Preflop, the dealer first: both players still need to act, so the cap is 3 × pot
+    // (3 chips) = 9; the minimum raise is to 4.
+    let g = Game::new(&cards, 200.0, false);
+    let mut raises = Vec::new();
+    for _ in 0..2000 {
+        if let Move::RaiseTo(x) = random_move(&g, &mut rng) {
+            raises.push(x);
+        }
+    }
+    assert!(
+        raises.iter().all(|&x| (4.0..9.0).contains(&x)),
+        "{raises:?}"
+    );
+    assert!(
+        raises.iter().any(|&x| x > 8.0),
+        "the cap is 9, not 2 × pot = 6"
+    );
+    assert!(
+        raises.iter().any(|x| x.fract() != 0.0),
+        "amounts are not rounded"
+    );
+    // The big blind after the dealer's call: one player to act, cap 2 × pot (4) = 8.
+    let mut g = Game::new(&cards, 200.0, false);
+    g.play(Move::Call);
+    let mut raises = Vec::new();
+    for _ in 0..2000 {
+        if let Move::RaiseTo(x) = random_move(&g, &mut rng) {
+            raises.push(x);
+        }
+    }
+    assert!(!raises.is_empty());
+    assert!(
+        raises.iter().all(|&x| (4.0..8.0).contains(&x)),
+        "{raises:?}"
+    );
+    assert!(raises.iter().any(|&x| x > 7.0), "{raises:?}");
+}
+
+#[test]
+fn observations_fit_the_stated_context_budget() {
+    use rand::SeedableRng;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let mut longest = 0;
+    for (opp, stack) in [("random", 10_000), ("random", 100), ("all-in", 10_000)] {
+        let e =
+            Holdem::from_params(&serde_json::json!({"opponent": opp, "stack_bb": stack})).unwrap();
+        for seed in 0..300 {
+            let start = e.reset(seed).unwrap();
+            let first = start.prompt.text.len();
+            assert!(
+                first <= MAX_FIRST_OBSERVATION_BYTES,
+                "{first}: {}",
+                start.prompt.text
+            );
+            let mut ep = start.episode;
+            let mut obs = start.prompt.text;
+            for _ in 0..e.metadata().max_turns {
+                longest = longest.max(obs.len());
+                assert!(
+                    obs.len() <= MAX_OBSERVATION_BYTES,
+                    "{} bytes: {obs}",
+                    obs.len()
+                );
+                let action = ep
+                    .reference_action(&mut rng)
+                    .unwrap_or_else(|| "call".into());
+                match ep.step(&action) {
+                    Step::Continue { observation, .. } => obs = observation,
+                    Step::Done { .. } => break,
+                }
+            }
+        }
+    }
+    assert!(longest > 120, "the bound is not loose by far: {longest}");
+    // Two decisions never fit the embedded model's 256 positions.
+    assert!(context_for_decisions(2) > 256);
+    let meta = env("calling", "no-limit").metadata();
+    let b = Budget::of(&meta);
+    assert!(b.max_episode_tokens + MAX_FIRST_PROMPT_BYTES >= context_for_decisions(20));
 }

@@ -19,7 +19,11 @@
 //! betting so far). Given the probability of the aggressive action (bet or call) at each,
 //! [`Strategy`] arithmetic gives the exact expected value against the opponent, the value of
 //! the best response to the opponent, and the policy's exploitability — no sampling
-//! ([`ExactGame`]).
+//! ([`ExactGame`]). Exact for a policy that says legal words; an illegal first word plays as
+//! `check`, but the model's conversation at player 1's next decision then holds that word,
+//! not `check`, and the evaluator reads the probabilities after `check`. With much illegal
+//! mass the figure is therefore not exact (nor a bound): `rollout::eval` reports the illegal
+//! mass and, above a threshold, the sampled EV of the unshaped game beside it.
 
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -420,6 +424,7 @@ impl Environment for Kuhn {
                 2.0,
             ),
             suggested_tokens_per_turn: 8,
+            max_observation_tokens: 64,
             params: serde_json::to_value(&self.params).unwrap_or_default(),
         }
     }
@@ -504,6 +509,12 @@ impl ExactGame for Kuhn {
 
     fn opponent(&self) -> String {
         self.params.opponent.clone()
+    }
+
+    fn unshaped(&self) -> std::sync::Arc<dyn Environment> {
+        let mut k = self.clone();
+        k.params.illegal_penalty = 0.0;
+        std::sync::Arc::new(k)
     }
 }
 

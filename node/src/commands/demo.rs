@@ -27,10 +27,14 @@ use crate::roles::progress::{eta_text, terminal_width, Eta, StatusLine};
 const HEARTBEAT_MS: u64 = 500;
 /// The demo fails if the learner makes no step for this long.
 const STALL: Duration = Duration::from_secs(180);
-/// Extra patience per warm-start step before the learner's first version: Kuhn poker's 200
-/// steps took 1.9 s each on a two-core machine shared with other builds (382 s), more than the
-/// 180-s stall limit alone allows.
-const WARM_STEP: Duration = Duration::from_secs(3);
+/// Warm-start steps the demo times on this host before starting the swarm: the learner's
+/// warm start (the same code, config and device) scaled to its steps sizes the patience
+/// before the first version. Kuhn poker's 200 steps took 1.9 s each on a two-core machine
+/// shared with other builds and 3.9 s on a more loaded one: no fixed allowance fits both.
+const CALIBRATION_STEPS: usize = 3;
+/// How much slower than measured the learner's warm start may run (the workers start beside
+/// it, the host's load changes) before the demo calls it stalled.
+const WARM_SLACK: f64 = 3.0;
 /// The demo's swarm name.
 const SWARM: &str = "echo-demo";
 
@@ -154,8 +158,20 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&learner_dir)?;
     let (key, _) = storage::NodeKey::load_or_create(&learner_dir.join("node.key"))?;
     let learner = learner_config(args, &task, learner_dir.clone());
-    let warm_steps = u32::try_from(learner.learner.warm_start_steps).unwrap_or(u32::MAX);
-    let warm_stall = STALL.saturating_add(WARM_STEP.saturating_mul(warm_steps));
+    let progress = Progress::new(args);
+    let warm = warm_start_allowance(&learner)?;
+    if let Some(w) = &warm {
+        progress.say(format!(
+            "warm start: {} steps at {:.2} s each on this host (measured over {}): expected \
+             {:.0} s, allowed {:.0} s before the first version",
+            w.steps,
+            w.step_s,
+            w.measured,
+            w.expected().as_secs_f64(),
+            w.stall().as_secs_f64()
+        ));
+    }
+    let warm_stall = warm.as_ref().map_or(STALL, WarmAllowance::stall);
     let mut fleet = Fleet::default();
     // Every node binds port 0; the learner's bound addresses come back in its address file.
     let i = fleet.start(&exe, "learner", &learner, &[])?;
@@ -171,13 +187,13 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
         w.network = demo_network();
         w.task = task.clone();
         w.model.device = args.device;
+        w.model.seed = args.seed;
         w.network.bootstrap = vec![bootstrap.clone()];
         w.storage.max_pending_groups = 4;
         w.rollout.max_groups_per_s = args.worker_groups_per_s;
         fleet.start(&exe, &format!("worker-{i}"), &w, &[])?;
         data_dirs.push(w.data_dir.clone());
     }
-    let progress = Progress::new(args);
     progress.say(format!(
         "echo-node demo: 1 learner + {} rollout workers on 127.0.0.1 (embedded model, task {}), \
          {} steps, {} mode, {}, S = {}; data and logs in {}",
@@ -249,6 +265,49 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The learner's warm start as timed on this host.
+struct WarmAllowance {
+    steps: usize,
+    /// Steps timed.
+    measured: usize,
+    /// Seconds per step (setup included, so an over-estimate).
+    step_s: f64,
+}
+
+impl WarmAllowance {
+    fn expected(&self) -> Duration {
+        Duration::from_secs_f64(self.step_s * self.steps as f64)
+    }
+
+    /// The stall limit before the first version: the usual limit plus the expected warm
+    /// start [`WARM_SLACK`] times over.
+    fn stall(&self) -> Duration {
+        STALL.saturating_add(self.expected().mul_f64(WARM_SLACK))
+    }
+}
+
+/// Times [`CALIBRATION_STEPS`] steps of `learner`'s warm start (its model, task and device,
+/// in this process) and scales them to its `warm_start_steps`; `None` without a warm start.
+fn warm_start_allowance(learner: &NodeConfig) -> anyhow::Result<Option<WarmAllowance>> {
+    let steps = learner.learner.warm_start_steps;
+    if steps == 0 {
+        return Ok(None);
+    }
+    let mut probe = learner.clone();
+    probe.learner.warm_start_steps = CALIBRATION_STEPS.min(steps);
+    let device = policy::device::select(probe.model.device)?;
+    let (policy, tokenizer) = crate::roles::build_model(&probe, &device)?;
+    let t = Instant::now();
+    crate::roles::learner::warm_start(&probe, &policy, &tokenizer)
+        .context("timing the warm start on this host")?;
+    let measured = probe.learner.warm_start_steps;
+    Ok(Some(WarmAllowance {
+        steps,
+        measured,
+        step_s: t.elapsed().as_secs_f64() / measured as f64,
+    }))
+}
+
 /// The demo learner's config: the demo's network, `task`, and the command line's learner
 /// settings (LoRA at ten times the learning rate unless `--lr` names one).
 fn learner_config(args: &DemoArgs, task: &crate::config::TaskConfig, dir: PathBuf) -> NodeConfig {
@@ -256,6 +315,7 @@ fn learner_config(args: &DemoArgs, task: &crate::config::TaskConfig, dir: PathBu
     learner.network = demo_network();
     learner.task = task.clone();
     learner.model.device = args.device;
+    learner.model.seed = args.seed;
     learner.broadcast.dtype = args.snapshot_dtype;
     if args.no_delta {
         learner.broadcast.delta = Some(false);

@@ -53,7 +53,8 @@ impl Loaded {
 }
 
 /// Loads a checkpoint (the embedded model's: byte tokenizer) or a Hugging Face folder (with
-/// its tokenizer.json; an export of the embedded model has none and uses the byte one).
+/// its tokenizer.json, which exports write for the embedded model too; a folder of the
+/// embedded model's vocabulary without one uses the byte tokenizer).
 fn load(checkpoint: Option<&Path>, export: Option<&Path>) -> anyhow::Result<Loaded> {
     let byte_vocab = policy::ByteTokenizer::VOCAB_SIZE;
     if let Some(dir) = checkpoint {
@@ -182,16 +183,37 @@ pub fn eval(args: &EvalArgs) -> anyhow::Result<()> {
             args.seed,
             &mut |n| bar.set_position(done + n as u64),
         )?;
-        let exact = rollout::eval::exact(&me.policy, &chat, env.as_ref(), args.temperature)?;
+        // Beside an exact figure with much illegal mass: the sampled chips of the unshaped game.
+        let check = rollout::eval::SampledCheck {
+            model: Model::Infer(&infer),
+            budget: spec.budget,
+            context: spec.context,
+            params: &sampling,
+            seeds: args.episodes,
+            group: 1,
+            seed: args.seed,
+        };
+        let exact = rollout::eval::exact_checked(
+            &me.policy,
+            &chat,
+            env.as_ref(),
+            args.temperature,
+            Some(check),
+        )?;
         let mut row = json!({
             "opponent": opponent, "mean_return": s.mean_return, "stderr": s.stderr,
-            "episodes": s.episodes,
+            "episodes": s.episodes, "decisions_per_episode": s.turns_mean,
+            "truncated": s.truncated, "context": spec.context,
         });
         if let Some(e) = exact {
             row["exact"] = json!({
                 "ev": e.report.ev, "best_response": e.report.best_response,
                 "exploitability": e.report.exploitability, "illegal_mass": e.illegal_mass,
             });
+            if let Some(s) = e.sampled {
+                row["exact"]["sampled_ev"] = json!(s.mean_return);
+                row["exact"]["sampled_stderr"] = json!(s.stderr);
+            }
         }
         results.push(row);
     }
@@ -207,18 +229,30 @@ pub fn eval(args: &EvalArgs) -> anyhow::Result<()> {
     println!("{} ({} episodes per opponent):", args.task, args.episodes);
     for r in out["results"].as_array().into_iter().flatten() {
         let mut line = format!(
-            "  vs {:<12} mean return {:+.3} ± {:.3}",
+            "  vs {:<12} mean return {:+.3} ± {:.3}, {:.2} decisions per episode ({} cut short by the budget or the {}-token context)",
             r["opponent"].as_str().unwrap_or("-"),
             r["mean_return"].as_f64().unwrap_or(f64::NAN),
-            r["stderr"].as_f64().unwrap_or(f64::NAN)
+            r["stderr"].as_f64().unwrap_or(f64::NAN),
+            r["decisions_per_episode"].as_f64().unwrap_or(f64::NAN),
+            r["truncated"],
+            r["context"],
         );
         if let Some(e) = r.get("exact") {
             line.push_str(&format!(
-                "   exact EV {:+.4}, best response {:+.4}, exploitability {:.4}",
+                "   exact EV {:+.4}, best response {:+.4}, exploitability {:.4}, illegal mass {:.3}",
                 e["ev"].as_f64().unwrap_or(f64::NAN),
                 e["best_response"].as_f64().unwrap_or(f64::NAN),
-                e["exploitability"].as_f64().unwrap_or(f64::NAN)
+                e["exploitability"].as_f64().unwrap_or(f64::NAN),
+                e["illegal_mass"].as_f64().unwrap_or(f64::NAN),
             ));
+            if let Some(ev) = e["sampled_ev"].as_f64() {
+                line.push_str(&format!(
+                    " (above {}: sampled EV {:+.3} ± {:.3})",
+                    rollout::eval::ILLEGAL_MASS_CHECK,
+                    ev,
+                    e["sampled_stderr"].as_f64().unwrap_or(f64::NAN)
+                ));
+            }
         }
         println!("{line}");
     }

@@ -1,6 +1,8 @@
 //! `echo-node export (--checkpoint DIR [--base DIR] | --config FILE) --out DIR`: a learner
-//! checkpoint as a Hugging Face folder (`config.json` + `model.safetensors` + the tokenizer,
-//! so that the folder is a valid `model.source` again) plus `echo-export.json` naming the
+//! checkpoint as a Hugging Face folder (`config.json` + `model.safetensors` + the tokenizer
+//! with the chat template the model was trained with and a `generation_config.json` of its
+//! stop ids, so that the folder is a valid `model.source` again and `transformers`'
+//! `apply_chat_template` and `generate` work on it) plus `echo-export.json` naming the
 //! version and where it came from. For a LoRA checkpoint the folder holds the merged model,
 //! and `DIR/peft/` the adapters as a PEFT adapter folder (`adapter_config.json` +
 //! `adapter_model.safetensors`) for `peft.PeftModel.from_pretrained(base, DIR/peft)`; the
@@ -46,7 +48,25 @@ impl TokenizerSource {
                 Ok(Some(policy::ByteTokenizer::EOS))
             }
             TokenizerSource::Folder(src) => {
-                policy::hf::copy_tokenizer_files(src, dir)?;
+                let copied = policy::hf::copy_tokenizer_files(src, dir)?;
+                let tokenizer = policy::hf::load_tokenizer(src)?;
+                if !copied.contains(&"generation_config.json") {
+                    let ids = policy::hf::GenerationIds::of(&tokenizer);
+                    policy::hf::save_generation_config(dir, &ids)?;
+                }
+                // A folder without a template chats with the built-in one (byte tokenizer)
+                // or in ChatML when it has the tokens (`policy::chat::Chat::for_model`): the
+                // export writes it down for other tools.
+                let implied = match &tokenizer {
+                    policy::Tokenizer::Byte(_) => Some(policy::ByteTokenizer::CHAT_TEMPLATE),
+                    t if t.token_id("<|im_start|>").is_some() => Some(policy::chat::CHATML),
+                    _ => None,
+                };
+                if let Some(t) = implied {
+                    if policy::chat::hf_chat_template(src)?.is_none() {
+                        policy::hf::add_chat_template(dir, t)?;
+                    }
+                }
                 Ok(policy::hf::first_stop_id(src)?)
             }
             TokenizerSource::None => {
@@ -102,10 +122,12 @@ fn load_base(args: &ExportArgs, config: Option<&NodeConfig>) -> anyhow::Result<B
 }
 
 /// Files an export writes; none may exist before.
-const WRITTEN: [&str; 6] = [
+const WRITTEN: [&str; 8] = [
     "config.json",
     "model.safetensors",
     "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
     "echo-export.json",
     "peft/adapter_config.json",
     "base/config.json",

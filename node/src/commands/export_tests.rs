@@ -44,6 +44,20 @@ fn a_full_checkpoint_exports_to_a_folder_that_loads_as_model_source() {
     let (p, tok) = policy::hf::load_hf_dir(&out, &Device::Cpu).unwrap();
     assert!(matches!(tok, Tokenizer::Byte(_)), "{tok:?}");
     assert_eq!(max_diff(&logits(&p), &want), 0.0);
+    // The chat template the model was trained with, and its stop ids for `generate`.
+    let read = |f: &str| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(out.join(f)).unwrap()).unwrap()
+    };
+    assert_eq!(
+        read("tokenizer_config.json")["chat_template"],
+        policy::ByteTokenizer::CHAT_TEMPLATE
+    );
+    let generation = read("generation_config.json");
+    assert_eq!(generation["eos_token_id"], serde_json::json!([258]));
+    assert_eq!(generation["pad_token_id"], 256);
+    let template = policy::chat::hf_chat_template(&out).unwrap().unwrap();
+    let chat = policy::chat::Chat::for_model(tok, Some(template), true).unwrap();
+    assert!(matches!(chat.template(), policy::chat::Template::Builtin));
     // A second export into the same folder is refused, and changes nothing.
     let before = std::fs::read(out.join("model.safetensors")).unwrap();
     let e = export(&args(&ckpt, None, &out)).unwrap_err().to_string();

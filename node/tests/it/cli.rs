@@ -328,6 +328,23 @@ fn inspect_shows_groups_counters_and_manifests() {
         .sign(key.signing_key())
         .unwrap();
         c.publish(&m, &payload.clone().into()).unwrap();
+        // v8: a delta on v7 whose reconstructed payload has its own root.
+        let delta = vec![7u8; 3_000];
+        let mut m = storage::SnapshotManifest::build(
+            "demo",
+            8,
+            [3; 32],
+            &delta,
+            4096,
+            &key.verifying_key(),
+        )
+        .unwrap();
+        m.payload = storage::PayloadKind::Delta {
+            base_version: 7,
+            full_root: [0xab; 32],
+        };
+        c.publish(&m.sign(key.signing_key()).unwrap(), &delta.into())
+            .unwrap();
     }
     let d = dir.path().to_str().unwrap();
     let v = json(&run_ok(&[
@@ -346,23 +363,77 @@ fn inspect_shows_groups_counters_and_manifests() {
     assert_eq!(v["groups"].as_array().unwrap().len(), 3);
     assert_eq!(v["groups"][0]["version"], 1);
 
-    let v = json(&run_ok(&["inspect", "manifest", "--data-dir", d, "--json"]));
+    let v = json(&run_ok(&[
+        "inspect",
+        "manifest",
+        "--data-dir",
+        d,
+        "--version",
+        "7",
+        "--json",
+    ]));
     assert_eq!(v["version"], 7);
     assert_eq!(v["total_len"], 10_000);
     assert_eq!(v["chunks"].as_array().unwrap().len(), 3);
     assert_eq!(v["signature_valid"], true);
     assert_eq!(v["learner_key"], key.public_hex());
+    assert_eq!(v["payload"]["kind"], "full");
+    assert_eq!(v["full_root"], v["root_hash"]);
+    assert!(v["created"].as_str().unwrap().ends_with('Z'), "{v}");
+
+    // The latest is the delta: its kind, base and the signed root of what it reconstructs.
+    let full_root = "ab".repeat(32);
+    let v = json(&run_ok(&["inspect", "manifest", "--data-dir", d, "--json"]));
+    assert_eq!(v["version"], 8);
+    assert_eq!(v["payload"]["kind"], "delta");
+    assert_eq!(v["payload"]["base_version"], 7);
+    assert_eq!(v["payload"]["full_root"], full_root);
+    assert_eq!(v["full_root"], full_root);
+    assert_ne!(v["root_hash"], full_root);
+    let v = json(&run_ok(&[
+        "inspect",
+        "snapshots",
+        "--data-dir",
+        d,
+        "--json",
+    ]));
+    let snaps = v["snapshots"].as_array().unwrap();
+    assert_eq!(snaps.len(), 2);
+    assert_eq!(snaps[0]["payload"]["kind"], "full");
+    assert_eq!(snaps[0]["full_root"], snaps[0]["root_hash"]);
+    assert_eq!(snaps[1]["payload"]["kind"], "delta");
+    assert_eq!(snaps[1]["payload"]["base_version"], 7);
+    assert_eq!(snaps[1]["full_root"], full_root);
 
     let text =
         String::from_utf8(run_ok(&["inspect", "snapshots", "--data-dir", d]).stdout).unwrap();
     assert!(text.contains("v7") && text.contains("complete"), "{text}");
+    assert!(
+        text.contains("delta on v7") && text.contains(&full_root),
+        "{text}"
+    );
 
     let missing = echo_node()
         .args(["inspect", "manifest", "--data-dir", d, "--version", "3"])
         .output()
         .unwrap();
     assert!(!missing.status.success());
-    assert!(String::from_utf8_lossy(&missing.stderr).contains("no manifest for version 3"));
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(err.contains("no manifest for version 3"), "{err}");
+    assert!(err.contains("versions held: v7, v8"), "{err}");
+
+    // A reader that closes the pipe at once (`inspect … | head -0`): a quiet success.
+    let mut child = echo_node()
+        .args(["inspect", "manifest", "--data-dir", d, "--version", "7"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+    assert!(!err.contains("panicked"), "{err}");
 }
 
 #[test]

@@ -62,11 +62,18 @@ pub fn warm_start(
     })
 }
 
+/// Seeds × episodes per seed of the sampled check beside an exact figure that has more
+/// illegal mass than `rollout::eval::ILLEGAL_MASS_CHECK` (128 Kuhn hands, one prefill per
+/// seed: a standard error of about 0.1 chip).
+const CHECK_SEEDS: u64 = 16;
+const CHECK_GROUP: usize = 8;
+
 /// The exact evaluator of the configured environment, if it has one.
 pub struct Evaluator {
     env: Arc<dyn Environment>,
     chat: Chat,
     temperature: f32,
+    budget: tasks::env::Budget,
     log: PathBuf,
 }
 
@@ -81,6 +88,7 @@ impl Evaluator {
         let tokenizer = super::verify::learner_tokenizer(config)?;
         let chat = super::super::build_chat(config, tokenizer, env.as_ref())?;
         Ok(Some(Evaluator {
+            budget: config.task.budget(env.as_ref())?,
             env,
             chat,
             temperature,
@@ -96,7 +104,31 @@ impl Evaluator {
     /// Evaluates `policy` as `version` and appends the result to `eval.jsonl`; a failure is
     /// logged, never fatal.
     pub fn evaluate(&self, policy: &Policy, version: u64) -> Option<EvalPoint> {
-        let r = rollout::eval::exact(policy, &self.chat, self.env.as_ref(), self.temperature);
+        let r = policy::InferModel::from_policy(policy)
+            .map_err(rollout::episode::EpisodeError::from)
+            .and_then(|infer| {
+                let mut params = policy::SamplingParams::new(
+                    self.budget.max_turn_tokens,
+                    self.chat.stop_tokens(),
+                );
+                params.temperature = self.temperature;
+                let check = rollout::eval::SampledCheck {
+                    model: policy::session::Model::Infer(&infer),
+                    budget: self.budget,
+                    context: policy.config().max_position_embeddings,
+                    params: &params,
+                    seeds: CHECK_SEEDS,
+                    group: CHECK_GROUP,
+                    seed: version,
+                };
+                rollout::eval::exact_checked(
+                    policy,
+                    &self.chat,
+                    self.env.as_ref(),
+                    self.temperature,
+                    Some(check),
+                )
+            });
         let e: ExactEval = match r {
             Ok(Some(e)) => e,
             Ok(None) => return None,
@@ -111,9 +143,12 @@ impl Evaluator {
             best_response: e.report.best_response,
             exploitability: e.report.exploitability,
             illegal_mass: e.illegal_mass,
+            sampled_ev: e.sampled.map(|s| s.mean_return),
+            sampled_stderr: e.sampled.map(|s| s.stderr),
         };
         tracing::info!(version, ev = point.ev, best_response = point.best_response,
-            exploitability = point.exploitability, opponent = %self.opponent(), "exact evaluation");
+            exploitability = point.exploitability, illegal_mass = point.illegal_mass,
+            sampled_ev = ?point.sampled_ev, opponent = %self.opponent(), "exact evaluation");
         if let Err(e) = append(&self.log, &point, &self.opponent()) {
             tracing::warn!(error = %e, "writing eval.jsonl");
         }
