@@ -313,8 +313,13 @@ fn run(args: Args, heap: Option<learner::heap::HeapSetting>) -> Result<()> {
             let mut tr = Trainer::new(policy, wc)?;
             for _ in 0..warm_steps {
                 let batch = test_util::synthetic_groups(
-                    &mut rng, groups, n, prompt_len, response_len,
-                    cfg.vocab_size as u32, tr.version(),
+                    &mut rng,
+                    groups,
+                    n,
+                    prompt_len,
+                    response_len,
+                    cfg.vocab_size as u32,
+                    tr.version(),
                 );
                 let batch: Vec<_> = batch
                     .into_iter()

@@ -73,12 +73,18 @@ fn main() -> Result<()> {
     for v in new[start..].chunks_exact_mut(2) {
         if rng.gen_bool(pct / 100.0) {
             let b = u16::from_le_bytes([v[0], v[1]]);
-            let b = if rng.gen() { b.wrapping_add(1) } else { b.wrapping_sub(1) };
+            let b = if rng.gen() {
+                b.wrapping_add(1)
+            } else {
+                b.wrapping_sub(1)
+            };
             v.copy_from_slice(&b.to_le_bytes());
             changed += 1;
         }
     }
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()?;
     let (encode_s, d) = pool.install(|| time(reps, || delta::encode(&base, &new)));
     let d = d?;
     let mut held = base.clone();

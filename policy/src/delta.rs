@@ -67,7 +67,9 @@ pub enum DeltaError {
     #[error("not a delta payload (bad magic)")]
     BadMagic,
     /// A delta of a format version this build does not read.
-    #[error("unsupported delta version {0} (this build reads {DELTA_VERSION_V1} and {DELTA_VERSION})")]
+    #[error(
+        "unsupported delta version {0} (this build reads {DELTA_VERSION_V1} and {DELTA_VERSION})"
+    )]
     UnsupportedVersion(u16),
     /// The delta was made against another base payload than the one it is applied to.
     #[error(
@@ -186,7 +188,14 @@ pub fn encode_hashed(
         })
         .collect::<Result<Vec<Vec<u8>>>>()?;
     let mut out = Vec::with_capacity(HEADER_LEN + records.iter().map(Vec::len).sum::<usize>());
-    write_header(&mut out, DELTA_VERSION, base_hash, new_hash, new.len(), ranges.len())?;
+    write_header(
+        &mut out,
+        DELTA_VERSION,
+        base_hash,
+        new_hash,
+        new.len(),
+        ranges.len(),
+    )?;
     for r in &records {
         out.extend_from_slice(r);
     }
@@ -386,7 +395,10 @@ pub fn apply_in_place(payload: &mut [u8], delta: &[u8]) -> Result<()> {
 }
 
 /// The tensors' bytes of `payload` as disjoint mutable slices, in `ranges` order.
-fn tensor_slices<'a>(payload: &'a mut [u8], ranges: &[(usize, usize)]) -> Result<Vec<&'a mut [u8]>> {
+fn tensor_slices<'a>(
+    payload: &'a mut [u8],
+    ranges: &[(usize, usize)],
+) -> Result<Vec<&'a mut [u8]>> {
     let mut out = Vec::with_capacity(ranges.len());
     let mut rest = payload;
     let mut at = 0usize;

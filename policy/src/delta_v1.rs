@@ -112,4 +112,3 @@ pub(super) fn apply_tensor(r: &mut Reader<'_>, dst: &mut [u8], numel: usize) -> 
         ))),
     }
 }
-

@@ -27,7 +27,10 @@ pub(super) enum Record<'a> {
         body: &'a [u8],
     },
     /// A difference for every element.
-    Dense { raw_len: usize, body: &'a [u8] },
+    Dense {
+        raw_len: usize,
+        body: &'a [u8],
+    },
 }
 
 /// The zigzag code of the difference `new − base` of two bf16 bit patterns (wrapping).
@@ -78,7 +81,11 @@ pub(super) fn encode_tensor(b: &[u8], n: &[u8], numel: usize) -> Result<Vec<u8>>
         (KIND_DENSE, raw)
     } else {
         let use_gaps = gaps <= bitmap;
-        let index_len = if use_gaps { gap_bytes } else { numel.div_ceil(8) };
+        let index_len = if use_gaps {
+            gap_bytes
+        } else {
+            numel.div_ceil(8)
+        };
         let mut raw = Vec::with_capacity(index_len + 2 * count);
         let mut lo = Vec::with_capacity(count);
         let mut hi = Vec::with_capacity(count);
@@ -221,7 +228,9 @@ fn check_sparse(raw: &[u8], bitmap: bool, count: usize, numel: usize) -> Result<
     let index = &raw[..raw.len() - 2 * count];
     let (lo, hi) = raw[raw.len() - 2 * count..].split_at(count);
     if lo.iter().zip(hi).any(|(&l, &h)| l == 0 && h == 0) {
-        return Err(DeltaError::Malformed("a listed position does not change".into()));
+        return Err(DeltaError::Malformed(
+            "a listed position does not change".into(),
+        ));
     }
     if bitmap {
         let set: usize = index.iter().map(|b| b.count_ones() as usize).sum();
@@ -258,7 +267,15 @@ fn add(rec: &Record<'_>, raw: &[u8], dst: &mut [u8], forward: bool) {
     let step = |dst: &mut [u8], i: usize, z: u16| {
         let d = unzigzag(z);
         let old = get(dst, i);
-        set(dst, i, if forward { old.wrapping_add(d) } else { old.wrapping_sub(d) });
+        set(
+            dst,
+            i,
+            if forward {
+                old.wrapping_add(d)
+            } else {
+                old.wrapping_sub(d)
+            },
+        );
     };
     match *rec {
         Record::Unchanged => {}
@@ -317,7 +334,14 @@ mod tests {
 
     #[test]
     fn zigzag_roundtrips_every_pair_difference() {
-        for (b, n) in [(0u16, 0u16), (1, 2), (2, 1), (0, 0xffff), (0xffff, 0), (0x3f80, 0x3f81)] {
+        for (b, n) in [
+            (0u16, 0u16),
+            (1, 2),
+            (2, 1),
+            (0, 0xffff),
+            (0xffff, 0),
+            (0x3f80, 0x3f81),
+        ] {
             assert_eq!(b.wrapping_add(unzigzag(zigzag(b, n))), n);
         }
         // One ulp up or down costs the smallest codes.

@@ -135,8 +135,7 @@ impl Tracker {
             let mut new_bits: Vec<u16> = w.iter().map(|&x| bf16_bits(x)).collect();
             k.changed_k1 += prev.iter().zip(&new_bits).filter(|(a, b)| a != b).count() as u64;
             if !prev2.is_empty() {
-                k.changed_k2 +=
-                    prev2.iter().zip(&new_bits).filter(|(a, b)| a != b).count() as u64;
+                k.changed_k2 += prev2.iter().zip(&new_bits).filter(|(a, b)| a != b).count() as u64;
             }
             for (j, (&w0, &w1)) in old_sample
                 .iter()
