@@ -7,7 +7,8 @@
 //!     [--device cpu|cuda|cuda:N] [--shape tiny|small|qwen3-0.6b] [--groups 4] [--group-size 8] \
 //!     [--prompt-len 32] [--response-len 64] [--steps 5] [--kl] [--micro-batch-tokens 4096] \
 //!     [--lora-rank R] [--base-dtype f32|bf16] [--layers L] [--elementary] \
-//!     [--keep-freed-memory] [--on-thread]
+//!     [--keep-freed-memory] [--on-thread] [--lr LR] [--warm-start] [--warm-steps W]
+//!     [--warm-lr LR] [--bf16-stats PATH]
 //! # on a GPU host, with a binary built by scripts/build-cuda.sh's environment:
 //! cargo run --release -p learner --features cuda --example train_step -- --device cuda --shape qwen3-0.6b
 //! ```
@@ -37,6 +38,14 @@
 //! Heap: `--on-thread` trains on a spawned thread, as the node does (its learner trains on a
 //! blocking thread of its runtime), and `--keep-freed-memory` first makes the node's CPU
 //! learner's heap setting (`learner::heap`; `docs/gpu.md`, "Page faults at large shapes").
+//!
+//! bf16 drift (`docs/storage.md`, "How many bf16 values a step changes"): `--lr` sets AdamW's
+//! learning rate; `--warm-start` rounds the random weights to bf16 first and starts a fresh
+//! optimiser on them, as a learner that loads a bf16 checkpoint does (`--warm-steps W` first
+//! trains W steps at `--warm-lr`, default 1e-4, then rounds and restarts the optimiser);
+//! `--bf16-stats PATH` writes one JSON line per step (step 0 included, untimed warm-up or not)
+//! with the fraction of bf16 values that changed against the version one and two steps before,
+//! per tensor kind, and the rounding predictions (`support/bf16_drift.rs`).
 
 use std::time::Instant;
 
@@ -53,6 +62,11 @@ static ALLOCATOR: counting_alloc::Counting = counting_alloc::Counting;
 
 #[path = "../src/test_util.rs"]
 mod test_util;
+
+mod support {
+    pub mod bf16_drift;
+}
+use support::bf16_drift;
 
 fn shape(name: &str) -> Result<ModelConfig> {
     let tiny = ModelConfig::tiny();
@@ -138,6 +152,11 @@ struct Args {
     elementary: bool,
     keep_freed_memory: bool,
     on_thread: bool,
+    lr: Option<f64>,
+    warm_start: bool,
+    warm_steps: usize,
+    warm_lr: f64,
+    bf16_stats: Option<String>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -157,6 +176,11 @@ fn parse_args() -> Result<Args> {
         elementary: false,
         keep_freed_memory: false,
         on_thread: false,
+        lr: None,
+        warm_start: false,
+        warm_steps: 0,
+        warm_lr: 1e-4,
+        bf16_stats: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -176,6 +200,11 @@ fn parse_args() -> Result<Args> {
             "--elementary" => a.elementary = true,
             "--keep-freed-memory" => a.keep_freed_memory = true,
             "--on-thread" => a.on_thread = true,
+            "--lr" => a.lr = Some(val()?.parse()?),
+            "--warm-start" => a.warm_start = true,
+            "--warm-steps" => a.warm_steps = val()?.parse()?,
+            "--warm-lr" => a.warm_lr = val()?.parse()?,
+            "--bf16-stats" => a.bf16_stats = Some(val()?),
             "--base-dtype" => {
                 a.base_dtype = Some(match val()?.as_str() {
                     "f32" => policy::DType::F32,
@@ -204,6 +233,10 @@ const USAGE: &str = "train_step: one learner step (forward, backward, AdamW) on 
   --elementary              the elementary-op path a GPU takes (no fused CPU kernels)
   --keep-freed-memory       the node's CPU learner heap setting
   --on-thread               train on a spawned thread, as the node does
+  --lr LR                   AdamW's learning rate (the trainer's default)
+  --warm-start              round the weights to bf16 and start a fresh optimiser on them
+  --warm-steps W --warm-lr LR   train W steps at LR before the warm start (0, 1e-4)
+  --bf16-stats PATH         one JSON line per step: bf16 values changed, per tensor kind
 Prints one JSON line: step times, tokens/s, predicted and measured memory.";
 
 fn main() -> Result<()> {
@@ -240,6 +273,11 @@ fn run(args: Args, heap: Option<learner::heap::HeapSetting>) -> Result<()> {
         elementary,
         keep_freed_memory: _,
         on_thread,
+        lr,
+        warm_start,
+        warm_steps,
+        warm_lr,
+        bf16_stats,
     } = args;
     // The trainer runs its forwards on this thread.
     policy::model::use_elementary_ops(elementary);
@@ -253,7 +291,7 @@ fn run(args: Args, heap: Option<learner::heap::HeapSetting>) -> Result<()> {
         prompt_len + response_len <= cfg.max_position_embeddings,
         "prompt + response longer than the model's context"
     );
-    let policy = Policy::new_random(&cfg, 0, &device)?;
+    let mut policy = Policy::new_random(&cfg, 0, &device)?;
     let mut tc = TrainerConfig {
         groups_per_step: groups,
         group_size: n,
@@ -262,6 +300,41 @@ fn run(args: Args, heap: Option<learner::heap::HeapSetting>) -> Result<()> {
         ..TrainerConfig::default()
     };
     tc.loss.kl_beta = if kl { 0.05 } else { 0.0 };
+    if let Some(lr) = lr {
+        tc.optim.lr = lr;
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    if warm_steps > 0 || warm_start {
+        anyhow::ensure!(lora_rank == 0, "--warm-start trains the full model");
+        if warm_steps > 0 {
+            let mut wc = tc.clone();
+            wc.optim.lr = warm_lr;
+            let pipeline = learner::Pipeline::new(learner::pipeline::limits_of(&cfg, 0));
+            let mut tr = Trainer::new(policy, wc)?;
+            for _ in 0..warm_steps {
+                let batch = test_util::synthetic_groups(
+                    &mut rng,
+                    groups,
+                    n,
+                    prompt_len,
+                    response_len,
+                    cfg.vocab_size as u32,
+                    tr.version(),
+                );
+                let batch: Vec<_> = batch
+                    .into_iter()
+                    .map(|g| pipeline.verify("bench", 0, g))
+                    .collect::<Result<_, _>>()?;
+                tr.train_step(&batch)?;
+            }
+            policy = tr.policy().no_grad()?;
+        }
+        // What a learner holds after loading a bf16 checkpoint: f32 masters on the bf16 grid,
+        // and (a new trainer below) a fresh optimiser.
+        let bytes = policy.to_safetensors_bytes_as(policy::DType::BF16)?;
+        drop(policy);
+        policy = Policy::from_safetensors_bytes(&cfg, &bytes, &device)?;
+    }
     let lora = (lora_rank > 0).then(|| policy::LoraConfig::new(lora_rank, 2.0 * lora_rank as f64));
     let base_dtype =
         base_dtype.unwrap_or_else(|| policy::lora::frozen_base_dtype(&device, policy::DType::BF16));
@@ -276,8 +349,28 @@ fn run(args: Args, heap: Option<learner::heap::HeapSetting>) -> Result<()> {
         None => policy,
     };
     let pipeline = learner::Pipeline::new(learner::pipeline::limits_of(policy.config(), 0));
+    let lr_used = tc.optim.lr;
     let mut trainer = Trainer::new(policy, tc)?;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let mut drift = match &bf16_stats {
+        Some(path) => {
+            let tracker = bf16_drift::Tracker::new(trainer.policy(), lr_used)?;
+            let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+            use std::io::Write;
+            writeln!(
+                out,
+                "{}",
+                serde_json::json!({
+                    "step": 0, "lr": lr_used, "shape": shape_name, "warm_start": warm_start,
+                    "warm_steps": warm_steps, "warm_lr": warm_lr, "groups": groups,
+                    "group_size": n, "prompt_len": prompt_len, "response_len": response_len,
+                    "initial": bf16_drift::to_json(&tracker.initial()),
+                })
+            )?;
+            out.flush()?;
+            Some((tracker, out))
+        }
+        None => None,
+    };
     let vocab = cfg.vocab_size as u32;
     let mut times = Vec::new();
     let mut cpu_times = Vec::new();
@@ -303,8 +396,22 @@ fn run(args: Args, heap: Option<learner::heap::HeapSetting>) -> Result<()> {
         let (t0, c0, f0) = (Instant::now(), cpu_seconds(), minor_faults());
         let st = trainer.train_step(&batch)?;
         anyhow::ensure!(st.stepped, "the step did not train: {st:?}");
+        let step_s = t0.elapsed().as_secs_f64();
+        if let Some((tracker, out)) = drift.as_mut() {
+            use std::io::Write;
+            let stats = tracker.step(trainer.policy())?;
+            writeln!(
+                out,
+                "{}",
+                serde_json::json!({
+                    "step": step + 1, "lr": lr_used, "step_s": step_s,
+                    "kinds": bf16_drift::to_json(&stats),
+                })
+            )?;
+            out.flush()?;
+        }
         if step > 0 {
-            times.push(t0.elapsed().as_secs_f64());
+            times.push(step_s);
             cpu_times.push(cpu_seconds() - c0);
             faults.push(minor_faults() - f0);
         }

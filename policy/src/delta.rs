@@ -3,7 +3,7 @@
 //! After one RL step at a realistic learning rate most bf16 weights round to the same 16 bits
 //! as before (an Adam step moves a weight by about the learning rate, a bf16 ulp is 2⁻⁸ of
 //! the weight's magnitude), so version v is shipped as the positions whose bf16 bits changed
-//! against the payload published for v − 1, plus their new 16-bit values. The delta is taken
+//! against the payload published for v − 1, plus their new values. The delta is taken
 //! against the previously *published* bf16 bytes, never against re-rounded f32 weights, so
 //! [`apply`] reproduces the new payload bit for bit by construction; it is additionally
 //! checked against the BLAKE3 hashes of both payloads that the delta carries.
@@ -16,25 +16,36 @@
 //! magic "ESDL" · version u16 LE · reserved u16 (0) · base BLAKE3 [32] · new BLAKE3 [32]
 //! · payload_len u64 LE · n_tensors u32 LE · n_tensors records, in data-offset order:
 //!   kind u8 = 0 unchanged
-//!           | 1 gaps:   count varint · count varints (first position, then gap − 1) · values
-//!           | 2 bitmap: count varint · ⌈numel/8⌉ bytes (bit i = position i, LSB first) · values
-//!           | 3 dense:  numel values
-//!   values = count × u16 LE, the new bf16 bits in position order
+//!           | 1 gaps:   count varint · body_len varint · zstd_len varint · zstd frame
+//!           | 2 bitmap: count varint · body_len varint · zstd_len varint · zstd frame
+//!           | 3 dense:  body_len varint (= 2·numel) · zstd_len varint · zstd frame
+//!   body (decompressed) = index (count gap varints | ⌈numel/8⌉ bitmap bytes | nothing)
+//!                         · low bytes · high bytes of zigzag(new bits − base bits)
 //! ```
 //!
-//! The encoder picks, per tensor, whichever of gaps / bitmap / dense is smallest (gaps win
-//! below roughly one change in ten values, the bitmap above that, dense only when nearly
-//! everything changed). Decoding is hostile-input safe: every count is bounded by the
-//! tensor's element count, every read by the delta's length, and the only allocation is the
-//! output, the size of the (local, trusted) base payload.
+//! Version 2 (written by [`encode`]) codes the changed values as differences against the
+//! base, which after a small step are mostly ±1 ulp, and compresses each body with zstd;
+//! version 1 (still read; written by [`encode_v1`]) stored the index raw and the new bits
+//! verbatim. Decoding is hostile-input safe: every count is bounded by the tensor's element
+//! count, every body's size by its tensor's, every read by the delta's length, and nothing is
+//! decompressed beyond the size a record declares. Encoding and applying run across tensors in
+//! parallel; [`apply_in_place`] rewrites the base payload itself and restores it on any error.
 //!
 //! Must not touch: manifests, chunks or the network; which versions are keyframes is the
 //! pure rule [`is_keyframe`], applied by the publisher.
 
+use rayon::prelude::*;
 use safetensors::tensor::Dtype;
 
-/// The delta format version written by [`encode`] and the only one [`apply`] accepts.
-pub const DELTA_VERSION: u16 = 1;
+#[path = "delta_v1.rs"]
+mod v1;
+#[path = "delta_v2.rs"]
+mod v2;
+
+/// The delta format version written by [`encode`].
+pub const DELTA_VERSION: u16 = 2;
+/// The older format version [`apply`] still reads ([`encode_v1`] writes it).
+pub const DELTA_VERSION_V1: u16 = 1;
 /// The first four bytes of every delta payload.
 pub const DELTA_MAGIC: [u8; 4] = *b"ESDL";
 /// Bytes before the first tensor record.
@@ -46,7 +57,7 @@ const KIND_BITMAP: u8 = 2;
 const KIND_DENSE: u8 = 3;
 
 /// Why a delta could not be made or applied.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum DeltaError {
     /// The two payloads cannot be delta-coded (not bf16 safetensors, or different headers):
     /// the publisher ships a keyframe instead.
@@ -56,7 +67,9 @@ pub enum DeltaError {
     #[error("not a delta payload (bad magic)")]
     BadMagic,
     /// A delta of a format version this build does not read.
-    #[error("unsupported delta version {0} (this build reads {DELTA_VERSION})")]
+    #[error(
+        "unsupported delta version {0} (this build reads {DELTA_VERSION_V1} and {DELTA_VERSION})"
+    )]
     UnsupportedVersion(u16),
     /// The delta was made against another base payload than the one it is applied to.
     #[error(
@@ -148,31 +161,104 @@ fn tensor_ranges(payload: &[u8]) -> Result<(usize, Vec<(usize, usize)>)> {
 }
 
 /// The delta that turns `base` into `new` (both bf16 safetensors payloads with identical
-/// headers). Deterministic. Errors with [`DeltaError::Incompatible`] when the payloads cannot
-/// be delta-coded; the caller then publishes `new` whole.
+/// headers), in format version [`DELTA_VERSION`]. Deterministic; tensors are encoded in
+/// parallel, each record on its own (memory: the records, plus one record body per thread).
+/// Errors with [`DeltaError::Incompatible`] when the payloads cannot be delta-coded; the
+/// caller then publishes `new` whole.
 pub fn encode(base: &[u8], new: &[u8]) -> Result<Vec<u8>> {
+    let (hb, hn) = rayon::join(|| hash(base), || hash(new));
+    encode_hashed(base, *hb.as_bytes(), new, *hn.as_bytes())
+}
+
+/// [`encode`] for a caller that already knows both payloads' BLAKE3 (a publisher hashed them
+/// for their manifests): two passes over the payloads fewer. The hashes are written as given;
+/// a wrong one gives a delta that every [`apply`] refuses.
+pub fn encode_hashed(
+    base: &[u8],
+    base_hash: [u8; 32],
+    new: &[u8],
+    new_hash: [u8; 32],
+) -> Result<Vec<u8>> {
+    let ranges = compatible(base, new)?;
+    let records = ranges
+        .par_iter()
+        .map(|&(start, numel)| {
+            let end = start + 2 * numel;
+            v2::encode_tensor(&base[start..end], &new[start..end], numel)
+        })
+        .collect::<Result<Vec<Vec<u8>>>>()?;
+    let mut out = Vec::with_capacity(HEADER_LEN + records.iter().map(Vec::len).sum::<usize>());
+    write_header(
+        &mut out,
+        DELTA_VERSION,
+        base_hash,
+        new_hash,
+        new.len(),
+        ranges.len(),
+    )?;
+    for r in &records {
+        out.extend_from_slice(r);
+    }
+    Ok(out)
+}
+
+/// The same delta in format version 1 (uncompressed; what builds before version 2 wrote):
+/// kept so that the reader of version 1 stays tested and the two can be compared.
+pub fn encode_v1(base: &[u8], new: &[u8]) -> Result<Vec<u8>> {
+    let ranges = compatible(base, new)?;
+    let mut out = Vec::with_capacity(HEADER_LEN + 1024);
+    let (hb, hn) = rayon::join(|| hash(base), || hash(new));
+    write_header(
+        &mut out,
+        DELTA_VERSION_V1,
+        *hb.as_bytes(),
+        *hn.as_bytes(),
+        new.len(),
+        ranges.len(),
+    )?;
+    for &(start, numel) in &ranges {
+        let end = start + 2 * numel;
+        v1::encode_tensor(&base[start..end], &new[start..end], numel, &mut out);
+    }
+    Ok(out)
+}
+
+/// The tensors of `base`, if `new` has the same header (and so the same tensors).
+fn compatible(base: &[u8], new: &[u8]) -> Result<Vec<(usize, usize)>> {
     let (data_start, ranges) = tensor_ranges(base)?;
     if new.len() != base.len() || new[..data_start] != base[..data_start] {
         return Err(DeltaError::Incompatible(
             "the payload headers differ (other tensors, shapes or config)".into(),
         ));
     }
-    let mut out = Vec::with_capacity(HEADER_LEN + 1024);
-    out.extend_from_slice(&DELTA_MAGIC);
-    out.extend_from_slice(&DELTA_VERSION.to_le_bytes());
-    out.extend_from_slice(&0u16.to_le_bytes());
-    out.extend_from_slice(blake3::hash(base).as_bytes());
-    out.extend_from_slice(blake3::hash(new).as_bytes());
-    out.extend_from_slice(&(new.len() as u64).to_le_bytes());
-    let n_tensors = u32::try_from(ranges.len())
+    Ok(ranges)
+}
+
+/// BLAKE3 of a payload, hashed across threads (payloads are hundreds of MB).
+fn hash(bytes: &[u8]) -> blake3::Hash {
+    let mut h = blake3::Hasher::new();
+    h.update_rayon(bytes);
+    h.finalize()
+}
+
+fn write_header(
+    out: &mut Vec<u8>,
+    version: u16,
+    base_hash: [u8; 32],
+    new_hash: [u8; 32],
+    len: usize,
+    n_tensors: usize,
+) -> Result<()> {
+    let n_tensors = u32::try_from(n_tensors)
         .map_err(|_| DeltaError::Incompatible("too many tensors".into()))?;
+    out.extend_from_slice(&DELTA_MAGIC);
+    out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes());
+    out.extend_from_slice(&base_hash);
+    out.extend_from_slice(&new_hash);
+    out.extend_from_slice(&(len as u64).to_le_bytes());
     out.extend_from_slice(&n_tensors.to_le_bytes());
-    for &(start, numel) in &ranges {
-        let b = &base[start..start + 2 * numel];
-        let n = &new[start..start + 2 * numel];
-        encode_tensor(b, n, numel, &mut out);
-    }
-    Ok(out)
+    Ok(())
 }
 
 /// Whether element `i` differs between two little-endian u16 arrays.
@@ -202,61 +288,31 @@ fn for_each_change(b: &[u8], n: &[u8], numel: usize, mut f: impl FnMut(usize)) {
     }
 }
 
-/// Appends one tensor record: first pass counts the changes and the exact size of the gap
-/// encoding, then the smallest of gaps / bitmap / dense is written in a second pass.
-fn encode_tensor(b: &[u8], n: &[u8], numel: usize, out: &mut Vec<u8>) {
-    let (mut count, mut gap_bytes, mut next) = (0usize, 0usize, 0usize);
-    for_each_change(b, n, numel, |i| {
-        gap_bytes += varint_len((i - next) as u64);
-        next = i + 1;
-        count += 1;
-    });
-    if count == 0 {
-        out.push(KIND_UNCHANGED);
-        return;
-    }
-    let head = varint_len(count as u64);
-    let gaps = head + gap_bytes + 2 * count;
-    let bitmap = head + numel.div_ceil(8) + 2 * count;
-    let dense = 2 * numel;
-    if dense <= gaps.min(bitmap) {
-        out.push(KIND_DENSE);
-        out.extend_from_slice(n);
-        return;
-    }
-    let mut values = Vec::with_capacity(2 * count);
-    if gaps <= bitmap {
-        out.push(KIND_GAPS);
-        put_varint(out, count as u64);
-        let mut next = 0usize;
-        for_each_change(b, n, numel, |i| {
-            put_varint(out, (i - next) as u64);
-            next = i + 1;
-            values.extend_from_slice(&n[2 * i..2 * i + 2]);
-        });
-    } else {
-        out.push(KIND_BITMAP);
-        put_varint(out, count as u64);
-        let at = out.len();
-        out.resize(at + numel.div_ceil(8), 0);
-        for_each_change(b, n, numel, |i| {
-            out[at + i / 8] |= 1 << (i % 8);
-            values.extend_from_slice(&n[2 * i..2 * i + 2]);
-        });
-    }
-    out.extend_from_slice(&values);
-}
-
 /// Applies `delta` to `base`, returning the new payload. Refuses a delta made against another
 /// base ([`DeltaError::WrongBase`]), a truncated, oversized or out-of-range one, and one whose
-/// result does not hash to the payload it names ([`DeltaError::NotReconstructed`]).
+/// result does not hash to the payload it names ([`DeltaError::NotReconstructed`]). Copies
+/// `base` once; [`apply_in_place`] does not.
 pub fn apply(base: &[u8], delta: &[u8]) -> Result<Vec<u8>> {
-    let mut r = header(delta)?;
+    let mut out = base.to_vec();
+    apply_in_place(&mut out, delta)?;
+    Ok(out)
+}
+
+/// The checked header fields of a delta against the payload it is applied to.
+struct Checked<'a> {
+    version: u16,
+    new_hash: [u8; 32],
+    ranges: Vec<(usize, usize)>,
+    records: Reader<'a>,
+}
+
+fn check_header<'a>(base: &[u8], delta: &'a [u8]) -> Result<Checked<'a>> {
+    let (mut r, version) = header(delta)?;
     let base_hash: [u8; 32] = r.take(32, "base hash")?.try_into().expect("32 bytes");
     let new_hash: [u8; 32] = r.take(32, "new hash")?.try_into().expect("32 bytes");
     let payload_len = r.u64("payload length")?;
     let n_tensors = r.u32("tensor count")?;
-    let found = blake3::hash(base);
+    let found = hash(base);
     if found.as_bytes() != &base_hash {
         return Err(DeltaError::WrongBase {
             expected: hex32(&base_hash),
@@ -276,119 +332,140 @@ pub fn apply(base: &[u8], delta: &[u8]) -> Result<Vec<u8>> {
             ranges.len()
         )));
     }
-    let mut out = base.to_vec();
-    for &(start, numel) in &ranges {
-        apply_tensor(&mut r, &mut out[start..start + 2 * numel], numel)?;
+    Ok(Checked {
+        version,
+        new_hash,
+        ranges,
+        records: r,
+    })
+}
+
+/// Applies `delta` to `payload` in place: afterwards `payload` is the new payload. On any
+/// error `payload` is exactly as it was (checked before it is written, and restored if the
+/// result does not hash to the payload the delta names). Version 2 records are decompressed
+/// and applied across threads, one tensor at a time each: besides the payload, memory holds
+/// one record body per thread.
+pub fn apply_in_place(payload: &mut [u8], delta: &[u8]) -> Result<()> {
+    let Checked {
+        version,
+        new_hash,
+        ranges,
+        mut records,
+    } = check_header(payload, delta)?;
+    if version == DELTA_VERSION_V1 {
+        let mut out = payload.to_vec();
+        for &(start, numel) in &ranges {
+            v1::apply_tensor(&mut records, &mut out[start..start + 2 * numel], numel)?;
+        }
+        trailing(&records)?;
+        check_result(&out, &new_hash)?;
+        payload.copy_from_slice(&out);
+        return Ok(());
     }
-    if r.pos != delta.len() {
+    let parsed = ranges
+        .iter()
+        .map(|&(_, numel)| v2::parse_record(&mut records, numel))
+        .collect::<Result<Vec<_>>>()?;
+    trailing(&records)?;
+    let mut slices = tensor_slices(payload, &ranges)?;
+    let applied: Vec<Result<()>> = slices
+        .par_iter_mut()
+        .zip(parsed.par_iter().zip(ranges.par_iter()))
+        .map(|(dst, (rec, &(_, numel)))| v2::apply(rec, dst, numel))
+        .collect();
+    let undo_applied = |slices: &mut Vec<&mut [u8]>| {
+        slices
+            .par_iter_mut()
+            .zip(parsed.par_iter().zip(applied.par_iter()))
+            .filter(|(_, (_, ok))| ok.is_ok())
+            .for_each(|(dst, (rec, _))| v2::undo(rec, dst));
+    };
+    if let Some(e) = applied.iter().find_map(|r| r.as_ref().err()) {
+        let e = e.clone();
+        undo_applied(&mut slices);
+        return Err(e);
+    }
+    drop(slices);
+    if let Err(e) = check_result(payload, &new_hash) {
+        let mut slices = tensor_slices(payload, &ranges)?;
+        undo_applied(&mut slices);
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// The tensors' bytes of `payload` as disjoint mutable slices, in `ranges` order.
+fn tensor_slices<'a>(
+    payload: &'a mut [u8],
+    ranges: &[(usize, usize)],
+) -> Result<Vec<&'a mut [u8]>> {
+    let mut out = Vec::with_capacity(ranges.len());
+    let mut rest = payload;
+    let mut at = 0usize;
+    for &(start, numel) in ranges {
+        let skip = start
+            .checked_sub(at)
+            .ok_or_else(|| DeltaError::Malformed("overlapping tensors in the base".into()))?;
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(skip);
+        let (t, tail) = tail.split_at_mut(2 * numel);
+        out.push(t);
+        rest = tail;
+        at = start + 2 * numel;
+    }
+    Ok(out)
+}
+
+fn trailing(r: &Reader<'_>) -> Result<()> {
+    if r.pos != r.buf.len() {
         return Err(DeltaError::Malformed(format!(
             "{} trailing bytes",
-            delta.len() - r.pos
+            r.buf.len() - r.pos
         )));
     }
-    let got = blake3::hash(&out);
-    if got.as_bytes() != &new_hash {
+    Ok(())
+}
+
+fn check_result(out: &[u8], new_hash: &[u8; 32]) -> Result<()> {
+    let got = hash(out);
+    if got.as_bytes() != new_hash {
         return Err(DeltaError::NotReconstructed {
-            expected: hex32(&new_hash),
+            expected: hex32(new_hash),
             found: got.to_hex().to_string(),
         });
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The BLAKE3 (hex) of the base payload a delta names, read from its header without
 /// applying it (so a worker can tell whether it holds the right base before fetching more).
 pub fn base_hash(delta: &[u8]) -> Result<String> {
-    Ok(hex32(header(delta)?.take(32, "base hash")?))
+    Ok(hex32(header(delta)?.0.take(32, "base hash")?))
 }
 
 /// The BLAKE3 of the payload a delta reconstructs, read from its header. [`apply`] checks
 /// its result against this hash, so a caller that applied the delta compares this with the
 /// hash it expects instead of hashing the result again.
 pub fn result_hash(delta: &[u8]) -> Result<[u8; 32]> {
-    let mut r = header(delta)?;
+    let (mut r, _) = header(delta)?;
     r.take(32, "base hash")?;
     Ok(r.take(32, "new hash")?.try_into().expect("32 bytes"))
 }
 
 /// Reads a delta's magic, format version and reserved field; returns the reader positioned
-/// at the base hash.
-fn header(delta: &[u8]) -> Result<Reader<'_>> {
+/// at the base hash, and the version.
+fn header(delta: &[u8]) -> Result<(Reader<'_>, u16)> {
     let mut r = Reader { buf: delta, pos: 0 };
     if r.take(4, "magic")? != DELTA_MAGIC {
         return Err(DeltaError::BadMagic);
     }
     let version = r.u16("version")?;
-    if version != DELTA_VERSION {
+    if version != DELTA_VERSION && version != DELTA_VERSION_V1 {
         return Err(DeltaError::UnsupportedVersion(version));
     }
     if r.u16("reserved")? != 0 {
         return Err(DeltaError::Malformed("reserved field is not zero".into()));
     }
-    Ok(r)
-}
-
-/// Decodes one tensor record into `dst` (the tensor's bytes, pre-filled with the base).
-fn apply_tensor(r: &mut Reader<'_>, dst: &mut [u8], numel: usize) -> Result<()> {
-    match r.u8("record kind")? {
-        KIND_UNCHANGED => Ok(()),
-        KIND_DENSE => {
-            dst.copy_from_slice(r.take(2 * numel, "dense values")?);
-            Ok(())
-        }
-        KIND_GAPS => {
-            let count = r.count(numel)?;
-            // Positions come first, then values: find where the positions end, then walk both.
-            let idx_start = r.pos;
-            for _ in 0..count {
-                r.varint("gap")?;
-            }
-            let mut idx = Reader {
-                buf: &r.buf[idx_start..r.pos],
-                pos: 0,
-            };
-            let values = r.take(2 * count, "values")?;
-            let mut next = 0u64;
-            for k in 0..count {
-                let pos = next
-                    .checked_add(idx.varint("gap")?)
-                    .filter(|&p| p < numel as u64)
-                    .ok_or_else(|| DeltaError::Malformed("position out of range".into()))?
-                    as usize;
-                dst[2 * pos..2 * pos + 2].copy_from_slice(&values[2 * k..2 * k + 2]);
-                next = pos as u64 + 1;
-            }
-            Ok(())
-        }
-        KIND_BITMAP => {
-            let count = r.count(numel)?;
-            let bitmap = r.take(numel.div_ceil(8), "bitmap")?;
-            let values = r.take(2 * count, "values")?;
-            let set: usize = bitmap.iter().map(|b| b.count_ones() as usize).sum();
-            if set != count {
-                return Err(DeltaError::Malformed(format!(
-                    "bitmap has {set} positions, the record announces {count}"
-                )));
-            }
-            if !numel.is_multiple_of(8) && bitmap[numel / 8] >> (numel % 8) != 0 {
-                return Err(DeltaError::Malformed("bitmap bit past the tensor".into()));
-            }
-            let mut k = 0;
-            for (byte_i, &byte) in bitmap.iter().enumerate() {
-                let mut bits = byte;
-                while bits != 0 {
-                    let pos = 8 * byte_i + bits.trailing_zeros() as usize;
-                    bits &= bits - 1;
-                    dst[2 * pos..2 * pos + 2].copy_from_slice(&values[2 * k..2 * k + 2]);
-                    k += 1;
-                }
-            }
-            Ok(())
-        }
-        other => Err(DeltaError::Malformed(format!(
-            "unknown record kind {other}"
-        ))),
-    }
+    Ok((r, version))
 }
 
 fn hex32(h: &[u8]) -> String {

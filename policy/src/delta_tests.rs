@@ -45,6 +45,30 @@ fn pair(sizes: &[usize], p: &[f64], seed: u64) -> (Vec<u8>, Vec<u8>) {
     (payload(&base), payload(&new))
 }
 
+/// Like [`pair`], but a change moves the value by one ulp up or down (what a small optimiser
+/// step does to a bf16 weight).
+fn pair_ulp(sizes: &[usize], p: f64, seed: u64) -> (Vec<u8>, Vec<u8>) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (mut base, mut new) = (Vec::new(), Vec::new());
+    for (k, &n) in sizes.iter().enumerate() {
+        // Weights of magnitude around 0.02 (exponent 121), either sign.
+        let b: Vec<u16> = (0..n)
+            .map(|_| (u16::from(rng.gen::<bool>()) << 15) | (121 << 7) | rng.gen_range(0..128))
+            .collect();
+        let c = b
+            .iter()
+            .map(|&x| match rng.gen_bool(p) {
+                false => x,
+                true if rng.gen::<bool>() => x + 1,
+                true => x - 1,
+            })
+            .collect();
+        base.push((format!("t{k:02}"), b));
+        new.push((format!("t{k:02}"), c));
+    }
+    (payload(&base), payload(&new))
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
@@ -61,10 +85,37 @@ proptest! {
         let (base, new) = pair(&sizes, &p, seed);
         let d = encode(&base, &new).unwrap();
         prop_assert!(is_delta(&d));
+        prop_assert_eq!(u16::from_le_bytes([d[4], d[5]]), DELTA_VERSION);
         prop_assert_eq!(apply(&base, &d).unwrap(), new.clone());
-        let dense: usize = sizes.iter().map(|n| 2 * n + 1).sum();
+        let mut in_place = base.clone();
+        apply_in_place(&mut in_place, &d).unwrap();
+        prop_assert_eq!(&in_place, &new);
+        // zstd adds a frame header and block headers to incompressible bodies, no more.
+        let dense: usize = sizes.iter().map(|n| 2 * n + 40).sum();
         prop_assert!(d.len() <= HEADER_LEN + dense);
         prop_assert_eq!(base_hash(&d).unwrap(), blake3::hash(&base).to_hex().to_string());
+        // The older format still reads, and says the same.
+        let d1 = encode_v1(&base, &new).unwrap();
+        prop_assert_eq!(u16::from_le_bytes([d1[4], d1[5]]), DELTA_VERSION_V1);
+        prop_assert_eq!(apply(&base, &d1).unwrap(), new);
+        prop_assert_eq!(result_hash(&d1).unwrap(), result_hash(&d).unwrap());
+    }
+
+    /// One-ulp updates at any density round-trip, and version 2 is smaller than version 1.
+    #[test]
+    fn ulp_updates_roundtrip_and_compress(
+        sizes in prop::collection::vec(64usize..5000, 1..5),
+        p in prop::sample::select(vec![0.0005, 0.01, 0.05, 0.3, 0.9]),
+        seed in any::<u64>(),
+    ) {
+        let (base, new) = pair_ulp(&sizes, p, seed);
+        let d = encode(&base, &new).unwrap();
+        prop_assert_eq!(apply(&base, &d).unwrap(), new.clone());
+        let d1 = encode_v1(&base, &new).unwrap();
+        let changed = sizes.iter().sum::<usize>() as f64 * p;
+        if changed > 200.0 {
+            prop_assert!(d.len() < d1.len(), "v2 {} >= v1 {}", d.len(), d1.len());
+        }
     }
 
     /// Any single flipped byte or truncation of a delta is refused with a typed error, never
@@ -79,13 +130,37 @@ proptest! {
     ) {
         let p = vec![0.05; sizes.len()];
         let (base, new) = pair(&sizes, &p, seed);
+        for d in [encode(&base, &new).unwrap(), encode_v1(&base, &new).unwrap()] {
+            let mut bad = d.clone();
+            let i = at.index(bad.len());
+            bad[i] ^= flip;
+            prop_assert!(apply(&base, &bad).is_err());
+            // Refused in place: the payload is left exactly as it was.
+            let mut held = base.clone();
+            prop_assert!(apply_in_place(&mut held, &bad).is_err());
+            prop_assert!(held == base);
+            let short = &d[..cut.index(d.len())];
+            prop_assert!(apply(&base, short).is_err());
+        }
+    }
+
+    /// Arbitrary bytes after a valid header never panic and never change the payload unless
+    /// they reconstruct exactly the payload the header names.
+    #[test]
+    fn arbitrary_records_never_panic(
+        sizes in prop::collection::vec(1usize..600, 1..4),
+        tail in prop::collection::vec(any::<u8>(), 0..400),
+        seed in any::<u64>(),
+    ) {
+        let (base, new) = pair_ulp(&sizes, 0.05, seed);
         let d = encode(&base, &new).unwrap();
-        let mut bad = d.clone();
-        let i = at.index(bad.len());
-        bad[i] ^= flip;
-        prop_assert!(apply(&base, &bad).is_err());
-        let short = &d[..cut.index(d.len())];
-        prop_assert!(apply(&base, short).is_err());
+        let mut bad = d[..HEADER_LEN].to_vec();
+        bad.extend_from_slice(&tail);
+        let mut held = base.clone();
+        match apply_in_place(&mut held, &bad) {
+            Ok(()) => prop_assert!(held == new),
+            Err(_) => prop_assert!(held == base),
+        }
     }
 }
 
@@ -123,6 +198,7 @@ fn empty_update_is_tiny_and_roundtrips() {
     let d = encode(&base, &base).unwrap();
     assert_eq!(d.len(), HEADER_LEN + 2);
     assert_eq!(apply(&base, &d).unwrap(), base);
+    assert_eq!(encode_v1(&base, &base).unwrap().len(), HEADER_LEN + 2);
 }
 
 /// The encoder picks the smallest index encoding: gaps when sparse, a bitmap when dense,
@@ -136,6 +212,92 @@ fn index_encoding_follows_density() {
     assert_eq!(kind(0.01), KIND_GAPS);
     assert_eq!(kind(0.3), KIND_BITMAP);
     assert_eq!(kind(1.0), KIND_DENSE);
+}
+
+/// A sparse record is refused from its header alone when its declared body size cannot be
+/// the one its count implies; a body that decompresses past its declared size is refused
+/// (nothing is decompressed beyond it); a body that decompresses short is refused.
+#[test]
+fn record_sizes_are_bounded_before_decompression() {
+    let (base, new) = pair_ulp(&[4000], 0.01, 9);
+    let d = encode(&base, &new).unwrap();
+    assert_eq!(d[HEADER_LEN], KIND_GAPS);
+    let record = |kind: u8, count: u64, raw_len: u64, body: &[u8]| {
+        let mut v = d[..HEADER_LEN].to_vec();
+        v.push(kind);
+        if kind != KIND_DENSE {
+            put_varint(&mut v, count);
+        }
+        put_varint(&mut v, raw_len);
+        put_varint(&mut v, body.len() as u64);
+        v.extend_from_slice(body);
+        v
+    };
+    let malformed = |v: &[u8]| {
+        let mut held = base.clone();
+        let r = apply_in_place(&mut held, v);
+        assert!(held == base);
+        matches!(r, Err(DeltaError::Malformed(_)))
+    };
+    // Gaps larger than the bitmap of the same count, or smaller than three bytes a change.
+    assert!(malformed(&record(KIND_GAPS, 40, 500 + 80 + 1, &[])));
+    assert!(malformed(&record(KIND_GAPS, 40, 119, &[])));
+    // A bitmap body of another size, a dense body of another size, a huge declared size.
+    assert!(malformed(&record(KIND_BITMAP, 40, 500 + 80 + 1, &[])));
+    assert!(malformed(&record(KIND_DENSE, 0, 7999, &[])));
+    assert!(malformed(&record(KIND_DENSE, 0, u64::MAX, &[])));
+    // A zstd frame of 1 MiB of zeros declared as a 8000-byte dense body: refused, the
+    // decompressor stops at the declared size.
+    let bomb = zstd::bulk::compress(&vec![0u8; 1 << 20], 3).unwrap();
+    assert!(malformed(&record(KIND_DENSE, 0, 8000, &bomb)));
+    // A frame of 7998 bytes declared as 8000.
+    let short = zstd::bulk::compress(&vec![0u8; 7998], 3).unwrap();
+    assert!(malformed(&record(KIND_DENSE, 0, 8000, &short)));
+    // Not zstd at all.
+    assert!(malformed(&record(KIND_DENSE, 0, 8000, b"not a zstd frame")));
+    // A dense body of all zeros is a valid no-op record (the result hash then decides).
+    let zeros = zstd::bulk::compress(&vec![0u8; 8000], 3).unwrap();
+    let mut held = base.clone();
+    assert!(matches!(
+        apply_in_place(&mut held, &record(KIND_DENSE, 0, 8000, &zeros)),
+        Err(DeltaError::NotReconstructed { .. })
+    ));
+    assert!(held == base);
+}
+
+/// A sparse body that lists a position whose value does not change, or a gap past the tensor,
+/// is refused; so is a bitmap whose population is not its count.
+#[test]
+fn sparse_bodies_are_checked() {
+    let (base, _) = pair_ulp(&[100], 0.0, 10);
+    let header = encode(&base, &base).unwrap()[..HEADER_LEN].to_vec();
+    let sparse = |kind: u8, count: u64, raw: &[u8]| {
+        let mut v = header.clone();
+        v.push(kind);
+        put_varint(&mut v, count);
+        put_varint(&mut v, raw.len() as u64);
+        let z = zstd::bulk::compress(raw, 3).unwrap();
+        put_varint(&mut v, z.len() as u64);
+        v.extend_from_slice(&z);
+        v
+    };
+    let refused = |v: &[u8], what: &str| {
+        let mut held = base.clone();
+        match apply_in_place(&mut held, v) {
+            Err(DeltaError::Malformed(m)) => assert!(m.contains(what), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(held == base);
+    };
+    // Positions 5 and 5 + 1 + 120: past a tensor of 100.
+    refused(&sparse(KIND_GAPS, 2, &[5, 120, 1, 1, 0, 0]), "out of range");
+    // A zero difference.
+    refused(&sparse(KIND_GAPS, 1, &[5, 0, 0]), "does not change");
+    // Bitmap of 13 bytes with two bits for a count of one (3 + 13 = 15 ≤ 13 + 2: bitmap).
+    let mut bm = vec![0u8; 13];
+    bm[0] = 0b11;
+    bm.extend_from_slice(&[2, 0]);
+    refused(&sparse(KIND_BITMAP, 1, &bm), "positions");
 }
 
 #[test]
@@ -158,6 +320,8 @@ fn hostile_headers_are_typed_errors() {
     let mut v = d.clone();
     v[4] = 9;
     assert_eq!(apply(&base, &v), Err(DeltaError::UnsupportedVersion(9)));
+    v[4] = 0;
+    assert_eq!(apply(&base, &v), Err(DeltaError::UnsupportedVersion(0)));
     let mut m = d.clone();
     m[0] = b'X';
     assert_eq!(apply(&base, &m), Err(DeltaError::BadMagic));

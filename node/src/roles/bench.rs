@@ -398,8 +398,9 @@ fn synthetic_bf16(bytes: usize, rng: &mut impl Rng) -> Vec<u8> {
 }
 
 /// Changes each bf16 value of a [`synthetic_bf16`] payload with probability `p`, by one unit
-/// in the last place (what a small optimiser step does to the values it moves at all);
-/// returns the fraction changed. `None` if `payload` is not one.
+/// in the last place up or down at random (what a small optimiser step does to the values it
+/// moves at all: the step's sign is the gradient's, not the value's); returns the fraction
+/// changed. `None` if `payload` is not one.
 fn perturb_bf16(payload: &mut [u8], p: f64, rng: &mut impl Rng) -> Option<f64> {
     let header = usize::try_from(u64::from_le_bytes(payload.get(..8)?.try_into().ok()?)).ok()?;
     let data = payload.get_mut(8usize.checked_add(header)?..)?;
@@ -407,10 +408,14 @@ fn perturb_bf16(payload: &mut [u8], p: f64, rng: &mut impl Rng) -> Option<f64> {
     let mut changed = 0usize;
     for v in data.chunks_exact_mut(2) {
         if rng.gen_bool(p) {
-            // One unit in the last place away from zero (the bits of a finite bf16 value of
-            // this payload's magnitude never reach infinity); never back to an earlier value,
-            // so no version repeats an older one's chunks.
-            let bits = u16::from_le_bytes([v[0], v[1]]).wrapping_add(1);
+            // One unit in the last place (the bits of a finite bf16 value of this payload's
+            // magnitude never reach infinity or cross zero).
+            let bits = u16::from_le_bytes([v[0], v[1]]);
+            let bits = if rng.gen() {
+                bits.wrapping_add(1)
+            } else {
+                bits.wrapping_sub(1)
+            };
             v.copy_from_slice(&bits.to_le_bytes());
             changed += 1;
         }
@@ -443,7 +448,7 @@ mod tests {
     }
 
     /// The publisher's rounds: a keyframe, then deltas whose reconstruction is the next full
-    /// payload; a dense change falls back to a keyframe.
+    /// payload; a dense one-ulp change is still a delta.
     #[test]
     fn synthetic_rounds_are_a_keyframe_then_deltas() {
         let bytes = 2 * SYNTHETIC_TENSOR_NUMEL;
@@ -465,8 +470,12 @@ mod tests {
         ));
         assert_eq!(policy::delta::apply(&p1, &p2).unwrap(), v2.full.to_vec());
         v = v2;
+        // Every value one ulp up or down: the differences compress (about a bit a value), so
+        // even that is a delta, a fraction of the payload.
         v.pct = 100.0;
-        let (_, _, k3, c3) = v.next(3, bytes);
-        assert_eq!((k3, c3), (storage::PayloadKind::Full, Some(1.0)));
+        let (v3, p3, k3, c3) = v.next(3, bytes);
+        assert!(matches!(k3, storage::PayloadKind::Delta { .. }), "{k3:?}");
+        assert_eq!(c3, Some(1.0));
+        assert!(p3.len() * 4 < v3.full.len(), "{} B", p3.len());
     }
 }

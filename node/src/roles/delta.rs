@@ -15,8 +15,16 @@ use storage::{hash_bytes, Hash, PayloadKind};
 /// keyframe went out.
 pub struct DeltaPublisher {
     keyframe_every: u64,
-    base: Option<(u64, bytes::Bytes)>,
+    base: Option<Published>,
     last_keyframe: Option<u64>,
+}
+
+/// The version published last: the base of the next delta.
+struct Published {
+    version: u64,
+    full: bytes::Bytes,
+    /// BLAKE3 of `full`: known from a delta's manifest, hashed once otherwise.
+    root: std::sync::OnceLock<Hash>,
 }
 
 impl DeltaPublisher {
@@ -40,13 +48,19 @@ impl DeltaPublisher {
     pub fn prepare(&self, version: u64, full: &bytes::Bytes) -> (bytes::Bytes, PayloadKind, Hash) {
         let full_root = hash_bytes(full);
         let keyframe = (full.clone(), PayloadKind::Full, full_root);
-        let Some((base_version, base)) = &self.base else {
+        let Some(Published {
+            version: base_version,
+            full: base,
+            root,
+        }) = &self.base
+        else {
             return keyframe;
         };
         if *base_version >= version {
             return keyframe;
         }
-        let d = match delta::encode(base, full) {
+        let base_root = *root.get_or_init(|| hash_bytes(base));
+        let d = match delta::encode_hashed(base, base_root, full, full_root) {
             Ok(d) => d,
             Err(e) => {
                 tracing::info!(version, error = %e, "publishing a keyframe: no delta possible");
@@ -71,10 +85,19 @@ impl DeltaPublisher {
 
     /// Records that `version` (full payload `full`) went out as `kind`: it is the next base.
     pub fn published(&mut self, version: u64, full: bytes::Bytes, kind: PayloadKind) {
-        if kind == PayloadKind::Full {
-            self.last_keyframe = Some(version);
+        let root = std::sync::OnceLock::new();
+        match kind {
+            PayloadKind::Full => self.last_keyframe = Some(version),
+            PayloadKind::Delta { full_root, .. } => {
+                let _ = root.set(full_root);
+            }
+            PayloadKind::Adapter { .. } => {}
         }
-        self.base = Some((version, full));
+        self.base = Some(Published {
+            version,
+            full,
+            root,
+        });
     }
 }
 
@@ -135,10 +158,8 @@ impl DeltaBase {
                 })
             }
         };
-        let full = delta::apply(base, &payload)
-            .map_err(|source| DeltaRefused::Delta { version, source })?;
-        // `apply` checked the result against the hash the delta names: that hash must be the
-        // signed root (no second pass over the full payload).
+        // `apply` checks the result against the hash the delta names: that hash must be the
+        // signed root (no second pass over the full payload). Checked first, from the header.
         let found = delta::result_hash(&payload)
             .map_err(|source| DeltaRefused::Delta { version, source })?;
         if found != full_root {
@@ -148,6 +169,10 @@ impl DeltaBase {
                 found: hex::encode(found),
             });
         }
+        // A copy of the held base, rewritten in place: the held one stays the base until the
+        // new version is installed.
+        let full = delta::apply(base, &payload)
+            .map_err(|source| DeltaRefused::Delta { version, source })?;
         Ok(Arc::new(full))
     }
 
@@ -215,15 +240,19 @@ pub fn apply_chain(
             // Whole payloads (an adapter version is applied to its base at install, not here).
             PayloadKind::Full | PayloadKind::Adapter { .. } => bytes,
             kind => {
-                let base = cur
-                    .as_deref()
-                    .or(start)
-                    .ok_or_else(|| anyhow::anyhow!("delta v{v} ({kind:?}) has no base"))?;
-                let full = delta::apply(base, &bytes)?;
-                // `apply` checked the result against the hash the delta names.
+                // Checked before anything is applied: then the payload is rewritten in place
+                // (one full payload in memory, not two), restored if the delta is refused.
                 if delta::result_hash(&bytes)? != m.full_root() {
                     anyhow::bail!("delta v{v} does not reconstruct its signed full root");
                 }
+                let mut full = match cur.take() {
+                    Some(p) => p,
+                    None => start
+                        .ok_or_else(|| anyhow::anyhow!("delta v{v} ({kind:?}) has no base"))?
+                        .to_vec(),
+                };
+                // `apply_in_place` checks the result against the hash the delta names.
+                delta::apply_in_place(&mut full, &bytes)?;
                 full
             }
         };

@@ -44,14 +44,39 @@ fn learner_deltas_reconstruct_bit_exactly_at_the_worker() {
     assert_eq!(kinds, [true, false, false, false, true, false]);
 }
 
+/// Every value changed by a random amount (incompressible): the delta would not save a tenth,
+/// so the version goes out whole.
 #[test]
 fn a_dense_change_is_published_whole() {
+    let vs = versions(1, 1);
+    let mut dense = vs[0].to_vec();
+    let start = 8 + u64::from_le_bytes(dense[..8].try_into().unwrap()) as usize;
+    let mut noise = vec![0u8; dense.len() - start];
+    blake3::Hasher::new()
+        .update(b"dense")
+        .finalize_xof()
+        .fill(&mut noise);
+    for (d, n) in dense[start..].iter_mut().zip(noise) {
+        *d ^= n | 1;
+    }
+    let dense = bytes::Bytes::from(dense);
+    let mut learner = DeltaPublisher::new(16);
+    learner.published(1, vs[0].clone(), PayloadKind::Full);
+    let (payload, kind, _) = learner.prepare(2, &dense);
+    assert_eq!(kind, PayloadKind::Full);
+    assert_eq!(payload, dense);
+}
+
+/// Every value one ulp away (what a tiny optimiser step does where it changes everything)
+/// codes to a small delta: the differences compress where the new bits would not.
+#[test]
+fn a_dense_one_ulp_change_is_a_small_delta() {
     let vs = versions(2, 1);
     let mut learner = DeltaPublisher::new(16);
     learner.published(1, vs[0].clone(), PayloadKind::Full);
     let (payload, kind, _) = learner.prepare(2, &vs[1]);
-    assert_eq!(kind, PayloadKind::Full);
-    assert_eq!(payload, vs[1]);
+    assert!(matches!(kind, PayloadKind::Delta { .. }), "{kind:?}");
+    assert!(payload.len() < vs[1].len() / 8, "{} B", payload.len());
 }
 
 /// A worker without the named base, a delta that does not decode, and a delta whose result is
@@ -106,10 +131,10 @@ fn wrong_base_bad_delta_and_root_mismatch_are_refused() {
 
     let mut worker = DeltaBase::default();
     worker.installed(1, Arc::new(vs[0].to_vec()));
-    // A flipped value byte: decodes, but does not reconstruct what the delta names.
-    let mut bad = d2.to_vec();
-    let last = bad.len() - 1;
-    bad[last] ^= 0x40;
+    // Records of another version under v2's header hashes: decodes, but does not reconstruct
+    // what the delta names.
+    let mut bad = policy::delta::encode(&vs[0], &vs[2]).unwrap();
+    bad[40..72].copy_from_slice(&d2[40..72]);
     let e = worker.full_payload(2, Arc::new(bad), k2).unwrap_err();
     assert!(
         matches!(
