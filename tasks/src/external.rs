@@ -369,6 +369,15 @@ fn prlimit_works() -> bool {
     })
 }
 
+/// Whether `program` names a file, or one on `PATH` for a bare name.
+fn program_exists(program: &str) -> bool {
+    if program.contains('/') {
+        return std::path::Path::new(program).is_file();
+    }
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
+}
+
 /// How the sandbox of a program looks on this host (for logs and docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Sandbox {
@@ -799,6 +808,16 @@ pub fn start(
     let mut map = started.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(env) = map.get(&key) {
         return Ok(env.clone());
+    }
+    // The sandbox wrapper would otherwise report a missing program as its own exit 127.
+    if !program_exists(&spec.command[0]) {
+        return Err(task_err(
+            name,
+            ExternalError::Spawn {
+                program: spec.command[0].clone(),
+                reason: "no such program (nor on PATH)".into(),
+            },
+        ));
     }
     let (launch, sandbox) = Launch::new(name, spec);
     let (first, hello) = open(&launch, name, params, spec).map_err(|e| task_err(name, e))?;
