@@ -62,6 +62,7 @@ fn device() -> impl Strategy<Value = DeviceReport> {
                         temperature,
                         top_p,
                         max_new_tokens,
+                        env_pin: None,
                     }
                 }),
             },

@@ -60,7 +60,8 @@ pub use libp2p::gossipsub::MessageId;
 pub use libp2p::metrics::Registry;
 pub use libp2p::{multiaddr, Multiaddr, PeerId, Stream, StreamProtocol};
 pub use messages::{
-    Contribution, DeviceReport, Heartbeat, LocalStatus, SamplingReport, ScoreEntry, ScoreTable,
+    Contribution, DeviceReport, EnvPin, Heartbeat, LocalStatus, SamplingReport, ScoreEntry,
+    ScoreTable,
     MAX_PENDING_CLAIM,
 };
 pub use ratelimit::TokenBucket;

@@ -144,6 +144,31 @@ pub struct SamplingReport {
     pub top_p: f32,
     /// The most tokens a response may have.
     pub max_new_tokens: u32,
+    /// The pin of the external environment the worker plays (`tasks::external::pin`; absent
+    /// for built-in tasks and in heartbeats of older nodes). A worker whose program differs
+    /// from the learner's would only see its episodes refused in replay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env_pin: Option<EnvPin>,
+}
+
+/// A 32-byte environment pin, hex in JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnvPin(pub [u8; 32]);
+
+impl Serialize for EnvPin {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&hex::encode(self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for EnvPin {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(s.as_bytes(), &mut out)
+            .map_err(|e| serde::de::Error::custom(format!("env_pin: {e}")))?;
+        Ok(EnvPin(out))
+    }
 }
 
 impl SamplingReport {
@@ -647,6 +672,7 @@ mod tests {
             temperature: 1.2,
             top_p: 1.0,
             max_new_tokens: 6,
+            env_pin: Some(EnvPin([7; 32])),
         };
         let with = |sampling| Heartbeat {
             device: Some(DeviceReport {

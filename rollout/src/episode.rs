@@ -60,6 +60,18 @@ pub enum ReplayError {
     Other(EpisodeError),
 }
 
+impl ReplayError {
+    /// The environment itself failed while replaying (an external program crashed, hung or
+    /// answered garbage): not a verdict on the record, and nothing its producer controls.
+    pub fn env_failed(&self) -> bool {
+        matches!(
+            self,
+            ReplayError::Start(EpisodeError::Env(TaskError::External { .. }))
+                | ReplayError::Other(EpisodeError::Env(TaskError::External { .. }))
+        )
+    }
+}
+
 /// What fixes an episode besides its seed and actions.
 #[derive(Clone, Copy)]
 pub struct Spec<'a> {
@@ -160,14 +172,18 @@ impl<'a> Driver<'a> {
     }
 
     /// A legal action for scripted play.
-    pub fn reference_action(&self, rng: &mut dyn rand::RngCore) -> Option<String> {
-        self.episode.reference_action(rng)
+    pub fn reference_action(
+        &mut self,
+        rng: &mut dyn rand::RngCore,
+    ) -> Result<Option<String>, EpisodeError> {
+        Ok(self.episode.try_reference_action(rng)?)
     }
 
-    fn truncate(&mut self) {
-        self.played.ret += self.episode.truncate();
+    fn truncate(&mut self) -> Result<(), EpisodeError> {
+        self.played.ret += self.episode.try_truncate()?;
         self.played.truncated = true;
         self.done = true;
+        Ok(())
     }
 
     /// Records an assistant turn of `tokens` (at most [`Self::next_turn`] of them) and plays
@@ -185,7 +201,7 @@ impl<'a> Driver<'a> {
         });
         self.played.turns += 1;
         if stop.is_none() && self.played.tokens.len() >= self.room {
-            self.truncate();
+            self.truncate()?;
             return Ok(None);
         }
         let content = match stop {
@@ -201,7 +217,7 @@ impl<'a> Driver<'a> {
             said.clone()
         };
         self.messages.push(Message::new(Role::Assistant, said));
-        match self.episode.step(&action) {
+        match self.episode.try_step(&action)? {
             Step::Done { reward } => {
                 self.played.ret += reward;
                 self.done = true;
@@ -213,13 +229,13 @@ impl<'a> Driver<'a> {
             } => {
                 self.played.ret += reward;
                 if self.played.turns >= self.spec.budget.max_turns {
-                    self.truncate();
+                    self.truncate()?;
                     return Ok(None);
                 }
                 let obs = chat.next_user(&self.messages, stop, &observation)?;
                 // Room for the observation and at least one more sampled token.
                 if self.played.tokens.len() + obs.len() >= self.room {
-                    self.truncate();
+                    self.truncate()?;
                     return Ok(None);
                 }
                 self.messages.push(Message::new(Role::User, observation));
@@ -354,24 +370,40 @@ pub fn scripted_examples(
 ) -> Result<Vec<SftExample>, EpisodeError> {
     let mut out = Vec::new();
     for seed in seeds {
-        let (mut d, _, prompt) = Driver::start(spec, seed)?;
-        while let Some(limit) = d.next_turn() {
-            let Some(action) = d.reference_action(rng) else {
-                break;
-            };
-            let target = spec.chat.action_tokens(&action)?;
-            if target.len() > limit {
-                break;
-            }
-            let mut context = prompt.clone();
-            context.extend_from_slice(d.tokens());
-            out.push(SftExample {
-                prompt: context,
-                target: target.clone(),
-            });
-            if d.finish_turn(&target)?.is_none() {
-                break;
-            }
+        match scripted_episode(spec, seed, rng) {
+            Ok(examples) => out.extend(examples),
+            // An external program that failed in this episode: the episode is abandoned
+            // (logged by the environment), the others still teach.
+            Err(EpisodeError::Env(TaskError::External { .. })) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
+fn scripted_episode(
+    spec: Spec<'_>,
+    seed: u64,
+    rng: &mut impl rand::RngCore,
+) -> Result<Vec<SftExample>, EpisodeError> {
+    let mut out = Vec::new();
+    let (mut d, _, prompt) = Driver::start(spec, seed)?;
+    while let Some(limit) = d.next_turn() {
+        let Some(action) = d.reference_action(rng)? else {
+            break;
+        };
+        let target = spec.chat.action_tokens(&action)?;
+        if target.len() > limit {
+            break;
+        }
+        let mut context = prompt.clone();
+        context.extend_from_slice(d.tokens());
+        out.push(SftExample {
+            prompt: context,
+            target: target.clone(),
+        });
+        if d.finish_turn(&target)?.is_none() {
+            break;
         }
     }
     Ok(out)

@@ -106,6 +106,26 @@ pub trait Episode: Send {
     /// A legal action in the current state for scripted play (the supervised warm start and
     /// tests), drawn with `rng`; `None` when the environment has no such notion.
     fn reference_action(&self, rng: &mut dyn rand::RngCore) -> Option<String>;
+
+    /// [`Self::step`] for an environment that can fail (an external program that crashed,
+    /// hung or answered garbage): `Err` abandons the episode — it has no reward. The engine
+    /// and the replay call this one; built-in environments never fail.
+    fn try_step(&mut self, action: &str) -> Result<Step, TaskError> {
+        Ok(self.step(action))
+    }
+
+    /// [`Self::truncate`] for an environment that can fail.
+    fn try_truncate(&mut self) -> Result<f32, TaskError> {
+        Ok(self.truncate())
+    }
+
+    /// [`Self::reference_action`] for an environment that can fail.
+    fn try_reference_action(
+        &mut self,
+        rng: &mut dyn rand::RngCore,
+    ) -> Result<Option<String>, TaskError> {
+        Ok(self.reference_action(rng))
+    }
 }
 
 /// The start of an episode: its first observation (as a [`Prompt`]: a stable id, the text
@@ -190,6 +210,12 @@ pub trait Environment: Send + Sync {
 
     /// The single-turn task behind a one-step environment ([`TaskEnv`]).
     fn as_task(&self) -> Option<&Arc<dyn Task>> {
+        None
+    }
+
+    /// What learner and workers must agree on beyond the name and parameters (an external
+    /// program's pin, [`crate::external::pin`]); `None` for built-in environments.
+    fn pin(&self) -> Option<[u8; 32]> {
         None
     }
 

@@ -4,9 +4,10 @@
 //! [`knights_knaves`]), the registry ([`build_task`]) and the prompt assignment of rollout
 //! workers ([`assign`]); the multi-turn [`env::Environment`] interface, the one adapter that
 //! makes every task a one-step environment ([`env::TaskEnv`]), the built-in environments
-//! ([`kuhn`] with its exact evaluator, [`holdem`]) and their registry ([`build_env`]).
+//! ([`kuhn`] with its exact evaluator, [`holdem`]) and their registry ([`build_env`]); external
+//! environments, programs speaking the environment protocol ([`external`]).
 //! Must not touch: models, tokenizers, storage or networking — a task or an environment
-//! sees text only.
+//! sees text only (an external one runs as a child process without network).
 //!
 //! Adding a task is one self-contained file implementing [`Task`] plus one line in
 //! [`REGISTRY`]; adding an environment, one file implementing [`env::Environment`] plus one
@@ -15,6 +16,7 @@
 pub mod arith;
 pub mod assign;
 pub mod env;
+pub mod external;
 pub mod holdem;
 pub mod jsonl_math;
 pub mod knights_knaves;
@@ -57,6 +59,15 @@ pub enum TaskError {
         path: String,
         /// What went wrong (with line number where it applies).
         reason: String,
+    },
+    /// An external environment failed (crashed, hung, answered garbage or out of range):
+    /// the episode is abandoned and has no reward.
+    #[error("environment {env}: {error}")]
+    External {
+        /// Environment name.
+        env: String,
+        /// What went wrong.
+        error: external::ExternalError,
     },
     /// Prompt generation failed (should not happen for valid parameters).
     #[error("task {task}: {reason}")]

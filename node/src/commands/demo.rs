@@ -438,12 +438,8 @@ fn demo_task(args: &DemoArgs) -> anyhow::Result<crate::config::TaskConfig> {
         (None, "kuhn-poker") => json!({ "opponent": "always-bet", "illegal_penalty": 1.0 }),
         (None, _) => json!({}),
     };
-    let task = crate::config::TaskConfig {
-        name: args.task.clone(),
-        params,
-        ..Default::default()
-    };
-    let env = tasks::build_env(&task.name, &task.params)?;
+    let task = crate::config::TaskConfig::from_cli(&args.task, params)?;
+    let env = task.build_env()?;
     task.budget(env.as_ref())?;
     Ok(task)
 }

@@ -120,7 +120,7 @@ fn env_for(
             frozen()?,
         )?));
     }
-    Ok(tasks::build_env(task, &p)?)
+    Ok(crate::config::TaskConfig::from_cli(task, p)?.build_env()?)
 }
 
 pub fn eval(args: &EvalArgs) -> anyhow::Result<()> {
@@ -167,7 +167,8 @@ pub fn eval(args: &EvalArgs) -> anyhow::Result<()> {
         bar.set_message(format!("vs {opponent}"));
         let env = env_for(&args.task, &params, opponent, &frozen)?;
         let meta = env.metadata();
-        let chat = Chat::for_model(me.tokenizer.clone(), me.template()?, meta.is_multi_turn())?;
+        let templated = meta.is_multi_turn() || env.system_prompt().is_some();
+        let chat = Chat::for_model(me.tokenizer.clone(), me.template()?, templated)?;
         let spec = Spec {
             env: env.as_ref(),
             chat: &chat,

@@ -354,6 +354,8 @@ fn feed_heartbeats(
     tasks.spawn(async move {
         let mut tick = tokio::time::interval(interval);
         let mut signed: Vec<p2p::DeliveryReceipt> = Vec::new();
+        // The external environment's pin (its files are read once).
+        let env_pin = state.config.task.env_pin().map(p2p::EnvPin);
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -387,8 +389,12 @@ fn feed_heartbeats(
                             d.to_string()
                         }),
                         // What the learner compares with the rule it checks tokens by.
-                        sampling: (state.config.role == Role::Rollout)
-                            .then(|| state.config.rollout.sampling_report()),
+                        sampling: (state.config.role == Role::Rollout).then(|| {
+                            p2p::SamplingReport {
+                                env_pin,
+                                ..state.config.rollout.sampling_report()
+                            }
+                        }),
                         ..crate::state::device_report(&state.device)
                     },
                 )),

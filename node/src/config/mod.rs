@@ -230,11 +230,31 @@ impl Default for ModelConfig {
     }
 }
 
+/// What `[task] name` names.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskKind {
+    /// A built-in task or environment (`tasks::build_env`).
+    #[default]
+    Builtin,
+    /// A program speaking the environment protocol (`[task.external]`, docs/environments.md).
+    External,
+}
+
+impl TaskKind {
+    fn is_builtin(&self) -> bool {
+        *self == TaskKind::Builtin
+    }
+}
+
 /// `[task]`: a built-in task (`arith`, `jsonl-math`, `knights-knaves`) or multi-turn
-/// environment (`kuhn-poker`, `holdem`) and its parameters.
+/// environment (`kuhn-poker`, `holdem`) and its parameters, or (`kind = "external"`) an
+/// environment program described by `[task.external]`, to which `params` are sent.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TaskConfig {
+    #[serde(skip_serializing_if = "TaskKind::is_builtin")]
+    pub kind: TaskKind,
     pub name: String,
     /// Task parameters, e.g. `{ max_operand = 9, ops = "+" }` (see docs/tasks.md).
     pub params: serde_json::Value,
@@ -249,6 +269,9 @@ pub struct TaskConfig {
     /// Most tokens of an episode after its first prompt (turns and observations together).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_episode_tokens: Option<usize>,
+    /// `kind = "external"`: the program, its pin and its limits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub external: Option<tasks::external::ExternalSpec>,
 }
 
 impl Default for TaskConfig {
@@ -259,11 +282,104 @@ impl Default for TaskConfig {
             max_turns: None,
             max_turn_tokens: None,
             max_episode_tokens: None,
+            kind: TaskKind::Builtin,
+            external: None,
         }
     }
 }
 
 impl TaskConfig {
+    /// The configured environment: a built-in one, or the external program started (once
+    /// per process and pin; `tasks::external::start` checks its determinism).
+    pub fn build_env(&self) -> Result<std::sync::Arc<dyn tasks::env::Environment>, tasks::TaskError> {
+        match (self.kind, &self.external) {
+            (TaskKind::Builtin, None) => tasks::build_env(&self.name, &self.params),
+            (TaskKind::External, Some(spec)) => {
+                Ok(tasks::external::start(&self.name, &self.params, spec)?)
+            }
+            (TaskKind::Builtin, Some(_)) => Err(tasks::TaskError::InvalidParams {
+                task: self.name.clone(),
+                reason: "[task.external] needs kind = \"external\"".into(),
+            }),
+            (TaskKind::External, None) => Err(tasks::TaskError::InvalidParams {
+                task: self.name.clone(),
+                reason: "kind = \"external\" needs a [task.external] table naming the command"
+                    .into(),
+            }),
+        }
+    }
+
+    /// A `--task` of the command line: a built-in name, or `external:ADAPTER[:ARG]` for one
+    /// of the adapters under `envs/` (`testenv`, `reasoning-gym:DATASET`,
+    /// `textarena:ENV_ID`, `verifiers:ENV_ID`; ARG goes into `params`), run by
+    /// `$ECHO_ENV_PYTHON` (default `python3`) with the default limits.
+    pub fn from_cli(task: &str, params: serde_json::Value) -> Result<Self, tasks::TaskError> {
+        let Some(rest) = task.strip_prefix("external:") else {
+            return Ok(TaskConfig {
+                name: task.to_string(),
+                params,
+                ..Default::default()
+            });
+        };
+        let (adapter, arg) = rest.split_once(':').unwrap_or((rest, ""));
+        let bad = |reason: String| tasks::TaskError::InvalidParams {
+            task: task.to_string(),
+            reason,
+        };
+        let (script, key) = match adapter {
+            "testenv" => ("testenv.py", None),
+            "reasoning-gym" => ("reasoning_gym_env.py", Some("dataset")),
+            "textarena" => ("textarena_env.py", Some("env_id")),
+            "verifiers" => ("verifiers_env.py", Some("env_id")),
+            other => {
+                return Err(bad(format!(
+                    "unknown adapter {other:?} (testenv, reasoning-gym, textarena, verifiers)"
+                )))
+            }
+        };
+        let mut params = match params {
+            serde_json::Value::Null => serde_json::json!({}),
+            p @ serde_json::Value::Object(_) => p,
+            _ => return Err(bad("parameters must be a JSON object".into())),
+        };
+        if let Some(key) = key {
+            if arg.is_empty() {
+                return Err(bad(format!("give the {key}: external:{adapter}:NAME")));
+            }
+            params[key] = serde_json::json!(arg);
+        }
+        let dir = if std::path::Path::new("envs").join(script).is_file() {
+            std::path::PathBuf::from("envs")
+        } else {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../envs")
+        };
+        // Absolute: the configs written from this one may run elsewhere (`demo`'s nodes).
+        let file = |f: &str| std::fs::canonicalize(dir.join(f)).unwrap_or_else(|_| dir.join(f));
+        let python = std::env::var("ECHO_ENV_PYTHON").unwrap_or_else(|_| "python3".into());
+        Ok(TaskConfig {
+            kind: TaskKind::External,
+            name: rest.to_string(),
+            params,
+            external: Some(tasks::external::ExternalSpec {
+                command: vec![python, file(script).display().to_string()],
+                pin_files: vec![file("echo_env.py")],
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    /// The pin learner and workers must agree on (external environments only; `None` for
+    /// built-in ones or when a pinned file cannot be read, which starting refuses anyway).
+    pub fn env_pin(&self) -> Option<[u8; 32]> {
+        match (self.kind, &self.external) {
+            (TaskKind::External, Some(spec)) => {
+                tasks::external::pin(&self.name, &self.params, spec).ok()
+            }
+            _ => None,
+        }
+    }
+
     /// The episode budget of `env` with this section's overrides.
     pub fn budget(
         &self,
@@ -446,6 +562,7 @@ impl RolloutConfig {
             temperature: self.temperature,
             top_p: self.top_p,
             max_new_tokens: self.max_new_tokens as u32,
+            env_pin: None,
         }
     }
 }

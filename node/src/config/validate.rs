@@ -171,7 +171,12 @@ impl NodeConfig {
                 ),
             );
         }
-        match tasks::build_env(&self.task.name, &self.task.params) {
+        if let Some(spec) = &self.task.external {
+            for (k, p) in spec.validate() {
+                bad(&format!("task.external.{k}"), p);
+            }
+        }
+        match self.task.build_env() {
             Ok(env) => {
                 if let Err(e) = self.task.budget(env.as_ref()) {
                     bad("task", e.to_string());

@@ -217,24 +217,30 @@ pub fn mask_rule(config: &NodeConfig) -> anyhow::Result<Arc<dyn ::learner::MaskR
         context: learner::verify::model_context(config)?,
         env,
         chat,
+        derived: Default::default(),
     }))
 }
 
 /// The configured task or environment, as an environment (a task is a one-step one).
 pub fn build_env(config: &NodeConfig) -> anyhow::Result<Arc<dyn tasks::env::Environment>> {
-    tasks::build_env(&config.task.name, &config.task.params)
+    config
+        .task
+        .build_env()
         .with_context(|| format!("building task `{}`", config.task.name))
 }
 
 /// How the configured model renders `env`'s conversations: the single-turn prompt template
-/// for a one-step environment; for a multi-turn one, the `chat_template` of the model's
+/// for a one-step environment without a system message; for a multi-turn one (or one with a
+/// system message), the `chat_template` of the model's
 /// Hugging Face folder, or the embedded model's built-in template.
 pub fn build_chat(
     config: &NodeConfig,
     tokenizer: Tokenizer,
     env: &dyn tasks::env::Environment,
 ) -> anyhow::Result<policy::chat::Chat> {
-    let multi = env.metadata().is_multi_turn();
+    // A one-step environment with a system message (an external one) needs the chat
+    // template too: the single-turn prompt template has no system message.
+    let multi = env.metadata().is_multi_turn() || env.system_prompt().is_some();
     let hf = if multi && config.model.source != "embedded" {
         policy::chat::hf_chat_template(std::path::Path::new(&config.model.source))?
     } else {

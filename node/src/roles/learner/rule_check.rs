@@ -32,6 +32,7 @@ impl SamplingCheck {
                 temperature: config.learner.temperature,
                 top_p: config.learner.top_p,
                 max_new_tokens: config.rollout.max_new_tokens as u32,
+                env_pin: config.task.env_pin().map(p2p::EnvPin),
             },
             draws: config.verification.check_sampling,
             length: single_turn,
@@ -59,7 +60,18 @@ impl SamplingCheck {
             } else {
                 l.max_new_tokens
             },
+            // An older worker reports no pin: its groups are judged by replay as before.
+            env_pin: reported.env_pin.or(l.env_pin),
         };
+        if seen.env_pin != l.env_pin {
+            return Some(format!(
+                "it plays another external environment (pin {}; this learner's is {}): the \
+                 program's files, [task] name, params and [task.external] version must be the \
+                 learner's",
+                seen.env_pin.map_or("none".into(), |p| hex::encode(p.0)),
+                l.env_pin.map_or("none".into(), |p| hex::encode(p.0)),
+            ));
+        }
         (seen != l).then(|| {
             format!(
                 "it samples at temperature {}, top-p {}, at most {} new tokens; this \
@@ -124,5 +136,23 @@ mod tests {
         assert!(check.mismatch(cooler).is_some());
         lax.learner.temperature = 1.0;
         assert_eq!(SamplingCheck::of(&lax, true).mismatch(greedy), None);
+    }
+
+    #[test]
+    fn a_worker_playing_another_external_program_is_named() {
+        let learner = NodeConfig::new(Role::Learner, "demo", "d".into());
+        let mut check = SamplingCheck::of(&learner, false);
+        let pinned = |b| p2p::SamplingReport {
+            env_pin: Some(p2p::EnvPin([b; 32])),
+            ..RolloutConfig::default().sampling_report()
+        };
+        // A built-in task: a worker reporting any pin plays something else.
+        assert!(check.mismatch(pinned(1)).is_some());
+        check.learner.env_pin = Some(p2p::EnvPin([1; 32]));
+        assert_eq!(check.mismatch(pinned(1)), None);
+        // An older worker reports none: judged by replay as before.
+        assert_eq!(check.mismatch(RolloutConfig::default().sampling_report()), None);
+        let why = check.mismatch(pinned(2)).unwrap();
+        assert!(why.contains("another external environment") && why.contains(&"02".repeat(32)), "{why}");
     }
 }

@@ -103,6 +103,11 @@ pub fn pipeline_for_learner(
             context,
         });
     }
+    // A replayed environment's masks are the replay's, compared exactly by `ReplayLayer`: a
+    // second replay would only add a chance for an external program to fail.
+    if v.recompute_rewards && env.as_task().is_none() {
+        return Ok(out);
+    }
     Ok(out.with_stage(MaskLayer(super::super::mask_rule(config)?)))
 }
 
@@ -202,6 +207,7 @@ pub const PENALTIES: &[(&str, Option<StrikeReason>, bool)] = &[
     (super::spot::REASON_UNCHECKED, None, false),
     (super::spot::REASON_MARGIN_UNEARNED, None, false),
     ("untrainable", None, false),
+    (ENV_FAILED, None, false),
     ("malformed", Some(StrikeReason::InvalidGroup), false),
     (
         "token_out_of_vocab",
@@ -325,43 +331,74 @@ pub fn check_assigned_prompt(
     chat: &Chat,
     seed: &[u8; 32],
     group: &TrajectoryGroup,
-) -> Result<(), String> {
+) -> Result<(), EnvRefusal> {
     if group.task_id != env.name() {
         return Err(format!(
             "task {:?}, the swarm trains {:?}",
             group.task_id,
             env.name()
-        ));
+        )
+        .into());
     }
     let states = env.metadata().num_initial_states;
     let index = tasks::assign::index_for(states, seed, &group.producer, group.seq);
-    let prompt = env
-        .reset(index)
-        .map_err(|e| format!("assigned prompt {index}: {e}"))?
-        .prompt;
+    let prompt = match env.reset(index) {
+        Ok(start) => start.prompt,
+        Err(e @ tasks::TaskError::External { .. }) => {
+            return Err(EnvRefusal::EnvFailed(format!("assigned prompt {index}: {e}")))
+        }
+        Err(e) => return Err(format!("assigned prompt {index}: {e}").into()),
+    };
     if prompt.id != group.prompt_id {
         return Err(format!(
             "seq {} answers prompt {:?}, assigned {:?}",
             group.seq, group.prompt_id, prompt.id
-        ));
+        )
+        .into());
     }
     if prompt.text != group.prompt_text {
-        return Err(format!(
-            "seq {}: prompt text differs from the task's",
-            group.seq
-        ));
+        return Err(format!("seq {}: prompt text differs from the task's", group.seq).into());
     }
     let tokens = chat
         .open(env.system_prompt().as_deref(), &prompt.text)
         .map_err(|e| format!("tokenizing the assigned prompt: {e}"))?;
     if tokens != group.prompt_tokens {
-        return Err(format!(
-            "seq {}: prompt tokens are not the prompt's",
-            group.seq
-        ));
+        return Err(format!("seq {}: prompt tokens are not the prompt's", group.seq).into());
     }
     Ok(())
 }
+
+/// Why a check that runs the environment refuses a group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnvRefusal {
+    /// The record is not what the environment gives (the worker's fault).
+    Record(String),
+    /// The environment itself failed (an external program crashed, hung or answered
+    /// garbage): not a verdict on the record, and no strike ([`ENV_FAILED`]).
+    EnvFailed(String),
+}
+
+impl From<String> for EnvRefusal {
+    fn from(s: String) -> Self {
+        EnvRefusal::Record(s)
+    }
+}
+
+impl EnvRefusal {
+    /// The rejection, under `reason` for a record that is not the environment's.
+    fn reject(self, reason: &'static str) -> GroupRejection {
+        match self {
+            EnvRefusal::Record(d) => reject(reason, d),
+            EnvRefusal::EnvFailed(d) => {
+                tracing::warn!(detail = %d, "a group could not be verified: the environment failed (no strike)");
+                reject(ENV_FAILED, d)
+            }
+        }
+    }
+}
+
+/// Reason of a refusal because the environment failed while checking: nobody is struck.
+pub const ENV_FAILED: &str = "env_failed";
 
 impl Stage for PromptLayer {
     fn name(&self) -> &'static str {
@@ -370,7 +407,7 @@ impl Stage for PromptLayer {
     fn check(&self, input: &StageInput<'_>, _: &mut Checks) -> Result<(), GroupRejection> {
         let group = input.group;
         check_assigned_prompt(self.env.as_ref(), &self.chat, &self.seed, group)
-            .map_err(|d| reject(self.name(), d))?;
+            .map_err(|d| d.reject(self.name()))?;
         let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
         ledger
             .admit(input.worker, group.seq, group.group_id)
@@ -594,9 +631,9 @@ pub fn check_replay(
     budget: Budget,
     context: usize,
     group: &TrajectoryGroup,
-) -> Result<(), String> {
+) -> Result<(), EnvRefusal> {
     if group.task_id != env.name() {
-        return Err(format!("task {:?} is not the swarm's", group.task_id));
+        return Err(format!("task {:?} is not the swarm's", group.task_id).into());
     }
     let seed = env
         .seed_of(&group.prompt_id)
@@ -615,20 +652,21 @@ pub fn check_replay(
             &s.response_tokens,
             s.reward,
         )
-        .map_err(|e| format!("sample {i}: {e}"))?;
+        .map_err(|e| match e.env_failed() {
+            true => EnvRefusal::EnvFailed(format!("sample {i}: {e}")),
+            false => EnvRefusal::Record(format!("sample {i}: {e}")),
+        })?;
         if s.loss_mask != played.mask() {
-            return Err(format!(
-                "sample {i}: the loss mask is not the assistant's tokens"
-            ));
+            return Err(format!("sample {i}: the loss mask is not the assistant's tokens").into());
         }
         let text = chat
             .tokenizer()
             .decode(&s.response_tokens)
             .unwrap_or_default();
         if text != s.response_text {
-            return Err(format!(
-                "sample {i}: response text is not the decoding of its tokens"
-            ));
+            return Err(
+                format!("sample {i}: response text is not the decoding of its tokens").into(),
+            );
         }
     }
     Ok(())
@@ -646,7 +684,7 @@ impl Stage for ReplayLayer {
             self.context,
             input.group,
         )
-        .map_err(|d| reject(REPLAY_MISMATCH, d))?;
+        .map_err(|d| d.reject(REPLAY_MISMATCH))?;
         // Replaying recomputes every episode's return: the reward figures it feeds are verified.
         checks.rewards_recomputed = true;
         Ok(())
@@ -664,6 +702,35 @@ pub struct EpisodeMask {
     pub chat: Arc<Chat>,
     pub budget: Budget,
     pub context: usize,
+    /// Masks already derived, by the content of the sample (the trainer asks for each one
+    /// more than once; an external environment answers every replay by process round trips).
+    pub derived: MaskCache,
+}
+
+/// Masks by a hash of what determines them (task, prompt id and tokens, response, reward);
+/// bounded: cleared when full.
+#[derive(Default)]
+pub struct MaskCache(Mutex<HashMap<[u8; 32], Vec<u8>>>);
+
+/// Entries a [`MaskCache`] holds before it is cleared.
+const MASK_CACHE_ENTRIES: usize = 4096;
+
+impl MaskCache {
+    fn key(group: &TrajectoryGroup, s: &storage::Sample) -> [u8; 32] {
+        let mut h = blake3::Hasher::new();
+        for part in [group.task_id.as_bytes(), group.prompt_id.as_bytes()] {
+            h.update(&(part.len() as u64).to_le_bytes());
+            h.update(part);
+        }
+        for tokens in [&group.prompt_tokens, &s.response_tokens] {
+            h.update(&(tokens.len() as u64).to_le_bytes());
+            for t in tokens.iter() {
+                h.update(&t.to_le_bytes());
+            }
+        }
+        h.update(&s.reward.to_bits().to_le_bytes());
+        *h.finalize().as_bytes()
+    }
 }
 
 impl learner::MaskRule for EpisodeMask {
@@ -680,13 +747,18 @@ impl learner::MaskRule for EpisodeMask {
             .env
             .seed_of(&group.prompt_id)
             .ok_or_else(|| format!("{:?} is no initial state", group.prompt_id))?;
+        let key = MaskCache::key(group, s);
+        let cache = || self.derived.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(mask) = cache().get(&key) {
+            return Ok(mask.clone());
+        }
         let spec = rollout::episode::Spec {
             env: self.env.as_ref(),
             chat: &self.chat,
             budget: self.budget,
             context: self.context,
         };
-        rollout::episode::replay(
+        let mask = rollout::episode::replay(
             spec,
             seed,
             &group.prompt_tokens,
@@ -694,6 +766,12 @@ impl learner::MaskRule for EpisodeMask {
             s.reward,
         )
         .map(|p| p.mask())
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+        let mut c = cache();
+        if c.len() >= MASK_CACHE_ENTRIES {
+            c.clear();
+        }
+        c.insert(key, mask.clone());
+        Ok(mask)
     }
 }

@@ -683,3 +683,120 @@ fn environment_groups_are_replayed_and_forgeries_refused() {
     other.prompt_tokens.push(65);
     assert!(stage(&prompts, &w, &other).is_err());
 }
+
+/// The repository's stdlib-only test environment (`envs/testenv.py`) with `params`.
+fn testenv(params: serde_json::Value) -> Arc<dyn Environment> {
+    let spec = tasks::external::ExternalSpec {
+        command: vec![
+            "python3".into(),
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../envs/testenv.py").into(),
+        ],
+        call_timeout_ms: 5_000,
+        determinism_seeds: 0,
+        ..Default::default()
+    };
+    tasks::external::start("testenv", &params, &spec).unwrap()
+}
+
+/// An honest group of two-turn testenv episodes assigned to (`w`, `seq`), with the replay
+/// layer of `replay_env`.
+fn external_group(
+    w: &Worker,
+    seq: u64,
+    env: &Arc<dyn Environment>,
+    replay_env: Arc<dyn Environment>,
+) -> (TrajectoryGroup, ReplayLayer) {
+    let chat = Arc::new(Chat::for_model(Tokenizer::byte(), None, true).unwrap());
+    let budget = Budget::of(&env.metadata());
+    let context = policy::ModelConfig::tiny().max_position_embeddings;
+    let index = tasks::assign::index_for(None, &seed(), &w.peer.to_base58(), seq);
+    let spec = rollout::episode::Spec {
+        env: env.as_ref(),
+        chat: &chat,
+        budget,
+        context,
+    };
+    let mut samples = Vec::new();
+    let mut prompt = (String::new(), String::new(), Vec::new());
+    let mut rng = rand::rngs::mock::StepRng::new(0, 1);
+    for k in 0..2u8 {
+        let (mut d, p, tokens) = rollout::episode::Driver::start(spec, index).unwrap();
+        prompt = (p.id, p.text, tokens);
+        while d.next_turn().is_some() {
+            // The first sample answers right, the second says something else.
+            let a = match k {
+                0 => d.reference_action(&mut rng).unwrap().unwrap(),
+                _ => "no".to_string(),
+            };
+            if d.finish_turn(&chat.action_tokens(&a).unwrap()).unwrap().is_none() {
+                break;
+            }
+        }
+        let ep = d.finish();
+        samples.push(Sample {
+            trajectory_id: [k + 1; 16],
+            reward: ep.ret,
+            sampler_logprobs: ep
+                .mask()
+                .iter()
+                .map(|&m| if m == 1 { -0.5 } else { 0.0 })
+                .collect(),
+            loss_mask: ep.mask(),
+            response_text: chat.tokenizer().decode(&ep.tokens).unwrap(),
+            response_tokens: ep.tokens,
+            finished_unix_ms: 0,
+        });
+    }
+    let mut g = TrajectoryGroup {
+        group_id: [seq as u8; 16],
+        task_id: "testenv".into(),
+        prompt_id: prompt.0,
+        version: 1,
+        seq,
+        producer: w.peer.to_base58(),
+        prompt_text: prompt.1,
+        prompt_tokens: prompt.2,
+        created_unix_ms: 0,
+        samples,
+        signature: None,
+    };
+    g.sign(w.key.signing_key());
+    let replay = ReplayLayer {
+        env: replay_env,
+        chat,
+        budget,
+        context,
+    };
+    (g, replay)
+}
+
+#[test]
+fn external_episodes_are_replayed_forgeries_struck_and_env_failures_charge_nobody() {
+    let w = worker(4);
+    let env = testenv(serde_json::json!({"turns": 2}));
+    let (g, replay) = external_group(&w, 3, &env, env.clone());
+    assert_eq!(g.samples[0].reward, 1.0, "the reference answers earn the whole return");
+    assert_eq!(g.samples[1].reward, 0.0);
+    assert!(stage(&replay, &w, &g).is_ok(), "an honest group replays");
+    let mut forged = g.clone();
+    forged.samples[1].reward = 1.0;
+    match stage(&replay, &w, &forged) {
+        Err(GroupRejection::Unverified { reason, detail }) => {
+            assert_eq!(reason, REPLAY_MISMATCH);
+            assert_eq!(penalty(reason).strike, Some(StrikeReason::RewardMismatch));
+            assert!(detail.contains("reported return"), "{detail}");
+        }
+        other => panic!("a forged return passed: {other:?}"),
+    }
+    // The learner's program crashes at turn 2 while replaying: refused, nobody struck.
+    let crashing = testenv(serde_json::json!({"turns": 2, "fault": "crash"}));
+    let (g, replay) = external_group(&w, 5, &env, crashing);
+    match stage(&replay, &w, &g) {
+        Err(GroupRejection::Unverified { reason, detail }) => {
+            assert_eq!(reason, ENV_FAILED, "{detail}");
+            assert_eq!(penalty(reason).strike, None);
+            assert!(detail.contains("exited"), "{detail}");
+        }
+        other => panic!("not refused: {other:?}"),
+    }
+}

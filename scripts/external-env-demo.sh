@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The demo on external environments (docs/environments.md, "External environments"):
+# installs reasoning-gym and TextArena from PyPI into a venv under /tmp (not in CI), then runs
+# `echo-node demo` on one reasoning-gym dataset and one TextArena game, writing each run's
+# JSON summary to docs/results/.
+#
+#   scripts/external-env-demo.sh [minutes per run, default 6]
+#
+# Environment: VENV (default /tmp/echo-envs-venv), ECHO_NODE (default: cargo run --release
+# -p echo-node --), OUT (default docs/results).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MINUTES="${1:-6}"
+VENV="${VENV:-/tmp/echo-envs-venv}"
+OUT="${OUT:-docs/results}"
+DAY="$(date -u +%Y-%m-%d)"
+if [ ! -x "$VENV/bin/python" ]; then
+    python3 -m venv "$VENV"
+fi
+"$VENV/bin/pip" install -q "reasoning-gym==0.1.25" "textarena==0.7.4"
+export ECHO_ENV_PYTHON="$VENV/bin/python"
+if [ -n "${ECHO_NODE:-}" ]; then
+    node=($ECHO_NODE)
+else
+    cargo build --release -p echo-node
+    node=("${CARGO_TARGET_DIR:-target}/release/echo-node")
+fi
+mkdir -p "$OUT"
+
+# reasoning-gym: one-digit additions, the whole completion is the answer, scored by the
+# dataset's own score_answer (1 for the exact answer, partial credit for a completion that
+# contains it).
+"${node[@]}" demo --json --minutes "$MINUTES" --workers 2 \
+    --task external:reasoning-gym:basic_arithmetic \
+    --task-params '{"config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
+                    "operators": ["+"], "allow_parentheses": false, "allow_negation": false},
+                    "system_prompt": ""}' \
+    | tee "$OUT/external-reasoning-gym-$DAY.json"
+
+# TextArena: three rounds of rock-paper-scissors against an opponent that always plays rock
+# (the best response: paper every round); observations cut to their last 60 characters so
+# that an episode fits the embedded model's 256-token context.
+"${node[@]}" demo --json --minutes "$MINUTES" --workers 2 --warm-start-steps 200 \
+    --task external:textarena:IteratedRockPaperScissors-v0 \
+    --task-params '{"env_kwargs": {"num_rounds": 3}, "agent_seat": 0, "opponent": ["[rock]"],
+                    "reference": ["[rock]", "[paper]", "[scissors]"], "max_turns": 4,
+                    "tokens_per_turn": 12, "max_observation_chars": 60}' \
+    | tee "$OUT/external-textarena-$DAY.json"
