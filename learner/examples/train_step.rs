@@ -88,7 +88,9 @@ fn shape(name: &str) -> Result<ModelConfig> {
         "qwen3-4b" => ModelConfig::qwen3_4b(),
         "qwen3-8b" => ModelConfig::qwen3_8b(),
         "qwen3-32b" => ModelConfig::qwen3_32b(),
-        other => bail!("unknown --shape {other} (tiny, small, qwen3-0.6b, qwen3-4b, qwen3-8b, qwen3-32b)"),
+        other => bail!(
+            "unknown --shape {other} (tiny, small, qwen3-0.6b, qwen3-4b, qwen3-8b, qwen3-32b)"
+        ),
     })
 }
 

@@ -299,7 +299,12 @@ fn an_f16_step_matches_the_f32_step() {
     let sa = a.train_step(&groups).unwrap();
     let sb = b.train_step(&groups).unwrap();
     assert!(sa.stepped && sb.stepped);
-    assert!((sa.loss - sb.loss).abs() < 1e-2, "{} vs {}", sa.loss, sb.loss);
+    assert!(
+        (sa.loss - sb.loss).abs() < 1e-2,
+        "{} vs {}",
+        sa.loss,
+        sb.loss
+    );
     assert!((sa.grad_norm - sb.grad_norm).abs() < 0.05 * sa.grad_norm);
     let after = |t: &Trainer| -> Vec<Vec<f32>> {
         t.policy
@@ -307,7 +312,11 @@ fn an_f16_step_matches_the_f32_step() {
             .unwrap()
             .iter()
             .map(|(_, v)| {
-                assert_eq!(v.dtype(), candle_core::DType::F32, "master weights stay f32");
+                assert_eq!(
+                    v.dtype(),
+                    candle_core::DType::F32,
+                    "master weights stay f32"
+                );
                 v.as_tensor().flatten_all().unwrap().to_vec1().unwrap()
             })
             .collect()

@@ -62,7 +62,11 @@ impl Compute {
 /// copies of the weights the forward's matmuls run on (`2·P`: the stored path keeps every
 /// layer's copy for its backward; counted the same, an upper bound, when recomputing). A
 /// LoRA base is multiplied as held (no copy); its adapters' copies are negligible.
-pub fn training_state_bytes_with(cfg: &ModelConfig, training: Training<'_>, compute: Compute) -> u64 {
+pub fn training_state_bytes_with(
+    cfg: &ModelConfig,
+    training: Training<'_>,
+    compute: Compute,
+) -> u64 {
     let base = training_state_bytes(cfg, training);
     match training {
         Training::Full { .. } if compute.dtype != DType::F32 => base.saturating_add(
@@ -150,8 +154,10 @@ pub fn pass_activation_bytes_with(
         }
         Some(c) => {
             let kept = t * (layers + 1.0) * d * e;
-            let layer = t * 2.5 * (half_layer_bytes(cfg, e, (c.max(1) as f64).min(s))
-                + adapters * e / layers.max(1.0));
+            let layer = t
+                * 2.5
+                * (half_layer_bytes(cfg, e, (c.max(1) as f64).min(s))
+                    + adapters * e / layers.max(1.0));
             kept + layer.max(head).max(weight_phase)
         }
     };
@@ -756,7 +762,10 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(e.contains("not even the weights"), "{name}: {e}");
-            assert!(training_state_bytes_with(cfg, full, recompute) > h200, "{name}");
+            assert!(
+                training_state_bytes_with(cfg, full, recompute) > h200,
+                "{name}"
+            );
         }
         // Recomputing keeps the activations of a pass far below the stored path's.
         let stored = pass_activation_bytes_with(&b4, full, bf16, pass, pass);

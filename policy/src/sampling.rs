@@ -463,10 +463,7 @@ pub fn recomputed_response_logprobs<'a>(
     let logits = model.head_logits(&inputs.last().detach())?.detach();
     let lp = token_logprobs(&logits, &tgt, temperature)?.detach();
     drop(logits);
-    let spans = pairs
-        .iter()
-        .map(|(p, r)| (p.len() - 1, r.len()))
-        .collect();
+    let spans = pairs.iter().map(|(p, r)| (p.len() - 1, r.len())).collect();
     Ok((
         response_rows(&lp, pairs, l)?,
         RecomputedPass {

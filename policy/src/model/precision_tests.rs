@@ -36,7 +36,9 @@ pub(crate) fn batch() -> Vec<(Vec<u32>, Vec<u32>)> {
 }
 
 pub(crate) fn pairs(b: &[(Vec<u32>, Vec<u32>)]) -> Vec<(&[u32], &[u32])> {
-    b.iter().map(|(p, r)| (p.as_slice(), r.as_slice())).collect()
+    b.iter()
+        .map(|(p, r)| (p.as_slice(), r.as_slice()))
+        .collect()
 }
 
 /// Log-probs and the gradient of `−Σ mask ⊙ log-probs · w` by variable name, where `w` is a
@@ -50,7 +52,12 @@ fn loss_and_grads(p: &Policy) -> (Vec<f32>, HashMap<String, Tensor>) {
         .unwrap()
         .affine(0.01, 0.5)
         .unwrap();
-    let loss = (lp.clone() * (mask * w).unwrap()).unwrap().sum_all().unwrap().neg().unwrap();
+    let loss = (lp.clone() * (mask * w).unwrap())
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .neg()
+        .unwrap();
     let grads = loss.backward().unwrap();
     let by_name = p
         .named_vars()

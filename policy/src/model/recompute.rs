@@ -94,9 +94,11 @@ fn add(a: Option<Tensor>, b: Option<Tensor>) -> Result<Option<Tensor>> {
 }
 
 impl DecoderLayer {
-    /// The layer with chunked attention (the recomputed pass's forward).
+    /// The layer with chunked attention (the recomputed pass's forward). The core runs on
+    /// detached q, k, v, so no graph keeps a chunk's scores past the chunk (the weights are
+    /// variables: the projections' graph lives until the caller detaches the output).
     fn forward_chunked(&self, x: &Tensor, pos: &Positions, chunk: usize) -> Result<Tensor> {
-        let a = self.qkv(x, pos)?;
+        let a = detached_qkv(&self.qkv(x, pos)?);
         let y = attend_chunked(&self.self_attn, &a, pos, chunk)?;
         self.post(x, self.self_attn.out(&y)?)
     }
@@ -133,7 +135,14 @@ impl DecoderLayer {
         for r0 in (0..t).step_by(chunk) {
             let c = chunk.min(t - r0);
             let q = Var::from_tensor(&free.q.narrow(2, r0, c)?.contiguous()?)?;
-            let yc = attn.core(q.as_tensor(), k.as_tensor(), v.as_tensor(), a.scale, pos, Some(r0))?;
+            let yc = attn.core(
+                q.as_tensor(),
+                k.as_tensor(),
+                v.as_tensor(),
+                a.scale,
+                pos,
+                Some(r0),
+            )?;
             let mut store = (yc * g_y.narrow(2, r0, c)?)?.sum_all()?.backward()?;
             g_q.push(
                 store

@@ -34,7 +34,12 @@ fn stored(p: &Policy) -> (Tensor, HashMap<String, Tensor>) {
     let b = batch();
     let (lp, _) = batch_response_logprobs(p, &pairs(&b), 0.9).unwrap();
     let w = weight(lp.dims());
-    let g = (lp.clone() * w).unwrap().sum_all().unwrap().backward().unwrap();
+    let g = (lp.clone() * w)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
     (lp.detach(), by_name(p, &g))
 }
 
@@ -80,11 +85,16 @@ fn max_abs(t: &Tensor) -> f32 {
 fn assert_close(a: &HashMap<String, Tensor>, b: &HashMap<String, Tensor>, tol: f32, what: &str) {
     assert_eq!(a.len(), b.len(), "{what}: variables with a gradient");
     for (name, ga) in a {
-        let gb = b.get(name).unwrap_or_else(|| panic!("{what}: {name} got no gradient"));
+        let gb = b
+            .get(name)
+            .unwrap_or_else(|| panic!("{what}: {name} got no gradient"));
         let scale = max_abs(ga);
         assert!(scale > 0.0, "{what}: {name} has a zero gradient");
         let d = max_abs(&(ga - gb).unwrap()) / scale;
-        assert!(d <= tol, "{what}: {name} differs by {d} of its largest entry");
+        assert!(
+            d <= tol,
+            "{what}: {name} differs by {d} of its largest entry"
+        );
     }
 }
 
@@ -93,7 +103,10 @@ fn check_against_stored(p: &Policy, lp_tol: f32, grad_tol: f32, what: &str) {
     for chunk in [1, 4, 1000] {
         let (lp_r, g_r) = recomputed(p, chunk);
         let d = max_abs(&(&lp - &lp_r).unwrap());
-        assert!(d <= lp_tol, "{what}, chunk {chunk}: log-probs differ by {d}");
+        assert!(
+            d <= lp_tol,
+            "{what}, chunk {chunk}: log-probs differ by {d}"
+        );
         assert_close(&g, &g_r, grad_tol, &format!("{what}, chunk {chunk}"));
     }
 }
@@ -143,7 +156,8 @@ fn recomputed_equals_stored_lora() {
     let g = (lp * &w).unwrap().sum_all().unwrap().backward().unwrap();
     for v in p.vars().unwrap() {
         if let Some(g) = g.get(v.as_tensor()) {
-            v.set(&(v.as_tensor() + (g * 0.5).unwrap()).unwrap()).unwrap();
+            v.set(&(v.as_tensor() + (g * 0.5).unwrap()).unwrap())
+                .unwrap();
         }
     }
     let (lp, g) = stored(&p);
