@@ -285,6 +285,7 @@ fn trainer_config(a: &Args) -> TrainerConfig {
         groups_per_step: a.groups,
         group_size: a.group_size,
         micro_batch_tokens: TrainerConfig::default().micro_batch_tokens,
+        ..TrainerConfig::default()
     }
 }
 

@@ -7,8 +7,9 @@
 //!     [--device cpu|cuda|cuda:N] [--shape tiny|small|qwen3-0.6b] [--groups 4] [--group-size 8] \
 //!     [--prompt-len 32] [--response-len 64] [--steps 5] [--kl] [--micro-batch-tokens 4096] \
 //!     [--lora-rank R] [--base-dtype f32|bf16] [--layers L] [--elementary] \
-//!     [--keep-freed-memory] [--on-thread] [--lr LR] [--warm-start] [--warm-steps W]
-//!     [--warm-lr LR] [--bf16-stats PATH]
+//!     [--keep-freed-memory] [--on-thread] [--lr LR] [--warm-start] [--warm-steps W] \
+//!     [--warm-lr LR] [--bf16-stats PATH] [--precision auto|bf16|f16|f32] [--recompute] \
+//!     [--query-chunk N] [--tf32 true|false] [--peak-tflops X]
 //! # on a GPU host, with a binary built by scripts/build-cuda.sh's environment:
 //! cargo run --release -p learner --features cuda --example train_step -- --device cuda --shape qwen3-0.6b
 //! ```
@@ -34,6 +35,17 @@
 //! `--elementary` runs the elementary-op path a GPU takes (no fused CPU kernels), so the CPU
 //! peak then measures the GPU's autograd graph; `--layers L` keeps only L decoder layers of the
 //! shape, so a large shape's per-layer and vocabulary terms can be measured in the CPU's memory.
+//!
+//! Compute: `--precision` sets the learner's compute dtype (`learner::Precision`: bf16 on
+//! CUDA, f32 on the CPU by default), `--recompute` recomputes activations layer by layer with
+//! attention in chunks of `--query-chunk` queries. `--tf32` (default true on CUDA) turns on
+//! candle's reduced-precision f32 GEMM (TF32) for the f32 matmuls left, process-wide. The JSON
+//! reports `mfu`: model FLOPs per second — 6·P per token for full fine-tuning (forward 2·P,
+//! backward 4·P), 4·P for LoRA (the frozen base's forward and its input gradients; the
+//! adapters' FLOPs are not counted), a recomputed forward never counted — over the peak of
+//! the device: `--peak-tflops`, else 989.4 TFLOP/s for bf16/f16 and 494.7 for TF32 on CUDA
+//! (H100/H200 SXM dense), 66.9 for f32 without TF32; on the CPU none unless given (`mfu` null).
+//! Shapes `qwen3-4b`, `qwen3-8b` and `qwen3-32b` are the Hugging Face configs' shapes.
 //!
 //! Heap: `--on-thread` trains on a spawned thread, as the node does (its learner trains on a
 //! blocking thread of its runtime), and `--keep-freed-memory` first makes the node's CPU
@@ -87,7 +99,12 @@ fn shape(name: &str) -> Result<ModelConfig> {
         // Qwen3-0.6B: hidden 1024, 28 layers, 16 heads, 8 KV heads, head_dim 128,
         // intermediate 3072, vocab 151,936, tied embeddings.
         "qwen3-0.6b" => ModelConfig::qwen3_0_6b(),
-        other => bail!("unknown --shape {other} (tiny, small, qwen3-0.6b)"),
+        "qwen3-4b" => ModelConfig::qwen3_4b(),
+        "qwen3-8b" => ModelConfig::qwen3_8b(),
+        "qwen3-32b" => ModelConfig::qwen3_32b(),
+        other => bail!(
+            "unknown --shape {other} (tiny, small, qwen3-0.6b, qwen3-4b, qwen3-8b, qwen3-32b)"
+        ),
     })
 }
 
@@ -157,6 +174,11 @@ struct Args {
     warm_steps: usize,
     warm_lr: f64,
     bf16_stats: Option<String>,
+    precision: learner::Precision,
+    recompute: bool,
+    query_chunk: usize,
+    tf32: Option<bool>,
+    peak_tflops: Option<f64>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -181,6 +203,11 @@ fn parse_args() -> Result<Args> {
         warm_steps: 0,
         warm_lr: 1e-4,
         bf16_stats: None,
+        precision: learner::Precision::Auto,
+        recompute: false,
+        query_chunk: 0,
+        tf32: None,
+        peak_tflops: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -205,6 +232,11 @@ fn parse_args() -> Result<Args> {
             "--warm-steps" => a.warm_steps = val()?.parse()?,
             "--warm-lr" => a.warm_lr = val()?.parse()?,
             "--bf16-stats" => a.bf16_stats = Some(val()?),
+            "--precision" => a.precision = val()?.parse()?,
+            "--recompute" => a.recompute = true,
+            "--query-chunk" => a.query_chunk = val()?.parse()?,
+            "--tf32" => a.tf32 = Some(val()?.parse()?),
+            "--peak-tflops" => a.peak_tflops = Some(val()?.parse()?),
             "--base-dtype" => {
                 a.base_dtype = Some(match val()?.as_str() {
                     "f32" => policy::DType::F32,
@@ -237,6 +269,11 @@ const USAGE: &str = "train_step: one learner step (forward, backward, AdamW) on 
   --warm-start              round the weights to bf16 and start a fresh optimiser on them
   --warm-steps W --warm-lr LR   train W steps at LR before the warm start (0, 1e-4)
   --bf16-stats PATH         one JSON line per step: bf16 values changed, per tensor kind
+  --precision P             auto|bf16|f16|f32 compute (auto: bf16 on CUDA, f32 on the CPU)
+  --recompute               recompute activations per layer, attention in query chunks
+  --query-chunk N           queries per attention chunk when recomputing (1024)
+  --tf32 true|false         TF32 for f32 matmuls (CUDA; default true there)
+  --peak-tflops X           the device's peak for MFU (default: by device and dtype)
 Prints one JSON line: step times, tokens/s, predicted and measured memory.";
 
 fn main() -> Result<()> {
@@ -278,6 +315,11 @@ fn run(args: Args, heap: Option<learner::heap::HeapSetting>) -> Result<()> {
         warm_steps,
         warm_lr,
         bf16_stats,
+        precision,
+        recompute,
+        query_chunk,
+        tf32,
+        peak_tflops,
     } = args;
     // The trainer runs its forwards on this thread.
     policy::model::use_elementary_ops(elementary);
@@ -291,14 +333,21 @@ fn run(args: Args, heap: Option<learner::heap::HeapSetting>) -> Result<()> {
         prompt_len + response_len <= cfg.max_position_embeddings,
         "prompt + response longer than the model's context"
     );
+    let tf32 = tf32.unwrap_or(device.is_cuda()) && device.is_cuda();
+    // Process-wide; a no-op without the CUDA backend.
+    policy::candle_core::cuda::set_gemm_reduced_precision_f32(tf32);
     let mut policy = Policy::new_random(&cfg, 0, &device)?;
     let mut tc = TrainerConfig {
         groups_per_step: groups,
         group_size: n,
         temperature: 1.0,
         micro_batch_tokens: micro,
+        precision,
+        recompute,
+        query_chunk,
         ..TrainerConfig::default()
     };
+    let compute = tc.compute(&device);
     tc.loss.kl_beta = if kl { 0.05 } else { 0.0 };
     if let Some(lr) = lr {
         tc.optim.lr = lr;
@@ -342,7 +391,8 @@ fn run(args: Args, heap: Option<learner::heap::HeapSetting>) -> Result<()> {
         Some(lora) => policy::memory::Training::Lora { lora, base_dtype },
         None => kl.into(),
     };
-    let predicted = policy::memory::learner_bytes(&cfg, training, tc.tokens_per_pass(&cfg));
+    let predicted =
+        policy::memory::learner_bytes_with(&cfg, training, compute, tc.tokens_per_pass(&cfg));
     let budget = tc.micro_batch_tokens;
     let policy = match &lora {
         Some(l) => policy.with_base_dtype(base_dtype)?.with_lora(l, 0)?,
@@ -421,8 +471,20 @@ fn run(args: Args, heap: Option<learner::heap::HeapSetting>) -> Result<()> {
     let median = sorted[sorted.len() / 2];
     let tokens = groups * n * (prompt_len + response_len);
     let (pass, len) = largest;
-    let predicted_at_len = policy::memory::training_state_bytes(&cfg, training)
-        + policy::memory::pass_activation_bytes(&cfg, training, len, pass);
+    let predicted_at_len = policy::memory::training_state_bytes_with(&cfg, training, compute)
+        + policy::memory::pass_activation_bytes_with(&cfg, training, compute, len, pass);
+    // Model FLOPs per token (see the module doc) and the device's peak.
+    let per_param = if lora.is_some() { 4.0 } else { 6.0 };
+    let flops_per_token = per_param * cfg.num_params() as f64;
+    let half = compute.dtype != policy::DType::F32;
+    let peak = peak_tflops.or(match (device.is_cuda(), half, tf32) {
+        (true, true, _) => Some(989.4),
+        (true, false, true) => Some(494.7),
+        (true, false, false) => Some(66.9),
+        (false, ..) => None,
+    });
+    let tokens_per_s = tokens as f64 / median;
+    let mfu = peak.map(|p| flops_per_token * tokens_per_s / (p * 1e12));
     println!(
         "{}",
         serde_json::json!({
@@ -442,7 +504,11 @@ fn run(args: Args, heap: Option<learner::heap::HeapSetting>) -> Result<()> {
             "step_ms": times.iter().map(|t| t * 1e3).collect::<Vec<_>>(),
             "step_cpu_ms": cpu_times.iter().map(|t| t * 1e3).collect::<Vec<_>>(),
             "step_minor_faults": faults,
-            "tokens_per_s": tokens as f64 / median,
+            "tokens_per_s": tokens_per_s,
+            "precision": format!("{:?}", compute.dtype), "recompute": recompute,
+            "query_chunk": compute.recompute, "tf32": tf32,
+            "model_flops_per_token": flops_per_token, "peak_tflops": peak, "mfu": mfu,
+            "mfu_note": if peak.is_none() { Some("no stated peak for this device: pass --peak-tflops") } else { None },
         })
     );
     Ok(())

@@ -236,7 +236,12 @@ impl Trainer {
                 id
             })
             .collect();
-        Ok(Trainer {
+        let (precision, recompute, chunk) = (
+            meta.trainer.precision,
+            meta.trainer.recompute,
+            meta.trainer.query_chunk,
+        );
+        let mut trainer = Trainer {
             cfg: meta.trainer,
             policy,
             reference,
@@ -244,7 +249,10 @@ impl Trainer {
             version: meta.version,
             consumed,
             masks: std::sync::Arc::new(crate::mask::ResponseTokens),
-        })
+        };
+        // The precision recorded (an `auto` resolves on this device).
+        trainer.set_compute(precision, recompute, chunk)?;
+        Ok(trainer)
     }
 }
 

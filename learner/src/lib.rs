@@ -35,7 +35,7 @@ pub use mask::{MaskRule, ResponseTokens};
 pub use optim::{AdamW, AdamWConfig, OptimStep};
 pub use pipeline::{Checks, Pipeline, Stage, StageInput, Verified};
 pub use spot_check::{SpotReport, SpotRule, SpotSampler};
-pub use trainer::{StepStats, Trainer, TrainerConfig, Verdict};
+pub use trainer::{Precision, StepStats, Trainer, TrainerConfig, Verdict};
 pub use verdict::{CheckReport, CheckSettings, SpotVerdict, WorkerDtype};
 pub use warm::{warm_start_on_task, WarmReport};
 

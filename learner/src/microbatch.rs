@@ -18,6 +18,10 @@
 //!   averages over, so the summed gradient is that of the mean, as in one pass. With one
 //!   pass the operations are those of a single batch, bit for bit; with several, the sums
 //!   run in another order (a test bounds the difference).
+//! - **Recomputed activations** (`recompute`): a pass's log-probs come from a forward that
+//!   keeps only each layer's input; the objective's `∂L/∂ℓ` over them then drives the pass's
+//!   layer-by-layer backward (`policy::model::recompute`), the same chain rule as a split
+//!   group's. Split groups' chunks run their backward the same way.
 //! - **No graph where none is needed**: the KL reference and the split groups' first
 //!   forward run on [`policy::Policy::no_grad`] views.
 //!
@@ -190,6 +194,10 @@ impl Trainer {
         let (mut grads, mut terms) = (None, Vec::with_capacity(groups.len()));
         for pass in plan(&shapes, self.cfg.micro_batch_tokens) {
             match pass {
+                Pass::Groups(range) if self.cfg.recompute => {
+                    let sum = (&mut grads, vars.as_slice());
+                    terms.extend(self.recomputed_groups_gradient(&groups[range], k, sum)?);
+                }
                 Pass::Groups(range) => {
                     let (losses, t) = self.groups_forward(&groups[range])?;
                     let finite: Vec<Tensor> = losses
@@ -211,6 +219,54 @@ impl Trainer {
             }
         }
         Ok(BatchGradient { grads, terms })
+    }
+
+    /// [`Trainer::groups_forward`] and its backward with recomputed activations: the pass's
+    /// log-probs without a graph (`policy::recomputed_response_logprobs`), each group's
+    /// objective over them as a variable, `∂(Σ_g loss_g / k)/∂ℓ` over the finite groups, then
+    /// the pass's layer-by-layer backward of `Σ ℓ ⊙ ∂L/∂ℓ` into the step's sum `grads` (the
+    /// chain rule at the log-prob boundary of the split groups, below).
+    fn recomputed_groups_gradient(
+        &self,
+        groups: &[&Used<'_>],
+        k: f64,
+        (grads, vars): (&mut Option<GradStore>, &[Var]),
+    ) -> Result<Vec<GroupTerms>> {
+        let pairs: Vec<(&[u32], &[u32])> = groups
+            .iter()
+            .flat_map(|(g, _)| g.samples.iter().map(|s| pair(g, s)))
+            .collect();
+        let t = self.cfg.temperature;
+        let chunk = self.cfg.query_chunk();
+        let (lp, pass) = policy::recomputed_response_logprobs(&self.policy, &pairs, t, chunk)?;
+        let logp = Var::from_tensor(&lp)?;
+        drop(lp);
+        let ref_lp = match &self.reference {
+            Some(r) => Some(policy::batch_response_logprobs(&r.no_grad()?, &pairs, t)?.0),
+            None => None,
+        };
+        let (mut finite, mut terms) = (Vec::new(), Vec::new());
+        let mut row = 0;
+        for (g, adv) in groups {
+            let n = g.samples.len();
+            let r = ref_lp.as_ref().map(|r| r.narrow(0, row, n)).transpose()?;
+            let p = logp.as_tensor().narrow(0, row, n)?;
+            let (loss, group_terms) = self.group_objective(g, adv, &p, r.as_ref())?;
+            row += n;
+            if group_terms.loss.is_finite() {
+                finite.push(loss);
+            }
+            terms.push(group_terms);
+        }
+        if finite.is_empty() {
+            return Ok(terms);
+        }
+        let loss = (Tensor::stack(&finite, 0)?.sum_all()? / k)?;
+        let Some(dl_dlogp) = loss.backward()?.remove(logp.as_tensor()) else {
+            return Ok(terms);
+        };
+        sink_backward(pass, &dl_dlogp, grads, vars)?;
+        Ok(terms)
     }
 
     /// Log-probs of `groups`' rows (one right-padded batch, with a graph) and each group's
@@ -279,8 +335,16 @@ impl Trainer {
             return Ok(terms); // the objective does not depend on the log-probs
         };
         for c in chunks {
-            let lp = policy::batch_response_logprobs(&self.policy, &pairs[c.clone()], t)?.0;
             let weight = dl_dlogp.narrow(0, c.start, c.len())?;
+            if self.cfg.recompute {
+                let chunk = self.cfg.query_chunk();
+                let (lp, pass) =
+                    policy::recomputed_response_logprobs(&self.policy, &pairs[c], t, chunk)?;
+                let weight = weight.narrow(1, 0, lp.dim(1)?)?;
+                sink_backward(pass, &weight, grads, vars)?;
+                continue;
+            }
+            let lp = policy::batch_response_logprobs(&self.policy, &pairs[c.clone()], t)?.0;
             let surrogate = (pad_to(&lp, len)? * weight)?.sum_all()?;
             add_into(grads, surrogate.backward()?, vars)?;
         }
@@ -336,6 +400,23 @@ impl Trainer {
         };
         Ok((out.loss, terms))
     }
+}
+
+/// Runs a recomputed pass's backward of `Σ ℓ ⊙ weight`, adding each part into `grads`.
+fn sink_backward(
+    pass: policy::RecomputedPass<'_>,
+    weight: &Tensor,
+    grads: &mut Option<GradStore>,
+    vars: &[Var],
+) -> Result<()> {
+    let mut failed = None;
+    pass.backward(weight, &mut |store| {
+        if failed.is_none() {
+            failed = add_into(grads, store, vars).err();
+        }
+        Ok(())
+    })?;
+    failed.map_or(Ok(()), Err)
 }
 
 fn pair<'a>(g: &'a TrajectoryGroup, s: &'a storage::Sample) -> (&'a [u32], &'a [u32]) {

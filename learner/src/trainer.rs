@@ -59,7 +59,7 @@ mod microbatch;
 #[path = "step_stats.rs"]
 mod stats;
 
-pub use config::TrainerConfig;
+pub use config::{Precision, TrainerConfig};
 pub use stats::{Quarantined, StepStats, Verdict};
 
 /// The trainable policy, its optimiser and the learner's bookkeeping.
@@ -95,11 +95,14 @@ pub(crate) fn reference_of(policy: &Policy, kl_beta: f64) -> Result<Option<Polic
     if policy.lora().is_some() {
         return Ok(Some(policy.base_view()?));
     }
-    Ok(Some(Policy::from_safetensors_bytes(
-        policy.config(),
-        &policy.to_safetensors_bytes()?,
-        policy.device(),
-    )?))
+    Ok(Some(
+        Policy::from_safetensors_bytes(
+            policy.config(),
+            &policy.to_safetensors_bytes()?,
+            policy.device(),
+        )?
+        .with_compute_dtype(policy.compute_dtype())?,
+    ))
 }
 
 fn bad(msg: impl Into<String>) -> Verdict {
@@ -121,6 +124,8 @@ impl Trainer {
                  LoRA adapters to train on it)"
             )));
         }
+        let compute = cfg.precision.dtype(policy.device());
+        let policy = policy.with_compute_dtype(compute)?;
         let reference = reference_of(&policy, cfg.loss.kl_beta)?;
         let opt = AdamW::new(policy.trainable_named_vars()?, cfg.optim)?;
         Ok(Trainer {
@@ -154,6 +159,28 @@ impl Trainer {
     /// cut into passes, which changes its memory, not what it computes.
     pub fn set_micro_batch_tokens(&mut self, tokens: usize) {
         self.cfg.micro_batch_tokens = tokens;
+    }
+
+    /// Changes how the passes compute — the precision and whether activations are recomputed
+    /// (with the attention's query chunk; 0 = the default) — which depends on this run's
+    /// device, not on a checkpoint's. The policy and its KL reference are rebuilt over the
+    /// same variables; the optimiser's state is untouched.
+    pub fn set_compute(
+        &mut self,
+        precision: Precision,
+        recompute: bool,
+        query_chunk: usize,
+    ) -> Result<()> {
+        let dtype = precision.dtype(self.policy.device());
+        policy::model::check_compute_dtype(dtype, self.policy.device())?;
+        self.policy.set_compute_dtype(dtype)?;
+        if let Some(r) = &mut self.reference {
+            r.set_compute_dtype(dtype)?;
+        }
+        self.cfg.precision = precision;
+        self.cfg.recompute = recompute;
+        self.cfg.query_chunk = query_chunk;
+        Ok(())
     }
 
     /// The optimiser (e.g. to change the learning rate).

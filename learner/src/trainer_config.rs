@@ -33,10 +33,66 @@ pub struct TrainerConfig {
     /// larger than this is split by rows. 0 = the whole step in one pass.
     #[serde(default = "default_micro_batch_tokens")]
     pub micro_batch_tokens: usize,
+    /// The dtype the forward and backward compute in ([`Precision`]; master weights,
+    /// gradient sums, AdamW's moments, log-softmax, loss and ratios stay f32).
+    #[serde(default)]
+    pub precision: Precision,
+    /// Recompute each layer's activations during the backward instead of storing them, with
+    /// attention in chunks of [`TrainerConfig::query_chunk`] queries: a pass holds one layer's
+    /// activations (`policy::model::recompute`). Costs one more forward per pass.
+    #[serde(default)]
+    pub recompute: bool,
+    /// Queries per attention chunk when recomputing (0 = [`policy::model::DEFAULT_QUERY_CHUNK`]).
+    #[serde(default)]
+    pub query_chunk: usize,
 }
 
 fn default_micro_batch_tokens() -> usize {
     4096
+}
+
+/// The learner's compute dtype (`learner.precision`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// bf16 on a GPU, f32 on the CPU (whose candle has no bf16 matmul).
+    #[default]
+    Auto,
+    /// bf16 compute (tensor cores); GPU only.
+    Bf16,
+    /// f16 compute (the CPU has an f16 matmul).
+    F16,
+    /// f32 everywhere.
+    F32,
+}
+
+impl Precision {
+    /// The compute dtype on `device`.
+    pub fn dtype(self, device: &policy::Device) -> policy::DType {
+        match self {
+            Precision::Auto if device.is_cpu() => policy::DType::F32,
+            Precision::Auto | Precision::Bf16 => policy::DType::BF16,
+            Precision::F16 => policy::DType::F16,
+            Precision::F32 => policy::DType::F32,
+        }
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = LearnerError;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "auto" => Precision::Auto,
+            "bf16" => Precision::Bf16,
+            "f16" => Precision::F16,
+            "f32" => Precision::F32,
+            other => {
+                return Err(LearnerError::Invalid(format!(
+                    "unknown precision {other:?} (auto, bf16, f16, f32)"
+                )))
+            }
+        })
+    }
 }
 
 impl Default for TrainerConfig {
@@ -50,6 +106,9 @@ impl Default for TrainerConfig {
             groups_per_step: 16,
             group_size: 8,
             micro_batch_tokens: default_micro_batch_tokens(),
+            precision: Precision::default(),
+            recompute: false,
+            query_chunk: 0,
         }
     }
 }
@@ -75,6 +134,23 @@ impl TrainerConfig {
             self.micro_batch_tokens
         } else {
             self.batch_trajectories() * model.max_position_embeddings
+        }
+    }
+
+    /// What the memory model counts this configuration's passes with on `device`.
+    pub fn compute(&self, device: &policy::Device) -> policy::memory::Compute {
+        policy::memory::Compute {
+            dtype: self.precision.dtype(device),
+            recompute: self.recompute.then(|| self.query_chunk()),
+        }
+    }
+
+    /// Queries per attention chunk of a recomputed pass.
+    pub fn query_chunk(&self) -> usize {
+        if self.query_chunk > 0 {
+            self.query_chunk
+        } else {
+            policy::model::DEFAULT_QUERY_CHUNK
         }
     }
 

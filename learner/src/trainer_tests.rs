@@ -26,6 +26,7 @@ fn cfg(objective: Objective, staleness: u64) -> TrainerConfig {
         groups_per_step: 2,
         group_size: 4,
         micro_batch_tokens: 0,
+        ..TrainerConfig::default()
     }
 }
 

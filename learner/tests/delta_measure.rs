@@ -79,6 +79,7 @@ fn delta_sizes_on_real_learner_steps() {
             groups_per_step: 2,
             group_size: 4,
             micro_batch_tokens: 0,
+            ..TrainerConfig::default()
         };
         let mut tr = Trainer::new(policy, tc).expect("trainer");
         let pipeline = Pipeline::new(learner::pipeline::limits_of(tr.policy().config(), 4));

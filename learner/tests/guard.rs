@@ -31,6 +31,7 @@ fn trainer(objective: Objective, budget: usize) -> Trainer {
         groups_per_step: 4,
         group_size: 4,
         micro_batch_tokens: budget,
+        ..TrainerConfig::default()
     };
     Trainer::new(small_policy(1), cfg).unwrap()
 }

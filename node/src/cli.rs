@@ -183,6 +183,12 @@ pub struct DemoArgs {
     /// --lora-rank).
     #[arg(long, value_parser = parse_lr)]
     pub lr: Option<f64>,
+    /// The learner's compute dtype (`learner.precision`): auto, bf16 (GPU), f16 or f32.
+    #[arg(long, default_value = "auto", value_parser = parse_precision)]
+    pub precision: learner::Precision,
+    /// Recompute the learner's activations layer by layer (`learner.recompute`).
+    #[arg(long)]
+    pub recompute: bool,
     /// With `--snapshot-dtype bf16`: publish every version whole instead of as sparse deltas
     /// (`broadcast.delta = false`), to compare the two.
     #[arg(long)]
@@ -364,6 +370,10 @@ fn parse_pct(s: &str) -> Result<f64, String> {
 }
 
 /// A learning rate: finite and > 0 (`demo --lr`).
+fn parse_precision(s: &str) -> Result<learner::Precision, String> {
+    s.parse().map_err(|e: learner::LearnerError| e.to_string())
+}
+
 fn parse_lr(s: &str) -> Result<f64, String> {
     let lr: f64 = s
         .parse()

@@ -96,6 +96,41 @@ impl ModelConfig {
         }
     }
 
+    /// The Qwen3-4B shape (Hugging Face config): hidden 2,560, 36 layers, 32 heads, 8 KV
+    /// heads, intermediate 9,728, tied embeddings.
+    pub fn qwen3_4b() -> Self {
+        ModelConfig {
+            hidden_size: 2560,
+            intermediate_size: 9728,
+            num_hidden_layers: 36,
+            num_attention_heads: 32,
+            ..Self::qwen3_0_6b()
+        }
+    }
+
+    /// The Qwen3-8B shape: hidden 4,096, 36 layers, 32 heads, 8 KV heads, intermediate
+    /// 12,288, untied output projection.
+    pub fn qwen3_8b() -> Self {
+        ModelConfig {
+            hidden_size: 4096,
+            intermediate_size: 12288,
+            tie_word_embeddings: false,
+            ..Self::qwen3_4b()
+        }
+    }
+
+    /// The Qwen3-32B shape: hidden 5,120, 64 layers, 64 heads, 8 KV heads, intermediate
+    /// 25,600, untied output projection.
+    pub fn qwen3_32b() -> Self {
+        ModelConfig {
+            hidden_size: 5120,
+            intermediate_size: 25600,
+            num_hidden_layers: 64,
+            num_attention_heads: 64,
+            ..Self::qwen3_8b()
+        }
+    }
+
     /// Whether the attention block has `q_norm` / `k_norm` (Qwen3 only).
     pub fn qk_norm(&self) -> bool {
         self.arch == Arch::Qwen3

@@ -50,8 +50,8 @@ pub use lora::{Adapters, LoraConfig};
 pub use model::{KvCache, Qwen3};
 pub use safetensors_io::{snapshot_config_hash, META_CONFIG_HASH};
 pub use sampling::{
-    batch_response_logits, batch_response_logprobs, response_logprobs, token_logprobs, Completion,
-    GenerationPath, SamplingParams,
+    batch_response_logits, batch_response_logprobs, recomputed_response_logprobs,
+    response_logprobs, token_logprobs, Completion, GenerationPath, RecomputedPass, SamplingParams,
 };
 pub use tokenizer::{ByteTokenizer, Tokenizer};
 pub use weights::Policy;

@@ -38,6 +38,147 @@ impl From<bool> for Training<'_> {
     }
 }
 
+/// How the learner computes, for its memory arithmetic: the activations' dtype and whether
+/// activations are recomputed ([`Compute::F32`]: f32, stored — what [`learner_bytes`] counts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Compute {
+    /// The dtype of the activations and matmuls: F32, or F16/BF16 (mixed precision, with f32
+    /// master weights, gradients, moments, norms, softmax and logits).
+    pub dtype: DType,
+    /// Recomputed activations with attention in chunks of this many queries
+    /// (`policy::model::recompute`); `None`: every activation stored until the backward.
+    pub recompute: Option<usize>,
+}
+
+impl Compute {
+    /// f32 everywhere, activations stored.
+    pub const F32: Compute = Compute {
+        dtype: DType::F32,
+        recompute: None,
+    };
+}
+
+/// [`training_state_bytes`] plus, for full fine-tuning in half precision, the half-precision
+/// copies of the weights the forward's matmuls run on (`2·P`: the stored path keeps every
+/// layer's copy for its backward; counted the same, an upper bound, when recomputing). A
+/// LoRA base is multiplied as held (no copy); its adapters' copies are negligible.
+pub fn training_state_bytes_with(
+    cfg: &ModelConfig,
+    training: Training<'_>,
+    compute: Compute,
+) -> u64 {
+    let base = training_state_bytes(cfg, training);
+    match training {
+        Training::Full { .. } if compute.dtype != DType::F32 => base.saturating_add(
+            cfg.num_params()
+                .saturating_mul(compute.dtype.size_in_bytes() as u64),
+        ),
+        _ => base,
+    }
+}
+
+/// Bytes per token of one decoder layer's activations, in the forward of a mixed-precision
+/// pass (`e` bytes a half value) with attention over `keys` keys; f32 where the model
+/// computes in f32 (RMSNorm: a widened copy and three f32 values per input value; the scores
+/// from the widened copy on: widened, scaled, masked, shifted, exp, normalised, and the
+/// product and the narrowed probabilities at `e`). The same itemisation as
+/// [`activation_bytes_per_token`], by dtype.
+fn half_layer_bytes(cfg: &ModelConfig, e: f64, keys: f64) -> f64 {
+    let [d, q, kv, i, h, k] = [
+        cfg.hidden_size,
+        cfg.num_attention_heads * cfg.head_dim,
+        cfg.num_key_value_heads * cfg.head_dim,
+        cfg.intermediate_size,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+    ]
+    .map(|x| x as f64);
+    let half = 6.0 * d + 9.5 * q + 9.5 * kv + 4.0 * i;
+    let f32s = 8.0 * d + 4.0 * q + 4.0 * kv + 3.0 * (2.0 + h + k) + 2.0 * h;
+    e * half + 4.0 * f32s + h * keys * (2.0 * e + 24.0)
+}
+
+/// [`pass_activation_bytes`] for any [`Compute`]. With [`Compute::F32`] it is that count. In
+/// half precision (`e` bytes a value) the stored path counts per token `L ×` the layer's
+/// bytes by dtype (`half_layer_bytes`) plus, outside the layers, the embedding row (f32 and
+/// `e`), the final norm (f32, as the layers'), the logits at `e` and widened to f32, and the
+/// constants; the backward's working set is the larger of 1.5 layers and three f32
+/// vocabulary rows. Recomputing (`recompute = Some(c)`), a pass keeps `L + 1` hidden rows
+/// per token at `e` (each layer's input and the last output) and on top the largest of: one
+/// layer recomputed with attention over `min(c, s)` queries at a time (2.5 × the layer:
+/// its forward and the backward's 1.5), the head (the logits at `e` and f32, three f32
+/// vocabulary rows, the final norm), and the weight-gradient moment of
+/// [`pass_activation_bytes`]. Plus 1 % unitemised, as there. An upper bound by construction
+/// (each term as the stored path's); `docs/gpu.md` ("Recomputed activations") has figures.
+pub fn pass_activation_bytes_with(
+    cfg: &ModelConfig,
+    training: Training<'_>,
+    compute: Compute,
+    seq_len: usize,
+    tokens: usize,
+) -> u64 {
+    if compute == Compute::F32 {
+        return pass_activation_bytes(cfg, training, seq_len, tokens);
+    }
+    let e = compute.dtype.size_in_bytes() as f64;
+    let (d, v, s, t) = (
+        cfg.hidden_size as f64,
+        cfg.vocab_size as f64,
+        seq_len as f64,
+        tokens as f64,
+    );
+    let layers = cfg.num_hidden_layers as f64;
+    let adapters: f64 = match training {
+        Training::Full { .. } => 0.0,
+        Training::Lora { lora, .. } => targeted_projections(cfg, lora)
+            .iter()
+            .map(|(_, out, _)| (lora.rank + 2 * out) as f64)
+            .sum(),
+    };
+    let weight_phase = 4.0
+        * (largest_trained_matrix(cfg, training) as f64 * WEIGHT_GRADIENT_COPIES as f64 + t * v);
+    let head = t * (v * (e + 4.0) + 4.0 * (VOCAB_BACKWARD_ROWS as f64 * v + 4.0 * d + 3.0));
+    let itemised = match compute.recompute {
+        None => {
+            let layer = half_layer_bytes(cfg, e, s);
+            let forward = layers * layer
+                + adapters * e
+                + d * (4.0 + e)
+                + 4.0 * (4.0 * d + 3.0)
+                + d * e
+                + v * (e + 4.0)
+                + 2.0 * cfg.head_dim as f64 * e
+                + 4.0 * s;
+            let backward = (1.5 * layer).max(4.0 * VOCAB_BACKWARD_ROWS as f64 * v);
+            t * forward + (t * backward).max(weight_phase)
+        }
+        Some(c) => {
+            let kept = t * (layers + 1.0) * d * e;
+            let layer = t
+                * 2.5
+                * (half_layer_bytes(cfg, e, (c.max(1) as f64).min(s))
+                    + adapters * e / layers.max(1.0));
+            kept + layer.max(head).max(weight_phase)
+        }
+    };
+    let itemised = itemised.ceil() as u64;
+    itemised.saturating_add(itemised / UNITEMISED_DIVISOR)
+}
+
+/// [`learner_bytes`] for any [`Compute`]: [`training_state_bytes_with`] plus
+/// [`pass_activation_bytes_with`] for the worst case of one sequence filling the pass.
+pub fn learner_bytes_with<'a>(
+    cfg: &ModelConfig,
+    training: impl Into<Training<'a>>,
+    compute: Compute,
+    tokens_per_pass: usize,
+) -> u64 {
+    let training = training.into();
+    let seq = tokens_per_pass.min(cfg.max_position_embeddings);
+    let act = pass_activation_bytes_with(cfg, training, compute, seq, tokens_per_pass);
+    training_state_bytes_with(cfg, training, compute).saturating_add(act)
+}
+
 /// Bytes of the training state ([`learner_state_bytes`] for full fine-tuning). With LoRA:
 /// `P·s` for the frozen base in its dtype (s bytes a value; no gradient, no moments, and it
 /// is the KL reference) plus `20·A` for the A adapter parameters — f32 weights, the pass's
@@ -232,10 +373,7 @@ pub fn learner_bytes<'a>(
     training: impl Into<Training<'a>>,
     tokens_per_pass: usize,
 ) -> u64 {
-    let training = training.into();
-    let seq = tokens_per_pass.min(cfg.max_position_embeddings);
-    let act = pass_activation_bytes(cfg, training, seq, tokens_per_pass);
-    training_state_bytes(cfg, training).saturating_add(act)
+    learner_bytes_with(cfg, training, Compute::F32, tokens_per_pass)
 }
 
 /// The largest `tokens_per_pass` whose [`learner_bytes`] fits in `free` bytes (0 when not
@@ -245,8 +383,18 @@ pub fn max_tokens_per_pass<'a>(
     training: impl Into<Training<'a>>,
     free: u64,
 ) -> usize {
+    max_tokens_per_pass_with(cfg, training, Compute::F32, free)
+}
+
+/// [`max_tokens_per_pass`] for any [`Compute`].
+pub fn max_tokens_per_pass_with<'a>(
+    cfg: &ModelConfig,
+    training: impl Into<Training<'a>>,
+    compute: Compute,
+    free: u64,
+) -> usize {
     let training = training.into();
-    let fits = |t: usize| learner_bytes(cfg, training, t) <= free;
+    let fits = |t: usize| learner_bytes_with(cfg, training, compute, t) <= free;
     if !fits(1) {
         return 0;
     }
@@ -273,18 +421,33 @@ pub fn check_learner_fit<'a>(
     free: u64,
     resident: u64,
 ) -> Result<()> {
+    check_learner_fit_with(cfg, training, Compute::F32, tokens_per_pass, free, resident)
+}
+
+/// [`check_learner_fit`] for any [`Compute`] (mixed precision, recomputed activations).
+pub fn check_learner_fit_with<'a>(
+    cfg: &ModelConfig,
+    training: impl Into<Training<'a>>,
+    compute: Compute,
+    tokens_per_pass: usize,
+    free: u64,
+    resident: u64,
+) -> Result<()> {
     let training = training.into();
-    let need = learner_bytes(cfg, training, tokens_per_pass);
+    let need = learner_bytes_with(cfg, training, compute, tokens_per_pass);
     let available = free.saturating_add(resident);
     if need <= available {
         return Ok(());
     }
-    let state = training_state_bytes(cfg, training);
+    let state = training_state_bytes_with(cfg, training, compute);
     let gib = |b: u64| b as f64 / GIB;
-    let hint = match max_tokens_per_pass(cfg, training, available) {
+    let hint = match max_tokens_per_pass_with(cfg, training, compute, available) {
         0 => "not even the weights, gradients and optimiser state fit: pick a device with more \
               memory or a smaller model"
             .to_string(),
+        t if compute.recompute.is_none() => format!(
+            "set the learner's micro_batch_tokens to at most {t}, or learner.recompute = true"
+        ),
         t => format!("set the learner's micro_batch_tokens to at most {t}"),
     };
     Err(PolicyError::DoesNotFit(format!(
@@ -543,6 +706,94 @@ mod tests {
         // Passes that fit an 80 GB card (the worst case: one sequence fills the pass).
         assert_eq!(max_tokens_per_pass(&b4, bf16, 80_000_000_000), 1156);
         assert_eq!(max_tokens_per_pass(&b8, bf16, 80_000_000_000), 994);
+    }
+
+    /// The paper's models on one H200 (139 GiB usable) at 8,192-token responses (a pass of
+    /// one 8,448-token sequence: 256 prompt tokens), `docs/gpu.md` ("The paper's models on
+    /// one card").
+    #[test]
+    fn the_papers_models_on_one_card() {
+        let h200: u64 = 139 << 30;
+        let pass = 8192 + 256;
+        let bf16 = Compute {
+            dtype: DType::BF16,
+            recompute: None,
+        };
+        let recompute = Compute {
+            recompute: Some(1024),
+            ..bf16
+        };
+        let b4 = ModelConfig::qwen3_4b();
+        let b8 = ModelConfig::qwen3_8b();
+        assert_eq!(b4.num_params(), 4_022_468_096);
+        assert_eq!(b8.num_params(), 8_190_735_360);
+        let full = Training::Full {
+            with_reference: false,
+        };
+        let kl = Training::Full {
+            with_reference: true,
+        };
+        // 4B full fine-tuning: bf16 + recompute fits, with the KL reference too; stored
+        // activations do not (the attention scores grow with the square of the sequence).
+        for t in [full, kl] {
+            assert!(check_learner_fit_with(&b4, t, recompute, pass, h200, 0).is_ok());
+            let e = check_learner_fit_with(&b4, t, bf16, pass, h200, 0)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("or learner.recompute = true"), "{e}");
+            assert!(check_learner_fit(&b4, t, pass, h200, 0).is_err());
+        }
+        // The half-precision copies: 2·P on top of the 20·P of f32 state.
+        assert_eq!(
+            training_state_bytes_with(&b4, full, bf16) - learner_state_bytes(&b4, false),
+            2 * b4.num_params()
+        );
+        // 8B LoRA r = 16 on a bf16 base fits with room to spare.
+        let lora = LoraConfig::new(16, 32.0);
+        let lora8 = Training::Lora {
+            lora: &lora,
+            base_dtype: DType::BF16,
+        };
+        let need = learner_bytes_with(&b8, lora8, recompute, pass);
+        assert!(need < h200 / 2, "{need}");
+        // 8B full fine-tuning and 32B do not fit one card: not even their state.
+        for (cfg, name) in [(&b8, "8B"), (&ModelConfig::qwen3_32b(), "32B")] {
+            let e = check_learner_fit_with(cfg, full, recompute, pass, h200, 0)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("not even the weights"), "{name}: {e}");
+            assert!(
+                training_state_bytes_with(cfg, full, recompute) > h200,
+                "{name}"
+            );
+        }
+        // Recomputing keeps the activations of a pass far below the stored path's.
+        let stored = pass_activation_bytes_with(&b4, full, bf16, pass, pass);
+        let kept = pass_activation_bytes_with(&b4, full, recompute, pass, pass);
+        assert!(kept * 10 < stored, "{kept} vs {stored}");
+        // A smaller chunk needs less; f32 with recompute more than bf16.
+        let small = Compute {
+            recompute: Some(256),
+            ..bf16
+        };
+        assert!(
+            pass_activation_bytes_with(&b4, full, small, pass, pass)
+                <= pass_activation_bytes_with(&b4, full, recompute, pass, pass)
+        );
+        let f32_recompute = Compute {
+            dtype: DType::F32,
+            recompute: Some(1024),
+        };
+        assert!(
+            pass_activation_bytes_with(&b4, full, f32_recompute, pass, pass)
+                > pass_activation_bytes_with(&b4, full, recompute, pass, pass)
+        );
+        // F32 and stored is the existing count, to the byte.
+        let q = ModelConfig::qwen3_0_6b();
+        assert_eq!(
+            learner_bytes_with(&q, full, Compute::F32, 4096),
+            learner_bytes(&q, false, 4096)
+        );
     }
 
     #[test]

@@ -19,13 +19,17 @@ mod cpu_ops;
 mod frozen_linear;
 mod kv_rows;
 mod positions;
+mod recompute;
 mod target_logprob;
 pub(crate) use kv_rows::{repeat_kv_rows, select_kv_rows};
+pub use recompute::{LayerInputs, DEFAULT_QUERY_CHUNK};
 pub(crate) use target_logprob::target_logprobs;
 #[cfg(test)]
 pub(crate) mod fused_tests;
 #[cfg(test)]
 mod memory_tests;
+#[cfg(test)]
+pub(crate) mod precision_tests;
 
 use std::collections::HashMap;
 
@@ -45,7 +49,8 @@ pub fn use_elementary_ops(on: bool) {
     cpu_ops::ELEMENTARY_ONLY.with(|c| c.set(on));
 }
 
-/// The dtype the decoder's activations (hidden states, attention, logits) are computed in.
+/// The dtype the decoder's activations are computed in by default (f32 compute,
+/// [`Qwen3::compute_dtype`]; mixed precision computes in f16 or bf16, see [`check_compute_dtype`]).
 /// Weights are f32 too, except a frozen base held in bf16 on a GPU
 /// ([`crate::lora::frozen_base_dtype`]): its projections return this dtype
 /// (`frozen_linear`), its norm weights are widened once when the module is built (`[hidden]`
@@ -190,15 +195,21 @@ struct Proj {
 impl Proj {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let w = self.base.weight();
-        // A weight in another dtype than the activations is a frozen bf16 base (never
-        // trained): the frozen linear converts. candle's matmul would compute (and keep) the
-        // frozen weight's gradient.
-        let y = if self.frozen || w.dtype() != x.dtype() {
+        let dt = x.dtype();
+        // A weight in another dtype than the activations that is not an f32 master weight is
+        // a frozen bf16 base (never trained): the frozen linear converts. candle's matmul
+        // would compute (and keep) the frozen weight's gradient.
+        let y = if self.frozen || (w.dtype() != dt && w.dtype() != DType::F32) {
             let y = frozen_linear::frozen_linear(x, w)?;
             match self.base.bias() {
                 Some(b) => y.broadcast_add(&b.to_dtype(y.dtype())?)?,
                 None => y,
             }
+        } else if w.dtype() != dt {
+            // Mixed precision: the matmul runs on a low-precision copy of the f32 master
+            // weight. The cast is a recorded op, so the weight's gradient arrives in f32.
+            let b = self.base.bias().map(|b| b.to_dtype(dt)).transpose()?;
+            Linear::new(w.to_dtype(dt)?, b).forward(x)?
         } else {
             self.base.forward(x)?
         };
@@ -207,7 +218,8 @@ impl Proj {
             Some((a, b, scale)) => {
                 // The scale goes on B (`[out, r]`, a small tensor) rather than on the
                 // `[tokens, out]` product: one activation fewer kept for the backward.
-                let b = Linear::new(b.weight().affine(*scale, 0.0)?, None);
+                let a = Linear::new(a.weight().to_dtype(dt)?, None);
+                let b = Linear::new(b.weight().affine(*scale, 0.0)?.to_dtype(dt)?, None);
                 Ok((y + b.forward(&a.forward(x)?)?)?)
             }
         }
@@ -241,13 +253,17 @@ struct RmsNorm {
 }
 
 impl RmsNorm {
+    /// In f32 whatever `x`'s dtype (a half-precision input is widened and the result
+    /// narrowed back: the mean of squares of a row loses too much in f16/bf16).
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if cpu_ops::applies(x) {
-            return Ok(cpu_ops::rms_norm(x, &self.weight, self.eps)?);
+        let dt = x.dtype();
+        let x = x.to_dtype(DType::F32)?;
+        if cpu_ops::applies(&x) {
+            return Ok(cpu_ops::rms_norm(&x, &self.weight, self.eps)?.to_dtype(dt)?);
         }
         let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
         let x = x.broadcast_div(&(ms + self.eps)?.sqrt()?)?;
-        Ok(x.broadcast_mul(&self.weight)?)
+        Ok(x.broadcast_mul(&self.weight)?.to_dtype(dt)?)
     }
 }
 
@@ -331,6 +347,16 @@ struct Attention {
     head_dim: usize,
 }
 
+/// The attention block's queries, keys and values after their norms and RoPE:
+/// `[b, heads, t, head_dim]` (queries, contiguous) and `[b, kv_heads, s, head_dim]`, with the
+/// score scale still to apply (1 where the fused RoPE folded it into the queries).
+struct Qkv {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: f64,
+}
+
 impl Attention {
     fn forward(
         &self,
@@ -338,6 +364,18 @@ impl Attention {
         pos: &Positions,
         cache: Option<&mut Option<(Tensor, Tensor)>>,
     ) -> Result<Tensor> {
+        let a = self.qkv(x, pos, cache)?;
+        let y = self.core(&a.q, &a.k, &a.v, a.scale, pos, None)?;
+        self.out(&y)
+    }
+
+    /// Projections, q/k norms, RoPE and the KV cache.
+    fn qkv(
+        &self,
+        x: &Tensor,
+        pos: &Positions,
+        cache: Option<&mut Option<(Tensor, Tensor)>>,
+    ) -> Result<Qkv> {
         let (b, t, _) = x.dims3()?;
         let q = self
             .q_proj
@@ -390,28 +428,73 @@ impl Attention {
             }
             None => (k, v),
         };
-        // Grouped-query attention: query heads h·rep..(h+1)·rep share KV head h (Hugging Face
-        // order), so stacking them along the sequence axis — a free reshape of the contiguous
-        // `[b, heads, t, d]` queries — lets one batched matmul per KV head serve all of them,
-        // instead of materialising `rep` copies of K and V (and summing their gradients back).
+        Ok(Qkv { q, k, v, scale })
+    }
+
+    /// Attention of the queries `q` `[b, heads, c, d]` against `k`, `v`: `[b, heads, c, d]`.
+    /// `rows`: `None` for all of the forward's queries (the mask of `pos`), or `Some(r0)` for
+    /// a chunk of queries starting at row `r0` of the forward, which attends only to the
+    /// `offset + r0 + c` keys its causal mask lets it see.
+    ///
+    /// Grouped-query attention: query heads h·rep..(h+1)·rep share KV head h (Hugging Face
+    /// order), so stacking them along the sequence axis — a free reshape of the contiguous
+    /// `[b, heads, c, d]` queries — lets one batched matmul per KV head serve all of them,
+    /// instead of materialising `rep` copies of K and V (and summing their gradients back).
+    /// Half-precision scores are widened to f32 for the softmax, whose probabilities are
+    /// narrowed back for the product with the values.
+    fn core(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        scale: f64,
+        pos: &Positions,
+        rows: Option<usize>,
+    ) -> Result<Tensor> {
+        let (b, _, c, _) = q.dims4()?;
+        let dt = q.dtype();
+        let (k, v) = match rows {
+            Some(r0) => {
+                let keys = (pos.offset + r0 + c).min(k.dim(2)?);
+                (
+                    k.narrow(2, 0, keys)?.contiguous()?,
+                    v.narrow(2, 0, keys)?.contiguous()?,
+                )
+            }
+            None => (k.clone(), v.clone()),
+        };
         let rep = self.n_heads / self.n_kv;
         let s = k.dim(2)?;
-        let qg = q.reshape((b, self.n_kv, rep * t, self.head_dim))?;
-        let scores = qg.matmul(&k.t()?)?.reshape((b, self.n_heads, t, s))?;
+        let qg = q.reshape((b, self.n_kv, rep * c, self.head_dim))?;
+        let scores = qg.matmul(&k.t()?)?.reshape((b, self.n_heads, c, s))?;
+        let offset = pos.offset + rows.unwrap_or(0);
         let probs = if pos.fused.is_some() {
-            cpu_ops::causal_softmax(&scores, pos.offset)?
+            cpu_ops::causal_softmax(&scores, offset)?
         } else {
-            let scores = (scores * scale)?;
-            let scores = match &pos.mask {
+            let scores = (scores.to_dtype(DType::F32)? * scale)?;
+            let mask = match rows {
+                None => pos.mask.clone(),
+                Some(_) if c > 1 || offset + 1 < s => Some(graph_constant(
+                    Tensor::from_vec(positions::causal_mask(c, offset), (c, s), q.device())?,
+                    q.track_op(),
+                )?),
+                Some(_) => None,
+            };
+            let scores = match &mask {
                 Some(m) => scores.broadcast_add(m)?,
                 None => scores,
             };
-            softmax_last(&scores)?
+            softmax_last(&scores)?.to_dtype(dt)?
         };
-        let y = probs
-            .reshape((b, self.n_kv, rep * t, s))?
+        Ok(probs
+            .reshape((b, self.n_kv, rep * c, s))?
             .matmul(&v)?
-            .reshape((b, self.n_heads, t, self.head_dim))?;
+            .reshape((b, self.n_heads, c, self.head_dim))?)
+    }
+
+    /// The output projection of the heads' outputs `y` `[b, heads, t, d]`.
+    fn out(&self, y: &Tensor) -> Result<Tensor> {
+        let (b, _, t, _) = y.dims4()?;
         let y = y
             .transpose(1, 2)?
             .reshape((b, t, self.n_heads * self.head_dim))?;
@@ -447,6 +530,33 @@ struct DecoderLayer {
     mlp: Mlp,
 }
 
+impl DecoderLayer {
+    fn forward(
+        &self,
+        x: &Tensor,
+        pos: &Positions,
+        slot: Option<&mut Option<(Tensor, Tensor)>>,
+    ) -> Result<Tensor> {
+        let h = self.input_layernorm.forward(x)?;
+        let h = self.self_attn.forward(&h, pos, slot)?;
+        self.post(x, h)
+    }
+
+    /// The queries, keys and values of the layer's input `x`.
+    fn qkv(&self, x: &Tensor, pos: &Positions) -> Result<Qkv> {
+        let h = self.input_layernorm.forward(x)?;
+        self.self_attn.qkv(&h, pos, None)
+    }
+
+    /// The layer's output from its input `x` and the attention block's output `attn`
+    /// (after the output projection): the residual sum, then the MLP and its residual.
+    fn post(&self, x: &Tensor, attn: Tensor) -> Result<Tensor> {
+        let x = (x + attn)?;
+        let h = self.post_attention_layernorm.forward(&x)?;
+        Ok((&x + self.mlp.forward(&h)?)?)
+    }
+}
+
 /// The decoder-only transformer (Qwen3, or Qwen2 when the config says so).
 #[derive(Debug, Clone)]
 pub struct Qwen3 {
@@ -459,6 +569,23 @@ pub struct Qwen3 {
     /// Its forwards record a gradient graph: built over variables, not detached views (a LoRA
     /// model records from the first adapter on, although its embedding is frozen).
     records: bool,
+    /// The dtype of the activations and matmuls ([`Qwen3::with_compute_dtype`]).
+    compute: DType,
+}
+
+/// `Ok` when the decoder can compute in `dtype` on `device`: f32 anywhere; f16 anywhere
+/// (candle's CPU has an f16 matmul); bf16 on CUDA only (the CPU has no bf16 matmul).
+pub fn check_compute_dtype(dtype: DType, device: &Device) -> Result<()> {
+    match dtype {
+        DType::F32 | DType::F16 => Ok(()),
+        DType::BF16 if !device.is_cpu() => Ok(()),
+        DType::BF16 => Err(PolicyError::Weights(
+            "bf16 compute needs a GPU: candle's CPU has no bf16 matmul (use f16 or f32)".into(),
+        )),
+        other => Err(PolicyError::Weights(format!(
+            "the decoder computes in f32, f16 or bf16, not {other:?}"
+        ))),
+    }
 }
 
 impl Qwen3 {
@@ -587,7 +714,25 @@ impl Qwen3 {
             lm_head,
             device: device.clone(),
             records: !w.frozen,
+            compute: ACTIVATION_DTYPE,
         })
+    }
+
+    /// The same module computing in `dtype` ([`check_compute_dtype`]): mixed precision for
+    /// f16/bf16. The weights stay what they are (f32 master weights, or a frozen bf16 base);
+    /// each matmul runs on a copy of its weight cast to `dtype` (a recorded op: the weight's
+    /// gradient arrives in f32), the residual stream, projections, RoPE and SwiGLU are in
+    /// `dtype`, while RMSNorm, the attention softmax and the logits are f32 (the forward
+    /// returns f32 logits, so the log-softmax, the loss and the importance ratios are f32).
+    pub fn with_compute_dtype(mut self, dtype: DType) -> Result<Self> {
+        check_compute_dtype(dtype, &self.device)?;
+        self.compute = dtype;
+        Ok(self)
+    }
+
+    /// The dtype the forward computes in (f32 unless [`Qwen3::with_compute_dtype`]).
+    pub fn compute_dtype(&self) -> DType {
+        self.compute
     }
 
     /// Full-sequence forward: `ids` `[b, t]` (u32) → logits `[b, t, vocab]` at every position.
@@ -629,8 +774,28 @@ impl Qwen3 {
         mut cache: Option<&mut KvCache>,
         last_only: bool,
     ) -> Result<Tensor> {
-        let (_b, t) = ids.dims2()?;
         let offset = cache.as_ref().map_or(0, |c| c.len);
+        let t = self.check_ids(ids, offset)?;
+        let mut x = self.embed(ids)?;
+        let pos = self.positions(&x, offset, t)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let slot = cache.as_mut().map(|c| &mut c.layers[i]);
+            x = layer.forward(&x, &pos, slot)?;
+        }
+        if let Some(c) = cache {
+            c.len += t;
+        }
+        let x = if last_only && t > 1 {
+            x.narrow(1, t - 1, 1)?
+        } else {
+            x
+        };
+        self.head(&x)
+    }
+
+    /// Validates `ids` `[b, t]` for a forward after `offset` cached positions; returns `t`.
+    fn check_ids(&self, ids: &Tensor, offset: usize) -> Result<usize> {
+        let (_b, t) = ids.dims2()?;
         if t == 0 {
             return Err(PolicyError::Sampling("empty input".into()));
         }
@@ -648,32 +813,31 @@ impl Qwen3 {
                 self.cfg.vocab_size
             )));
         }
-        let mut x = self.embed_tokens.forward(ids)?.to_dtype(ACTIVATION_DTYPE)?;
-        let pos = Positions::new(
+        Ok(t)
+    }
+
+    /// The checked ids' embeddings in the compute dtype.
+    fn embed(&self, ids: &Tensor) -> Result<Tensor> {
+        Ok(self.embed_tokens.forward(ids)?.to_dtype(self.compute)?)
+    }
+
+    /// The position data of a forward of `t` positions after `offset` whose first hidden
+    /// state is `x`.
+    fn positions(&self, x: &Tensor, offset: usize, t: usize) -> Result<Positions> {
+        Positions::new(
             &self.cfg,
             offset,
             t,
-            cpu_ops::applies(&x),
+            cpu_ops::applies(x),
             self.records,
+            x.dtype(),
             &self.device,
-        )?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let slot = cache.as_mut().map(|c| &mut c.layers[i]);
-            let h = layer.input_layernorm.forward(&x)?;
-            let h = layer.self_attn.forward(&h, &pos, slot)?;
-            x = (x + h)?;
-            let h = layer.post_attention_layernorm.forward(&x)?;
-            x = (&x + layer.mlp.forward(&h)?)?;
-        }
-        if let Some(c) = cache {
-            c.len += t;
-        }
-        let x = if last_only && t > 1 {
-            x.narrow(1, t - 1, 1)?
-        } else {
-            x
-        };
-        let x = self.norm.forward(&x)?;
-        self.lm_head.forward(&x)
+        )
+    }
+
+    /// Final norm and output projection: f32 logits.
+    fn head(&self, x: &Tensor) -> Result<Tensor> {
+        let x = self.norm.forward(x)?;
+        Ok(self.lm_head.forward(&x)?.to_dtype(DType::F32)?)
     }
 }

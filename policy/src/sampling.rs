@@ -423,15 +423,105 @@ pub fn batch_response_logprobs(
         longest: l,
     } = padded(pairs, dev)?;
     let lp = token_logprobs(&policy.forward(&inp)?, &tgt, temperature)?; // [b, t]
+    Ok((
+        response_rows(&lp, pairs, l)?,
+        Tensor::from_vec(mask, (pairs.len(), l), dev)?,
+    ))
+}
+
+/// Each pair's response span of the `[b, t]` per-position log-probs `lp`, right-padded with
+/// zeros to `[b, l]`.
+fn response_rows(lp: &Tensor, pairs: &[(&[u32], &[u32])], l: usize) -> Result<Tensor> {
     let mut rows = Vec::with_capacity(pairs.len());
     for (i, (p, r)) in pairs.iter().enumerate() {
         let row = lp.get(i)?.narrow(0, p.len() - 1, r.len())?;
         rows.push(row.pad_with_zeros(0, 0, l - r.len())?);
     }
+    Ok(Tensor::stack(&rows, 0)?)
+}
+
+/// The forward of [`batch_response_logprobs`] with recomputed activations
+/// (`crate::model::recompute`): returns the log-probs `[b, l]` (no graph) and the pass, whose
+/// [`RecomputedPass::backward`] then computes the gradient of `Σ log-probs ⊙ weight` for a
+/// weight `[b, l]` (the objective's `∂L/∂ℓ`) layer by layer. Attention runs in chunks of
+/// `query_chunk` queries. The values are those of the stored path up to the attention's
+/// reduction order (`docs/gpu.md`, "Recomputed activations").
+pub fn recomputed_response_logprobs<'a>(
+    policy: &'a Policy,
+    pairs: &[(&[u32], &[u32])],
+    temperature: f32,
+    query_chunk: usize,
+) -> Result<(Tensor, RecomputedPass<'a>)> {
+    let Padded {
+        inp,
+        tgt,
+        longest: l,
+        ..
+    } = padded(pairs, policy.device())?;
+    let model = policy.model();
+    let inputs = model.recompute_forward(&inp, query_chunk)?;
+    let logits = model.head_logits(&inputs.last().detach())?.detach();
+    let lp = token_logprobs(&logits, &tgt, temperature)?.detach();
+    drop(logits);
+    let spans = pairs.iter().map(|(p, r)| (p.len() - 1, r.len())).collect();
     Ok((
-        Tensor::stack(&rows, 0)?,
-        Tensor::from_vec(mask, (pairs.len(), l), dev)?,
+        response_rows(&lp, pairs, l)?,
+        RecomputedPass {
+            policy,
+            inputs,
+            tgt,
+            spans,
+            longest: l,
+            temperature,
+        },
     ))
+}
+
+/// A pass of [`recomputed_response_logprobs`] waiting for its backward.
+pub struct RecomputedPass<'a> {
+    policy: &'a Policy,
+    inputs: crate::model::LayerInputs,
+    tgt: Tensor,
+    /// (start, length) of each row's response in the per-position log-probs.
+    spans: Vec<(usize, usize)>,
+    longest: usize,
+    temperature: f32,
+}
+
+impl RecomputedPass<'_> {
+    /// Bytes the forward kept (each layer's input).
+    pub fn kept_bytes(&self) -> usize {
+        self.inputs.bytes()
+    }
+
+    /// Sends the gradient of `Σ log-probs ⊙ weight` (`weight` `[b, l]` f32, treated as a
+    /// constant) to `sink` in parts, one [`GradStore`](candle_core::backprop::GradStore) per
+    /// backward: the head's first, then each layer's from the last, then the embedding's.
+    /// Their sum over the trainable variables is the gradient; each store also holds
+    /// gradients of graph constants, which the sink should drop.
+    pub fn backward(
+        self,
+        weight: &Tensor,
+        sink: &mut dyn FnMut(candle_core::backprop::GradStore) -> Result<()>,
+    ) -> Result<()> {
+        let model = self.policy.model();
+        let h = candle_core::Var::from_tensor(&self.inputs.last().detach())?;
+        let logits = model.head_logits(h.as_tensor())?;
+        let lp = token_logprobs(&logits, &self.tgt, self.temperature)?;
+        let mut rows = Vec::with_capacity(self.spans.len());
+        for (i, &(start, len)) in self.spans.iter().enumerate() {
+            let row = lp.get(i)?.narrow(0, start, len)?;
+            rows.push(row.pad_with_zeros(0, 0, self.longest - len)?);
+        }
+        let surrogate = (Tensor::stack(&rows, 0)? * weight.detach())?.sum_all()?;
+        drop((rows, lp, logits));
+        let mut store = surrogate.backward()?;
+        let g = store
+            .remove(h.as_tensor())
+            .ok_or_else(|| PolicyError::Sampling("recomputed backward: no head gradient".into()))?;
+        sink(store)?;
+        model.recompute_backward(&self.inputs, &g, sink)
+    }
 }
 
 /// The logits that predicted each response token of each (prompt, response) pair, from one

@@ -137,6 +137,7 @@ impl Policy {
                 cfg: adapters.config(),
             };
             Qwen3::build(&self.cfg, &data, Some(lv), &self.device)?
+                .with_compute_dtype(self.model.compute_dtype())?
         };
         Ok(Policy {
             model,
@@ -149,8 +150,8 @@ impl Policy {
     /// (F32 or BF16) on its device: how a LoRA run holds its base in bf16 on a GPU
     /// ([`lora::frozen_base_dtype`] decides; any device is accepted, so the CPU tests run the
     /// bf16 path the GPU runs). Adapters stay f32 and are kept (the same variables). A no-op
-    /// when the weights are in `dtype` already. The forward computes in f32 whatever the
-    /// weights' dtype (`crate::model::ACTIVATION_DTYPE`). Weights that are not f32 are a frozen
+    /// when the weights are in `dtype` already. The forward computes in the compute dtype
+    /// whatever the weights' dtype ([`Policy::with_compute_dtype`], f32 by default). Weights that are not f32 are a frozen
     /// base: adapters train on them, full training does not (the learner refuses it). While
     /// converting, the old and the new copy both exist (one tensor at a time is not possible:
     /// other views may share the old variables).
@@ -170,6 +171,7 @@ impl Policy {
             device,
             lora,
         } = self;
+        let compute = model.compute_dtype();
         drop(model);
         let varmap = VarMap::new();
         {
@@ -197,7 +199,7 @@ impl Policy {
                 vars,
                 cfg: a.config(),
             });
-            Qwen3::build(&cfg, &data, lv, &device)?
+            Qwen3::build(&cfg, &data, lv, &device)?.with_compute_dtype(compute)?
         };
         Ok(Policy {
             cfg,
@@ -206,6 +208,25 @@ impl Policy {
             device,
             lora,
         })
+    }
+
+    /// This policy computing its forwards in `dtype` (mixed precision for F16/BF16:
+    /// [`Qwen3::with_compute_dtype`]); the weights and their storage are unchanged (the same
+    /// variables). BF16 needs a GPU; F16 also runs on the CPU.
+    pub fn with_compute_dtype(mut self, dtype: DType) -> Result<Self> {
+        self.set_compute_dtype(dtype)?;
+        Ok(self)
+    }
+
+    /// [`Policy::with_compute_dtype`] in place; unchanged when refused.
+    pub fn set_compute_dtype(&mut self, dtype: DType) -> Result<()> {
+        self.model = self.model.clone().with_compute_dtype(dtype)?;
+        Ok(())
+    }
+
+    /// The dtype the forwards compute in (F32 unless [`Policy::with_compute_dtype`]).
+    pub fn compute_dtype(&self) -> DType {
+        self.model.compute_dtype()
     }
 
     /// The dtype the weights (a LoRA policy's base) are stored in: F32, or BF16 for a base
@@ -239,7 +260,8 @@ impl Policy {
     /// the KL reference of a LoRA run, with no second copy of the model. For a policy without
     /// adapters, the same as [`Policy::no_grad`].
     pub fn base_view(&self) -> Result<Policy> {
-        let model = Qwen3::build_frozen(&self.cfg, &*self.lock()?, None, &self.device)?;
+        let model = Qwen3::build_frozen(&self.cfg, &*self.lock()?, None, &self.device)?
+            .with_compute_dtype(self.model.compute_dtype())?;
         Ok(Policy {
             cfg: self.cfg.clone(),
             varmap: self.varmap.clone(),
@@ -498,6 +520,7 @@ impl Policy {
                     cfg: a.config(),
                 });
             Qwen3::build_frozen(&self.cfg, &data, lv, &self.device)?
+                .with_compute_dtype(self.model.compute_dtype())?
         };
         Ok(Policy {
             cfg: self.cfg.clone(),

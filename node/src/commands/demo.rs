@@ -243,6 +243,8 @@ pub fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     summary["device"] = json!(args.device.to_string());
     summary["snapshot_dtype"] = json!(args.snapshot_dtype);
     summary["lora_rank"] = json!(args.lora_rank);
+    summary["precision"] = json!(args.precision);
+    summary["recompute"] = json!(args.recompute);
     summary["lr"] = json!(learner.learner.lr);
     summary["delta"] = json!(learner.broadcast.delta_enabled());
     summary["worker_groups_per_s"] = json!(args.worker_groups_per_s);
@@ -337,6 +339,8 @@ fn learner_config(args: &DemoArgs, task: &crate::config::TaskConfig, dir: PathBu
     if let Some(lr) = args.lr {
         l.lr = lr;
     }
+    l.precision = args.precision;
+    l.recompute = args.recompute;
     learner
 }
 

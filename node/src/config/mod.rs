@@ -467,6 +467,12 @@ pub struct LearnerConfig {
     /// blocks back to the kernel after every use (`learner::heap`): a quarter to a half less
     /// step time at Qwen3-0.6B's shape for up to 23 % more resident memory. No effect on a GPU.
     pub keep_freed_memory: bool,
+    /// The learner's compute dtype: `auto` (bf16 on a GPU, f32 on the CPU), `bf16` (GPU
+    /// only), `f16` or `f32`; master weights, moments and losses stay f32 (`docs/learner.md`).
+    pub precision: learner::Precision,
+    /// Recompute each layer's activations in the backward (attention in chunks of queries):
+    /// one layer's activations per pass instead of all, for one more forward.
+    pub recompute: bool,
 }
 
 impl Default for LearnerConfig {
@@ -494,6 +500,8 @@ impl Default for LearnerConfig {
             logprob_floor: storage::record::DEFAULT_LOGPROB_FLOOR,
             lora: None,
             keep_freed_memory: true,
+            precision: learner::Precision::Auto,
+            recompute: false,
         }
     }
 }
@@ -752,6 +760,9 @@ impl LearnerConfig {
             groups_per_step: self.groups_per_step,
             group_size: self.group_size,
             micro_batch_tokens: self.micro_batch_tokens,
+            precision: self.precision,
+            recompute: self.recompute,
+            query_chunk: 0,
         })
     }
 

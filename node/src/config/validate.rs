@@ -292,6 +292,13 @@ impl NodeConfig {
                 format!("{} must be in [-10000, 0)", l.logprob_floor),
             );
         }
+        if l.precision == learner::Precision::Bf16 && self.model.device == policy::DeviceChoice::Cpu
+        {
+            bad(
+                "learner.precision",
+                "bf16 needs a GPU (candle's CPU has no bf16 matmul): use f16, f32 or auto".into(),
+            );
+        }
         if let Some(Err(e)) = l.lora.as_ref().map(|lora| lora.validate()) {
             bad("learner.lora", e.to_string());
         }

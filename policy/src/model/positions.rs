@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use candle_core::{Device, Tensor, D};
+use candle_core::{DType, Device, Tensor, D};
 
 use super::{cpu_ops, graph_constant};
 use crate::config::ModelConfig;
@@ -46,6 +46,7 @@ impl Positions {
         t: usize,
         fused: bool,
         recording: bool,
+        dtype: DType,
         device: &Device,
     ) -> Result<Self> {
         let half = cfg.head_dim / 2;
@@ -71,13 +72,21 @@ impl Positions {
         };
         // Constants of a recorded graph are variables (`graph_constant`): candle would keep an
         // activation-sized gradient of each, and the graph with it, until the step ends.
-        let constant = |v: Vec<f32>, shape: (usize, usize)| {
-            graph_constant(Tensor::from_vec(v, shape, device)?, recording)
+        // The tables are in the activations' dtype; the mask is added to f32 scores.
+        let constant = |v: Vec<f32>, shape: (usize, usize), dtype: DType| {
+            graph_constant(
+                Tensor::from_vec(v, shape, device)?.to_dtype(dtype)?,
+                recording,
+            )
         };
-        let cos = constant(full(&cos), (t, cfg.head_dim))?;
-        let sin = constant(full(&sin), (t, cfg.head_dim))?;
+        let cos = constant(full(&cos), (t, cfg.head_dim), dtype)?;
+        let sin = constant(full(&sin), (t, cfg.head_dim), dtype)?;
         let mask = if t > 1 {
-            Some(constant(causal_mask(t, offset), (t, offset + t))?)
+            Some(constant(
+                causal_mask(t, offset),
+                (t, offset + t),
+                DType::F32,
+            )?)
         } else {
             None
         };

@@ -33,6 +33,7 @@ pub(super) fn restore_or_init(state: &NodeState) -> anyhow::Result<(Trainer, u64
         warn_ignored_settings(&wanted, t.config());
         // How a step is cut into passes depends on this run's device, not the checkpoint's.
         t.set_micro_batch_tokens(wanted.micro_batch_tokens);
+        t.set_compute(wanted.precision, wanted.recompute, wanted.query_chunk)?;
         t
     } else {
         let policy = match lora {
@@ -88,10 +89,18 @@ fn fresh_model(
         },
         None => kl.into(),
     };
-    let need = policy::memory::learner_bytes(policy.config(), training, tokens);
+    let compute = wanted.compute(&state.device);
+    let need = policy::memory::learner_bytes_with(policy.config(), training, compute, tokens);
     let free = policy::device::describe(&state.device).memory_free_bytes;
     if free > 0 {
-        policy::memory::check_learner_fit(policy.config(), training, tokens, free, weights)?;
+        policy::memory::check_learner_fit_with(
+            policy.config(),
+            training,
+            compute,
+            tokens,
+            free,
+            weights,
+        )?;
     }
     crate::roles::check_memory("the learner", need.saturating_sub(weights), &state.device)?;
     warm_start(config, &policy, &tokenizer)?;
