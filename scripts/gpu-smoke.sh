@@ -16,7 +16,9 @@
 # stop the later ones): 1 device and driver, 2 tiny model f32 generation (log-prob spread
 # against the learner's forward ≤ 1e-4), 3 tiny model half precision (bf16 on a GPU, f16 on
 # the CPU, warm-started) with and without the f32 head, 4 a small learner step, 5 the
-# Qwen3-0.6B generation benchmark at batch 1/16/64, 6 a Qwen3-0.6B learner step and its peak
+# Qwen3-0.6B generation benchmark at batch 1/16/64 (5b the rule's device kernel against the
+# CPU rule, 5c 16 groups x 16 samples in flight, 5d on a GPU 16 x 8,192 new tokens and the
+# Qwen3-8B shape), 6 a Qwen3-0.6B learner step and its peak
 # memory (on a GPU within the memory model's count), full and LoRA (rank 8, a bf16 base on a
 # GPU), 7 `echo-node demo` for 20 steps with no strike and no ban, full and LoRA. Exit status
 # 0 when every check is ok.
@@ -41,7 +43,7 @@ while [ $# -gt 0 ]; do
     --quick) quick=1; shift ;;
     --timeout) limit=$2; shift 2 ;;
     --work) work=$2; shift 2 ;;
-    -h | --help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "gpu-smoke: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -71,11 +73,15 @@ run() {
 if [ "$quick" = 1 ]; then
   big=small batches=1,4 new=8 t_groups=2 t_n=4 t_prompt=16 t_resp=32 t_micro=4096 demo_steps=5
   half_batch=1,4
+  # Groups in flight (groups x samples x new tokens, bucket) and the rule kernel's rows.
+  g_groups=4 g_n=2 g_new=8 g_batch=8 rule_rows=20000
 else
   # Passes of 1024 tokens: the memory model counts ≈ 35 GB for the 0.6B learner with a KL
   # reference (the default 4096 does not fit one GPU; docs/gpu.md, "Learner memory").
   big=qwen3-0.6b batches=1,16,64 new=256 t_groups=4 t_n=8 t_prompt=64 t_resp=256 t_micro=1024
   demo_steps=20 half_batch=1,16
+  # 16 groups x 16 samples x 512 new tokens in one bucket of 256 (issue 46).
+  g_groups=16 g_n=16 g_new=512 g_batch=256 rule_rows=100000
 fi
 if [ "$gpu" = 1 ]; then half=bf16; else half=f16; fi
 
@@ -168,6 +174,30 @@ judge train_tiny "r['step_ms_median'] > 0"
 check "generate_${big}" run gen_bench --device "$device" --shape "$big" --batch "$batches" \
   --new-tokens "$new" --paths infer --check-samples 4 --json
 judge "generate_${big}" "len(r['throughput']) == len('$batches'.split(','))"
+
+# 5b. The canonical rule's kernel (rule_device: NVRTC, a block per row, 8 bytes per row back)
+#     against the CPU rule on random bf16 rows; with --device cpu its CPU emulation.
+check rule_device run gen_bench --device "$device" --shape tiny --batch 1 --new-tokens 2 \
+  --paths none --check-samples 0 --rule-check "$rule_rows" --json
+judge rule_device "r['rule_check']['ok'] and r['rule_check']['rows'] >= $rule_rows and r['rule_check']['on_device'] == bool($gpu)"
+
+# 5c. Groups in flight: the samples of several groups decoded in one static-buffer bucket with
+#     continuous batching (infer::batch), each prompt prefilled once; the same step_ms split.
+check "generate_${big}_groups" run gen_bench --device "$device" --shape "$big" --paths none \
+  --groups "$g_groups" --group-size "$g_n" --new-tokens "$g_new" --max-batch "$g_batch" \
+  --check-samples 4 --json
+judge "generate_${big}_groups" "r['groups_in_flight']['tokens'] == $g_groups * $g_n * $g_new"
+
+# 5d. On a GPU: the paper's long responses (one group of 16 x 8,192 new tokens, 0.6B shape) and
+#     the Qwen3-8B shape (batch 1 and 64, and 4 groups of 16 in flight), bf16.
+if [ "$gpu" = 1 ]; then
+  check generate_qwen3-0.6b_long run gen_bench --device "$device" --shape qwen3-0.6b --paths none \
+    --groups 1 --group-size 16 --new-tokens 8192 --max-batch 16 --check-samples 1 --json
+  judge generate_qwen3-0.6b_long "r['groups_in_flight']['tokens'] == 16 * 8192"
+  check generate_qwen3-8b run gen_bench --device "$device" --shape qwen3-8b --batch 1,64 \
+    --new-tokens 128 --paths infer --groups 4 --group-size 16 --max-batch 64 --check-samples 1 --json
+  judge generate_qwen3-8b "len(r['throughput']) == 2 and r['groups_in_flight']['tokens'] == 64 * 128"
+fi
 
 # 6. A learner step of the same shape and its peak memory: sampled from nvidia-smi every 100
 #    ms on a GPU, the process's peak resident memory on the CPU. Then the same step training

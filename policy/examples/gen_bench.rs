@@ -18,9 +18,14 @@
 //! ```
 //!
 //! Options: `--device auto|cpu|cuda[:N]` (auto), `--dtype f32|bf16|f16` (the device's
-//! default), `--shape tiny|small|qwen3-0.6b` (tiny; `small` is Qwen3-shaped: the 151,936-token
-//! vocabulary with 4 layers of width 256), `--batch 1,8,16`, `--new-tokens 32`,
-//! `--prompt-len 16`, `--paths infer,batched` (which paths to time), `--check-samples N`
+//! default), `--shape tiny|small|qwen3-0.6b|qwen3-8b` (tiny; `small` is Qwen3-shaped: the
+//! 151,936-token vocabulary with 4 layers of width 256), `--batch 1,8,16`, `--new-tokens 32`,
+//! `--prompt-len 16`, `--paths infer,batched|none` (which paths to time), `--groups G`,
+//! `--group-size N` (16), `--max-batch B` (256): G groups of N samples in flight, decoded
+//! together in a bucket of at most B slots with continuous batching (`infer::batch`; its
+//! figures under `groups_in_flight`, with the same `step_ms` split), `--rule-check ROWS` (the
+//! canonical rule's device kernel, or its CPU emulation on a CPU, against the CPU rule on
+//! ROWS random bf16 rows: `rule_device::check_against_rule`), `--check-samples N`
 //! (how many samples of the largest batch to compare, default all; 0 skips the check),
 //! `--f32-head true|false` (final norm and output projection in f32 with a half-precision
 //! dtype; default false, as `InferSpec::for_device`), `--warm-start STEPS` (supervised steps
@@ -52,7 +57,18 @@ fn shape(name: &str) -> ModelConfig {
             max_position_embeddings: 4096,
             ..ModelConfig::qwen3_0_6b()
         },
-        other => panic!("unknown --shape {other} (tiny, small, qwen3-0.6b)"),
+        // Qwen/Qwen3-8B: 36 layers of width 4096, untied embeddings (8.2 B parameters).
+        "qwen3-8b" => ModelConfig {
+            hidden_size: 4096,
+            intermediate_size: 12_288,
+            num_hidden_layers: 36,
+            num_attention_heads: 32,
+            num_key_value_heads: 8,
+            head_dim: 128,
+            tie_word_embeddings: false,
+            ..ModelConfig::qwen3_0_6b()
+        },
+        other => panic!("unknown --shape {other} (tiny, small, qwen3-0.6b, qwen3-8b)"),
     }
 }
 
@@ -69,6 +85,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         f32_head,
         warm,
         json,
+        groups,
+        group_size,
+        max_batch,
+        rule_check,
     } = parse_args()?;
     let dev = device::select(device_choice)?;
     let info = device::describe(&dev);
@@ -162,8 +182,83 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
+    // Groups in flight: `groups` prompts of `group_size` samples each, decoded together in a
+    // bucket of at most `max_batch` slots (`infer::batch`), each prompt prefilled once.
+    let mut in_flight = serde_json::Value::Null;
+    // The canonical rule's kernel (its CPU emulation on a CPU) against the CPU rule.
+    let mut rule = serde_json::Value::Null;
+    if rule_check > 0 {
+        let t = Instant::now();
+        let c = policy::rule_device::check_against_rule(&dev, rule_check, 46)?;
+        println!(
+            "rule kernel ({}) vs the CPU rule: {} rows, {} boundary, {} mismatched, max |Δ \
+             log-prob| {:.2e}, {:.1}s: {}",
+            if c.on_device {
+                "device"
+            } else {
+                "CPU emulation"
+            },
+            c.rows,
+            c.boundary_rows,
+            c.mismatched_rows,
+            c.max_logprob_diff,
+            t.elapsed().as_secs_f64(),
+            if c.ok() { "ok" } else { "NOT OK" }
+        );
+        rule = serde_json::json!({
+            "rows": c.rows, "boundary_rows": c.boundary_rows, "mismatched_rows": c.mismatched_rows,
+            "max_logprob_diff": c.max_logprob_diff, "on_device": c.on_device, "ok": c.ok(),
+            "secs": t.elapsed().as_secs_f64(),
+        });
+    }
+    let mut spread_prompt = prompt.clone();
+    if groups > 0 {
+        let prompts: Vec<Vec<u32>> = (0..groups)
+            .map(|g| {
+                let mut p = prompt.clone();
+                p[0] = ((g * 31 + 1) % cfg.vocab_size.min(256)) as u32;
+                p
+            })
+            .collect();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(4646);
+        let all: Vec<Draws> = (0..groups)
+            .map(|_| Draws::from_rng(&mut rng, group_size))
+            .collect();
+        let requests: Vec<infer::batch::GroupRequest<'_>> = prompts
+            .iter()
+            .zip(&all)
+            .map(|(p, d)| infer::batch::GroupRequest {
+                prompt: p,
+                draws: d,
+            })
+            .collect();
+        // Warm-up of the bucket's kernels.
+        infer::batch::generate_groups(&model, &requests[..1], &SamplingParams::new(2, vec![]), 1)?;
+        let t = Instant::now();
+        let (out, phases) =
+            infer::batch::generate_groups_phased(&model, &requests, &params, max_batch)?;
+        let secs = t.elapsed().as_secs_f64();
+        let toks: usize = out.iter().flatten().map(|c| c.tokens.len()).sum();
+        let rows = infer::batch::bucket_rows(max_batch.min(groups * group_size));
+        println!(
+            "groups in flight: {groups} x {group_size} samples, bucket {rows} slots: {toks} \
+             tokens in {secs:.3}s = {:.1} tokens/s",
+            toks as f64 / secs
+        );
+        let split = step_split(&phases);
+        println!("  per decode step, ms: {split}");
+        in_flight = serde_json::json!({
+            "groups": groups, "group_size": group_size, "max_batch": max_batch,
+            "bucket_rows": rows, "new_tokens": new_tokens, "tokens": toks, "secs": secs,
+            "tokens_per_s": toks as f64 / secs, "step_ms": split,
+        });
+        if last.is_empty() {
+            spread_prompt = prompts[0].clone();
+            last = out.into_iter().next().unwrap_or_default();
+        }
+    }
     let k = check.unwrap_or(last.len()).min(last.len());
-    let spread = logprob_spread(&policy, &prompt, &last[..k], dtype)?;
+    let spread = logprob_spread(&policy, &spread_prompt, &last[..k], dtype)?;
     if json {
         println!(
             "{}",
@@ -171,7 +266,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "device": info.kind, "device_name": info.name, "shape": shape_name,
                 "params": cfg.num_params(), "dtype": format!("{dtype:?}").to_lowercase(),
                 "f32_head": spec.f32_head, "warm_start_steps": warm, "prompt_len": prompt_len,
-                "new_tokens": new_tokens, "throughput": rates, "logprob_spread": spread,
+                "new_tokens": new_tokens, "throughput": rates, "groups_in_flight": in_flight,
+                "rule_check": rule,
+                "logprob_spread": spread,
             })
         );
     }
@@ -204,6 +301,10 @@ struct Args {
     f32_head: Option<bool>,
     warm: usize,
     json: bool,
+    groups: usize,
+    group_size: usize,
+    max_batch: usize,
+    rule_check: usize,
 }
 
 fn parse_args() -> Result<Args, Box<dyn std::error::Error>> {
@@ -219,6 +320,10 @@ fn parse_args() -> Result<Args, Box<dyn std::error::Error>> {
         f32_head: None,
         warm: 0,
         json: false,
+        groups: 0,
+        group_size: 16,
+        max_batch: 256,
+        rule_check: 0,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -247,9 +352,14 @@ fn parse_args() -> Result<Args, Box<dyn std::error::Error>> {
             "--f32-head" => o.f32_head = Some(val()?.parse()?),
             "--warm-start" => o.warm = val()?.parse()?,
             "--json" => o.json = true,
+            "--groups" => o.groups = val()?.parse()?,
+            "--group-size" => o.group_size = val()?.parse()?,
+            "--max-batch" => o.max_batch = val()?.parse()?,
+            "--rule-check" => o.rule_check = val()?.parse()?,
             "--paths" => {
                 o.paths = val()?
                     .split(',')
+                    .filter(|p| *p != "none")
                     .map(|p| match p {
                         "infer" => Ok(GenerationPath::Infer),
                         "batched" => Ok(GenerationPath::Batched),
@@ -271,9 +381,14 @@ fn parse_args() -> Result<Args, Box<dyn std::error::Error>> {
 const USAGE: &str = "gen_bench: generation throughput and log-prob spread (random weights)
   --device auto|cpu|cuda[:N]   (auto)
   --dtype f32|bf16|f16         (the device's default)
-  --shape tiny|small|qwen3-0.6b (tiny)
+  --shape tiny|small|qwen3-0.6b|qwen3-8b (tiny)
   --batch 1,8,16   --new-tokens 32   --prompt-len 16
-  --paths infer,batched        which paths to time
+  --paths infer,batched|none   which paths to time
+  --groups G                   also G groups in flight (0: none), decoded together
+  --group-size N               samples per group (16)
+  --max-batch B                slots of the groups' bucket (256)
+  --rule-check ROWS            the rule's kernel (its CPU emulation on a CPU) against the
+                               CPU rule on ROWS random bf16 rows
   --check-samples N            samples of the largest batch compared (default all; 0 skips)
   --f32-head true|false        final norm and head in f32 with a half-precision dtype
   --warm-start STEPS           supervised steps first (tiny shape only)

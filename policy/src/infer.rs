@@ -4,7 +4,8 @@
 //! and half-precision weights on CUDA.
 //!
 //! Owns: [`InferModel`] (a read-only copy/view of a [`Policy`]'s weights in one dtype), its
-//! cache, and [`generate`] (prefill once, decode `n` rows in lockstep, rows that stop drop out).
+//! cache, and [`generate`] (prefill once, decode `n` rows in lockstep, rows that stop drop out);
+//! [`batch`]: static per-bucket buffers and many groups decoded in one batch.
 //!
 //! Must not touch: the training forward (`crate::model`), which stays the reference the
 //! learner differentiates. Sampled log-probs follow the convention of [`crate::sampling`]; in
@@ -633,6 +634,9 @@ pub fn response_logprobs(
     }
     Ok(out)
 }
+
+#[path = "infer_batch.rs"]
+pub mod batch;
 
 #[cfg(test)]
 #[path = "infer_tests.rs"]

@@ -29,6 +29,7 @@ pub mod lora;
 pub mod memory;
 pub mod model;
 pub mod rule;
+pub mod rule_device;
 mod safetensors_io;
 pub mod sampling;
 pub mod session;

@@ -202,8 +202,29 @@ fn draw_with(
     })
 }
 
+/// The nucleus threshold `τ` that [`draw`] uses for `logits` (0 without truncation or when
+/// rounding keeps every token in): what the device rule's emulation is compared against.
+pub(crate) fn threshold_of(logits: &[f32], rule: RuleParams) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let t = if rule.temperature > 0.0 {
+        rule.temperature
+    } else {
+        1.0
+    };
+    let inv_t = 1.0 / t;
+    let e: Vec<f32> = logits
+        .iter()
+        .map(|&x| exp_nonpos((x - max) * inv_t))
+        .collect();
+    if rule.temperature == 0.0 || rule.top_p >= 1.0 {
+        return 0.0;
+    }
+    let z: f64 = e.chunks(WALK_BLOCK).map(sum_f64).sum();
+    nucleus_threshold(&e, f64::from(rule.top_p) * z, &mut Vec::new())
+}
+
 /// Tokens per block of the inverse-CDF walk.
-const WALK_BLOCK: usize = 256;
+pub(crate) const WALK_BLOCK: usize = 256;
 /// Independent partial sums of [`sum_f64`].
 const LANES: usize = 8;
 
@@ -212,7 +233,7 @@ const LANES: usize = 8;
 /// vectorises and every platform computes the same bits. Relative error below 3·10⁻⁷;
 /// 0 below −87 (where f32 `exp` leaves the normal range) and for −∞.
 #[inline(always)]
-fn exp_nonpos(x: f32) -> f32 {
+pub(crate) fn exp_nonpos(x: f32) -> f32 {
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
     // 1.5 · 2²³: adding it rounds to the nearest integer, which its low bits then hold.
@@ -240,12 +261,12 @@ fn exp_nonpos(x: f32) -> f32 {
 
 /// `Σ xs` in f64 in a fixed order ([`LANES`] interleaved partial sums, combined pairwise):
 /// deterministic, and the loop vectorises.
-fn sum_f64(xs: &[f32]) -> f64 {
+pub(crate) fn sum_f64(xs: &[f32]) -> f64 {
     masked_sum(xs, f32::NEG_INFINITY)
 }
 
 /// `Σ_{x ≥ floor} x` in f64, in the fixed order of [`sum_f64`].
-fn masked_sum(xs: &[f32], floor: f32) -> f64 {
+pub(crate) fn masked_sum(xs: &[f32], floor: f32) -> f64 {
     let mut acc = [0f64; LANES];
     let mut chunks = xs.chunks_exact(LANES);
     for c in &mut chunks {

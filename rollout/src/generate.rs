@@ -3,17 +3,29 @@
 //! a task's assigned prompt ([`RolloutEngine::single_turn`]) and whole episodes of a
 //! multi-turn environment ([`RolloutEngine::episodes`]).
 //!
-//! Owns: [`RolloutEngine::produce_group`] and its helpers. Must not touch: the loop around it
+//! Owns: [`RolloutEngine::produce_group`], [`RolloutEngine::produce_groups`] (several
+//! groups decoded in one batch) and their helpers. Must not touch: the loop around it
 //! (pausing, standby, storing: `RolloutEngine::step` in the crate root) or the slot.
 
 use std::sync::Arc;
 
+use policy::infer::batch::GroupRequest;
 use policy::{Draws, GenerationPath, InferModel, InferSpec, Policy, SamplingParams};
 use rand::{Rng, SeedableRng};
 use storage::{Sample, TrajectoryGroup};
 use tasks::Task;
 
 use crate::{episode, InstalledPolicy, RolloutEngine, RolloutError};
+
+/// What a group is made from before any token is drawn.
+struct GroupPlan {
+    seq: u64,
+    index: u64,
+    task: Option<Arc<dyn Task>>,
+    params: SamplingParams,
+    draws: Draws,
+    created: u64,
+}
 
 impl RolloutEngine {
     fn id(&self, seq: u64, sample: u64) -> [u8; 16] {
@@ -73,6 +85,80 @@ impl RolloutEngine {
         let Some(installed) = self.slot.current() else {
             return Ok(None);
         };
+        let plan = self.plan_group()?;
+        let (prompt, prompt_tokens, samples) = match plan.task.clone() {
+            Some(task) => self.single_turn(
+                &task,
+                &installed,
+                plan.index,
+                &plan.params,
+                &plan.draws,
+                plan.seq,
+            )?,
+            None => self.episodes(&installed, plan.index, &plan.params, &plan.draws, plan.seq)?,
+        };
+        Ok(Some(self.finish_group(
+            &plan,
+            &installed,
+            prompt,
+            prompt_tokens,
+            samples,
+        )))
+    }
+
+    /// Generates `k` groups under the installed version, the samples of all of them decoded
+    /// in one batch of at most `rollout.max_batch` sequences (`policy::infer::batch`:
+    /// continuous batching, one prefill per prompt), each signed but not stored. A
+    /// single-turn task on the inference path only; otherwise, or for `k = 1`, the groups are
+    /// made one after another. Every group carries the version its tokens were drawn under
+    /// (the one installed when this call began) and its own sequence number and draws, so it
+    /// is the group [`Self::produce_group`] would have made, up to the numeric noise of the
+    /// batch (`docs/gpu.md`, "Many groups in flight"). Empty when no snapshot is installed.
+    pub fn produce_groups(&mut self, k: usize) -> Result<Vec<TrajectoryGroup>, RolloutError> {
+        let Some(installed) = self.slot.current() else {
+            return Ok(Vec::new());
+        };
+        let batched =
+            k > 1 && self.cfg.path == GenerationPath::Infer && self.env.as_task().is_some();
+        if !batched {
+            let mut out = Vec::with_capacity(k);
+            for _ in 0..k.max(1) {
+                out.extend(self.produce_group()?);
+            }
+            return Ok(out);
+        }
+        let task = self.env.as_task().cloned().expect("a single-turn task");
+        let plans = (0..k)
+            .map(|_| self.plan_group())
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut prompts = Vec::with_capacity(k);
+        for plan in &plans {
+            let prompt = task.prompt(plan.index)?;
+            let tokens = self.chat.tokenizer().encode_prompt(&prompt.text)?;
+            prompts.push((prompt, tokens));
+        }
+        let model = self.infer_model(&installed)?;
+        let requests: Vec<GroupRequest<'_>> = plans
+            .iter()
+            .zip(&prompts)
+            .map(|(plan, (_, tokens))| GroupRequest {
+                prompt: tokens,
+                draws: &plan.draws,
+            })
+            .collect();
+        let max_batch = self.cfg.max_batch.max(self.cfg.group_size);
+        let completions =
+            policy::infer::batch::generate_groups(&model, &requests, &plans[0].params, max_batch)?;
+        let mut out = Vec::with_capacity(k);
+        for ((plan, (prompt, tokens)), done) in plans.iter().zip(prompts).zip(completions) {
+            let samples = self.rewarded(&task, &prompt, plan.seq, done)?;
+            out.push(self.finish_group(plan, &installed, prompt, tokens, samples));
+        }
+        Ok(out)
+    }
+
+    /// The next group's sequence number, prompt index, sampling parameters and draws.
+    fn plan_group(&mut self) -> Result<GroupPlan, RolloutError> {
         let seq = self.next_seq()?;
         let mut seed = blake3::Hasher::new();
         seed.update(b"echo-swarm/rollout/group");
@@ -101,26 +187,40 @@ impl RolloutEngine {
             Some(seed) => Draws::prescribed(seed, &self.cfg.producer, seq, n),
             None => Draws::from_rng(&mut rng, n),
         };
-        let created = storage::unix_ms();
-        let (prompt, prompt_tokens, samples) = match task {
-            Some(task) => self.single_turn(&task, &installed, index, &params, &draws, seq)?,
-            None => self.episodes(&installed, index, &params, &draws, seq)?,
-        };
+        Ok(GroupPlan {
+            seq,
+            index,
+            task,
+            params,
+            draws,
+            created: storage::unix_ms(),
+        })
+    }
+
+    /// The finished, signed group of `plan`.
+    fn finish_group(
+        &mut self,
+        plan: &GroupPlan,
+        installed: &InstalledPolicy,
+        prompt: tasks::Prompt,
+        prompt_tokens: Vec<u32>,
+        samples: Vec<Sample>,
+    ) -> TrajectoryGroup {
         let mut group = TrajectoryGroup {
-            group_id: self.id(seq, u64::MAX),
+            group_id: self.id(plan.seq, u64::MAX),
             task_id: self.env.name().to_string(),
             prompt_id: prompt.id,
             version: installed.version,
-            seq,
+            seq: plan.seq,
             producer: self.cfg.producer.clone(),
             prompt_text: prompt.text,
             prompt_tokens,
-            created_unix_ms: created,
+            created_unix_ms: plan.created,
             samples,
             signature: None,
         };
         self.seal(&mut group);
-        Ok(Some(group))
+        group
     }
 
     /// `n` completions of prompt `index` of a single-turn task, each rewarded by the task.
@@ -148,11 +248,23 @@ impl RolloutEngine {
                 draws,
             )?,
         };
+        let samples = self.rewarded(task, &prompt, seq, completions)?;
+        Ok((prompt, prompt_tokens, samples))
+    }
+
+    /// The samples of a single-turn group: each completion decoded and rewarded by the task.
+    fn rewarded(
+        &self,
+        task: &Arc<dyn Task>,
+        prompt: &tasks::Prompt,
+        seq: u64,
+        completions: Vec<policy::Completion>,
+    ) -> Result<Vec<Sample>, RolloutError> {
         let finished = storage::unix_ms();
         let mut samples = Vec::with_capacity(completions.len());
         for (k, c) in completions.into_iter().enumerate() {
             let text = self.chat.tokenizer().decode(&c.tokens)?;
-            let reward = task.reward(&prompt, &text);
+            let reward = task.reward(prompt, &text);
             samples.push(Sample {
                 trajectory_id: self.id(seq, k as u64),
                 loss_mask: vec![1; c.tokens.len()],
@@ -163,7 +275,7 @@ impl RolloutEngine {
                 finished_unix_ms: finished,
             });
         }
-        Ok((prompt, prompt_tokens, samples))
+        Ok(samples)
     }
 
     /// `n` episodes of a multi-turn environment from initial state `seed` (ECHO-2 Eq. 21's

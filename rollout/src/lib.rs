@@ -111,6 +111,11 @@ pub struct RolloutConfig {
     /// The inference path's dtype (`None`: the device's default, bf16 on CUDA, f32 on the CPU).
     #[serde(skip)]
     pub infer_dtype: Option<policy::DType>,
+    /// Sequences decoded in one batch: `max_batch / group_size` groups are made per step, their
+    /// samples decoded together (continuous batching; single-turn tasks on the inference path).
+    /// 0 or at most `group_size`: one group at a time.
+    #[serde(default)]
+    pub max_batch: usize,
 }
 
 impl Default for RolloutConfig {
@@ -128,6 +133,7 @@ impl Default for RolloutConfig {
             max_groups_per_s: 0.0,
             assignment_seed: None,
             infer_dtype: None,
+            max_batch: 0,
         }
     }
 }
@@ -348,8 +354,9 @@ impl RolloutEngine {
 
     /// One iteration: nothing on standby; pause if the store is over its cap; nothing while
     /// the installed version is below the learner's window ([`StepOutcome::Behind`]);
-    /// otherwise generate a group under the installed version and `put_group` it (durable
-    /// before this returns).
+    /// otherwise generate a group (or `max_batch / group_size` groups decoded together, at
+    /// most as many as the pending cap has room for) under the installed version and
+    /// `put_group` each (durable before this returns; `Produced` names the last).
     pub fn step(&mut self) -> Result<StepOutcome, RolloutError> {
         let t0 = Instant::now();
         if self.standby.load(Ordering::Relaxed) {
@@ -372,23 +379,33 @@ impl RolloutEngine {
         if let Some(n) = self.store.next_commit()? {
             self.seq = n;
         }
-        let Some(group) = self.produce_group()? else {
+        // Several groups per step when the batch holds them, never past the pending cap.
+        let room = self.cfg.max_pending_groups - pending;
+        let k = (self.cfg.max_batch / self.cfg.group_size).clamp(1, room.max(1) as usize);
+        let groups = self.produce_groups(k)?;
+        let Some(last) = groups.last() else {
             return Ok(StepOutcome::NoPolicy);
         };
-        self.store.put_group(&group)?;
+        let (version, mean_reward) = (last.version, last.mean_reward());
+        for group in &groups {
+            self.store.put_group(group)?;
+        }
         if self.cfg.max_groups_per_s > 0.0 {
-            let slot = Duration::from_secs_f64(1.0 / self.cfg.max_groups_per_s);
+            let slot = Duration::from_secs_f64(groups.len() as f64 / self.cfg.max_groups_per_s);
             if let Some(rest) = slot.checked_sub(t0.elapsed()) {
                 std::thread::sleep(rest);
             }
         }
-        self.stats
-            .record(&group, t0.elapsed().as_secs_f64(), self.cfg.mu_ema_alpha);
-        tracing::debug!(version = group.version, prompt = %group.prompt_id,
-            reward = group.mean_reward(), "rollout group stored");
+        // μ counts groups: each of a batch took its share of the step.
+        let secs = t0.elapsed().as_secs_f64() / groups.len() as f64;
+        for group in &groups {
+            self.stats.record(group, secs, self.cfg.mu_ema_alpha);
+            tracing::debug!(version = group.version, prompt = %group.prompt_id,
+                reward = group.mean_reward(), "rollout group stored");
+        }
         Ok(StepOutcome::Produced {
-            version: group.version,
-            mean_reward: group.mean_reward(),
+            version,
+            mean_reward,
         })
     }
 

@@ -446,3 +446,79 @@ fn numbers_stay_dense_across_restarts_and_unstored_groups() {
     }
     assert_eq!(seqs, [0, 1, 2, 3], "no number skipped");
 }
+
+/// Several groups in flight: `max_batch = 16` with groups of 4 makes 4 groups a step, their
+/// samples decoded in one batch. The pending cap, the store's counters, the group numbers,
+/// the versions (staleness) and μ's counts stay exact when several groups finish at once, and
+/// every group has the tokens it gets one group at a time (log-probs within 1e-5).
+#[test]
+fn groups_in_flight_keep_the_accounting_exact_and_the_tokens_of_one_at_a_time() {
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (mut one, one_store) = engine(d1.path(), GenerationPath::Infer, 100);
+    let (mut many, store) = engine(d2.path(), GenerationPath::Infer, 6);
+    many.cfg.max_batch = 16;
+    for e in [&one, &many] {
+        e.slot().install(1, policy(1)).unwrap();
+    }
+    // 4 groups, then the 2 the cap of 6 has room for, then a pause.
+    let pending = |s: &TrajectoryStore| s.counters().unwrap().pending();
+    assert!(matches!(
+        many.step().unwrap(),
+        StepOutcome::Produced { version: 1, .. }
+    ));
+    assert_eq!(pending(&store), 4);
+    assert!(matches!(
+        many.step().unwrap(),
+        StepOutcome::Produced { version: 1, .. }
+    ));
+    assert_eq!(pending(&store), 6);
+    assert_eq!(many.step().unwrap(), StepOutcome::Paused { pending: 6 });
+    assert_eq!(store.pending().unwrap(), 6);
+    let snap = many.stats().snapshot();
+    assert_eq!((snap.groups, snap.samples, snap.version), (6, 24, 1));
+    assert!(snap.mu > 0.0);
+    // The same six groups made one at a time.
+    for _ in 0..6 {
+        assert!(matches!(one.step().unwrap(), StepOutcome::Produced { .. }));
+    }
+    let scan = |s: &TrajectoryStore| -> Vec<TrajectoryGroup> {
+        let mut g: Vec<_> = s
+            .scan(0, 100)
+            .unwrap()
+            .into_iter()
+            .map(|(_, g)| g)
+            .collect();
+        g.sort_by_key(|g| g.seq);
+        g
+    };
+    let (a, b) = (scan(&one_store), scan(&store));
+    assert_eq!(
+        b.iter().map(|g| g.seq).collect::<Vec<_>>(),
+        (0..6).collect::<Vec<u64>>()
+    );
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(
+            (x.group_id, &x.prompt_id, x.version),
+            (y.group_id, &y.prompt_id, y.version)
+        );
+        assert_eq!(x.prompt_tokens, y.prompt_tokens);
+        for (s, t) in x.samples.iter().zip(&y.samples) {
+            assert_eq!(s.response_tokens, t.response_tokens, "group {}", x.seq);
+            assert_eq!(s.reward, t.reward);
+            for (p, q) in s.sampler_logprobs.iter().zip(&t.sampler_logprobs) {
+                assert!((p - q).abs() <= 1e-5, "{p} vs {q}");
+            }
+        }
+    }
+    // A new version: the next batch carries it (the version installed when the step began).
+    many.cfg.max_pending_groups = 100;
+    many.slot().install(2, policy(2)).unwrap();
+    assert!(matches!(
+        many.step().unwrap(),
+        StepOutcome::Produced { version: 2, .. }
+    ));
+    let after = scan(&store);
+    assert_eq!(after.len(), 10);
+    assert!(after[6..].iter().all(|g| g.version == 2));
+    assert_eq!(pending(&store), 10);
+}

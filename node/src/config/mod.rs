@@ -529,6 +529,10 @@ pub struct RolloutConfig {
     /// or `bf16` (CUDA only). Reported in heartbeats: the learner judges the worker's groups
     /// with that dtype's tolerance and margin (`[verification]`).
     pub dtype: SamplingDtype,
+    /// Sequences a worker decodes in one batch: `max_batch / group_size` groups per step,
+    /// their samples decoded together with slots refilled as samples finish (single-turn tasks
+    /// on the inference path; `docs/gpu.md`, "Many groups in flight"). 0: one group at a time.
+    pub max_batch: usize,
 }
 
 /// `rollout.dtype`.
@@ -585,6 +589,7 @@ impl Default for RolloutConfig {
             seed: None,
             max_groups_per_s: 0.0,
             dtype: SamplingDtype::Auto,
+            max_batch: 0,
         }
     }
 }

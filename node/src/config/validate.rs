@@ -36,6 +36,12 @@ fn open_to_others(path: &Path) -> Option<u32> {
     }
 }
 
+/// The most `rollout.max_new_tokens` may say: the longest context of the supported shapes
+/// (Qwen3's 131,072 with YaRN); each response is bounded by its model's context anyway.
+const MAX_NEW_TOKENS: usize = 131_072;
+/// The most sequences a worker may decode in one batch.
+const MAX_BATCH: usize = 4096;
+
 impl NodeConfig {
     /// [`Self::validate`] and [`Self::validate_files`]: every problem at once. What `run`
     /// checks before it creates anything.
@@ -442,6 +448,8 @@ impl NodeConfig {
     }
 
     /// The `[rollout]` table (and `learner.top_p`, the sampler's nucleus the learner checks).
+    /// `max_new_tokens` may reach the longest context of a supported model; the worker and
+    /// the learner bound each response by its model's context.
     fn validate_rollout(&self, bad: &mut impl FnMut(&str, String)) {
         let r = &self.rollout;
         if !(1..=storage::record::limits::MAX_SAMPLES).contains(&r.group_size) {
@@ -454,10 +462,17 @@ impl NodeConfig {
                 ),
             );
         }
-        if !(1..=4096).contains(&r.max_new_tokens) {
+        // Generation stops at the model's context in any case (prompt + response).
+        if !(1..=MAX_NEW_TOKENS).contains(&r.max_new_tokens) {
             bad(
                 "rollout.max_new_tokens",
-                format!("{} is outside 1..=4096", r.max_new_tokens),
+                format!("{} is outside 1..={MAX_NEW_TOKENS}", r.max_new_tokens),
+            );
+        }
+        if r.max_batch > MAX_BATCH {
+            bad(
+                "rollout.max_batch",
+                format!("{} is above {MAX_BATCH}", r.max_batch),
             );
         }
         if !(r.temperature.is_finite() && r.temperature >= 0.0) {

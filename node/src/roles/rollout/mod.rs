@@ -180,8 +180,8 @@ pub async fn start(
 }
 
 /// Refuses to start a worker whose device cannot hold generation: the weights in the
-/// inference path's dtype (bf16 on a GPU) plus the KV cache of one group of n rows, with
-/// prompts budgeted at 1024 tokens.
+/// inference path's dtype (bf16 on a GPU) plus the KV cache of one batch (one group of n rows,
+/// or `rollout.max_batch` rows), with prompts budgeted at 1024 tokens.
 fn check_worker_memory(
     state: &NodeState,
     model: &policy::ModelConfig,
@@ -196,7 +196,9 @@ fn check_worker_memory(
         r.max_new_tokens
     };
     let context = (1024 + new_tokens).min(model.max_position_embeddings);
-    let need = policy::memory::worker_bytes(model, gen_dtype, r.group_size, context);
+    // A batch of several groups holds `max_batch` sequences' KV at once.
+    let rows = r.group_size.max(r.max_batch);
+    let need = policy::memory::worker_bytes(model, gen_dtype, rows, context);
     super::check_memory("the rollout worker", need, &state.device)
 }
 
@@ -240,6 +242,7 @@ fn engine_config(
         max_groups_per_s: r.max_groups_per_s,
         assignment_seed: Some(assignment_seed),
         infer_dtype: Some(r.dtype.resolve(&state.device)),
+        max_batch: r.max_batch,
         ..RolloutConfig::default()
     }
 }
