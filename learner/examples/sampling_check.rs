@@ -236,7 +236,7 @@ fn main() -> Result<()> {
 
     // Honest groups: the verdict at the configured margins; the spread at zero margins.
     let (mut verdicts, mut tokens, mut max_lp, mut max_excess_0, mut worst_excess) =
-        ([0u64; 3], 0usize, 0f32, 0f64, 0f64);
+        ([0u64; 4], 0usize, 0f32, 0f64, 0f64);
     let (mut t_check, mut t_gen, mut t_lp) = (0f64, 0f64, 0f64);
     let mut forced = Forced::default();
     let margins = Margins::new(settings.tolerance, settings.delta);
@@ -254,6 +254,7 @@ fn main() -> Result<()> {
             SpotVerdict::Pass => 0,
             SpotVerdict::LogprobDrift => 1,
             SpotVerdict::NotDrawn => 2,
+            SpotVerdict::MarginUnearned => 3,
         }] += 1;
         if seq < spread_groups {
             max_excess_0 = max_excess_0.max(cdf_spread(&policy, &model, &g, settings.rule)?);
@@ -287,6 +288,7 @@ fn main() -> Result<()> {
             "honest": {
                 "groups": groups, "tokens": tokens, "pass": verdicts[0],
                 "logprob_drift": verdicts[1], "not_drawn": verdicts[2],
+                "margin_unearned": verdicts[3],
                 "max_abs_logprob_diff": max_lp,
                 "max_draw_excess_at_margins": worst_excess,
                 "spread_groups": spread_groups.min(groups),

@@ -61,8 +61,7 @@ pub use libp2p::metrics::Registry;
 pub use libp2p::{multiaddr, Multiaddr, PeerId, Stream, StreamProtocol};
 pub use messages::{
     Contribution, DeviceReport, EnvPin, Heartbeat, LocalStatus, SamplingReport, ScoreEntry,
-    ScoreTable,
-    MAX_PENDING_CLAIM,
+    ScoreTable, MAX_PENDING_CLAIM,
 };
 pub use ratelimit::TokenBucket;
 pub use reachability::{ConnectionKind, NatStatus, Reachability, RelayServerStatus};

@@ -299,13 +299,13 @@ pub fn check_against_rule(
 }
 
 /// The compiled kernels of [`check_against_rule`], one per bucket shape.
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-rule")]
 type Kernels = Vec<cuda::DeviceRule>;
-#[cfg(not(feature = "cuda"))]
+#[cfg(not(feature = "cuda-rule"))]
 #[derive(Default)]
 struct Kernels;
 
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-rule")]
 fn on_device(
     kernels: &mut Kernels,
     device: &candle_core::Device,
@@ -322,7 +322,7 @@ fn on_device(
     kernels.last_mut().expect("pushed").draw(&logits, rule, us)
 }
 
-#[cfg(not(feature = "cuda"))]
+#[cfg(not(feature = "cuda-rule"))]
 fn on_device(
     _: &mut Kernels,
     _: &candle_core::Device,
@@ -336,7 +336,7 @@ fn on_device(
     ))
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-rule")]
 pub mod cuda;
 
 #[cfg(test)]

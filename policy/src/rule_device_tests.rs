@@ -169,7 +169,7 @@ fn the_rule_check_passes_on_the_cpu() {
 
 /// The kernel itself against the CPU rule (a CUDA build on a GPU host; skipped without a
 /// device): ≥ 100,000 random bf16 rows within the stated tolerance.
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-rule")]
 #[test]
 fn rule_device_matches_the_rule_on_the_device() {
     let device = match candle_core::Device::new_cuda(0) {

@@ -444,15 +444,20 @@ mod tests {
         assert!(err.to_string().contains("exceeds"), "{err}");
         assert!(matches!(err, PullError::OversizedAnswer(_)), "{err:?}");
         // Within a smaller bound: a frame one byte over it is oversized, one at it is read.
+        let empty = Message::Empty {
+            log: CommitLog::default(),
+        };
+        let body = empty.encode();
         let mut frame = Vec::new();
-        write_frame_sync(&mut frame, &Message::Empty.encode());
+        write_frame_sync(&mut frame, &body);
         let mut r = futures::io::Cursor::new(frame.clone());
         assert_eq!(
-            futures::executor::block_on(read_message_bounded(&mut r, 1)).unwrap(),
-            Some(Message::Empty)
+            futures::executor::block_on(read_message_bounded(&mut r, body.len())).unwrap(),
+            Some(empty)
         );
         let mut r = futures::io::Cursor::new(frame);
-        let err = futures::executor::block_on(read_message_bounded(&mut r, 0)).unwrap_err();
+        let err =
+            futures::executor::block_on(read_message_bounded(&mut r, body.len() - 1)).unwrap_err();
         assert!(matches!(err, PullError::OversizedAnswer(_)), "{err:?}");
         // A malformed length is a protocol violation, not an oversized answer.
         let mut r = futures::io::Cursor::new(vec![0x80u8; 11]);

@@ -264,6 +264,7 @@ fn holdem_hands_go_past_one_decision_with_a_context_that_fits_twenty() {
                 while d.next_turn().is_some() {
                     let action = d
                         .reference_action(&mut rng)
+                        .unwrap()
                         .unwrap_or_else(|| "call".into());
                     if d.finish_turn(&chat.action_tokens(&action).unwrap())
                         .unwrap()

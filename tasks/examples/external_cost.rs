@@ -45,7 +45,10 @@ fn us(mut d: Vec<Duration>) -> serde_json::Value {
 }
 
 fn main() {
-    let episodes: u64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(2000);
+    let episodes: u64 = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(2000);
     let kuhn = tasks::build_env("kuhn-poker", &serde_json::json!({"opponent": "always-bet"}))
         .expect("kuhn-poker");
     let builtin = play(kuhn.as_ref(), episodes, &["check", "call", "bet"]);

@@ -56,10 +56,13 @@ pub struct EnvMetadata {
 }
 
 fn default_observation_tokens() -> usize {
-    64
+    EnvMetadata::DEFAULT_OBSERVATION_TOKENS
 }
 
 impl EnvMetadata {
+    /// [`Self::max_observation_tokens`] of an environment that does not state it.
+    pub const DEFAULT_OBSERVATION_TOKENS: usize = 64;
+
     /// True when an episode can take more than one turn.
     pub fn is_multi_turn(&self) -> bool {
         self.max_turns > 1

@@ -239,6 +239,9 @@ pub struct Hello {
     pub max_turns: u32,
     pub return_range: (f32, f32),
     pub suggested_tokens_per_turn: usize,
+    /// The longest observation in tokens, for the default episode budget (64 when absent).
+    #[serde(default)]
+    pub max_observation_tokens: Option<usize>,
     #[serde(default)]
     pub system_prompt: Option<String>,
 }
@@ -252,17 +255,28 @@ impl Hello {
             ));
         }
         if !(1..=MAX_TURNS).contains(&self.max_turns) {
-            return Err(format!("max_turns {} is outside 1..={MAX_TURNS}", self.max_turns));
+            return Err(format!(
+                "max_turns {} is outside 1..={MAX_TURNS}",
+                self.max_turns
+            ));
         }
         let (lo, hi) = self.return_range;
         if !(lo.is_finite() && hi.is_finite() && lo <= hi) {
-            return Err(format!("return_range [{lo}, {hi}] is not a finite interval"));
+            return Err(format!(
+                "return_range [{lo}, {hi}] is not a finite interval"
+            ));
         }
         if !(1..=65_536).contains(&self.suggested_tokens_per_turn) {
             return Err("suggested_tokens_per_turn is outside 1..=65536".into());
         }
         if self.num_initial_states == Some(0) {
             return Err("num_initial_states is 0".into());
+        }
+        if self
+            .max_observation_tokens
+            .is_some_and(|n| !(1..=65_536).contains(&n))
+        {
+            return Err("max_observation_tokens is outside 1..=65536".into());
         }
         Ok(())
     }
@@ -399,7 +413,10 @@ impl Launch {
                 argv.extend(["unshare".to_string(), "-rn".to_string()]);
                 sandbox.no_network = true;
             } else {
-                tracing::warn!(env = name, "unshare -rn is not available here: the environment runs with network access");
+                tracing::warn!(
+                    env = name,
+                    "unshare -rn is not available here: the environment runs with network access"
+                );
             }
         }
         if spec.memory_mib > 0 {
@@ -409,7 +426,10 @@ impl Launch {
                 argv.push("--".into());
                 sandbox.memory_limit = true;
             } else {
-                tracing::warn!(env = name, "prlimit is not available here: the environment runs without a memory limit");
+                tracing::warn!(
+                    env = name,
+                    "prlimit is not available here: the environment runs without a memory limit"
+                );
             }
         }
         argv.extend(spec.command.iter().cloned());
@@ -531,7 +551,10 @@ impl Proc {
                 detail: "the program wrote a line nobody asked for".into(),
             });
         }
-        let sent = self.requests.as_ref().is_some_and(|tx| tx.send(line).is_ok());
+        let sent = self
+            .requests
+            .as_ref()
+            .is_some_and(|tx| tx.send(line).is_ok());
         let got = if sent {
             self.replies.recv_timeout(timeout)
         } else {
@@ -689,7 +712,12 @@ impl Inner {
         tracing::warn!(env = %self.name, error = %e, "external environment failed: episode abandoned, process killed (a fresh one starts for the next episode)");
     }
 
-    fn call(&self, p: &mut Proc, op: Op, req: &Request<'_>) -> Result<serde_json::Value, ExternalError> {
+    fn call(
+        &self,
+        p: &mut Proc,
+        op: Op,
+        req: &Request<'_>,
+    ) -> Result<serde_json::Value, ExternalError> {
         let r = p.call(op, req, self.timeout());
         self.counters.calls.fetch_add(1, Ordering::Relaxed);
         r
@@ -737,7 +765,11 @@ fn open(
 /// The pin of an external environment: what learner and workers must agree on — the
 /// protocol version, the name, the parameters, the declared version and the contents of
 /// the pinned files (not their paths, nor the interpreter's path, which differ by host).
-pub fn pin(name: &str, params: &serde_json::Value, spec: &ExternalSpec) -> Result<[u8; 32], ExternalError> {
+pub fn pin(
+    name: &str,
+    params: &serde_json::Value,
+    spec: &ExternalSpec,
+) -> Result<[u8; 32], ExternalError> {
     let mut h = blake3::Hasher::new_derive_key("echo-swarm external environment pin v1");
     let field = |h: &mut blake3::Hasher, b: &[u8]| {
         h.update(&(b.len() as u64).to_le_bytes());
@@ -870,8 +902,16 @@ impl ExternalEnv {
         let mut p = inner.fresh()?;
         let mut turns = vec![(inner.reset(&mut p, seed)?, 0, false)];
         for turn in 0..inner.hello.max_turns.min(16) {
-            let v = inner.call(&mut p, Op::Reference, &Request::Reference { seed: u64::from(turn) })?;
-            let action = parse::<ReferenceReply>(Op::Reference, v)?.action.unwrap_or_default();
+            let v = inner.call(
+                &mut p,
+                Op::Reference,
+                &Request::Reference {
+                    seed: u64::from(turn),
+                },
+            )?;
+            let action = parse::<ReferenceReply>(Op::Reference, v)?
+                .action
+                .unwrap_or_default();
             let v = inner.call(&mut p, Op::Step, &Request::Step { action: &action })?;
             let s: StepReply = parse(Op::Step, v)?;
             let reward = check_reward(Op::Step, s.reward)?;
@@ -964,7 +1004,8 @@ impl Episode for ExternalEpisode {
     /// The engine calls [`Episode::try_step`]; a failure here ends the episode with a NaN
     /// reward, which no check accepts.
     fn step(&mut self, action: &str) -> Step {
-        self.try_step(action).unwrap_or(Step::Done { reward: f32::NAN })
+        self.try_step(action)
+            .unwrap_or(Step::Done { reward: f32::NAN })
     }
 
     fn try_step(&mut self, action: &str) -> Result<Step, TaskError> {
@@ -1030,7 +1071,10 @@ impl Episode for ExternalEpisode {
         None
     }
 
-    fn try_reference_action(&mut self, rng: &mut dyn rand::RngCore) -> Result<Option<String>, TaskError> {
+    fn try_reference_action(
+        &mut self,
+        rng: &mut dyn rand::RngCore,
+    ) -> Result<Option<String>, TaskError> {
         let seed = rng.next_u64() ^ self.seed;
         let env = self.env.clone();
         let p = self.proc()?;
@@ -1058,6 +1102,9 @@ impl Environment for ExternalEnv {
             max_turns: h.max_turns,
             return_range: h.return_range,
             suggested_tokens_per_turn: h.suggested_tokens_per_turn,
+            max_observation_tokens: h
+                .max_observation_tokens
+                .unwrap_or(EnvMetadata::DEFAULT_OBSERVATION_TOKENS),
             params: self.inner.params.clone(),
         }
     }

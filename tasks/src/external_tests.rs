@@ -56,12 +56,18 @@ fn a_normal_episode_is_played_and_replays_identically() {
     let env = start("testenv", &params, &testenv_spec()).unwrap();
     let meta = env.metadata();
     assert_eq!((meta.max_turns, meta.return_range), (3, (0.0, 1.0)));
-    assert_eq!(env.system_prompt().as_deref(), Some("Answer with the digit only."));
+    assert_eq!(
+        env.system_prompt().as_deref(),
+        Some("Answer with the digit only.")
+    );
     assert_eq!(env.hello().version.as_deref(), Some("testenv 1"));
     let (obs, rewards) = play(env.as_ref(), 17).unwrap();
     assert!(obs.starts_with("turn 1: say "), "{obs}");
     assert_eq!(rewards.len(), 3);
-    assert!((rewards.iter().sum::<f32>() - 1.0).abs() < 1e-6, "{rewards:?}");
+    assert!(
+        (rewards.iter().sum::<f32>() - 1.0).abs() < 1e-6,
+        "{rewards:?}"
+    );
     // Same seed, same actions: the same observations and rewards, on a pooled process.
     assert_eq!(play(env.as_ref(), 17).unwrap(), (obs, rewards));
     // A wrong answer earns nothing for its turn; an illegal, huge or empty one is total.
@@ -82,7 +88,10 @@ fn the_pin_covers_name_params_version_and_files_not_paths() {
     let base = pin("testenv", &p, &spec).unwrap();
     assert_eq!(pin("testenv", &p, &spec).unwrap(), base);
     assert_ne!(pin("testenv2", &p, &spec).unwrap(), base);
-    assert_ne!(pin("testenv", &serde_json::json!({"turns": 2}), &spec).unwrap(), base);
+    assert_ne!(
+        pin("testenv", &serde_json::json!({"turns": 2}), &spec).unwrap(),
+        base
+    );
     let versioned = ExternalSpec {
         version: Some("testenv 1".into()),
         ..spec.clone()
@@ -139,7 +148,13 @@ fn a_hang_is_timed_out_and_killed() {
     let mut ep = env.reset(4).unwrap().episode;
     ep.try_step("0").unwrap();
     let e = external(ep.try_step("0").unwrap_err());
-    assert_eq!(e, ExternalError::Timeout { op: "step", ms: 1_000 });
+    assert_eq!(
+        e,
+        ExternalError::Timeout {
+            op: "step",
+            ms: 1_000
+        }
+    );
     drop(ep);
     // The hung process was killed, not pooled: the next episode answers.
     assert!(env.reset(6).unwrap().episode.try_step("0").is_ok());
@@ -180,7 +195,10 @@ fn a_memory_hog_is_stopped_by_the_limit() {
     // A MemoryError the program reports, or its death: either way no reward.
     let e = external(ep.try_step("0").unwrap_err());
     assert!(
-        matches!(e, ExternalError::Refused { .. } | ExternalError::Exited { .. }),
+        matches!(
+            e,
+            ExternalError::Refused { .. } | ExternalError::Exited { .. }
+        ),
         "{e}"
     );
     assert!(e.to_string().contains("MemoryError") || matches!(e, ExternalError::Exited { .. }));
@@ -234,9 +252,22 @@ fn bad_programs_and_wrong_versions_are_refused_at_start() {
     let e = external(start("nope", &null, &spec(&["/nonexistent/program"])).unwrap_err());
     assert!(matches!(e, ExternalError::Spawn { .. }), "{e}");
     let e = external(start("chatty", &null, &spec(&["python3", "-c", "print('hi')"])).unwrap_err());
-    assert!(matches!(e, ExternalError::BadJson { op: "hello", .. }), "{e}");
-    let e = external(start("silent", &null, &spec(&["python3", "-c", "import sys; sys.exit(2)"])).unwrap_err());
-    assert!(matches!(e, ExternalError::Exited { op: "hello", .. }), "{e}");
+    assert!(
+        matches!(e, ExternalError::BadJson { op: "hello", .. }),
+        "{e}"
+    );
+    let e = external(
+        start(
+            "silent",
+            &null,
+            &spec(&["python3", "-c", "import sys; sys.exit(2)"]),
+        )
+        .unwrap_err(),
+    );
+    assert!(
+        matches!(e, ExternalError::Exited { op: "hello", .. }),
+        "{e}"
+    );
     let hello = r#"import sys; sys.stdin.readline(); print('{"ok": true, "protocol": 1, "max_turns": 0, "return_range": [0, 1], "suggested_tokens_per_turn": 4}')"#;
     let e = external(start("zero", &null, &spec(&["python3", "-c", hello])).unwrap_err());
     assert!(e.to_string().contains("max_turns 0"), "{e}");

@@ -291,7 +291,9 @@ impl Default for TaskConfig {
 impl TaskConfig {
     /// The configured environment: a built-in one, or the external program started (once
     /// per process and pin; `tasks::external::start` checks its determinism).
-    pub fn build_env(&self) -> Result<std::sync::Arc<dyn tasks::env::Environment>, tasks::TaskError> {
+    pub fn build_env(
+        &self,
+    ) -> Result<std::sync::Arc<dyn tasks::env::Environment>, tasks::TaskError> {
         match (self.kind, &self.external) {
             (TaskKind::Builtin, None) => tasks::build_env(&self.name, &self.params),
             (TaskKind::External, Some(spec)) => {

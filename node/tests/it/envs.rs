@@ -181,7 +181,9 @@ fn a_swarm_trains_on_an_external_environment_that_crashes_mid_episode() {
     assert_eq!(rejected(&learner, "replay_mismatch"), 0);
     assert_eq!(rejected(&learner, "token_not_drawn"), 0);
     // Every trained sample's reward is the program's return, in [0, 1].
-    let reward = status["learner"]["last_step"]["reward_mean"].as_f64().unwrap();
+    let reward = status["learner"]["last_step"]["reward_mean"]
+        .as_f64()
+        .unwrap();
     assert!((0.0..=1.0).contains(&reward), "{status}");
     let log = wait_for("the worker's log of an abandoned episode", LIMIT, || {
         let log = std::fs::read_to_string(&w.log).ok()?;
@@ -216,7 +218,10 @@ fn a_worker_forging_external_returns_is_struck_after_replay() {
     assert_eq!(struck["ban_reason"], "reward_mismatch", "{struck}");
     assert!(rejected(&learner, "replay_mismatch") >= 3);
     let log = std::fs::read_to_string(tmp.path().join("learner/node.log")).unwrap_or_default();
-    assert!(log.contains("reported return"), "a forged return was refused");
+    assert!(
+        log.contains("reported return"),
+        "a forged return was refused"
+    );
     let status = wait_for("a learner step from the honest worker", LIMIT, || {
         let s = learner.status()?;
         (trained(&learner, &honest[0].key.peer_id) > 0).then_some(s)
@@ -227,7 +232,11 @@ fn a_worker_forging_external_returns_is_struck_after_replay() {
         (Some(0), Some(false)),
         "{h}"
     );
-    assert_eq!(trained(&learner, &bad_id), 0, "no group of the forger was trained");
+    assert_eq!(
+        trained(&learner, &bad_id),
+        0,
+        "no group of the forger was trained"
+    );
     honest[0].kill();
     bad.kill();
     learner.kill();

@@ -5,7 +5,10 @@
 //!
 //! **Untested on a device**: written against cudarc 0.19's safe API on a machine without the
 //! CUDA toolkit; the GPU test `rule_device_matches_the_rule_on_the_device` (run by
-//! `scripts/gpu-smoke.sh`) is its first run.
+//! `scripts/gpu-smoke.sh`) is its first run. Built only with the `cuda-rule` feature.
+
+// Pinned host memory and kernel launches are FFI: the unsafe blocks are each one call.
+#![allow(unsafe_code)]
 
 use std::sync::Arc;
 

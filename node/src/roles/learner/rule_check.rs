@@ -151,8 +151,14 @@ mod tests {
         check.learner.env_pin = Some(p2p::EnvPin([1; 32]));
         assert_eq!(check.mismatch(pinned(1)), None);
         // An older worker reports none: judged by replay as before.
-        assert_eq!(check.mismatch(RolloutConfig::default().sampling_report()), None);
+        assert_eq!(
+            check.mismatch(RolloutConfig::default().sampling_report()),
+            None
+        );
         let why = check.mismatch(pinned(2)).unwrap();
-        assert!(why.contains("another external environment") && why.contains(&"02".repeat(32)), "{why}");
+        assert!(
+            why.contains("another external environment") && why.contains(&"02".repeat(32)),
+            "{why}"
+        );
     }
 }

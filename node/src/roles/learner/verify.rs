@@ -345,7 +345,9 @@ pub fn check_assigned_prompt(
     let prompt = match env.reset(index) {
         Ok(start) => start.prompt,
         Err(e @ tasks::TaskError::External { .. }) => {
-            return Err(EnvRefusal::EnvFailed(format!("assigned prompt {index}: {e}")))
+            return Err(EnvRefusal::EnvFailed(format!(
+                "assigned prompt {index}: {e}"
+            )))
         }
         Err(e) => return Err(format!("assigned prompt {index}: {e}").into()),
     };

@@ -728,7 +728,10 @@ fn external_group(
                 0 => d.reference_action(&mut rng).unwrap().unwrap(),
                 _ => "no".to_string(),
             };
-            if d.finish_turn(&chat.action_tokens(&a).unwrap()).unwrap().is_none() {
+            if d.finish_turn(&chat.action_tokens(&a).unwrap())
+                .unwrap()
+                .is_none()
+            {
                 break;
             }
         }
@@ -775,7 +778,10 @@ fn external_episodes_are_replayed_forgeries_struck_and_env_failures_charge_nobod
     let w = worker(4);
     let env = testenv(serde_json::json!({"turns": 2}));
     let (g, replay) = external_group(&w, 3, &env, env.clone());
-    assert_eq!(g.samples[0].reward, 1.0, "the reference answers earn the whole return");
+    assert_eq!(
+        g.samples[0].reward, 1.0,
+        "the reference answers earn the whole return"
+    );
     assert_eq!(g.samples[1].reward, 0.0);
     assert!(stage(&replay, &w, &g).is_ok(), "an honest group replays");
     let mut forged = g.clone();
