@@ -239,7 +239,15 @@ fn a_restored_trainer_continues_bit_identically_and_remembers_consumed_ids() {
     assert_eq!((st.stepped, st.groups_duplicate), (false, 2));
     let second = b.save(dir.path()).unwrap();
     assert_ne!(first, second);
-    assert!(!first.exists(), "older checkpoint folders are removed");
+    assert!(
+        first.exists(),
+        "the default keeps older checkpoints to fall back to"
+    );
+    let third = b.save_keeping(dir.path(), 1).unwrap();
+    assert!(
+        !first.exists() && !second.exists() && third.exists(),
+        "keeping one removes the older checkpoint folders"
+    );
     let c = Trainer::load(dir.path(), &Device::Cpu).unwrap();
     assert_eq!(c.version(), 3);
 }

@@ -137,6 +137,7 @@ mod tests {
                 "silent_forwarding",
                 "mask_mismatch",
                 "token_not_drawn",
+                "withheld",
             ]
         );
         for &r in StrikeReason::ALL {

@@ -926,8 +926,29 @@ impl ExternalEnv {
     fn check_determinism(&self) -> Result<(), ExternalError> {
         let n = u64::from(self.inner.spec.determinism_seeds);
         let states = self.inner.hello.num_initial_states.unwrap_or(u64::MAX);
+        let (mut checked, mut failed) = (0u64, None);
         for seed in 0..n.min(states) {
-            let (a, b) = (self.transcript(seed)?, self.transcript(seed)?);
+            let (a, b) = match (self.transcript(seed), self.transcript(seed)) {
+                (Ok(a), Ok(b)) => (a, b),
+                // Not started at all: nothing later would start either.
+                (Err(e @ ExternalError::Spawn { .. }), _)
+                | (_, Err(e @ ExternalError::Spawn { .. })) => return Err(e),
+                // The same episode fails the same way twice (a program that crashes on some
+                // seeds): not a sign of nondeterminism; such episodes are abandoned in play.
+                (Err(e), Err(_)) => {
+                    tracing::warn!(env = %self.inner.name, seed, error = %e,
+                        "determinism check: the episode failed in both replays; seed skipped");
+                    failed.get_or_insert(e);
+                    continue;
+                }
+                (Ok(_), Err(e)) | (Err(e), Ok(_)) => {
+                    return Err(ExternalError::NonDeterministic {
+                        seed,
+                        detail: format!("one replay ended, the other failed ({e})"),
+                    })
+                }
+            };
+            checked += 1;
             if a != b {
                 let turn = a.turns.iter().zip(&b.turns).position(|(x, y)| x != y);
                 return Err(ExternalError::NonDeterministic {
@@ -940,7 +961,11 @@ impl ExternalEnv {
                 });
             }
         }
-        Ok(())
+        match failed {
+            // No seed could be replayed: determinism is unknown, so the program is refused.
+            Some(e) if checked == 0 => Err(e),
+            _ => Ok(()),
+        }
     }
 }
 

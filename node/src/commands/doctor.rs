@@ -367,7 +367,7 @@ fn port_checks(config: &NodeConfig) -> Vec<Check> {
                 "listen",
                 Status::Fail,
                 format!("listening on {addr}: {}", p2p::transport::bind_failure(&e)),
-                "`run` refuses this address too: stop the other process or pick another port (0 = any)",
+                "`run` refuses this address too: another process holds it; stop it or pick another port (0 = any)",
             ),
         });
     }

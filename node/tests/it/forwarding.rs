@@ -133,8 +133,10 @@ fn a_parent_that_pushes_every_chunk_three_times_is_charged_and_moved_and_its_chi
         LIMIT,
         || {
             honest
-                .iter()
-                .any(|w| counter(w, "dissemination_push_duplicates_total") > 0)
+                .iter_mut()
+                .any(|w| {
+                    w.status().is_some() && counter(w, "dissemination_push_duplicates_total") > 0
+                })
                 .then_some(())
         },
     );
@@ -179,8 +181,8 @@ fn a_child_repaired_around_a_slow_parent_is_never_struck() {
         let st = learner.status()?;
         let slow_seen = st["forwarding"]["verdicts"]["slow"].as_u64().unwrap_or(0) > 0;
         let repaired = honest
-            .iter()
-            .any(|w| counter(w, "dissemination_fetched_bytes_total") > 0);
+            .iter_mut()
+            .any(|w| w.status().is_some() && counter(w, "dissemination_fetched_bytes_total") > 0);
         (slow_seen && repaired).then_some(())
     });
     let after = wait_for("the slow parent moved", LIMIT, || {
