@@ -507,7 +507,7 @@ mod tests {
                 "gossip_score": null, "score": 55.5, "speed": 40.0, "success": 99.9,
                 "stability": 30.0, "decay": 1.0, "avg_speed_bps": 0.0, "successes": 3,
                 "failures": 0, "consecutive_failures": 0, "active": true,
-                "device": {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3", "memory_total_bytes": 85899345920,
+                "device": {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3", "memory_total_bytes": 85_899_345_920_u64,
                            "memory_free_bytes": 64_424_509_440_u64, "compute_capability": "9.0"}})
         };
         v["peers"] = serde_json::json!([
