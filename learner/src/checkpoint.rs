@@ -285,7 +285,7 @@ fn checkpoints_newest_first(dir: &Path) -> Result<Vec<PathBuf>> {
             found.push(((v, k), e.path()));
         }
     }
-    found.sort_by(|a, b| b.0.cmp(&a.0));
+    found.sort_by_key(|f| std::cmp::Reverse(f.0));
     Ok(found.into_iter().map(|(_, p)| p).collect())
 }
 

@@ -81,10 +81,10 @@ impl AdamWConfig {
                 self.beta1, self.beta2
             ));
         }
-        if !(self.eps > 0.0) {
+        if self.eps.is_nan() || self.eps <= 0.0 {
             return bad(&format!("eps must be > 0, got {}", self.eps));
         }
-        if !(self.weight_decay >= 0.0) {
+        if self.weight_decay.is_nan() || self.weight_decay < 0.0 {
             return bad(&format!(
                 "weight_decay must be >= 0, got {}",
                 self.weight_decay

@@ -392,7 +392,9 @@ fn decode_groups(
     let mut slots: Vec<Option<Running>> = vec![None; rows];
     loop {
         // Refill free slots, each admission after its first token is drawn from the prompt's
-        // logits (a sample that stops at once never takes a slot).
+        // logits (a sample that stops at once never takes a slot). By index: the slot
+        // number is also the row the sample decodes in.
+        #[allow(clippy::needless_range_loop)]
         for s in 0..rows {
             while slots[s].is_none() {
                 let Some((g, k)) = waiting.next() else {

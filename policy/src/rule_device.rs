@@ -257,6 +257,8 @@ pub fn check_against_rule(
         on_device: device.is_cuda(),
     };
     let launches = rows.div_ceil(1024).max(1);
+    // A unit struct without `cuda-rule`, the compiled kernels with it.
+    #[allow(clippy::default_constructed_unit_structs)]
     let mut kernels = Kernels::default();
     for (k, (batch, vocab)) in std::iter::repeat_n((1024usize, 1000usize), launches)
         .chain([(64, 151_936)])
