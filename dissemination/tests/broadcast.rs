@@ -351,30 +351,20 @@ async fn an_overfeeding_parent_is_charged_and_its_childs_receipt_stays_in_range(
         assert_eq!(hash_bytes(&installed(w, 1).await), root);
     }
     // w1's receipt of v1 names bad: the first copies only, the duplicates noted.
-    let deadline = Instant::now() + WAIT;
-    let receipt = loop {
-        if let Some(r) = workers[1].d.receipts().into_iter().find(|r| r.version == 1) {
-            break r;
-        }
-        assert!(Instant::now() < deadline, "w1 issued no receipt for v1");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let w1 = &workers[1];
+    let receipt = testkit::wait_for_async("w1's receipt for v1", WAIT, || async move {
+        w1.d.receipts().into_iter().find(|r| r.version == 1)
+    })
+    .await;
     assert_eq!(receipt.parent, bad.to_string());
     assert!(receipt.duplicates > 0, "{receipt:?}");
     assert!(receipt.bytes <= receipt.wanted, "{receipt:?}");
     // w1 charged bad a failed transfer for it.
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let c = score_of(&workers[1].client, bad)
-            .await
-            .0
-            .expect("known peer");
-        if c.failures >= 1 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "bad was not charged ({c:?})");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    testkit::wait_for_async("bad charged a failed transfer by w1", WAIT, || async move {
+        let c = score_of(&w1.client, bad).await.0.expect("known peer");
+        (c.failures >= 1).then_some(())
+    })
+    .await;
     shutdown(workers).await;
     shutdown([learner]).await;
 }

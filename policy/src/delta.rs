@@ -263,6 +263,20 @@ fn write_header(
 
 /// Whether element `i` differs between two little-endian u16 arrays.
 #[inline]
+/// A bitmap record's positions: exactly `count` bits set, none past the tensor's `numel`.
+fn check_bitmap(bitmap: &[u8], numel: usize, count: usize) -> Result<()> {
+    let set: usize = bitmap.iter().map(|b| b.count_ones() as usize).sum();
+    if set != count {
+        return Err(DeltaError::Malformed(format!(
+            "bitmap has {set} positions, the record announces {count}"
+        )));
+    }
+    if !numel.is_multiple_of(8) && bitmap[numel / 8] >> (numel % 8) != 0 {
+        return Err(DeltaError::Malformed("bitmap bit past the tensor".into()));
+    }
+    Ok(())
+}
+
 fn differs(b: &[u8], n: &[u8], i: usize) -> bool {
     b[2 * i] != n[2 * i] || b[2 * i + 1] != n[2 * i + 1]
 }

@@ -86,15 +86,7 @@ pub(super) fn apply_tensor(r: &mut Reader<'_>, dst: &mut [u8], numel: usize) -> 
             let count = r.count(numel)?;
             let bitmap = r.take(numel.div_ceil(8), "bitmap")?;
             let values = r.take(2 * count, "values")?;
-            let set: usize = bitmap.iter().map(|b| b.count_ones() as usize).sum();
-            if set != count {
-                return Err(DeltaError::Malformed(format!(
-                    "bitmap has {set} positions, the record announces {count}"
-                )));
-            }
-            if !numel.is_multiple_of(8) && bitmap[numel / 8] >> (numel % 8) != 0 {
-                return Err(DeltaError::Malformed("bitmap bit past the tensor".into()));
-            }
+            super::check_bitmap(bitmap, numel, count)?;
             let mut k = 0;
             for (byte_i, &byte) in bitmap.iter().enumerate() {
                 let mut bits = byte;

@@ -233,15 +233,7 @@ fn check_sparse(raw: &[u8], bitmap: bool, count: usize, numel: usize) -> Result<
         ));
     }
     if bitmap {
-        let set: usize = index.iter().map(|b| b.count_ones() as usize).sum();
-        if set != count {
-            return Err(DeltaError::Malformed(format!(
-                "bitmap has {set} positions, the record announces {count}"
-            )));
-        }
-        if !numel.is_multiple_of(8) && index[numel / 8] >> (numel % 8) != 0 {
-            return Err(DeltaError::Malformed("bitmap bit past the tensor".into()));
-        }
+        super::check_bitmap(index, numel, count)?;
         return Ok(());
     }
     let mut r = Reader { buf: index, pos: 0 };

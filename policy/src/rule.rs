@@ -145,12 +145,7 @@ fn draw_with(
     if max == f32::NEG_INFINITY {
         return Err(PolicyError::Sampling("no finite logit".into()));
     }
-    let t = if rule.temperature > 0.0 {
-        rule.temperature
-    } else {
-        1.0
-    };
-    let inv_t = 1.0 / t;
+    let inv_t = inv_temperature(rule);
     e.clear();
     e.extend(logits.iter().map(|&x| exp_nonpos((x - max) * inv_t)));
     // Block sums: Z, and (without truncation) the skips of the inverse-CDF walk below.
@@ -174,9 +169,40 @@ fn draw_with(
     if tau > 0.0 {
         blocks = e.chunks(WALK_BLOCK).map(|b| masked_sum(b, tau)).collect();
     }
-    let target = u * blocks.iter().sum::<f64>();
+    let tok = walk(e, &blocks, tau, u * blocks.iter().sum::<f64>());
+    Ok(Drawn {
+        token: tok as u32,
+        logprob: logprob(tok),
+    })
+}
+
+/// The unnormalised weights `exp((x − max) / T)` of a finite row, as [`draw`] computes them.
+pub(crate) fn weights(logits: &[f32], rule: RuleParams) -> Vec<f32> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let inv_t = inv_temperature(rule);
+    logits
+        .iter()
+        .map(|&x| exp_nonpos((x - max) * inv_t))
+        .collect()
+}
+
+/// `1 / T`, with greedy decoding (`T = 0`) weighting as `T = 1` (its log-probs).
+pub(crate) fn inv_temperature(rule: RuleParams) -> f32 {
+    let t = if rule.temperature > 0.0 {
+        rule.temperature
+    } else {
+        1.0
+    };
+    1.0 / t
+}
+
+/// The inverse CDF over the kept weights (`e ≥ τ`; zero weights add nothing) in id order:
+/// the first token whose running sum passes `target`. Whole blocks of [`WALK_BLOCK`] are
+/// skipped by their sums `blocks`; the block that crosses `target` is walked token by token.
+/// A `target` rounded past the total gives the last kept token.
+pub(crate) fn walk(e: &[f32], blocks: &[f64], tau: f32, target: f64) -> usize {
     let mut cum = 0f64;
-    for (bi, (block, &s)) in e.chunks(WALK_BLOCK).zip(&blocks).enumerate() {
+    for (bi, (block, &s)) in e.chunks(WALK_BLOCK).zip(blocks).enumerate() {
         if cum + s <= target {
             cum += s;
             continue;
@@ -185,37 +211,18 @@ fn draw_with(
             if x > 0.0 && x >= tau {
                 cum += f64::from(x);
                 if cum > target {
-                    let tok = bi * WALK_BLOCK + k;
-                    return Ok(Drawn {
-                        token: tok as u32,
-                        logprob: logprob(tok),
-                    });
+                    return bi * WALK_BLOCK + k;
                 }
             }
         }
     }
-    // `u · M` at the very top, rounded past the sum: the last kept token.
-    let last = e.iter().rposition(|&x| x > 0.0 && x >= tau).unwrap_or(0);
-    Ok(Drawn {
-        token: last as u32,
-        logprob: logprob(last),
-    })
+    e.iter().rposition(|&x| x > 0.0 && x >= tau).unwrap_or(0)
 }
 
 /// The nucleus threshold `τ` that [`draw`] uses for `logits` (0 without truncation or when
 /// rounding keeps every token in): what the device rule's emulation is compared against.
 pub(crate) fn threshold_of(logits: &[f32], rule: RuleParams) -> f32 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let t = if rule.temperature > 0.0 {
-        rule.temperature
-    } else {
-        1.0
-    };
-    let inv_t = 1.0 / t;
-    let e: Vec<f32> = logits
-        .iter()
-        .map(|&x| exp_nonpos((x - max) * inv_t))
-        .collect();
+    let e = weights(logits, rule);
     if rule.temperature == 0.0 || rule.top_p >= 1.0 {
         return 0.0;
     }

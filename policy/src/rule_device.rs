@@ -88,12 +88,7 @@ pub fn emulate(logits: &[f32], rule: RuleParams, u: f64) -> Result<Drawn> {
     if max == f32::NEG_INFINITY {
         return decode_output(TOKEN_NO_FINITE, 0);
     }
-    let t = if rule.temperature > 0.0 {
-        rule.temperature
-    } else {
-        1.0
-    };
-    let inv_t = 1.0 / t;
+    let inv_t = crate::rule::inv_temperature(rule);
     // 2. The weights and Z in block order.
     let e: Vec<f32> = logits
         .iter()
@@ -124,30 +119,10 @@ pub fn emulate(logits: &[f32], rule: RuleParams, u: f64) -> Result<Drawn> {
         (0.0, z)
     };
     // 4. The walk (thread 0 on the device).
-    let target = u * mass;
-    let mut cum = 0f64;
-    for (b, (block, &s)) in e.chunks(WALK_BLOCK).zip(&bs).enumerate() {
-        if cum + s <= target {
-            cum += s;
-            continue;
-        }
-        for (k, &x) in block.iter().enumerate() {
-            if x > 0.0 && x >= tau {
-                cum += f64::from(x);
-                if cum > target {
-                    let tok = b * WALK_BLOCK + k;
-                    return Ok(Drawn {
-                        token: tok as u32,
-                        logprob: logprob(tok),
-                    });
-                }
-            }
-        }
-    }
-    let last = e.iter().rposition(|&x| x > 0.0 && x >= tau).unwrap_or(0);
+    let tok = crate::rule::walk(&e, &bs, tau, u * mass);
     Ok(Drawn {
-        token: last as u32,
-        logprob: logprob(last),
+        token: tok as u32,
+        logprob: logprob(tok),
     })
 }
 
@@ -155,16 +130,7 @@ pub fn emulate(logits: &[f32], rule: RuleParams, u: f64) -> Result<Drawn> {
 /// tolerance is stated in (a disagreement with [`crate::rule::draw`] is allowed only where the
 /// mass at the larger of the two thresholds is within rounding of `top_p · Z`).
 pub(crate) fn mass_at(logits: &[f32], rule: RuleParams, tau: f32) -> (f64, f64) {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let t = if rule.temperature > 0.0 {
-        rule.temperature
-    } else {
-        1.0
-    };
-    let e: Vec<f32> = logits
-        .iter()
-        .map(|&x| exp_nonpos((x - max) * (1.0 / t)))
-        .collect();
+    let e = crate::rule::weights(logits, rule);
     let mut bs = Vec::new();
     let z = total_at(&e, f32::NEG_INFINITY, &mut bs);
     (total_at(&e, tau, &mut bs), z)

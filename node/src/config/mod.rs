@@ -631,6 +631,20 @@ pub struct ConfigError {
     pub problems: Vec<Problem>,
 }
 
+impl ConfigError {
+    /// `Ok` when `problems` is empty, else the error naming `file`.
+    pub(crate) fn check(file: &Path, problems: Vec<Problem>) -> Result<(), ConfigError> {
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError {
+                file: file.to_path_buf(),
+                problems,
+            })
+        }
+    }
+}
+
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let n = self.problems.len();

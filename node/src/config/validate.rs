@@ -52,14 +52,7 @@ impl NodeConfig {
             .map(|e| e.problems)
             .unwrap_or_default();
         problems.extend(self.validate_files());
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(ConfigError {
-                file: file.to_path_buf(),
-                problems,
-            })
-        }
+        ConfigError::check(file, problems)
     }
 
     /// The files the config names: `network.psk_file` must exist, be a pre-shared key file
@@ -199,14 +192,7 @@ impl NodeConfig {
             bad(&format!("admission.{k}"), p);
         }
         self.validate_rollout(&mut bad);
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(ConfigError {
-                file: file.to_path_buf(),
-                problems,
-            })
-        }
+        ConfigError::check(file, problems)
     }
 
     /// The `[storage]` table: chunk size within the manifest format's bounds, snapshots kept (a

@@ -70,18 +70,12 @@ impl Forger {
             return Ok(false);
         }
         let prompt = self.task.prompt_by_id(&g.prompt_id)?;
-        let t = self.params.logprob_temperature();
         match attack {
             Attack::ForcedTokens => {
                 let mut tokens = self.tokenizer.encode(FORCED_TEXT)?;
                 tokens.extend(self.params.stop_tokens.first());
                 for s in g.samples.iter_mut().skip(1).step_by(2) {
-                    s.sampler_logprobs =
-                        policy::response_logprobs(&installed.policy, &g.prompt_tokens, &tokens, t)?;
-                    s.response_text = self.tokenizer.decode(&tokens)?;
-                    s.reward = self.task.reward(&prompt, &s.response_text).value;
-                    s.loss_mask = vec![1; tokens.len()];
-                    s.response_tokens = tokens.clone();
+                    self.rewrite(s, &installed, &g.prompt_tokens, &prompt, tokens.clone())?;
                 }
             }
             Attack::StaleVersion => {
@@ -99,16 +93,7 @@ impl Forger {
                 .context("sampling with the old snapshot")?;
                 for (s, c) in g.samples.iter_mut().zip(old) {
                     // Log-probs of the claimed version: what a check of log-probs alone sees.
-                    s.sampler_logprobs = policy::response_logprobs(
-                        &installed.policy,
-                        &g.prompt_tokens,
-                        &c.tokens,
-                        t,
-                    )?;
-                    s.response_text = self.tokenizer.decode(&c.tokens)?;
-                    s.reward = self.task.reward(&prompt, &s.response_text).value;
-                    s.loss_mask = vec![1; c.tokens.len()];
-                    s.response_tokens = c.tokens;
+                    self.rewrite(s, &installed, &g.prompt_tokens, &prompt, c.tokens)?;
                 }
             }
             Attack::FalseDtype => {
@@ -129,21 +114,32 @@ impl Forger {
                 let mut changed = false;
                 for (s, c) in g.samples.iter_mut().zip(chosen) {
                     changed |= s.response_tokens != c.tokens;
-                    s.sampler_logprobs = policy::response_logprobs(
-                        &installed.policy,
-                        &g.prompt_tokens,
-                        &c.tokens,
-                        t,
-                    )?;
-                    s.response_text = self.tokenizer.decode(&c.tokens)?;
-                    s.reward = self.task.reward(&prompt, &s.response_text).value;
-                    s.loss_mask = vec![1; c.tokens.len()];
-                    s.response_tokens = c.tokens;
+                    self.rewrite(s, &installed, &g.prompt_tokens, &prompt, c.tokens)?;
                 }
                 return Ok(changed);
             }
             _ => return Ok(false),
         }
         Ok(true)
+    }
+
+    /// Gives sample `s` the response `tokens`, with every number the learner recomputes made
+    /// true for them: log-probs under the installed (claimed) version, text, reward, mask.
+    fn rewrite(
+        &self,
+        s: &mut storage::Sample,
+        installed: &InstalledPolicy,
+        prompt_tokens: &[u32],
+        prompt: &tasks::Prompt,
+        tokens: Vec<u32>,
+    ) -> anyhow::Result<()> {
+        let t = self.params.logprob_temperature();
+        s.sampler_logprobs =
+            policy::response_logprobs(&installed.policy, prompt_tokens, &tokens, t)?;
+        s.response_text = self.tokenizer.decode(&tokens)?;
+        s.reward = self.task.reward(prompt, &s.response_text).value;
+        s.loss_mask = vec![1; tokens.len()];
+        s.response_tokens = tokens;
+        Ok(())
     }
 }
