@@ -21,6 +21,12 @@
 //!   those above the lowest delivered one otherwise.
 //! - **Delivered means committed.** A delivered group whose number the log does not name is
 //!   `uncommitted`; one whose content hash differs from its commitment is `mismatched`.
+//! - **Abandoned only where an episode can fail.** A number committed as abandoned (its
+//!   episode failed in an external environment program: no group, no reward) is resolved
+//!   without a strike when the run's environment can fail ([`Abandoning::UpTo`]), as long as
+//!   the worker's abandoned numbers stay within [`ABANDON_SLACK`] plus a fraction of its
+//!   admissible commitments; past that, and always under an environment that cannot fail
+//!   (a built-in task), an abandoned admissible number is withheld.
 //!
 //! Each verdict is about what the worker alone controls (its log, its store, its answer); no
 //! count depends on another peer. Pure: no I/O, no clock.
@@ -28,13 +34,42 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 
-/// One committed number: the version its group was made under and, while the group is
-/// admissible, its content hash (a stale entry travels without one).
+/// What a committed number commits to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Commitment {
+    /// A group's content hash (an admissible entry).
+    Hash([u8; 32]),
+    /// Nothing: a stale entry travels without its hash (an admissible one commits to nothing).
+    Omitted,
+    /// No group: its episode failed in the environment program.
+    Abandoned,
+}
+
+/// One committed number: the version its group was made (or attempted) under and what it
+/// commits to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommitEntry {
     pub version: u64,
-    pub hash: Option<[u8; 32]>,
+    pub commitment: Commitment,
 }
+
+/// Whether the run's environment lets an episode fail, and how many abandoned numbers a
+/// worker may commit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Abandoning {
+    /// The environment cannot fail (a built-in task): every abandoned admissible number is
+    /// withheld.
+    Never,
+    /// An external program: at most [`ABANDON_SLACK`] + `fraction` × the worker's admissible
+    /// commitments so far are resolved as abandoned; the rest are withheld.
+    UpTo { fraction: f64 },
+}
+
+/// Abandoned numbers a worker may commit beyond its fraction (a crash early in a run).
+pub const ABANDON_SLACK: u64 = 4;
+/// The default fraction of [`Abandoning::UpTo`]: an environment program that fails more than
+/// every other episode is not one to train on.
+pub const MAX_ABANDONED_FRACTION: f64 = 0.5;
 
 /// A delivered group, as the learner decoded it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +92,8 @@ pub struct Answer<'a> {
     pub log: &'a [CommitEntry],
     /// The groups of the lease (every one decoded, whatever the later checks say of it).
     pub delivered: &'a [DeliveredGroup],
+    /// Whether abandoned numbers are legitimate in this run.
+    pub abandoning: Abandoning,
 }
 
 /// What one answer showed.
@@ -72,6 +109,9 @@ pub struct Account {
     pub stale: u64,
     /// Committed numbers resolved by delivery.
     pub delivered: u64,
+    /// Admissible numbers resolved as abandoned (their episode failed): honest, within the
+    /// bound of [`Abandoning`].
+    pub abandoned: u64,
 }
 
 impl Account {
@@ -93,6 +133,9 @@ struct Commits {
     next: u64,
     /// Committed numbers not yet resolved: number → (version, content hash).
     outstanding: BTreeMap<u64, (u64, [u8; 32])>,
+    /// Admissible entries judged, and those of them resolved as abandoned.
+    admissible: u64,
+    abandoned: u64,
 }
 
 /// The learner's view of every worker's commitments.
@@ -160,13 +203,27 @@ impl<K: Hash + Eq + Clone> CommitBook<K> {
             if seq < c.next {
                 continue; // already known
             }
-            match e.hash {
-                _ if e.version < a.v_min => out.stale += 1,
-                Some(h) => {
+            if e.version < a.v_min {
+                out.stale += 1;
+                continue;
+            }
+            c.admissible += 1;
+            match e.commitment {
+                Commitment::Hash(h) => {
                     c.outstanding.insert(seq, (e.version, h));
                 }
                 // An admissible entry without its hash commits to nothing.
-                None => out.withheld.push(seq),
+                Commitment::Omitted => out.withheld.push(seq),
+                Commitment::Abandoned => match a.abandoning {
+                    Abandoning::UpTo { fraction }
+                        if ((c.abandoned + 1) as f64)
+                            <= ABANDON_SLACK as f64 + fraction * c.admissible as f64 =>
+                    {
+                        c.abandoned += 1;
+                        out.abandoned += 1;
+                    }
+                    Abandoning::UpTo { .. } | Abandoning::Never => out.withheld.push(seq),
+                },
             }
         }
         c.next = c.next.max(log_end);

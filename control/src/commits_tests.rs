@@ -3,7 +3,14 @@ use super::*;
 fn e(version: u64, h: u8) -> CommitEntry {
     CommitEntry {
         version,
-        hash: Some([h; 32]),
+        commitment: Commitment::Hash([h; 32]),
+    }
+}
+
+fn abandoned(version: u64) -> CommitEntry {
+    CommitEntry {
+        version,
+        commitment: Commitment::Abandoned,
     }
 }
 
@@ -28,6 +35,7 @@ fn answer<'a>(
         log_from,
         log,
         delivered,
+        abandoning: Abandoning::Never,
     }
 }
 
@@ -86,7 +94,7 @@ fn honest_stale_entries_in_the_log_are_resolved_without_a_strike() {
     let log = [
         CommitEntry {
             version: 2,
-            hash: None,
+            commitment: Commitment::Omitted,
         },
         e(2, 1),
         e(7, 2),
@@ -140,7 +148,7 @@ fn an_admissible_entry_without_a_hash_commits_to_nothing() {
     let mut b = met(0);
     let log = [CommitEntry {
         version: 5,
-        hash: None,
+        commitment: Commitment::Omitted,
     }];
     let a = b.account(&1, &answer(4, 5, 0, &log, &[]));
     assert_eq!(a.withheld, vec![0]);
@@ -228,4 +236,43 @@ proptest::proptest! {
             since.clear();
         }
     }
+}
+
+#[test]
+fn abandoned_numbers_are_honest_only_where_an_episode_can_fail_and_within_the_bound() {
+    // A built-in task cannot fail: an abandoned admissible number is withheld.
+    let mut b = met(0);
+    let a = b.account(&1, &answer(4, 5, 0, &[abandoned(5), e(5, 1)], &[d(1, 5, 1)]));
+    assert_eq!(a.withheld, vec![0]);
+    assert_eq!(a.abandoned, 0);
+    // An external program: resolved without a strike; a stale abandoned entry is stale.
+    let mut b = met(0);
+    let up_to = Abandoning::UpTo {
+        fraction: MAX_ABANDONED_FRACTION,
+    };
+    let log = [abandoned(2), abandoned(5), e(5, 1)];
+    let a = b.account(
+        &1,
+        &Answer {
+            abandoning: up_to,
+            ..answer(4, 5, 0, &log, &[d(2, 5, 1)])
+        },
+    );
+    assert_eq!((a.strikes(), a.abandoned, a.stale), (0, 1, 1), "{a:?}");
+    assert_eq!(b.next(&1), Some(3));
+    // A worker abandoning every number: the slack, then half of its admissible ones.
+    let mut b = met(0);
+    let log: Vec<CommitEntry> = (0..40).map(|_| abandoned(5)).collect();
+    let a = b.account(
+        &1,
+        &Answer {
+            abandoning: up_to,
+            ..answer(4, 5, 0, &log, &[])
+        },
+    );
+    // Never more than 4 + half of the 40: 24 resolved as abandoned, 16 withheld (from the
+    // ninth on, every other one).
+    assert_eq!(a.abandoned, 24, "{a:?}");
+    assert_eq!(a.withheld.len(), 16);
+    assert_eq!(&a.withheld[..3], [8, 10, 12]);
 }

@@ -162,6 +162,8 @@ pub const SERIES: &[Series] = &[
     counter("learner_groups_rejected_total", "Pulled groups refused by the verification pipeline."),
     counter("learner_groups_rejected_after_ban_total", "Buffered groups of a worker removed when it was banned."),
     counter("learner_groups_quarantined_total", "Groups quarantined (kept on disk, never trained)."),
+    counter("learner_groups_withheld_total", "Committed group numbers withheld, uncommitted or mismatched (struck)."),
+    counter("learner_groups_abandoned_total", "Committed group numbers whose episode failed in the environment program (not struck)."),
     counter("learner_backlog_capped_total", "Pulls where a claimed backlog met the share cap."),
     counter("learner_pulls_hedged_total", "Pulls that outlasted the hedge delay."),
     counter("learner_seq_skipped_total", "Group numbers workers skipped for good."),

@@ -48,7 +48,7 @@ use storage::{TrajectoryGroup, TrajectoryStore};
 pub use budget::{byte_budget, max_group_bytes};
 pub use serve::{serve, serve_with, ServeOptions};
 use wire::{read_message_bounded, write_message, Message, MAX_GROUPS_PER_LEASE};
-pub use wire::{CommitLog, LogEntry};
+pub use wire::{CommitLog, Committed, LogEntry};
 
 /// Learner → rollout worker two-phase trajectory pull (pull, then ack). Version 3: the pull
 /// names where the worker's commit log is to start (`commits_from`) and supersedes every
@@ -56,7 +56,7 @@ pub use wire::{CommitLog, LogEntry};
 /// `control::commits`). Version 2 put every message in one `p2p::framing` frame (version 1
 /// used a 4-byte big-endian length).
 pub const TRAJECTORY_PULL: StreamProtocol =
-    StreamProtocol::new("/echo-swarm/trajectory-pull/3.0.0");
+    StreamProtocol::new("/echo-swarm/trajectory-pull/3.1.0");
 
 /// Default deadline for one message (read or write) on a pull stream, and for opening it.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(10);

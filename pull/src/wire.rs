@@ -33,17 +33,39 @@ pub const MAX_GROUPS_PER_LEASE: u64 = 1024;
 pub const MIN_TTL_MS: u64 = 100;
 pub const MAX_TTL_MS: u64 = 3_600_000;
 
-/// One commitment of a [`CommitLog`]: the version of the group the number was stored with
-/// and, while admissible (`version ≥ v_min` of the pull), its content hash.
+/// What one number of a [`CommitLog`] commits to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Committed {
+    /// A group, admissible (`version ≥ v_min` of the pull): its content hash.
+    Hash([u8; 32]),
+    /// A group whose hash is left out: stale (`version < v_min`), resolved by its version.
+    Omitted,
+    /// No group: its episode failed in the environment program.
+    Abandoned,
+}
+
+impl Committed {
+    fn flag(&self) -> u8 {
+        match self {
+            Committed::Omitted => 0,
+            Committed::Hash(_) => 1,
+            Committed::Abandoned => 2,
+        }
+    }
+}
+
+/// One commitment of a [`CommitLog`]: the version of the group the number was stored (or
+/// attempted) with and what it commits to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LogEntry {
     pub version: u64,
-    pub hash: Option<[u8; 32]>,
+    pub committed: Committed,
 }
 
 /// The worker's commitments from number `from` on: entry `i` commits number `from + i`
-/// (`control::commits`). On the wire: `from`, then runs of one version — the version, the
-/// count, a flag byte (1: a content hash per entry follows, 0: none) and the hashes.
+/// (`control::commits`). On the wire: `from`, then runs of one version and kind — the
+/// version, the count, a flag byte (1: a content hash per entry follows; 0: none, stale;
+/// 2: none, abandoned) and the hashes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CommitLog {
     pub from: u64,
@@ -52,16 +74,21 @@ pub struct CommitLog {
 
 impl CommitLog {
     /// The log of `read`, with the hashes of entries below `v_min` left out (stale: the
-    /// learner resolves them by their version alone).
+    /// learner resolves them by their version alone, abandoned or not).
     pub fn of(read: &storage::trajectory::CommitLogRead, v_min: u64) -> Self {
+        use storage::trajectory::CommitRecord;
         CommitLog {
             from: read.from,
             entries: read
                 .entries
                 .iter()
-                .map(|&(version, h)| LogEntry {
-                    version,
-                    hash: (version >= v_min).then_some(h),
+                .map(|r| LogEntry {
+                    version: r.version(),
+                    committed: match *r {
+                        _ if r.version() < v_min => Committed::Omitted,
+                        CommitRecord::Group { hash, .. } => Committed::Hash(hash),
+                        CommitRecord::Abandoned { .. } => Committed::Abandoned,
+                    },
                 })
                 .collect(),
         }
@@ -69,20 +96,21 @@ impl CommitLog {
 
     fn encode(&self, w: &mut Writer) {
         w.varint(self.from);
-        let mut runs: Vec<(u64, bool, Vec<&LogEntry>)> = Vec::new();
+        let mut runs: Vec<(u64, u8, Vec<&LogEntry>)> = Vec::new();
         for e in &self.entries {
+            let flag = e.committed.flag();
             match runs.last_mut() {
-                Some((v, h, es)) if *v == e.version && *h == e.hash.is_some() => es.push(e),
-                _ => runs.push((e.version, e.hash.is_some(), vec![e])),
+                Some((v, f, es)) if *v == e.version && *f == flag => es.push(e),
+                _ => runs.push((e.version, flag, vec![e])),
             }
         }
         w.varint(runs.len() as u64);
-        for (v, hashed, es) in runs {
+        for (v, flag, es) in runs {
             w.varint(v);
             w.varint(es.len() as u64);
-            w.u8(u8::from(hashed));
+            w.u8(flag);
             for e in es {
-                if let Some(h) = e.hash {
+                if let Committed::Hash(h) = e.committed {
                     w.raw(&h);
                 }
             }
@@ -99,14 +127,15 @@ impl CommitLog {
             if n == 0 || entries.len() as u64 + n > MAX_LOG_ENTRIES as u64 {
                 return Err(r.err(format!("a commit run of {n} entries")));
             }
-            let hashed = match r.u8()? {
-                0 => false,
-                1 => true,
-                f => return Err(r.err(format!("commit run flag {f}"))),
-            };
+            let flag = r.u8()?;
             for _ in 0..n {
-                let hash = if hashed { Some(r.array::<32>()?) } else { None };
-                entries.push(LogEntry { version, hash });
+                let committed = match flag {
+                    0 => Committed::Omitted,
+                    1 => Committed::Hash(r.array::<32>()?),
+                    2 => Committed::Abandoned,
+                    f => return Err(r.err(format!("commit run flag {f}"))),
+                };
+                entries.push(LogEntry { version, committed });
             }
         }
         if from.checked_add(entries.len() as u64).is_none() {
@@ -309,15 +338,15 @@ mod tests {
             entries: vec![
                 LogEntry {
                     version: 1,
-                    hash: None,
+                    committed: Committed::Omitted,
                 },
                 LogEntry {
                     version: 3,
-                    hash: Some([0xaa; 32]),
+                    committed: Committed::Hash([0xaa; 32]),
                 },
                 LogEntry {
                     version: 3,
-                    hash: Some([0xbb; 32]),
+                    committed: Committed::Hash([0xbb; 32]),
                 },
             ],
         };
@@ -330,7 +359,7 @@ mod tests {
         // A run of zero entries, a bad flag, or more entries than the bound are refused.
         for bad in [
             vec![0, 1, 5, 0, 0],
-            vec![0, 1, 5, 1, 2],
+            vec![0, 1, 5, 1, 3],
             vec![0, 1, 5, 0xff, 0xff, 0x07, 0],
         ] {
             assert!(
@@ -338,14 +367,50 @@ mod tests {
                 "{bad:?}"
             );
         }
-        // Stale entries lose their hash.
+        // An abandoned run: flag 2, no hashes.
+        let abandoned = CommitLog {
+            from: 9,
+            entries: vec![LogEntry {
+                version: 4,
+                committed: Committed::Abandoned,
+            }],
+        };
+        let mut w = Writer::default();
+        abandoned.encode(&mut w);
+        let bytes = w.into_bytes();
+        assert_eq!(bytes, [9, 1, 4, 1, 2]);
+        assert_eq!(
+            CommitLog::decode(&mut Reader::new(&bytes, "log")).unwrap(),
+            abandoned
+        );
+        // Stale entries lose their hash (abandoned or not); admissible ones keep what they are.
+        use storage::trajectory::CommitRecord;
         let read = storage::trajectory::CommitLogRead {
             from: 7,
-            entries: vec![(1, [1; 32]), (5, [2; 32])],
+            entries: vec![
+                CommitRecord::Group {
+                    version: 1,
+                    hash: [1; 32],
+                },
+                CommitRecord::Group {
+                    version: 5,
+                    hash: [2; 32],
+                },
+                CommitRecord::Abandoned { version: 1 },
+                CommitRecord::Abandoned { version: 6 },
+            ],
         };
         let l = CommitLog::of(&read, 5);
-        assert_eq!(l.entries[0].hash, None);
-        assert_eq!(l.entries[1].hash, Some([2; 32]));
+        let got: Vec<Committed> = l.entries.iter().map(|e| e.committed).collect();
+        assert_eq!(
+            got,
+            [
+                Committed::Omitted,
+                Committed::Hash([2; 32]),
+                Committed::Omitted,
+                Committed::Abandoned
+            ]
+        );
     }
 
     #[test]
@@ -371,15 +436,15 @@ mod tests {
                     entries: vec![
                         LogEntry {
                             version: 1,
-                            hash: None,
+                            committed: Committed::Omitted,
                         },
                         LogEntry {
                             version: 3,
-                            hash: Some([7; 32]),
+                            committed: Committed::Hash([7; 32]),
                         },
                         LogEntry {
                             version: 3,
-                            hash: Some([8; 32]),
+                            committed: Committed::Hash([8; 32]),
                         },
                     ],
                 },

@@ -46,15 +46,19 @@ fn message() -> impl Strategy<Value = Message> {
 fn log() -> impl Strategy<Value = super::CommitLog> {
     (
         0u64..1 << 40,
-        proptest::collection::vec((0u64..4, any::<Option<u8>>()), 0..12),
+        proptest::collection::vec((0u64..4, any::<Option<u8>>(), any::<bool>()), 0..12),
     )
         .prop_map(|(from, es)| super::CommitLog {
             from,
             entries: es
                 .into_iter()
-                .map(|(version, h)| super::LogEntry {
+                .map(|(version, h, abandoned)| super::LogEntry {
                     version,
-                    hash: h.map(|b| [b; 32]),
+                    committed: match h {
+                        Some(b) => super::Committed::Hash([b; 32]),
+                        None if abandoned => super::Committed::Abandoned,
+                        None => super::Committed::Omitted,
+                    },
                 })
                 .collect(),
         })

@@ -17,6 +17,20 @@ use tasks::Task;
 
 use crate::{episode, InstalledPolicy, RolloutEngine, RolloutError};
 
+/// One number's outcome in [`RolloutEngine::produce_groups`].
+#[derive(Debug)]
+pub enum Made {
+    /// A group, signed, not stored yet.
+    Group(Box<TrajectoryGroup>),
+    /// No group: an episode of number `seq` (attempted under `version`) failed in the
+    /// environment program ([`RolloutError::is_environment_failure`]).
+    Abandoned {
+        seq: u64,
+        version: u64,
+        error: RolloutError,
+    },
+}
+
 /// What a group is made from before any token is drawn.
 struct GroupPlan {
     seq: u64,
@@ -80,13 +94,22 @@ impl RolloutEngine {
     }
 
     /// Generates the next group under the currently installed version, signed (see
-    /// [`Self::with_signer`]) but not stored. `None` when no snapshot is installed.
+    /// [`Self::with_signer`]) but not stored. `None` when no snapshot is installed; an
+    /// episode the environment program failed is an error (see [`Self::produce_groups`]).
     pub fn produce_group(&mut self) -> Result<Option<TrajectoryGroup>, RolloutError> {
+        match self.produce_one()? {
+            None => Ok(None),
+            Some(Made::Group(g)) => Ok(Some(*g)),
+            Some(Made::Abandoned { error, .. }) => Err(error),
+        }
+    }
+
+    fn produce_one(&mut self) -> Result<Option<Made>, RolloutError> {
         let Some(installed) = self.slot.current() else {
             return Ok(None);
         };
         let plan = self.plan_group()?;
-        let (prompt, prompt_tokens, samples) = match plan.task.clone() {
+        let made = match plan.task.clone() {
             Some(task) => self.single_turn(
                 &task,
                 &installed,
@@ -94,16 +117,20 @@ impl RolloutEngine {
                 &plan.params,
                 &plan.draws,
                 plan.seq,
-            )?,
-            None => self.episodes(&installed, plan.index, &plan.params, &plan.draws, plan.seq)?,
+            ),
+            None => self.episodes(&installed, plan.index, &plan.params, &plan.draws, plan.seq),
         };
-        Ok(Some(self.finish_group(
-            &plan,
-            &installed,
-            prompt,
-            prompt_tokens,
-            samples,
-        )))
+        match made {
+            Ok((prompt, prompt_tokens, samples)) => Ok(Some(Made::Group(Box::new(
+                self.finish_group(&plan, &installed, prompt, prompt_tokens, samples),
+            )))),
+            Err(error) if error.is_environment_failure() => Ok(Some(Made::Abandoned {
+                seq: plan.seq,
+                version: installed.version,
+                error,
+            })),
+            Err(e) => Err(e),
+        }
     }
 
     /// Generates `k` groups under the installed version, the samples of all of them decoded
@@ -113,8 +140,10 @@ impl RolloutEngine {
     /// made one after another. Every group carries the version its tokens were drawn under
     /// (the one installed when this call began) and its own sequence number and draws, so it
     /// is the group [`Self::produce_group`] would have made, up to the numeric noise of the
-    /// batch (`docs/gpu.md`, "Many groups in flight"). Empty when no snapshot is installed.
-    pub fn produce_groups(&mut self, k: usize) -> Result<Vec<TrajectoryGroup>, RolloutError> {
+    /// batch (`docs/gpu.md`, "Many groups in flight"). A number whose episode the environment
+    /// program failed is [`Made::Abandoned`] (the caller commits it as such, so the next
+    /// group takes the next number and initial state). Empty when no snapshot is installed.
+    pub fn produce_groups(&mut self, k: usize) -> Result<Vec<Made>, RolloutError> {
         let Some(installed) = self.slot.current() else {
             return Ok(Vec::new());
         };
@@ -123,7 +152,7 @@ impl RolloutEngine {
         if !batched {
             let mut out = Vec::with_capacity(k);
             for _ in 0..k.max(1) {
-                out.extend(self.produce_group()?);
+                out.extend(self.produce_one()?);
             }
             return Ok(out);
         }
@@ -152,7 +181,9 @@ impl RolloutEngine {
         let mut out = Vec::with_capacity(k);
         for ((plan, (prompt, tokens)), done) in plans.iter().zip(prompts).zip(completions) {
             let samples = self.rewarded(&task, &prompt, plan.seq, done)?;
-            out.push(self.finish_group(plan, &installed, prompt, tokens, samples));
+            out.push(Made::Group(Box::new(self.finish_group(
+                plan, &installed, prompt, tokens, samples,
+            ))));
         }
         Ok(out)
     }

@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 pub mod episode;
 pub mod eval;
 mod generate;
+pub use generate::Made;
 pub mod seq;
 mod slot;
 mod stats;
@@ -73,6 +74,18 @@ pub enum RolloutError {
         /// The offered version.
         offered: u64,
     },
+}
+
+impl RolloutError {
+    /// An episode failed in the external environment program (it crashed, hung or answered
+    /// garbage): the group's number is committed as abandoned, never retried.
+    pub fn is_environment_failure(&self) -> bool {
+        matches!(
+            self,
+            RolloutError::Episode(episode::EpisodeError::Env(TaskError::External { .. }))
+                | RolloutError::Task(TaskError::External { .. })
+        )
+    }
 }
 
 /// Engine configuration.
@@ -155,6 +168,12 @@ pub enum StepOutcome {
     },
     /// No snapshot is installed yet.
     NoPolicy,
+    /// Every number of this step was abandoned (its episode failed in the environment
+    /// program); the last one was `seq`.
+    Abandoned {
+        /// The last abandoned number.
+        seq: u64,
+    },
     /// The scheduler put this worker on standby (see [`RolloutEngine::standby_flag`]).
     Standby,
     /// The installed version is below the learner's window (its last pull asked for groups of
@@ -382,14 +401,37 @@ impl RolloutEngine {
         // Several groups per step when the batch holds them, never past the pending cap.
         let room = self.cfg.max_pending_groups - pending;
         let k = (self.cfg.max_batch / self.cfg.group_size).clamp(1, room.max(1) as usize);
-        let groups = self.produce_groups(k)?;
-        let Some(last) = groups.last() else {
+        let made = self.produce_groups(k)?;
+        if made.is_empty() {
             return Ok(StepOutcome::NoPolicy);
+        }
+        // Stored or committed as abandoned in number order: the log stays dense.
+        let mut groups = Vec::with_capacity(made.len());
+        let mut abandoned = None;
+        for m in made {
+            match m {
+                generate::Made::Group(g) => {
+                    self.store.put_group(&g)?;
+                    groups.push(*g);
+                }
+                generate::Made::Abandoned {
+                    seq,
+                    version,
+                    error,
+                } => {
+                    self.store.abandon(seq, version)?;
+                    self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(seq, version, error = %error,
+                        "episode abandoned: the environment program failed; its group number is committed as abandoned");
+                    abandoned = Some(seq);
+                }
+            }
+        }
+        let Some(last) = groups.last() else {
+            let seq = abandoned.expect("every number made is a group or abandoned");
+            return Ok(StepOutcome::Abandoned { seq });
         };
         let (version, mean_reward) = (last.version, last.mean_reward());
-        for group in &groups {
-            self.store.put_group(group)?;
-        }
         if self.cfg.max_groups_per_s > 0.0 {
             let slot = Duration::from_secs_f64(groups.len() as f64 / self.cfg.max_groups_per_s);
             if let Some(rest) = slot.checked_sub(t0.elapsed()) {
@@ -415,7 +457,7 @@ impl RolloutEngine {
     pub fn run_blocking(&mut self, stop: &CancellationToken) -> Result<(), RolloutError> {
         while !stop.is_cancelled() {
             match self.step() {
-                Ok(StepOutcome::Produced { .. }) => {}
+                Ok(StepOutcome::Produced { .. } | StepOutcome::Abandoned { .. }) => {}
                 Ok(
                     StepOutcome::Paused { .. }
                     | StepOutcome::NoPolicy

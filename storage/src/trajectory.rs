@@ -35,7 +35,7 @@ use crate::record::TrajectoryGroup;
 mod commits;
 mod lease;
 
-pub use commits::{CommitLogRead, LeaseWithLog, MAX_LOG_ENTRIES};
+pub use commits::{CommitLogRead, CommitRecord, LeaseWithLog, MAX_LOG_ENTRIES};
 
 /// On-disk layout version of the trajectory store (2: the `commits` tree and
 /// `next_commit`; a layout-1 store is upgraded in place when opened — it has no commitments

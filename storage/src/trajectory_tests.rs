@@ -508,9 +508,12 @@ fn every_stored_group_is_committed_and_the_log_comes_with_the_lease() {
     // First contact: the log from the oldest entry, every group's version and content.
     let a = s.lease_with_log(0, 2, TTL, None).unwrap();
     assert_eq!(a.log.from, 0);
-    let want: Vec<(u64, [u8; 32])> = groups
+    let want: Vec<CommitRecord> = groups
         .iter()
-        .map(|g| (g.version, g.content_hash()))
+        .map(|g| CommitRecord::Group {
+            version: g.version,
+            hash: g.content_hash(),
+        })
         .collect();
     assert_eq!(a.log.entries, want);
     let leased: Vec<u64> = a.lease.unwrap().groups.iter().map(|(_, g)| g.seq).collect();
@@ -552,6 +555,31 @@ fn the_log_stops_at_the_first_number_not_committed_and_leases_only_what_it_cover
     assert_eq!((b.log.from, b.log.entries.len()), (2, 0));
     let c = s.lease_with_log(0, 8, TTL, None).unwrap();
     assert_eq!(c.log.from, 3);
+}
+
+#[test]
+fn an_abandoned_number_is_committed_so_the_next_group_takes_the_next_one() {
+    let (dir, s) = open();
+    s.put_group(&numbered(2, 0)).unwrap();
+    s.abandon(1, 2).unwrap();
+    assert_eq!(s.next_commit().unwrap(), Some(2), "the failed number is not reused");
+    s.put_group(&numbered(2, 2)).unwrap();
+    // A commitment is never rewritten: neither a group's nor an abandoned one's.
+    assert!(s.abandon(0, 2).is_err());
+    assert!(s.abandon(1, 2).is_err());
+    let a = s.lease_with_log(0, 8, TTL, Some(0)).unwrap();
+    assert_eq!(a.log.entries.len(), 3, "the log runs through the abandoned number");
+    assert_eq!(a.log.entries[1], CommitRecord::Abandoned { version: 2 });
+    assert!(matches!(a.log.entries[2], CommitRecord::Group { version: 2, .. }));
+    let leased: Vec<u64> = a.lease.unwrap().groups.iter().map(|(_, g)| g.seq).collect();
+    assert_eq!(leased, [2, 0]);
+    assert!(s.check_invariant().unwrap().holds());
+    // Durable: a reopened store keeps it.
+    drop(s);
+    let s = TrajectoryStore::open(&dir.path().join("t")).unwrap();
+    assert_eq!(s.next_commit().unwrap(), Some(3));
+    let b = s.lease_with_log(0, 8, TTL, Some(1)).unwrap();
+    assert_eq!(b.log.entries[0], CommitRecord::Abandoned { version: 2 });
 }
 
 #[test]

@@ -10,7 +10,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use control::commits::{Account, Answer, CommitBook, CommitEntry, DeliveredGroup};
+use control::commits::{
+    Abandoning, Account, Answer, CommitBook, CommitEntry, Commitment, DeliveredGroup,
+};
 use p2p::PeerId;
 use storage::record::GroupRejection;
 use storage::TrajectoryGroup;
@@ -26,20 +28,39 @@ pub struct CommitCounts {
     pub stale: u64,
     /// Committed numbers delivered.
     pub delivered: u64,
+    /// Admissible numbers whose episode failed in the environment program (honest, bounded).
+    pub abandoned: u64,
 }
 
-#[derive(Default)]
 struct Inner {
     book: CommitBook<PeerId>,
+    abandoning: Abandoning,
     queued: Vec<(PeerId, Account)>,
     counts: HashMap<PeerId, CommitCounts>,
 }
 
 /// The book, shared by the pulls in flight and the puller.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Commitments(Arc<Mutex<Inner>>);
 
 impl Commitments {
+    /// An empty book for a run whose environment can fail (an external program) or not.
+    pub fn new(environment_can_fail: bool) -> Self {
+        let abandoning = if environment_can_fail {
+            Abandoning::UpTo {
+                fraction: control::commits::MAX_ABANDONED_FRACTION,
+            }
+        } else {
+            Abandoning::Never
+        };
+        Commitments(Arc::new(Mutex::new(Inner {
+            book: CommitBook::new(),
+            abandoning,
+            queued: Vec::new(),
+            counts: HashMap::new(),
+        })))
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // Every update is a whole answer's: a poisoned lock still holds a consistent book.
         self.0.lock().unwrap_or_else(|p| p.into_inner())
@@ -58,7 +79,11 @@ impl Commitments {
             .iter()
             .map(|e| CommitEntry {
                 version: e.version,
-                hash: e.hash,
+                commitment: match e.committed {
+                    pull::Committed::Hash(h) => Commitment::Hash(h),
+                    pull::Committed::Omitted => Commitment::Omitted,
+                    pull::Committed::Abandoned => Commitment::Abandoned,
+                },
             })
             .collect();
         let delivered: Vec<DeliveredGroup> = answer
@@ -66,20 +91,25 @@ impl Commitments {
             .iter()
             .map(|&(seq, version, hash)| DeliveredGroup { seq, version, hash })
             .collect();
+        let mut inner = self.lock();
         let a = Answer {
             asked: req.max_groups.clamp(1, pull::wire::MAX_GROUPS_PER_LEASE),
             v_min: req.v_min,
             log_from: answer.log.from,
             log: &log,
             delivered: &delivered,
+            abandoning: inner.abandoning,
         };
-        let mut inner = self.lock();
         let account = inner.book.account(peer, &a);
         let c = inner.counts.entry(*peer).or_default();
         c.withheld += account.withheld.len() as u64;
         c.broken += account.uncommitted + account.mismatched;
         c.stale += account.stale;
         c.delivered += account.delivered;
+        c.abandoned += account.abandoned;
+        if account.abandoned > 0 {
+            metrics::counter!("learner_groups_abandoned_total").increment(account.abandoned);
+        }
         if account.strikes() > 0 {
             tracing::warn!(%peer, withheld = ?account.withheld, uncommitted = account.uncommitted,
                 mismatched = account.mismatched, "a worker kept committed groups back or delivered groups it had not committed");

@@ -316,7 +316,9 @@ fn new_shared(
         pipeline,
         established_active: AtomicUsize::new(0),
         trained: Mutex::new(std::collections::HashMap::new()),
-        commits: commits::Commitments::default(),
+        commits: commits::Commitments::new(
+            state.config.task.kind == crate::config::TaskKind::External,
+        ),
         stop: tokio_util::sync::CancellationToken::new(),
         window,
         version: TrainerVersion::new(version),

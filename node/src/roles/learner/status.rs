@@ -154,12 +154,14 @@ fn admission(c: &TrainCtx) -> AdmissionStatus {
         }
     }
     // The commitments: withheld numbers and broken commitments are evidence (struck); stale
-    // committed numbers are not, and are shown to tell honest pruning from withholding.
+    // and abandoned committed numbers are not, and are shown to tell honest pruning (or an
+    // environment that fails) from withholding.
     for (peer, c) in s.commits.counts() {
         for (kind, n) in [
             ("withheld", c.withheld),
             ("commit_broken", c.broken),
             ("committed_stale", c.stale),
+            ("committed_abandoned", c.abandoned),
         ] {
             if n > 0 {
                 evidence
