@@ -242,7 +242,6 @@ fn scripted_examples_are_legal_actions_in_context() {
 /// config whose context fits 20 decisions (`tasks::holdem::context_for_decisions`) hands
 /// play on to their end, replay, and a model of that context samples them.
 #[test]
-#[ignore = "fails on the merged tree (issue 53 item 3): replaying a played hand reports Trailing { extra: 3 }"]
 fn holdem_hands_go_past_one_decision_with_a_context_that_fits_twenty() {
     let chat = chat();
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);

@@ -474,10 +474,15 @@ impl Episode for Hand {
             "call".to_string(),
         ];
         if g.can_raise(self.seat) {
+            // The agent raises in whole chips (see `parse`): the smallest whole amount at or
+            // above the minimum, or all-in when that is past the stack.
+            let (min, all_in) = g.raise_bounds(self.seat);
             options.push(if g.limit {
                 "raise".to_string()
+            } else if min.ceil() <= all_in {
+                format!("raise {}", min.ceil() as u32)
             } else {
-                format!("raise {}", g.raise_bounds(self.seat).0)
+                "all-in".to_string()
             });
         }
         Some(options[rng.gen_range(0..options.len())].clone())

@@ -345,6 +345,10 @@ fn observations_fit_the_stated_context_budget() {
                 let action = ep
                     .reference_action(&mut rng)
                     .unwrap_or_else(|| "call".into());
+                // A reference raise is one the grammar accepts: a whole amount.
+                if let Some(n) = action.strip_prefix("raise ") {
+                    assert!(n.parse::<u32>().is_ok(), "{action}");
+                }
                 match ep.step(&action) {
                     Step::Continue { observation, .. } => obs = observation,
                     Step::Done { .. } => break,
