@@ -111,9 +111,10 @@ impl ChunkStore {
             ),
         };
         let db = crate::open_db(sled::Config::new().path(&index)).map_err(|e| match e {
-            StorageError::Db(sled::Error::Corruption { at, .. }) => {
-                damaged(format!("sled reports corruption at {at:?}"))
-            }
+            StorageError::Db(sled::Error::Corruption { at, .. }) => damaged(match at {
+                Some(at) => format!("sled reports corruption at {at}"),
+                None => "sled reports corruption (its log cannot be read)".into(),
+            }),
             e => e,
         })?;
         let mut store = ChunkStore {

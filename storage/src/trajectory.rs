@@ -220,9 +220,10 @@ impl TrajectoryStore {
                 .mode(sled::Mode::HighThroughput),
         )
         .map_err(|e| match e {
-            StorageError::Db(sled::Error::Corruption { at, .. }) => {
-                damaged(format!("sled reports corruption at {at:?}"))
-            }
+            StorageError::Db(sled::Error::Corruption { at, .. }) => damaged(match at {
+                Some(at) => format!("sled reports corruption at {at}"),
+                None => "sled reports corruption (its log cannot be read)".into(),
+            }),
             e => e,
         })?;
         let store = TrajectoryStore {

@@ -59,9 +59,12 @@ pub fn admit(args: &AdmitArgs) -> anyhow::Result<()> {
     } else {
         println!("{hex}");
         eprintln!(
-            "ticket for {} in swarm {}, valid {} h (until Unix {}); set it as the worker's \
+            "ticket for {} in swarm {}, valid {} h (until {}); set it as the worker's \
              admission.ticket",
-            ticket.peer_id, ticket.swarm_id, args.hours, ticket.expires_unix_s
+            ticket.peer_id,
+            ticket.swarm_id,
+            args.hours,
+            super::inspect::utc_date(ticket.expires_unix_s.saturating_mul(1000))
         );
     }
     Ok(())

@@ -76,18 +76,26 @@ fn data_dir(args: &StoreArgs) -> anyhow::Result<(DataDir, usize)> {
 const IN_USE: &str =
     "is a node running on this data dir? stop it, or use `echo-node status` for a live node";
 
+/// A store that cannot be opened: a damaged one says so itself (and what to do); anything
+/// else is most likely a running node's lock.
+fn opening(path: &std::path::Path, e: storage::StorageError) -> anyhow::Error {
+    match e {
+        e @ storage::StorageError::Damaged { .. } => anyhow::Error::new(e),
+        e => anyhow::Error::new(e).context(format!("opening {} ({IN_USE})", path.display())),
+    }
+}
+
 fn open_chunks(data: &DataDir, keep: usize) -> anyhow::Result<ChunkStore> {
     let path = data.snapshots();
     anyhow::ensure!(path.is_dir(), "no snapshot store at {}", path.display());
-    ChunkStore::open(&path, keep).with_context(|| format!("opening {} ({IN_USE})", path.display()))
+    ChunkStore::open(&path, keep).map_err(|e| opening(&path, e))
 }
 
 fn trajectories(args: &StoreArgs, list: usize, out: &mut String) -> anyhow::Result<()> {
     let (data, _) = data_dir(args)?;
     let path = data.trajectories();
     anyhow::ensure!(path.is_dir(), "no trajectory store at {}", path.display());
-    let store = TrajectoryStore::open(&path)
-        .with_context(|| format!("opening {} ({IN_USE})", path.display()))?;
+    let store = TrajectoryStore::open(&path).map_err(|e| opening(&path, e))?;
     let inv = store.check_invariant()?;
     let c = inv.counters;
     let versions = store.versions()?;

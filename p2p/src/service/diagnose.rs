@@ -34,18 +34,63 @@ pub(crate) struct DialFailure {
     pub text: String,
 }
 
-/// The kind of an I/O error of a connection attempt. Pure.
+/// I/O errors nested in one transport error that [`io_kind`] reads at most.
+const MAX_ERROR_DEPTH: usize = 16;
+
+/// The kind of an I/O error of a connection attempt. The transport stack wraps the socket's
+/// error (DNS's `Multiple dial errors occurred`, a boxed `Other` around it), so every I/O
+/// error in its source chain counts: one that says the peer was never reached decides. Pure.
 pub(crate) fn io_kind(e: &std::io::Error) -> DialFailureKind {
-    match e.kind() {
-        ErrorKind::ConnectionRefused
-        | ErrorKind::TimedOut
-        | ErrorKind::HostUnreachable
-        | ErrorKind::NetworkUnreachable
-        | ErrorKind::AddrNotAvailable
-        | ErrorKind::NotConnected => DialFailureKind::Unreachable,
-        _ => DialFailureKind::Handshake,
+    let unreachable = |k: ErrorKind| {
+        matches!(
+            k,
+            ErrorKind::ConnectionRefused
+                | ErrorKind::TimedOut
+                | ErrorKind::HostUnreachable
+                | ErrorKind::NetworkUnreachable
+                | ErrorKind::AddrNotAvailable
+                | ErrorKind::NotConnected
+        )
+    };
+    let mut found = unreachable(e.kind());
+    let mut next: Option<&(dyn std::error::Error + 'static)> = match e.get_ref() {
+        Some(inner) => Some(inner),
+        None => None,
+    };
+    for _ in 0..MAX_ERROR_DEPTH {
+        let Some(err) = next else { break };
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            found |= unreachable(io.kind());
+            next = match io.get_ref() {
+                Some(inner) => Some(inner),
+                None => std::error::Error::source(io),
+            };
+        } else {
+            next = err.source();
+        }
+    }
+    // Some layers break the chain (`either::Either` and `io::Error` pass their inner error's
+    // source on, not the inner error), but every layer displays what it wraps: the OS's words
+    // for a socket that never reached the peer (Linux's strerror texts) still say so.
+    if !found {
+        let text = e.to_string();
+        found = UNREACHABLE_TEXTS.iter().any(|t| text.contains(t));
+    }
+    if found {
+        DialFailureKind::Unreachable
+    } else {
+        DialFailureKind::Handshake
     }
 }
+
+/// What `std::io::Error` displays for the OS errors of [`io_kind`]'s unreachable kinds.
+const UNREACHABLE_TEXTS: &[&str] = &[
+    "Connection refused",
+    "Connection timed out",
+    "No route to host",
+    "Network is unreachable",
+    "Cannot assign requested address",
+];
 
 /// Classifies a failed dial and says it in words. Pure.
 pub(crate) fn dial_failure(e: &DialError) -> DialFailure {
@@ -126,5 +171,38 @@ mod tests {
             dial_failure(&DialError::Aborted).kind,
             DialFailureKind::Other
         );
+    }
+
+    /// What a dial to a stopped bootstrap peer gives through the DNS transport: a refused
+    /// socket inside `Multiple dial errors occurred`, inside an `Other` I/O error.
+    #[test]
+    fn a_refused_dial_wrapped_by_the_transport_stack_is_unreachable() {
+        let refused = std::io::Error::new(ErrorKind::ConnectionRefused, "refused");
+        let dns: libp2p::dns::Error<std::io::Error> =
+            libp2p::dns::Error::Dial(vec![libp2p::dns::Error::Transport(refused)]);
+        let wrapped = std::io::Error::other(dns);
+        assert_eq!(io_kind(&wrapped), DialFailureKind::Unreachable);
+        let reset = std::io::Error::new(ErrorKind::ConnectionReset, "reset");
+        let dns: libp2p::dns::Error<std::io::Error> =
+            libp2p::dns::Error::Dial(vec![libp2p::dns::Error::Transport(reset)]);
+        assert_eq!(
+            io_kind(&std::io::Error::other(dns)),
+            DialFailureKind::Handshake
+        );
+        // A layer whose `source` skips the socket's error still displays it.
+        #[derive(Debug)]
+        struct Opaque(std::io::Error);
+        impl std::fmt::Display for Opaque {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "Multiple dial errors occurred:\n - {}", self.0)
+            }
+        }
+        impl std::error::Error for Opaque {}
+        let os = std::io::Error::from_raw_os_error(111);
+        assert_eq!(os.kind(), ErrorKind::ConnectionRefused);
+        let opaque = std::io::Error::other(Opaque(os));
+        assert_eq!(io_kind(&opaque), DialFailureKind::Unreachable);
+        let garbage = std::io::Error::other(Opaque(std::io::Error::from_raw_os_error(104)));
+        assert_eq!(io_kind(&garbage), DialFailureKind::Handshake, "a reset one");
     }
 }

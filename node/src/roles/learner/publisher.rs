@@ -378,7 +378,8 @@ async fn publish(
                     full_bytes = full.len(),
                     delta = matches!(kind, PayloadKind::Delta { .. }),
                     adapter = matches!(kind, PayloadKind::Adapter { .. }),
-                    root = %root.as_deref().unwrap_or(""),
+                    // Absent for a full payload (its root is the manifest's).
+                    root = root.as_deref(),
                     chains = report.plan.plan.chains.len(),
                     secs = t0.elapsed().as_secs_f64(),
                     "snapshot published"
