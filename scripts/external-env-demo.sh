@@ -6,8 +6,10 @@
 #
 #   scripts/external-env-demo.sh [minutes per run, default 6]
 #
-# Environment: VENV (default /tmp/echo-envs-venv), ECHO_NODE (default: cargo run --release
-# -p echo-node --), OUT (default docs/results).
+# Environment: VENV (default /tmp/echo-envs-venv), ECHO_NODE (default: the release build of
+# `cargo build --release -p echo-node`), OUT (default docs/results), KEEP (a folder: keep each
+# run's configs, stores, logs and metrics under KEEP/reasoning-gym and KEEP/textarena, e.g. to
+# read the learner's metrics/steps.jsonl), ONLY (`reasoning-gym` or `textarena`: that run only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MINUTES="${1:-6}"
@@ -26,23 +28,28 @@ else
     node=("${CARGO_TARGET_DIR:-target}/release/echo-node")
 fi
 mkdir -p "$OUT"
+keep() { if [ -n "${KEEP:-}" ]; then echo --dir "$KEEP/$1"; fi; }
 
 # reasoning-gym: one-digit additions, the whole completion is the answer, scored by the
 # dataset's own score_answer (1 for the exact answer, partial credit for a completion that
 # contains it).
-"${node[@]}" demo --json --minutes "$MINUTES" --workers 2 \
+if [ "${ONLY:-reasoning-gym}" = reasoning-gym ]; then
+"${node[@]}" demo --json --minutes "$MINUTES" --workers 2 $(keep reasoning-gym) \
     --task external:reasoning-gym:basic_arithmetic \
     --task-params '{"config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
                     "operators": ["+"], "allow_parentheses": false, "allow_negation": false},
                     "system_prompt": ""}' \
     | tee "$OUT/external-reasoning-gym-$DAY.json"
+fi
 
 # TextArena: three rounds of rock-paper-scissors against an opponent that always plays rock
 # (the best response: paper every round); observations cut to their last 60 characters so
 # that an episode fits the embedded model's 256-token context.
-"${node[@]}" demo --json --minutes "$MINUTES" --workers 2 --warm-start-steps 200 \
+if [ "${ONLY:-textarena}" = textarena ]; then
+"${node[@]}" demo --json --minutes "$MINUTES" --workers 2 --warm-start-steps 200 $(keep textarena) \
     --task external:textarena:IteratedRockPaperScissors-v0 \
     --task-params '{"env_kwargs": {"num_rounds": 3}, "agent_seat": 0, "opponent": ["[rock]"],
                     "reference": ["[rock]", "[paper]", "[scissors]"], "max_turns": 4,
                     "tokens_per_turn": 12, "max_observation_chars": 60}' \
     | tee "$OUT/external-textarena-$DAY.json"
+fi
