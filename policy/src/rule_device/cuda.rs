@@ -3,9 +3,10 @@
 //! bytes per row) copied into page-locked host memory that is *not* write-combined (the CPU
 //! reads it; write-combined memory is slow to read).
 //!
-//! **Untested on a device**: written against cudarc 0.19's safe API on a machine without the
-//! CUDA toolkit; the GPU test `rule_device_matches_the_rule_on_the_device` (run by
-//! `scripts/gpu-smoke.sh`) is its first run. Built only with the `cuda-rule` feature.
+//! **Untested on a device**: built and linted against cudarc 0.19 with the CUDA 13.0 toolkit,
+//! and the kernel compiled to sm_90 PTX with NVRTC's flags (both in `.ci/run`), but never run;
+//! the GPU test `rule_device_matches_the_rule_on_the_device` (run by `scripts/gpu-smoke.sh`)
+//! is its first run. Built only with the `cuda-rule` feature.
 
 // Pinned host memory and kernel launches are FFI: the unsafe blocks are each one call.
 #![allow(unsafe_code)]
