@@ -32,9 +32,11 @@ keep() { if [ -n "${KEEP:-}" ]; then echo --dir "$KEEP/$1"; fi; }
 
 # reasoning-gym: one-digit additions, the whole completion is the answer, scored by the
 # dataset's own score_answer (1 for the exact answer, partial credit for a completion that
-# contains it).
+# contains it). A warm start of 200 steps: after the default 60 the embedded model answers
+# "Calculate a + b." with unrelated digit strings (1.8 % exact) and RL does not rise
+# (docs/environments.md, "Measurements" of "External environments").
 if [ "${ONLY:-reasoning-gym}" = reasoning-gym ]; then
-"${node[@]}" demo --json --minutes "$MINUTES" --workers 2 $(keep reasoning-gym) \
+"${node[@]}" demo --json --minutes "$MINUTES" --workers 2 --warm-start-steps 200 $(keep reasoning-gym) \
     --task external:reasoning-gym:basic_arithmetic \
     --task-params '{"config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
                     "operators": ["+"], "allow_parentheses": false, "allow_negation": false},
