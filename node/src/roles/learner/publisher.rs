@@ -379,7 +379,7 @@ async fn publish(
                     delta = matches!(kind, PayloadKind::Delta { .. }),
                     adapter = matches!(kind, PayloadKind::Adapter { .. }),
                     // Absent for a full payload (its root is the manifest's).
-                    root = root.as_deref(),
+                    root = root.as_deref().map(tracing::field::display),
                     chains = report.plan.plan.chains.len(),
                     secs = t0.elapsed().as_secs_f64(),
                     "snapshot published"
