@@ -242,7 +242,10 @@ proptest::proptest! {
 fn abandoned_numbers_are_honest_only_where_an_episode_can_fail_and_within_the_bound() {
     // A built-in task cannot fail: an abandoned admissible number is withheld.
     let mut b = met(0);
-    let a = b.account(&1, &answer(4, 5, 0, &[abandoned(5), e(5, 1)], &[d(1, 5, 1)]));
+    let a = b.account(
+        &1,
+        &answer(4, 5, 0, &[abandoned(5), e(5, 1)], &[d(1, 5, 1)]),
+    );
     assert_eq!(a.withheld, vec![0]);
     assert_eq!(a.abandoned, 0);
     // An external program: resolved without a strike; a stale abandoned entry is stale.

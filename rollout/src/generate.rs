@@ -181,9 +181,9 @@ impl RolloutEngine {
         let mut out = Vec::with_capacity(k);
         for ((plan, (prompt, tokens)), done) in plans.iter().zip(prompts).zip(completions) {
             let samples = self.rewarded(&task, &prompt, plan.seq, done)?;
-            out.push(Made::Group(Box::new(self.finish_group(
-                plan, &installed, prompt, tokens, samples,
-            ))));
+            out.push(Made::Group(Box::new(
+                self.finish_group(plan, &installed, prompt, tokens, samples),
+            )));
         }
         Ok(out)
     }

@@ -562,15 +562,26 @@ fn an_abandoned_number_is_committed_so_the_next_group_takes_the_next_one() {
     let (dir, s) = open();
     s.put_group(&numbered(2, 0)).unwrap();
     s.abandon(1, 2).unwrap();
-    assert_eq!(s.next_commit().unwrap(), Some(2), "the failed number is not reused");
+    assert_eq!(
+        s.next_commit().unwrap(),
+        Some(2),
+        "the failed number is not reused"
+    );
     s.put_group(&numbered(2, 2)).unwrap();
     // A commitment is never rewritten: neither a group's nor an abandoned one's.
     assert!(s.abandon(0, 2).is_err());
     assert!(s.abandon(1, 2).is_err());
     let a = s.lease_with_log(0, 8, TTL, Some(0)).unwrap();
-    assert_eq!(a.log.entries.len(), 3, "the log runs through the abandoned number");
+    assert_eq!(
+        a.log.entries.len(),
+        3,
+        "the log runs through the abandoned number"
+    );
     assert_eq!(a.log.entries[1], CommitRecord::Abandoned { version: 2 });
-    assert!(matches!(a.log.entries[2], CommitRecord::Group { version: 2, .. }));
+    assert!(matches!(
+        a.log.entries[2],
+        CommitRecord::Group { version: 2, .. }
+    ));
     let leased: Vec<u64> = a.lease.unwrap().groups.iter().map(|(_, g)| g.seq).collect();
     assert_eq!(leased, [2, 0]);
     assert!(s.check_invariant().unwrap().holds());

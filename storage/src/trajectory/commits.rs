@@ -45,9 +45,7 @@ impl CommitRecord {
                     hash,
                 })
             }
-            8 => Ok(CommitRecord::Abandoned {
-                version: be_u64(v),
-            }),
+            8 => Ok(CommitRecord::Abandoned { version: be_u64(v) }),
             n => Err(StorageError::Corrupt(format!("commit entry of {n} bytes"))),
         }
     }
