@@ -38,9 +38,10 @@ mod lease;
 pub use commits::{CommitLogRead, CommitRecord, LeaseWithLog, MAX_LOG_ENTRIES};
 
 /// On-disk layout version of the trajectory store (2: the `commits` tree and
-/// `next_commit`; a layout-1 store is upgraded in place when opened — it has no commitments
-/// yet, and the first group stored starts its log).
-pub const LAYOUT_VERSION: u64 = 2;
+/// `next_commit`; 3: a `commits` value may be an abandoned number's 8 bytes). A layout-1 or -2
+/// store is upgraded in place when opened — everything it holds is valid layout 3 — and a
+/// build of layout 2 refuses a layout-3 store by its version, not as corrupt.
+pub const LAYOUT_VERSION: u64 = 3;
 
 const K_LAYOUT: &[u8] = b"layout";
 const K_PRODUCED: &[u8] = b"produced";
@@ -254,9 +255,10 @@ impl TrajectoryStore {
                 store.db.flush()?;
             }
             (Some(v), _) if v.len() == 8 && be_u64(&v) == LAYOUT_VERSION => {}
-            // Layout 1 had no commitments: the new tree is empty, nothing else changed.
-            (Some(v), _) if v.len() == 8 && be_u64(&v) == 1 => {
-                tracing::info!("upgrading the trajectory store from layout 1 to {LAYOUT_VERSION}");
+            // Layout 1 had no commitments (the new tree is empty), layout 2 no abandoned ones:
+            // nothing stored changes.
+            (Some(v), _) if v.len() == 8 && matches!(be_u64(&v), 1 | 2) => {
+                tracing::info!(from = be_u64(&v), "upgrading the trajectory store to layout {LAYOUT_VERSION}");
                 store.meta.insert(K_LAYOUT, &LAYOUT_VERSION.to_be_bytes())?;
                 store.db.flush()?;
             }

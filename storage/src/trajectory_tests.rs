@@ -601,13 +601,18 @@ fn the_learners_dedup_buffer_commits_nothing() {
 }
 
 #[test]
-fn a_layout_1_store_is_upgraded_in_place_and_an_unknown_layout_refused() {
+fn layout_1_and_2_stores_are_upgraded_in_place_and_an_unknown_layout_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t");
     {
         let s = TrajectoryStore::open(&path).unwrap();
         s.put_group(&numbered(1, 0)).unwrap();
         s.meta.insert(K_LAYOUT, &1u64.to_be_bytes()).unwrap();
+        s.db.flush().unwrap();
+    }
+    for old in [2u64] {
+        let s = TrajectoryStore::open(&path).unwrap();
+        s.meta.insert(K_LAYOUT, &old.to_be_bytes()).unwrap();
         s.db.flush().unwrap();
     }
     {
