@@ -258,7 +258,10 @@ impl TrajectoryStore {
             // Layout 1 had no commitments (the new tree is empty), layout 2 no abandoned ones:
             // nothing stored changes.
             (Some(v), _) if v.len() == 8 && matches!(be_u64(&v), 1 | 2) => {
-                tracing::info!(from = be_u64(&v), "upgrading the trajectory store to layout {LAYOUT_VERSION}");
+                tracing::info!(
+                    from = be_u64(&v),
+                    "upgrading the trajectory store to layout {LAYOUT_VERSION}"
+                );
                 store.meta.insert(K_LAYOUT, &LAYOUT_VERSION.to_be_bytes())?;
                 store.db.flush()?;
             }

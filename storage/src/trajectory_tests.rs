@@ -610,9 +610,14 @@ fn layout_1_and_2_stores_are_upgraded_in_place_and_an_unknown_layout_refused() {
         s.meta.insert(K_LAYOUT, &1u64.to_be_bytes()).unwrap();
         s.db.flush().unwrap();
     }
-    for old in [2u64] {
+    {
+        // Upgraded from 1; now as a layout-2 build left it.
         let s = TrajectoryStore::open(&path).unwrap();
-        s.meta.insert(K_LAYOUT, &old.to_be_bytes()).unwrap();
+        assert_eq!(
+            s.meta.get(K_LAYOUT).unwrap().unwrap().as_ref(),
+            &LAYOUT_VERSION.to_be_bytes()
+        );
+        s.meta.insert(K_LAYOUT, &2u64.to_be_bytes()).unwrap();
         s.db.flush().unwrap();
     }
     {
