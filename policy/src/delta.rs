@@ -281,6 +281,24 @@ fn differs(b: &[u8], n: &[u8], i: usize) -> bool {
     b[2 * i] != n[2 * i] || b[2 * i + 1] != n[2 * i + 1]
 }
 
+/// How many positions of a tensor changed, and the bytes their gap varints take (the first
+/// pass of both formats' encoders, which pick the record kind from it).
+#[derive(Debug, Clone, Copy)]
+struct Changes {
+    count: usize,
+    gap_bytes: usize,
+}
+
+fn count_changes(b: &[u8], n: &[u8], numel: usize) -> Changes {
+    let (mut count, mut gap_bytes, mut next) = (0usize, 0usize, 0usize);
+    for_each_change(b, n, numel, |i| {
+        gap_bytes += varint_len((i - next) as u64);
+        next = i + 1;
+        count += 1;
+    });
+    Changes { count, gap_bytes }
+}
+
 /// Visits the positions where `b` and `n` differ, in order. Compares eight bytes at a time
 /// and only looks at single elements inside words that differ.
 fn for_each_change(b: &[u8], n: &[u8], numel: usize, mut f: impl FnMut(usize)) {

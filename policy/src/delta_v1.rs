@@ -2,18 +2,13 @@
 //! bitmap per tensor, then the new bf16 bits, uncompressed. Still read ([`super::apply`]);
 //! written only by [`super::encode_v1`] (compatibility tests, size comparisons).
 
-use super::{for_each_change, put_varint, varint_len, DeltaError, Reader, Result};
+use super::{count_changes, for_each_change, put_varint, varint_len, DeltaError, Reader, Result};
 use super::{KIND_BITMAP, KIND_DENSE, KIND_GAPS, KIND_UNCHANGED};
 
 /// Appends one tensor record: first pass counts the changes and the exact size of the gap
 /// encoding, then the smallest of gaps / bitmap / dense is written in a second pass.
 pub(super) fn encode_tensor(b: &[u8], n: &[u8], numel: usize, out: &mut Vec<u8>) {
-    let (mut count, mut gap_bytes, mut next) = (0usize, 0usize, 0usize);
-    for_each_change(b, n, numel, |i| {
-        gap_bytes += varint_len((i - next) as u64);
-        next = i + 1;
-        count += 1;
-    });
+    let super::Changes { count, gap_bytes } = count_changes(b, n, numel);
     if count == 0 {
         out.push(KIND_UNCHANGED);
         return;

@@ -8,7 +8,7 @@
 //! a tensor is written only after its whole body was checked, and every write is an addition of
 //! a difference, so [`undo`] restores it exactly.
 
-use super::{for_each_change, put_varint, varint_len, DeltaError, Reader, Result};
+use super::{count_changes, for_each_change, put_varint, DeltaError, Reader, Result};
 use super::{KIND_BITMAP, KIND_DENSE, KIND_GAPS, KIND_UNCHANGED};
 
 /// zstd level of record bodies. Level 3 (zstd's default) measured no larger than 1 % above
@@ -58,12 +58,7 @@ fn set(buf: &mut [u8], i: usize, v: u16) {
 
 /// The record that turns tensor bytes `b` into `n` (`numel` bf16 values each).
 pub(super) fn encode_tensor(b: &[u8], n: &[u8], numel: usize) -> Result<Vec<u8>> {
-    let (mut count, mut gap_bytes, mut next) = (0usize, 0usize, 0usize);
-    for_each_change(b, n, numel, |i| {
-        gap_bytes += varint_len((i - next) as u64);
-        next = i + 1;
-        count += 1;
-    });
+    let super::Changes { count, gap_bytes } = count_changes(b, n, numel);
     if count == 0 {
         return Ok(vec![KIND_UNCHANGED]);
     }

@@ -53,18 +53,17 @@ pub(crate) fn io_kind(e: &std::io::Error) -> DialFailureKind {
         )
     };
     let mut found = unreachable(e.kind());
-    let mut next: Option<&(dyn std::error::Error + 'static)> = match e.get_ref() {
-        Some(inner) => Some(inner),
-        None => None,
-    };
+    let mut next = e
+        .get_ref()
+        .map(|inner| inner as &(dyn std::error::Error + 'static));
     for _ in 0..MAX_ERROR_DEPTH {
         let Some(err) = next else { break };
         if let Some(io) = err.downcast_ref::<std::io::Error>() {
             found |= unreachable(io.kind());
-            next = match io.get_ref() {
-                Some(inner) => Some(inner),
-                None => std::error::Error::source(io),
-            };
+            next = io
+                .get_ref()
+                .map(|inner| inner as &(dyn std::error::Error + 'static))
+                .or_else(|| std::error::Error::source(io));
         } else {
             next = err.source();
         }

@@ -44,15 +44,8 @@ struct Inner {
 pub struct Commitments(Arc<Mutex<Inner>>);
 
 impl Commitments {
-    /// An empty book for a run whose environment can fail (an external program) or not.
-    pub fn new(environment_can_fail: bool) -> Self {
-        let abandoning = if environment_can_fail {
-            Abandoning::UpTo {
-                fraction: control::commits::MAX_ABANDONED_FRACTION,
-            }
-        } else {
-            Abandoning::Never
-        };
+    /// An empty book judging abandoned numbers by `abandoning`.
+    pub fn new(abandoning: Abandoning) -> Self {
         Commitments(Arc::new(Mutex::new(Inner {
             book: CommitBook::new(),
             abandoning,

@@ -316,9 +316,13 @@ fn new_shared(
         pipeline,
         established_active: AtomicUsize::new(0),
         trained: Mutex::new(std::collections::HashMap::new()),
-        commits: commits::Commitments::new(
-            state.config.task.kind == crate::config::TaskKind::External,
-        ),
+        // Only an external program can fail in the middle of an episode.
+        commits: commits::Commitments::new(match state.config.task.kind {
+            crate::config::TaskKind::External => control::commits::Abandoning::UpTo {
+                fraction: control::commits::MAX_ABANDONED_FRACTION,
+            },
+            crate::config::TaskKind::Builtin => control::commits::Abandoning::Never,
+        }),
         stop: tokio_util::sync::CancellationToken::new(),
         window,
         version: TrainerVersion::new(version),
