@@ -14,6 +14,22 @@ fn echo_node() -> Command {
     c
 }
 
+/// `echo-node run --config cfg`, which must fail; its stderr.
+fn run_refused(cfg: &Path) -> String {
+    let out = echo_node()
+        .args(["run", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Replaces `from` by `to` in the file at `path`.
+fn replace_in(path: &Path, from: &str, to: &str) {
+    let text = std::fs::read_to_string(path).unwrap().replace(from, to);
+    std::fs::write(path, text).unwrap();
+}
+
 fn run_ok(args: &[&str]) -> Output {
     let out = echo_node().args(args).output().unwrap();
     assert!(
@@ -144,12 +160,7 @@ fn run_with_a_bad_config_names_every_bad_key_and_creates_nothing() {
         dir.path(),
         "[storage]\nkeep_snapshots = 0\nlease_ttl_s = 0\n[broadcast]\nwarm_up_mib = 33\n",
     );
-    let out = echo_node()
-        .args(["run", "--config", cfg.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = run_refused(&cfg);
     assert!(
         err.contains("storage.keep_snapshots")
             && err.contains("storage.lease_ttl_s")
@@ -162,15 +173,9 @@ fn run_with_a_bad_config_names_every_bad_key_and_creates_nothing() {
     );
 
     let cfg = learner_config(dir.path(), "[storage]\nkeep_snapshotz = 2\n");
-    let out = echo_node()
-        .args(["run", "--config", cfg.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = run_refused(&cfg);
     assert!(
-        !out.status.success()
-            && err.contains("unknown field `keep_snapshotz`")
-            && err.contains("storage"),
+        err.contains("unknown field `keep_snapshotz`") && err.contains("storage"),
         "{err}"
     );
 
@@ -224,16 +229,8 @@ fn a_second_node_on_a_port_in_use_is_refused_before_anything_is_created() {
     let second_dir = dir.path().join("second");
     std::fs::create_dir_all(&second_dir).unwrap();
     let cfg = learner_config(&second_dir, "");
-    let text = std::fs::read_to_string(&cfg)
-        .unwrap()
-        .replace("/ip4/127.0.0.1/tcp/0", &listen);
-    std::fs::write(&cfg, text).unwrap();
-    let out = echo_node()
-        .args(["run", "--config", cfg.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    replace_in(&cfg, "/ip4/127.0.0.1/tcp/0", &listen);
+    let err = run_refused(&cfg);
     assert!(
         err.contains(&format!("error: listening on {listen}"))
             && err.contains("another process is already listening"),
@@ -245,16 +242,12 @@ fn a_second_node_on_a_port_in_use_is_refused_before_anything_is_created() {
     let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let admin = held.local_addr().unwrap();
     let cfg = learner_config(&second_dir, "");
-    let text = std::fs::read_to_string(&cfg)
-        .unwrap()
-        .replace("admin = \"127.0.0.1:0\"", &format!("admin = \"{admin}\""));
-    std::fs::write(&cfg, text).unwrap();
-    let out = echo_node()
-        .args(["run", "--config", cfg.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    replace_in(
+        &cfg,
+        "admin = \"127.0.0.1:0\"",
+        &format!("admin = \"{admin}\""),
+    );
+    let err = run_refused(&cfg);
     assert!(
         err.contains(&format!("listening on {admin}")) && err.contains("another process"),
         "{err}"

@@ -33,6 +33,17 @@ fn installed(node: &mut Node) -> Option<u64> {
     node.status()?["version"].as_u64()
 }
 
+/// Waits until every node of `nodes` has installed a version at least four past `after`
+/// (versions published after it).
+fn all_install_past(nodes: &mut [Node], after: u64) {
+    for w in nodes {
+        let name = w.name.clone();
+        wait_for(&format!("{name} installing past v{after}"), LIMIT, || {
+            installed(w).filter(|&v| v >= after + 4)
+        });
+    }
+}
+
 fn peer<'a>(status: &'a Value, id: &str) -> Option<&'a Value> {
     status["peers"]
         .as_array()?
@@ -63,12 +74,7 @@ fn a_forwarder_that_stalls_mid_run_costs_its_children_nothing_and_is_banned() {
         (silent && against).then(|| st["learner"]["published_version"].as_u64())?
     });
     // Its children go on installing: every honest worker reaches versions published after it.
-    for w in &mut honest {
-        let name = w.name.clone();
-        wait_for(&format!("{name} installing past v{after}"), LIMIT, || {
-            installed(w).filter(|&v| v >= after + 4)
-        });
-    }
+    all_install_past(&mut honest, after);
     // A second child sees it too: struck for silence and banned; no honest worker is struck.
     let row = wait_for("the staller's ban", LIMIT, || {
         let st = learner.status()?;
@@ -152,12 +158,7 @@ fn a_parent_that_pushes_every_chunk_three_times_is_charged_and_moved_and_its_chi
                 .then(|| st["learner"]["published_version"].as_u64())?
         },
     );
-    for w in &mut honest {
-        let name = w.name.clone();
-        wait_for(&format!("{name} installing past v{after}"), LIMIT, || {
-            installed(w).filter(|&v| v >= after + 4)
-        });
-    }
+    all_install_past(&mut honest, after);
     assert_no_honest_strikes(&mut learner, &mut honest);
     let st = learner.status().unwrap();
     let f = &st["forwarding"];
@@ -190,12 +191,7 @@ fn a_child_repaired_around_a_slow_parent_is_never_struck() {
         moved_or_demoted(&st["forwarding"], &slow_id)
             .then(|| st["learner"]["published_version"].as_u64())?
     });
-    for w in &mut honest {
-        let name = w.name.clone();
-        wait_for(&format!("{name} installing past v{after}"), LIMIT, || {
-            installed(w).filter(|&v| v >= after + 4)
-        });
-    }
+    all_install_past(&mut honest, after);
     assert_no_honest_strikes(&mut learner, &mut honest);
 }
 
