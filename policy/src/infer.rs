@@ -29,6 +29,38 @@ use crate::error::{PolicyError, Result};
 use crate::sampling::{host_logits, Completion, SamplingParams};
 use crate::weights::Policy;
 
+/// The layer dimensions a forward pass uses, from the config once: heads, KV heads, head
+/// dimension, query heads per KV head, query and KV widths, MLP width.
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    rep: usize,
+    qd: usize,
+    kvd: usize,
+    inter: usize,
+}
+
+impl Dims {
+    fn of(cfg: &ModelConfig) -> Self {
+        let (nh, nkv, hd) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        Dims {
+            nh,
+            nkv,
+            hd,
+            rep: nh / nkv,
+            qd: nh * hd,
+            kvd: nkv * hd,
+            inter: cfg.intermediate_size,
+        }
+    }
+}
+
 /// The dtype the inference path uses by default on `device`: bf16 on CUDA (tensor cores, half
 /// the memory traffic of decoding), f32 on the CPU (no fast half-precision matmul there, and
 /// exact agreement with the learner).
@@ -377,13 +409,15 @@ impl InferModel {
         }
         let cfg = &self.cfg;
         let eps = cfg.rms_norm_eps as f32;
-        let (nh, nkv, hd) = (
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-        );
-        let rep = nh / nkv;
-        let (qd, kvd, inter) = (nh * hd, nkv * hd, cfg.intermediate_size);
+        let Dims {
+            nh,
+            nkv,
+            hd,
+            rep,
+            qd,
+            kvd,
+            inter,
+        } = Dims::of(cfg);
         let cos = self.cos.narrow(0, pos, t)?;
         let sin = self.sin.narrow(0, pos, t)?;
         let s = pos + t;

@@ -25,7 +25,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::ops::{rms_norm, softmax_last_dim};
 use candle_nn::rotary_emb::rope;
 
-use super::{DecodePhases, InferCache, InferModel};
+use super::{DecodePhases, Dims, InferCache, InferModel};
 use crate::draw::Draws;
 use crate::error::{PolicyError, Result};
 use crate::sampling::{check_request, host_logits, Completion, SamplingParams};
@@ -206,13 +206,15 @@ impl StaticBatch {
         let cfg = &model.cfg;
         let b = self.rows;
         let eps = cfg.rms_norm_eps as f32;
-        let (nh, nkv, hd) = (
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-        );
-        let rep = nh / nkv;
-        let (qd, kvd, inter) = (nh * hd, nkv * hd, cfg.intermediate_size);
+        let Dims {
+            nh,
+            nkv,
+            hd,
+            rep,
+            qd,
+            kvd,
+            inter,
+        } = Dims::of(cfg);
         let half = hd / 2;
         // Per-slot RoPE rows and the KV write index, from the positions on the device.
         let cos = model
