@@ -57,7 +57,8 @@
 //! trains W steps at `--warm-lr`, default 1e-4, then rounds and restarts the optimiser);
 //! `--bf16-stats PATH` writes one JSON line per step (step 0 included, untimed warm-up or not)
 //! with the fraction of bf16 values that changed against the version one and two steps before,
-//! per tensor kind, and the rounding predictions (`support/bf16_drift.rs`).
+//! per tensor kind, the rounding predictions (`support/bf16_drift.rs`), and the bytes of the
+//! format-2 deltas from those versions against the full bf16 payload.
 
 use std::time::Instant;
 
@@ -254,6 +255,48 @@ fn parse_args() -> Result<Args> {
     Ok(a)
 }
 
+/// The bf16 payloads of the last two versions, for the delta sizes of `--bf16-stats`.
+struct Versions {
+    prev: Vec<u8>,
+    prev2: Option<Vec<u8>>,
+}
+
+/// Bytes of the format-2 deltas (`policy::delta::encode`) to the newest version from the one
+/// (κ = 1) and two (κ = 2) before, and of its full payload.
+struct DeltaSizes {
+    full_bytes: usize,
+    k1: usize,
+    k2: Option<usize>,
+    encode_s: f64,
+}
+
+impl Versions {
+    fn new(payload: Vec<u8>) -> Versions {
+        Versions {
+            prev: payload,
+            prev2: None,
+        }
+    }
+
+    fn push(&mut self, payload: Vec<u8>) -> Result<DeltaSizes> {
+        let t0 = Instant::now();
+        let k1 = policy::delta::encode(&self.prev, &payload)?.len();
+        let encode_s = t0.elapsed().as_secs_f64();
+        let k2 = match &self.prev2 {
+            Some(p) => Some(policy::delta::encode(p, &payload)?.len()),
+            None => None,
+        };
+        let sizes = DeltaSizes {
+            full_bytes: payload.len(),
+            k1,
+            k2,
+            encode_s,
+        };
+        self.prev2 = Some(std::mem::replace(&mut self.prev, payload));
+        Ok(sizes)
+    }
+}
+
 /// What `--help` prints (the module doc's options).
 const USAGE: &str = "train_step: one learner step (forward, backward, AdamW) on synthetic groups
   --device cpu|cuda|cuda:N (cpu)   --shape tiny|small|qwen3-0.6b (tiny)   --layers L
@@ -417,7 +460,10 @@ fn run(args: Args, heap: Option<learner::heap::HeapSetting>) -> Result<()> {
                 })
             )?;
             out.flush()?;
-            Some((tracker, out))
+            let payload = trainer
+                .policy()
+                .to_safetensors_bytes_as(policy::DType::BF16)?;
+            Some((tracker, out, Versions::new(payload)))
         }
         None => None,
     };
@@ -447,15 +493,21 @@ fn run(args: Args, heap: Option<learner::heap::HeapSetting>) -> Result<()> {
         let st = trainer.train_step(&batch)?;
         anyhow::ensure!(st.stepped, "the step did not train: {st:?}");
         let step_s = t0.elapsed().as_secs_f64();
-        if let Some((tracker, out)) = drift.as_mut() {
+        if let Some((tracker, out, versions)) = drift.as_mut() {
             use std::io::Write;
             let stats = tracker.step(trainer.policy())?;
+            let payload = trainer
+                .policy()
+                .to_safetensors_bytes_as(policy::DType::BF16)?;
+            let deltas = versions.push(payload)?;
             writeln!(
                 out,
                 "{}",
                 serde_json::json!({
                     "step": step + 1, "lr": lr_used, "step_s": step_s,
                     "kinds": bf16_drift::to_json(&stats),
+                    "full_bytes": deltas.full_bytes, "delta_k1_bytes": deltas.k1,
+                    "delta_k2_bytes": deltas.k2, "delta_encode_s": deltas.encode_s,
                 })
             )?;
             out.flush()?;

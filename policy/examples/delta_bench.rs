@@ -8,10 +8,14 @@
 //!
 //! The base is the shape's random model as its bf16 payload; the new version moves a random
 //! `--changed-pct` % of the values one ulp up or down at random (what an optimiser step at a
-//! small learning rate does to the values it moves at all). Times the format-2 `encode` and
-//! `apply_in_place` (and `apply`, which copies the base first) on a rayon pool of `--threads`
-//! threads, and format 1 for comparison (single-threaded, as it was); the round trips are
-//! checked bit for bit. Prints one JSON line (medians of `--reps` runs).
+//! small learning rate does to the values it moves at all). Times, on a rayon pool of
+//! `--threads` threads: one payload's BLAKE3 (`hash_s`); the publisher's `encode_hashed` (it
+//! hashed both payloads for their manifests) and `encode` (which hashes them itself); the
+//! worker's `apply` (a new buffer; what a live install runs) and `apply_in_place` (what a
+//! catch-up runs), both checking the base's and the result's hash; `encode_plus_apply_s` is
+//! `encode_hashed` + `apply`. Formats 2 and 1 for comparison (format 1 timed single-threaded,
+//! as it was). The round trips are checked bit for bit. Prints one JSON line (medians of
+//! `--reps` runs).
 
 use std::time::Instant;
 
@@ -85,18 +89,42 @@ fn main() -> Result<()> {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()?;
-    let (encode_s, d) = pool.install(|| time(reps, || delta::encode(&base, &new)));
-    let d = d?;
-    let mut held = base.clone();
-    let (apply_in_place_s, ()) = pool.install(|| {
+    // The publisher hashed both payloads for their manifests: it calls `encode_hashed`.
+    let hash = |bytes: &[u8]| {
+        *blake3::Hasher::new()
+            .update_rayon(bytes)
+            .finalize()
+            .as_bytes()
+    };
+    let (hash_s, base_root) = pool.install(|| time(reps, || hash(&base)));
+    let new_root = hash(&new);
+    let (encode_hashed_s, d) = pool.install(|| {
         time(reps, || {
-            held.copy_from_slice(&base);
-            delta::apply_in_place(&mut held, &d).expect("apply");
+            delta::encode_hashed(&base, base_root, &new, new_root)
         })
     });
-    ensure(held == new, "format 2 round trip is not bit-exact")?;
+    let d = d?;
+    let (encode_s, d_again) = pool.install(|| time(reps, || delta::encode(&base, &new)));
+    ensure(d_again? == d, "encode and encode_hashed differ")?;
+    // A worker's live install (`apply`: a new buffer, the held base kept) and a catch-up's
+    // (`apply_in_place`); each checks the base's and the result's hash.
     let (apply_s, out) = pool.install(|| time(reps, || delta::apply(&base, &d)));
-    ensure(out? == new, "format 2 apply is not bit-exact")?;
+    ensure(out? == new, "apply is not bit-exact")?;
+    let mut held = base.clone();
+    let mut in_place = Vec::new();
+    for _ in 0..reps {
+        held.copy_from_slice(&base);
+        let t0 = Instant::now();
+        pool.install(|| delta::apply_in_place(&mut held, &d))?;
+        in_place.push(t0.elapsed().as_secs_f64());
+    }
+    let apply_in_place_s = median(in_place);
+    ensure(held == new, "the in-place round trip is not bit-exact")?;
+    let d2 = pool.install(|| delta::encode_v2(&base, &new))?;
+    ensure(
+        delta::apply(&base, &d2)? == new,
+        "format 2 round trip is not bit-exact",
+    )?;
     let single = rayon::ThreadPoolBuilder::new().num_threads(1).build()?;
     let (v1_encode_s, d1) = single.install(|| time(1, || delta::encode_v1(&base, &new)));
     let d1 = d1?;
@@ -108,10 +136,13 @@ fn main() -> Result<()> {
             "shape": shape, "params": cfg.num_params(), "threads": threads, "reps": reps,
             "full_bytes": new.len(),
             "changed_frac": changed as f64 / ((new.len() - start) / 2) as f64,
-            "v2_bytes": d.len(), "v2_ratio": d.len() as f64 / new.len() as f64,
+            "format": delta::DELTA_VERSION,
+            "delta_bytes": d.len(), "delta_ratio": d.len() as f64 / new.len() as f64,
+            "v2_bytes": d2.len(), "v2_ratio": d2.len() as f64 / new.len() as f64,
             "v1_bytes": d1.len(), "v1_ratio": d1.len() as f64 / new.len() as f64,
-            "encode_s": encode_s, "apply_in_place_s": apply_in_place_s, "apply_s": apply_s,
-            "encode_plus_apply_s": encode_s + apply_in_place_s,
+            "hash_s": hash_s, "encode_hashed_s": encode_hashed_s, "encode_s": encode_s,
+            "apply_s": apply_s, "apply_in_place_s": apply_in_place_s,
+            "encode_plus_apply_s": encode_hashed_s + apply_s,
             "v1_encode_s_1thread": v1_encode_s, "v1_apply_s_1thread": v1_apply_s,
         })
     );

@@ -14,22 +14,23 @@
 //!
 //! ```text
 //! magic "ESDL" · version u16 LE · reserved u16 (0) · base BLAKE3 [32] · new BLAKE3 [32]
-//! · payload_len u64 LE · n_tensors u32 LE · n_tensors records, in data-offset order:
-//!   kind u8 = 0 unchanged
-//!           | 1 gaps:   count varint · body_len varint · zstd_len varint · zstd frame
-//!           | 2 bitmap: count varint · body_len varint · zstd_len varint · zstd frame
-//!           | 3 dense:  body_len varint (= 2·numel) · zstd_len varint · zstd frame
-//!   body (decompressed) = index (count gap varints | ⌈numel/8⌉ bitmap bytes | nothing)
-//!                         · low bytes · high bytes of zigzag(new bits − base bits)
+//! · payload_len u64 LE · n_tensors u32 LE · segments covering the tensors in data-offset order:
+//!   n varint · n heads · zstd_len varint · zstd frame of the n bodies, concatenated
+//!   head = kind u8: 0 unchanged | 1 gaps: count varint · body_len varint
+//!                 | 2 bitmap: count varint · body_len varint | 3 dense: body_len varint
+//!   body = index (count gap varints | ⌈numel/8⌉ bitmap bytes | nothing)
+//!          · low bytes · high bytes of zigzag(new bits − base bits)
 //! ```
 //!
-//! Version 2 (written by [`encode`]) codes the changed values as differences against the
-//! base, which after a small step are mostly ±1 ulp, and compresses each body with zstd;
-//! version 1 (still read; written by [`encode_v1`]) stored the index raw and the new bits
-//! verbatim. Decoding is hostile-input safe: every count is bounded by the tensor's element
-//! count, every body's size by its tensor's, every read by the delta's length, and nothing is
-//! decompressed beyond the size a record declares. Encoding and applying run across tensors in
-//! parallel; [`apply_in_place`] rewrites the base payload itself and restores it on any error.
+//! Version 3 (written by [`encode`]) codes the changed values as differences against the
+//! base, which after a small step are mostly ±1 ulp, and compresses them with zstd, packing
+//! consecutive small tensors into one frame; version 2 (still read; [`encode_v2`]) compressed
+//! every tensor on its own; version 1 (still read; [`encode_v1`]) stored the index raw and the
+//! new bits verbatim. Decoding is hostile-input safe: every count is bounded by the tensor's
+//! element count, every body's size by its tensor's, every read by the delta's length, and
+//! nothing is decompressed beyond the size a head declares. Encoding and applying run across
+//! segments in parallel; [`apply_in_place`] rewrites the base payload itself and restores it
+//! on any error.
 //!
 //! Must not touch: manifests, chunks or the network; which versions are keyframes is the
 //! pure rule [`is_keyframe`], applied by the publisher.
@@ -41,10 +42,14 @@ use safetensors::tensor::Dtype;
 mod v1;
 #[path = "delta_v2.rs"]
 mod v2;
+#[path = "delta_v3.rs"]
+mod v3;
 
 /// The delta format version written by [`encode`].
-pub const DELTA_VERSION: u16 = 2;
-/// The older format version [`apply`] still reads ([`encode_v1`] writes it).
+pub const DELTA_VERSION: u16 = 3;
+/// The older format versions [`apply`] still reads ([`encode_v2`] and [`encode_v1`] write
+/// them).
+pub const DELTA_VERSION_V2: u16 = 2;
 pub const DELTA_VERSION_V1: u16 = 1;
 /// The first four bytes of every delta payload.
 pub const DELTA_MAGIC: [u8; 4] = *b"ESDL";
@@ -68,7 +73,7 @@ pub enum DeltaError {
     BadMagic,
     /// A delta of a format version this build does not read.
     #[error(
-        "unsupported delta version {0} (this build reads {DELTA_VERSION_V1} and {DELTA_VERSION})"
+        "unsupported delta version {0} (this build reads {DELTA_VERSION_V1} to {DELTA_VERSION})"
     )]
     UnsupportedVersion(u16),
     /// The delta was made against another base payload than the one it is applied to.
@@ -180,6 +185,28 @@ pub fn encode_hashed(
     new_hash: [u8; 32],
 ) -> Result<Vec<u8>> {
     let ranges = compatible(base, new)?;
+    let segments = v3::encode(base, new, &ranges)?;
+    let mut out = Vec::with_capacity(HEADER_LEN + segments.iter().map(Vec::len).sum::<usize>());
+    write_header(
+        &mut out,
+        DELTA_VERSION,
+        base_hash,
+        new_hash,
+        new.len(),
+        ranges.len(),
+    )?;
+    for seg in &segments {
+        out.extend_from_slice(seg);
+    }
+    Ok(out)
+}
+
+/// The same delta in format version 2 (every tensor's body compressed on its own; what builds
+/// before version 3 wrote): kept so that the reader of version 2 stays tested and the two can
+/// be compared.
+pub fn encode_v2(base: &[u8], new: &[u8]) -> Result<Vec<u8>> {
+    let ranges = compatible(base, new)?;
+    let (hb, hn) = rayon::join(|| hash(base), || hash(new));
     let records = ranges
         .par_iter()
         .map(|&(start, numel)| {
@@ -190,9 +217,9 @@ pub fn encode_hashed(
     let mut out = Vec::with_capacity(HEADER_LEN + records.iter().map(Vec::len).sum::<usize>());
     write_header(
         &mut out,
-        DELTA_VERSION,
-        base_hash,
-        new_hash,
+        DELTA_VERSION_V2,
+        *hb.as_bytes(),
+        *hn.as_bytes(),
         new.len(),
         ranges.len(),
     )?;
@@ -322,12 +349,70 @@ fn for_each_change(b: &[u8], n: &[u8], numel: usize, mut f: impl FnMut(usize)) {
 
 /// Applies `delta` to `base`, returning the new payload. Refuses a delta made against another
 /// base ([`DeltaError::WrongBase`]), a truncated, oversized or out-of-range one, and one whose
-/// result does not hash to the payload it names ([`DeltaError::NotReconstructed`]). Copies
-/// `base` once; [`apply_in_place`] does not.
+/// result does not hash to the payload it names ([`DeltaError::NotReconstructed`]). Writes
+/// the result into a new buffer, each tensor copied from `base` and patched in one pass;
+/// [`apply_in_place`] rewrites the payload it is given.
 pub fn apply(base: &[u8], delta: &[u8]) -> Result<Vec<u8>> {
-    let mut out = base.to_vec();
-    apply_in_place(&mut out, delta)?;
+    let checked = check_header(base, delta)?;
+    if checked.version == DELTA_VERSION_V1 {
+        let mut out = base.to_vec();
+        apply_v1(&mut out, checked)?;
+        return Ok(out);
+    }
+    // Fresh (untouched) pages, each tensor copied and patched by the thread that applies it:
+    // one pass over memory instead of a serial copy and then a parallel one.
+    let mut out = vec![0u8; base.len()];
+    let mut at = 0;
+    for &(start, numel) in &checked.ranges {
+        out[at..start].copy_from_slice(&base[at..start]);
+        at = start + 2 * numel;
+    }
+    out[at..].copy_from_slice(&base[at..]);
+    let (segments, ranges, new_hash) = checked.segments()?;
+    let mut groups = segment_slices(&mut out, &ranges, &segments)?;
+    groups
+        .par_iter_mut()
+        .zip(segments.par_iter())
+        .try_for_each(|(dsts, seg)| seg.apply(dsts, seg_ranges(&ranges, seg), Some(base)))?;
+    drop(groups);
+    check_result(&out, &new_hash)?;
     Ok(out)
+}
+
+/// A version-1 delta applied to `payload` (through a copy: version 1 is applied serially).
+fn apply_v1(payload: &mut [u8], checked: Checked<'_>) -> Result<()> {
+    let Checked {
+        new_hash,
+        ranges,
+        mut records,
+        ..
+    } = checked;
+    let mut out = payload.to_vec();
+    for &(start, numel) in &ranges {
+        v1::apply_tensor(&mut records, &mut out[start..start + 2 * numel], numel)?;
+    }
+    trailing(&records)?;
+    check_result(&out, &new_hash)?;
+    payload.copy_from_slice(&out);
+    Ok(())
+}
+
+/// The offsets and sizes of a segment's tensors.
+fn seg_ranges<'r>(ranges: &'r [(usize, usize)], seg: &v2::Segment<'_>) -> &'r [(usize, usize)] {
+    &ranges[seg.first..seg.first + seg.heads.len()]
+}
+
+/// The tensors' bytes of `payload` as disjoint mutable slices, grouped by segment.
+fn segment_slices<'a>(
+    payload: &'a mut [u8],
+    ranges: &[(usize, usize)],
+    segments: &[v2::Segment<'_>],
+) -> Result<Vec<Vec<&'a mut [u8]>>> {
+    let mut slices = tensor_slices(payload, ranges)?.into_iter();
+    Ok(segments
+        .iter()
+        .map(|seg| slices.by_ref().take(seg.heads.len()).collect())
+        .collect())
 }
 
 /// The checked header fields of a delta against the payload it is applied to.
@@ -336,6 +421,31 @@ struct Checked<'a> {
     new_hash: [u8; 32],
     ranges: Vec<(usize, usize)>,
     records: Reader<'a>,
+}
+
+impl<'a> Checked<'a> {
+    /// The segments of a version-2 or -3 delta, every head and size checked and nothing after
+    /// the last; with the tensors' ranges and the result's hash.
+    #[allow(clippy::type_complexity)]
+    fn segments(self) -> Result<(Vec<v2::Segment<'a>>, Vec<(usize, usize)>, [u8; 32])> {
+        let Checked {
+            version,
+            new_hash,
+            ranges,
+            mut records,
+        } = self;
+        let segments = if version == DELTA_VERSION_V2 {
+            ranges
+                .iter()
+                .enumerate()
+                .map(|(i, &(_, numel))| v2::parse_record(&mut records, i, numel))
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            v3::parse(&mut records, &ranges)?
+        };
+        trailing(&records)?;
+        Ok((segments, ranges, new_hash))
+    }
 }
 
 fn check_header<'a>(base: &[u8], delta: &'a [u8]) -> Result<Checked<'a>> {
@@ -374,53 +484,37 @@ fn check_header<'a>(base: &[u8], delta: &'a [u8]) -> Result<Checked<'a>> {
 
 /// Applies `delta` to `payload` in place: afterwards `payload` is the new payload. On any
 /// error `payload` is exactly as it was (checked before it is written, and restored if the
-/// result does not hash to the payload the delta names). Version 2 records are decompressed
-/// and applied across threads, one tensor at a time each: besides the payload, memory holds
-/// one record body per thread.
+/// result does not hash to the payload the delta names). Segments are decompressed and applied
+/// across threads, one at a time each: besides the payload, memory holds one segment's bodies
+/// per thread.
 pub fn apply_in_place(payload: &mut [u8], delta: &[u8]) -> Result<()> {
-    let Checked {
-        version,
-        new_hash,
-        ranges,
-        mut records,
-    } = check_header(payload, delta)?;
-    if version == DELTA_VERSION_V1 {
-        let mut out = payload.to_vec();
-        for &(start, numel) in &ranges {
-            v1::apply_tensor(&mut records, &mut out[start..start + 2 * numel], numel)?;
-        }
-        trailing(&records)?;
-        check_result(&out, &new_hash)?;
-        payload.copy_from_slice(&out);
-        return Ok(());
+    let checked = check_header(payload, delta)?;
+    if checked.version == DELTA_VERSION_V1 {
+        return apply_v1(payload, checked);
     }
-    let parsed = ranges
-        .iter()
-        .map(|&(_, numel)| v2::parse_record(&mut records, numel))
-        .collect::<Result<Vec<_>>>()?;
-    trailing(&records)?;
-    let mut slices = tensor_slices(payload, &ranges)?;
-    let applied: Vec<Result<()>> = slices
+    let (segments, ranges, new_hash) = checked.segments()?;
+    let mut groups = segment_slices(payload, &ranges, &segments)?;
+    let applied: Vec<Result<()>> = groups
         .par_iter_mut()
-        .zip(parsed.par_iter().zip(ranges.par_iter()))
-        .map(|(dst, (rec, &(_, numel)))| v2::apply(rec, dst, numel))
+        .zip(segments.par_iter())
+        .map(|(dsts, seg)| seg.apply(dsts, seg_ranges(&ranges, seg), None))
         .collect();
-    let undo_applied = |slices: &mut Vec<&mut [u8]>| {
-        slices
+    let undo_applied = |groups: &mut Vec<Vec<&mut [u8]>>| {
+        groups
             .par_iter_mut()
-            .zip(parsed.par_iter().zip(applied.par_iter()))
+            .zip(segments.par_iter().zip(applied.par_iter()))
             .filter(|(_, (_, ok))| ok.is_ok())
-            .for_each(|(dst, (rec, _))| v2::undo(rec, dst));
+            .for_each(|(dsts, (seg, _))| seg.undo(dsts));
     };
     if let Some(e) = applied.iter().find_map(|r| r.as_ref().err()) {
         let e = e.clone();
-        undo_applied(&mut slices);
+        undo_applied(&mut groups);
         return Err(e);
     }
-    drop(slices);
+    drop(groups);
     if let Err(e) = check_result(payload, &new_hash) {
-        let mut slices = tensor_slices(payload, &ranges)?;
-        undo_applied(&mut slices);
+        let mut groups = segment_slices(payload, &ranges, &segments)?;
+        undo_applied(&mut groups);
         return Err(e);
     }
     Ok(())
@@ -491,7 +585,7 @@ fn header(delta: &[u8]) -> Result<(Reader<'_>, u16)> {
         return Err(DeltaError::BadMagic);
     }
     let version = r.u16("version")?;
-    if version != DELTA_VERSION && version != DELTA_VERSION_V1 {
+    if !(DELTA_VERSION_V1..=DELTA_VERSION).contains(&version) {
         return Err(DeltaError::UnsupportedVersion(version));
     }
     if r.u16("reserved")? != 0 {

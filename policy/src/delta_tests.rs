@@ -94,14 +94,21 @@ proptest! {
         let dense: usize = sizes.iter().map(|n| 2 * n + 40).sum();
         prop_assert!(d.len() <= HEADER_LEN + dense);
         prop_assert_eq!(base_hash(&d).unwrap(), blake3::hash(&base).to_hex().to_string());
-        // The older format still reads, and says the same.
+        // The older formats still read, and say the same.
+        let d2 = encode_v2(&base, &new).unwrap();
+        prop_assert_eq!(u16::from_le_bytes([d2[4], d2[5]]), DELTA_VERSION_V2);
+        prop_assert_eq!(apply(&base, &d2).unwrap(), new.clone());
+        let mut in_place = base.clone();
+        apply_in_place(&mut in_place, &d2).unwrap();
+        prop_assert_eq!(&in_place, &new);
+        prop_assert_eq!(result_hash(&d2).unwrap(), result_hash(&d).unwrap());
         let d1 = encode_v1(&base, &new).unwrap();
         prop_assert_eq!(u16::from_le_bytes([d1[4], d1[5]]), DELTA_VERSION_V1);
         prop_assert_eq!(apply(&base, &d1).unwrap(), new);
         prop_assert_eq!(result_hash(&d1).unwrap(), result_hash(&d).unwrap());
     }
 
-    /// One-ulp updates at any density round-trip, and version 2 is smaller than version 1.
+    /// One-ulp updates at any density round-trip, and versions 2 and 3 are smaller than 1.
     #[test]
     fn ulp_updates_roundtrip_and_compress(
         sizes in prop::collection::vec(64usize..5000, 1..5),
@@ -112,9 +119,12 @@ proptest! {
         let d = encode(&base, &new).unwrap();
         prop_assert_eq!(apply(&base, &d).unwrap(), new.clone());
         let d1 = encode_v1(&base, &new).unwrap();
+        let d2 = encode_v2(&base, &new).unwrap();
+        prop_assert_eq!(apply(&base, &d2).unwrap(), new.clone());
         let changed = sizes.iter().sum::<usize>() as f64 * p;
         if changed > 200.0 {
-            prop_assert!(d.len() < d1.len(), "v2 {} >= v1 {}", d.len(), d1.len());
+            prop_assert!(d.len() < d1.len(), "v3 {} >= v1 {}", d.len(), d1.len());
+            prop_assert!(d2.len() < d1.len(), "v2 {} >= v1 {}", d2.len(), d1.len());
         }
     }
 
@@ -130,7 +140,11 @@ proptest! {
     ) {
         let p = vec![0.05; sizes.len()];
         let (base, new) = pair(&sizes, &p, seed);
-        for d in [encode(&base, &new).unwrap(), encode_v1(&base, &new).unwrap()] {
+        for d in [
+            encode(&base, &new).unwrap(),
+            encode_v2(&base, &new).unwrap(),
+            encode_v1(&base, &new).unwrap(),
+        ] {
             let mut bad = d.clone();
             let i = at.index(bad.len());
             bad[i] ^= flip;
@@ -151,14 +165,21 @@ proptest! {
         sizes in prop::collection::vec(1usize..600, 1..4),
         tail in prop::collection::vec(any::<u8>(), 0..400),
         seed in any::<u64>(),
+        v2_header in any::<bool>(),
     ) {
         let (base, new) = pair_ulp(&sizes, 0.05, seed);
-        let d = encode(&base, &new).unwrap();
+        let d = if v2_header { encode_v2(&base, &new) } else { encode(&base, &new) }.unwrap();
         let mut bad = d[..HEADER_LEN].to_vec();
         bad.extend_from_slice(&tail);
         let mut held = base.clone();
+        let copied = apply(&base, &bad);
         match apply_in_place(&mut held, &bad) {
             Ok(()) => prop_assert!(held == new),
+            Err(_) => prop_assert!(held == base),
+        }
+        // The copying path decides alike.
+        match copied {
+            Ok(out) => prop_assert!(out == new && held == new),
             Err(_) => prop_assert!(held == base),
         }
     }
@@ -196,8 +217,10 @@ fn the_header_names_the_result_hash_and_base_hash() {
 fn empty_update_is_tiny_and_roundtrips() {
     let (base, _) = pair(&[4096, 4096], &[0.0, 0.0], 3);
     let d = encode(&base, &base).unwrap();
-    assert_eq!(d.len(), HEADER_LEN + 2);
+    // One segment: its count, two unchanged heads, no body.
+    assert_eq!(d.len(), HEADER_LEN + 4);
     assert_eq!(apply(&base, &d).unwrap(), base);
+    assert_eq!(encode_v2(&base, &base).unwrap().len(), HEADER_LEN + 2);
     assert_eq!(encode_v1(&base, &base).unwrap().len(), HEADER_LEN + 2);
 }
 
@@ -207,7 +230,12 @@ fn empty_update_is_tiny_and_roundtrips() {
 fn index_encoding_follows_density() {
     let kind = |p: f64| {
         let (b, n) = pair(&[20_000], &[p], 4);
-        encode(&b, &n).unwrap()[HEADER_LEN]
+        let d3 = encode(&b, &n).unwrap();
+        let d2 = encode_v2(&b, &n).unwrap();
+        // Format 3: after the segment's tensor count (1); format 2: first.
+        assert_eq!(d3[HEADER_LEN], 1);
+        assert_eq!(d3[HEADER_LEN + 1], d2[HEADER_LEN]);
+        d2[HEADER_LEN]
     };
     assert_eq!(kind(0.01), KIND_GAPS);
     assert_eq!(kind(0.3), KIND_BITMAP);
@@ -220,7 +248,7 @@ fn index_encoding_follows_density() {
 #[test]
 fn record_sizes_are_bounded_before_decompression() {
     let (base, new) = pair_ulp(&[4000], 0.01, 9);
-    let d = encode(&base, &new).unwrap();
+    let d = encode_v2(&base, &new).unwrap();
     assert_eq!(d[HEADER_LEN], KIND_GAPS);
     let record = |kind: u8, count: u64, raw_len: u64, body: &[u8]| {
         let mut v = d[..HEADER_LEN].to_vec();
@@ -270,7 +298,7 @@ fn record_sizes_are_bounded_before_decompression() {
 #[test]
 fn sparse_bodies_are_checked() {
     let (base, _) = pair_ulp(&[100], 0.0, 10);
-    let header = encode(&base, &base).unwrap()[..HEADER_LEN].to_vec();
+    let header = encode_v2(&base, &base).unwrap()[..HEADER_LEN].to_vec();
     let sparse = |kind: u8, count: u64, raw: &[u8]| {
         let mut v = header.clone();
         v.push(kind);
@@ -300,6 +328,77 @@ fn sparse_bodies_are_checked() {
     refused(&sparse(KIND_BITMAP, 1, &bm), "positions");
 }
 
+/// Format 3 packs consecutive small tensors into one body, and gives a large one its own:
+/// for many small tensors it is smaller than format 2, which pays zstd's tables per tensor.
+#[test]
+fn small_tensors_share_a_body() {
+    let sizes = [2000usize; 30];
+    let (base, new) = pair_ulp(&sizes, 0.03, 12);
+    let d3 = encode(&base, &new).unwrap();
+    let d2 = encode_v2(&base, &new).unwrap();
+    assert_eq!(d3[HEADER_LEN], 30, "one segment of every tensor");
+    assert!(d3.len() < d2.len(), "v3 {} >= v2 {}", d3.len(), d2.len());
+    assert_eq!(apply(&base, &d3).unwrap(), new);
+    // A dense tensor's body (2·numel > 64 KiB) stands alone; the small ones after it share.
+    let (base, new) = pair(&[40_000, 100, 100], &[1.0, 0.1, 0.1], 13);
+    let d3 = encode(&base, &new).unwrap();
+    assert_eq!(d3[HEADER_LEN], 1);
+    assert_eq!(d3[HEADER_LEN + 1], KIND_DENSE);
+    assert_eq!(apply(&base, &d3).unwrap(), new);
+}
+
+/// Format 3's segment heads are checked before anything is decompressed: a tensor count of
+/// zero or past the tensors left, packed bodies over the bound, a body without a frame and a
+/// frame without a body are refused, and the payload is left as it was.
+#[test]
+fn segment_heads_are_checked() {
+    let (base, new) = pair_ulp(&[100, 100], 0.1, 14);
+    let d = encode(&base, &new).unwrap();
+    let segment = |n: u64, heads: &[u8], comp: &[u8]| {
+        let mut v = d[..HEADER_LEN].to_vec();
+        put_varint(&mut v, n);
+        v.extend_from_slice(heads);
+        put_varint(&mut v, comp.len() as u64);
+        v.extend_from_slice(comp);
+        v
+    };
+    let refused = |v: &[u8], what: &str| {
+        let mut held = base.clone();
+        match apply_in_place(&mut held, v) {
+            Err(DeltaError::Malformed(m)) => assert!(m.contains(what), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(held == base);
+        assert!(matches!(apply(&base, v), Err(DeltaError::Malformed(_))));
+    };
+    refused(&segment(0, &[], &[]), "segment of 0 tensors");
+    refused(&segment(3, &[0, 0, 0], &[]), "segment of 3 tensors");
+    // Two dense heads of 200 bytes each, no frame.
+    let dense = [KIND_DENSE, 200, 1, KIND_DENSE, 200, 1];
+    refused(&segment(2, &dense, &[]), "0 compressed bytes for 400");
+    // Two unchanged heads and a frame.
+    let z = zstd::bulk::compress(&[1u8; 10], 3).unwrap();
+    refused(&segment(2, &[0, 0], &z), "compressed bytes for 0");
+    // Packed bodies past 64 KiB: two bitmap tensors of a big model would do; here the bound
+    // is checked on the sum before decompression.
+    let (big_b, big_n) = pair(&[40_000, 40_000], &[1.0, 1.0], 15);
+    let big = encode(&big_b, &big_n).unwrap();
+    let mut v = big[..HEADER_LEN].to_vec();
+    put_varint(&mut v, 2);
+    for _ in 0..2 {
+        v.push(KIND_DENSE);
+        put_varint(&mut v, 80_000);
+    }
+    put_varint(&mut v, 1);
+    v.push(0);
+    let mut held = big_b.clone();
+    match apply_in_place(&mut held, &v) {
+        Err(DeltaError::Malformed(m)) => assert!(m.contains("at most 65536"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(held == big_b);
+}
+
 #[test]
 fn incompatible_payloads_are_typed_errors() {
     let (a, _) = pair(&[100], &[0.0], 5);
@@ -327,6 +426,7 @@ fn hostile_headers_are_typed_errors() {
     assert_eq!(apply(&base, &m), Err(DeltaError::BadMagic));
     // A count larger than the tensor: refused before any per-position work.
     let mut c = d[..HEADER_LEN].to_vec();
+    c.push(1);
     c.push(KIND_GAPS);
     put_varint(&mut c, 1 << 40);
     assert!(matches!(apply(&base, &c), Err(DeltaError::Malformed(_))));

@@ -105,6 +105,16 @@ fn workers_install_bf16_deltas_bit_for_bit() {
     }
 }
 
+/// Seconds since midnight of a log line's leading RFC 3339 timestamp (`…THH:MM:SS.ffffffZ`).
+fn seconds_of_day(line: &str) -> Option<f64> {
+    let time = line.split_whitespace().next()?.split_once('T')?.1;
+    let mut parts = time.trim_end_matches('Z').split(':');
+    let h: f64 = parts.next()?.parse().ok()?;
+    let m: f64 = parts.next()?.parse().ok()?;
+    let s: f64 = parts.next()?.parse().ok()?;
+    Some(3600.0 * h + 60.0 * m + s)
+}
+
 /// Learner settings of the catch-up tests: bf16 deltas with a keyframe period far beyond the
 /// test's length, so that every version after the first is a delta and a worker that installs
 /// one without having seen every version before it must have caught up.
@@ -126,13 +136,14 @@ fn published(learner: &Node) -> HashMap<u64, (bool, String)> {
 #[test]
 fn a_late_worker_catches_up_on_the_delta_chain() {
     let tmp = tempfile::tempdir().unwrap();
-    let (mut learner, _workers) =
+    let (mut learner, workers) =
         Node::learner_and_workers(tmp.path(), "it-catchup", NO_KEYFRAMES, 2, "");
     let limit = Duration::from_secs(300);
     wait_for("three delta versions published", limit, || {
         let _ = learner.status()?;
         (published(&learner).values().filter(|p| p.0).count() >= 3).then_some(())
     });
+    let current = *published(&learner).keys().max().expect("published");
     let mut late = Node::start_worker_of(tmp.path(), "late", "it-catchup", &learner, "");
     let (version, root) = wait_for("the late worker to install a delta version", limit, || {
         let _ = learner.status()?;
@@ -141,6 +152,17 @@ fn a_late_worker_catches_up_on_the_delta_chain() {
             .find(|l| l.1)
             .map(|l| (l.0, l.2))
     });
+    // In one round: the first version it installs is the one the learner published last
+    // when it joined, or a later one — not the keyframe, not a walk through the chain.
+    let installs = logged(&late, "snapshot installed");
+    assert_eq!(
+        installs[0].0, version,
+        "its first install is a delta: {installs:?}"
+    );
+    assert!(
+        version >= current,
+        "v{version} installed first, the learner was at v{current} when it joined"
+    );
     let st = wait_for("the late worker's status", limit, || {
         let st = late.status()?;
         (st["rollout"]["catch_ups"].as_u64()? >= 1).then_some(st)
@@ -173,6 +195,41 @@ fn a_late_worker_catches_up_on_the_delta_chain() {
         st["rollout"]["catch_up_bytes"],
         lines_containing(&log, "standing plan announced").len()
     );
+    // The measurement `docs/broadcast.md` reports ("Catch-up"), printed, not asserted: the
+    // late worker's install of v{version} against the learner's publication of it and the
+    // chain workers' installs of it (that version's T_bcast).
+    let at = |text: &str, message: &str, v: u64| {
+        lines_containing(text, message)
+            .into_iter()
+            .find(|l| logged_in(l, message).first().is_some_and(|x| x.0 == v))
+            .and_then(|l| seconds_of_day(&l))
+    };
+    let read = |n: &Node| std::fs::read_to_string(&n.log).unwrap_or_default();
+    if let (Some(p0), Some(late_s)) = (
+        at(&log, "snapshot published", version),
+        at(&read(&late), "snapshot installed", version),
+    ) {
+        let chain = workers
+            .iter()
+            .filter_map(|w| at(&read(w), "snapshot installed", version))
+            .map(|t| t - p0)
+            .fold(f64::NAN, f64::max);
+        let publications: Vec<f64> = lines_containing(&log, "snapshot published")
+            .iter()
+            .filter_map(|l| seconds_of_day(l))
+            .collect();
+        let interval = publications
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .fold(0.0, f64::max);
+        let next = at(&log, "snapshot published", version + 1).map(|t| t - p0);
+        println!(
+            "catch-up latency: the late worker installed v{version} {:.2} s after its \
+             publication; the chain's workers {chain:.2} s (T_bcast); the learner's next \
+             version followed after {next:?} s (longest interval so far {interval:.2} s)",
+            late_s - p0
+        );
+    }
     assert!(p["deltas"].as_u64().unwrap() >= 3, "{lst}");
     assert!(p["delta_ratio"].as_f64().unwrap() < 1.0, "{lst}");
     assert!(
