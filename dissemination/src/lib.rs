@@ -22,6 +22,7 @@ mod decoder_props;
 mod delivery;
 pub mod engine;
 pub mod error;
+mod offence;
 pub mod order_msg;
 pub mod plan_msg;
 mod transfer;
@@ -35,6 +36,7 @@ pub use engine::{
     DEFAULT_WARM_UP_BYTES, MIN_RATE_BYTES_PER_S,
 };
 pub use error::{DisseminationError, Result};
+pub use offence::Offence;
 pub use order_msg::{ActivationOrder, SignedOrder};
 pub use plan_msg::{PlanMessage, SignedPlan};
 pub use wire::{CHUNK_FETCH, CHUNK_STREAM};

@@ -22,6 +22,7 @@ mod hot;
 pub mod keys;
 pub mod manifest;
 pub mod record;
+pub mod rejection;
 pub mod replay;
 pub mod trajectory;
 pub mod watermark;
@@ -31,6 +32,7 @@ pub use error::{Result, StorageError};
 pub use keys::NodeKey;
 pub use manifest::{hash_bytes, Hash, PayloadKind, SignedManifest, SnapshotManifest};
 pub use record::{Sample, TrajectoryGroup};
+pub use rejection::{Rejection, StructureFault};
 pub use trajectory::{Counters, GroupKey, InvariantReport, Lease, TrajectoryStore};
 
 pub use fs::{unix_ms, write_atomic};
