@@ -4,7 +4,9 @@
 //! rollouts with lease/ack pulls and staleness pruning), the content-addressed chunk store
 //! with snapshot manifests, the signed-manifest format, the node key file, admission tickets
 //! and credentials, and the persisted ban list. Formats are
-//! versioned and specified in `docs/storage.md`.
+//! versioned and specified in `docs/storage.md`. Also the closed enum of why a pulled group is
+//! refused ([`rejection`]: every verification stage's reasons, as `pull` and `learner` both
+//! answer with it).
 //!
 //! Must not touch: the network, the model, or policy decisions (which version is admissible,
 //! whom to pull from). Callers pass those in (`v_min`, `ttl`, `keep`).
