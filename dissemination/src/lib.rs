@@ -9,7 +9,8 @@
 //! chunk-stream and chunk-fetch protocols — names and message bodies ([`wire`]) — the
 //! per-version transfer state machine (`transfer`), what a child records of its parent's
 //! deliveries (`delivery`, the source of its receipts), the learner's accounting of its
-//! forwarders (`engine::account`) and the per-node engine ([`engine`]). Must
+//! forwarders (`engine::account`), this crate's reasons for a strike ([`Offence`]: handed to
+//! the network service as a generic `p2p::PeerReport`) and the per-node engine ([`engine`]). Must
 //! not touch: the swarm (only through `p2p::Client`), framing (`p2p::framing`), on-disk formats
 //! (`storage`), the planning rules (`control::plan`), the model (payloads are opaque bytes;
 //! installation hands them to the role).
@@ -22,6 +23,7 @@ mod decoder_props;
 mod delivery;
 pub mod engine;
 pub mod error;
+mod offence;
 pub mod order_msg;
 pub mod plan_msg;
 mod transfer;
@@ -35,6 +37,7 @@ pub use engine::{
     DEFAULT_WARM_UP_BYTES, MIN_RATE_BYTES_PER_S,
 };
 pub use error::{DisseminationError, Result};
+pub use offence::Offence;
 pub use order_msg::{ActivationOrder, SignedOrder};
 pub use plan_msg::{PlanMessage, SignedPlan};
 pub use wire::{CHUNK_FETCH, CHUNK_STREAM};

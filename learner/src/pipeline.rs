@@ -12,8 +12,10 @@
 //! 3. the caller's [`Stage`]s in the order added (the node adds: producer signature, assigned
 //!    prompt and fresh sequence number, recomputed rewards, the log-prob and sampling check).
 //!
-//! Every stage refuses with a [`GroupRejection`] whose `reason` is stable; the caller's one
-//! table maps a reason to its penalty (`node/src/roles/learner/verify.rs`).
+//! Every stage refuses with a [`Rejection`], the closed enum of every stage's reasons (in
+//! `storage`, the lowest crate that needs it: the pull protocol's verifier answers one too);
+//! the node's learner role maps it to a penalty by one exhaustive `match`
+//! (`node/src/roles/learner/penalty.rs`).
 //!
 //! The pipeline also keeps what it verified of each worker ([`Standings`]: accepted and
 //! rejected groups, skipped sequence numbers) and hands stages the worker's check rate
@@ -30,7 +32,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use control::admission::{PeerHistory, ProbationParams, SeqGaps, Standings};
-use storage::record::{check_group, GroupLimits, GroupRejection};
+use storage::record::{check_group, GroupLimits};
+use storage::Rejection;
 use storage::TrajectoryGroup;
 
 /// Which of the costly checks a verified group passed (the cheap ones — structure, and every
@@ -93,11 +96,11 @@ pub struct StageInput<'a> {
 }
 
 /// One step of the chain. `check` must never panic, keep only its own bookkeeping, record
-/// the costly checks it ran in `checks`, and refuse with a stable `reason`.
+/// the costly checks it ran in `checks`, and refuse with the [`Rejection`] of its reason.
 pub trait Stage: Send + Sync {
-    /// The stable name of the stage (its main rejection reason).
+    /// The stable name of the stage, for the chain's description ([`Pipeline::stage_names`]).
     fn name(&self) -> &'static str;
-    fn check(&self, input: &StageInput<'_>, checks: &mut Checks) -> Result<(), GroupRejection>;
+    fn check(&self, input: &StageInput<'_>, checks: &mut Checks) -> Result<(), Rejection>;
 }
 
 /// Groups whose [`Checks`] the pipeline remembers for [`Pipeline::from_own_buffer`] (a few
@@ -196,7 +199,7 @@ impl Pipeline {
         worker: &str,
         v_min: u64,
         group: TrajectoryGroup,
-    ) -> Result<Verified<TrajectoryGroup>, GroupRejection> {
+    ) -> Result<Verified<TrajectoryGroup>, Rejection> {
         let checks = self.check(worker, v_min, &group)?;
         Ok(Verified {
             inner: group,
@@ -213,7 +216,7 @@ impl Pipeline {
         worker: &str,
         v_min: u64,
         group: &TrajectoryGroup,
-    ) -> Result<Checks, GroupRejection> {
+    ) -> Result<Checks, Rejection> {
         self.check_keyed(worker, None, v_min, group)
     }
 
@@ -224,26 +227,28 @@ impl Pipeline {
         worker_key: Option<[u8; 32]>,
         v_min: u64,
         group: &TrajectoryGroup,
-    ) -> Result<Checks, GroupRejection> {
+    ) -> Result<Checks, Rejection> {
         if group.version < v_min {
-            return Err(GroupRejection::Inadmissible {
+            return Err(Rejection::Inadmissible {
                 version: group.version,
                 v_min,
             });
         }
-        let result = check_group(group, &self.limits, worker).and_then(|()| {
-            let input = StageInput {
-                worker,
-                worker_key,
-                group,
-                check_rate: self.rate(worker),
-            };
-            let mut checks = Checks::default();
-            for s in &self.stages {
-                s.check(&input, &mut checks)?;
-            }
-            Ok(checks)
-        });
+        let result = check_group(group, &self.limits, worker)
+            .map_err(Rejection::from)
+            .and_then(|()| {
+                let input = StageInput {
+                    worker,
+                    worker_key,
+                    group,
+                    check_rate: self.rate(worker),
+                };
+                let mut checks = Checks::default();
+                for s in &self.stages {
+                    s.check(&input, &mut checks)?;
+                }
+                Ok(checks)
+            });
         let mut l = self.ledger();
         let Ledger {
             standings: st,
@@ -274,7 +279,7 @@ impl Pipeline {
                 }
             }
             // Aged out in transit: not the worker's doing.
-            Err(GroupRejection::Inadmissible { .. }) => {}
+            Err(Rejection::Inadmissible { .. }) => {}
             Err(_) => st.record_rejected(&worker.to_string()),
         }
         result

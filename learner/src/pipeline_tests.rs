@@ -28,15 +28,12 @@ impl Stage for Probe {
     fn name(&self) -> &'static str {
         "probe"
     }
-    fn check(&self, input: &StageInput<'_>, checks: &mut Checks) -> Result<(), GroupRejection> {
+    fn check(&self, input: &StageInput<'_>, checks: &mut Checks) -> Result<(), Rejection> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.rates.lock().unwrap().push(input.check_rate);
         checks.sampling_checked = true;
         if self.bad.contains(&input.group.seq) {
-            return Err(GroupRejection::Unverified {
-                reason: "probe",
-                detail: "bad".into(),
-            });
+            return Err(Rejection::MaskMismatch("bad".into()));
         }
         Ok(())
     }
@@ -68,16 +65,16 @@ fn the_chain_runs_in_order_and_stops_at_the_first_refusal() {
     // Structure refuses first: the stage never sees a group of the wrong size, a stale one,
     // or one that names another producer.
     let e = pipe.verify(W, 0, group(3, 5, 5, 8)).unwrap_err();
-    assert_eq!(e.reason(), "group_size");
+    assert_eq!(e.as_str(), "group_size");
     let e = pipe.verify(W, 4, group(3, 6, 4, 8)).unwrap_err();
-    assert_eq!(e.reason(), "inadmissible");
+    assert_eq!(e.as_str(), "inadmissible");
     let e = pipe
         .verify("12D3KooWother", 0, group(3, 7, 4, 8))
         .unwrap_err();
-    assert_eq!(e.reason(), "forged_producer");
+    assert_eq!(e.as_str(), "forged_producer");
     assert_eq!(calls.load(Ordering::Relaxed), 1);
     let e = pipe.verify(W, 0, group(3, 2, 4, 8)).unwrap_err();
-    assert_eq!(e.reason(), "probe");
+    assert_eq!(e.as_str(), "mask_mismatch");
     assert_eq!(calls.load(Ordering::Relaxed), 2);
     // Accepted and refused groups (the wrong size, the probe's) are the worker's history; an
     // aged-out one is not.

@@ -91,7 +91,7 @@ fn groups_the_model_cannot_take_never_reach_the_trainer() {
     ] {
         let g = poisoned(&t, kind, 9);
         let e = strict.verify("worker-9", 0, g).unwrap_err();
-        assert_eq!(e.reason(), reason, "{kind}");
+        assert_eq!(e.as_str(), reason, "{kind}");
     }
 }
 

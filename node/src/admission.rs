@@ -212,14 +212,17 @@ pub fn now_unix_s() -> u64 {
     storage::unix_ms() / 1000
 }
 
-/// Hands the bans of a previous run back to the network service.
-pub async fn restore_bans(client: &p2p::Client, file: &BanFile) -> usize {
+/// Hands the bans of a previous run back to the network service, each under the label `known`
+/// gives its reason's name (the caller's list of every offence, `crate::offences`); a ban
+/// whose peer id or reason is unknown is skipped.
+pub async fn restore_bans(
+    client: &p2p::Client,
+    file: &BanFile,
+    known: impl Fn(&str) -> Option<p2p::ReportLabel>,
+) -> usize {
     let mut n = 0;
     for e in file.entries() {
-        let (Ok(peer), Some(reason)) = (
-            e.peer_id.parse::<p2p::PeerId>(),
-            p2p::StrikeReason::from_name(&e.reason),
-        ) else {
+        let (Ok(peer), Some(reason)) = (e.peer_id.parse::<p2p::PeerId>(), known(&e.reason)) else {
             tracing::warn!(peer = %e.peer_id, reason = %e.reason, "unreadable persisted ban skipped");
             continue;
         };

@@ -4,6 +4,8 @@
 //!
 //! Layout (dependencies point down; nothing below imports from above):
 //! - [`commands`]: one module per subcommand (`run`, `status`, `demo`, …);
+//! - [`offences`]: every offence the node reports to its network service, by name (the
+//!   roles' and the crates' own; read back from the ban list at start);
 //! - [`roles`]: what a running node does — the learner (training thread, publisher, puller)
 //!   and the rollout worker;
 //! - [`admin`]: the loopback admin endpoint (`/`, `/status`, `/metrics`);
@@ -21,6 +23,7 @@ pub mod config;
 pub mod fleet;
 pub mod logging;
 pub mod misbehave;
+pub mod offences;
 pub mod roles;
 pub mod state;
 pub mod telemetry;

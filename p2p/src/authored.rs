@@ -1,14 +1,14 @@
 //! What the learner itself authored on the topics only it may publish (snapshot manifests,
 //! plans, activation orders), remembered so that a copy published by another peer can be
-//! told apart from a forgery: the same bytes are a *replay* ([`StrikeReason::Replay`]), any
-//! other bytes are a *forged message* ([`StrikeReason::ForgedMessage`]). Both ban at once;
+//! told apart from a forgery: the same bytes are a *replay* ([`NetOffence::Replay`]), any
+//! other bytes are a *forged message* ([`NetOffence::ForgedMessage`]). Both ban at once;
 //! the reason says which happened.
 //!
 //! Owns the bounded set of message digests. Must not touch: the ban itself (the service
 //! strikes), message formats (it hashes bytes as they arrived).
 //!
-//! [`StrikeReason::Replay`]: crate::StrikeReason::Replay
-//! [`StrikeReason::ForgedMessage`]: crate::StrikeReason::ForgedMessage
+//! [`NetOffence::Replay`]: crate::NetOffence::Replay
+//! [`NetOffence::ForgedMessage`]: crate::NetOffence::ForgedMessage
 
 use std::collections::{HashSet, VecDeque};
 use std::hash::{BuildHasher, RandomState};

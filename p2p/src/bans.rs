@@ -2,7 +2,9 @@
 //!
 //! A *strike* is evidence, checked by this node, that a peer sent bad data (a group that
 //! failed validation, a corrupt chunk, a gossip message rejected by validation, a heartbeat
-//! flood, …; see [`StrikeReason`]). Each strike also counts as one failed transfer in the
+//! flood, …), reported as a [`crate::PeerReport`]: a severity and an opaque label the
+//! reporter chose (the reasons are the roles'; the service's own are
+//! [`crate::NetOffence`]). Each strike also counts as one failed transfer in the
 //! peer's ECHO score. Once a peer's strikes reach `network.ban_after_strikes` it is *banned
 //! for the run*: disconnected, blacklisted in gossipsub, refused on every later connection in
 //! either direction, never listed in the learner's score table, and shown with its reason in
@@ -18,24 +20,24 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use libp2p::PeerId;
 
-use crate::client::StrikeReason;
+use crate::report::ReportLabel;
 
 /// At most this many peers are banned at once; the oldest ban is forgotten to admit a new one.
 /// 4096 identities × a few hundred bytes of state is well under a megabyte, while an attacker
 /// who wants to cycle a banned identity back in has to earn 4096 other bans first.
 pub const MAX_BANS: usize = 4096;
 
-/// One peer's strikes, counted per reason (at most one counter per [`StrikeReason`], so the
-/// tally is bounded whatever the peer does).
+/// One peer's strikes, counted per label (at most one counter per [`ReportLabel`] — labels
+/// are compile-time constants — so the tally is bounded whatever the peer does).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Strikes {
-    by_reason: BTreeMap<StrikeReason, u64>,
+    by_reason: BTreeMap<ReportLabel, u64>,
     total: u64,
 }
 
 impl Strikes {
     /// Counts one strike and returns the peer's new total.
-    pub(crate) fn add(&mut self, reason: StrikeReason) -> u64 {
+    pub(crate) fn add(&mut self, reason: ReportLabel) -> u64 {
         let n = self.by_reason.entry(reason).or_default();
         *n = n.saturating_add(1);
         self.total = self.total.saturating_add(1);
@@ -67,7 +69,7 @@ pub(crate) fn reaches_ban(total: u64, ban_after_strikes: u32) -> bool {
 pub(crate) struct BanList {
     cap: usize,
     order: VecDeque<PeerId>,
-    reasons: HashMap<PeerId, StrikeReason>,
+    reasons: HashMap<PeerId, ReportLabel>,
 }
 
 impl BanList {
@@ -89,7 +91,7 @@ impl BanList {
 
     /// Bans `peer` for `reason` (a peer already banned keeps its first reason). Returns the
     /// oldest ban forgotten to stay within the cap, if any: the caller lifts that one.
-    pub(crate) fn ban(&mut self, peer: PeerId, reason: StrikeReason) -> Option<PeerId> {
+    pub(crate) fn ban(&mut self, peer: PeerId, reason: ReportLabel) -> Option<PeerId> {
         if self.contains(&peer) {
             return None;
         }
@@ -112,37 +114,17 @@ impl BanList {
 mod tests {
     use super::*;
 
-    /// The names are a contract (ban files, status JSON, metrics labels): derived, they must
-    /// still read exactly as written here, in this order, and serde must agree.
+    const INVALID_GROUP: ReportLabel = ReportLabel::new("invalid_group");
+    const BAD_MESSAGE: ReportLabel = ReportLabel::new("bad_message");
+    const CORRUPT_CHUNK: ReportLabel = ReportLabel::new("corrupt_chunk");
+
+    /// The names of the small enums are a contract (status JSON, metrics labels): derived,
+    /// they must still read exactly as written here, in this order, and serde must agree.
+    /// (The strike labels are pinned where their offences are defined: `report`, and the
+    /// node's list of every offence.)
     #[test]
     fn the_wire_names_of_the_small_enums_are_pinned() {
         use crate::{Reachability, Role, TopicKind};
-        let names: Vec<&str> = StrikeReason::ALL.iter().map(|r| r.as_str()).collect();
-        assert_eq!(
-            names,
-            [
-                "invalid_group",
-                "reward_mismatch",
-                "logprob_mismatch",
-                "bad_signature",
-                "wrong_prompt",
-                "oversized_answer",
-                "corrupt_chunk",
-                "stream_violation",
-                "untrainable",
-                "heartbeat_flood",
-                "replay",
-                "forged_message",
-                "bad_message",
-                "silent_forwarding",
-                "mask_mismatch",
-                "token_not_drawn",
-                "withheld",
-            ]
-        );
-        for &r in StrikeReason::ALL {
-            assert_eq!(serde_json::to_string(&r).unwrap(), format!("\"{r}\""));
-        }
         let names: Vec<String> = Role::ALL.iter().map(|r| r.to_string()).collect();
         assert_eq!(names, ["learner", "rollout", "relay"]);
         let names: Vec<&str> = Reachability::ALL.iter().map(|r| r.as_str()).collect();
@@ -157,37 +139,12 @@ mod tests {
         }
     }
 
-    /// Exactly the evidence no honest node can produce bans at the first strike.
-    #[test]
-    fn only_proof_of_misbehaviour_bans_at_once() {
-        use StrikeReason::*;
-        let at_once: Vec<_> = StrikeReason::ALL
-            .iter()
-            .copied()
-            .filter(|r| r.bans_at_once())
-            .collect();
-        assert_eq!(
-            at_once,
-            [
-                OversizedAnswer,
-                CorruptChunk,
-                Replay,
-                ForgedMessage,
-                TokenNotDrawn
-            ]
-        );
-        for &r in StrikeReason::ALL {
-            assert_eq!(StrikeReason::from_name(r.as_str()), Some(r));
-        }
-        assert_eq!(StrikeReason::from_name("nonsense"), None);
-    }
-
     #[test]
     fn strikes_are_counted_per_reason() {
         let mut s = Strikes::default();
-        assert_eq!(s.add(StrikeReason::InvalidGroup), 1);
-        assert_eq!(s.add(StrikeReason::BadMessage), 2);
-        assert_eq!(s.add(StrikeReason::InvalidGroup), 3);
+        assert_eq!(s.add(INVALID_GROUP), 1);
+        assert_eq!(s.add(BAD_MESSAGE), 2);
+        assert_eq!(s.add(INVALID_GROUP), 3);
         assert_eq!(s.total(), 3);
         let by = s.by_reason();
         assert_eq!(by["invalid_group"], 2);
@@ -211,31 +168,28 @@ mod tests {
     fn bans_are_kept_in_order_and_the_oldest_is_forgotten_past_the_cap() {
         let mut b = BanList::new(2);
         let (p1, p2, p3) = (PeerId::random(), PeerId::random(), PeerId::random());
-        assert_eq!(b.ban(p1, StrikeReason::CorruptChunk), None);
-        assert_eq!(b.ban(p2, StrikeReason::BadMessage), None);
+        assert_eq!(b.ban(p1, CORRUPT_CHUNK), None);
+        assert_eq!(b.ban(p2, BAD_MESSAGE), None);
         // Banning again changes nothing (the first reason stays, no eviction).
-        assert_eq!(b.ban(p1, StrikeReason::HeartbeatFlood), None);
+        assert_eq!(b.ban(p1, ReportLabel::new("heartbeat_flood")), None);
         assert_eq!(b.len(), 2);
-        assert_eq!(b.ban(p3, StrikeReason::BadSignature), Some(p1));
+        assert_eq!(b.ban(p3, ReportLabel::new("bad_signature")), Some(p1));
         assert!(!b.contains(&p1) && b.contains(&p2) && b.contains(&p3));
         assert_eq!(b.len(), 2);
         // p2 is now the oldest.
-        assert_eq!(b.ban(p1, StrikeReason::BadMessage), Some(p2));
+        assert_eq!(b.ban(p1, BAD_MESSAGE), Some(p2));
     }
 
     #[test]
     fn the_default_cap_holds() {
         let mut b = BanList::new(MAX_BANS);
         let first = PeerId::random();
-        b.ban(first, StrikeReason::BadMessage);
+        b.ban(first, BAD_MESSAGE);
         for _ in 1..MAX_BANS {
-            assert_eq!(b.ban(PeerId::random(), StrikeReason::BadMessage), None);
+            assert_eq!(b.ban(PeerId::random(), BAD_MESSAGE), None);
         }
         assert_eq!(b.len(), MAX_BANS);
-        assert_eq!(
-            b.ban(PeerId::random(), StrikeReason::BadMessage),
-            Some(first)
-        );
+        assert_eq!(b.ban(PeerId::random(), BAD_MESSAGE), Some(first));
         assert_eq!(b.len(), MAX_BANS);
     }
 }

@@ -17,6 +17,7 @@ use crate::config::NetworkConfig;
 use crate::congestion::SocketRegistry;
 use crate::error::{MessageError, P2pError};
 use crate::messages::{Heartbeat, LocalStatus, ScoreTable};
+use crate::report::{PeerReport, ReportLabel};
 use crate::role::Role;
 use crate::score::{ScoreComponents, TransferEvent};
 use crate::topics::TopicKind;
@@ -103,10 +104,11 @@ pub enum Event {
         error: MessageError,
     },
     /// `peer` reached `network.ban_after_strikes` and is banned for the run (disconnected and
-    /// refused from now on); `reason` is the strike that reached the threshold.
+    /// refused from now on); `reason` is the label of the strike that reached the threshold
+    /// (or of the report that banned at once).
     PeerBanned {
         peer: PeerId,
-        reason: StrikeReason,
+        reason: ReportLabel,
     },
 }
 
@@ -152,13 +154,14 @@ pub struct PeerStatus {
     /// every connection). See `docs/security.md`, "Strikes and bans".
     #[serde(default)]
     pub banned: bool,
-    /// The strike that reached the threshold ([`StrikeReason::as_str`]), when banned.
+    /// The label of the strike that reached the threshold ([`ReportLabel::as_str`]), when
+    /// banned.
     #[serde(default)]
     pub ban_reason: Option<String>,
     /// Strikes against the peer so far (each also a failed event in its ECHO score).
     #[serde(default)]
     pub strikes: u64,
-    /// Those strikes per reason ([`StrikeReason::as_str`] → count).
+    /// Those strikes per label ([`ReportLabel::as_str`] → count).
     #[serde(default)]
     pub strikes_by_reason: BTreeMap<String, u64>,
     /// How peers can reach it, as its heartbeats report (None before the first, or from an
@@ -222,110 +225,6 @@ pub struct NetworkStatus {
     pub nat: crate::reachability::NatStatus,
 }
 
-/// Why a peer earned a strike: evidence, checked by this node, that the peer sent bad data.
-/// Each strike counts as one failed transfer in the peer's ECHO score; past the configured
-/// threshold the peer is banned for the run (see `docs/security.md`).
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    Serialize,
-    Deserialize,
-    strum::Display,
-    strum::IntoStaticStr,
-    strum::EnumString,
-    strum::VariantArray,
-)]
-#[serde(rename_all = "snake_case")]
-#[strum(serialize_all = "snake_case")]
-pub enum StrikeReason {
-    /// A pulled trajectory group failed validation (vocab, context, log-prob floor, size).
-    InvalidGroup,
-    /// The learner's recomputed reward differs from the reported one.
-    RewardMismatch,
-    /// A spot-checked log-prob differs from the recomputed one beyond tolerance.
-    LogprobMismatch,
-    /// A group's producer signature is missing, wrong, or from another peer.
-    BadSignature,
-    /// A group answers a prompt the learner did not assign to this peer.
-    WrongPrompt,
-    /// A pull answer larger than requested, or a frame over its bound.
-    OversizedAnswer,
-    /// A chunk whose BLAKE3 hash does not match the signed manifest.
-    CorruptChunk,
-    /// A stream that missed its read deadline or broke protocol.
-    StreamViolation,
-    /// A group the trainer could not use (quarantined).
-    Untrainable,
-    /// Heartbeats faster than the rate limit allows.
-    HeartbeatFlood,
-    /// A manifest, plan or order (messages only the learner authors) published by another
-    /// peer, byte for byte one the learner published: a replay. No honest node does this,
-    /// so it bans at once.
-    Replay,
-    /// A message only the learner may author, published by another peer, that is not one the
-    /// learner published (a forgery, or garbage on the learner's topics). Bans at once.
-    ForgedMessage,
-    /// A gossip message that failed validation (by the service or by the role's `Reject`).
-    BadMessage,
-    /// A chain parent that held a snapshot version and sent its child nothing — not even a
-    /// hello — as the signed receipts of two different children showed (the learner's
-    /// attribution, `control::forwarding`): one strike per silent version in the evidence.
-    SilentForwarding,
-    /// A group whose loss mask is not the one the learner derives from its tokens.
-    MaskMismatch,
-    /// A spot-checked token that the canonical sampling rule does not draw from the uniform
-    /// the learner prescribed, beyond the numeric margin: a written response, or samples of
-    /// another version than claimed. No honest sampler produces one, so it bans at once.
-    TokenNotDrawn,
-    /// A worker kept back a group it had committed (`control::commits`): a committed,
-    /// admissible group not delivered when asked, a number its commit log skipped, or a
-    /// delivered group it never committed (or committed with other content).
-    Withheld,
-}
-
-impl StrikeReason {
-    /// Evidence no honest node can produce, whatever the network did: a learner-only message
-    /// authored by someone else ([`StrikeReason::Replay`]), a pull answer longer than the
-    /// lease its sender announced on the same stream ([`StrikeReason::OversizedAnswer`]), or a
-    /// pushed or served chunk that does not hash to the learner-signed manifest
-    /// ([`StrikeReason::CorruptChunk`]: a node sends only chunks it verified on arrival and
-    /// verifies again on every disk read, and the transport authenticates every byte in
-    /// flight, so only a node that alters chunks — or whose memory is failing, which makes
-    /// it as harmful — sends one), or a sampled token the sampling rule did not draw
-    /// ([`StrikeReason::TokenNotDrawn`]: the margin covers every honest numeric spread). These
-    /// ban at the first strike; the other reasons may come from a slow link, a numeric spread
-    /// or a version skew and wait for the threshold.
-    pub fn bans_at_once(self) -> bool {
-        matches!(
-            self,
-            StrikeReason::Replay
-                | StrikeReason::ForgedMessage
-                | StrikeReason::OversizedAnswer
-                | StrikeReason::CorruptChunk
-                | StrikeReason::TokenNotDrawn
-        )
-    }
-
-    /// Every reason, in declaration order.
-    pub const ALL: &[StrikeReason] = <StrikeReason as strum::VariantArray>::VARIANTS;
-
-    /// The reason named `name` ([`StrikeReason::as_str`]), e.g. from a persisted ban list.
-    pub fn from_name(name: &str) -> Option<Self> {
-        name.parse().ok()
-    }
-
-    /// The reason's name (snake_case; the same as its serde name and `Display`).
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-}
-
 /// What a [`Client`] asks of the service task.
 pub(crate) enum Command {
     Status(oneshot::Sender<NetworkStatus>),
@@ -354,15 +253,15 @@ pub(crate) enum Command {
         peer: PeerId,
         event: TransferEvent,
     },
-    /// Evidence of misbehaviour by `peer` (see [`StrikeReason`]).
+    /// Evidence of misbehaviour by `peer` (see [`PeerReport`]).
     Strike {
         peer: PeerId,
-        reason: StrikeReason,
+        report: PeerReport,
     },
     /// A strike that bans at once ([`Client::ban`]).
     Ban {
         peer: PeerId,
-        reason: StrikeReason,
+        label: ReportLabel,
     },
     Shutdown,
 }
@@ -577,18 +476,21 @@ impl Client {
         self.send(Command::Transfer { peer, event }).await
     }
 
-    /// Count a strike against `peer` (a failed transfer in its ECHO score; past the ban
-    /// threshold the peer is banned for the run). Never blocks on a full channel for long:
-    /// the command channel is bounded like every other command.
-    pub async fn strike(&self, peer: PeerId, reason: StrikeReason) -> Result<(), P2pError> {
-        self.send(Command::Strike { peer, reason }).await
+    /// Count a strike against `peer` under `report.label` (a failed transfer in its ECHO
+    /// score; past the ban threshold, or at once for [`Severity::Fatal`], the peer is banned
+    /// for the run). Never blocks on a full channel for long: the command channel is bounded
+    /// like every other command.
+    ///
+    /// [`Severity::Fatal`]: crate::report::Severity::Fatal
+    pub async fn strike(&self, peer: PeerId, report: PeerReport) -> Result<(), P2pError> {
+        self.send(Command::Strike { peer, report }).await
     }
 
-    /// Counts one strike for `reason` and bans `peer` at once, whatever its count: for
+    /// Counts one strike under `label` and bans `peer` at once, whatever its count: for
     /// evidence the caller knows no honest node produces (a proof-level verification
     /// failure), and to restore the bans of a previous run. Never this node or the learner.
-    pub async fn ban(&self, peer: PeerId, reason: StrikeReason) -> Result<(), P2pError> {
-        self.send(Command::Ban { peer, reason }).await
+    pub async fn ban(&self, peer: PeerId, label: ReportLabel) -> Result<(), P2pError> {
+        self.send(Command::Ban { peer, label }).await
     }
 
     /// Whether `peer` is banned for the run. Cheap (a shared set behind a read lock, no

@@ -12,7 +12,7 @@
 //! - **Flood.** Every heartbeat that arrives (accepted or not) counts in a window of
 //!   [`FLOOD_WINDOW_INTERVALS`] intervals; more than [`FLOOD_FACTOR`] × the expected count
 //!   (one per interval) in one window is a flood and earns the author one
-//!   `StrikeReason::HeartbeatFlood` strike — at most one per window, so a flood costs the
+//!   `NetOffence::HeartbeatFlood` strike — at most one per window, so a flood costs the
 //!   spammer a ban after `ban_after_strikes` windows while an honest node that merely
 //!   restarted or jittered never gets near the bound.
 //!

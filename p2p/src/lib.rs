@@ -6,7 +6,8 @@
 //! view roles decide on and the one rule for who is a worker ([`view`]); the gossip
 //! topics ([`topics`]) and message formats ([`messages`]); the peer table (`peers`); the
 //! ECHO-2 peer score ([`score`]); strikes and bans (`bans`, [`Client::strike`],
-//! [`Client::is_banned`]); the per-source heartbeat rate limit (`hbgate`); inbound connection
+//! [`Client::is_banned`]) on generic peer reports ([`report`]: a severity and an opaque
+//! label; the reasons are the roles'); the per-source heartbeat rate limit (`hbgate`); inbound connection
 //! limits; stream rate limits ([`ratelimit`]); reachability and NAT traversal bookkeeping
 //! ([`reachability`]); delivery receipts carried in heartbeats ([`receipt`]); listening through relays ([`circuit`]); the heartbeat interval scaled
 //! to the swarm size, forgetting and the peer-table cap ([`membership`]); the `[network]`
@@ -40,6 +41,7 @@ mod peers;
 pub mod ratelimit;
 pub mod reachability;
 pub mod receipt;
+pub mod report;
 pub mod role;
 pub mod score;
 pub mod service;
@@ -51,8 +53,7 @@ pub mod view;
 pub use bans::MAX_BANS;
 pub use behaviour::{IDENTIFY_PROTOCOL, MAX_GOSSIP_BYTES};
 pub use client::{
-    Client, Event, NetworkCounters, NetworkStatus, PeerStatus, ServiceConfig, StrikeReason,
-    Validation,
+    Client, Event, NetworkCounters, NetworkStatus, PeerStatus, ServiceConfig, Validation,
 };
 pub use config::NetworkConfig;
 pub use error::{MessageError, P2pError, RoleError, TopicError};
@@ -66,6 +67,7 @@ pub use messages::{
 pub use ratelimit::TokenBucket;
 pub use reachability::{ConnectionKind, NatStatus, Reachability, RelayServerStatus};
 pub use receipt::{DeliveryReceipt, MAX_HEARTBEAT_RECEIPTS, RECEIPT_VERSION};
+pub use report::{NetOffence, PeerReport, ReportLabel, Severity};
 pub use role::Role;
 pub use score::{PeerStats, ScoreComponents, TransferEvent};
 pub use service::{start, Started};

@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 use libp2p::{Multiaddr, PeerId};
 
 use crate::bans::Strikes;
-use crate::client::{PeerStatus, StrikeReason};
+use crate::client::PeerStatus;
 use crate::hbgate::HeartbeatGate;
 use crate::messages::{Heartbeat, ScoreEntry};
+use crate::report::{NetOffence, ReportLabel};
 use crate::role::Role;
 use crate::score::PeerStats;
 use crate::view::PeerView;
@@ -59,7 +60,7 @@ pub(crate) struct PeerEntry {
     pub(crate) strikes: Strikes,
     /// Banned for the run, with the strike that reached the threshold (set and lifted only
     /// by the service, together with its ban list).
-    pub(crate) ban: Option<StrikeReason>,
+    pub(crate) ban: Option<ReportLabel>,
     /// The per-source heartbeat rate limit.
     pub(crate) heartbeat_gate: HeartbeatGate,
 }
@@ -89,16 +90,16 @@ impl PeerEntry {
     }
 
     /// Records a strike (one failed score event) and returns the peer's strike total.
-    pub(crate) fn record_strike(&mut self, reason: StrikeReason, now: Instant) -> u64 {
+    pub(crate) fn record_strike(&mut self, reason: ReportLabel, now: Instant) -> u64 {
         self.stats.record_failure(now);
         self.strikes.add(reason)
     }
 
     /// Records a message from this peer that failed validation: a
-    /// [`StrikeReason::BadMessage`] strike. Returns the peer's strike total.
+    /// [`NetOffence::BadMessage`] strike. Returns the peer's strike total.
     pub(crate) fn record_rejection(&mut self, now: Instant) -> u64 {
         self.rejected += 1;
-        self.record_strike(StrikeReason::BadMessage, now)
+        self.record_strike(NetOffence::BadMessage.label(), now)
     }
 
     /// Keep the entry while banned, connected, or heard from within `forget_after`.
@@ -309,7 +310,7 @@ mod tests {
         let iv = Duration::from_secs(1);
         let mut e = PeerEntry::default();
         e.record_heartbeat(hb(Role::Rollout, 1), t0);
-        assert_eq!(e.record_strike(StrikeReason::CorruptChunk, t0), 1);
+        assert_eq!(e.record_strike(ReportLabel::new("corrupt_chunk"), t0), 1);
         assert_eq!(e.record_rejection(t0), 2);
         let s = e.status(&p, t0, iv, None);
         assert!(s.active && !s.banned && s.ban_reason.is_none());
@@ -319,7 +320,7 @@ mod tests {
         );
         assert_eq!(s.strikes_by_reason["corrupt_chunk"], 1);
         assert_eq!(s.strikes_by_reason["bad_message"], 1);
-        e.ban = Some(StrikeReason::BadMessage);
+        e.ban = Some(NetOffence::BadMessage.label());
         let s = e.status(&p, t0, iv, None);
         assert!(s.banned && !s.active);
         assert_eq!(s.ban_reason.as_deref(), Some("bad_message"));

@@ -517,8 +517,8 @@ impl Service {
                     .stats
                     .record_transfer(&event, Instant::now());
             }
-            Command::Strike { peer, reason } => self.strike(peer, reason),
-            Command::Ban { peer, reason } => self.strike_and_ban(peer, reason),
+            Command::Strike { peer, report } => self.strike(peer, report),
+            Command::Ban { peer, label } => self.strike_and_ban(peer, label),
             Command::Peers(reply) => {
                 let now = Instant::now();
                 let iv = self.intervals.alive;

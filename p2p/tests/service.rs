@@ -8,10 +8,12 @@ use testkit::wait_for_async;
 
 use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
 use p2p::{
-    Client, Event, Heartbeat, PeerId, Role, ServiceConfig, StreamProtocol, StrikeReason, TopicKind,
-    TransferEvent,
+    Client, Event, Heartbeat, PeerId, PeerReport, ReportLabel, Role, ServiceConfig, StreamProtocol,
+    TopicKind, TransferEvent,
 };
 
+/// A strike label as a role would name its own offence (the network crate reads none).
+const INVALID_GROUP: ReportLabel = ReportLabel::new("invalid_group");
 /// How long a test waits for a condition before it fails.
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -162,11 +164,11 @@ async fn strikes_ban_a_peer_for_the_run_in_both_directions() {
 
         // Two strikes: counted, not yet banned (default threshold 3).
         a.client
-            .strike(pb, StrikeReason::InvalidGroup)
+            .strike(pb, PeerReport::strike(INVALID_GROUP))
             .await
             .unwrap();
         a.client
-            .strike(pb, StrikeReason::StreamViolation)
+            .strike(pb, PeerReport::strike(ReportLabel::new("stream_violation")))
             .await
             .unwrap();
         let r = wait_for_async("two strikes", WAIT, || async {
@@ -179,7 +181,7 @@ async fn strikes_ban_a_peer_for_the_run_in_both_directions() {
 
         // The third bans.
         a.client
-            .strike(pb, StrikeReason::InvalidGroup)
+            .strike(pb, PeerReport::strike(INVALID_GROUP))
             .await
             .unwrap();
         let r = wait_for_async("b to be banned and disconnected", WAIT, || async {
@@ -201,7 +203,7 @@ async fn strikes_ban_a_peer_for_the_run_in_both_directions() {
                 _ => continue,
             }
         };
-        assert_eq!(banned, (pb, StrikeReason::InvalidGroup));
+        assert_eq!(banned, (pb, INVALID_GROUP));
         let st = a.client.status().await.unwrap();
         assert_eq!((st.counters.strikes, st.counters.bans), (3, 1));
 

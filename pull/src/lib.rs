@@ -21,8 +21,8 @@
 //! ([`byte_budget`]: the groups asked × the largest group the request's limits allow, each
 //! within the frame maximum), a group beyond the lease is refused ([`PullError::OversizedAnswer`]),
 //! and every read and write on either side has a deadline ([`READ_TIMEOUT`] by default;
-//! [`PullError::Timeout`]). [`PullError::strike_reason`] tells the caller which failures are
-//! the worker's fault.
+//! [`PullError::Timeout`]). [`PullError::offence`] tells the caller which failures are the
+//! worker's fault ([`Offence`]: this protocol's own reasons for a strike).
 //!
 //! Owns: the protocol's name ([`TRAJECTORY_PULL`]), its messages ([`wire`]), the worker side
 //! ([`serve`], module `serve`) and the learner side ([`pull`]). Must not touch: the swarm
@@ -34,15 +34,15 @@ mod budget;
 mod serve;
 pub mod wire;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use libp2p::StreamProtocol;
 use p2p::framing::frame_deadline;
-use p2p::{PeerId, StrikeReason};
-use storage::record::{check_group, GroupLimits, GroupRejection};
+use p2p::{PeerId, PeerReport, ReportLabel};
+use storage::record::{check_group, GroupLimits};
+use storage::{Rejection, StructureFault};
 use storage::{TrajectoryGroup, TrajectoryStore};
 
 pub use budget::{byte_budget, max_group_bytes};
@@ -93,18 +93,16 @@ pub enum PullError {
 }
 
 impl PullError {
-    /// The strike this failure earns the peer on the other end, or `None` when it is not
+    /// The offence this failure is of the peer on the other end, or `None` when it is not
     /// evidence against the peer (a local store error, a connection that could not open or
-    /// dropped, a refusal). Oversized leases and answers → [`StrikeReason::OversizedAnswer`];
-    /// broken protocol and missed deadlines → [`StrikeReason::StreamViolation`].
-    pub fn strike_reason(&self) -> Option<StrikeReason> {
+    /// dropped, a refusal). Oversized leases and answers → [`Offence::OversizedAnswer`];
+    /// broken protocol and missed deadlines → [`Offence::StreamViolation`].
+    pub fn offence(&self) -> Option<Offence> {
         match self {
             PullError::OversizedLease { .. } | PullError::OversizedAnswer(_) => {
-                Some(StrikeReason::OversizedAnswer)
+                Some(Offence::OversizedAnswer)
             }
-            PullError::Protocol(_) | PullError::Timeout { .. } => {
-                Some(StrikeReason::StreamViolation)
-            }
+            PullError::Protocol(_) | PullError::Timeout { .. } => Some(Offence::StreamViolation),
             PullError::Io(_)
             | PullError::Storage(_)
             | PullError::Open { .. }
@@ -120,9 +118,42 @@ impl PullError {
         PullError::Io(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, what))
     }
 
-    /// Whether the peer is to blame (see [`PullError::strike_reason`]).
+    /// Whether the peer is to blame (see [`PullError::offence`]).
     pub fn is_peer_fault(&self) -> bool {
-        self.strike_reason().is_some()
+        self.offence().is_some()
+    }
+}
+
+/// What a pull can show against the worker, for a strike ([`PullError::offence`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Offence {
+    /// A lease larger than requested, a group beyond the lease it announced, or a frame over
+    /// its bound. No honest worker sends one (the learner's request bounds what it may
+    /// announce, and its own lease bounds what it sends): a ban at once.
+    OversizedAnswer,
+    /// A stream that missed its read deadline or broke protocol: a slow link can do it too.
+    StreamViolation,
+}
+
+impl Offence {
+    /// Every offence, in declaration order.
+    pub const ALL: [Offence; 2] = [Offence::OversizedAnswer, Offence::StreamViolation];
+
+    /// Its stable name (status, metrics, logs, the ban list).
+    pub fn label(self) -> ReportLabel {
+        match self {
+            Offence::OversizedAnswer => ReportLabel::new("oversized_answer"),
+            Offence::StreamViolation => ReportLabel::new("stream_violation"),
+        }
+    }
+
+    /// The report for the network service: an oversized answer is proof, a stream
+    /// violation a strike.
+    pub fn report(self) -> PeerReport {
+        match self {
+            Offence::OversizedAnswer => PeerReport::fatal(self.label()),
+            Offence::StreamViolation => PeerReport::strike(self.label()),
+        }
     }
 }
 
@@ -178,7 +209,7 @@ pub trait GroupVerifier: Send + Sync {
         worker: &PeerId,
         req: &PullRequest,
         group: &TrajectoryGroup,
-    ) -> Result<(), GroupRejection>;
+    ) -> Result<(), Rejection>;
 
     /// Sees every answer's commit log and the groups of its lease as decoded (before any is
     /// verified), once the whole lease is read (`control::commits` judges them). Default:
@@ -205,7 +236,7 @@ impl GroupVerifier for NoVerification {
         worker: &PeerId,
         req: &PullRequest,
         group: &TrajectoryGroup,
-    ) -> Result<(), GroupRejection> {
+    ) -> Result<(), Rejection> {
         admit(group, &worker.to_base58(), req)
     }
 }
@@ -226,7 +257,7 @@ pub struct PullRequest {
 }
 
 /// What one pull achieved.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct PullOutcome {
     pub lease_id: Option<u64>,
     /// Groups received.
@@ -237,8 +268,9 @@ pub struct PullOutcome {
     pub duplicates: usize,
     /// Groups refused: undecodable, invalid, or older than `v_min` (the sum of `rejected`).
     pub invalid: usize,
-    /// Refused groups by [`GroupRejection::reason`], so the caller can penalise the peer.
-    pub rejected: BTreeMap<&'static str, usize>,
+    /// Why each refused group was refused, in the order read, so the caller can penalise
+    /// the peer.
+    pub rejected: Vec<Rejection>,
     /// Groups the worker deleted on our ack.
     pub consumed_on_worker: u64,
     pub bytes: u64,
@@ -327,8 +359,9 @@ pub async fn pull_verified_with(
     })?;
     let result = pull_on(&mut stream, worker, buffer, req, verifier, opts).await;
     if let Err(e) = &result {
-        if let Some(reason) = e.strike_reason() {
-            metrics::counter!("pull_peer_faults_total", "reason" => reason.as_str()).increment(1);
+        if let Some(o) = e.offence() {
+            metrics::counter!("pull_peer_faults_total", "reason" => o.label().as_str())
+                .increment(1);
         }
     }
     // Bounded too: a peer that stops reading must not hold the learner here.
@@ -444,9 +477,9 @@ pub async fn pull_on<S: AsyncRead + AsyncWrite + Unpin>(
     })
     .await?;
     for why in unverified {
-        tracing::warn!(%worker, reason = why.reason(), detail = %why, "worker sent a group that fails verification");
-        metrics::counter!("pull_groups_rejected_total", "reason" => why.reason()).increment(1);
-        *out.rejected.entry(why.reason()).or_default() += 1;
+        tracing::warn!(%worker, reason = why.as_str(), detail = %why, "worker sent a group that fails verification");
+        metrics::counter!("pull_groups_rejected_total", "reason" => why.as_str()).increment(1);
+        out.rejected.push(why);
         out.invalid += 1;
     }
     out.stored = keys.iter().filter(|k| k.is_some()).count();
@@ -519,14 +552,15 @@ async fn read_groups<S: AsyncRead + AsyncWrite + Unpin>(
         budget = budget.saturating_sub(bytes.len() as u64);
         out.received += 1;
         out.bytes += bytes.len() as u64;
-        match TrajectoryGroup::decode(&bytes).map_err(|e| GroupRejection::Malformed(e.to_string()))
+        match TrajectoryGroup::decode(&bytes)
+            .map_err(|e| Rejection::from(StructureFault::Malformed(e.to_string())))
         {
             Ok(g) => valid.push(g),
             Err(why) => {
-                tracing::warn!(%worker, reason = why.reason(), detail = %why, "worker sent a group the learner refuses");
-                metrics::counter!("pull_groups_rejected_total", "reason" => why.reason())
+                tracing::warn!(%worker, reason = why.as_str(), detail = %why, "worker sent a group the learner refuses");
+                metrics::counter!("pull_groups_rejected_total", "reason" => why.as_str())
                     .increment(1);
-                *out.rejected.entry(why.reason()).or_default() += 1;
+                out.rejected.push(why);
                 out.invalid += 1;
             }
         }
@@ -537,12 +571,12 @@ async fn read_groups<S: AsyncRead + AsyncWrite + Unpin>(
 /// This crate's admission of one decoded group from `worker` (base58): admissible version,
 /// then [`check_group`] against the request's limits. A learner with a verification pipeline
 /// runs the same two checks as its pipeline's first stage instead.
-pub fn admit(g: &TrajectoryGroup, worker: &str, req: &PullRequest) -> Result<(), GroupRejection> {
+pub fn admit(g: &TrajectoryGroup, worker: &str, req: &PullRequest) -> Result<(), Rejection> {
     if g.version < req.v_min {
-        return Err(GroupRejection::Inadmissible {
+        return Err(Rejection::Inadmissible {
             version: g.version,
             v_min: req.v_min,
         });
     }
-    check_group(g, &req.limits, worker)
+    Ok(check_group(g, &req.limits, worker)?)
 }

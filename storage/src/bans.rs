@@ -36,7 +36,8 @@ const MAX_ID: usize = 128;
 pub struct BanEntry {
     /// Base58 peer id.
     pub peer_id: String,
-    /// The strike reason that banned it (`p2p::StrikeReason` name).
+    /// The label of the strike that banned it (`p2p::ReportLabel`, e.g. `invalid_group`:
+    /// the names of every offence a node reports are listed in `node/src/offences.rs`).
     pub reason: String,
     pub banned_unix_ms: u64,
 }

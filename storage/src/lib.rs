@@ -4,7 +4,9 @@
 //! rollouts with lease/ack pulls and staleness pruning), the content-addressed chunk store
 //! with snapshot manifests, the signed-manifest format, the node key file, admission tickets
 //! and credentials, and the persisted ban list. Formats are
-//! versioned and specified in `docs/storage.md`.
+//! versioned and specified in `docs/storage.md`. Also the closed enum of why a pulled group is
+//! refused ([`rejection`]: every verification stage's reasons, as `pull` and `learner` both
+//! answer with it).
 //!
 //! Must not touch: the network, the model, or policy decisions (which version is admissible,
 //! whom to pull from). Callers pass those in (`v_min`, `ttl`, `keep`).
@@ -22,6 +24,7 @@ mod hot;
 pub mod keys;
 pub mod manifest;
 pub mod record;
+pub mod rejection;
 pub mod replay;
 pub mod trajectory;
 pub mod watermark;
@@ -31,6 +34,7 @@ pub use error::{Result, StorageError};
 pub use keys::NodeKey;
 pub use manifest::{hash_bytes, Hash, PayloadKind, SignedManifest, SnapshotManifest};
 pub use record::{Sample, TrajectoryGroup};
+pub use rejection::{Rejection, StructureFault};
 pub use trajectory::{Counters, GroupKey, InvariantReport, Lease, TrajectoryStore};
 
 pub use fs::{unix_ms, write_atomic};

@@ -19,6 +19,7 @@ use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 
 use crate::codec::{Reader, Writer};
 use crate::error::{Result, StorageError};
+use crate::rejection::StructureFault;
 
 /// Magic prefix of an encoded [`TrajectoryGroup`].
 pub const GROUP_MAGIC: &[u8; 3] = b"ETG";
@@ -341,62 +342,6 @@ impl GroupLimits {
     };
 }
 
-/// Why a pulled group was refused. [`GroupRejection::reason`] names the kind (the key of the
-/// per-reason counts); the `Display` text carries the detail for the log.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum GroupRejection {
-    /// Not decodable, or fails [`TrajectoryGroup::validate`] (lengths, finiteness, bounds).
-    #[error("malformed: {0}")]
-    Malformed(String),
-    #[error("sample {sample}: token id {token} ≥ vocabulary size {vocab}")]
-    TokenOutOfVocab {
-        sample: usize,
-        token: u32,
-        vocab: usize,
-    },
-    #[error("sample {sample}: {len} prompt + response tokens > context {max}")]
-    TooLong {
-        sample: usize,
-        len: usize,
-        max: usize,
-    },
-    #[error("sample {sample}: sampler log-prob {logprob} outside [{floor}, 1e-4]")]
-    LogprobOutOfRange {
-        sample: usize,
-        logprob: f32,
-        floor: f32,
-    },
-    #[error("{got} samples, expected group size {expected}")]
-    GroupSize { got: usize, expected: usize },
-    #[error("producer {claimed:?} is not the peer it came from ({peer})")]
-    ForgedProducer { claimed: String, peer: String },
-    #[error("version {version} below the requested v_min {v_min}")]
-    Inadmissible { version: u64, v_min: u64 },
-    /// Failed one of the learner's verification layers (signature, assigned prompt, reward
-    /// recomputation, log-prob spot check); `reason` is the layer's stable name.
-    #[error("{reason}: {detail}")]
-    Unverified {
-        reason: &'static str,
-        detail: String,
-    },
-}
-
-impl GroupRejection {
-    /// Short stable name of the kind, for counters and metrics labels.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            GroupRejection::Malformed(_) => "malformed",
-            GroupRejection::TokenOutOfVocab { .. } => "token_out_of_vocab",
-            GroupRejection::TooLong { .. } => "too_long",
-            GroupRejection::LogprobOutOfRange { .. } => "logprob_out_of_range",
-            GroupRejection::GroupSize { .. } => "group_size",
-            GroupRejection::ForgedProducer { .. } => "forged_producer",
-            GroupRejection::Inadmissible { .. } => "inadmissible",
-            GroupRejection::Unverified { reason, .. } => reason,
-        }
-    }
-}
-
 /// The learner's full check of a group received from `peer` (its base58 id): the schema,
 /// non-empty prompt and responses (what the training forward needs), then every limit of
 /// `limits`, then that the group names `peer` as its producer (a worker
@@ -406,21 +351,21 @@ pub fn check_group(
     g: &TrajectoryGroup,
     limits: &GroupLimits,
     peer: &str,
-) -> std::result::Result<(), GroupRejection> {
+) -> std::result::Result<(), StructureFault> {
     g.validate()
-        .map_err(|e| GroupRejection::Malformed(e.to_string()))?;
+        .map_err(|e| StructureFault::Malformed(e.to_string()))?;
     // A model cannot take an empty sequence; an honest worker's response holds at least its
     // stop token.
     if g.prompt_tokens.is_empty() {
-        return Err(GroupRejection::Malformed("empty prompt".into()));
+        return Err(StructureFault::Malformed("empty prompt".into()));
     }
     if let Some(i) = g.samples.iter().position(|s| s.response_tokens.is_empty()) {
-        return Err(GroupRejection::Malformed(format!(
+        return Err(StructureFault::Malformed(format!(
             "sample {i}: empty response"
         )));
     }
     if limits.group_size != 0 && g.samples.len() != limits.group_size {
-        return Err(GroupRejection::GroupSize {
+        return Err(StructureFault::GroupSize {
             got: g.samples.len(),
             expected: limits.group_size,
         });
@@ -428,7 +373,7 @@ pub fn check_group(
     let vocab = limits.vocab_size;
     let out_of_vocab = |t: &&u32| **t as usize >= vocab;
     if let Some(&token) = g.prompt_tokens.iter().find(out_of_vocab) {
-        return Err(GroupRejection::TokenOutOfVocab {
+        return Err(StructureFault::TokenOutOfVocab {
             sample: 0,
             token,
             vocab,
@@ -436,7 +381,7 @@ pub fn check_group(
     }
     for (i, s) in g.samples.iter().enumerate() {
         if let Some(&token) = s.response_tokens.iter().find(out_of_vocab) {
-            return Err(GroupRejection::TokenOutOfVocab {
+            return Err(StructureFault::TokenOutOfVocab {
                 sample: i,
                 token,
                 vocab,
@@ -447,7 +392,7 @@ pub fn check_group(
             .len()
             .saturating_add(s.response_tokens.len());
         if len > limits.max_context {
-            return Err(GroupRejection::TooLong {
+            return Err(StructureFault::TooLong {
                 sample: i,
                 len,
                 max: limits.max_context,
@@ -459,7 +404,7 @@ pub fn check_group(
             .iter()
             .find(|lp| **lp < limits.logprob_floor)
         {
-            return Err(GroupRejection::LogprobOutOfRange {
+            return Err(StructureFault::LogprobOutOfRange {
                 sample: i,
                 logprob,
                 floor: limits.logprob_floor,
@@ -467,7 +412,7 @@ pub fn check_group(
         }
     }
     if g.producer != peer {
-        return Err(GroupRejection::ForgedProducer {
+        return Err(StructureFault::ForgedProducer {
             claimed: g.producer.clone(),
             peer: peer.to_string(),
         });

@@ -118,7 +118,7 @@ fn limits() -> GroupLimits {
 fn reason(g: &TrajectoryGroup) -> Option<&'static str> {
     check_group(g, &limits(), "12D3KooWtest")
         .err()
-        .map(|e| e.reason())
+        .map(|e| e.as_str())
 }
 
 #[test]
@@ -179,7 +179,7 @@ fn each_limit_has_its_own_rejection() {
     assert_eq!(reason(&g), Some("malformed"), "empty response");
     let g = base();
     let e = check_group(&g, &limits(), "12D3KooWother").unwrap_err();
-    assert_eq!(e.reason(), "forged_producer");
+    assert_eq!(e.as_str(), "forged_producer");
     assert!(e.to_string().contains("12D3KooWother"), "{e}");
 }
 

@@ -28,7 +28,7 @@ use control::forwarding::{
 use control::plan::ChainPlan;
 use control::seats::{epoch, redraws, Seating};
 use control::units::mbps_to_bytes_per_s;
-use p2p::{DeliveryReceipt, Heartbeat, PeerId, StrikeReason};
+use p2p::{DeliveryReceipt, Heartbeat, PeerId};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
@@ -316,7 +316,7 @@ impl Disseminator {
                 warn!(%peer, count, "forwarding: convicted of silence; struck and excluded");
                 *self.lock().accounts.silent_strikes.entry(peer).or_default() += u64::from(count);
                 for _ in 0..count {
-                    self.strike(peer, StrikeReason::SilentForwarding).await;
+                    self.strike(peer, crate::Offence::SilentForwarding).await;
                 }
             }
             Decision::Accuse {

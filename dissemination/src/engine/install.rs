@@ -74,7 +74,7 @@ impl Disseminator {
             self.apply(m.version, Input::Rejected { peer: from });
             // Evidence of bad data (not a network fault): a strike, which also counts as the
             // failed transfer in the sender's score.
-            self.strike(from, p2p::StrikeReason::CorruptChunk).await;
+            self.strike(from, crate::Offence::CorruptChunk).await;
             self.emit(DisseminationEvent::ChunkRejected {
                 peer: from,
                 version: m.version,

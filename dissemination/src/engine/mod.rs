@@ -22,7 +22,7 @@
 //! the manifest's hash for that index — only then is it stored, and only stored chunks are
 //! forwarded or served, so nothing unverified ever leaves a node or gets installed (the
 //! install re-checks the root hash on assembly). A mismatch is a strike against the sender
-//! (`StrikeReason::CorruptChunk`: a failed transfer in its score and a ban at once), drops the
+//! (`Offence::CorruptChunk`: a failed transfer in its score and a ban at once), drops the
 //! stream, and excludes the sender from repair for that version.
 //!
 //! Stream rules: every read and write has a deadline ([`DisseminationConfig::read_timeout`],
@@ -458,9 +458,10 @@ impl Disseminator {
         1
     }
 
-    /// Evidence against `peer` (a strike: a failed transfer in its score, towards a ban).
-    async fn strike(&self, peer: PeerId, reason: p2p::StrikeReason) {
-        let _ = self.inner.client.strike(peer, reason).await;
+    /// Evidence against `peer` (a strike: a failed transfer in its score, towards a ban, or
+    /// a ban at once for proof).
+    async fn strike(&self, peer: PeerId, offence: crate::Offence) {
+        let _ = self.inner.client.strike(peer, offence.report()).await;
     }
 
     /// One failed transfer against `peer`'s ECHO score.

@@ -143,7 +143,7 @@ async fn serve(state: Arc<NodeState>, bench: Bench) -> anyhow::Result<()> {
     // Bans survive a restart: those of the previous run go back to the service first, and
     // every new one is written down (`crate::admission`).
     let ban_file = crate::admission::open_ban_file(&config.data_dir)?;
-    crate::admission::restore_bans(&client, &ban_file).await;
+    crate::admission::restore_bans(&client, &ban_file, crate::offences::label_named).await;
     // A worker's admission credential (ticket, proof of work), gossiped in its heartbeats.
     let credential = admission_credential(&state).await?;
     // Test-only: a `replay_after_restart` node records the signed gossip it sees.

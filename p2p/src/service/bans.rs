@@ -4,8 +4,9 @@
 //!
 //! Owns: [`Service::strike`] and [`Service::ban`]. Must not touch: the rules themselves (the
 //! threshold and the bounded ban list are in `bans`, the per-peer tally in `peers`), or who
-//! decides that a peer earned a strike (roles, via `Client::strike`; the gossip validation in
-//! `service/gossip.rs`).
+//! decides that a peer earned a strike and what it is called (roles, via `Client::strike`
+//! with their own offence's [`crate::PeerReport`]; the gossip validation in
+//! `service/gossip.rs`, with a [`NetOffence`]).
 
 use std::time::Instant;
 
@@ -14,15 +15,18 @@ use tracing::warn;
 
 use super::Service;
 use crate::bans::reaches_ban;
-use crate::client::{Event, StrikeReason};
+use crate::client::Event;
+use crate::report::{NetOffence, PeerReport, ReportLabel, Severity};
 
 impl Service {
-    /// Counts one strike against `peer` (a failed event in its ECHO score) and bans it once
-    /// its strikes reach `network.ban_after_strikes`. Strikes against this node itself are
-    /// ignored; the swarm's configured learner is scored but never banned (it is the trust
-    /// root: a worker that banned it would leave the swarm).
-    pub(super) fn strike(&mut self, peer: PeerId, reason: StrikeReason) {
-        if reason.bans_at_once() {
+    /// Counts one strike against `peer` (a failed event in its ECHO score) under the report's
+    /// label and bans it once its strikes reach `network.ban_after_strikes`, or at once for a
+    /// [`Severity::Fatal`] report. Strikes against this node itself are ignored; the swarm's
+    /// configured learner is scored but never banned (it is the trust root: a worker that
+    /// banned it would leave the swarm).
+    pub(super) fn strike(&mut self, peer: PeerId, report: PeerReport) {
+        let reason = report.label;
+        if report.severity == Severity::Fatal {
             return self.strike_and_ban(peer, reason);
         }
         if peer == *self.swarm.local_peer_id() {
@@ -34,19 +38,20 @@ impl Service {
     }
 
     /// A gossip message from `peer` failed validation: counted as a rejected message and a
-    /// [`StrikeReason::BadMessage`] strike.
+    /// [`NetOffence::BadMessage`] strike.
     pub(super) fn strike_bad_message(&mut self, peer: PeerId) {
         if peer == *self.swarm.local_peer_id() {
             return;
         }
         let total = self.peer(peer).record_rejection(Instant::now());
-        self.count_strike(peer, StrikeReason::BadMessage, total);
-        self.ban_if_due(peer, StrikeReason::BadMessage, total);
+        let reason = NetOffence::BadMessage.label();
+        self.count_strike(peer, reason, total);
+        self.ban_if_due(peer, reason, total);
     }
 
-    /// Evidence no honest node can produce ([`StrikeReason::bans_at_once`]): one strike, and
-    /// the peer is banned at once whatever its count (never this node or the learner).
-    pub(super) fn strike_and_ban(&mut self, peer: PeerId, reason: StrikeReason) {
+    /// Evidence no honest node can produce ([`Severity::Fatal`]): one strike, and the peer is
+    /// banned at once whatever its count (never this node or the learner).
+    pub(super) fn strike_and_ban(&mut self, peer: PeerId, reason: ReportLabel) {
         if peer == *self.swarm.local_peer_id() {
             return;
         }
@@ -57,13 +62,13 @@ impl Service {
         }
     }
 
-    fn count_strike(&mut self, peer: PeerId, reason: StrikeReason, total: u64) {
+    fn count_strike(&mut self, peer: PeerId, reason: ReportLabel, total: u64) {
         warn!(%peer, %reason, total, "strike");
         self.counters.strikes += 1;
         metrics::counter!("p2p_strikes_total", "reason" => reason.as_str()).increment(1);
     }
 
-    fn ban_if_due(&mut self, peer: PeerId, reason: StrikeReason, total: u64) {
+    fn ban_if_due(&mut self, peer: PeerId, reason: ReportLabel, total: u64) {
         if self.bans.contains(&peer)
             || self.cfg.learner == Some(peer)
             || !reaches_ban(total, self.cfg.network.ban_after_strikes)
@@ -76,7 +81,7 @@ impl Service {
     /// Bans `peer` for the run: recorded (bounded list; the oldest ban forgotten past the cap
     /// is lifted), its connections closed and refused both ways, its gossip ignored, and
     /// removed from the DHT routing table.
-    fn ban(&mut self, peer: PeerId, reason: StrikeReason, strikes: u64) {
+    fn ban(&mut self, peer: PeerId, reason: ReportLabel, strikes: u64) {
         if let Some(old) = self.bans.ban(peer, reason) {
             self.lift(old);
         }

@@ -17,13 +17,14 @@ use tracing::{debug, info, warn};
 
 use super::{strip_p2p, Service};
 use crate::behaviour;
-use crate::client::{Event, StrikeReason, Validation};
+use crate::client::{Event, Validation};
 use crate::error::MessageError;
 use crate::hbgate::HeartbeatVerdict;
 use crate::messages::{
     Heartbeat, ScoreTable, HEARTBEAT_VERSION, MAX_HEARTBEAT_ADDRS, MAX_HEARTBEAT_ADDR_BYTES,
 };
 use crate::peers::Arrival;
+use crate::report::NetOffence;
 use crate::topics::{parse_topic, TopicKind};
 use storage::unix_ms;
 
@@ -175,7 +176,7 @@ impl Service {
                         self.counters.heartbeats_ignored += 1;
                         metrics::counter!("p2p_heartbeats_ignored_total").increment(1);
                         if verdict == HeartbeatVerdict::Flood {
-                            self.strike(source, StrikeReason::HeartbeatFlood);
+                            self.strike(source, NetOffence::HeartbeatFlood.report());
                         }
                     }
                 },
@@ -210,11 +211,11 @@ impl Service {
                     // The reason says what happened: the learner's own bytes again (a
                     // replay), or bytes it never published (a forgery, or garbage).
                     let reason = if self.authored.contains(&msg.data) {
-                        StrikeReason::Replay
+                        NetOffence::Replay
                     } else {
-                        StrikeReason::ForgedMessage
+                        NetOffence::ForgedMessage
                     };
-                    self.strike_and_ban(source, reason);
+                    self.strike(source, reason.report());
                     let error = MessageError::Unauthorised(source);
                     self.emit(Event::Rejected {
                         peer: source,

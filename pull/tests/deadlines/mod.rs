@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{AsyncWriteExt, StreamExt};
-use p2p::{Client, StrikeReason};
+use p2p::Client;
 use pull::wire::{read_message, Message};
 use pull::{
     pull_verified_with, serve_with, NoVerification, PullError, PullOptions, PullOutcome,
@@ -51,7 +51,7 @@ fn assert_lost_stream(r: &Result<PullOutcome, PullError>) {
         Err(e @ PullError::Io(io)) => {
             assert_eq!(io.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
             assert!(!e.is_peer_fault(), "{e}");
-            assert_eq!(e.strike_reason(), None, "{e}");
+            assert_eq!(e.offence(), None, "{e}");
         }
         other => panic!("expected a lost stream, got {other:?}"),
     }
@@ -82,7 +82,7 @@ async fn a_worker_that_never_answers_times_out() {
         Err(e @ PullError::Timeout { what, .. }) => {
             assert_eq!(*what, "the lease");
             assert!(e.is_peer_fault());
-            assert_eq!(e.strike_reason(), Some(StrikeReason::StreamViolation));
+            assert_eq!(e.offence(), Some(pull::Offence::StreamViolation));
         }
         other => panic!(
             "expected a timeout, got {other:?} after {:?}",
@@ -160,7 +160,7 @@ async fn more_groups_than_leased_is_an_oversized_answer() {
     match &r {
         Err(e @ PullError::OversizedAnswer(m)) => {
             assert!(m.contains("beyond the 2"), "{m}");
-            assert_eq!(e.strike_reason(), Some(StrikeReason::OversizedAnswer));
+            assert_eq!(e.offence(), Some(pull::Offence::OversizedAnswer));
         }
         other => panic!("expected an oversized answer, got {other:?}"),
     }
@@ -267,7 +267,7 @@ async fn a_pull_stream_dropped_by_a_busy_worker_is_not_struck() {
             // The drop races the learner's request: a failed write or the end of the stream
             // (`a_stream_closed_before_the_lease_is_not_struck`), a lost stream either way.
             Err(e @ PullError::Io(_)) => {
-                assert_eq!(e.strike_reason(), None, "{e}");
+                assert_eq!(e.offence(), None, "{e}");
                 lost += 1;
             }
             other => panic!("expected a timeout and a lost stream, got {other:?}"),

@@ -71,13 +71,14 @@ async fn invalid_and_forged_groups_are_counted_not_stored() {
         .expect("a pull with bad groups still succeeds");
     assert_eq!((out.received, out.stored, out.invalid), (4, 1, 3));
     assert_eq!(out.delivered(), 1, "refused groups are not delivered");
-    let reasons: Vec<(&str, usize)> = out.rejected.iter().map(|(k, v)| (*k, *v)).collect();
+    let mut reasons: Vec<&str> = out.rejected.iter().map(|r| r.as_str()).collect();
+    reasons.sort_unstable();
     assert_eq!(
         reasons,
-        vec![
-            ("forged_producer", 1),
-            ("logprob_out_of_range", 1),
-            ("token_out_of_vocab", 1)
+        [
+            "forged_producer",
+            "logprob_out_of_range",
+            "token_out_of_vocab"
         ]
     );
     let stored = buffer.scan(0, 10).unwrap();

@@ -1,7 +1,7 @@
 //! The learner's side of committed group numbers (`control::commits`, `docs/security.md`,
 //! "Withholding"): every pull answer's commit log and the groups of its lease go through the
 //! book, and what it finds is queued for the puller, which strikes the worker
-//! (`StrikeReason::Withheld`, one per withheld number, uncommitted or mismatched group).
+//! (`Strike::Withheld`, one per withheld number, uncommitted or mismatched group).
 //!
 //! Owns: the book, the queue of verdicts and the per-worker counts shown as evidence. Must
 //! not touch: the pull protocol (it only implements `pull::GroupVerifier::account`), the
@@ -14,7 +14,7 @@ use control::commits::{
     Abandoning, Account, Answer, CommitBook, CommitEntry, Commitment, DeliveredGroup,
 };
 use p2p::PeerId;
-use storage::record::GroupRejection;
+use storage::Rejection;
 use storage::TrajectoryGroup;
 
 /// Per-worker counts of what the book resolved (for status' evidence).
@@ -145,7 +145,7 @@ impl pull::GroupVerifier for CommittedVerifier {
         worker: &PeerId,
         req: &pull::PullRequest,
         group: &TrajectoryGroup,
-    ) -> Result<(), GroupRejection> {
+    ) -> Result<(), Rejection> {
         pull::GroupVerifier::verify(&self.inner, worker, req, group)
     }
 

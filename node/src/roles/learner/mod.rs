@@ -36,6 +36,7 @@
 mod commits;
 mod ctx;
 pub mod envs;
+pub mod penalty;
 mod publisher;
 mod puller;
 mod restore;

@@ -19,9 +19,10 @@
 //! could use.
 //!
 //! Every decoded group runs the one verification pipeline ([`super::verify::PullVerifier`])
-//! before it is stored; the refused ones are reported per reason and penalised by the one
-//! table ([`super::verify::penalty`]): a strike per group, or a ban at once on proof. A lease
-//! larger than asked for is a strike too. When a worker is banned (for whatever reason, by
+//! before it is stored; the refused ones are reported with their [`storage::Rejection`] and
+//! penalised by the one exhaustive match ([`super::penalty::penalty`]): a strike per group,
+//! or a ban at once on proof. A lease larger than asked for is a strike too
+//! ([`pull::Offence`]). When a worker is banned (for whatever reason, by
 //! whichever part of the node) its groups still in the buffer are dropped untrained and
 //! counted as rejected (`TrajectoryStore::reject_producer`), and it is forgotten: if it comes
 //! back under the same key it starts on probation again. Group numbers a worker skipped for
@@ -693,7 +694,10 @@ async fn strike_withheld(client: &p2p::Client, commits: &super::commits::Commitm
     for (peer, account) in commits.take_verdicts() {
         metrics::counter!("learner_groups_withheld_total").increment(account.strikes());
         for _ in 0..account.strikes() {
-            if let Err(e) = client.strike(peer, p2p::StrikeReason::Withheld).await {
+            if let Err(e) = client
+                .strike(peer, super::penalty::Strike::Withheld.report())
+                .await
+            {
                 tracing::debug!(%peer, error = %e, "strike not recorded");
             }
         }
@@ -706,8 +710,9 @@ async fn record_outcome(
     peer: p2p::PeerId,
     r: Result<pull::PullOutcome, pull::PullError>,
 ) {
-    let strike = |reason: p2p::StrikeReason| async move {
-        if let Err(e) = client.strike(peer, reason).await {
+    let strike = |report: p2p::PeerReport| async move {
+        if let Err(e) = client.strike(peer, report).await {
+            let reason = report.label;
             tracing::debug!(%peer, %reason, error = %e, "strike not recorded");
         }
     };
@@ -717,24 +722,33 @@ async fn record_outcome(
                 .pulls
                 .groups_pulled
                 .fetch_add(out.stored as u64, Ordering::Relaxed);
+            // The one match: one strike per refused group for the reason it was refused, or,
+            // on proof, a ban at once (its buffered groups are dropped at the next look).
+            // Penalised kind by kind, in the order of their names.
+            let mut by_kind: BTreeMap<&str, (super::penalty::Penalty, usize)> = BTreeMap::new();
+            for r in &out.rejected {
+                let entry = by_kind
+                    .entry(r.as_str())
+                    .or_insert((super::penalty::penalty(r), 0));
+                entry.1 += 1;
+            }
             if out.invalid > 0 {
                 metrics::counter!("learner_groups_rejected_total").increment(out.invalid as u64);
-                tracing::warn!(%peer, invalid = out.invalid, reasons = ?out.rejected, "worker sent groups the learner refuses");
+                let reasons: BTreeMap<&str, usize> =
+                    by_kind.iter().map(|(k, (_, n))| (*k, *n)).collect();
+                tracing::warn!(%peer, invalid = out.invalid, reasons = ?reasons, "worker sent groups the learner refuses");
             }
-            // The one table: one strike per refused group for the reason it was refused, or,
-            // on proof, a ban at once (its buffered groups are dropped at the next look).
-            for (reason, count) in &out.rejected {
-                let p = super::verify::penalty(reason);
+            for (reason, (p, count)) in by_kind {
                 match p.strike {
                     Some(s) if p.ban_at_once => {
                         tracing::warn!(%peer, %reason, "proof of forgery: banned at once");
-                        if let Err(e) = client.ban(peer, s).await {
+                        if let Err(e) = client.ban(peer, s.label()).await {
                             tracing::debug!(%peer, error = %e, "ban not recorded");
                         }
                     }
                     Some(s) => {
-                        for _ in 0..*count {
-                            strike(s).await;
+                        for _ in 0..count {
+                            strike(s.report()).await;
                         }
                     }
                     None => {}
@@ -745,10 +759,10 @@ async fn record_outcome(
             shared.pulls.pull_errors.fetch_add(1, Ordering::Relaxed);
             // The peer's fault (an oversized answer, a protocol violation, a missed read
             // deadline) is a strike; a dropped connection or a local error is not.
-            match e.strike_reason() {
-                Some(reason) => {
+            match e.offence() {
+                Some(offence) => {
                     tracing::warn!(%peer, error = %e, "pull failed by the worker's fault");
-                    strike(reason).await;
+                    strike(offence.report()).await;
                 }
                 None => tracing::debug!(%peer, error = %e, "pull failed"),
             }

@@ -58,39 +58,20 @@ use learner::verdict::{
 use learner::{Checks, LearnerError, MaskRule, ResponseTokens, StageInput};
 use policy::rule::RuleParams;
 use policy::{Device, ModelConfig, Policy};
-use storage::record::GroupRejection;
+use storage::Rejection;
 use storage::{ChunkStore, TrajectoryGroup};
-
-/// Stable rejection reasons (the keys of the puller's per-reason counts).
-pub const REASON_MISMATCH: &str = "logprob_mismatch";
-/// A mismatch of at least [`PROOF_FACTOR`] × the tolerance.
-pub const REASON_FORGED: &str = "logprob_forged";
-pub const REASON_UNPUBLISHED: &str = "unpublished_version";
-/// A sampled token the canonical rule does not draw from its prescribed uniform: proof.
-pub const REASON_NOT_DRAWN: &str = "token_not_drawn";
-/// A group whose tokens are all within the claimed dtype's margins but some only within
-/// margins the worker has not earned (`control::admission::earned_margin`): refused, not
-/// trained, no strike (no proof: it may be an honest sampler whose spread is not measured
-/// yet). Its band tokens count against the margins it earns next.
-pub const REASON_MARGIN_UNEARNED: &str = "margin_unearned";
-/// A group that had to be checked (check rate 1: probation) but could not be, through no
-/// fault of the worker: refused without a strike.
-pub const REASON_UNCHECKED: &str = "unchecked";
 
 /// A difference of this many tolerances is proof of a forgery (see the module doc).
 pub const PROOF_FACTOR: f32 = 100.0;
 
 /// The outcome of a group the checker could not check, `why`: it passes unchecked
 /// (`Ok(false)`) unless every group must be checked (`rate` 1, probation), where it is refused
-/// as [`REASON_UNCHECKED`] (no strike).
-fn unchecked(rate: f64, why: &str) -> Result<bool, GroupRejection> {
+/// as [`Rejection::Unchecked`] (no strike: the learner's side failed).
+fn unchecked(rate: f64, why: &str) -> Result<bool, Rejection> {
     if rate >= 1.0 {
-        Err(GroupRejection::Unverified {
-            reason: REASON_UNCHECKED,
-            detail: format!(
-                "every group of this worker is checked, and this one could not be: {why}"
-            ),
-        })
+        Err(Rejection::Unchecked(format!(
+            "every group of this worker is checked, and this one could not be: {why}"
+        )))
     } else {
         Ok(false)
     }
@@ -195,7 +176,7 @@ pub struct EarnedView {
     pub tolerance: f64,
     pub delta: f64,
     pub claimed: Option<WorkerDtype>,
-    /// Groups refused as [`REASON_MARGIN_UNEARNED`].
+    /// Groups refused as [`Rejection::MarginUnearned`].
     pub unearned: u64,
 }
 
@@ -245,7 +226,7 @@ pub struct SpotStats {
     pub errors: u64,
     /// Snapshot loads (cache misses).
     pub loads: u64,
-    /// Groups refused as [`REASON_MARGIN_UNEARNED`].
+    /// Groups refused as [`Rejection::MarginUnearned`].
     pub unearned: u64,
 }
 
@@ -464,13 +445,12 @@ impl SpotChecker {
         producer: &str,
         group: &TrajectoryGroup,
         rate: f64,
-    ) -> Result<bool, GroupRejection> {
+    ) -> Result<bool, Rejection> {
         let c = &self.counters;
         if self.is_condemned(producer) {
-            return Err(GroupRejection::Unverified {
-                reason: REASON_NOT_DRAWN,
-                detail: "this producer already sent a token the sampling rule did not draw".into(),
-            });
+            return Err(Rejection::TokenNotDrawn(
+                "this producer already sent a token the sampling rule did not draw".into(),
+            ));
         }
         match self.held(group.version) {
             Ok(Held::Yes) => {}
@@ -480,10 +460,10 @@ impl SpotChecker {
             }
             Ok(Held::Never) => {
                 self.count(&c.unpublished, "unpublished_version");
-                return Err(GroupRejection::Unverified {
-                    reason: REASON_UNPUBLISHED,
-                    detail: format!("version {} was never published", group.version),
-                });
+                return Err(Rejection::UnpublishedVersion(format!(
+                    "version {} was never published",
+                    group.version
+                )));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "spot check: reading the snapshot index failed");
@@ -575,10 +555,9 @@ impl SpotChecker {
             Err(LearnerError::Invalid(why)) => {
                 c.checked.fetch_add(1, Ordering::Relaxed);
                 self.count(&c.mismatches, "mismatch");
-                Err(GroupRejection::Unverified {
-                    reason: REASON_MISMATCH,
-                    detail: format!("cannot recompute: {why}"),
-                })
+                Err(Rejection::LogprobMismatch(format!(
+                    "cannot recompute: {why}"
+                )))
             }
             Err(e) => {
                 tracing::warn!(error = %e, "spot check: recomputation failed");
@@ -596,7 +575,7 @@ impl SpotChecker {
         dtype: WorkerDtype,
         settings: &CheckSettings,
         report: &CheckReport,
-    ) -> Result<(), GroupRejection> {
+    ) -> Result<(), Rejection> {
         let c = &self.counters;
         let v = group.version;
         match report.verdict(settings.tolerance) {
@@ -616,42 +595,36 @@ impl SpotChecker {
                 self.count(&c.mismatches, "mismatch");
                 let r = &report.logprobs;
                 let proof = r.max_abs_diff >= PROOF_FACTOR * settings.tolerance;
-                Err(GroupRejection::Unverified {
-                    reason: if proof {
-                        REASON_FORGED
-                    } else {
-                        REASON_MISMATCH
-                    },
-                    detail: format!(
-                        "max |Δ log-prob| {} at sample {} token {} > tolerance {} for a {} \
-                         sampler (version {v})",
-                        r.max_abs_diff,
-                        r.worst_sample,
-                        r.worst_token,
-                        settings.tolerance,
-                        dtype.name()
-                    ),
+                let detail = format!(
+                    "max |Δ log-prob| {} at sample {} token {} > tolerance {} for a {} sampler \
+                     (version {v})",
+                    r.max_abs_diff,
+                    r.worst_sample,
+                    r.worst_token,
+                    settings.tolerance,
+                    dtype.name()
+                );
+                Err(match proof {
+                    true => Rejection::LogprobForged(detail),
+                    false => Rejection::LogprobMismatch(detail),
                 })
             }
             SpotVerdict::MarginUnearned => {
                 c.checked.fetch_add(1, Ordering::Relaxed);
                 self.count(&c.unearned, "margin_unearned");
                 let e = self.earned.evidence(producer);
-                Err(GroupRejection::Unverified {
-                    reason: REASON_MARGIN_UNEARNED,
-                    detail: format!(
-                        "{} of {} sampled tokens lie in the margin of a {} sampler but outside \
+                Err(Rejection::MarginUnearned(format!(
+                    "{} of {} sampled tokens lie in the margin of a {} sampler but outside \
                          the margins this worker earned (measured spread {:.2e} over {} \
                          groups, {} of {} tokens in the band; version {v})",
-                        report.outside_earned,
-                        report.draws_checked,
-                        dtype.name(),
-                        e.max_spread,
-                        e.groups,
-                        e.band_tokens,
-                        e.tokens
-                    ),
-                })
+                    report.outside_earned,
+                    report.draws_checked,
+                    dtype.name(),
+                    e.max_spread,
+                    e.groups,
+                    e.band_tokens,
+                    e.tokens
+                )))
             }
             SpotVerdict::NotDrawn => {
                 c.checked.fetch_add(1, Ordering::Relaxed);
@@ -681,10 +654,7 @@ impl SpotChecker {
                         None => "a sampled token is not the rule's draw".into(),
                     };
                 tracing::warn!(producer, %detail, "spot check: proof of tokens not drawn by the rule");
-                Err(GroupRejection::Unverified {
-                    reason: REASON_NOT_DRAWN,
-                    detail,
-                })
+                Err(Rejection::TokenNotDrawn(detail))
             }
         }
     }
@@ -710,9 +680,9 @@ impl SpotChecker {
 /// model, so it sees only groups every cheaper stage passed).
 impl learner::Stage for SpotChecker {
     fn name(&self) -> &'static str {
-        REASON_MISMATCH
+        "logprob_mismatch"
     }
-    fn check(&self, input: &StageInput<'_>, checks: &mut Checks) -> Result<(), GroupRejection> {
+    fn check(&self, input: &StageInput<'_>, checks: &mut Checks) -> Result<(), Rejection> {
         checks.sampling_checked =
             SpotChecker::check(self, input.worker, input.group, input.check_rate)?;
         Ok(())

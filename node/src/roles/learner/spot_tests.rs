@@ -29,6 +29,14 @@ const SEED: [u8; 32] = [42; 32];
 /// peer pulled from).
 const PRODUCER: &str = "worker";
 
+// The names of the spot check's rejections, as status, metrics and logs show them
+// (`Rejection::as_str`).
+const REASON_MISMATCH: &str = "logprob_mismatch";
+const REASON_FORGED: &str = "logprob_forged";
+const REASON_UNPUBLISHED: &str = "unpublished_version";
+const REASON_NOT_DRAWN: &str = "token_not_drawn";
+const REASON_MARGIN_UNEARNED: &str = "margin_unearned";
+
 /// A worker's group number `seq`: the snapshot bytes installed as a policy, sampled on the
 /// inference path in `dtype` (what the rollout engine runs) with the prescribed uniforms, the
 /// sampler's log-probs reported as they are.
@@ -88,7 +96,7 @@ fn settings() -> SpotSettings {
 }
 
 /// The check of a group drawn for sure (rate 1).
-fn run(c: &SpotChecker, g: &TrajectoryGroup) -> Result<(), GroupRejection> {
+fn run(c: &SpotChecker, g: &TrajectoryGroup) -> Result<(), Rejection> {
     c.check(PRODUCER, g, 1.0).map(|_| ())
 }
 
@@ -98,14 +106,14 @@ fn from(
     peer: &p2p::PeerId,
     g: &TrajectoryGroup,
     rate: f64,
-) -> Result<(), GroupRejection> {
+) -> Result<(), Rejection> {
     c.check(&peer.to_base58(), g, rate).map(|_| ())
 }
 
-fn reason(r: Result<(), GroupRejection>) -> &'static str {
+fn reason(r: Result<(), Rejection>) -> &'static str {
     match r {
         Ok(()) => "ok",
-        Err(e) => e.reason(),
+        Err(e) => e.as_str(),
     }
 }
 
@@ -184,12 +192,9 @@ fn claimed_versions_are_checked_against_the_published_ones() {
     old.samples[0].sampler_logprobs[0] += 1.0;
     assert_eq!(checker.check(PRODUCER, &old, 0.99), Ok(false));
     let e = run(&checker, &old).unwrap_err();
-    assert_eq!(e.reason(), REASON_UNCHECKED);
+    assert!(matches!(e, Rejection::Unchecked(_)), "{e}");
     assert!(e.to_string().contains("no longer held"), "{e}");
-    assert_eq!(
-        crate::roles::learner::verify::penalty(REASON_UNCHECKED).strike,
-        None
-    );
+    assert_eq!(crate::roles::learner::penalty::penalty(&e).strike, None);
     let s = checker.stats();
     assert_eq!((s.unpublished, s.skipped_unavailable, s.checked), (2, 2, 0));
 }

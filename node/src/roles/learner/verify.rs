@@ -1,7 +1,8 @@
 //! The learner's verification of pulled groups (`docs/security.md`, "One verification
 //! pipeline"): the node's stages of the one chain (`learner::Pipeline`), the chain built from
-//! `[verification]`, its plug into the pull protocol ([`PullVerifier`]), and the one table
-//! from a rejection to its penalty ([`penalty`]).
+//! `[verification]` and its plug into the pull protocol ([`PullVerifier`]). Each stage
+//! refuses with its own variant of [`Rejection`] (`storage::rejection`, a closed enum); what a
+//! rejection costs the worker is one exhaustive `match` in `super::penalty`.
 //!
 //! The chain, in order (the first refusal names the reason):
 //! 0. the pipeline's own first stage (`structure`): admissible version, schema, non-empty
@@ -11,7 +12,7 @@
 //!    pulled from;
 //! 2. [`PromptLayer`] (`wrong_prompt`): its prompt (id, text and tokens) is the one assigned
 //!    to (producer, `seq`) by `tasks::assign`, and the worker has not used that `seq` for
-//!    another group ([`STALE_SEQ`], without a strike, for a `seq` older than it remembers);
+//!    another group (`stale_seq`, without a strike, for a `seq` older than it remembers);
 //! 3. [`RewardLayer`] (`reward_mismatch`): every sample's reward, recomputed by the task from
 //!    the decoded response tokens, equals the reported one within [`REWARD_TOLERANCE`].
 //!    For a multi-turn environment, [`ReplayLayer`] (`replay_mismatch`) instead replays every
@@ -28,18 +29,18 @@
 //!    `logprob_forged`) and each sampled token the canonical sampling rule's draw for the
 //!    uniform the learner prescribes (`token_not_drawn`).
 //!
-//! Owns: these stages, the chain's assembly and the reason → penalty table. Must not touch:
-//! the pull protocol, the store, the swarm (the puller strikes and bans).
+//! Owns: these stages and the chain's assembly. Must not touch: the penalties
+//! (`super::penalty`), the pull protocol, the store, the swarm (the puller strikes and bans).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use learner::{Checks, Pipeline, Stage, StageInput};
-use p2p::{PeerId, StrikeReason};
+use p2p::PeerId;
 use policy::chat::Chat;
 use policy::Tokenizer;
-use storage::record::{GroupLimits, GroupRejection};
-use storage::TrajectoryGroup;
+use storage::record::GroupLimits;
+use storage::{Rejection, TrajectoryGroup};
 use tasks::env::{Budget, Environment, TaskEnv};
 use tasks::Task;
 
@@ -122,7 +123,7 @@ impl pull::GroupVerifier for PullVerifier {
         worker: &PeerId,
         req: &pull::PullRequest,
         group: &TrajectoryGroup,
-    ) -> Result<(), GroupRejection> {
+    ) -> Result<(), Rejection> {
         self.0
             .check_keyed(
                 &worker.to_base58(),
@@ -159,107 +160,6 @@ pub(crate) fn model_context(config: &NodeConfig) -> anyhow::Result<usize> {
     Ok(policy::ModelConfig::from_hf_json(&json)?.max_position_embeddings)
 }
 
-/// Reason of a group whose sequence number is below the ones the learner still remembers for
-/// its worker ([`SeqLedger`]): refused, since it could not be checked for reuse, but not
-/// struck — an honest worker holding many groups may have one pulled that late.
-pub const STALE_SEQ: &str = "stale_seq";
-
-/// What a rejection costs the worker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Penalty {
-    /// The strike it earns (`None`: not the worker's fault).
-    pub strike: Option<StrikeReason>,
-    /// Proof no honest worker can produce, whatever the network or numerics did: the worker
-    /// is banned at once, and its buffered groups not yet trained are dropped.
-    pub ban_at_once: bool,
-}
-
-/// The one table from a rejection reason (every stage's, the pull protocol's) to its penalty,
-/// with the reason for each row:
-/// - `inadmissible`, `stale_seq`: no strike (aged out in transit; an old number pulled late);
-/// - `unchecked` (a group of a worker whose every group is checked, which the learner could not
-///   check: its snapshot collected or unloadable): no strike — the learner's side failed;
-/// - `unpublished_version` and the structure reasons (`malformed`, `token_out_of_vocab`,
-///   `too_long`, `logprob_out_of_range`, `group_size`, `forged_producer`): `invalid_group`;
-/// - `bad_signature`, `wrong_prompt`, `reward_mismatch`, `logprob_mismatch`: their own
-///   strike (`replay_mismatch`, an episode that does not replay, is a `reward_mismatch`), three to a ban (`network.ban_after_strikes`): a mis-configured or out-of-date
-///   honest worker can produce them;
-/// - `logprob_forged` (a log-prob at least a hundred tolerances off, `super::spot`):
-///   `logprob_mismatch`, banned at once;
-/// - `mask_mismatch` (a loss mask other than the learner's own): its strike, three to a ban;
-/// - `response_end` (a single-turn response cut before its stop token, or going on after
-///   it): `invalid_group` — a worker whose `max_new_tokens` differs from the learner's
-///   produces it too, but its heartbeats say so first and the learner does not pull from it
-///   (`super::puller`);
-/// - `token_not_drawn` (a spot-checked token the canonical sampling rule does not draw from
-///   the prescribed uniform beyond the dtype's margin, `super::spot`): banned at once — the
-///   margin covers every honest numeric spread, so only a written response or another
-///   version's samples produce it;
-/// - `margin_unearned` (tokens inside the claimed dtype's sampling margin but outside the
-///   margins the worker's measured spread earned, `super::spot`): no strike — an honest
-///   sampler's spread may not be measured yet — and not trained;
-/// - `untrainable` (the trainer's numeric guard quarantined a group every stage passed): no
-///   strike — nothing shows that the worker lied;
-/// - any other reason (a stage added later without a row): `invalid_group`.
-pub const PENALTIES: &[(&str, Option<StrikeReason>, bool)] = &[
-    ("inadmissible", None, false),
-    (STALE_SEQ, None, false),
-    (super::spot::REASON_UNCHECKED, None, false),
-    (super::spot::REASON_MARGIN_UNEARNED, None, false),
-    ("untrainable", None, false),
-    (ENV_FAILED, None, false),
-    ("malformed", Some(StrikeReason::InvalidGroup), false),
-    (
-        "token_out_of_vocab",
-        Some(StrikeReason::InvalidGroup),
-        false,
-    ),
-    ("too_long", Some(StrikeReason::InvalidGroup), false),
-    (
-        "logprob_out_of_range",
-        Some(StrikeReason::InvalidGroup),
-        false,
-    ),
-    ("group_size", Some(StrikeReason::InvalidGroup), false),
-    ("forged_producer", Some(StrikeReason::InvalidGroup), false),
-    (
-        "unpublished_version",
-        Some(StrikeReason::InvalidGroup),
-        false,
-    ),
-    ("bad_signature", Some(StrikeReason::BadSignature), false),
-    ("wrong_prompt", Some(StrikeReason::WrongPrompt), false),
-    ("reward_mismatch", Some(StrikeReason::RewardMismatch), false),
-    (REPLAY_MISMATCH, Some(StrikeReason::RewardMismatch), false),
-    (
-        "logprob_mismatch",
-        Some(StrikeReason::LogprobMismatch),
-        false,
-    ),
-    ("logprob_forged", Some(StrikeReason::LogprobMismatch), true),
-    ("mask_mismatch", Some(StrikeReason::MaskMismatch), false),
-    (RESPONSE_END, Some(StrikeReason::InvalidGroup), false),
-    ("token_not_drawn", Some(StrikeReason::TokenNotDrawn), true),
-];
-
-/// The penalty of a rejection `reason` ([`PENALTIES`]).
-pub fn penalty(reason: &str) -> Penalty {
-    let row = PENALTIES.iter().find(|(r, _, _)| *r == reason);
-    let (strike, ban_at_once) =
-        row.map_or((Some(StrikeReason::InvalidGroup), false), |r| (r.1, r.2));
-    Penalty {
-        strike,
-        ban_at_once,
-    }
-}
-
-fn reject(reason: &'static str, detail: impl Into<String>) -> GroupRejection {
-    GroupRejection::Unverified {
-        reason,
-        detail: detail.into(),
-    }
-}
-
 /// The 32-byte ed25519 public key an ed25519 peer id embeds (an identity multihash of the
 /// protobuf-encoded key: `00 24 | 08 01 12 20 | key`), checked by deriving the peer id back.
 /// `None` for peer ids of other key types (hashed, RSA, secp256k1): those cannot sign groups.
@@ -278,22 +178,22 @@ impl Stage for SignatureLayer {
     fn name(&self) -> &'static str {
         "bad_signature"
     }
-    fn check(&self, input: &StageInput<'_>, _: &mut Checks) -> Result<(), GroupRejection> {
+    fn check(&self, input: &StageInput<'_>, _: &mut Checks) -> Result<(), Rejection> {
         let group = input.group;
         if group.producer != input.worker {
-            return Err(reject(
-                self.name(),
-                format!("producer {:?} is not the peer pulled from", group.producer),
-            ));
+            return Err(Rejection::BadSignature(format!(
+                "producer {:?} is not the peer pulled from",
+                group.producer
+            )));
         }
         // The key comes from the typed peer id pulled from (`PullVerifier`), never from
         // the producer string.
-        let key = input
-            .worker_key
-            .ok_or_else(|| reject(self.name(), "the peer id does not embed an ed25519 key"))?;
+        let key = input.worker_key.ok_or_else(|| {
+            Rejection::BadSignature("the peer id does not embed an ed25519 key".into())
+        })?;
         group
             .verify_signature(&key)
-            .map_err(|e| reject(self.name(), format!("group seq {}: {e}", group.seq)))
+            .map_err(|e| Rejection::BadSignature(format!("group seq {}: {e}", group.seq)))
     }
 }
 
@@ -376,7 +276,7 @@ pub enum EnvRefusal {
     /// The record is not what the environment gives (the worker's fault).
     Record(String),
     /// The environment itself failed (an external program crashed, hung or answered
-    /// garbage): not a verdict on the record, and no strike ([`ENV_FAILED`]).
+    /// garbage): not a verdict on the record, and no strike ([`Rejection::EnvFailed`]).
     EnvFailed(String),
 }
 
@@ -387,42 +287,37 @@ impl From<String> for EnvRefusal {
 }
 
 impl EnvRefusal {
-    /// The rejection, under `reason` for a record that is not the environment's.
-    fn reject(self, reason: &'static str) -> GroupRejection {
+    /// The rejection: `record`'s for a record that is not the environment's (the stage's
+    /// own variant), [`Rejection::EnvFailed`] when the environment failed.
+    fn reject(self, record: fn(String) -> Rejection) -> Rejection {
         match self {
-            EnvRefusal::Record(d) => reject(reason, d),
+            EnvRefusal::Record(d) => record(d),
             EnvRefusal::EnvFailed(d) => {
                 tracing::warn!(detail = %d, "a group could not be verified: the environment failed (no strike)");
-                reject(ENV_FAILED, d)
+                Rejection::EnvFailed(d)
             }
         }
     }
 }
 
-/// Reason of a refusal because the environment failed while checking: nobody is struck.
-pub const ENV_FAILED: &str = "env_failed";
-
 impl Stage for PromptLayer {
     fn name(&self) -> &'static str {
         "wrong_prompt"
     }
-    fn check(&self, input: &StageInput<'_>, _: &mut Checks) -> Result<(), GroupRejection> {
+    fn check(&self, input: &StageInput<'_>, _: &mut Checks) -> Result<(), Rejection> {
         let group = input.group;
         check_assigned_prompt(self.env.as_ref(), &self.chat, &self.seed, group)
-            .map_err(|d| d.reject(self.name()))?;
+            .map_err(|d| d.reject(Rejection::WrongPrompt))?;
         let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
         ledger
             .admit(input.worker, group.seq, group.group_id)
             .map_err(|e| match e {
                 SeqRefusal::Reused(seq) => {
-                    reject(self.name(), format!("seq {seq} reused for another group"))
+                    Rejection::WrongPrompt(format!("seq {seq} reused for another group"))
                 }
-                SeqRefusal::BelowWindow { seq, floor } => reject(
-                    STALE_SEQ,
-                    format!(
-                        "seq {seq} is below the {SEQ_WINDOW} newest of this worker (from {floor})"
-                    ),
-                ),
+                SeqRefusal::BelowWindow { seq, floor } => Rejection::StaleSeq(format!(
+                    "seq {seq} is below the {SEQ_WINDOW} newest of this worker (from {floor})"
+                )),
             })
     }
 }
@@ -440,7 +335,8 @@ pub enum SeqRefusal {
 /// only with the same group (a repeated pull after a lost ack; the buffer deduplicates it).
 /// Bounded: the newest [`SEQ_WINDOW`] numbers per worker and [`MAX_TRACKED_WORKERS`] workers;
 /// a number below a worker's window is refused (it would otherwise escape the check) without
-/// a strike ([`STALE_SEQ`]).
+/// a strike ([`Rejection::StaleSeq`]: an honest worker holding many groups may have one
+/// pulled that late).
 /// In memory: a restarted learner starts empty (replays of trained groups are refused by the
 /// trainer's consumed-id record).
 #[derive(Debug, Default)]
@@ -491,39 +387,38 @@ pub struct RewardLayer {
     pub tokenizer: Arc<Tokenizer>,
 }
 
-/// The pure part of [`RewardLayer`]: `Err((reason, detail))` on the first sample whose
-/// response text is not the decoding of its tokens or whose recomputed reward differs by more
-/// than [`REWARD_TOLERANCE`].
+/// The pure part of [`RewardLayer`]: the rejection of the first sample whose response text is
+/// not the decoding of its tokens or whose recomputed reward differs by more than
+/// [`REWARD_TOLERANCE`] (`wrong_prompt` for a group of another task or an unknown prompt).
 pub fn check_rewards(
     task: &dyn Task,
     tokenizer: &Tokenizer,
     group: &TrajectoryGroup,
-) -> Result<(), (&'static str, String)> {
+) -> Result<(), Rejection> {
     if group.task_id != task.name() {
-        return Err((
-            "wrong_prompt",
-            format!("task {:?} is not the swarm's", group.task_id),
-        ));
+        return Err(Rejection::WrongPrompt(format!(
+            "task {:?} is not the swarm's",
+            group.task_id
+        )));
     }
     let prompt = task
         .prompt_by_id(&group.prompt_id)
-        .map_err(|e| ("wrong_prompt", format!("cannot recompute rewards: {e}")))?;
+        .map_err(|e| Rejection::WrongPrompt(format!("cannot recompute rewards: {e}")))?;
     for (i, s) in group.samples.iter().enumerate() {
         let text = tokenizer
             .decode(&s.response_tokens)
-            .map_err(|e| ("reward_mismatch", format!("sample {i}: cannot decode: {e}")))?;
+            .map_err(|e| Rejection::RewardMismatch(format!("sample {i}: cannot decode: {e}")))?;
         if text != s.response_text {
-            return Err((
-                "reward_mismatch",
-                format!("sample {i}: response text is not the decoding of its tokens"),
-            ));
+            return Err(Rejection::RewardMismatch(format!(
+                "sample {i}: response text is not the decoding of its tokens"
+            )));
         }
         let r = task.reward(&prompt, &text).value;
         if (r - s.reward).abs() > REWARD_TOLERANCE || !s.reward.is_finite() {
-            return Err((
-                "reward_mismatch",
-                format!("sample {i}: reported reward {}, recomputed {r}", s.reward),
-            ));
+            return Err(Rejection::RewardMismatch(format!(
+                "sample {i}: reported reward {}, recomputed {r}",
+                s.reward
+            )));
         }
     }
     Ok(())
@@ -533,16 +428,12 @@ impl Stage for RewardLayer {
     fn name(&self) -> &'static str {
         "reward_mismatch"
     }
-    fn check(&self, input: &StageInput<'_>, checks: &mut Checks) -> Result<(), GroupRejection> {
-        check_rewards(self.task.as_ref(), &self.tokenizer, input.group)
-            .map_err(|(r, d)| reject(r, d))?;
+    fn check(&self, input: &StageInput<'_>, checks: &mut Checks) -> Result<(), Rejection> {
+        check_rewards(self.task.as_ref(), &self.tokenizer, input.group)?;
         checks.rewards_recomputed = true;
         Ok(())
     }
 }
-
-/// Reason of [`EndLayer`]'s rejections.
-pub const RESPONSE_END: &str = "response_end";
 
 /// `response_end`: every response of a single-turn task ends where an honest sampler stops
 /// (`policy::sampling`): at its first stop token, or after the most tokens it may draw,
@@ -588,12 +479,12 @@ pub fn check_response_ends(
 
 impl Stage for EndLayer {
     fn name(&self) -> &'static str {
-        RESPONSE_END
+        "response_end"
     }
-    fn check(&self, input: &StageInput<'_>, _: &mut Checks) -> Result<(), GroupRejection> {
+    fn check(&self, input: &StageInput<'_>, _: &mut Checks) -> Result<(), Rejection> {
         let group = input.group;
         check_response_ends(&self.stops, self.max_new_tokens, self.context, group)
-            .map_err(|d| reject(RESPONSE_END, format!("seq {}: {d}", group.seq)))
+            .map_err(|d| Rejection::ResponseEnd(format!("seq {}: {d}", group.seq)))
     }
 }
 
@@ -604,15 +495,12 @@ impl Stage for MaskLayer {
     fn name(&self) -> &'static str {
         "mask_mismatch"
     }
-    fn check(&self, input: &StageInput<'_>, _: &mut Checks) -> Result<(), GroupRejection> {
+    fn check(&self, input: &StageInput<'_>, _: &mut Checks) -> Result<(), Rejection> {
         let group = input.group;
         learner::mask::check_masks(self.0.as_ref(), group)
-            .map_err(|e| reject(self.name(), format!("seq {}: {e}", group.seq)))
+            .map_err(|e| Rejection::MaskMismatch(format!("seq {}: {e}", group.seq)))
     }
 }
-
-/// Reason of [`ReplayLayer`]'s rejections.
-pub const REPLAY_MISMATCH: &str = "replay_mismatch";
 
 /// `replay_mismatch`: every episode of a multi-turn environment replays from its decoded
 /// actions (`rollout::episode::replay`): the trajectory's observations are the environment's
@@ -676,9 +564,9 @@ pub fn check_replay(
 
 impl Stage for ReplayLayer {
     fn name(&self) -> &'static str {
-        REPLAY_MISMATCH
+        "replay_mismatch"
     }
-    fn check(&self, input: &StageInput<'_>, checks: &mut Checks) -> Result<(), GroupRejection> {
+    fn check(&self, input: &StageInput<'_>, checks: &mut Checks) -> Result<(), Rejection> {
         check_replay(
             self.env.as_ref(),
             &self.chat,
@@ -686,7 +574,7 @@ impl Stage for ReplayLayer {
             self.context,
             input.group,
         )
-        .map_err(|d| d.reject(REPLAY_MISMATCH))?;
+        .map_err(|d| d.reject(Rejection::ReplayMismatch))?;
         // Replaying recomputes every episode's return: the reward figures it feeds are verified.
         checks.rewards_recomputed = true;
         Ok(())

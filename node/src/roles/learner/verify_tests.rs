@@ -97,12 +97,12 @@ fn verifier() -> Pipeline {
     verifier_with(GroupLimits::PERMISSIVE)
 }
 
-fn check(v: &Pipeline, w: &Worker, g: &TrajectoryGroup) -> Result<Checks, GroupRejection> {
+fn check(v: &Pipeline, w: &Worker, g: &TrajectoryGroup) -> Result<Checks, Rejection> {
     v.check_keyed(&w.peer.to_base58(), peer_public_key(&w.peer), 0, g)
 }
 
 /// Runs one stage alone on `g` from `w` (at check rate 1).
-fn stage(s: &dyn Stage, w: &Worker, g: &TrajectoryGroup) -> Result<(), GroupRejection> {
+fn stage(s: &dyn Stage, w: &Worker, g: &TrajectoryGroup) -> Result<(), Rejection> {
     let worker = w.peer.to_base58();
     let input = StageInput {
         worker: &worker,
@@ -114,7 +114,7 @@ fn stage(s: &dyn Stage, w: &Worker, g: &TrajectoryGroup) -> Result<(), GroupReje
 }
 
 fn reason(v: &Pipeline, w: &Worker, g: &TrajectoryGroup) -> Option<&'static str> {
-    check(v, w, g).err().map(|e| e.reason())
+    check(v, w, g).err().map(|e| e.as_str())
 }
 
 /// Applies `edit` and re-signs with the worker's own key (a worker lying consistently).
@@ -135,7 +135,7 @@ fn honest_groups_pass_every_layer() {
             "bad_signature",
             "wrong_prompt",
             "reward_mismatch",
-            RESPONSE_END,
+            "response_end",
             "mask_mismatch"
         ]
     );
@@ -253,7 +253,7 @@ fn rewards_are_recomputed() {
     let (v, w) = (verifier(), worker(1));
     let g = edited(&w, 0, |g| g.samples[1].reward = 1.0);
     let e = check(&v, &w, &g).unwrap_err();
-    assert_eq!(e.reason(), "reward_mismatch");
+    assert_eq!(e.as_str(), "reward_mismatch");
     assert!(e.to_string().contains("recomputed"), "{e}");
     let g = edited(&w, 0, |g| g.samples[0].reward -= 1e-3);
     assert_eq!(
@@ -305,7 +305,7 @@ fn responses_end_where_a_sampler_stops() {
             )
             .value;
     });
-    assert_eq!(reason(&v, &w, &cut), Some(RESPONSE_END));
+    assert_eq!(reason(&v, &w, &cut), Some("response_end"));
     let e = check(&v, &w, &cut).unwrap_err().to_string();
     assert!(
         e.contains("sample 1: ends after 3 tokens without a stop token") && e.contains("16"),
@@ -318,7 +318,7 @@ fn responses_end_where_a_sampler_stops() {
         retext(s);
     });
     let e = stage(&end_layer(MAX_NEW), &w, &continued).unwrap_err();
-    assert_eq!(e.reason(), RESPONSE_END);
+    assert_eq!(e.as_str(), "response_end");
     assert!(
         e.to_string()
             .contains("goes on for 1 tokens after its stop token"),
@@ -354,65 +354,42 @@ fn responses_end_where_a_sampler_stops() {
     });
     assert!(stage(&end_layer(MAX_NEW), &w, &g).is_ok());
     assert_eq!(
-        penalty(RESPONSE_END).strike,
-        Some(StrikeReason::InvalidGroup)
+        super::super::penalty::penalty(&e).strike,
+        Some(super::super::penalty::Strike::InvalidGroup)
     );
 }
 
 #[test]
-fn rejections_map_to_penalties_in_one_table() {
-    let strike = |r| penalty(r).strike;
-    assert_eq!(strike("bad_signature"), Some(StrikeReason::BadSignature));
-    assert_eq!(strike("wrong_prompt"), Some(StrikeReason::WrongPrompt));
+fn the_stages_refusals_are_penalised_by_the_one_match() {
+    use super::super::penalty::{penalty, Penalty, Strike};
+    let strike = |r: Rejection| penalty(&r).strike;
+    let d = String::new;
     assert_eq!(
-        strike("reward_mismatch"),
-        Some(StrikeReason::RewardMismatch)
+        strike(Rejection::BadSignature(d())),
+        Some(Strike::BadSignature)
     );
     assert_eq!(
-        strike("logprob_mismatch"),
-        Some(StrikeReason::LogprobMismatch)
+        strike(Rejection::WrongPrompt(d())),
+        Some(Strike::WrongPrompt)
     );
-    assert_eq!(strike("mask_mismatch"), Some(StrikeReason::MaskMismatch));
-    assert!(!penalty("mask_mismatch").ban_at_once);
-    for r in [
-        "malformed",
-        "token_out_of_vocab",
-        "too_long",
-        "logprob_out_of_range",
-        "group_size",
-        "forged_producer",
-        "unpublished_version",
-        "a_stage_without_a_row",
-    ] {
-        assert_eq!(strike(r), Some(StrikeReason::InvalidGroup), "{r}");
-        assert!(!penalty(r).ban_at_once, "{r}");
-    }
-    assert_eq!(strike("inadmissible"), None);
-    assert_eq!(strike(STALE_SEQ), None, "an honest worker's late group");
-    assert_eq!(strike("untrainable"), None);
+    assert_eq!(
+        strike(Rejection::ReplayMismatch(d())),
+        Some(Strike::RewardMismatch)
+    );
+    assert_eq!(
+        strike(Rejection::StaleSeq(d())),
+        None,
+        "an honest worker's late group"
+    );
+    assert_eq!(strike(Rejection::EnvFailed(d())), None);
     // Proof bans at once, under the strike that names what happened.
     assert_eq!(
-        penalty(super::super::spot::REASON_FORGED),
+        penalty(&Rejection::LogprobForged(d())),
         Penalty {
-            strike: Some(StrikeReason::LogprobMismatch),
+            strike: Some(Strike::LogprobMismatch),
             ban_at_once: true
         }
     );
-    // Proof-level: a token the sampling rule did not draw bans at once.
-    assert_eq!(
-        penalty(super::super::spot::REASON_NOT_DRAWN),
-        Penalty {
-            strike: Some(StrikeReason::TokenNotDrawn),
-            ban_at_once: true
-        }
-    );
-    let at_once: Vec<&str> = PENALTIES.iter().filter(|r| r.2).map(|r| r.0).collect();
-    assert_eq!(at_once, ["logprob_forged", "token_not_drawn"]);
-    // Every row once.
-    let mut names: Vec<&str> = PENALTIES.iter().map(|r| r.0).collect();
-    names.sort_unstable();
-    names.dedup();
-    assert_eq!(names.len(), PENALTIES.len());
 }
 
 #[test]
@@ -430,7 +407,7 @@ fn the_config_selects_the_stages() {
             "bad_signature",
             "wrong_prompt",
             "reward_mismatch",
-            RESPONSE_END,
+            "response_end",
             "mask_mismatch"
         ]
     );
@@ -438,12 +415,12 @@ fn the_config_selects_the_stages() {
     c.verification.recompute_rewards = false;
     assert_eq!(
         names(&c),
-        ["structure", "wrong_prompt", RESPONSE_END, "mask_mismatch"]
+        ["structure", "wrong_prompt", "response_end", "mask_mismatch"]
     );
     c.verification.assigned_prompts = false;
     // The learner owns the loss mask, and where a response ends: those checks are never
     // switched off.
-    assert_eq!(names(&c), ["structure", RESPONSE_END, "mask_mismatch"]);
+    assert_eq!(names(&c), ["structure", "response_end", "mask_mismatch"]);
     // The learner's prompt stage agrees with a worker configured with its key.
     let c = NodeConfig::new(crate::config::Role::Learner, SWARM, "d".into());
     let v = pipeline_for_learner(&c, &[9; 32], GroupLimits::PERMISSIVE).unwrap();
@@ -570,7 +547,7 @@ fn rewards_of_every_built_in_task_are_recomputed() {
             );
             g.samples[1].reward = g.samples[0].reward;
             let e = check_rewards(task.as_ref(), &tok, &g).unwrap_err();
-            assert_eq!(e.0, "reward_mismatch", "{}: {e:?}", task.name());
+            assert_eq!(e.as_str(), "reward_mismatch", "{}: {e:?}", task.name());
         }
     }
 }
@@ -656,11 +633,7 @@ fn environment_groups_are_replayed_and_forgeries_refused() {
     assert!(stage(&prompts, &w, &g).is_ok());
     assert!(stage(&replay, &w, &g).is_ok(), "an honest group replays");
     let refused = |g: &TrajectoryGroup| match stage(&replay, &w, g) {
-        Err(GroupRejection::Unverified { reason, detail }) => {
-            assert_eq!(reason, REPLAY_MISMATCH);
-            assert_eq!(penalty(reason).strike, Some(StrikeReason::RewardMismatch));
-            detail
-        }
+        Err(Rejection::ReplayMismatch(detail)) => detail,
         other => panic!("not refused: {other:?}"),
     };
     let mut forged = g.clone();
@@ -787,9 +760,7 @@ fn external_episodes_are_replayed_forgeries_struck_and_env_failures_charge_nobod
     let mut forged = g.clone();
     forged.samples[1].reward = 1.0;
     match stage(&replay, &w, &forged) {
-        Err(GroupRejection::Unverified { reason, detail }) => {
-            assert_eq!(reason, REPLAY_MISMATCH);
-            assert_eq!(penalty(reason).strike, Some(StrikeReason::RewardMismatch));
+        Err(Rejection::ReplayMismatch(detail)) => {
             assert!(detail.contains("reported return"), "{detail}");
         }
         other => panic!("a forged return passed: {other:?}"),
@@ -798,9 +769,7 @@ fn external_episodes_are_replayed_forgeries_struck_and_env_failures_charge_nobod
     let crashing = testenv(serde_json::json!({"turns": 2, "fault": "crash"}));
     let (g, replay) = external_group(&w, 5, &env, crashing);
     match stage(&replay, &w, &g) {
-        Err(GroupRejection::Unverified { reason, detail }) => {
-            assert_eq!(reason, ENV_FAILED, "{detail}");
-            assert_eq!(penalty(reason).strike, None);
+        Err(Rejection::EnvFailed(detail)) => {
             assert!(detail.contains("exited"), "{detail}");
         }
         other => panic!("not refused: {other:?}"),
