@@ -223,10 +223,21 @@ fn a_late_worker_catches_up_on_the_delta_chain() {
             .map(|w| w[1] - w[0])
             .fold(0.0, f64::max);
         let next = at(&log, "snapshot published", version + 1).map(|t| t - p0);
+        // The keyframe's T_bcast: the first version, whole, to the chain's workers.
+        let first = *pubs.keys().min().expect("published");
+        let keyframe = at(&log, "snapshot published", first).map(|k0| {
+            workers
+                .iter()
+                .filter_map(|w| at(&read(w), "snapshot installed", first))
+                .map(|t| t - k0)
+                .fold(f64::NAN, f64::max)
+        });
+        let started = read(&late).lines().find_map(seconds_of_day).map(|t| t - p0);
         println!(
-            "catch-up latency: the late worker installed v{version} {:.2} s after its \
-             publication; the chain's workers {chain:.2} s (T_bcast); the learner's next \
-             version followed after {next:?} s (longest interval so far {interval:.2} s)",
+            "catch-up latency: the late worker (first log line at {started:?} s) installed \
+             v{version} {:.2} s after its publication; the chain's workers {chain:.2} s \
+             (T_bcast); the keyframe v{first} reached them in {keyframe:?} s; the learner's \
+             next version followed after {next:?} s (longest interval so far {interval:.2} s)",
             late_s - p0
         );
     }
