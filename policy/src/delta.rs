@@ -368,7 +368,11 @@ pub fn apply(base: &[u8], delta: &[u8]) -> Result<Vec<u8>> {
         at = start + 2 * numel;
     }
     out[at..].copy_from_slice(&base[at..]);
-    let (segments, ranges, new_hash) = checked.segments()?;
+    let Parsed {
+        segments,
+        ranges,
+        new_hash,
+    } = checked.segments()?;
     let mut groups = segment_slices(&mut out, &ranges, &segments)?;
     groups
         .par_iter_mut()
@@ -426,8 +430,7 @@ struct Checked<'a> {
 impl<'a> Checked<'a> {
     /// The segments of a version-2 or -3 delta, every head and size checked and nothing after
     /// the last; with the tensors' ranges and the result's hash.
-    #[allow(clippy::type_complexity)]
-    fn segments(self) -> Result<(Vec<v2::Segment<'a>>, Vec<(usize, usize)>, [u8; 32])> {
+    fn segments(self) -> Result<Parsed<'a>> {
         let Checked {
             version,
             new_hash,
@@ -444,8 +447,19 @@ impl<'a> Checked<'a> {
             v3::parse(&mut records, &ranges)?
         };
         trailing(&records)?;
-        Ok((segments, ranges, new_hash))
+        Ok(Parsed {
+            segments,
+            ranges,
+            new_hash,
+        })
     }
+}
+
+/// A version-2 or -3 delta's segments, checked against its base.
+struct Parsed<'a> {
+    segments: Vec<v2::Segment<'a>>,
+    ranges: Vec<(usize, usize)>,
+    new_hash: [u8; 32],
 }
 
 fn check_header<'a>(base: &[u8], delta: &'a [u8]) -> Result<Checked<'a>> {
@@ -492,7 +506,11 @@ pub fn apply_in_place(payload: &mut [u8], delta: &[u8]) -> Result<()> {
     if checked.version == DELTA_VERSION_V1 {
         return apply_v1(payload, checked);
     }
-    let (segments, ranges, new_hash) = checked.segments()?;
+    let Parsed {
+        segments,
+        ranges,
+        new_hash,
+    } = checked.segments()?;
     let mut groups = segment_slices(payload, &ranges, &segments)?;
     let applied: Vec<Result<()>> = groups
         .par_iter_mut()
